@@ -1,0 +1,141 @@
+"""The task interface and the split contract (DESIGN.md, "Splits").
+
+A task gives a pool of examples (prompt, gold answer, extra columns), an answer extractor, a
+correctness check on extracted answers (used by majority voting) and a reward in [0, 1].
+Splits support / probe / validation / test are disjoint, sized by the caller, and fixed by a split
+seed; test examples come from the task's test pool when it has one, so test data never reaches
+selection.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from corp import CorpError
+
+SPLITS = ("support", "probe", "validation", "test")
+
+
+@dataclass(frozen=True)
+class Example:
+    id: str  # unique within the task
+    prompt: str  # the user message (the backend applies the chat template when the model has one)
+    answer: str  # gold answer, already normalised for the task's check
+    columns: dict = field(default_factory=dict, hash=False, compare=False)  # extra fields passed to reward functions
+
+
+RewardFn = Callable[..., list]  # TRL-style: (completions, **columns) -> list[float | None]
+
+
+class Task:
+    """Base class: subclasses set `name`, `max_new_tokens`, and implement `pools` and `extract`."""
+
+    name: str = "task"
+    description: str = ""
+    max_new_tokens: int = 256
+
+    def pools(self) -> dict[str, list[Example]]:
+        """{'train': [...], 'test': [...]}; a task without a separate test pool returns only 'train'."""
+        raise NotImplementedError
+
+    def extract(self, completion: str) -> str | None:
+        """The answer in a completion, normalised so that equal answers compare equal; None if there is none."""
+        raise NotImplementedError
+
+    def check(self, answer: str | None, example: Example) -> bool:
+        """Whether an extracted answer is correct."""
+        return answer is not None and answer == example.answer
+
+    def reward(self, completions: list[str], examples: Sequence[Example]) -> list[float | None]:
+        """Reward in [0, 1] per completion; the default is correctness of the extracted answer."""
+        return [float(self.check(self.extract(c), ex)) for c, ex in zip(completions, examples)]
+
+    def signature(self) -> dict:
+        """What identifies this task's data and reward (stored in runs; a mismatch on reuse is an error)."""
+        return {"name": self.name}
+
+
+# ---------------------------------------------------------------- answer normalisation helpers
+
+_NUM = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+
+
+def normalize_number(text: str) -> str | None:
+    """'1,234.50' -> '1234.5', '$7' -> '7', '-0' -> '0'; None if not a number."""
+    t = text.strip().replace(",", "").replace("$", "").rstrip(".")
+    try:
+        value = float(t)
+    except ValueError:
+        return None
+    if value != value or value in (float("inf"), float("-inf")):
+        return None
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+def last_number(text: str) -> str | None:
+    matches = _NUM.findall(text)
+    for m in reversed(matches):
+        n = normalize_number(m)
+        if n is not None:
+            return n
+    return None
+
+
+# ---------------------------------------------------------------- splits
+
+
+@dataclass
+class SplitSizes:
+    support: int = 32
+    probe: int = 32
+    validation: int = 64
+    test: int = 64
+
+    def as_dict(self) -> dict[str, int]:
+        return {s: getattr(self, s) for s in SPLITS}
+
+
+def make_splits(task: Task, sizes: SplitSizes, seed: int) -> dict[str, list[Example]]:
+    """Disjoint splits drawn with a fixed seed; test from the test pool when the task has one."""
+    for split, n in sizes.as_dict().items():
+        if n < 0:
+            raise CorpError(f"split size --n-{split} must be >= 0, got {n}")
+    pools = task.pools()
+    rng = random.Random(f"corp-splits|{task.name}|{seed}")
+    train = list(pools.get("train", []))
+    rng.shuffle(train)
+    out: dict[str, list[Example]] = {}
+    if "test" in pools:
+        test = list(pools["test"])
+        rng.shuffle(test)
+        if sizes.test > len(test):
+            raise CorpError(f"task '{task.name}' has {len(test)} test examples; --n-test {sizes.test} is too large")
+        out["test"] = test[: sizes.test]
+        order = ["support", "probe", "validation"]
+    else:
+        order = ["test", "support", "probe", "validation"]  # test first, so its contents do not depend on the other sizes
+    start = 0
+    for split in order:
+        n = getattr(sizes, split)
+        if start + n > len(train):
+            raise CorpError(
+                f"task '{task.name}' has {len(train)} examples for selection, fewer than the requested "
+                f"{' + '.join(f'{s} {getattr(sizes, s)}' for s in order)}; lower the --n-* split sizes"
+            )
+        out[split] = train[start : start + n]
+        start += n
+    ids = [ex.id for split in SPLITS for ex in out[split]]
+    if len(ids) != len(set(ids)):
+        raise CorpError(f"task '{task.name}' has duplicate example ids; splits would not be disjoint")
+    return {s: out[s] for s in SPLITS}
+
+
+def require_split(splits: dict[str, list[Example]], name: str, purpose: str) -> list[Example]:
+    if not splits.get(name):
+        raise CorpError(f"the {name} split is empty but is needed for {purpose}; set --n-{name} >= 1")
+    return splits[name]

@@ -1,0 +1,118 @@
+"""`countdown`: reach a target with given numbers, each used exactly once (+ - * / and parentheses).
+
+Only solvable instances: each target is the value of an expression built from its numbers.
+Verifier (METHODS.md): the answer expression must use exactly the given numbers, each once, and
+evaluate (exactly, with fractions) to the target. Options: `--task countdown:numbers=3,max=50`.
+"""
+
+from __future__ import annotations
+
+import ast
+import random
+import re
+from fractions import Fraction
+
+from corp import CorpError
+from corp.evaluate.tasks.base import Example, Task
+
+_ALLOWED = set("0123456789+-*/() .")
+
+
+def evaluate_expression(expr: str) -> tuple[Fraction, list[int]] | None:
+    """Exact value and the integer literals of an arithmetic expression; None if it is not one."""
+    if not expr or set(expr) - _ALLOWED:
+        return None
+    try:
+        tree = ast.parse(expr, mode="eval")
+    except SyntaxError:
+        return None
+    literals: list[int] = []
+
+    def ev(node) -> Fraction:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            literals.append(node.value)
+            return Fraction(node.value)
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+            a, b = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Add):
+                return a + b
+            if isinstance(node.op, ast.Sub):
+                return a - b
+            if isinstance(node.op, ast.Mult):
+                return a * b
+            if b == 0:
+                raise ZeroDivisionError
+            return a / b
+        raise ValueError("not allowed")
+
+    try:
+        return ev(tree), literals
+    except (ValueError, ZeroDivisionError, RecursionError):
+        return None
+
+
+def verify(expr: str | None, numbers: list[int], target: int) -> bool:
+    if expr is None:
+        return False
+    result = evaluate_expression(expr)
+    if result is None:
+        return False
+    value, literals = result
+    return sorted(literals) == sorted(numbers) and value == target
+
+
+class Countdown(Task):
+    name = "countdown"
+    description = "reach the target with the given numbers, each once (options: numbers=3, max=50, pool=4000)"
+    max_new_tokens = 96
+
+    def __init__(self, numbers: int = 3, max: int = 50, pool: int = 4000):  # noqa: A002 - option name
+        self.n_numbers, self.max_value, self.pool_size = int(numbers), int(max), int(pool)
+        if self.n_numbers < 2 or self.max_value < 2:
+            raise CorpError(f"task countdown: need numbers >= 2 and max >= 2 (got numbers={numbers}, max={max})")
+
+    def signature(self) -> dict:
+        return {"name": self.name, "numbers": self.n_numbers, "max": self.max_value, "pool": self.pool_size}
+
+    def pools(self) -> dict[str, list[Example]]:
+        rng = random.Random(f"countdown|{self.n_numbers}|{self.max_value}")
+        seen, examples = set(), []
+        attempts = 0
+        while len(examples) < self.pool_size and attempts < self.pool_size * 100:
+            attempts += 1
+            nums = [rng.randint(1, self.max_value) for _ in range(self.n_numbers)]
+            order = nums[:]
+            rng.shuffle(order)
+            expr = str(order[0])
+            for x in order[1:]:
+                op = rng.choice("+-*/")
+                expr = f"({expr} {op} {x})" if rng.random() < 0.5 else f"({x} {op} {expr})"
+            res = evaluate_expression(expr)
+            if res is None or res[0].denominator != 1 or res[0] <= 0:
+                continue
+            target = int(res[0])
+            key = (tuple(sorted(nums)), target)
+            if key in seen:
+                continue
+            seen.add(key)
+            prompt = (
+                f"Using the numbers {nums}, each exactly once, and the operations + - * / with parentheses, "
+                f"write an expression that equals {target}. Put the expression alone on the last line after 'Answer:'."
+            )
+            examples.append(Example(id=f"countdown-{len(examples)}", prompt=prompt, answer=expr, columns={"numbers": nums, "target": target}))
+        return {"train": examples}
+
+    def extract(self, completion: str) -> str | None:
+        m = re.findall(r"<answer>(.*?)</answer>", completion, flags=re.S)
+        text = m[-1] if m else (completion.rsplit("Answer:", 1)[-1] if "Answer:" in completion else completion)
+        candidates = re.findall(r"[\d\s+\-*/().]+", text)
+        candidates = [c.strip().rstrip("=").strip() for c in candidates if re.search(r"\d", c)]
+        for cand in reversed(candidates):
+            if evaluate_expression(cand) is not None:
+                return re.sub(r"\s+", "", cand)
+        return None
+
+    def check(self, answer: str | None, example: Example) -> bool:
+        return verify(answer, example.columns["numbers"], example.columns["target"])

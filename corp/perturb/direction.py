@@ -1,0 +1,148 @@
+"""Directions in weight space and applying them to a model exactly.
+
+A Direction is a list of (seed, sigma, coef) components; applied to base weights W0 it gives
+W = W0 + sum_c coef_c * sigma_c * eps(seed_c) for every parameter the filter selects, accumulated
+in fp32 and cast to the parameter's dtype once. `Perturber` keeps a pristine copy of the selected
+base tensors, so every apply starts from W0 (no drift across specialists) and `restore` is a copy,
+bit-exact, never a subtraction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Iterator
+
+import torch
+
+from corp import CorpError
+from corp.perturb.noise import noise
+
+
+@dataclass(frozen=True)
+class Component:
+    seed: int
+    sigma: float
+    coef: float = 1.0
+
+
+@dataclass
+class Direction:
+    components: list[Component] = field(default_factory=list)
+
+    @classmethod
+    def single(cls, seed: int, sigma: float, coef: float = 1.0) -> "Direction":
+        return cls([Component(int(seed), float(sigma), float(coef))])
+
+    def scaled(self, alpha: float) -> "Direction":
+        return Direction([Component(c.seed, c.sigma, c.coef * alpha) for c in self.components])
+
+    def __add__(self, other: "Direction") -> "Direction":
+        return Direction(self.components + other.components)
+
+    def to_json(self) -> list[dict]:
+        return [asdict(c) for c in self.components]
+
+    @classmethod
+    def from_json(cls, rows: Iterable[dict]) -> "Direction":
+        return cls([Component(int(r["seed"]), float(r["sigma"]), float(r.get("coef", 1.0))) for r in rows])
+
+    def delta(self, name: str, shape, generator: torch.Generator | None = None) -> torch.Tensor:
+        """sum_c coef_c sigma_c eps(seed_c)[name] in fp32 (CPU)."""
+        gen = generator or torch.Generator(device="cpu")
+        acc = torch.zeros(tuple(shape), dtype=torch.float32)
+        for c in self.components:
+            if c.coef == 0.0:
+                continue
+            acc.add_(noise(c.seed, name, shape, gen).mul_(c.coef * c.sigma))
+        return acc
+
+
+@dataclass(frozen=True)
+class ParamFilter:
+    """Which parameters are perturbed: names matching `include` and not matching `exclude` (regex, search)."""
+
+    include: str = ".*"
+    exclude: str = ""
+
+    def __post_init__(self):
+        for label, pattern in (("include", self.include), ("exclude", self.exclude)):
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise CorpError(f"parameter filter --{label} '{pattern}' is not a valid regex: {exc}") from None
+
+    def __call__(self, name: str) -> bool:
+        if not re.search(self.include, name):
+            return False
+        return not (self.exclude and re.search(self.exclude, name))
+
+
+def selected_parameters(model: torch.nn.Module, param_filter: ParamFilter) -> list[tuple[str, torch.nn.Parameter]]:
+    """Canonical (HF) names of the selected parameters; tied weights appear once, under their first name."""
+    params = [(n, p) for n, p in model.named_parameters() if param_filter(n)]
+    if not params:
+        raise CorpError(f"parameter filter (include '{param_filter.include}', exclude '{param_filter.exclude}') selects no parameter of the model")
+    return params
+
+
+def weights_hash(model: torch.nn.Module) -> str:
+    """sha256 over every parameter and buffer in name order: identifies a base model's weights exactly."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        t = tensor.detach().cpu().contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+class Perturber:
+    """Apply directions to a model in place, always starting from a pristine copy of the base."""
+
+    def __init__(self, model: torch.nn.Module, param_filter: ParamFilter | None = None, base_device: str | torch.device = "cpu"):
+        self.model = model
+        self.param_filter = param_filter or ParamFilter()
+        self.params = selected_parameters(model, self.param_filter)
+        # The pristine copy lives on the host by default so that GPU memory holds one model.
+        self.base = {n: p.detach().to(base_device, copy=True) for n, p in self.params}
+        self.current: Direction | None = None
+        self._gen = torch.Generator(device="cpu")
+
+    @property
+    def n_selected(self) -> int:
+        return sum(p.numel() for _, p in self.params)
+
+    def iter_deltas(self, direction: Direction) -> Iterator[tuple[str, torch.nn.Parameter, torch.Tensor]]:
+        for name, param in self.params:
+            yield name, param, direction.delta(name, param.shape, self._gen)
+
+    @torch.no_grad()
+    def apply(self, direction: Direction | None) -> None:
+        """Set the selected weights to W0 + direction (None means W0)."""
+        if direction is None or not direction.components:
+            self.restore()
+            return
+        for name, param in self.params:
+            base = self.base[name]
+            if len(direction.components) == 1 and param.dtype == torch.float32 and param.device.type == "cpu":
+                # Fast path (one seed, fp32 on CPU): copy the base, add the noise in place.
+                c = direction.components[0]
+                # Scale first, then add: the same two roundings as the general path below, so
+                # both paths (and other backends using Direction.delta) give identical weights.
+                eps = noise(c.seed, name, param.shape, self._gen).mul_(c.coef * c.sigma)
+                param.copy_(base)
+                param.add_(eps)
+            else:
+                acc = direction.delta(name, param.shape, self._gen)
+                acc.add_(base.to(torch.float32))
+                param.copy_(acc.to(param.device, param.dtype))
+        self.current = direction
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        for name, param in self.params:
+            param.copy_(self.base[name])
+        self.current = None
