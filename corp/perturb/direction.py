@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable
 
 import torch
 
@@ -48,15 +48,25 @@ class Direction:
     def from_json(cls, rows: Iterable[dict]) -> "Direction":
         return cls([Component(int(r["seed"]), float(r["sigma"]), float(r.get("coef", 1.0))) for r in rows])
 
-    def delta(self, name: str, shape, generator: torch.Generator | None = None) -> torch.Tensor:
-        """sum_c coef_c sigma_c eps(seed_c)[name] in fp32 (CPU)."""
+    def add_to(self, target: torch.Tensor, name: str, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None) -> torch.Tensor:
+        """target += sum_c coef_c sigma_c eps(seed_c)[name], in place, component by component.
+
+        `target` is an fp32 CPU tensor (usually a copy of the base tensor). This is the one place
+        where a direction is materialised, so every backend gets the same bits: each component's
+        noise is scaled first (one rounding), then added (one rounding), in component order.
+        """
         gen = generator or torch.Generator(device="cpu")
-        acc = torch.zeros(tuple(shape), dtype=torch.float32)
         for c in self.components:
             if c.coef == 0.0:
                 continue
-            acc.add_(noise(c.seed, name, shape, gen).mul_(c.coef * c.sigma))
-        return acc
+            buf = buffer[: target.numel()].view(target.shape) if buffer is not None else None
+            eps = noise(c.seed, name, target.shape, gen, out=buf)
+            target.add_(eps.mul_(c.coef * c.sigma))
+        return target
+
+    def delta(self, name: str, shape, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None) -> torch.Tensor:
+        """sum_c coef_c sigma_c eps(seed_c)[name] as a new fp32 CPU tensor."""
+        return self.add_to(torch.zeros(tuple(shape), dtype=torch.float32), name, generator, buffer)
 
 
 @dataclass(frozen=True)
@@ -110,14 +120,11 @@ class Perturber:
         self.base = {n: p.detach().to(base_device, copy=True) for n, p in self.params}
         self.current: Direction | None = None
         self._gen = torch.Generator(device="cpu")
+        self._noise_buf: torch.Tensor | None = None  # reused across tensors and specialists
 
     @property
     def n_selected(self) -> int:
         return sum(p.numel() for _, p in self.params)
-
-    def iter_deltas(self, direction: Direction) -> Iterator[tuple[str, torch.nn.Parameter, torch.Tensor]]:
-        for name, param in self.params:
-            yield name, param, direction.delta(name, param.shape, self._gen)
 
     @torch.no_grad()
     def apply(self, direction: Direction | None) -> None:
@@ -125,19 +132,16 @@ class Perturber:
         if direction is None or not direction.components:
             self.restore()
             return
+        if self._noise_buf is None:
+            self._noise_buf = torch.empty(max(p.numel() for _, p in self.params), dtype=torch.float32)
         for name, param in self.params:
             base = self.base[name]
-            if len(direction.components) == 1 and param.dtype == torch.float32 and param.device.type == "cpu":
-                # Fast path (one seed, fp32 on CPU): copy the base, add the noise in place.
-                c = direction.components[0]
-                # Scale first, then add: the same two roundings as the general path below, so
-                # both paths (and other backends using Direction.delta) give identical weights.
-                eps = noise(c.seed, name, param.shape, self._gen).mul_(c.coef * c.sigma)
-                param.copy_(base)
-                param.add_(eps)
+            if param.dtype == torch.float32 and param.device.type == "cpu":
+                param.copy_(base)  # accumulate straight into the parameter: no extra copy
+                direction.add_to(param.data, name, self._gen, self._noise_buf)
             else:
-                acc = direction.delta(name, param.shape, self._gen)
-                acc.add_(base.to(torch.float32))
+                acc = base.to(torch.float32, copy=True)
+                direction.add_to(acc, name, self._gen, self._noise_buf)
                 param.copy_(acc.to(param.device, param.dtype))
         self.current = direction
 

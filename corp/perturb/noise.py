@@ -24,10 +24,16 @@ def noise_key(seed: int, name: str) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def noise(seed: int, name: str, shape: torch.Size | tuple[int, ...], generator: torch.Generator | None = None) -> torch.Tensor:
-    """Standard-normal fp32 noise for tensor `name` of specialist `seed` (CPU)."""
+def noise(seed: int, name: str, shape: torch.Size | tuple[int, ...], generator: torch.Generator | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Standard-normal fp32 noise for tensor `name` of specialist `seed` (CPU).
+
+    `out` (fp32, CPU, of `shape`) is filled in place: reusing one buffer avoids page-faulting a
+    fresh allocation per tensor, which costs more than drawing the numbers.
+    """
     gen = generator or torch.Generator(device="cpu")
     gen.manual_seed(noise_key(seed, name))
+    if out is not None:
+        return torch.randn(tuple(shape), generator=gen, out=out)
     return torch.randn(tuple(shape), generator=gen, dtype=torch.float32)
 
 

@@ -1,0 +1,1 @@
+"""Compute accounting and (later) the matched-compute benchmark sweep."""

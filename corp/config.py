@@ -1,0 +1,168 @@
+"""Typed configs: one dataclass per command, a docstring per field.
+
+A config is built from its defaults, then a YAML file (`--config`), then the CLI flags the user
+actually gave; `validate()` turns bad values into one-line errors. The resolved config is written
+to every run directory as `config.yaml`. The field docstrings double as CLI help.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import textwrap
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from corp import CorpError
+
+
+@lru_cache(maxsize=None)
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (a string literal right after a field) for cls and its bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError):
+            continue
+        body = tree.body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                    docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def parse_list(value: Any, cast, name: str) -> list:
+    if value is None:
+        return []
+    items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v.strip()]
+    try:
+        return [cast(v) for v in items]
+    except (TypeError, ValueError):
+        raise CorpError(f"--{name.replace('_', '-')} '{value}' is not a comma-separated list of {cast.__name__}s") from None
+
+
+@dataclass
+class RunConfig:
+    model: str = "smollm2-135m"
+    """Model: an alias (`corp models`), a local Hugging Face directory, or a hub id."""
+    task: str = "arith"
+    """Task: a name with optional options (`arith:digits=3`), or `jsonl:PATH` (`corp tasks`)."""
+    reward: str | None = None
+    """Reward function: 'correct' (the task's check) or a dotted path `module:function`."""
+    data: str | None = None
+    """Directory with benchmark data files (default: $CORP_DATA_DIR)."""
+    backend: str = "auto"
+    """Generation backend: auto (vllm on GPU if installed, else hf), hf, vllm."""
+    device: str = "cpu"
+    """Torch device for the hf backend."""
+    dtype: str | None = None
+    """Model dtype (float32, bfloat16, ...); default: the checkpoint's."""
+    batch_size: int = 64
+    """Prompts per generation batch (hf backend)."""
+    max_new_tokens: int | None = None
+    """Generation length limit; default: the task's."""
+    n_support: int = 64
+    """Support split size: examples each specialist is scored on (selection)."""
+    n_probe: int = 32
+    """Probe split size: used to choose step sizes."""
+    n_validation: int = 64
+    """Validation split size: used by gates."""
+    n_test: int = 128
+    """Test split size: used only for reporting."""
+    split_seed: int = 0
+    """Seed that fixes which examples land in which split."""
+    seed: int = 0
+    """Master seed of the run (specialist seeds derive from it)."""
+    run_dir: str | None = None
+    """Run directory; reuse one to resume (default: runs/<task>__<method>__<seed>__<time>)."""
+    threads: int | None = None
+    """Torch CPU threads (default: torch's choice)."""
+
+    def validate(self) -> "RunConfig":
+        for name in ("n_support", "n_probe", "n_validation", "n_test"):
+            if getattr(self, name) < 0:
+                raise CorpError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.batch_size < 1:
+            raise CorpError(f"--batch-size must be >= 1, got {self.batch_size}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise CorpError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        return self
+
+
+@dataclass
+class PopulationConfig(RunConfig):
+    population: int = 32
+    """N: number of specialists (distinct seeds) to score."""
+    sigmas: list[float] = field(default_factory=lambda: [5e-4, 1e-3, 2e-3])
+    """Noise scales, comma-separated; specialist i gets sigmas[i % len(sigmas)] (RandOpt's grid)."""
+    include: str = ".*"
+    """Regex of parameter names to perturb."""
+    exclude: str = ""
+    """Regex of parameter names not to perturb."""
+    population_from: str | None = None
+    """Reuse the scored population of this run directory instead of scoring a new one."""
+
+    def validate(self) -> "PopulationConfig":
+        super().validate()
+        self.sigmas = parse_list(self.sigmas, float, "sigmas")
+        if self.population < 1:
+            raise CorpError(f"--population must be >= 1, got {self.population}")
+        if not self.sigmas:
+            raise CorpError("--sigmas is empty; give at least one noise scale, e.g. 1e-3")
+        bad = [s for s in self.sigmas if not s > 0]
+        if bad:
+            raise CorpError(f"--sigmas must all be > 0, got {bad[0]}")
+        if self.population_from and not Path(self.population_from, "population.jsonl").exists():
+            raise CorpError(f"--population-from '{self.population_from}' has no population.jsonl")
+        return self
+
+
+@dataclass
+class RandOptConfig(PopulationConfig):
+    top_k: list[int] = field(default_factory=lambda: [1, 4, 16])
+    """Ensemble sizes K to report (top-K specialists, majority vote), comma-separated."""
+
+    def validate(self) -> "RandOptConfig":
+        super().validate()
+        self.top_k = sorted(set(parse_list(self.top_k, int, "top_k")))
+        if not self.top_k or min(self.top_k) < 1:
+            raise CorpError(f"--top-k values must be >= 1, got {self.top_k}")
+        if max(self.top_k) > self.population:
+            raise CorpError(f"--top-k {max(self.top_k)} is larger than --population {self.population}; K must be <= N")
+        return self
+
+
+def load_config(cls: type, yaml_path: str | None = None, overrides: dict | None = None):
+    """defaults <- YAML file <- explicit overrides; unknown keys are errors."""
+    values: dict[str, Any] = {}
+    names = {f.name for f in fields(cls)}
+    if yaml_path:
+        path = Path(yaml_path)
+        if not path.exists():
+            raise CorpError(f"--config '{path}' does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise CorpError(f"--config '{path}' is not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise CorpError(f"--config '{path}' must be a mapping of option: value")
+        loaded = {k.replace("-", "_"): v for k, v in loaded.items()}
+        unknown = set(loaded) - names
+        if unknown:
+            raise CorpError(f"--config '{path}': unknown option(s) {', '.join(sorted(unknown))} for this command")
+        values.update(loaded)
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return cls(**values).validate()
+
+
+def config_to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,95 @@
+"""`hf` backend: transformers generation, batched and left-padded, greedy by default.
+
+The reference for correctness and the default on CPU. Prompts are formatted with the tokenizer's
+chat template when it has one (instruction-tuned models), else used as plain text (base models).
+Batches are formed from prompts sorted by length so little compute goes to padding.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from corp.evaluate.backends.base import Backend, Generations
+from corp.perturb import Direction, ParamFilter, Perturber
+
+
+def format_prompt(tokenizer, prompt: str) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    return prompt
+
+
+class HFBackend(Backend):
+    name = "hf"
+
+    def __init__(self, model, tokenizer, batch_size: int = 64, param_filter: ParamFilter | None = None):
+        self.model, self.tokenizer = model, tokenizer
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.batch_size = batch_size
+        self.device = next(model.parameters()).device
+        self.perturber = Perturber(model, param_filter)
+        self.n_params = sum(p.numel() for p in model.parameters())
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos = eos if eos is not None else tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        self.eos_ids.add(tokenizer.eos_token_id)
+        self.eos_ids.discard(None)
+
+    @classmethod
+    def from_model_name(cls, name: str | None, device: str = "cpu", dtype: str | None = None, **kwargs) -> "HFBackend":
+        from corp.models import load_model
+
+        model, tokenizer, model_id, path = load_model(name, device=device, dtype=dtype)
+        backend = cls(model, tokenizer, **kwargs)
+        backend.model_id, backend.model_path = model_id, path
+        return backend
+
+    def set_direction(self, direction: Direction | None) -> None:
+        self.perturber.apply(direction)
+
+    @torch.inference_mode()
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None) -> Generations:
+        t0 = time.perf_counter()
+        texts_in = [format_prompt(self.tokenizer, p) for p in prompts]
+        encoded = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts_in]
+        jobs = [(i, j) for i in range(len(prompts)) for j in range(n)]
+        order = sorted(range(len(jobs)), key=lambda k: len(encoded[jobs[k][0]]))
+        out_texts: list[str] = [""] * len(jobs)
+        out_ids: list[list[int]] = [[] for _ in jobs]
+        gen_counts = [0] * len(jobs)
+        if seed is not None:
+            torch.manual_seed(seed)
+        pad = self.tokenizer.pad_token_id
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            seqs = [encoded[jobs[k][0]] for k in batch]
+            width = max(len(s) for s in seqs)
+            input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+            attention = torch.zeros((len(seqs), width), dtype=torch.long)
+            for r, s in enumerate(seqs):
+                input_ids[r, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+                attention[r, width - len(s) :] = 1
+            kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=sorted(self.eos_ids))
+            if temperature > 0:
+                kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+            else:
+                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs)
+            new = out[:, width:].tolist()
+            for r, k in enumerate(batch):
+                ids = new[r]
+                cut = len(ids)
+                for pos, tok in enumerate(ids):
+                    if tok in self.eos_ids:
+                        cut = pos + 1
+                        break
+                ids = ids[:cut]
+                gen_counts[k] = len(ids)
+                out_ids[k] = ids
+                out_texts[k] = self.tokenizer.decode(ids, skip_special_tokens=True)
+        prompt_counts = [len(encoded[i]) for i, _ in jobs]
+        return Generations(out_texts, prompt_counts, gen_counts, time.perf_counter() - t0, out_ids)

@@ -1,0 +1,228 @@
+"""`mbpp` and `humaneval`: write a Python function; reward 1 when all the problem's tests pass.
+
+Every program runs in `corp.evaluate.sandbox` (separate process, own uid, no network, private
+tmpfs working directory, wall/CPU/memory/process/file limits). `reward` runs all completions of a
+call in parallel through `run_many`; `last_status_counts()` gives the pass/fail/timeout/crash/
+sandbox_error counts of the most recent `reward` call for the population report.
+
+MBPP (Austin et al., 2021; full 974-problem file): official split, ids 1-10 few-shot (excluded),
+11-510 test, 511-600 validation, 601-974 train. Pool 'train' = ids 511-974 (validation + train:
+the generic split maker draws support / probe / validation from it), pool 'test' = ids 11-510.
+The prompt gives the task text, the function name and the first test assert (the usual way of
+showing the signature). The program is `code + test_setup_code + the three test asserts`: the
+setup code comes after the code because both problems that have setup code (367 and 927) build
+trees from a `Node` class that the solution defines. `challenge_test_list` is not used (as in
+the standard evaluation).
+
+HumanEval (Chen et al., 2021): 164 problems, test pool only ('train' is empty). The prompt is the
+signature + docstring; the model is asked to write the full function. The program is
+`code + test + check(entry_point)`.
+
+Extraction: the last ```python (or ```py) fenced block, else the last fenced block of any kind,
+else an unterminated opening fence's content (a truncated generation), else the raw completion.
+
+Departures from the usual harnesses, and why:
+- HumanEval: if the extracted code lacks `def <entry_point>` (a model that continues the body, as
+  base models do), the prompt is prepended, so both completion styles are scored; the prompt's
+  import lines are always put before the code, so a full function that uses `List` without
+  re-importing it is not failed for a missing import the prompt itself provided.
+- `sys.exit(0)` before the asserts is a fail (the sandbox's end-of-program marker), where the
+  reference harness for HumanEval would count it as a pass.
+- No per-problem "reliability guard" monkey-patching: the sandbox is the guard.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+from corp import CorpError
+from corp.evaluate.sandbox import STATUSES, SandboxResult, Status, run_many, run_program, status_counts
+from corp.evaluate.tasks.base import Example, Task
+from corp.evaluate.tasks.data import data_file
+from corp.runs import iter_lines_jsonl
+
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)```", re.DOTALL)
+_OPEN_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n")
+
+
+def extract_code(completion: str) -> str | None:
+    """The code in a completion (see the module docstring); None when there is none."""
+    if not isinstance(completion, str):
+        return None
+    blocks = _FENCE.findall(completion)
+    code = None
+    if blocks:
+        py = [body for lang, body in blocks if lang.lower() in ("python", "py", "python3")]
+        code = (py or [body for _, body in blocks])[-1]
+    else:
+        opens = list(_OPEN_FENCE.finditer(completion))
+        if opens:  # an opening fence never closed: the generation was cut off inside the block
+            code = completion[opens[-1].end() :]
+        else:
+            code = completion
+    code = code.strip("\n")
+    return code if code.strip() else None
+
+
+def _defines(code: str, name: str) -> bool:
+    return re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
+
+
+class _CodeTask(Task):
+    """Shared sandbox plumbing: options, parallel reward, status counts."""
+
+    max_new_tokens = 512
+
+    def __init__(self, data_dir: str | None = None, timeout: float = 5.0, memory_mb: int = 1024, concurrency: int | None = None):
+        if not (isinstance(timeout, (int, float)) and timeout > 0):
+            raise CorpError(f"task {self.name}: timeout must be a positive number of seconds, got {timeout!r}")
+        if not (isinstance(memory_mb, int) and memory_mb >= 64):
+            raise CorpError(f"task {self.name}: memory_mb must be an integer >= 64, got {memory_mb!r}")
+        if concurrency is not None and not (isinstance(concurrency, int) and concurrency >= 1):
+            raise CorpError(f"task {self.name}: concurrency must be an integer >= 1, got {concurrency!r}")
+        self.data_dir, self.timeout, self.memory_mb, self.concurrency = data_dir, float(timeout), memory_mb, concurrency
+        self._last_counts: dict[str, int] = {s: 0 for s in STATUSES}
+        self.last_results: list[SandboxResult | None] = []
+
+    def signature(self) -> dict:
+        return {"name": self.name, "timeout": self.timeout, "memory_mb": self.memory_mb}
+
+    def extract(self, completion: str) -> str | None:
+        return extract_code(completion)
+
+    def program(self, code: str, example: Example) -> str:
+        """The full program run in the sandbox for extracted `code`."""
+        raise NotImplementedError
+
+    def run(self, code: str | None, example: Example) -> SandboxResult | None:
+        """Sandbox result for one extracted code (None when there is no code)."""
+        if code is None:
+            return None
+        return run_program(self.program(code, example), timeout=self.timeout, memory_mb=self.memory_mb)
+
+    def check(self, answer: str | None, example: Example) -> bool:
+        result = self.run(answer, example)
+        return result is not None and result.status is Status.PASS
+
+    def reward(self, completions: list[str], examples: Sequence[Example]) -> list[float | None]:
+        if len(completions) != len(examples):
+            raise CorpError(f"task {self.name}: {len(completions)} completions for {len(examples)} examples")
+        codes = [self.extract(c) for c in completions]
+        todo = [i for i, c in enumerate(codes) if c is not None]
+        results = run_many([self.program(codes[i], examples[i]) for i in todo], concurrency=self.concurrency, timeout=self.timeout, memory_mb=self.memory_mb)
+        by_index: list[SandboxResult | None] = [None] * len(completions)
+        for i, r in zip(todo, results):
+            by_index[i] = r
+        self.last_results = by_index
+        counts = status_counts(results)
+        counts["fail"] += len(completions) - len(todo)  # no code in the completion counts as a fail
+        self._last_counts = counts
+        return [1.0 if (r is not None and r.status is Status.PASS) else 0.0 for r in by_index]
+
+    def last_status_counts(self) -> dict[str, int]:
+        """pass / fail / timeout / crash / sandbox_error counts of the most recent `reward` call."""
+        return dict(self._last_counts)
+
+
+# ---------------------------------------------------------------- MBPP
+
+MBPP_FEWSHOT = range(1, 11)
+MBPP_TEST = range(11, 511)
+MBPP_VALIDATION = range(511, 601)
+MBPP_TRAIN = range(601, 975)
+
+
+def mbpp_entry_point(code: str, tests: Sequence[str]) -> str:
+    """The function the tests call: the first name called in the first test that the reference defines."""
+    defined = re.findall(r"^\s*def\s+(\w+)\s*\(", code, re.MULTILINE)
+    for name in re.findall(r"(\w+)\s*\(", tests[0] if tests else ""):
+        if name in defined:
+            return name
+    if defined:
+        return defined[-1]
+    raise ValueError("no function definition in the reference code")
+
+
+class MBPP(_CodeTask):
+    name = "mbpp"
+    description = "MBPP Python functions, run against the problem's asserts in a sandbox (options: timeout, memory_mb, concurrency); needs data"
+
+    def _rows(self) -> list[dict]:
+        path = data_file(self.name, "mbpp/mbpp.jsonl", self.data_dir)
+        rows = []
+        for lineno, row in iter_lines_jsonl(path):
+            try:
+                tid, text, code, tests = int(row["task_id"]), row["text"], row["code"], list(row["test_list"])
+                setup = row.get("test_setup_code") or ""
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CorpError(f"'{path}' line {lineno}: not an MBPP record ({exc})") from None
+            if not tests:
+                raise CorpError(f"'{path}' line {lineno}: MBPP task {tid} has no tests")
+            rows.append({"task_id": tid, "text": text, "code": code.replace("\r\n", "\n"), "tests": tests, "setup": setup.replace("\r\n", "\n")})
+        return rows
+
+    def make_example(self, row: dict) -> Example:
+        entry = mbpp_entry_point(row["code"], row["tests"])
+        prompt = (
+            f"{row['text']}\n"
+            f"Write a Python function named `{entry}`. Your code should pass this test:\n\n{row['tests'][0]}\n\n"
+            "Give the complete function (with any imports it needs) in a ```python code block."
+        )
+        return Example(
+            id=f"mbpp-{row['task_id']}", prompt=prompt, answer=row["code"],
+            columns={"task_id": row["task_id"], "entry_point": entry, "test_setup_code": row["setup"], "test_list": row["tests"]},
+        )
+
+    def pools(self) -> dict[str, list[Example]]:
+        train, test = [], []
+        for row in self._rows():
+            tid = row["task_id"]
+            if tid in MBPP_TEST:
+                test.append(self.make_example(row))
+            elif tid in MBPP_VALIDATION or tid in MBPP_TRAIN:
+                train.append(self.make_example(row))
+        return {"train": train, "test": test}
+
+    def program(self, code: str, example: Example) -> str:
+        setup = example.columns.get("test_setup_code") or ""
+        tests = "\n".join(example.columns["test_list"])
+        return f"{code}\n\n{setup}\n{tests}\n"
+
+
+# ---------------------------------------------------------------- HumanEval
+
+_IMPORT = re.compile(r"^(?:import\s+\S.*|from\s+\S+\s+import\s+.*)$", re.MULTILINE)
+
+
+class HumanEval(_CodeTask):
+    name = "humaneval"
+    description = "HumanEval Python functions (164, test only), run against check() in a sandbox (options: timeout, memory_mb, concurrency); needs data"
+
+    def pools(self) -> dict[str, list[Example]]:
+        path = data_file(self.name, "humaneval/HumanEval.jsonl", self.data_dir)
+        out = []
+        for lineno, row in iter_lines_jsonl(path):
+            try:
+                tid, prompt, entry, test, solution = row["task_id"], row["prompt"], row["entry_point"], row["test"], row["canonical_solution"]
+            except KeyError as exc:
+                raise CorpError(f"'{path}' line {lineno}: not a HumanEval record (missing {exc})") from None
+            user = (
+                f"Complete the following Python function `{entry}`. Write the full function, signature included, "
+                f"in a ```python code block.\n\n```python\n{prompt.rstrip()}\n```"
+            )
+            out.append(Example(
+                id=tid.replace("/", "-"), prompt=user, answer=prompt + solution,
+                columns={"task_id": tid, "entry_point": entry, "function_prompt": prompt, "test": test},
+            ))
+        return {"train": [], "test": out}
+
+    def program(self, code: str, example: Example) -> str:
+        prompt, entry = example.columns["function_prompt"], example.columns["entry_point"]
+        if not _defines(code, entry):
+            code = prompt + code
+        imports = "\n".join(_IMPORT.findall(prompt))
+        return f"{imports}\n{code}\n\n{example.columns['test']}\n\ncheck({entry})\n"
+
+
+__all__ = ["MBPP", "HumanEval", "extract_code", "mbpp_entry_point"]

@@ -1,0 +1,68 @@
+"""Shared fixtures: a tiny random Llama with a character-level tokenizer (no network, seconds)."""
+
+from __future__ import annotations
+
+import os
+import string
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("CORP_NO_PROGRESS", "1")
+REPO = Path(__file__).resolve().parents[1]
+DATA_DIR = Path(os.environ.get("CORP_DATA_DIR", REPO.parent / "shared" / "data"))
+
+
+def make_char_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<eos>", "<unk>"]
+    chars = list(string.digits + string.ascii_letters + string.punctuation + " \n")
+    vocab = {tok: i for i, tok in enumerate(specials + chars)}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
+    tok.padding_side = "left"
+    return tok
+
+
+def make_tiny_llama(tokenizer, seed: int = 0, hidden: int = 32, layers: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+@pytest.fixture
+def tiny_tokenizer():
+    return make_char_tokenizer()
+
+
+@pytest.fixture
+def tiny_model(tiny_tokenizer):
+    return make_tiny_llama(tiny_tokenizer)
+
+
+@pytest.fixture
+def tiny_backend(tiny_model, tiny_tokenizer):
+    from corp.evaluate.backends.hf import HFBackend
+
+    return HFBackend(tiny_model, tiny_tokenizer, batch_size=8)
+
+
+@pytest.fixture
+def data_dir():
+    if not (DATA_DIR / "gsm8k" / "test.jsonl").exists():
+        pytest.skip(f"benchmark data not found at {DATA_DIR}; set CORP_DATA_DIR")
+    return DATA_DIR

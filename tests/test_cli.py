@@ -1,0 +1,56 @@
+"""Through the real `corp` CLI: bad input gives one line, and RandOpt end to end on the embedded model."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import DATA_DIR
+
+
+def corp(*args, cwd=None, timeout=600):
+    env = {**os.environ, "CORP_NO_PROGRESS": "1", "CORP_DATA_DIR": str(DATA_DIR)}
+    return subprocess.run([sys.executable, "-m", "corp.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["randopt", "--task", "nope"], "unknown task 'nope'"),
+        (["randopt", "--sigmas", "0,1e-3"], "--sigmas must all be > 0"),
+        (["randopt", "--population", "0"], "--population must be >= 1"),
+        (["randopt", "--population", "4", "--top-k", "1,8"], "K must be <= N"),
+        (["randopt", "--model", "no-such/model-xyz", "--population", "2", "--top-k", "1"], "model 'no-such/model-xyz' not found"),
+        (["randopt", "--task", "jsonl:/nonexistent.jsonl"], "'/nonexistent.jsonl' does not exist"),
+        (["randopt", "--n-test", "0", "--population", "2", "--top-k", "1", "--model", "no-such/model-xyz"], "test split is empty"),
+        (["randopt", "--run-dir", "/proc/corp-cannot-write"], "not writable"),
+    ],
+)
+def test_bad_input_is_one_line_error(args, message, tmp_path):
+    res = corp(*args, "--n-support", "4", cwd=tmp_path) if "--n-test" not in args else corp(*args, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    err_lines = [ln for ln in res.stderr.strip().splitlines() if ln.startswith("error:")]
+    assert len(err_lines) == 1 and message in err_lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.mark.embedded
+def test_randopt_end_to_end_on_embedded_model(tmp_path):
+    run = tmp_path / "run"
+    res = corp("randopt", "--population", "3", "--n-support", "8", "--n-test", "8", "--top-k", "1,3", "--run-dir", str(run), "--threads", "2", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for name in ("base", "randopt-top1", "randopt-vote@3", "FLOPs ="):
+        assert name in res.stdout
+    report = json.loads((run / "report.json").read_text())
+    rows = {r["method"]: r for r in report["test"]}
+    assert rows["randopt-vote@3"]["passes_per_example"] == 3
+    assert rows["base"]["generated_tokens"] > 0 and rows["base"]["flops"] > 0
+    assert report["population"]["n"] == 3
+    pop = [json.loads(line) for line in (run / "population.jsonl").read_text().splitlines()]
+    assert len(pop) == 3 and all(len(r["correct"]) == 8 for r in pop)
+    # rerun on the same directory: nothing is rescored, same report
+    res2 = corp("randopt", "--population", "3", "--n-support", "8", "--n-test", "8", "--top-k", "1,3", "--run-dir", str(run), cwd=tmp_path)
+    assert res2.returncode == 0, res2.stderr[-3000:]
+    assert json.loads((run / "report.json").read_text())["test"] == report["test"]

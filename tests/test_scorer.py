@@ -1,0 +1,76 @@
+import pytest
+
+from corp import CorpError
+from corp.config import RandOptConfig, load_config
+from corp.evaluate.backends.hf import HFBackend
+from corp.evaluate.scorer import ensure_population, setup_run
+from corp.runs import read_jsonl
+from tests.conftest import make_char_tokenizer, make_tiny_llama
+
+
+def tiny_cfg(run_dir, **kw):
+    base = dict(task="arith", population=4, sigmas="0.05,0.1", n_support=6, n_probe=0, n_validation=0, n_test=6, top_k="1,2", max_new_tokens=6, run_dir=str(run_dir))
+    base.update(kw)
+    return load_config(RandOptConfig, None, base)
+
+
+def fresh_backend():
+    tok = make_char_tokenizer()
+    return HFBackend(make_tiny_llama(tok), tok, batch_size=8)
+
+
+def strip_timing(rows):
+    return [{k: v for k, v in r.items() if k not in ("seconds", "apply_seconds")} for r in rows]
+
+
+def test_population_resumes_after_interrupt_with_identical_rows(tmp_path):
+    full = ensure_population(setup_run(tiny_cfg(tmp_path / "full"), "randopt", fresh_backend()))
+
+    backend = fresh_backend()
+    real_generate, calls = backend.generate, {"n": 0}
+
+    def dying_generate(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt  # a Ctrl-C while the third specialist is in flight
+        return real_generate(*a, **k)
+
+    backend.generate = dying_generate
+    with pytest.raises(KeyboardInterrupt):
+        ensure_population(setup_run(tiny_cfg(tmp_path / "cut"), "randopt", backend))
+    saved = read_jsonl(tmp_path / "cut" / "population.jsonl", key="key")
+    assert len(saved) == 2, "exactly the specialists finished before the interrupt are kept"
+    with open(tmp_path / "cut" / "population.jsonl", "a") as fh:
+        fh.write('{"key": "torn')  # and a torn line from a kill mid-write
+
+    resumed_backend = fresh_backend()
+    seen = []
+    real = resumed_backend.set_direction
+    resumed_backend.set_direction = lambda d: (seen.append(d), real(d))[1]
+    resumed = ensure_population(setup_run(tiny_cfg(tmp_path / "cut"), "randopt", resumed_backend))
+    scored_again = [d for d in seen if d is not None]
+    assert len(scored_again) == 2, "only the two missing specialists are scored on resume"
+    assert strip_timing(resumed) == strip_timing(full)
+
+
+def test_population_from_other_task_is_refused(tmp_path):
+    ensure_population(setup_run(tiny_cfg(tmp_path / "a"), "randopt", fresh_backend()))
+    cfg = tiny_cfg(tmp_path / "b", task="arith:digits=3", population_from=str(tmp_path / "a"))
+    with pytest.raises(CorpError, match="task"):
+        ensure_population(setup_run(cfg, "randopt", fresh_backend()))
+
+
+def test_randopt_report_on_tiny_model(tmp_path):
+    from corp.baselines.randopt import randopt_results, report_dict
+
+    ctx = setup_run(tiny_cfg(tmp_path / "r"), "randopt", fresh_backend())
+    ranked = ensure_population(ctx)
+    assert [r["reward"] for r in ranked] == sorted((r["reward"] for r in ranked), reverse=True)
+    results, test_rows = randopt_results(ctx, ranked, [1, 2])
+    names = [r.method for r in results]
+    assert names == ["base", "randopt-top1", "randopt-vote@2"]
+    vote = results[2]
+    assert vote.passes_per_example == 2
+    assert vote.ledger.inference_tokens == sum(test_rows[f"{r['seed']}:{float(r['sigma'])!r}:test"]["prompt_tokens"] + test_rows[f"{r['seed']}:{float(r['sigma'])!r}:test"]["generated_tokens"] for r in ranked[:2])
+    report = report_dict(ctx, results, ranked)
+    assert report["population"]["n"] == 4 and "FLOPs" in report["flops_formula"]

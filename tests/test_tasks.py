@@ -1,0 +1,107 @@
+import json
+
+import pytest
+
+from corp import CorpError
+from corp.evaluate.rewards import compute_rewards, resolve_reward
+from corp.evaluate.tasks import SPLITS, Example, SplitSizes, get_task, make_splits
+from corp.evaluate.tasks.countdown import verify
+from corp.evaluate.tasks.gsm8k import extract_flexible, extract_strict, gold_answer
+from corp.evaluate.tasks.math500 import equivalent, last_boxed
+
+
+@pytest.mark.parametrize("spec", ["arith", "arith:digits=3,ops=+-*", "countdown", "gsm8k", "math500"])
+def test_splits_disjoint_fixed_and_sized(spec, data_dir):
+    task = get_task(spec, str(data_dir))
+    sizes = SplitSizes(support=20, probe=10, validation=15, test=25)
+    a = make_splits(task, sizes, seed=3)
+    b = make_splits(task, sizes, seed=3)
+    c = make_splits(task, sizes, seed=4)
+    ids = {s: [e.id for e in a[s]] for s in SPLITS}
+    prompts = [e.prompt for s in SPLITS for e in a[s]]
+    assert [len(ids[s]) for s in SPLITS] == [20, 10, 15, 25]
+    assert len({i for s in SPLITS for i in ids[s]}) == 70, "splits overlap"
+    assert len(set(prompts)) == 70, "the same question appears in two splits"
+    assert ids == {s: [e.id for e in b[s]] for s in SPLITS}, "split seed does not fix the splits"
+    assert ids != {s: [e.id for e in c[s]] for s in SPLITS}
+
+
+def test_gsm8k_test_split_comes_from_official_test_file(data_dir):
+    sp = make_splits(get_task("gsm8k", str(data_dir)), SplitSizes(10, 10, 10, 10), 0)
+    assert all(e.id.startswith("gsm8k-test-") for e in sp["test"])
+    assert all(e.id.startswith("gsm8k-train-") for s in ("support", "probe", "validation") for e in sp[s])
+
+
+def test_gsm8k_extractors_on_real_solutions(data_dir):
+    rows = [json.loads(line) for line in open(data_dir / "gsm8k" / "test.jsonl")]
+    assert all(extract_strict(r["answer"]) == gold_answer(r["answer"]) for r in rows)
+    task = get_task("gsm8k", str(data_dir))
+    ex = Example("x", "q", "1234")
+    assert task.check(extract_flexible("so the total is $1,234."), ex)
+    assert extract_strict("the answer is 1234") is None
+    assert get_task("gsm8k:mode=strict", str(data_dir)).extract("#### 1,234") == "1234"
+
+
+def test_math500_boxed_extraction_and_equivalence_on_real_solutions(data_dir):
+    rows = [json.loads(line) for line in open(data_dir / "math500" / "test.jsonl")]
+    assert all(equivalent(last_boxed(r["solution"]), r["answer"]) for r in rows)
+    assert last_boxed(r"so \boxed{\frac{1}{2}} and then \boxed{x^{2}}") == "x^{2}"
+    assert equivalent(r"\frac{1}{2}", "0.5") and not equivalent("3", "4")
+
+
+def test_countdown_verifier():
+    assert verify("(3 + 5) * 2", [2, 3, 5], 16)
+    assert not verify("3 + 5 + 2", [2, 3, 5], 16), "wrong value"
+    assert not verify("(3 + 5) * 2 * 1", [2, 3, 5], 16), "extra number"
+    assert not verify("(3 + 3) * 2", [2, 3, 5], 12), "number reused"
+    assert not verify("__import__('os')", [1], 1)
+    task = get_task("countdown")
+    ex = make_splits(task, SplitSizes(1, 0, 0, 0), 0)["support"][0]
+    assert task.check(task.extract(f"Let me think.\nAnswer: {ex.answer}"), ex), "gold expression must verify"
+
+
+def test_arith_reward_and_extraction():
+    task = get_task("arith")
+    ex = Example("a", "What is 2 + 3?", "5")
+    assert task.reward(["2 + 3 = 5", "It is 6", ""], [ex] * 3) == [1.0, 0.0, 0.0]
+
+
+def test_jsonl_task_and_malformed_line(tmp_path):
+    good = tmp_path / "t.jsonl"
+    good.write_text('{"prompt": "1+1?", "answer": "2"}\n{"prompt": "2+2?", "answer": "4", "hint": "x"}\n')
+    task = get_task(f"jsonl:{good}")
+    assert len(task.pools()["train"]) == 2 and task.extract("it is 4") == "4"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "answer": "1"}\n{not json\n')
+    with pytest.raises(CorpError, match=r"bad\.jsonl' line 2"):
+        get_task(f"jsonl:{bad}").pools()
+
+
+def test_unknown_task_and_missing_data(tmp_path, monkeypatch):
+    monkeypatch.delenv("CORP_DATA_DIR", raising=False)
+    with pytest.raises(CorpError, match="unknown task 'nope'"):
+        get_task("nope")
+    with pytest.raises(CorpError, match="gsm8k"):
+        get_task("gsm8k", str(tmp_path)).pools()
+    with pytest.raises(CorpError, match="too large|fewer than"):
+        make_splits(get_task("arith:pool=10"), SplitSizes(8, 8, 0, 0), 0)
+
+
+def failing_reward(completions, answer, **_):
+    out = []
+    for c, a in zip(completions, answer):
+        if a == "boom":
+            raise ValueError("boom")
+        out.append(float("nan") if a == "nan" else 1.0)
+    return out
+
+
+def test_reward_that_raises_or_returns_nan_scores_zero_and_is_counted():
+    task = get_task("arith")
+    exs = [Example("1", "p", "1"), Example("2", "p", "boom"), Example("3", "p", "nan")]
+    fn = resolve_reward("tests.test_tasks:failing_reward")
+    with pytest.warns(UserWarning, match="reward failed on example '2'"):
+        rewards, errors = compute_rewards(task, ["a", "b", "c"], exs, fn)
+    assert rewards == [1.0, 0.0, 0.0] and errors == 2
+    with pytest.raises(CorpError, match="--reward"):
+        resolve_reward("no_such_module_xyz:fn")
