@@ -17,6 +17,7 @@ import typer
 
 from corp import CorpError
 from corp.config import PopulationConfig, RandOptConfig, field_docs, load_config
+from corp.consolidate.corp_operator import ConsolidateConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Post-train language models in weight space without gradients.")
 
@@ -97,6 +98,28 @@ def score_cmd(cfg: PopulationConfig) -> None:
     rewards = sorted(r["reward"] for r in ranked)
     typer.echo(f"{len(ranked)} specialists; support reward best {rewards[-1]:.3f}, median {rewards[len(rewards) // 2]:.3f}, worst {rewards[0]:.3f}")
     typer.echo(f"run directory: {ctx.run_dir}")
+
+
+@config_command("consolidate", ConsolidateConfig, "CoRP: consolidate a rewarded population into one gated model (recipe.json + model/).")
+def consolidate_cmd(cfg: ConsolidateConfig) -> None:
+    from corp.consolidate.run import run_consolidate
+
+    report = run_consolidate(cfg)
+    typer.echo(report["table"])
+    typer.echo(f"run directory: {report['run_dir']}  (recipe.json, model/, report.json)")
+
+
+@app.command("apply")
+def apply_cmd(
+    recipe: str = typer.Argument(..., help="recipe.json written by `corp consolidate`."),
+    out: str = typer.Option(..., "--out", help="Directory to write the rebuilt Hugging Face model to."),
+    model: Optional[str] = typer.Option(None, "--model", help="Base model to apply it to (default: the recipe's); must have the recipe's weights."),
+) -> None:
+    """Rebuild a consolidated model from its recipe and the base model, bit-exactly."""
+    from corp.consolidate.recipe import apply_recipe
+
+    path = _run(apply_recipe, recipe, out, model)
+    typer.echo(f"wrote {path}")
 
 
 @app.command("models")

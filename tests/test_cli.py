@@ -54,3 +54,20 @@ def test_randopt_end_to_end_on_embedded_model(tmp_path):
     res2 = corp("randopt", "--population", "3", "--n-support", "8", "--n-test", "8", "--top-k", "1,3", "--run-dir", str(run), cwd=tmp_path)
     assert res2.returncode == 0, res2.stderr[-3000:]
     assert json.loads((run / "report.json").read_text())["test"] == report["test"]
+
+
+@pytest.mark.embedded
+def test_consolidate_end_to_end_on_embedded_model(tmp_path):
+    run = tmp_path / "run"
+    res = corp("consolidate", "--population", "4", "--n-support", "8", "--n-probe", "8", "--n-validation", "8", "--n-test", "8",
+               "--alphas", "1,4", "--top-k", "1,2", "--run-dir", str(run), "--threads", "2", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "gate (validation, n=8)" in res.stdout and "randopt-vote@2" in res.stdout
+    report = json.loads((run / "report.json").read_text())
+    corp_row = report["test"][-1]
+    assert corp_row["method"].startswith("corp") and corp_row["passes_per_example"] == 1
+    assert set(report["corp"]["gate_validation"]) >= {"accepted", "n", "mean_diff", "sd_diff", "lcb"}
+    recipe = json.loads((run / "recipe.json").read_text())
+    assert recipe["base_model_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert (run / "model" / "model.safetensors").exists() and (run / "model" / "tokenizer.json").exists()
+    assert "too small for the gate" in res.stderr, "small validation split must warn"

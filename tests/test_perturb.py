@@ -87,3 +87,16 @@ def test_param_filter_selects_and_leaves_others_untouched(tiny_model):
 def test_direction_json_round_trip():
     d = Direction([Component(1, 1e-3, 0.5), Component(2, 2e-3, -1.0)])
     assert Direction.from_json(d.to_json()) == d
+
+
+def test_cached_prefix_gives_the_same_bits_as_applying_from_scratch(tiny_model):
+    pert = Perturber(tiny_model)
+    centre = Direction([Component(1, 0.02, 0.7), Component(2, 0.01, -1.3)])
+    full = centre + Direction.single(99, 0.05, 0.5)
+    pert.apply(full)
+    scratch = snapshot(tiny_model)
+    pert.cache_prefix(centre)
+    pert.apply(Direction.single(5, 0.1))  # not starting with the prefix: from W0
+    pert.apply(full)
+    cached = snapshot(tiny_model)
+    assert all(torch.equal(scratch[n], cached[n]) for n in scratch)

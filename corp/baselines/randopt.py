@@ -70,6 +70,15 @@ def randopt_results(ctx: RunContext, ranked: list[dict], top_k: list[int]) -> tu
     return results, test_rows
 
 
+def _sum_counts(dicts) -> dict:
+    """Sum per-specialist counters (e.g. code sandbox pass/fail/timeout/crash/sandbox_error)."""
+    total: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            total[k] = total.get(k, 0) + int(v)
+    return total
+
+
 def report_dict(ctx: RunContext, results: list[MethodResult], ranked: list[dict], **extra) -> dict:
     sel = rows_ledger(ctx, ranked)
     return {
@@ -84,6 +93,7 @@ def report_dict(ctx: RunContext, results: list[MethodResult], ranked: list[dict]
             "reward_best": ranked[0]["reward"],
             "reward_median": sorted(r["reward"] for r in ranked)[len(ranked) // 2],
             "reward_errors": sum(r.get("reward_errors", 0) for r in ranked),
+            "program_status_counts": _sum_counts(r.get("status_counts") or {} for r in ranked),
             "selection_ledger": sel.to_dict(),
         },
         "test": [r.to_dict() for r in results],

@@ -121,10 +121,30 @@ class Perturber:
         self.current: Direction | None = None
         self._gen = torch.Generator(device="cpu")
         self._noise_buf: torch.Tensor | None = None  # reused across tensors and specialists
+        self._prefix: tuple[list[Component], dict[str, torch.Tensor]] | None = None
 
     @property
     def n_selected(self) -> int:
         return sum(p.numel() for _, p in self.params)
+
+    @torch.no_grad()
+    def cache_prefix(self, direction: Direction | None) -> None:
+        """Materialise W0 + direction once (fp32, host); later directions that start with the same
+        components start from it. Exact: components are added in order either way, so the bits are
+        those of applying the whole direction from W0. Costs one more copy of the selected weights."""
+        if direction is None or not direction.components:
+            self._prefix = None
+            return
+        self._ensure_buf()
+        tensors = {}
+        for name, _ in self.params:
+            acc = self.base[name].to("cpu", torch.float32, copy=True)
+            tensors[name] = direction.add_to(acc, name, self._gen, self._noise_buf)
+        self._prefix = (list(direction.components), tensors)
+
+    def _ensure_buf(self) -> None:
+        if self._noise_buf is None:
+            self._noise_buf = torch.empty(max(p.numel() for _, p in self.params), dtype=torch.float32)
 
     @torch.no_grad()
     def apply(self, direction: Direction | None) -> None:
@@ -132,16 +152,20 @@ class Perturber:
         if direction is None or not direction.components:
             self.restore()
             return
-        if self._noise_buf is None:
-            self._noise_buf = torch.empty(max(p.numel() for _, p in self.params), dtype=torch.float32)
+        self._ensure_buf()
+        start, rest = self.base, direction
+        if self._prefix is not None:
+            comps, tensors = self._prefix
+            if direction.components[: len(comps)] == comps:
+                start, rest = tensors, Direction(direction.components[len(comps) :])
         for name, param in self.params:
-            base = self.base[name]
-            if param.dtype == torch.float32 and param.device.type == "cpu":
+            base = start[name]
+            if param.dtype == torch.float32 and param.device.type == "cpu" and base.dtype == torch.float32:
                 param.copy_(base)  # accumulate straight into the parameter: no extra copy
-                direction.add_to(param.data, name, self._gen, self._noise_buf)
+                rest.add_to(param.data, name, self._gen, self._noise_buf)
             else:
-                acc = base.to(torch.float32, copy=True)
-                direction.add_to(acc, name, self._gen, self._noise_buf)
+                acc = base.to("cpu", torch.float32, copy=True)
+                rest.add_to(acc, name, self._gen, self._noise_buf)
                 param.copy_(acc.to(param.device, param.dtype))
         self.current = direction
 

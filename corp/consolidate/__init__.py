@@ -1,0 +1,1 @@
+"""CoRP consolidation: fold a rewarded population into one gated model (see corp_operator.py)."""

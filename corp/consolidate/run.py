@@ -1,0 +1,117 @@
+"""`corp consolidate`: score (or reuse) a population, run CoRP, gate, save recipe + model, report.
+
+The report table puts CoRP beside the base and RandOpt (top-1 and K-vote) on the same test split,
+each with passes per test example, tokens and FLOPs from the compute ledger; the selection cost
+(population scoring, plus CoRP's probe/validation evaluations) is reported separately.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from corp.bench.ledger import FLOPS_FORMULA
+from corp.baselines.randopt import MethodResult, format_table, randopt_results, report_dict
+from corp.consolidate.corp_operator import ConsolidateConfig, consolidate_stage1, consolidate_stage2
+from corp.consolidate.recipe import make_recipe, write_recipe
+from corp.evaluate.scorer import RunContext, ensure_population, evaluate, rows_ledger, setup_run
+from corp.models import save_model
+from corp.perturb import Direction, ParamFilter
+from corp.runs import append_jsonl, read_jsonl, write_json
+
+
+def direction_fingerprint(direction: Direction | None) -> str:
+    if direction is None or not direction.components:
+        return "base"
+    return hashlib.sha1(json.dumps(direction.to_json()).encode()).hexdigest()[:16]
+
+
+class RunScorer:
+    """score(direction, split) -> per-example rewards, cached in `consolidate_evals.jsonl` (resume)."""
+
+    def __init__(self, ctx: RunContext, path):
+        self.ctx, self.path = ctx, path
+        self.rows = {r["key"]: r for r in read_jsonl(path, key="key")}
+        self.ledger = ctx.ledger()
+        for r in self.rows.values():
+            if r["split"] != "test":
+                self.ledger.add_generation(r["prompt_tokens"], r["generated_tokens"])
+
+    def row(self, direction: Direction | None, split: str) -> dict:
+        key = f"{split}|{direction_fingerprint(direction)}"
+        if key not in self.rows:
+            res = evaluate(self.ctx, self.ctx.splits[split], direction)
+            row = {"key": key, "split": split, "reward": res.mean_reward, "rewards": res.rewards, "correct": [int(c) for c in res.correct],
+                   "answers": res.answers, "prompt_tokens": res.prompt_tokens, "generated_tokens": res.generated_tokens, "seconds": res.seconds,
+                   "reward_errors": res.reward_errors, "n_components": len(direction.components) if direction else 0}
+            append_jsonl(self.path, row)
+            self.rows[key] = row
+            if split != "test":
+                self.ledger.add_generation(res.prompt_tokens, res.generated_tokens)
+        return self.rows[key]
+
+    def __call__(self, direction: Direction | None, split: str) -> list[float]:
+        return self.row(direction, split)["rewards"]
+
+    def cache_prefix(self, direction: Direction | None) -> None:
+        perturber = getattr(self.ctx.backend, "perturber", None)
+        if perturber is not None:
+            perturber.cache_prefix(direction)
+
+
+def run_consolidate(cfg: ConsolidateConfig) -> dict:
+    ctx = setup_run(cfg, "consolidate", needs=("support", "probe", "validation", "test"))
+    support = ctx.splits["support"]
+    ctx.splits["support_select"], ctx.splits["support_gate"] = support[: len(support) // 2], support[len(support) // 2 :]
+    ranked = ensure_population(ctx)
+    population = sorted(ranked, key=lambda r: r["key"])  # order does not matter to CoRP; fix it anyway
+    scorer = RunScorer(ctx, ctx.run_dir / "consolidate_evals.jsonl")
+    params = [(n, p.shape) for n, p in ctx.backend.perturber.params]
+    result = consolidate_stage1(
+        [r["reward"] for r in population], [r["seed"] for r in population], [r["sigma"] for r in population], params, scorer,
+        cfg.quantiles, cfg.betas, cfg.alphas, cfg.compat, cfg.gate_z, gram_memory_gb=cfg.gram_memory_gb,
+        progress=__import__("os").environ.get("CORP_NO_PROGRESS") != "1",
+    )
+    if cfg.rounds > 0:
+        result = consolidate_stage2(result, params, scorer, cfg)
+
+    # the deployed model: recipe + weights
+    pf = ParamFilter(cfg.include, cfg.exclude)
+    model_id = getattr(ctx.backend, "model_id", cfg.model)
+    made_by = {"method": "corp", "accepted": result.accepted, "reason": result.reason, "candidate": result.best.name, "gate": result.gate.to_dict(), "run_dir": str(ctx.run_dir)}
+    recipe = make_recipe(cfg.model, model_id, ctx.weights_hash, pf, result.direction, made_by)
+    write_recipe(ctx.run_dir / "recipe.json", recipe)
+    ctx.backend.set_direction(result.direction)
+    save_model(ctx.backend.model, ctx.backend.tokenizer, ctx.run_dir / "model")
+
+    # test split: base, RandOpt top-1 / K-vote, CoRP
+    results, _ = randopt_results(ctx, ranked, cfg.top_k)
+    corp_row = scorer.row(result.direction, "test")
+    corp_ledger = ctx.ledger().add_generation(corp_row["prompt_tokens"], corp_row["generated_tokens"])
+    label = "corp" if result.accepted else "corp (abstained=base)"
+    results.append(MethodResult(label, sum(corp_row["correct"]) / len(corp_row["correct"]), 1, corp_ledger))
+    consolidation_cost = scorer.ledger.to_dict()
+    report = report_dict(
+        ctx, results, ranked,
+        corp={
+            "accepted": result.accepted,
+            "reason": result.reason,
+            "candidate": result.best.name,
+            "n_components": len(result.direction.components),
+            "gate_validation": result.gate.to_dict(),
+            "pass1_gate_validation": result.pass1_gate.to_dict() if result.pass1_gate else None,
+            "probe_table": result.probe_table,
+            "stage1": result.stage1,
+            "stage2_rounds": result.rounds,
+            "compat": cfg.compat,
+            "consolidation_ledger": consolidation_cost,
+        },
+    )
+    write_json(ctx.run_dir / "report.json", report)
+    g = result.gate
+    report["table"] = "\n".join([
+        format_table(results, rows_ledger(ctx, ranked).flops),
+        f"CoRP consolidation evaluations (probe/validation/support halves): {consolidation_cost['flops']:.3e} FLOPs",
+        f"gate (validation, n={g.n}): candidate {g.candidate_score:.3f} vs base {g.base_score:.3f}; {result.reason}",
+    ])
+    return report

@@ -1,0 +1,193 @@
+"""CoRP: the operator on a controlled problem, the gate, exact vs seed-orthogonal compatibility,
+and the whole `consolidate` pipeline on a tiny model saved to disk (recipe, model/, corp apply)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from corp.consolidate.corp_operator import consolidate_stage1, consolidate_stage2, gram_matrix, stage1, ConsolidateConfig
+from corp.consolidate.gate import paired_gate
+from corp.perturb import Direction, noise, specialist_seeds
+from corp.config import load_config
+
+
+class PlantedProblem:
+    """A reward that is a known function of the weights: example j of a split is solved when the
+    update's projection on a planted direction, in units of sigma, beats a threshold t_j.
+    `flip` makes a split prefer the opposite direction (a candidate built to hurt it)."""
+
+    def __init__(self, model, sigma=0.02, flip=(), seed=0):
+        g = torch.Generator().manual_seed(1234)
+        self.params = [(n, p.shape) for n, p in model.named_parameters()]
+        planted = {n: torch.randn(tuple(s), generator=g) for n, s in self.params}
+        norm = math.sqrt(sum(float((t * t).sum()) for t in planted.values()))
+        self.planted = {n: t / norm for n, t in planted.items()}
+        self.sigma, self.flip = sigma, set(flip)
+        rng = np.random.default_rng(seed)
+        self.thresholds = {s: rng.normal(-1.0, 1.0, size=40) for s in ("support", "probe", "validation", "test")}
+        self.calls = []
+
+    def projection(self, direction):
+        if direction is None or not direction.components:
+            return 0.0
+        return sum(float((direction.delta(n, s) * self.planted[n]).sum()) for n, s in self.params) / self.sigma
+
+    def __call__(self, direction, split):
+        self.calls.append(split)
+        proj = self.projection(direction) * (-1.0 if split in self.flip else 1.0)
+        return [float(0.5 * proj + t > 0) for t in self.thresholds[split]]
+
+
+def population(problem, n=48, sigma=0.02):
+    seeds = specialist_seeds(7, n)
+    rewards = [float(np.mean(problem(Direction.single(s, sigma), "support"))) for s in seeds]
+    return seeds, [sigma] * n, rewards
+
+
+def test_consolidation_raises_held_out_reward_on_planted_problem(tiny_model):
+    problem = PlantedProblem(tiny_model)
+    seeds, sigmas, rewards = population(problem)
+    res = consolidate_stage1(rewards, seeds, sigmas, problem.params, problem, alphas=(1, 2, 4, 8), progress=False)
+    assert res.accepted, res.reason
+    base_test, cand_test = np.mean(problem(None, "test")), np.mean(problem(res.direction, "test"))
+    assert cand_test > base_test + 0.15, (base_test, cand_test)
+    assert problem.projection(res.direction) > 0
+    assert "test" not in problem.calls[: -2], "test data must not be used for selection"
+
+
+def test_gate_rejects_a_candidate_that_hurts_held_out_data_and_abstains(tiny_model):
+    problem = PlantedProblem(tiny_model, flip={"validation"})
+    seeds, sigmas, rewards = population(problem)
+    res = consolidate_stage1(rewards, seeds, sigmas, problem.params, problem, alphas=(1, 2, 4, 8), progress=False)
+    assert not res.accepted
+    assert res.direction.components == [], "abstaining must deploy the base"
+    assert "abstaining" in res.reason and res.gate.lcb <= 0
+    assert res.best.probe_score > np.mean(problem(None, "probe")), "the rejected candidate did look good on probe"
+
+
+def test_paired_gate_statistics():
+    g = paired_gate([1, 1, 0, 1], [0, 1, 0, 0], z=1.0)
+    d = [1, 0, 0, 1]
+    mean, sd = 0.5, math.sqrt(sum((x - 0.5) ** 2 for x in d) / 3)
+    assert g.mean_diff == mean and abs(g.sd_diff - sd) < 1e-12 and abs(g.lcb - (mean - sd / 2)) < 1e-12
+    assert g.accepted
+    assert not paired_gate([1, 0], [0, 1]).accepted, "no gain: reject"
+    assert not paired_gate([1], [0]).accepted, "one example cannot pass the gate"
+
+
+def test_exact_vs_seed_orthogonal_compat_close_for_large_tensors_and_reported():
+    seeds = specialist_seeds(3, 8)
+    rewards = np.linspace(0, 1, 8)
+    sig = np.full(8, 0.01)
+    out = {}
+    for label, params in (("large", [("w", (1000, 1000))]), ("small", [("w", (4, 4))])):
+        dim = int(np.prod(params[0][1]))
+        G = gram_matrix(params, seeds, progress=False)
+        Gp_exact = np.outer(sig, sig) * G
+        Gp_apx = np.diag(sig**2 * dim)
+        st = stage1(rewards, 0.0, 5.0, Gp_exact, Gp_apx)
+        out[label] = st.to_dict([Direction.single(s, 0.01) for s in seeds])["compat_disagreement"]
+        # the Gram diagonal is |eps|^2 ~ dim; off-diagonals ~ sqrt(dim)
+        assert abs(np.diag(G).mean() / dim - 1) < 0.5
+    assert out["large"]["max_abs_alignment_diff"] < 0.01
+    assert out["small"]["max_abs_alignment_diff"] > out["large"]["max_abs_alignment_diff"]
+
+
+def test_gram_matrix_blockwise_equals_direct():
+    seeds = specialist_seeds(5, 5)
+    params = [("a", (30, 20)), ("b", (7,))]
+    direct = np.zeros((5, 5))
+    for n, s in params:
+        E = torch.stack([noise(x, n, s).flatten().double() for x in seeds])
+        direct += (E @ E.T).numpy()
+    assert np.allclose(gram_matrix(params, seeds, progress=False), direct)
+    assert np.allclose(gram_matrix(params, seeds, memory_gb=2 * 600 * 4 / 2**30, progress=False), direct), "row blocks of 2"
+
+
+def test_stage2_rounds_are_gated_and_keep_the_stage1_result_unless_better(tiny_model):
+    problem = PlantedProblem(tiny_model)
+    problem.thresholds["support_select"] = problem.thresholds["support"][:20]
+    problem.thresholds["support_gate"] = problem.thresholds["support"][20:]
+    seeds, sigmas, rewards = population(problem, n=24)
+    first = consolidate_stage1(rewards, seeds, sigmas, problem.params, problem, alphas=(1, 2, 4), progress=False)
+    cfg = load_config(ConsolidateConfig, None, {"rounds": 2, "local_population": 8, "pcs": 2, "alphas": "1,2,4", "population": 24, "top_k": "1", "n_validation": 40, "n_probe": 40})
+    res = consolidate_stage2(first, problem.params, problem, cfg, progress=False)
+    assert 1 <= len(res.rounds) <= 2
+    for r in res.rounds:
+        assert r["pcs"] == 2 and "gate_probe" in r and "gate_support_half" in r
+    if res.accepted:
+        assert np.mean(problem(res.direction, "validation")) > np.mean(problem(None, "validation"))
+
+
+def share_of_sevens(completions, **_):
+    """A reward that is a known function of the output: the share of '7' characters."""
+    return [c.count("7") / max(1, len(c)) for c in completions]
+
+
+def test_consolidate_pipeline_saves_a_loadable_model_and_apply_rebuilds_it_bit_exactly(tmp_path, tiny_model, tiny_tokenizer):
+    import subprocess
+    import sys
+
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from corp.consolidate.run import run_consolidate
+    from corp.perturb import Perturber
+    from tests.conftest import REPO, make_tiny_llama
+
+    model_dir = tmp_path / "tiny"
+    tiny_model.save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    run = tmp_path / "run"
+    cfg = load_config(ConsolidateConfig, None, dict(
+        model=str(model_dir), task="arith", reward="tests.test_consolidate:share_of_sevens", population=6, sigmas="0.05",
+        n_support=6, n_probe=4, n_validation=4, n_test=4, max_new_tokens=8, alphas="1,2", top_k="1,2",
+        gate_z=-10.0,  # force acceptance: this test is about what gets saved, not about the gate
+        run_dir=str(run),
+    ))
+    report = run_consolidate(cfg)
+    assert report["corp"]["accepted"], report["corp"]["reason"]
+    methods = [r["method"] for r in report["test"]]
+    assert methods == ["base", "randopt-top1", "randopt-vote@2", "corp"]
+    recipe = json.loads((run / "recipe.json").read_text())
+    assert recipe["components"] and recipe["noise_scheme"] == "corp-noise-v1" and len(recipe["base_weights_hash"]) == 64
+
+    saved = AutoModelForCausalLM.from_pretrained(run / "model").eval()
+    in_memory = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    Perturber(in_memory).apply(Direction.from_json(recipe["components"]))
+    ids = tiny_tokenizer("What is 12 + 7?", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        assert torch.equal(saved(ids).logits, in_memory(ids).logits)
+        base_logits = AutoModelForCausalLM.from_pretrained(model_dir).eval()(ids).logits
+        assert not torch.equal(saved(ids).logits, base_logits)
+
+    env = {**__import__("os").environ, "CORP_NO_PROGRESS": "1"}
+    res = subprocess.run([sys.executable, "-m", "corp.cli", "apply", str(run / "recipe.json"), "--out", str(tmp_path / "applied")], capture_output=True, text=True, cwd=REPO, env=env)
+    assert res.returncode == 0, res.stderr
+    a, b = load_file(run / "model" / "model.safetensors"), load_file(tmp_path / "applied" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+    other = tmp_path / "other"
+    make_tiny_llama(tiny_tokenizer, seed=1).save_pretrained(other)
+    tiny_tokenizer.save_pretrained(other)
+    res = subprocess.run([sys.executable, "-m", "corp.cli", "apply", str(run / "recipe.json"), "--out", str(tmp_path / "x"), "--model", str(other)], capture_output=True, text=True, cwd=REPO, env=env)
+    assert res.returncode == 2 and "was made for base weights" in res.stderr
+
+
+def test_consolidate_pipeline_abstains_when_nothing_beats_the_base(tmp_path, tiny_model, tiny_tokenizer):
+    from corp.consolidate.run import run_consolidate
+    from safetensors.torch import load_file
+
+    model_dir = tmp_path / "tiny"
+    tiny_model.save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    cfg = load_config(ConsolidateConfig, None, dict(model=str(model_dir), task="arith", population=4, sigmas="0.01", n_support=4, n_probe=4,
+                                                    n_validation=4, n_test=4, max_new_tokens=4, alphas="1", top_k="1", run_dir=str(tmp_path / "run")))
+    report = run_consolidate(cfg)  # a random tiny model never solves arith: every candidate ties the base
+    assert not report["corp"]["accepted"] and "abstaining" in report["corp"]["reason"]
+    assert json.loads((tmp_path / "run" / "recipe.json").read_text())["components"] == []
+    saved = load_file(tmp_path / "run" / "model" / "model.safetensors")
+    assert all(torch.equal(saved[n], p.detach()) for n, p in tiny_model.named_parameters())
