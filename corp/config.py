@@ -110,6 +110,12 @@ class PopulationConfig(RunConfig):
     """Regex of parameter names not to perturb."""
     population_from: str | None = None
     """Reuse the scored population of this run directory instead of scoring a new one."""
+    executor: str = "local"
+    """Where specialists are scored: local (this process) or ray (one backend replica per Ray actor)."""
+    workers: int = 2
+    """Ray actors (backend replicas) for --executor ray; on a local Ray each gets cores/workers threads."""
+    ray_address: str | None = None
+    """Join this Ray cluster (e.g. `auto`, `ray://host:10001`) instead of starting a local Ray."""
 
     def validate(self) -> "PopulationConfig":
         super().validate()
@@ -121,6 +127,12 @@ class PopulationConfig(RunConfig):
         bad = [s for s in self.sigmas if not s > 0]
         if bad:
             raise CorpError(f"--sigmas must all be > 0, got {bad[0]}")
+        if self.executor not in ("local", "ray"):
+            raise CorpError(f"unknown --executor '{self.executor}'; choose one of local, ray")
+        if self.workers < 1:
+            raise CorpError(f"--workers must be >= 1, got {self.workers}")
+        if self.ray_address and self.executor != "ray":
+            raise CorpError("--ray-address needs --executor ray")
         if self.population_from and not Path(self.population_from, "population.jsonl").exists():
             raise CorpError(f"--population-from '{self.population_from}' has no population.jsonl")
         return self

@@ -64,6 +64,7 @@ class RunContext:
     reward_fn: Callable | None
     _backend: Backend | None = None
     _weights_hash: str | None = None
+    _executor: object | None = None  # corp.evaluate.executors: where population scoring runs
 
     @property
     def backend(self) -> Backend:
@@ -81,7 +82,8 @@ class RunContext:
     @property
     def weights_hash(self) -> str:
         if self._weights_hash is None:
-            self._weights_hash = weights_hash(self.backend.model) if hasattr(self.backend, "model") else "unknown"
+            known = getattr(self.backend, "weights_hash", None)  # backends without an HF model (vllm, a Ray proxy) carry it
+            self._weights_hash = known if isinstance(known, str) else weights_hash(self.backend.model) if hasattr(self.backend, "model") else "unknown"
         return self._weights_hash
 
     def ledger(self) -> Ledger:
@@ -183,6 +185,16 @@ def specialists_for(cfg: PopulationConfig) -> list[tuple[int, float]]:
     return [(s, cfg.sigmas[i % len(cfg.sigmas)]) for i, s in enumerate(seeds)]
 
 
+def score_one(ctx: RunContext, seed: int | None, sigma: float | None, split: str) -> dict:
+    """Set the backend to specialist (seed, sigma) (None: the base), evaluate it on `split`, return its row.
+    Every executor makes rows with this function."""
+    t0 = time.perf_counter()
+    ctx.backend.set_direction(None if seed is None else Direction.single(seed, sigma))
+    apply_s = time.perf_counter() - t0
+    res = evaluate_current(ctx, ctx.splits[split])
+    return result_row(seed, sigma, split, res, apply_seconds=apply_s)
+
+
 def score_specialists(ctx: RunContext, specialists: Sequence[tuple[int | None, float | None]], split: str, path: Path, desc: str = "scoring") -> dict[str, dict]:
     """Score each (seed, sigma) (None, None = the base) on `split`, appending rows to `path`; resumable.
 
@@ -192,6 +204,9 @@ def score_specialists(ctx: RunContext, specialists: Sequence[tuple[int | None, f
     examples = ctx.splits[split]
     if not examples:
         raise CorpError(f"the {split} split is empty; set --n-{split} >= 1")
+    from corp.evaluate.executors import get_executor
+
+    executor = get_executor(ctx)
     check_meta(path.with_name(path.stem + "_meta.json"), population_meta(ctx, split), path.name)
     done = {r["key"]: r for r in read_jsonl(path, key="key")}
     wanted = [(s, sg, row_key(s, sg, split)) for s, sg in specialists]
@@ -200,18 +215,13 @@ def score_specialists(ctx: RunContext, specialists: Sequence[tuple[int | None, f
     bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc=desc, unit="spec", dynamic_ncols=True, disable=os.environ.get("CORP_NO_PROGRESS") == "1")
     bar.set_postfix(best=f"{best:.3f}")
     try:
-        for seed, sigma, key in todo:
-            t0 = time.perf_counter()
-            direction = None if seed is None else Direction.single(seed, sigma)
-            ctx.backend.set_direction(direction)
-            apply_s = time.perf_counter() - t0
-            res = evaluate_current(ctx, examples)
-            row = result_row(seed, sigma, split, res, apply_seconds=apply_s)
+        for row in executor.map(ctx, [(s, sg) for s, sg, _ in todo], split):
+            key = row["key"]
             append_jsonl(path, row)
             done[key] = row
             best = row["reward"] if best != best else max(best, row["reward"])
-            if res.reward_errors:
-                warnings.warn(f"{key}: reward failed on {res.reward_errors} example(s); scored 0 and counted in the row")
+            if row["reward_errors"]:
+                warnings.warn(f"{key}: reward failed on {row['reward_errors']} example(s); scored 0 and counted in the row")
             bar.set_postfix(best=f"{best:.3f}", last=f"{row['reward']:.3f}")
             bar.update(1)
     finally:

@@ -1,0 +1,223 @@
+"""Executors: where population scoring runs. `local` (in this process, the default) or `ray`.
+
+Population scoring is embarrassingly parallel over specialists. Both executors produce each row
+with the same function (`corp.evaluate.scorer.score_one`, which calls `result_row`) and the
+driver alone appends rows to `population.jsonl` with `append_jsonl`, so a Ray population is
+resumable exactly like a local one and its rows are identical up to timing fields.
+
+`ray`: one actor per worker, each holding its own backend replica built from the run's config
+(`make_backend`, the same path as the local executor). `--workers W` starts a local Ray with W
+CPUs; `--ray-address ADDR` joins a running cluster instead. The driver keeps one specialist in
+flight per actor; when an actor dies, only its specialist in flight is lost: the actor is
+replaced and that specialist is resubmitted (at most `MAX_RETRIES` times, then a one-line error).
+
+Where this departs from the usual Ray pattern (`ray.get` over a list of remote calls) and why:
+results are consumed as they complete (`ray.wait`) and written at once, so a kill of the driver
+loses at most what is in flight, as with the local executor. The driver does not load a model
+of its own: `ctx.backend` becomes a proxy to actor 0, which serves the few calls made outside the
+population (test-split evaluations, the weights hash that keys the population's meta).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterator, Sequence
+
+from corp import CorpError
+
+EXECUTORS = ("local", "ray")
+MAX_RETRIES = 3
+
+
+class LocalExecutor:
+    name = "local"
+
+    def map(self, ctx, specialists: Sequence[tuple[int | None, float | None]], split: str) -> Iterator[dict]:
+        from corp.evaluate.scorer import score_one
+
+        for seed, sigma in specialists:
+            yield score_one(ctx, seed, sigma, split)
+
+    def close(self) -> None:
+        pass
+
+
+class _Worker:
+    """A Ray actor's body: a backend replica and the task, scoring one specialist per call."""
+
+    def __init__(self, cfg, threads: int | None):
+        import torch
+
+        from corp.evaluate.backends import make_backend
+        from corp.evaluate.rewards import resolve_reward
+        from corp.evaluate.scorer import RunContext
+        from corp.evaluate.tasks import get_task
+        from corp.perturb import ParamFilter
+
+        if threads:
+            torch.set_num_threads(threads)
+        task = get_task(cfg.task, cfg.data)
+        pf = ParamFilter(getattr(cfg, "include", ".*"), getattr(cfg, "exclude", ""))
+        backend = make_backend(cfg.backend, cfg.model, cfg.device, cfg.dtype, cfg.batch_size, pf)
+        self.ctx = RunContext(cfg, "worker", task, {}, None, resolve_reward(cfg.reward), backend)
+
+    def info(self) -> dict:
+        b = self.ctx.backend
+        return {"pid": os.getpid(), "model_id": getattr(b, "model_id", self.ctx.cfg.model), "n_params": b.n_params, "weights_hash": self.ctx.weights_hash, "name": b.name}
+
+    def score(self, seed, sigma, split, examples) -> dict:
+        from corp.evaluate.scorer import score_one
+
+        self.ctx.splits[split] = examples
+        return score_one(self.ctx, seed, sigma, split)
+
+    def set_direction(self, direction) -> None:
+        self.ctx.backend.set_direction(direction)
+
+    def generate(self, *args, **kwargs):
+        return self.ctx.backend.generate(*args, **kwargs)
+
+
+class RemoteBackend:
+    """`ctx.backend` on a Ray driver: forwards calls to the executor's first live actor."""
+
+    def __init__(self, executor: "RayExecutor", info: dict):
+        self.executor = executor
+        self.name = info["name"]
+        self.model_id = info["model_id"]
+        self.n_params = info["n_params"]
+        self.weights_hash = info["weights_hash"]
+
+    def set_direction(self, direction) -> None:
+        self.executor._call_first("set_direction", direction)
+
+    def generate(self, *args, **kwargs):
+        return self.executor._call_first("generate", *args, **kwargs)
+
+    def close(self) -> None:
+        pass
+
+
+class RayExecutor:
+    name = "ray"
+
+    def __init__(self, cfg, workers: int, address: str | None = None):
+        try:
+            import ray
+        except ImportError:
+            raise CorpError("--executor ray needs Ray: pip install 'corp[ray]'") from None
+        self.ray, self.cfg, self.workers, self.address = ray, cfg, workers, address
+        self.started_ray = False
+        if not ray.is_initialized():
+            if address:
+                try:
+                    ray.init(address=address, log_to_driver=False)
+                except Exception as exc:  # ConnectionError and friends; their text is long
+                    raise CorpError(f"--ray-address '{address}': cannot join the Ray cluster ({type(exc).__name__})") from None
+            else:
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 1024**2)
+            self.started_ray = True
+        from corp.evaluate.backends import resolve_backend_name
+
+        gpus = 1 if resolve_backend_name_safe(cfg.backend, resolve_backend_name) == "vllm" and ray.cluster_resources().get("GPU", 0) > 0 else 0
+        threads = cfg.threads or (None if address else max(1, (os.cpu_count() or 1) // workers))
+        self._actor_cls = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(_Worker)
+        self._threads = threads
+        self.actors = [self._new_actor() for _ in range(workers)]
+        self.retried = 0  # specialists resubmitted after their actor died
+        self.replaced = 0  # actors started to replace dead ones
+        try:
+            info = ray.get(self.actors[0].info.remote())
+        except ray.exceptions.RayActorError as exc:
+            raise CorpError(f"the Ray worker could not load the backend: {str(exc).splitlines()[0]}") from None
+        self.info = info
+
+    def _new_actor(self):
+        return self._actor_cls.remote(self.cfg, self._threads)
+
+    def pids(self) -> list[int]:
+        return [self.ray.get(a.info.remote())["pid"] for a in self.actors]
+
+    def _call_first(self, method: str, *args, **kwargs):
+        ray = self.ray
+        for attempt in range(MAX_RETRIES + 1):
+            actor = self.actors[0]
+            try:
+                return ray.get(getattr(actor, method).remote(*args, **kwargs))
+            except ray.exceptions.RayActorError:
+                self.actors[0] = self._new_actor()
+                self.replaced += 1
+        raise CorpError(f"Ray worker died {MAX_RETRIES + 1} times running {method}; see the Ray logs")
+
+    def map(self, ctx, specialists: Sequence[tuple[int | None, float | None]], split: str) -> Iterator[dict]:
+        ray = self.ray
+        examples = ray.put(list(ctx.splits[split]))
+        queue = list(specialists)
+        tries: dict[tuple, int] = {}
+        running: dict = {}  # ObjectRef -> (actor slot, specialist)
+        try:
+            while queue or running:
+                busy = {slot for slot, _ in running.values()}
+                for slot in range(len(self.actors)):
+                    if slot not in busy and queue:
+                        spec = queue.pop(0)
+                        ref = self.actors[slot].score.remote(spec[0], spec[1], split, examples)
+                        running[ref] = (slot, spec)
+                ready, _ = ray.wait(list(running), num_returns=1)
+                for ref in ready:
+                    slot, spec = running.pop(ref)
+                    try:
+                        row = ray.get(ref)
+                    except ray.exceptions.RayActorError:
+                        tries[spec] = tries.get(spec, 0) + 1
+                        if tries[spec] > MAX_RETRIES:
+                            raise CorpError(f"specialist {spec[0]} (sigma {spec[1]}) was in flight on {tries[spec]} Ray workers that died; see the Ray logs") from None
+                        self.actors[slot] = self._new_actor()
+                        self.replaced += 1
+                        self.retried += 1
+                        queue.insert(0, spec)
+                        continue
+                    yield row
+        finally:
+            for ref in running:  # interrupted: drop what is in flight (the rows are not written)
+                try:
+                    ray.cancel(ref)
+                except Exception:
+                    pass
+
+    def close(self) -> None:
+        for a in self.actors:
+            try:
+                self.ray.kill(a)
+            except Exception:
+                pass
+        self.actors = []
+        if self.started_ray:
+            self.ray.shutdown()
+
+
+def resolve_backend_name_safe(name: str, resolve) -> str:
+    try:
+        return resolve(name)
+    except CorpError:
+        return name
+
+
+def get_executor(ctx):
+    """The run's executor (created once per run context); installs the Ray backend proxy on the driver."""
+    ex = getattr(ctx, "_executor", None)
+    if ex is not None:
+        return ex
+    cfg = ctx.cfg
+    kind = getattr(cfg, "executor", "local") or "local"
+    if kind == "local":
+        ex = LocalExecutor()
+    elif kind == "ray":
+        ex = RayExecutor(cfg, getattr(cfg, "workers", 2), getattr(cfg, "ray_address", None))
+        if ctx._backend is None:
+            ctx._backend = RemoteBackend(ex, ex.info)
+    else:
+        raise CorpError(f"unknown --executor '{kind}'; choose one of {', '.join(EXECUTORS)}")
+    ctx._executor = ex
+    return ex
