@@ -11,6 +11,7 @@ meaning is an error, never a silent mix.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -105,6 +106,8 @@ def setup_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs
         if not splits[split]:
             raise CorpError(f"the {split} split is empty but {method} needs it; set --n-{split} >= 1")
     run_dir = prepare_run_dir(cfg.run_dir, cfg.task, method, cfg.seed)
+    if os.environ.get("CORP_NO_PROGRESS") != "1":
+        tqdm.write(f"run directory: {run_dir}", file=sys.stderr)
     write_yaml(run_dir / "config.yaml", {"method": method, **config_to_dict(cfg)})
     write_json(run_dir / "splits.json", {"split_seed": cfg.split_seed, **{s: [e.id for e in splits[s]] for s in SPLITS}})
     return RunContext(cfg, method, task, splits, run_dir, reward_fn, backend)

@@ -1,0 +1,468 @@
+"""GRPO trainer core: sample G completions per prompt, group advantages, clipped per-token loss.
+
+Paper: Shao et al., "DeepSeekMath: Pushing the Limits of Mathematical Reasoning in Open Language
+Models" (arXiv 2402.03300). Reference implementation: TRL's `GRPOTrainer` (trl 1.16,
+`GRPOTrainer._compute_loss`); our per-token loss and the three aggregations `grpo`, `dapo` and
+`dr_grpo` equal TRL's on identical inputs (tests/test_grpo.py calls TRL's own `_compute_loss`).
+
+What one optimizer step does (TRL's defaults: num_iterations = 1, steps_per_generation =
+gradient_accumulation_steps):
+1. draw `prompts_per_step` prompts from the support split (a fixed function of seed and step, so a
+   resumed run draws the same ones) and sample G completions each with the hf backend;
+2. rewards -> advantages per group: (R - mean) / (std + 1e-4) (std with Bessel's correction, as TRL),
+   or R - mean (`--scale-rewards none`, Dr. GRPO);
+3. split the G * prompts sequences into `grad_accum` micro-batches; per token,
+   rho = exp(logp - logp_old), loss = -min(rho A, clip(rho, 1 - eps, 1 + eps_high) A) + beta KL_k3,
+   aggregated as `--loss-type` says; backward; one AdamW step (weight decay 0, grad-norm clip 1.0,
+   as the HF Trainer defaults).
+With `--num-iterations 1` logp_old is logp detached (TRL skips its computation), so rho = 1 and
+the clip is inactive; with mu > 1 the batch is reused mu times against logp_old computed once.
+
+Loss variants (`--loss`) plug in as small classes (corp/baselines/grpo/losses.py interface):
+per-token weights on the advantage, per-response weights, and the ratio function.
+
+Where we depart from TRL, and why:
+- Log-probabilities are taken from logits / temperature, as TRL does; generation uses the hf
+  backend (transformers `generate`, top_k = 0, top_p = 1), not TRL's generation loop.
+- One process, no accelerate / DeepSpeed; no vLLM generation (CPU first).
+- Trained tokens in the ledger are prompt + completion tokens of every sequence in a training
+  forward/backward (6 N per token, also for LoRA, where the true backward is cheaper; stated in
+  the report). The generation and any logp_old / reference forward passes count as inference.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from corp import CorpError
+from corp.bench.ledger import FLOPS_FORMULA, Ledger
+from corp.config import RunConfig
+from corp.evaluate.rewards import compute_rewards
+from corp.evaluate.scorer import evaluate_current, setup_run
+from corp.runs import append_jsonl, read_jsonl, write_json
+
+AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
+
+
+@dataclass
+class GRPOConfig(RunConfig):
+    loss: str = "grpo"
+    """Loss variant: grpo (plain), cov (covariance-weighted), reco (coverage reweighting)."""
+    loss_type: str = "dapo"
+    """Aggregation, as TRL's loss_type: grpo (per-sequence mean), dapo (token mean, TRL's default), dr_grpo (batch x max length)."""
+    steps: int = 10
+    """Optimizer steps."""
+    prompts_per_step: int = 4
+    """Distinct prompts per step (each gets --num-generations completions)."""
+    num_generations: int = 8
+    """G: completions per prompt."""
+    temperature: float = 1.0
+    """Sampling temperature (logprobs use logits / temperature, as TRL)."""
+    learning_rate: float = 1e-6
+    """AdamW learning rate."""
+    epsilon: float = 0.2
+    """Clip range below 1 (and above, unless --epsilon-high is set)."""
+    epsilon_high: float | None = None
+    """Clip range above 1 (default: --epsilon)."""
+    beta: float = 0.0
+    """Weight of the k3 KL penalty to the reference (initial) model; 0 loads no reference."""
+    scale_rewards: str = "group"
+    """As TRL: group (divide advantages by the group std, GRPO) or none (mean-only, Dr. GRPO)."""
+    num_iterations: int = 1
+    """mu: optimizer steps per generated batch (TRL's num_iterations)."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (gradient accumulation)."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip (0 disables)."""
+    lora_r: int = 0
+    """LoRA rank; 0 trains all parameters."""
+    lora_alpha: int = 32
+    """LoRA alpha."""
+    lora_targets: str = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+    """Comma-separated module names LoRA adapts."""
+    checkpoint_every: int = 5
+    """Save a resumable checkpoint every this many steps (and at the end)."""
+    skip_test_eval: bool = False
+    """Do not evaluate greedy accuracy on the test split before and after training."""
+
+    def validate(self) -> "GRPOConfig":
+        super().validate()
+        from corp.baselines.grpo import VARIANTS
+
+        if self.loss not in VARIANTS:
+            raise CorpError(f"--loss '{self.loss}' is unknown; choose one of {', '.join(VARIANTS)}")
+        if self.scale_rewards not in ("group", "none"):
+            raise CorpError(f"--scale-rewards '{self.scale_rewards}' is unknown; choose group or none")
+        if self.loss_type not in AGGREGATIONS:
+            raise CorpError(f"--loss-type '{self.loss_type}' is unknown; choose one of {', '.join(AGGREGATIONS)}")
+        for name in ("steps", "prompts_per_step", "num_iterations", "grad_accum", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise CorpError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.num_generations < 2:
+            raise CorpError(f"--num-generations must be >= 2 (advantages are relative within a group), got {self.num_generations}")
+        if not self.temperature > 0:
+            raise CorpError(f"--temperature must be > 0 (GRPO samples), got {self.temperature}")
+        if not self.learning_rate > 0:
+            raise CorpError(f"--learning-rate must be > 0, got {self.learning_rate}")
+        if self.epsilon < 0 or (self.epsilon_high is not None and self.epsilon_high < 0):
+            raise CorpError("--epsilon and --epsilon-high must be >= 0")
+        if self.beta < 0:
+            raise CorpError(f"--beta must be >= 0, got {self.beta}")
+        if self.lora_r < 0:
+            raise CorpError(f"--lora-r must be >= 0, got {self.lora_r}")
+        if (self.prompts_per_step * self.num_generations) % self.grad_accum:
+            raise CorpError(f"--grad-accum {self.grad_accum} must divide prompts-per-step x num-generations = {self.prompts_per_step * self.num_generations}")
+        return self
+
+
+# ---------------------------------------------------------------- the math (no model needed)
+
+
+def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True) -> torch.Tensor:
+    """(R - group mean) [/ (group std + 1e-4)], std with Bessel's correction, as TRL (scale_rewards='group'/'none')."""
+    grouped = rewards.view(-1, group_size)
+    mean = grouped.mean(dim=1, keepdim=True)
+    adv = grouped - mean
+    if scale:
+        adv = adv / (grouped.std(dim=1, keepdim=True, unbiased=True) + 1e-4)
+    return adv.reshape(-1)
+
+
+def k3_kl(ref_logps: torch.Tensor, logps: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi || ref): exp(ref - logp) - (ref - logp) - 1."""
+    return torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
+
+
+def per_token_loss(logps, old_logps, advantages, mask, eps_low, eps_high, beta=0.0, ref_logps=None, variant=None, response_weights=None):
+    """Clipped surrogate per token (B, T), before masking and aggregation.
+
+    `variant` supplies the ratio function and per-token weights on the advantage; `response_weights`
+    (B,) multiply the advantage of each sequence. Both weights are detached.
+    """
+    adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
+    if variant is not None:
+        coef_1 = variant.ratio(logps, old_logps)
+        token_w = variant.token_weights(adv.expand_as(logps), logps, mask)
+        if token_w is not None:
+            adv = adv * token_w.detach()
+    else:
+        coef_1 = torch.exp(logps - old_logps)
+    if response_weights is not None:
+        adv = adv * response_weights.detach().unsqueeze(1)
+    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    if beta != 0.0:
+        loss = loss + beta * k3_kl(ref_logps, logps)
+    return loss
+
+
+def aggregate(loss_tok: torch.Tensor, mask: torch.Tensor, loss_type: str, grad_accum: int, max_completion_length: int, tokens_in_step: float) -> torch.Tensor:
+    """TRL's aggregations for one micro-batch, already scaled for gradient accumulation.
+
+    grpo: mean over sequences of the per-sequence token mean, / grad_accum; dr_grpo: token sum /
+    (micro-batch size x max_completion_length), / grad_accum; dapo: token sum / tokens in the whole
+    generation batch of the step (TRL's num_items_in_batch with steps_per_generation = grad_accum).
+    """
+    mask = mask.to(loss_tok.dtype)
+    if loss_type == "grpo":
+        return ((loss_tok * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean() / grad_accum
+    if loss_type == "dr_grpo":
+        return (loss_tok * mask).sum() / (loss_tok.size(0) * max_completion_length) / grad_accum
+    if loss_type == "dapo":
+        return (loss_tok * mask).sum() / max(float(tokens_in_step), 1.0)
+    raise CorpError(f"unknown loss type '{loss_type}'")
+
+
+def token_logps_and_entropy(model, input_ids, attention_mask, n_completion: int, temperature: float, with_entropy: bool = True):
+    """Per-token log-probabilities of the last n_completion tokens (logits / temperature), and entropies."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -n_completion - 1 : -1, :].float()
+    logits = logits / temperature
+    logsm = torch.log_softmax(logits, dim=-1)
+    logps = logsm.gather(-1, input_ids[:, -n_completion:].unsqueeze(-1)).squeeze(-1)
+    ent = None
+    if with_entropy:
+        with torch.no_grad():
+            ent = -(logsm.exp() * logsm).sum(-1)
+    return logps, ent
+
+
+# ---------------------------------------------------------------- batches
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # (B, P + T): left-padded prompt, right-padded completion
+    attention_mask: torch.Tensor
+    completion_mask: torch.Tensor  # (B, T)
+    advantages: torch.Tensor  # (B,)
+    group: torch.Tensor  # (B,) prompt index
+    prompt_lens: list[int]
+    completion_lens: list[int]
+
+    def rows(self, idx: slice) -> "Batch":
+        return Batch(self.input_ids[idx], self.attention_mask[idx], self.completion_mask[idx], self.advantages[idx], self.group[idx], self.prompt_lens[idx], self.completion_lens[idx])
+
+
+def build_batch(tokenizer, prompt_ids: list[list[int]], completion_ids: list[list[int]], advantages, group) -> Batch:
+    pad = tokenizer.pad_token_id
+    B = len(prompt_ids)
+    P = max(len(p) for p in prompt_ids)
+    T = max(1, max(len(c) for c in completion_ids))
+    ids = torch.full((B, P + T), pad, dtype=torch.long)
+    att = torch.zeros((B, P + T), dtype=torch.long)
+    cmask = torch.zeros((B, T), dtype=torch.long)
+    for r, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        ids[r, P - len(p) : P] = torch.tensor(p, dtype=torch.long)
+        att[r, P - len(p) : P] = 1
+        if c:
+            ids[r, P : P + len(c)] = torch.tensor(c, dtype=torch.long)
+            att[r, P : P + len(c)] = 1
+            cmask[r, : len(c)] = 1
+    return Batch(ids, att, cmask, advantages, group, [len(p) for p in prompt_ids], [len(c) for c in completion_ids])
+
+
+# ---------------------------------------------------------------- the trainer
+
+
+class GRPOTrainer:
+    """Owns the policy (the backend's model, trained in place), optimizer, ledger and checkpoints."""
+
+    def __init__(self, ctx, cfg: GRPOConfig):
+        from corp.baselines.grpo import VARIANTS
+        from corp.evaluate.backends.hf import HFBackend, format_prompt
+
+        self.ctx, self.cfg = ctx, cfg
+        backend = ctx.backend
+        if not isinstance(backend, HFBackend):
+            raise CorpError("corp grpo trains with the hf backend; pass --backend hf")
+        self.backend, self.tokenizer = backend, backend.tokenizer
+        self.format_prompt = format_prompt
+        self.variant = VARIANTS[cfg.loss]()
+        self.max_new_tokens = ctx.max_new_tokens
+        model = backend.model
+        for p in model.parameters():
+            p.data = p.data.float() if p.dtype != torch.float32 else p.data  # fp32 master weights for training
+        self.ref_model = None
+        if cfg.lora_r > 0:
+            try:
+                from peft import LoraConfig, get_peft_model
+            except ImportError:
+                raise CorpError("--lora-r needs PEFT: pip install 'corp[peft]'") from None
+            targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
+            names = {n.split(".")[-1] for n, _ in model.named_modules()}
+            missing = [t for t in targets if t not in names]
+            if missing:
+                raise CorpError(f"--lora-targets: the model has no module named {missing[0]}")
+            self.policy = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=0.0, bias="none"))
+        else:
+            self.policy = model
+            if cfg.beta != 0.0:
+                self.ref_model = copy.deepcopy(model).eval()
+                for p in self.ref_model.parameters():
+                    p.requires_grad_(False)
+        self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW([p for _, p in self.trainable], lr=cfg.learning_rate, weight_decay=0.0)
+        self.ledger = Ledger(backend.n_params)
+        self.step = 0
+        self.ckpt_path = ctx.run_dir / "checkpoint.pt"
+
+    # -- checkpoints: trainable tensors + optimizer + step + ledger, one file written atomically
+    def save_checkpoint(self) -> None:
+        state = {
+            "step": self.step,
+            "trainable": {n: p.detach().clone() for n, p in self.trainable},
+            "optimizer": self.optimizer.state_dict(),
+            "ledger": self.ledger.to_dict(),
+        }
+        tmp = self.ckpt_path.with_suffix(".pt.tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, self.ckpt_path)
+
+    def maybe_resume(self) -> None:
+        if not self.ckpt_path.exists():
+            return
+        try:
+            state = torch.load(self.ckpt_path, map_location="cpu", weights_only=False)
+        except Exception as exc:
+            raise CorpError(f"checkpoint '{self.ckpt_path}' cannot be read ({type(exc).__name__}); move it away to start over") from None
+        names = {n for n, _ in self.trainable}
+        if set(state["trainable"]) != names:
+            raise CorpError(f"checkpoint '{self.ckpt_path}' was made with other trainable parameters (LoRA vs full?); use another --run-dir")
+        with torch.no_grad():
+            for n, p in self.trainable:
+                p.copy_(state["trainable"][n])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        led = state["ledger"]
+        self.ledger = Ledger(self.ledger.n_params, led["prompt_tokens"], led["generated_tokens"], led["trained_tokens"])
+
+    # -- one step
+    def sample(self) -> tuple[Batch, dict]:
+        cfg, ctx = self.cfg, self.ctx
+        support = ctx.splits["support"]
+        rng = random.Random(f"corp-grpo|{cfg.seed}|{self.step}")
+        examples = rng.sample(support, min(cfg.prompts_per_step, len(support)))
+        self.policy.eval()
+        gens = self.backend.generate([e.prompt for e in examples], self.max_new_tokens, temperature=cfg.temperature, n=cfg.num_generations, seed=cfg.seed * 1_000_003 + self.step)
+        self.ledger.add_generation(sum(gens.prompt_tokens), sum(gens.generated_tokens))
+        exs = [e for e in examples for _ in range(cfg.num_generations)]
+        rewards, errors = compute_rewards(ctx.task, gens.texts, exs, ctx.reward_fn)
+        r = torch.tensor(rewards, dtype=torch.float32)
+        adv = group_advantages(r, cfg.num_generations, cfg.scale_rewards == "group")
+        prompt_ids = [self.tokenizer(self.format_prompt(self.tokenizer, e.prompt), add_special_tokens=False)["input_ids"] for e in exs]
+        group = torch.arange(len(examples)).repeat_interleave(cfg.num_generations)
+        batch = build_batch(self.tokenizer, prompt_ids, gens.token_ids, adv, group)
+        info = {"reward": float(r.mean()), "reward_std": float(r.std()) if len(r) > 1 else 0.0, "reward_errors": errors, "completion_len": sum(gens.generated_tokens) / len(exs)}
+        return batch, info
+
+    def _forward_inference(self, model, batch: Batch) -> torch.Tensor:
+        with torch.no_grad():
+            logps, _ = token_logps_and_entropy(model, batch.input_ids, batch.attention_mask, batch.completion_mask.size(1), self.cfg.temperature, with_entropy=False)
+        self.ledger.add_generation(sum(batch.prompt_lens) + sum(batch.completion_lens), 0)
+        return logps
+
+    def train_step(self) -> dict:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        batch, info = self.sample()
+        old_logps = self._forward_inference(self.policy, batch) if cfg.num_iterations > 1 else None
+        ref_logps = None
+        if cfg.beta != 0.0:
+            if self.ref_model is not None:
+                ref_logps = self._forward_inference(self.ref_model, batch)
+            else:
+                with self.policy.disable_adapter():
+                    ref_logps = self._forward_inference(self.policy, batch)
+        resp_logps = old_logps
+        if resp_logps is None and self.variant.needs_response_logps:
+            resp_logps = self._forward_inference(self.policy, batch)
+        resp_w = self.variant.response_weights(batch, resp_logps, cfg.num_generations)
+        tokens_in_step = float(batch.completion_mask.sum())
+        B = batch.input_ids.size(0)
+        micro = B // cfg.grad_accum
+        eps_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
+        stats = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_ratio": 0.0, "grad_norm": 0.0}
+        extra: dict[str, float] = {}
+        self.policy.train()
+        for _ in range(cfg.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            ent_sum = kl_sum = clip_sum = 0.0
+            for k in range(cfg.grad_accum):
+                sl = slice(k * micro, (k + 1) * micro)
+                mb = batch.rows(sl)
+                logps, ent = token_logps_and_entropy(self.policy, mb.input_ids, mb.attention_mask, mb.completion_mask.size(1), cfg.temperature)
+                old = logps.detach() if old_logps is None else old_logps[sl]
+                ref = None if ref_logps is None else ref_logps[sl]
+                rw = None if resp_w is None else resp_w[sl]
+                mask = mb.completion_mask.float()
+                loss_tok = per_token_loss(logps, old, mb.advantages, mask, cfg.epsilon, eps_high, cfg.beta, ref, self.variant, rw)
+                loss = aggregate(loss_tok, mask, cfg.loss_type, cfg.grad_accum, self.max_new_tokens, tokens_in_step)
+                loss.backward()
+                self.ledger.trained_tokens += sum(mb.prompt_lens) + sum(mb.completion_lens)
+                stats["loss"] += float(loss.detach())
+                with torch.no_grad():
+                    ent_sum += float((ent * mask).sum())
+                    if ref is not None:
+                        kl_sum += float((k3_kl(ref, logps) * mask).sum())
+                    ratio = self.variant.ratio(logps, old)
+                    clip_sum += float((((ratio < 1 - cfg.epsilon) | (ratio > 1 + eps_high)).float() * mask).sum())
+                for key, val in self.variant.last_stats.items():
+                    extra[key] = extra.get(key, 0.0) + val / cfg.grad_accum
+            if cfg.max_grad_norm > 0:
+                stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], cfg.max_grad_norm))
+            self.optimizer.step()
+        n_tok = max(tokens_in_step, 1.0)
+        stats.update(entropy=ent_sum / n_tok, kl=kl_sum / n_tok, clip_ratio=clip_sum / n_tok)
+        stats["loss"] /= cfg.num_iterations
+        self.step += 1
+        return {"step": self.step, **info, **stats, **extra, "seconds": time.perf_counter() - t0, **{f"ledger_{k}": v for k, v in self.ledger.to_dict().items()}}
+
+    def train(self) -> list[dict]:
+        cfg = self.cfg
+        self.maybe_resume()
+        metrics_path = self.ctx.run_dir / "metrics.jsonl"
+        rows = [r for r in read_jsonl(metrics_path, key="step") if r["step"] <= self.step]
+        if rows != read_jsonl(metrics_path, key="step"):  # steps logged after the last checkpoint are redone
+            metrics_path.write_text("")
+            for r in rows:
+                append_jsonl(metrics_path, r)
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"grpo[{cfg.loss}]", unit="step", dynamic_ncols=True, disable=os.environ.get("CORP_NO_PROGRESS") == "1")
+        try:
+            while self.step < cfg.steps:
+                row = self.train_step()
+                if not all(math.isfinite(row[k]) for k in ("loss", "entropy")):
+                    raise CorpError(f"step {row['step']}: the loss became non-finite; lower --learning-rate")
+                append_jsonl(metrics_path, row)
+                rows.append(row)
+                bar.set_postfix(reward=f"{row['reward']:.3f}", kl=f"{row['kl']:.4f}", entropy=f"{row['entropy']:.3f}")
+                bar.update(1)
+                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                    self.save_checkpoint()
+        finally:
+            bar.close()
+        self.policy.eval()
+        return rows
+
+    def merged_model(self):
+        """The trained model as a plain transformers model (LoRA merged into the weights)."""
+        if self.cfg.lora_r > 0:
+            adapter_dir = self.ctx.run_dir / "adapter"
+            self.policy.save_pretrained(adapter_dir)
+            return self.policy.merge_and_unload()
+        return self.policy
+
+
+def run_grpo(cfg: GRPOConfig, backend=None) -> dict:
+    """Train with GRPO (or a variant), evaluate before/after on the test split, save model + report."""
+    from corp.models import save_model
+
+    needs = ("support",) if cfg.skip_test_eval else ("support", "test")
+    ctx = setup_run(cfg, f"grpo-{cfg.loss}", backend, needs=needs)
+    test_rows_path = ctx.run_dir / "test_evals.jsonl"
+    done = {r["key"]: r for r in read_jsonl(test_rows_path, key="key")}
+
+    def test_eval(key: str) -> dict | None:
+        if cfg.skip_test_eval:
+            return None
+        if key not in done:
+            res = evaluate_current(ctx, ctx.splits["test"])  # the weights as they are (never set_direction: it restores the base)
+            done[key] = {"key": key, "accuracy": res.accuracy, "reward": res.mean_reward, "prompt_tokens": res.prompt_tokens, "generated_tokens": res.generated_tokens, "answers": res.answers}
+            append_jsonl(test_rows_path, done[key])
+        return done[key]
+
+    trainer = GRPOTrainer(ctx, cfg)
+    if not trainer.ckpt_path.exists():
+        before = test_eval("base:test")
+    else:
+        before = done.get("base:test")
+    trainer.train()
+    model = trainer.merged_model()
+    trainer.backend.model = model
+    after = test_eval("final:test")
+    save_model(model, trainer.tokenizer, ctx.run_dir / "model")
+    report = {
+        "method": ctx.method,
+        "model": cfg.model,
+        "task": cfg.task,
+        "run_dir": str(ctx.run_dir),
+        "steps": trainer.step,
+        "lora_r": cfg.lora_r,
+        "trainable_params": sum(p.numel() for _, p in trainer.trainable),
+        "test_accuracy_before": before["accuracy"] if before else None,
+        "test_accuracy_after": after["accuracy"] if after else None,
+        "n_test": len(ctx.splits["test"]),
+        "training_ledger": trainer.ledger.to_dict(),
+        "flops_formula": FLOPS_FORMULA,
+        "trained_tokens_note": "prompt + completion tokens of every sequence in a training forward/backward; 6N per token also for LoRA",
+        "model_dir": str(ctx.run_dir / "model"),
+    }
+    write_json(ctx.run_dir / "report.json", report)
+    return report

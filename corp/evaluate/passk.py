@@ -1,0 +1,71 @@
+"""`corp eval`: the evaluation every method shares — greedy accuracy and pass@k on the test split.
+
+Greedy accuracy: one greedy completion per test problem. pass@k: n sampled completions per problem
+(temperature `--temperature`), c of them correct, pass@k = mean over problems of
+1 - C(n - c, k) / C(n, k) (corp.evaluate.voting.pass_at_k, unbiased, Chen et al. 2021).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from corp import CorpError
+from corp.bench.ledger import FLOPS_FORMULA
+from corp.config import RunConfig, parse_list
+from corp.evaluate.scorer import evaluate, setup_run
+from corp.evaluate.voting import pass_at_k
+from corp.runs import write_json
+
+
+@dataclass
+class EvalConfig(RunConfig):
+    pass_k: list[int] = field(default_factory=lambda: [1, 8, 64])
+    """k values for pass@k, comma-separated."""
+    n_samples: int | None = None
+    """n: sampled completions per problem for pass@k (default: the largest k)."""
+    temperature: float = 1.0
+    """Sampling temperature for pass@k."""
+
+    def validate(self) -> "EvalConfig":
+        super().validate()
+        self.pass_k = sorted(set(parse_list(self.pass_k, int, "pass_k")))
+        if self.pass_k and min(self.pass_k) < 1:
+            raise CorpError(f"--pass-k values must be >= 1, got {self.pass_k}")
+        n = self.n_samples if self.n_samples is not None else (max(self.pass_k) if self.pass_k else 0)
+        if self.pass_k and n < max(self.pass_k):
+            raise CorpError(f"--n-samples {n} is smaller than the largest --pass-k {max(self.pass_k)}; pass@k needs k <= n")
+        if self.pass_k and not self.temperature > 0:
+            raise CorpError(f"--temperature must be > 0 for pass@k sampling, got {self.temperature}")
+        self.n_samples = n
+        return self
+
+
+def pass_at_k_table(correct: list[bool], n: int, ks: list[int]) -> dict[int, float]:
+    """Mean pass@k over problems from a flat, problem-major list of n correctness flags per problem."""
+    if len(correct) % n:
+        raise ValueError("correctness list is not n per problem")
+    counts = [sum(correct[i : i + n]) for i in range(0, len(correct), n)]
+    return {k: sum(pass_at_k(n, c, k) for c in counts) / len(counts) for k in ks}
+
+
+def run_eval(cfg: EvalConfig, backend=None) -> dict:
+    ctx = setup_run(cfg, "eval", backend, needs=("test",))
+    test = ctx.splits["test"]
+    greedy = evaluate(ctx, test)
+    led = ctx.ledger().add_generation(greedy.prompt_tokens, greedy.generated_tokens)
+    passk: dict[int, float] = {}
+    if cfg.pass_k:
+        sampled = evaluate(ctx, test, n=cfg.n_samples, temperature=cfg.temperature)
+        led.add_generation(sampled.prompt_tokens, sampled.generated_tokens)
+        passk = pass_at_k_table(sampled.correct, cfg.n_samples, cfg.pass_k)
+    report = {
+        "model": cfg.model, "task": cfg.task, "n_test": len(test), "greedy_accuracy": greedy.accuracy,
+        "n_samples": cfg.n_samples, "temperature": cfg.temperature, "pass_at_k": {str(k): v for k, v in passk.items()},
+        "ledger": led.to_dict(), "flops_formula": FLOPS_FORMULA, "run_dir": str(ctx.run_dir),
+    }
+    write_json(ctx.run_dir / "report.json", report)
+    lines = [f"{cfg.model} on {cfg.task}, {len(test)} test problems", f"greedy accuracy  {greedy.accuracy:.3f}"]
+    lines += [f"pass@{k:<10} {v:.3f}   (n={cfg.n_samples}, T={cfg.temperature})" for k, v in passk.items()]
+    lines.append(f"run directory: {ctx.run_dir}")
+    report["table"] = "\n".join(lines)
+    return report

@@ -1,0 +1,43 @@
+"""`corp eval`: pass@k over problems equals the closed form; the command runs end to end through the CLI."""
+
+from __future__ import annotations
+
+import json
+from math import comb
+
+import pytest
+from typer.testing import CliRunner
+
+from corp import CorpError
+from corp.cli import app
+from corp.config import load_config
+from corp.evaluate.passk import EvalConfig, pass_at_k_table
+from tests.conftest import make_char_tokenizer, make_tiny_llama
+
+
+def test_pass_at_k_table_is_the_closed_form_mean():
+    n = 4
+    correct = [1, 0, 0, 0] + [1, 1, 0, 1] + [0, 0, 0, 0]
+    table = pass_at_k_table([bool(c) for c in correct], n, [1, 2, 4])
+    for k in (1, 2, 4):
+        expected = sum(1 - comb(n - c, k) / comb(n, k) for c in (1, 3, 0)) / 3
+        assert table[k] == pytest.approx(expected)
+
+
+def test_eval_config_rejects_k_above_n():
+    with pytest.raises(CorpError, match="--n-samples"):
+        load_config(EvalConfig, None, {"pass_k": "1,8", "n_samples": 4})
+
+
+def test_corp_eval_cli_on_saved_tiny_model(tmp_path):
+    tok = make_char_tokenizer()
+    model_dir = tmp_path / "m"
+    make_tiny_llama(tok).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    res = CliRunner().invoke(app, ["eval", "--model", str(model_dir), "--task", "arith", "--n-test", "3", "--n-support", "0", "--n-probe", "0",
+                                   "--n-validation", "0", "--pass-k", "1,2", "--n-samples", "3", "--max-new-tokens", "4", "--run-dir", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert set(report["pass_at_k"]) == {"1", "2"} and 0 <= report["greedy_accuracy"] <= 1
+    assert report["pass_at_k"]["1"] <= report["pass_at_k"]["2"]
+    assert report["ledger"]["generated_tokens"] > 0
