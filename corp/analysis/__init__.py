@@ -1,0 +1,1 @@
+"""Analyses of a scored population: the split-half low-rank analysis (`corp analyze-rank`)."""
