@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
+import types
 import typing
 import warnings
 from typing import Callable, Optional
@@ -44,7 +45,7 @@ def _run(fn: Callable, *args):
 
 
 def _cli_type(tp) -> type:
-    if typing.get_origin(tp) in (typing.Union, __import__("types").UnionType):
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
         tp = next(a for a in typing.get_args(tp) if a is not type(None))
     base = tp
     if typing.get_origin(base) is list:
@@ -93,7 +94,7 @@ def randopt_cmd(cfg: RandOptConfig) -> None:
 def score_cmd(cfg: PopulationConfig) -> None:
     from corp.evaluate.scorer import ensure_population, setup_run
 
-    ctx = setup_run(cfg, "score")
+    ctx = setup_run(cfg, "score", needs=("support",))
     ranked = ensure_population(ctx)
     rewards = sorted(r["reward"] for r in ranked)
     typer.echo(f"{len(ranked)} specialists; support reward best {rewards[-1]:.3f}, median {rewards[len(rewards) // 2]:.3f}, worst {rewards[0]:.3f}")
@@ -120,6 +121,41 @@ def apply_cmd(
 
     path = _run(apply_recipe, recipe, out, model)
     typer.echo(f"wrote {path}")
+
+
+from corp.baselines.es import ESConfig  # noqa: E402
+from corp.baselines.grpo.core import GRPOConfig  # noqa: E402
+from corp.evaluate.passk import EvalConfig  # noqa: E402
+
+
+@config_command("es", ESConfig, "ES: iterative OpenES around a moving centre; saves the model and its seed recipe, reports test accuracy.")
+def es_cmd(cfg: ESConfig) -> None:
+    from corp.baselines.es import run_es
+
+    r = run_es(cfg)
+    for m in r["metrics"]:
+        typer.echo(f"iteration {m['iteration']}: population reward {m['reward_mean']:.3f} (max {m['reward_max']:.3f}), centre {m.get('centre_reward', float('nan')):.3f}")
+    typer.echo(f"test accuracy: base {r['test_accuracy_before']:.3f} -> es {r['test_accuracy_after']:.3f}  ({r['training_ledger']['flops']:.3e} FLOPs)")
+    typer.echo(f"run directory: {r['run_dir']}")
+
+
+@config_command("grpo", GRPOConfig, "GRPO (TRL-style) with loss variants grpo | cov | reco; full-parameter or LoRA; saves an HF model directory.")
+def grpo_cmd(cfg: GRPOConfig) -> None:
+    from corp.baselines.grpo.core import run_grpo
+
+    r = run_grpo(cfg)
+    if r["test_accuracy_before"] is not None:
+        typer.echo(f"test accuracy: base {r['test_accuracy_before']:.3f} -> grpo-{cfg.loss} {r['test_accuracy_after']:.3f}")
+    led = r["training_ledger"]
+    typer.echo(f"{r['steps']} steps; trained tokens {led['trained_tokens']}, inference tokens {led['prompt_tokens'] + led['generated_tokens']}, {led['flops']:.3e} FLOPs")
+    typer.echo(f"model: {r['model_dir']}")
+
+
+@config_command("eval", EvalConfig, "Evaluate a model on the test split: greedy accuracy and pass@k with n samples per problem.")
+def eval_cmd(cfg: EvalConfig) -> None:
+    from corp.evaluate.passk import run_eval
+
+    typer.echo(run_eval(cfg)["table"])
 
 
 from corp.analysis.config import AnalyzeRankConfig  # noqa: E402
