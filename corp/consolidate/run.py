@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 
 from corp.bench.ledger import FLOPS_FORMULA
 from corp.baselines.randopt import MethodResult, format_table, randopt_results, report_dict
@@ -70,10 +71,10 @@ def run_consolidate(cfg: ConsolidateConfig) -> dict:
     result = consolidate_stage1(
         [r["reward"] for r in population], [r["seed"] for r in population], [r["sigma"] for r in population], params, scorer,
         cfg.quantiles, cfg.betas, cfg.alphas, cfg.compat, cfg.gate_z, gram_memory_gb=cfg.gram_memory_gb,
-        progress=__import__("os").environ.get("CORP_NO_PROGRESS") != "1",
+        progress=os.environ.get("CORP_NO_PROGRESS") != "1",
     )
     if cfg.rounds > 0:
-        result = consolidate_stage2(result, params, scorer, cfg)
+        result = consolidate_stage2(result, params, scorer, cfg, progress=os.environ.get("CORP_NO_PROGRESS") != "1")
 
     # the deployed model: recipe + weights
     pf = ParamFilter(cfg.include, cfg.exclude)
@@ -109,9 +110,16 @@ def run_consolidate(cfg: ConsolidateConfig) -> dict:
     )
     write_json(ctx.run_dir / "report.json", report)
     g = result.gate
+    chosen = next((st for st in result.stage1 if st["q"] == result.best.params["q"] and st["beta"] == result.best.params["beta"]), None)
+    compat_line = (
+        f"compatibility ({cfg.compat}) vs seed-orthogonal approximation, chosen (q, beta): max |alignment diff| "
+        f"{chosen['compat_disagreement']['max_abs_alignment_diff']:.2e}, L1 diff of pass-2 weights {chosen['compat_disagreement']['w2_l1_diff']:.2e}"
+        if chosen else ""
+    )
     report["table"] = "\n".join([
         format_table(results, rows_ledger(ctx, ranked).flops),
         f"CoRP consolidation evaluations (probe/validation/support halves): {consolidation_cost['flops']:.3e} FLOPs",
         f"gate (validation, n={g.n}): candidate {g.candidate_score:.3f} vs base {g.base_score:.3f}; {result.reason}",
+        compat_line,
     ])
     return report
