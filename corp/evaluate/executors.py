@@ -111,12 +111,14 @@ class RayExecutor:
         self.started_ray = False
         if not ray.is_initialized():
             if address:
+                _check_reachable(address)
                 try:
                     ray.init(address=address, log_to_driver=False)
                 except Exception as exc:  # ConnectionError and friends; their text is long
                     raise CorpError(f"--ray-address '{address}': cannot join the Ray cluster ({type(exc).__name__})") from None
             else:
-                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 1024**2)
+                # a local Ray stays on loopback
+                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 1024**2, _node_ip_address="127.0.0.1")
             self.started_ray = True
         from corp.evaluate.backends import resolve_backend_name
 
@@ -195,6 +197,19 @@ class RayExecutor:
         self.actors = []
         if self.started_ray:
             self.ray.shutdown()
+
+
+def _check_reachable(address: str) -> None:
+    """A plain HOST:PORT that nothing answers on is one quick error (Ray itself retries for minutes)."""
+    import socket
+
+    if address == "auto" or "://" in address or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except (OSError, ValueError):
+        raise CorpError(f"--ray-address '{address}': no Ray head answers there (start one with `ray start --head`)") from None
 
 
 def resolve_backend_name_safe(name: str, resolve) -> str:
