@@ -21,6 +21,8 @@ Where we depart from the paper's public code, and why (METHODS.md lists these as
 - The consolidated weights are saved as a normal HF model, with a recipe that rebuilds them.
 - Hyper-parameters (q, beta, alpha) are searched on the probe split over grids; the CPU defaults
   are small grids, `--preset paper` gives the paper's ranges.
+Low-rank consolidation (`--low-rank auto|R`, ours, not the paper's; corp/consolidate/lowrank.py)
+projects m1 and m2 per (q, beta) before the step search, via the `project` hook.
 Stage 2 (re-centring rounds, `--rounds`) samples a local population around the accepted centre,
 mixing isotropic noise with noise along the top principal directions of the elite cloud (kernel
 PCA from the same Gram matrix, so directions stay seed combinations), scores it on a select half of
@@ -33,6 +35,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
@@ -75,6 +78,12 @@ class ConsolidateConfig(PopulationConfig):
     """RandOpt ensemble sizes K reported beside CoRP, comma-separated."""
     gram_memory_gb: float = 2.0
     """Memory budget for the stacked noise used to build the exact Gram matrix."""
+    low_rank: str = "off"
+    """Low-rank consolidation (ours): off; auto (each matrix's block of m2 projected on its top-r* subspace, r* from `corp analyze-rank`; unanalysed parameters get no update); or an integer R (every 2-D matrix rank R, 1-D none)."""
+    rank_from: str | None = None
+    """Run directory whose analyze-rank output gives r* for --low-rank auto (default: --population-from, else this run)."""
+    export_lora: bool = False
+    """Also write the low-rank update as a PEFT LoRA adapter to RUN_DIR/lora/ (needs --low-rank auto or R)."""
 
     def validate(self) -> "ConsolidateConfig":
         super().validate()
@@ -102,6 +111,17 @@ class ConsolidateConfig(PopulationConfig):
             raise CorpError("need --rounds >= 0, --local-population >= 2, --pcs >= 0 and 0 <= --pc-mix <= 1")
         if not self.top_k or min(self.top_k) < 1 or max(self.top_k) > self.population:
             raise CorpError(f"--top-k values must be in 1..--population ({self.population}); got {self.top_k}")
+        from corp.consolidate.lowrank import parse_low_rank
+
+        self.low_rank = parse_low_rank(self.low_rank)
+        if self.low_rank != "off" and self.rounds > 0:
+            raise CorpError(f"--low-rank {self.low_rank} cannot be combined with --rounds {self.rounds}: stage-2 re-centring is full-rank; use --rounds 0")
+        if self.export_lora and self.low_rank == "off":
+            raise CorpError("--export-lora needs a low-rank update: add --low-rank auto or --low-rank R")
+        if self.rank_from is not None and self.low_rank != "auto":
+            raise CorpError("--rank-from only applies to --low-rank auto")
+        if self.rank_from is not None and not Path(self.rank_from).is_dir():
+            raise CorpError(f"--rank-from '{self.rank_from}' is not a directory")
         if self.n_validation < MIN_VALIDATION:
             warnings.warn(f"--n-validation {self.n_validation} is too small for the gate to mean much; use at least {MIN_VALIDATION}")
         if self.n_probe < MIN_PROBE:
@@ -305,12 +325,18 @@ def _mean(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else 0.0
 
 
-def search_step(stage: Stage1, perts: Sequence[Direction], alphas: Sequence[float], score: ScoreFn, probe: str, which: str = "m2", centre: Direction | None = None) -> list[Candidate]:
-    """Score centre + alpha * m (m = m1 or m2) on the probe split for every alpha."""
+def search_step(stage: Stage1, perts: Sequence[Direction], alphas: Sequence[float], score: ScoreFn, probe: str, which: str = "m2", centre: Direction | None = None,
+                project: Callable[[Direction], Direction] | None = None) -> list[Candidate]:
+    """Score centre + alpha * m (m = m1 or m2) on the probe split for every alpha.
+
+    `project` (low-rank consolidation) maps m to its projection once; the projection is linear, so
+    P(alpha m) = alpha P(m) and the step search scales the projected direction."""
     m = stage.direction(perts, which)
+    if project is not None:
+        m = project(m)
     out = []
     for alpha in alphas:
-        d = (centre or Direction()) + m.scaled(alpha)
+        d = m.scaled(alpha) if centre is None else centre + m.scaled(alpha)
         out.append(Candidate(f"{which} q={stage.q:g} beta={stage.beta:g} alpha={alpha:g}", d, _mean(score(d, probe)), {"pass": which, "q": stage.q, "beta": stage.beta, "alpha": alpha}))
     return out
 
@@ -328,6 +354,7 @@ def merge_and_search(
     centre: Direction | None = None,
     gram_memory_gb: float = 2.0,
     progress: bool = True,
+    project: Callable[[Direction], Direction] | None = None,
 ) -> tuple[list[Stage1], list[Candidate], list[Candidate], np.ndarray]:
     """Stage-1 weights for every (q, beta), the probe score of centre + alpha * m for m1 and m2, and
     the Gram matrix of the perturbations that was used (exact where computed)."""
@@ -338,8 +365,8 @@ def merge_and_search(
     cands_m1: list[Candidate] = []
     cands_m2: list[Candidate] = []
     for st in stages:
-        cands_m2 += search_step(st, perts, alphas, score, probe, "m2", centre)
-        cands_m1 += search_step(st, perts, alphas, score, probe, "m1", centre)
+        cands_m2 += search_step(st, perts, alphas, score, probe, "m2", centre, project)
+        cands_m1 += search_step(st, perts, alphas, score, probe, "m1", centre, project)
     return stages, cands_m1, cands_m2, Gp_exact if Gp_exact is not None else Gp_approx
 
 
@@ -358,14 +385,17 @@ def consolidate_stage1(
     validation: str = "validation",
     gram_memory_gb: float = 2.0,
     progress: bool = True,
+    project: Callable[[Direction], Direction] | None = None,
 ) -> ConsolidationResult:
     """Stage 1 end to end: weights for every (q, beta), step search on probe, gate on validation.
 
     Ties on the probe go to the earlier grid point (smaller q, beta, alpha), so the choice is
     deterministic. Pass 1 (m1) is searched and gated too, for the report; only m2 is deployed.
+    `project` (low-rank consolidation, corp/consolidate/lowrank.py) replaces m1 and m2 by their
+    projections before the step search, so the probe and the gate judge what is deployed.
     """
     perts = [Direction.single(s, sg) for s, sg in zip(seeds, sigmas)]
-    stages, cands_m1, cands_m2, Gp = merge_and_search(rewards, perts, params, score, quantiles, betas, alphas, compat, probe, None, gram_memory_gb, progress)
+    stages, cands_m1, cands_m2, Gp = merge_and_search(rewards, perts, params, score, quantiles, betas, alphas, compat, probe, None, gram_memory_gb, progress, project)
     best = max(cands_m2, key=lambda c: c.probe_score)  # max keeps the first among ties
     best_m1 = max(cands_m1, key=lambda c: c.probe_score)
     base_val = score(None, validation)

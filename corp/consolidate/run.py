@@ -3,6 +3,9 @@
 The report table puts CoRP beside the base and RandOpt (top-1 and K-vote) on the same test split,
 each with passes per test example, tokens and FLOPs from the compute ledger; the selection cost
 (population scoring, plus CoRP's probe/validation evaluations) is reported separately.
+With `--low-rank auto|R` (ours, corp/consolidate/lowrank.py) the candidates are the low-rank
+projections of m1/m2, the recipe carries the factors file, `--export-lora` writes a PEFT adapter,
+and the report states the mode, how many matrices got a rank and LoRA vs full parameter counts.
 """
 
 from __future__ import annotations
@@ -10,10 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 
 from corp.bench.ledger import FLOPS_FORMULA
 from corp.baselines.randopt import MethodResult, format_table, randopt_results, report_dict
+from corp import CorpError
 from corp.consolidate.corp_operator import ConsolidateConfig, consolidate_stage1, consolidate_stage2
+from corp.consolidate.lowrank import FACTORS_FILE, LowRankDirection, LowRankProjector, export_lora, read_analysis, resolve_ranks, write_factors
 from corp.consolidate.recipe import make_recipe, write_recipe
 from corp.evaluate.scorer import RunContext, ensure_population, evaluate, rows_ledger, setup_run
 from corp.models import save_model
@@ -22,9 +28,21 @@ from corp.runs import append_jsonl, read_jsonl, write_json
 
 
 def direction_fingerprint(direction: Direction | None) -> str:
-    if direction is None or not direction.components:
+    if direction is None or direction.is_zero():
         return "base"
     return hashlib.sha1(json.dumps(direction.to_json()).encode()).hexdigest()[:16]
+
+
+def low_rank_line(lr: dict) -> str:
+    if lr["mode"] == "off":
+        return "low-rank: off (full-rank update)"
+    source = f"r* from analyze-rank in {lr['rank_from']}" if lr["mode"] == "auto" else f"rank {lr['mode']} on every 2-D matrix"
+    share = lr["lora_parameters"] / max(1, lr["full_parameters"])
+    line = (f"low-rank: {lr['mode']} ({source}): {lr['matrices_with_rank']} of {lr['matrices_2d']} matrices with r > 0, "
+            f"LoRA parameters {lr['lora_parameters']:,} vs {lr['full_parameters']:,} perturbed ({share:.2%}); other parameters unchanged")
+    if "lora_dir" in lr:
+        line += f"; PEFT adapter: {lr['lora_dir']}" if lr["lora_dir"] else f"; PEFT adapter {lr['lora_note']}"
+    return line
 
 
 class RunScorer:
@@ -64,14 +82,20 @@ def run_consolidate(cfg: ConsolidateConfig) -> dict:
     ctx = setup_run(cfg, "consolidate", needs=("support", "probe", "validation", "test"))
     support = ctx.splits["support"]
     ctx.splits["support_select"], ctx.splits["support_gate"] = support[: len(support) // 2], support[len(support) // 2 :]
+    progress = os.environ.get("CORP_NO_PROGRESS") != "1"
+    rank_dir = str(cfg.rank_from or cfg.population_from or ctx.run_dir) if cfg.low_rank == "auto" else None
+    analysed = read_analysis(rank_dir) if rank_dir else None  # before scoring: no analysis is a quick error
     ranked = ensure_population(ctx)
     population = sorted(ranked, key=lambda r: r["key"])  # order does not matter to CoRP; fix it anyway
     scorer = RunScorer(ctx, ctx.run_dir / "consolidate_evals.jsonl")
+    if cfg.low_rank != "off" and getattr(ctx.backend, "perturber", None) is None:
+        raise CorpError(f"--low-rank needs a backend that materialises directions through corp's Perturber (hf); '{type(ctx.backend).__name__}' does not")
     params = [(n, p.shape) for n, p in ctx.backend.perturber.params]
+    projector = LowRankProjector(resolve_ranks(cfg.low_rank, params, analysed, rank_dir), params, progress) if cfg.low_rank != "off" else None
     result = consolidate_stage1(
         [r["reward"] for r in population], [r["seed"] for r in population], [r["sigma"] for r in population], params, scorer,
         cfg.quantiles, cfg.betas, cfg.alphas, cfg.compat, cfg.gate_z, gram_memory_gb=cfg.gram_memory_gb,
-        progress=os.environ.get("CORP_NO_PROGRESS") != "1",
+        progress=progress, project=projector,
     )
     if cfg.rounds > 0:
         result = consolidate_stage2(result, params, scorer, cfg, progress=os.environ.get("CORP_NO_PROGRESS") != "1")
@@ -79,11 +103,25 @@ def run_consolidate(cfg: ConsolidateConfig) -> dict:
     # the deployed model: recipe + weights
     pf = ParamFilter(cfg.include, cfg.exclude)
     model_id = getattr(ctx.backend, "model_id", cfg.model)
-    made_by = {"method": "corp", "accepted": result.accepted, "reason": result.reason, "candidate": result.best.name, "gate": result.gate.to_dict(), "run_dir": str(ctx.run_dir)}
-    recipe = make_recipe(cfg.model, model_id, ctx.weights_hash, pf, result.direction, made_by)
+    made_by = {"method": "corp", "accepted": result.accepted, "reason": result.reason, "candidate": result.best.name, "gate": result.gate.to_dict(), "run_dir": str(ctx.run_dir), "low_rank": cfg.low_rank}
+    low_rank_entry = None
+    (ctx.run_dir / FACTORS_FILE).unlink(missing_ok=True)  # a stale file from an earlier run here must not look current
+    if isinstance(result.direction, LowRankDirection):
+        low_rank_entry = {"mode": cfg.low_rank, "rank_from": rank_dir, **write_factors(result.direction, ctx.run_dir)}
+    recipe = make_recipe(cfg.model, model_id, ctx.weights_hash, pf, result.direction, made_by, low_rank_entry)
     write_recipe(ctx.run_dir / "recipe.json", recipe)
     ctx.backend.set_direction(result.direction)
     save_model(ctx.backend.model, ctx.backend.tokenizer, ctx.run_dir / "model")
+    low_rank_report: dict = {"mode": cfg.low_rank}
+    if projector is not None:
+        low_rank_report.update(rank_from=rank_dir, **projector.summary(ctx.backend.perturber.n_selected))
+        if cfg.export_lora:
+            shutil.rmtree(ctx.run_dir / "lora", ignore_errors=True)
+            if isinstance(result.direction, LowRankDirection) and not result.direction.is_zero():
+                low_rank_report["lora_dir"] = str(export_lora(result.direction, ctx.backend.model, ctx.run_dir / "lora", model_id))
+            else:
+                low_rank_report["lora_dir"] = None
+                low_rank_report["lora_note"] = "not written: CoRP abstained (or every rank is 0), so the output is the base model"
 
     # test split: base, RandOpt top-1 / K-vote, CoRP
     results, _ = randopt_results(ctx, ranked, cfg.top_k)
@@ -105,6 +143,7 @@ def run_consolidate(cfg: ConsolidateConfig) -> dict:
             "stage1": result.stage1,
             "stage2_rounds": result.rounds,
             "compat": cfg.compat,
+            "low_rank": low_rank_report,
             "consolidation_ledger": consolidation_cost,
         },
     )
@@ -121,5 +160,6 @@ def run_consolidate(cfg: ConsolidateConfig) -> dict:
         f"CoRP consolidation evaluations (probe/validation/support halves): {consolidation_cost['flops']:.3e} FLOPs",
         f"gate (validation, n={g.n}): candidate {g.candidate_score:.3f} vs base {g.base_score:.3f}; {result.reason}",
         compat_line,
+        low_rank_line(low_rank_report),
     ])
     return report

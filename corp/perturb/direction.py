@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Iterable
+from typing import ClassVar, Iterable
 
 import torch
 
@@ -30,10 +30,15 @@ class Component:
 @dataclass
 class Direction:
     components: list[Component] = field(default_factory=list)
+    prefixable: ClassVar[bool] = True  # materialised as its components in order (Perturber.cache_prefix may reuse a prefix)
 
     @classmethod
     def single(cls, seed: int, sigma: float, coef: float = 1.0) -> "Direction":
         return cls([Component(int(seed), float(sigma), float(coef))])
+
+    def is_zero(self) -> bool:
+        """True when applying it leaves W0 unchanged (no components)."""
+        return not self.components
 
     def scaled(self, alpha: float) -> "Direction":
         return Direction([Component(c.seed, c.sigma, c.coef * alpha) for c in self.components])
@@ -132,8 +137,8 @@ class Perturber:
         """Materialise W0 + direction once (fp32, host); later directions that start with the same
         components start from it. Exact: components are added in order either way, so the bits are
         those of applying the whole direction from W0. Costs one more copy of the selected weights."""
-        if direction is None or not direction.components:
-            self._prefix = None
+        if direction is None or not direction.components or not direction.prefixable:
+            self._prefix = None  # only seed-component directions are cached as prefixes
             return
         self._ensure_buf()
         tensors = {}
@@ -149,12 +154,12 @@ class Perturber:
     @torch.no_grad()
     def apply(self, direction: Direction | None) -> None:
         """Set the selected weights to W0 + direction (None means W0)."""
-        if direction is None or not direction.components:
+        if direction is None or direction.is_zero():
             self.restore()
             return
         self._ensure_buf()
         start, rest = self.base, direction
-        if self._prefix is not None:
+        if self._prefix is not None and direction.prefixable:
             comps, tensors = self._prefix
             if direction.components[: len(comps)] == comps:
                 start, rest = tensors, Direction(direction.components[len(comps) :])

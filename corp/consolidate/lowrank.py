@@ -1,0 +1,308 @@
+"""Low-rank consolidation and LoRA export (`corp consolidate --low-rank off|auto|R --export-lora`).
+
+What it implements: METHODS.md, "Low-rank consolidation (ours)". This is OUR addition, not the
+CoRP paper's (arXiv 2605.31494 reports low-rank structure but publishes no low-rank consolidation).
+Per (q, beta) stage, the merged update m2 (and m1, so the pass-1 report compares like with like)
+is materialised matrix by matrix and each selected matrix's block is replaced by its best rank-r
+approximation B @ A (exact SVD, `corp.analysis.split_half.low_rank_factors`). The projection is
+linear in the step, P(alpha m) = alpha P(m), so the factors are computed once per m and the step
+search only scales them; the probe search and the validation gate then see the projected
+candidates, exactly as they see full-rank ones.
+
+Choices and departures, each for a reason:
+- `auto`: r per matrix is the reproducible rank r* of `corp analyze-rank`. A matrix with r* = 0,
+  and every parameter the analysis did not cover (1-D norms and biases, the vocabulary matrices it
+  skips), gets NO update, so the deployed update is exactly a LoRA adapter. An integer R gives every
+  selected 2-D matrix its rank-min(R, m, n) projection and 1-D parameters none.
+- Stage 2 (re-centring) stays full-rank: its centres are sums of seed combinations, so
+  `--rounds > 0` with `--low-rank` is refused rather than silently mixed (a LowRankDirection cannot
+  be added to another direction).
+- Materialisation: `add_to` adds round_fp32(scale * (B @ A computed in fp64)) to the fp32 target.
+  Computing the product in fp64 makes the rounded fp32 bits independent of BLAS kernel and thread
+  count (the K dimension is r), so `corp apply` rebuilds the saved model bit-exactly from the
+  factors file, like it does from seeds.
+- The factors are not reproducible from seeds alone without redoing the SVD, so a low-rank recipe
+  carries them in `lowrank_factors.safetensors` (unit scale), pinned by its sha256.
+- Export: a PEFT LoRA adapter per factored matrix, lora_B = B, lora_A = A (embeddings:
+  lora_embedding_A = B^T, lora_embedding_B = A^T), with per-module `rank_pattern` r_i and
+  `alpha_pattern` scale * r_i so that PEFT's lora_alpha / r equals the deployed scale. A matrix
+  whose tensor is tied to another module (tied embeddings and lm_head) gets the same adapter on
+  every module that shares it, as the merged model does (PEFT warns about tied layers; do not
+  `merge_and_unload` such an adapter into a tied model, which would add the delta twice). vLLM's
+  LoRA loader may not honour rank_pattern/alpha_pattern; PEFT does.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from corp import CorpError
+from corp.perturb import Component, Direction
+
+FACTORS_FILE = "lowrank_factors.safetensors"
+_ROW_BLOCK = 4096  # rows of B @ A materialised at a time (bounds the fp64 temporary)
+
+
+def parse_low_rank(value) -> str:
+    """'off', 'auto' or a positive integer (as a string); anything else is a one-line error."""
+    text = str(value if value is not None else "off").strip().lower()
+    if text in ("off", "auto"):
+        return text
+    try:
+        r = int(text)
+    except ValueError:
+        raise CorpError(f"--low-rank must be 'off', 'auto' or a positive integer rank, got '{value}'") from None
+    if r < 1:
+        raise CorpError(f"--low-rank rank must be >= 1, got {r}")
+    return str(r)
+
+
+class LowRankDirection(Direction):
+    """scale * B @ A on the factored matrices, nothing elsewhere.
+
+    `factors` maps canonical parameter names to (B (m x r), A (r x n)) at unit scale; `components`
+    records the full-rank direction the factors were projected from (already scaled), for reports
+    and recipes only: they are never materialised.
+    """
+
+    prefixable = False  # Perturber.cache_prefix works on seed components; these are not that
+
+    def __init__(self, factors: dict[str, tuple[torch.Tensor, torch.Tensor]], scale: float = 1.0, components: Sequence[Component] = (), _digest: str | None = None):
+        super().__init__(list(components))
+        self.factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for name, (B, A) in factors.items():
+            if B.dim() != 2 or A.dim() != 2 or B.shape[1] != A.shape[0]:
+                raise CorpError(f"low-rank factors of '{name}' have shapes {tuple(B.shape)} and {tuple(A.shape)}; need B (m x r) and A (r x n)")
+            if B.shape[1] > 0:
+                self.factors[name] = (B.detach().to(torch.float32).contiguous(), A.detach().to(torch.float32).contiguous())
+        self.scale = float(scale)
+        self._digest = _digest
+
+    @property
+    def ranks(self) -> dict[str, int]:
+        return {n: int(B.shape[1]) for n, (B, _) in self.factors.items()}
+
+    def digest(self) -> str:
+        """sha256 of the unit-scale factors (names, shapes, bytes): identifies the low-rank update."""
+        if self._digest is None:
+            h = hashlib.sha256()
+            for name in sorted(self.factors):
+                for t in self.factors[name]:
+                    h.update(name.encode())
+                    h.update(str(tuple(t.shape)).encode())
+                    h.update(t.numpy().tobytes())
+            self._digest = h.hexdigest()
+        return self._digest
+
+    def scaled(self, alpha: float) -> "LowRankDirection":
+        comps = [Component(c.seed, c.sigma, c.coef * alpha) for c in self.components]
+        return LowRankDirection(self.factors, self.scale * alpha, comps, self._digest)
+
+    def __add__(self, other):
+        raise CorpError("a low-rank direction cannot be added to another direction (stage 2 re-centring is full-rank; use --rounds 0 with --low-rank)")
+
+    __radd__ = __add__
+
+    def to_json(self) -> list[dict]:
+        """A list whose first entry pins the factors and scale, so caches keyed by it tell low-rank
+        candidates from full-rank ones with the same components."""
+        return [{"low_rank": {"factors_sha256": self.digest(), "scale": self.scale}}] + super().to_json()
+
+    def is_zero(self) -> bool:
+        return not self.factors or self.scale == 0.0
+
+    def add_to(self, target: torch.Tensor, name: str, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None) -> torch.Tensor:
+        """target += round_fp32(scale * (B @ A in fp64)) if `name` is factored; else nothing."""
+        f = self.factors.get(name)
+        if f is None or self.scale == 0.0:
+            return target
+        B, A = f
+        if tuple(target.shape) != (B.shape[0], A.shape[1]):
+            raise CorpError(f"low-rank factors of '{name}' give shape {(B.shape[0], A.shape[1])}, the parameter has {tuple(target.shape)}")
+        A64 = A.double()
+        for i in range(0, B.shape[0], _ROW_BLOCK):
+            target[i : i + _ROW_BLOCK].add_((B[i : i + _ROW_BLOCK].double() @ A64).mul_(self.scale).to(torch.float32))
+        return target
+
+    def lora_parameters(self) -> int:
+        return sum(int(B.numel() + A.numel()) for B, A in self.factors.values())
+
+
+# ---------------------------------------------------------------- which ranks
+
+
+def resolve_ranks(mode: str, params: Sequence[tuple[str, Sequence[int]]], analysed: dict[str, int] | None = None, rank_dir: str | Path | None = None) -> dict[str, int]:
+    """{name: r} for every selected 2-D parameter that gets a low-rank update (r may be 0 in auto)."""
+    shapes = {n: tuple(s) for n, s in params}
+    if mode == "auto":
+        if analysed is None:
+            raise CorpError("--low-rank auto needs the ranks of `corp analyze-rank`")
+        covered = {n: r for n, r in analysed.items() if n in shapes and len(shapes[n]) == 2}
+        if not covered:
+            raise CorpError(f"the rank analysis in '{rank_dir}' covers none of this run's perturbed matrices (different model or --include/--exclude?)")
+        missing = sorted(set(analysed) - set(covered))
+        if missing:
+            warnings.warn(f"{len(missing)} analysed matrice(s) are not perturbed in this run and get no update, e.g. {missing[0]}")
+        return {n: max(0, min(int(r), *shapes[n])) for n, r in covered.items()}
+    R = int(mode)
+    return {n: min(R, *s) for n, s in shapes.items() if len(s) == 2}
+
+
+def read_analysis(rank_dir: str | Path) -> dict[str, int]:
+    from corp.analysis.split_half import reproducible_ranks
+
+    if not Path(rank_dir).is_dir():
+        raise CorpError(f"--rank-from '{rank_dir}' is not a directory")
+    return reproducible_ranks(rank_dir)
+
+
+class LowRankProjector:
+    """m -> its projection, matrix by matrix, at unit scale; cached per m (components)."""
+
+    def __init__(self, ranks: dict[str, int], params: Sequence[tuple[str, Sequence[int]]], progress: bool = False):
+        self.ranks = dict(ranks)
+        self.shapes = {n: tuple(s) for n, s in params}
+        self.progress = progress
+        self._cache: dict[tuple, LowRankDirection] = {}
+
+    def __call__(self, m: Direction) -> LowRankDirection:
+        from tqdm.auto import tqdm
+
+        from corp.analysis.split_half import low_rank_factors
+
+        if isinstance(m, LowRankDirection):
+            raise CorpError("direction is already low-rank")
+        key = tuple(m.components)
+        if key not in self._cache:
+            gen = torch.Generator(device="cpu")
+            factors = {}
+            todo = [(n, r) for n, r in self.ranks.items() if r > 0]
+            for name, r in tqdm(todo, desc="low-rank projection", unit="matrix", disable=not self.progress, dynamic_ncols=True):
+                factors[name] = low_rank_factors(m.delta(name, self.shapes[name], gen), r)
+            self._cache[key] = LowRankDirection(factors, 1.0, m.components)
+        return self._cache[key]
+
+    def summary(self, n_selected: int) -> dict:
+        lora = sum(r * (self.shapes[n][0] + self.shapes[n][1]) for n, r in self.ranks.items())
+        n2d = sum(1 for s in self.shapes.values() if len(s) == 2)
+        return {
+            "matrices_with_rank": sum(1 for r in self.ranks.values() if r > 0),
+            "matrices_analysed": len(self.ranks),
+            "matrices_2d": n2d,
+            "lora_parameters": int(lora),
+            "full_parameters": int(n_selected),
+            "ranks": dict(sorted(self.ranks.items())),
+        }
+
+
+# ---------------------------------------------------------------- factors file (recipe)
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_factors(direction: LowRankDirection, out_dir: str | Path) -> dict:
+    """Unit-scale factors to out_dir/lowrank_factors.safetensors; returns the recipe's low_rank entry."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    path = out_dir / FACTORS_FILE
+    tensors = {}
+    for name in sorted(direction.factors):
+        B, A = direction.factors[name]
+        tensors[f"{name}.B"], tensors[f"{name}.A"] = B, A
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt", "corp": "lowrank-factors-v1"})
+    tmp.replace(path)
+    return {
+        "factors_file": FACTORS_FILE,
+        "factors_sha256": _sha256_file(path),
+        "scale": direction.scale,
+        "ranks": dict(sorted(direction.ranks.items())),
+        "projected_from": [{"seed": c.seed, "sigma": c.sigma, "coef": c.coef} for c in direction.components],
+    }
+
+
+def load_factors(recipe_dir: str | Path, entry: dict) -> LowRankDirection:
+    """The recipe's low-rank direction; a missing or altered factors file is a one-line error."""
+    from safetensors.torch import load_file
+
+    try:
+        path = Path(recipe_dir) / entry["factors_file"]
+        want_sha, scale, ranks = entry["factors_sha256"], float(entry["scale"]), entry["ranks"]
+    except (KeyError, TypeError, ValueError):
+        raise CorpError("recipe's low_rank entry is incomplete (needs factors_file, factors_sha256, scale, ranks)") from None
+    if not path.exists():
+        raise CorpError(f"low-rank recipe needs its factors file '{path}', which is missing (copy it beside recipe.json)")
+    found = _sha256_file(path)
+    if found != want_sha:
+        raise CorpError(f"low-rank factors file '{path}' has sha256 {found[:12]}..., the recipe expects {want_sha[:12]}...; it is not the file this recipe was made with")
+    raw = load_file(str(path))
+    factors = {}
+    for name, r in ranks.items():
+        B, A = raw.get(f"{name}.B"), raw.get(f"{name}.A")
+        if B is None or A is None or B.shape[1] != int(r):
+            raise CorpError(f"low-rank factors file '{path}' lacks rank-{r} factors for '{name}'")
+        factors[name] = (B, A)
+    comps = Direction.from_json(entry.get("projected_from", [])).components
+    return LowRankDirection(factors, scale, comps)
+
+
+# ---------------------------------------------------------------- PEFT LoRA export
+
+
+def export_lora(direction: LowRankDirection, model: torch.nn.Module, out_dir: str | Path, base_model: str | None = None) -> Path:
+    """Write a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) equal to `direction`."""
+    try:
+        from peft import LoraConfig
+    except ImportError:
+        raise CorpError("--export-lora needs PEFT: pip install 'corp[peft]'") from None
+    from safetensors.torch import save_file
+
+    if not direction.factors:
+        raise CorpError("the low-rank update has no factored matrix (every rank is 0); there is no LoRA adapter to export")
+    all_params = list(model.named_parameters(remove_duplicate=False))
+    modules = dict(model.named_modules())
+    tensors: dict[str, torch.Tensor] = {}
+    rank_pattern: dict[str, int] = {}
+    alpha_pattern: dict[str, float] = {}
+    for name in sorted(direction.factors):
+        B, A = direction.factors[name]
+        param = dict(all_params).get(name)
+        if param is None:
+            raise CorpError(f"cannot export '{name}': the model has no such parameter")
+        for alias in [n for n, p in all_params if p is param]:
+            mod_name, _, leaf = alias.rpartition(".")
+            mod = modules.get(mod_name)
+            prefix = f"base_model.model.{mod_name}"
+            if leaf == "weight" and isinstance(mod, torch.nn.Linear):
+                tensors[f"{prefix}.lora_A.weight"], tensors[f"{prefix}.lora_B.weight"] = A.clone(), B.clone()
+            elif leaf == "weight" and isinstance(mod, torch.nn.Embedding):
+                # PEFT: delta = (lora_embedding_B @ lora_embedding_A)^T, so A_e = B^T and B_e = A^T
+                tensors[f"{prefix}.lora_embedding_A"], tensors[f"{prefix}.lora_embedding_B"] = B.T.contiguous(), A.T.contiguous()
+            else:
+                raise CorpError(f"cannot export '{alias}' as LoRA: it is the '{leaf}' of a {type(mod).__name__}, not the weight of a Linear or Embedding")
+            r = int(B.shape[1])
+            rank_pattern[mod_name], alpha_pattern[mod_name] = r, direction.scale * r
+    r_max = max(rank_pattern.values())
+    cfg = LoraConfig(
+        r=r_max, lora_alpha=direction.scale * r_max, target_modules=sorted(rank_pattern), rank_pattern=rank_pattern, alpha_pattern=alpha_pattern,
+        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base_model,
+    )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg.save_pretrained(str(out))
+    tmp = out / "adapter_model.safetensors.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(out / "adapter_model.safetensors")
+    return out
