@@ -132,12 +132,29 @@ class ConsolidateConfig(PopulationConfig):
 # ---------------------------------------------------------------- weight-space geometry
 
 
-def gram_matrix(params: Sequence[tuple[str, torch.Size]], seeds: Sequence[int], memory_gb: float = 2.0, progress: bool = True) -> np.ndarray:
+def gram_matrix(params: Sequence[tuple[str, torch.Size]], seeds: Sequence[int], memory_gb: float = 2.0, progress: bool = True, cache_dir=None) -> np.ndarray:
     """G_ij = <eps(seed_i), eps(seed_j)> over all `params`, accumulated in fp64.
 
     Noise is regenerated tensor by tensor; when a tensor's stacked noise for all seeds would exceed
     the memory budget, seeds are processed in row blocks (regenerating a block once per pair).
+    With `cache_dir`, the result is stored there keyed by (noise scheme, tensors, seeds), so a
+    resumed run does not pay for it twice.
     """
+    if cache_dir is not None:
+        import hashlib
+        from pathlib import Path
+
+        from corp.perturb import SCHEME_VERSION
+
+        key = hashlib.sha1(repr((SCHEME_VERSION, [(n, tuple(s)) for n, s in params], [int(x) for x in seeds])).encode()).hexdigest()[:16]
+        path = Path(cache_dir) / f"gram-{key}.npy"
+        if path.exists():
+            return np.load(path)
+        G = gram_matrix(params, seeds, memory_gb, progress)
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, G)
+        tmp.replace(path)
+        return G
     k = len(seeds)
     G = torch.zeros((k, k), dtype=torch.float64)
     gen = torch.Generator(device="cpu")
@@ -274,7 +291,7 @@ def stage1(rewards: np.ndarray, q: float, beta: float, Gp_exact: np.ndarray | No
     return Stage1(q, beta, E, w1, a, d, w2, a_apx, w2_apx)
 
 
-def perturbation_grams(perts: Sequence[Direction], params, exact_for: Sequence[int] | None, memory_gb: float, progress: bool) -> tuple[np.ndarray | None, np.ndarray]:
+def perturbation_grams(perts: Sequence[Direction], params, exact_for: Sequence[int] | None, memory_gb: float, progress: bool, cache_dir=None) -> tuple[np.ndarray | None, np.ndarray]:
     """(exact Gram or None, seed-orthogonal Gram) of the perturbations; the exact one only over
     `exact_for` (the widest elite set), the rest left zero (never read)."""
     dim = int(sum(int(np.prod(s)) for _, s in params))
@@ -284,7 +301,7 @@ def perturbation_grams(perts: Sequence[Direction], params, exact_for: Sequence[i
         return None, approx
     idx = list(exact_for)
     cols = sorted({b for j in idx for b in np.nonzero(C[j])[0]})
-    G_seed = gram_matrix(params, [seeds[b] for b in cols], memory_gb, progress)
+    G_seed = gram_matrix(params, [seeds[b] for b in cols], memory_gb, progress, cache_dir)
     Csub = C[np.ix_(idx, cols)]
     exact = np.zeros_like(approx)
     exact[np.ix_(idx, idx)] = Csub @ G_seed @ Csub.T
@@ -355,18 +372,27 @@ def merge_and_search(
     gram_memory_gb: float = 2.0,
     progress: bool = True,
     project: Callable[[Direction], Direction] | None = None,
+    gram_cache=None,
 ) -> tuple[list[Stage1], list[Candidate], list[Candidate], np.ndarray]:
     """Stage-1 weights for every (q, beta), the probe score of centre + alpha * m for m1 and m2, and
     the Gram matrix of the perturbations that was used (exact where computed)."""
     r = np.asarray(rewards, dtype=np.float64)
     widest = sorted(set().union(*(elite_set(r, q) for q in quantiles)))
-    Gp_exact, Gp_approx = perturbation_grams(perts, params, widest if compat == "exact" else None, gram_memory_gb, progress)
+    Gp_exact, Gp_approx = perturbation_grams(perts, params, widest if compat == "exact" else None, gram_memory_gb, progress, gram_cache)
     stages = [stage1(r, q, b, Gp_exact, Gp_approx) for q in quantiles for b in betas]
     cands_m1: list[Candidate] = []
     cands_m2: list[Candidate] = []
+    bar = tqdm(total=2 * len(stages) * len(alphas), desc=f"step search ({probe})", unit="cand", disable=not progress, dynamic_ncols=True)
+
+    def counted(direction, split):
+        out = score(direction, split)
+        bar.update(1)
+        return out
+
     for st in stages:
-        cands_m2 += search_step(st, perts, alphas, score, probe, "m2", centre, project)
-        cands_m1 += search_step(st, perts, alphas, score, probe, "m1", centre, project)
+        cands_m2 += search_step(st, perts, alphas, counted, probe, "m2", centre, project)
+        cands_m1 += search_step(st, perts, alphas, counted, probe, "m1", centre, project)
+    bar.close()
     return stages, cands_m1, cands_m2, Gp_exact if Gp_exact is not None else Gp_approx
 
 
@@ -386,6 +412,7 @@ def consolidate_stage1(
     gram_memory_gb: float = 2.0,
     progress: bool = True,
     project: Callable[[Direction], Direction] | None = None,
+    gram_cache=None,
 ) -> ConsolidationResult:
     """Stage 1 end to end: weights for every (q, beta), step search on probe, gate on validation.
 
@@ -395,7 +422,7 @@ def consolidate_stage1(
     projections before the step search, so the probe and the gate judge what is deployed.
     """
     perts = [Direction.single(s, sg) for s, sg in zip(seeds, sigmas)]
-    stages, cands_m1, cands_m2, Gp = merge_and_search(rewards, perts, params, score, quantiles, betas, alphas, compat, probe, None, gram_memory_gb, progress, project)
+    stages, cands_m1, cands_m2, Gp = merge_and_search(rewards, perts, params, score, quantiles, betas, alphas, compat, probe, None, gram_memory_gb, progress, project, gram_cache)
     best = max(cands_m2, key=lambda c: c.probe_score)  # max keeps the first among ties
     best_m1 = max(cands_m1, key=lambda c: c.probe_score)
     base_val = score(None, validation)
@@ -473,6 +500,7 @@ def consolidate_stage2(
     probe: str = "probe",
     validation: str = "validation",
     progress: bool = True,
+    gram_cache=None,
 ) -> ConsolidationResult:
     """Up to cfg.rounds re-centring rounds around the stage-1 centre (base if stage 1 abstained).
 
@@ -501,7 +529,7 @@ def consolidate_stage2(
         bar = tqdm(local, desc=f"stage 2 round {t + 1}", unit="spec", disable=not progress, dynamic_ncols=True)
         rewards = [_mean(score(centre + p, select)) for p in bar]
         bar.close()
-        stages, _, cands, _ = merge_and_search(rewards, local, params, score, cfg.quantiles, cfg.betas, cfg.alphas, cfg.compat, select, centre, cfg.gram_memory_gb, progress)
+        stages, _, cands, _ = merge_and_search(rewards, local, params, score, cfg.quantiles, cfg.betas, cfg.alphas, cfg.compat, select, centre, cfg.gram_memory_gb, progress, None, gram_cache)
         best = max(cands, key=lambda c: c.probe_score)
         centre_half, centre_probe = score(centre, gate_half), score(centre, probe)
         g_half = paired_gate(score(best.direction, gate_half), centre_half, cfg.gate_z)

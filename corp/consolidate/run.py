@@ -95,10 +95,10 @@ def run_consolidate(cfg: ConsolidateConfig) -> dict:
     result = consolidate_stage1(
         [r["reward"] for r in population], [r["seed"] for r in population], [r["sigma"] for r in population], params, scorer,
         cfg.quantiles, cfg.betas, cfg.alphas, cfg.compat, cfg.gate_z, gram_memory_gb=cfg.gram_memory_gb,
-        progress=progress, project=projector,
+        progress=progress, project=projector, gram_cache=ctx.run_dir,
     )
     if cfg.rounds > 0:
-        result = consolidate_stage2(result, params, scorer, cfg, progress=os.environ.get("CORP_NO_PROGRESS") != "1")
+        result = consolidate_stage2(result, params, scorer, cfg, progress=progress, gram_cache=ctx.run_dir)
 
     # the deployed model: recipe + weights
     pf = ParamFilter(cfg.include, cfg.exclude)
