@@ -51,10 +51,8 @@ class RunScorer:
     def __init__(self, ctx: RunContext, path):
         self.ctx, self.path = ctx, path
         self.rows = {r["key"]: r for r in read_jsonl(path, key="key")}
-        self.ledger = ctx.ledger()
-        for r in self.rows.values():
-            if r["split"] != "test":
-                self.ledger.add_generation(r["prompt_tokens"], r["generated_tokens"])
+        self.ledger = ctx.ledger()  # what this consolidation needs (probe, validation, support halves), cached or not
+        self._counted: set[str] = set()
 
     def row(self, direction: Direction | None, split: str) -> dict:
         key = f"{split}|{direction_fingerprint(direction)}"
@@ -65,9 +63,11 @@ class RunScorer:
                    "reward_errors": res.reward_errors, "n_components": len(direction.components) if direction else 0}
             append_jsonl(self.path, row)
             self.rows[key] = row
-            if split != "test":
-                self.ledger.add_generation(res.prompt_tokens, res.generated_tokens)
-        return self.rows[key]
+        row = self.rows[key]
+        if split != "test" and key not in self._counted:
+            self._counted.add(key)
+            self.ledger.add_generation(row["prompt_tokens"], row["generated_tokens"])
+        return row
 
     def __call__(self, direction: Direction | None, split: str) -> list[float]:
         return self.row(direction, split)["rewards"]
