@@ -83,9 +83,6 @@ def _embedded_gguf_path(spec: EmbeddedGGUF) -> Path:
     return gguf
 
 
-
-
-
 def _convert_gguf(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -101,17 +98,7 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         raise CorpError(f"converting '{gguf}' left weights unmatched (missing {missing[:3]}, unexpected {unexpected[:3]})")
     if getattr(loaded, "generation_config", None) is not None:
         fresh.generation_config = loaded.generation_config
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
-    try:
-        fresh.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "corp_source.json").write_text(json.dumps({"gguf": str(gguf), "converted_to": "float32"}, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+    save_model(fresh, tokenizer, out, extra_files={"corp_source.json": json.dumps({"gguf": str(gguf), "converted_to": "float32"}, indent=2)})
 
 
 def resolve_model(name: str | None) -> tuple[str, Path]:
@@ -169,14 +156,16 @@ def load_model(name: str | None, device: str = "cpu", dtype: str | None = None):
     return model, tokenizer, model_id, path
 
 
-def save_model(model, tokenizer, out: str | Path) -> Path:
-    """Save a normal HF directory (safetensors, config, tokenizer) atomically."""
+def save_model(model, tokenizer, out: str | Path, extra_files: dict[str, str] | None = None) -> Path:
+    """Save a normal HF directory (safetensors, config, tokenizer, plus `extra_files`) atomically."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)
