@@ -161,16 +161,33 @@ if init == 0:
     try:
         if iso["mountns"]:
             mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
+            # Handles on the interpreter's directories before anything is covered: a venv may live
+            # under /tmp (a CI checkout) or under a private directory, and is bound back below.
+            fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in cfg["expose"]}
+            bound = set()
+
+            def bind_back(p):
+                os.makedirs(p, exist_ok=True)
+                mount(("/proc/self/fd/%d" % fds[p]).encode(), p.encode(), None, MS_BIND | MS_REC, None)
+                bound.add(p)
+
             opts = ("size=%dm,mode=1777" % cfg["tmp_mb"]).encode()
-            for d in (b"/tmp", b"/var/tmp", b"/run/lock", b"/dev/shm"):
+            covered = []
+            for d in ("/tmp", "/var/tmp", "/run/lock", "/dev/shm"):
                 if os.path.isdir(d):
-                    mount(b"tmpfs", d, b"tmpfs", MS_NOSUID | MS_NODEV, opts)
+                    mount(b"tmpfs", d.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts)
+                    covered.append(d)
             iso["private_tmp"] = True
+            for p in cfg["expose"]:
+                if any(p == d or p.startswith(d + "/") for d in covered):
+                    bind_back(p)
             # The interpreter may live under a private directory (here /root/.pyenv, /root is 0700):
             # cover the top private ancestor with an empty tmpfs and bind only the interpreter's
             # prefix back, so the program can import the stdlib and sees nothing else there.
             groups = {}
             for p in cfg["expose"]:
+                if p in bound:
+                    continue
                 parts = p.strip("/").split("/")
                 for k in range(1, len(parts)):
                     a = "/" + "/".join(parts[:k])
@@ -178,13 +195,12 @@ if init == 0:
                         groups.setdefault(a, []).append(p)
                         break
             for top, paths in groups.items():
-                fds = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in paths]
                 mount(b"tmpfs", top.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755")
-                for p, fd in fds:
-                    os.makedirs(p, exist_ok=True)
-                    mount(("/proc/self/fd/%d" % fd).encode(), p.encode(), None, MS_BIND | MS_REC, None)
-                    os.close(fd)
+                for p in paths:
+                    bind_back(p)
                 iso.setdefault("masked", []).append(top)
+            for fd in fds.values():
+                os.close(fd)
             if iso["pidns"]:
                 try:
                     mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None); iso["proc"] = True
