@@ -17,8 +17,12 @@ from typing import Callable, Optional
 import typer
 
 from corp import CorpError
+from corp.analysis.config import AnalyzeRankConfig
+from corp.baselines.es import ESConfig
+from corp.baselines.grpo.core import GRPOConfig
 from corp.config import PopulationConfig, RandOptConfig, field_docs, load_config
 from corp.consolidate.corp_operator import ConsolidateConfig
+from corp.evaluate.passk import EvalConfig
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Post-train language models in weight space without gradients.")
 
@@ -123,11 +127,6 @@ def apply_cmd(
     typer.echo(f"wrote {path}")
 
 
-from corp.baselines.es import ESConfig  # noqa: E402
-from corp.baselines.grpo.core import GRPOConfig  # noqa: E402
-from corp.evaluate.passk import EvalConfig  # noqa: E402
-
-
 @config_command("es", ESConfig, "ES: iterative OpenES around a moving centre; saves the model and its seed recipe, reports test accuracy.")
 def es_cmd(cfg: ESConfig) -> None:
     from corp.baselines.es import run_es
@@ -156,9 +155,6 @@ def eval_cmd(cfg: EvalConfig) -> None:
     from corp.evaluate.passk import run_eval
 
     typer.echo(run_eval(cfg)["table"])
-
-
-from corp.analysis.config import AnalyzeRankConfig  # noqa: E402
 
 
 @config_command("analyze-rank", AnalyzeRankConfig, "Split-half low-rank analysis of a scored population (--run DIR, or --model/--task/--population to score first): reproducible rank r* per weight matrix.")
