@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from corp.bench.ledger import FLOPS_FORMULA, Ledger
 from corp.config import RandOptConfig
-from corp.evaluate.scorer import RunContext, ensure_population, rows_ledger, score_specialists, setup_run
+from corp.evaluate.scorer import RunContext, ensure_population, row_key, rows_ledger, score_specialists, setup_run
 from corp.evaluate.voting import majority_vote
 from corp.runs import write_json
 
@@ -58,8 +58,8 @@ def randopt_results(ctx: RunContext, ranked: list[dict], top_k: list[int]) -> tu
     kmax = max(top_k)
     chosen = [(r["seed"], r["sigma"]) for r in ranked[:kmax]]
     test_rows = evaluate_on_test(ctx, [(None, None)] + chosen)
-    base_row = test_rows["base:test"]
-    ranked_test = [test_rows[f"{s}:{float(sg)!r}:test"] for s, sg in chosen]
+    base_row = test_rows[row_key(None, None, "test")]
+    ranked_test = [test_rows[row_key(s, sg, "test")] for s, sg in chosen]
     results = [MethodResult("base", base_row["accuracy"], 1, rows_ledger(ctx, [base_row]))]
     top1 = ranked_test[0]
     results.append(MethodResult("randopt-top1", top1["accuracy"], 1, rows_ledger(ctx, [top1]), {"seed": top1["seed"], "sigma": top1["sigma"], "support_reward": ranked[0]["reward"]}))
