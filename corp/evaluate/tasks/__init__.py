@@ -5,18 +5,13 @@ from __future__ import annotations
 from corp import CorpError
 from corp.evaluate.tasks.arith import Arith
 from corp.evaluate.tasks.code import MBPP, HumanEval
-from corp.evaluate.tasks.base import SPLITS, Example, SplitSizes, Task, make_splits, require_split
+from corp.evaluate.tasks.base import SPLITS, Example, SplitSizes, Task, make_splits
 from corp.evaluate.tasks.countdown import Countdown
 from corp.evaluate.tasks.gsm8k import GSM8K
 from corp.evaluate.tasks.jsonl import JsonlTask
 from corp.evaluate.tasks.math500 import Math500
 
 TASKS: dict[str, type[Task]] = {"arith": Arith, "countdown": Countdown, "gsm8k": GSM8K, "math500": Math500, "mbpp": MBPP, "humaneval": HumanEval}
-
-
-def register_task(cls: type[Task]) -> type[Task]:
-    TASKS[cls.name] = cls
-    return cls
 
 
 def _coerce(value: str):
@@ -61,4 +56,4 @@ def list_tasks() -> list[dict]:
     return rows
 
 
-__all__ = ["SPLITS", "Example", "SplitSizes", "Task", "TASKS", "get_task", "list_tasks", "make_splits", "register_task", "require_split"]
+__all__ = ["SPLITS", "Example", "SplitSizes", "Task", "TASKS", "get_task", "list_tasks", "make_splits"]

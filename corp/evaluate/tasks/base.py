@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Sequence
 
 from corp import CorpError
 
@@ -25,9 +25,6 @@ class Example:
     prompt: str  # the user message (the backend applies the chat template when the model has one)
     answer: str  # gold answer, already normalised for the task's check
     columns: dict = field(default_factory=dict, hash=False, compare=False)  # extra fields passed to reward functions
-
-
-RewardFn = Callable[..., list]  # TRL-style: (completions, **columns) -> list[float | None]
 
 
 class Task:
@@ -133,9 +130,3 @@ def make_splits(task: Task, sizes: SplitSizes, seed: int) -> dict[str, list[Exam
     if len(ids) != len(set(ids)):
         raise CorpError(f"task '{task.name}' has duplicate example ids; splits would not be disjoint")
     return {s: out[s] for s in SPLITS}
-
-
-def require_split(splits: dict[str, list[Example]], name: str, purpose: str) -> list[Example]:
-    if not splits.get(name):
-        raise CorpError(f"the {name} split is empty but is needed for {purpose}; set --n-{name} >= 1")
-    return splits[name]

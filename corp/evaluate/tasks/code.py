@@ -127,7 +127,7 @@ class _CodeTask(Task):
 
 # ---------------------------------------------------------------- MBPP
 
-MBPP_FEWSHOT = range(1, 11)
+# ids 1-10 are MBPP's few-shot prompts; corp does not use them
 MBPP_TEST = range(11, 511)
 MBPP_VALIDATION = range(511, 601)
 MBPP_TRAIN = range(601, 975)
