@@ -1,7 +1,9 @@
 """The `corp` command line: parse, build a config, call the library. Nothing else lives here.
 
-Each run command's options are generated from its config dataclass (field docstrings are the help),
-so the CLI, YAML configs and the library share one set of names.
+One command per registered method (`corp.methods.METHODS`): its options are generated from the
+method's config dataclass (field docstrings are the help), so the CLI, YAML configs and the
+library share one set of names. Renamed options keep their old flag as a hidden, deprecated alias.
+`apply`, `models` and `tasks` are plain commands. Bad input of any kind is one `error:` line.
 """
 
 from __future__ import annotations
@@ -15,16 +17,39 @@ import warnings
 from typing import Callable, Optional
 
 import typer
+from typer.core import TyperGroup
 
 from corp import CorpError
-from corp.analysis.config import AnalyzeRankConfig
-from corp.baselines.es import ESConfig
-from corp.baselines.grpo.core import GRPOConfig
-from corp.config import PopulationConfig, RandOptConfig, field_docs, load_config
-from corp.consolidate.corp_operator import ConsolidateConfig
-from corp.evaluate.passk import EvalConfig
+from corp.config import field_docs, flag, load_config, renamed_options
+from corp.methods import Method, methods
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Post-train language models in weight space without gradients.")
+
+class _OneLineErrors(TyperGroup):
+    """Usage errors (unknown option, bad value, missing argument) as one `error:` line, no usage box."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.Abort:
+            typer.echo("error: aborted", err=True)
+            sys.exit(1)
+        except Exception as exc:
+            # click's (or typer's vendored click's) exceptions: a message and an exit code
+            if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
+                raise
+            if type(exc).__name__ == "NoArgsIsHelpError":  # bare `corp`: the help, as usual
+                typer.echo(exc.format_message(), err=True)
+                sys.exit(0)
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see `{ctx.command_path} --help`)" if ctx is not None and exc.exit_code == 2 else ""
+            typer.echo(f"error: {' '.join(exc.format_message().split())}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Post-train language models in weight space without gradients.")
 
 
 def _one_line_warnings() -> None:
@@ -58,7 +83,8 @@ def _cli_type(tp) -> type:
 
 
 def config_command(name: str, cls: type, help_text: str):
-    """Register `corp NAME` whose options are the fields of config dataclass `cls`."""
+    """Register `corp NAME` whose options are the fields of config dataclass `cls` (plus `--config`,
+    and each renamed field's old flag, hidden)."""
 
     def decorator(runner: Callable[[object], None]):
         hints = typing.get_type_hints(cls)
@@ -68,8 +94,11 @@ def config_command(name: str, cls: type, help_text: str):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
             shown = ",".join(map(str, default)) if isinstance(default, list) else default
             help_ = docs.get(f.name, "") + (f" [default: {shown}]" if shown not in (None, "") else "")
-            opt = typer.Option(None, "--" + f.name.replace("_", "-"), help=help_, show_default=False)
+            opt = typer.Option(None, flag(f.name), help=help_, show_default=False)
             params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[_cli_type(hints[f.name])]))
+        for old, new in renamed_options(cls).items():
+            opt = typer.Option(None, flag(old), help=f"Deprecated: use {flag(new)}.", hidden=True, show_default=False)
+            params.append(inspect.Parameter(old, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[_cli_type(hints[new])]))
         params.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=typer.Option(None, "--config", help="YAML file of options (flags override it)."), annotation=Optional[str]))
 
         def command(**kwargs):
@@ -85,85 +114,34 @@ def config_command(name: str, cls: type, help_text: str):
     return decorator
 
 
-@config_command("randopt", RandOptConfig, "RandOpt: score N perturbed specialists, report base, top-1 and top-K vote on the test split.")
-def randopt_cmd(cfg: RandOptConfig) -> None:
-    from corp.baselines.randopt import run_randopt
+def method_command(method: Method) -> None:
+    """`corp NAME` for a registered method: build its config, run it, print its summary."""
 
-    report = run_randopt(cfg)
-    typer.echo(report["table"])
-    typer.echo(f"run directory: {report['run_dir']}")
+    def runner(cfg) -> None:
+        report = method(cfg)
+        text = method.summarise(report)
+        if text:
+            typer.echo(text)
 
-
-@config_command("score", PopulationConfig, "Score a population of perturbed specialists on the support split (population.jsonl).")
-def score_cmd(cfg: PopulationConfig) -> None:
-    from corp.evaluate.scorer import ensure_population, setup_run
-
-    ctx = setup_run(cfg, "score", needs=("support",))
-    ranked = ensure_population(ctx)
-    rewards = sorted(r["reward"] for r in ranked)
-    typer.echo(f"{len(ranked)} specialists; support reward best {rewards[-1]:.3f}, median {rewards[len(rewards) // 2]:.3f}, worst {rewards[0]:.3f}")
-    typer.echo(f"run directory: {ctx.run_dir}")
+    config_command(method.name, method.config_class, method.help)(runner)
 
 
-@config_command("consolidate", ConsolidateConfig, "CoRP: consolidate a rewarded population into one gated model (recipe.json + model/).")
-def consolidate_cmd(cfg: ConsolidateConfig) -> None:
-    from corp.consolidate.run import run_consolidate
-
-    report = run_consolidate(cfg)
-    typer.echo(report["table"])
-    typer.echo(f"run directory: {report['run_dir']}  (recipe.json, model/, report.json)")
+for _method in methods():
+    method_command(_method)
 
 
 @app.command("apply")
 def apply_cmd(
-    recipe: str = typer.Argument(..., help="recipe.json written by `corp consolidate`."),
-    out: str = typer.Option(..., "--out", help="Directory to write the rebuilt Hugging Face model to."),
+    recipe: str = typer.Argument(..., help="recipe.json written by a method that makes one (`corp consolidate`, `corp es`)."),
+    out: str = typer.Option(..., "--out", help="New directory to write the rebuilt Hugging Face model to (an earlier corp model there is replaced)."),
     model: Optional[str] = typer.Option(None, "--model", help="Base model to apply it to (default: the recipe's); must have the recipe's weights."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out even if it holds files corp did not write (never a cache, the base model or the current directory)."),
 ) -> None:
-    """Rebuild a consolidated model from its recipe and the base model, bit-exactly."""
+    """Rebuild a model from its recipe and the base model, bit-exactly; never deletes files corp did not write."""
     from corp.consolidate.recipe import apply_recipe
 
-    path = _run(apply_recipe, recipe, out, model)
+    path = _run(apply_recipe, recipe, out, model, overwrite)
     typer.echo(f"wrote {path}")
-
-
-@config_command("es", ESConfig, "ES: iterative OpenES around a moving centre; saves the model and its seed recipe, reports test accuracy.")
-def es_cmd(cfg: ESConfig) -> None:
-    from corp.baselines.es import run_es
-
-    r = run_es(cfg)
-    for m in r["metrics"]:
-        typer.echo(f"iteration {m['iteration']}: population reward {m['reward_mean']:.3f} (max {m['reward_max']:.3f}), centre {m.get('centre_reward', float('nan')):.3f}")
-    typer.echo(f"test accuracy: base {r['test_accuracy_before']:.3f} -> es {r['test_accuracy_after']:.3f}  ({r['training_ledger']['flops']:.3e} FLOPs)")
-    typer.echo(f"run directory: {r['run_dir']}")
-
-
-@config_command("grpo", GRPOConfig, "GRPO (TRL-style) with loss variants grpo | cov | reco; full-parameter or LoRA; saves an HF model directory.")
-def grpo_cmd(cfg: GRPOConfig) -> None:
-    from corp.baselines.grpo.core import run_grpo
-
-    r = run_grpo(cfg)
-    if r["test_accuracy_before"] is not None:
-        typer.echo(f"test accuracy: base {r['test_accuracy_before']:.3f} -> grpo-{cfg.loss} {r['test_accuracy_after']:.3f}")
-    led = r["training_ledger"]
-    typer.echo(f"{r['steps']} steps; trained tokens {led['trained_tokens']}, inference tokens {led['prompt_tokens'] + led['generated_tokens']}, {led['flops']:.3e} FLOPs")
-    typer.echo(f"model: {r['model_dir']}")
-
-
-@config_command("eval", EvalConfig, "Evaluate a model on the test split: greedy accuracy and pass@k with n samples per problem.")
-def eval_cmd(cfg: EvalConfig) -> None:
-    from corp.evaluate.passk import run_eval
-
-    typer.echo(run_eval(cfg)["table"])
-
-
-@config_command("analyze-rank", AnalyzeRankConfig, "Split-half low-rank analysis of a scored population (--run DIR, or --model/--task/--population to score first): reproducible rank r* per weight matrix.")
-def analyze_rank_cmd(cfg: AnalyzeRankConfig) -> None:
-    from corp.analysis.split_half import run_analyze_rank
-
-    summary = run_analyze_rank(cfg)
-    typer.echo(summary["text"])
-    typer.echo(f"wrote rank_analysis.csv, rank_summary.json, rank_overlap.png, rank_heatmap.png in {summary['run_dir']}")
 
 
 @app.command("models")

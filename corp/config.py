@@ -1,8 +1,16 @@
-"""Typed configs: one dataclass per command, a docstring per field.
+"""Typed configs: one dataclass per command, a docstring per field; the shared bases live here.
 
 A config is built from its defaults, then a YAML file (`--config`), then the CLI flags the user
 actually gave; `validate()` turns bad values into one-line errors. The resolved config is written
 to every run directory as `config.yaml`. The field docstrings double as CLI help.
+
+The bases: `RunConfig` (model, task, splits, backend, run directory: every method) and
+`PopulationConfig` (a population of seeded specialists). A method's own config subclasses one of
+them and lives next to the method (its registry entry in `corp.methods` points at it).
+
+Renamed options: a config class lists `renamed = {"old_name": "new_name"}` (a ClassVar, merged
+along the class hierarchy). `load_config` accepts the old name from YAML or the CLI with one
+warning line; the CLI adds the old flag as a hidden option.
 """
 
 from __future__ import annotations
@@ -10,11 +18,13 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import math
 import textwrap
+import warnings
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
@@ -95,6 +105,10 @@ class RunConfig:
             raise CorpError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise CorpError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+        from corp.models import check_device, check_dtype  # names checked here, before any model loads
+
+        self.dtype = check_dtype(self.dtype)
+        self.device = check_device(self.device)
         return self
 
 
@@ -108,14 +122,21 @@ class PopulationConfig(RunConfig):
     """Regex of parameter names to perturb."""
     exclude: str = ""
     """Regex of parameter names not to perturb."""
-    population_from: str | None = None
-    """Reuse the scored population of this run directory instead of scoring a new one."""
+    from_run: str | None = None
+    """Take the scored population from this run directory instead of scoring a new one."""
     executor: str = "local"
     """Where specialists are scored: local (this process) or ray (one backend replica per Ray actor)."""
     workers: int = 2
     """Ray actors (backend replicas) for --executor ray; on a local Ray each gets cores/workers threads."""
     ray_address: str | None = None
     """Join this Ray cluster (e.g. `auto`, `ray://host:10001`) instead of starting a local Ray."""
+
+    renamed: ClassVar[dict[str, str]] = {"population_from": "from_run"}
+
+    @property
+    def population_from(self) -> str | None:
+        """Deprecated alias of `from_run` (kept for one release)."""
+        return self.from_run
 
     def validate(self) -> "PopulationConfig":
         super().validate()
@@ -124,17 +145,17 @@ class PopulationConfig(RunConfig):
             raise CorpError(f"--population must be >= 1, got {self.population}")
         if not self.sigmas:
             raise CorpError("--sigmas is empty; give at least one noise scale, e.g. 1e-3")
-        bad = [s for s in self.sigmas if not s > 0]
+        bad = [s for s in self.sigmas if not (s > 0 and math.isfinite(s))]  # inf would be saved as null and mean no model
         if bad:
-            raise CorpError(f"--sigmas must all be > 0, got {bad[0]}")
+            raise CorpError(f"--sigmas must all be > 0 and finite, got {bad[0]}")
         if self.executor not in ("local", "ray"):
             raise CorpError(f"unknown --executor '{self.executor}'; choose one of local, ray")
         if self.workers < 1:
             raise CorpError(f"--workers must be >= 1, got {self.workers}")
         if self.ray_address and self.executor != "ray":
             raise CorpError("--ray-address needs --executor ray")
-        if self.population_from and not Path(self.population_from, "population.jsonl").exists():
-            raise CorpError(f"--population-from '{self.population_from}' has no population.jsonl")
+        if self.from_run and not Path(self.from_run, "population.jsonl").exists():
+            raise CorpError(f"--from-run '{self.from_run}' has no population.jsonl; score one first (corp score) or drop --from-run")
         return self
 
 
@@ -153,8 +174,38 @@ class RandOptConfig(PopulationConfig):
         return self
 
 
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def renamed_options(cls: type) -> dict[str, str]:
+    """{old option name: current field name} over cls and its bases (see the module docstring)."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        out.update(vars(klass).get("renamed", {}))
+    names = {f.name for f in fields(cls)}
+    return {old: new for old, new in out.items() if new in names and old not in names}
+
+
+def _rename(cls: type, values: dict, yaml_path: str | None = None) -> dict:
+    """Map deprecated option names to the current ones, one warning each; both given is an error."""
+    out = dict(values)
+    for old, new in renamed_options(cls).items():
+        if out.get(old) is None:
+            out.pop(old, None)
+            continue
+        value = out.pop(old)
+        was, now = (f"--config '{yaml_path}': key '{old}'", f"'{new}'") if yaml_path else (flag(old), flag(new))
+        if out.get(new) is not None and out[new] != value:
+            raise CorpError(f"{was} is the old name of {now}; give only {now}")
+        # FutureWarning, not DeprecationWarning: Python shows it to users by default
+        warnings.warn(f"{was} is deprecated; use {now}", FutureWarning, stacklevel=3)
+        out[new] = value
+    return out
+
+
 def load_config(cls: type, yaml_path: str | None = None, overrides: dict | None = None):
-    """defaults <- YAML file <- explicit overrides; unknown keys are errors."""
+    """defaults <- YAML file <- explicit overrides; unknown keys are errors, renamed ones warn."""
     values: dict[str, Any] = {}
     names = {f.name for f in fields(cls)}
     if yaml_path:
@@ -167,12 +218,15 @@ def load_config(cls: type, yaml_path: str | None = None, overrides: dict | None 
             raise CorpError(f"--config '{path}' is not valid YAML: {exc}") from None
         if not isinstance(loaded, dict):
             raise CorpError(f"--config '{path}' must be a mapping of option: value")
-        loaded = {k.replace("-", "_"): v for k, v in loaded.items()}
+        loaded = _rename(cls, {k.replace("-", "_"): v for k, v in loaded.items()}, str(path))
         unknown = set(loaded) - names
         if unknown:
             raise CorpError(f"--config '{path}': unknown option(s) {', '.join(sorted(unknown))} for this command")
         values.update(loaded)
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    values.update({k: v for k, v in _rename(cls, overrides or {}).items() if v is not None})
+    unknown = set(values) - names
+    if unknown:
+        raise CorpError(f"unknown option(s) {', '.join(flag(k) for k in sorted(unknown))} for this command")
     return cls(**values).validate()
 
 

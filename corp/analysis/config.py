@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from corp import CorpError
 from corp.config import PopulationConfig, parse_list
@@ -12,16 +13,16 @@ from corp.config import PopulationConfig, parse_list
 
 @dataclass
 class AnalyzeRankConfig(PopulationConfig):
-    run: str | None = None
-    """Run directory with a scored population (population.jsonl)"""
+    from_run: str | None = None
+    """Analyse the scored population of this run directory and write the analysis into it (into --run-dir if given)."""
     ranks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     """Ranks r at which subspaces are compared, comma-separated."""
     splits: int = 10
     """S: random half-splits of the population, averaged."""
     permutations: int = 20
     """P: reward permutations for the null (each with the same S splits)."""
-    alpha: float = 0.05
-    """Level: a statistic beats the null when its permutation p-value is <= alpha."""
+    significance: float = 0.05
+    """Level: a statistic beats the null when its permutation p-value is <= this level."""
     analysis_seed: int = 0
     """Seed of the random splits, permutations and randomised SVDs."""
     include_embeddings: bool = False
@@ -32,9 +33,30 @@ class AnalyzeRankConfig(PopulationConfig):
     """Memory budget (MB) for one matrix's stacked noise; bigger matrices stream the noise instead."""
     plot_matrices: int = 4
     """Matrices shown in rank_overlap.png."""
+    power_sims: int = 32
+    """Simulated populations per planted strength for the power estimate (the smallest planted signal found with probability 0.8 at this N and these matrix shapes); 0 skips it."""
+    skip_power: bool = False
+    """Skip the power simulation (rank_summary.json then has no `power` block)."""
+    power_rank: int = 1
+    """Rank of the planted signal in the power simulation."""
+
+    # --from-run (PopulationConfig) names the population; without --run-dir the analysis is written
+    # into that run, where `corp consolidate --from-run DIR --low-rank auto` finds it
+    renamed: ClassVar[dict[str, str]] = {"run": "from_run", "alpha": "significance"}
+
+    @property
+    def run(self) -> str | None:
+        """The run analysed in place: --from-run, unless --run-dir names another directory."""
+        if self.from_run and (self.run_dir is None or Path(self.run_dir).resolve() == Path(self.from_run).resolve()):
+            return self.from_run
+        return None
+
+    @property
+    def alpha(self) -> float:
+        """Deprecated alias of `significance`."""
+        return self.significance
 
     def validate(self) -> "AnalyzeRankConfig":
-        super().validate()
         self.ranks = sorted(set(parse_list(self.ranks, int, "ranks")))
         if not self.ranks or self.ranks[0] < 1:
             raise CorpError(f"--ranks must be integers >= 1, got {self.ranks}")
@@ -42,15 +64,15 @@ class AnalyzeRankConfig(PopulationConfig):
             raise CorpError(f"--splits must be >= 1, got {self.splits}")
         if self.permutations < 1:
             raise CorpError(f"--permutations must be >= 1, got {self.permutations}")
-        if not 0 < self.alpha < 1:
-            raise CorpError(f"--alpha must be in (0, 1), got {self.alpha}")
-        if 1 / (self.permutations + 1) > self.alpha:
-            raise CorpError(f"--permutations {self.permutations}: the smallest permutation p-value is 1/{self.permutations + 1} > --alpha {self.alpha}, so nothing could pass; use >= {math.ceil(1 / self.alpha) - 1}")
+        if not 0 < self.significance < 1:
+            raise CorpError(f"--significance must be in (0, 1), got {self.significance}")
+        if 1 / (self.permutations + 1) > self.significance:
+            raise CorpError(f"--permutations {self.permutations}: the smallest permutation p-value is 1/{self.permutations + 1} > --significance {self.significance}, so nothing could pass; use >= {math.ceil(1 / self.significance) - 1}")
+        if self.power_sims < 0:
+            raise CorpError(f"--power-sims must be >= 0 (0 skips the power simulation), got {self.power_sims}")
+        if self.power_rank < 1:
+            raise CorpError(f"--power-rank must be >= 1, got {self.power_rank}")
         if self.memory_mb < 1:
             raise CorpError(f"--memory-mb must be >= 1, got {self.memory_mb}")
-        if self.run is not None:
-            if self.population_from:
-                raise CorpError("give either --run or --population-from, not both")
-            if not Path(self.run, "population.jsonl").exists():
-                raise CorpError(f"--run '{self.run}' has no population.jsonl; score one first (corp score) or pass --model/--task/--population")
+        super().validate()  # after the checks above: they need no file system
         return self

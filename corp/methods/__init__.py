@@ -1,0 +1,141 @@
+"""The method registry: every method corp runs, by name, registered once.
+
+In the spirit of mergekit's merge-method registry and evosax's `Strategies`: a method is a config
+dataclass (a `corp.config.RunConfig` subclass, one docstring per field) plus a run function
+`run(cfg) -> report dict` that writes `report.json` (schema `corp.runs.REPORT_SCHEMA`), and where
+the method makes one, `recipe.json` and a model directory, into the run directory. The CLI makes
+one `corp NAME` command per entry (options generated from the config's fields), `corp bench`
+iterates over the entries, and tests/test_methods.py runs every entry on a tiny random model.
+
+Adding a method is one file (its config and run function, next to the algorithm) plus one line in
+METHODS below. Entries name their config and run function as 'module:attribute' strings, so that
+importing this registry imports no method (and no torch) until one is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from corp import CorpError
+
+# split sizes of a smoke run: every split non-empty, so any method finds what it needs
+_SMALL = {"n_support": 4, "n_probe": 4, "n_validation": 4, "n_test": 4, "max_new_tokens": 4, "batch_size": 8}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One registered method."""
+
+    name: str
+    """Command name (`corp NAME`) and the report's `method` (variants may add a suffix: grpo-cov)."""
+    config: str
+    """'module:Class' of its config dataclass."""
+    run: str
+    """'module:function': run(cfg[, backend]) -> report dict; writes report.json into cfg.run_dir."""
+    help: str
+    """One line for `corp --help`."""
+    recipe: str | None = None
+    """Kind of recipe.json it writes (`corp apply` rebuilds the model from it), or None."""
+    model: bool = False
+    """Whether it saves a model directory (RUN_DIR/model, a Hugging Face model)."""
+    smoke: dict[str, Any] | None = field(default=None, hash=False)
+    """Options of its smallest meaningful run (a tiny model, a few examples): tests and bench smoke runs."""
+    no_smoke: str | None = None
+    """Why it cannot run on a tiny model, when `smoke` is None (never skipped silently)."""
+    summary: str | None = None
+    """'module:function' report -> text for the terminal; default: the report's table."""
+
+    def __post_init__(self):
+        if (self.smoke is None) == (self.no_smoke is None):
+            raise ValueError(f"method '{self.name}': give either smoke options or a no_smoke reason, exactly one")
+
+    @property
+    def config_class(self) -> type:
+        return _resolve(self.config)
+
+    @property
+    def run_function(self) -> Callable[..., dict]:
+        return _resolve(self.run)
+
+    @property
+    def takes_backend(self) -> bool:
+        """Whether run() accepts a ready backend (tests, reuse) as its second argument."""
+        return "backend" in inspect.signature(self.run_function).parameters
+
+    @property
+    def uses_population(self) -> bool:
+        """Whether it scores (or reads, with --from-run) a population of specialists."""
+        from corp.config import PopulationConfig
+
+        return issubclass(self.config_class, PopulationConfig)
+
+    def __call__(self, cfg, backend=None) -> dict:
+        if backend is None:
+            return self.run_function(cfg)
+        if not self.takes_backend:
+            raise TypeError(f"method '{self.name}': {self.run} takes no backend")
+        return self.run_function(cfg, backend=backend)
+
+    def summarise(self, report: dict) -> str:
+        """What the CLI prints after a run."""
+        if self.summary:
+            return _resolve(self.summary)(report)
+        text = report.get("table") or report.get("text") or ""
+        where = f"run directory: {report['run_dir']}" if report.get("run_dir") and "run directory" not in text else ""
+        return "\n".join(t for t in (text, where) if t)
+
+
+def _resolve(spec: str):
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+# ---------------------------------------------------------------- the registry: one line per method
+
+METHODS: tuple[Method, ...] = (
+    Method("score", "corp.config:PopulationConfig", "corp.methods.score:run_score",
+           "Score a population of perturbed specialists on the support split (population.jsonl).",
+           smoke={**_SMALL, "population": 3, "sigmas": "0.05"}, summary="corp.methods.summaries:score"),
+    Method("randopt", "corp.config:RandOptConfig", "corp.baselines.randopt:run_randopt",
+           "RandOpt: score N perturbed specialists, report base, top-1 and top-K vote on the test split.",
+           smoke={**_SMALL, "population": 3, "sigmas": "0.05", "top_k": "1,2"}),
+    Method("consolidate", "corp.consolidate.corp_operator:ConsolidateConfig", "corp.consolidate.run:run_consolidate",
+           "CoRP: consolidate a rewarded population into one gated model (recipe.json + model/).",
+           recipe="corp", model=True, smoke={**_SMALL, "population": 4, "sigmas": "0.05", "alphas": "1,2", "top_k": "1,2"}),
+    Method("es", "corp.baselines.es:ESConfig", "corp.baselines.es:run_es",
+           "ES: iterative OpenES around a moving centre; saves the model and its seed recipe, reports test accuracy.",
+           recipe="es", model=True, smoke={**_SMALL, "iterations": 2, "population": 4, "sigma": 0.05, "alpha": 0.05},
+           summary="corp.methods.summaries:es"),
+    Method("grpo", "corp.baselines.grpo.core:GRPOConfig", "corp.baselines.grpo.core:run_grpo",
+           "GRPO (TRL-style) with loss variants grpo | cov | reco; full-parameter or LoRA; saves an HF model directory.",
+           model=True, smoke={**_SMALL, "steps": 2, "prompts_per_step": 2, "num_generations": 2, "checkpoint_every": 1, "learning_rate": 1e-3},
+           summary="corp.methods.summaries:grpo"),
+    Method("eval", "corp.evaluate.passk:EvalConfig", "corp.evaluate.passk:run_eval",
+           "Evaluate a model on the test split: greedy accuracy and pass@k with n samples per problem.",
+           smoke={**_SMALL, "pass_k": "1,2", "n_samples": 2}),
+    Method("analyze-rank", "corp.analysis.config:AnalyzeRankConfig", "corp.analysis.split_half:run_analyze_rank",
+           "Split-half low-rank analysis of a scored population (--from-run DIR, or --model/--task/--population to score first): reproducible rank r* per weight matrix.",
+           smoke={**_SMALL, "population": 4, "sigmas": "0.05", "ranks": "1,2", "splits": 2, "permutations": 19},
+           summary="corp.methods.summaries:analyze_rank"),
+)
+
+REGISTRY: dict[str, Method] = {m.name: m for m in METHODS}
+if len(REGISTRY) != len(METHODS):
+    raise ValueError("two registered methods share a name")
+
+
+def get_method(name: str) -> Method:
+    """The registered method `name`; an unknown name is one line listing the known ones."""
+    if name not in REGISTRY:
+        raise CorpError(f"unknown method '{name}'; known: {', '.join(REGISTRY)}")
+    return REGISTRY[name]
+
+
+def methods() -> tuple[Method, ...]:
+    return METHODS
+
+
+__all__ = ["METHODS", "REGISTRY", "Method", "get_method", "methods"]
