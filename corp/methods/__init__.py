@@ -37,8 +37,8 @@ class Method:
     """'module:function': run(cfg[, backend]) -> report dict; writes report.json into cfg.run_dir."""
     help: str
     """One line for `corp --help`."""
-    recipe: str | None = None
-    """Kind of recipe.json it writes (`corp apply` rebuilds the model from it), or None."""
+    recipes: tuple[str, ...] = ()
+    """Kinds of recipe.json it may write (`corp.consolidate.recipe.RECIPE_KINDS`; `corp apply` rebuilds the model from it); () for none."""
     model: bool = False
     """Whether it saves a model directory (RUN_DIR/model, a Hugging Face model)."""
     smoke: dict[str, Any] | None = field(default=None, hash=False)
@@ -104,10 +104,10 @@ METHODS: tuple[Method, ...] = (
            smoke={**_SMALL, "population": 3, "sigmas": "0.05", "top_k": "1,2"}),
     Method("consolidate", "corp.consolidate.corp_operator:ConsolidateConfig", "corp.consolidate.run:run_consolidate",
            "CoRP: consolidate a rewarded population into one gated model (recipe.json + model/).",
-           recipe="corp", model=True, smoke={**_SMALL, "population": 4, "sigmas": "0.05", "alphas": "1,2", "top_k": "1,2"}),
+           recipes=("corp-direction", "low-rank"), model=True, smoke={**_SMALL, "population": 4, "sigmas": "0.05", "alphas": "1,2", "top_k": "1,2"}),
     Method("es", "corp.baselines.es:ESConfig", "corp.baselines.es:run_es",
            "ES: iterative OpenES around a moving centre; saves the model and its seed recipe, reports test accuracy.",
-           recipe="es", model=True, smoke={**_SMALL, "iterations": 2, "population": 4, "sigma": 0.05, "alpha": 0.05},
+           recipes=("es",), model=True, smoke={**_SMALL, "iterations": 2, "population": 4, "sigma": 0.05, "alpha": 0.05},
            summary="corp.methods.summaries:es"),
     Method("grpo", "corp.baselines.grpo.core:GRPOConfig", "corp.baselines.grpo.core:run_grpo",
            "GRPO (TRL-style) with loss variants grpo | cov | reco; full-parameter or LoRA; saves an HF model directory.",
