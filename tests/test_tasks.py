@@ -100,7 +100,7 @@ def test_reward_that_raises_or_returns_nan_scores_zero_and_is_counted():
     task = get_task("arith")
     exs = [Example("1", "p", "1"), Example("2", "p", "boom"), Example("3", "p", "nan")]
     fn = resolve_reward("tests.test_tasks:failing_reward")
-    with pytest.warns(UserWarning, match="reward failed on example '2'"):
+    with pytest.warns(UserWarning, match="failed on 2 of 3 example"):
         rewards, errors = compute_rewards(task, ["a", "b", "c"], exs, fn)
     assert rewards == [1.0, 0.0, 0.0] and errors == 2
     with pytest.raises(CorpError, match="--reward"):

@@ -1,37 +1,116 @@
-"""Reward functions: plain functions `(completions, **columns) -> list[float | None]` (TRL's form).
+"""Reward functions: `--reward` names a built-in (`correct`, the task's own reward) or a user function.
 
-`--reward` names a built-in (`correct`, the task's own check) or a dotted path `pkg.module:function`
-(or `pkg.module.function`). Columns passed are `prompt`, `answer` and the example's extra columns,
-each a list aligned with `completions`. A reward that raises, returns NaN/None or falls outside
-[0, 1] for an example scores 0 there and is counted, never aborting a run.
+Where the function lives: `module:function` / `pkg.module.function` (imported with the working
+directory on the import path, so a `my_reward.py` beside you is found without PYTHONPATH), or a
+file `path/to/file.py:function`.
+
+Two forms, told apart by the name of the function's first parameter:
+
+- per-completion: `def f(completion, answer, **columns) -> float` (first parameter named
+  `completion`); called once per completion with that example's `answer`, `prompt` and extra
+  columns as keyword arguments.
+- batched, TRL's form: `def f(completions, **kwargs) -> list[float | None]` (any other first
+  parameter); called once per evaluation with `completions` and `prompts` (lists, TRL's names) and
+  one list per column (`prompt`, `answer`, the data file's other fields), all aligned. A function
+  with a parameter named `completions` gets it by keyword (so TRL's `(prompts, completions, **kw)`
+  works); otherwise completions are the first positional argument.
+
+A reward may be any finite float (TRL's convention); rewards are not clipped to [0, 1]. A value
+that is None, NaN, infinite or not a number, or an exception, scores 0 for that example and is
+counted in the row's `reward_errors`. A function that fails on every example of an evaluation
+before it has ever returned a usable value is a broken function, not a bad completion: that stops
+the run with one line naming the function and its first error.
+
+Methods whose hyperparameters assume a reward scale: RandOpt ranks (scale-free); ES z-scores or
+rank-transforms fitness; GRPO divides advantages by the group's standard deviation (TRL's
+`scale_rewards`); CoRP's `softmax(beta * r)` acts on raw rewards, so a reward on another scale than
+[0, 1] changes what a given beta means (see the consolidation docs for how it normalises).
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import inspect
 import math
+import os
+import sys
 import warnings
+from pathlib import Path
 from typing import Callable, Sequence
 
 from corp import CorpError
 from corp.evaluate.tasks.base import Example, Task
 
 
-def resolve_reward(spec: str | None) -> Callable | None:
-    """None or 'correct' -> None (use the task's own reward); else import the named function."""
+class RewardFunction:
+    """A user reward, resolved and classified once: `per_completion` or batched (TRL's form)."""
+
+    def __init__(self, fn: Callable, spec: str):
+        self.fn, self.spec = fn, spec
+        self.name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', getattr(fn, '__name__', repr(fn)))}"
+        try:
+            params = list(inspect.signature(fn).parameters.values())
+        except (TypeError, ValueError):  # builtins without a signature: treat as batched, positional
+            params = []
+        names = [p.name for p in params]
+        self.per_completion = bool(names) and names[0] == "completion"
+        self.completions_by_keyword = "completions" in names
+        self.ever_succeeded = False  # see compute_rewards: a function that never worked stops the run
+
+    def __call__(self, completions: list[str], **columns) -> list:
+        if self.per_completion:
+            out = []
+            for i, c in enumerate(completions):
+                out.append(self.fn(c, **{k: v[i] for k, v in columns.items()}))
+            return out
+        kwargs = dict(columns)
+        kwargs.setdefault("prompts", columns.get("prompt"))
+        if self.completions_by_keyword:
+            return self.fn(completions=completions, **kwargs)
+        return self.fn(completions, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"RewardFunction({self.spec!r}, {'per-completion' if self.per_completion else 'batched'})"
+
+
+def _import_module(module_name: str, spec: str):
+    if module_name.endswith(".py") or os.sep in module_name or "/" in module_name:
+        path = Path(module_name)
+        if not path.is_file():
+            raise CorpError(f"--reward '{spec}': file '{path}' does not exist")
+        mod_spec = importlib.util.spec_from_file_location(f"corp_user_reward_{path.stem}", path)
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+        return module
+    # the working directory is on the import path for `python -m`, not for the `corp` script
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)  # appended: a local file never shadows an installed module
+    return importlib.import_module(module_name)
+
+
+def resolve_reward(spec: str | None) -> RewardFunction | None:
+    """None or 'correct' -> None (use the task's own reward); else import and classify the named function."""
     if spec in (None, "", "correct"):
         return None
-    module_name, _, attr = spec.partition(":") if ":" in spec else spec.rpartition(".")
+    if isinstance(spec, RewardFunction):
+        return spec
+    if callable(spec):
+        return RewardFunction(spec, getattr(spec, "__name__", repr(spec)))
+    module_name, _, attr = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
     if not module_name or not attr:
-        raise CorpError(f"--reward '{spec}' is not a built-in ('correct') or a dotted path 'module:function'")
+        raise CorpError(f"--reward '{spec}' is not a built-in ('correct'), a dotted path 'module:function' or 'file.py:function'")
     try:
-        module = importlib.import_module(module_name)
+        module = _import_module(module_name, spec)
+    except CorpError:
+        raise
     except Exception as exc:
-        raise CorpError(f"--reward '{spec}': cannot import module '{module_name}' ({type(exc).__name__}: {exc})") from None
+        raise CorpError(f"--reward '{spec}': cannot import '{module_name}' ({type(exc).__name__}: {exc})") from None
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise CorpError(f"--reward '{spec}': module '{module_name}' has no function '{attr}'")
-    return fn
+        raise CorpError(f"--reward '{spec}': '{module_name}' has no function '{attr}'")
+    return RewardFunction(fn, spec)
 
 
 def _columns(examples: Sequence[Example]) -> dict[str, list]:
@@ -43,17 +122,30 @@ def _columns(examples: Sequence[Example]) -> dict[str, list]:
 
 
 def _clean(value) -> float | None:
+    """Any finite float (bools count as 0/1); None for None, NaN, +-inf and non-numbers."""
+    if value is None or isinstance(value, (str, bytes)):
+        return None
     try:
         v = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    if math.isnan(v) or v < 0.0 or v > 1.0:
-        return None
-    return v
+    return v if math.isfinite(v) else None
+
+
+def _describe(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def compute_rewards(task: Task, completions: list[str], examples: Sequence[Example], reward_fn: Callable | None = None) -> tuple[list[float], int]:
-    """Rewards for aligned completions/examples and the number of examples whose reward failed (scored 0)."""
+    """Rewards for aligned completions/examples and the number of examples whose reward failed (scored 0).
+
+    Raises CorpError when every example fails and the function has never produced a usable value
+    in this process (a wrong signature, a function that always raises or always returns NaN)."""
+    if reward_fn is not None and not isinstance(reward_fn, RewardFunction):
+        reward_fn = resolve_reward(reward_fn)
+    name = reward_fn.spec if reward_fn is not None else f"the reward of task '{task.name}'"
+    first_problem: list[str] = []
 
     def call(comps: list[str], exs: Sequence[Example]):
         if reward_fn is None:
@@ -64,20 +156,42 @@ def compute_rewards(task: Task, completions: list[str], examples: Sequence[Examp
         raw = list(call(completions, examples))
         if len(raw) != len(completions):
             raise ValueError(f"returned {len(raw)} values for {len(completions)} completions")
-    except Exception:
+    except CorpError:
+        raise
+    except Exception as batch_exc:
         raw = []  # isolate the example(s) that fail
         for c, e in zip(completions, examples):
             try:
                 out = list(call([c], [e]))
-                raw.append(out[0] if len(out) == 1 else None)
+                if len(out) != 1:
+                    raise ValueError(f"returned {len(out)} values for 1 completion")
+                raw.append(out[0])
+            except CorpError:
+                raise
             except Exception as exc:
-                warnings.warn(f"reward failed on example '{e.id}' ({type(exc).__name__}: {exc}); scored 0")
+                if not first_problem:
+                    first_problem.append(f"on example '{e.id}': {type(exc).__name__}: {exc}")
                 raw.append(None)
+        if not first_problem and len(completions) > 1:
+            first_problem.append(f"{type(batch_exc).__name__}: {batch_exc}")
     rewards, errors = [], 0
     for v in raw:
         cleaned = _clean(v)
         if cleaned is None:
             errors += 1
+            if not first_problem:
+                first_problem.append(f"returned {_describe(v)}, not a finite number")
             cleaned = 0.0
         rewards.append(cleaned)
+    state = reward_fn if reward_fn is not None else task
+    succeeded_before = getattr(state, "ever_succeeded", False)
+    if completions and errors == len(completions) and not succeeded_before:
+        raise CorpError(f"reward {name} failed on all {len(completions)} examples of its first evaluation; first error: {first_problem[0]}. A reward is `(completions, **columns) -> list[float]` or `(completion, answer, **columns) -> float`")
+    if errors < len(completions):
+        try:
+            state.ever_succeeded = True
+        except AttributeError:
+            pass
+    if errors:
+        warnings.warn(f"reward {name} failed on {errors} of {len(completions)} example(s) (first: {first_problem[0] if first_problem else '?'}); scored 0 and counted")
     return rewards, errors

@@ -26,8 +26,10 @@ class Backend:
     name = "base"
     n_params: int = 0
 
-    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, n: int = 1, seed: int | None = None) -> Generations:
-        """n completions per prompt (prompt-major order), greedy when temperature == 0."""
+    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, n: int = 1, seed: int | None = None, stop: tuple[str, ...] | None = None) -> Generations:
+        """n completions per prompt (prompt-major order), greedy when temperature == 0; a completion
+        ends at the first of the `stop` strings, which is cut from its text (tokens up to and
+        including the one that completed it are counted)."""
         raise NotImplementedError
 
     def set_direction(self, direction: Direction | None) -> None:
@@ -36,3 +38,21 @@ class Backend:
 
     def close(self) -> None:
         pass
+
+
+def cut_at_stop(tokenizer, ids: list[int], stop) -> tuple[list[int], str]:
+    """(ids, text) of a completion cut at the first stop string: the shortest prefix of `ids` whose
+    text holds a stop string (binary search: holding one is monotone in the prefix length), and
+    that text up to the stop string. Without a stop string in the text: all ids, the full text."""
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    if not stop or not any(s in text for s in stop):
+        return ids, text
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(s in tokenizer.decode(ids[:mid], skip_special_tokens=True) for s in stop):
+            hi = mid
+        else:
+            lo = mid + 1
+    cut = min(text.find(s) for s in stop if s in text)
+    return ids[:lo], text[:cut]

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from corp.evaluate.backends.base import Backend, Generations
+from corp.evaluate.backends.base import Backend, Generations, cut_at_stop
 from corp.perturb import Direction, ParamFilter, Perturber
 
 
@@ -52,7 +52,7 @@ class HFBackend(Backend):
         self.perturber.apply(direction)
 
     @torch.inference_mode()
-    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None) -> Generations:
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None, stop=None) -> Generations:
         t0 = time.perf_counter()
         texts_in = [format_prompt(self.tokenizer, p) for p in prompts]
         encoded = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts_in]
@@ -74,6 +74,8 @@ class HFBackend(Backend):
                 input_ids[r, width - len(s) :] = torch.tensor(s, dtype=torch.long)
                 attention[r, width - len(s) :] = 1
             kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=sorted(self.eos_ids))
+            if stop:  # transformers' StopStringCriteria: a row ends when its text ends with a stop string
+                kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
             if temperature > 0:
                 kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
             else:
@@ -87,9 +89,9 @@ class HFBackend(Backend):
                     if tok in self.eos_ids:
                         cut = pos + 1
                         break
-                ids = ids[:cut]
+                ids, text = cut_at_stop(self.tokenizer, ids[:cut], stop)  # also drops the padding after a stop
                 gen_counts[k] = len(ids)
                 out_ids[k] = ids
-                out_texts[k] = self.tokenizer.decode(ids, skip_special_tokens=True)
+                out_texts[k] = text
         prompt_counts = [len(encoded[i]) for i, _ in jobs]
         return Generations(out_texts, prompt_counts, gen_counts, time.perf_counter() - t0, out_ids)

@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from corp import CorpError
-from corp.evaluate.backends.base import Backend, Generations
+from corp.evaluate.backends.base import Backend, Generations, cut_at_stop
 from corp.evaluate.backends.hf import format_prompt
 from corp.perturb import Direction, ParamFilter
 
@@ -191,7 +191,7 @@ class VLLMBackend(Backend):
     def read_linear(self, module_name: str) -> torch.Tensor:
         return self.llm.collective_rpc("corp_read_linear", args=(module_name,))[0]
 
-    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None) -> Generations:
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None, stop=None) -> Generations:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -200,7 +200,8 @@ class VLLMBackend(Backend):
         greedy = temperature <= 0
         params = SamplingParams(
             n=n, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
-            max_tokens=max_new_tokens, seed=seed, stop_token_ids=sorted(self.eos_ids), detokenize=False,
+            max_tokens=max_new_tokens, seed=seed, stop_token_ids=sorted(self.eos_ids),
+            stop=list(stop) if stop else None, detokenize=bool(stop),  # vLLM matches stop strings on detokenized text
         )
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=e) for e in encoded], params, use_tqdm=False)
         texts, prompt_counts, gen_counts, ids_out = [], [], [], []
@@ -208,8 +209,8 @@ class VLLMBackend(Backend):
             for comp in out.outputs:
                 ids = list(comp.token_ids)
                 cut = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), len(ids))
-                ids = ids[:cut]
-                texts.append(self.tokenizer.decode(ids, skip_special_tokens=True))
+                ids, text = cut_at_stop(self.tokenizer, ids[:cut], stop)  # as the hf backend cuts
+                texts.append(text)
                 prompt_counts.append(len(enc))
                 gen_counts.append(len(ids))
                 ids_out.append(ids)

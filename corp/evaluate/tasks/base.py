@@ -1,7 +1,8 @@
 """The task interface and the split contract (DESIGN.md, "Splits").
 
 A task gives a pool of examples (prompt, gold answer, extra columns), an answer extractor, a
-correctness check on extracted answers (used by majority voting) and a reward in [0, 1].
+correctness check on extracted answers (used by majority voting) and a reward (built-in tasks give
+rewards in [0, 1]; user rewards may be any finite float, see corp.evaluate.rewards).
 Splits support / probe / validation / test are disjoint, sized by the caller, and fixed by a split
 seed; test examples come from the task's test pool when it has one, so test data never reaches
 selection.
@@ -33,6 +34,7 @@ class Task:
     name: str = "task"
     description: str = ""
     max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()  # generation stops at the first of these strings (which is cut from the text)
 
     def pools(self) -> dict[str, list[Example]]:
         """{'train': [...], 'test': [...]}; a task without a separate test pool returns only 'train'."""
@@ -47,7 +49,7 @@ class Task:
         return answer is not None and answer == example.answer
 
     def reward(self, completions: list[str], examples: Sequence[Example]) -> list[float | None]:
-        """Reward in [0, 1] per completion; the default is correctness of the extracted answer."""
+        """Reward per completion (a finite float; built-in tasks stay in [0, 1]); the default is correctness of the extracted answer."""
         return [float(self.check(self.extract(c), ex)) for c, ex in zip(completions, examples)]
 
     def signature(self) -> dict:

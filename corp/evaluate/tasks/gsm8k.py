@@ -11,8 +11,7 @@ import re
 
 from corp import CorpError
 from corp.evaluate.tasks.base import Example, Task, last_number, normalize_number
-from corp.evaluate.tasks.data import data_file
-from corp.runs import iter_lines_jsonl
+from corp.evaluate.tasks.data import data_file, data_signature, read_records
 
 _STRICT = re.compile(r"####\s*(-?[\d,$.]+)")
 
@@ -47,12 +46,12 @@ class GSM8K(Task):
         self.mode, self.data_dir = mode, data_dir
 
     def signature(self) -> dict:
-        return {"name": self.name, "mode": self.mode}
+        return {"name": self.name, "mode": self.mode, **data_signature(self)}
 
     def _load(self, split: str) -> list[Example]:
         path = data_file(self.name, f"gsm8k/{split}.jsonl", self.data_dir)
         out = []
-        for lineno, row in iter_lines_jsonl(path):
+        for lineno, row in read_records(path):
             try:
                 gold = gold_answer(row["answer"])
                 question = row["question"]

@@ -1,8 +1,18 @@
-"""`jsonl:PATH`: a custom task from a JSONL file, one object per line with `prompt` and `answer`
-(other fields are passed to reward functions as columns). Pair it with `--reward module:function`.
+"""`jsonl:PATH`: a custom task from a data file, one record per line (or row) with a prompt and an
+answer; other fields are passed to reward functions as columns. Pair it with `--reward`.
 
-Default extraction: the last number when the gold answers are numbers, else the completion's
+Formats, by extension: JSON Lines (any extension but the two below), `.csv` / `.tsv` (header row,
+read with the csv module), `.parquet` (read with pyarrow when it is installed).
+
+Options after a second colon, `jsonl:PATH:prompt=question,answer=solution,id=qid`: the field that
+holds the prompt (default `prompt`), the answer (`answer`) and the example id (`id`, default
+`line-N`). `max_new_tokens=N` and `stop=...` work as for every task (see `get_task`).
+
+Default extraction: the last number when every gold answer is a number, else the completion's
 last non-empty line; default check: equality after that normalisation.
+
+The task is identified by its path and the sha256 of the file's bytes, so rows scored on one
+version of the file are never reused after the file changes.
 """
 
 from __future__ import annotations
@@ -11,29 +21,55 @@ from pathlib import Path
 
 from corp import CorpError
 from corp.evaluate.tasks.base import Example, Task, last_number, normalize_number
-from corp.runs import iter_lines_jsonl
+from corp.evaluate.tasks.data import file_sha256, read_records
 
 
 class JsonlTask(Task):
-    description = "custom task: jsonl:PATH with 'prompt' and 'answer' per line"
+    description = "custom task: jsonl:PATH[:prompt=FIELD,answer=FIELD,id=FIELD] (.jsonl, .csv, .parquet)"
     max_new_tokens = 256
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, prompt: str = "prompt", answer: str = "answer", id: str = "id"):  # noqa: A002 - option name
         self.path = Path(path)
         self.name = f"jsonl:{self.path}"
+        self.fields = {"prompt": str(prompt), "answer": str(answer), "id": str(id)}
         self._examples: list[Example] | None = None
+        if not self.path.exists():
+            raise CorpError(f"data file '{self.path}' does not exist")
+        if self.path.is_dir():
+            raise CorpError(f"data file '{self.path}' is a directory; name a .jsonl, .csv or .parquet file")
 
     def signature(self) -> dict:
-        return {"name": "jsonl", "path": str(self.path.resolve())}
+        sig = {"name": "jsonl", "path": str(self.path.resolve()), "sha256": file_sha256(self.path)}
+        if self.fields != {"prompt": "prompt", "answer": "answer", "id": "id"}:
+            sig["fields"] = dict(self.fields)
+        return sig
+
+    def _field(self, row: dict, role: str, lineno: int):
+        key = self.fields[role]
+        if key not in row:
+            mapped = "" if key == role else f" (mapped from '{role}')"
+            have = ", ".join(sorted(map(str, row))) or "none"
+            raise CorpError(f"'{self.path}' line {lineno}: missing field '{key}'{mapped}; fields present: {have}. Map another field with jsonl:{self.path}:{role}=FIELD")
+        value = row[key]
+        if role == "prompt" and not (isinstance(value, str) and value.strip()):
+            raise CorpError(f"'{self.path}' line {lineno}: field '{key}' must be a non-empty string, got {type(value).__name__} {str(value)[:40]!r}")
+        if role == "answer" and (value is None or isinstance(value, (dict, list))):
+            raise CorpError(f"'{self.path}' line {lineno}: field '{key}' must be a string or a number, got {'null' if value is None else type(value).__name__}")
+        return value
 
     def _load(self) -> list[Example]:
         if self._examples is None:
-            out = []
-            for lineno, row in iter_lines_jsonl(self.path):
-                if "prompt" not in row or "answer" not in row:
-                    raise CorpError(f"'{self.path}' line {lineno}: needs fields 'prompt' and 'answer'")
-                cols = {k: v for k, v in row.items() if k not in ("prompt", "answer", "id")}
-                out.append(Example(id=str(row.get("id", f"line-{lineno}")), prompt=str(row["prompt"]), answer=str(row["answer"]), columns=cols))
+            out, seen = [], {}
+            used = set(self.fields.values())
+            for lineno, row in read_records(self.path):
+                prompt = self._field(row, "prompt", lineno)
+                answer = self._field(row, "answer", lineno)
+                ex_id = str(row[self.fields["id"]]) if self.fields["id"] in row else f"line-{lineno}"
+                if ex_id in seen:
+                    raise CorpError(f"'{self.path}' line {lineno}: id '{ex_id}' already used on line {seen[ex_id]}; ids must be unique")
+                seen[ex_id] = lineno
+                cols = {k: v for k, v in row.items() if k not in used and k not in ("prompt", "answer")}
+                out.append(Example(id=ex_id, prompt=prompt, answer=str(answer).strip(), columns=cols))
             if not out:
                 raise CorpError(f"'{self.path}' has no examples")
             self._numeric = all(normalize_number(e.answer) is not None for e in out)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from corp import CorpError
 from corp.evaluate.tasks.base import Example, Task
-from corp.evaluate.tasks.data import data_file
-from corp.runs import iter_lines_jsonl
+from corp.evaluate.tasks.data import data_file, data_signature, read_records
 
 
 def last_boxed(text: str) -> str | None:
@@ -51,10 +50,13 @@ class Math500(Task):
     def __init__(self, data_dir: str | None = None):
         self.data_dir = data_dir
 
+    def signature(self) -> dict:
+        return {"name": self.name, **data_signature(self)}
+
     def pools(self) -> dict[str, list[Example]]:
         path = data_file(self.name, "math500/test.jsonl", self.data_dir)
         out = []
-        for lineno, row in iter_lines_jsonl(path):
+        for lineno, row in read_records(path):
             try:
                 out.append(Example(id=row["unique_id"], prompt=row["problem"] + self.prompt_suffix, answer=row["answer"], columns={"level": row.get("level"), "subject": row.get("subject")}))
             except KeyError as exc:

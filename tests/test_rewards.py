@@ -1,0 +1,93 @@
+"""Rewards: any finite float, a function that never works stops the run, both call forms, where
+the function is found."""
+
+import sys
+
+import pytest
+
+from corp import CorpError
+from corp.evaluate.rewards import compute_rewards, resolve_reward
+from corp.evaluate.tasks import Example, get_task
+
+EXS = [Example("1", "p1", "1", {"tag": "x"}), Example("2", "p2", "2", {"tag": "y"}), Example("3", "p3", "3", {"tag": "z"})]
+
+
+def always_raises(completions, **_):
+    raise RuntimeError("no reward today")
+
+
+def wrong_signature(completions, answer, missing_column):
+    return [1.0] * len(completions)
+
+
+def always_nan(completions, **_):
+    return [float("nan")] * len(completions)
+
+
+def scaled(completions, answer, **_):
+    return [{"1": 5.0, "2": -2.5, "3": float("inf")}[a] for a in answer]
+
+
+def per_completion(completion, answer, tag=None, **_):
+    return float(completion.strip() == answer) + (0.5 if tag == "y" else 0.0)
+
+
+def trl_style(prompts, completions, answer, **_):
+    assert prompts == ["p1", "p2", "p3"][: len(completions)] or len(completions) == 1
+    return [1.0 if c == a else 0.0 for c, a in zip(completions, answer)]
+
+
+def flaky(completions, answer, **_):
+    if answer[0] == "boom":
+        raise ValueError("boom")
+    return [1.0] * len(completions)
+
+
+@pytest.mark.parametrize("fn, message", [
+    (always_raises, "always_raises.*RuntimeError: no reward today"),
+    (wrong_signature, "wrong_signature.*TypeError"),
+    (always_nan, "always_nan.*returned nan, not a finite number"),
+])
+def test_a_reward_that_fails_on_every_example_stops_with_one_line(fn, message):
+    task = get_task("arith")
+    with pytest.raises(CorpError, match=message):
+        compute_rewards(task, ["a", "b", "c"], EXS, resolve_reward(fn))
+
+
+def test_a_reward_that_worked_once_is_not_stopped_by_one_bad_evaluation():
+    task = get_task("arith")
+    fn = resolve_reward(flaky)
+    assert compute_rewards(task, ["a"], [Example("1", "p", "ok")], fn) == ([1.0], 0)
+    with pytest.warns(UserWarning, match="boom"):
+        assert compute_rewards(task, ["a"], [Example("2", "p", "boom")], fn) == ([0.0], 1)
+
+
+def test_any_finite_float_is_a_reward_and_non_finite_is_an_error():
+    with pytest.warns(UserWarning, match="inf"):
+        rewards, errors = compute_rewards(get_task("arith"), ["a", "b", "c"], EXS, resolve_reward(scaled))
+    assert rewards == [5.0, -2.5, 0.0] and errors == 1
+
+
+def test_per_completion_and_trl_batched_forms_are_detected_and_called_right():
+    task = get_task("arith")
+    pc = resolve_reward(per_completion)
+    assert pc.per_completion
+    assert compute_rewards(task, ["1", "x", "3"], EXS, pc) == ([1.0, 0.5, 1.0], 0)
+    trl = resolve_reward(trl_style)
+    assert not trl.per_completion
+    assert compute_rewards(task, ["1", "x", "3"], EXS, trl) == ([1.0, 0.0, 1.0], 0)
+
+
+def test_reward_module_in_working_directory_is_found_without_pythonpath(tmp_path, monkeypatch):
+    (tmp_path / "my_local_reward.py").write_text("def score(completion, answer, **_):\n    return 2.0 if completion == answer else -1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "my_local_reward", raising=False)
+    fn = resolve_reward("my_local_reward:score")
+    assert compute_rewards(get_task("arith"), ["1", "x"], EXS[:2], fn) == ([2.0, -1.0], 0)
+    fn2 = resolve_reward(f"{tmp_path / 'my_local_reward.py'}:score")
+    assert fn2.per_completion
+    with pytest.raises(CorpError, match="does not exist"):
+        resolve_reward("nowhere/none.py:score")
+    with pytest.raises(CorpError, match="has no function 'nope'"):
+        resolve_reward("my_local_reward:nope")
