@@ -1,4 +1,5 @@
-"""Through the real `corp` CLI: bad input gives one line, and RandOpt end to end on the embedded model."""
+"""Through the real `corp` CLI: bad input gives one line (our checks and the parser's), renamed flags
+warn in one line, and RandOpt / CoRP end to end on the embedded model."""
 
 import json
 import os
@@ -26,14 +27,48 @@ def corp(*args, cwd=None, timeout=600):
         (["randopt", "--task", "jsonl:/nonexistent.jsonl"], "'/nonexistent.jsonl' does not exist"),
         (["randopt", "--n-test", "0", "--population", "2", "--top-k", "1", "--model", "no-such/model-xyz"], "test split is empty"),
         (["randopt", "--run-dir", "/proc/corp-cannot-write"], "not writable"),
+        # the parser's own errors: one line too, no usage box
+        (["randopt", "--no-such-flag", "1"], "No such option: --no-such-flag"),
+        (["randopt", "--population", "many"], "Invalid value for '--population'"),
+        (["frobnicate"], "No such command 'frobnicate'"),
+        # the population source: --from-run; the old flag still works, but not both
+        (["randopt", "--from-run", "/nonexistent-run"], "--from-run '/nonexistent-run' has no population.jsonl"),
+        (["consolidate", "--population-from", "/a", "--from-run", "/b"], "--population-from is the old name of --from-run; give only --from-run"),
     ],
 )
 def test_bad_input_is_one_line_error(args, message, tmp_path):
-    res = corp(*args, "--n-support", "4", cwd=tmp_path) if "--n-test" not in args else corp(*args, cwd=tmp_path)
+    res = corp(*args, "--n-support", "4", cwd=tmp_path) if "--n-test" not in args and args[0] != "frobnicate" else corp(*args, cwd=tmp_path)
     assert res.returncode == 2, res.stderr
     err_lines = [ln for ln in res.stderr.strip().splitlines() if ln.startswith("error:")]
     assert len(err_lines) == 1 and message in err_lines[0], res.stderr
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize(
+    "args, warning, message",
+    [
+        (["analyze-rank", "--run", "/nonexistent-run"], "--run is deprecated; use --from-run", "--from-run '/nonexistent-run' has no population.jsonl"),
+        (["randopt", "--population-from", "/nonexistent-run"], "--population-from is deprecated; use --from-run", "--from-run '/nonexistent-run'"),
+        (["analyze-rank", "--alpha", "0.01"], "--alpha is deprecated; use --significance", "--significance 0.01, so nothing could pass"),
+    ],
+)
+def test_renamed_flag_warns_in_one_line(args, warning, message, tmp_path):
+    res = corp(*args, cwd=tmp_path)
+    assert res.returncode == 2, res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert [ln for ln in lines if ln.startswith("warning:")] == [f"warning: {warning}"], res.stderr
+    err = [ln for ln in lines if ln.startswith("error:")]
+    assert len(err) == 1 and message in err[0], res.stderr
+
+
+def test_help_lists_every_registered_method(tmp_path):
+    from corp.methods import METHODS
+
+    res = corp("--help", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    for m in METHODS:
+        assert m.name in res.stdout
+    assert "--population-from" not in corp("randopt", "--help", cwd=tmp_path).stdout  # deprecated flags are hidden
 
 
 @pytest.mark.embedded
