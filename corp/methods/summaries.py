@@ -25,8 +25,7 @@ def es(report: dict) -> str:
     led = report.get("training_ledger") or {}
     if report.get("table"):
         lines.append(report["table"])
-    else:
-        lines.append(f"test accuracy: base {_num(report.get('test_accuracy_before'))} -> es {_num(report.get('test_accuracy_after'))}  ({_num(led.get('flops'), '.3e')} FLOPs)")
+    lines.append(f"test accuracy: base {_num(report.get('test_accuracy_before'))} -> es {_num(report.get('test_accuracy_after'))}  (training {_num(led.get('flops'), '.3e')} FLOPs)")
     lines.append(f"run directory: {report.get('run_dir')}")
     return "\n".join(lines)
 
