@@ -10,18 +10,19 @@ from corp.config import PopulationConfig
 
 
 def run_score(cfg: PopulationConfig, backend=None) -> dict:
-    from corp.evaluate.scorer import ensure_population, rows_ledger, setup_run
+    from corp.evaluate.scorer import ensure_population, open_run, rows_ledger
     from corp.runs import write_report
 
-    ctx = setup_run(cfg, "score", backend, needs=("support",))
-    ranked = ensure_population(ctx)
-    rewards = sorted(r["reward"] for r in ranked)
-    population = {
-        "n": len(ranked),
-        "support_examples": len(ctx.splits["support"]),
-        "reward_best": rewards[-1],
-        "reward_median": rewards[len(rewards) // 2],
-        "reward_worst": rewards[0],
-        "selection_ledger": rows_ledger(ctx, ranked).to_dict(),
-    }
-    return write_report(ctx.run_dir, "score", cfg.model, cfg.task, [], population=population)
+    with open_run(cfg, "score", backend, needs=("support",)) as ctx:
+        ranked = ensure_population(ctx)
+        rewards = sorted(r["reward"] for r in ranked)
+        population = {
+            "n": len(ranked),
+            "support_examples": len(ctx.splits["support"]),
+            "reward_best": rewards[-1],
+            "reward_median": rewards[len(rewards) // 2],
+            "reward_worst": rewards[0],
+            "source": getattr(ctx, "population_source", None),
+            "selection_ledger": rows_ledger(ctx, ranked).to_dict(),
+        }
+        return write_report(ctx.run_dir, "score", cfg.model, cfg.task, [], population=population)
