@@ -54,7 +54,7 @@ def test_es_raises_planted_reward_and_recipe_is_exact(tmp_path):
     print("centre reward per iteration:", [m["centre_reward"] for m in metrics], "population mean it0:", metrics[0]["reward_mean"])
     assert metrics[-1]["centre_reward"] > metrics[0]["reward_mean"] + 0.1, metrics
     recipe = read_json(tmp_path / "r" / "recipe.json")
-    assert recipe["noise_scheme"] == "corp-noise-v1" and recipe["components"]
+    assert recipe["noise_scheme"] == "corp-noise-v2" and recipe["components"]
     tok = make_char_tokenizer()
     base = make_tiny_llama(tok)
     Perturber(base).apply(Direction.from_json(recipe["components"]))

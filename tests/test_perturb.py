@@ -1,6 +1,16 @@
+import hashlib
+from pathlib import Path
+
+import pytest
 import torch
 
-from corp.perturb import Component, Direction, ParamFilter, Perturber, noise, specialist_seeds
+from corp import CorpError
+from corp.perturb import SCHEME_VERSION, Component, Direction, ParamFilter, Perturber, noise, noise_key, specialist_seeds
+from corp.perturb.noise import seed_generator
+
+V1, V2 = "corp-noise-v1", "corp-noise-v2"
+UP = "model.layers.0.mlp.up_proj.weight"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def snapshot(model):
@@ -100,3 +110,98 @@ def test_cached_prefix_gives_the_same_bits_as_applying_from_scratch(tiny_model):
     pert.apply(full)
     cached = snapshot(tiny_model)
     assert all(torch.equal(scratch[n], cached[n]) for n in scratch)
+
+
+def _low32_collision(name: str) -> tuple[int, int]:
+    """Two seeds whose v1 keys agree in their low 32 bits (birthday search, ~70k keys, <0.2 s)."""
+    seen: dict[int, int] = {}
+    s = 0
+    while True:
+        low = noise_key(s, name, V1) & 0xFFFFFFFF
+        if low in seen:
+            return seen[low], s
+        seen[low] = s
+        s += 1
+
+
+def test_v1_key_collision_shares_noise_and_v2_does_not():
+    """The issue-10 defect: torch's manual_seed keeps the low 32 bits of v1's 63-bit key, so two
+    specialists got bit-identical noise for a tensor. v2 must tell them apart."""
+    a, b = _low32_collision(UP)
+    assert noise_key(a, UP, V1) != noise_key(b, UP, V1)
+    assert torch.equal(noise(a, UP, (64, 32), scheme=V1), noise(b, UP, (64, 32), scheme=V1))  # the old bug, kept for old recipes
+    assert not torch.equal(noise(a, UP, (64, 32), scheme=V2), noise(b, UP, (64, 32), scheme=V2))
+    assert SCHEME_VERSION == V2
+
+
+@pytest.mark.parametrize("bit", [0, 31, 32, 47, 63, 64, 100, 127])
+def test_v2_generator_state_depends_on_every_key_bit(bit):
+    """Any truncation of the 128-bit key (v1 kept 32 bits) would make some flipped bit invisible."""
+    key = noise_key(3, UP, V2)
+    assert key < 1 << 128
+    x = torch.randn(256, generator=seed_generator(torch.Generator(), key, V2))
+    y = torch.randn(256, generator=seed_generator(torch.Generator(), key ^ (1 << bit), V2))
+    assert not torch.equal(x, y)
+
+
+def test_v1_truncates_high_key_bits():
+    # documents why v1 was replaced: bits above 31 of its key never reached the generator
+    key = noise_key(3, UP, V1)
+    x = torch.randn(64, generator=seed_generator(torch.Generator(), key, V1))
+    assert torch.equal(x, torch.randn(64, generator=seed_generator(torch.Generator(), key ^ (1 << 40), V1)))
+
+
+def test_v1_still_regenerates_bit_identically():
+    """Old recipes and populations (results/consolidate-smollm2-arith) mean v1 noise: the v1 mapping
+    is manual_seed(63-bit blake2b of 'corp-noise-v1|seed|name'), pinned by a digest taken from the
+    code before the v2 change."""
+    digest = hashlib.blake2b(f"corp-noise-v1|1008331279|{UP}".encode(), digest_size=8).digest()
+    gen = torch.Generator().manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
+    x = noise(1008331279, UP, (64, 32), scheme=V1)
+    assert torch.equal(x, torch.randn((64, 32), generator=gen))
+    assert hashlib.sha256(x.numpy().tobytes()).hexdigest() == "ba86e0e0b04cb7ab50517b5ddb7765221765f2e3c1986162ac7f44c236fd6507"
+
+
+def test_v2_noise_deterministic_independent_and_reusing_a_generator_is_harmless():
+    g = torch.Generator()
+    a = noise(11, UP, (4096,), g)
+    noise(12, "other", (10,), g, scheme=V1)  # a v1 draw in between must not leak state
+    assert torch.equal(a, noise(11, UP, (4096,), g)) and torch.equal(a, noise(11, UP, (4096,)))
+    b = noise(11, "model.layers.0.mlp.down_proj.weight", (4096,), g)
+    c = noise(12, UP, (4096,), g)
+    for other in (b, c):
+        assert abs(torch.corrcoef(torch.stack([a, other]))[0, 1]) < 0.06  # 4096 draws: sd 0.016
+    assert abs(a.mean()) < 0.06 and abs(a.std() - 1) < 0.05
+
+
+def test_unknown_scheme_is_refused_clearly(tiny_model):
+    with pytest.raises(CorpError, match="corp-noise-v9"):
+        noise(1, "w", (3,), scheme="corp-noise-v9")
+    with pytest.raises(CorpError, match="corp-noise-v9"):
+        Perturber(tiny_model, scheme="corp-noise-v9")
+
+
+def test_perturber_materialises_under_its_scheme(tiny_model):
+    name, param = Perturber(tiny_model).params[0]
+    w0 = param.detach().clone()
+    d = Direction([Component(5, 1e-2, 1.0), Component(9, 2e-2, -0.5)])
+    for scheme in (V1, V2):
+        pert = Perturber(tiny_model, scheme=scheme)
+        pert.apply(d)
+        expected = w0.clone().add_(noise(5, name, w0.shape, scheme=scheme).mul_(1e-2)).add_(noise(9, name, w0.shape, scheme=scheme).mul_(2e-2 * -0.5))
+        assert torch.equal(param.detach(), expected), scheme
+        pert.restore()
+
+
+def test_recipe_of_an_older_scheme_loads_and_an_unknown_one_is_refused(tmp_path):
+    import json
+
+    from corp.consolidate.recipe import load_recipe
+
+    recipe = json.loads((REPO / "results" / "consolidate-smollm2-arith" / "recipe.json").read_text())
+    assert recipe["noise_scheme"] == V1  # the committed evidence run predates v2
+    (tmp_path / "old.json").write_text(json.dumps(recipe))
+    assert load_recipe(tmp_path / "old.json")["noise_scheme"] == V1
+    (tmp_path / "bad.json").write_text(json.dumps({**recipe, "noise_scheme": "corp-noise-v9"}))
+    with pytest.raises(CorpError, match=r"bad\.json.*corp-noise-v9"):
+        load_recipe(tmp_path / "bad.json")

@@ -116,8 +116,9 @@ class LowRankDirection(Direction):
     def is_zero(self) -> bool:
         return not self.factors or self.scale == 0.0
 
-    def add_to(self, target: torch.Tensor, name: str, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None) -> torch.Tensor:
-        """target += round_fp32(scale * (B @ A in fp64)) if `name` is factored; else nothing."""
+    def add_to(self, target: torch.Tensor, name: str, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None, scheme: str | None = None) -> torch.Tensor:
+        """target += round_fp32(scale * (B @ A in fp64)) if `name` is factored; else nothing
+        (`scheme` is ignored: the factors hold no seeded noise)."""
         f = self.factors.get(name)
         if f is None or self.scale == 0.0:
             return target

@@ -17,7 +17,7 @@ from typing import ClassVar, Iterable
 import torch
 
 from corp import CorpError
-from corp.perturb.noise import noise
+from corp.perturb.noise import SCHEME_VERSION, check_scheme, noise
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,7 @@ class Direction:
     def from_json(cls, rows: Iterable[dict]) -> "Direction":
         return cls([Component(int(r["seed"]), float(r["sigma"]), float(r.get("coef", 1.0))) for r in rows])
 
-    def add_to(self, target: torch.Tensor, name: str, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None) -> torch.Tensor:
+    def add_to(self, target: torch.Tensor, name: str, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None, scheme: str = SCHEME_VERSION) -> torch.Tensor:
         """target += sum_c coef_c sigma_c eps(seed_c)[name], in place, component by component.
 
         `target` is an fp32 CPU tensor (usually a copy of the base tensor). This is the one place
@@ -65,13 +65,13 @@ class Direction:
             if c.coef == 0.0:
                 continue
             buf = buffer[: target.numel()].view(target.shape) if buffer is not None else None
-            eps = noise(c.seed, name, target.shape, gen, out=buf)
+            eps = noise(c.seed, name, target.shape, gen, out=buf, scheme=scheme)
             target.add_(eps.mul_(c.coef * c.sigma))
         return target
 
-    def delta(self, name: str, shape, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None) -> torch.Tensor:
+    def delta(self, name: str, shape, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None, scheme: str = SCHEME_VERSION) -> torch.Tensor:
         """sum_c coef_c sigma_c eps(seed_c)[name] as a new fp32 CPU tensor."""
-        return self.add_to(torch.zeros(tuple(shape), dtype=torch.float32), name, generator, buffer)
+        return self.add_to(torch.zeros(tuple(shape), dtype=torch.float32), name, generator, buffer, scheme)
 
 
 @dataclass(frozen=True)
@@ -117,8 +117,11 @@ def weights_hash(model: torch.nn.Module) -> str:
 class Perturber:
     """Apply directions to a model in place, always starting from a pristine copy of the base."""
 
-    def __init__(self, model: torch.nn.Module, param_filter: ParamFilter | None = None, base_device: str | torch.device = "cpu"):
+    def __init__(self, model: torch.nn.Module, param_filter: ParamFilter | None = None, base_device: str | torch.device = "cpu", scheme: str = SCHEME_VERSION):
         self.model = model
+        # The noise scheme belongs to the run (its population or recipe), not to a direction: one
+        # Perturber materialises every direction of a run under that run's scheme.
+        self.scheme = check_scheme(scheme, "Perturber")
         self.param_filter = param_filter or ParamFilter()
         self.params = selected_parameters(model, self.param_filter)
         # The pristine copy lives on the host by default so that GPU memory holds one model.
@@ -144,7 +147,7 @@ class Perturber:
         tensors = {}
         for name, _ in self.params:
             acc = self.base[name].to("cpu", torch.float32, copy=True)
-            tensors[name] = direction.add_to(acc, name, self._gen, self._noise_buf)
+            tensors[name] = direction.add_to(acc, name, self._gen, self._noise_buf, scheme=self.scheme)
         self._prefix = (list(direction.components), tensors)
 
     def _ensure_buf(self) -> None:
@@ -167,10 +170,10 @@ class Perturber:
             base = start[name]
             if param.dtype == torch.float32 and param.device.type == "cpu" and base.dtype == torch.float32:
                 param.copy_(base)  # accumulate straight into the parameter: no extra copy
-                rest.add_to(param.data, name, self._gen, self._noise_buf)
+                rest.add_to(param.data, name, self._gen, self._noise_buf, scheme=self.scheme)
             else:
                 acc = base.to("cpu", torch.float32, copy=True)
-                rest.add_to(acc, name, self._gen, self._noise_buf)
+                rest.add_to(acc, name, self._gen, self._noise_buf, scheme=self.scheme)
                 param.copy_(acc.to(param.device, param.dtype))
         self.current = direction
 
