@@ -3,22 +3,35 @@
 `runs/<task>__<method>__<seed>__<timestamp>/` holds the resolved config, the population, metrics,
 the report, the recipe and the saved model. Whole files are written atomically (temp + rename);
 JSONL logs are appended and flushed one row at a time, and a torn last line (a kill mid-write)
-is detected and dropped on the next read.
+is detected and dropped on the next read. An append always starts on a fresh line, so a complete
+last row that lost only its newline is neither joined to the next row nor dropped.
+
+One process at a time writes a run directory: `RunLock` holds an exclusive `flock` on
+`.corp.lock` (which names the holder's pid) for as long as the run is open; a second process gets
+one error naming that pid. A run records its state in `run_status.json` (running, complete,
+failed, interrupted); a failed run that computed nothing in a directory it created is removed
+(`finish_run_dir`), any other failed run gets a `FAILED` file saying why, so a half-made run never
+looks complete. `write_report` is the one report writer (schema `corp-report/1`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import math
 import os
+import shutil
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import yaml
 
 from corp import CorpError
+from corp.bench.ledger import FLOPS_FORMULA, Ledger
+from corp.stats import compare_paired, comparison_line
 
 
 def run_name(task: str, method: str, seed: int) -> str:
@@ -28,7 +41,16 @@ def run_name(task: str, method: str, seed: int) -> str:
 
 def prepare_run_dir(run_dir: str | Path | None, task: str, method: str, seed: int, root: str | Path = "runs") -> Path:
     """Create (or reopen, for resume) a run directory and check that it is writable."""
+    return open_run_dir(run_dir, task, method, seed, root)[0]
+
+
+def open_run_dir(run_dir: str | Path | None, task: str, method: str, seed: int, root: str | Path = "runs") -> tuple[Path, bool]:
+    """(path, created): create or reopen a run directory, checking it is writable; `created` says
+    whether this call made it (only then may a failed run remove it)."""
     path = Path(run_dir) if run_dir else Path(root) / run_name(task, method, seed)
+    if path.exists() and not path.is_dir():
+        raise CorpError(f"--run-dir '{path}' is a file, not a directory; pass a directory")
+    created = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".write-test"
@@ -36,7 +58,92 @@ def prepare_run_dir(run_dir: str | Path | None, task: str, method: str, seed: in
         probe.unlink()
     except OSError as exc:
         raise CorpError(f"run directory '{path}' is not writable ({exc.strerror}); pass a writable --run-dir") from None
-    return path
+    return path, created
+
+
+LOCK_FILE = ".corp.lock"
+STATUS_FILE = "run_status.json"
+FAILED_FILE = "FAILED"
+# what setup writes before anything is computed: a failed run holding only these computed nothing
+SETUP_FILES = frozenset({LOCK_FILE, STATUS_FILE, FAILED_FILE, "config.yaml", "splits.json", "population_meta.json"})
+
+
+class RunLock:
+    """An exclusive lock on a run directory (`flock` on `.corp.lock`, released when the process dies).
+
+    Re-entrant within one process (a library caller may open the same run twice; both are this
+    process), exclusive across processes.
+    """
+
+    _held: dict[str, list] = {}  # real path -> [file object, count]
+
+    def __init__(self, run_dir: str | Path):
+        self.path = Path(run_dir) / LOCK_FILE
+        self.key = os.path.realpath(self.path)
+        self.held = False
+
+    def acquire(self) -> "RunLock":
+        entry = RunLock._held.get(self.key)
+        if entry is not None:
+            entry[1] += 1
+            self.held = True
+            return self
+        fh = open(self.path, "a+")
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "unknown"
+            fh.close()
+            raise CorpError(f"run directory '{self.path.parent}' is in use by another corp process (pid {holder}); wait for it to finish or pass another --run-dir") from None
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{os.getpid()}\n")
+        fh.flush()
+        RunLock._held[self.key] = [fh, 1]
+        self.held = True
+        return self
+
+    def release(self) -> None:
+        if not self.held:
+            return
+        self.held = False
+        entry = RunLock._held.get(self.key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] == 0:
+            del RunLock._held[self.key]
+            fcntl.flock(entry[0].fileno(), fcntl.LOCK_UN)
+            entry[0].close()
+
+
+def write_status(run_dir: str | Path, status: str, **info) -> None:
+    write_json(Path(run_dir) / STATUS_FILE, {"status": status, "pid": os.getpid(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **info})
+
+
+def finish_run_dir(run_dir: str | Path, created: bool, error: BaseException | None) -> str:
+    """Record how a run ended. Success: status complete, a stale FAILED file goes. Failure: if this
+    invocation created the directory and it holds only setup files (nothing was computed), remove
+    it; otherwise write FAILED (and the status) so the directory never looks complete.
+    Returns what was done: complete | removed | failed | interrupted."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        return "removed"
+    if error is None:
+        (path / FAILED_FILE).unlink(missing_ok=True)
+        write_status(path, "complete")
+        return "complete"
+    interrupted = isinstance(error, KeyboardInterrupt)
+    what = "interrupted" if interrupted else "failed"
+    message = f"{type(error).__name__}: {error}".strip().rstrip(":")
+    entries = {p.name for p in path.iterdir()}
+    if created and entries <= SETUP_FILES:
+        shutil.rmtree(path, ignore_errors=True)
+        return "removed"
+    write_status(path, what, error=message)
+    atomic_write_text(path / FAILED_FILE, f"this run {what} and is not complete: {message}\nrerun the same command with --run-dir {path} to resume\n")
+    return what
 
 
 def _jsonable(obj: Any) -> Any:
@@ -88,19 +195,43 @@ def write_yaml(path: str | Path, obj: Any) -> None:
 
 
 def append_jsonl(path: str | Path, row: dict) -> None:
-    """Append one row and make it durable before returning (at most the row in flight is lost)."""
-    with open(path, "a") as fh:
-        fh.write(json.dumps(_jsonable(row)) + "\n")
+    """Append one row and make it durable before returning (at most the row in flight is lost).
+
+    The row starts on a fresh line. If the file does not end with a newline, its last line is
+    either a complete row that lost only its newline (kept: a newline is added before the new row)
+    or a torn write from a kill (cut, as `read_jsonl` would), so the new row is never glued to it.
+    """
+    text = (json.dumps(_jsonable(row)) + "\n").encode()
+    with open(path, "ab+") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size > 0:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                fh.seek(0)
+                data = fh.read()
+                start = data.rfind(b"\n") + 1
+                try:
+                    complete = isinstance(json.loads(data[start:]), dict)
+                except ValueError:
+                    complete = False
+                if complete:
+                    text = b"\n" + text
+                else:
+                    fh.truncate(start)
+        fh.seek(0, os.SEEK_END)
+        fh.write(text)
         fh.flush()
         os.fsync(fh.fileno())
 
 
-def read_jsonl(path: str | Path, key: str | None = None, repair: bool = True) -> list[dict]:
+def read_jsonl(path: str | Path, key: str | None = None, repair: bool = True, unique: bool = False) -> list[dict]:
     """Read a JSONL log written by `append_jsonl`.
 
     A last line that does not parse, or lacks `key`, is a torn write from an interrupted run: it is
     dropped (and, with `repair`, cut from the file so later appends start on a clean line). A bad
-    line anywhere else is corruption and an error naming the file and line.
+    line anywhere else is corruption and an error naming the file and line. With `unique`, rows
+    repeating an earlier row's `key` are collapsed to the first one (two writers, or a crash between
+    a write and its bookkeeping, must never make a row count twice).
     """
     path = Path(path)
     if not path.exists():
@@ -127,7 +258,17 @@ def read_jsonl(path: str | Path, key: str | None = None, repair: bool = True) ->
             raise CorpError(f"'{path}' line {i + 1} is not a valid row; the file is corrupt (move it away to start over)") from None
         rows.append(row)
         good_bytes += len(line) + 1
+    if unique and key is not None:
+        rows = list(unique_rows(rows, key).values())
     return rows
+
+
+def unique_rows(rows: Iterable[dict], key: str = "key") -> dict[str, dict]:
+    """{key: first row with that key}, in first-seen order."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        out.setdefault(r[key], r)
+    return out
 
 
 def iter_lines_jsonl(path: str | Path) -> Iterable[tuple[int, dict]]:
@@ -146,3 +287,78 @@ def iter_lines_jsonl(path: str | Path) -> Iterable[tuple[int, dict]]:
             if not isinstance(row, dict):
                 raise CorpError(f"'{path}' line {lineno} is not a JSON object")
             yield lineno, row
+
+
+# ----------------------------------------------------------------------------- the one report writer
+
+REPORT_SCHEMA = "corp-report/1"
+OUTCOMES_FILE = "test_outcomes.json"
+
+
+@dataclass
+class ReportRow:
+    """One row of a report: a model (or ensemble) evaluated on the test split.
+
+    `correct` is the per-example outcome (0/1) on the test split, in split order, as a
+    `corp.stats.PerExample` (so comparisons can check they pair the same examples); it is written
+    to `test_outcomes.json`. `labelled_examples` is how many labelled examples the method used to
+    make its choices (RandOpt and ES: the support split; CoRP: support + probe + validation; the
+    base: 0), so rows using different amounts of labelled data are never compared silently.
+    """
+
+    method: str
+    accuracy: float
+    passes_per_example: int
+    ledger: Ledger
+    labelled_examples: int = 0
+    correct: Sequence[int] | None = None
+    detail: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        led = self.ledger.to_dict()
+        return {
+            "method": self.method, "accuracy": self.accuracy, "passes_per_example": self.passes_per_example,
+            "labelled_examples": self.labelled_examples, "n": len(self.correct) if self.correct is not None else None,
+            "ledger": led, **led,  # flat ledger keys: the pre-schema report layout, kept for readers of old reports
+            **self.detail,
+        }
+
+
+def write_report(run_dir: str | Path, method: str, model: str, task: str, rows: Sequence[ReportRow],
+                 compare: Sequence[tuple[str, str]] = (), example_ids: Sequence[str] | None = None, **extra) -> dict:
+    """Write `report.json` (schema corp-report/1) and `test_outcomes.json`; return the report.
+
+    Every pair (a, b) in `compare` gets the accuracy difference a - b on the shared test examples,
+    its paired bootstrap 95% interval and the exact McNemar p (corp.stats.compare_paired).
+    `rows` appear under `rows` (and, for readers of the older layout, under `test`).
+    """
+    run_dir = Path(run_dir)
+    by_name = {r.method: r for r in rows}
+    comparisons = []
+    for a, b in compare:
+        if a in by_name and b in by_name and by_name[a].correct is not None and by_name[b].correct is not None:
+            comparisons.append(compare_paired(a, by_name[a].correct, b, by_name[b].correct))
+    outcomes = {r.method: [int(c) for c in r.correct] for r in rows if r.correct is not None}
+    if outcomes:
+        write_json(run_dir / OUTCOMES_FILE, {"example_ids": list(example_ids) if example_ids is not None else None, "outcomes": outcomes})
+    table_rows = [r.to_dict() for r in rows]
+    report = {
+        "schema": REPORT_SCHEMA, "method": method, "model": model, "task": task, "run_dir": str(run_dir),
+        "n_test": len(example_ids) if example_ids is not None else None,
+        "rows": table_rows, "test": table_rows, "comparisons": comparisons,
+        "test_outcomes": OUTCOMES_FILE if outcomes else None, "flops_formula": FLOPS_FORMULA, **extra,
+    }
+    write_json(run_dir / "report.json", report)
+    return report
+
+
+def format_rows(rows: Sequence[ReportRow], comparisons: Sequence[dict] = (), selection_flops: float | None = None) -> str:
+    """The printed table: accuracy, passes per example, labelled examples, tokens, FLOPs; then one line per comparison."""
+    lines = [f"{'method':<22} {'test acc':>8} {'passes/ex':>9} {'labelled':>8} {'test tokens':>12} {'test FLOPs':>11}"]
+    for r in rows:
+        lines.append(f"{r.method:<22} {r.accuracy:>8.3f} {r.passes_per_example:>9d} {r.labelled_examples:>8d} {r.ledger.inference_tokens:>12d} {r.ledger.flops:>11.3e}")
+    if selection_flops is not None:
+        lines.append(f"(population scoring on the support split: {selection_flops:.3e} FLOPs, shared by every non-base row)")
+    lines.extend(comparison_line(c) for c in comparisons)
+    lines.append(FLOPS_FORMULA)
+    return "\n".join(lines)

@@ -21,3 +21,70 @@ def test_corrupt_middle_line_is_an_error(tmp_path):
     p.write_text('{"key": "a"}\ngarbage\n{"key": "b"}\n')
     with pytest.raises(CorpError, match="line 2"):
         read_jsonl(p, key="key")
+
+
+def test_append_after_a_complete_row_missing_its_newline_starts_a_fresh_line(tmp_path):
+    p = tmp_path / "population.jsonl"
+    append_jsonl(p, {"key": "a", "v": 1})
+    with open(p, "a") as fh:
+        fh.write('{"key": "b", "v": 2}')  # complete, but its newline was lost
+    append_jsonl(p, {"key": "c", "v": 3})  # without reading first
+    assert [r["key"] for r in read_jsonl(p, key="key")] == ["a", "b", "c"], "b is neither glued to c nor dropped"
+
+
+def test_append_after_a_torn_fragment_cuts_it(tmp_path):
+    p = tmp_path / "population.jsonl"
+    append_jsonl(p, {"key": "a", "v": 1})
+    with open(p, "a") as fh:
+        fh.write('{"key": "b", "v"')  # killed mid-write, and nobody read the file since
+    append_jsonl(p, {"key": "c", "v": 3})
+    assert [r["key"] for r in read_jsonl(p, key="key")] == ["a", "c"]
+
+
+def test_readers_collapse_duplicate_keys(tmp_path):
+    p = tmp_path / "population.jsonl"
+    for row in ({"key": "a", "v": 1}, {"key": "b", "v": 2}, {"key": "a", "v": 1}):
+        append_jsonl(p, row)
+    assert [r["key"] for r in read_jsonl(p, key="key", unique=True)] == ["a", "b"]
+
+
+def test_second_process_on_a_locked_run_dir_gets_one_error_naming_the_holder(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from corp.runs import RunLock
+
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from corp.runs import RunLock; RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)", str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(CorpError, match=f"in use by another corp process \\(pid {holder.pid}\\)"):
+            RunLock(tmp_path).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    time.sleep(0.1)
+    lock = RunLock(tmp_path).acquire()  # the kernel released the dead holder's lock
+    lock.release()
+
+
+def test_failed_run_is_removed_only_if_created_now_and_empty_of_results(tmp_path):
+    from corp.runs import FAILED_FILE, STATUS_FILE, finish_run_dir, read_json, write_json
+
+    made = tmp_path / "made"
+    made.mkdir()
+    write_json(made / "splits.json", {})
+    assert finish_run_dir(made, True, RuntimeError("model not found")) == "removed" and not made.exists()
+
+    computed = tmp_path / "computed"
+    computed.mkdir()
+    append_jsonl(computed / "population.jsonl", {"key": "a"})
+    assert finish_run_dir(computed, True, RuntimeError("boom")) == "failed"
+    assert "boom" in (computed / FAILED_FILE).read_text() and read_json(computed / STATUS_FILE)["status"] == "failed"
+
+    users = tmp_path / "users"  # existed before this invocation: never removed, even if it holds only setup files
+    users.mkdir()
+    write_json(users / "splits.json", {})
+    assert finish_run_dir(users, False, RuntimeError("x")) == "failed" and (users / "splits.json").exists()
+    assert finish_run_dir(users, False, None) == "complete" and not (users / FAILED_FILE).exists()

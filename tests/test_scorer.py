@@ -71,6 +71,6 @@ def test_randopt_report_on_tiny_model(tmp_path):
     assert names == ["base", "randopt-top1", "randopt-vote@2"]
     vote = results[2]
     assert vote.passes_per_example == 2
-    assert vote.ledger.inference_tokens == sum(test_rows[f"{r['seed']}:{float(r['sigma'])!r}:test"]["prompt_tokens"] + test_rows[f"{r['seed']}:{float(r['sigma'])!r}:test"]["generated_tokens"] for r in ranked[:2])
+    assert vote.ledger.inference_tokens == sum(test_rows[(r["seed"], r["sigma"])]["prompt_tokens"] + test_rows[(r["seed"], r["sigma"])]["generated_tokens"] for r in ranked[:2])
     report = report_dict(ctx, results, ranked)
     assert report["population"]["n"] == 4 and "FLOPs" in report["flops_formula"]

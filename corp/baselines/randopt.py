@@ -15,59 +15,55 @@ Where we depart from the paper / its public code, and why:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from corp.bench.ledger import FLOPS_FORMULA, Ledger
+from corp import CorpError
 from corp.config import RandOptConfig
-from corp.evaluate.scorer import RunContext, ensure_population, row_key, rows_ledger, score_specialists, setup_run
+from corp.evaluate.scorer import EvalCache, RunContext, ensure_population, open_run, rows_ledger, run_evals, score_specialists
 from corp.evaluate.voting import majority_vote
-from corp.runs import write_json
+from corp.runs import ReportRow, format_rows, write_report
+from corp.stats import PerExample
+
+MethodResult = ReportRow  # the older name of a report row
 
 
-@dataclass
-class MethodResult:
-    """One row of a report table: a model (or ensemble) evaluated on the test split."""
-
-    method: str
-    accuracy: float
-    passes_per_example: int
-    ledger: Ledger
-    detail: dict | None = None
-
-    def to_dict(self) -> dict:
-        return {"method": self.method, "accuracy": self.accuracy, "passes_per_example": self.passes_per_example, **self.ledger.to_dict(), **(self.detail or {})}
+def evaluate_on_test(ctx: RunContext, specialists: list[tuple[int | None, float | None]], cache: EvalCache | None = None) -> dict[tuple, dict]:
+    """Test-split rows for the base (None, None) and the given specialists; cached in evals.jsonl (resume)."""
+    return score_specialists(ctx, specialists, "test", cache or run_evals(ctx), desc="test eval")
 
 
-def evaluate_on_test(ctx: RunContext, specialists: list[tuple[int | None, float | None]]) -> dict[str, dict]:
-    """Test-split rows for the base (None, None) and the given specialists; resumable (test_evals.jsonl)."""
-    return score_specialists(ctx, specialists, "test", ctx.run_dir / "test_evals.jsonl", desc="test eval")
+def vote_correct(ctx: RunContext, ranked_test_rows: list[dict]) -> list[int]:
+    """Per test example: is the majority vote over the specialists' extracted answers (rank order breaks ties) correct?"""
+    test = ctx.splits["test"]
+    return [int(bool(ctx.task.check(majority_vote([r["answers"][j] for r in ranked_test_rows]), ex))) for j, ex in enumerate(test)]
 
 
 def vote_accuracy(ctx: RunContext, ranked_test_rows: list[dict]) -> float:
-    """Majority vote over the specialists' extracted answers (rank order breaks ties), checked per example."""
-    test = ctx.splits["test"]
-    correct = 0
-    for j, ex in enumerate(test):
-        voted = majority_vote([r["answers"][j] for r in ranked_test_rows])
-        correct += bool(ctx.task.check(voted, ex))
-    return correct / len(test)
+    correct = vote_correct(ctx, ranked_test_rows)
+    return sum(correct) / len(correct)
 
 
-def randopt_results(ctx: RunContext, ranked: list[dict], top_k: list[int]) -> tuple[list[MethodResult], dict[str, dict]]:
-    """Base, top-1 and top-K vote on the test split, from a ranked population."""
+def randopt_results(ctx: RunContext, ranked: list[dict], top_k: list[int], cache: EvalCache | None = None) -> tuple[list[ReportRow], dict[tuple, dict]]:
+    """Base, top-1 and top-K vote on the test split, from a ranked population, with per-example outcomes."""
     kmax = max(top_k)
     chosen = [(r["seed"], r["sigma"]) for r in ranked[:kmax]]
-    test_rows = evaluate_on_test(ctx, [(None, None)] + chosen)
-    base_row = test_rows[row_key(None, None, "test")]
-    ranked_test = [test_rows[row_key(s, sg, "test")] for s, sg in chosen]
-    results = [MethodResult("base", base_row["accuracy"], 1, rows_ledger(ctx, [base_row]))]
+    test_rows = evaluate_on_test(ctx, [(None, None)] + chosen, cache)
+    ids = ctx.example_ids("test")
+    base_row = test_rows[(None, None)]
+    ranked_test = [test_rows[spec] for spec in chosen]
+    n_support = len(ctx.splits["support"])
+    results = [ReportRow("base", base_row["accuracy"], 1, rows_ledger(ctx, [base_row]), 0, PerExample(base_row["correct"], ids))]
     top1 = ranked_test[0]
-    results.append(MethodResult("randopt-top1", top1["accuracy"], 1, rows_ledger(ctx, [top1]), {"seed": top1["seed"], "sigma": top1["sigma"], "support_reward": ranked[0]["reward"]}))
+    results.append(ReportRow("randopt-top1", top1["accuracy"], 1, rows_ledger(ctx, [top1]), n_support, PerExample(top1["correct"], ids),
+                             {"seed": top1["seed"], "sigma": top1["sigma"], "support_reward": ranked[0]["reward"]}))
     for k in top_k:
         if k == 1:
             continue
-        results.append(MethodResult(f"randopt-vote@{k}", vote_accuracy(ctx, ranked_test[:k]), k, rows_ledger(ctx, ranked_test[:k])))
+        correct = vote_correct(ctx, ranked_test[:k])
+        results.append(ReportRow(f"randopt-vote@{k}", sum(correct) / len(correct), k, rows_ledger(ctx, ranked_test[:k]), n_support, PerExample(correct, ids)))
     return results, test_rows
+
+
+def comparisons_vs_base(results: list[ReportRow]) -> list[tuple[str, str]]:
+    return [(r.method, "base") for r in results if r.method != "base"]
 
 
 def _sum_counts(dicts) -> dict:
@@ -79,48 +75,42 @@ def _sum_counts(dicts) -> dict:
     return total
 
 
-def report_dict(ctx: RunContext, results: list[MethodResult], ranked: list[dict], **extra) -> dict:
-    sel = rows_ledger(ctx, ranked)
+def population_summary(ctx: RunContext, ranked: list[dict]) -> dict:
     return {
-        "method": ctx.method,
-        "model": ctx.cfg.model,
-        "task": ctx.cfg.task,
-        "run_dir": str(ctx.run_dir),
-        "n_test": len(ctx.splits["test"]),
-        "population": {
-            "n": len(ranked),
-            "support_examples": len(ctx.splits["support"]),
-            "reward_best": ranked[0]["reward"],
-            "reward_median": sorted(r["reward"] for r in ranked)[len(ranked) // 2],
-            "reward_errors": sum(r.get("reward_errors", 0) for r in ranked),
-            "program_status_counts": _sum_counts(r.get("status_counts") or {} for r in ranked),
-            "selection_ledger": sel.to_dict(),
-        },
-        "test": [r.to_dict() for r in results],
-        "flops_formula": FLOPS_FORMULA,
-        **extra,
+        "n": len(ranked),
+        "support_examples": len(ctx.splits["support"]),
+        "source": ctx.population_source,
+        "reward_best": ranked[0]["reward"],
+        "reward_median": sorted(r["reward"] for r in ranked)[len(ranked) // 2],
+        "reward_errors": sum(r.get("reward_errors", 0) for r in ranked),
+        "program_status_counts": _sum_counts(r.get("status_counts") or {} for r in ranked),
+        "selection_ledger": rows_ledger(ctx, ranked).to_dict(),
     }
 
 
-def format_table(results: list[MethodResult], selection_flops: float | None = None) -> str:
-    lines = [f"{'method':<18} {'test acc':>8} {'passes/ex':>9} {'test tokens':>12} {'test FLOPs':>11}"]
-    for r in results:
-        lines.append(f"{r.method:<18} {r.accuracy:>8.3f} {r.passes_per_example:>9d} {r.ledger.inference_tokens:>12d} {r.ledger.flops:>11.3e}")
-    if selection_flops is not None:
-        lines.append(f"(population scoring on the support split: {selection_flops:.3e} FLOPs, shared by every non-base row)")
-    lines.append(FLOPS_FORMULA)
-    return "\n".join(lines)
+def report_dict(ctx: RunContext, results: list[ReportRow], ranked: list[dict], compare: list[tuple[str, str]] | None = None, **extra) -> dict:
+    """Write report.json (the shared schema, corp.runs.write_report) for a population method; return it."""
+    return write_report(ctx.run_dir, ctx.method, ctx.cfg.model, ctx.cfg.task, results, comparisons_vs_base(results) if compare is None else compare,
+                        ctx.example_ids("test"), population=population_summary(ctx, ranked), **extra)
 
 
-def run_randopt(cfg: RandOptConfig) -> dict:
-    ctx = setup_run(cfg, "randopt")
-    ranked = ensure_population(ctx)
-    if max(cfg.top_k) > len(ranked):
-        from corp import CorpError
+def format_table(results: list[ReportRow], selection_flops: float | None = None, comparisons: list[dict] = ()) -> str:
+    return format_rows(results, comparisons, selection_flops)
 
-        raise CorpError(f"--top-k {max(cfg.top_k)} is larger than the population ({len(ranked)} specialists)")
-    results, _ = randopt_results(ctx, ranked, cfg.top_k)
-    report = report_dict(ctx, results, ranked)
-    write_json(ctx.run_dir / "report.json", report)
-    report["table"] = format_table(results, rows_ledger(ctx, ranked).flops)
+
+def population_line(ctx: RunContext) -> str:
+    src = ctx.population_source or {}
+    if src.get("rule") == "scored in this run" or not src:
+        return ""
+    return f"population: {src['used']} of {src['available']} specialists from {src['from']} ({src['rule']})"
+
+
+def run_randopt(cfg: RandOptConfig, backend=None) -> dict:
+    with open_run(cfg, "randopt", backend) as ctx:
+        ranked = ensure_population(ctx)
+        if max(cfg.top_k) > len(ranked):
+            raise CorpError(f"--top-k {max(cfg.top_k)} is larger than the population ({len(ranked)} specialists)")
+        results, _ = randopt_results(ctx, ranked, cfg.top_k)
+        report = report_dict(ctx, results, ranked)
+    report["table"] = "\n".join(x for x in [format_table(results, report["population"]["selection_ledger"]["flops"], report["comparisons"]), population_line(ctx)] if x)
     return report

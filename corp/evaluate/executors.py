@@ -1,7 +1,7 @@
 """Executors: where population scoring runs. `local` (in this process, the default) or `ray`.
 
 Population scoring is embarrassingly parallel over specialists. Both executors produce each row
-with the same function (`corp.evaluate.scorer.score_one`, which calls `result_row`) and the
+with the same function (`corp.evaluate.context.score_one`, which calls `result_row`) and the
 driver alone appends rows to `population.jsonl` with `append_jsonl`, so a Ray population is
 resumable exactly like a local one and its rows are identical up to timing fields.
 
@@ -25,6 +25,11 @@ import time
 from typing import Iterator, Sequence
 
 from corp import CorpError
+from corp.evaluate.backends import make_backend, resolve_backend_name
+from corp.evaluate.context import RunContext, score_one
+from corp.evaluate.rewards import resolve_reward
+from corp.evaluate.tasks import get_task
+from corp.perturb import ParamFilter
 
 EXECUTORS = ("local", "ray")
 MAX_RETRIES = 3
@@ -34,8 +39,6 @@ class LocalExecutor:
     name = "local"
 
     def map(self, ctx, specialists: Sequence[tuple[int | None, float | None]], split: str) -> Iterator[dict]:
-        from corp.evaluate.scorer import score_one
-
         for seed, sigma in specialists:
             yield score_one(ctx, seed, sigma, split)
 
@@ -49,12 +52,6 @@ class _Worker:
     def __init__(self, cfg, threads: int | None):
         import torch
 
-        from corp.evaluate.backends import make_backend
-        from corp.evaluate.rewards import resolve_reward
-        from corp.evaluate.scorer import RunContext
-        from corp.evaluate.tasks import get_task
-        from corp.perturb import ParamFilter
-
         if threads:
             torch.set_num_threads(threads)
         task = get_task(cfg.task, cfg.data)
@@ -67,8 +64,6 @@ class _Worker:
         return {"pid": os.getpid(), "model_id": getattr(b, "model_id", self.ctx.cfg.model), "n_params": b.n_params, "weights_hash": self.ctx.weights_hash, "name": b.name}
 
     def score(self, seed, sigma, split, examples) -> dict:
-        from corp.evaluate.scorer import score_one
-
         self.ctx.splits[split] = examples
         return score_one(self.ctx, seed, sigma, split)
 
@@ -119,8 +114,6 @@ class RayExecutor:
                 # a local Ray stays on loopback
                 ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 1024**2, _node_ip_address="127.0.0.1")
             self.started_ray = True
-        from corp.evaluate.backends import resolve_backend_name
-
         gpus = 1 if resolve_backend_name_safe(cfg.backend, resolve_backend_name) == "vllm" and ray.cluster_resources().get("GPU", 0) > 0 else 0
         threads = cfg.threads or (None if address else max(1, (os.cpu_count() or 1) // workers))
         self._actor_cls = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(_Worker)
@@ -220,7 +213,7 @@ def resolve_backend_name_safe(name: str, resolve) -> str:
 
 def get_executor(ctx):
     """The run's executor (created once per run context); installs the Ray backend proxy on the driver."""
-    ex = getattr(ctx, "_executor", None)
+    ex = ctx.executor
     if ex is not None:
         return ex
     cfg = ctx.cfg
@@ -229,9 +222,9 @@ def get_executor(ctx):
         ex = LocalExecutor()
     elif kind == "ray":
         ex = RayExecutor(cfg, getattr(cfg, "workers", 2), getattr(cfg, "ray_address", None))
-        if ctx._backend is None:
-            ctx._backend = RemoteBackend(ex, ex.info)
+        if not ctx.has_backend():
+            ctx.set_backend(RemoteBackend(ex, ex.info))
     else:
         raise CorpError(f"unknown --executor '{kind}'; choose one of {', '.join(EXECUTORS)}")
-    ctx._executor = ex
+    ctx.executor = ex
     return ex

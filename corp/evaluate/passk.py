@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from corp import CorpError
-from corp.bench.ledger import FLOPS_FORMULA
 from corp.config import RunConfig, parse_list
-from corp.evaluate.scorer import evaluate, setup_run
+from corp.evaluate.scorer import cached_eval, open_run, run_evals
 from corp.evaluate.voting import pass_at_k
-from corp.runs import write_json
+from corp.runs import ReportRow, write_report
+from corp.stats import PerExample
 
 
 @dataclass
@@ -49,22 +49,24 @@ def pass_at_k_table(correct: list[bool], n: int, ks: list[int]) -> dict[int, flo
 
 
 def run_eval(cfg: EvalConfig, backend=None) -> dict:
-    ctx = setup_run(cfg, "eval", backend, needs=("test",))
-    test = ctx.splits["test"]
-    greedy = evaluate(ctx, test)
-    led = ctx.ledger().add_generation(greedy.prompt_tokens, greedy.generated_tokens)
-    passk: dict[int, float] = {}
-    if cfg.pass_k:
-        sampled = evaluate(ctx, test, n=cfg.n_samples, temperature=cfg.temperature)
-        led.add_generation(sampled.prompt_tokens, sampled.generated_tokens)
-        passk = pass_at_k_table(sampled.correct, cfg.n_samples, cfg.pass_k)
-    report = {
-        "model": cfg.model, "task": cfg.task, "n_test": len(test), "greedy_accuracy": greedy.accuracy,
-        "n_samples": cfg.n_samples, "temperature": cfg.temperature, "pass_at_k": {str(k): v for k, v in passk.items()},
-        "ledger": led.to_dict(), "flops_formula": FLOPS_FORMULA, "run_dir": str(ctx.run_dir),
-    }
-    write_json(ctx.run_dir / "report.json", report)
-    lines = [f"{cfg.model} on {cfg.task}, {len(test)} test problems", f"greedy accuracy  {greedy.accuracy:.3f}"]
+    with open_run(cfg, "eval", backend, needs=("test",)) as ctx:
+        test = ctx.splits["test"]
+        evals = run_evals(ctx)  # cached: a rerun on the same --run-dir (same model, examples, settings) recomputes nothing
+        greedy = cached_eval(ctx, evals, "test", None)
+        led = ctx.ledger().add_generation(greedy["prompt_tokens"], greedy["generated_tokens"])
+        passk: dict[int, float] = {}
+        if cfg.pass_k:
+            sampled = cached_eval(ctx, evals, "test", None, n=cfg.n_samples, temperature=cfg.temperature)
+            led.add_generation(sampled["prompt_tokens"], sampled["generated_tokens"])
+            passk = pass_at_k_table([bool(c) for c in sampled["correct"]], cfg.n_samples, cfg.pass_k)
+        row = ReportRow("model", greedy["accuracy"], 1, led, 0, PerExample(greedy["correct"], ctx.example_ids("test")),
+                        {"pass_at_k": {str(k): v for k, v in passk.items()}})
+        report = write_report(
+            ctx.run_dir, "eval", cfg.model, cfg.task, [row], (), ctx.example_ids("test"),
+            greedy_accuracy=greedy["accuracy"], n_samples=cfg.n_samples, temperature=cfg.temperature,
+            pass_at_k={str(k): v for k, v in passk.items()}, ledger=led.to_dict(),
+        )
+    lines = [f"{cfg.model} on {cfg.task}, {len(test)} test problems", f"greedy accuracy  {greedy['accuracy']:.3f}"]
     lines += [f"pass@{k:<10} {v:.3f}   (n={cfg.n_samples}, T={cfg.temperature})" for k, v in passk.items()]
     lines.append(f"run directory: {ctx.run_dir}")
     report["table"] = "\n".join(lines)

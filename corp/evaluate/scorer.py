@@ -1,99 +1,114 @@
-"""Scoring: evaluate a model (base + direction) on a split, and score a population of specialists.
+"""Scoring: set up a run, score a population of specialists, reuse one from another run.
 
 The population contract (DESIGN.md, "Population"): `population.jsonl` holds one row per scored
-specialist, keyed `"<seed>:<sigma>:<split>"`, appended and fsynced per specialist, so a kill loses
-at most the specialist in flight and a rerun on the same run directory skips what is done.
-`population_meta.json` records what the rows mean (model and its weights hash, task, split ids,
-noise scheme, parameter filter, generation length); reusing a population under a different
-meaning is an error, never a silent mix.
+specialist (the row schema of `corp.evaluate.context.result_row`, kind "specialist", with its
+`index` in population order), appended and fsynced per specialist, so a kill loses at most the
+specialist in flight and a rerun on the same run directory skips what is done.
+`population_meta.json` records everything that defines the rows: the population kind, model id and
+weights hash, backend, task signature, reward, support ids, generation length, noise scheme,
+parameter filter, master seed and sigmas (which fix the population order). `setup_run` compares
+the part known from the config before it writes anything (a refused resume leaves config.yaml and
+splits.json as they were); the rest is compared once the model is loaded, before any row is
+written. Reusing a run directory under another definition is an error, never a silent mix.
+
+Every other evaluation of a run (test rows, CoRP's probe/validation rows, ES and GRPO checkpoints)
+goes to `evals.jsonl` through the same cache (`EvalCache`, `cached_eval`).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sys
-import time
 import warnings
-from dataclasses import dataclass, field
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from tqdm.auto import tqdm
 
 from corp import CorpError
 from corp.bench.ledger import Ledger
 from corp.config import PopulationConfig, RunConfig, config_to_dict
-from corp.evaluate.backends import Backend, make_backend
-from corp.evaluate.rewards import compute_rewards, resolve_reward
-from corp.evaluate.tasks import SPLITS, Example, SplitSizes, Task, get_task, make_splits
-from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, specialist_seeds, weights_hash
-from corp.runs import append_jsonl, prepare_run_dir, read_json, read_jsonl, write_json, write_yaml
+from corp.evaluate.backends import Backend
+from corp.evaluate.context import (  # noqa: F401  (re-exported: the public scoring API)
+    EvalCache, EvalResult, RunContext, cached_eval, direction_fingerprint, eval_identity, eval_key, evaluate, evaluate_current,
+    ids_hash, result_row, row_scores, score_one, specialist_what,
+)
+from corp.evaluate.executors import get_executor
+from corp.evaluate.rewards import resolve_reward
+from corp.evaluate.tasks import SPLITS, SplitSizes, get_task, make_splits
+from corp.perturb import SCHEME_VERSION, specialist_seeds
+from corp.runs import RunLock, finish_run_dir, open_run_dir, read_json, read_jsonl, unique_rows, write_json, write_status, write_yaml
+
+POPULATION_FILE = "population.jsonl"
+META_FILE = "population_meta.json"
+EVALS_FILE = "evals.jsonl"
+META_FORMAT = 2
+POPULATION_ORDER = "specialist i = (specialist_seeds(seed)[i], sigmas[i % len(sigmas)])"
+_LEGACY_KEY = re.compile(r"^-?\d+:[^:]+:support$")
 
 
-@dataclass
-class EvalResult:
-    """Per-example outcome of one model on one split."""
-
-    completions: list[str]
-    answers: list[str | None]
-    rewards: list[float]
-    correct: list[bool]
-    prompt_tokens: int
-    generated_tokens: int
-    seconds: float
-    reward_errors: int = 0
-    status_counts: dict = field(default_factory=dict)
-
-    @property
-    def mean_reward(self) -> float:
-        return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
-
-    @property
-    def accuracy(self) -> float:
-        return sum(self.correct) / len(self.correct) if self.correct else 0.0
+def specialists_for(cfg: PopulationConfig) -> list[tuple[int, float]]:
+    seeds = specialist_seeds(cfg.seed, cfg.population)
+    return [(s, cfg.sigmas[i % len(cfg.sigmas)]) for i, s in enumerate(seeds)]
 
 
-@dataclass
-class RunContext:
-    """Everything a command needs: resolved config, task, splits, backend, reward, run directory."""
-
-    cfg: RunConfig
-    method: str
-    task: Task
-    splits: dict[str, list[Example]]
-    run_dir: Path
-    reward_fn: Callable | None
-    _backend: Backend | None = None
-    _weights_hash: str | None = None
-    _executor: object | None = None  # corp.evaluate.executors: where population scoring runs
-
-    @property
-    def backend(self) -> Backend:
-        if self._backend is None:
-            from corp.perturb import ParamFilter
-
-            pf = ParamFilter(getattr(self.cfg, "include", ".*"), getattr(self.cfg, "exclude", ""))
-            self._backend = make_backend(self.cfg.backend, self.cfg.model, self.cfg.device, self.cfg.dtype, self.cfg.batch_size, pf)
-        return self._backend
-
-    @property
-    def max_new_tokens(self) -> int:
-        return self.cfg.max_new_tokens or self.task.max_new_tokens
-
-    @property
-    def weights_hash(self) -> str:
-        if self._weights_hash is None:
-            known = getattr(self.backend, "weights_hash", None)  # backends without an HF model (vllm, a Ray proxy) carry it
-            self._weights_hash = known if isinstance(known, str) else weights_hash(self.backend.model) if hasattr(self.backend, "model") else "unknown"
-        return self._weights_hash
-
-    def ledger(self) -> Ledger:
-        return Ledger(self.backend.n_params)
+def population_definition(cfg: RunConfig, task, splits, max_new_tokens: int, kind: str = "population", **more) -> dict:
+    """What defines the rows of a population, as far as the config tells (the model's weights hash
+    and id are added once it is loaded)."""
+    return {
+        "format": META_FORMAT,
+        "kind": kind,  # population (RandOpt/CoRP: noise around the base) | es (noise around a moving centre)
+        "model_name": cfg.model,
+        "task": task.signature(),
+        "reward": cfg.reward or "correct",
+        "split": "support",
+        "example_ids": [e.id for e in splits["support"]],
+        "max_new_tokens": max_new_tokens,
+        "noise_scheme": SCHEME_VERSION,
+        "param_filter": {"include": getattr(cfg, "include", ".*"), "exclude": getattr(cfg, "exclude", "")},
+        "seed": cfg.seed,
+        **more,
+    }
 
 
-def setup_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs: Sequence[str] = ("support", "test")) -> RunContext:
-    """Resolve task, splits, reward and run directory, checking the splits the method `needs` are
-    non-empty before any model is loaded; `backend` injects a ready backend (tests, reuse)."""
+def _default_definition(cfg: RunConfig, task, splits, max_new_tokens: int) -> dict | None:
+    if isinstance(cfg, PopulationConfig) and not cfg.from_run:
+        return population_definition(cfg, task, splits, max_new_tokens, sigmas=[float(s) for s in cfg.sigmas], order=POPULATION_ORDER)
+    return None
+
+
+def compare_meta(found: dict, expected: dict, where: Path, what: str, keys: Sequence[str] | None = None) -> None:
+    """Refuse when `found` (a stored meta) disagrees with `expected` on any of `keys` (default: all of expected)."""
+    for key in keys if keys is not None else expected:
+        if key not in expected:
+            continue
+        value = expected[key]
+        if found.get(key) != value:
+            shown = value if key != "example_ids" else f"{len(value)} ids"
+            was = found.get(key) if key != "example_ids" else f"{len(found.get(key) or [])} different ids"
+            raise CorpError(f"{what} in '{where}' was made with {key} = {was}, not {shown}; use another --run-dir (or matching options)")
+
+
+def check_meta(path: Path, expected: dict, what: str) -> None:
+    """Refuse to reuse rows written under a different definition; write the meta if there is none."""
+    if not path.exists():
+        write_json(path, expected)
+        return
+    found = read_json(path)
+    if found.get("format") != expected.get("format"):
+        raise CorpError(f"{what} in '{path.parent}' was written by an older corp (rows not keyed by their examples); use another --run-dir")
+    compare_meta(found, expected, path.parent, what)
+
+
+def setup_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs: Sequence[str] = ("support", "test"),
+              defines: dict | None | str | Callable = "auto") -> RunContext:
+    """Resolve task, splits, reward and run directory; lock the directory; check that a reused
+    directory was made under the same definition (`defines`: what the rows written here mean, or a
+    function (task, splits, max_new_tokens) -> that; "auto": a population's definition for
+    population configs) BEFORE writing anything; then write
+    config.yaml and splits.json. `backend` injects a ready backend (tests, reuse)."""
     if cfg.threads:
         import torch
 
@@ -105,150 +120,166 @@ def setup_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs
     for split in needs:
         if not splits[split]:
             raise CorpError(f"the {split} split is empty but {method} needs it; set --n-{split} >= 1")
-    run_dir = prepare_run_dir(cfg.run_dir, cfg.task, method, cfg.seed)
+    max_new = cfg.max_new_tokens or task.max_new_tokens
+    if defines == "auto":
+        defines = _default_definition(cfg, task, splits, max_new)
+    elif callable(defines):
+        defines = defines(task, splits, max_new)
+    run_dir, created = open_run_dir(cfg.run_dir, cfg.task, method, cfg.seed)
+    lock = RunLock(run_dir)
+    try:
+        lock.acquire()
+        if defines is not None and (run_dir / META_FILE).exists():
+            found = read_json(run_dir / META_FILE)
+            if found.get("format") != META_FORMAT:
+                raise CorpError(f"the population in '{run_dir}' was written by an older corp (rows not keyed by their examples); use another --run-dir")
+            compare_meta(found, defines, run_dir, POPULATION_FILE)
+    except BaseException:
+        lock.release()
+        if created:
+            finish_run_dir(run_dir, created, RuntimeError("refused"))
+        raise
     if os.environ.get("CORP_NO_PROGRESS") != "1":
         tqdm.write(f"run directory: {run_dir}", file=sys.stderr)
     write_yaml(run_dir / "config.yaml", {"method": method, **config_to_dict(cfg)})
     write_json(run_dir / "splits.json", {"split_seed": cfg.split_seed, **{s: [e.id for e in splits[s]] for s in SPLITS}})
-    return RunContext(cfg, method, task, splits, run_dir, reward_fn, backend)
+    write_status(run_dir, "running", method=method)
+    return RunContext(cfg, method, task, splits, run_dir, reward_fn, backend, created=created, lock=lock, definition=defines)
 
 
-def evaluate(ctx: RunContext, examples: Sequence[Example], direction: Direction | None = None, n: int = 1, temperature: float = 0.0) -> EvalResult:
-    """Generate on `examples` with weights base + direction and score every completion."""
-    ctx.backend.set_direction(direction)
-    return evaluate_current(ctx, examples, n=n, temperature=temperature)
+@contextmanager
+def open_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs: Sequence[str] = ("support", "test"),
+             defines: dict | None | str | Callable = "auto") -> Iterator[RunContext]:
+    """`setup_run` for the length of a method's run: on success the run is marked complete; on an
+    error a directory this call created that holds nothing computed is removed, any other is marked
+    FAILED (or interrupted); the lock is released either way."""
+    ctx = setup_run(cfg, method, backend, needs, defines)
+    try:
+        yield ctx
+    except BaseException as exc:
+        finish_run_dir(ctx.run_dir, ctx.created, exc)
+        raise
+    else:
+        finish_run_dir(ctx.run_dir, ctx.created, None)
+    finally:
+        ctx.close()
 
 
-def evaluate_current(ctx: RunContext, examples: Sequence[Example], n: int = 1, temperature: float = 0.0) -> EvalResult:
-    """Like `evaluate`, with the backend's weights as they are now."""
-    gens = ctx.backend.generate([e.prompt for e in examples], ctx.max_new_tokens, temperature=temperature, n=n)
-    exs = [e for e in examples for _ in range(n)]
-    rewards, errors = compute_rewards(ctx.task, gens.texts, exs, ctx.reward_fn)
-    answers = [ctx.task.extract(t) for t in gens.texts]
-    correct = [ctx.task.check(a, e) for a, e in zip(answers, exs)] if ctx.reward_fn is not None else [r >= 1.0 for r in rewards]
-    status = ctx.task.last_status_counts() if hasattr(ctx.task, "last_status_counts") else {}
-    return EvalResult(gens.texts, answers, rewards, correct, sum(gens.prompt_tokens), sum(gens.generated_tokens), gens.seconds, errors, status)
+def population_meta(ctx: RunContext) -> dict:
+    """The full definition of this run's population (config part + the loaded model's identity)."""
+    base = ctx.definition or _default_definition(ctx.cfg, ctx.task, ctx.splits, ctx.max_new_tokens)
+    if base is None:
+        raise CorpError(f"{ctx.method} does not score a population in its run directory")
+    return {**base, **ctx.eval_context()}
 
 
-def row_key(seed: int | None, sigma: float | None, split: str) -> str:
-    return f"base:{split}" if seed is None else f"{int(seed)}:{float(sigma)!r}:{split}"
+def _progress_disabled() -> bool:
+    return os.environ.get("CORP_NO_PROGRESS") == "1"
 
 
-def result_row(seed: int | None, sigma: float | None, split: str, res: EvalResult, apply_seconds: float = 0.0, **extra) -> dict:
-    return {
-        "key": row_key(seed, sigma, split),
-        "seed": seed,
-        "sigma": sigma,
-        "split": split,
-        "reward": res.mean_reward,
-        "accuracy": res.accuracy,
-        "rewards": res.rewards,
-        "correct": [int(c) for c in res.correct],
-        "answers": res.answers,
-        "prompt_tokens": res.prompt_tokens,
-        "generated_tokens": res.generated_tokens,
-        "seconds": res.seconds,
-        "apply_seconds": apply_seconds,
-        "reward_errors": res.reward_errors,
-        "status_counts": res.status_counts,
-        **extra,
-    }
+def score_specialists(ctx: RunContext, specialists: Sequence[tuple[int | None, float | None]], split: str, cache: EvalCache,
+                      desc: str = "scoring", indices: Sequence[int] | None = None) -> dict[tuple, dict]:
+    """Score each (seed, sigma) (None, None = the base) on `split` through the run's executor, adding
+    rows to `cache`; resumable. `indices` (population order) go into the rows as `index`.
 
-
-def population_meta(ctx: RunContext, split: str) -> dict:
-    cfg = ctx.cfg
-    return {
-        "model": ctx.backend.model_id if hasattr(ctx.backend, "model_id") else cfg.model,
-        "weights_hash": ctx.weights_hash,
-        "task": ctx.task.signature(),
-        "reward": cfg.reward or "correct",
-        "split": split,
-        "example_ids": [e.id for e in ctx.splits[split]],
-        "noise_scheme": SCHEME_VERSION,
-        "param_filter": {"include": getattr(cfg, "include", ".*"), "exclude": getattr(cfg, "exclude", "")},
-        "max_new_tokens": ctx.max_new_tokens,
-    }
-
-
-def check_meta(path: Path, expected: dict, what: str) -> None:
-    """Refuse to reuse rows written under a different model/task/split/filter."""
-    if not path.exists():
-        write_json(path, expected)
-        return
-    found = read_json(path)
-    for key, value in expected.items():
-        if found.get(key) != value:
-            shown = value if key != "example_ids" else f"{len(value)} ids"
-            was = found.get(key) if key != "example_ids" else f"{len(found.get(key) or [])} different ids"
-            raise CorpError(f"{what} in '{path.parent}' was made with {key} = {was}, not {shown}; use another --run-dir (or matching options)")
-
-
-def specialists_for(cfg: PopulationConfig) -> list[tuple[int, float]]:
-    seeds = specialist_seeds(cfg.seed, cfg.population)
-    return [(s, cfg.sigmas[i % len(cfg.sigmas)]) for i, s in enumerate(seeds)]
-
-
-def score_one(ctx: RunContext, seed: int | None, sigma: float | None, split: str) -> dict:
-    """Set the backend to specialist (seed, sigma) (None: the base), evaluate it on `split`, return its row.
-    Every executor makes rows with this function."""
-    t0 = time.perf_counter()
-    ctx.backend.set_direction(None if seed is None else Direction.single(seed, sigma))
-    apply_s = time.perf_counter() - t0
-    res = evaluate_current(ctx, ctx.splits[split])
-    return result_row(seed, sigma, split, res, apply_seconds=apply_s)
-
-
-def score_specialists(ctx: RunContext, specialists: Sequence[tuple[int | None, float | None]], split: str, path: Path, desc: str = "scoring") -> dict[str, dict]:
-    """Score each (seed, sigma) (None, None = the base) on `split`, appending rows to `path`; resumable.
-
-    Returns {key: row} for the requested specialists. A progress bar shows specialists done, the best
-    reward so far and the ETA.
+    Returns {(seed, sigma): row}. A progress bar shows specialists done, the best reward so far and the ETA.
     """
     examples = ctx.splits[split]
     if not examples:
         raise CorpError(f"the {split} split is empty; set --n-{split} >= 1")
-    from corp.evaluate.executors import get_executor
-
     executor = get_executor(ctx)
-    check_meta(path.with_name(path.stem + "_meta.json"), population_meta(ctx, split), path.name)
-    done = {r["key"]: r for r in read_jsonl(path, key="key")}
-    wanted = [(s, sg, row_key(s, sg, split)) for s, sg in specialists]
-    todo = [w for w in wanted if w[2] not in done]
-    best = max((done[k]["reward"] for *_, k in wanted if k in done), default=float("nan"))
-    bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc=desc, unit="spec", dynamic_ncols=True, disable=os.environ.get("CORP_NO_PROGRESS") == "1")
+    context = ctx.eval_context()
+    ids = [e.id for e in examples]
+    wanted = [((s, sg), eval_key(eval_identity(context, specialist_what(s, sg), ids))) for s, sg in specialists]
+    index_of = {spec: i for spec, i in zip(specialists, indices)} if indices is not None else {}
+    todo = [spec for spec, key in wanted if key not in cache]
+    keys = dict(wanted)
+    best = max((cache.get(k)["reward"] for _, k in wanted if k in cache), default=float("nan"))
+    bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc=desc, unit="spec", dynamic_ncols=True, disable=_progress_disabled())
     bar.set_postfix(best=f"{best:.3f}")
     try:
-        for row in executor.map(ctx, [(s, sg) for s, sg, _ in todo], split):
-            key = row["key"]
-            append_jsonl(path, row)
-            done[key] = row
+        for row in executor.map(ctx, todo, split):
+            spec = (row["seed"], row["sigma"])
+            if row["key"] != keys.get(spec):
+                raise CorpError(f"specialist {spec} was scored under another model/task/setting than this run's (worker and driver disagree)")
+            if spec in index_of:
+                row["index"] = index_of[spec]
+            cache.put(row)
             best = row["reward"] if best != best else max(best, row["reward"])
             if row["reward_errors"]:
-                warnings.warn(f"{key}: reward failed on {row['reward_errors']} example(s); scored 0 and counted in the row")
+                warnings.warn(f"specialist {spec}: reward failed on {row['reward_errors']} example(s); scored 0 and counted in the row")
             bar.set_postfix(best=f"{best:.3f}", last=f"{row['reward']:.3f}")
             bar.update(1)
     finally:
         bar.close()
         ctx.backend.set_direction(None)
-    return {k: done[k] for *_, k in wanted}
+    return {spec: cache.get(key) for spec, key in wanted}
+
+
+def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[dict], dict]:
+    """The first `n` specialists, in population order, of the population scored in `src_dir`,
+    after checking it was made for this run's model, task, support examples and generation settings.
+    Returns (rows, how: a dict for the report saying what was taken)."""
+    src = Path(src_dir)
+    meta_path = src / META_FILE
+    if not (src / POPULATION_FILE).exists():
+        raise CorpError(f"--from-run '{src}' has no {POPULATION_FILE}")
+    if not meta_path.exists():
+        raise CorpError(f"--from-run '{src}' has no {META_FILE}, so what its rows mean cannot be checked; score the population again with this corp")
+    found = read_json(meta_path)
+    what = f"--from-run {src / POPULATION_FILE}"
+    kind = found.get("kind", "population")
+    if kind != "population":
+        raise CorpError(f"--from-run '{src}' holds a '{kind}' run, not a population of perturbations of the base "
+                        "(ES rows are noise around a moving centre); take a population from `corp score`, `randopt` or `consolidate`")
+    expected = {**ctx.eval_context(), "example_ids": ctx.example_ids("support"), "noise_scheme": SCHEME_VERSION, "split": "support",
+                "param_filter": {"include": getattr(ctx.cfg, "include", ".*"), "exclude": getattr(ctx.cfg, "exclude", "")}}
+    rows = read_jsonl(src / POPULATION_FILE, key="key", repair=False)
+    if found.get("format") == META_FORMAT:
+        compare_meta(found, expected, src, what)
+        rows = [r for r in unique_rows(rows).values() if r.get("kind") == "specialist" and r.get("split") == "support"]
+        rows.sort(key=lambda r: r["index"])
+        rule = "the first N in population order (specialist index)"
+    else:
+        # a population written before rows were keyed by their examples: its meta names the support ids
+        # and the model, not the seed; local scoring wrote rows in population order
+        compare_meta(found, {k: v for k, v in expected.items() if k not in ("backend",)}, src, what,
+                     ["model", "weights_hash", "task", "reward", "split", "example_ids", "noise_scheme", "param_filter", "max_new_tokens"])
+        rows = [r for r in unique_rows(rows).values() if _LEGACY_KEY.match(str(r.get("key"))) and r.get("seed") is not None]
+        for i, r in enumerate(rows):
+            r.setdefault("index", i)
+        rule = "the first N rows in file order (an older population without specialist indices)"
+        warnings.warn(f"{what} was written by an older corp; its rows are taken in file order")
+    if not rows:
+        raise CorpError(f"--from-run '{src}' has no scored specialists")
+    available = len(rows)
+    if available < n:
+        warnings.warn(f"--from-run has {available} specialists, fewer than --population {n}; using them all")
+    elif available > n:
+        warnings.warn(f"--from-run has {available} specialists; using {rule.replace('the first N', f'the first {n}')} (--population {n})")
+    used = rows[:n]
+    how = {"from": str(src), "available": available, "used": len(used), "rule": rule, "seed": found.get("seed"), "sigmas": found.get("sigmas")}
+    return used, how
 
 
 def ensure_population(ctx: RunContext) -> list[dict]:
-    """The scored population on the support split: reused from `--population-from`, else scored
-    (or resumed) in this run directory. Rows come back ranked by reward, best first (ties: seed order)."""
+    """The scored population on the support split: the first --population specialists of
+    `--from-run`, else scored (or resumed) in this run directory. Rows come back ranked by
+    reward, best first (ties: population order). `ctx.population_source` says where they came from."""
     cfg = ctx.cfg
-    if cfg.population_from:
-        src = Path(cfg.population_from) / "population.jsonl"
-        check_meta(src.with_name("population_meta.json"), population_meta(ctx, "support"), f"--population-from {src}")
-        rows = [r for r in read_jsonl(src, key="key", repair=False) if r.get("split") == "support" and r.get("seed") is not None]
-        if not rows:
-            raise CorpError(f"--population-from '{cfg.population_from}' has no scored specialists")
-        if len(rows) < cfg.population:
-            warnings.warn(f"--population-from has {len(rows)} specialists, fewer than --population {cfg.population}; using them all")
+    if cfg.from_run:
+        rows, how = load_population(cfg.from_run, ctx, cfg.population)
     else:
-        rows = list(score_specialists(ctx, specialists_for(cfg), "support", ctx.run_dir / "population.jsonl", desc="population").values())
-    order = {r["key"]: i for i, r in enumerate(rows)}
-    return sorted(rows, key=lambda r: (-r["reward"], order[r["key"]]))
+        check_meta(ctx.run_dir / META_FILE, population_meta(ctx), POPULATION_FILE)
+        specs = specialists_for(cfg)
+        cache = EvalCache(ctx.run_dir / POPULATION_FILE)
+        scored = score_specialists(ctx, specs, "support", cache, desc="population", indices=range(len(specs)))
+        rows = [scored[spec] for spec in specs]
+        for i, r in enumerate(rows):
+            r.setdefault("index", i)  # a row scored before a crash between scoring and indexing
+        how = {"from": str(ctx.run_dir), "available": len(rows), "used": len(rows), "rule": "scored in this run", "seed": cfg.seed, "sigmas": list(cfg.sigmas)}
+    ctx.population_source = how
+    return sorted(rows, key=lambda r: (-r["reward"], r["index"]))
 
 
 def rows_ledger(ctx: RunContext, rows: Sequence[dict]) -> Ledger:
@@ -257,3 +288,8 @@ def rows_ledger(ctx: RunContext, rows: Sequence[dict]) -> Ledger:
     for r in rows:
         led.add_generation(r["prompt_tokens"], r["generated_tokens"])
     return led
+
+
+def run_evals(ctx: RunContext) -> EvalCache:
+    """The run's cache of every evaluation that is not a population row."""
+    return EvalCache(ctx.run_dir / EVALS_FILE)

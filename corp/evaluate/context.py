@@ -1,0 +1,288 @@
+"""The run context and the one evaluation cache every method uses.
+
+`RunContext` carries a run's resolved config, task, splits, run directory, reward and (lazily) its
+backend and executor. `evaluate` / `evaluate_current` generate on some examples and score them.
+
+The evaluation cache (`EvalCache` + `cached_eval`): every cached evaluation of every method is a row
+of one schema (`result_row`) in a JSONL file, keyed by a hash of everything that defines it
+(`eval_identity`): the model id and its weights hash, the backend, the task signature (including
+the content hash of file-backed data), the reward, the exact example ids (a hash of the ordered id
+list), what was evaluated (`what`: "base", the fingerprint of a direction's seed components, or a
+method's checkpoint label), and the generation settings (max_new_tokens, temperature, n). A lookup
+with other examples, weights or settings is another key, so it is evaluated afresh: a row is never
+paired with examples it was not computed on. `cached_scores` returns per-example rewards as a
+`corp.stats.PerExample` carrying those ids, which the paired gate checks.
+
+This module sits below `scorer.py` and `executors.py` (both import it; it imports neither), so the
+executors no longer need to import the scorer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from corp.bench.ledger import Ledger
+from corp.config import RunConfig
+from corp.evaluate.backends import Backend, make_backend
+from corp.evaluate.rewards import compute_rewards
+from corp.evaluate.tasks import Example, Task
+from corp.perturb import Direction, ParamFilter, weights_hash
+from corp.runs import RunLock, append_jsonl, read_jsonl, unique_rows
+from corp.stats import PerExample
+
+ROW_FORMAT = 2  # rows keyed by eval_identity (format 1: "<seed>:<sigma>:<split>" keys, no example ids)
+
+
+@dataclass
+class EvalResult:
+    """Per-example outcome of one model on one split."""
+
+    completions: list[str]
+    answers: list[str | None]
+    rewards: list[float]
+    correct: list[bool]
+    prompt_tokens: int
+    generated_tokens: int
+    seconds: float
+    reward_errors: int = 0
+    status_counts: dict = field(default_factory=dict)
+
+    @property
+    def mean_reward(self) -> float:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+
+    @property
+    def accuracy(self) -> float:
+        return sum(self.correct) / len(self.correct) if self.correct else 0.0
+
+
+@dataclass
+class RunContext:
+    """Everything a command needs: resolved config, task, splits, backend, reward, run directory.
+
+    The backend is built on first use from the config unless one is given (`set_backend`);
+    `release_backend` drops it (e.g. to free memory). `executor` is where population scoring runs
+    (corp.evaluate.executors.get_executor sets it). `close()` releases the run-directory lock.
+    """
+
+    cfg: RunConfig
+    method: str
+    task: Task
+    splits: dict[str, list[Example]]
+    run_dir: Path | None
+    reward_fn: Callable | None
+    _backend: Backend | None = None
+    _weights_hash: str | None = None
+    executor: object | None = None
+    created: bool = False  # this invocation created run_dir (a failure that computed nothing removes it)
+    lock: RunLock | None = None
+    definition: dict | None = None  # what defines the population rows written here (scorer.population_definition)
+    population_source: dict | None = None  # where the population came from and which rows were taken (for the report)
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            pf = ParamFilter(getattr(self.cfg, "include", ".*"), getattr(self.cfg, "exclude", ""))
+            self._backend = make_backend(self.cfg.backend, self.cfg.model, self.cfg.device, self.cfg.dtype, self.cfg.batch_size, pf)
+        return self._backend
+
+    def has_backend(self) -> bool:
+        return self._backend is not None
+
+    def set_backend(self, backend: Backend) -> None:
+        """Use this backend (a ready one, or a proxy such as the Ray executor's) from now on."""
+        self._backend = backend
+
+    def release_backend(self) -> None:
+        """Drop the backend (the next use builds a new one)."""
+        self._backend = None
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.cfg.max_new_tokens or self.task.max_new_tokens
+
+    @property
+    def model_id(self) -> str:
+        known = getattr(self.backend, "model_id", None)
+        return known if isinstance(known, str) else self.cfg.model
+
+    @property
+    def weights_hash(self) -> str:
+        if self._weights_hash is None:
+            known = getattr(self.backend, "weights_hash", None)  # backends without an HF model (vllm, a Ray proxy) carry it
+            self._weights_hash = known if isinstance(known, str) else weights_hash(self.backend.model) if hasattr(self.backend, "model") else "unknown"
+        return self._weights_hash
+
+    def example_ids(self, split: str) -> list[str]:
+        return [e.id for e in self.splits[split]]
+
+    def ledger(self) -> Ledger:
+        return Ledger(self.backend.n_params)
+
+    def eval_context(self) -> dict:
+        """The parts of an evaluation's identity that are the same for every row of this run."""
+        return {
+            "model": self.model_id,
+            "weights_hash": self.weights_hash,
+            "backend": getattr(self.backend, "name", "unknown"),
+            "task": self.task.signature(),
+            "reward": self.cfg.reward or "correct",
+            "max_new_tokens": self.max_new_tokens,
+        }
+
+    def close(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+
+
+def evaluate(ctx: RunContext, examples: Sequence[Example], direction: Direction | None = None, n: int = 1, temperature: float = 0.0) -> EvalResult:
+    """Generate on `examples` with weights base + direction and score every completion."""
+    ctx.backend.set_direction(direction)
+    return evaluate_current(ctx, examples, n=n, temperature=temperature)
+
+
+def evaluate_current(ctx: RunContext, examples: Sequence[Example], n: int = 1, temperature: float = 0.0) -> EvalResult:
+    """Like `evaluate`, with the backend's weights as they are now."""
+    gens = ctx.backend.generate([e.prompt for e in examples], ctx.max_new_tokens, temperature=temperature, n=n)
+    exs = [e for e in examples for _ in range(n)]
+    rewards, errors = compute_rewards(ctx.task, gens.texts, exs, ctx.reward_fn)
+    answers = [ctx.task.extract(t) for t in gens.texts]
+    correct = [ctx.task.check(a, e) for a, e in zip(answers, exs)] if ctx.reward_fn is not None else [r >= 1.0 for r in rewards]
+    status = ctx.task.last_status_counts() if hasattr(ctx.task, "last_status_counts") else {}
+    return EvalResult(gens.texts, answers, rewards, correct, sum(gens.prompt_tokens), sum(gens.generated_tokens), gens.seconds, errors, status)
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def ids_hash(ids: Sequence[str]) -> str:
+    """A hash of an ordered list of example ids (order matters: rows are per-example lists)."""
+    return hashlib.sha256("\x1f".join(map(str, ids)).encode()).hexdigest()[:16]
+
+
+def direction_fingerprint(direction: Direction | None) -> str:
+    """'base', or a hash of the direction's seed components (what it is, not how it was found)."""
+    if direction is None or direction.is_zero():
+        return "base"
+    return "dir:" + hashlib.sha256(json.dumps(direction.to_json(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def specialist_what(seed: int | None, sigma: float | None) -> str:
+    return "base" if seed is None else direction_fingerprint(Direction.single(int(seed), float(sigma)))
+
+
+def eval_identity(context: dict, what: str, ids: Sequence[str], n: int = 1, temperature: float = 0.0) -> dict:
+    """Everything that defines one evaluation (see the module docstring)."""
+    return {**context, "what": what, "ids_hash": ids_hash(ids), "n_examples": len(ids), "temperature": float(temperature), "n": int(n)}
+
+
+def eval_key(identity: dict) -> str:
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+# ----------------------------------------------------------------------------- rows and the cache
+
+
+def result_row(identity: dict, split: str, res: EvalResult, kind: str, seed: int | None = None, sigma: float | None = None, apply_seconds: float = 0.0, **extra) -> dict:
+    """The one row schema of every cached evaluation (population rows included)."""
+    return {
+        "key": eval_key(identity),
+        "format": ROW_FORMAT,
+        "kind": kind,  # specialist | base | direction | checkpoint | es-specialist | es-centre | ...
+        "what": identity["what"],
+        "split": split,
+        "seed": seed,
+        "sigma": sigma,
+        "ids_hash": identity["ids_hash"],
+        "n_examples": identity["n_examples"],
+        "temperature": identity["temperature"],
+        "n": identity["n"],
+        "reward": res.mean_reward,
+        "accuracy": res.accuracy,
+        "rewards": res.rewards,
+        "correct": [int(c) for c in res.correct],
+        "answers": res.answers,
+        "prompt_tokens": res.prompt_tokens,
+        "generated_tokens": res.generated_tokens,
+        "seconds": res.seconds,
+        "apply_seconds": apply_seconds,
+        "reward_errors": res.reward_errors,
+        "status_counts": res.status_counts,
+        "identity": {k: identity[k] for k in ("model", "weights_hash", "backend", "task", "reward", "max_new_tokens") if k in identity},
+        **extra,
+    }
+
+
+class EvalCache:
+    """A JSONL file of evaluation rows keyed by `eval_key`; appends are durable; duplicates collapse
+    to the first row with a key (so a row never counts twice)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.rows: dict[str, dict] = unique_rows(read_jsonl(self.path, key="key"))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def get(self, key: str) -> dict | None:
+        return self.rows.get(key)
+
+    def put(self, row: dict) -> dict:
+        """Append `row` unless its key is cached already; returns the cached row."""
+        if row["key"] not in self.rows:
+            append_jsonl(self.path, row)
+            self.rows[row["key"]] = row
+        return self.rows[row["key"]]
+
+
+def cached_eval(ctx: RunContext, cache: EvalCache, split: str, direction: Direction | None = None, *, what: str | None = None,
+                current: bool = False, kind: str | None = None, examples: Sequence[Example] | None = None,
+                n: int = 1, temperature: float = 0.0, **extra) -> dict:
+    """The cached row of one evaluation on `split` (or on `examples`, named `split`), computing it if needed.
+
+    `direction`: evaluate base + direction. `current=True`: evaluate the backend's weights as they
+    are (a trained checkpoint, an ES centre); then `what` must name them. `extra` fields go into a
+    new row (they are not part of the key)."""
+    exs = list(ctx.splits[split] if examples is None else examples)
+    if current and not what:
+        raise ValueError("an evaluation of the current weights needs `what` (a checkpoint label)")
+    what = what or direction_fingerprint(direction)
+    identity = eval_identity(ctx.eval_context(), what, [e.id for e in exs], n=n, temperature=temperature)
+    key = eval_key(identity)
+    row = cache.get(key)
+    if row is None:
+        t0 = time.perf_counter()
+        if not current:
+            ctx.backend.set_direction(direction)
+        apply_s = time.perf_counter() - t0
+        res = evaluate_current(ctx, exs, n=n, temperature=temperature)
+        kind = kind or ("checkpoint" if current else "base" if what == "base" else "direction")
+        row = cache.put(result_row(identity, split, res, kind, apply_seconds=apply_s, **extra))
+    return row
+
+
+def row_scores(row: dict, ids: Sequence[str], field_name: str = "rewards") -> PerExample:
+    """A row's per-example values as a PerExample with the ids they were computed on (checked)."""
+    if row.get("ids_hash") != ids_hash(ids):
+        raise ValueError(f"row {row.get('key')} was computed on other examples than the {len(ids)} given")
+    return PerExample(row[field_name], ids)
+
+
+def score_one(ctx: RunContext, seed: int | None, sigma: float | None, split: str, context: dict | None = None, **extra) -> dict:
+    """Set the backend to specialist (seed, sigma) (None: the base), evaluate it on `split`, return
+    its row (not cached: the caller appends it). Every executor makes rows with this function."""
+    t0 = time.perf_counter()
+    ctx.backend.set_direction(None if seed is None else Direction.single(seed, sigma))
+    apply_s = time.perf_counter() - t0
+    examples = ctx.splits[split]
+    identity = eval_identity(context or ctx.eval_context(), specialist_what(seed, sigma), [e.id for e in examples])
+    res = evaluate_current(ctx, examples)
+    return result_row(identity, split, res, "base" if seed is None else "specialist", seed=seed, sigma=None if sigma is None else float(sigma), apply_seconds=apply_s, **extra)

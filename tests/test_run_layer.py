@@ -1,0 +1,167 @@
+"""The run layer on a tiny model: one evaluation cache keyed by exactly what was evaluated, run
+metadata that refuses a mixed population before writing anything, failed runs, --from-run, reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from corp import CorpError
+from corp.config import RandOptConfig, load_config
+from corp.evaluate.scorer import EvalCache, ensure_population, open_run, run_evals, setup_run
+from corp.runs import read_jsonl
+from tests.test_scorer import fresh_backend, tiny_cfg
+
+
+def counting(backend):
+    calls = []
+    real = backend.generate
+    backend.generate = lambda prompts, *a, **k: (calls.append(len(prompts)), real(prompts, *a, **k))[1]
+    return backend, calls
+
+
+def test_validation_base_row_is_not_reused_for_other_validation_examples(tmp_path):
+    """Issue 10, defect 1: another --n-probe keeps support/test ids but changes every validation
+    example; the cached validation|base row must not be paired with the new examples."""
+    from corp.consolidate.run import RunScorer
+
+    cfg1 = tiny_cfg(tmp_path, n_probe=2, n_validation=3)
+    ctx1 = setup_run(cfg1, "consolidate", fresh_backend(), needs=("support", "validation"))
+    first = RunScorer(ctx1, run_evals(ctx1))(None, "validation")
+    ctx1.close()
+
+    cfg2 = tiny_cfg(tmp_path, n_probe=4, n_validation=3)
+    backend, calls = counting(fresh_backend())
+    ctx2 = setup_run(cfg2, "consolidate", backend, needs=("support", "validation"))
+    assert ctx2.example_ids("support") == ctx1.example_ids("support") and ctx2.example_ids("test") == ctx1.example_ids("test")
+    assert ctx2.example_ids("validation") != ctx1.example_ids("validation"), "the planted case: only the validation examples moved"
+    scorer = RunScorer(ctx2, run_evals(ctx2))
+    second = scorer(None, "validation")
+    assert calls == [3], "the base is evaluated again, on the new validation examples"
+    assert second.example_ids == ctx2.example_ids("validation") != first.example_ids
+    assert scorer.example_ids(None, "validation") == ctx2.example_ids("validation")
+    calls.clear()
+    assert scorer(None, "validation") == second and calls == [], "and cached from then on"
+
+
+def test_cache_key_covers_examples_weights_and_generation_settings(tmp_path):
+    from corp.evaluate.scorer import cached_eval
+
+    backend, calls = counting(fresh_backend())
+    ctx = setup_run(tiny_cfg(tmp_path), "randopt", backend)
+    cache = run_evals(ctx)
+    row = cached_eval(ctx, cache, "test", None)
+    cached_eval(ctx, cache, "test", None)
+    assert len(calls) == 1
+    cached_eval(ctx, cache, "test", None, examples=ctx.splits["test"][:3])  # other examples: another key
+    cached_eval(ctx, cache, "test", None, n=2, temperature=1.0)  # other generation settings: another key
+    assert len(calls) == 3
+    other = EvalCache(ctx.run_dir / "evals.jsonl")
+    assert len(other) == 3 and row["key"] in other
+    ctx.cfg.max_new_tokens = 3  # another generation length
+    cached_eval(ctx, cache, "test", None)
+    assert len(calls) == 4
+
+
+def snapshot(run_dir):
+    return {p.name: p.read_bytes() for p in sorted(run_dir.iterdir()) if p.is_file() and p.name != ".corp.lock"}
+
+
+@pytest.mark.parametrize("change", [{"sigmas": "0.05,0.2"}, {"seed": 1}, {"exclude": "lm_head"}, {"max_new_tokens": 5}])
+def test_resume_with_other_population_settings_is_refused_before_writing(tmp_path, change):
+    run = tmp_path / "r"
+    ctx = setup_run(tiny_cfg(run), "randopt", fresh_backend())
+    ensure_population(ctx)
+    ctx.close()
+    before = snapshot(run)
+    with pytest.raises(CorpError, match="use another --run-dir"):
+        setup_run(tiny_cfg(run, **change), "randopt", fresh_backend())
+    assert snapshot(run) == before, "config.yaml, splits.json and the rows are untouched"
+    assert len(read_jsonl(run / "population.jsonl", key="key")) == 4
+
+
+def test_population_with_duplicate_rows_counts_each_specialist_once(tmp_path):
+    run = tmp_path / "r"
+    ctx = setup_run(tiny_cfg(run), "randopt", fresh_backend())
+    ensure_population(ctx)
+    path = run / "population.jsonl"
+    path.write_text(path.read_text() * 2)  # what two writers without a lock left behind
+    assert len(ensure_population(ctx)) == 4
+
+
+def test_from_run_takes_the_first_n_in_population_order(tmp_path):
+    src = tmp_path / "src"
+    ctx = setup_run(tiny_cfg(src, population=4), "randopt", fresh_backend())
+    rows = ensure_population(ctx)
+    ctx.close()
+    by_index = sorted(rows, key=lambda r: r["index"])
+    # a resumed Ray population writes rows as they complete: put them out of order on disk
+    path = src / "population.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(reversed(lines)) + "\n")
+    cfg = tiny_cfg(tmp_path / "dst", population=2, top_k="1,2", from_run=str(src))
+    with pytest.warns(UserWarning, match="using the first 2 in population order"):
+        ctx2 = setup_run(cfg, "randopt", fresh_backend())
+        got = ensure_population(ctx2)
+    assert sorted(r["seed"] for r in got) == sorted(r["seed"] for r in by_index[:2])
+    assert ctx2.population_source["available"] == 4 and ctx2.population_source["used"] == 2
+
+
+def test_from_run_refuses_an_es_run(tmp_path):
+    from tests.test_es import tiny_es_cfg
+    from corp.baselines.es import run_es
+
+    run_es(tiny_es_cfg(tmp_path / "es", iterations=1, population=2, reward=None), fresh_backend())
+    cfg = tiny_cfg(tmp_path / "dst", population=2, top_k="1", from_run=str(tmp_path / "es"))
+    with pytest.raises(CorpError, match="'es' run, not a population"):
+        ensure_population(setup_run(cfg, "randopt", fresh_backend()))
+
+
+def test_failed_run_before_computing_anything_leaves_no_directory(tmp_path):
+    run = tmp_path / "new"
+    with pytest.raises(CorpError, match="model"):
+        with open_run(tiny_cfg(run), "randopt", fresh_backend()):
+            raise CorpError("model 'x' not found")
+    assert not run.exists()
+
+
+def test_failed_run_after_scoring_is_marked_and_resumes(tmp_path):
+    run = tmp_path / "r"
+    with pytest.raises(RuntimeError):
+        with open_run(tiny_cfg(run), "randopt", fresh_backend()) as ctx:
+            ensure_population(ctx)
+            raise RuntimeError("disk full")
+    assert "disk full" in (run / "FAILED").read_text()
+    assert json.loads((run / "run_status.json").read_text())["status"] == "failed"
+    from corp.baselines.randopt import run_randopt
+
+    run_randopt(tiny_cfg(run), fresh_backend())
+    assert not (run / "FAILED").exists() and json.loads((run / "run_status.json").read_text())["status"] == "complete"
+
+
+def test_randopt_report_has_paired_comparisons_outcomes_and_labelled_counts(tmp_path):
+    from corp.baselines.randopt import run_randopt
+
+    report = run_randopt(tiny_cfg(tmp_path / "r"), fresh_backend())
+    rows = {r["method"]: r for r in report["rows"]}
+    assert rows["base"]["labelled_examples"] == 0 and rows["randopt-top1"]["labelled_examples"] == 6 == rows["randopt-vote@2"]["labelled_examples"]
+    pairs = {(c["a"], c["b"]) for c in report["comparisons"]}
+    assert pairs == {("randopt-top1", "base"), ("randopt-vote@2", "base")}
+    for c in report["comparisons"]:
+        assert c["n"] == 6 and c["ci95"][0] <= c["difference"] <= c["ci95"][1] and 0 <= c["mcnemar_p"] <= 1
+    outcomes = json.loads((tmp_path / "r" / "test_outcomes.json").read_text())
+    assert set(outcomes["outcomes"]) == set(rows) and len(outcomes["example_ids"]) == 6
+    assert sum(outcomes["outcomes"]["randopt-vote@2"]) / 6 == pytest.approx(rows["randopt-vote@2"]["accuracy"])
+    assert "McNemar p" in report["table"]
+    assert json.loads((tmp_path / "r" / "report.json").read_text())["schema"] == "corp-report/1"
+
+
+def test_es_report_compares_with_base_and_counts_support(tmp_path):
+    from tests.test_es import tiny_es_cfg
+    from corp.baselines.es import run_es
+
+    report = run_es(tiny_es_cfg(tmp_path / "es", iterations=1, population=2), fresh_backend())
+    rows = {r["method"]: r for r in report["rows"]}
+    assert rows["es"]["labelled_examples"] == 6 and rows["base"]["labelled_examples"] == 0
+    assert [(c["a"], c["b"]) for c in report["comparisons"]] == [("es", "base")]
