@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from corp.consolidate.corp_operator import consolidate_stage1, consolidate_stage2, gram_matrix, stage1, ConsolidateConfig
+from corp.consolidate.corp_operator import ConsolidateConfig, OperatorConfig, consolidate_stage1, gram_matrix, stage1
+from corp.consolidate.stage2 import consolidate_stage2
 from corp.consolidate.gate import paired_gate
-from corp.perturb import Direction, noise, specialist_seeds
+from corp.perturb import SCHEME_VERSION, Direction, noise, specialist_seeds
 from corp.config import load_config
 
 
@@ -50,7 +51,7 @@ def population(problem, n=48, sigma=0.02):
 def test_consolidation_raises_held_out_reward_on_planted_problem(tiny_model):
     problem = PlantedProblem(tiny_model)
     seeds, sigmas, rewards = population(problem)
-    res = consolidate_stage1(rewards, seeds, sigmas, problem.params, problem, alphas=(1, 2, 4, 8), progress=False)
+    res = consolidate_stage1(rewards, seeds, sigmas, problem.params, problem, OperatorConfig(alphas=[1, 2, 4, 8]).validate(), progress=False)
     assert res.accepted, res.reason
     base_test, cand_test = np.mean(problem(None, "test")), np.mean(problem(res.direction, "test"))
     assert cand_test > base_test + 0.15, (base_test, cand_test)
@@ -61,7 +62,7 @@ def test_consolidation_raises_held_out_reward_on_planted_problem(tiny_model):
 def test_gate_rejects_a_candidate_that_hurts_held_out_data_and_abstains(tiny_model):
     problem = PlantedProblem(tiny_model, flip={"validation"})
     seeds, sigmas, rewards = population(problem)
-    res = consolidate_stage1(rewards, seeds, sigmas, problem.params, problem, alphas=(1, 2, 4, 8), progress=False)
+    res = consolidate_stage1(rewards, seeds, sigmas, problem.params, problem, OperatorConfig(alphas=[1, 2, 4, 8]).validate(), progress=False)
     assert not res.accepted
     assert res.direction.components == [], "abstaining must deploy the base"
     assert "abstaining" in res.reason and res.gate.lcb <= 0
@@ -112,8 +113,8 @@ def test_stage2_rounds_are_gated_and_keep_the_stage1_result_unless_better(tiny_m
     problem.thresholds["support_select"] = problem.thresholds["support"][:20]
     problem.thresholds["support_gate"] = problem.thresholds["support"][20:]
     seeds, sigmas, rewards = population(problem, n=24)
-    first = consolidate_stage1(rewards, seeds, sigmas, problem.params, problem, alphas=(1, 2, 4), progress=False)
-    cfg = load_config(ConsolidateConfig, None, {"rounds": 2, "local_population": 8, "pcs": 2, "alphas": "1,2,4", "population": 24, "top_k": "1", "n_validation": 40, "n_probe": 40})
+    cfg = OperatorConfig(rounds=2, local_population=8, pcs=2, alphas="1,2,4").validate()
+    first = consolidate_stage1(rewards, seeds, sigmas, problem.params, problem, cfg, progress=False)
     res = consolidate_stage2(first, problem.params, problem, cfg, progress=False)
     assert 1 <= len(res.rounds) <= 2
     for r in res.rounds:
@@ -123,8 +124,9 @@ def test_stage2_rounds_are_gated_and_keep_the_stage1_result_unless_better(tiny_m
 
 
 def share_of_sevens(completions, **_):
-    """A reward that is a known function of the output: the share of '7' characters."""
-    return [c.count("7") / max(1, len(c)) for c in completions]
+    """A reward that is a known function of the output and moves whenever the text moves (a random
+    tiny model rarely writes a '7', so the share of '7's alone is usually 0 for every specialist)."""
+    return [(c.count("7") / max(1, len(c)) + (sum(map(ord, c)) % 97) / 96) / 2 for c in completions]
 
 
 def test_consolidate_pipeline_saves_a_loadable_model_and_apply_rebuilds_it_bit_exactly(tmp_path, tiny_model, tiny_tokenizer):
@@ -153,7 +155,8 @@ def test_consolidate_pipeline_saves_a_loadable_model_and_apply_rebuilds_it_bit_e
     methods = [r["method"] for r in report["test"]]
     assert methods == ["base", "randopt-top1", "randopt-vote@2", "corp"]
     recipe = json.loads((run / "recipe.json").read_text())
-    assert recipe["components"] and recipe["noise_scheme"] == "corp-noise-v1" and len(recipe["base_weights_hash"]) == 64
+    assert recipe["components"] and recipe["noise_scheme"] == SCHEME_VERSION and len(recipe["base_weights_hash"]) == 64
+    assert "merged" in recipe["components"][0], "the deployed m2 is one merged term: M built once, scaled by alpha"
 
     saved = AutoModelForCausalLM.from_pretrained(run / "model").eval()
     in_memory = AutoModelForCausalLM.from_pretrained(model_dir).eval()

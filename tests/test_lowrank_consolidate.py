@@ -244,7 +244,7 @@ def test_auto_without_analysis_tells_the_user_to_run_analyze_rank(tiny_dir, tmp_
     res = subprocess.run([sys.executable, "-m", "corp.cli", "consolidate", "--model", str(model_dir), "--task", "arith", "--population", "4", "--top-k", "1",
                           "--low-rank", "auto", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, cwd=REPO, env=env)
     err = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
-    assert res.returncode == 2 and len(err) == 1 and "corp analyze-rank --run" in err[0], res.stderr
+    assert res.returncode == 2 and len(err) == 1 and "run `corp analyze-rank --" in err[0], res.stderr
     assert not (tmp_path / "run" / "population.jsonl").exists(), "the error comes before any scoring"
     with pytest.raises(CorpError, match="covers none"):
         resolve_ranks("auto", [("x.weight", (4, 4))], {"y.weight": 2}, "somewhere")

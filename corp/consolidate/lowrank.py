@@ -100,7 +100,7 @@ class LowRankDirection(Direction):
         return self._digest
 
     def scaled(self, alpha: float) -> "LowRankDirection":
-        comps = [Component(c.seed, c.sigma, c.coef * alpha) for c in self.components]
+        comps = Direction(self.components).scaled(alpha).components  # plain or merged source terms
         return LowRankDirection(self.factors, self.scale * alpha, comps, self._digest)
 
     def __add__(self, other):
@@ -230,7 +230,7 @@ def write_factors(direction: LowRankDirection, out_dir: str | Path) -> dict:
         "factors_sha256": _sha256_file(path),
         "scale": direction.scale,
         "ranks": dict(sorted(direction.ranks.items())),
-        "projected_from": [{"seed": c.seed, "sigma": c.sigma, "coef": c.coef} for c in direction.components],
+        "projected_from": Direction(direction.components).to_json(),
     }
 
 

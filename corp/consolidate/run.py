@@ -18,7 +18,8 @@ import shutil
 from corp.bench.ledger import FLOPS_FORMULA
 from corp.baselines.randopt import MethodResult, format_table, randopt_results, report_dict
 from corp import CorpError
-from corp.consolidate.corp_operator import ConsolidateConfig, consolidate_stage1, consolidate_stage2
+from corp.consolidate.corp_operator import ConsolidateConfig, consolidate_stage1
+from corp.consolidate.stage2 import consolidate_stage2
 from corp.consolidate.lowrank import FACTORS_FILE, LowRankDirection, LowRankProjector, export_lora, read_analysis, resolve_ranks, write_factors
 from corp.consolidate.recipe import make_recipe, write_recipe
 from corp.evaluate.scorer import RunContext, ensure_population, evaluate, rows_ledger, setup_run
@@ -92,13 +93,13 @@ def run_consolidate(cfg: ConsolidateConfig) -> dict:
         raise CorpError(f"--low-rank needs a backend that materialises directions through corp's Perturber (hf); '{type(ctx.backend).__name__}' does not")
     params = [(n, p.shape) for n, p in ctx.backend.perturber.params]
     projector = LowRankProjector(resolve_ranks(cfg.low_rank, params, analysed, rank_dir), params, progress) if cfg.low_rank != "off" else None
+    scheme = ctx.backend.perturber.scheme  # the population's noise scheme: the Gram matrix regenerates its noise
     result = consolidate_stage1(
-        [r["reward"] for r in population], [r["seed"] for r in population], [r["sigma"] for r in population], params, scorer,
-        cfg.quantiles, cfg.betas, cfg.alphas, cfg.compat, cfg.gate_z, gram_memory_gb=cfg.gram_memory_gb,
-        progress=progress, project=projector, gram_cache=ctx.run_dir,
+        [r["reward"] for r in population], [r["seed"] for r in population], [r["sigma"] for r in population], params, scorer, cfg,
+        progress=progress, project=projector, gram_cache=ctx.run_dir, scheme=scheme,
     )
     if cfg.rounds > 0:
-        result = consolidate_stage2(result, params, scorer, cfg, progress=progress, gram_cache=ctx.run_dir)
+        result = consolidate_stage2(result, params, scorer, cfg, seed=cfg.seed, progress=progress, gram_cache=ctx.run_dir, scheme=scheme)
 
     # the deployed model: recipe + weights
     pf = ParamFilter(cfg.include, cfg.exclude)

@@ -2,9 +2,12 @@
 
 A Direction is a list of (seed, sigma, coef) components; applied to base weights W0 it gives
 W = W0 + sum_c coef_c * sigma_c * eps(seed_c) for every parameter the filter selects, accumulated
-in fp32 and cast to the parameter's dtype once. `Perturber` keeps a pristine copy of the selected
-base tensors, so every apply starts from W0 (no drift across specialists) and `restore` is a copy,
-bit-exact, never a subtraction.
+in fp32 and cast to the parameter's dtype once. A `Merged` term, scale * M with
+M = sum_c coef_c sigma_c eps(seed_c), is materialised as M first (fp32, components in order) and
+scaled once, so a step search can build M once and try many scales, and a recipe that names the
+term rebuilds the same bits (`Perturber` keeps the M of the merged terms it applied last).
+`Perturber` keeps a pristine copy of the selected base tensors, so every apply starts from W0 (no
+drift across specialists) and `restore` is a copy, bit-exact, never a subtraction.
 """
 
 from __future__ import annotations
@@ -27,9 +30,40 @@ class Component:
     coef: float = 1.0
 
 
+@dataclass(frozen=True)
+class Merged:
+    """scale * M, M = sum_c coef_c sigma_c eps(seed_c) built first in fp32 (components in order,
+    starting from zeros), then multiplied by `scale` (one rounding) and added (one rounding). The
+    arithmetic differs from adding the components scaled one by one, so it is its own term kind
+    (and its own JSON entry, `{"scale": s, "merged": [...]}`)."""
+
+    scale: float
+    components: tuple[Component, ...]
+
+
+def materialise(components: Iterable[Component], name: str, shape, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None, scheme: str = SCHEME_VERSION) -> torch.Tensor:
+    """M = sum_c coef_c sigma_c eps(seed_c)[name] as a new fp32 CPU tensor: the one definition of a
+    merged term's M, used both where M is kept (Perturber) and where it is rebuilt (add_to)."""
+    gen = generator or torch.Generator(device="cpu")
+    M = torch.zeros(tuple(shape), dtype=torch.float32)
+    for c in components:
+        if c.coef == 0.0:
+            continue
+        buf = buffer[: M.numel()].view(M.shape) if buffer is not None else None
+        M.add_(noise(c.seed, name, M.shape, gen, out=buf, scheme=scheme).mul_(c.coef * c.sigma))
+    return M
+
+
+def _add_scaled(target: torch.Tensor, M: torch.Tensor, scale: float, buffer: torch.Tensor | None = None) -> torch.Tensor:
+    """target += round(scale * M): two explicit roundings (never a fused multiply-add, whose bits
+    could depend on the kernel), leaving M untouched."""
+    tmp = buffer[: M.numel()].view(M.shape) if buffer is not None else torch.empty_like(M)
+    return target.add_(torch.mul(M, scale, out=tmp))
+
+
 @dataclass
 class Direction:
-    components: list[Component] = field(default_factory=list)
+    components: list[Component | Merged] = field(default_factory=list)
     prefixable: ClassVar[bool] = True  # materialised as its components in order (Perturber.cache_prefix may reuse a prefix)
 
     @classmethod
@@ -40,18 +74,41 @@ class Direction:
         """True when applying it leaves W0 unchanged (no components)."""
         return not self.components
 
+    @classmethod
+    def merged(cls, components: Iterable[Component], scale: float = 1.0) -> "Direction":
+        """One merged term scale * sum(components); `scaled` changes only its scale, so every step
+        size shares one M."""
+        return cls([Merged(float(scale), tuple(components))])
+
     def scaled(self, alpha: float) -> "Direction":
-        return Direction([Component(c.seed, c.sigma, c.coef * alpha) for c in self.components])
+        return Direction([Merged(t.scale * alpha, t.components) if isinstance(t, Merged) else Component(t.seed, t.sigma, t.coef * alpha) for t in self.components])
+
+    def seed_components(self) -> list[Component]:
+        """The same update as plain components (a merged term's scale folded into each coef), for
+        linear algebra and reports; applying these may differ from the direction in the last bits."""
+        out = []
+        for t in self.components:
+            out += [Component(c.seed, c.sigma, c.coef * t.scale) for c in t.components] if isinstance(t, Merged) else [t]
+        return out
 
     def __add__(self, other: "Direction") -> "Direction":
         return Direction(self.components + other.components)
 
     def to_json(self) -> list[dict]:
-        return [asdict(c) for c in self.components]
+        return [{"scale": t.scale, "merged": [asdict(c) for c in t.components]} if isinstance(t, Merged) else asdict(t) for t in self.components]
 
     @classmethod
     def from_json(cls, rows: Iterable[dict]) -> "Direction":
-        return cls([Component(int(r["seed"]), float(r["sigma"]), float(r.get("coef", 1.0))) for r in rows])
+        def component(r: dict) -> Component:
+            return Component(int(r["seed"]), float(r["sigma"]), float(r.get("coef", 1.0)))
+
+        terms: list[Component | Merged] = []
+        for r in rows:
+            try:
+                terms.append(Merged(float(r["scale"]), tuple(component(c) for c in r["merged"])) if "merged" in r else component(r))
+            except (KeyError, TypeError, ValueError):
+                raise CorpError(f"direction entry {str(r)[:80]} is neither a component (seed, sigma, coef) nor a merged term (scale, merged); was it written by a newer corp?") from None
+        return cls(terms)
 
     def add_to(self, target: torch.Tensor, name: str, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None, scheme: str = SCHEME_VERSION) -> torch.Tensor:
         """target += sum_c coef_c sigma_c eps(seed_c)[name], in place, component by component.
@@ -62,6 +119,9 @@ class Direction:
         """
         gen = generator or torch.Generator(device="cpu")
         for c in self.components:
+            if isinstance(c, Merged):
+                _add_scaled(target, materialise(c.components, name, target.shape, gen, buffer, scheme), c.scale, buffer)
+                continue
             if c.coef == 0.0:
                 continue
             buf = buffer[: target.numel()].view(target.shape) if buffer is not None else None
@@ -130,6 +190,10 @@ class Perturber:
         self._gen = torch.Generator(device="cpu")
         self._noise_buf: torch.Tensor | None = None  # reused across tensors and specialists
         self._prefix: tuple[list[Component], dict[str, torch.Tensor]] | None = None
+        # M of the merged terms applied last, per tensor (fp32, host): a step search applies the
+        # same M at several scales, and building M regenerates the noise of every merged component.
+        # Costs one fp32 copy of the selected weights per merged term of the current direction.
+        self._kept: dict[tuple[Component, ...], dict[str, torch.Tensor]] = {}
 
     @property
     def n_selected(self) -> int:
@@ -147,8 +211,27 @@ class Perturber:
         tensors = {}
         for name, _ in self.params:
             acc = self.base[name].to("cpu", torch.float32, copy=True)
-            tensors[name] = direction.add_to(acc, name, self._gen, self._noise_buf, scheme=self.scheme)
+            tensors[name] = self._add(direction, acc, name)
         self._prefix = (list(direction.components), tensors)
+
+    def release_merged(self) -> None:
+        """Free the kept M of merged terms (they are rebuilt, same bits, when applied again)."""
+        self._kept = {}
+
+    def _add(self, direction: Direction, target: torch.Tensor, name: str) -> torch.Tensor:
+        """direction.add_to(target, name) with the merged terms' M taken from (or kept in) _kept:
+        `materialise` builds M either way, so the bits are those of add_to."""
+        if not direction.prefixable or not any(isinstance(t, Merged) for t in direction.components):
+            return direction.add_to(target, name, self._gen, self._noise_buf, scheme=self.scheme)
+        for t in direction.components:
+            if isinstance(t, Merged):
+                kept = self._kept.setdefault(t.components, {})
+                if name not in kept:
+                    kept[name] = materialise(t.components, name, target.shape, self._gen, self._noise_buf, self.scheme)
+                _add_scaled(target, kept[name], t.scale, self._noise_buf)
+            else:
+                Direction([t]).add_to(target, name, self._gen, self._noise_buf, scheme=self.scheme)
+        return target
 
     def _ensure_buf(self) -> None:
         if self._noise_buf is None:
@@ -166,14 +249,17 @@ class Perturber:
             comps, tensors = self._prefix
             if direction.components[: len(comps)] == comps:
                 start, rest = tensors, Direction(direction.components[len(comps) :])
+        if direction.prefixable:  # keep only the M this direction uses: memory stays at its merged terms
+            wanted = {t.components for t in rest.components if isinstance(t, Merged)}
+            self._kept = {k: v for k, v in self._kept.items() if k in wanted}
         for name, param in self.params:
             base = start[name]
             if param.dtype == torch.float32 and param.device.type == "cpu" and base.dtype == torch.float32:
                 param.copy_(base)  # accumulate straight into the parameter: no extra copy
-                rest.add_to(param.data, name, self._gen, self._noise_buf, scheme=self.scheme)
+                self._add(rest, param.data, name)
             else:
                 acc = base.to("cpu", torch.float32, copy=True)
-                rest.add_to(acc, name, self._gen, self._noise_buf, scheme=self.scheme)
+                self._add(rest, acc, name)
                 param.copy_(acc.to(param.device, param.dtype))
         self.current = direction
 

@@ -1,0 +1,178 @@
+"""Direction algebra for CoRP (arXiv 2605.31494; METHODS.md "CoRP"): the weight-space Gram
+matrix of seeded perturbations, linear combinations of directions (plain and merged), the elite
+set, the compatibility terms and the kernel PCA of the elite cloud. Exact linear algebra on seed
+coefficients; nothing here evaluates a model.
+
+Departure from the public code (a METHODS.md must-have): the Gram matrix is exact in weight space
+(fp64 over every selected tensor, noise regenerated tensor by tensor), with the seed-orthogonal
+approximation (distinct seeds orthogonal, |eps|^2 = dim) beside it for comparison.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from corp.perturb import SCHEME_VERSION, Component, Direction, noise
+
+
+def gram_matrix(params: Sequence[tuple[str, torch.Size]], seeds: Sequence[int], memory_gb: float = 2.0, progress: bool = True, cache_dir=None, scheme: str = SCHEME_VERSION) -> np.ndarray:
+    """G_ij = <eps(seed_i), eps(seed_j)> over all `params`, accumulated in fp64 (noise of `scheme`,
+    the run's: a population scored under an older scheme keeps its meaning).
+
+    Noise is regenerated tensor by tensor; when a tensor's stacked noise for all seeds would exceed
+    the memory budget, seeds are processed in row blocks (regenerating a block once per pair).
+    With `cache_dir`, the result is stored there keyed by (noise scheme, tensors, seeds), so a
+    resumed run does not pay for it twice.
+    """
+    if cache_dir is not None:
+        key = hashlib.sha1(repr((scheme, [(n, tuple(s)) for n, s in params], [int(x) for x in seeds])).encode()).hexdigest()[:16]
+        path = Path(cache_dir) / f"gram-{key}.npy"
+        if path.exists():
+            return np.load(path)
+        G = gram_matrix(params, seeds, memory_gb, progress, None, scheme)
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, G)
+        tmp.replace(path)
+        return G
+    k = len(seeds)
+    G = torch.zeros((k, k), dtype=torch.float64)
+    gen = torch.Generator(device="cpu")
+    budget = max(1, int(memory_gb * 2**30))
+    chunk = 1 << 20  # elements per fp64 matmul chunk
+
+    def stack(idx: Sequence[int], name: str, shape) -> torch.Tensor:
+        n = int(np.prod(shape))
+        out = torch.empty((len(idx), n), dtype=torch.float32)
+        for r, i in enumerate(idx):
+            noise(seeds[i], name, shape, gen, out=out[r].view(shape), scheme=scheme)
+        return out
+
+    bar = tqdm(params, desc="gram (exact compat)", unit="tensor", disable=not progress, dynamic_ncols=True)
+    for name, shape in bar:
+        n = int(np.prod(shape))
+        rows = max(1, min(k, budget // (4 * n)))
+        blocks = [list(range(s, min(s + rows, k))) for s in range(0, k, rows)]
+        for bi, I in enumerate(blocks):
+            SI = stack(I, name, shape)
+            for J in blocks[bi:]:
+                SJ = SI if J is I else stack(J, name, shape)
+                acc = torch.zeros((len(I), len(J)), dtype=torch.float64)
+                for c in range(0, n, chunk):
+                    acc += SI[:, c : c + chunk].double() @ SJ[:, c : c + chunk].double().T
+                G[np.ix_(I, J)] += acc
+                if J is not I:
+                    G[np.ix_(J, I)] += acc.T
+    bar.close()
+    return G.numpy()
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    z = x - x.max()
+    e = np.exp(z)
+    return e / e.sum()
+
+
+def zscore(x: np.ndarray) -> np.ndarray:
+    """(x - mean) / sd; all zeros when the spread is ~0 (METHODS.md: 0 if the spread is ~0)."""
+    sd = x.std()
+    if not np.isfinite(sd) or sd < 1e-12 * max(1.0, np.abs(x).max()):
+        return np.zeros_like(x)
+    return (x - x.mean()) / sd
+
+
+def combine(perts: Sequence[Direction], weights: Sequence[float]) -> Direction:
+    """sum_j w_j p_j as one Direction of plain components; components with the same (seed, sigma)
+    are merged, in order of first appearance."""
+    acc: dict[tuple[int, float], float] = {}
+    for p, w in zip(perts, weights):
+        for c in p.seed_components():
+            key = (c.seed, c.sigma)
+            acc[key] = acc.get(key, 0.0) + float(w) * c.coef
+    return Direction([Component(s, sg, cf) for (s, sg), cf in acc.items() if cf != 0.0])
+
+
+def merge(perts: Sequence[Direction], weights: Sequence[float]) -> Direction:
+    """sum_j w_j p_j as one merged term (`Direction.merged`): the coefficients of `combine`,
+    materialised once as M and scaled per step size (alpha M), in the step search and in
+    `corp apply` alike, so the recipe rebuilds exactly the weights that were evaluated."""
+    return Direction.merged(combine(perts, weights).components)
+
+
+def seed_basis(perts: Sequence[Direction]) -> tuple[list[int], np.ndarray]:
+    """Write each perturbation as p_j = sum_b C[j, b] eps(seed_b): the seed basis and C (sigma absorbed)."""
+    seeds: list[int] = []
+    index: dict[int, int] = {}
+    for p in perts:
+        for c in p.seed_components():
+            if c.seed not in index:
+                index[c.seed] = len(seeds)
+                seeds.append(c.seed)
+    C = np.zeros((len(perts), len(seeds)))
+    for j, p in enumerate(perts):
+        for c in p.seed_components():
+            C[j, index[c.seed]] += c.coef * c.sigma
+    return seeds, C
+
+
+def elite_set(rewards: np.ndarray, q: float) -> list[int]:
+    """E = {i : r_i >= quantile_q(r)}, in population order."""
+    thr = np.quantile(rewards, q)
+    return [i for i in range(len(rewards)) if rewards[i] >= thr]
+
+
+def compat_terms(w1: np.ndarray, Gp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Alignment cos(p_i, m1) and dispersion |p_i - proj_m1 p_i|^2 of each elite perturbation p_i,
+    from the elites' Gram matrix Gp = <p_i, p_j> and m1 = sum_j w1_j p_j."""
+    inner = Gp @ w1  # <p_i, m1>
+    m1_sq = float(w1 @ Gp @ w1)
+    own_sq = np.diag(Gp).copy()
+    if m1_sq <= 0:
+        return np.zeros_like(w1), own_sq
+    alignment = inner / np.sqrt(np.maximum(own_sq, 1e-300) * m1_sq)
+    dispersion = own_sq - inner**2 / m1_sq
+    return alignment, dispersion
+
+
+def perturbation_grams(perts: Sequence[Direction], params, exact_for: Sequence[int] | None, memory_gb: float, progress: bool, cache_dir=None, scheme: str = SCHEME_VERSION) -> tuple[np.ndarray | None, np.ndarray]:
+    """(exact Gram or None, seed-orthogonal Gram) of the perturbations; the exact one only over
+    `exact_for` (the widest elite set), the rest left zero (never read)."""
+    dim = int(sum(int(np.prod(s)) for _, s in params))
+    seeds, C = seed_basis(perts)
+    approx = dim * (C @ C.T)
+    if exact_for is None:
+        return None, approx
+    idx = list(exact_for)
+    cols = sorted({b for j in idx for b in np.nonzero(C[j])[0]})
+    G_seed = gram_matrix(params, [seeds[b] for b in cols], memory_gb, progress, cache_dir, scheme)
+    Csub = C[np.ix_(idx, cols)]
+    exact = np.zeros_like(approx)
+    exact[np.ix_(idx, idx)] = Csub @ G_seed @ Csub.T
+    return exact, approx
+
+
+def principal_directions(elite: Sequence[int], perts: Sequence[Direction], Gp: np.ndarray, k: int) -> list[Direction]:
+    """Top-k unit-norm principal directions of the elite cloud {p_i}, as seed combinations.
+
+    Kernel PCA: with centred Gram K = H Gp H (H = I - 11^T/n), eigenpairs (lambda, v) give the unit
+    direction u = sum_j v_j p_j / sqrt(lambda) (v is orthogonal to 1, so centring drops out).
+    """
+    E = list(elite)
+    n = len(E)
+    if k <= 0 or n < 2:
+        return []
+    H = np.eye(n) - 1.0 / n
+    K = H @ Gp[np.ix_(E, E)] @ H
+    vals, vecs = np.linalg.eigh((K + K.T) / 2)
+    out = []
+    for idx in np.argsort(vals)[::-1][:k]:
+        if vals[idx] <= 1e-12 * max(1.0, vals.max()):
+            break
+        out.append(combine([perts[i] for i in E], vecs[:, idx] / math.sqrt(vals[idx])))
+    return out
