@@ -4,8 +4,9 @@ Modes, measured side by side in one run over the same fixed subset (the first N 
 task id, canonical solution + setup + asserts), interleaved round by round so that load from
 other users of the machine hits every mode alike:
 
-- plain serial:      `subprocess.run([sys.executable, file])`, one at a time
-- sandbox serial:    `run_program`, one at a time
+- plain serial:      `subprocess.run([sys.executable, file])` on code + setup + asserts, one at a time
+- sandbox serial:    `run_program(code + setup, tests=asserts)` as the MBPP task runs it (the
+                     program serves calls, a separate tester process runs the asserts), one at a time
 - plain parallel:    the plain subprocess from a thread pool of the default concurrency
 - sandbox parallel:  `run_many` with the default concurrency
 
@@ -29,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from corp.evaluate.sandbox import DEFAULT_CONCURRENCY, run_many, run_program, status_counts
+from corp.evaluate.sandbox import DEFAULT_CONCURRENCY, isolation_level, run_many, run_program, status_counts
 from corp.evaluate.tasks.code import MBPP
 
 
@@ -49,7 +50,8 @@ def main() -> None:
     task = MBPP()
     rows = sorted(task._rows(), key=lambda r: r["task_id"])[: args.n]
     examples = [task.make_example(r) for r in rows]
-    programs = [task.program(e.answer, e) for e in examples]
+    jobs = [task.job(e.answer, e) for e in examples]
+    programs = [f"{code}\n{tests.setup}\n{tests.source}" for code, tests in jobs]  # the plain runs: one file, as before
     tmp = tempfile.mkdtemp(prefix="corp-bench-")
     paths = []
     for i, prog in enumerate(programs):
@@ -72,7 +74,7 @@ def main() -> None:
                 lat_plain += [s for _, s in out]
                 checks[mode] = sum(ok for ok, _ in out)
             elif mode == "sandbox serial":
-                res = [run_program(p, timeout=10) for p in programs]
+                res = [run_program(code, tests=tests, timeout=10) for code, tests in jobs]
                 lat_sbx += [r.wall_s for r in res]
                 checks[mode] = status_counts(res)["pass"]
             elif mode == "plain parallel":
@@ -80,7 +82,7 @@ def main() -> None:
                     out = list(pool.map(plain_one, paths))
                 checks[mode] = sum(ok for ok, _ in out)
             else:
-                res = run_many(programs, concurrency=conc, timeout=10)
+                res = run_many(jobs, concurrency=conc, timeout=10)
                 checks[mode] = status_counts(res)["pass"]
             rates[mode].append(len(programs) / (time.perf_counter() - t))
     load_after = os.getloadavg()
@@ -93,7 +95,8 @@ def main() -> None:
         f"# Sandbox throughput: {len(programs)} canonical MBPP solutions (task ids {rows[0]['task_id']}-{rows[-1]['task_id']}), {args.rounds} rounds",
         "",
         f"Machine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), Python {platform.python_version()}, "
-        f"load average {load_before[0]:.2f} before / {load_after[0]:.2f} after (shared machine). Default concurrency = {conc}.",
+        f"load average {load_before[0]:.2f} before / {load_after[0]:.2f} after (shared machine). Default concurrency = {conc}. "
+        f"Sandbox isolation level: {isolation_level()['level']}.",
         "",
         "| mode | concurrency | programs/s (median) | min - max over rounds | passed |",
         "| --- | ---: | ---: | --- | ---: |",
@@ -110,8 +113,10 @@ def main() -> None:
         f"| **overhead per program** (difference of medians) | **{(med_sbx - med_plain) * 1e3:.1f}** | |",
         f"| overhead per program (median of paired differences, same program and round) | {statistics.median(a - b for a, b in zip(lat_sbx, lat_plain)) * 1e3:.1f} | |",
         "",
-        "Plain runs use the venv interpreter with its site-packages; the sandbox runs `python -I` plus two forks, "
-        "namespaces (net, pid, mount, ipc), four tmpfs mounts, a fresh /proc and a bind of the interpreter prefix per program.",
+        "Plain runs use the venv interpreter with its site-packages; the sandbox runs `python -I` plus three forks (init, "
+        "program, tester), namespaces (net, pid, mount, ipc; user when not root), a private root (tmpfs, read-only binds of "
+        "the system directories and the interpreter prefixes, /dev, /tmp, a fresh /proc, pivot_root) per program, and every "
+        "assert's call crosses a pipe as plain data.",
     ]
     table = "\n".join(lines) + "\n"
     print(table)

@@ -11,7 +11,10 @@ import torch
 
 os.environ.setdefault("CORP_NO_PROGRESS", "1")
 REPO = Path(__file__).resolve().parents[1]
-DATA_DIR = Path(os.environ.get("CORP_DATA_DIR", REPO.parent / "shared" / "data"))
+# Benchmark data: $CORP_DATA_DIR, else ../shared/data beside the checkout (the offline path and
+# CI's). Tests that need it take the `data_dir` fixture, which skips them when it is absent.
+DATA_DIR = Path(os.environ.get("CORP_DATA_DIR") or REPO.parent / "shared" / "data")
+BENCHMARK_FILES = ("gsm8k/train.jsonl", "gsm8k/test.jsonl", "math500/test.jsonl", "mbpp/mbpp.jsonl", "humaneval/HumanEval.jsonl")
 
 
 def make_char_tokenizer():
@@ -63,6 +66,9 @@ def tiny_backend(tiny_model, tiny_tokenizer):
 
 @pytest.fixture
 def data_dir():
-    if not (DATA_DIR / "gsm8k" / "test.jsonl").exists():
-        pytest.skip(f"benchmark data not found at {DATA_DIR}; set CORP_DATA_DIR")
+    """The benchmark data directory; skips the test, naming what is missing, on a machine
+    without it (a fresh clone with no ../shared beside it)."""
+    missing = [f for f in BENCHMARK_FILES if not (DATA_DIR / f).is_file()]
+    if missing:
+        pytest.skip(f"benchmark data not found: {', '.join(missing)} missing under {DATA_DIR}; set CORP_DATA_DIR to a directory that holds them")
     return DATA_DIR

@@ -1,42 +1,46 @@
 """Sandbox for untrusted Python programs (the code rewards: MBPP, HumanEval, any code task).
 
-`run_program(code)` runs one program in a separate process and returns a `SandboxResult` whose
-status is one of pass / fail / timeout / crash / sandbox_error; `run_many(programs)` runs many
-with bounded concurrency, results in input order.
+`run_program(code, tests=...)` runs one program in a separate, isolated process and returns a
+`SandboxResult` whose status is one of pass / fail / timeout / crash / sandbox_error;
+`run_many(jobs)` runs many with bounded concurrency, results in input order. `isolation_level()`
+says which isolation this machine gives (see below) without running untrusted code.
 
-Process tree (one Python start per program, like a plain `subprocess.run([python, file])`):
+The process inside is `corp/evaluate/sandbox_wrapper.py`, a module of its own started as
+`python -I sandbox_wrapper.py CONFIG` (see its docstring for the process tree): it enters new
+net, pid, mount and ipc namespaces, swaps in a private root that shows only the read-only system
+directories and the interpreter (no data directory, repository or home), forks a throwaway init
+(pid 1: when it dies the kernel kills every process in the namespace, fork bombs and daemons
+included) and runs the program with rlimits (address space, CPU seconds, processes, open files,
+file size, no core), no capabilities and no_new_privs, in an empty size-limited tmpfs. The caller
+enforces a wall-clock limit on top and reads stdout/stderr with a cap.
 
-    caller (root) --Popen, new session, minimal env--> wrapper (root, `python -I -c WRAPPER`)
-        unshare(net | mount | pid | ipc) --fork--> init (pid 1 of the new pid namespace, root)
-            private tmpfs on /tmp, /var/tmp, /run/lock, /dev/shm; fresh /proc --fork--> program
+Isolation levels (`SandboxResult.isolation["level"]`):
+- "namespaces+uid": started as root; the program also gets a dedicated uid per concurrent slot.
+- "user-namespaces": an ordinary user where the kernel allows unprivileged user namespaces
+  (`user.max_user_namespaces` > 0, and `kernel.unprivileged_userns_clone` = 1 where that exists).
+- "uid-only" / "none": no namespaces could be made. The program would run with the caller's
+  rights (or, as root, a bare separate uid), so it is REFUSED (status sandbox_error) unless the
+  caller passes `allow_unisolated=True` or sets CORP_UNSAFE_NO_ISOLATION=1 in the environment.
 
-The program child sets rlimits (address space, CPU seconds, processes, open files, file size,
-no core), drops every group, switches to a dedicated unprivileged uid (one per concurrent slot,
-so RLIMIT_NPROC, which the kernel counts per uid, bounds each program separately and programs
-cannot signal one another), sets no_new_privs, chdirs into an empty, size-limited tmpfs working
-directory and `exec`s the code in its own interpreter. The wrapper enforces the wall-clock limit
-by killing init, and when the init of a pid namespace dies the kernel kills every process in it,
-so a fork bomb or a daemonised child cannot outlive its program even if it left the process
-group. The caller additionally kills the whole process group if the wrapper itself overstays.
-stdout/stderr are read with a cap (the rest is drained and discarded, never buffered).
+Tests the program cannot see or patch (`tests=Tests(...)`, what the code tasks use): the program
+runs its code and then serves calls; a separate tester process runs the test code, which the
+program never receives, and gets every value back as plain data (builtins only), so it compares
+values it built itself. Pass = the tests ran to the end. Without `tests`, pass = the program ran
+to its last line and exited 0; `sys.exit(0)` before the asserts is a fail, but a program that
+wants to claim success can forge that, so rewards never use it.
 
 Departures from the usual practice (human-eval's `execution.py`, bigcode's harness), and why:
-- Isolation comes from kernel namespaces plus a separate uid, not from monkey-patching `os`,
+- Isolation comes from kernel namespaces (and a uid as root), not from monkey-patching `os`,
   `shutil` and `subprocess` inside the child ("reliability guard"): patching is trivially undone by
-  the program and breaks legitimate code; a uid and namespaces are not undoable from inside.
-- "Passed" is not "exit status 0". The sandbox appends an epilogue that writes a per-run random
-  nonce to a private pipe; a program passes only if it exits 0 *and* the nonce arrived, so
-  `sys.exit(0)` / `os._exit(0)` before the asserts is a fail. The nonce guards against accidental
-  early exits, not against a program that reads its own source to forge it.
-- The program's parent is a throwaway init owned by root, so `os.kill(os.getppid(), SIGKILL)`
-  is refused (EPERM) and cannot touch the caller.
+  the program and breaks legitimate code; namespaces are not undoable from inside.
+- The tests run outside the program's process (see above), where the reference harnesses exec
+  the tests in the same interpreter as the candidate, which lets it rewrite `__eq__`, read the
+  asserts, or exit 0 early.
 - An uncaught exception (including AssertionError and MemoryError) is a *fail*; *crash* means the
   program died from a signal other than the CPU limit (segfault, abort, file-size limit, ...).
-- Without root (or without namespace support) the sandbox degrades: what was actually applied
-  is recorded in `SandboxResult.isolation`, so no run silently claims a guarantee it lacks.
 
-Needs Linux. Python >= 3.9 for pidfd_open; `unshare` is reached through libc via ctypes since
-`os.unshare` only exists from Python 3.12.
+Needs Linux. Python >= 3.9 for pidfd_open; `unshare` and `mount` are reached through libc via
+ctypes since `os.unshare` only exists from Python 3.12.
 """
 
 from __future__ import annotations
@@ -54,7 +58,8 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from pathlib import Path
+from typing import Iterable, Sequence, Union
 
 from corp import CorpError
 
@@ -124,241 +129,55 @@ def _give_uid(uid: int) -> None:
         _uids_in_use.discard(uid)
 
 
-# ---------------------------------------------------------------- the wrapper (runs as root in the child)
-
-_WRAPPER = r'''
-import ctypes, json, os, resource, select, signal, sys, time, traceback
-cfg = json.loads(sys.argv[1])
-SFD = cfg["status_fd"]
-def report(**d):
-    try:
-        os.write(SFD, (json.dumps(d) + "\n").encode())
-    except OSError:
-        pass
-src = sys.stdin.buffer.read().decode("utf-8", "replace")
-iso = {"netns": False, "pidns": False, "mountns": False, "private_tmp": False, "proc": False,
-       "uid": None, "rlimits": True, "clean_env": True, "new_session": True}
-libc = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x8000000, 0x20000000, 0x40000000
-MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
-def mount(source, target, fstype, flags, data):
-    if libc.mount(source, target, fstype, ctypes.c_ulong(flags), data) != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, "mount %s: %s" % (target.decode(), os.strerror(e)))
-if cfg["namespaces"]:
-    if libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET) == 0:
-        iso.update(netns=True, pidns=True, mountns=True)
-    elif cfg["require_isolation"]:
-        report(event="error", msg="unshare failed: " + os.strerror(ctypes.get_errno())); sys.exit(70)
-sr, sw = os.pipe()  # marker pipe: the program's epilogue writes the nonce to sw
-WORK = None
-try:
-    init = os.fork()
-except OSError as exc:
-    report(event="error", msg="fork failed: %s" % exc); sys.exit(70)
-if init == 0:
-    # ---------------- init: pid 1 of the new namespace (or a plain child without namespaces)
-    try:
-        if iso["mountns"]:
-            mount(None, b"/", None, MS_REC | MS_PRIVATE, None)
-            # Handles on the interpreter's directories before anything is covered: a venv may live
-            # under /tmp (a CI checkout) or under a private directory, and is bound back below.
-            fds = {p: os.open(p, os.O_PATH | os.O_DIRECTORY) for p in cfg["expose"]}
-            bound = set()
-
-            def bind_back(p):
-                os.makedirs(p, exist_ok=True)
-                mount(("/proc/self/fd/%d" % fds[p]).encode(), p.encode(), None, MS_BIND | MS_REC, None)
-                bound.add(p)
-
-            opts = ("size=%dm,mode=1777" % cfg["tmp_mb"]).encode()
-            covered = []
-            for d in ("/tmp", "/var/tmp", "/run/lock", "/dev/shm"):
-                if os.path.isdir(d):
-                    mount(b"tmpfs", d.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts)
-                    covered.append(d)
-            iso["private_tmp"] = True
-            for p in cfg["expose"]:
-                if any(p == d or p.startswith(d + "/") for d in covered):
-                    bind_back(p)
-            # The interpreter may live under a private directory (here /root/.pyenv, /root is 0700):
-            # cover the top private ancestor with an empty tmpfs and bind only the interpreter's
-            # prefix back, so the program can import the stdlib and sees nothing else there.
-            groups = {}
-            for p in cfg["expose"]:
-                if p in bound:
-                    continue
-                parts = p.strip("/").split("/")
-                for k in range(1, len(parts)):
-                    a = "/" + "/".join(parts[:k])
-                    if not (os.stat(a).st_mode & 0o001):
-                        groups.setdefault(a, []).append(p)
-                        break
-            for top, paths in groups.items():
-                mount(b"tmpfs", top.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755")
-                for p in paths:
-                    bind_back(p)
-                iso.setdefault("masked", []).append(top)
-            for fd in fds.values():
-                os.close(fd)
-            if iso["pidns"]:
-                try:
-                    mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None); iso["proc"] = True
-                except OSError:
-                    pass
-            WORK = "/tmp/work"
-            os.mkdir(WORK, 0o700)
-        else:
-            import tempfile
-            WORK = tempfile.mkdtemp(prefix="corp-sbx-")
-        uid = cfg["uid"] if os.geteuid() == 0 else None
-        if uid is not None:
-            os.chown(WORK, uid, uid)
-        iso["uid"] = uid
-        iso["workdir"] = WORK
-    except BaseException as exc:
-        report(event="error", msg="init setup: %s" % exc); os._exit(70)
-    report(event="isolation", isolation=iso)
-    try:
-        prog = os.fork()
-    except OSError as exc:
-        report(event="error", msg="fork failed: %s" % exc); os._exit(70)
-    if prog == 0:
-        # ---------------- the program
-        try:
-            os.close(sr)
-            fd = os.open(os.devnull, os.O_RDONLY); os.dup2(fd, 0); os.close(fd)
-            R = resource
-            mem = cfg["memory_mb"] * 1024 * 1024
-            cpu = cfg["cpu_s"]
-            for lim, val in ((R.RLIMIT_AS, (mem, mem)), (R.RLIMIT_CPU, (cpu, cpu + 1)),
-                             (R.RLIMIT_NOFILE, (cfg["nofile"], cfg["nofile"])),
-                             (R.RLIMIT_FSIZE, (cfg["fsize_mb"] * 1048576,) * 2), (R.RLIMIT_CORE, (0, 0))):
-                R.setrlimit(lim, val)
-            if uid is not None:
-                R.setrlimit(R.RLIMIT_NPROC, (cfg["nproc"], cfg["nproc"]))
-                os.setgroups([])
-                os.setresgid(uid, uid, uid)
-                os.setresuid(uid, uid, uid)
-            libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG (after the uid change, which clears it)
-            os.chdir(WORK)
-            os.umask(0o077)
-            os.close(SFD)
-        except BaseException as exc:
-            report(event="error", msg="program setup: %s" % exc); os._exit(71)
-        sys.argv = ["program.py"]
-        sys.path[:] = [p for p in sys.path if p not in ("", ".")]
-        g = {"__name__": "__main__", "__file__": "program.py", "__builtins__": __builtins__}
-        src = src.replace("__CORP_MARKER_FD__", str(sw))
-        rc = 0
-        try:
-            exec(compile(src, "program.py", "exec"), g)
-        except SystemExit as e:
-            code = e.code
-            if code is None:
-                rc = 0
-            elif isinstance(code, int):
-                rc = code & 0xFF
-            else:
-                try:
-                    print(code, file=sys.stderr)
-                except BaseException:
-                    pass
-                rc = 1
-        except BaseException:
-            try:
-                traceback.print_exc()
-            except BaseException:
-                pass
-            rc = 1
-        for s in (sys.stdout, sys.stderr):
-            try:
-                s.flush()
-            except BaseException:
-                pass
-        os._exit(rc)
-    # init: wait for the program, report, exit (which kills anything it left in the namespace)
-    os.close(sw)
-    while True:
-        try:
-            _, st, ru = os.wait4(prog, 0)
-            break
-        except ChildProcessError:
-            st, ru = None, None
-            break
-        except InterruptedError:
-            continue
-    os.set_blocking(sr, False)
-    try:
-        marker = os.read(sr, 256).decode("ascii", "replace")
-    except OSError:
-        marker = ""
-    res = {"event": "exit", "marker": marker, "cpu_s": (ru.ru_utime + ru.ru_stime) if ru else None,
-           "max_rss_kb": ru.ru_maxrss if ru else None}
-    if st is None:
-        res.update(how="lost")
-    elif os.WIFSIGNALED(st):
-        res.update(how="signaled", signal=os.WTERMSIG(st))
-    else:
-        res.update(how="exited", code=os.waitstatus_to_exitcode(st))
-    report(**res)
-    if not iso["mountns"]:
-        import shutil
-        shutil.rmtree(WORK, ignore_errors=True)
-    os._exit(0)
-# ---------------- wrapper: enforce the wall-clock limit on init
-os.close(sw); os.close(sr)
-report(event="started", init_pid=init)
-deadline = time.monotonic() + cfg["timeout"]
-try:
-    pfd = os.pidfd_open(init)
-except OSError:
-    pfd = None
-timed_out = False
-if pfd is not None:
-    p = select.poll(); p.register(pfd, select.POLLIN)
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            timed_out = True
-            break
-        try:
-            if p.poll(left * 1000):
-                break
-        except InterruptedError:
-            pass
-else:
-    while os.waitpid(init, os.WNOHANG) == (0, 0):
-        if time.monotonic() > deadline:
-            timed_out = True
-            break
-        time.sleep(0.005)
-if timed_out:
-    try:
-        os.kill(init, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    report(event="timeout")
-    if not iso["pidns"]:
-        try:
-            os.killpg(0, signal.SIGKILL)  # no pid namespace: the process group is all we can reach
-        except OSError:
-            pass
-try:
-    os.waitpid(init, 0)
-except ChildProcessError:
-    pass
-sys.exit(0)
-'''
-
-_EPILOGUE = "\n\n__import__('os').write(__CORP_MARKER_FD__, b'{nonce}')\n"
-
-_HAVE_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+WRAPPER = str(Path(__file__).with_name("sandbox_wrapper.py"))
+ISOLATED_LEVELS = ("namespaces+uid", "user-namespaces")
+UNSAFE_ENV = "CORP_UNSAFE_NO_ISOLATION"
 MINIMAL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp/work", "PYTHONDONTWRITEBYTECODE": "1"}
 # Directories the program must be able to read: the interpreter's prefixes (stdlib, venv).
 _EXPOSE = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix) if p and os.path.isdir(p)})
 DEFAULT_CONCURRENCY = max(1, os.cpu_count() or 1)
+
+
+@dataclass(frozen=True)
+class Tests:
+    """Tests run by a separate tester process that the program cannot see or patch.
+
+    `source` is the test code (asserts, or `def check(...)` plus its call); the program never
+    receives it. Every name it uses that is neither a builtin nor defined by the tests or the
+    `prelude` is looked up in the program: a function becomes a proxy whose return values come
+    back as plain data, a module is imported afresh in the tester, anything else is passed back to
+    the program by name. `remote` names always come from the program (the entry point), even
+    where the prelude defines them. `setup` is trusted code run in the program's process after its
+    code (MBPP's tree-building setup); `prelude` is trusted code run in the tester first
+    (HumanEval's prompt: its imports and helper functions such as `poly`)."""
+
+    source: str
+    setup: str = ""
+    prelude: str = ""
+    remote: tuple[str, ...] = ()
+    __test__ = False  # not a pytest test class, whatever its name
+
+
+def unsafe_allowed(allow_unisolated: bool = False) -> bool:
+    """True when the caller or the environment (CORP_UNSAFE_NO_ISOLATION=1) accepts running
+    programs without isolation."""
+    return bool(allow_unisolated) or os.environ.get(UNSAFE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+_LEVEL_CACHE: dict[bool, dict] = {}
+
+
+def isolation_level(namespaces: bool = True) -> dict:
+    """The isolation this machine gives, probed once per process with an empty program:
+    {"level": ..., "isolated": bool, "why": reason when not isolated}."""
+    if namespaces not in _LEVEL_CACHE:
+        r = run_program("pass", timeout=10, namespaces=namespaces, allow_unisolated=True)
+        level = r.isolation.get("level", "unknown")
+        info = {"level": level, "isolated": level in ISOLATED_LEVELS, "why": r.isolation.get("unavailable", "")}
+        if r.status is not Status.PASS:
+            info.update(isolated=False, why=f"the sandbox itself failed: {r.detail}")
+        _LEVEL_CACHE[namespaces] = info
+    return dict(_LEVEL_CACHE[namespaces])
 
 
 def _validate(timeout: float, memory_mb: int, max_processes: int, max_open_files: int, max_output_bytes: int) -> None:
@@ -386,48 +205,64 @@ def run_program(
     timeout: float = 5.0,
     memory_mb: int = 1024,
     *,
+    tests: Tests | None = None,
     max_processes: int = 32,
     max_open_files: int = 64,
     max_file_mb: int = 16,
     tmp_mb: int = 64,
     max_output_bytes: int = 65536,
     namespaces: bool = True,
-    require_isolation: bool = False,
+    allow_unisolated: bool = False,
 ) -> SandboxResult:
-    """Run `code` as `__main__` in the sandbox; pass = it ran to the end and exited 0.
+    """Run `code` as `__main__` in the sandbox.
 
-    `timeout` is the wall-clock limit (CPU time is limited to the same, rounded up); `memory_mb`
-    the address-space limit. `namespaces=False` skips the net/pid/mount namespaces (for tests of
-    the uid layer alone); `require_isolation=True` turns a missing namespace into sandbox_error.
+    With `tests`, pass = the tests ran to the end against the program (see `Tests`); without,
+    pass = the program ran to its last line and exited 0. `timeout` is the wall-clock limit (CPU
+    time is limited to the same, rounded up); `memory_mb` the address-space limit of the program
+    (and of the tester). `namespaces=False` skips the namespaces (for tests of the uid layer
+    alone). Where no isolation is available the program is refused (sandbox_error) unless
+    `allow_unisolated=True` or CORP_UNSAFE_NO_ISOLATION=1.
     """
     if not isinstance(code, str):
         raise CorpError(f"sandbox: program must be a str, got {type(code).__name__}")
+    if tests is not None and not isinstance(tests, Tests):
+        raise CorpError(f"sandbox: tests must be a Tests, got {type(tests).__name__}")
     _validate(timeout, memory_mb, max_processes, max_open_files, max_output_bytes)
-    nonce = secrets.token_hex(16)
-    source = code + _EPILOGUE.format(nonce=nonce)
     uid = _take_uid()
     cfg = {
         "timeout": float(timeout), "memory_mb": memory_mb, "cpu_s": int(timeout) + 1, "nproc": max_processes,
         "nofile": max_open_files, "fsize_mb": max_file_mb, "tmp_mb": tmp_mb, "uid": uid,
-        "namespaces": bool(namespaces) and _HAVE_ROOT, "require_isolation": require_isolation, "expose": _EXPOSE,
+        "namespaces": bool(namespaces), "allow_unisolated": unsafe_allowed(allow_unisolated), "expose": _EXPOSE,
     }
+    job = {"code": code, "setup": tests.setup if tests is not None else ""}
     status_r, status_w = os.pipe()
     cfg["status_fd"] = status_w
+    pass_fds = [status_w]
+    tests_fd = None
+    if tests is not None:
+        # A memfd, not a pipe or a file: only the tester reads it, after the program was forked
+        # and had closed its copy; nothing on disk, and no writer that could block.
+        tests_fd = os.memfd_create("corp-tests", os.MFD_CLOEXEC)
+        os.write(tests_fd, json.dumps({"source": tests.source, "prelude": tests.prelude, "remote": list(tests.remote)}).encode("utf-8", "surrogatepass"))
+        cfg["tests_fd"] = tests_fd
+        pass_fds.append(tests_fd)
     t0 = time.monotonic()
     try:
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", _WRAPPER, json.dumps(cfg)],
+                [sys.executable, "-I", WRAPPER, json.dumps(cfg)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=MINIMAL_ENV, cwd="/", start_new_session=True, pass_fds=(status_w,), close_fds=True,
+                env=MINIMAL_ENV, cwd="/", start_new_session=True, pass_fds=pass_fds, close_fds=True,
             )
         except OSError as exc:
             os.close(status_r)
             return SandboxResult(Status.SANDBOX_ERROR, detail=f"cannot start the sandbox: {exc}", wall_s=time.monotonic() - t0)
         finally:
             os.close(status_w)
+            if tests_fd is not None:
+                os.close(tests_fd)
         try:
-            proc.stdin.write(source.encode("utf-8", "surrogatepass"))
+            proc.stdin.write(json.dumps(job).encode("utf-8", "surrogatepass"))
             proc.stdin.close()
         except (BrokenPipeError, OSError):
             pass
@@ -435,7 +270,7 @@ def run_program(
         wall = time.monotonic() - t0
     finally:
         _give_uid(uid)
-    return _classify(out, err, status_text, truncated, overstayed, proc.returncode, nonce, wall, timeout)
+    return _classify(out, err, status_text, truncated, overstayed, proc.returncode, wall, timeout, tests is not None)
 
 
 def _collect(proc: subprocess.Popen, status_r: int, limit: float, cap: int):
@@ -483,7 +318,17 @@ def _collect(proc: subprocess.Popen, status_r: int, limit: float, cap: int):
     return dec(bufs["out"]), dec(bufs["err"]), dec(bufs["status"]), truncated, overstayed
 
 
-def _classify(out, err, status_text, truncated, overstayed, wrapper_rc, nonce, wall, timeout) -> SandboxResult:
+def _signal_status(r: SandboxResult, sig: int | None, cpu_s: float | None, timeout: float) -> SandboxResult:
+    r.signal = sig
+    name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
+    if sig == signal.SIGXCPU or (sig == signal.SIGKILL and (cpu_s or 0) >= int(timeout) + 1 - 0.05):
+        r.status, r.detail = Status.TIMEOUT, f"CPU-time limit {int(timeout) + 1} s ({name})"
+    else:
+        r.status, r.detail = Status.CRASH, f"killed by {name}"
+    return r
+
+
+def _classify(out, err, status_text, truncated, overstayed, wrapper_rc, wall, timeout, checked) -> SandboxResult:
     events = []
     for line in status_text.splitlines():
         try:
@@ -491,7 +336,7 @@ def _classify(out, err, status_text, truncated, overstayed, wrapper_rc, nonce, w
         except ValueError:
             pass
     isolation: dict = {}
-    exit_ev = timeout_ev = error_ev = None
+    exit_ev = timeout_ev = error_ev = verdict = refused = None
     for ev in events:
         kind = ev.get("event")
         if kind == "isolation":
@@ -502,13 +347,24 @@ def _classify(out, err, status_text, truncated, overstayed, wrapper_rc, nonce, w
             timeout_ev = ev
         elif kind == "error":
             error_ev = ev
+        elif kind == "verdict":
+            verdict = ev
+        elif kind == "refused":
+            refused = ev
+            isolation = ev.get("isolation", {})
     r = SandboxResult(Status.SANDBOX_ERROR, stdout=out, stderr=err, truncated=truncated, wall_s=wall, isolation=isolation)
-    if exit_ev is not None:
-        r.cpu_s = exit_ev.get("cpu_s")
-        if exit_ev.get("max_rss_kb") is not None:
-            r.max_rss_mb = exit_ev["max_rss_kb"] / 1024
+    prog = (exit_ev or {}).get("program") or {}
+    r.cpu_s = prog.get("cpu_s")
+    if prog.get("max_rss_kb") is not None:
+        r.max_rss_mb = prog["max_rss_kb"] / 1024
+    if refused is not None:
+        r.detail = refused.get("msg", "refused: no isolation") + f"; set {UNSAFE_ENV}=1 (or allow_unisolated=True) to run it anyway"
+        return r
     if error_ev is not None:
         r.detail = error_ev.get("msg", "setup error")
+        return r
+    if checked and verdict is not None and verdict.get("passed") is True:
+        r.status = Status.PASS
         return r
     if timeout_ev is not None or (overstayed and exit_ev is None):
         r.status, r.detail = Status.TIMEOUT, f"wall-clock limit {timeout:g} s" + (" (wrapper overstayed; process group killed)" if overstayed else "")
@@ -516,18 +372,24 @@ def _classify(out, err, status_text, truncated, overstayed, wrapper_rc, nonce, w
     if exit_ev is None:
         r.detail = f"sandbox wrapper exited with {wrapper_rc} without a result; stderr: {err[-300:]!r}"
         return r
-    how = exit_ev.get("how")
-    if how == "signaled":
-        r.signal = sig = exit_ev.get("signal")
-        name = signal.Signals(sig).name if sig in signal.Signals._value2member_map_ else str(sig)
-        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and (r.cpu_s or 0) >= int(timeout) + 1 - 0.05):
-            r.status, r.detail = Status.TIMEOUT, f"CPU-time limit {int(timeout) + 1} s ({name})"
+    how = prog.get("how")
+    if how == "signaled" and not prog.get("ended_by_init"):
+        return _signal_status(r, prog.get("signal"), r.cpu_s, timeout)
+    if how == "exited":
+        r.returncode = prog.get("code")
+    if checked:
+        tester = exit_ev.get("tester") or {}
+        r.status = Status.FAIL
+        if verdict is not None:
+            r.detail = "tests failed" + (f": {verdict.get('why')}" if verdict.get("why") else "")
+        elif tester.get("how") == "signaled":
+            r.detail = f"the tests did not finish (tester killed by signal {tester.get('signal')})"
         else:
-            r.status, r.detail = Status.CRASH, f"killed by {name}"
+            r.detail = "the tests did not finish"
         return r
     if how == "exited":
-        r.returncode = rc = exit_ev.get("code")
-        if rc == 0 and exit_ev.get("marker") == nonce:
+        rc = r.returncode
+        if rc == 0 and prog.get("reached_end"):
             r.status = Status.PASS
         elif rc == 0:
             r.status, r.detail = Status.FAIL, "exited 0 before reaching the end of the program"
@@ -538,38 +400,45 @@ def _classify(out, err, status_text, truncated, overstayed, wrapper_rc, nonce, w
     return r
 
 
+Job = Union[str, "tuple[str, Tests | None]"]
+
+
 def run_many(
-    programs: Sequence[str],
+    programs: Sequence[Job],
     concurrency: int | None = None,
     **kwargs,
 ) -> list[SandboxResult]:
-    """Run every program through `run_program` (same keyword options), at most `concurrency` at
-    once (default: the number of CPUs); results in input order. A failure inside the sandbox
-    machinery for one program is that program's sandbox_error, never an exception."""
-    programs = list(programs)
+    """Run every program (a code string, or a `(code, Tests)` pair) through `run_program` (same
+    keyword options), at most `concurrency` at once (default: the number of CPUs); results in
+    input order. A failure inside the sandbox machinery for one program is that program's
+    sandbox_error, never an exception."""
+    jobs: list[tuple[str, Tests | None]] = []
     if concurrency is None:
         concurrency = DEFAULT_CONCURRENCY
     if not (isinstance(concurrency, int) and concurrency >= 1):
         raise CorpError(f"sandbox concurrency must be an integer >= 1, got {concurrency!r}")
     for i, p in enumerate(programs):
-        if not isinstance(p, str):
-            raise CorpError(f"sandbox: program {i} must be a str, got {type(p).__name__}")
-    if not programs:
+        code, tests = (p, None) if isinstance(p, str) else (tuple(p) + (None,))[:2] if isinstance(p, tuple) else (p, None)
+        if not isinstance(code, str) or not (tests is None or isinstance(tests, Tests)):
+            raise CorpError(f"sandbox: program {i} must be a str or a (str, Tests) pair, got {type(p).__name__}")
+        jobs.append((code, tests))
+    if not jobs:
         return []
     _validate(kwargs.get("timeout", 5.0), kwargs.get("memory_mb", 1024), kwargs.get("max_processes", 32), kwargs.get("max_open_files", 64), kwargs.get("max_output_bytes", 65536))
 
-    def one(code: str) -> SandboxResult:
+    def one(job: tuple[str, Tests | None]) -> SandboxResult:
         try:
-            return run_program(code, **kwargs)
+            return run_program(job[0], tests=job[1], **kwargs)
         except CorpError:
             raise
         except Exception as exc:  # machinery failure (fd exhaustion, ...): the program's own error
             return SandboxResult(Status.SANDBOX_ERROR, detail=f"{type(exc).__name__}: {exc}")
 
-    if concurrency == 1 or len(programs) == 1:
-        return [one(p) for p in programs]
-    with ThreadPoolExecutor(max_workers=min(concurrency, len(programs))) as pool:
-        return list(pool.map(one, programs))
+    if concurrency == 1 or len(jobs) == 1:
+        return [one(j) for j in jobs]
+    with ThreadPoolExecutor(max_workers=min(concurrency, len(jobs))) as pool:
+        return list(pool.map(one, jobs))
 
 
-__all__ = ["Status", "STATUSES", "SandboxResult", "run_program", "run_many", "status_counts", "DEFAULT_CONCURRENCY", "MINIMAL_ENV"]
+__all__ = ["Status", "STATUSES", "SandboxResult", "Tests", "run_program", "run_many", "status_counts", "isolation_level", "unsafe_allowed",
+           "ISOLATED_LEVELS", "UNSAFE_ENV", "DEFAULT_CONCURRENCY", "MINIMAL_ENV"]
