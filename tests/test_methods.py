@@ -151,6 +151,9 @@ def test_registry_entry_is_complete(name):
     assert callable(m.run_function)
     assert m.help and "\n" not in m.help
     assert (m.smoke is None) != (m.no_smoke is None)
+    from corp.consolidate.recipe import RECIPE_KINDS
+
+    assert set(m.recipes) <= set(RECIPE_KINDS), f"{name}: recipe kinds {m.recipes} that `corp apply` cannot rebuild"
     if m.smoke is not None:
         load_config(cls, None, {**m.smoke, **COMMON})  # the smoke options are valid options
 

@@ -102,7 +102,7 @@ METHODS: tuple[Method, ...] = (
     Method("randopt", "corp.config:RandOptConfig", "corp.baselines.randopt:run_randopt",
            "RandOpt: score N perturbed specialists, report base, top-1 and top-K vote on the test split.",
            smoke={**_SMALL, "population": 3, "sigmas": "0.05", "top_k": "1,2"}),
-    Method("consolidate", "corp.consolidate.corp_operator:ConsolidateConfig", "corp.consolidate.run:run_consolidate",
+    Method("consolidate", "corp.consolidate.config:ConsolidateConfig", "corp.consolidate.run:run_consolidate",
            "CoRP: consolidate a rewarded population into one gated model (recipe.json + model/).",
            recipes=("corp-direction", "low-rank"), model=True, smoke={**_SMALL, "population": 4, "sigmas": "0.05", "alphas": "1,2", "top_k": "1,2"}),
     Method("es", "corp.baselines.es:ESConfig", "corp.baselines.es:run_es",
