@@ -158,6 +158,29 @@ def test_registry_entry_is_complete(name):
         load_config(cls, None, {**m.smoke, **COMMON})  # the smoke options are valid options
 
 
+def test_from_run_through_the_cli_reuses_a_scored_population(tiny_dir, runs_root, tmp_path):
+    """`corp score`, then `corp randopt --from-run` (and the deprecated --population-from): the
+    population is read from the scored run, none is scored again."""
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    source = smoke_run("score", tiny_dir, runs_root)["run_dir"]
+    options = {**REGISTRY["randopt"].smoke, **COMMON, "model": str(tiny_dir)}
+    flags = [x for k, v in options.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    for i, how in enumerate(["--from-run", "--population-from"]):
+        run = tmp_path / f"r{i}"
+        with count_model_calls() as calls:
+            res = CliRunner().invoke(app, ["randopt", *flags, how, str(source), "--run-dir", str(run)])
+        assert res.exit_code == 0, res.output
+        assert "randopt-top1" in res.output and f"from {source}" in res.output
+        assert not (run / "population.jsonl").exists()
+        k = max(int(x) for x in options["top_k"].split(","))  # test split fits one batch: one generate per model
+        assert calls["generate"] <= 1 + k, "only test-split evaluations (base + top-K), no population scoring"
+        report = json.loads((run / "report.json").read_text())
+        assert report["population"]["source"]["from"] == str(source) and report["population"]["n"] == 3
+
+
 def test_cli_has_one_command_per_method():
     from typer.main import get_command
 
