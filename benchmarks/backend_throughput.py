@@ -47,8 +47,8 @@ def run_config(label: str, n: int, args, **overrides) -> dict:
     rows = ensure_population(ctx)
     wall = time.perf_counter() - t1
     executor.close()
-    if getattr(ctx, "_backend", None) is not None:
-        ctx._backend.close()
+    if ctx.has_backend():
+        ctx.backend.close()
     per_spec = [r["seconds"] + r["apply_seconds"] for r in rows]
     apply = [r["apply_seconds"] for r in rows]
     parallel = overrides.get("executor") == "ray"

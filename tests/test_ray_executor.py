@@ -58,12 +58,12 @@ def test_ray_two_workers_same_population_as_local(tmp_path, tiny_dir):
     ctx = setup_run(cfg_for(tmp_path / "ray", tiny_dir, executor="ray", workers=2), "randopt")
     try:
         rows = ensure_population(ctx)
-        ex = ctx._executor
+        ex = ctx.executor
         assert ex.name == "ray" and len(ex.actors) == 2
         assert len(set(ex.pids())) == 2, "two separate worker processes"
         assert ctx.backend.__class__.__name__ == "RemoteBackend", "the driver loads no model of its own"
     finally:
-        ctx._executor.close()
+        ctx.executor.close()
     assert [r["key"] for r in rows] == [r["key"] for r in local], "same ranking"
     assert strip_timing(rows) == strip_timing(local), "identical rows (seed, sigma, rewards, answers, tokens)"
     on_disk = read_jsonl(tmp_path / "ray" / "population.jsonl", key="key")
@@ -71,7 +71,7 @@ def test_ray_two_workers_same_population_as_local(tmp_path, tiny_dir):
     # resumable exactly as the local executor: a rerun on the same directory scores nothing
     ctx2 = setup_run(cfg_for(tmp_path / "ray", tiny_dir), "randopt")
     calls = []
-    ctx2._executor = type("Spy", (), {"map": lambda self, c, specs, split: calls.extend(specs) or iter(()), "close": lambda self: None})()
+    ctx2.executor = type("Spy", (), {"map": lambda self, c, specs, split: calls.extend(specs) or iter(()), "close": lambda self: None})()
     again = ensure_population(ctx2)
     assert calls == [] and strip_timing(again) == strip_timing(local)
 

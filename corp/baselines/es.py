@@ -26,7 +26,6 @@ Where we depart from the paper, and why:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -36,11 +35,15 @@ import torch
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.bench.ledger import FLOPS_FORMULA
 from corp.config import RunConfig
-from corp.evaluate.scorer import check_meta, evaluate, evaluate_current, population_meta, result_row, setup_run
-from corp.perturb import SCHEME_VERSION, Component, Direction
-from corp.runs import append_jsonl, read_json, read_jsonl, write_json
+from corp.evaluate.scorer import (
+    POPULATION_FILE, EvalCache, cached_eval, check_meta, direction_fingerprint, open_run, population_definition, population_meta, run_evals,
+)
+from corp.consolidate.recipe import make_recipe, write_recipe
+from corp.perturb import Component, Direction, ParamFilter
+from corp.perturb.noise import derive_seeds
+from corp.runs import ReportRow, append_jsonl, format_rows, read_json, read_jsonl, write_json, write_report
+from corp.stats import PerExample, zscore
 
 
 @dataclass
@@ -80,15 +83,8 @@ class ESConfig(RunConfig):
 
 
 def iteration_seeds(master_seed: int, iteration: int, n: int) -> list[int]:
-    """n distinct seeds for iteration t, a function of (master seed, t) only."""
-    seeds, i = [], 0
-    while len(seeds) < n:
-        d = hashlib.blake2b(f"corp-es|{int(master_seed)}|{int(iteration)}|{i}".encode(), digest_size=4).digest()
-        s = int.from_bytes(d, "little") & 0x7FFFFFFF
-        if s not in seeds:
-            seeds.append(s)
-        i += 1
-    return seeds
+    """n distinct seeds for iteration t, a function of (master seed, t) only (the shared derivation)."""
+    return derive_seeds("corp-es", master_seed, iteration, n=n)
 
 
 def specialists(cfg: ESConfig, iteration: int) -> list[tuple[int, int]]:
@@ -99,11 +95,10 @@ def specialists(cfg: ESConfig, iteration: int) -> list[tuple[int, int]]:
 
 
 def fitness(rewards: np.ndarray, kind: str) -> np.ndarray:
-    """z-scores (0 when all rewards are equal) or centred ranks in [-0.5, 0.5] (ties share their mean rank)."""
+    """z-scores (corp.stats.zscore: 0 when all rewards are equal) or centred ranks in [-0.5, 0.5] (ties share their mean rank)."""
     r = np.asarray(rewards, dtype=np.float64)
     if kind == "zscore":
-        sd = r.std()
-        return (r - r.mean()) / sd if sd > 1e-12 else np.zeros_like(r)
+        return zscore(r)
     from scipy.stats import rankdata
 
     return (rankdata(r) - 1) / (len(r) - 1) - 0.5
@@ -134,10 +129,21 @@ class Centre:
             d.add_to(base, name, self._gen, self._buf)
 
 
+def es_definition(cfg: ESConfig, task, splits, max_new_tokens: int) -> dict:
+    """What defines an ES run's rows (kind "es": noise around a moving centre, never a population of
+    perturbations of the base, so `--from-run` refuses it). --iterations may grow on resume."""
+    return population_definition(cfg, task, splits, max_new_tokens, kind="es", sigma=cfg.sigma, alpha=cfg.alpha,
+                                 population=cfg.population, antithetic=cfg.antithetic, fitness=cfg.fitness)
+
+
 def run_es(cfg: ESConfig, backend=None) -> dict:
+    with open_run(cfg, "es", backend, defines=lambda task, splits, max_new: es_definition(cfg, task, splits, max_new)) as ctx:
+        return _run_es(cfg, ctx)
+
+
+def _run_es(cfg: ESConfig, ctx) -> dict:
     from corp.models import save_model
 
-    ctx = setup_run(cfg, "es", backend)
     base_hash = ctx.weights_hash  # of the base, before the centre moves
     model_id = getattr(ctx.backend, "model_id", cfg.model)
     perturber = getattr(ctx.backend, "perturber", None)
@@ -145,46 +151,36 @@ def run_es(cfg: ESConfig, backend=None) -> dict:
         raise CorpError("corp es needs a backend with an in-process model; pass --backend hf")
     run_dir = ctx.run_dir
     state_path = run_dir / "es_state.json"
-    pop_path = run_dir / "population.jsonl"
-    check_meta(run_dir / "population_meta.json", population_meta(ctx, "support"), "population.jsonl")
-    test_path = run_dir / "test_evals.jsonl"
-    tests = {r["key"]: r for r in read_jsonl(test_path, key="key")}
-
-    def test_row(key: str, direction_is_base: bool) -> dict:
-        if key not in tests:
-            res = evaluate(ctx, ctx.splits["test"], None) if direction_is_base else evaluate_current(ctx, ctx.splits["test"])
-            tests[key] = result_row(None, None, "test", res, key=key)
-            append_jsonl(test_path, tests[key])
-        return tests[key]
+    pop_path = run_dir / POPULATION_FILE
+    check_meta(run_dir / "population_meta.json", population_meta(ctx), POPULATION_FILE)
+    evals = run_evals(ctx)
+    base_test = cached_eval(ctx, evals, "test", None)  # the base, before the centre moves (cached on resume)
 
     state = read_json(state_path) if state_path.exists() else {"iteration": 0, "components": [], "base_weights_hash": base_hash}
     if state.get("base_weights_hash") != base_hash:
         raise CorpError(f"'{state_path}' was made from other base weights; use another --run-dir")
     done_iters = int(state["iteration"])
-    if done_iters == 0:
-        test_row("base:test", True)  # while the centre is still the base
     centre = Centre(perturber)
     components = [Component(int(c["seed"]), float(c["sigma"]), float(c["coef"])) for c in state["components"]]
     centre.add(components)  # resume: same additions, same bits
 
-    scored = {r["key"]: r for r in read_jsonl(pop_path, key="key")}
+    scored = EvalCache(pop_path)
     metrics_path = run_dir / "metrics.jsonl"
-    logged = {r["iteration"] for r in read_jsonl(metrics_path, key="iteration")}
-    support = ctx.splits["support"]
+    logged = {r["iteration"] for r in read_jsonl(metrics_path, key="iteration", unique=True)}
     bar = tqdm(total=cfg.iterations, initial=done_iters, desc="es", unit="iter", dynamic_ncols=True, disable=os.environ.get("CORP_NO_PROGRESS") == "1")
     try:
         for t in range(done_iters, cfg.iterations):
             t0 = time.perf_counter()
             specs = specialists(cfg, t)
+            centre_fp = direction_fingerprint(Direction(components))
             rewards, rows = [], []
             for seed, sign in specs:
-                key = f"it{t}:{seed}:{sign}"
-                if key not in scored:
-                    res = evaluate(ctx, support, Direction.single(seed, cfg.sigma, float(sign)))
-                    scored[key] = result_row(seed, cfg.sigma, "support", res, key=key, iteration=t, sign=sign)
-                    append_jsonl(pop_path, scored[key])
-                rows.append(scored[key])
-                rewards.append(scored[key]["reward"])
+                # a specialist is centre + sign * sigma * eps(seed): keyed by the centre's components, not by t
+                what = f"es-specialist|centre={centre_fp}|seed={seed}|sign={sign}|sigma={float(cfg.sigma)!r}"
+                r = cached_eval(ctx, scored, "support", Direction.single(seed, cfg.sigma, float(sign)), what=what, kind="es-specialist",
+                                seed=seed, sigma=cfg.sigma, iteration=t, sign=sign)
+                rows.append(r)
+                rewards.append(r["reward"])
             new = update_components(cfg, specs, rewards)
             centre.add(new)
             components += new
@@ -192,12 +188,8 @@ def run_es(cfg: ESConfig, backend=None) -> dict:
             row = {"iteration": t + 1, "reward_mean": float(np.mean(rewards)), "reward_max": float(np.max(rewards)), "reward_min": float(np.min(rewards)), "components": len(components)}
             led_tokens = {"prompt_tokens": sum(r["prompt_tokens"] for r in rows), "generated_tokens": sum(r["generated_tokens"] for r in rows)}
             if not cfg.skip_centre_eval:
-                key = f"centre{t + 1}:support"
-                if key not in scored:
-                    res = evaluate_current(ctx, support)
-                    scored[key] = result_row(None, None, "support", res, key=key, iteration=t + 1, centre=True)
-                    append_jsonl(pop_path, scored[key])
-                row["centre_reward"] = scored[key]["reward"]
+                c = cached_eval(ctx, scored, "support", what=f"es-centre|{direction_fingerprint(Direction(components))}", current=True, kind="es-centre", iteration=t + 1)
+                row["centre_reward"] = c["reward"]
             row["seconds"] = time.perf_counter() - t0
             row.update(led_tokens)
             write_json(state_path, {"iteration": t + 1, "components": Direction(components).to_json(), "base_weights_hash": base_hash})
@@ -209,36 +201,30 @@ def run_es(cfg: ESConfig, backend=None) -> dict:
         bar.close()
 
     ctx.backend.set_direction(None)  # the final centre
-    n_done = int(read_json(state_path)["iteration"])
-    final = test_row(f"centre{n_done}:test", False)  # keyed by iterations done, so a longer resumed run re-evaluates
-    recipe = {
-        "base_model": model_id,
-        "base_weights_hash": base_hash,
-        "noise_scheme": SCHEME_VERSION,
-        "param_filter": {"include": cfg.include, "exclude": cfg.exclude},
-        "components": Direction(components).to_json(),
-        "made_by": {"method": "es", "iterations": cfg.iterations, "population": cfg.population, "sigma": cfg.sigma, "alpha": cfg.alpha, "antithetic": cfg.antithetic, "fitness": cfg.fitness},
-    }
-    write_json(run_dir / "recipe.json", recipe)
+    # keyed by the centre's components, so a longer resumed run re-evaluates
+    final = cached_eval(ctx, evals, "test", what=f"es-centre|{direction_fingerprint(Direction(components))}", current=True, kind="es-centre")
+    # the shared recipe writer: kind es, base named as the user gave it (an alias works offline) and as resolved
+    made_by = {"method": "es", "iterations": cfg.iterations, "population": cfg.population, "sigma": cfg.sigma, "alpha": cfg.alpha, "antithetic": cfg.antithetic, "fitness": cfg.fitness}
+    write_recipe(run_dir / "recipe.json", make_recipe(cfg.model, model_id, base_hash, ParamFilter(cfg.include, cfg.exclude), Direction(components), made_by, kind="es", scheme=perturber.scheme))
     save_model(ctx.backend.model, ctx.backend.tokenizer, run_dir / "model")
     sel = ctx.ledger()
-    for r in read_jsonl(pop_path, key="key"):
+    for r in scored.rows.values():
         sel.add_generation(r["prompt_tokens"], r["generated_tokens"])
-    base = tests["base:test"]
-    report = {
-        "method": "es",
-        "model": cfg.model,
-        "task": cfg.task,
-        "run_dir": str(run_dir),
-        "iterations": cfg.iterations,
-        "n_test": len(ctx.splits["test"]),
-        "test_accuracy_before": base["accuracy"],
-        "test_accuracy_after": final["accuracy"],
-        "training_ledger": sel.to_dict(),
-        "flops_formula": FLOPS_FORMULA,
-        "metrics": read_jsonl(metrics_path, key="iteration"),
-        "recipe": str(run_dir / "recipe.json"),
-        "model_dir": str(run_dir / "model"),
-    }
-    write_json(run_dir / "report.json", report)
+    ids = ctx.example_ids("test")
+    rows = [
+        ReportRow("base", base_test["accuracy"], 1, ctx.ledger().add_generation(base_test["prompt_tokens"], base_test["generated_tokens"]), 0, PerExample(base_test["correct"], ids)),
+        ReportRow("es", final["accuracy"], 1, ctx.ledger().add_generation(final["prompt_tokens"], final["generated_tokens"]), len(ctx.splits["support"]), PerExample(final["correct"], ids),
+                  {"iterations": int(read_json(state_path)["iteration"])}),
+    ]
+    report = write_report(
+        run_dir, "es", cfg.model, cfg.task, rows, [("es", "base")], ids,
+        iterations=cfg.iterations,
+        test_accuracy_before=base_test["accuracy"],
+        test_accuracy_after=final["accuracy"],
+        training_ledger=sel.to_dict(),
+        metrics=read_jsonl(metrics_path, key="iteration", unique=True),
+        recipe=str(run_dir / "recipe.json"),
+        model_dir=str(run_dir / "model"),
+    )
+    report["table"] = "\n".join([format_rows(rows, report["comparisons"]), f"ES training (population and centre evaluations on the support split): {sel.flops:.3e} FLOPs"])
     return report

@@ -10,28 +10,22 @@ and the report states the mode, how many matrices got a rank and LoRA vs full pa
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
 
-from corp.bench.ledger import FLOPS_FORMULA
-from corp.baselines.randopt import MethodResult, format_table, randopt_results, report_dict
 from corp import CorpError
+from corp.baselines.randopt import population_line, population_summary, randopt_results
 from corp.consolidate.corp_operator import ConsolidateConfig, consolidate_stage1
 from corp.consolidate.stage2 import consolidate_stage2
 from corp.consolidate.lowrank import FACTORS_FILE, LowRankDirection, LowRankProjector, export_lora, read_analysis, resolve_ranks, write_factors
 from corp.consolidate.recipe import make_recipe, write_recipe
-from corp.evaluate.scorer import RunContext, ensure_population, evaluate, rows_ledger, setup_run
+from corp.evaluate.scorer import EvalCache, RunContext, cached_eval, direction_fingerprint, ensure_population, open_run, row_scores, run_evals
 from corp.models import save_model
 from corp.perturb import Direction, ParamFilter
-from corp.runs import append_jsonl, read_jsonl, write_json
+from corp.runs import ReportRow, format_rows, write_report
+from corp.stats import PerExample
 
-
-def direction_fingerprint(direction: Direction | None) -> str:
-    if direction is None or direction.is_zero():
-        return "base"
-    return hashlib.sha1(json.dumps(direction.to_json()).encode()).hexdigest()[:16]
+__all__ = ["RunScorer", "direction_fingerprint", "run_consolidate"]
 
 
 def low_rank_line(lr: dict) -> str:
@@ -47,31 +41,27 @@ def low_rank_line(lr: dict) -> str:
 
 
 class RunScorer:
-    """score(direction, split) -> per-example rewards, cached in `consolidate_evals.jsonl` (resume)."""
+    """score(direction, split) -> per-example rewards (a PerExample carrying the split's example ids),
+    cached in the run's evals.jsonl, keyed by what was evaluated and on exactly which examples (resume)."""
 
-    def __init__(self, ctx: RunContext, path):
-        self.ctx, self.path = ctx, path
-        self.rows = {r["key"]: r for r in read_jsonl(path, key="key")}
+    def __init__(self, ctx: RunContext, cache: EvalCache):
+        self.ctx, self.cache = ctx, cache
         self.ledger = ctx.ledger()  # what this consolidation needs (probe, validation, support halves), cached or not
         self._counted: set[str] = set()
 
     def row(self, direction: Direction | None, split: str) -> dict:
-        key = f"{split}|{direction_fingerprint(direction)}"
-        if key not in self.rows:
-            res = evaluate(self.ctx, self.ctx.splits[split], direction)
-            row = {"key": key, "split": split, "reward": res.mean_reward, "rewards": res.rewards, "correct": [int(c) for c in res.correct],
-                   "answers": res.answers, "prompt_tokens": res.prompt_tokens, "generated_tokens": res.generated_tokens, "seconds": res.seconds,
-                   "reward_errors": res.reward_errors, "n_components": len(direction.components) if direction else 0}
-            append_jsonl(self.path, row)
-            self.rows[key] = row
-        row = self.rows[key]
-        if split != "test" and key not in self._counted:
-            self._counted.add(key)
+        row = cached_eval(self.ctx, self.cache, split, direction, n_components=len(direction.components) if direction else 0)
+        if split != "test" and row["key"] not in self._counted:
+            self._counted.add(row["key"])
             self.ledger.add_generation(row["prompt_tokens"], row["generated_tokens"])
         return row
 
-    def __call__(self, direction: Direction | None, split: str) -> list[float]:
-        return self.row(direction, split)["rewards"]
+    def __call__(self, direction: Direction | None, split: str) -> PerExample:
+        return row_scores(self.row(direction, split), self.ctx.example_ids(split))
+
+    def example_ids(self, direction: Direction | None, split: str) -> list[str]:
+        """The ids of the examples `self(direction, split)` was computed on, in order (the gate checks both sides)."""
+        return self(direction, split).example_ids
 
     def cache_prefix(self, direction: Direction | None) -> None:
         perturber = getattr(self.ctx.backend, "perturber", None)
@@ -79,16 +69,22 @@ class RunScorer:
             perturber.cache_prefix(direction)
 
 
-def run_consolidate(cfg: ConsolidateConfig) -> dict:
-    ctx = setup_run(cfg, "consolidate", needs=("support", "probe", "validation", "test"))
+def run_consolidate(cfg: ConsolidateConfig, backend=None) -> dict:
+    with open_run(cfg, "consolidate", backend, needs=("support", "probe", "validation", "test")) as ctx:
+        return _consolidate(cfg, ctx)
+
+
+def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     support = ctx.splits["support"]
     ctx.splits["support_select"], ctx.splits["support_gate"] = support[: len(support) // 2], support[len(support) // 2 :]
     progress = os.environ.get("CORP_NO_PROGRESS") != "1"
-    rank_dir = str(cfg.rank_from or cfg.population_from or ctx.run_dir) if cfg.low_rank == "auto" else None
+    rank_dir = str(cfg.rank_from or cfg.from_run or ctx.run_dir) if cfg.low_rank == "auto" else None
     analysed = read_analysis(rank_dir) if rank_dir else None  # before scoring: no analysis is a quick error
     ranked = ensure_population(ctx)
-    population = sorted(ranked, key=lambda r: r["key"])  # order does not matter to CoRP; fix it anyway
-    scorer = RunScorer(ctx, ctx.run_dir / "consolidate_evals.jsonl")
+    # order does not matter to CoRP up to float rounding; fix it as it always was (by "<seed>:<sigma>"), so results reproduce
+    population = sorted(ranked, key=lambda r: f"{int(r['seed'])}:{float(r['sigma'])!r}:support")
+    evals = run_evals(ctx)
+    scorer = RunScorer(ctx, evals)
     if cfg.low_rank != "off" and getattr(ctx.backend, "perturber", None) is None:
         raise CorpError(f"--low-rank needs a backend that materialises directions through corp's Perturber (hf); '{type(ctx.backend).__name__}' does not")
     params = [(n, p.shape) for n, p in ctx.backend.perturber.params]
@@ -124,15 +120,19 @@ def run_consolidate(cfg: ConsolidateConfig) -> dict:
                 low_rank_report["lora_dir"] = None
                 low_rank_report["lora_note"] = "not written: CoRP abstained (or every rank is 0), so the output is the base model"
 
-    # test split: base, RandOpt top-1 / K-vote, CoRP
-    results, _ = randopt_results(ctx, ranked, cfg.top_k)
+    # test split: base, RandOpt top-1 / K-vote, CoRP, each with per-example outcomes and paired comparisons
+    results, _ = randopt_results(ctx, ranked, cfg.top_k, evals)
     corp_row = scorer.row(result.direction, "test")
     corp_ledger = ctx.ledger().add_generation(corp_row["prompt_tokens"], corp_row["generated_tokens"])
     label = "corp" if result.accepted else "corp (abstained=base)"
-    results.append(MethodResult(label, sum(corp_row["correct"]) / len(corp_row["correct"]), 1, corp_ledger))
+    labelled = sum(len(ctx.splits[s]) for s in ("support", "probe", "validation"))
+    results.append(ReportRow(label, sum(corp_row["correct"]) / len(corp_row["correct"]), 1, corp_ledger, labelled, PerExample(corp_row["correct"], ctx.example_ids("test"))))
+    compare = [(label, r.method) for r in results if r.method != label] + [(r.method, "base") for r in results if r.method not in ("base", label)]
     consolidation_cost = scorer.ledger.to_dict()
-    report = report_dict(
-        ctx, results, ranked,
+    report = write_report(
+        ctx.run_dir, ctx.method, cfg.model, cfg.task, results, compare, ctx.example_ids("test"),
+        population=population_summary(ctx, ranked),
+        labelled_examples_note=f"CoRP used {labelled} labelled examples (support {len(ctx.splits['support'])} + probe {len(ctx.splits['probe'])} + validation {len(ctx.splits['validation'])}); RandOpt used the support split only",
         corp={
             "accepted": result.accepted,
             "reason": result.reason,
@@ -148,7 +148,6 @@ def run_consolidate(cfg: ConsolidateConfig) -> dict:
             "consolidation_ledger": consolidation_cost,
         },
     )
-    write_json(ctx.run_dir / "report.json", report)
     g = result.gate
     chosen = next((st for st in result.stage1 if st["q"] == result.best.params["q"] and st["beta"] == result.best.params["beta"]), None)
     compat_line = (
@@ -156,11 +155,13 @@ def run_consolidate(cfg: ConsolidateConfig) -> dict:
         f"{chosen['compat_disagreement']['max_abs_alignment_diff']:.2e}, L1 diff of pass-2 weights {chosen['compat_disagreement']['w2_l1_diff']:.2e}"
         if chosen else ""
     )
-    report["table"] = "\n".join([
-        format_table(results, rows_ledger(ctx, ranked).flops),
+    report["table"] = "\n".join(x for x in [
+        format_rows(results, report["comparisons"], report["population"]["selection_ledger"]["flops"]),
+        population_line(ctx),
         f"CoRP consolidation evaluations (probe/validation/support halves): {consolidation_cost['flops']:.3e} FLOPs",
         f"gate (validation, n={g.n}): candidate {g.candidate_score:.3f} vs base {g.base_score:.3f}; {result.reason}",
+        report["labelled_examples_note"],
         compat_line,
         low_rank_line(low_rank_report),
-    ])
+    ] if x)
     return report

@@ -18,8 +18,9 @@ gradient_accumulation_steps):
 With `--num-iterations 1` logp_old is logp detached (TRL skips its computation), so rho = 1 and
 the clip is inactive; with mu > 1 the batch is reused mu times against logp_old computed once.
 
-Loss variants (`--loss`) plug in as small classes (corp/baselines/grpo/losses.py interface):
-per-token weights on the advantage, per-response weights, and the ratio function.
+Loss variants (`--loss`) are small registered classes, one file each (interface and registry:
+corp/baselines/grpo/base.py): per-response and per-token weights (detached, >= 0) on the clipped
+per-token loss; the ratio and the clip are GRPO's for every variant.
 
 Where we depart from TRL, and why:
 - Log-probabilities are taken from logits / temperature, as TRL does; generation uses the hf
@@ -33,6 +34,8 @@ Where we depart from TRL, and why:
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import math
 import os
 import random
@@ -43,11 +46,13 @@ import torch
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.bench.ledger import FLOPS_FORMULA, Ledger
+from corp.bench.ledger import Ledger
 from corp.config import RunConfig
 from corp.evaluate.rewards import compute_rewards
-from corp.evaluate.scorer import evaluate_current, setup_run
-from corp.runs import append_jsonl, read_jsonl, write_json
+from corp.config import config_to_dict
+from corp.evaluate.scorer import cached_eval, eval_identity, eval_key, run_evals, setup_run
+from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_json, write_report
+from corp.stats import PerExample
 
 AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 
@@ -55,7 +60,7 @@ AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 @dataclass
 class GRPOConfig(RunConfig):
     loss: str = "grpo"
-    """Loss variant: grpo (plain), cov (covariance-weighted), reco (coverage reweighting)."""
+    """Loss variant, a registered name (corp/baselines/grpo/): grpo (plain), cov (covariance-weighted), reco (coverage reweighting)."""
     loss_type: str = "dapo"
     """Aggregation, as TRL's loss_type: grpo (per-sequence mean), dapo (token mean, TRL's default), dr_grpo (batch x max length)."""
     steps: int = 10
@@ -95,10 +100,9 @@ class GRPOConfig(RunConfig):
 
     def validate(self) -> "GRPOConfig":
         super().validate()
-        from corp.baselines.grpo import VARIANTS
+        from corp.baselines.grpo import get_loss
 
-        if self.loss not in VARIANTS:
-            raise CorpError(f"--loss '{self.loss}' is unknown; choose one of {', '.join(VARIANTS)}")
+        get_loss(self.loss)  # an unknown name is refused here, listing the registered ones
         if self.scale_rewards not in ("group", "none"):
             raise CorpError(f"--scale-rewards '{self.scale_rewards}' is unknown; choose group or none")
         if self.loss_type not in AGGREGATIONS:
@@ -144,21 +148,20 @@ def k3_kl(ref_logps: torch.Tensor, logps: torch.Tensor) -> torch.Tensor:
 def per_token_loss(logps, old_logps, advantages, mask, eps_low, eps_high, beta=0.0, ref_logps=None, variant=None, response_weights=None):
     """Clipped surrogate per token (B, T), before masking and aggregation.
 
-    `variant` supplies the ratio function and per-token weights on the advantage; `response_weights`
-    (B,) multiply the advantage of each sequence. Both weights are detached.
+    `variant` (a registered LossVariant) supplies per-token weights w (B, T); `response_weights`
+    (B,) are omega. The policy-gradient term becomes omega_i w_t L_t; both weights are detached and
+    the KL term is not reweighted.
     """
     adv = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
-    if variant is not None:
-        coef_1 = variant.ratio(logps, old_logps)
-        token_w = variant.token_weights(adv.expand_as(logps), logps, mask)
-        if token_w is not None:
-            adv = adv * token_w.detach()
-    else:
-        coef_1 = torch.exp(logps - old_logps)
-    if response_weights is not None:
-        adv = adv * response_weights.detach().unsqueeze(1)
+    coef_1 = torch.exp(logps - old_logps)
     coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
     loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    if variant is not None:
+        token_w = variant.token_weights(logps.detach(), adv.expand_as(logps).detach(), mask)
+        if token_w is not None:
+            loss = loss * token_w.detach()
+    if response_weights is not None:
+        loss = loss * response_weights.detach().unsqueeze(1)
     if beta != 0.0:
         loss = loss + beta * k3_kl(ref_logps, logps)
     return loss
@@ -236,7 +239,7 @@ class GRPOTrainer:
     """Owns the policy (the backend's model, trained in place), optimizer, ledger and checkpoints."""
 
     def __init__(self, ctx, cfg: GRPOConfig):
-        from corp.baselines.grpo import VARIANTS
+        from corp.baselines.grpo import get_loss
         from corp.evaluate.backends.hf import HFBackend, format_prompt
 
         self.ctx, self.cfg = ctx, cfg
@@ -245,7 +248,7 @@ class GRPOTrainer:
             raise CorpError("corp grpo trains with the hf backend; pass --backend hf")
         self.backend, self.tokenizer = backend, backend.tokenizer
         self.format_prompt = format_prompt
-        self.variant = VARIANTS[cfg.loss]()
+        self.variant = get_loss(cfg.loss)
         self.max_new_tokens = ctx.max_new_tokens
         model = backend.model
         for p in model.parameters():
@@ -372,7 +375,7 @@ class GRPOTrainer:
                     ent_sum += float((ent * mask).sum())
                     if ref is not None:
                         kl_sum += float((k3_kl(ref, logps) * mask).sum())
-                    ratio = self.variant.ratio(logps, old)
+                    ratio = torch.exp(logps - old)
                     clip_sum += float((((ratio < 1 - cfg.epsilon) | (ratio > 1 + eps_high)).float() * mask).sum())
                 for key, val in self.variant.last_stats.items():
                     extra[key] = extra.get(key, 0.0) + val / cfg.grad_accum
@@ -426,43 +429,41 @@ def run_grpo(cfg: GRPOConfig, backend=None) -> dict:
 
     needs = ("support",) if cfg.skip_test_eval else ("support", "test")
     ctx = setup_run(cfg, f"grpo-{cfg.loss}", backend, needs=needs)
-    test_rows_path = ctx.run_dir / "test_evals.jsonl"
-    done = {r["key"]: r for r in read_jsonl(test_rows_path, key="key")}
+    _ = ctx.weights_hash  # the base's hash, taken before training (or a resumed checkpoint) changes the weights
+    evals = run_evals(ctx)  # the shared evaluation cache (keyed by weights, examples and settings)
+    trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads")}, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def test_eval(key: str) -> dict | None:
         if cfg.skip_test_eval:
             return None
-        if key not in done:
-            res = evaluate_current(ctx, ctx.splits["test"])  # the weights as they are (never set_direction: it restores the base)
-            done[key] = {"key": key, "accuracy": res.accuracy, "reward": res.mean_reward, "prompt_tokens": res.prompt_tokens, "generated_tokens": res.generated_tokens, "answers": res.answers}
-            append_jsonl(test_rows_path, done[key])
-        return done[key]
+        # the weights as they are (never set_direction: it restores the base); named by what made them
+        what = "base" if key == "base:test" else f"grpo|{key}|config={trained_as}|step={trainer.step}"
+        return cached_eval(ctx, evals, "test", what=what, current=True, kind="checkpoint")
 
     trainer = GRPOTrainer(ctx, cfg)
     if not trainer.ckpt_path.exists():
         before = test_eval("base:test")
     else:
-        before = done.get("base:test")
+        before = evals.get(eval_key(eval_identity(ctx.eval_context(), "base", ctx.example_ids("test")))) if not cfg.skip_test_eval else None
     trainer.train()
     model = trainer.merged_model()
     trainer.backend.model = model
     after = test_eval("final:test")
     save_model(model, trainer.tokenizer, ctx.run_dir / "model")
-    report = {
-        "method": ctx.method,
-        "model": cfg.model,
-        "task": cfg.task,
-        "run_dir": str(ctx.run_dir),
-        "steps": trainer.step,
-        "lora_r": cfg.lora_r,
-        "trainable_params": sum(p.numel() for _, p in trainer.trainable),
-        "test_accuracy_before": before["accuracy"] if before else None,
-        "test_accuracy_after": after["accuracy"] if after else None,
-        "n_test": len(ctx.splits["test"]),
-        "training_ledger": trainer.ledger.to_dict(),
-        "flops_formula": FLOPS_FORMULA,
-        "trained_tokens_note": "prompt + completion tokens of every sequence in a training forward/backward; 6N per token also for LoRA",
-        "model_dir": str(ctx.run_dir / "model"),
-    }
-    write_json(ctx.run_dir / "report.json", report)
+    ids = ctx.example_ids("test")
+    rows = [ReportRow(name, r["accuracy"], 1, Ledger(trainer.ledger.n_params).add_generation(r["prompt_tokens"], r["generated_tokens"]), labelled, PerExample(r["correct"], ids))
+            for name, r, labelled in (("base", before, 0), (ctx.method, after, len(ctx.splits["support"]))) if r is not None]
+    report = write_report(
+        ctx.run_dir, ctx.method, cfg.model, cfg.task, rows, [(ctx.method, "base")], ids if rows else None,
+        steps=trainer.step,
+        lora_r=cfg.lora_r,
+        trainable_params=sum(p.numel() for _, p in trainer.trainable),
+        test_accuracy_before=before["accuracy"] if before else None,
+        test_accuracy_after=after["accuracy"] if after else None,
+        training_ledger=trainer.ledger.to_dict(),
+        trained_tokens_note="prompt + completion tokens of every sequence in a training forward/backward; 6N per token also for LoRA",
+        model_dir=str(ctx.run_dir / "model"),
+    )
+    if rows:
+        report["table"] = format_rows(rows, report["comparisons"])
     return report
