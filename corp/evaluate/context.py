@@ -148,7 +148,7 @@ def evaluate(ctx: RunContext, examples: Sequence[Example], direction: Direction 
 
 def evaluate_current(ctx: RunContext, examples: Sequence[Example], n: int = 1, temperature: float = 0.0) -> EvalResult:
     """Like `evaluate`, with the backend's weights as they are now."""
-    gens = ctx.backend.generate([e.prompt for e in examples], ctx.max_new_tokens, temperature=temperature, n=n)
+    gens = ctx.backend.generate([e.prompt for e in examples], ctx.max_new_tokens, temperature=temperature, n=n, stop=ctx.task.stop or None)  # stop: the task's (in its signature)
     exs = [e for e in examples for _ in range(n)]
     rewards, errors = compute_rewards(ctx.task, gens.texts, exs, ctx.reward_fn)
     answers = [ctx.task.extract(t) for t in gens.texts]
