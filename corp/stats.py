@@ -36,7 +36,7 @@ def zscore(values: Sequence[float]) -> np.ndarray:
     if x.size == 0:
         return x
     sd = x.std()
-    if not np.isfinite(sd) or sd <= 1e-12 * max(1.0, float(np.abs(x).max())):
+    if not np.isfinite(sd) or sd < 1e-12 * max(1.0, float(np.abs(x).max())):
         return np.zeros_like(x)
     return (x - x.mean()) / sd
 
