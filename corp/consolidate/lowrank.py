@@ -4,7 +4,7 @@ What it implements: METHODS.md, "Low-rank consolidation (ours)". This is OUR add
 CoRP paper's (arXiv 2605.31494 reports low-rank structure but publishes no low-rank consolidation).
 Per (q, beta) stage, the merged update m2 (and m1, so the pass-1 report compares like with like)
 is materialised matrix by matrix and each selected matrix's block is replaced by its best rank-r
-approximation B @ A (exact SVD, `corp.analysis.split_half.low_rank_factors`). The projection is
+approximation B @ A (exact SVD, `corp.analysis.linalg.low_rank_factors`). The projection is
 linear in the step, P(alpha m) = alpha P(m), so the factors are computed once per m and the step
 search only scales them; the probe search and the validation gate then see the projected
 candidates, exactly as they see full-rank ones.
@@ -155,7 +155,7 @@ def resolve_ranks(mode: str, params: Sequence[tuple[str, Sequence[int]]], analys
 
 
 def read_analysis(rank_dir: str | Path) -> dict[str, int]:
-    from corp.analysis.split_half import reproducible_ranks
+    from corp.analysis.report import reproducible_ranks
 
     if not Path(rank_dir).is_dir():
         raise CorpError(f"--rank-from '{rank_dir}' is not a directory")
@@ -174,7 +174,7 @@ class LowRankProjector:
     def __call__(self, m: Direction) -> LowRankDirection:
         from tqdm.auto import tqdm
 
-        from corp.analysis.split_half import low_rank_factors
+        from corp.analysis.linalg import low_rank_factors
 
         if isinstance(m, LowRankDirection):
             raise CorpError("direction is already low-rank")
