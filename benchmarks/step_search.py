@@ -1,0 +1,134 @@
+"""CoRP step search: non-generation time vs evaluation time per probe candidate (issue 16).
+
+For each population size N (synthetic rewards: the cost does not depend on their values), stage 1
+at one (q = 0.5, beta = 10) gives the elites E (about N / 2) and the merged directions of the
+configured rules (m2, m1). Each direction is searched over the alphas as `corp consolidate` does:
+the backend applies W0 + alpha * M (the Perturber builds M once, on the first alpha, and keeps it),
+then generates on the probe split. Per candidate it times
+  apply : setting the weights (the first alpha of a direction includes building M),
+  gen   : generation + reward on the probe prompts (skipped where N is not in --generate-at; the
+          generation time does not depend on N, so the N = 32 figure is used there),
+and, once per N, `old`: applying the same candidate as plain per-elite components (alpha folded into
+each coefficient), which is what every candidate cost before merged directions were materialised.
+Non-generation time per candidate = mean apply time over all candidates of the search; it grows
+as E * (t_noise + t_accumulate) / len(alphas) + t_scale_add (linear in N, amortised over the
+alphas); the old path paid E * (t_noise + t_accumulate) on every candidate.
+
+    python benchmarks/step_search.py --model smollm2-135m --populations 32 --threads 1
+    python benchmarks/step_search.py --model tiny --populations 32,256 --threads 1
+
+`--model tiny` is a random 2-layer Llama (hidden 64, character tokenizer) built in a temporary
+directory: no download, seconds per candidate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def tiny_model_dir() -> str:
+    sys.path.insert(0, str(REPO))
+    from tests.conftest import make_char_tokenizer, make_tiny_llama
+
+    d = Path(tempfile.mkdtemp(prefix="corp-bench-step-"))
+    tok = make_char_tokenizer()
+    make_tiny_llama(tok, hidden=64).save_pretrained(d)
+    tok.save_pretrained(d)
+    return str(d)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m", help="a corp model name, or 'tiny' (random tiny Llama)")
+    ap.add_argument("--task", default="arith")
+    ap.add_argument("--populations", default="32,256")
+    ap.add_argument("--generate-at", default="32", help="population sizes at which candidates are also generated")
+    ap.add_argument("--alphas", default="1,2,4,8")
+    ap.add_argument("--rules", default="pass2,pass1")
+    ap.add_argument("--n-probe", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", default=None, help="write results.json here")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from corp.config import PopulationConfig, load_config
+    from corp.consolidate.corp_operator import stage1
+    from corp.consolidate.algebra import perturbation_grams
+    from corp.evaluate.scorer import evaluate_current, setup_run
+    from corp.perturb import Direction, specialist_seeds
+
+    model = tiny_model_dir() if args.model == "tiny" else args.model
+    cfg = load_config(PopulationConfig, None, {"model": model, "task": args.task, "n_support": 0, "n_probe": args.n_probe, "n_validation": 0, "n_test": 0,
+                                               "threads": args.threads, "run_dir": tempfile.mkdtemp(prefix="corp-bench-step-run-")})
+    ctx = setup_run(cfg, "bench", needs=("probe",))
+    backend, probe = ctx.backend, ctx.splits["probe"]
+    n_params = backend.perturber.n_selected
+    params = [(n, p.shape) for n, p in backend.perturber.params]
+    alphas = [float(a) for a in args.alphas.split(",")]
+    rules = args.rules.split(",")
+    generate_at = {int(x) for x in args.generate_at.split(",") if x}
+    evaluate_current(ctx, probe[:4])  # warm-up
+
+    out = {"model": args.model, "n_params": n_params, "threads": args.threads, "n_probe": len(probe), "alphas": alphas, "rules": rules, "runs": []}
+    gen_times: list[float] = []
+    for N in [int(x) for x in args.populations.split(",")]:
+        seeds = specialist_seeds(0, N)
+        sigmas = [(5e-4, 1e-3, 2e-3)[i % 3] for i in range(N)]
+        rewards = np.random.default_rng(N).random(N)
+        perts = [Direction.single(s, sg) for s, sg in zip(seeds, sigmas)]
+        _, G_apx = perturbation_grams(perts, params, None, 2.0, False)
+        st = stage1(rewards, 0.5, 10.0, None, G_apx, rules)
+        rows = []
+        for rule in rules:
+            m = st.direction(perts, rule)
+            for k, alpha in enumerate(alphas):
+                t0 = time.perf_counter()
+                backend.set_direction(m.scaled(alpha))
+                t_apply = time.perf_counter() - t0
+                t_gen = None
+                if N in generate_at:
+                    t0 = time.perf_counter()
+                    evaluate_current(ctx, probe)
+                    t_gen = time.perf_counter() - t0
+                    gen_times.append(t_gen)
+                rows.append({"rule": rule, "alpha": alpha, "first_of_direction": k == 0, "apply_s": t_apply, "gen_s": t_gen})
+                print(json.dumps({"N": N, **rows[-1]}), flush=True)
+            backend.perturber.release_merged()
+        flat = Direction(st.direction(perts, rules[0]).scaled(alphas[0]).seed_components())
+        t0 = time.perf_counter()
+        backend.set_direction(flat)
+        t_old = time.perf_counter() - t0
+        backend.set_direction(None)
+        first = [r["apply_s"] for r in rows if r["first_of_direction"]]
+        later = [r["apply_s"] for r in rows if not r["first_of_direction"]]
+        gen = statistics.median(gen_times) if gen_times else None
+        per_cand = statistics.mean(r["apply_s"] for r in rows)
+        run = {
+            "N": N, "elites": len(st.elite), "directions": len(rules), "candidates": len(rows),
+            "build_and_apply_s_median": statistics.median(first), "apply_kept_s_median": statistics.median(later) if later else None,
+            "non_generation_per_candidate_s": per_cand, "old_apply_per_candidate_s": t_old,
+            "generation_per_candidate_s": gen, "generation_measured_here": N in generate_at,
+            "ratio_non_generation_to_generation": per_cand / gen if gen else None,
+            "old_ratio": t_old / gen if gen else None,
+            "rows": rows,
+        }
+        out["runs"].append(run)
+        print(json.dumps({k: v for k, v in run.items() if k != "rows"}), flush=True)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"results-{Path(str(args.model)).name}.json").write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
