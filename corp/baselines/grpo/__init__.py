@@ -1,9 +1,8 @@
-"""GRPO and its loss variants on one trainer core (core.py); one file per variant."""
+"""GRPO and its loss variants on one trainer core (core.py); one file per variant, registered by
+name with `@register_loss` (base.py). A new variant: add its file and its module to the import
+line below."""
 
-from corp.baselines.grpo.cov import CovGRPO
-from corp.baselines.grpo.plain import PlainGRPO
-from corp.baselines.grpo.reco import ReCo
+from corp.baselines.grpo.base import LOSS_VARIANTS, LossVariant, get_loss, register_loss
+from corp.baselines.grpo import plain, cov, reco  # noqa: E402,F401  (the registry line: importing registers)
 
-VARIANTS = {"grpo": PlainGRPO, "cov": CovGRPO, "reco": ReCo}
-
-__all__ = ["VARIANTS", "PlainGRPO", "CovGRPO", "ReCo"]
+__all__ = ["LOSS_VARIANTS", "LossVariant", "get_loss", "register_loss"]

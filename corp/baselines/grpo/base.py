@@ -1,30 +1,63 @@
-"""The loss-variant interface: what a GRPO variant may change, and the plain-GRPO defaults.
+"""The GRPO loss-variant interface and its registry.
 
-A variant supplies (all weights are detached by the core):
-- `ratio(logps, old_logps)`: the per-token importance ratio that is clipped (GRPO: exp(logp - logp_old));
-- `token_weights(adv, logps, mask)`: per-token weights multiplying the advantage, or None;
-- `response_weights(batch, logps, group_size)`: per-sequence weights multiplying the advantage, or
-  None; `logps` are the behaviour policy's per-token logprobs when `needs_response_logps` is set.
-`last_stats` holds scalars the variant wants logged for the last micro-batch.
+The core (core.py) computes GRPO's clipped-ratio per-token loss
+L_t = -min(rho_t A_t, clip(rho_t, 1 - eps_low, 1 + eps_high) A_t), rho_t = exp(logp_t - logp_old,t),
+and a variant may only reweight it: the policy-gradient part of the per-token loss becomes
+omega_i * w_t * L_t, with
+- `response_weights(batch, behaviour_logps, group_size)` -> omega (B,), or None (all 1); the core
+  passes the behaviour policy's per-token logprobs when `needs_response_logps` is set;
+- `token_weights(logps, adv, mask)` -> w (B, T), or None (all 1); `logps` are the current policy's
+  per-token logprobs and `adv` the advantages broadcast per token, both already detached.
+The core detaches both weights, so a variant changes the size of each token's step, never its
+sign (weights are >= 0). The KL penalty (beta > 0) is not reweighted. `last_stats` holds scalars
+the variant wants logged for the last micro-batch.
+
+Adding a variant is one new file in this package plus one registry line: decorate the class with
+`@register_loss` (its `name` is what `--loss` takes) and add the module to the import line in
+`corp/baselines/grpo/__init__.py`.
 """
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
+
+from corp import CorpError
+
+LOSS_VARIANTS: dict[str, type["LossVariant"]] = {}  # --loss name -> variant class, filled by @register_loss
 
 
 class LossVariant:
-    name = "grpo"
-    needs_response_logps = False
+    name: ClassVar[str] = ""
+    needs_response_logps: ClassVar[bool] = False
 
     def __init__(self):
         self.last_stats: dict[str, float] = {}
 
-    def ratio(self, logps: torch.Tensor, old_logps: torch.Tensor) -> torch.Tensor:
-        return torch.exp(logps - old_logps)
-
-    def token_weights(self, adv: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
+    def token_weights(self, logps: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor | None:
         return None
 
     def response_weights(self, batch, logps: torch.Tensor | None, group_size: int) -> torch.Tensor | None:
         return None
+
+
+def register_loss(cls: type[LossVariant]) -> type[LossVariant]:
+    """Class decorator: make `cls` available as `--loss cls.name`."""
+    if not cls.name or cls.name in LOSS_VARIANTS:
+        raise CorpError(f"GRPO loss variant {cls.__name__} needs a unique name (got '{cls.name}')")
+    LOSS_VARIANTS[cls.name] = cls
+    return cls
+
+
+def get_loss(name: str) -> LossVariant:
+    """A fresh instance of the registered variant `name`; an unknown name lists the registered ones."""
+    if name not in LOSS_VARIANTS:
+        raise CorpError(f"--loss '{name}' is unknown; choose one of {', '.join(LOSS_VARIANTS)}")
+    return LOSS_VARIANTS[name]()
+
+
+def valid_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of `x` over the valid (mask = 1) entries; 0 when there are none."""
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp(min=1.0)
