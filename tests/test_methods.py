@@ -101,18 +101,20 @@ def test_method_runs_reports_and_resumes_without_recomputing(name, tiny_dir, run
     r = smoke_run(name, tiny_dir, runs_root)
     run_dir = r["run_dir"]
     assert r["first"]["generate"] > 0, "the first run generated nothing: the check below would prove nothing"
-    report = json.loads((run_dir / "report.json").read_text())
-    assert report["schema"] == REPORT_SCHEMA
-    assert report["method"] == name or report["method"].startswith(name + "-"), report["method"]
-    assert report["model"] == str(tiny_dir) and report["task"] == "arith" and Path(report["run_dir"]) == run_dir
-    assert isinstance(report["rows"], list)
-    for row in report["rows"]:
-        assert {"method", "accuracy", "passes_per_example", "labelled_examples", "ledger"} <= set(row), row
+    report = json.loads((run_dir / m.report).read_text())
+    assert Path(report["run_dir"]) == run_dir and report["model"] == str(tiny_dir)
+    if m.report == "report.json":  # the shared schema (an in-place analysis writes its own file: see Method.report)
+        assert report["schema"] == REPORT_SCHEMA
+        assert report["method"] == name or report["method"].startswith(name + "-"), report["method"]
+        assert report["task"] == "arith"
+        assert isinstance(report["rows"], list)
+        for row in report["rows"]:
+            assert {"method", "accuracy", "passes_per_example", "labelled_examples", "ledger"} <= set(row), row
     assert (run_dir / "recipe.json").exists() == bool(m.recipes)
     assert (run_dir / "model" / "config.json").exists() == m.model
     # resume: nothing generated or forwarded again, the same rows
     assert r["second"] == {"generate": 0, "forward": 0}, f"second run on the same run directory recomputed: {r['second']}"
-    assert r["again"]["rows"] == r["report"]["rows"]
+    assert r["again"].get("rows") == r["report"].get("rows")
 
 
 def _tensors(model_dir: Path) -> dict[str, torch.Tensor]:

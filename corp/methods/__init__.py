@@ -2,8 +2,9 @@
 
 In the spirit of mergekit's merge-method registry and evosax's `Strategies`: a method is a config
 dataclass (a `corp.config.RunConfig` subclass, one docstring per field) plus a run function
-`run(cfg) -> report dict` that writes `report.json` (schema `corp.runs.REPORT_SCHEMA`), and where
-the method makes one, `recipe.json` and a model directory, into the run directory. The CLI makes
+`run(cfg) -> report dict` that writes `report.json` (schema `corp.runs.REPORT_SCHEMA`; an analysis
+written into the run it analyses names its own file), and where the method makes one,
+`recipe.json` and a model directory, into the run directory. The CLI makes
 one `corp NAME` command per entry (options generated from the config's fields), `corp bench`
 iterates over the entries, and tests/test_methods.py runs every entry on a tiny random model.
 
@@ -37,6 +38,9 @@ class Method:
     """'module:function': run(cfg[, backend]) -> report dict; writes report.json into cfg.run_dir."""
     help: str
     """One line for `corp --help`."""
+    report: str = "report.json"
+    """The file in the run directory its report goes to: report.json (schema corp.runs.REPORT_SCHEMA),
+    except for an analysis that writes into the run it analyses, beside that run's own report."""
     recipes: tuple[str, ...] = ()
     """Kinds of recipe.json it may write (`corp.consolidate.recipe.RECIPE_KINDS`; `corp apply` rebuilds the model from it); () for none."""
     model: bool = False
@@ -118,7 +122,7 @@ METHODS: tuple[Method, ...] = (
            smoke={**_SMALL, "pass_k": "1,2", "n_samples": 2}),
     Method("analyze-rank", "corp.analysis.config:AnalyzeRankConfig", "corp.analysis.split_half:run_analyze_rank",
            "Split-half low-rank analysis of a scored population (--from-run DIR, or --model/--task/--population to score first): reproducible rank r* per weight matrix.",
-           smoke={**_SMALL, "population": 4, "sigmas": "0.05", "ranks": "1,2", "splits": 2, "permutations": 19},
+           report="rank_summary.json", smoke={**_SMALL, "population": 4, "sigmas": "0.05", "ranks": "1,2", "splits": 2, "permutations": 19, "power_sims": 4},
            summary="corp.methods.summaries:analyze_rank"),
 )
 
