@@ -14,7 +14,8 @@ from corp.evaluate.tasks import SPLITS, SplitSizes, get_task, list_tasks, make_s
 from corp.evaluate.tasks.reorder import extract_order, order_reward, split_sentences
 
 # the three reasoning-gym tasks of the README's evidence (base accuracy of the embedded model 5-60%)
-RG_TASKS = ["rg:basic_arithmetic:min_terms=2,max_terms=2,min_digits=2,max_digits=2,operators=+"]
+SMALL = "instruction=none,extract=fallback,max_new_tokens=24"
+RG_TASKS = [f"rg:chain_sum:max_terms=2,max_digits=1,{SMALL}", f"rg:gcd:max_value=20,{SMALL}", f"rg:letter_counting:min_words=1,max_words=3,{SMALL}"]
 
 needs_gym = pytest.mark.skipif(not __import__("corp.extras", fromlist=["available"]).available("reasoning-gym"), reason="reasoning-gym not installed (pip install 'corp[reasoning-gym]')")
 
@@ -115,11 +116,15 @@ def test_rg_reward_on_hand_made_completions(spec):
     task = get_task(spec)
     ex = make_splits(task, SplitSizes(1, 0, 0, 0), 0)["support"][0]
     right = f"Let me think.\n<answer>{ex.answer}</answer>"
+    untagged = f"Let me think.\nThe answer is {ex.answer}"  # extract=fallback: the last number / line
     wrong = "<answer>this is not it 12345</answer>"
-    rewards = task.reward([right, wrong, "", "\x00<answer"], [ex] * 4)
-    assert rewards[0] == 1.0 and rewards[1] < 1.0 and rewards[2:] == [0.0, 0.0]
+    rewards = task.reward([right, untagged, wrong, "", "\x00<answer"], [ex] * 5)
+    assert rewards[0] == 1.0 and rewards[2] < 1.0 and rewards[3:] == [0.0, 0.0]
     assert task.check(task.extract(right), ex) and not task.check(task.extract(wrong), ex)
-    assert task.extract(f"{ex.answer}") is None, "the gym's extraction needs <answer> tags"
+    strict = get_task(spec.replace(",extract=fallback", ""))
+    assert strict.extract(untagged) is None and strict.reward([untagged, right], [ex, ex]) == [0.0, 1.0], "the gym's own extraction needs <answer> tags"
+    assert rewards[1] == 1.0, "numeric gold: the fallback takes the last number"
+    assert task.extract(f"Let me think.\n{ex.answer}") == ex.answer
 
 
 @needs_gym
@@ -168,7 +173,7 @@ def _two_specialists(task: str, tmp_path, *extra):
 @pytest.mark.embedded
 @needs_gym
 def test_rg_two_specialists_through_the_cli(tmp_path):
-    rows, _ = _two_specialists(RG_TASKS[0] + ",max_new_tokens=24", tmp_path)
+    rows, _ = _two_specialists(RG_TASKS[0], tmp_path)
     assert all(0.0 <= x <= 1.0 for r in rows for x in r["rewards"])
 
 

@@ -23,7 +23,8 @@ edge, so no test sentence is ever shown during selection. Within a pool, windows
 sentence (stride 1), so neighbouring examples share sentences (each with its own shuffle).
 A transcriber's credit, bracketed editorial notes and `_italics_` marks are removed; windows
 holding a sentence of more than 80 words are skipped.
-Options: `seed` (the shuffles, default 0), `block`, `test_every`.
+The prompt asks for the five letters and shows the format with a random order that is not the
+answer. Options: `seed` (the shuffles, default 0), `block`, `test_every`.
 """
 
 from __future__ import annotations
@@ -162,10 +163,17 @@ class Reorder(Task):
                     shown = [window[i] for i in perm]  # label LABELS[j] shows sentence perm[j]
                     gold = "".join(LABELS[perm.index(k)] for k in range(5))
                     lines = "\n".join(f"{LABELS[j]}. {sent}" for j, sent in enumerate(shown))
+                    # the format example is a random order other than the gold one, so copying it
+                    # is worth what a random guess is worth
+                    example = list(LABELS)
+                    rng.shuffle(example)
+                    while "".join(example) == gold:
+                        rng.shuffle(example)
                     prompt = (
                         "The five sentences below come from one passage of a story, but their order has been shuffled.\n\n"
                         f"{lines}\n\n"
-                        "Put them back in their original order. Answer with the five letters only, in order, separated by spaces."
+                        "Put them back in their original order. Answer with the five letters only, in order, "
+                        f"separated by spaces (for example: {' '.join(example)})."
                     )
                     pools[pool].append(Example(id=f"reorder-{start}", prompt=prompt, answer=gold))
             if len(pools["train"]) < 1 or len(pools["test"]) < 1:

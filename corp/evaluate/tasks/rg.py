@@ -9,10 +9,12 @@
   (the gym's "direct" system prompt by default, `instruction=default|direct|simple|none`); corp's
   backends send one user message, so the instruction goes into it rather than a system message.
 - Answer extraction: the gym's own `reasoning_gym.utils.extract_answer` (the last
-  `<answer>...</answer>`); no tags, no answer. Reward: the dataset's own `score_answer(answer,
+  `<answer>...</answer>`); no tags, no answer. `extract=fallback` (our departure, for small models
+  that rarely write the tags): without tags, the last number when every gold answer of the pool is
+  a number, else the last non-empty line. Reward: the dataset's own `score_answer(answer,
   entry)` (in [0, 1]; some datasets give partial credit); correct = score 1.
 - Options: any field of the dataset's config (`corp tasks` lists the datasets; tuple fields take
-  `a|b|c`), plus `seed`, `size` (pool size, default 1000), `instruction`, and the generic
+  `a|b|c`), plus `seed`, `size` (pool size, default 1000), `instruction`, `extract`, and the generic
   `max_new_tokens` / `stop`. Default generation length 128 tokens.
 """
 
@@ -23,7 +25,7 @@ import importlib.metadata
 from typing import Sequence
 
 from corp import CorpError
-from corp.evaluate.tasks.base import Example, Task
+from corp.evaluate.tasks.base import Example, Task, last_number, normalize_number
 
 INSTRUCTIONS = {"none": ""}  # filled from the gym's SYSTEM_PROMPTS when it is imported
 
@@ -75,7 +77,7 @@ class ReasoningGymTask(Task):
     description = "reasoning-gym dataset (rg:NAME[:key=value,...]); its own scorer is the reward"
     max_new_tokens = 128
 
-    def __init__(self, dataset: str, seed: int = 0, size: int = 1000, instruction: str = "direct", **options):
+    def __init__(self, dataset: str, seed: int = 0, size: int = 1000, instruction: str = "direct", extract: str = "tags", **options):
         gym = _gym(f"--task rg:{dataset}")
         from reasoning_gym.factory import DATASETS
         from reasoning_gym.utils import SYSTEM_PROMPTS
@@ -86,13 +88,15 @@ class ReasoningGymTask(Task):
             raise CorpError(f"task rg:{dataset}: instruction must be one of {', '.join(sorted(set(SYSTEM_PROMPTS) | {'none'}))}, got '{instruction}'")
         if int(size) < 1:
             raise CorpError(f"task rg:{dataset}: size must be >= 1, got {size}")
-        self.dataset, self.seed, self.size, self.instruction = dataset, int(seed), int(size), instruction
+        if extract not in ("tags", "fallback"):
+            raise CorpError(f"task rg:{dataset}: extract must be 'tags' (the gym's) or 'fallback', got '{extract}'")
+        self.dataset, self.seed, self.size, self.instruction, self.extract_mode = dataset, int(seed), int(size), instruction, extract
         self.name = f"rg:{dataset}"
         _, config_cls = DATASETS[dataset]
         fields = {f.name: f for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")}
         unknown = set(options) - set(fields)
         if unknown:
-            raise CorpError(f"task rg:{dataset} has no option(s) {', '.join(sorted(unknown))}; its options: {', '.join(sorted(fields)) or 'none'}, seed, size, instruction, max_new_tokens, stop")
+            raise CorpError(f"task rg:{dataset} has no option(s) {', '.join(sorted(unknown))}; its options: {', '.join(sorted(fields)) or 'none'}, seed, size, instruction, extract, max_new_tokens, stop")
         self.options = {k: _coerce_option(fields[k], v, dataset) for k, v in sorted(options.items())}
         try:
             self._ds = gym.create_dataset(dataset, seed=self.seed, size=self.size, **self.options)
@@ -101,10 +105,11 @@ class ReasoningGymTask(Task):
         self._prompt_suffix = "" if instruction == "none" else "\n\n" + SYSTEM_PROMPTS[instruction].strip()
         self._entries: dict[str, dict] = {}
         self._pool: list[Example] | None = None
+        self._numeric: bool | None = None
 
     def signature(self) -> dict:
         return {"name": "rg", "dataset": self.dataset, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in self.options.items()},
-                "seed": self.seed, "size": self.size, "instruction": self.instruction, "reasoning_gym": importlib.metadata.version("reasoning-gym")}
+                "seed": self.seed, "size": self.size, "instruction": self.instruction, "extract": self.extract_mode, "reasoning_gym": importlib.metadata.version("reasoning-gym")}
 
     def pools(self) -> dict[str, list[Example]]:
         if self._pool is None:
@@ -127,7 +132,19 @@ class ReasoningGymTask(Task):
     def extract(self, completion: str) -> str | None:
         from reasoning_gym.utils import extract_answer
 
-        return extract_answer(completion) if isinstance(completion, str) else None
+        if not isinstance(completion, str):
+            return None
+        answer = extract_answer(completion)
+        if answer is not None or self.extract_mode == "tags":
+            return answer
+        # fallback (small models rarely write the tags): the last number when the gold answer is
+        # a number, else the last non-empty line
+        if self._numeric is None:
+            self._numeric = all(normalize_number(e.answer) is not None for e in self.pools()["train"])
+        if self._numeric:
+            return last_number(completion)
+        lines = [ln.strip() for ln in completion.strip().splitlines() if ln.strip()]
+        return lines[-1] if lines else None
 
     def _score(self, answer: str | None, example: Example) -> float:
         if example.id not in self._entries:
