@@ -234,6 +234,17 @@ def test_missing_optional_package_is_one_line(monkeypatch):
     assert str(exc.value) == "--lora-r needs peft; install it with `pip install 'corp[peft]'`"
 
 
+def test_every_declared_extra_is_installable():
+    """The command `require` prints must work: each extra it names exists in pyproject.toml."""
+    import tomllib
+
+    from corp.extras import EXTRAS
+    from tests.conftest import REPO
+
+    extras = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert {e.extra for e in EXTRAS.values()} <= set(extras)
+
+
 def test_missing_vllm_is_the_require_message(monkeypatch):
     from corp.evaluate.backends import make_backend
 
