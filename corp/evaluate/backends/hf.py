@@ -18,6 +18,11 @@ from corp.perturb import Direction, ParamFilter, Perturber
 def format_prompt(tokenizer, prompt: str) -> str:
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+    # callers encode with add_special_tokens=False (a chat template writes its own BOS), so a plain
+    # prompt gets the BOS its tokenizer would add here: Gemma degenerates without it
+    bos = tokenizer.bos_token_id
+    if bos is not None and tokenizer("a")["input_ids"][:1] == [bos] and not prompt.startswith(tokenizer.bos_token):
+        return tokenizer.bos_token + prompt
     return prompt
 
 
