@@ -91,3 +91,16 @@ def test_reward_module_in_working_directory_is_found_without_pythonpath(tmp_path
         resolve_reward("nowhere/none.py:score")
     with pytest.raises(CorpError, match="has no function 'nope'"):
         resolve_reward("my_local_reward:nope")
+
+
+def strict_per_completion(completion, answer):
+    return float(completion == answer)
+
+
+def strict_batched(completions, answer):
+    return [float(c == a) for c, a in zip(completions, answer)]
+
+
+def test_functions_without_kwargs_get_only_the_columns_they_name():
+    for fn in (strict_per_completion, strict_batched):
+        assert compute_rewards(get_task("arith"), ["1", "x", "3"], EXS, resolve_reward(fn)) == ([1.0, 0.0, 1.0], 0)

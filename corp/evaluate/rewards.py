@@ -12,8 +12,9 @@ Two forms, told apart by the name of the function's first parameter:
 - batched, TRL's form: `def f(completions, **kwargs) -> list[float | None]` (any other first
   parameter); called once per evaluation with `completions` and `prompts` (lists, TRL's names) and
   one list per column (`prompt`, `answer`, the data file's other fields), all aligned. A function
-  with a parameter named `completions` gets it by keyword (so TRL's `(prompts, completions, **kw)`
-  works); otherwise completions are the first positional argument.
+  without `**kwargs` gets only the columns it names. A function with a parameter named
+  `completions` gets it by keyword (so TRL's `(prompts, completions, **kw)` works); otherwise
+  completions are the first positional argument.
 
 A reward may be any finite float (TRL's convention); rewards are not clipped to [0, 1]. A value
 that is None, NaN, infinite or not a number, or an exception, scores 0 for that example and is
@@ -56,16 +57,18 @@ class RewardFunction:
         names = [p.name for p in params]
         self.per_completion = bool(names) and names[0] == "completion"
         self.completions_by_keyword = "completions" in names
+        # a function without **kwargs gets only the columns it names (so `(completion, answer)` works)
+        self.accepts = None if (not params or any(p.kind is p.VAR_KEYWORD for p in params)) else set(names[1:]) | ({"completions"} if self.completions_by_keyword else set())
         self.ever_succeeded = False  # see compute_rewards: a function that never worked stops the run
 
     def __call__(self, completions: list[str], **columns) -> list:
         if self.per_completion:
-            out = []
-            for i, c in enumerate(completions):
-                out.append(self.fn(c, **{k: v[i] for k, v in columns.items()}))
-            return out
-        kwargs = dict(columns)
-        kwargs.setdefault("prompts", columns.get("prompt"))
+            if self.accepts is not None:
+                columns = {k: v for k, v in columns.items() if k in self.accepts}
+            return [self.fn(c, **{k: v[i] for k, v in columns.items()}) for i, c in enumerate(completions)]
+        kwargs = {"prompts": columns.get("prompt"), **columns}  # `prompts`: TRL's name for the prompt column
+        if self.accepts is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k in self.accepts}
         if self.completions_by_keyword:
             return self.fn(completions=completions, **kwargs)
         return self.fn(completions, **kwargs)
