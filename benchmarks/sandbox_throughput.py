@@ -9,12 +9,15 @@ other users of the machine hits every mode alike:
                      program serves calls, a separate tester process runs the asserts), one at a time
 - plain parallel:    the plain subprocess from a thread pool of the default concurrency
 - sandbox parallel:  `run_many` with the default concurrency
+- baseline serial:   with `--baseline FILE`, the `run_program` of another version of sandbox.py
+                     (e.g. `git show REV:corp/evaluate/sandbox.py > /tmp/old_sandbox.py`) on the
+                     program concatenated with its asserts, one at a time
 
 Reported: median programs/s over rounds per mode, and the per-program overhead = median sandbox
 latency - median plain latency (serial modes), and the median of the per-program paired differences. Writes a markdown table to
 results/sandbox-throughput/table.md (and prints it).
 
-Usage: CORP_DATA_DIR=/work/shared/data python benchmarks/sandbox_throughput.py [--n 200] [--rounds 3]
+Usage: CORP_DATA_DIR=DIR python benchmarks/sandbox_throughput.py [--n 200] [--rounds 3] [--baseline FILE]
 """
 
 from __future__ import annotations
@@ -34,6 +37,15 @@ from corp.evaluate.sandbox import DEFAULT_CONCURRENCY, isolation_level, run_many
 from corp.evaluate.tasks.code import MBPP
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds used so far by this process and its reaped children (the sandbox's wrapper
+    reaps init, init reaps the program and the tester, so theirs are included)."""
+    import resource
+
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
 def plain_one(path: str) -> tuple[bool, float]:
     t = time.perf_counter()
     p = subprocess.run([sys.executable, path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30)
@@ -45,7 +57,16 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200, help="number of MBPP problems (first N by task id)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="results/sandbox-throughput/table.md")
+    ap.add_argument("--baseline", help="another version's sandbox.py to compare with (serial, program + asserts in one file)")
     args = ap.parse_args()
+    baseline = None
+    if args.baseline:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("baseline_sandbox", args.baseline)
+        baseline = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = baseline  # dataclasses look their module up there
+        spec.loader.exec_module(baseline)
 
     task = MBPP()
     rows = sorted(task._rows(), key=lambda r: r["task_id"])[: args.n]
@@ -60,15 +81,20 @@ def main() -> None:
         paths.append(path)
     conc = DEFAULT_CONCURRENCY
 
-    rates: dict[str, list[float]] = {m: [] for m in ("plain serial", "sandbox serial", "plain parallel", "sandbox parallel")}
+    modes = ["plain serial", "sandbox serial", "plain parallel", "sandbox parallel"] + (["baseline serial"] if baseline else [])
+    rates: dict[str, list[float]] = {m: [] for m in modes}
     lat_plain: list[float] = []
     lat_sbx: list[float] = []
+    lat_base: list[float] = []
     checks: dict[str, object] = {}
+    # CPU seconds per program: less sensitive to the machine's load than wall time
+    cpu: dict[str, list[float]] = {m: [] for m in ("plain serial", "sandbox serial", "baseline serial") if m in rates}
     load_before = os.getloadavg()
     for rnd in range(args.rounds):
         order = list(rates) if rnd % 2 == 0 else list(reversed(rates))
         for mode in order:
             t = time.perf_counter()
+            c0 = _cpu_seconds()
             if mode == "plain serial":
                 out = [plain_one(p) for p in paths]
                 lat_plain += [s for _, s in out]
@@ -77,6 +103,10 @@ def main() -> None:
                 res = [run_program(code, tests=tests, timeout=10) for code, tests in jobs]
                 lat_sbx += [r.wall_s for r in res]
                 checks[mode] = status_counts(res)["pass"]
+            elif mode == "baseline serial":
+                res = [baseline.run_program(p, timeout=10) for p in programs]
+                lat_base += [r.wall_s for r in res]
+                checks[mode] = sum(r.status.value == "pass" for r in res)
             elif mode == "plain parallel":
                 with ThreadPoolExecutor(conc) as pool:
                     out = list(pool.map(plain_one, paths))
@@ -85,6 +115,8 @@ def main() -> None:
                 res = run_many(jobs, concurrency=conc, timeout=10)
                 checks[mode] = status_counts(res)["pass"]
             rates[mode].append(len(programs) / (time.perf_counter() - t))
+            if mode in cpu:
+                cpu[mode].append((_cpu_seconds() - c0) / len(programs))
     load_after = os.getloadavg()
     for p in paths:
         os.remove(p)
@@ -113,7 +145,21 @@ def main() -> None:
         f"| **overhead per program** (difference of medians) | **{(med_sbx - med_plain) * 1e3:.1f}** | |",
         f"| overhead per program (median of paired differences, same program and round) | {statistics.median(a - b for a, b in zip(lat_sbx, lat_plain)) * 1e3:.1f} | |",
         "",
-        "Plain runs use the venv interpreter with its site-packages; the sandbox runs `python -I` plus three forks (init, "
+        "| CPU time per program (serial; caller + all its child processes, median over rounds) | ms |",
+        "| --- | ---: |",
+        f"| plain | {statistics.median(cpu['plain serial']) * 1e3:.1f} |",
+        f"| sandbox | {statistics.median(cpu['sandbox serial']) * 1e3:.1f} |",
+    ]
+    if baseline:
+        lines += [
+            f"| baseline ({args.baseline}) | {statistics.median(cpu['baseline serial']) * 1e3:.1f} |",
+            "",
+            f"Baseline `run_program` latency (serial): median {statistics.median(lat_base) * 1e3:.1f} ms; this sandbox minus the baseline, "
+            f"median of paired differences (same program and round): {statistics.median(a - b for a, b in zip(lat_sbx, lat_base)) * 1e3:.1f} ms.",
+        ]
+    lines += [
+        "",
+        "Plain runs use the venv interpreter with its site-packages; the sandbox runs `python -I -S` (site-packages put on the path without `site`) plus three forks (init, "
         "program, tester), namespaces (net, pid, mount, ipc; user when not root), a private root (tmpfs, read-only binds of "
         "the system directories and the interpreter prefixes, /dev, /tmp, a fresh /proc, pivot_root) per program, and every "
         "assert's call crosses a pipe as plain data.",

@@ -6,7 +6,7 @@
 says which isolation this machine gives (see below) without running untrusted code.
 
 The process inside is `corp/evaluate/sandbox_wrapper.py`, a module of its own started as
-`python -I sandbox_wrapper.py CONFIG` (see its docstring for the process tree): it enters new
+`python -I -S sandbox_wrapper.py CONFIG` (see its docstring for the process tree): it enters new
 net, pid, mount and ipc namespaces, swaps in a private root that shows only the read-only system
 directories and the interpreter (no data directory, repository or home), forks a throwaway init
 (pid 1: when it dies the kernel kills every process in the namespace, fork bombs and daemons
@@ -135,6 +135,10 @@ UNSAFE_ENV = "CORP_UNSAFE_NO_ISOLATION"
 MINIMAL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp/work", "PYTHONDONTWRITEBYTECODE": "1"}
 # Directories the program must be able to read: the interpreter's prefixes (stdlib, venv).
 _EXPOSE = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix) if p and os.path.isdir(p)})
+# The wrapper starts with -S (no `site`: its .pth processing, e.g. an editable install's import
+# hook, cost more than the rest of the start-up) and puts the site-packages directories on the
+# path itself, so programs still import what is installed in the interpreter.
+_SITE_PACKAGES = [p for p in __import__("site").getsitepackages() if os.path.isdir(p)]
 DEFAULT_CONCURRENCY = max(1, os.cpu_count() or 1)
 
 
@@ -233,6 +237,7 @@ def run_program(
         "timeout": float(timeout), "memory_mb": memory_mb, "cpu_s": int(timeout) + 1, "nproc": max_processes,
         "nofile": max_open_files, "fsize_mb": max_file_mb, "tmp_mb": tmp_mb, "uid": uid,
         "namespaces": bool(namespaces), "allow_unisolated": unsafe_allowed(allow_unisolated), "expose": _EXPOSE,
+        "site_packages": _SITE_PACKAGES,
     }
     job = {"code": code, "setup": tests.setup if tests is not None else ""}
     status_r, status_w = os.pipe()
@@ -250,7 +255,7 @@ def run_program(
     try:
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-I", WRAPPER, json.dumps(cfg)],
+                [sys.executable, "-I", "-S", WRAPPER, json.dumps(cfg)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 env=MINIMAL_ENV, cwd="/", start_new_session=True, pass_fds=pass_fds, close_fds=True,
             )

@@ -1,6 +1,6 @@
 """The sandbox's inner program: isolates itself, then runs one untrusted program (and its tests).
 
-`corp.evaluate.sandbox` starts this file as `python -I sandbox_wrapper.py CONFIG_JSON` with the
+`corp.evaluate.sandbox` starts this file as `python -I -S sandbox_wrapper.py CONFIG_JSON` with the
 program on stdin, the tests (if any) in a memfd, and a status pipe; it reports JSON events on that
 pipe. It imports only the standard library (it runs under `-I`, with no `corp` on its path) and
 is importable for linters, type checkers and the codec tests: `main()` runs only as a script.
@@ -671,6 +671,7 @@ def _how(st, ru, **extra) -> dict:
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
+    sys.path += [p for p in cfg.get("site_packages", ()) if p not in sys.path]  # started with -S: see sandbox.py
     w = Wrapper(cfg)
     job = json.loads(sys.stdin.buffer.read().decode("utf-8", "surrogatepass"))
     why = w.unshare() if cfg["namespaces"] else "namespaces switched off by the caller"
