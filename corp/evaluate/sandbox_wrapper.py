@@ -672,6 +672,11 @@ def _how(st, ru, **extra) -> dict:
 def main() -> None:
     cfg = json.loads(sys.argv[1])
     sys.path += [p for p in cfg.get("site_packages", ()) if p not in sys.path]  # started with -S: see sandbox.py
+    import _sitebuiltins  # what `site` would have added to the builtins: programs call exit() and help()
+
+    builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
+    builtins.quit = _sitebuiltins.Quitter("quit", "Ctrl-D (i.e. EOF)")
+    builtins.help = _sitebuiltins._Helper()
     w = Wrapper(cfg)
     job = json.loads(sys.stdin.buffer.read().decode("utf-8", "surrogatepass"))
     why = w.unshare() if cfg["namespaces"] else "namespaces switched off by the caller"
