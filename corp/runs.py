@@ -142,7 +142,8 @@ def finish_run_dir(run_dir: str | Path, created: bool, error: BaseException | No
         shutil.rmtree(path, ignore_errors=True)
         return "removed"
     write_status(path, what, error=message)
-    atomic_write_text(path / FAILED_FILE, f"this run {what} and is not complete: {message}\nrerun the same command with --run-dir {path} to resume\n")
+    verb = "was interrupted" if interrupted else "failed"
+    atomic_write_text(path / FAILED_FILE, f"this run {verb} and is not complete: {message}\nrerun the same command with --run-dir {path} to resume\n")
     return what
 
 

@@ -101,7 +101,7 @@ def test_from_run_takes_the_first_n_in_population_order(tmp_path):
     lines = path.read_text().splitlines()
     path.write_text("\n".join(reversed(lines)) + "\n")
     cfg = tiny_cfg(tmp_path / "dst", population=2, top_k="1,2", from_run=str(src))
-    with pytest.warns(UserWarning, match="using the first 2 in population order"):
+    with pytest.warns(UserWarning, match="using the 2 first in population order"):
         ctx2 = setup_run(cfg, "randopt", fresh_backend())
         got = ensure_population(ctx2)
     assert sorted(r["seed"] for r in got) == sorted(r["seed"] for r in by_index[:2])
@@ -114,7 +114,7 @@ def test_from_run_refuses_an_es_run(tmp_path):
 
     run_es(tiny_es_cfg(tmp_path / "es", iterations=1, population=2, reward=None), fresh_backend())
     cfg = tiny_cfg(tmp_path / "dst", population=2, top_k="1", from_run=str(tmp_path / "es"))
-    with pytest.raises(CorpError, match="'es' run, not a population"):
+    with pytest.raises(CorpError, match="kind 'es', not a population"):
         ensure_population(setup_run(cfg, "randopt", fresh_backend()))
 
 

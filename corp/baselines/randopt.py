@@ -102,7 +102,7 @@ def population_line(ctx: RunContext) -> str:
     src = ctx.population_source or {}
     if src.get("rule") == "scored in this run" or not src:
         return ""
-    return f"population: {src['used']} of {src['available']} specialists from {src['from']} ({src['rule']})"
+    return f"population: {src['used']} of {src['available']} specialists from {src['from']} (the {src['used']} {src['rule']})"
 
 
 def run_randopt(cfg: RandOptConfig, backend=None) -> dict:

@@ -230,7 +230,7 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
     what = f"--from-run {src / POPULATION_FILE}"
     kind = found.get("kind", "population")
     if kind != "population":
-        raise CorpError(f"--from-run '{src}' holds a '{kind}' run, not a population of perturbations of the base "
+        raise CorpError(f"--from-run '{src}' holds rows of kind '{kind}', not a population of perturbations of the base "
                         "(ES rows are noise around a moving centre); take a population from `corp score`, `randopt` or `consolidate`")
     expected = {**ctx.eval_context(), "example_ids": ctx.example_ids("support"), "noise_scheme": SCHEME_VERSION, "split": "support",
                 "param_filter": {"include": getattr(ctx.cfg, "include", ".*"), "exclude": getattr(ctx.cfg, "exclude", "")}}
@@ -239,7 +239,7 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
         compare_meta(found, expected, src, what)
         rows = [r for r in unique_rows(rows).values() if r.get("kind") == "specialist" and r.get("split") == "support"]
         rows.sort(key=lambda r: r["index"])
-        rule = "the first N in population order (specialist index)"
+        rule = "first in population order (specialist index)"
     else:
         # a population written before rows were keyed by their examples: its meta names the support ids
         # and the model, not the seed; local scoring wrote rows in population order
@@ -248,7 +248,7 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
         rows = [r for r in unique_rows(rows).values() if _LEGACY_KEY.match(str(r.get("key"))) and r.get("seed") is not None]
         for i, r in enumerate(rows):
             r.setdefault("index", i)
-        rule = "the first N rows in file order (an older population without specialist indices)"
+        rule = "first in file order (an older population without specialist indices)"
         warnings.warn(f"{what} was written by an older corp; its rows are taken in file order")
     if not rows:
         raise CorpError(f"--from-run '{src}' has no scored specialists")
@@ -256,7 +256,7 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
     if available < n:
         warnings.warn(f"--from-run has {available} specialists, fewer than --population {n}; using them all")
     elif available > n:
-        warnings.warn(f"--from-run has {available} specialists; using {rule.replace('the first N', f'the first {n}')} (--population {n})")
+        warnings.warn(f"--from-run has {available} specialists; using the {n} {rule} (--population {n})")
     used = rows[:n]
     how = {"from": str(src), "available": available, "used": len(used), "rule": rule, "seed": found.get("seed"), "sigmas": found.get("sigmas")}
     return used, how
