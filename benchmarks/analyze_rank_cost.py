@@ -18,31 +18,52 @@ import subprocess
 import sys
 from pathlib import Path
 
-CHILD = r"""
-import json, resource, sys, time
-import numpy as np
-sys.path.insert(0, {repo!r})
-from corp.analysis.split_half import analyze_population
-model, n, splits, perms, layers = {model!r}, {n}, {splits}, {perms}, {layers!r}
-if model == "tiny":
-    from tests.conftest import make_char_tokenizer, make_tiny_llama
-    tok = make_char_tokenizer(); m = make_tiny_llama(tok, hidden=64, layers=2)
-    named = [(k, tuple(p.shape)) for k, p in m.named_parameters()]; vocab = len(tok); regex = ".*"
-else:
-    from corp.analysis.split_half import model_shapes
-    _, named, vocab = model_shapes(model); regex = r"layers\.(" + "|".join(map(str, layers)) + r")\."
-rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-rewards = np.random.default_rng(0).standard_normal(n)
-t = time.perf_counter()
-res = analyze_population(named, list(range(n)), [1e-3] * n, rewards, splits=splits, permutations=perms, vocab_size=vocab, matrices=regex, progress=False)
-dt = time.perf_counter() - t
-print(json.dumps({{"seconds": dt, "matrices": len(res["matrices"]), "params": sum(a * b for a, b in (m["shape"] for m in res["matrices"])),
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_before_mb": rss0 / 1024}}))
-"""
+
+def child(spec: dict) -> None:
+    """One configuration, run in its own process (`--child JSON`): prints one JSON line."""
+    import resource
+    import time
+
+    import numpy as np
+
+    sys.path.insert(0, spec["repo"])
+    from corp.analysis.rank_stats import analyze_population
+
+    if spec["model"] == "tiny":
+        from tests.conftest import make_char_tokenizer, make_tiny_llama
+
+        tok = make_char_tokenizer()
+        m = make_tiny_llama(tok, hidden=64, layers=2)
+        named, vocab, regex = [(k, tuple(p.shape)) for k, p in m.named_parameters()], len(tok), ".*"
+    else:
+        from corp.analysis.split_half import model_shapes
+
+        _, named, vocab = model_shapes(spec["model"])
+        regex = r"layers\.(" + "|".join(map(str, spec["layers"])) + r")\."
+    n = spec["n"]
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if spec.get("power_sims"):  # the power simulation alone, on the shapes of the analysed matrices
+        from corp.analysis.power import analysis_power
+        from corp.analysis.rank_stats import analysis_targets
+
+        targets, _ = analysis_targets(named, vocab, False, regex)
+        sigmas = [(5e-4, 1e-3, 2e-3)[i % 3] for i in range(n)]
+        t = time.perf_counter()
+        p = analysis_power([s for _, s in targets], sigmas, spec["splits"], spec["perms"], [1, 2, 4, 8, 16, 32], 0.05, sims=spec["power_sims"])
+        print(json.dumps({"seconds": time.perf_counter() - t, "shapes": [[s["shape"], s["matrices"], s["power_at_full_share"], s["share_at_target"], s["seconds"]] for s in p["shapes"]],
+                          "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+        return
+    rewards = np.random.default_rng(0).standard_normal(n)
+    t = time.perf_counter()
+    res = analyze_population(named, list(range(n)), [1e-3] * n, rewards, splits=spec["splits"], permutations=spec["perms"], vocab_size=vocab, matrices=regex, progress=False)
+    dt = time.perf_counter() - t
+    print(json.dumps({"seconds": dt, "matrices": len(res["matrices"]), "params": sum(a * b for a, b in (m["shape"] for m in res["matrices"])),
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_before_mb": rss0 / 1024}))
 
 
 def run_child(repo: Path, **kw) -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD.format(repo=str(repo), **kw)], capture_output=True, text=True, env={"CORP_NO_PROGRESS": "1", "PATH": "/usr/bin:/bin"})
+    spec = json.dumps({"repo": str(repo), **kw})
+    out = subprocess.run([sys.executable, __file__, "--child", spec], capture_output=True, text=True, env={"CORP_NO_PROGRESS": "1", "PATH": "/usr/bin:/bin"})
     if out.returncode:
         raise SystemExit(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -50,6 +71,7 @@ def run_child(repo: Path, **kw) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: one configuration in a fresh process
     ap.add_argument("--out", default="results/analyze-rank-cost")
     ap.add_argument("--tiny-n", default="64,256,1024")
     ap.add_argument("--big-n", default="16,64")
@@ -59,8 +81,12 @@ def main() -> None:
     ap.add_argument("--permutations", type=int, default=20)
     ap.add_argument("--big-splits", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--power-n", default="", help="also time the power simulation alone at these N (big model, --layers, S = --splits, P = --permutations)")
+    ap.add_argument("--power-sims", type=int, default=32)
     ap.add_argument("--population", default="runs/arith-pop64/population.jsonl", help="a scored population, for the scoring-cost comparison")
     args = ap.parse_args()
+    if args.child:
+        return child(json.loads(args.child))
     repo = Path(__file__).resolve().parents[1]
     rows = []
     for n in [int(x) for x in args.tiny_n.split(",") if x]:
@@ -73,6 +99,11 @@ def main() -> None:
         runs = [run_child(repo, model=args.big_model, n=n, splits=args.big_splits, perms=args.permutations, layers=layers) for _ in range(max(1, args.repeats - 2))]
         rows.append({"model": args.big_model, "n": n, "splits": args.big_splits, "permutations": args.permutations, "layers": args.layers, "matrices": runs[0]["matrices"], "params": runs[0]["params"],
                      "median_s": statistics.median(r["seconds"] for r in runs), "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "repeats": len(runs)})
+        print(rows[-1], flush=True)
+    for n in [int(x) for x in args.power_n.split(",") if x]:
+        r = run_child(repo, model=args.big_model, n=n, splits=args.splits, perms=args.permutations, layers=layers, power_sims=args.power_sims)
+        rows.append({"model": args.big_model, "what": "power simulation", "n": n, "splits": args.splits, "permutations": args.permutations, "layers": args.layers,
+                     "power_sims": args.power_sims, "median_s": r["seconds"], "peak_rss_mb": r["peak_rss_mb"], "shapes": r["shapes"], "repeats": 1})
         print(rows[-1], flush=True)
     scoring = None
     pop = repo / args.population

@@ -116,6 +116,16 @@ def _analyze(cfg, run_dir: Path, rows: list[dict], model_name: str, pf: dict, sc
     return summary
 
 
+def _alias_of(model_id: str) -> str:
+    """The corp alias whose model is `model_id` (summaries name the hub id, which may not resolve offline)."""
+    from corp.models import ALIASES
+
+    for alias, spec in ALIASES.items():
+        if getattr(spec, "hf_id", spec) == model_id:
+            return alias
+    return model_id
+
+
 def add_power(analysis_dir: str | Path, sims: int = 32, planted_rank: int = 1, max_shapes: int = 4, threads: int = 1) -> dict:
     """Simulate the power of an analysis already written (rank_summary.json) and add it there.
 
@@ -131,14 +141,14 @@ def add_power(analysis_dir: str | Path, sims: int = 32, planted_rank: int = 1, m
     if need:
         raise CorpError(f"'{path}' lacks {', '.join(need)}; rerun corp analyze-rank")
     significance = s.get("significance", s.get("alpha"))
-    _, named, _ = model_shapes(s["model"])
+    _, named, _ = model_shapes(_alias_of(s["model"]))
     shapes = dict(named)
     missing = [n for n in s["r_star"] if n not in shapes]
     if missing:
         raise CorpError(f"'{path}' names matrices that {s['model']} does not have, e.g. {missing[0]}")
     sigmas = [float(s["sigmas"][i % len(s["sigmas"])]) for i in range(int(s["n_specialists"]))]
     s["power"] = analysis_power([shapes[n] for n in s["r_star"]], sigmas, int(s["splits"]), int(s["permutations"]), s["ranks"], float(significance), sims=sims,
-                                seed=int(s.get("analysis_seed", 0)), planted_rank=planted_rank, max_shapes=max_shapes, scheme=s.get("noise_scheme", SCHEME_VERSION), threads=threads)
+                                seed=int(s.get("analysis_seed", 0)), planted_rank=planted_rank, max_shapes=max_shapes, scheme=s.get("noise_scheme", "corp-noise-v1"), threads=threads)
     s["power"]["sigmas_assumed"] = "sigmas[i % len(sigmas)] (corp score's assignment), added by add_power after the analysis"
     write_json(path, s)
     return s
