@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import threading
 
 import numpy as np
 import torch
@@ -43,6 +44,7 @@ _MT_N = 624
 _STATE_BYTES = 5056
 _STATE_OFFSET = 24
 _layout_checked = False
+_scratch = threading.local()  # one state buffer per thread, reused: a fresh one per tensor costs more than the hashes
 
 
 def check_scheme(scheme: str | None, source: str) -> str:
@@ -94,7 +96,14 @@ def _seed_v2(gen: torch.Generator, key: int) -> None:
     if not _layout_checked:
         _check_layout()
     words = np.frombuffer(hashlib.shake_128(key.to_bytes(16, "little")).digest(4 * _MT_N), dtype="<u4")
-    gen.set_state(_mt_state(words, key))
+    state = getattr(_scratch, "state", None)
+    if state is None:
+        state = _scratch.state = _mt_state(words, key)
+    else:  # same layout as _mt_state: only the initial seed and the words change (set_state copies them)
+        buf = state.numpy()
+        buf[:8].view("<u8")[0] = key & ((1 << 64) - 1)
+        buf[_STATE_OFFSET : _STATE_OFFSET + 8 * _MT_N].view("<u8")[:] = words
+    gen.set_state(state)
 
 
 def seed_generator(gen: torch.Generator, key: int, scheme: str = SCHEME_VERSION) -> torch.Generator:
