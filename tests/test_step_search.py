@@ -63,15 +63,16 @@ def test_step_search_weights_are_rebuilt_bit_exactly_from_the_recipe_and_m_is_bu
     monkeypatch.setattr(direction_module, "noise", lambda *a, **k: calls.append(a[0]) or real_noise(*a, **k))
     alphas = [1.0, 2.0, 4.0, 8.0]
     cfg = OperatorConfig(alphas=alphas, compat="seed-orthogonal").validate()
-    res = consolidate_stage1(rewards, seeds, [sigma] * len(seeds), [(n, p.shape) for n, p in tiny_model.named_parameters()], score, cfg, progress=False)
+    params = [(n, p.shape) for n, p in tiny_model.named_parameters()]
+    res = consolidate_stage1(rewards, seeds, [sigma] * len(seeds), params, score, cfg, progress=False, perturber=score.perturber)
     assert res.accepted, res.reason
-    n_tensors = len(list(tiny_model.named_parameters()))
+    n_tensors = len(params)
     n_elite = len(res.best_stage.elite)
-    # two rules (m2, m1), each M built once from its elites' noise; validation scoring of the two best
-    # candidates reuses the kept M only for the last one, so allow one rebuild per rule. The old path
-    # regenerated every elite's noise for every alpha: 2 rules x 4 alphas.
-    assert len(calls) <= 2 * 2 * n_elite * n_tensors, (len(calls), n_elite, n_tensors)
-    assert len(calls) < len(alphas) * 2 * n_elite * n_tensors
+    # m2 and m1 are built together, each elite's noise generated once per tensor for the whole step
+    # search, and once more for the validation gates of the two best candidates (built together too).
+    # The old path regenerated every elite's noise for every candidate: 2 rules x 4 alphas (+ gates).
+    assert len(calls) == 2 * n_elite * n_tensors, (len(calls), n_elite, n_tensors)
+    assert not score.perturber._kept, "merged directions are freed after their alphas and gates"
 
     evaluated = score.seen[repr(res.direction.to_json())]
     recipe = make_recipe(str(model_dir), str(model_dir), base_hash, ParamFilter(), res.direction, {"method": "corp"})
@@ -122,3 +123,49 @@ def test_merged_term_arithmetic_json_and_kept_m():
     pert.apply(cand)
     assert all(torch.equal(p.detach(), q.detach()) for p, q in zip(model.parameters(), twin.parameters()))
     assert not all(torch.equal(p.detach(), w0[n]) for n, p in model.named_parameters())
+
+
+def test_keep_merged_builds_several_terms_in_one_pass_with_the_bits_of_materialise(monkeypatch):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 4))
+    k1, k2, k3 = Component(1, 0.01, 0.3), Component(2, 0.02, -0.7), Component(3, 0.01, 0.5)
+    terms = [
+        Merged(1.0, (k1, k2, k3)),
+        Merged(1.0, (Component(2, 0.02, 0.1), Component(3, 0.01, 0.2))),  # a subsequence: shares the pass
+        Merged(1.0, (Component(3, 0.01, 1.0), Component(1, 0.01, 1.0))),  # another order: built on its own
+        Merged(1.0, (k1, k3, Component(4, 0.03, 0.0))),  # a zero coefficient is skipped, as in materialise
+    ]
+    pert = Perturber(model)
+    calls = []
+    real_noise = direction_module.noise
+    monkeypatch.setattr(direction_module, "noise", lambda *a, **k: calls.append(a[0]) or real_noise(*a, **k))
+    pert.keep_merged(terms)
+    n_tensors = len(pert.params)
+    assert len(calls) == (3 + 2) * n_tensors, "seeds 1-3 once for the shared terms, twice more for the odd one (seed 4's coef is 0)"
+    for t in terms:
+        for name, p in pert.params:
+            assert torch.equal(pert._kept[t.components][name], direction_module.materialise(t.components, name, p.shape)), (t, name)
+    fresh = Perturber(torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 4)))
+    for t in terms:  # applying any of them (pinned: none is evicted) gives the bits of a fresh apply
+        d = Direction([Merged(3.0, t.components)])
+        pert.apply(d)
+        fresh.base = {n: b.clone() for n, b in pert.base.items()}
+        fresh.apply(d)
+        assert all(torch.equal(a.detach(), b.detach()) for a, b in zip(model.parameters(), fresh.model.parameters()))
+    assert len(pert._kept) == len(terms)
+    pert.release_merged()
+    assert not pert._kept
+
+
+def test_keep_merged_follows_each_terms_order_when_an_odd_term_came_first():
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32))
+    a, b, c = Component(7, 0.01, 0.4), Component(8, 0.013, -0.9), Component(9, 0.017, 0.77)
+    # the first (a repeat) is built alone but fixes the shared order c, b, a; the third must get c, b, a
+    # in that order although the second term, seen first among the shared ones, starts with a
+    terms = [Merged(1.0, (c, b, a, c)), Merged(1.0, (a,)), Merged(1.0, (c, b, a))]
+    pert = Perturber(model)
+    pert.keep_merged(terms)
+    for t in terms:
+        for name, p in pert.params:
+            assert torch.equal(pert._kept[t.components][name], direction_module.materialise(t.components, name, p.shape)), (t, name)

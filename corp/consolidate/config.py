@@ -47,6 +47,8 @@ class OperatorConfig:
     """Stage 2: share of the local noise variance along the principal directions (0..1)."""
     gram_memory_gb: float = 2.0
     """Memory budget for the stacked noise used to build the exact Gram matrix."""
+    merge_memory_gb: float = 4.0
+    """Step search: memory for merged directions built together (one fp32 copy of the perturbed weights each); directions built together generate each elite's noise once."""
 
     def validate(self) -> "OperatorConfig":
         from corp.consolidate.merge_rules import MERGE_RULES
@@ -74,6 +76,8 @@ class OperatorConfig:
             raise CorpError(f"--merge-rules must list distinct registered rules ({', '.join(MERGE_RULES)}); got {self.merge_rules}")
         if self.compat not in ("exact", "seed-orthogonal"):
             raise CorpError(f"--compat must be 'exact' or 'seed-orthogonal', got '{self.compat}'")
+        if not (self.merge_memory_gb > 0 and self.gram_memory_gb > 0):
+            raise CorpError(f"--merge-memory-gb and --gram-memory-gb must be > 0, got {self.merge_memory_gb} and {self.gram_memory_gb}")
         if not math.isfinite(self.gate_z):
             raise CorpError(f"--gate-z must be a finite number, got {self.gate_z}")
         if self.rounds < 0 or self.local_population < 2 or self.pcs < 0 or not 0.0 <= self.pc_mix <= 1.0:

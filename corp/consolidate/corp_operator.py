@@ -49,7 +49,8 @@ from corp.consolidate.algebra import compat_terms, elite_set, gram_matrix, merge
 from corp.consolidate.config import PAPER_PRESET, ConsolidateConfig, OperatorConfig
 from corp.consolidate.gate import GateResult, paired_gate
 from corp.consolidate.merge_rules import MERGE_RULES, MergeParams
-from corp.perturb import SCHEME_VERSION, Direction
+from corp.perturb import SCHEME_VERSION, Direction, Perturber
+from corp.perturb.direction import Merged
 
 __all__ = [
     "PAPER_PRESET", "ConsolidateConfig", "OperatorConfig", "Stage1", "Candidate", "ConsolidationResult",
@@ -195,11 +196,23 @@ def search_step(stage: Stage1, perts: Sequence[Direction], alphas: Sequence[floa
     return out
 
 
+def keep_together(perturber: Perturber | None, directions: Sequence[Direction]) -> None:
+    """Have the Perturber build the merged terms of `directions` in one pass (each elite's noise
+    generated once for all of them); without a Perturber (another backend) nothing is kept."""
+    if perturber is not None:
+        perturber.keep_merged([t for d in directions for t in d.components if isinstance(t, Merged)])
+
+
 def merge_and_search(rewards: Sequence[float], perts: Sequence[Direction], params: Sequence[tuple[str, torch.Size]], score: ScoreFn, cfg: OperatorConfig, probe: str,
                      centre: Direction | None = None, progress: bool = True, project: Callable[[Direction], Direction] | None = None, gram_cache=None,
-                     scheme: str = SCHEME_VERSION) -> tuple[list[Stage1], dict[str, list[Candidate]], np.ndarray]:
+                     scheme: str = SCHEME_VERSION, perturber: Perturber | None = None) -> tuple[list[Stage1], dict[str, list[Candidate]], np.ndarray]:
     """Stage-1 weights for every (q, beta), the probe score of centre + alpha * m for every
-    configured rule's m, and the Gram matrix of the perturbations that was used (exact where computed)."""
+    configured rule's m, and the Gram matrix of the perturbations that was used (exact where computed).
+
+    With the backend's `perturber`, the merged directions are built in groups that fit
+    cfg.merge_memory_gb (one fp32 model copy each), each group in one pass over the elites' noise,
+    and freed after their alphas. Low-rank projection (`project`) materialises m itself, so then
+    nothing is kept."""
     r = np.asarray(rewards, dtype=np.float64)
     widest = sorted(set().union(*(elite_set(r, q) for q in cfg.quantiles)))
     Gp_exact, Gp_approx = perturbation_grams(perts, params, widest if cfg.compat == "exact" else None, cfg.gram_memory_gb, progress, gram_cache, scheme)
@@ -212,31 +225,41 @@ def merge_and_search(rewards: Sequence[float], perts: Sequence[Direction], param
         bar.update(1)
         return out
 
-    for st in stages:
-        for rule in cfg.merge_rules:
+    todo = [(st, rule) for st in stages for rule in cfg.merge_rules]
+    keep = perturber if project is None else None
+    group = max(1, int(cfg.merge_memory_gb * 2**30 // (4 * perturber.n_selected))) if keep is not None else max(1, len(todo))
+    for g in range(0, len(todo), group):
+        keep_together(keep, [st.direction(perts, rule) for st, rule in todo[g : g + group]])
+        for st, rule in todo[g : g + group]:
             cands[rule] += search_step(st, perts, cfg.alphas, counted, probe, rule, centre, project)
+        if keep is not None:
+            keep.release_merged()
     bar.close()
     return stages, cands, Gp_exact if Gp_exact is not None else Gp_approx
 
 
 def consolidate_stage1(rewards: Sequence[float], seeds: Sequence[int], sigmas: Sequence[float], params: Sequence[tuple[str, torch.Size]], score: ScoreFn, cfg: OperatorConfig, *,
                        probe: str = "probe", validation: str = "validation", progress: bool = True, project: Callable[[Direction], Direction] | None = None,
-                       gram_cache=None, scheme: str = SCHEME_VERSION) -> ConsolidationResult:
+                       gram_cache=None, scheme: str = SCHEME_VERSION, perturber: Perturber | None = None) -> ConsolidationResult:
     """Stage 1 end to end: weights for every (q, beta) and rule, step search on probe, gate on validation.
 
     Ties on the probe go to the earlier grid point (smaller q, beta, alpha), so the choice is
     deterministic. `scheme`: the noise scheme of the population (the Gram matrix regenerates its
-    noise). The first of cfg.merge_rules is deployed (pass 2 by default); every other rule
+    noise). `perturber`: the backend's, to build merged directions together (merge_and_search). The first of cfg.merge_rules is deployed (pass 2 by default); every other rule
     is searched and gated too, for the report. `project` (low-rank consolidation,
     corp/consolidate/lowrank.py) replaces each m by its projection before the step search, so the
     probe and the gate judge what is deployed.
     """
     perts = [Direction.single(s, sg) for s, sg in zip(seeds, sigmas)]
-    stages, cands, Gp = merge_and_search(rewards, perts, params, score, cfg, probe, None, progress, project, gram_cache, scheme)
+    stages, cands, Gp = merge_and_search(rewards, perts, params, score, cfg, probe, None, progress, project, gram_cache, scheme, perturber)
     bests = {rule: max(cs, key=lambda c: c.probe_score) for rule, cs in cands.items()}  # max keeps the first among ties
     deployed = cfg.merge_rules[0]
     best = bests[deployed]
+    if project is None and perturber is not None and perturber.n_selected * 4 * len(bests) <= cfg.merge_memory_gb * 2**30:
+        keep_together(perturber, [b.direction for b in bests.values()])
     gates = {rule: gate_on(score, b.direction, None, validation, cfg.gate_z) for rule, b in bests.items()}
+    if perturber is not None:
+        perturber.release_merged()
     gate = gates[deployed]
     table = [{"candidate": "base", "probe_score": _mean(score(None, probe)), "pass": "base"}]
     for rule in reversed(cfg.merge_rules):  # pass 1 rows first, as the report always listed them

@@ -92,10 +92,10 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     scheme = ctx.backend.perturber.scheme  # the population's noise scheme: the Gram matrix regenerates its noise
     result = consolidate_stage1(
         [r["reward"] for r in population], [r["seed"] for r in population], [r["sigma"] for r in population], params, scorer, cfg,
-        progress=progress, project=projector, gram_cache=ctx.run_dir, scheme=scheme,
+        progress=progress, project=projector, gram_cache=ctx.run_dir, scheme=scheme, perturber=ctx.backend.perturber,
     )
     if cfg.rounds > 0:
-        result = consolidate_stage2(result, params, scorer, cfg, seed=cfg.seed, progress=progress, gram_cache=ctx.run_dir, scheme=scheme)
+        result = consolidate_stage2(result, params, scorer, cfg, seed=cfg.seed, progress=progress, gram_cache=ctx.run_dir, scheme=scheme, perturber=ctx.backend.perturber)
 
     # the deployed model: recipe + weights
     pf = ParamFilter(cfg.include, cfg.exclude)

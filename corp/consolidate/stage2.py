@@ -48,12 +48,12 @@ def local_population(seeds: Sequence[int], scale: float, pcs: Sequence[Direction
 
 def consolidate_stage2(first: ConsolidationResult, params: Sequence[tuple[str, torch.Size]], score: ScoreFn, cfg: OperatorConfig, *, seed: int = 0,
                        select: str = "support_select", gate_half: str = "support_gate", probe: str = "probe", validation: str = "validation",
-                       progress: bool = True, gram_cache=None, scheme: str = SCHEME_VERSION) -> ConsolidationResult:
+                       progress: bool = True, gram_cache=None, scheme: str = SCHEME_VERSION, perturber=None) -> ConsolidationResult:
     """Up to cfg.rounds re-centring rounds around the stage-1 centre (base if stage 1 abstained).
 
     `seed` is the run's master seed (the local populations' seeds derive from it). Each round's
     candidates are centre + alpha * m with m a merged term of the local population, so the centre
-    is a cached prefix and M is built once per round."""
+    is a cached prefix and M is built once per round (`perturber`: the backend's, as in stage 1)."""
     if not first.perts:
         raise CorpError("stage 2 needs the stage-1 population (ConsolidationResult.perts is empty)")
     dim = int(sum(int(np.prod(s)) for _, s in params))
@@ -73,7 +73,7 @@ def consolidate_stage2(first: ConsolidationResult, params: Sequence[tuple[str, t
         bar = tqdm(local, desc=f"stage 2 round {t + 1}", unit="spec", disable=not progress, dynamic_ncols=True)
         rewards = [_mean(score(centre + p, select)) for p in bar]
         bar.close()
-        _, cands, _ = merge_and_search(rewards, local, params, score, cfg, select, centre, progress, None, gram_cache, scheme)
+        _, cands, _ = merge_and_search(rewards, local, params, score, cfg, select, centre, progress, None, gram_cache, scheme, perturber)
         best = max(cands[cfg.merge_rules[0]], key=lambda c: c.probe_score)
         g_half = gate_on(score, best.direction, centre, gate_half, cfg.gate_z)
         g_probe = gate_on(score, best.direction, centre, probe, cfg.gate_z)

@@ -194,6 +194,7 @@ class Perturber:
         # same M at several scales, and building M regenerates the noise of every merged component.
         # Costs one fp32 copy of the selected weights per merged term of the current direction.
         self._kept: dict[tuple[Component, ...], dict[str, torch.Tensor]] = {}
+        self._pinned: set[tuple[Component, ...]] = set()  # built by keep_merged: kept until release_merged
 
     @property
     def n_selected(self) -> int:
@@ -216,7 +217,48 @@ class Perturber:
 
     def release_merged(self) -> None:
         """Free the kept M of merged terms (they are rebuilt, same bits, when applied again)."""
-        self._kept = {}
+        self._kept, self._pinned = {}, set()
+
+    @torch.no_grad()
+    def keep_merged(self, terms: Iterable[Merged]) -> None:
+        """Build the M of several merged terms in one pass over their components' noise and keep
+        them (pinned) until `release_merged`: each (seed, sigma) noise tensor is generated once for
+        all the terms that use it. Costs one fp32 copy of the selected weights per term.
+
+        Bits equal `materialise` per term: every M still receives round(eps * coef * sigma) in its
+        own component order, starting from zeros. That needs one shared order in which every term's
+        components appear in their own order; a term that does not fit it is built on its own."""
+        terms = list(dict.fromkeys(t for t in terms if t.components not in self._kept))
+        order: dict[tuple[int, float], int] = {}
+        for t in terms:
+            for c in t.components:
+                order.setdefault((c.seed, c.sigma), len(order))
+        shared, alone = [], []
+        for t in terms:
+            pos = [order[(c.seed, c.sigma)] for c in t.components]
+            (shared if all(a < b for a, b in zip(pos, pos[1:])) else alone).append(t)
+        self._ensure_buf()
+        tmp = torch.empty_like(self._noise_buf)
+        users: dict[tuple[int, float], list[tuple[int, float]]] = {}
+        for j, t in enumerate(shared):
+            for c in t.components:
+                if c.coef != 0.0:
+                    users.setdefault((c.seed, c.sigma), []).append((j, c.coef * c.sigma))
+        for t in shared + alone:
+            self._kept[t.components] = {}
+            self._pinned.add(t.components)
+        for name, param in self.params:
+            shape, n = param.shape, param.numel()
+            Ms = [torch.zeros(tuple(shape), dtype=torch.float32) for _ in shared]
+            for seed, sigma in sorted(users, key=order.__getitem__):  # the shared order: each term gets its components in its own order
+                uses = users[(seed, sigma)]
+                eps = noise(seed, name, shape, self._gen, out=self._noise_buf[:n].view(shape), scheme=self.scheme)
+                for j, f in uses:
+                    Ms[j].add_(torch.mul(eps, f, out=tmp[:n].view(shape)))
+            for t, M in zip(shared, Ms):
+                self._kept[t.components][name] = M
+            for t in alone:
+                self._kept[t.components][name] = materialise(t.components, name, shape, self._gen, self._noise_buf, self.scheme)
 
     def _add(self, direction: Direction, target: torch.Tensor, name: str) -> torch.Tensor:
         """direction.add_to(target, name) with the merged terms' M taken from (or kept in) _kept:
@@ -251,7 +293,7 @@ class Perturber:
                 start, rest = tensors, Direction(direction.components[len(comps) :])
         if direction.prefixable:  # keep only the M this direction uses: memory stays at its merged terms
             wanted = {t.components for t in rest.components if isinstance(t, Merged)}
-            self._kept = {k: v for k, v in self._kept.items() if k in wanted}
+            self._kept = {k: v for k, v in self._kept.items() if k in wanted or k in self._pinned}
         for name, param in self.params:
             base = start[name]
             if param.dtype == torch.float32 and param.device.type == "cpu" and base.dtype == torch.float32:
