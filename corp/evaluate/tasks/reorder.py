@@ -110,7 +110,7 @@ def order_reward(answer: str | None, gold: str) -> float:
 
 class Reorder(Task):
     name = "reorder"
-    description = "story ordering: 5 shuffled sentences A-E, answer the order (reorder[:PATH]; options: seed, block=20, test_every=3)"
+    description = "story ordering (ROCStories stand-in): 5 shuffled sentences A-E, answer the order; reorder[:PATH] (default text ships with reasoning-gym); options: seed, block=20, test_every=3"
     max_new_tokens = 64
 
     def __init__(self, path: str | None = None, seed: int = 0, block: int = 20, test_every: int = 3):
