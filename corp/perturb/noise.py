@@ -12,9 +12,10 @@ it, so a run made under an older scheme is rebuilt bit-identically, and an unkno
 - `corp-noise-v2` (current): the key is the 128-bit blake2b digest of "v2|seed|name"; the Mersenne
   Twister's whole 624-word state is SHAKE-128(key), written into the torch generator with
   `set_state`. Two (seed, name) pairs share noise only if their 128-bit keys collide (birthday bound
-  2^64 pairs). Costs about 20 us per tensor over v1 (the hashes and one 5 KB state copy), nothing
-  per element: the numbers still come from torch's vectorised `randn` (numpy's generators, which
-  would take a 128-bit key directly, draw normals about 2x slower; see results/perturb-overhead/).
+  2^64 pairs). Costs about 14 us of CPU per tensor over v1 (the hashes and one 5 KB state copy;
+  3.7 ms per SmolLM2-135M specialist), nothing per element: the numbers still come from torch's
+  vectorised `randn` (numpy's generators, which would take a 128-bit key directly, draw normals
+  about 2x slower; see results/perturb-overhead/).
 - `corp-noise-v1` (before 2026-11): `manual_seed(63-bit blake2b key)`. torch's CPU generator keeps
   only the low 32 bits of a seed, so two (seed, name) pairs shared their noise bit for bit whenever
   those 32 bits matched: about once per 5000 specialists of a 135M model (issue 10). Kept only to
