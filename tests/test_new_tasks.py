@@ -12,12 +12,13 @@ import pytest
 from corp import CorpError
 from corp.evaluate.tasks import SPLITS, SplitSizes, get_task, list_tasks, make_splits
 from corp.evaluate.tasks.reorder import extract_order, order_reward, split_sentences
+from corp.extras import available
 
 # the three reasoning-gym tasks of the README's evidence (base accuracy of the embedded model 5-60%)
 SMALL = "instruction=none,extract=fallback,max_new_tokens=24"
 RG_TASKS = [f"rg:chain_sum:max_terms=2,max_digits=1,{SMALL}", f"rg:gcd:max_value=20,{SMALL}", f"rg:letter_counting:min_words=1,max_words=3,{SMALL}"]
 
-needs_gym = pytest.mark.skipif(not __import__("corp.extras", fromlist=["available"]).available("reasoning-gym"), reason="reasoning-gym not installed (pip install 'corp[reasoning-gym]')")
+needs_gym = pytest.mark.skipif(not available("reasoning-gym"), reason="reasoning-gym not installed (pip install 'corp[reasoning-gym]')")
 
 
 def _ids(task, seed=0, sizes=SplitSizes(8, 4, 4, 8)):
@@ -42,6 +43,7 @@ def test_reorder_reward_worked_examples(answer, expected):
     assert order_reward(answer.translate(relabel) if answer else None, "ABCDE".translate(relabel)) == pytest.approx(expected)
 
 
+@needs_gym  # the default text ships with reasoning-gym
 def test_reorder_extraction_and_reward_on_completions():
     assert extract_order("The original order is: C, A, E, B, D.") == "CAEBD"
     assert extract_order("C -> A -> E -> B -> D") == "CAEBD"
@@ -56,6 +58,7 @@ def test_reorder_extraction_and_reward_on_completions():
     assert task.check(task.extract(right), ex) and not task.check(task.extract(wrong), ex)
 
 
+@needs_gym  # the default text ships with reasoning-gym
 def test_reorder_splits_are_reproducible_and_test_sentences_never_reach_selection():
     a, b = _ids(get_task("reorder")), _ids(get_task("reorder"))
     assert a == b
