@@ -196,6 +196,7 @@ def test_reproducible_ranks_without_outputs_is_one_line_error(tmp_path):
         (["--run", "/nonexistent-run"], "has no population.jsonl"),
         (["--run", "/nonexistent-run", "--permutations", "5"], "nothing could pass"),
         (["--ranks", "0,2"], "--ranks must be integers >= 1"),
+        (["--power-sims", "-1"], "--power-sims must be >= 0"),
     ],
 )
 def test_cli_bad_input_is_one_line_error(args, message, tmp_path):
