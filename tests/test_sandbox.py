@@ -565,10 +565,13 @@ def _as_user(fn, *, no_user_namespaces=False):
 
 
 def _userns_available() -> bool:
-    try:
-        return int(Path("/proc/sys/user/max_user_namespaces").read_text()) > 0 and Path("/proc/sys/kernel/unprivileged_userns_clone").read_text().strip() != "0"
-    except FileNotFoundError:
-        return Path("/proc/sys/user/max_user_namespaces").exists()
+    """Whether this kernel lets an ordinary user make user namespaces and mount in them."""
+    def sysctl(name: str, default: str) -> str:
+        p = Path("/proc/sys") / name
+        return p.read_text().strip() if p.exists() else default
+
+    return (int(sysctl("user/max_user_namespaces", "0")) > 0 and sysctl("kernel/unprivileged_userns_clone", "1") != "0"
+            and sysctl("kernel/apparmor_restrict_unprivileged_userns", "0") != "1")
 
 
 needs_root_to_drop = pytest.mark.skipif(not ROOT, reason="dropping to another uid needs root (CI runs as root)")
