@@ -174,14 +174,16 @@ _LEVEL_CACHE: dict[bool, dict] = {}
 def isolation_level(namespaces: bool = True) -> dict:
     """The isolation this machine gives, probed once per process with an empty program:
     {"level": ..., "isolated": bool, "why": reason when not isolated}."""
-    if namespaces not in _LEVEL_CACHE:
-        r = run_program("pass", timeout=10, namespaces=namespaces, allow_unisolated=True)
-        level = r.isolation.get("level", "unknown")
-        info = {"level": level, "isolated": level in ISOLATED_LEVELS, "why": r.isolation.get("unavailable", "")}
-        if r.status is not Status.PASS:
-            info.update(isolated=False, why=f"the sandbox itself failed: {r.detail}")
-        _LEVEL_CACHE[namespaces] = info
-    return dict(_LEVEL_CACHE[namespaces])
+    if namespaces in _LEVEL_CACHE:
+        return dict(_LEVEL_CACHE[namespaces])
+    r = run_program("pass", timeout=10, namespaces=namespaces, allow_unisolated=True)
+    level = r.isolation.get("level", "unknown")
+    info = {"level": level, "isolated": level in ISOLATED_LEVELS, "why": r.isolation.get("unavailable", "")}
+    if r.status is Status.PASS:
+        _LEVEL_CACHE[namespaces] = info  # a failed probe (say, out of file descriptors) is retried next time
+    else:
+        info.update(isolated=False, why=f"the sandbox itself failed: {r.detail}")
+    return dict(info)
 
 
 def _validate(timeout: float, memory_mb: int, max_processes: int, max_open_files: int, max_output_bytes: int) -> None:
@@ -423,7 +425,7 @@ def run_many(
     if not (isinstance(concurrency, int) and concurrency >= 1):
         raise CorpError(f"sandbox concurrency must be an integer >= 1, got {concurrency!r}")
     for i, p in enumerate(programs):
-        code, tests = (p, None) if isinstance(p, str) else (tuple(p) + (None,))[:2] if isinstance(p, tuple) else (p, None)
+        code, tests = p if isinstance(p, tuple) and len(p) == 2 else (p, None)
         if not isinstance(code, str) or not (tests is None or isinstance(tests, Tests)):
             raise CorpError(f"sandbox: program {i} must be a str or a (str, Tests) pair, got {type(p).__name__}")
         jobs.append((code, tests))
