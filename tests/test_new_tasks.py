@@ -140,6 +140,8 @@ def test_rg_options_and_errors():
         get_task("rg:nope")
     with pytest.raises(CorpError, match="no option.*colour"):
         get_task("rg:basic_arithmetic:colour=red")
+    with pytest.raises(CorpError, match="seed must be an integer"):
+        get_task("rg:basic_arithmetic:seed=abc")
     with pytest.raises(CorpError, match="min_terms='x' is not a int"):
         get_task("rg:basic_arithmetic:min_terms=x")
     rows = {r["task"]: r["description"] for r in list_tasks()}

@@ -66,8 +66,7 @@ def _coerce_option(field: dataclasses.Field, value, dataset: str):
         if isinstance(default, float):
             return float(text)
         if isinstance(default, (tuple, list)):
-            parts = [p for p in text.split("|")]
-            return type(default)(parts)
+            return type(default)(text.split("|"))
     except ValueError as exc:
         raise CorpError(f"task rg:{dataset}: option {field.name}={text!r} is not a {type(default).__name__} ({exc})") from None
     return text if isinstance(default, str) else value
@@ -86,8 +85,8 @@ class ReasoningGymTask(Task):
             raise CorpError(f"reasoning-gym has no dataset '{dataset}'; `corp tasks` lists them")
         if instruction not in set(SYSTEM_PROMPTS) | {"none"}:
             raise CorpError(f"task rg:{dataset}: instruction must be one of {', '.join(sorted(set(SYSTEM_PROMPTS) | {'none'}))}, got '{instruction}'")
-        if int(size) < 1:
-            raise CorpError(f"task rg:{dataset}: size must be >= 1, got {size}")
+        if not (isinstance(seed, int) and isinstance(size, int) and size >= 1):
+            raise CorpError(f"task rg:{dataset}: seed must be an integer and size an integer >= 1, got seed={seed!r}, size={size!r}")
         if extract not in ("tags", "fallback"):
             raise CorpError(f"task rg:{dataset}: extract must be 'tags' (the gym's) or 'fallback', got '{extract}'")
         self.dataset, self.seed, self.size, self.instruction, self.extract_mode = dataset, int(seed), int(size), instruction, extract
