@@ -109,3 +109,8 @@ def test_hf_generate_stops_at_a_stop_string(tiny_backend):
     assert cut.generated_tokens[0] == pos + 1, "tokens up to and including the one that completed the stop"
     other = full.texts[1]
     assert cut.texts[1] == (other[: other.index(stop)] if stop in other else other)
+
+
+def test_an_option_of_the_wrong_type_is_one_error():
+    with pytest.raises(CorpError, match="arith:digits=abc.*wrong type"):
+        get_task("arith:digits=abc")

@@ -127,7 +127,11 @@ def get_task(spec: str, data_dir: str | None = None) -> Task:
     unknown = set(kwargs) - set(params)
     if unknown:
         raise CorpError(f"task '{name}' has no option(s) {', '.join(sorted(unknown))}; see `corp tasks`")
-    return _apply_generation_options(cls(**kwargs), spec, gen)
+    try:
+        task = cls(**kwargs)
+    except (TypeError, ValueError) as exc:  # e.g. arith:digits=abc reaching int()
+        raise CorpError(f"task '{spec}': an option has a value of the wrong type ({exc}); see `corp tasks`") from None
+    return _apply_generation_options(task, spec, gen)
 
 
 def list_tasks() -> list[dict]:
