@@ -9,6 +9,11 @@ Reports medians, the overhead (apply + restore) / score, the scoring throughput 
 generation, and peak RSS against the model's size. Targets (issue 2): overhead <= 5% of scoring
 time; throughput >= 0.9 of plain generation.
 
+With --compare-schemes, each rep also applies a specialist under every known noise scheme (same
+Perturber, same buffer) and draws the whole model's noise once per scheme without applying it, so
+schemes are compared side by side in one process under the same machine load (issue 10: v2's
+128-bit key must not slow the perturbation path).
+
     python benchmarks/perturb_overhead.py --n-support 64 --reps 5 --out results/perturb-overhead
 """
 
@@ -33,12 +38,13 @@ def main() -> None:
     ap.add_argument("--sigma", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="directory for README.md with the table")
+    ap.add_argument("--compare-schemes", action="store_true", help="also time apply and noise generation under every known noise scheme, interleaved")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
     from corp.config import PopulationConfig, load_config
     from corp.evaluate.scorer import evaluate_current, setup_run
-    from corp.perturb import Direction
+    from corp.perturb import SCHEME_VERSION, SCHEMES, Direction, noise
 
     cfg = load_config(PopulationConfig, None, {"model": args.model, "task": args.task, "n_support": args.n_support, "n_probe": 0, "n_validation": 0, "n_test": 0, "run_dir": "/tmp/corp-bench-perturb"})
     ctx = setup_run(cfg, "bench", needs=("support",))
@@ -51,7 +57,29 @@ def main() -> None:
     backend.generate(prompts[:4], ctx.max_new_tokens)
     backend.set_direction(None)
 
-    rows = []
+    pert = backend.perturber
+    gen = torch.Generator(device="cpu")
+    nbuf = torch.empty(max(p.numel() for _, p in pert.params), dtype=torch.float32) if args.compare_schemes else None
+
+    def scheme_times(rep: int) -> dict[str, tuple[float, float, float, float]]:
+        """(apply wall, apply CPU, noise-only wall, noise-only CPU) seconds per scheme; the backend is
+        back at the base and SCHEME_VERSION after. CPU time (this process) is what to compare on a
+        shared machine: wall time there is mostly waiting for a core."""
+        out = {}
+        for scheme in SCHEMES if rep % 2 == 0 else SCHEMES[::-1]:  # alternate the order: no scheme always runs first
+            pert.scheme = scheme  # one Perturber materialises under one scheme; switched here only to compare
+            t, c = time.perf_counter(), time.process_time()
+            backend.set_direction(Direction.single(2000 + rep, args.sigma))
+            a, ac = time.perf_counter() - t, time.process_time() - c
+            backend.set_direction(None)
+            t, c = time.perf_counter(), time.process_time()
+            for name, p in pert.params:
+                noise(3000 + rep, name, p.shape, gen, out=nbuf[: p.numel()].view(p.shape), scheme=scheme)
+            out[scheme] = (a, ac, time.perf_counter() - t, time.process_time() - c)
+        pert.scheme = SCHEME_VERSION
+        return out
+
+    rows, by_scheme = [], []
     for rep in range(args.reps):
         t = time.perf_counter()
         backend.generate(prompts, ctx.max_new_tokens)
@@ -67,6 +95,9 @@ def main() -> None:
         restore = time.perf_counter() - t
         rows.append((plain, apply_s, score, restore))
         print(f"rep {rep}: plain {plain:.2f}s  apply {apply_s:.3f}s  score {score:.2f}s  restore {restore:.3f}s  reward {res.mean_reward:.3f}", file=sys.stderr)
+        if args.compare_schemes:
+            by_scheme.append(scheme_times(rep))
+            print(f"rep {rep}: " + "  ".join(f"{k}: apply {a:.3f}s (cpu {ac:.3f}s) noise {n:.3f}s (cpu {nc:.3f}s)" for k, (a, ac, n, nc) in by_scheme[-1].items()), file=sys.stderr)
 
     med = [statistics.median(c) for c in zip(*rows)]
     plain, apply_s, score, restore = med
@@ -76,7 +107,8 @@ def main() -> None:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     lines = [
         f"model {args.model} ({model_bytes / 2**20:.0f} MiB of parameters, {backend.n_params / 1e6:.1f}M params), task {args.task}, "
-        f"{len(prompts)} support prompts, sigma {args.sigma}, {args.reps} interleaved reps, torch threads {args.threads}; medians:",
+        f"{len(prompts)} support prompts, sigma {args.sigma}, {args.reps} interleaved reps, torch threads {args.threads}, "
+        f"noise scheme {SCHEME_VERSION}; medians:",
         "",
         "| quantity | median |",
         "| --- | ---: |",
@@ -90,6 +122,10 @@ def main() -> None:
         f"| scoring throughput / plain generation (median of per-rep ratios) | {throughput_ratio:.3f} (target >= 0.9) |",
         f"| peak RSS | {peak / 2**20:.0f} MiB = {peak / model_bytes:.2f} x model size (after load: {rss_after_load / 2**20:.0f} MiB) |",
     ]
+    for scheme in SCHEMES if by_scheme else ():
+        a, ac, n, nc = (statistics.median(r[scheme][i] for r in by_scheme) for i in range(4))
+        lines.append(f"| {scheme}: apply one specialist, wall / CPU (same process, interleaved) | {a:.3f} s / {ac:.3f} s |")
+        lines.append(f"| {scheme}: draw all its noise only, wall / CPU | {n:.3f} s / {nc:.3f} s |")
     text = "\n".join(lines)
     print(text)
     if args.out:
