@@ -8,7 +8,9 @@ candidate sets W0 + alpha * M (`apply`) and generates on the probe split (`gen`;
 not in --generate-at, since generation does not depend on N). Once per N it also times `old`:
 applying a candidate as plain per-elite components (alpha folded into each coefficient), which
 is what every candidate cost before merged directions were materialised.
-Non-generation time per candidate = (build + all applies) / candidates, about
+Wall and CPU seconds (time.process_time, one torch thread) are both recorded: on a machine shared
+with other jobs the CPU seconds are the stabler figure. Non-generation time per candidate =
+(build + all applies) / candidates, about
   E * (t_noise + D * t_accumulate) / (D * A) + t_apply
 for D directions of A alphas each: linear in N, amortised over the candidates that share the
 build; the old path paid E * (t_noise + t_accumulate) on every candidate.
@@ -89,39 +91,44 @@ def main() -> None:
         _, G_apx = perturbation_grams(perts, params, None, 2.0, False)
         st = stage1(rewards, 0.5, 10.0, None, G_apx, rules)
         rows = []
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         keep_together(backend.perturber, [st.direction(perts, rule) for rule in rules])
-        t_build = time.perf_counter() - t0
-        print(json.dumps({"N": N, "build_s": t_build}), flush=True)
+        t_build, c_build = time.perf_counter() - t0, time.process_time() - c0
+        print(json.dumps({"N": N, "build_s": t_build, "build_cpu_s": c_build}), flush=True)
         for rule in rules:
             m = st.direction(perts, rule)
-            for k, alpha in enumerate(alphas):
-                t0 = time.perf_counter()
+            for alpha in alphas:
+                t0, c0 = time.perf_counter(), time.process_time()
                 backend.set_direction(m.scaled(alpha))
-                t_apply = time.perf_counter() - t0
-                t_gen = None
+                t_apply, c_apply = time.perf_counter() - t0, time.process_time() - c0
+                t_gen = c_gen = None
                 if N in generate_at:
-                    t0 = time.perf_counter()
+                    t0, c0 = time.perf_counter(), time.process_time()
                     evaluate_current(ctx, probe)
-                    t_gen = time.perf_counter() - t0
-                    gen_times.append(t_gen)
-                rows.append({"rule": rule, "alpha": alpha, "first_of_direction": k == 0, "apply_s": t_apply, "gen_s": t_gen})
+                    t_gen, c_gen = time.perf_counter() - t0, time.process_time() - c0
+                    gen_times.append((t_gen, c_gen))
+                rows.append({"rule": rule, "alpha": alpha, "apply_s": t_apply, "apply_cpu_s": c_apply, "gen_s": t_gen, "gen_cpu_s": c_gen})
                 print(json.dumps({"N": N, **rows[-1]}), flush=True)
         backend.perturber.release_merged()
         flat = Direction(st.direction(perts, rules[0]).scaled(alphas[0]).seed_components())
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         backend.set_direction(flat)
-        t_old = time.perf_counter() - t0
+        t_old, c_old = time.perf_counter() - t0, time.process_time() - c0
         backend.set_direction(None)
-        gen = statistics.median(gen_times) if gen_times else None
+        gen = statistics.median(g for g, _ in gen_times) if gen_times else None
+        gen_cpu = statistics.median(c for _, c in gen_times) if gen_times else None
         per_cand = (t_build + sum(r["apply_s"] for r in rows)) / len(rows)
+        per_cand_cpu = (c_build + sum(r["apply_cpu_s"] for r in rows)) / len(rows)
         run = {
             "N": N, "elites": len(st.elite), "directions": len(rules), "candidates": len(rows),
-            "build_s": t_build, "apply_kept_s_median": statistics.median(r["apply_s"] for r in rows),
-            "non_generation_per_candidate_s": per_cand, "old_apply_per_candidate_s": t_old,
-            "generation_per_candidate_s": gen, "generation_measured_here": N in generate_at,
+            "build_s": t_build, "build_cpu_s": c_build, "apply_kept_s_median": statistics.median(r["apply_s"] for r in rows),
+            "apply_kept_cpu_s_median": statistics.median(r["apply_cpu_s"] for r in rows),
+            "non_generation_per_candidate_s": per_cand, "non_generation_per_candidate_cpu_s": per_cand_cpu,
+            "old_apply_per_candidate_s": t_old, "old_apply_per_candidate_cpu_s": c_old,
+            "generation_per_candidate_s": gen, "generation_per_candidate_cpu_s": gen_cpu, "generation_measured_here": N in generate_at,
             "ratio_non_generation_to_generation": per_cand / gen if gen else None,
-            "old_ratio": t_old / gen if gen else None,
+            "ratio_cpu": per_cand_cpu / gen_cpu if gen_cpu else None,
+            "old_ratio": t_old / gen if gen else None, "old_ratio_cpu": c_old / gen_cpu if gen_cpu else None,
             "rows": rows,
         }
         out["runs"].append(run)
