@@ -319,3 +319,21 @@ def test_committed_elite_gram_recomputes_from_the_embedded_models_noise():
     want = np.array(stored["gram"])[np.ix_(pick, pick)]
     # fp64 sums over 134.5M terms: equal up to the summation order (BLAS threads), far below any weight's scale
     assert np.allclose(G, want, rtol=0, atol=1e-12 * np.abs(np.diag(want)).max())
+
+
+def test_a_new_merge_rule_is_one_registry_entry(tiny_model, monkeypatch):
+    """A rule registered like pass1/pass2 is searched, gated and deployed when listed first, with no
+    other change (here: plain mean of the elites, beta ignored)."""
+    from corp.consolidate.merge_rules import MERGE_RULES, MergeRule
+
+    monkeypatch.setitem(MERGE_RULES, "uniform", MergeRule("uniform", "mu", lambda r, G, p: np.full(len(r), 1.0 / len(r))))
+    problem = PlantedProblem(tiny_model)
+    seeds, sigmas, rewards = population(problem, n=16)
+    cfg = OperatorConfig(merge_rules="uniform,pass2", alphas=[2, 4]).validate()
+    res = consolidate_stage1(rewards, seeds, sigmas, problem.params, problem, cfg, progress=False)
+    assert res.best.name.startswith("mu q=0.5") and set(res.rule_gates) == {"uniform", "pass2"}
+    st = res.stage1[0]
+    assert np.allclose(st["weights"]["uniform"], 1.0 / len(st["w1"])) and "uniform" in st["vs_pass1"]
+    assert [row["pass"] for row in res.probe_table].count("mu") == 2
+    merged = res.best.direction.components[0]
+    assert np.allclose([c.coef for c in merged.components], 1.0 / len(st["w1"])) and merged.scale == res.best.params["alpha"]
