@@ -92,7 +92,7 @@ def test_lowrank_direction_is_exact_and_fingerprinted_apart():
         d + full
 
     # the projector: B @ A is the best rank-r approximation of m's block; P(alpha m) = alpha P(m)
-    from corp.analysis.split_half import project_low_rank
+    from corp.analysis.linalg import project_low_rank
 
     params = [(n, p.shape) for n, p in model.named_parameters()]
     m = Direction([Component(3, 0.02, 0.6), Component(4, 0.02, 0.4)])
@@ -171,7 +171,8 @@ def test_auto_takes_r_star_from_analyze_rank_and_rank_zero_stays_at_w0(tiny_dir,
     from safetensors.torch import load_file
 
     from corp.analysis.config import AnalyzeRankConfig
-    from corp.analysis.split_half import reproducible_ranks, run_analyze_rank
+    from corp.analysis.report import reproducible_ranks
+    from corp.analysis.split_half import run_analyze_rank
     from corp.consolidate.run import run_consolidate
 
     model_dir, tok = tiny_dir
