@@ -39,8 +39,8 @@ class _OneLineErrors(TyperGroup):
             # click's (or typer's vendored click's) exceptions: a message and an exit code
             if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
                 raise
-            if type(exc).__name__ == "NoArgsIsHelpError":  # bare `corp`: the help, as usual
-                typer.echo(exc.format_message(), err=True)
+            if type(exc).__name__ == "NoArgsIsHelpError":  # bare `corp`: the help, as `corp --help` prints it
+                typer.echo(exc.format_message())
                 sys.exit(0)
             ctx = getattr(exc, "ctx", None)
             hint = f" (see `{ctx.command_path} --help`)" if ctx is not None and exc.exit_code == 2 else ""
