@@ -62,6 +62,14 @@ def test_ray_two_workers_same_population_as_local(tmp_path, tiny_dir):
         assert ex.name == "ray" and len(ex.actors) == 2
         assert len(set(ex.pids())) == 2, "two separate worker processes"
         assert ctx.backend.__class__.__name__ == "RemoteBackend", "the driver loads no model of its own"
+        # the backend contract on the driver: the workers' identity, log-probs forwarded, and one
+        # line (not an AttributeError) for what lives only in the workers
+        local_backend = setup_run(cfg_for(tmp_path / "local", tiny_dir), "randopt").backend
+        assert (ctx.backend.name, ctx.backend.model_id, ctx.backend.weights_hash) == ("hf", local_backend.model_id, local_backend.weights_hash)
+        assert ctx.backend.logprobs(["1 + 2"], [[5, 6]])[0] == pytest.approx(local_backend.logprobs(["1 + 2"], [[5, 6]])[0], abs=1e-6)
+        for attr in ("perturber", "model"):
+            with pytest.raises(CorpError, match=r"the Ray driver .* run it with --executor local"):
+                getattr(ctx.backend, attr)
     finally:
         ctx.executor.close()
     assert [r["key"] for r in rows] == [r["key"] for r in local], "same ranking"

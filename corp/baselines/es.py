@@ -40,6 +40,7 @@ from corp.evaluate.scorer import (
     POPULATION_FILE, EvalCache, cached_eval, check_meta, direction_fingerprint, open_run, population_definition, population_meta, run_evals,
 )
 from corp.consolidate.recipe import make_recipe, write_recipe
+from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.perturb import Component, Direction, ParamFilter
 from corp.perturb.noise import derive_seeds
 from corp.runs import ReportRow, append_jsonl, format_rows, read_json, read_jsonl, write_json, write_report
@@ -145,10 +146,10 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
     from corp.models import save_model
 
     base_hash = ctx.weights_hash  # of the base, before the centre moves
-    model_id = getattr(ctx.backend, "model_id", cfg.model)
-    perturber = getattr(ctx.backend, "perturber", None)
-    if perturber is None:
-        raise CorpError("corp es needs a backend with an in-process model; pass --backend hf")
+    model_id = ctx.model_id
+    ctx.backend.require(PERTURBER, "corp es (its centre moves the Perturber's base)")
+    ctx.backend.require(MODEL, "corp es (it saves the final model)")
+    perturber = ctx.backend.perturber
     run_dir = ctx.run_dir
     state_path = run_dir / "es_state.json"
     pop_path = run_dir / POPULATION_FILE

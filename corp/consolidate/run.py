@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 import shutil
 
-from corp import CorpError
 from corp.baselines.randopt import population_line, population_summary, randopt_results
 from corp.consolidate.corp_operator import ConsolidateConfig, consolidate_stage1
 from corp.consolidate.stage2 import consolidate_stage2
 from corp.consolidate.lowrank import FACTORS_FILE, LowRankDirection, LowRankProjector, export_lora, read_analysis, resolve_ranks, write_factors
 from corp.consolidate.recipe import make_recipe, write_recipe
+from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.scorer import EvalCache, RunContext, cached_eval, direction_fingerprint, ensure_population, open_run, row_scores, run_evals
 from corp.models import save_model
 from corp.perturb import Direction, ParamFilter
@@ -64,9 +64,8 @@ class RunScorer:
         return self(direction, split).example_ids
 
     def cache_prefix(self, direction: Direction | None) -> None:
-        perturber = getattr(self.ctx.backend, "perturber", None)
-        if perturber is not None:
-            perturber.cache_prefix(direction)
+        if self.ctx.backend.supports(PERTURBER):  # an optimisation: a backend without one evaluates from scratch
+            self.ctx.backend.perturber.cache_prefix(direction)
 
 
 def run_consolidate(cfg: ConsolidateConfig, backend=None) -> dict:
@@ -85,8 +84,8 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     population = sorted(ranked, key=lambda r: f"{int(r['seed'])}:{float(r['sigma'])!r}:support")
     evals = run_evals(ctx)
     scorer = RunScorer(ctx, evals)
-    if cfg.low_rank != "off" and getattr(ctx.backend, "perturber", None) is None:
-        raise CorpError(f"--low-rank needs a backend that materialises directions through corp's Perturber (hf); '{type(ctx.backend).__name__}' does not")
+    ctx.backend.require(PERTURBER, "corp consolidate (Gram matrix, merged directions)")
+    ctx.backend.require(MODEL, "corp consolidate (it saves the consolidated model)")
     params = [(n, p.shape) for n, p in ctx.backend.perturber.params]
     projector = LowRankProjector(resolve_ranks(cfg.low_rank, params, analysed, rank_dir), params, progress) if cfg.low_rank != "off" else None
     scheme = ctx.backend.perturber.scheme  # the population's noise scheme: the Gram matrix regenerates its noise
@@ -99,7 +98,7 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
 
     # the deployed model: recipe + weights
     pf = ParamFilter(cfg.include, cfg.exclude)
-    model_id = getattr(ctx.backend, "model_id", cfg.model)
+    model_id = ctx.model_id
     made_by = {"method": "corp", "accepted": result.accepted, "reason": result.reason, "candidate": result.best.name, "gate": result.gate.to_dict(), "run_dir": str(ctx.run_dir), "low_rank": cfg.low_rank}
     low_rank_entry = None
     (ctx.run_dir / FACTORS_FILE).unlink(missing_ok=True)  # a stale file from an earlier run here must not look current

@@ -31,7 +31,7 @@ from corp.config import RunConfig
 from corp.evaluate.backends import Backend, make_backend
 from corp.evaluate.rewards import compute_rewards
 from corp.evaluate.tasks import Example, Task
-from corp.perturb import Direction, ParamFilter, weights_hash
+from corp.perturb import Direction, ParamFilter
 from corp.runs import RunLock, append_jsonl, read_jsonl, unique_rows
 from corp.stats import PerExample
 
@@ -108,14 +108,12 @@ class RunContext:
 
     @property
     def model_id(self) -> str:
-        known = getattr(self.backend, "model_id", None)
-        return known if isinstance(known, str) else self.cfg.model
+        return self.backend.model_id or self.cfg.model  # None: an in-memory model, named by --model
 
     @property
     def weights_hash(self) -> str:
         if self._weights_hash is None:
-            known = getattr(self.backend, "weights_hash", None)  # backends without an HF model (vllm, a Ray proxy) carry it
-            self._weights_hash = known if isinstance(known, str) else weights_hash(self.backend.model) if hasattr(self.backend, "model") else "unknown"
+            self._weights_hash = self.backend.weights_hash
         return self._weights_hash
 
     def example_ids(self, split: str) -> list[str]:
@@ -129,7 +127,7 @@ class RunContext:
         return {
             "model": self.model_id,
             "weights_hash": self.weights_hash,
-            "backend": getattr(self.backend, "name", "unknown"),
+            "backend": self.backend.name,
             "task": self.task.signature(),
             "reward": self.cfg.reward or "correct",
             "max_new_tokens": self.max_new_tokens,

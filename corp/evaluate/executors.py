@@ -26,6 +26,7 @@ from typing import Iterator, Sequence
 
 from corp import CorpError
 from corp.evaluate.backends import make_backend, resolve_backend_name
+from corp.evaluate.backends.base import LOGPROBS, Backend
 from corp.evaluate.context import RunContext, score_one
 from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.tasks import get_task
@@ -61,7 +62,8 @@ class _Worker:
 
     def info(self) -> dict:
         b = self.ctx.backend
-        return {"pid": os.getpid(), "model_id": getattr(b, "model_id", self.ctx.cfg.model), "n_params": b.n_params, "weights_hash": self.ctx.weights_hash, "name": b.name}
+        return {"pid": os.getpid(), "model_id": self.ctx.model_id, "n_params": b.n_params, "weights_hash": self.ctx.weights_hash, "name": b.name,
+                "capabilities": sorted(b.capabilities)}
 
     def score(self, seed, sigma, split, examples) -> dict:
         self.ctx.splits[split] = examples
@@ -73,9 +75,17 @@ class _Worker:
     def generate(self, *args, **kwargs):
         return self.ctx.backend.generate(*args, **kwargs)
 
+    def logprobs(self, *args, **kwargs):
+        return self.ctx.backend.logprobs(*args, **kwargs)
 
-class RemoteBackend:
-    """`ctx.backend` on a Ray driver: forwards calls to the executor's first live actor."""
+
+class RemoteBackend(Backend):
+    """`ctx.backend` on a Ray driver: forwards calls to the executor's first live actor. It keeps
+    the actor backend's name, model id, size and weights hash; of its capabilities only those that
+    cross a process boundary as plain data (log-probabilities): the Perturber and the model live in
+    the actor."""
+
+    instead = "run it with --executor local"
 
     def __init__(self, executor: "RayExecutor", info: dict):
         self.executor = executor
@@ -83,12 +93,20 @@ class RemoteBackend:
         self.model_id = info["model_id"]
         self.n_params = info["n_params"]
         self.weights_hash = info["weights_hash"]
+        self.capabilities = frozenset(info.get("capabilities", ())) & {LOGPROBS}
+
+    def describe(self) -> str:
+        return f"the Ray driver (--executor ray: the '{self.name}' backend runs in the workers; the driver holds no model)"
 
     def set_direction(self, direction) -> None:
         self.executor._call_first("set_direction", direction)
 
     def generate(self, *args, **kwargs):
         return self.executor._call_first("generate", *args, **kwargs)
+
+    def logprobs(self, *args, **kwargs):
+        self.require(LOGPROBS, "`backend.logprobs`")
+        return self.executor._call_first("logprobs", *args, **kwargs)
 
     def close(self) -> None:
         pass

@@ -270,6 +270,7 @@ def ensure_population(ctx: RunContext) -> list[dict]:
     if cfg.from_run:
         rows, how = load_population(cfg.from_run, ctx, cfg.population)
     else:
+        get_executor(ctx)  # first: with --executor ray it installs the driver's proxy, so the meta's model identity loads no model here
         check_meta(ctx.run_dir / META_FILE, population_meta(ctx), POPULATION_FILE)
         specs = specialists_for(cfg)
         cache = EvalCache(ctx.run_dir / POPULATION_FILE)

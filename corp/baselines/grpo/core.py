@@ -48,6 +48,7 @@ from tqdm.auto import tqdm
 from corp import CorpError
 from corp.bench.ledger import Ledger
 from corp.config import RunConfig
+from corp.evaluate.backends.base import MODEL
 from corp.evaluate.rewards import compute_rewards
 from corp.config import config_to_dict
 from corp.evaluate.scorer import cached_eval, eval_identity, eval_key, run_evals, setup_run
@@ -240,12 +241,11 @@ class GRPOTrainer:
 
     def __init__(self, ctx, cfg: GRPOConfig):
         from corp.baselines.grpo import get_loss
-        from corp.evaluate.backends.hf import HFBackend, format_prompt
+        from corp.evaluate.backends.hf import format_prompt
 
         self.ctx, self.cfg = ctx, cfg
         backend = ctx.backend
-        if not isinstance(backend, HFBackend):
-            raise CorpError("corp grpo trains with the hf backend; pass --backend hf")
+        backend.require(MODEL, "corp grpo (it trains the model in process)")
         self.backend, self.tokenizer = backend, backend.tokenizer
         self.format_prompt = format_prompt
         self.variant = get_loss(cfg.loss)

@@ -11,8 +11,8 @@ import time
 
 import torch
 
-from corp.evaluate.backends.base import Backend, Generations, cut_at_stop
-from corp.perturb import Direction, ParamFilter, Perturber
+from corp.evaluate.backends.base import LOGPROBS, MODEL, PERTURBER, Backend, Generations, cut_at_stop
+from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
 
 
 def format_prompt(tokenizer, prompt: str) -> str:
@@ -28,15 +28,21 @@ def format_prompt(tokenizer, prompt: str) -> str:
 
 class HFBackend(Backend):
     name = "hf"
+    capabilities = frozenset({PERTURBER, MODEL, LOGPROBS})
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, param_filter: ParamFilter | None = None):
+    def __init__(self, model, tokenizer, batch_size: int = 64, param_filter: ParamFilter | None = None,
+                 model_id: str | None = None, model_path=None, scheme: str = SCHEME_VERSION):
+        """`model_id`/`model_path`: where the weights came from (None for an in-memory model: the
+        caller names it); `scheme`: the noise scheme directions are materialised under (the run's)."""
         self.model, self.tokenizer = model, tokenizer
+        self.model_id, self.model_path = model_id, model_path
+        self._weights_hash: str | None = None
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.batch_size = batch_size
         self.device = next(model.parameters()).device
-        self.perturber = Perturber(model, param_filter)
+        self.perturber = Perturber(model, param_filter, scheme=scheme)
         self.n_params = sum(p.numel() for p in model.parameters())
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos = eos if eos is not None else tokenizer.eos_token_id
@@ -49,12 +55,53 @@ class HFBackend(Backend):
         from corp.models import load_model
 
         model, tokenizer, model_id, path = load_model(name, device=device, dtype=dtype)
-        backend = cls(model, tokenizer, **kwargs)
-        backend.model_id, backend.model_path = model_id, path
-        return backend
+        return cls(model, tokenizer, model_id=model_id, model_path=path, **kwargs)
+
+    @property
+    def weights_hash(self) -> str:
+        """sha256 of the base weights, computed on first use and kept (hashing reads every weight).
+        Read it before changing the weights outside `set_direction` (training, ES's centre): it
+        names the base the run started from."""
+        if self._weights_hash is None:
+            current = self.perturber.current
+            if current is not None:  # hash the base, not the specialist that happens to be applied
+                self.perturber.restore()
+            self._weights_hash = weights_hash(self.model)
+            if current is not None:
+                self.perturber.apply(current)
+        return self._weights_hash
 
     def set_direction(self, direction: Direction | None) -> None:
         self.perturber.apply(direction)
+
+    @torch.inference_mode()
+    def logprobs(self, prompts, completions, temperature=1.0) -> list[list[float]]:
+        if len(prompts) != len(completions):
+            raise ValueError(f"logprobs: {len(prompts)} prompts but {len(completions)} completions")
+        encoded = [self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
+        out: list[list[float]] = [[] for _ in prompts]
+        order = sorted(range(len(prompts)), key=lambda k: len(encoded[k]) + len(completions[k]))
+        pad = self.tokenizer.pad_token_id
+        for start in range(0, len(order), self.batch_size):
+            batch = [k for k in order[start : start + self.batch_size] if len(completions[k])]
+            if not batch:
+                continue
+            seqs = [list(encoded[k]) + list(completions[k]) for k in batch]
+            width = max(len(s) for s in seqs)
+            input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+            attention = torch.zeros((len(seqs), width), dtype=torch.long)
+            for r, s in enumerate(seqs):  # right padding: every real token keeps its position
+                input_ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
+                attention[r, : len(s)] = 1
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)
+            logits = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), position_ids=positions.to(self.device)).logits
+            logsm = torch.log_softmax(logits.float() / temperature, dim=-1)
+            for r, k in enumerate(batch):
+                p, c = len(encoded[k]), len(completions[k])
+                # the token at position t is predicted by the logits at t - 1
+                targets = input_ids[r, p : p + c].to(logsm.device)
+                out[k] = logsm[r, p - 1 : p + c - 1].gather(-1, targets.unsqueeze(-1)).squeeze(-1).tolist()
+        return out
 
     @torch.inference_mode()
     def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None, stop=None) -> Generations:

@@ -137,6 +137,9 @@ class CorpWorkerExtension:
 
 class VLLMBackend(Backend):
     name = "vllm"
+    # the weights live in the engine's worker: no in-process Perturber or transformers model, and
+    # log-probabilities of given completions are not wired to vLLM's prompt_logprobs yet
+    capabilities = frozenset()
 
     def __init__(self, llm, tokenizer, eos_ids: set[int], n_params: int, weights_hash: str, model_id: str, model_path: Path):
         self.llm, self.tokenizer, self.eos_ids = llm, tokenizer, eos_ids
