@@ -48,16 +48,16 @@ def child(spec: dict) -> None:
 
         targets, _ = analysis_targets(named, vocab, False, regex)
         sigmas = [(5e-4, 1e-3, 2e-3)[i % 3] for i in range(n)]
-        t = time.perf_counter()
+        t, cpu = time.perf_counter(), time.process_time()
         p = analysis_power([s for _, s in targets], sigmas, spec["splits"], spec["perms"], [1, 2, 4, 8, 16, 32], 0.05, sims=spec["power_sims"])
-        print(json.dumps({"seconds": time.perf_counter() - t, "shapes": [[s["shape"], s["matrices"], s["power_at_full_share"], s["share_at_target"], s["seconds"]] for s in p["shapes"]],
+        print(json.dumps({"seconds": time.perf_counter() - t, "cpu_s": time.process_time() - cpu, "shapes": [[s["shape"], s["matrices"], s["power_at_full_share"], s["share_at_target"], s["seconds"]] for s in p["shapes"]],
                           "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
         return
     rewards = np.random.default_rng(0).standard_normal(n)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.process_time()
     res = analyze_population(named, list(range(n)), [1e-3] * n, rewards, splits=spec["splits"], permutations=spec["perms"], vocab_size=vocab, matrices=regex, progress=False)
     dt = time.perf_counter() - t
-    print(json.dumps({"seconds": dt, "matrices": len(res["matrices"]), "params": sum(a * b for a, b in (m["shape"] for m in res["matrices"])),
+    print(json.dumps({"seconds": dt, "cpu_s": time.process_time() - cpu, "matrices": len(res["matrices"]), "params": sum(a * b for a, b in (m["shape"] for m in res["matrices"])),
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_before_mb": rss0 / 1024}))
 
 
@@ -92,18 +92,19 @@ def main() -> None:
     for n in [int(x) for x in args.tiny_n.split(",") if x]:
         runs = [run_child(repo, model="tiny", n=n, splits=args.splits, perms=args.permutations, layers=[]) for _ in range(args.repeats)]
         rows.append({"model": "tiny-llama h64 x2", "n": n, "splits": args.splits, "permutations": args.permutations, "layers": "all", "matrices": runs[0]["matrices"], "params": runs[0]["params"],
-                     "median_s": statistics.median(r["seconds"] for r in runs), "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "repeats": len(runs)})
+                     "median_s": statistics.median(r["seconds"] for r in runs), "median_cpu_s": statistics.median(r["cpu_s"] for r in runs),
+                     "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "repeats": len(runs)})
         print(rows[-1], flush=True)
     layers = [int(x) for x in args.layers.split(",")]
     for n in [int(x) for x in args.big_n.split(",") if x]:
         runs = [run_child(repo, model=args.big_model, n=n, splits=args.big_splits, perms=args.permutations, layers=layers) for _ in range(max(1, args.repeats - 2))]
         rows.append({"model": args.big_model, "n": n, "splits": args.big_splits, "permutations": args.permutations, "layers": args.layers, "matrices": runs[0]["matrices"], "params": runs[0]["params"],
-                     "median_s": statistics.median(r["seconds"] for r in runs), "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "repeats": len(runs)})
+                     "median_s": statistics.median(r["seconds"] for r in runs), "median_cpu_s": statistics.median(r["cpu_s"] for r in runs), "peak_rss_mb": max(r["peak_rss_mb"] for r in runs), "repeats": len(runs)})
         print(rows[-1], flush=True)
     for n in [int(x) for x in args.power_n.split(",") if x]:
         r = run_child(repo, model=args.big_model, n=n, splits=args.splits, perms=args.permutations, layers=layers, power_sims=args.power_sims)
         rows.append({"model": args.big_model, "what": "power simulation", "n": n, "splits": args.splits, "permutations": args.permutations, "layers": args.layers,
-                     "power_sims": args.power_sims, "median_s": r["seconds"], "peak_rss_mb": r["peak_rss_mb"], "shapes": r["shapes"], "repeats": 1})
+                     "power_sims": args.power_sims, "median_s": r["seconds"], "cpu_s": r["cpu_s"], "peak_rss_mb": r["peak_rss_mb"], "shapes": r["shapes"], "repeats": 1})
         print(rows[-1], flush=True)
     scoring = None
     pop = repo / args.population
