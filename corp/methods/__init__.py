@@ -130,6 +130,12 @@ METHODS: tuple[Method, ...] = (
            "Split-half low-rank analysis of a scored population (--from-run DIR, or --model/--task/--population to score first): reproducible rank r* per weight matrix.",
            report="rank_summary.json", smoke={**_SMALL, "population": 4, "sigmas": "0.05", "ranks": "1,2", "splits": 2, "permutations": 19, "power_sims": 4},
            summary="corp.methods.summaries:analyze_rank"),
+    Method("ftis", "corp.baselines.ftis:FTISConfig", "corp.baselines.ftis:run_ftis",
+           "F-TIS (reconstruction): nodes with their own models share rollouts + logprobs; GRPO on the mixed group with truncated importance weights and a KL filter; vs on-policy GRPO per node.",
+           smoke={**_SMALL, "steps": 2, "prompts_per_step": 2, "num_generations": 2, "learning_rate": 1e-3}, summary="corp.baselines.ftis:summary"),
+    Method("fera", "corp.baselines.fera:FERAConfig", "corp.baselines.fera:run_fera",
+           "FERA (reconstruction, cheap variant): training-free rounds; clients answer with private demonstrations + the server's synthesis; uncertainty-weighted vote.",
+           smoke={**_SMALL, "clients": 2, "shots": 1, "rounds": 2, "samples": 2}, summary="corp.baselines.fera:summary"),
 )
 
 REGISTRY: dict[str, Method] = {m.name: m for m in METHODS}

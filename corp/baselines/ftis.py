@@ -1,0 +1,548 @@
+"""F-TIS: decentralised GRPO across heterogeneous models that share rollouts, with truncated
+importance sampling. Paper: arXiv 2605.22537. RECONSTRUCTION: no public code exists; this follows
+../shared/METHODS.md ("F-TIS"), itself built from the abstract and secondary notes.
+
+What a run does (`corp ftis`): K nodes, each with its own model (`--nodes a,b`; default two nodes of
+`--model`), answer the same prompts each step (drawn from the support split by a seed all nodes
+share, so prompts are never sent). Every node samples G completions per prompt and broadcasts them
+with its per-token log-probabilities: token ids + float32 logprobs (8 bytes a token) to a node with
+the same tokenizer, else the UTF-8 text + its float32 sequence log-probability. Node k then takes
+one GRPO step on the mixed group of K x G completions per prompt:
+- advantages are group-relative over all K x G completions (GRPO's (R - mean) / (std + 1e-4));
+- per token, the clipped GRPO loss of an off-policy completion (another node's) is multiplied by
+  the truncated importance weight w_t = min(pi_old(a_t) / mu(a_t), C), detached (C = --tis-cap);
+  the node's own completions have w_t = 1 (mu = pi_old: they were sampled from these weights);
+- filter: an off-policy completion is kept if its advantage is positive or its KL from the
+  generator, summed over its tokens, is below gamma (--kl-filter); otherwise it is dropped (weight 0).
+
+Choices of ours (the paper's are not public), each stated:
+- KL(pi_old || mu) per completion is estimated from the generator's own sample as
+  sum_t (r_t log r_t - r_t + 1), r_t = pi_old(a_t) / mu(a_t): non-negative per token and unbiased
+  for KL(pi || mu) under samples from mu (E_mu[r - 1] = 0). Log-ratios are clamped to +-50 first
+  (such a completion is far above any gamma anyway).
+- Across tokenizers (`--no-retokenize` forbids it): the receiver re-tokenises the sender's text
+  (appending its own EOS when the sender's completion ended with EOS) and, since the sender's
+  per-token logprobs do not align with local tokens, defines mu per LOCAL token as the sender's
+  reported sequence log-probability spread evenly: log mu_t = log mu(text) / T_local. The product
+  of the per-token ratios is then exactly pi_old(text) / mu(text); per token it is an approximation.
+- num_iterations = 1 (pi_old = the current weights, detached), no KL penalty to a reference, no
+  LoRA: the policy-gradient part is exactly corp grpo's per-token loss (corp.baselines.grpo.core),
+  so with only on-policy completions the loss equals plain GRPO's (and TRL's; tests/test_ftis.py).
+- The sender's logprobs come from one forward pass over its own completions after generation (the
+  HF backend's generate does not return them; a vLLM sender would), counted as inference FLOPs.
+- Comparison arm (on unless `--skip-grpo-baseline`): each node alone, from its own base weights, runs
+  on-policy GRPO for the same number of steps on the same prompts with K x G completions of its own
+  per prompt, i.e. the same number of local updates and the same number of trained sequences per
+  update; its FLOPs differ (it generates all of them itself, F-TIS recomputes others' logprobs),
+  and both ledgers are reported so the comparison at matched FLOPs can be read off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from corp import CorpError
+from corp.bench.ledger import Ledger
+from corp.config import RunConfig, config_to_dict
+from corp.evaluate.backends.base import MODEL
+from corp.evaluate.rewards import compute_rewards
+from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
+from corp.stats import PerExample
+
+LOGRATIO_CLAMP = 50.0
+ID_BYTES, LOGPROB_BYTES, SEQ_LOGPROB_BYTES = 4, 4, 4  # int32 token ids, float32 logprobs
+
+
+@dataclass
+class FTISConfig(RunConfig):
+    nodes: str = ""
+    """Comma-separated models, one per node (aliases, directories or hub ids); default: --n-nodes copies of --model."""
+    n_nodes: int = 2
+    """Number of nodes when --nodes is not given (each samples with its own seed)."""
+    steps: int = 3
+    """Optimizer steps per node."""
+    prompts_per_step: int = 2
+    """Distinct prompts per step, the same for every node."""
+    num_generations: int = 12
+    """G: completions each node samples per prompt (the paper's group size 12); the mixed group has K x G."""
+    temperature: float = 1.0
+    """Sampling temperature (logprobs use logits / temperature, as GRPO)."""
+    learning_rate: float = 1e-6
+    """AdamW learning rate of every node."""
+    epsilon: float = 0.2
+    """GRPO clip range (both sides)."""
+    tis_cap: float = 2.0
+    """C: truncated importance weight min(pi_old / mu, C) on off-policy tokens."""
+    kl_filter: float = 50.0
+    """gamma: an off-policy completion with advantage <= 0 and summed KL from its generator >= gamma is dropped (paper ablates 5, 10)."""
+    no_retokenize: bool = False
+    """Refuse to share text across tokenizers (then every node must use the same tokenizer)."""
+    loss_type: str = "dapo"
+    """Aggregation, as corp grpo's --loss-type: grpo, dapo (token mean, default), dr_grpo."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (keep micro-batches small for large-vocabulary models such as Gemma)."""
+    max_grad_norm: float = 1.0
+    """Gradient-norm clip (0 disables)."""
+    skip_grpo_baseline: bool = False
+    """Do not run the comparison arm: on-policy GRPO per node alone (same steps, prompts and K x G own completions per prompt)."""
+    ood_task: str | None = None
+    """A second task for out-of-distribution accuracy before and after training (its first --n-test test examples)."""
+    eval_every: int = 1
+    """Evaluate greedy test accuracy of every node every this many steps (and at the end)."""
+    skip_test_eval: bool = False
+    """Do not evaluate on the test split (and OOD task) at all."""
+
+    def validate(self) -> "FTISConfig":
+        super().validate()
+        for name in ("steps", "prompts_per_step", "grad_accum", "eval_every", "n_nodes"):
+            if getattr(self, name) < 1:
+                raise CorpError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.num_generations < 1:
+            raise CorpError(f"--num-generations must be >= 1, got {self.num_generations}")
+        if len(self.node_models()) < 2:
+            raise CorpError(f"--nodes '{self.nodes}' names one model; F-TIS needs two or more nodes (or drop --nodes and use --n-nodes)")
+        if not self.temperature > 0:
+            raise CorpError(f"--temperature must be > 0 (nodes sample), got {self.temperature}")
+        if not self.learning_rate > 0:
+            raise CorpError(f"--learning-rate must be > 0, got {self.learning_rate}")
+        if not (self.tis_cap > 0 and math.isfinite(self.tis_cap)):
+            raise CorpError(f"--tis-cap must be > 0 and finite, got {self.tis_cap}")
+        if not self.kl_filter > 0:
+            raise CorpError(f"--kl-filter must be > 0, got {self.kl_filter}")
+        if self.epsilon < 0:
+            raise CorpError(f"--epsilon must be >= 0, got {self.epsilon}")
+        from corp.baselines.grpo.core import AGGREGATIONS
+
+        if self.loss_type not in AGGREGATIONS:
+            raise CorpError(f"--loss-type '{self.loss_type}' is unknown; choose one of {', '.join(AGGREGATIONS)}")
+        return self
+
+    def node_models(self) -> list[str]:
+        if self.nodes.strip():
+            return [m.strip() for m in self.nodes.split(",") if m.strip()]
+        return [self.model] * self.n_nodes
+
+
+# ---------------------------------------------------------------- the math (no model needed)
+
+
+def tis_weights(old_logps: torch.Tensor, mu_logps: torch.Tensor, off_policy: torch.Tensor, cap: float) -> torch.Tensor:
+    """(B, T) truncated importance weights min(pi_old / mu, C) on off-policy rows, 1 on on-policy rows; detached."""
+    ratio = torch.exp((old_logps - mu_logps).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)).clamp(max=cap)
+    return torch.where(off_policy.bool().unsqueeze(1), ratio, torch.ones_like(ratio)).detach()
+
+
+def generator_kl(old_logps: torch.Tensor, mu_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) KL(pi_old || mu) of each completion, summed over its tokens, estimated from mu's own
+    sample: sum_t r log r - r + 1 with r = pi_old / mu (see the module docstring)."""
+    log_r = (old_logps - mu_logps).clamp(-LOGRATIO_CLAMP, LOGRATIO_CLAMP)
+    r = torch.exp(log_r)
+    return ((r * log_r - r + 1) * mask.to(r.dtype)).sum(-1)
+
+
+def keep_mask(advantages: torch.Tensor, kl: torch.Tensor, off_policy: torch.Tensor, gamma: float) -> torch.Tensor:
+    """(B,) True where a completion is trained on: on-policy, or advantage > 0, or KL < gamma."""
+    return ~off_policy.bool() | (advantages > 0) | (kl < gamma)
+
+
+def ftis_token_loss(logps, old_logps, mu_logps, advantages, mask, off_policy, eps_low: float, eps_high: float, cap: float, gamma: float):
+    """F-TIS per-token loss (B, T) before aggregation, and (weights, keep, kl) for logging.
+
+    GRPO's clipped per-token loss (corp.baselines.grpo.core.per_token_loss, no KL term) times the
+    detached truncated importance weight, with filtered completions weighted 0."""
+    from corp.baselines.grpo.core import per_token_loss
+
+    old = old_logps.detach()
+    w = tis_weights(old, mu_logps, off_policy, cap)
+    kl = generator_kl(old, mu_logps, mask)
+    keep = keep_mask(advantages, kl, off_policy, gamma)
+    loss = per_token_loss(logps, old, advantages, mask, eps_low, eps_high) * w * keep.to(w.dtype).unsqueeze(1)
+    return loss, w, keep, kl
+
+
+# ---------------------------------------------------------------- messages between nodes
+
+
+@dataclass
+class Rollout:
+    """One completion as its generator broadcasts it."""
+
+    sender: int
+    prompt_index: int
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]  # the generator's per-token log-probabilities (logits / temperature)
+    finished: bool  # ended with the generator's EOS
+
+    def wire_bytes(self, as_text: bool) -> int:
+        """What crosses the wire to one receiver: ids + logprobs, or text + sequence logprob + finished flag."""
+        if as_text:
+            return len(self.text.encode("utf-8")) + SEQ_LOGPROB_BYTES + 1
+        return len(self.token_ids) * (ID_BYTES + LOGPROB_BYTES)
+
+
+def same_tokenizer(a, b) -> bool:
+    return a is b or (type(a).__name__ == type(b).__name__ and a.get_vocab() == b.get_vocab())
+
+
+# ---------------------------------------------------------------- a node
+
+
+class Node:
+    """One party: its model (trained in place), tokenizer, optimizer, ledger, run context and traffic counters."""
+
+    def __init__(self, index: int, name: str, ctx, cfg: FTISConfig):
+        from corp.evaluate.backends.hf import format_prompt
+
+        self.index, self.name, self.ctx, self.cfg = index, name, ctx, cfg
+        self.backend = ctx.backend
+        self.backend.require(MODEL, "corp ftis (nodes train in process)")
+        self.tokenizer, self.policy = self.backend.tokenizer, self.backend.model
+        self.format_prompt = format_prompt
+        for p in self.policy.parameters():
+            p.data = p.data.float() if p.dtype != torch.float32 else p.data  # fp32 master weights for training
+        self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW([p for _, p in self.trainable], lr=cfg.learning_rate, weight_decay=0.0)
+        self.ledger = Ledger(self.backend.n_params)
+        self.bytes_sent = self.bytes_received = 0
+        self.step = 0
+
+    def prompt_ids(self, prompt: str) -> list[int]:
+        return self.tokenizer(self.format_prompt(self.tokenizer, prompt), add_special_tokens=False)["input_ids"]
+
+    @torch.no_grad()
+    def completion_logps(self, prompts: list[str], completions: list[list[int]]) -> list[list[float]]:
+        """Per-token logprobs of given completions under the current weights, in micro-batches of the
+        training forward's shape (left-padded prompt, right-padded completion), so an own completion's
+        mu equals the training pass's pi_old."""
+        from corp.baselines.grpo.core import build_batch, token_logps_and_entropy
+
+        out: list[list[float]] = []
+        micro = max(1, len(prompts) // self.cfg.grad_accum)
+        self.policy.eval()
+        for s in range(0, len(prompts), micro):
+            pids = [self.prompt_ids(p) for p in prompts[s : s + micro]]
+            comps = completions[s : s + micro]
+            b = build_batch(self.tokenizer, pids, comps, torch.zeros(len(comps)), torch.zeros(len(comps), dtype=torch.long))
+            lp, _ = token_logps_and_entropy(self.policy, b.input_ids, b.attention_mask, b.completion_mask.size(1), self.cfg.temperature, with_entropy=False)
+            out.extend(lp[r, : len(c)].tolist() for r, c in enumerate(comps))
+            self.ledger.add_generation(sum(b.prompt_lens) + sum(b.completion_lens), 0)
+        return out
+
+    def rollouts(self, examples, n: int, seed: int) -> list[Rollout]:
+        """n completions per example, prompt-major, with this node's logprobs of its own tokens."""
+        self.policy.eval()
+        gens = self.backend.generate([e.prompt for e in examples], self.ctx.max_new_tokens, temperature=self.cfg.temperature, n=n, seed=seed)
+        self.ledger.add_generation(sum(gens.prompt_tokens), sum(gens.generated_tokens))
+        prompts = [e.prompt for e in examples for _ in range(n)]
+        lps = self.completion_logps(prompts, gens.token_ids)
+        eos = self.backend.eos_ids
+        return [Rollout(self.index, i // n, ids, text, lp, bool(ids) and ids[-1] in eos)
+                for i, (ids, text, lp) in enumerate(zip(gens.token_ids, gens.texts, lps))]
+
+    def receive(self, r: Rollout, sender_tokenizer) -> tuple[list[int], list[float], bool]:
+        """(local completion ids, mu per local token, off-policy) of a rollout; counts the bytes."""
+        if r.sender == self.index:
+            return r.token_ids, r.logprobs, False
+        if same_tokenizer(sender_tokenizer, self.tokenizer):
+            self.bytes_received += r.wire_bytes(as_text=False)
+            return r.token_ids, r.logprobs, True
+        if self.cfg.no_retokenize:
+            raise CorpError(f"node {self.index} ('{self.name}') and node {r.sender} use different tokenizers and --no-retokenize forbids sharing text; "
+                            "use nodes with one tokenizer or drop --no-retokenize")
+        self.bytes_received += r.wire_bytes(as_text=True)
+        ids = self.tokenizer(r.text, add_special_tokens=False)["input_ids"]
+        if r.finished and self.tokenizer.eos_token_id is not None:
+            ids = ids + [self.tokenizer.eos_token_id]
+        seq_lp = float(sum(r.logprobs))
+        return ids, [seq_lp / max(1, len(ids))] * len(ids), True  # mu spread evenly over local tokens (module docstring)
+
+    def train_on(self, examples, rollouts: list[Rollout], rewards: list[float], tokenizers: dict[int, object], group: int) -> dict:
+        """One optimizer step on the mixed group (rollouts prompt-major, `group` per prompt)."""
+        from corp.baselines.grpo.core import aggregate, build_batch, group_advantages, token_logps_and_entropy
+
+        cfg = self.cfg
+        received = [self.receive(r, tokenizers[r.sender]) for r in rollouts]
+        adv = group_advantages(torch.tensor(rewards, dtype=torch.float32), group, True)
+        pids = [self.prompt_ids(examples[r.prompt_index].prompt) for r in rollouts]
+        batch = build_batch(self.tokenizer, pids, [c for c, _, _ in received], adv, torch.tensor([r.prompt_index for r in rollouts]))
+        T = batch.completion_mask.size(1)
+        mu = torch.zeros(len(rollouts), T)
+        for row, (c, lp, _) in enumerate(received):
+            mu[row, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        off = torch.tensor([o for _, _, o in received])
+        tokens_in_step = float(batch.completion_mask.sum())
+        B = len(rollouts)
+        micro = max(1, B // cfg.grad_accum)
+        n_micro = math.ceil(B / micro)
+        self.policy.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, kept, w_sum, w_n, capped = 0.0, [], 0.0, 0.0, 0.0
+        for s in range(0, B, micro):
+            sl = slice(s, s + micro)
+            mb = batch.rows(sl)
+            logps, _ = token_logps_and_entropy(self.policy, mb.input_ids, mb.attention_mask, T, cfg.temperature, with_entropy=False)
+            mask = mb.completion_mask.float()
+            # on-policy rows: mu is pi_old by construction (the same weights sampled them)
+            mu_mb = torch.where(off[sl].unsqueeze(1), mu[sl], logps.detach())
+            tok, w, keep, kl = ftis_token_loss(logps, logps.detach(), mu_mb, mb.advantages, mask, off[sl], cfg.epsilon, cfg.epsilon, cfg.tis_cap, cfg.kl_filter)
+            loss = aggregate(tok, mask, cfg.loss_type, n_micro, self.ctx.max_new_tokens, tokens_in_step)
+            loss.backward()
+            self.ledger.trained_tokens += sum(mb.prompt_lens) + sum(mb.completion_lens)
+            loss_sum += float(loss.detach())
+            kept.extend(keep[off[sl]].tolist())
+            offm = (mask * off[sl].float().unsqueeze(1))
+            w_sum += float((w * offm).sum())
+            w_n += float(offm.sum())
+            capped += float(((w >= cfg.tis_cap) * offm).sum())
+        grad_norm = float(torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], cfg.max_grad_norm)) if cfg.max_grad_norm > 0 else 0.0
+        self.optimizer.step()
+        self.policy.eval()
+        self.step += 1
+        return {"loss": loss_sum, "grad_norm": grad_norm, "off_policy": int(off.sum()), "off_policy_kept": int(sum(kept)),
+                "tis_weight_mean": w_sum / w_n if w_n else None, "tis_capped_share": capped / w_n if w_n else None}
+
+    # -- checkpoints: trainable tensors + optimizer + step + ledger + traffic, one file written atomically
+    def save(self, path) -> None:
+        state = {"step": self.step, "trainable": {n: p.detach().clone() for n, p in self.trainable}, "optimizer": self.optimizer.state_dict(),
+                 "ledger": self.ledger.to_dict(), "bytes": [self.bytes_sent, self.bytes_received]}
+        tmp = path.with_suffix(".pt.tmp")
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+
+    def load(self, path) -> None:
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as exc:
+            raise CorpError(f"checkpoint '{path}' cannot be read ({type(exc).__name__}); move it away to start over") from None
+        if set(state["trainable"]) != {n for n, _ in self.trainable}:
+            raise CorpError(f"checkpoint '{path}' was made for another model than node {self.index} ('{self.name}'); use another --run-dir")
+        with torch.no_grad():
+            for n, p in self.trainable:
+                p.copy_(state["trainable"][n])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step = int(state["step"])
+        led = state["ledger"]
+        self.ledger = Ledger(self.ledger.n_params, led["prompt_tokens"], led["generated_tokens"], led["trained_tokens"])
+        self.bytes_sent, self.bytes_received = state["bytes"]
+
+
+# ---------------------------------------------------------------- one arm: F-TIS over all nodes, or GRPO on one
+
+
+def _examples_for(cfg: FTISConfig, support, step: int):
+    rng = random.Random(f"corp-ftis|{cfg.seed}|{step}")  # shared by every node: prompts are never sent
+    return rng.sample(support, min(cfg.prompts_per_step, len(support)))
+
+
+def _eval_steps(cfg: FTISConfig) -> list[int]:
+    return [s for s in range(cfg.steps + 1) if s == 0 or s % cfg.eval_every == 0 or s == cfg.steps]
+
+
+def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trained_as: str, ood) -> list[dict]:
+    """Train `nodes` together (F-TIS; a single node is on-policy GRPO) for cfg.steps steps, resumable
+    from per-node checkpoints; evaluate at the steps `_eval_steps` names. Returns metric rows (one
+    per node per step) and evaluation rows."""
+    run_dir = nodes[0].ctx.run_dir
+    ckpts = [run_dir / f"{arm}-node{n.index}.pt" for n in nodes]
+    if all(p.exists() for p in ckpts):
+        for n, p in zip(nodes, ckpts):
+            n.load(p)
+        if len({n.step for n in nodes}) > 1:
+            raise CorpError(f"the {arm} checkpoints in '{run_dir}' are at different steps (interrupted between two saves); use another --run-dir")
+    metrics_path = run_dir / "metrics.jsonl"
+    done = nodes[0].step
+    index = {n.index for n in nodes}
+    logged = {(r["node"], r["step"]): r for r in read_jsonl(metrics_path, key="step") if r.get("arm") == arm and r["node"] in index and r["step"] <= done}
+    tokenizers = {n.index: n.tokenizer for n in nodes}
+    for n in nodes:  # the weights as they are now (base, or the checkpoint's step)
+        _evaluate(arm, n, n.step, evals, trained_as, ood, compute=n.step in _eval_steps(cfg))
+    while nodes[0].step < cfg.steps:
+        t0 = time.perf_counter()
+        step = nodes[0].step
+        examples = _examples_for(cfg, nodes[0].ctx.splits["support"], step)
+        rollouts: list[Rollout] = []
+        for n in nodes:
+            rollouts.extend(n.rollouts(examples, G, seed=cfg.seed * 1_000_003 + 7919 * n.index + step))
+        rollouts.sort(key=lambda r: (r.prompt_index, r.sender))  # prompt-major: each prompt's mixed group together
+        ctx = nodes[0].ctx
+        rewards, errors = compute_rewards(ctx.task, [r.text for r in rollouts], [examples[r.prompt_index] for r in rollouts], ctx.reward_fn)
+        # every node computes the same rewards from the text and its own copy of the prompts: rewards are never sent
+        sent = {n.index: sum(r.wire_bytes(not same_tokenizer(n.tokenizer, m.tokenizer)) for r in rollouts if r.sender == n.index for m in nodes if m is not n)
+                for n in nodes}
+        for n in nodes:
+            received_before = n.bytes_received
+            n.bytes_sent += sent[n.index]
+            stats = n.train_on(examples, rollouts, rewards, tokenizers, G * len(nodes))
+            own = [x for x, r in zip(rewards, rollouts) if r.sender == n.index]
+            row = {"arm": arm, "node": n.index, "model": n.name, "step": n.step, "reward": sum(rewards) / len(rewards),
+                   "own_reward": sum(own) / len(own), "reward_errors": errors, **stats,
+                   "bytes_sent": sent[n.index], "bytes_received": n.bytes_received - received_before,
+                   "seconds": time.perf_counter() - t0, **{f"ledger_{k}": v for k, v in n.ledger.to_dict().items()}}
+            append_jsonl(metrics_path, row)
+            logged[(n.index, n.step)] = row
+        for n, p in zip(nodes, ckpts):
+            n.save(p)
+        for n in nodes:
+            _evaluate(arm, n, n.step, evals, trained_as, ood, compute=n.step in _eval_steps(cfg))
+    rows = [logged[k] for k in sorted(logged)]
+    for n in nodes:  # every evaluation of the arm, read from the cache (each was computed when the node was at that step)
+        for s in _eval_steps(cfg):
+            rows.extend(_evaluate(arm, n, s, evals, trained_as, ood, compute=False))
+    return rows
+
+
+def _what(arm: str, n: Node, step: int, trained_as: str) -> str:
+    return "base" if step == 0 else f"ftis|{arm}|node{n.index}|config={trained_as}|step={step}"
+
+
+def _evaluate(arm: str, n: Node, step: int, evals, trained_as: str, ood, compute: bool) -> list[dict]:
+    """Greedy test accuracy (and, at step 0 and the last step, OOD accuracy) of node n at `step`,
+    through the run's evaluation cache. `compute`: evaluate the current weights if not cached
+    (they must be the weights of `step`); else only read the cache."""
+    from corp.evaluate.context import cached_eval, eval_identity, eval_key
+
+    cfg = n.cfg
+    if cfg.skip_test_eval:
+        return []
+    targets = [("test", n.ctx)]
+    if ood is not None and step in (0, cfg.steps):
+        targets.append(("ood", dataclasses.replace(n.ctx, task=ood[0], splits={**n.ctx.splits, "test": ood[1]}, _weights_hash=n.ctx.weights_hash, lock=None)))
+    out = []
+    what = _what(arm, n, step, trained_as)
+    for split, c in targets:
+        if compute:
+            row = cached_eval(c, evals, "test", what=what, current=True, kind="checkpoint" if step else "base")
+        else:
+            row = evals.get(eval_key(eval_identity(c.eval_context(), what, c.example_ids("test"))))
+            if row is None:
+                continue
+        out.append({"kind": "eval", "arm": arm, "node": n.index, "step": step, "split": split, "accuracy": row["accuracy"], "row": row})
+    return out
+
+
+# ---------------------------------------------------------------- the command
+
+
+def _node_context(cfg: FTISConfig, ctx, k: int, name: str):
+    """Node k's run context: the run's, with its own model, backend and weights hash. A model that
+    cannot be loaded is one line naming the node."""
+    from corp.evaluate.backends import make_backend
+    from corp.perturb import ParamFilter
+
+    try:
+        b = make_backend(cfg.backend, name, cfg.device, cfg.dtype, cfg.batch_size, ParamFilter(".*", ""))
+    except CorpError as exc:
+        raise CorpError(f"node {k} ('{name}'): {exc}") from None
+    return dataclasses.replace(ctx, cfg=dataclasses.replace(cfg, model=name), _backend=b, _weights_hash=None, lock=None)
+
+
+def run_ftis(cfg: FTISConfig) -> dict:
+    """Train every node with F-TIS (and, unless --skip-grpo-baseline, on-policy GRPO per node alone), evaluate per step, write the report."""
+    from corp.evaluate.scorer import open_run, run_evals
+    from corp.evaluate.tasks import SplitSizes, get_task, make_splits
+    from corp.models import resolve_model
+
+    names = cfg.node_models()
+    for k, name in enumerate(names):  # before the run directory exists: a missing model is one line, nothing written
+        try:
+            resolve_model(name)
+        except CorpError as exc:
+            raise CorpError(f"node {k} ('{name}'): {exc}") from None
+    needs = ("support",) if cfg.skip_test_eval else ("support", "test")
+    ood = None
+    if cfg.ood_task and not cfg.skip_test_eval:
+        otask = get_task(cfg.ood_task, cfg.data)
+        ood = (otask, make_splits(otask, SplitSizes(0, 0, 0, cfg.n_test), cfg.split_seed)["test"])
+        if not ood[1]:
+            raise CorpError(f"--ood-task '{cfg.ood_task}' has no test examples")
+    with open_run(cfg, "ftis", None, needs=needs, defines=None) as ctx:
+        evals = run_evals(ctx)
+        trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "eval_every", "ood_task", "skip_grpo_baseline", "skip_test_eval")},
+                                               sort_keys=True, default=str).encode()).hexdigest()[:16]
+        node_ctxs = [_node_context(cfg, ctx, k, name) for k, name in enumerate(names)]
+        if cfg.no_retokenize:  # before anything is computed: the run directory is removed, not left half-written
+            toks = [c.backend.tokenizer for c in node_ctxs]
+            for k, t in enumerate(toks[1:], 1):
+                if not same_tokenizer(toks[0], t):
+                    raise CorpError(f"node 0 ('{names[0]}') and node {k} ('{names[k]}') use different tokenizers and --no-retokenize forbids sharing text; "
+                                    "use nodes with one tokenizer or drop --no-retokenize")
+        hashes = [c.weights_hash for c in node_ctxs]  # the bases' hashes, before training changes the weights
+        nodes = [Node(k, names[k], c, cfg) for k, c in enumerate(node_ctxs)]
+        rows = _train_arm("ftis", nodes, cfg, cfg.num_generations, evals, trained_as, ood)
+        ledgers = {("ftis", n.index): n.ledger.to_dict() for n in nodes}
+        traffic = {n.index: {"bytes_sent": n.bytes_sent, "bytes_received": n.bytes_received} for n in nodes}
+        del nodes, node_ctxs  # free the trained models before the baseline reloads the bases
+        if not cfg.skip_grpo_baseline:
+            for k, name in enumerate(names):  # each node alone, from its base weights (reloaded and checked)
+                c = _node_context(cfg, ctx, k, name)
+                if c.weights_hash != hashes[k]:
+                    raise CorpError(f"node {k} ('{name}') reloaded with other weights than at the start of the run; its files changed")
+                node = Node(k, name, c, cfg)
+                rows += _train_arm("grpo", [node], cfg, cfg.num_generations * len(names), evals, trained_as, ood)
+                ledgers[("grpo", k)] = node.ledger.to_dict()
+                del node, c
+        return _report(cfg, ctx, names, rows, ledgers, traffic, hashes)
+
+
+def _report(cfg, ctx, names, rows, ledgers, traffic, hashes) -> dict:
+    """report.json: per node, rows base / ftis / grpo on the test split (each row's ledger: its test
+    generation; the training ledgers are under `nodes`), accuracy per step, OOD accuracy, bytes."""
+    ids = ctx.example_ids("test") if not cfg.skip_test_eval else None
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    report_rows, compare = [], []
+    for k, name in enumerate(names):
+        def at(arm, step, split="test"):
+            return next((r for r in evals if r["arm"] == arm and r["node"] == k and r["split"] == split and r["step"] == step), None)
+
+        for label, r, trained in ((f"node{k}-base", at("ftis", 0), False), (f"node{k}-ftis", at("ftis", cfg.steps), True), (f"node{k}-grpo", at("grpo", cfg.steps), True)):
+            if r is None:
+                continue
+            ev = r["row"]
+            led = Ledger(ledgers[("ftis", k)]["n_params"]).add_generation(ev["prompt_tokens"], ev["generated_tokens"])
+            report_rows.append(ReportRow(label, ev["accuracy"], 1, led, len(ctx.splits["support"]) if trained else 0, PerExample(ev["correct"], ids),
+                                         detail={"model": name, "step": r["step"]}))
+        compare += [(f"node{k}-ftis", f"node{k}-grpo"), (f"node{k}-ftis", f"node{k}-base")]
+    per_step: dict[str, dict[int, float]] = {}
+    for r in evals:
+        per_step.setdefault(f"node{r['node']}-{r['arm']}-{r['split']}", {})[r["step"]] = r["accuracy"]
+    step_rows = [r for r in rows if r.get("kind") != "eval"]
+    report = write_report(
+        ctx.run_dir, "ftis", cfg.nodes or cfg.model, cfg.task, report_rows, compare, ids if report_rows else None,
+        reconstruction="F-TIS, arXiv 2605.22537: a reconstruction from METHODS.md (choices stated in corp/baselines/ftis.py)",
+        steps=cfg.steps,
+        nodes=[{"node": k, "model": n, "weights_hash": hashes[k], "training_ledger": ledgers.get(("ftis", k)), "grpo_training_ledger": ledgers.get(("grpo", k)),
+                **traffic.get(k, {})} for k, n in enumerate(names)],
+        accuracy_per_step=per_step,
+        per_step=step_rows,
+        settings={"tis_cap": cfg.tis_cap, "kl_filter": cfg.kl_filter, "num_generations_per_node": cfg.num_generations, "mixed_group": cfg.num_generations * len(names),
+                  "learning_rate": cfg.learning_rate, "epsilon": cfg.epsilon, "ood_task": cfg.ood_task, "temperature": cfg.temperature},
+        matching_note=("nodeK-grpo: node K alone from its base, same steps and prompts, K x G own completions per prompt (same number of local updates "
+                       "and of trained sequences per update); its FLOPs are in nodes[].grpo_training_ledger beside F-TIS's training_ledger"),
+        bytes_note="ids + float32 logprobs (8 B/token) to a node with the same tokenizer; UTF-8 text + float32 sequence logprob + 1 B finished flag otherwise; prompts and rewards are never sent",
+    )
+    if report_rows:
+        report["table"] = format_rows(report_rows, report["comparisons"])
+    return report
+
+
+def summary(report: dict) -> str:
+    """Terminal text: per node accuracy per step and traffic, then the table."""
+    lines = []
+    for key, acc in sorted(report.get("accuracy_per_step", {}).items()):
+        lines.append(f"{key:<24} " + "  ".join(f"step {s}: {a:.3f}" for s, a in sorted(acc.items(), key=lambda t: int(t[0]))))
+    for n in report.get("nodes", []):
+        lines.append(f"node{n['node']} ({n['model']}): sent {n.get('bytes_sent', 0)} B, received {n.get('bytes_received', 0)} B over the run")
+    if report.get("table"):
+        lines.append(report["table"])
+    lines.append(f"run directory: {report['run_dir']}")
+    return "\n".join(lines)
