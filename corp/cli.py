@@ -130,6 +130,26 @@ for _method in methods():
     method_command(_method)
 
 
+@app.command("bench")
+def bench_cmd(
+    config: str = typer.Option(..., "--config", help="Bench YAML (fields: corp.bench.config.BenchConfig, e.g. configs/bench-cpu.yaml)."),
+    readme_section: bool = typer.Option(False, "--readme-section", help="Print the README results section from this bench's latest outputs (computes nothing)."),
+    threads: Optional[int] = typer.Option(None, "--threads", help="Torch CPU threads of every cell (overrides the config)."),
+) -> None:
+    """The matched-compute sweep: every registered bench method at each FLOP budget, seed and data setting; resumable."""
+    from corp.bench.outputs import readme_section as section
+    from corp.bench.sweep import load_bench_config, run_bench
+
+    cfg = _run(load_bench_config, config, {"threads": threads})
+    if readme_section:
+        typer.echo(_run(section, cfg), nl=False)
+        return
+    command = "corp bench --config " + config + (f" --threads {threads}" if threads else "")
+    summary = _run(run_bench, cfg, command)
+    typer.echo(f"{summary['cells']} cells ({summary['reused']} reused from earlier runs); wrote {summary['results_dir']}/results.csv, table.md, "
+               f"{len(summary['plots'])} plots" + (f"; missing (not built): {', '.join(summary['missing'])}" if summary["missing"] else ""))
+
+
 @app.command("apply")
 def apply_cmd(
     recipe: str = typer.Argument(..., help="recipe.json written by a method that makes one (`corp consolidate`, `corp es`)."),

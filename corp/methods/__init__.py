@@ -51,6 +51,8 @@ class Method:
     """Why it cannot run on a tiny model, when `smoke` is None (never skipped silently)."""
     summary: str | None = None
     """'module:function' report -> text for the terminal; default: the report's table."""
+    bench: str | None = None
+    """'module:attr' of its `corp.bench.adapters.BenchAdapter` (how `corp bench` runs it at a budget); None: not a bench row."""
 
     def __post_init__(self):
         if (self.smoke is None) == (self.no_smoke is None):
@@ -63,6 +65,11 @@ class Method:
     @property
     def run_function(self) -> Callable[..., dict]:
         return _resolve(self.run)
+
+    @property
+    def bench_adapter(self):
+        """Its BenchAdapter, or None when `corp bench` does not run it."""
+        return _resolve(self.bench) if self.bench else None
 
     @property
     def takes_backend(self) -> bool:
@@ -105,21 +112,25 @@ METHODS: tuple[Method, ...] = (
            smoke={**_SMALL, "population": 3, "sigmas": "0.05"}, summary="corp.methods.summaries:score"),
     Method("randopt", "corp.config:RandOptConfig", "corp.baselines.randopt:run_randopt",
            "RandOpt: score N perturbed specialists, report base, top-1 and top-K vote on the test split.",
-           smoke={**_SMALL, "population": 3, "sigmas": "0.05", "top_k": "1,2"}),
+           smoke={**_SMALL, "population": 3, "sigmas": "0.05", "top_k": "1,2"}, bench="corp.bench.adapters:RANDOPT"),
     Method("consolidate", "corp.consolidate.config:ConsolidateConfig", "corp.consolidate.run:run_consolidate",
            "CoRP: consolidate a rewarded population into one gated model (recipe.json + model/).",
-           recipes=("corp-direction", "low-rank"), model=True, smoke={**_SMALL, "population": 4, "sigmas": "0.05", "alphas": "1,2", "top_k": "1,2"}),
+           recipes=("corp-direction", "low-rank"), model=True, smoke={**_SMALL, "population": 4, "sigmas": "0.05", "alphas": "1,2", "top_k": "1,2"},
+           bench="corp.bench.adapters:CORP"),
     Method("es", "corp.baselines.es:ESConfig", "corp.baselines.es:run_es",
            "ES: iterative OpenES around a moving centre; saves the model and its seed recipe, reports test accuracy.",
            recipes=("es",), model=True, smoke={**_SMALL, "iterations": 2, "population": 4, "sigma": 0.05, "alpha": 0.05},
-           summary="corp.methods.summaries:es"),
+           summary="corp.methods.summaries:es", bench="corp.bench.adapters:ES"),
     Method("grpo", "corp.baselines.grpo.core:GRPOConfig", "corp.baselines.grpo.core:run_grpo",
            "GRPO (TRL-style) with loss variants grpo | cov | reco; full-parameter or LoRA; saves an HF model directory.",
            model=True, smoke={**_SMALL, "steps": 2, "prompts_per_step": 2, "num_generations": 2, "checkpoint_every": 1, "learning_rate": 1e-3},
-           summary="corp.methods.summaries:grpo"),
+           summary="corp.methods.summaries:grpo", bench="corp.bench.adapters:GRPO"),
     Method("eval", "corp.evaluate.passk:EvalConfig", "corp.evaluate.passk:run_eval",
            "Evaluate a model on the test split: greedy accuracy and pass@k with n samples per problem.",
            smoke={**_SMALL, "pass_k": "1,2", "n_samples": 2}),
+    Method("self-consistency", "corp.baselines.self_consistency:SelfConsistencyConfig", "corp.baselines.self_consistency:run_self_consistency",
+           "Self-consistency@K: sample the base model K times per question (temperature 0.7), majority vote; greedy base beside it.",
+           smoke={**_SMALL, "k": "1,2"}, bench="corp.bench.adapters:SELF_CONSISTENCY"),
     Method("fedcorp", "corp.federated.fedcorp:FedCorpConfig", "corp.federated.fedcorp:run_fedcorp",
            "Federated weight space: K clients score the same seeds on private data; only (seed, reward) pairs, candidates and verdicts travel; CoRP stage 1 on the combined rewards, gated by each client (recipe.json + model/).",
            recipes=("corp-direction",), model=True, smoke={**_SMALL, "population": 4, "sigmas": "0.05", "alphas": "1,2", "clients": 2, "split_by": "iid", "gate_z": -10.0}),

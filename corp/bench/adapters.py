@@ -1,0 +1,86 @@
+"""Bench adapters: how `corp bench` runs a registered method at a compute budget.
+
+A method that takes part in the bench names its adapter in its registry line
+(`Method(..., bench="corp.bench.adapters:RANDOPT")`); the sweep (corp.bench.sweep) only reads these
+fields and never asks which method it is running. An adapter says:
+
+- `kind`: how compute is matched.
+  "fixed": the method spends no training or selection compute (the base, self-consistency); one
+  cell per seed serves every budget.
+  "population": the method reads a scored population (`--from-run` of the bench's shared `corp
+  score` run of that seed and data setting); at budget B it gets the largest population prefix
+  whose scoring FLOPs fit in B (`unit` = the option that sets the prefix length).
+  "iterative": the method trains step by step and resumes on its run directory with a larger
+  `unit` (ES iterations, GRPO steps); at budget B it is evaluated at the first checkpoint whose
+  training ledger reaches B.
+- `rows`: which rows of the method's report are its own (a regex on the row name; e.g. CoRP's
+  report also carries base and RandOpt rows, which RandOpt's own cells report).
+- `flops`: dotted paths in the report summed into the cell's training/selection FLOPs.
+- `equal_data`: in the "equal-data" setting the method selects or trains on support + probe +
+  validation (the labelled examples CoRP uses), instead of support alone.
+- `min_units`: the smallest `unit` that means a run (a budget that cannot buy it is refused).
+- `unit_evals`: support-split evaluations one unit costs, from the method's options (the bench
+  turns it into a lower bound on FLOPs to refuse a budget below the minimum before any compute).
+- `clip`: list options whose values may not exceed the unit count (RandOpt's top-K <= N).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+FIXED, POPULATION, ITERATIVE = "fixed", "population", "iterative"
+
+
+@dataclass(frozen=True)
+class BenchAdapter:
+    kind: str
+    """fixed | population | iterative (see the module docstring)."""
+    rows: str
+    """Regex of the report rows that are this method's (matched against the whole row name)."""
+    flops: tuple[str, ...] = ()
+    """Dotted report paths summed into the cell's training/selection FLOPs."""
+    equal_data: bool = False
+    """In the equal-data setting, select/train on support + probe + validation."""
+    unit: str | None = None
+    """The option that grows with compute (population, iterations, steps)."""
+    min_units: int = 1
+    """Smallest unit count that is a meaningful run."""
+    unit_evals: Callable[[dict], float] = field(default=lambda opts: 1.0, compare=False)
+    """Support-split evaluations per unit, from the resolved options (for the minimum-budget check)."""
+    clip: tuple[str, ...] = ()
+    """List options whose values must not exceed the unit count."""
+    defaults: dict = field(default_factory=dict, compare=False)
+    """Options the bench sets unless the config does (e.g. no extra evaluations a cell does not report)."""
+
+
+SELF_CONSISTENCY = BenchAdapter(FIXED, r"base|self-consistency@\d+")
+RANDOPT = BenchAdapter(POPULATION, r"randopt-top1|randopt-vote@\d+", flops=("population.selection_ledger.flops",),
+                       equal_data=True, unit="population", clip=("top_k",))
+# CoRP needs two elites to merge anything; its own probe/validation/support-half evaluations count
+CORP = BenchAdapter(POPULATION, r"corp.*", flops=("population.selection_ledger.flops", "corp.consolidation_ledger.flops"),
+                    unit="population", min_units=2, clip=("top_k",), defaults={"top_k": [1]})
+# one ES iteration scores `population` specialists and (unless skipped) the centre
+ES = BenchAdapter(ITERATIVE, r"es", flops=("training_ledger.flops",), equal_data=True, unit="iterations",
+                  unit_evals=lambda o: float(o.get("population", 8)) + (0.0 if o.get("skip_centre_eval") else 1.0))
+# one GRPO step generates prompts_per_step * num_generations completions (a fraction of a support pass)
+GRPO = BenchAdapter(ITERATIVE, r"grpo-.*", flops=("training_ledger.flops",), equal_data=True, unit="steps",
+                    unit_evals=lambda o: float(o.get("prompts_per_step", 4)) * float(o.get("num_generations", 8)) / max(1.0, float(o.get("n_support", 64))))
+
+# Methods METHODS.md describes that are not built yet: a bench config may name them; they are
+# listed as missing in the results, never silently skipped. A registered method whose registry line
+# names no adapter is listed the same way (corp.bench.sweep.plan), so these names outlive registration.
+PLANNED = {
+    "ftis": "F-TIS (arXiv 2605.22537, decentralized GRPO across heterogeneous models): not built yet",
+    "fgrpo": "FGRPO (arXiv 2606.03094, federated GRPO on non-IID data): not built yet",
+}
+
+
+def get_path(report: dict, dotted: str) -> float:
+    """The number at `dotted` (a.b.c) in a report; a missing path is 0 (the method spent nothing there)."""
+    node = report
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node or node[part] is None:
+            return 0.0
+        node = node[part]
+    return float(node)

@@ -1,0 +1,269 @@
+"""The bench's outputs: results.csv, table.md, plots, and the README results section.
+
+Statistics: per (task, setting, budget, row) the mean and sample standard deviation of test
+accuracy across seeds; each configured comparison pairs the two rows' per-example outcomes on the
+same test examples, seeds pooled (seed x example pairs), through `corp.stats.compare_paired`
+(paired bootstrap 95% interval and exact McNemar). A sentence that says one row beats another is
+written only when that interval excludes zero, and it cites the interval.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import statistics
+from pathlib import Path
+
+from corp.bench.config import BenchConfig
+from corp.runs import atomic_write_text, read_json, write_json
+from corp.stats import compare_paired, comparison_line
+
+CSV_COLUMNS = ["task", "method", "setting", "budget", "seed", "accuracy", "passes_per_example", "labelled_examples", "test_tokens",
+               "test_flops", "flops", "wall_seconds", "units", "status", "hyperparameters"]
+
+
+def _budget_text(b) -> str:
+    return "any" if b is None else f"{b:.2g}"
+
+
+def flat_rows(records: list[dict]) -> list[dict]:
+    out = []
+    for rec in records:
+        if not rec["rows"]:
+            out.append({"task": rec["task"], "method": rec["label"], "setting": rec["setting"], "budget": rec["budget"], "seed": rec["seed"],
+                        "accuracy": None, "passes_per_example": None, "labelled_examples": None, "test_tokens": None, "test_flops": None,
+                        "flops": rec["flops"], "wall_seconds": rec["wall_seconds"], "units": rec.get("units"), "status": f"{rec['status']}: {rec.get('reason', '')}",
+                        "hyperparameters": json.dumps(rec.get("hyperparameters", {}), sort_keys=True, default=str), "correct": None, "ids": None})
+        for r in rec["rows"]:
+            status = rec["status"]
+            if rec.get("detail", {}).get("accepted") is False:
+                status = "abstained (= base)"
+            if rec.get("budget_reached") is False:
+                status += "; budget not reached"
+            out.append({"task": rec["task"], "method": r["name"], "setting": rec["setting"], "budget": rec["budget"], "seed": rec["seed"],
+                        "accuracy": r["accuracy"], "passes_per_example": r["passes_per_example"], "labelled_examples": r["labelled_examples"],
+                        "test_tokens": r["test_tokens"], "test_flops": r["test_flops"], "flops": rec["flops"], "wall_seconds": rec["wall_seconds"],
+                        "units": rec.get("units"), "status": status,
+                        "hyperparameters": json.dumps(rec.get("hyperparameters", {}), sort_keys=True, default=str),
+                        "correct": r.get("correct"), "ids": rec.get("example_ids")})
+    return out
+
+
+def _at_budget(rows: list[dict], task: str, setting: str, budget) -> dict[str, list[dict]]:
+    """Rows of one (task, setting) that hold at `budget`: the budget's own cells and fixed cells."""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["task"] == task and r["setting"] == setting and (r["budget"] == budget or r["budget"] is None) and r["accuracy"] is not None:
+            out.setdefault(r["method"], []).append(r)
+    return out
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
+    out = []
+    for task in cfg.tasks:
+        for setting in cfg.settings:
+            for budget in cfg.budgets:
+                by = _at_budget(rows, task, setting, budget)
+                for a, b in cfg.compare:
+                    if a not in by or b not in by:
+                        continue
+                    sa = {r["seed"]: r for r in by[a] if r["correct"] is not None}
+                    sb = {r["seed"]: r for r in by[b] if r["correct"] is not None}
+                    seeds = sorted(set(sa) & set(sb))
+                    if not seeds:
+                        continue
+                    for s in seeds:  # the same test examples, in the same order, or no comparison
+                        if sa[s]["ids"] != sb[s]["ids"]:
+                            raise ValueError(f"{a} and {b} (seed {s}) were evaluated on different test examples")
+                    ca = [c for s in seeds for c in sa[s]["correct"]]
+                    cb = [c for s in seeds for c in sb[s]["correct"]]
+                    c = compare_paired(a, ca, b, cb)
+                    c.update(task=task, setting=setting, budget=budget, seeds=seeds)
+                    out.append(c)
+    return out
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k])) for k in CSV_COLUMNS})
+    atomic_write_text(path, buf.getvalue())
+
+
+def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: list[dict], command: str) -> str:
+    lines = [f"# Bench `{cfg.name}`: {cfg.model}", "",
+             f"Made by `{command}`. Test accuracy, mean ± sd over seeds {', '.join(map(str, cfg.seeds))} "
+             f"({cfg.n_test} test examples, the same for every method and seed); columns are training/selection FLOP budgets.", "",
+             "Compute and data were matched like this: every method gets the same FLOP budget from the compute ledger "
+             "(population methods the largest prefix of one shared scored population per seed that fits, ES and GRPO the first "
+             "checkpoint whose training ledger reaches it, each cell reporting the FLOPs it actually used in results.csv), and every "
+             f"row states its labelled examples (paper: each method's own splits, CoRP support + probe + validation = "
+             f"{cfg.n_support + cfg.n_probe + cfg.n_validation}, RandOpt/ES/GRPO support = {cfg.n_support}; equal-data: RandOpt/ES/GRPO "
+             f"also use probe + validation). Hyperparameters: {cfg.hyperparameters} (the options in the config, chosen without the test split; "
+             "recorded per row in results.csv).", ""]
+    for task in cfg.tasks:
+        for setting in cfg.settings:
+            names: list[str] = []
+            for r in rows:
+                if r["task"] == task and r["setting"] == setting and r["method"] not in names:
+                    names.append(r["method"])
+            if not names:
+                continue
+            lines += [f"## {task}, {setting}", "", "| method | labelled | passes/ex | " + " | ".join(_budget_text(b) for b in cfg.budgets) + " |",
+                      "|---|---:|---:|" + "---:|" * len(cfg.budgets)]
+            for name in names:
+                cells = []
+                labelled = passes = ""
+                for b in cfg.budgets:
+                    got = _at_budget(rows, task, setting, b).get(name, [])
+                    if not got:
+                        cells.append("—")
+                        continue
+                    labelled, passes = got[0]["labelled_examples"], got[0]["passes_per_example"]
+                    m, sd = _mean_sd([g["accuracy"] for g in got])
+                    flops = statistics.fmean([g["flops"] for g in got])
+                    note = "" if not flops else f" ({flops:.2g} F)"
+                    flags = "*" if any("abstained" in g["status"] for g in got) else ""
+                    cells.append(f"{m:.3f} ± {sd:.3f}{flags}{note}")
+                if labelled == "" and not any(c != "—" for c in cells):
+                    cells = [next((f"({r['status']})" for r in rows if r['method'] == name and r['task'] == task and r['setting'] == setting), "—")] + cells[1:]
+                lines.append(f"| {name} | {labelled} | {passes} | " + " | ".join(cells) + " |")
+            lines.append("")
+    lines.append("`*`: CoRP abstained (its gate kept the base) in at least one seed. `(x F)`: mean FLOPs the cell actually used.")
+    lines.append("")
+    if comps:
+        lines += ["## Paired comparisons (same test examples, seeds pooled)", ""]
+        for c in comps:
+            lines.append(f"- {c['task']}, {c['setting']}, budget {_budget_text(c['budget'])}: {comparison_line(c)}")
+        lines.append("")
+    if missing:
+        lines += ["## Missing methods (not built, so not run)", ""] + [f"- {m['method']}: {m['reason']}" for m in missing] + [""]
+    return "\n".join(lines)
+
+
+def beats_sentences(comps: list[dict]) -> list[str]:
+    out = []
+    for c in comps:
+        lo, hi = c["ci95"]
+        where = f"on {c['task']} ({c['setting']}, budget {_budget_text(c['budget'])} FLOPs)"
+        if lo > 0:
+            out.append(f"{c['a']} beats {c['b']} {where} by {c['difference']:+.3f} (paired 95% CI {lo:+.3f} to {hi:+.3f}, n = {c['n']}).")
+        elif hi < 0:
+            out.append(f"{c['b']} beats {c['a']} {where} by {-c['difference']:+.3f} (paired 95% CI of {c['a']} - {c['b']}: {lo:+.3f} to {hi:+.3f}, n = {c['n']}).")
+        else:
+            out.append(f"{c['a']} vs {c['b']} {where}: no difference shown ({c['difference']:+.3f}, paired 95% CI {lo:+.3f} to {hi:+.3f}, n = {c['n']}).")
+    return out
+
+
+def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    for task in cfg.tasks:
+        for setting in cfg.settings:
+            sub = [r for r in rows if r["task"] == task and r["setting"] == setting and r["accuracy"] is not None]
+            if not sub:
+                continue
+            fig, ax = plt.subplots(figsize=(7, 4.5))
+            names = list(dict.fromkeys(r["method"] for r in sub))
+            for name in names:
+                mine = [r for r in sub if r["method"] == name]
+                if all(r["budget"] is None for r in mine):  # no training compute: a horizontal reference line
+                    m, sd = _mean_sd([r["accuracy"] for r in mine])
+                    if name == "base" or mine[0]["passes_per_example"] == 1:
+                        ax.axhline(m, ls="--", lw=1, color="grey" if name == "base" else None, label=f"{name} (no training)")
+                    continue
+                xs, ys, es = [], [], []
+                for b in cfg.budgets:
+                    got = [r for r in mine if r["budget"] == b]
+                    if got:
+                        xs.append(statistics.fmean([g["flops"] for g in got]))
+                        m, sd = _mean_sd([g["accuracy"] for g in got])
+                        ys.append(m)
+                        es.append(sd)
+                if xs:
+                    ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=name)
+            ax.set_xscale("log")
+            ax.set_xlabel("training / selection FLOPs actually used (mean over seeds)")
+            ax.set_ylabel("test accuracy (mean ± sd over seeds)")
+            ax.set_title(f"{cfg.name}: {task}, {setting}")
+            ax.legend(fontsize=7, loc="best")
+            fig.tight_layout()
+            name = f"accuracy_vs_flops__{_file(task)}__{setting}.png"
+            fig.savefig(out / name, dpi=110)
+            plt.close(fig)
+            made.append(name)
+
+            # inference passes per example: RandOpt K-vote and self-consistency@K (largest budget), CoRP at 1
+            top = cfg.budgets[-1]
+            by = _at_budget(rows, task, setting, top)
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for family, test in (("RandOpt K-vote", lambda n: n.startswith("randopt")), ("self-consistency@K", lambda n: n.startswith("self-consistency")),
+                                 ("CoRP", lambda n: n.startswith("corp"))):
+                pts = {}
+                for n, got in by.items():
+                    if test(n):
+                        pts.setdefault(got[0]["passes_per_example"], []).append((n, _mean_sd([g["accuracy"] for g in got])))
+                if not pts:
+                    continue
+                if family == "CoRP":
+                    for n, (m, sd) in pts.get(1, []):
+                        ax.errorbar([1], [m], yerr=[sd], marker="*", ms=10, capsize=3, ls="none", label=n)
+                    continue
+                ks = sorted(pts)
+                ax.errorbar(ks, [pts[k][0][1][0] for k in ks], yerr=[pts[k][0][1][1] for k in ks], marker="o", capsize=3, label=family)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("inference passes per test example")
+            ax.set_ylabel("test accuracy (mean ± sd over seeds)")
+            ax.set_title(f"{task}, {setting}, budget {_budget_text(top)} FLOPs")
+            ax.legend(fontsize=7, loc="best")
+            fig.tight_layout()
+            name = f"accuracy_vs_passes__{_file(task)}__{setting}.png"
+            fig.savefig(out / name, dpi=110)
+            plt.close(fig)
+            made.append(name)
+    return made
+
+
+def _file(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
+
+
+def write_outputs(cfg: BenchConfig, records: list[dict], missing: list[dict], command: str) -> dict:
+    out = Path(cfg.results_dir) / cfg.name
+    rows = flat_rows(records)
+    write_csv(out / "results.csv", rows)
+    comps = comparisons(cfg, rows)
+    atomic_write_text(out / "table.md", table_md(cfg, rows, comps, missing, command))
+    made = plots(cfg, rows, out)
+    write_json(out / "bench.json", {"name": cfg.name, "command": command, "model": cfg.model, "tasks": cfg.tasks, "seeds": cfg.seeds,
+                                    "budgets": cfg.budgets, "settings": cfg.settings, "missing": missing, "plots": made,
+                                    "comparisons": comps, "beats": beats_sentences(comps)})
+    return {"results_dir": str(out), "rows": len(rows), "plots": made, "comparisons": len(comps), "missing": [m["method"] for m in missing]}
+
+
+def readme_section(cfg: BenchConfig) -> str:
+    """The README's results section, from the latest outputs of this bench (nothing recomputed)."""
+    from corp import CorpError
+
+    out = Path(cfg.results_dir) / cfg.name
+    if not (out / "bench.json").exists() or not (out / "table.md").exists():
+        raise CorpError(f"no finished bench in '{out}'; run `corp bench --config ...` first")
+    meta = read_json(out / "bench.json")
+    table = (out / "table.md").read_text().split("\n", 1)[1].lstrip()
+    lines = ["## Results", "", f"Generated from `{out}` (command: `{meta['command']}`).", "", table.rstrip(), ""]
+    if meta.get("beats"):
+        lines += ["What the intervals say:", ""] + [f"- {s}" for s in meta["beats"]] + [""]
+    for p in meta.get("plots", []):
+        lines.append(f"![{p}]({out / p})")
+    return "\n".join(lines) + "\n"

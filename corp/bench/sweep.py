@@ -1,0 +1,369 @@
+"""`corp bench`: the matched-compute sweep over the method registry.
+
+Every (task, data setting, seed, method variant, budget) is a cell. The sweep reads each method's
+`BenchAdapter` (corp.bench.adapters, named in its registry line) and never asks which method it
+runs: fixed cells run once per seed, population cells read the largest prefix of the seed's shared
+scored population that fits the budget (one `corp score` run per seed and data setting serves
+RandOpt and every CoRP variant), iterative cells resume one training run per seed and grow it until
+its training ledger reaches each budget. Each cell runs the registered method on its own run
+directory (WORK_DIR/NAME/...), so an interrupted cell resumes through the run layer's cache, and a
+finished cell leaves a record (RESULTS_DIR/NAME/cells/*.json: its rows, per-example test outcomes,
+FLOPs used, chosen options), so it is never rerun.
+
+Everything that can be checked without generating is checked first (unknown methods, options,
+split sizes, budgets below a method's minimum, the results directory), one error line each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from corp import CorpError
+from corp.bench.adapters import FIXED, ITERATIVE, PLANNED, POPULATION, BenchAdapter, get_path
+from corp.bench.budget import min_budget, next_units, prefix_that_fits
+from corp.bench.config import BenchConfig
+from corp.config import load_config
+from corp.methods import REGISTRY, get_method
+from corp.runs import read_json, read_jsonl, write_json
+
+RECORD_FORMAT = 1
+# options that locate or speed up a cell without changing what it computes
+_NOT_IDENTITY = ("run_dir", "threads", "from_run")
+
+
+@dataclass
+class Cell:
+    task: str
+    setting: str
+    seed: int
+    method: str  # registry name
+    label: str  # variant label (the row name when the method reports one row)
+    budget: float | None  # None: a fixed cell (serves every budget)
+    opts: dict = field(default_factory=dict)
+
+    @property
+    def adapter(self) -> BenchAdapter:
+        return get_method(self.method).bench_adapter
+
+    def run_key(self) -> str:
+        """Identity of the cell's run directory: its options (for iterative cells without the unit,
+        so every budget continues one training run)."""
+        skip = set(_NOT_IDENTITY) | ({self.adapter.unit} if self.adapter.kind == ITERATIVE else set())
+        return _hash({"method": self.method, **{k: v for k, v in self.opts.items() if k not in skip}})
+
+    def record_name(self) -> str:
+        budget = "fixed" if self.budget is None else f"{self.budget:.3e}"
+        return f"{_slug(self.task)}__{self.setting}__s{self.seed}__{_slug(self.label)}__{budget}__{self.run_key()[:10]}.json"
+
+
+def _hash(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
+
+
+def _progress_disabled() -> bool:
+    return os.environ.get("CORP_NO_PROGRESS") == "1"
+
+
+# ----------------------------------------------------------------------------- planning
+
+
+def split_sizes(cfg: BenchConfig, setting: str, adapter: BenchAdapter) -> dict:
+    """The split sizes a method sees in a data setting (equal-data: support = support + probe + validation)."""
+    if setting == "equal-data" and adapter.equal_data:
+        return {"n_support": cfg.n_support + cfg.n_probe + cfg.n_validation, "n_probe": 0, "n_validation": 0, "n_test": cfg.n_test}
+    return {"n_support": cfg.n_support, "n_probe": cfg.n_probe, "n_validation": cfg.n_validation, "n_test": cfg.n_test}
+
+
+def common_options(cfg: BenchConfig, task: str, seed: int) -> dict:
+    out = {"model": cfg.model, "task": task, "seed": seed, "split_seed": cfg.split_seed, "backend": cfg.backend, "device": cfg.device,
+           "batch_size": cfg.batch_size, "threads": cfg.threads}
+    for key in ("max_new_tokens", "reward", "data", "dtype"):
+        if getattr(cfg, key) is not None:
+            out[key] = getattr(cfg, key)
+    return out
+
+
+def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
+    """Every cell of the sweep in run order, and the methods listed as missing (not built)."""
+    cells: list[Cell] = []
+    missing: list[dict] = []
+    for name, spec in cfg.methods.items():
+        if name not in REGISTRY and name in PLANNED:
+            missing.append({"method": name, "reason": PLANNED[name]})
+            continue
+        method = get_method(name)  # an unknown name is one error line
+        if method.bench_adapter is None:  # registered, but it has not said how to run at a budget: listed, not skipped
+            missing.append({"method": name, "reason": "registered, but its registry line names no bench adapter (corp.bench.adapters), so the bench cannot run it at a budget"})
+    for task in cfg.tasks:
+        for setting in cfg.settings:
+            for seed in cfg.seeds:
+                for name, spec in cfg.methods.items():
+                    if name not in REGISTRY or get_method(name).bench_adapter is None:
+                        continue  # listed in `missing` above
+                    spec = spec or {}
+                    adapter = get_method(name).bench_adapter
+                    variants = spec.get("variants") or {name: {}}
+                    for label, over in variants.items():
+                        opts = {**common_options(cfg, task, seed), **split_sizes(cfg, setting, adapter), **adapter.defaults,
+                                **(spec.get("options") or {}), **(over or {})}
+                        if adapter.kind == POPULATION:
+                            opts["sigmas"] = cfg.sigmas
+                        budgets = [None] if adapter.kind == FIXED else cfg.budgets
+                        cells.extend(Cell(task, setting, seed, name, str(label), b, dict(opts)) for b in budgets)
+    return cells, missing
+
+
+# ----------------------------------------------------------------------------- checks before compute
+
+
+def results_path(cfg: BenchConfig) -> Path:
+    return Path(cfg.results_dir) / cfg.name
+
+
+def check_results_dir(cfg: BenchConfig) -> Path:
+    out = results_path(cfg)
+    if out.exists() and not out.is_dir():
+        raise CorpError(f"results directory '{out}' is a file; set results_dir/name to a directory")
+    try:
+        (out / "cells").mkdir(parents=True, exist_ok=True)
+        probe = out / ".corp-bench-write-test"
+        probe.write_text("ok")
+        probe.unlink()
+        for rec in (out / "cells").glob("*.json"):
+            json.loads(rec.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CorpError(f"results directory '{out}' cannot be read or written ({type(exc).__name__}: {exc}); fix its permissions or choose another results_dir") from None
+    return out
+
+
+def _validate_options(cell: Cell) -> None:
+    """Build the cell's config without running it: unknown or bad options fail here, before compute."""
+    method, adapter = get_method(cell.method), cell.adapter
+    opts = {k: v for k, v in cell.opts.items() if k != "from_run"}
+    if adapter.unit:
+        opts[adapter.unit] = max(adapter.min_units, int(opts.get(adapter.unit) or adapter.min_units))
+        _clip(opts, adapter)
+    try:
+        load_config(method.config_class, None, opts)
+    except CorpError as exc:
+        raise CorpError(f"bench config: method '{cell.method}' (variant '{cell.label}'): {exc}") from None
+
+
+def _clip(opts: dict, adapter: BenchAdapter) -> None:
+    units = int(opts[adapter.unit])
+    for key in adapter.clip:
+        if key in opts and opts[key] is not None:
+            values = opts[key] if isinstance(opts[key], (list, tuple)) else [int(v) for v in str(opts[key]).split(",") if v.strip()]
+            opts[key] = [int(v) for v in values if int(v) <= units] or [1]
+
+
+def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> dict:
+    """Every check that needs no generation. Returns {(task, setting-of-sizes): min FLOPs info}."""
+    from corp.evaluate.tasks import SplitSizes, get_task, make_splits
+
+    check_results_dir(cfg)
+    splits_of: dict[tuple, dict] = {}
+    for cell in cells:
+        sizes = (cell.task, cell.opts["n_support"], cell.opts["n_probe"], cell.opts["n_validation"], cell.opts["n_test"])
+        if sizes not in splits_of:
+            task = get_task(cell.task, cfg.data)
+            splits_of[sizes] = make_splits(task, SplitSizes(*sizes[1:]), cfg.split_seed)  # a test size beyond the pool fails here
+        _validate_options(cell)
+    budgeted = [c for c in cells if c.adapter.kind != FIXED]
+    if not (load_model and budgeted):
+        return {}
+    from corp.evaluate.backends import make_backend
+
+    backend = make_backend(cfg.backend, cfg.model, cfg.device, cfg.dtype, cfg.batch_size)
+    tok = getattr(backend, "tokenizer", None)
+    n_params = int(backend.n_params)
+    prompt_tokens: dict[tuple, int] = {}
+    for cell in budgeted:
+        sizes = (cell.task, cell.opts["n_support"], cell.opts["n_probe"], cell.opts["n_validation"], cell.opts["n_test"])
+        if sizes not in prompt_tokens:
+            support = splits_of[sizes]["support"]
+            prompt_tokens[sizes] = sum(len(tok(e.prompt)["input_ids"]) for e in support) if tok is not None else 0
+        adapter = cell.adapter
+        need = min_budget(adapter.unit_evals(cell.opts), adapter.min_units, n_params, prompt_tokens[sizes], cell.opts["n_support"])
+        if cell.budget < need:
+            raise CorpError(f"bench config: budget {cell.budget:.3g} FLOPs is below {cell.label}'s minimum on {cell.task} ({cell.setting}): "
+                            f"at least {need:.3g} FLOPs for {adapter.min_units} {adapter.unit} on {cell.opts['n_support']} support examples; raise the smallest budget")
+    del backend
+    return {"n_params": n_params}
+
+
+# ----------------------------------------------------------------------------- running cells
+
+
+def _call(method_name: str, opts: dict) -> tuple[dict, float]:
+    method = get_method(method_name)
+    cfg = load_config(method.config_class, None, opts)
+    t0 = time.perf_counter()
+    report = method(cfg)
+    return report, time.perf_counter() - t0
+
+
+def _report_done(run_dir: Path) -> dict | None:
+    """The report of a run that finished (its status says complete), else None."""
+    status, report = run_dir / "run_status.json", run_dir / "report.json"
+    if status.exists() and report.exists() and read_json(status).get("status") == "complete":
+        return read_json(report)
+    return None
+
+
+class Bench:
+    def __init__(self, cfg: BenchConfig):
+        self.cfg = cfg
+        self.out = results_path(cfg)
+        self.work = Path(cfg.work_dir) / cfg.name
+        self.populations: dict[str, dict] = {}
+        self.calls = 0  # method invocations this process made (tests: a resumed bench makes none)
+
+    def record_path(self, cell: Cell) -> Path:
+        return self.out / "cells" / cell.record_name()
+
+    def load_record(self, cell: Cell) -> dict | None:
+        path = self.record_path(cell)
+        return read_json(path) if path.exists() else None
+
+    def run_cell(self, cell: Cell) -> dict:
+        rec = self.load_record(cell)
+        if rec is not None:
+            return rec
+        kind = cell.adapter.kind
+        rec = {FIXED: self._fixed, POPULATION: self._population_cell, ITERATIVE: self._iterative}[kind](cell)
+        write_json(self.record_path(cell), rec)
+        return rec
+
+    def _run_dir(self, cell: Cell, key: str | None = None) -> Path:
+        return self.work / f"{_slug(cell.task)}__{_slug(cell.label)}__s{cell.seed}__{(key or cell.run_key())[:12]}"
+
+    def _invoke(self, method: str, opts: dict) -> tuple[dict, float]:
+        self.calls += 1
+        return _call(method, opts)
+
+    def _fixed(self, cell: Cell) -> dict:
+        run_dir = self._run_dir(cell)
+        report, wall = self._invoke(cell.method, {**cell.opts, "run_dir": str(run_dir)})
+        return self._record(cell, report, run_dir, wall, units=None)
+
+    # -- population cells: the largest prefix of the seed's shared population that fits the budget
+    def population(self, cell: Cell) -> dict:
+        pop_opts = {k: v for k, v in cell.opts.items() if k in {"model", "task", "seed", "split_seed", "backend", "device", "batch_size", "threads",
+                                                                 "max_new_tokens", "reward", "data", "dtype", "n_support", "n_probe", "n_validation",
+                                                                 "n_test", "sigmas", "include", "exclude"}}
+        pop_opts["population"] = self.cfg.population
+        key = _hash({"population": {k: v for k, v in pop_opts.items() if k not in _NOT_IDENTITY}})
+        if key in self.populations:
+            return self.populations[key]
+        run_dir = self.work / f"{_slug(cell.task)}__population__s{cell.seed}__{key[:12]}"
+        report = _report_done(run_dir)
+        wall = 0.0
+        if report is None or report.get("population", {}).get("n", 0) < self.cfg.population:
+            report, wall = self._invoke("score", {**pop_opts, "run_dir": str(run_dir)})
+        rows = sorted((r for r in read_jsonl(run_dir / "population.jsonl", key="key", unique=True) if r.get("kind") == "specialist"), key=lambda r: r["index"])
+        n_params = int(report["population"]["selection_ledger"]["n_params"])
+        costs = [2.0 * n_params * (r["prompt_tokens"] + r["generated_tokens"]) for r in rows]
+        pop = {"run_dir": str(run_dir), "costs": costs, "seconds": [float(r.get("seconds", 0.0)) + float(r.get("apply_seconds", 0.0)) for r in rows], "wall": wall}
+        self.populations[key] = pop
+        return pop
+
+    def _population_cell(self, cell: Cell) -> dict:
+        adapter = cell.adapter
+        pop = self.population(cell)
+        n = prefix_that_fits(pop["costs"], cell.budget)
+        if n < adapter.min_units:
+            return self._empty(cell, f"budget buys {n} specialist(s); {cell.label} needs at least {adapter.min_units}")
+        opts = {**cell.opts, "from_run": pop["run_dir"], adapter.unit: n}
+        _clip(opts, adapter)
+        run_dir = self._run_dir(cell, _hash({"cell": cell.run_key(), "units": n}))
+        report, wall = self._invoke(cell.method, {**opts, "run_dir": str(run_dir)})
+        rec = self._record(cell, report, run_dir, wall, units=n, chosen=opts)
+        rec["population_run"] = pop["run_dir"]
+        rec["population_seconds"] = sum(pop["seconds"][:n])
+        rec["budget_reached"] = n < len(pop["costs"]) or sum(pop["costs"]) >= cell.budget
+        return rec
+
+    # -- iterative cells: one training run per seed, grown until its ledger reaches the budget
+    def _iterative(self, cell: Cell) -> dict:
+        adapter = cell.adapter
+        run_dir = self._run_dir(cell)
+        earlier = [self.load_record(Cell(cell.task, cell.setting, cell.seed, cell.method, cell.label, b, cell.opts))
+                   for b in self.cfg.budgets if b < cell.budget]
+        earlier = [r for r in earlier if r and r.get("units")]
+        units = max([r["units"] for r in earlier], default=adapter.min_units)
+        spent = sum(r.get("wall_seconds_increment", 0.0) for r in earlier)
+        wall = 0.0
+        while True:
+            report, dt = self._invoke(cell.method, {**cell.opts, adapter.unit: units, "run_dir": str(run_dir)})
+            wall += dt
+            flops = sum(get_path(report, p) for p in adapter.flops)
+            if flops >= cell.budget or units >= self.cfg.max_units:
+                break
+            units = min(self.cfg.max_units, next_units(units, flops, cell.budget))
+        rec = self._record(cell, report, run_dir, spent + wall, units=units, chosen={**cell.opts, adapter.unit: units})
+        rec["wall_seconds_increment"] = wall
+        rec["budget_reached"] = rec["flops"] >= cell.budget
+        return rec
+
+    # -- records
+    def _empty(self, cell: Cell, why: str) -> dict:
+        return {**self._head(cell), "status": "below-minimum", "reason": why, "rows": [], "flops": 0.0, "units": 0, "wall_seconds": 0.0}
+
+    def _head(self, cell: Cell) -> dict:
+        return {"format": RECORD_FORMAT, "task": cell.task, "setting": cell.setting, "seed": cell.seed, "method": cell.method, "label": cell.label,
+                "budget": cell.budget, "kind": cell.adapter.kind}
+
+    def _record(self, cell: Cell, report: dict, run_dir: Path, wall: float, units: int | None, chosen: dict | None = None) -> dict:
+        adapter = cell.adapter
+        pattern = re.compile(adapter.rows)
+        mine = [r for r in report.get("rows", []) if pattern.fullmatch(r["method"].split(" ")[0])]
+        outcomes = read_json(run_dir / report["test_outcomes"]) if report.get("test_outcomes") else {"example_ids": None, "outcomes": {}}
+        rows = []
+        for r in mine:
+            name = cell.label if len(mine) == 1 else (r["method"] if cell.label == cell.method else f"{cell.label}:{r['method']}")
+            rows.append({"name": name, "report_row": r["method"], "accuracy": r["accuracy"], "passes_per_example": r["passes_per_example"],
+                         "labelled_examples": r["labelled_examples"], "test_tokens": r["ledger"]["prompt_tokens"] + r["ledger"]["generated_tokens"],
+                         "test_flops": r["ledger"]["flops"], "correct": outcomes["outcomes"].get(r["method"])})
+        chosen = {k: v for k, v in (chosen or cell.opts).items() if k not in _NOT_IDENTITY and k not in common_options(self.cfg, cell.task, cell.seed)}
+        extra = {}
+        if "corp" in report:  # what the report says about its own decision (kept as reported)
+            extra["detail"] = {"accepted": report["corp"].get("accepted"), "reason": report["corp"].get("reason")}
+        return {**self._head(cell), "status": "done", "rows": rows, "example_ids": outcomes.get("example_ids"),
+                "flops": sum(get_path(report, p) for p in adapter.flops), "units": units, "wall_seconds": wall,
+                "hyperparameters": chosen, "run_dir": str(run_dir), **extra}
+
+
+def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = True) -> dict:
+    """Plan, check, run every cell (skipping finished ones), write the outputs; returns a summary."""
+    from corp.bench.outputs import write_outputs
+
+    cells, missing = plan(cfg)
+    preflight(cfg, cells, load_model=load_model)
+    bench = Bench(cfg)
+    records = []
+    done_before = sum(bench.record_path(c).exists() for c in cells)
+    bar = tqdm(cells, desc=f"bench {cfg.name}", unit="cell", initial=0, dynamic_ncols=True, disable=_progress_disabled())
+    for cell in bar:
+        bar.set_postfix_str(f"{cell.task} {cell.setting} s{cell.seed} {cell.label} {'' if cell.budget is None else f'{cell.budget:.2g}'}")
+        records.append(bench.run_cell(cell))
+    bar.close()
+    summary = write_outputs(cfg, records, missing, command)
+    summary.update(cells=len(cells), reused=done_before, method_calls=bench.calls)
+    return summary
+
+
+def load_bench_config(path: str, overrides: dict | None = None) -> BenchConfig:
+    return load_config(BenchConfig, path, overrides or {})

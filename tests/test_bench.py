@@ -1,0 +1,217 @@
+"""`corp bench` (issue 13): matched-budget rules on hand-made ledgers, a tiny sweep over the registry
+(outputs written, resumed without generating, missing methods listed, budgets matched as the
+adapters say), bad input as one line before any compute."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from corp import CorpError
+from corp.bench.budget import first_crossing, min_budget, next_units, prefix_that_fits
+from corp.bench.config import BenchConfig
+from corp.config import load_config
+from tests.test_methods import count_model_calls
+
+# ----------------------------------------------------------------------------- budget rules (pure)
+
+
+def test_prefix_that_fits_is_the_largest_prefix_within_the_budget():
+    costs = [3.0, 3.0, 5.0, 1.0]
+    assert prefix_that_fits(costs, 2.9) == 0
+    assert prefix_that_fits(costs, 3.0) == 1  # exactly the budget fits
+    assert prefix_that_fits(costs, 10.9) == 2
+    # a prefix, never a subset: the cheap 4th specialist does not jump the expensive 3rd
+    assert prefix_that_fits(costs, 7.0) == 2
+    assert prefix_that_fits(costs, 12.0) == 4
+    assert prefix_that_fits(costs, 1e9) == 4
+
+
+def test_first_crossing_and_growth():
+    cumulative = [2.0, 4.0, 6.0, 8.0]
+    assert first_crossing(cumulative, 4.0) == 1  # reaching the budget exactly counts
+    assert first_crossing(cumulative, 4.1) == 2
+    assert first_crossing(cumulative, 9.0) is None
+    assert next_units(1, 2.0, 7.0) == 4  # 2 FLOPs per unit so far: 4 units reach 7
+    assert next_units(3, 6.0, 6.5) == 4  # always at least one more
+    assert next_units(2, 0.0, 5.0) == 3  # nothing measured yet: one more unit
+    assert min_budget(1.0, 2, 10, 100, 4) == 2 * 10 * 104 * 2
+
+
+# ----------------------------------------------------------------------------- the tiny sweep
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from tests.conftest import make_char_tokenizer, make_tiny_llama
+
+    tok = make_char_tokenizer()
+    d = tmp_path_factory.mktemp("tiny-bench-model")
+    make_tiny_llama(tok).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def tiny_options(tiny_dir: Path, root: Path, **over) -> dict:
+    opts = dict(
+        name="tiny", model=str(tiny_dir), tasks=["arith"], seeds=[1], budgets=[1e8, 2e8], population=14, sigmas=[0.05],
+        n_support=4, n_probe=4, n_validation=4, n_test=6, max_new_tokens=4, batch_size=8, threads=1,
+        reward="tests.test_methods:text_checksum", results_dir=str(root / "results"), work_dir=str(root / "work"),
+        methods={
+            "self-consistency": {"options": {"k": [1, 2]}},
+            "randopt": {"options": {"top_k": [1, 2]}},
+            # the gate is forced open: a random model's update would rightly be refused
+            "consolidate": {"options": {"alphas": [1, 2], "gate_z": -10.0}, "variants": {"corp-stage1": {"rounds": 0}}},
+            "es": {"options": {"population": 2, "sigma": 0.05, "alpha": 0.05}},
+            "grpo": {"options": {"prompts_per_step": 2, "num_generations": 2, "learning_rate": 1e-3}, "variants": {"grpo": {"loss": "grpo"}}},
+            "ftis": None,
+        },
+        compare=[["corp-stage1", "base"], ["corp-stage1", "randopt-top1"], ["corp-stage1", "randopt-vote@2"], ["corp-stage1", "grpo"]],
+    )
+    opts.update(over)
+    return opts
+
+
+@pytest.fixture(scope="module")
+def swept(tiny_dir, tmp_path_factory):
+    from corp.bench.sweep import run_bench
+
+    root = tmp_path_factory.mktemp("bench")
+    cfg = load_config(BenchConfig, None, tiny_options(tiny_dir, root))
+    with count_model_calls() as first:
+        summary = run_bench(cfg, "corp bench --config tiny.yaml")
+    csv_before = (root / "results" / "tiny" / "results.csv").read_text()
+    with count_model_calls() as second:
+        again = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, root)), "corp bench --config tiny.yaml")
+    return {"root": root, "cfg": cfg, "summary": summary, "again": again, "first": dict(first), "second": dict(second), "csv_before": csv_before}
+
+
+def _rows(swept) -> list[dict]:
+    with open(swept["root"] / "results" / "tiny" / "results.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_sweep_writes_results_table_and_plots(swept):
+    out = swept["root"] / "results" / "tiny"
+    rows = _rows(swept)
+    names = {r["method"] for r in rows}
+    assert {"base", "self-consistency@1", "self-consistency@2", "randopt-top1", "randopt-vote@2", "corp-stage1", "es", "grpo"} <= names
+    for r in rows:
+        assert r["accuracy"] != "" and r["labelled_examples"] != "" and r["passes_per_example"] != "" and r["hyperparameters"]
+    for setting in ("paper", "equal-data"):
+        for budget in ("1e+08", "2e+08"):
+            got = {r["method"] for r in rows if r["setting"] == setting and r["budget"] == budget}
+            assert {"randopt-top1", "corp-stage1", "es", "grpo"} <= got, (setting, budget, got)
+    # data settings: RandOpt/ES/GRPO see support (4) in paper and support + probe + validation (12) in equal-data; CoRP 12 in both
+    lab = {(r["method"], r["setting"]): int(r["labelled_examples"]) for r in rows}
+    assert lab[("randopt-top1", "paper")] == 4 and lab[("randopt-top1", "equal-data")] == 12
+    assert lab[("es", "paper")] == 4 and lab[("es", "equal-data")] == 12
+    assert lab[("corp-stage1", "paper")] == 12 == lab[("corp-stage1", "equal-data")] and lab[("base", "paper")] == 0
+    table = (out / "table.md").read_text()
+    assert "## arith, paper" in table and "corp-stage1 vs randopt-top1" in table and "paired 95% CI" in table
+    assert "matched" in table
+    for p in swept["summary"]["plots"]:
+        assert (out / p).stat().st_size > 1000
+    assert any(p.startswith("accuracy_vs_passes") for p in swept["summary"]["plots"])
+
+
+def test_missing_methods_are_listed_not_skipped(swept):
+    table = (swept["root"] / "results" / "tiny" / "table.md").read_text()
+    assert "## Missing methods" in table and "ftis" in table
+    assert "ftis" in swept["summary"]["missing"]
+
+
+def test_resume_recomputes_nothing(swept):
+    assert swept["first"]["generate"] > 0, "the first sweep generated nothing: the resume check would prove nothing"
+    assert swept["second"] == {"generate": 0, "forward": 0}, swept["second"]
+    assert swept["again"]["method_calls"] == 0 and swept["again"]["reused"] == swept["again"]["cells"]
+    assert (swept["root"] / "results" / "tiny" / "results.csv").read_text() == swept["csv_before"]
+
+
+def test_budgets_are_matched_as_the_adapters_say(swept):
+    from corp.runs import read_jsonl
+
+    root = swept["root"]
+    prefix_bit = False
+    records = [json.loads(p.read_text()) for p in (root / "results" / "tiny" / "cells").glob("*.json")]
+    for rec in records:
+        if rec["kind"] == "population" and rec["method"] == "randopt":
+            # the largest prefix of the shared population whose scoring FLOPs fit; the cell's FLOPs are that prefix's
+            pop_dir = Path(rec["population_run"])
+            rows = sorted((r for r in read_jsonl(pop_dir / "population.jsonl") if r.get("kind") == "specialist"), key=lambda r: r["index"])
+            n_params = json.loads((pop_dir / "report.json").read_text())["population"]["selection_ledger"]["n_params"]
+            costs = [2.0 * n_params * (r["prompt_tokens"] + r["generated_tokens"]) for r in rows]
+            assert rec["units"] == prefix_that_fits(costs, rec["budget"])
+            assert rec["budget_reached"] == (rec["units"] < len(costs))
+            prefix_bit = prefix_bit or rec["units"] < len(costs)
+            assert rec["flops"] == pytest.approx(sum(costs[: rec["units"]])) and rec["flops"] <= rec["budget"]
+        if rec["kind"] == "iterative":  # trained until the ledger reached the budget
+            assert rec["flops"] >= rec["budget"] and rec["units"] >= 1
+    assert prefix_bit, "no budget cut the population: the prefix check above proved little"
+    # a larger budget never buys less
+    by = {}
+    for rec in records:
+        if rec["budget"] is not None:
+            by.setdefault((rec["label"], rec["setting"]), []).append((rec["budget"], rec["units"]))
+    for pts in by.values():
+        pts.sort()
+        assert [u for _, u in pts] == sorted(u for _, u in pts)
+
+
+def test_readme_section_cites_intervals(swept):
+    from corp.bench.outputs import readme_section
+
+    text = readme_section(swept["cfg"])
+    assert text.startswith("## Results") and "corp bench --config tiny.yaml" in text and "accuracy_vs_flops" in text
+    for line in text.splitlines():
+        if " beats " in line:
+            assert "95% CI" in line, line
+
+
+# ----------------------------------------------------------------------------- bad input, before any compute
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"methods": {"no-such-method": None}}, "unknown method 'no-such-method'"),
+    ({"budgets": [1e3]}, "below randopt's minimum"),
+    ({"n_test": 5000}, "test 5000"),
+    ({"methods": {"randopt": {"options": {"no_such_option": 1}}}}, "no-such-option"),
+])
+def test_bad_input_is_one_error_before_compute(over, message, tiny_dir, tmp_path):
+    from corp.bench.sweep import run_bench
+
+    opts = tiny_options(tiny_dir, tmp_path, **over)
+    if "methods" in over:
+        opts["methods"] = {**over["methods"], "randopt": {"options": {"top_k": [1], **((over["methods"].get("randopt") or {}).get("options") or {})}}}
+    with count_model_calls() as calls:
+        with pytest.raises(CorpError) as err:
+            run_bench(load_config(BenchConfig, None, opts))
+    assert message in str(err.value) and "\n" not in str(err.value)
+    assert calls["generate"] == 0 and not (tmp_path / "work").exists()
+
+
+def test_unreadable_results_directory_is_one_error(tiny_dir, tmp_path):
+    from corp.bench.sweep import run_bench
+
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "tiny").write_text("not a directory")
+    with pytest.raises(CorpError, match="results directory .* is a file"):
+        run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path)))
+    bad = tmp_path / "r2" / "tiny" / "cells"
+    bad.mkdir(parents=True)
+    (bad / "x.json").write_text("{torn")
+    with pytest.raises(CorpError, match="cannot be read"):
+        run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, results_dir=str(tmp_path / "r2"))))
+
+
+def test_cli_bad_config_is_one_line(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("name: x\nmethods: {randopt: null}\nbudgets: [-1]\n")
+    p = subprocess.run([sys.executable, "-m", "corp.cli", "bench", "--config", str(cfg)], capture_output=True, text=True, cwd=tmp_path,
+                       env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "CORP_NO_PROGRESS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and p.stderr.startswith("error: bench config: budgets must be > 0"), p.stderr
