@@ -23,8 +23,8 @@ edge, so no test sentence is ever shown during selection. Within a pool, windows
 sentence (stride 1), so neighbouring examples share sentences (each with its own shuffle).
 A transcriber's credit, bracketed editorial notes and `_italics_` marks are removed; windows
 holding a sentence of more than 80 words are skipped.
-The prompt asks for the five letters and shows the format with a random order that is not the
-answer. Options: `seed` (the shuffles, default 0), `block`, `test_every`.
+The prompt gives the instruction first, shows the format with a random order that is not the
+answer, lists the sentences and ends with "Order:". Options: `seed` (the shuffles, default 0), `block`, `test_every`.
 """
 
 from __future__ import annotations
@@ -169,11 +169,13 @@ class Reorder(Task):
                     rng.shuffle(example)
                     while "".join(example) == gold:
                         rng.shuffle(example)
+                    # instruction first and a closing "Order:" cue: with the instruction after the
+                    # list, the embedded 135M model restated the sentences and ran out of tokens
+                    # (4.7% of 64 completions held an order, against 44% of 16 with this form)
                     prompt = (
-                        "The five sentences below come from one passage of a story, but their order has been shuffled.\n\n"
-                        f"{lines}\n\n"
-                        "Put them back in their original order. Answer with the five letters only, in order, "
-                        f"separated by spaces (for example: {' '.join(example)})."
+                        "Put the five shuffled sentences of a story back in their original order. Reply with only the five "
+                        f"letters in the right order, separated by spaces, like: {' '.join(example)}. Do not repeat the sentences.\n\n"
+                        f"{lines}\n\nOrder:"
                     )
                     pools[pool].append(Example(id=f"reorder-{start}", prompt=prompt, answer=gold))
             if len(pools["train"]) < 1 or len(pools["test"]) < 1:
