@@ -90,6 +90,10 @@ class FGRPOConfig(GRPOConfig):
             raise CorpError(f"--ema must be in [0, 1), got {self.ema}")
         if self.executor not in ("local", "ray"):
             raise CorpError(f"unknown --executor '{self.executor}'; choose one of local, ray")
+        if self.executor == "ray":
+            from corp.extras import require
+
+            require("ray", "--executor ray")  # before anything is computed: a missing Ray is one line, no run directory left
         return self
 
 

@@ -59,6 +59,8 @@ class FedCorpConfig(OperatorConfig, PopulationConfig):
     """How clients' rewards are combined: mean (data-weighted: the pooled mean reward) or gain (relative gain over each client's base reward)."""
     min_accept: float = 1.0
     """Share of answering clients that must accept the candidate on their own validation split (1: any veto abstains)."""
+    executor: str = "local"
+    """Where clients run: local (built in this process, called in turn) or ray (one Ray actor, i.e. process, per client; --workers is not used)."""
 
     def validate(self) -> "FedCorpConfig":
         PopulationConfig.validate(self)
@@ -75,6 +77,10 @@ class FedCorpConfig(OperatorConfig, PopulationConfig):
             raise CorpError("--rounds (CoRP stage 2) is not federated; fedcorp runs stage 1 only: use --rounds 0")
         if self.from_run:
             raise CorpError("--from-run takes a pooled population; fedcorp's clients score their own: drop --from-run")
+        if self.executor == "ray":
+            from corp.extras import require
+
+            require("ray", "--executor ray")  # before anything is computed: a missing Ray is one line, no run directory left
         return self
 
 
