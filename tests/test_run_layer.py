@@ -165,3 +165,28 @@ def test_es_report_compares_with_base_and_counts_support(tmp_path):
     rows = {r["method"]: r for r in report["rows"]}
     assert rows["es"]["labelled_examples"] == 6 and rows["base"]["labelled_examples"] == 0
     assert [(c["a"], c["b"]) for c in report["comparisons"]] == [("es", "base")]
+
+
+def test_sigterm_during_a_run_is_recorded_as_interrupted(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    run = tmp_path / "r"
+    code = f"""
+import time
+from corp.config import RandOptConfig, load_config
+from corp.evaluate.scorer import open_run
+from corp.runs import append_jsonl
+cfg = load_config(RandOptConfig, None, dict(task="arith", population=2, sigmas="0.1", n_support=2, n_test=2, top_k="1", run_dir={str(run)!r}))
+with open_run(cfg, "randopt") as ctx:
+    append_jsonl(ctx.run_dir / "population.jsonl", {{"key": "x"}})
+    print("scoring", flush=True)
+    time.sleep(60)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "scoring"
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    assert json.loads((run / "run_status.json").read_text())["status"] == "interrupted"
+    assert "was interrupted" in (run / "FAILED").read_text()

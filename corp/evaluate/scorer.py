@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import sys
+import threading
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
@@ -154,8 +156,12 @@ def open_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs:
              defines: dict | None | str | Callable = "auto") -> Iterator[RunContext]:
     """`setup_run` for the length of a method's run: on success the run is marked complete; on an
     error a directory this call created that holds nothing computed is removed, any other is marked
-    FAILED (or interrupted); the lock is released either way."""
+    FAILED (or interrupted); the lock is released either way. A SIGTERM (a job scheduler, `timeout`)
+    is turned into an interrupt while the run is open, so it is recorded like Ctrl-C (SIGKILL cannot be)."""
     ctx = setup_run(cfg, method, backend, needs, defines)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
     try:
         yield ctx
     except BaseException as exc:
@@ -164,7 +170,13 @@ def open_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs:
     else:
         finish_run_dir(ctx.run_dir, ctx.created, None)
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         ctx.close()
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt("terminated (SIGTERM)")
 
 
 def population_meta(ctx: RunContext) -> dict:
