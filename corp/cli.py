@@ -135,6 +135,7 @@ def bench_cmd(
     config: str = typer.Option(..., "--config", help="Bench YAML (fields: corp.bench.config.BenchConfig, e.g. configs/bench-cpu.yaml)."),
     readme_section: bool = typer.Option(False, "--readme-section", help="Print the README results section from this bench's latest outputs (computes nothing)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Torch CPU threads of every cell (overrides the config)."),
+    report_only: bool = typer.Option(False, "--report-only", help="Write results.csv, table.md and plots from the cells finished so far; run nothing."),
 ) -> None:
     """The matched-compute sweep: every registered bench method at each FLOP budget, seed and data setting; resumable."""
     from corp.bench.outputs import readme_section as section
@@ -145,8 +146,8 @@ def bench_cmd(
         typer.echo(_run(section, cfg), nl=False)
         return
     command = "corp bench --config " + config + (f" --threads {threads}" if threads else "")
-    summary = _run(run_bench, cfg, command)
-    typer.echo(f"{summary['cells']} cells ({summary['reused']} reused from earlier runs); wrote {summary['results_dir']}/results.csv, table.md, "
+    summary = _run(run_bench, cfg, command, True, not report_only)
+    typer.echo(f"{summary['cells']} cells ({summary['reused']} reused from earlier runs, {summary['not_run']} not run); wrote {summary['results_dir']}/results.csv, table.md, "
                f"{len(summary['plots'])} plots" + (f"; missing (not built): {', '.join(summary['missing'])}" if summary["missing"] else ""))
 
 

@@ -215,3 +215,15 @@ def test_cli_bad_config_is_one_line(tmp_path):
     p = subprocess.run([sys.executable, "-m", "corp.cli", "bench", "--config", str(cfg)], capture_output=True, text=True, cwd=tmp_path,
                        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "CORP_NO_PROGRESS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and p.stderr.startswith("error: bench config: budgets must be > 0"), p.stderr
+
+
+def test_report_only_runs_nothing_and_says_what_is_missing(swept, tiny_dir):
+    from corp.bench.sweep import run_bench
+
+    # one more budget: its cells are not run, and the table says the bench is incomplete
+    opts = tiny_options(tiny_dir, swept["root"], budgets=[1e8, 2e8, 4e8])
+    with count_model_calls() as calls:
+        summary = run_bench(load_config(BenchConfig, None, opts), "corp bench --report-only", compute=False)
+    assert calls == {"generate": 0, "forward": 0} and summary["method_calls"] == 0
+    assert summary["not_run"] == 8  # randopt, corp-stage1, es, grpo x 2 settings at the new budget
+    assert "Incomplete: 8 of" in (swept["root"] / "results" / "tiny" / "table.md").read_text()

@@ -103,7 +103,8 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
              f"({cfg.n_test} test examples, the same for every method and seed); columns are training/selection FLOP budgets.", "",
              "Compute and data were matched like this: every method gets the same FLOP budget from the compute ledger "
              "(population methods the largest prefix of one shared scored population per seed that fits, ES and GRPO the first "
-             "checkpoint whose training ledger reaches it, each cell reporting the FLOPs it actually used in results.csv), and every "
+             "checkpoint whose training ledger reaches it; a population method's own evaluations, such as CoRP's probe and validation "
+             "passes, come on top of its prefix, so each cell reports the FLOPs it actually used, here and in results.csv), and every "
              f"row states its labelled examples (paper: each method's own splits, CoRP support + probe + validation = "
              f"{cfg.n_support + cfg.n_probe + cfg.n_validation}, RandOpt/ES/GRPO support = {cfg.n_support}; equal-data: RandOpt/ES/GRPO "
              f"also use probe + validation). Hyperparameters: {cfg.hyperparameters} (the options in the config, chosen without the test split; "
@@ -239,14 +240,18 @@ def _file(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
 
 
-def write_outputs(cfg: BenchConfig, records: list[dict], missing: list[dict], command: str) -> dict:
+def write_outputs(cfg: BenchConfig, records: list[dict], missing: list[dict], command: str, not_run: int = 0) -> dict:
     out = Path(cfg.results_dir) / cfg.name
     rows = flat_rows(records)
     write_csv(out / "results.csv", rows)
     comps = comparisons(cfg, rows)
-    atomic_write_text(out / "table.md", table_md(cfg, rows, comps, missing, command))
+    text = table_md(cfg, rows, comps, missing, command)
+    if not_run:
+        head, _, rest = text.partition("\n\n")
+        text = f"{head}\n\n**Incomplete: {not_run} of {not_run + len(records)} cells not run yet** (rerun the command to continue).\n\n{rest}"
+    atomic_write_text(out / "table.md", text)
     made = plots(cfg, rows, out)
-    write_json(out / "bench.json", {"name": cfg.name, "command": command, "model": cfg.model, "tasks": cfg.tasks, "seeds": cfg.seeds,
+    write_json(out / "bench.json", {"name": cfg.name, "command": command, "cells_not_run": not_run, "model": cfg.model, "tasks": cfg.tasks, "seeds": cfg.seeds,
                                     "budgets": cfg.budgets, "settings": cfg.settings, "missing": missing, "plots": made,
                                     "comparisons": comps, "beats": beats_sentences(comps)})
     return {"results_dir": str(out), "rows": len(rows), "plots": made, "comparisons": len(comps), "missing": [m["method"] for m in missing]}

@@ -346,22 +346,26 @@ class Bench:
                 "hyperparameters": chosen, "run_dir": str(run_dir), **extra}
 
 
-def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = True) -> dict:
-    """Plan, check, run every cell (skipping finished ones), write the outputs; returns a summary."""
+def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = True, compute: bool = True) -> dict:
+    """Plan, check, run every cell (skipping finished ones), write the outputs; returns a summary.
+    `compute=False`: write the outputs from the cells finished so far, running nothing (the table
+    says how many cells are still to run)."""
     from corp.bench.outputs import write_outputs
 
     cells, missing = plan(cfg)
-    preflight(cfg, cells, load_model=load_model)
+    preflight(cfg, cells, load_model=load_model and compute)
     bench = Bench(cfg)
     records = []
     done_before = sum(bench.record_path(c).exists() for c in cells)
-    bar = tqdm(cells, desc=f"bench {cfg.name}", unit="cell", initial=0, dynamic_ncols=True, disable=_progress_disabled())
+    bar = tqdm(cells, desc=f"bench {cfg.name}", unit="cell", initial=0, dynamic_ncols=True, disable=_progress_disabled() or not compute)
     for cell in bar:
         bar.set_postfix_str(f"{cell.task} {cell.setting} s{cell.seed} {cell.label} {'' if cell.budget is None else f'{cell.budget:.2g}'}")
-        records.append(bench.run_cell(cell))
+        rec = bench.run_cell(cell) if compute else bench.load_record(cell)
+        if rec is not None:
+            records.append(rec)
     bar.close()
-    summary = write_outputs(cfg, records, missing, command)
-    summary.update(cells=len(cells), reused=done_before, method_calls=bench.calls)
+    summary = write_outputs(cfg, records, missing, command, not_run=len(cells) - len(records))
+    summary.update(cells=len(cells), reused=done_before, method_calls=bench.calls, not_run=len(cells) - len(records))
     return summary
 
 
