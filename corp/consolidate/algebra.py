@@ -79,14 +79,6 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
-def zscore(x: np.ndarray) -> np.ndarray:
-    """(x - mean) / sd; all zeros when the spread is ~0 (METHODS.md: 0 if the spread is ~0)."""
-    sd = x.std()
-    if not np.isfinite(sd) or sd < 1e-12 * max(1.0, np.abs(x).max()):
-        return np.zeros_like(x)
-    return (x - x.mean()) / sd
-
-
 def combine(perts: Sequence[Direction], weights: Sequence[float]) -> Direction:
     """sum_j w_j p_j as one Direction of plain components; components with the same (seed, sigma)
     are merged, in order of first appearance."""
