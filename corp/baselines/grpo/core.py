@@ -51,7 +51,7 @@ from corp.config import RunConfig
 from corp.evaluate.backends.base import MODEL
 from corp.evaluate.rewards import compute_rewards
 from corp.config import config_to_dict
-from corp.evaluate.scorer import cached_eval, eval_identity, eval_key, run_evals, setup_run
+from corp.evaluate.scorer import cached_eval, eval_identity, eval_key, open_run, run_evals
 from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_json, write_report
 from corp.stats import PerExample
 
@@ -428,42 +428,42 @@ def run_grpo(cfg: GRPOConfig, backend=None) -> dict:
     from corp.models import save_model
 
     needs = ("support",) if cfg.skip_test_eval else ("support", "test")
-    ctx = setup_run(cfg, f"grpo-{cfg.loss}", backend, needs=needs)
-    _ = ctx.weights_hash  # the base's hash, taken before training (or a resumed checkpoint) changes the weights
-    evals = run_evals(ctx)  # the shared evaluation cache (keyed by weights, examples and settings)
-    trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads")}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    with open_run(cfg, f"grpo-{cfg.loss}", backend, needs=needs) as ctx:
+        _ = ctx.weights_hash  # the base's hash, taken before training (or a resumed checkpoint) changes the weights
+        evals = run_evals(ctx)  # the shared evaluation cache (keyed by weights, examples and settings)
+        trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads")}, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
-    def test_eval(key: str) -> dict | None:
-        if cfg.skip_test_eval:
-            return None
-        # the weights as they are (never set_direction: it restores the base); named by what made them
-        what = "base" if key == "base:test" else f"grpo|{key}|config={trained_as}|step={trainer.step}"
-        return cached_eval(ctx, evals, "test", what=what, current=True, kind="checkpoint")
+        def test_eval(key: str) -> dict | None:
+            if cfg.skip_test_eval:
+                return None
+            # the weights as they are (never set_direction: it restores the base); named by what made them
+            what = "base" if key == "base:test" else f"grpo|{key}|config={trained_as}|step={trainer.step}"
+            return cached_eval(ctx, evals, "test", what=what, current=True, kind="checkpoint")
 
-    trainer = GRPOTrainer(ctx, cfg)
-    if not trainer.ckpt_path.exists():
-        before = test_eval("base:test")
-    else:
-        before = evals.get(eval_key(eval_identity(ctx.eval_context(), "base", ctx.example_ids("test")))) if not cfg.skip_test_eval else None
-    trainer.train()
-    model = trainer.merged_model()
-    trainer.backend.model = model
-    after = test_eval("final:test")
-    save_model(model, trainer.tokenizer, ctx.run_dir / "model")
-    ids = ctx.example_ids("test")
-    rows = [ReportRow(name, r["accuracy"], 1, Ledger(trainer.ledger.n_params).add_generation(r["prompt_tokens"], r["generated_tokens"]), labelled, PerExample(r["correct"], ids))
-            for name, r, labelled in (("base", before, 0), (ctx.method, after, len(ctx.splits["support"]))) if r is not None]
-    report = write_report(
-        ctx.run_dir, ctx.method, cfg.model, cfg.task, rows, [(ctx.method, "base")], ids if rows else None,
-        steps=trainer.step,
-        lora_r=cfg.lora_r,
-        trainable_params=sum(p.numel() for _, p in trainer.trainable),
-        test_accuracy_before=before["accuracy"] if before else None,
-        test_accuracy_after=after["accuracy"] if after else None,
-        training_ledger=trainer.ledger.to_dict(),
-        trained_tokens_note="prompt + completion tokens of every sequence in a training forward/backward; 6N per token also for LoRA",
-        model_dir=str(ctx.run_dir / "model"),
-    )
-    if rows:
-        report["table"] = format_rows(rows, report["comparisons"])
-    return report
+        trainer = GRPOTrainer(ctx, cfg)
+        if not trainer.ckpt_path.exists():
+            before = test_eval("base:test")
+        else:
+            before = evals.get(eval_key(eval_identity(ctx.eval_context(), "base", ctx.example_ids("test")))) if not cfg.skip_test_eval else None
+        trainer.train()
+        model = trainer.merged_model()
+        trainer.backend.model = model
+        after = test_eval("final:test")
+        save_model(model, trainer.tokenizer, ctx.run_dir / "model")
+        ids = ctx.example_ids("test")
+        rows = [ReportRow(name, r["accuracy"], 1, Ledger(trainer.ledger.n_params).add_generation(r["prompt_tokens"], r["generated_tokens"]), labelled, PerExample(r["correct"], ids))
+                for name, r, labelled in (("base", before, 0), (ctx.method, after, len(ctx.splits["support"]))) if r is not None]
+        report = write_report(
+            ctx.run_dir, ctx.method, cfg.model, cfg.task, rows, [(ctx.method, "base")], ids if rows else None,
+            steps=trainer.step,
+            lora_r=cfg.lora_r,
+            trainable_params=sum(p.numel() for _, p in trainer.trainable),
+            test_accuracy_before=before["accuracy"] if before else None,
+            test_accuracy_after=after["accuracy"] if after else None,
+            training_ledger=trainer.ledger.to_dict(),
+            trained_tokens_note="prompt + completion tokens of every sequence in a training forward/backward; 6N per token also for LoRA",
+            model_dir=str(ctx.run_dir / "model"),
+        )
+        if rows:
+            report["table"] = format_rows(rows, report["comparisons"])
+        return report
