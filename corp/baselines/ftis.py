@@ -190,8 +190,18 @@ class Rollout:
         return len(self.token_ids) * (ID_BYTES + LOGPROB_BYTES)
 
 
+_SAME: dict[tuple[int, int], tuple[object, object, bool]] = {}
+
+
 def same_tokenizer(a, b) -> bool:
-    return a is b or (type(a).__name__ == type(b).__name__ and a.get_vocab() == b.get_vocab())
+    """Whether token ids mean the same text for both (same class and vocabulary). Memoised per pair
+    of objects (the entry holds both, so an id is never reused by another tokenizer while cached)."""
+    if a is b:
+        return True
+    hit = _SAME.get((id(a), id(b)))
+    if hit is None or hit[0] is not a or hit[1] is not b:
+        hit = _SAME[(id(a), id(b))] = (a, b, type(a).__name__ == type(b).__name__ and a.get_vocab() == b.get_vocab())
+    return hit[2]
 
 
 # ---------------------------------------------------------------- a node
@@ -286,7 +296,7 @@ class Node:
         n_micro = math.ceil(B / micro)
         self.policy.train()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, kept, w_sum, w_n, capped = 0.0, [], 0.0, 0.0, 0.0
+        loss_sum, kept, w_sum, w_n, capped, kls = 0.0, [], 0.0, 0.0, 0.0, []
         for s in range(0, B, micro):
             sl = slice(s, s + micro)
             mb = batch.rows(sl)
@@ -300,6 +310,7 @@ class Node:
             self.ledger.trained_tokens += sum(mb.prompt_lens) + sum(mb.completion_lens)
             loss_sum += float(loss.detach())
             kept.extend(keep[off[sl]].tolist())
+            kls.extend(kl[off[sl]].tolist())
             offm = (mask * off[sl].float().unsqueeze(1))
             w_sum += float((w * offm).sum())
             w_n += float(offm.sum())
@@ -309,7 +320,8 @@ class Node:
         self.policy.eval()
         self.step += 1
         return {"loss": loss_sum, "grad_norm": grad_norm, "off_policy": int(off.sum()), "off_policy_kept": int(sum(kept)),
-                "tis_weight_mean": w_sum / w_n if w_n else None, "tis_capped_share": capped / w_n if w_n else None}
+                "tis_weight_mean": w_sum / w_n if w_n else None,
+                "off_policy_kl_median": sorted(kls)[len(kls) // 2] if kls else None, "tis_capped_share": capped / w_n if w_n else None}
 
     # -- checkpoints: trainable tensors + optimizer + step + ledger + traffic, one file written atomically
     def save(self, path) -> None:
