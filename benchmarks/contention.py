@@ -1,7 +1,7 @@
 """Specialists per hour on an idle machine vs beside a second CPU-bound process, old vs new thread defaults.
 
 Issue 16: two torch threads collapsed when another process shared the 2 cores. corp now sets
-OpenMP's wait policy to passive and picks its thread count from the free cores (corp/threads.py).
+OpenMP's wait policy to passive (corp/threads.py).
 This benchmark scores specialists through the real scorer (`setup_run` + `ensure_population`,
 embedded model, the task's support split) in a fresh child process per measurement, because the
 OpenMP settings are read once when the runtime starts. Configurations:
@@ -9,9 +9,9 @@ OpenMP settings are read once when the runtime starts. Configurations:
   old         libgomp's default spinning (GOMP_SPINCOUNT=300000, its documented default, which
               also tells corp to leave the wait policy alone) and torch's default thread count
               (all usable cores): what corp did before;
-  new         corp's defaults: nothing set by the user;
-  passive-2t  passive waiting with all cores (separates the two changes);
-  spin-1t     default spinning with one thread (the other half).
+  new         corp's defaults: nothing set by the user (passive waiting, torch's thread count);
+  passive-1t  passive waiting with one thread (a thread count cut to the free cores);
+  spin-1t     default spinning with one thread.
 
 Conditions: `idle` (nothing started by the benchmark) and `contended` (a competitor started
 before the child and stopped after it: `busy`, one pure-Python busy loop; or `torch`, a torch
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,10 +40,10 @@ import time
 from pathlib import Path
 
 CONFIGS = {
-    # env changes (None: remove the variable) and --threads (None: corp's default; "cores": all usable cores)
+    # env changes (None: remove the variable) and --threads (None: corp's default; "cores": all usable cores, torch's default)
     "old": ({"GOMP_SPINCOUNT": "300000", "OMP_WAIT_POLICY": None}, "cores"),
     "new": ({"GOMP_SPINCOUNT": None, "OMP_WAIT_POLICY": None}, None),
-    "passive-2t": ({"GOMP_SPINCOUNT": None, "OMP_WAIT_POLICY": "PASSIVE"}, "cores"),
+    "passive-1t": ({"GOMP_SPINCOUNT": None, "OMP_WAIT_POLICY": "PASSIVE"}, 1),
     "spin-1t": ({"GOMP_SPINCOUNT": "300000", "OMP_WAIT_POLICY": None}, 1),
 }
 # variables that would fix the child's threads or policy from the benchmark's own environment
@@ -83,9 +84,17 @@ def torch_loop() -> None:
 
 
 def runnable_others() -> int | None:
-    from corp.threads import other_runnable
-
-    return other_runnable()
+    """Runnable tasks other than this one: the kernel's instantaneous count in /proc/loadavg's
+    'running/total' field (which counts the reader), the median of 5 samples; None off Linux."""
+    counts = []
+    for _ in range(5):
+        try:
+            with open("/proc/loadavg") as f:
+                counts.append(int(f.read().split()[3].split("/")[0]))
+        except (OSError, ValueError, IndexError):
+            return None
+        time.sleep(0.02)
+    return max(0, int(statistics.median(counts)) - 1)
 
 
 def start_competitor(kind: str) -> subprocess.Popen:
@@ -132,12 +141,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-new-tokens", type=int, default=None, help="generation length (default: the task's)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--configs", default="old,new,passive-2t,spin-1t", help=f"comma-separated, of {', '.join(CONFIGS)}")
+    ap.add_argument("--configs", default="old,new,passive-1t", help=f"comma-separated, of {', '.join(CONFIGS)}")
     ap.add_argument("--competitor", default=None, help=argparse.SUPPRESS)  # internal: run the competitor loop
     ap.add_argument("--kind", default="busy", choices=("busy", "torch"), help="the competing process: a Python busy loop or a torch matmul loop")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: one measurement
     ap.add_argument("--out", default=None, help="directory for results.json")
     args = ap.parse_args()
+    # a terminated benchmark stops its competitor and child (the finally blocks run on SystemExit)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.competitor:
         busy_loop() if args.competitor == "busy" else torch_loop()
         return

@@ -95,7 +95,7 @@ class RunConfig:
     run_dir: str | None = None
     """Run directory; reuse one to resume (default: runs/<task>__<method>__<seed>__<time>)."""
     threads: int | None = None
-    """Torch CPU threads (default: the usable cores minus those other running processes occupy, at least 1; OMP_NUM_THREADS if set)."""
+    """Torch CPU threads (default: torch's choice, all usable cores; corp makes idle threads sleep, not spin, so a busy machine costs a fair share)."""
 
     def validate(self) -> "RunConfig":
         for name in ("n_support", "n_probe", "n_validation", "n_test"):

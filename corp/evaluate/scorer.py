@@ -33,7 +33,6 @@ from corp import CorpError
 from corp.bench.ledger import Ledger
 from corp.config import PopulationConfig, RunConfig, config_to_dict
 from corp.evaluate.backends import Backend
-from corp.threads import run_threads
 from corp.evaluate.context import (  # noqa: F401  (re-exported: the public scoring API)
     EvalCache, EvalResult, RunContext, cached_eval, direction_fingerprint, eval_identity, eval_key, evaluate, evaluate_current,
     ids_hash, result_row, row_scores, score_one, specialist_what,
@@ -112,11 +111,10 @@ def setup_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs
     function (task, splits, max_new_tokens) -> that; "auto": a population's definition for
     population configs) BEFORE writing anything; then write
     config.yaml and splits.json. `backend` injects a ready backend (tests, reuse)."""
-    threads = run_threads(cfg.threads)  # --threads, else a fair share of the cores (corp/threads.py)
-    if threads:
+    if cfg.threads:
         import torch
 
-        torch.set_num_threads(threads)
+        torch.set_num_threads(cfg.threads)
     task = get_task(cfg.task, cfg.data)
     reward_fn = resolve_reward(cfg.reward)
     sizes = SplitSizes(cfg.n_support, cfg.n_probe, cfg.n_validation, cfg.n_test)
