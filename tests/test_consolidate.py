@@ -337,3 +337,17 @@ def test_a_new_merge_rule_is_one_registry_entry(tiny_model, monkeypatch):
     assert [row["pass"] for row in res.probe_table].count("mu") == 2
     merged = res.best.direction.components[0]
     assert np.allclose([c.coef for c in merged.components], 1.0 / len(st["w1"])) and merged.scale == res.best.params["alpha"]
+
+
+def test_reward_scale_keeps_unit_rewards_and_maps_other_scales_to_unit_range():
+    """beta acts on raw rewards: a TRL-style reward on another scale (here 0..100, or negative)
+    must give the same softmax weights as the same ranking on [0, 1]; unit rewards are untouched."""
+    import numpy as np
+
+    from corp.consolidate.corp_operator import reward_scale
+
+    unit = [0.25, 0.5, 0.75]
+    assert reward_scale(unit).tolist() == unit  # built-in tasks: exactly as before
+    np.testing.assert_allclose(reward_scale([0.0, 50.0, 100.0]), [0.0, 0.5, 1.0])
+    np.testing.assert_allclose(reward_scale([-3.0, -1.0, 1.0]), [0.0, 0.5, 1.0])
+    assert reward_scale([7.0, 7.0]).tolist() == [0.0, 0.0]

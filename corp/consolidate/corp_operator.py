@@ -203,6 +203,19 @@ def keep_together(perturber: Perturber | None, directions: Sequence[Direction]) 
         perturber.keep_merged([t for d in directions for t in d.components if isinstance(t, Merged)])
 
 
+def reward_scale(rewards: Sequence[float]) -> np.ndarray:
+    """The rewards the merge rules see. beta acts on raw rewards (softmax(beta * r)), and the
+    paper's beta grid assumes rewards in [0, 1] (accuracies): rewards that all lie there are used
+    as they are (every built-in task); any other finite rewards (a custom TRL-style reward) are
+    mapped to [0, 1] by the population's range, (r - min) / (max - min), so beta means the same.
+    Elite quantiles are unchanged by this map; all-equal rewards become zeros."""
+    r = np.asarray(rewards, dtype=np.float64)
+    if r.size == 0 or (r.min() >= 0.0 and r.max() <= 1.0):
+        return r
+    spread = r.max() - r.min()
+    return np.zeros_like(r) if spread <= 0 else (r - r.min()) / spread
+
+
 def merge_and_search(rewards: Sequence[float], perts: Sequence[Direction], params: Sequence[tuple[str, torch.Size]], score: ScoreFn, cfg: OperatorConfig, probe: str,
                      centre: Direction | None = None, progress: bool = True, project: Callable[[Direction], Direction] | None = None, gram_cache=None,
                      scheme: str = SCHEME_VERSION, perturber: Perturber | None = None) -> tuple[list[Stage1], dict[str, list[Candidate]], np.ndarray]:
@@ -213,7 +226,7 @@ def merge_and_search(rewards: Sequence[float], perts: Sequence[Direction], param
     cfg.merge_memory_gb (one fp32 model copy each), each group in one pass over the elites' noise,
     and freed after their alphas. Low-rank projection (`project`) materialises m itself, so then
     nothing is kept."""
-    r = np.asarray(rewards, dtype=np.float64)
+    r = reward_scale(rewards)
     widest = sorted(set().union(*(elite_set(r, q) for q in cfg.quantiles)))
     Gp_exact, Gp_approx = perturbation_grams(perts, params, widest if cfg.compat == "exact" else None, cfg.gram_memory_gb, progress, gram_cache, scheme)
     stages = [stage1(r, q, b, Gp_exact, Gp_approx, cfg.merge_rules) for q in cfg.quantiles for b in cfg.betas]

@@ -314,7 +314,8 @@ class GRPOTrainer:
         rng = random.Random(f"corp-grpo|{cfg.seed}|{self.step}")
         examples = rng.sample(support, min(cfg.prompts_per_step, len(support)))
         self.policy.eval()
-        gens = self.backend.generate([e.prompt for e in examples], self.max_new_tokens, temperature=cfg.temperature, n=cfg.num_generations, seed=cfg.seed * 1_000_003 + self.step)
+        gens = self.backend.generate([e.prompt for e in examples], self.max_new_tokens, temperature=cfg.temperature, n=cfg.num_generations, seed=cfg.seed * 1_000_003 + self.step,
+                                     stop=ctx.task.stop or None)  # cut training completions as evaluation cuts them
         self.ledger.add_generation(sum(gens.prompt_tokens), sum(gens.generated_tokens))
         exs = [e for e in examples for _ in range(cfg.num_generations)]
         rewards, errors = compute_rewards(ctx.task, gens.texts, exs, ctx.reward_fn)
