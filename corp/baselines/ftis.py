@@ -251,7 +251,8 @@ class Node:
     def rollouts(self, examples, n: int, seed: int) -> list[Rollout]:
         """n completions per example, prompt-major, with this node's logprobs of its own tokens."""
         self.policy.eval()
-        gens = self.backend.generate([e.prompt for e in examples], self.ctx.max_new_tokens, temperature=self.cfg.temperature, n=n, seed=seed)
+        gens = self.backend.generate([e.prompt for e in examples], self.ctx.max_new_tokens, temperature=self.cfg.temperature, n=n, seed=seed,
+                                     stop=self.ctx.task.stop or None)  # as evaluation and corp grpo do
         self.ledger.add_generation(sum(gens.prompt_tokens), sum(gens.generated_tokens))
         prompts = [e.prompt for e in examples for _ in range(n)]
         lps = self.completion_logps(prompts, gens.token_ids)
