@@ -187,14 +187,14 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
     from corp.evaluate.backends import make_backend
 
     backend = make_backend(cfg.backend, cfg.model, cfg.device, cfg.dtype, cfg.batch_size)
-    tok = getattr(backend, "tokenizer", None)
+    tok = backend.tokenizer  # hf and vllm both tokenise on the host (the backend contract)
     n_params = int(backend.n_params)
     prompt_tokens: dict[tuple, int] = {}
     for cell in budgeted:
         sizes = (cell.task, cell.opts["n_support"], cell.opts["n_probe"], cell.opts["n_validation"], cell.opts["n_test"])
         if sizes not in prompt_tokens:
             support = splits_of[sizes]["support"]
-            prompt_tokens[sizes] = sum(len(tok(e.prompt)["input_ids"]) for e in support) if tok is not None else 0
+            prompt_tokens[sizes] = sum(len(tok(e.prompt)["input_ids"]) for e in support)
         adapter = cell.adapter
         need = min_budget(adapter.unit_evals(cell.opts), adapter.min_units, n_params, prompt_tokens[sizes], cell.opts["n_support"])
         if cell.budget < need:
