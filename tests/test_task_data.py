@@ -114,3 +114,81 @@ def test_hf_generate_stops_at_a_stop_string(tiny_backend):
 def test_an_option_of_the_wrong_type_is_one_error():
     with pytest.raises(CorpError, match="arith:digits=abc.*wrong type"):
         get_task("arith:digits=abc")
+
+
+# ------------------------------------------------ benchmark data from the hub when no local files are given
+
+
+def _fake_datasets(monkeypatch, calls, fail=False):
+    """A stand-in `datasets` module: load_dataset returns rows per split (or fails like an offline machine)."""
+    import sys
+    import types
+
+    def load_dataset(name, config=None, split=None):
+        calls.append((name, config, split))
+        if fail:
+            raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)\nmore detail")
+        if name == "google-research-datasets/mbpp":
+            start = {"train": 11, "test": 511, "validation": 1, "prompt": 2}[split]
+            return [{"task_id": start + i, "text": f"t{start + i}", "code": "", "test_list": [], "test_setup_code": "", "challenge_test_list": []} for i in range(2)]
+        return [{"question": f"{split} q{i}", "answer": f"#### {i}"} for i in range(3)]
+
+    import importlib.machinery
+
+    mod = types.ModuleType("datasets")
+    mod.__spec__ = importlib.machinery.ModuleSpec("datasets", None)
+    mod.load_dataset = load_dataset
+    monkeypatch.setitem(sys.modules, "datasets", mod)
+
+
+def test_without_local_data_benchmark_files_come_from_the_hub_once_and_keep_their_fields(tmp_path, monkeypatch):
+    import json
+
+    from corp.evaluate.tasks.data import data_file
+
+    monkeypatch.delenv("CORP_DATA_DIR", raising=False)
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
+    calls: list = []
+    _fake_datasets(monkeypatch, calls)
+    path = data_file("gsm8k", "gsm8k/test.jsonl")
+    assert path == tmp_path / "cache" / "data" / "gsm8k" / "test.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert rows[0] == {"question": "test q0", "answer": "#### 0"} and len(rows) == 3
+    assert calls == [("openai/gsm8k", "main", "test")]
+    assert data_file("gsm8k", "gsm8k/test.jsonl") == path and len(calls) == 1  # cached: not fetched again
+    mbpp = [json.loads(line)["task_id"] for line in data_file("mbpp", "mbpp/mbpp.jsonl").read_text().splitlines()]
+    assert mbpp == sorted(mbpp) and len(mbpp) == 8  # four hub splits, back in task_id order like mbpp.jsonl
+
+
+def test_hub_failure_or_missing_datasets_is_one_line_naming_both_ways(tmp_path, monkeypatch):
+    import importlib.util
+
+    from corp import CorpError
+    from corp.evaluate.tasks.data import data_file
+
+    monkeypatch.delenv("CORP_DATA_DIR", raising=False)
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
+    _fake_datasets(monkeypatch, [], fail=True)
+    with pytest.raises(CorpError) as exc:
+        data_file("gsm8k", "gsm8k/test.jsonl")
+    msg = str(exc.value)
+    assert "\n" not in msg and "CORP_DATA_DIR" in msg and "openai/gsm8k" in msg and "hub" in msg
+    assert not (tmp_path / "cache" / "data" / "gsm8k" / "test.jsonl").exists()  # nothing half-written
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real_find_spec(name, *a))
+    with pytest.raises(CorpError) as exc:
+        data_file("math500", "math500/test.jsonl")
+    assert "pip install 'corp[hub]'" in str(exc.value) and "CORP_DATA_DIR" in str(exc.value)
+
+
+def test_a_given_data_directory_never_falls_back_to_the_hub(tmp_path, monkeypatch):
+    from corp import CorpError
+    from corp.evaluate.tasks.data import data_file
+
+    calls: list = []
+    _fake_datasets(monkeypatch, calls)
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(CorpError, match="Pass --data DIR"):
+        data_file("gsm8k", "gsm8k/test.jsonl", data_dir=tmp_path / "empty")
+    assert calls == []

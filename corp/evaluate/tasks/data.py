@@ -1,7 +1,10 @@
-"""Where benchmark data files are found: `--data PATH`, then `$CORP_DATA_DIR`, then an error.
+"""Where benchmark data files are found: `--data PATH`, then `$CORP_DATA_DIR`, then (for users with
+a network and the `hub` extra) Hugging Face `datasets`, written once into corp's cache in the same
+JSONL layout as the local files; otherwise one error line saying where to put the files.
 
-Nothing is downloaded at run time (the hub is not reachable from the machines this runs on);
-the message says where to put the files. See the shared data README for provenance.
+The local files are the offline path (and CI's); see the shared data README for provenance. The
+hub copies come from the datasets those files were published as (HUB_SOURCES), so the fields are
+the same; their content hash is in every cached row like a local file's.
 """
 
 from __future__ import annotations
@@ -19,7 +22,48 @@ def data_file(task: str, relative: str, data_dir: str | Path | None = None) -> P
             if candidate.is_file():
                 return candidate
     looked = ", ".join(str(r / relative) for r in roots) or "nowhere: neither --data nor $CORP_DATA_DIR is set"
+    if not roots and relative in HUB_SOURCES:
+        return hub_file(task, relative, looked)
     raise CorpError(f"task '{task}' needs data file '{relative}'; looked in {looked}. Pass --data DIR or set CORP_DATA_DIR")
+
+
+# relative path -> (Hugging Face dataset id, config, splits concatenated in this order, sort key or None)
+HUB_SOURCES: dict[str, tuple[str, str | None, tuple[str, ...], str | None]] = {
+    "gsm8k/train.jsonl": ("openai/gsm8k", "main", ("train",), None),
+    "gsm8k/test.jsonl": ("openai/gsm8k", "main", ("test",), None),
+    "math500/test.jsonl": ("HuggingFaceH4/MATH-500", None, ("test",), None),
+    # mbpp.jsonl is all 974 problems in task_id order; the hub splits them four ways
+    "mbpp/mbpp.jsonl": ("google-research-datasets/mbpp", "full", ("train", "test", "validation", "prompt"), "task_id"),
+    "humaneval/HumanEval.jsonl": ("openai/openai_humaneval", None, ("test",), None),
+}
+
+
+def hub_file(task: str, relative: str, looked: str) -> Path:
+    """The data file from the Hugging Face hub, cached as JSONL under corp's cache (fetched once)."""
+    import json
+
+    from corp.extras import available, require
+    from corp.models import cache_dir
+    from corp.runs import atomic_write_text
+
+    out = cache_dir() / "data" / relative
+    if out.is_file():
+        return out
+    if not available("datasets"):
+        raise CorpError(f"task '{task}' needs data file '{relative}'; looked in {looked}. Pass --data DIR or set CORP_DATA_DIR, "
+                        "or install the hub extra (`pip install 'corp[hub]'`) to load it from Hugging Face")
+    datasets = require("datasets", f"task '{task}' from the hub")
+    name, config, splits, sort_key = HUB_SOURCES[relative]
+    try:
+        rows = [dict(r) for split in splits for r in datasets.load_dataset(name, config, split=split)]
+    except Exception as exc:  # offline, a renamed dataset, a hub error: one line, whatever the library raised
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CorpError(f"task '{task}' needs data file '{relative}': not found locally ({looked}) and loading '{name}' "
+                        f"from the Hugging Face hub failed ({first}). Pass --data DIR or set CORP_DATA_DIR") from None
+    if sort_key:
+        rows.sort(key=lambda r: r[sort_key])
+    atomic_write_text(out, "".join(json.dumps(r) + "\n" for r in rows))
+    return out
 
 
 # ---------------------------------------------------------------- content hashes of data files
