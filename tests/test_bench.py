@@ -227,3 +227,24 @@ def test_report_only_runs_nothing_and_says_what_is_missing(swept, tiny_dir):
     assert calls == {"generate": 0, "forward": 0} and summary["method_calls"] == 0
     assert summary["not_run"] == 8  # randopt, corp-stage1, es, grpo x 2 settings at the new budget
     assert "Incomplete: 8 of" in (swept["root"] / "results" / "tiny" / "table.md").read_text()
+
+
+def test_fgrpo_joins_the_bench_through_its_adapter(tiny_dir, tmp_path):
+    """A multi-party method named on the registry with an adapter runs at each budget like GRPO:
+    its rounds grow until its clients' ledger reaches the budget, and a rerun computes nothing."""
+    from corp.bench.sweep import run_bench
+
+    over = dict(budgets=[5e7, 1e8], settings=["paper"], compare=[],
+                methods={"fgrpo": {"options": {"clients": 2, "split_by": "iid", "steps": 1, "prompts_per_step": 2, "num_generations": 2,
+                                               "lora_r": 2, "learning_rate": 1e-3}}})
+    summary = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fgrpo.yaml")
+    assert "fgrpo" not in summary["missing"]
+    records = [json.loads(p.read_text()) for p in (tmp_path / "results" / "tiny" / "cells").glob("*.json")]
+    fg = sorted((r for r in records if r["method"] == "fgrpo"), key=lambda r: r["budget"])
+    assert [r["budget"] for r in fg] == [5e7, 1e8]
+    for rec in fg:
+        assert rec["kind"] == "iterative" and rec["units"] >= 1 and rec["flops"] >= rec["budget"]
+    assert fg[0]["units"] <= fg[1]["units"]
+    with count_model_calls() as again:
+        run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fgrpo.yaml")
+    assert sum(again.values()) == 0

@@ -66,13 +66,16 @@ ES = BenchAdapter(ITERATIVE, r"es", flops=("training_ledger.flops",), equal_data
 # one GRPO step generates prompts_per_step * num_generations completions (a fraction of a support pass)
 GRPO = BenchAdapter(ITERATIVE, r"grpo-.*", flops=("training_ledger.flops",), equal_data=True, unit="steps",
                     unit_evals=lambda o: float(o.get("prompts_per_step", 4)) * float(o.get("num_generations", 8)) / max(1.0, float(o.get("n_support", 64))))
+# one FGRPO round: every client runs `steps` local GRPO steps of prompts_per_step * num_generations completions
+FGRPO = BenchAdapter(ITERATIVE, r"fgrpo", flops=("method_flops",), equal_data=True, unit="rounds",
+                     unit_evals=lambda o: float(o.get("clients", 3)) * float(o.get("steps", 1)) * float(o.get("prompts_per_step", 4))
+                     * float(o.get("num_generations", 8)) / max(1.0, float(o.get("n_support", 64))))
 
 # Methods METHODS.md describes that are not built yet: a bench config may name them; they are
 # listed as missing in the results, never silently skipped. A registered method whose registry line
 # names no adapter is listed the same way (corp.bench.sweep.plan), so these names outlive registration.
 PLANNED = {
     "ftis": "F-TIS (arXiv 2605.22537, decentralized GRPO across heterogeneous models): not built yet",
-    "fgrpo": "FGRPO (arXiv 2606.03094, federated GRPO on non-IID data): not built yet",
 }
 
 
