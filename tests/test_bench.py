@@ -248,3 +248,21 @@ def test_fgrpo_joins_the_bench_through_its_adapter(tiny_dir, tmp_path):
     with count_model_calls() as again:
         run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fgrpo.yaml")
     assert sum(again.values()) == 0
+
+
+def test_fera_joins_the_bench_as_a_training_free_method(tiny_dir, tmp_path):
+    """FERA trains nothing: one cell per seed serves every budget, its per-round rows reach the
+    table with their passes per example, and a rerun computes nothing."""
+    from corp.bench.sweep import run_bench
+
+    over = dict(budgets=[1e8], settings=["paper"], compare=[],
+                methods={"fera": {"options": {"clients": 2, "shots": 1, "rounds": 2, "samples": 2}}})
+    summary = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fera.yaml")
+    assert "fera" not in summary["missing"]
+    rows = list(csv.DictReader(open(tmp_path / "results" / "tiny" / "results.csv")))
+    names = {r["method"] for r in rows}
+    assert {"fera-round1", "fera-round2", "plain-vote-round1"} <= names, names
+    assert all(int(r["passes_per_example"]) >= 2 for r in rows if r["method"].startswith("fera-round"))
+    with count_model_calls() as again:
+        run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fera.yaml")
+    assert sum(again.values()) == 0

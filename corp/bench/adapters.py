@@ -70,6 +70,8 @@ GRPO = BenchAdapter(ITERATIVE, r"grpo-.*", flops=("training_ledger.flops",), equ
 FGRPO = BenchAdapter(ITERATIVE, r"fgrpo", flops=("method_flops",), equal_data=True, unit="rounds",
                      unit_evals=lambda o: float(o.get("clients", 3)) * float(o.get("steps", 1)) * float(o.get("prompts_per_step", 4))
                      * float(o.get("num_generations", 8)) / max(1.0, float(o.get("n_support", 64))))
+# FERA trains nothing: its rounds cost inference only, reported per row as passes per test example
+FERA = BenchAdapter(FIXED, r"fera-round\d+|plain-vote-round\d+")
 
 # Methods METHODS.md describes that are not built yet: a bench config may name them; they are
 # listed as missing in the results, never silently skipped. A registered method whose registry line

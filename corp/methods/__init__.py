@@ -147,7 +147,8 @@ METHODS: tuple[Method, ...] = (
            smoke={**_SMALL, "steps": 2, "prompts_per_step": 2, "num_generations": 2, "learning_rate": 1e-3}, summary="corp.baselines.ftis:summary"),
     Method("fera", "corp.baselines.fera:FERAConfig", "corp.baselines.fera:run_fera",
            "FERA (reconstruction, cheap variant): training-free rounds; clients answer with private demonstrations + the server's synthesis; uncertainty-weighted vote.",
-           smoke={**_SMALL, "clients": 2, "shots": 1, "rounds": 2, "samples": 2}, summary="corp.baselines.fera:summary"),
+           smoke={**_SMALL, "clients": 2, "shots": 1, "rounds": 2, "samples": 2}, summary="corp.baselines.fera:summary",
+           bench="corp.bench.adapters:FERA"),
 )
 
 REGISTRY: dict[str, Method] = {m.name: m for m in METHODS}
