@@ -272,24 +272,6 @@ def unique_rows(rows: Iterable[dict], key: str = "key") -> dict[str, dict]:
     return out
 
 
-def iter_lines_jsonl(path: str | Path) -> Iterable[tuple[int, dict]]:
-    """Parse a user-supplied JSONL file strictly: a malformed line is an error naming file and line."""
-    path = Path(path)
-    if not path.exists():
-        raise CorpError(f"data file '{path}' does not exist")
-    with open(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CorpError(f"'{path}' line {lineno} is not valid JSON: {exc.msg}") from None
-            if not isinstance(row, dict):
-                raise CorpError(f"'{path}' line {lineno} is not a JSON object")
-            yield lineno, row
-
-
 # ----------------------------------------------------------------------------- the one report writer
 
 REPORT_SCHEMA = "corp-report/1"

@@ -188,6 +188,7 @@ def test_a_given_data_directory_never_falls_back_to_the_hub(tmp_path, monkeypatc
 
     calls: list = []
     _fake_datasets(monkeypatch, calls)
+    monkeypatch.delenv("CORP_DATA_DIR", raising=False)
     monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
     with pytest.raises(CorpError, match="Pass --data DIR"):
         data_file("gsm8k", "gsm8k/test.jsonl", data_dir=tmp_path / "empty")

@@ -55,8 +55,7 @@ from typing import Sequence
 from corp import CorpError
 from corp.evaluate.sandbox import STATUSES, UNSAFE_ENV, SandboxResult, Status, Tests, isolation_level, run_many, run_program, status_counts, unsafe_allowed
 from corp.evaluate.tasks.base import Example, Task
-from corp.evaluate.tasks.data import data_file, data_signature
-from corp.runs import iter_lines_jsonl
+from corp.evaluate.tasks.data import data_file, data_signature, read_records
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _OPEN_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n")
@@ -197,7 +196,7 @@ class MBPP(_CodeTask):
     def _rows(self) -> list[dict]:
         path = data_file(self.name, "mbpp/mbpp.jsonl", self.data_dir)
         rows = []
-        for lineno, row in iter_lines_jsonl(path):
+        for lineno, row in read_records(path):
             try:
                 tid, text, code, tests = int(row["task_id"]), row["text"], row["code"], list(row["test_list"])
                 setup = row.get("test_setup_code") or ""
@@ -247,7 +246,7 @@ class HumanEval(_CodeTask):
     def pools(self) -> dict[str, list[Example]]:
         path = data_file(self.name, "humaneval/HumanEval.jsonl", self.data_dir)
         out = []
-        for lineno, row in iter_lines_jsonl(path):
+        for lineno, row in read_records(path):
             try:
                 tid, prompt, entry, test, solution = row["task_id"], row["prompt"], row["entry_point"], row["test"], row["canonical_solution"]
             except KeyError as exc:
