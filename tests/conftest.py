@@ -47,6 +47,17 @@ def make_tiny_llama(tokenizer, seed: int = 0, hidden: int = 32, layers: int = 2)
     return model
 
 
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny random Llama and its tokenizer saved as a Hugging Face directory (for code that loads
+    a model by path: the CLI, corp bench, multi-party clients). One per test module."""
+    tok = make_char_tokenizer()
+    d = tmp_path_factory.mktemp("tiny-model")
+    make_tiny_llama(tok).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
 @pytest.fixture
 def tiny_tokenizer():
     return make_char_tokenizer()

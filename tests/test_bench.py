@@ -46,17 +46,6 @@ def test_first_crossing_and_growth():
 # ----------------------------------------------------------------------------- the tiny sweep
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from tests.conftest import make_char_tokenizer, make_tiny_llama
-
-    tok = make_char_tokenizer()
-    d = tmp_path_factory.mktemp("tiny-bench-model")
-    make_tiny_llama(tok).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
-
-
 def tiny_options(tiny_dir: Path, root: Path, **over) -> dict:
     opts = dict(
         name="tiny", model=str(tiny_dir), tasks=["arith"], seeds=[1], budgets=[1e8, 2e8], population=14, sigmas=[0.05],

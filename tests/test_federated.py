@@ -14,16 +14,6 @@ from corp import CorpError
 from corp.evaluate.tasks import Example
 from corp.federated.aggregation import combine_client_rewards, ema_update, fedavg_weights, fgrpo_weights, relative_gains, softmax_weights, weighted_sum
 from corp.federated.clients import ClientLost, check_signatures, decode, encode, split_clients
-from tests.conftest import make_char_tokenizer, make_tiny_llama
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    tok = make_char_tokenizer()
-    d = tmp_path_factory.mktemp("tiny-model")
-    make_tiny_llama(tok).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
 
 
 # ---------------------------------------------------------------- aggregation, by hand

@@ -11,16 +11,6 @@ import torch
 
 from corp import CorpError
 from corp.federated.clients import ClientLost
-from tests.conftest import make_char_tokenizer, make_tiny_llama
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    tok = make_char_tokenizer()
-    d = tmp_path_factory.mktemp("tiny-model")
-    make_tiny_llama(tok).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
 
 
 def _cfg(tiny_dir, run_dir, **kw):

@@ -19,7 +19,6 @@ import torch
 from corp import CorpError
 from corp.config import RunConfig, field_docs, load_config
 from corp.methods import METHODS, REGISTRY
-from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 NAMES = [m.name for m in METHODS]
 # what every smoke run here gets on top of the registry's smoke options: the tiny model, arith, a
@@ -32,16 +31,6 @@ STRONGER = {"consolidate": {"gate_z": -10.0}}
 
 def text_checksum(completions, **_):
     return [(sum(map(ord, c)) % 97) / 96 for c in completions]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    tok = make_char_tokenizer()
-    model = make_tiny_llama(tok)
-    d = tmp_path_factory.mktemp("tiny-model")
-    model.save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
 
 
 @contextmanager
