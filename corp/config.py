@@ -94,6 +94,8 @@ class RunConfig:
     """Master seed of the run (specialist seeds derive from it)."""
     run_dir: str | None = None
     """Run directory; reuse one to resume (default: runs/<task>__<method>__<seed>__<time>)."""
+    eval_cache: str | None = None
+    """A JSONL file of greedy base and specialist evaluations shared between runs (corp bench keeps one per task); rows are keyed by everything that defines them and copied into the run directory."""
     threads: int | None = None
     """Torch CPU threads (default: torch's choice, all usable cores; corp makes idle threads sleep, not spin, so a busy machine costs a fair share)."""
 

@@ -190,3 +190,42 @@ with open_run(cfg, "randopt") as ctx:
     proc.wait(timeout=60)
     assert json.loads((run / "run_status.json").read_text())["status"] == "interrupted"
     assert "was interrupted" in (run / "FAILED").read_text()
+
+
+def test_shared_eval_cache_serves_other_runs_only_for_the_same_weights(tmp_path):
+    """--eval-cache (corp bench: one per task): a second run dir reuses the base's and a
+    specialist's greedy test rows, but not a sampled row, not a trained checkpoint's label, and not
+    a direction perturbing other parameters (the run key leaves include/exclude implicit)."""
+    from corp.evaluate.scorer import cached_eval
+    from corp.perturb import Direction
+
+    shared = tmp_path / "shared.jsonl"
+    spec = Direction.single(7, 0.05)
+
+    def run(name, **kw):
+        backend, calls = counting(fresh_backend())
+        ctx = setup_run(tiny_cfg(tmp_path / name, eval_cache=str(shared), **kw), "randopt", backend)
+        return ctx, run_evals(ctx), calls
+
+    ctx, cache, calls = run("a")
+    base_row = cached_eval(ctx, cache, "test", None)
+    cached_eval(ctx, cache, "test", spec)
+    cached_eval(ctx, cache, "test", None, n=2, temperature=1.0)
+    cached_eval(ctx, cache, "test", None, current=True, what="es-centre@1")
+    assert len(calls) == 4
+    ctx.close()
+
+    ctx, cache, calls = run("b")
+    again = cached_eval(ctx, cache, "test", None)
+    cached_eval(ctx, cache, "test", spec)
+    assert calls == [], "base and specialist greedy rows come from the shared file"
+    assert again["correct"] == base_row["correct"] and again["shared_from"] == str(shared)
+    assert again["key"] in EvalCache(ctx.run_dir / "evals.jsonl"), "copied into the run directory"
+    cached_eval(ctx, cache, "test", None, n=2, temperature=1.0)
+    cached_eval(ctx, cache, "test", None, current=True, what="es-centre@1")
+    assert len(calls) == 2, "a sampled row and a checkpoint label are this run's own"
+    ctx.close()
+
+    ctx, cache, calls = run("c", exclude="embed")
+    cached_eval(ctx, cache, "test", spec)
+    assert len(calls) == 1, "the same seed perturbing other parameters is other weights"

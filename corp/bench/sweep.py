@@ -36,7 +36,7 @@ from corp.runs import read_json, read_jsonl, write_json
 
 RECORD_FORMAT = 1
 # options that locate or speed up a cell without changing what it computes
-_NOT_IDENTITY = ("run_dir", "threads", "from_run")
+_NOT_IDENTITY = ("run_dir", "threads", "from_run", "eval_cache")
 
 
 @dataclass
@@ -88,7 +88,10 @@ def split_sizes(cfg: BenchConfig, setting: str, adapter: BenchAdapter) -> dict:
 
 def common_options(cfg: BenchConfig, task: str, seed: int) -> dict:
     out = {"model": cfg.model, "task": task, "seed": seed, "split_seed": cfg.split_seed, "backend": cfg.backend, "device": cfg.device,
-           "batch_size": cfg.batch_size, "threads": cfg.threads}
+           "batch_size": cfg.batch_size, "threads": cfg.threads,
+           # one shared cache of greedy base/specialist evaluations per task: the base's test
+           # evaluation (the same test ids in every seed) and a specialist chosen by several cells run once
+           "eval_cache": str(Path(cfg.work_dir) / cfg.name / f"{_slug(task)}__shared_evals.jsonl")}
     for key in ("max_new_tokens", "reward", "data", "dtype"):
         if getattr(cfg, key) is not None:
             out[key] = getattr(cfg, key)
@@ -346,13 +349,16 @@ class Bench:
                 "hyperparameters": chosen, "run_dir": str(run_dir), **extra}
 
 
-def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = True, compute: bool = True) -> dict:
+def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = True, compute: bool = True, only_task: str | None = None) -> dict:
     """Plan, check, run every cell (skipping finished ones), write the outputs; returns a summary.
     `compute=False`: write the outputs from the cells finished so far, running nothing (the table
-    says how many cells are still to run)."""
+    says how many cells are still to run). `only_task`: compute only that task's cells (the
+    others' finished records still go into the outputs), so one process per task can share a bench."""
     from corp.bench.outputs import write_outputs
 
     cells, missing = plan(cfg)
+    if only_task is not None and only_task not in cfg.tasks:
+        raise CorpError(f"--task {only_task!r} is not a task of {cfg.name}; its tasks: {', '.join(cfg.tasks)}")
     preflight(cfg, cells, load_model=load_model and compute)
     bench = Bench(cfg)
     records = []
@@ -360,7 +366,7 @@ def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = 
     bar = tqdm(cells, desc=f"bench {cfg.name}", unit="cell", initial=0, dynamic_ncols=True, disable=_progress_disabled() or not compute)
     for cell in bar:
         bar.set_postfix_str(f"{cell.task} {cell.setting} s{cell.seed} {cell.label} {'' if cell.budget is None else f'{cell.budget:.2g}'}")
-        rec = bench.run_cell(cell) if compute else bench.load_record(cell)
+        rec = bench.run_cell(cell) if compute and only_task in (None, cell.task) else bench.load_record(cell)
         if rec is not None:
             records.append(rec)
     bar.close()

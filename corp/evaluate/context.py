@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,28 +217,59 @@ def result_row(identity: dict, split: str, res: EvalResult, kind: str, seed: int
     }
 
 
+# Rows another run may reuse: greedy evaluations of the base or of seed-defined directions. A
+# checkpoint's `what` is a label its own run chose ("es-centre@4"), and sampled rows depend on the
+# run's sampling seed, so neither leaves its run.
+_SHAREABLE_WHAT = re.compile(r"^(base|dir:[0-9a-f]+)$")
+
+
+def shareable(row: dict) -> bool:
+    return float(row.get("temperature", 0.0)) == 0.0 and bool(_SHAREABLE_WHAT.match(str(row.get("what", "")))) and row.get("kind") != "checkpoint"
+
+
 class EvalCache:
     """A JSONL file of evaluation rows keyed by `eval_key`; appends are durable; duplicates collapse
-    to the first row with a key (so a row never counts twice)."""
+    to the first row with a key (so a row never counts twice).
 
-    def __init__(self, path: str | Path):
+    `shared`: a second JSONL file that several runs read and write (`--eval-cache`; corp bench keeps
+    one per task, so the base model's test evaluation and a specialist's evaluation chosen by
+    several cells run once). Only `shareable` rows go there, under a key salted with `salt` (what
+    the run's key leaves implicit because it is fixed within a run: noise scheme, perturbed
+    parameters, dtype, device). A row found there is copied into this run's file, marked
+    `shared_from`, so the run directory stays complete on its own."""
+
+    def __init__(self, path: str | Path, shared: str | Path | None = None, salt: str = ""):
         self.path = Path(path)
         self.rows: dict[str, dict] = unique_rows(read_jsonl(self.path, key="key"))
+        self.shared = EvalCache(shared) if shared else None
+        self.salt = salt
+
+    def _shared_key(self, key: str) -> str:
+        return hashlib.sha256(f"{key}|{self.salt}".encode()).hexdigest()[:32]
 
     def __contains__(self, key: str) -> bool:
-        return key in self.rows
+        return self.get(key) is not None
 
     def __len__(self) -> int:
         return len(self.rows)
 
     def get(self, key: str) -> dict | None:
-        return self.rows.get(key)
+        row = self.rows.get(key)
+        if row is None and self.shared is not None:
+            found = self.shared.get(self._shared_key(key))
+            if found is not None:
+                row = {**found, "key": key, "shared_from": str(self.shared.path)}
+                append_jsonl(self.path, row)
+                self.rows[key] = row
+        return row
 
     def put(self, row: dict) -> dict:
         """Append `row` unless its key is cached already; returns the cached row."""
         if row["key"] not in self.rows:
             append_jsonl(self.path, row)
             self.rows[row["key"]] = row
+            if self.shared is not None and shareable(row):
+                self.shared.put({**row, "key": self._shared_key(row["key"])})
         return self.rows[row["key"]]
 
 

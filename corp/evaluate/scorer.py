@@ -17,6 +17,7 @@ goes to `evals.jsonl` through the same cache (`EvalCache`, `cached_eval`).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -305,4 +306,15 @@ def rows_ledger(ctx: RunContext, rows: Sequence[dict]) -> Ledger:
 
 def run_evals(ctx: RunContext) -> EvalCache:
     """The run's cache of every evaluation that is not a population row."""
-    return EvalCache(ctx.run_dir / EVALS_FILE)
+    shared = getattr(ctx.cfg, "eval_cache", None)
+    if shared and getattr(ctx.backend, "perturber", None) is None:
+        shared = None  # the noise scheme is not known here, so a shared row could mean other weights
+    return EvalCache(ctx.run_dir / EVALS_FILE, shared=shared, salt=shared_salt(ctx) if shared else "")
+
+
+def shared_salt(ctx: RunContext) -> str:
+    """What an evaluation row's key leaves implicit because a run fixes it, for rows shared between runs."""
+    cfg, backend = ctx.cfg, ctx.backend
+    perturber = getattr(backend, "perturber", None)
+    return json.dumps({"scheme": getattr(perturber, "scheme", None), "include": getattr(cfg, "include", ".*"),
+                       "exclude": getattr(cfg, "exclude", ""), "dtype": cfg.dtype, "device": cfg.device}, sort_keys=True)
