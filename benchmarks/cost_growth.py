@@ -20,12 +20,15 @@ random model gives distinct rewards and the elite set is about (1 - q) N, as on 
 
 With --anchor, the embedded SmolLM2-135M is measured on a handful of cases to give per-unit costs
 at its size (all through corp's functions, one thread): scoring of a few specialists on the support
-split and one probe evaluation; the exact Gram matrix at two seed counts (noise per element and
-fp64 product per element-pair); building two merged directions from a few elites and applying one
-(keep_together, set_direction); the split-half analysis of one layer at two N. `extrapolate()`
-then gives each phase at N = 500 and 5000 for the embedded model from those rates and the growth
-laws that the tiny rows show (stated in the output), replaying the Gram's memory blocking on the
-real shapes.
+split and one probe evaluation; the exact Gram matrix (gram_matrix) over layer 0's tensors at two
+seed counts (noise per element and fp64 product per element-pair); building one and then two merged
+directions from a few elites and applying one (keep_together, set_direction: noise per elite and
+accumulation per direction); the split-half analysis of layer 0 at two N, and per matrix the
+marginal cost per specialist of forming its aggregates with the noise stacked or streamed
+(NoiseStack). `extrapolate()` then gives each phase at N = 500 and 5000 for the embedded model from
+those rates and the growth laws that the tiny rows show (stated in the output), replaying the Gram's
+memory blocking on the real shapes and the analysis's stacked/streamed choice per matrix.
+Results and how they were run: results/cost-growth/README.md.
 
     OMP_NUM_THREADS=1 nice -n 19 python benchmarks/cost_growth.py --populations 32,128,512 --anchor --out results/cost-growth
 """
@@ -281,17 +284,21 @@ def anchor(args) -> dict:
                            splits=args.splits, permutations=args.permutations, vocab_size=vocab, matrices=r"layers\.0\.", progress=False, threads=1)
         ana[n] = time.process_time() - c0
         print(json.dumps({"anchor": "analysis layer 0", "N": n, "matrices": len(targets), "cpu_s": ana[n]}), flush=True)
-    k = 8
-    plan = Plan.make(np.random.default_rng(0).random(k), args.splits, args.permutations, 0)
-    C = torch.cat([plan.group_rows(g) for g in range(len(plan.perms))])  # every group's rows, as analyze_matrix combines them
+    # marginal cost per specialist: combine at two population sizes (the (231 x numel) output and
+    # the plan are paid once whatever N is), difference / difference in k
+    ks = (4, 12)
     per_matrix = []
     for name, shape in targets:
         rates = {}
         for mode, budget in (("stacked", 1 << 40), ("streamed", 0)):
-            c0 = time.process_time()
-            stack = NoiseStack(name, shape, list(range(k)), [1e-3] * k, budget)
-            stack.combine(C)
-            rates[mode] = (time.process_time() - c0) / k
+            cost = []
+            for k in ks:
+                plan = Plan.make(np.random.default_rng(0).random(k), args.splits, args.permutations, 0)
+                C = torch.cat([plan.group_rows(g) for g in range(len(plan.perms))])  # every group's rows, as analyze_matrix combines them
+                c0 = time.process_time()
+                NoiseStack(name, shape, list(range(k)), [1e-3] * k, budget).combine(C)
+                cost.append(time.process_time() - c0)
+            rates[mode] = (cost[1] - cost[0]) / (ks[1] - ks[0])
         per_matrix.append({"name": name, "shape": list(shape), **{f"{m}_per_specialist_cpu_s": v for m, v in rates.items()}})
     layers = sorted({int(nm.split(".layers.")[1].split(".")[0]) for nm, _ in named if ".layers." in nm})
     out["analysis_layer0_cpu_s"], out["analysis_per_matrix"], out["layers"] = ana, per_matrix, len(layers)
@@ -299,7 +306,7 @@ def anchor(args) -> dict:
     return out
 
 
-def gram_model_cost(shapes, k: int, memory_gb: float, t_noise: float, t_pair: float) -> float:
+def gram_model_cost(shapes, k: int, memory_gb: float, t_noise: float, t_pair: float) -> tuple[float, float]:
     """CPU seconds of gram_matrix for k seeds, replaying its blocking: per tensor of n elements,
     row blocks of min(k, budget // 4n) seeds; block I is generated once and every later block J once
     per I (noise), and every block pair (I, J >= I) is one product of |I| |J| n element-pairs."""
@@ -312,7 +319,7 @@ def gram_model_cost(shapes, k: int, memory_gb: float, t_noise: float, t_pair: fl
         for bi, si in enumerate(sizes):
             noise_el += si * n + sum(sizes[bi + 1 :]) * n
             pair_el += si * sum(sizes[bi:]) * n
-    return noise_el * t_noise + pair_el * t_pair
+    return noise_el * t_noise, pair_el * t_pair  # (noise generation and fp64 conversion, products)
 
 
 def extrapolate(runs: list[dict], anc: dict | None, tiny_params: int, args) -> dict:
@@ -364,13 +371,17 @@ def extrapolate(runs: list[dict], anc: dict | None, tiny_params: int, args) -> d
         for N in (500, 5000):
             E = int(round((1 - q) * N))
             build = groups * E * t_noise_full + directions * E * t_acc
+            g_noise, g_prod = gram_model_cost(shapes, E, args.gram_memory_gb, anc["gram_t_noise_per_element"], anc["gram_t_pair_per_element"])
+            g16 = sum(gram_model_cost(shapes, E, 16.0, anc["gram_t_noise_per_element"], anc["gram_t_pair_per_element"]))
+            streamed = [m["name"] for m in anc["analysis_per_matrix"] if N * int(np.prod(m["shape"])) * 4 > budget]
             row = {
                 "grid": gname, "N": N, "elites": E, "candidates": cands,
                 "scoring_cpu_s": N * spec,
-                "gram_cpu_s": gram_model_cost(shapes, E, args.gram_memory_gb, anc["gram_t_noise_per_element"], anc["gram_t_pair_per_element"]),
+                "gram_cpu_s": g_noise + g_prod, "gram_noise_cpu_s": g_noise, "gram_products_cpu_s": g_prod, "gram_cpu_s_at_16gb": g16,
                 "step_search_cpu_s": cands * (probe + anc["apply_cpu_s"]) + build, "step_build_cpu_s": build,
                 "gates_cpu_s": 3 * val + probe,
-                "analysis_cpu_s": anc["layers"] * (ana_const + N * layer_rate(N)),
+                "analysis_cpu_s": anc["layers"] * (ana_const + N * layer_rate(N)), "analysis_const_cpu_s": anc["layers"] * ana_const,
+                "analysis_streamed_matrices_per_layer": len(streamed),
             }
             parts = {k: v for k, v in row.items() if k in ("scoring_cpu_s", "gram_cpu_s", "step_search_cpu_s", "gates_cpu_s", "analysis_cpu_s")}
             row["total_cpu_s"] = sum(parts.values())
