@@ -133,6 +133,15 @@ class PopulationConfig(RunConfig):
     ray_address: str | None = None
     """Join this Ray cluster (e.g. `auto`, `ray://host:10001`) instead of starting a local Ray."""
 
+    race: str = "off"
+    """Racing on the support split: off (every specialist sees every support example) or halving (successive halving: specialists that fall behind are stopped early; every one the method uses is scored in full)."""
+    race_first: int = 8
+    """Racing: support examples every specialist is scored on before the first cut."""
+    race_eta: int = 2
+    """Racing: each rung keeps 1/eta of the specialists still running and scores them on eta times as many examples."""
+    race_keep: int = 0
+    """Racing: specialists every rung keeps at least (0: what the method needs: RandOpt's largest top-K, CoRP's widest elite set)."""
+
     renamed: ClassVar[dict[str, str]] = {"population_from": "from_run"}
 
     @property
@@ -156,6 +165,13 @@ class PopulationConfig(RunConfig):
             raise CorpError(f"--workers must be >= 1, got {self.workers}")
         if self.ray_address and self.executor != "ray":
             raise CorpError("--ray-address needs --executor ray")
+        if self.race not in ("off", "halving"):
+            raise CorpError(f"unknown --race '{self.race}'; choose off or halving")
+        if self.race != "off":
+            if self.from_run:
+                raise CorpError("--race scores a population, and --from-run takes one already scored; drop one of them")
+            if self.race_first < 1 or self.race_eta < 2 or self.race_keep < 0:
+                raise CorpError(f"racing needs --race-first >= 1, --race-eta >= 2 and --race-keep >= 0; got {self.race_first}, {self.race_eta}, {self.race_keep}")
         if self.from_run and not Path(self.from_run, "population.jsonl").exists():
             raise CorpError(f"--from-run '{self.from_run}' has no population.jsonl; score one first (corp score) or drop --from-run")
         return self

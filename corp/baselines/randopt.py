@@ -107,7 +107,8 @@ def population_line(ctx: RunContext) -> str:
 
 def run_randopt(cfg: RandOptConfig, backend=None) -> dict:
     with open_run(cfg, "randopt", backend) as ctx:
-        ranked = ensure_population(ctx)
+        k = max(cfg.top_k)
+        ranked = ensure_population(ctx, keep=k, need=lambda rows: range(min(k, len(rows))))  # racing: the top K are scored in full
         if max(cfg.top_k) > len(ranked):
             raise CorpError(f"--top-k {max(cfg.top_k)} is larger than the population ({len(ranked)} specialists)")
         results, _ = randopt_results(ctx, ranked, cfg.top_k)

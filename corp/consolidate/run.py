@@ -10,11 +10,13 @@ and the report states the mode, how many matrices got a rank and LoRA vs full pa
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 
 from corp.baselines.randopt import population_line, population_summary, randopt_results
-from corp.consolidate.corp_operator import ConsolidateConfig, consolidate_stage1
+from corp.consolidate.algebra import elite_set
+from corp.consolidate.corp_operator import ConsolidateConfig, consolidate_stage1, reward_scale
 from corp.consolidate.stage2 import consolidate_stage2
 from corp.consolidate.lowrank import FACTORS_FILE, LowRankDirection, LowRankProjector, export_lora, read_analysis, resolve_ranks, write_factors
 from corp.consolidate.recipe import make_recipe, write_recipe
@@ -68,6 +70,19 @@ class RunScorer:
             self.ctx.backend.perturber.cache_prefix(direction)
 
 
+def _race_keep(cfg: ConsolidateConfig) -> int:
+    """How many specialists a race must score in full at least: the widest elite set (quantile
+    min(q) of N, one more for the interpolated threshold) and RandOpt's report rows' top K."""
+    return max(max(cfg.top_k), math.ceil((1.0 - min(cfg.quantiles)) * cfg.population) + 1)
+
+
+def _used_rows(cfg: ConsolidateConfig, rows: list[dict]) -> set[int]:
+    """Positions (in `rows`) of every specialist CoRP weights or the report's RandOpt rows use: the
+    elites at each quantile (on the rewards the merge rules see) and the top K."""
+    r = reward_scale([row["reward"] for row in rows])
+    return set().union(*(elite_set(r, q) for q in cfg.quantiles)) | set(range(min(max(cfg.top_k), len(rows))))
+
+
 def run_consolidate(cfg: ConsolidateConfig, backend=None) -> dict:
     with open_run(cfg, "consolidate", backend, needs=("support", "probe", "validation", "test")) as ctx:
         return _consolidate(cfg, ctx)
@@ -79,7 +94,7 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     progress = os.environ.get("CORP_NO_PROGRESS") != "1"
     rank_dir = str(cfg.rank_from or cfg.from_run or ctx.run_dir) if cfg.low_rank == "auto" else None
     analysed = read_analysis(rank_dir) if rank_dir else None  # before scoring: no analysis is a quick error
-    ranked = ensure_population(ctx)
+    ranked = ensure_population(ctx, keep=_race_keep(cfg), need=lambda rows: _used_rows(cfg, rows))
     # order does not matter to CoRP up to float rounding; fix it as it always was (by "<seed>:<sigma>"), so results reproduce
     population = sorted(ranked, key=lambda r: f"{int(r['seed'])}:{float(r['sigma'])!r}:support")
     evals = run_evals(ctx)

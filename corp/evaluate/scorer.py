@@ -26,7 +26,7 @@ import threading
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from tqdm.auto import tqdm
 
@@ -250,8 +250,9 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
     rows = read_jsonl(src / POPULATION_FILE, key="key", repair=False)
     if found.get("format") == META_FORMAT:
         compare_meta(found, expected, src, what)
-        rows = [r for r in unique_rows(rows).values() if r.get("kind") == "specialist" and r.get("split") == "support"]
-        rows.sort(key=lambda r: r["index"])
+        from corp.evaluate.racing import RACED, latest_rows
+
+        rows = latest_rows(r for r in unique_rows(rows).values() if r.get("kind") in ("specialist", RACED) and r.get("split") == "support")
         rule = "first in population order (specialist index)"
     else:
         # a population written before rows were keyed by their examples: its meta names the support ids
@@ -275,11 +276,20 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
     return used, how
 
 
-def ensure_population(ctx: RunContext) -> list[dict]:
+def ensure_population(ctx: RunContext, keep: int = 0, need: Callable[[list[dict]], Iterable[int]] | None = None) -> list[dict]:
     """The scored population on the support split: the first --population specialists of
     `--from-run`, else scored (or resumed) in this run directory. Rows come back ranked by
-    reward, best first (ties: population order). `ctx.population_source` says where they came from."""
+    reward, best first (ties: population order). `ctx.population_source` says where they came from.
+
+    With `--race halving` (corp.evaluate.racing) specialists that fall behind are stopped early and
+    come back as `raced` rows (their mean over the examples they saw); `keep`: how many the race
+    must score in full at least; `need(rows)`: the positions, in the ranked rows, of the
+    specialists the caller will use; any of them the race stopped is scored on the rest of the
+    support split first, so every row the caller uses is a full-support row."""
+    from corp.evaluate import racing
+
     cfg = ctx.cfg
+    race = getattr(cfg, "race", "off")
     if cfg.from_run:
         rows, how = load_population(cfg.from_run, ctx, cfg.population)
     else:
@@ -287,13 +297,22 @@ def ensure_population(ctx: RunContext) -> list[dict]:
         check_meta(ctx.run_dir / META_FILE, population_meta(ctx), POPULATION_FILE)
         specs = specialists_for(cfg)
         cache = EvalCache(ctx.run_dir / POPULATION_FILE)
-        scored = score_specialists(ctx, specs, "support", cache, desc="population", indices=range(len(specs)))
-        rows = [scored[spec] for spec in specs]
+        how = {"from": str(ctx.run_dir), "available": len(specs), "used": len(specs), "rule": "scored in this run", "seed": cfg.seed, "sigmas": list(cfg.sigmas)}
+        if race == "halving":
+            rows, how["race"] = racing.race_population(ctx, specs, cache, max(keep, getattr(cfg, "race_keep", 0), 1), cfg.race_first, cfg.race_eta, score_specialists)
+        else:
+            scored = score_specialists(ctx, specs, "support", cache, desc="population", indices=range(len(specs)))
+            rows = [scored[spec] for spec in specs]
         for i, r in enumerate(rows):
             r.setdefault("index", i)  # a row scored before a crash between scoring and indexing
-        how = {"from": str(ctx.run_dir), "available": len(rows), "used": len(rows), "rule": "scored in this run", "seed": cfg.seed, "sigmas": list(cfg.sigmas)}
     ctx.population_source = how
-    return sorted(rows, key=lambda r: (-r["reward"], r["index"]))
+    ranked = sorted(rows, key=lambda r: (-r["reward"], r["index"]))
+    if need is not None and racing.is_raced(ranked):
+        before = sum(r.get("kind") == racing.RACED for r in ranked)
+        ranked = racing.complete_needed(ctx, ranked, need, EvalCache(ctx.run_dir / POPULATION_FILE), score_specialists)
+        ranked.sort(key=lambda r: (-r["reward"], r["index"]))
+        how["completed_after_race"] = before - sum(r.get("kind") == racing.RACED for r in ranked)
+    return ranked
 
 
 def rows_ledger(ctx: RunContext, rows: Sequence[dict]) -> Ledger:

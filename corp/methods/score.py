@@ -13,6 +13,10 @@ def run_score(cfg: PopulationConfig, backend=None) -> dict:
     from corp.evaluate.scorer import ensure_population, open_run, rows_ledger
     from corp.runs import write_report
 
+    from corp import CorpError
+
+    if cfg.race != "off" and cfg.race_keep < 1:
+        raise CorpError("corp score --race halving needs --race-keep: how many specialists the method that reads this population will use (RandOpt's largest K, CoRP's elite count)")
     with open_run(cfg, "score", backend, needs=("support",)) as ctx:
         ranked = ensure_population(ctx)
         rewards = sorted(r["reward"] for r in ranked)
@@ -23,6 +27,7 @@ def run_score(cfg: PopulationConfig, backend=None) -> dict:
             "reward_median": rewards[len(rewards) // 2],
             "reward_worst": rewards[0],
             "source": getattr(ctx, "population_source", None),
+            "raced_out": sum(r.get("kind") == "raced" for r in ranked),
             "selection_ledger": rows_ledger(ctx, ranked).to_dict(),
         }
         return write_report(ctx.run_dir, "score", cfg.model, cfg.task, [], population=population)
