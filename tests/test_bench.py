@@ -170,6 +170,8 @@ def test_readme_section_cites_intervals(swept):
     ({"budgets": [1e3]}, "below randopt's minimum"),
     ({"n_test": 5000}, "test 5000"),
     ({"methods": {"randopt": {"options": {"no_such_option": 1}}}}, "no-such-option"),
+    # arith's support examples all use "+": one operator group for three clients (found by a real run)
+    ({"methods": {"fgrpo": {"options": {"clients": 3, "split_by": "op"}}}}, "gets no support examples"),
 ])
 def test_bad_input_is_one_error_before_compute(over, message, tiny_dir, tmp_path):
     from corp.bench.sweep import run_bench

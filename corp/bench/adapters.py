@@ -52,6 +52,9 @@ class BenchAdapter:
     """List options whose values must not exceed the unit count."""
     defaults: dict = field(default_factory=dict, compare=False)
     """Options the bench sets unless the config does (e.g. no extra evaluations a cell does not report)."""
+    check: Callable[[object, dict], None] | None = field(default=None, compare=False)
+    """A check of the cell's built config against its splits ({name: examples}) that needs no model
+    (e.g. FGRPO: every client gets support examples); raises CorpError before any compute."""
 
 
 SELF_CONSISTENCY = BenchAdapter(FIXED, r"base|self-consistency@\d+")
@@ -67,9 +70,16 @@ ES = BenchAdapter(ITERATIVE, r"es", flops=("training_ledger.flops",), equal_data
 GRPO = BenchAdapter(ITERATIVE, r"grpo-.*", flops=("training_ledger.flops",), equal_data=True, unit="steps",
                     unit_evals=lambda o: float(o.get("prompts_per_step", 4)) * float(o.get("num_generations", 8)) / max(1.0, float(o.get("n_support", 64))))
 # one FGRPO round: every client runs `steps` local GRPO steps of prompts_per_step * num_generations completions
+def _clients_get_support(cfg, splits: dict) -> None:
+    from corp.federated.clients import split_clients
+
+    split_clients(splits["support"], cfg.clients, cfg.split_by, "support")
+
+
 FGRPO = BenchAdapter(ITERATIVE, r"fgrpo", flops=("method_flops",), equal_data=True, unit="rounds",
                      unit_evals=lambda o: float(o.get("clients", 3)) * float(o.get("steps", 1)) * float(o.get("prompts_per_step", 4))
-                     * float(o.get("num_generations", 8)) / max(1.0, float(o.get("n_support", 64))))
+                     * float(o.get("num_generations", 8)) / max(1.0, float(o.get("n_support", 64))),
+                     check=_clients_get_support)
 # FERA trains nothing: its rounds cost inference only, reported per row as passes per test example
 FERA = BenchAdapter(FIXED, r"fera-round\d+|plain-vote-round\d+")
 

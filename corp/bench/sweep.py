@@ -151,15 +151,18 @@ def check_results_dir(cfg: BenchConfig) -> Path:
     return out
 
 
-def _validate_options(cell: Cell) -> None:
-    """Build the cell's config without running it: unknown or bad options fail here, before compute."""
+def _validate_options(cell: Cell, splits: dict | None = None) -> None:
+    """Build the cell's config without running it: unknown or bad options, and what the adapter's
+    `check` finds wrong against the cell's splits, fail here, before compute."""
     method, adapter = get_method(cell.method), cell.adapter
     opts = {k: v for k, v in cell.opts.items() if k != "from_run"}
     if adapter.unit:
         opts[adapter.unit] = max(adapter.min_units, int(opts.get(adapter.unit) or adapter.min_units))
         _clip(opts, adapter)
     try:
-        load_config(method.config_class, None, opts)
+        built = load_config(method.config_class, None, opts)
+        if adapter.check is not None and splits is not None:
+            adapter.check(built, splits)
     except CorpError as exc:
         raise CorpError(f"bench config: method '{cell.method}' (variant '{cell.label}'): {exc}") from None
 
@@ -183,7 +186,7 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
         if sizes not in splits_of:
             task = get_task(cell.task, cfg.data)
             splits_of[sizes] = make_splits(task, SplitSizes(*sizes[1:]), cfg.split_seed)  # a test size beyond the pool fails here
-        _validate_options(cell)
+        _validate_options(cell, splits_of[sizes])
     budgeted = [c for c in cells if c.adapter.kind != FIXED]
     if not (load_model and budgeted):
         return {}
