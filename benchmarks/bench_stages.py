@@ -48,11 +48,10 @@ def own_rows(path: Path) -> list[dict]:
 
 
 def run_dir_stages(run_dir: Path) -> dict:
-    rows = own_rows(run_dir / "evals.jsonl") + own_rows(run_dir / "population.jsonl")
+    # ES's specialists (population.jsonl, kind es-specialist) are scored inside its iterations: training
+    rows = own_rows(run_dir / "evals.jsonl") + [r for r in own_rows(run_dir / "population.jsonl") if not str(r.get("kind", "")).startswith("es-")]
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     training = sum(float(m.get("seconds", 0.0)) for m in {m.get("iteration", m.get("step")): m for m in metrics}.values())
-    es_rows = [r for r in rows if str(r.get("kind", "")).startswith("es-")]  # ES scoring happens inside its iterations
-    rows = [r for r in rows if r not in es_rows]
     return {"generation": sum(float(r.get("seconds", 0.0)) for r in rows), "apply": sum(float(r.get("apply_seconds", 0.0)) for r in rows),
             "training": training}
 

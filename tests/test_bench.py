@@ -53,7 +53,8 @@ def tiny_options(tiny_dir: Path, root: Path, **over) -> dict:
         reward="tests.test_methods:text_checksum", results_dir=str(root / "results"), work_dir=str(root / "work"),
         methods={
             "self-consistency": {"options": {"k": [1, 2]}},
-            "randopt": {"options": {"top_k": [1, 2]}},
+            # racing (issue 16) as a variant: the same method, compared with full scoring at each budget
+            "randopt": {"options": {"top_k": [1, 2]}, "variants": {"randopt": {}, "randopt-raced": {"race": "halving", "race_first": 2}}},
             # the gate is forced open: a random model's update would rightly be refused
             "consolidate": {"options": {"alphas": [1, 2], "gate_z": -10.0}, "variants": {"corp-stage1": {"rounds": 0}}},
             "es": {"options": {"population": 2, "sigma": 0.05, "alpha": 0.05}},
@@ -129,7 +130,7 @@ def test_budgets_are_matched_as_the_adapters_say(swept):
     prefix_bit = False
     records = [json.loads(p.read_text()) for p in (root / "results" / "tiny" / "cells").glob("*.json")]
     for rec in records:
-        if rec["kind"] == "population" and rec["method"] == "randopt":
+        if rec["kind"] == "population" and rec["label"] == "randopt":
             # the largest prefix of the shared population whose scoring FLOPs fit; the cell's FLOPs are that prefix's
             pop_dir = Path(rec["population_run"])
             rows = sorted((r for r in read_jsonl(pop_dir / "population.jsonl") if r.get("kind") == "specialist"), key=lambda r: r["index"])
@@ -150,6 +151,20 @@ def test_budgets_are_matched_as_the_adapters_say(swept):
     for pts in by.values():
         pts.sort()
         assert [u for _, u in pts] == sorted(u for _, u in pts)
+
+
+def test_raced_cells_race_more_specialists_within_the_same_budget(swept):
+    records = [json.loads(p.read_text()) for p in (swept["root"] / "results" / "tiny" / "cells").glob("*.json")]
+    full = {(r["setting"], r["budget"]): r for r in records if r["label"] == "randopt"}
+    raced = [r for r in records if r["label"] == "randopt-raced"]
+    assert len(raced) == 4
+    for rec in raced:
+        plain = full[(rec["setting"], rec["budget"])]
+        assert rec["flops"] <= rec["budget"], "a raced cell stays within its budget"
+        assert rec["race"]["tried"][0]["units"] == plain["units"], "it starts from what full scoring affords"
+        assert rec["units"] >= plain["units"] and rec["race"]["rule"] == "successive halving"
+        assert {r["name"] for r in rec["rows"]} == {"randopt-raced:randopt-top1", "randopt-raced:randopt-vote@2"}
+    assert any(r["units"] > full[(r["setting"], r["budget"])]["units"] for r in raced), "racing bought no extra specialist anywhere"
 
 
 def test_readme_section_cites_intervals(swept):
@@ -216,8 +231,8 @@ def test_report_only_runs_nothing_and_says_what_is_missing(swept, tiny_dir):
     with count_model_calls() as calls:
         summary = run_bench(load_config(BenchConfig, None, opts), "corp bench --report-only", compute=False)
     assert calls == {"generate": 0, "forward": 0} and summary["method_calls"] == 0
-    assert summary["not_run"] == 8  # randopt, corp-stage1, es, grpo x 2 settings at the new budget
-    assert "Incomplete: 8 of" in (swept["root"] / "results" / "tiny" / "table.md").read_text()
+    assert summary["not_run"] == 10  # randopt, randopt-raced, corp-stage1, es, grpo x 2 settings at the new budget
+    assert "Incomplete: 10 of" in (swept["root"] / "results" / "tiny" / "table.md").read_text()
 
 
 def test_fgrpo_joins_the_bench_through_its_adapter(tiny_dir, tmp_path):

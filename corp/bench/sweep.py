@@ -292,6 +292,8 @@ class Bench:
         n = prefix_that_fits(pop["costs"], cell.budget)
         if n < adapter.min_units:
             return self._empty(cell, f"budget buys {n} specialist(s); {cell.label} needs at least {adapter.min_units}")
+        if cell.opts.get("race", "off") != "off":
+            return self._raced_cell(cell, n)
         opts = {**cell.opts, "from_run": pop["run_dir"], adapter.unit: n}
         _clip(opts, adapter)
         run_dir = self._run_dir(cell, _hash({"cell": cell.run_key(), "units": n}))
@@ -300,6 +302,42 @@ class Bench:
         rec["population_run"] = pop["run_dir"]
         rec["population_seconds"] = sum(pop["seconds"][:n])
         rec["budget_reached"] = n < len(pop["costs"]) or sum(pop["costs"]) >= cell.budget
+        return rec
+
+    def _raced_cell(self, cell: Cell, n: int) -> dict:
+        """A population cell with racing on (`race: halving`): a raced specialist costs less, so at
+        budget B the method races its own population, as large as fits: starting from the n that
+        full scoring affords, the population grows by the budget's ratio to the FLOPs spent while
+        the raced run fits B (at most 4 tries, up to max_units). All tries share one run directory
+        per seed and variant, so chunks scored once are reused and a rerun at the chosen size
+        generates nothing; the record is the largest size that fit, with every size tried."""
+        adapter = cell.adapter
+        run_dir = self._run_dir(cell)
+        tried: list[dict] = []
+        best, wall = None, 0.0
+        while len(tried) < 4:
+            opts = {k: v for k, v in cell.opts.items() if k != "from_run"} | {adapter.unit: n}
+            _clip(opts, adapter)
+            report, dt = self._invoke(cell.method, {**opts, "run_dir": str(run_dir)})
+            wall += dt
+            flops = sum(get_path(report, p) for p in adapter.flops)
+            tried.append({"units": n, "flops": flops})
+            if flops > cell.budget:
+                break
+            best = (n, opts)
+            nxt = min(self.cfg.max_units, int(n * cell.budget / flops)) if flops > 0 else n + 1
+            if nxt <= n:
+                break
+            n = nxt
+        if best is None:
+            return self._empty(cell, f"racing {tried[0]['units']} specialists spent {tried[0]['flops']:.3g} FLOPs, over the budget")
+        n, opts = best
+        if tried[-1]["units"] != n:  # the run directory's report is the last try's: rebuild the chosen one (all cached)
+            report, dt = self._invoke(cell.method, {**opts, "run_dir": str(run_dir)})
+            wall += dt
+        rec = self._record(cell, report, run_dir, wall, units=n, chosen=opts)
+        rec["race"] = {"tried": tried, **((report.get("population") or {}).get("source") or {}).get("race", {})}
+        rec["budget_reached"] = True
         return rec
 
     # -- iterative cells: one training run per seed, grown until its ledger reaches the budget

@@ -85,7 +85,9 @@ def race_population(ctx: RunContext, specs: Sequence[tuple[int, float]], cache: 
     ids = ctx.example_ids("support")
     context = ctx.eval_context()
     full_keys = [eval_key(eval_identity(context, specialist_what(s, sg), ids)) for s, sg in specs]
-    done = {i: cache.get(k) for i, k in enumerate(full_keys) if k in cache}  # scored in full earlier (an unraced run here)
+    # scored in full earlier by an unraced run here; a row assembled by an earlier race is not:
+    # this race is run again from its cached chunks, so it ends as a fresh race would
+    done = {i: cache.get(k) for i, k in enumerate(full_keys) if k in cache and not cache.get(k).get("assembled_from")}
     parts: dict[int, list[dict]] = {i: [] for i in range(len(specs)) if i not in done}
     alive = sorted(parts)
     bounds = rungs(n, first, eta)
