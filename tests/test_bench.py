@@ -233,6 +233,11 @@ def test_report_only_runs_nothing_and_says_what_is_missing(swept, tiny_dir):
     assert calls == {"generate": 0, "forward": 0} and summary["method_calls"] == 0
     assert summary["not_run"] == 10  # randopt, randopt-raced, corp-stage1, es, grpo x 2 settings at the new budget
     assert "Incomplete: 10 of" in (swept["root"] / "results" / "tiny" / "table.md").read_text()
+    # one more seed, not run: a cell with fewer seeds than configured says so instead of "± 0.000"
+    run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"], seeds=[1, 2])), "corp bench --report-only", compute=False)
+    table = (swept["root"] / "results" / "tiny" / "table.md").read_text()
+    assert "(1 of 2 seeds)" in table and "± 0.000" not in table
+    run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"])), "corp bench --report-only", compute=False)  # as it was
 
 
 def test_fgrpo_joins_the_bench_through_its_adapter(tiny_dir, tmp_path):

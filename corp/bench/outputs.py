@@ -132,7 +132,9 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
                     flops = statistics.fmean([g["flops"] for g in got])
                     note = "" if not flops else f" ({flops:.2g} F)"
                     flags = "*" if any("abstained" in g["status"] for g in got) else ""
-                    cells.append(f"{m:.3f} ± {sd:.3f}{flags}{note}")
+                    # fewer seeds than configured (an unfinished bench): say how many, never a bare ± 0
+                    spread = f" ± {sd:.3f}" if len(got) == len(cfg.seeds) else f" ({len(got)} of {len(cfg.seeds)} seeds{'' if len(got) == 1 else f', sd {sd:.3f}'})"
+                    cells.append(f"{m:.3f}{spread}{flags}{note}")
                 if labelled == "" and not any(c != "—" for c in cells):
                     cells = [next((f"({r['status']})" for r in rows if r['method'] == name and r['task'] == task and r['setting'] == setting), "—")] + cells[1:]
                 lines.append(f"| {name} | {labelled} | {passes} | " + " | ".join(cells) + " |")
