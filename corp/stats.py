@@ -83,6 +83,42 @@ def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], level: float = 0
     return float(lo), float(hi)
 
 
+def clustered_bootstrap_ci(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequence[float]], level: float = 0.95,
+                           samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """Percentile interval of mean(a) - mean(b) over several seeds' runs on the same examples: each
+    resample draws seeds with replacement, then examples (jointly for a and b) within each drawn
+    seed. Pooling seed x example pairs as if independent would ignore that one seed's run moves all
+    of its examples together (a method that helps in one seed of three is not a sure gain)."""
+    diffs = [np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64) for a, b in zip(groups_a, groups_b, strict=True)]
+    if not diffs or any(d.size == 0 for d in diffs):
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    k = len(diffs)
+    picks = rng.integers(0, k, size=(samples, k))
+    means = np.zeros(samples)
+    for j in range(k):  # slot j of each resample: a drawn seed, with its own resample of that seed's examples
+        inner = np.stack([d[rng.integers(0, d.size, size=(samples, d.size))].mean(axis=1) for d in diffs])  # (k, samples)
+        means += inner[picks[:, j], np.arange(samples)]
+    means /= k
+    lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def compare_paired_seeds(name_a: str, groups_a: Sequence[Sequence[int | bool]], name_b: str, groups_b: Sequence[Sequence[int | bool]]) -> dict:
+    """`compare_paired` over several seeds (one list of per-example outcomes per seed, the same
+    examples in each): the difference of pooled accuracies, its seed-then-example bootstrap interval
+    (`clustered_bootstrap_ci`); McNemar's p is over the pooled pairs and so reads one seed as many."""
+    for a, b in zip(groups_a, groups_b, strict=True):
+        assert_same_examples(a, b, f"{name_a} vs {name_b}")
+    out = compare_paired(name_a, [x for g in groups_a for x in g], name_b, [x for g in groups_b for x in g])
+    if len(groups_a) > 1:
+        out["ci95"] = list(clustered_bootstrap_ci([[int(bool(x)) for x in g] for g in groups_a], [[int(bool(x)) for x in g] for g in groups_b]))
+        out["method"] = (f"bootstrap over seeds, then examples within each seed ({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, "
+                         "percentile 95%); exact two-sided McNemar on the pooled pairs")
+        out["seeds"] = len(groups_a)
+    return out
+
+
 def mcnemar_exact(a: Sequence[int | bool], b: Sequence[int | bool]) -> tuple[float, int, int]:
     """Exact two-sided McNemar test on paired 0/1 outcomes: (p, #a right and b wrong, #b right and a wrong)."""
     assert_same_examples(a, b)
@@ -115,5 +151,8 @@ def compare_paired(name_a: str, correct_a: Sequence[int | bool], name_b: str, co
 
 
 def comparison_line(c: dict) -> str:
+    if c.get("seeds", 1) > 1:  # McNemar on pooled pairs reads one seed's run as many independent ones: not printed
+        return (f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (paired 95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}, "
+                f"resampling {c['seeds']} seeds then examples; {c['a_only_correct']} vs {c['b_only_correct']} discordant; n = {c['n']})")
     return (f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (paired 95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}; "
             f"McNemar p = {c['mcnemar_p']:.3g}, {c['a_only_correct']} vs {c['b_only_correct']} discordant; n = {c['n']})")

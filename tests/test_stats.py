@@ -59,3 +59,20 @@ def test_zscore_is_zero_when_all_equal_and_used_by_es():
     assert np.array_equal(fitness(r, "zscore"), zscore(r))
     z = zscore(r)
     assert abs(z.mean()) < 1e-12 and abs(z.std() - 1) < 1e-12
+
+
+def test_interval_over_seeds_resamples_seeds_not_just_examples():
+    """Planted: a method that gains 40 points in one seed of three and nothing in the others. Pooling
+    the 3 x 200 pairs as independent gives an interval far from 0; resampling seeds first does not."""
+    from corp.stats import clustered_bootstrap_ci, compare_paired_seeds, paired_bootstrap_ci
+
+    base = [[i % 2 for i in range(200)] for _ in range(3)]
+    method = [[1] * 200, list(base[1]), list(base[2])]  # seed 0: +0.5 on half its examples; seeds 1, 2: identical
+    pooled = paired_bootstrap_ci([x for g in method for x in g], [x for g in base for x in g])
+    assert pooled[0] > 0.1, "the pooled interval claims a sure gain"
+    lo, hi = clustered_bootstrap_ci(method, base)
+    assert lo <= 0.0 < hi, (lo, hi)
+    c = compare_paired_seeds("m", method, "b", base)
+    assert c["ci95"] == [lo, hi] and c["seeds"] == 3 and abs(c["difference"] - 0.5 / 3) < 1e-12
+    one = compare_paired_seeds("m", method[:1], "b", base[:1])  # one seed: the plain paired bootstrap
+    assert one["ci95"] == list(paired_bootstrap_ci(method[0], base[0]))

@@ -2,8 +2,8 @@
 
 Statistics: per (task, setting, budget, row) the mean and sample standard deviation of test
 accuracy across seeds; each configured comparison pairs the two rows' per-example outcomes on the
-same test examples, seeds pooled (seed x example pairs), through `corp.stats.compare_paired`
-(paired bootstrap 95% interval and exact McNemar). A sentence that says one row beats another is
+same test examples in every seed (`corp.stats.compare_paired_seeds`: a paired bootstrap 95%
+interval that resamples seeds, then examples within each, and McNemar on the pooled pairs). A sentence that says one row beats another is
 written only when that interval excludes zero, and it cites the interval.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from corp.bench.config import BenchConfig
 from corp.runs import atomic_write_text, read_json, write_json
-from corp.stats import compare_paired, comparison_line
+from corp.stats import compare_paired_seeds, comparison_line
 
 CSV_COLUMNS = ["task", "method", "setting", "budget", "seed", "accuracy", "passes_per_example", "labelled_examples", "test_tokens",
                "test_flops", "flops", "wall_seconds", "units", "status", "hyperparameters"]
@@ -80,9 +80,8 @@ def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
                     for s in seeds:  # the same test examples, in the same order, or no comparison
                         if sa[s]["ids"] != sb[s]["ids"]:
                             raise ValueError(f"{a} and {b} (seed {s}) were evaluated on different test examples")
-                    ca = [c for s in seeds for c in sa[s]["correct"]]
-                    cb = [c for s in seeds for c in sb[s]["correct"]]
-                    c = compare_paired(a, ca, b, cb)
+                    # seeds are clusters: the interval resamples seeds, then examples within each
+                    c = compare_paired_seeds(a, [sa[s]["correct"] for s in seeds], b, [sb[s]["correct"] for s in seeds])
                     c.update(task=task, setting=setting, budget=budget, seeds=seeds)
                     out.append(c)
     return out
@@ -142,7 +141,7 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
     lines.append("`*`: CoRP abstained (its gate kept the base) in at least one seed. `(x F)`: mean FLOPs the cell actually used.")
     lines.append("")
     if comps:
-        lines += ["## Paired comparisons (same test examples, seeds pooled)", ""]
+        lines += ["## Paired comparisons (same test examples; intervals resample seeds, then examples within each seed)", ""]
         for c in comps:
             lines.append(f"- {c['task']}, {c['setting']}, budget {_budget_text(c['budget'])}: {comparison_line(c)}")
         lines.append("")
