@@ -115,7 +115,7 @@ def compare_paired_seeds(name_a: str, groups_a: Sequence[Sequence[int | bool]], 
         out["ci95"] = list(clustered_bootstrap_ci([[int(bool(x)) for x in g] for g in groups_a], [[int(bool(x)) for x in g] for g in groups_b]))
         out["method"] = (f"bootstrap over seeds, then examples within each seed ({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, "
                          "percentile 95%); exact two-sided McNemar on the pooled pairs")
-        out["seeds"] = len(groups_a)
+        out["n_seeds"] = len(groups_a)
     return out
 
 
@@ -151,8 +151,8 @@ def compare_paired(name_a: str, correct_a: Sequence[int | bool], name_b: str, co
 
 
 def comparison_line(c: dict) -> str:
-    if c.get("seeds", 1) > 1:  # McNemar on pooled pairs reads one seed's run as many independent ones: not printed
+    if c.get("n_seeds", 1) > 1:  # McNemar on pooled pairs reads one seed's run as many independent ones: not printed
         return (f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (paired 95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}, "
-                f"resampling {c['seeds']} seeds then examples; {c['a_only_correct']} vs {c['b_only_correct']} discordant; n = {c['n']})")
+                f"resampling {c['n_seeds']} seeds then examples; {c['a_only_correct']} vs {c['b_only_correct']} discordant; n = {c['n']})")
     return (f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (paired 95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}; "
             f"McNemar p = {c['mcnemar_p']:.3g}, {c['a_only_correct']} vs {c['b_only_correct']} discordant; n = {c['n']})")

@@ -73,6 +73,6 @@ def test_interval_over_seeds_resamples_seeds_not_just_examples():
     lo, hi = clustered_bootstrap_ci(method, base)
     assert lo <= 0.0 < hi, (lo, hi)
     c = compare_paired_seeds("m", method, "b", base)
-    assert c["ci95"] == [lo, hi] and c["seeds"] == 3 and abs(c["difference"] - 0.5 / 3) < 1e-12
+    assert c["ci95"] == [lo, hi] and c["n_seeds"] == 3 and abs(c["difference"] - 0.5 / 3) < 1e-12
     one = compare_paired_seeds("m", method[:1], "b", base[:1])  # one seed: the plain paired bootstrap
     assert one["ci95"] == list(paired_bootstrap_ci(method[0], base[0]))
