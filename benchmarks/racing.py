@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--quantiles", default="0.5,0.9", help="CoRP elite quantiles to compare (0.5 is corp's default)")
     ap.add_argument("--race-first", type=int, default=8)
     ap.add_argument("--race-eta", type=int, default=2)
+    ap.add_argument("--race-for", default="randopt,corp", help="which methods' needs to race for (randopt: its top K; corp: its elites and top K)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--work", default="runs/bench-racing")
@@ -73,7 +74,7 @@ def main() -> None:
 
     race = dict(race="halving", race_first=args.race_first, race_eta=args.race_eta)
     full_rows, full_res, full_s, full_pop, ids = population(cfg("full"), "randopt")
-    runs = {"randopt": population(cfg("raced-randopt", **race), "randopt"), "corp": population(cfg("raced-corp", **race), "corp")}
+    runs = {name: population(cfg(f"raced-{name}", **race), name) for name in args.race_for.split(",")}
     kmax = max(int(k) for k in args.top_k.split(","))
     top_full = [r["index"] for r in full_rows[:kmax]]
     report = {"command": "python benchmarks/racing.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),

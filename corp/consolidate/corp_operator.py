@@ -218,14 +218,15 @@ def reward_scale(rewards: Sequence[float]) -> np.ndarray:
 
 def merge_and_search(rewards: Sequence[float], perts: Sequence[Direction], params: Sequence[tuple[str, torch.Size]], score: ScoreFn, cfg: OperatorConfig, probe: str,
                      centre: Direction | None = None, progress: bool = True, project: Callable[[Direction], Direction] | None = None, gram_cache=None,
-                     scheme: str = SCHEME_VERSION, perturber: Perturber | None = None) -> tuple[list[Stage1], dict[str, list[Candidate]], np.ndarray]:
+                     scheme: str = SCHEME_VERSION, perturber: Perturber | None = None, release: bool = True) -> tuple[list[Stage1], dict[str, list[Candidate]], np.ndarray]:
     """Stage-1 weights for every (q, beta), the probe score of centre + alpha * m for every
     configured rule's m, and the Gram matrix of the perturbations that was used (exact where computed).
 
     With the backend's `perturber`, the merged directions are built in groups that fit
     cfg.merge_memory_gb (one fp32 model copy each), each group in one pass over the elites' noise,
     and freed after their alphas. Low-rank projection (`project`) materialises m itself, so then
-    nothing is kept."""
+    nothing is kept. `release=False`: the last group stays built (the caller gates some of them
+    next and frees them with perturber.release_merged)."""
     r = reward_scale(rewards)
     widest = sorted(set().union(*(elite_set(r, q) for q in cfg.quantiles)))
     Gp_exact, Gp_approx = perturbation_grams(perts, params, widest if cfg.compat == "exact" else None, cfg.gram_memory_gb, progress, gram_cache, scheme)
@@ -245,7 +246,7 @@ def merge_and_search(rewards: Sequence[float], perts: Sequence[Direction], param
         keep_together(keep, [st.direction(perts, rule) for st, rule in todo[g : g + group]])
         for st, rule in todo[g : g + group]:
             cands[rule] += search_step(st, perts, cfg.alphas, counted, probe, rule, centre, project)
-        if keep is not None:
+        if keep is not None and (release or g + group < len(todo)):
             keep.release_merged()
     bar.close()
     return stages, cands, Gp_exact if Gp_exact is not None else Gp_approx
@@ -264,12 +265,15 @@ def consolidate_stage1(rewards: Sequence[float], seeds: Sequence[int], sigmas: S
     probe and the gate judge what is deployed.
     """
     perts = [Direction.single(s, sg) for s, sg in zip(seeds, sigmas)]
-    stages, cands, Gp = merge_and_search(rewards, perts, params, score, cfg, probe, None, progress, project, gram_cache, scheme, perturber)
+    stages, cands, Gp = merge_and_search(rewards, perts, params, score, cfg, probe, None, progress, project, gram_cache, scheme, perturber, release=False)
     bests = {rule: max(cs, key=lambda c: c.probe_score) for rule, cs in cands.items()}  # max keeps the first among ties
     deployed = cfg.merge_rules[0]
     best = bests[deployed]
+    if perturber is not None:  # the step search's last group is still built: keep what the gates apply, free the rest
+        wanted = [t for b in bests.values() for t in b.direction.components if isinstance(t, Merged)]
+        perturber.release_merged(keep=wanted if project is None and perturber.n_selected * 4 * len(bests) <= cfg.merge_memory_gb * 2**30 else ())
     if project is None and perturber is not None and perturber.n_selected * 4 * len(bests) <= cfg.merge_memory_gb * 2**30:
-        keep_together(perturber, [b.direction for b in bests.values()])
+        keep_together(perturber, [b.direction for b in bests.values()])  # builds only those not kept
     gates = {rule: gate_on(score, b.direction, None, validation, cfg.gate_z) for rule, b in bests.items()}
     if perturber is not None:
         perturber.release_merged()

@@ -215,9 +215,12 @@ class Perturber:
             tensors[name] = self._add(direction, acc, name)
         self._prefix = (list(direction.components), tensors)
 
-    def release_merged(self) -> None:
-        """Free the kept M of merged terms (they are rebuilt, same bits, when applied again)."""
-        self._kept, self._pinned = {}, set()
+    def release_merged(self, keep: Iterable[Merged] = ()) -> None:
+        """Free the kept M of merged terms (they are rebuilt, same bits, when applied again), except
+        those of the terms in `keep`."""
+        stay = {t.components for t in keep}
+        self._kept = {c: m for c, m in self._kept.items() if c in stay}
+        self._pinned = {c for c in self._pinned if c in stay}
 
     @torch.no_grad()
     def keep_merged(self, terms: Iterable[Merged]) -> None:
