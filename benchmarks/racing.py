@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--quantiles", default="0.5,0.9", help="CoRP elite quantiles to compare (0.5 is corp's default)")
     ap.add_argument("--race-first", type=int, default=8)
     ap.add_argument("--race-eta", type=int, default=2)
+    ap.add_argument("--race-ties", default="keep", help="keep (ties with the last kept go on) or order (ties broken by population order)")
     ap.add_argument("--race-for", default="randopt,corp", help="which methods' needs to race for (randopt: its top K; corp: its elites and top K)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
@@ -72,7 +73,7 @@ def main() -> None:
     def cfg(name, **kw):
         return load_config(ConsolidateConfig, None, {**common, "run_dir": str(work / name), **kw})
 
-    race = dict(race="halving", race_first=args.race_first, race_eta=args.race_eta)
+    race = dict(race="halving", race_first=args.race_first, race_eta=args.race_eta, race_ties=args.race_ties)
     full_rows, full_res, full_s, full_pop, ids = population(cfg("full"), "randopt")
     runs = {name: population(cfg(f"raced-{name}", **race), name) for name in args.race_for.split(",")}
     kmax = max(int(k) for k in args.top_k.split(","))
@@ -80,7 +81,7 @@ def main() -> None:
     report = {"command": "python benchmarks/racing.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
               "full": {"population_flops": full_pop["flops"], "seconds": full_s}, "raced": {}}
     lines = [f"# Racing vs full evaluation: {args.model}, {args.task}, N = {args.population}, {args.n_support} support examples, {args.n_test} test examples", "",
-             f"Made by `{report['command']}`. Successive halving: first rung {args.race_first} examples, eta {args.race_eta}; every specialist a method "
+             f"Made by `{report['command']}`. Successive halving: first rung {args.race_first} examples, eta {args.race_eta}, ties {args.race_ties}; every specialist a method "
              "uses is scored on the whole support split (corp.evaluate.racing).", "",
              "| raced for | population FLOPs vs full | stopped / completed after race | top-K overlap | elite overlap (q) | test: raced vs full (paired 95% CI) |",
              "|---|---:|---:|---:|---|---|"]

@@ -139,6 +139,8 @@ class PopulationConfig(RunConfig):
     """Racing: support examples every specialist is scored on before the first cut."""
     race_eta: int = 2
     """Racing: each rung keeps 1/eta of the specialists still running and scores them on eta times as many examples."""
+    race_ties: str = "keep"
+    """Racing: at a cut, keep every specialist tied with the last one kept (keep), or break ties by population order (order: saves more on coarse rewards such as 1 of 8 right)."""
     race_keep: int = 0
     """Racing: specialists every rung keeps at least (0: what the method needs: RandOpt's largest top-K, CoRP's widest elite set)."""
 
@@ -170,6 +172,8 @@ class PopulationConfig(RunConfig):
         if self.race != "off":
             if self.from_run:
                 raise CorpError("--race scores a population, and --from-run takes one already scored; drop one of them")
+            if self.race_ties not in ("keep", "order"):
+                raise CorpError(f"unknown --race-ties '{self.race_ties}'; choose keep or order")
             if self.race_first < 1 or self.race_eta < 2 or self.race_keep < 0:
                 raise CorpError(f"racing needs --race-first >= 1, --race-eta >= 2 and --race-keep >= 0; got {self.race_first}, {self.race_eta}, {self.race_keep}")
         if self.from_run and not Path(self.from_run, "population.jsonl").exists():

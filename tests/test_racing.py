@@ -23,6 +23,9 @@ def test_rungs_and_survivors():
     assert racing.rungs(5, 8, 2) == [5]
     assert racing.survivors({0: 0.9, 1: 0.1, 2: 0.5, 3: 0.5}, keep=1, eta=2) == [0, 2, 3], "ties with the last kept are kept"
     assert racing.survivors({0: 0.9, 1: 0.1, 2: 0.2, 3: 0.3}, keep=3, eta=2) == [0, 2, 3], "never fewer than keep"
+    tied = {i: 0.125 for i in range(6)} | {6: 0.25, 7: 0.0}  # coarse rewards: most of the population tied
+    assert racing.survivors(tied, keep=1, eta=2) == [0, 1, 2, 3, 4, 5, 6], "ties kept: 7 of 8 go on"
+    assert racing.survivors(tied, keep=1, eta=2, ties="order") == [0, 1, 2, 6], "ties by population order: exactly half"
 
 
 def test_a_stopped_specialist_that_would_be_used_is_completed_first():
@@ -108,7 +111,8 @@ def test_analysis_refuses_a_raced_population(tmp_path):
 
 
 @pytest.mark.parametrize("bad, msg", [({"race": "bandit"}, "unknown --race"), ({"race": "halving", "race_eta": 1}, "race-eta"),
-                                      ({"race": "halving", "from_run": "x"}, "drop one")])
+                                      ({"race": "halving", "from_run": "x"}, "drop one"),
+                                      ({"race": "halving", "race_ties": "coin"}, "race-ties")])
 def test_bad_race_options_are_one_line(tmp_path, bad, msg):
     with pytest.raises(CorpError, match=msg):
         cfg(tmp_path, "bad", **bad)

@@ -46,11 +46,16 @@ def rungs(n: int, first: int, eta: int) -> list[int]:
     return out + [n]
 
 
-def survivors(means: dict[int, float], keep: int, eta: int) -> list[int]:
-    """Those still running after a rung: the best max(keep, ceil(len/eta)) by mean, every tie with the last kept."""
+def survivors(means: dict[int, float], keep: int, eta: int, ties: str = "keep") -> list[int]:
+    """Those still running after a rung: the best max(keep, ceil(len/eta)) by mean. `ties`: keep
+    (every tie with the last kept goes on too; on coarse rewards, e.g. 1 of 8 right, a tie can hold
+    most of the population) or order (exactly that many go on, ties broken by population order, as
+    RandOpt's ranking breaks them)."""
     if len(means) <= keep:
         return sorted(means)
     n_keep = max(keep, math.ceil(len(means) / eta))
+    if ties == "order":
+        return sorted(sorted(means, key=lambda i: (-means[i], i))[:n_keep])
     cut = sorted(means.values(), reverse=True)[n_keep - 1]
     return sorted(i for i, m in means.items() if m >= cut)
 
@@ -77,7 +82,7 @@ def _join(ctx: RunContext, parts: Sequence[dict], upto: int, kind: str, key_what
 
 
 def race_population(ctx: RunContext, specs: Sequence[tuple[int, float]], cache: EvalCache, keep: int, first: int, eta: int,
-                    score: Callable) -> tuple[list[dict], dict]:
+                    score: Callable, ties: str = "keep") -> tuple[list[dict], dict]:
     """Race `specs` (population order) on the support split. Returns one row per specialist (a full
     `specialist` row for survivors, a `raced` row for the stopped) and a summary for the report.
     `score(ctx, specs, split, cache, desc, indices)` is scorer.score_specialists (passed in, not imported: no cycle)."""
@@ -106,7 +111,7 @@ def race_population(ctx: RunContext, specs: Sequence[tuple[int, float]], cache: 
         means = {i: sum(sum(p["rewards"]) for p in parts[i]) / hi for i in alive}
         for i in list(done):  # specialists already scored in full compete with their mean on the same prefix
             means[i] = sum(done[i]["rewards"][:hi]) / hi
-        keep_now = set(survivors(means, keep, eta))
+        keep_now = set(survivors(means, keep, eta, ties))
         for i in alive:
             if i not in keep_now:
                 stopped[i] = _join(ctx, parts[i], hi, RACED, specialist_what(*specs[i]) + "|raced", i)
@@ -120,7 +125,7 @@ def race_population(ctx: RunContext, specs: Sequence[tuple[int, float]], cache: 
             rows.append(cache.put(stopped[i]))
         else:
             rows.append(cache.put(_join(ctx, parts[i], n, "specialist", specialist_what(*specs[i]), i)))
-    summary = {"rule": "successive halving", "first": first, "eta": eta, "keep": keep, "rungs": history,
+    summary = {"rule": "successive halving", "first": first, "eta": eta, "keep": keep, "ties": ties, "rungs": history,
                "stopped": len(stopped), "full": len(specs) - len(stopped)}
     return rows, summary
 

@@ -299,7 +299,8 @@ def ensure_population(ctx: RunContext, keep: int = 0, need: Callable[[list[dict]
         cache = EvalCache(ctx.run_dir / POPULATION_FILE)
         how = {"from": str(ctx.run_dir), "available": len(specs), "used": len(specs), "rule": "scored in this run", "seed": cfg.seed, "sigmas": list(cfg.sigmas)}
         if race == "halving":
-            rows, how["race"] = racing.race_population(ctx, specs, cache, max(keep, getattr(cfg, "race_keep", 0), 1), cfg.race_first, cfg.race_eta, score_specialists)
+            rows, how["race"] = racing.race_population(ctx, specs, cache, max(keep, getattr(cfg, "race_keep", 0), 1), cfg.race_first, cfg.race_eta, score_specialists,
+                                                          getattr(cfg, "race_ties", "keep"))
         else:
             scored = score_specialists(ctx, specs, "support", cache, desc="population", indices=range(len(specs)))
             rows = [scored[spec] for spec in specs]
