@@ -51,8 +51,10 @@ def model_shapes(model_name: str) -> tuple[str, list[tuple[str, tuple[int, ...]]
 def load_run_population(run_dir: Path) -> tuple[list[dict], dict, dict]:
     import yaml
 
+    from corp.evaluate.racing import is_raced
+
     every = read_jsonl(run_dir / "population.jsonl", key="key", repair=False)
-    if any(r.get("kind") == "raced" for r in every):
+    if is_raced(every):
         raise CorpError(f"'{run_dir}' holds a raced population (some specialists saw only part of the support split); "
                         "the split-half analysis needs every specialist scored on all of it: score a population without --race")
     rows = [r for r in every if r.get("split", "support") == "support" and r.get("seed") is not None and r.get("kind", "specialist") == "specialist"]
@@ -81,13 +83,14 @@ def run_analyze_rank(cfg) -> dict:
         # a population written before the scheme was recorded predates corp-noise-v2
         scheme = check_scheme(meta.get("noise_scheme", "corp-noise-v1"), f"'{run_dir}/population_meta.json'")
         return _analyze(cfg, run_dir, rows, model_name, pf, scheme, meta.get("model"))
+    from corp.evaluate.racing import is_raced
     from corp.evaluate.scorer import ensure_population, open_run
 
     if getattr(cfg, "race", "off") != "off":
         raise CorpError("analyze-rank needs every specialist scored on the whole support split; drop --race")
     with open_run(cfg, "analyze-rank", needs=("support",)) as ctx:
         rows = ensure_population(ctx)
-        if any(r.get("kind") == "raced" for r in rows):
+        if is_raced(rows):
             raise CorpError(f"--from-run '{cfg.from_run}' holds a raced population; the split-half analysis needs every specialist scored on the whole support split")
         ctx.release_backend()  # free the model: the analysis needs shapes only
         return _analyze(cfg, ctx.run_dir, rows, cfg.model, {"include": cfg.include, "exclude": cfg.exclude}, SCHEME_VERSION, None)

@@ -270,10 +270,11 @@ def consolidate_stage1(rewards: Sequence[float], seeds: Sequence[int], sigmas: S
     deployed = cfg.merge_rules[0]
     best = bests[deployed]
     if perturber is not None:  # the step search's last group is still built: keep what the gates apply, free the rest
+        fits = project is None and perturber.n_selected * 4 * len(bests) <= cfg.merge_memory_gb * 2**30
         wanted = [t for b in bests.values() for t in b.direction.components if isinstance(t, Merged)]
-        perturber.release_merged(keep=wanted if project is None and perturber.n_selected * 4 * len(bests) <= cfg.merge_memory_gb * 2**30 else ())
-    if project is None and perturber is not None and perturber.n_selected * 4 * len(bests) <= cfg.merge_memory_gb * 2**30:
-        keep_together(perturber, [b.direction for b in bests.values()])  # builds only those not kept
+        perturber.release_merged(keep=wanted if fits else ())
+        if fits:
+            keep_together(perturber, [b.direction for b in bests.values()])  # builds only those not kept
     gates = {rule: gate_on(score, b.direction, None, validation, cfg.gate_z) for rule, b in bests.items()}
     if perturber is not None:
         perturber.release_merged()

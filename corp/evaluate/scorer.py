@@ -252,7 +252,7 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
         compare_meta(found, expected, src, what)
         from corp.evaluate.racing import RACED, latest_rows
 
-        rows = latest_rows(r for r in unique_rows(rows).values() if r.get("kind") in ("specialist", RACED) and r.get("split") == "support")
+        rows = latest_rows(r for r in rows if r.get("kind") in ("specialist", RACED) and r.get("split") == "support")  # latest_rows drops duplicate keys
         rule = "first in population order (specialist index)"
     else:
         # a population written before rows were keyed by their examples: its meta names the support ids

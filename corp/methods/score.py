@@ -10,6 +10,7 @@ from corp.config import PopulationConfig
 
 
 def run_score(cfg: PopulationConfig, backend=None) -> dict:
+    from corp.evaluate.racing import RACED
     from corp.evaluate.scorer import ensure_population, open_run, rows_ledger
     from corp.runs import write_report
 
@@ -27,7 +28,7 @@ def run_score(cfg: PopulationConfig, backend=None) -> dict:
             "reward_median": rewards[len(rewards) // 2],
             "reward_worst": rewards[0],
             "source": getattr(ctx, "population_source", None),
-            "raced_out": sum(r.get("kind") == "raced" for r in ranked),
+            "raced_out": sum(r.get("kind") == RACED for r in ranked),
             "selection_ledger": rows_ledger(ctx, ranked).to_dict(),
         }
         return write_report(ctx.run_dir, "score", cfg.model, cfg.task, [], population=population)
