@@ -24,33 +24,18 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-
-def read_jsonl(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a torn last line of an interrupted run
-    return out
+from corp.runs import read_jsonl
 
 
 def own_rows(path: Path) -> list[dict]:
-    seen, rows = set(), []
-    for r in read_jsonl(path):
-        if r.get("key") in seen or r.get("shared_from"):
-            continue
-        seen.add(r.get("key"))
-        rows.append(r)
-    return rows
+    """The rows a run directory computed itself (a row copied from the shared cache counts where it was computed)."""
+    return [r for r in read_jsonl(path, key="key", repair=False, unique=True) if not r.get("shared_from")]
 
 
 def run_dir_stages(run_dir: Path) -> dict:
     # ES's specialists (population.jsonl, kind es-specialist) are scored inside its iterations: training
     rows = own_rows(run_dir / "evals.jsonl") + [r for r in own_rows(run_dir / "population.jsonl") if not str(r.get("kind", "")).startswith("es-")]
-    metrics = read_jsonl(run_dir / "metrics.jsonl")
+    metrics = read_jsonl(run_dir / "metrics.jsonl", repair=False)  # read-only: never cut another run's file
     training = sum(float(m.get("seconds", 0.0)) for m in {m.get("iteration", m.get("step")): m for m in metrics}.values())
     return {"generation": sum(float(r.get("seconds", 0.0)) for r in rows), "apply": sum(float(r.get("apply_seconds", 0.0)) for r in rows),
             "training": training}
