@@ -187,6 +187,12 @@ def test_readme_section_cites_intervals(swept):
     ({"methods": {"randopt": {"options": {"no_such_option": 1}}}}, "no-such-option"),
     # arith's support examples all use "+": one operator group for three clients (found by a real run)
     ({"methods": {"fgrpo": {"options": {"clients": 3, "split_by": "op"}}}}, "gets no support examples"),
+    # the hyperparameter search (corp.bench.search)
+    ({"hyperparameters": "search"}, "no method has a search space"),
+    ({"methods": {"es": {"search": {"alpha": [0.1, 0.2]}}}}, "has a search space but hyperparameters is 'defaults'"),
+    ({"hyperparameters": "search", "trials": 3, "methods": {"es": {"search": {"alpha": [0.1, 0.2]}}}}, "2 combination(s), fewer than trials = 3"),
+    ({"hyperparameters": "search", "trials": 1, "methods": {"es": {"options": {"alpha": 0.1}, "search": {"alpha": [0.1, 0.2]}}}}, "both fixed"),
+    ({"hyperparameters": "search", "trials": 1, "methods": {"es": {"search": {"no_such_option": [1, 2]}}}}, "no-such-option"),
 ])
 def test_bad_input_is_one_error_before_compute(over, message, tiny_dir, tmp_path):
     from corp.bench.sweep import run_bench
@@ -277,3 +283,114 @@ def test_fera_joins_the_bench_as_a_training_free_method(tiny_dir, tmp_path):
     with count_model_calls() as again:
         run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fera.yaml")
     assert sum(again.values()) == 0
+
+
+# ----------------------------------------------------------------------------- hyperparameter search
+
+
+def test_choose_takes_the_best_mean_validation_accuracy_and_the_earlier_of_ties():
+    from corp.bench.search import choose, grid, trial_options
+
+    def rec(*accs):
+        return {"rows": [{"accuracy": a} for a in accs]}
+
+    assert choose([rec(0.2, 0.4), rec(0.5, 0.0), rec(0.1, 0.7)]) == 2  # means 0.30, 0.25, 0.40
+    assert choose([rec(0.5), rec(0.5), rec(0.25)]) == 0
+    assert choose([{"rows": []}, rec(0.0)]) == 1 and choose([{"rows": []}]) is None
+    space = {"b": [1, 2, 3], "a": [0.1, 0.2]}
+    assert len(grid(space)) == 6 and grid(space)[0] == {"a": 0.1, "b": 1}
+    drawn = trial_options("es", "es", space, 4)
+    assert len({json.dumps(d, sort_keys=True) for d in drawn}) == 4 and drawn == trial_options("es", "es", space, 4)
+
+
+SEARCH = dict(hyperparameters="search", trials=2, budgets=[1e8], compare=[["es", "base"]],
+              methods={"self-consistency": {"options": {"k": [1, 2]}, "search": {"temperature": [0.5, 1.0]}},
+                       "randopt": {"options": {"top_k": [1]}},
+                       "es": {"options": {"population": 2, "sigma": 0.05}, "search": {"alpha": [0.01, 0.05, 0.5]}}})
+
+
+@pytest.fixture(scope="module")
+def searched(tiny_dir, tmp_path_factory):
+    from corp.bench.sweep import run_bench
+
+    root = tmp_path_factory.mktemp("search")
+    summary = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, root, **SEARCH)), "corp bench --config search.yaml")
+    with count_model_calls() as again:
+        resumed = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, root, **SEARCH)), "corp bench --config search.yaml")
+    return {"root": root, "summary": summary, "again": dict(again), "resumed": resumed}
+
+
+def _records(root: Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((root / "results" / "tiny" / "cells").glob("*.json"))]
+
+
+def test_search_trials_are_scored_on_validation_and_never_on_test(searched, tiny_dir):
+    from corp.evaluate.tasks import SplitSizes, get_task, make_splits
+
+    splits = make_splits(get_task("arith"), SplitSizes(4, 4, 4, 6), 0)
+    validation, test = [e.id for e in splits["validation"]], {e.id for e in splits["test"]}
+    trials = [r for r in _records(searched["root"]) if r["setting"] == "tune"]
+    assert sorted((r["label"], r["trial"]) for r in trials) == [("es", 0), ("es", 1), ("self-consistency", 0), ("self-consistency", 1)]
+    for rec in trials:
+        assert rec["example_ids"] == validation and not test & set(rec["example_ids"]), rec["label"]
+        assert rec["seed"] == 1 and rec["hyperparameters"]["report_on"] == "validation"
+        assert json.loads((Path(rec["run_dir"]) / "splits.json").read_text())["report_on"] == "validation"
+    rows = list(csv.DictReader(open(searched["root"] / "results" / "tiny" / "tuning.csv")))
+    assert len(rows) == 2 + 2 * 3 and all(r["validation_accuracy"] != "" for r in rows)  # ES 2 trials; SC 2 trials x (base, sc@1, sc@2)
+    assert "Hyperparameters: search" in (searched["root"] / "results" / "tiny" / "table.md").read_text()
+    assert searched["again"] == {"generate": 0, "forward": 0} and searched["resumed"]["method_calls"] == 0
+
+
+def test_every_seed_and_setting_uses_the_trial_best_on_validation(searched):
+    from corp.bench.search import choose
+
+    records = _records(searched["root"])
+    for label, option in (("es", "alpha"), ("self-consistency", "temperature")):
+        trials = sorted((r for r in records if r["setting"] == "tune" and r["label"] == label), key=lambda r: r["trial"])
+        best = trials[choose(trials)]["hyperparameters"][option]
+        finals = [r for r in records if r["setting"] != "tune" and r["label"] == label]
+        assert {r["setting"] for r in finals} == {"paper", "equal-data"}
+        for rec in finals:
+            assert rec["hyperparameters"][option] == best and "report_on" not in rec["hyperparameters"]
+            assert rec["tuning"]["chosen"] == {option: best} and rec["tuning"]["trials"] == 2
+            assert not set(rec["example_ids"]) & set(trials[0]["example_ids"]), "final cells report on test"
+    randopt = [r for r in records if r["label"] == "randopt"]
+    assert randopt and all("tuning" not in r for r in randopt) and not any(r["setting"] == "tune" for r in randopt)
+
+
+def test_the_choice_follows_the_validation_records(searched, tiny_dir):
+    """Planted: the losing ES trial's validation record is made the winner; the final ES cells then
+    resolve to the other alpha, whose cells have not run (report-only computes nothing)."""
+    from corp.bench.search import choose
+    from corp.bench.sweep import run_bench
+
+    cells = searched["root"] / "results" / "tiny" / "cells"
+    paths = sorted(p for p in cells.glob("*__tune__*") if json.loads(p.read_text())["label"] == "es")
+    trials = [(json.loads(p.read_text()), p) for p in paths]
+    trials.sort(key=lambda t: t[0]["trial"])
+    loser = 1 - choose([t[0] for t in trials])
+    saved = trials[loser][1].read_text()
+    rec = json.loads(saved)
+    for row in rec["rows"]:
+        row["accuracy"] = 2.0  # above any real accuracy
+    trials[loser][1].write_text(json.dumps(rec))
+    try:
+        with count_model_calls() as calls:
+            summary = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, searched["root"], **SEARCH)), "report", compute=False)
+        assert calls == {"generate": 0, "forward": 0}
+        assert summary["not_run"] == 2  # ES at 1e8 in paper and equal-data, now with the other alpha
+    finally:
+        trials[loser][1].write_text(saved)
+        run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, searched["root"], **SEARCH)), "report", compute=False)
+
+
+@pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).resolve().parents[1] / "configs").glob("bench-*.yaml")))
+def test_every_shipped_bench_config_loads_and_plans(path):
+    """The configs in configs/ (the GPU one is not run here) are valid: fields, methods, search spaces."""
+    from corp.bench.sweep import load_bench_config, plan
+
+    cfg = load_bench_config(path)
+    cells, missing = plan(cfg)
+    assert cells and all(c.method in cfg.methods for c in cells)
+    if cfg.hyperparameters == "search":
+        assert any(c.setting == "tune" for c in cells) and any(c.searched for c in cells)

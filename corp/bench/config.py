@@ -9,7 +9,7 @@ from corp import CorpError
 from corp.config import parse_list
 
 SETTINGS = ("paper", "equal-data")
-PROTOCOLS = ("defaults",)
+PROTOCOLS = ("defaults", "search")
 
 
 @dataclass
@@ -27,7 +27,11 @@ class BenchConfig:
     settings: list[str] = field(default_factory=lambda: list(SETTINGS))
     """Data settings: paper (each method its published splits) and/or equal-data (RandOpt, ES, GRPO also select/train on probe + validation)."""
     hyperparameters: str = "defaults"
-    """Hyperparameter protocol: defaults (each method's options as given here, the same for every seed and budget; nothing is chosen on test)."""
+    """Hyperparameter protocol: defaults (each method's options as given here, the same for every seed and budget) or search
+    (every method with a `search` space gets the same number of trials, `trials`, compared on the validation split; see corp.bench.search).
+    Neither looks at the test split."""
+    trials: int = 4
+    """Under `hyperparameters: search`: trials per method variant and budget, the same for every method that has a search space."""
     population: int = 64
     """Size of the shared scored population per seed and data setting; population methods use its largest prefix that fits each budget."""
     sigmas: list[float] = field(default_factory=lambda: [5e-4, 1e-3, 2e-3])
@@ -84,13 +88,15 @@ class BenchConfig:
             if s not in SETTINGS:
                 raise CorpError(f"bench config: unknown setting '{s}'; choose from {', '.join(SETTINGS)}")
         if self.hyperparameters not in PROTOCOLS:
-            raise CorpError(f"bench config: hyperparameter protocol '{self.hyperparameters}' is not built; use one of {', '.join(PROTOCOLS)} "
-                            "(a validation-split trial search is not implemented yet)")
+            raise CorpError(f"bench config: unknown hyperparameter protocol '{self.hyperparameters}'; use one of {', '.join(PROTOCOLS)}")
         if not isinstance(self.methods, dict) or not self.methods:
-            raise CorpError("bench config: 'methods' must map method names to {options, variants}")
+            raise CorpError("bench config: 'methods' must map method names to {options, variants, search}")
         for name, spec in self.methods.items():
-            if spec is not None and (not isinstance(spec, dict) or set(spec) - {"options", "variants"}):
-                raise CorpError(f"bench config: method '{name}' must be a mapping with 'options' and/or 'variants'")
+            if spec is not None and (not isinstance(spec, dict) or set(spec) - {"options", "variants", "search"}):
+                raise CorpError(f"bench config: method '{name}' must be a mapping with 'options', 'variants' and/or 'search'")
+        from corp.bench.search import check_search
+
+        check_search(self)
         for pair in self.compare:
             if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
                 raise CorpError(f"bench config: compare entries are pairs [a, b], got {pair!r}")

@@ -87,13 +87,35 @@ def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
     return out
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
+def write_csv(path: Path, rows: list[dict], columns: list[str] = CSV_COLUMNS) -> None:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
     w.writeheader()
     for r in rows:
-        w.writerow({k: ("" if r.get(k) is None else (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k])) for k in CSV_COLUMNS})
+        w.writerow({k: ("" if r.get(k) is None else (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k])) for k in columns})
     atomic_write_text(path, buf.getvalue())
+
+
+def protocol_sentence(cfg: BenchConfig) -> str:
+    if cfg.hyperparameters != "search":
+        return ("Hyperparameters: defaults (each method's options as given in the config, the same for every seed and budget, chosen "
+                "without the test split; recorded per row in results.csv).")
+    searched = [n for n, spec in cfg.methods.items() if (spec or {}).get("search")]
+    return (f"Hyperparameters: search. Each of {', '.join(searched)} got {cfg.trials} trials (grid points drawn by a fixed seed), run on "
+            f"seed {cfg.seeds[0]} in the paper setting and compared on the {cfg.n_validation}-example validation split, never on test; "
+            "the best trial's options (results.csv) were used for every seed and both settings, so these methods also used the validation "
+            "labels to choose them. Every trial is in tuning.csv. Other methods ran with the options given.")
+
+
+def tuning_rows(records: list[dict]) -> list[dict]:
+    """One row per hyperparameter trial: its options and validation accuracy per reported row."""
+    out = []
+    for rec in sorted(records, key=lambda r: (r["task"], r["label"], r["budget"] or 0.0, r.get("trial", 0))):
+        for row in flat_rows([rec]):
+            row["trial"] = rec.get("trial")
+            row["validation_accuracy"] = row.pop("accuracy")
+            out.append(row)
+    return out
 
 
 def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: list[dict], command: str) -> str:
@@ -106,8 +128,7 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
              "passes, come on top of its prefix, so each cell reports the FLOPs it actually used, here and in results.csv), and every "
              f"row states its labelled examples (paper: each method's own splits, CoRP support + probe + validation = "
              f"{cfg.n_support + cfg.n_probe + cfg.n_validation}, RandOpt/ES/GRPO support = {cfg.n_support}; equal-data: RandOpt/ES/GRPO "
-             f"also use probe + validation). Hyperparameters: {cfg.hyperparameters} (the options in the config, chosen without the test split; "
-             "recorded per row in results.csv).", ""]
+             f"also use probe + validation). {protocol_sentence(cfg)}", ""]
     for task in cfg.tasks:
         for setting in cfg.settings:
             names: list[str] = []
@@ -241,10 +262,15 @@ def _file(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
 
 
-def write_outputs(cfg: BenchConfig, records: list[dict], missing: list[dict], command: str, not_run: int = 0) -> dict:
+TUNING_COLUMNS = ["task", "method", "budget", "trial", "validation_accuracy", "flops", "units", "status", "hyperparameters"]
+
+
+def write_outputs(cfg: BenchConfig, records: list[dict], missing: list[dict], command: str, not_run: int = 0, tuning: list[dict] | None = None) -> dict:
     out = Path(cfg.results_dir) / cfg.name
     rows = flat_rows(records)
     write_csv(out / "results.csv", rows)
+    if tuning:
+        write_csv(out / "tuning.csv", tuning_rows(tuning), TUNING_COLUMNS)
     comps = comparisons(cfg, rows)
     text = table_md(cfg, rows, comps, missing, command)
     if not_run:

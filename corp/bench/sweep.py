@@ -16,10 +16,12 @@ split sizes, budgets below a method's minimum, the results directory), one error
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
 import re
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +32,7 @@ from corp import CorpError
 from corp.bench.adapters import FIXED, ITERATIVE, PLANNED, POPULATION, BenchAdapter, get_path
 from corp.bench.budget import min_budget, next_units, prefix_that_fits
 from corp.bench.config import BenchConfig
+from corp.bench.search import choose, trial_options
 from corp.config import load_config
 from corp.methods import REGISTRY, get_method
 from corp.runs import read_json, read_jsonl, write_json
@@ -48,6 +51,9 @@ class Cell:
     label: str  # variant label (the row name when the method reports one row)
     budget: float | None  # None: a fixed cell (serves every budget)
     opts: dict = field(default_factory=dict)
+    trial: int | None = None  # a hyperparameter trial (setting "tune"): its index among the method's trials
+    searched: tuple[str, ...] = ()  # options a search chooses (a final cell is resolved from its trials before it runs)
+    tuning: dict | None = None  # how the options were chosen (recorded with the cell)
 
     @property
     def adapter(self) -> BenchAdapter:
@@ -61,7 +67,8 @@ class Cell:
 
     def record_name(self) -> str:
         budget = "fixed" if self.budget is None else f"{self.budget:.3e}"
-        return f"{_slug(self.task)}__{self.setting}__s{self.seed}__{_slug(self.label)}__{budget}__{self.run_key()[:10]}.json"
+        trial = "" if self.trial is None else f"__t{self.trial}"
+        return f"{_slug(self.task)}__{self.setting}__s{self.seed}__{_slug(self.label)}{trial}__{budget}__{self.run_key()[:10]}.json"
 
 
 def _hash(obj) -> str:
@@ -99,7 +106,9 @@ def common_options(cfg: BenchConfig, task: str, seed: int) -> dict:
 
 
 def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
-    """Every cell of the sweep in run order, and the methods listed as missing (not built)."""
+    """Every cell of the sweep in run order, and the methods listed as missing (not built). Under
+    `hyperparameters: search` a task's trial cells (setting "tune") come before its other cells,
+    whose searched options are filled in from them when they run (`Bench.resolve`)."""
     cells: list[Cell] = []
     missing: list[dict] = []
     for name, spec in cfg.methods.items():
@@ -109,22 +118,34 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
         method = get_method(name)  # an unknown name is one error line
         if method.bench_adapter is None:  # registered, but it has not said how to run at a budget: listed, not skipped
             missing.append({"method": name, "reason": "registered, but its registry line names no bench adapter (corp.bench.adapters), so the bench cannot run it at a budget"})
+    runnable = {n: (s or {}) for n, s in cfg.methods.items() if n in REGISTRY and get_method(n).bench_adapter is not None}  # others: `missing`
+
+    def options(task: str, setting: str, seed: int, name: str, spec: dict, over: dict | None) -> dict:
+        adapter = get_method(name).bench_adapter
+        opts = {**common_options(cfg, task, seed), **split_sizes(cfg, setting, adapter), **adapter.defaults, **(spec.get("options") or {}), **(over or {})}
+        if adapter.kind == POPULATION:
+            opts["sigmas"] = cfg.sigmas
+        return opts
+
+    def budgets_of(name: str) -> list:
+        return [None] if get_method(name).bench_adapter.kind == FIXED else cfg.budgets
+
     for task in cfg.tasks:
+        if cfg.hyperparameters == "search":
+            for name, spec in runnable.items():
+                if not spec.get("search"):
+                    continue
+                for label, over in (spec.get("variants") or {name: {}}).items():
+                    for i, values in enumerate(trial_options(name, str(label), spec["search"], cfg.trials)):
+                        opts = {**options(task, "paper", cfg.seeds[0], name, spec, over), **values, "report_on": "validation"}
+                        cells.extend(Cell(task, "tune", cfg.seeds[0], name, str(label), b, dict(opts), trial=i) for b in budgets_of(name))
         for setting in cfg.settings:
             for seed in cfg.seeds:
-                for name, spec in cfg.methods.items():
-                    if name not in REGISTRY or get_method(name).bench_adapter is None:
-                        continue  # listed in `missing` above
-                    spec = spec or {}
-                    adapter = get_method(name).bench_adapter
-                    variants = spec.get("variants") or {name: {}}
-                    for label, over in variants.items():
-                        opts = {**common_options(cfg, task, seed), **split_sizes(cfg, setting, adapter), **adapter.defaults,
-                                **(spec.get("options") or {}), **(over or {})}
-                        if adapter.kind == POPULATION:
-                            opts["sigmas"] = cfg.sigmas
-                        budgets = [None] if adapter.kind == FIXED else cfg.budgets
-                        cells.extend(Cell(task, setting, seed, name, str(label), b, dict(opts)) for b in budgets)
+                for name, spec in runnable.items():
+                    searched = tuple(sorted(spec.get("search") or {})) if cfg.hyperparameters == "search" else ()
+                    for label, over in (spec.get("variants") or {name: {}}).items():
+                        opts = options(task, setting, seed, name, spec, over)
+                        cells.extend(Cell(task, setting, seed, name, str(label), b, dict(opts), searched=searched) for b in budgets_of(name))
     return cells, missing
 
 
@@ -344,8 +365,7 @@ class Bench:
     def _iterative(self, cell: Cell) -> dict:
         adapter = cell.adapter
         run_dir = self._run_dir(cell)
-        earlier = [self.load_record(Cell(cell.task, cell.setting, cell.seed, cell.method, cell.label, b, cell.opts))
-                   for b in self.cfg.budgets if b < cell.budget]
+        earlier = [self.load_record(dataclasses.replace(cell, budget=b)) for b in self.cfg.budgets if b < cell.budget]
         earlier = [r for r in earlier if r and r.get("units")]
         units = max([r["units"] for r in earlier], default=adapter.min_units)
         spent = sum(r.get("wall_seconds_increment", 0.0) for r in earlier)
@@ -367,8 +387,32 @@ class Bench:
         return {**self._head(cell), "status": "below-minimum", "reason": why, "rows": [], "flops": 0.0, "units": 0, "wall_seconds": 0.0}
 
     def _head(self, cell: Cell) -> dict:
-        return {"format": RECORD_FORMAT, "task": cell.task, "setting": cell.setting, "seed": cell.seed, "method": cell.method, "label": cell.label,
+        head = {"format": RECORD_FORMAT, "task": cell.task, "setting": cell.setting, "seed": cell.seed, "method": cell.method, "label": cell.label,
                 "budget": cell.budget, "kind": cell.adapter.kind}
+        if cell.trial is not None:
+            head["trial"] = cell.trial
+        if cell.tuning is not None:
+            head["tuning"] = cell.tuning
+        return head
+
+    # -- hyperparameter search: a final cell takes the options of its best trial
+    def resolve(self, cell: Cell, cells: list[Cell]) -> Cell | None:
+        """`cell` with its searched options set to the best trial's (corp.bench.search.choose, on
+        the validation split); the cell itself when nothing is searched; None while a trial has no record."""
+        if not cell.searched:
+            return cell
+        trials = sorted((c for c in cells if c.setting == "tune" and (c.task, c.method, c.label, c.budget) == (cell.task, cell.method, cell.label, cell.budget)),
+                        key=lambda c: c.trial)
+        records = [self.load_record(c) for c in trials]
+        if not trials or any(r is None for r in records):
+            return None
+        best = choose(records)
+        pick = trials[0] if best is None else trials[best]  # no trial fit the budget: the final cell says so too
+        values = {k: pick.opts[k] for k in cell.searched}
+        scores = [statistics.fmean([r["accuracy"] for r in rec["rows"]]) if rec["rows"] else None for rec in records]
+        tuning = {"trials": len(trials), "chosen_trial": best, "chosen": values, "validation_accuracy": scores,
+                  "tuned_on": {"seed": pick.seed, "setting": "paper", "split": "validation", "examples": self.cfg.n_validation}}
+        return dataclasses.replace(cell, opts={**cell.opts, **values}, tuning=tuning)
 
     def _record(self, cell: Cell, report: dict, run_dir: Path, wall: float, units: int | None, chosen: dict | None = None) -> dict:
         adapter = cell.adapter
@@ -390,6 +434,20 @@ class Bench:
                 "hyperparameters": chosen, "run_dir": str(run_dir), **extra}
 
 
+def _with_every_trial(cells: list[Cell]) -> list[Cell]:
+    """The cells to check before compute: a cell whose options a search chooses is checked with
+    every trial's values (whichever wins must be valid in every setting and at every budget)."""
+    out = []
+    for c in cells:
+        if not c.searched:
+            out.append(c)
+            continue
+        for t in cells:
+            if t.setting == "tune" and (t.task, t.method, t.label, t.budget) == (c.task, c.method, c.label, c.budget):
+                out.append(dataclasses.replace(c, opts={**c.opts, **{k: t.opts[k] for k in c.searched}}, searched=()))
+    return out
+
+
 def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = True, compute: bool = True, only_task: str | None = None) -> dict:
     """Plan, check, run every cell (skipping finished ones), write the outputs; returns a summary.
     `compute=False`: write the outputs from the cells finished so far, running nothing (the table
@@ -400,19 +458,25 @@ def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = 
     cells, missing = plan(cfg)
     if only_task is not None and only_task not in cfg.tasks:
         raise CorpError(f"--task {only_task!r} is not a task of {cfg.name}; its tasks: {', '.join(cfg.tasks)}")
-    preflight(cfg, cells, load_model=load_model and compute)
+    preflight(cfg, _with_every_trial(cells), load_model=load_model and compute)
     bench = Bench(cfg)
     records = []
-    done_before = sum(bench.record_path(c).exists() for c in cells)
+    done_before = sum(1 for c in cells if (r := bench.resolve(c, cells)) is not None and bench.record_path(r).exists())
     bar = tqdm(cells, desc=f"bench {cfg.name}", unit="cell", initial=0, dynamic_ncols=True, disable=_progress_disabled() or not compute)
-    for cell in bar:
-        bar.set_postfix_str(f"{cell.task} {cell.setting} s{cell.seed} {cell.label} {'' if cell.budget is None else f'{cell.budget:.2g}'}")
+    for planned in bar:
+        bar.set_postfix_str(f"{planned.task} {planned.setting} s{planned.seed} {planned.label} {'' if planned.budget is None else f'{planned.budget:.2g}'}")
+        cell = bench.resolve(planned, cells)  # None: its trials have not all run (another task's process, --report-only)
+        if cell is None:
+            continue
         rec = bench.run_cell(cell) if compute and only_task in (None, cell.task) else bench.load_record(cell)
         if rec is not None:
             records.append(rec)
     bar.close()
-    summary = write_outputs(cfg, records, missing, command, not_run=len(cells) - len(records))
-    summary.update(cells=len(cells), reused=done_before, method_calls=bench.calls, not_run=len(cells) - len(records))
+    tuning = [r for r in records if r["setting"] == "tune"]
+    records = [r for r in records if r["setting"] != "tune"]
+    n_final = sum(c.setting != "tune" for c in cells)
+    summary = write_outputs(cfg, records, missing, command, not_run=n_final - len(records), tuning=tuning)
+    summary.update(cells=len(cells), reused=done_before, method_calls=bench.calls, not_run=len(cells) - len(records) - len(tuning))
     return summary
 
 

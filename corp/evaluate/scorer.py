@@ -120,6 +120,10 @@ def setup_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs
     reward_fn = resolve_reward(cfg.reward)
     sizes = SplitSizes(cfg.n_support, cfg.n_probe, cfg.n_validation, cfg.n_test)
     splits = make_splits(task, sizes, cfg.split_seed)
+    if cfg.report_on == "validation":
+        # a hyperparameter trial: every row a method reports on "test" is computed on validation
+        # instead, and the test examples are not evaluated at all
+        splits["test"] = list(splits["validation"])
     for split in needs:
         if not splits[split]:
             raise CorpError(f"the {split} split is empty but {method} needs it; set --n-{split} >= 1")
@@ -145,7 +149,7 @@ def setup_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs
     if os.environ.get("CORP_NO_PROGRESS") != "1":
         tqdm.write(f"run directory: {run_dir}", file=sys.stderr)
     write_yaml(run_dir / "config.yaml", {"method": method, **config_to_dict(cfg)})
-    write_json(run_dir / "splits.json", {"split_seed": cfg.split_seed, **{s: [e.id for e in splits[s]] for s in SPLITS}})
+    write_json(run_dir / "splits.json", {"split_seed": cfg.split_seed, "report_on": cfg.report_on, **{s: [e.id for e in splits[s]] for s in SPLITS}})
     write_status(run_dir, "running", method=method)
     return RunContext(cfg, method, task, splits, run_dir, reward_fn, backend, created=created, lock=lock, definition=defines)
 

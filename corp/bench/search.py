@@ -1,0 +1,80 @@
+"""The bench's hyperparameter search (`hyperparameters: search`): the same number of trials for every
+method, compared on the validation split, never on test.
+
+Protocol (the issue's "each method gets the same number of trials, chosen on the validation split"):
+- a method names a grid in its config entry, `search: {option: [values, ...]}`; its trials are
+  `trials` distinct points of that grid, drawn by a fixed seed (the whole grid is never tried when
+  it is larger, so a method with a bigger grid gets no more chances than one with a smaller one;
+  a grid smaller than `trials` is refused, so no method gets fewer);
+- every trial is a bench cell of its own (setting "tune"), run on the first seed with the paper
+  data setting and `report_on: validation`: the rows it reports are computed on the validation
+  split, and the test split is not evaluated at all;
+- per (task, method variant, budget) the trial with the best validation accuracy (the mean over
+  the method's rows, e.g. RandOpt's top-1 and K-vote; ties go to the earlier trial) is chosen, and
+  its options are used for every seed and both data settings;
+- a method without a search space runs with its options as given (the results say 0 trials).
+
+In the equal-data setting the validation examples are also training data of RandOpt, ES and GRPO;
+the choice made in the paper setting, where they are not, is reused there.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+from corp import CorpError
+
+
+def grid(space: dict) -> list[dict]:
+    """Every combination of a search space {option: [values]}, options in sorted order."""
+    keys = sorted(space)
+    return [dict(zip(keys, values)) for values in itertools.product(*(space[k] for k in keys))]
+
+
+def trial_options(method: str, label: str, space: dict, trials: int) -> list[dict]:
+    """`trials` distinct grid points, drawn by a seed fixed by the method and variant (the same on
+    every task and in every rerun)."""
+    points = grid(space)
+    return random.Random(f"corp-bench-trials|{method}|{label}").sample(points, trials)
+
+
+def check_search(cfg) -> None:
+    """One error line for a search space the protocol cannot use (before any compute)."""
+    spaces = {name: (spec or {}).get("search") for name, spec in cfg.methods.items()}
+    spaces = {n: s for n, s in spaces.items() if s is not None}
+    if cfg.hyperparameters != "search":
+        if spaces:
+            raise CorpError(f"bench config: method '{next(iter(spaces))}' has a search space but hyperparameters is "
+                            f"'{cfg.hyperparameters}'; set hyperparameters: search, or remove the search space")
+        return
+    if cfg.trials < 1:
+        raise CorpError(f"bench config: trials must be >= 1, got {cfg.trials}")
+    if not spaces:
+        raise CorpError("bench config: hyperparameters: search, but no method has a search space (search: {option: [values]})")
+    for name, space in spaces.items():
+        if not isinstance(space, dict) or not space or any(not isinstance(v, list) or not v for v in space.values()):
+            raise CorpError(f"bench config: method '{name}': search must map each option to a non-empty list of values")
+        spec = cfg.methods[name] or {}
+        fixed = set((spec.get("options") or {})) | {k for over in (spec.get("variants") or {}).values() for k in (over or {})}
+        both = sorted(fixed & set(space))
+        if both:
+            raise CorpError(f"bench config: method '{name}': option '{both[0]}' is both fixed (options/variants) and searched; remove one")
+        n = len(grid(space))
+        if n < cfg.trials:
+            raise CorpError(f"bench config: method '{name}': its search space has {n} combination(s), fewer than trials = {cfg.trials}; "
+                            "add values or lower trials (every method gets the same number)")
+
+
+def choose(records: list[dict]) -> int | None:
+    """Index of the best trial by mean validation accuracy over its rows (ties: the earlier trial);
+    None when no trial produced a row (every one was below the budget's minimum)."""
+    best, best_score = None, None
+    for i, rec in enumerate(records):
+        accs = [r["accuracy"] for r in rec.get("rows", []) if r.get("accuracy") is not None]
+        if not accs:
+            continue
+        score = sum(accs) / len(accs)
+        if best_score is None or score > best_score:
+            best, best_score = i, score
+    return best
