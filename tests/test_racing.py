@@ -91,6 +91,28 @@ def test_race_scores_what_randopt_uses_in_full_with_the_rows_of_an_unraced_run(t
     assert ctx.population_source["race"]["stopped"] == sum(r["kind"] == racing.RACED for r in ranked) + ctx.population_source.get("completed_after_race", 0)
 
 
+def test_the_replay_benchmark_races_as_a_real_run_does(tmp_path):
+    """benchmarks/racing_replay.py answers a race from a full run's rows instead of generating; on
+    the same population it must make the real race's decisions: the same rungs, the same
+    specialists stopped, the same examples scored, the same top K."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("racing_replay", Path(__file__).resolve().parents[1] / "benchmarks" / "racing_replay.py")
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    full_ctx = setup_run(cfg(tmp_path, "full"), "randopt", fresh_backend())
+    ensure_population(full_ctx)
+    full_ctx.close()
+    ctx = setup_run(cfg(tmp_path, "raced", race="halving", race_first=2, race_eta=2), "randopt", fresh_backend())
+    ranked = ensure_population(ctx, keep=2, need=lambda rows: range(2))
+    ctx.close()
+    got = replay.replay(tmp_path / "full", first=2, eta=2, ties="keep", top_k=2, quantiles=[0.5], who="randopt")
+    assert got["rungs"] == ctx.population_source["race"]["rungs"] and got["stopped"] == ctx.population_source["race"]["stopped"]
+    assert got["examples"] == sum(r["n_examples"] for r in ranked) < 8 * 8
+    assert got["identical"] == ([r["index"] for r in ranked[:2]] == got["full_top"])
+
+
 def test_randopt_and_score_with_racing_through_the_registry(tmp_path):
     from corp.baselines.randopt import run_randopt
     from corp.methods.score import run_score
