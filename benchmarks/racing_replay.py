@@ -12,7 +12,10 @@ from the stored full rows instead of generating it. It reports, per population a
   - whether RandOpt's top-K and CoRP's elite sets (positions a method uses, after the completion
     rule) are the specialists full evaluation chooses, with the same rewards.
 Where the choice is identical, the method's result is identical (it is deterministic given them),
-so no test accuracy needs recomputing; where it is not, the script says so.
+so no test accuracy needs recomputing. Where RandOpt's top-1 differs, `--test-rows` (JSONL files of
+greedy test rows, e.g. a bench's shared evaluation caches) supplies both specialists' test outcomes
+when they were evaluated there, and the script reports raced minus full top-1 test accuracy with
+corp's paired bootstrap interval; otherwise it says the test comparison is not available.
 Check of the replay against a real raced run: `results/racing` (arith, N = 32, 32 support
 examples, first rung 8) measured 0.98 of full FLOPs with the rungs 32 / 31 / 31 scored; replaying
 its full run (`--runs runs/bench-racing/full --first 8 --race-for randopt --top-k 1,4`) must give
@@ -38,6 +41,7 @@ from corp.consolidate.corp_operator import reward_scale
 from corp.evaluate import racing
 from corp.evaluate.context import EvalCache, RunContext, specialist_what
 from corp.runs import read_json, read_jsonl
+from corp.stats import compare_paired
 
 
 def full_rows(run_dir: Path) -> list[dict]:
@@ -98,7 +102,26 @@ def used(rows: list[dict], top_k: int, quantiles: list[float], who: str) -> set[
     return out
 
 
-def replay(run_dir: Path, first: int, eta: int, ties: str, top_k: int, quantiles: list[float], who: str) -> dict:
+def test_rows(pattern: str | None) -> dict[tuple, dict]:
+    """(seed, sigma, ids_hash) -> a greedy test row, from JSONL files of evaluation rows."""
+    out = {}
+    for path in [p for g in pattern.split(",") for p in sorted(glob.glob(g))] if pattern else []:
+        for r in read_jsonl(Path(path)):
+            if r.get("split") == "test" and r.get("seed") is not None and float(r.get("temperature", 0.0)) == 0.0:
+                out[(r["seed"], r["sigma"])] = out.get((r["seed"], r["sigma"])) or r
+    return out
+
+
+def top1_on_test(raced_top: dict, full_top: dict, tests: dict) -> dict | None:
+    """Raced minus full top-1 test accuracy with its paired interval, when both were evaluated on the same test examples."""
+    a, b = tests.get((raced_top["seed"], raced_top["sigma"])), tests.get((full_top["seed"], full_top["sigma"]))
+    if a is None or b is None or a.get("ids_hash") != b.get("ids_hash"):
+        return None
+    c = compare_paired("raced top-1", a["correct"], "full top-1", b["correct"])
+    return {"raced": c["accuracy_a"], "full": c["accuracy_b"], "difference": c["difference"], "ci95": c["ci95"], "n": c["n"]}
+
+
+def replay(run_dir: Path, first: int, eta: int, ties: str, top_k: int, quantiles: list[float], who: str, tests: dict | None = None) -> dict:
     rows = full_rows(run_dir)
     specs = [(r["seed"], r["sigma"]) for r in sorted(rows, key=lambda r: r["index"])]
     n_pop, n = len(specs), len(rows[0]["rewards"])
@@ -121,33 +144,46 @@ def replay(run_dir: Path, first: int, eta: int, ties: str, top_k: int, quantiles
     mine, theirs = used(ranked, top_k, quantiles, who), used(full, top_k, quantiles, who)
     same_rewards = all(abs(r["reward"] - next(f for f in full if f["index"] == r["index"])["reward"]) < 1e-12 for r in ranked if r["index"] in mine)
     tops_same = [r["index"] for r in ranked[:top_k]] == [r["index"] for r in full[:top_k]]
+    top1_same = ranked[0]["index"] == full[0]["index"]
     return {"run": run_dir.name, "population": n_pop, "support": n, "first": first, "eta": eta, "ties": ties, "for": who, "keep": keep,
             "examples": score.examples, "fraction": score.examples / (n_pop * n), "rungs": summary["rungs"], "stopped": summary["stopped"],
             "completed_after_race": before - sum(r.get("kind") == racing.RACED for r in ranked),
             "used_overlap": len(mine & theirs) / len(theirs), "top_k_same_order": tops_same, "identical": mine == theirs and same_rewards and tops_same,
+            "top1_same": top1_same, "top1_test": None if top1_same else top1_on_test(ranked[0], full[0], tests or {}),
             "full_top": [r["index"] for r in full[:top_k]], "full_mean_reward": statistics.fmean(r["reward"] for r in full)}
+
+
+def _top1_text(r: dict) -> str:
+    if r["top1_same"]:
+        return "same top-1"
+    t = r["top1_test"]
+    if t is None:
+        return "other top-1; not evaluated on test"
+    return f"{t['raced']:.3f} - {t['full']:.3f} = {t['difference']:+.3f} (95% CI {t['ci95'][0]:+.3f} to {t['ci95'][1]:+.3f}, n = {t['n']})"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", required=True, help="glob of population run directories scored in full")
+    ap.add_argument("--runs", required=True, help="globs (comma-separated) of population run directories scored in full")
     ap.add_argument("--first", default="8,16", help="first-rung sizes to try")
     ap.add_argument("--eta", type=int, default=2)
     ap.add_argument("--ties", default="keep")
     ap.add_argument("--top-k", type=int, default=3, help="RandOpt's largest K (the race keeps at least K)")
     ap.add_argument("--quantiles", default="0.5", help="CoRP's elite quantiles")
     ap.add_argument("--race-for", default="randopt,corp")
+    ap.add_argument("--test-rows", default=None, help="glob of JSONL files with greedy test rows (e.g. a bench's *shared_evals.jsonl)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     quantiles = [float(q) for q in args.quantiles.split(",")]
+    tests = test_rows(args.test_rows)
     results = []
-    for path in sorted(glob.glob(args.runs)):
+    for path in [p for pattern in args.runs.split(",") for p in sorted(glob.glob(pattern))]:
         run_dir = Path(path)
         if not (run_dir / "population.jsonl").exists():
             continue
         for who in args.race_for.split(","):
             for first in (int(f) for f in args.first.split(",")):
-                res = replay(run_dir, first, args.eta, args.ties, args.top_k, quantiles, who)
+                res = replay(run_dir, first, args.eta, args.ties, args.top_k, quantiles, who, tests)
                 results.append(res)
                 print(f"{res['run'][:60]:60s} N={res['population']:3d} n={res['support']:3d} {who:7s} first={first:3d}: "
                       f"{res['fraction']:.2f} of full, rungs {[h['scored'] for h in res['rungs']]}, completed {res['completed_after_race']}, "
@@ -155,7 +191,18 @@ def main() -> None:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "replay.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        name = f"replay-ties-{args.ties}"
+        (out / f"{name}.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        lines = [f"Made by `python benchmarks/racing_replay.py --runs '{args.runs}' --first {args.first} --eta {args.eta} --ties {args.ties} "
+                 f"--top-k {args.top_k} --quantiles {args.quantiles} --race-for {args.race_for}"
+                 + (f" --test-rows '{args.test_rows}'" if args.test_rows else "") + f" --out {args.out}`.", "",
+                 "| population | N | support | raced for | first rung | share of full evaluations | scored per rung | completed | used overlap | same choice | top-1 on test: raced - full |",
+                 "|---|---:|---:|---|---:|---:|---|---:|---:|---|---|"]
+        for r in results:
+            task, _, rest = r["run"].partition("__population__")
+            lines.append(f"| {task[:18] + ' ' + rest if rest else task} | {r['population']} | {r['support']} | {r['for']} | {r['first']} | {r['fraction']:.2f} | "
+                         f"{'/'.join(str(h['scored']) for h in r['rungs'])} | {r['completed_after_race']} | {r['used_overlap']:.2f} | {'yes' if r['identical'] else 'no'} | {_top1_text(r)} |")
+        (out / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
