@@ -394,3 +394,19 @@ def test_every_shipped_bench_config_loads_and_plans(path):
     assert cells and all(c.method in cfg.methods for c in cells)
     if cfg.hyperparameters == "search":
         assert any(c.setting == "tune" for c in cells) and any(c.searched for c in cells)
+
+
+def test_a_clipped_top_k_keeps_its_row_names(tmp_path):
+    """Planted (found in the CPU bench's equal-data setting): a budget that buys 2 specialists clips
+    RandOpt's top_k [1, 3] to [1], so its report has one row; it must stay "randopt-top1" (the
+    table's row for that method), not take the cell's label "randopt". CoRP's single row still
+    takes its variant's label."""
+    from corp.bench.sweep import Bench, Cell
+
+    cfg = load_config(BenchConfig, None, {"methods": {"randopt": None}, "results_dir": str(tmp_path)})
+    row = {"accuracy": 0.5, "passes_per_example": 1, "labelled_examples": 4, "ledger": {"prompt_tokens": 1, "generated_tokens": 1, "flops": 2.0}}
+    bench = Bench(cfg)
+    rec = bench._record(Cell("arith", "paper", 0, "randopt", "randopt", 1e9, {"top_k": [1, 3]}), {"rows": [{**row, "method": "randopt-top1"}]}, tmp_path, 1.0, 2)
+    assert [r["name"] for r in rec["rows"]] == ["randopt-top1"]
+    rec = bench._record(Cell("arith", "paper", 0, "consolidate", "corp-stage1", 1e9, {"top_k": [1]}), {"rows": [{**row, "method": "corp"}]}, tmp_path, 1.0, 2)
+    assert [r["name"] for r in rec["rows"]] == ["corp-stage1"]

@@ -188,12 +188,18 @@ def _validate_options(cell: Cell, splits: dict | None = None) -> None:
         raise CorpError(f"bench config: method '{cell.method}' (variant '{cell.label}'): {exc}") from None
 
 
+def _values(value) -> list:
+    """A list option's values, given as a list or as a comma-separated string (None: none)."""
+    if value is None:
+        return []
+    return list(value) if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v.strip()]
+
+
 def _clip(opts: dict, adapter: BenchAdapter) -> None:
     units = int(opts[adapter.unit])
     for key in adapter.clip:
         if key in opts and opts[key] is not None:
-            values = opts[key] if isinstance(opts[key], (list, tuple)) else [int(v) for v in str(opts[key]).split(",") if v.strip()]
-            opts[key] = [int(v) for v in values if int(v) <= units] or [1]
+            opts[key] = [int(v) for v in _values(opts[key]) if int(v) <= units] or [1]
 
 
 def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> dict:
@@ -419,9 +425,13 @@ class Bench:
         pattern = re.compile(adapter.rows)
         mine = [r for r in report.get("rows", []) if pattern.fullmatch(r["method"].split(" ")[0])]
         outcomes = read_json(run_dir / report["test_outcomes"]) if report.get("test_outcomes") else {"example_ids": None, "outcomes": {}}
+        # a method with one row of its own (ES, a CoRP or GRPO variant) names it by the cell's label; one
+        # whose rows come from a list option (RandOpt's top_k) keeps their names even when a small
+        # budget clips that list to one value, so "randopt-top1" stays "randopt-top1"
+        listed = any(len(_values(cell.opts.get(k))) > 1 for k in adapter.clip)
         rows = []
         for r in mine:
-            name = cell.label if len(mine) == 1 else (r["method"] if cell.label == cell.method else f"{cell.label}:{r['method']}")
+            name = cell.label if len(mine) == 1 and not listed else (r["method"] if cell.label == cell.method else f"{cell.label}:{r['method']}")
             rows.append({"name": name, "report_row": r["method"], "accuracy": r["accuracy"], "passes_per_example": r["passes_per_example"],
                          "labelled_examples": r["labelled_examples"], "test_tokens": r["ledger"]["prompt_tokens"] + r["ledger"]["generated_tokens"],
                          "test_flops": r["ledger"]["flops"], "correct": outcomes["outcomes"].get(r["method"])})
