@@ -243,6 +243,9 @@ def test_report_only_runs_nothing_and_says_what_is_missing(swept, tiny_dir):
     run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"], seeds=[1, 2])), "corp bench --report-only", compute=False)
     table = (swept["root"] / "results" / "tiny" / "table.md").read_text()
     assert "(1 of 2 seeds)" in table and "± 0.000" not in table
+    # a compare pair that names no row is said in the table, not dropped silently
+    run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"], compare=[["corp-stage1", "randopt-vote@9"]])), "corp bench --report-only", compute=False)
+    assert "no pair of rows to compare: corp-stage1 vs randopt-vote@9" in (swept["root"] / "results" / "tiny" / "table.md").read_text()
     run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"])), "corp bench --report-only", compute=False)  # as it was
 
 

@@ -166,6 +166,10 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
         for c in comps:
             lines.append(f"- {c['task']}, {c['setting']}, budget {_budget_text(c['budget'])}: {comparison_line(c)}")
         lines.append("")
+    unmatched = [f"{a} vs {b}" for a, b in cfg.compare if not any((c["a"], c["b"]) == (a, b) for c in comps)]
+    if unmatched:  # a pair naming a row no cell reports (a typo, or a top_k clipped to one row) is said, not dropped
+        names = sorted({r["method"] for r in rows})
+        lines += ["Configured comparisons with no pair of rows to compare: " + "; ".join(unmatched) + f" (rows: {', '.join(names)}).", ""]
     if missing:
         lines += ["## Missing methods (not built, so not run)", ""] + [f"- {m['method']}: {m['reason']}" for m in missing] + [""]
     return "\n".join(lines)
