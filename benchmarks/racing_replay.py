@@ -29,15 +29,13 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import math
 import re
 import statistics
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from corp.consolidate.algebra import elite_set
-from corp.consolidate.corp_operator import reward_scale
+from corp.consolidate.run import _race_keep, _used_rows
 from corp.evaluate import racing
 from corp.evaluate.context import EvalCache, RunContext, specialist_what
 from corp.runs import read_json, read_jsonl
@@ -93,13 +91,16 @@ def _context(run_dir: Path, rows: list[dict]) -> RunContext:
 
 
 def used(rows: list[dict], top_k: int, quantiles: list[float], who: str) -> set[int]:
-    """Specialist indices a method uses from a ranking: RandOpt its top K; CoRP also every elite set."""
-    out = {r["index"] for r in rows[:top_k]}
-    if who == "corp":
-        scaled = reward_scale([r["reward"] for r in rows])
-        for q in quantiles:
-            out |= {rows[j]["index"] for j in elite_set(scaled, q)}
-    return out
+    """Specialist indices a method uses from a ranking: RandOpt its top K; CoRP also every elite set
+    (corp.consolidate.run._used_rows, which the real race's completion rule reads)."""
+    if who == "randopt":
+        return {r["index"] for r in rows[:top_k]}
+    return {rows[j]["index"] for j in _used_rows(_corp(top_k, quantiles, len(rows)), rows)}
+
+
+def _corp(top_k: int, quantiles: list[float], n: int) -> SimpleNamespace:
+    """The fields of a ConsolidateConfig that _used_rows and _race_keep read."""
+    return SimpleNamespace(top_k=[top_k], quantiles=quantiles, population=n)
 
 
 def test_rows(pattern: str | None) -> dict[tuple, dict]:
@@ -125,7 +126,7 @@ def replay(run_dir: Path, first: int, eta: int, ties: str, top_k: int, quantiles
     rows = full_rows(run_dir)
     specs = [(r["seed"], r["sigma"]) for r in sorted(rows, key=lambda r: r["index"])]
     n_pop, n = len(specs), len(rows[0]["rewards"])
-    keep = top_k if who == "randopt" else max(top_k, math.ceil((1.0 - min(quantiles)) * n_pop) + 1)  # corp.consolidate.run._race_keep
+    keep = top_k if who == "randopt" else _race_keep(_corp(top_k, quantiles, n_pop))
     ctx = _context(run_dir, rows)
     score = _Replay(rows)
     with tempfile.TemporaryDirectory() as tmp:

@@ -66,15 +66,20 @@ def check_search(cfg) -> None:
                             "add values or lower trials (every method gets the same number)")
 
 
+def trial_score(record: dict) -> float | None:
+    """A trial's validation accuracy: the mean over its rows (None: it produced no row)."""
+    accs = [r["accuracy"] for r in record.get("rows", []) if r.get("accuracy") is not None]
+    return sum(accs) / len(accs) if accs else None
+
+
 def choose(records: list[dict]) -> int | None:
-    """Index of the best trial by mean validation accuracy over its rows (ties: the earlier trial);
-    None when no trial produced a row (every one was below the budget's minimum)."""
+    """Index of the best trial by `trial_score` (ties: the earlier trial); None when no trial
+    produced a row (every one was below the budget's minimum)."""
     best, best_score = None, None
     for i, rec in enumerate(records):
-        accs = [r["accuracy"] for r in rec.get("rows", []) if r.get("accuracy") is not None]
-        if not accs:
+        score = trial_score(rec)
+        if score is None:
             continue
-        score = sum(accs) / len(accs)
         if best_score is None or score > best_score:
             best, best_score = i, score
     return best

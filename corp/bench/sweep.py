@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import re
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +31,7 @@ from corp import CorpError
 from corp.bench.adapters import FIXED, ITERATIVE, PLANNED, POPULATION, BenchAdapter, get_path
 from corp.bench.budget import min_budget, next_units, prefix_that_fits
 from corp.bench.config import BenchConfig
-from corp.bench.search import choose, trial_options
+from corp.bench.search import choose, trial_options, trial_score
 from corp.config import load_config
 from corp.methods import REGISTRY, get_method
 from corp.runs import read_json, read_jsonl, write_json
@@ -407,15 +406,14 @@ class Bench:
         the validation split); the cell itself when nothing is searched; None while a trial has no record."""
         if not cell.searched:
             return cell
-        trials = sorted((c for c in cells if c.setting == "tune" and (c.task, c.method, c.label, c.budget) == (cell.task, cell.method, cell.label, cell.budget)),
-                        key=lambda c: c.trial)
+        trials = _trials_of(cell, cells)
         records = [self.load_record(c) for c in trials]
         if not trials or any(r is None for r in records):
             return None
         best = choose(records)
         pick = trials[0] if best is None else trials[best]  # no trial fit the budget: the final cell says so too
         values = {k: pick.opts[k] for k in cell.searched}
-        scores = [statistics.fmean([r["accuracy"] for r in rec["rows"]]) if rec["rows"] else None for rec in records]
+        scores = [trial_score(rec) for rec in records]
         tuning = {"trials": len(trials), "chosen_trial": best, "chosen": values, "validation_accuracy": scores,
                   "tuned_on": {"seed": pick.seed, "setting": "paper", "split": "validation", "examples": self.cfg.n_validation}}
         return dataclasses.replace(cell, opts={**cell.opts, **values}, tuning=tuning)
@@ -452,10 +450,14 @@ def _with_every_trial(cells: list[Cell]) -> list[Cell]:
         if not c.searched:
             out.append(c)
             continue
-        for t in cells:
-            if t.setting == "tune" and (t.task, t.method, t.label, t.budget) == (c.task, c.method, c.label, c.budget):
-                out.append(dataclasses.replace(c, opts={**c.opts, **{k: t.opts[k] for k in c.searched}}, searched=()))
+        out += [dataclasses.replace(c, opts={**c.opts, **{k: t.opts[k] for k in c.searched}}, searched=()) for t in _trials_of(c, cells)]
     return out
+
+
+def _trials_of(cell: Cell, cells: list[Cell]) -> list[Cell]:
+    """The hyperparameter trials (setting "tune") of a final cell's method variant and budget, in trial order."""
+    key = (cell.task, cell.method, cell.label, cell.budget)
+    return sorted((c for c in cells if c.setting == "tune" and (c.task, c.method, c.label, c.budget) == key), key=lambda c: c.trial)
 
 
 def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = True, compute: bool = True, only_task: str | None = None) -> dict:
