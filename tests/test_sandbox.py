@@ -15,6 +15,7 @@ import ctypes
 import json
 import os
 import resource
+import shutil
 import signal
 import socket
 import sys
@@ -456,24 +457,35 @@ def test_sandbox_hides_the_data_directory_the_repository_and_home():
     secret = [p for p in (DATA_DIR / "humaneval" / "HumanEval.jsonl", DATA_DIR) if p.exists()]
     secret += hidden_candidates(REPO) + hidden_candidates(Path.home())
     assert any(p.name == "README.md" for p in secret)
-    src = prog(
-        f"""
-        import os
-        for p in {[str(p) for p in secret]!r}:
-            if os.path.exists(p):
-                print('visible', p)
-        print('listing', sorted(os.listdir('/')))
-        """
-    )
-    if ROOT:
-        # the old sandbox as root showed the whole tree to the program's uid: the attack had worked
-        old_way = run_program(src, timeout=5, namespaces=False, allow_unisolated=True)
-        assert "visible" in old_way.stdout
-    r = run_program(src, timeout=5)
-    assert r.passed and "visible" not in r.stdout, r.stdout
-    listing = r.stdout.split("listing ", 1)[1]
-    for top in ("home", "srv", "mnt", "media", "opt", "var", "run", "boot"):
-        assert f"'{top}'" not in listing
+    # The control below needs a secret the program's uid can reach without namespaces: the
+    # repository may sit in a 0700 folder (a `mktemp -d` clone), which hides it from that uid
+    # anyway. A world-readable marker on the host's /tmp is one, and the sandbox must hide it too.
+    planted = Path(tempfile.mkdtemp(prefix="corp-secret-", dir="/tmp"))
+    planted.chmod(0o755)
+    (planted / "marker").write_text("secret\n")
+    (planted / "marker").chmod(0o644)
+    secret.append(planted / "marker")
+    try:
+        src = prog(
+            f"""
+            import os
+            for p in {[str(p) for p in secret]!r}:
+                if os.path.exists(p):
+                    print('visible', p)
+            print('listing', sorted(os.listdir('/')))
+            """
+        )
+        if ROOT:
+            # the old sandbox as root showed the whole tree to the program's uid: the attack had worked
+            old_way = run_program(src, timeout=5, namespaces=False, allow_unisolated=True)
+            assert f"visible {planted / 'marker'}" in old_way.stdout, old_way.stdout
+        r = run_program(src, timeout=5)
+        assert r.passed and "visible" not in r.stdout, r.stdout
+        listing = r.stdout.split("listing ", 1)[1]
+        for top in ("home", "srv", "mnt", "media", "opt", "var", "run", "boot"):
+            assert f"'{top}'" not in listing
+    finally:
+        shutil.rmtree(planted)
 
 
 # ---------------------------------------------------------------- as an ordinary user (CI runs as root)
