@@ -109,6 +109,20 @@ def test_gram_matrix_blockwise_equals_direct():
     assert np.allclose(gram_matrix(params, seeds, memory_gb=2 * 600 * 4 / 2**30, progress=False), direct), "row blocks of 2"
 
 
+def test_gram_matrix_has_the_same_bits_on_parallel_workers(monkeypatch):
+    # tensors are computed on workers, largest first, but must be added to G in parameter order:
+    # G has the bits of the plain loop whatever the number of workers (a recipe's weights come from it)
+    seeds = specialist_seeds(6, 7)
+    params = [("s", (3,)), ("a", (40, 30)), ("b", (9, 7)), ("c", (1000,)), ("d", (5, 5, 4))]
+    direct = torch.zeros((7, 7), dtype=torch.float64)
+    for n, s in params:
+        E = torch.stack([noise(x, n, s).flatten() for x in seeds]).double()
+        direct += E @ E.T
+    for workers in (1, 3):
+        monkeypatch.setattr("corp.perturb.direction.tensor_workers", lambda numel: workers)
+        assert np.array_equal(gram_matrix(params, seeds, progress=False), direct.numpy()), workers
+
+
 def test_stage2_rounds_are_gated_and_keep_the_stage1_result_unless_better(tiny_model):
     problem = PlantedProblem(tiny_model)
     problem.thresholds["support_select"] = problem.thresholds["support"][:20]

@@ -83,6 +83,26 @@ def test_apply_equals_formula_and_fast_path_matches_general(tiny_model):
     assert torch.equal(acc, param.detach())
 
 
+@pytest.mark.parametrize("workers", [1, 3])
+def test_apply_on_parallel_workers_gives_the_formula_bits_for_every_tensor(tiny_model, monkeypatch, workers):
+    # apply sets tensors on parallel workers, each with its own generator and noise buffer: every
+    # tensor must still get exactly add_to's bits, with a merged term, a prefix and plain components
+    import corp.perturb.direction as direction_module
+
+    monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: workers)
+    pert = Perturber(tiny_model)
+    w0 = {n: p.detach().clone() for n, p in pert.params}
+    centre = Direction([Component(1, 0.02, 0.7), Component(2, 0.01, -1.3)])
+    full = centre + Direction.merged([Component(4, 0.03, 0.5), Component(5, 0.01, 2.0)], 1.5) + Direction.single(6, 0.05)
+    for prefix in (None, centre):
+        pert.cache_prefix(prefix)
+        pert.apply(full)
+        for name, p in pert.params:
+            assert torch.equal(p.detach(), full.add_to(w0[name].clone(), name)), (prefix, name)
+    pert.restore()
+    assert all(torch.equal(p.detach(), w0[n]) for n, p in pert.params)
+
+
 def test_param_filter_selects_and_leaves_others_untouched(tiny_model):
     before = snapshot(tiny_model)
     pf = ParamFilter(include=r"mlp\.", exclude=r"down_proj")

@@ -126,7 +126,11 @@ def test_merged_term_arithmetic_json_and_kept_m():
     assert not all(torch.equal(p.detach(), w0[n]) for n, p in model.named_parameters())
 
 
-def test_keep_merged_builds_several_terms_in_one_pass_with_the_bits_of_materialise(monkeypatch):
+@pytest.mark.parametrize("workers", [1, 3])
+def test_keep_merged_builds_several_terms_in_one_pass_with_the_bits_of_materialise(monkeypatch, workers):
+    # workers: tensors built one after another, or on parallel threads (each with its own
+    # generator and buffers); either way every M must have the bits of materialise
+    monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: workers)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 4))
     k1, k2, k3 = Component(1, 0.01, 0.3), Component(2, 0.02, -0.7), Component(3, 0.01, 0.5)

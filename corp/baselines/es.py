@@ -42,6 +42,7 @@ from corp.evaluate.scorer import (
 from corp.consolidate.recipe import make_recipe, write_recipe
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.perturb import Component, Direction, ParamFilter
+from corp.perturb.direction import Scratch, ScratchPool, per_tensor
 from corp.perturb.noise import derive_seeds
 from corp.runs import ReportRow, append_jsonl, format_rows, read_json, read_jsonl, write_json, write_report
 from corp.stats import PerExample, zscore
@@ -120,14 +121,17 @@ class Centre:
     def __init__(self, perturber):
         self.perturber = perturber
         perturber.base = {n: b.to(torch.float32, copy=True) for n, b in perturber.base.items()}
-        self._gen = torch.Generator(device="cpu")
-        self._buf = torch.empty(max(b.numel() for b in perturber.base.values()), dtype=torch.float32)
+        self._scratch = ScratchPool()
 
     @torch.no_grad()
     def add(self, components: list[Component]) -> None:
-        d = Direction(list(components))
-        for name, base in self.perturber.base.items():
-            d.add_to(base, name, self._gen, self._buf)
+        d, base = Direction(list(components)), self.perturber.base
+
+        def one(name: str, shape: torch.Size, scratch: Scratch) -> None:
+            d.add_to(base[name], name, scratch.gen, scratch.buffer("noise", shape.numel()))
+
+        for _ in per_tensor(one, [(n, b.shape) for n, b in base.items()], self._scratch):
+            pass
 
 
 def es_definition(cfg: ESConfig, task, splits, max_new_tokens: int) -> dict:

@@ -20,14 +20,16 @@ import torch
 from tqdm.auto import tqdm
 
 from corp.perturb import SCHEME_VERSION, Component, Direction, noise
+from corp.perturb.direction import Scratch, per_tensor
 
 
 def gram_matrix(params: Sequence[tuple[str, torch.Size]], seeds: Sequence[int], memory_gb: float = 2.0, progress: bool = True, cache_dir=None, scheme: str = SCHEME_VERSION) -> np.ndarray:
     """G_ij = <eps(seed_i), eps(seed_j)> over all `params`, accumulated in fp64 (noise of `scheme`,
     the run's: a population scored under an older scheme keeps its meaning).
 
-    Noise is regenerated tensor by tensor; when a tensor's stacked noise for all seeds would exceed
-    the memory budget, seeds are processed in row blocks (regenerating a block once per pair).
+    Noise is regenerated tensor by tensor, tensors on parallel workers (`per_tensor`); when a
+    tensor's stacked noise for all seeds would exceed the memory budget (per worker), seeds are
+    processed in row blocks (regenerating a block once per pair).
     With `cache_dir`, the result is stored there keyed by (noise scheme, tensors, seeds), so a
     resumed run does not pay for it twice.
     """
@@ -43,32 +45,49 @@ def gram_matrix(params: Sequence[tuple[str, torch.Size]], seeds: Sequence[int], 
         return G
     k = len(seeds)
     G = torch.zeros((k, k), dtype=torch.float64)
-    gen = torch.Generator(device="cpu")
+    # The budget is per worker (each stacks its own tensor's noise) so that the row blocks, and
+    # with them the bits of G, do not depend on how many workers ran.
     budget = max(1, int(memory_gb * 2**30))
     chunk = 1 << 20  # elements per fp64 matmul chunk
 
-    def stack(idx: Sequence[int], name: str, shape) -> torch.Tensor:
+    def stack(idx: Sequence[int], name: str, shape, gen: torch.Generator) -> torch.Tensor:
         n = int(np.prod(shape))
         out = torch.empty((len(idx), n), dtype=torch.float32)
         for r, i in enumerate(idx):
             noise(seeds[i], name, shape, gen, out=out[r].view(shape), scheme=scheme)
         return out
 
-    bar = tqdm(params, desc="gram (exact compat)", unit="tensor", disable=not progress, dynamic_ncols=True)
-    for name, shape in bar:
+    def partial(name: str, shape, scratch: Scratch) -> tuple[str, torch.Tensor]:
+        """This tensor's part of G, on a worker (`scratch.gen` is its own generator)."""
+        gen = scratch.gen
         n = int(np.prod(shape))
+        part = torch.zeros((k, k), dtype=torch.float64)
         rows = max(1, min(k, budget // (4 * n)))
         blocks = [list(range(s, min(s + rows, k))) for s in range(0, k, rows)]
         for bi, I in enumerate(blocks):
-            SI = stack(I, name, shape)
+            SI = stack(I, name, shape, gen)
             for J in blocks[bi:]:
-                SJ = SI if J is I else stack(J, name, shape)
+                SJ = SI if J is I else stack(J, name, shape, gen)
                 acc = torch.zeros((len(I), len(J)), dtype=torch.float64)
                 for c in range(0, n, chunk):
                     acc += SI[:, c : c + chunk].double() @ SJ[:, c : c + chunk].double().T
-                G[np.ix_(I, J)] += acc
+                part[np.ix_(I, J)] = acc
                 if J is not I:
-                    G[np.ix_(J, I)] += acc.T
+                    part[np.ix_(J, I)] = acc.T
+        return name, part
+
+    # Tensors are computed on parallel workers (largest first) but added to G in `params` order,
+    # so G has the same bits whatever the number of workers.
+    position = {name: i for i, (name, _) in enumerate(params)}
+    waiting: dict[int, torch.Tensor] = {}
+    added = 0
+    bar = tqdm(total=len(params), desc="gram (exact compat)", unit="tensor", disable=not progress, dynamic_ncols=True)
+    for name, part in per_tensor(partial, [(name, torch.Size(shape)) for name, shape in params]):
+        waiting[position[name]] = part
+        while added in waiting:
+            G += waiting.pop(added)
+            added += 1
+        bar.update(1)
     bar.close()
     return G.numpy()
 

@@ -8,14 +8,21 @@ scaled once, so a step search can build M once and try many scales, and a recipe
 term rebuilds the same bits (`Perturber` keeps the M of the merged terms it applied last).
 `Perturber` keeps a pristine copy of the selected base tensors, so every apply starts from W0 (no
 drift across specialists) and `restore` is a copy, bit-exact, never a subtraction.
+Tensors are independent (each has its own noise stream), so per-tensor work runs on parallel
+workers (`per_tensor`), one per torch thread: torch draws one tensor's normals on one core, and
+drawing them is most of the cost of an apply or a build. The bits do not depend on the workers.
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import re
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import ClassVar, Iterable
+from typing import Callable, ClassVar, Iterable, Iterator, Sequence
 
 import torch
 
@@ -59,6 +66,76 @@ def _add_scaled(target: torch.Tensor, M: torch.Tensor, scale: float, buffer: tor
     could depend on the kernel), leaving M untouched."""
     tmp = buffer[: M.numel()].view(M.shape) if buffer is not None else torch.empty_like(M)
     return target.add_(torch.mul(M, scale, out=tmp))
+
+
+class Scratch:
+    """One worker's CPU generator and fp32 buffers, reused across tensors and calls: a fresh
+    buffer per tensor would page-fault more than the numbers cost to draw."""
+
+    def __init__(self) -> None:
+        self.gen = torch.Generator(device="cpu")
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    def buffer(self, slot: str, numel: int) -> torch.Tensor:
+        """A flat fp32 buffer of at least `numel` elements, one per slot ("noise", "tmp")."""
+        if slot not in self._bufs or self._bufs[slot].numel() < numel:
+            self._bufs[slot] = torch.empty(numel, dtype=torch.float32)
+        return self._bufs[slot]
+
+
+class ScratchPool:
+    """Scratch for concurrent workers: each task takes one no other task holds, and gives it back."""
+
+    def __init__(self) -> None:
+        self._free: list[Scratch] = []
+        self._lock = threading.Lock()
+
+    def take(self) -> Scratch:
+        with self._lock:
+            return self._free.pop() if self._free else Scratch()
+
+    def give(self, scratch: Scratch) -> None:
+        with self._lock:
+            self._free.append(scratch)
+
+
+def tensor_workers(numel: int) -> int:
+    """How many tensors are built at once, for `numel` elements in all: torch's thread count (the
+    cores corp was given), or 1 for small models, where starting threads costs more than it saves."""
+    return max(1, torch.get_num_threads()) if numel >= 1 << 20 else 1
+
+
+def per_tensor(fn: Callable, items: Sequence[tuple[str, torch.Size]], scratch: ScratchPool | None = None) -> Iterator:
+    """fn(name, shape, scratch) for every tensor, largest first, on `tensor_workers` threads
+    (torch releases the GIL in its kernels, and draws one tensor's normals on one core); yields
+    the results in that order. Each call holds a Scratch of its own (from `scratch`, else a
+    fresh one). Only for per-tensor work whose result does not depend on the thread it ran on or
+    on the order of the tensors."""
+    pool = scratch or ScratchPool()
+    order = sorted(items, key=lambda it: -it[1].numel())
+
+    def task(item):
+        own = pool.take()
+        try:
+            with torch.no_grad():  # grad mode is per thread: a worker starts with it on
+                return fn(item[0], item[1], own)
+        finally:
+            pool.give(own)
+
+    workers = min(tensor_workers(sum(shape.numel() for _, shape in order)), len(order))
+    if workers <= 1:
+        yield from map(task, order)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="corp-tensor") as executor:
+        # at most 2 tasks per worker ahead of the consumer: a caller that streams the results
+        # (a weights iterator) holds a few tensors at a time, not a copy of the model
+        todo = iter(order)
+        ahead = deque(executor.submit(task, item) for item in itertools.islice(todo, 2 * workers))
+        while ahead:
+            result = ahead.popleft().result()
+            for item in itertools.islice(todo, 1):
+                ahead.append(executor.submit(task, item))
+            yield result
 
 
 @dataclass
@@ -187,8 +264,8 @@ class Perturber:
         # The pristine copy lives on the host by default so that GPU memory holds one model.
         self.base = {n: p.detach().to(base_device, copy=True) for n, p in self.params}
         self.current: Direction | None = None
-        self._gen = torch.Generator(device="cpu")
-        self._noise_buf: torch.Tensor | None = None  # reused across tensors and specialists
+        self._scratch = ScratchPool()  # generators and noise buffers, one per worker, reused across specialists
+        self._widest = max(p.numel() for _, p in self.params)
         self._prefix: tuple[list[Component], dict[str, torch.Tensor]] | None = None
         # M of the merged terms applied last, per tensor (fp32, host): a step search applies the
         # same M at several scales, and building M regenerates the noise of every merged component.
@@ -208,12 +285,12 @@ class Perturber:
         if direction is None or not direction.components or not direction.prefixable:
             self._prefix = None  # only seed-component directions are cached as prefixes
             return
-        self._ensure_buf()
-        tensors = {}
-        for name, _ in self.params:
-            acc = self.base[name].to("cpu", torch.float32, copy=True)
-            tensors[name] = self._add(direction, acc, name)
-        self._prefix = (list(direction.components), tensors)
+        self._make_room(direction)
+
+        def build(name: str, shape: torch.Size, scratch: Scratch) -> tuple[str, torch.Tensor]:
+            return name, self._add(direction, self.base[name].to("cpu", torch.float32, copy=True), name, scratch)
+
+        self._prefix = (list(direction.components), dict(per_tensor(build, self._shapes(), self._scratch)))
 
     def release_merged(self, keep: Iterable[Merged] = ()) -> None:
         """Free the kept M of merged terms (they are rebuilt, same bits, when applied again), except
@@ -240,47 +317,59 @@ class Perturber:
         for t in terms:
             pos = [order[(c.seed, c.sigma)] for c in t.components]
             (shared if all(a < b for a, b in zip(pos, pos[1:])) else alone).append(t)
-        self._ensure_buf()
-        tmp = torch.empty_like(self._noise_buf)
         users: dict[tuple[int, float], list[tuple[int, float]]] = {}
         for j, t in enumerate(shared):
             for c in t.components:
                 if c.coef != 0.0:
                     users.setdefault((c.seed, c.sigma), []).append((j, c.coef * c.sigma))
+        sequence = sorted(users, key=order.__getitem__)  # the shared order: each term gets its components in its own order
         for t in shared + alone:
             self._kept[t.components] = {}
             self._pinned.add(t.components)
-        for name, param in self.params:
-            shape, n = param.shape, param.numel()
-            Ms = [torch.zeros(tuple(shape), dtype=torch.float32) for _ in shared]
-            for seed, sigma in sorted(users, key=order.__getitem__):  # the shared order: each term gets its components in its own order
-                uses = users[(seed, sigma)]
-                eps = noise(seed, name, shape, self._gen, out=self._noise_buf[:n].view(shape), scheme=self.scheme)
-                for j, f in uses:
-                    Ms[j].add_(torch.mul(eps, f, out=tmp[:n].view(shape)))
-            for t, M in zip(shared, Ms):
-                self._kept[t.components][name] = M
-            for t in alone:
-                self._kept[t.components][name] = materialise(t.components, name, shape, self._gen, self._noise_buf, self.scheme)
 
-    def _add(self, direction: Direction, target: torch.Tensor, name: str) -> torch.Tensor:
-        """direction.add_to(target, name) with the merged terms' M taken from (or kept in) _kept:
-        `materialise` builds M either way, so the bits are those of add_to."""
-        if not direction.prefixable or not any(isinstance(t, Merged) for t in direction.components):
-            return direction.add_to(target, name, self._gen, self._noise_buf, scheme=self.scheme)
+        def build(name: str, shape: torch.Size, scratch: Scratch) -> tuple[str, list[torch.Tensor], list[torch.Tensor]]:
+            # one tensor's M for every term, with this worker's own generator and buffers
+            n = shape.numel()
+            gen, buf, tmp = scratch.gen, scratch.buffer("noise", self._widest), scratch.buffer("tmp", self._widest)
+            Ms = [torch.zeros(tuple(shape), dtype=torch.float32) for _ in shared]
+            for seed, sigma in sequence:
+                eps = noise(seed, name, shape, gen, out=buf[:n].view(shape), scheme=self.scheme)
+                for j, f in users[(seed, sigma)]:
+                    Ms[j].add_(torch.mul(eps, f, out=tmp[:n].view(shape)))
+            return name, Ms, [materialise(t.components, name, shape, gen, buf, self.scheme) for t in alone]
+
+        # Tensors are independent (each has its own noise stream) and torch draws one tensor's
+        # normals on one core, which is most of the work: building tensors on parallel workers uses
+        # every core and gives the same bits (results/step-search).
+        for name, Ms, Ms_alone in per_tensor(build, self._shapes(), self._scratch):
+            for t, M in zip(shared + alone, Ms + Ms_alone):
+                self._kept[t.components][name] = M
+
+    def _make_room(self, direction: Direction) -> None:
+        """An entry in _kept for each merged term of `direction`, made before workers fill it."""
         for t in direction.components:
             if isinstance(t, Merged):
-                kept = self._kept.setdefault(t.components, {})
-                if name not in kept:
-                    kept[name] = materialise(t.components, name, target.shape, self._gen, self._noise_buf, self.scheme)
-                _add_scaled(target, kept[name], t.scale, self._noise_buf)
-            else:
-                Direction([t]).add_to(target, name, self._gen, self._noise_buf, scheme=self.scheme)
-        return target
+                self._kept.setdefault(t.components, {})
 
-    def _ensure_buf(self) -> None:
-        if self._noise_buf is None:
-            self._noise_buf = torch.empty(max(p.numel() for _, p in self.params), dtype=torch.float32)
+    def _shapes(self) -> list[tuple[str, torch.Size]]:
+        return [(n, p.shape) for n, p in self.params]
+
+    def _add(self, direction: Direction, target: torch.Tensor, name: str, scratch: Scratch) -> torch.Tensor:
+        """direction.add_to(target, name) with the merged terms' M taken from (or kept in) _kept:
+        `materialise` builds M either way, so the bits are those of add_to. Called on a worker:
+        `scratch` is its own."""
+        gen, buf = scratch.gen, scratch.buffer("noise", self._widest)
+        if not direction.prefixable or not any(isinstance(t, Merged) for t in direction.components):
+            return direction.add_to(target, name, gen, buf, scheme=self.scheme)
+        for t in direction.components:
+            if isinstance(t, Merged):
+                kept = self._kept[t.components]  # made by apply before its workers start
+                if name not in kept:
+                    kept[name] = materialise(t.components, name, target.shape, gen, buf, self.scheme)
+                _add_scaled(target, kept[name], t.scale, buf)
+            else:
+                Direction([t]).add_to(target, name, gen, buf, scheme=self.scheme)
+        return target
 
     @torch.no_grad()
     def apply(self, direction: Direction | None) -> None:
@@ -288,7 +377,6 @@ class Perturber:
         if direction is None or direction.is_zero():
             self.restore()
             return
-        self._ensure_buf()
         start, rest = self.base, direction
         if self._prefix is not None and direction.prefixable:
             comps, tensors = self._prefix
@@ -297,15 +385,23 @@ class Perturber:
         if direction.prefixable:  # keep only the M this direction uses: memory stays at its merged terms
             wanted = {t.components for t in rest.components if isinstance(t, Merged)}
             self._kept = {k: v for k, v in self._kept.items() if k in wanted or k in self._pinned}
-        for name, param in self.params:
-            base = start[name]
+            self._make_room(rest)
+        params = dict(self.params)
+
+        def set_one(name: str, shape: torch.Size, scratch: Scratch) -> None:
+            param, base = params[name], start[name]
             if param.dtype == torch.float32 and param.device.type == "cpu" and base.dtype == torch.float32:
                 param.copy_(base)  # accumulate straight into the parameter: no extra copy
-                self._add(rest, param.data, name)
+                self._add(rest, param.data, name, scratch)
             else:
                 acc = base.to("cpu", torch.float32, copy=True)
-                self._add(rest, acc, name)
+                self._add(rest, acc, name, scratch)
                 param.copy_(acc.to(param.device, param.dtype))
+
+        # Tensors are independent (each has its own noise stream), so workers set them in parallel
+        # with the same bits; torch draws one tensor's normals on one core.
+        for _ in per_tensor(set_one, self._shapes(), self._scratch):
+            pass
         self.current = direction
 
     @torch.no_grad()

@@ -39,6 +39,7 @@ from corp import CorpError
 from corp.evaluate.backends.base import Backend, Generations, cut_at_stop
 from corp.evaluate.backends.hf import format_prompt
 from corp.perturb import Direction, ParamFilter
+from corp.perturb.direction import Scratch, ScratchPool, per_tensor
 
 EXTENSION = "corp.evaluate.backends.vllm.CorpWorkerExtension"
 
@@ -67,18 +68,25 @@ class CorpWorkerExtension:
             raise CorpError(f"the checkpoint has no tensor(s) {missing[:3]} that the hf model names; cannot perturb them in vLLM")
         self._corp_base = {n: t.to(dtype) for n, t in tensors.items()}
         self._corp_selected = set(selected)
-        self._corp_gen = torch.Generator(device="cpu")
-        self._corp_buf = torch.empty(max(t.numel() for t in self._corp_base.values()), dtype=torch.float32)
+        self._corp_scratch = ScratchPool()
         return {"n_tensors": len(self._corp_base), "dtype": str(dtype)}
 
     def _corp_weights(self, direction: Direction | None):
-        for name, base in self._corp_base.items():
-            if direction is None or name not in self._corp_selected:
-                yield name, base
-            else:
-                acc = base.to(torch.float32, copy=True)
-                direction.add_to(acc, name, self._corp_gen, self._corp_buf)
-                yield name, acc.to(base.dtype)
+        """(name, tensor) of base + direction, largest tensors first, built on parallel workers
+        (`per_tensor`: the same bits as one after another)."""
+        if direction is None:
+            yield from self._corp_base.items()
+            return
+
+        def one(name: str, shape: torch.Size, scratch: Scratch) -> tuple[str, torch.Tensor]:
+            base = self._corp_base[name]
+            if name not in self._corp_selected:
+                return name, base
+            acc = base.to(torch.float32, copy=True)
+            direction.add_to(acc, name, scratch.gen, scratch.buffer("noise", shape.numel()))
+            return name, acc.to(base.dtype)
+
+        yield from per_tensor(one, [(n, t.shape) for n, t in self._corp_base.items()], self._corp_scratch)
 
     def corp_set_direction(self, components: list[dict] | None) -> float:
         """Engine weights := base + direction (None or []: the base). Returns seconds spent."""
