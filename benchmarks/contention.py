@@ -45,6 +45,9 @@ CONFIGS = {
     "new": ({"GOMP_SPINCOUNT": None, "OMP_WAIT_POLICY": None}, None),
     "passive-1t": ({"GOMP_SPINCOUNT": None, "OMP_WAIT_POLICY": "PASSIVE"}, 1),
     "spin-1t": ({"GOMP_SPINCOUNT": "300000", "OMP_WAIT_POLICY": None}, 1),
+    # short spins: a thread waits this many iterations at a barrier before it sleeps
+    "spin-10k": ({"GOMP_SPINCOUNT": "10000", "OMP_WAIT_POLICY": None}, "cores"),
+    "spin-1k": ({"GOMP_SPINCOUNT": "1000", "OMP_WAIT_POLICY": None}, "cores"),
 }
 # variables that would fix the child's threads or policy from the benchmark's own environment
 CLEARED = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "KMP_BLOCKTIME", "CORP_OMP_DEFAULTS")
