@@ -19,8 +19,7 @@ import hashlib
 import itertools
 import re
 import threading
-from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Callable, ClassVar, Iterable, Iterator, Sequence
 
@@ -108,7 +107,7 @@ def tensor_workers(numel: int) -> int:
 def per_tensor(fn: Callable, items: Sequence[tuple[str, torch.Size]], scratch: ScratchPool | None = None) -> Iterator:
     """fn(name, shape, scratch) for every tensor, largest first, on `tensor_workers` threads
     (torch releases the GIL in its kernels, and draws one tensor's normals on one core); yields
-    the results in that order. Each call holds a Scratch of its own (from `scratch`, else a
+    the results as they finish, in no fixed order. Each call holds a Scratch of its own (from `scratch`, else a
     fresh one). Only for per-tensor work whose result does not depend on the thread it ran on or
     on the order of the tensors."""
     pool = scratch or ScratchPool()
@@ -127,15 +126,16 @@ def per_tensor(fn: Callable, items: Sequence[tuple[str, torch.Size]], scratch: S
         yield from map(task, order)
         return
     with ThreadPoolExecutor(workers, thread_name_prefix="corp-tensor") as executor:
-        # at most 2 tasks per worker ahead of the consumer: a caller that streams the results
-        # (a weights iterator) holds a few tensors at a time, not a copy of the model
+        # at most 2 tasks per worker submitted and not yet consumed: a caller that streams the
+        # results (a weights iterator) holds a few tensors at a time, not a copy of the model; and
+        # results come as they finish, so one long tensor does not hold the other workers up
         todo = iter(order)
-        ahead = deque(executor.submit(task, item) for item in itertools.islice(todo, 2 * workers))
-        while ahead:
-            result = ahead.popleft().result()
-            for item in itertools.islice(todo, 1):
-                ahead.append(executor.submit(task, item))
-            yield result
+        running = {executor.submit(task, item) for item in itertools.islice(todo, 2 * workers)}
+        while running:
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                running |= {executor.submit(task, item) for item in itertools.islice(todo, 1)}
+                yield future.result()
 
 
 @dataclass
