@@ -83,6 +83,28 @@ def test_apply_equals_formula_and_fast_path_matches_general(tiny_model):
     assert torch.equal(acc, param.detach())
 
 
+def test_per_tensor_runs_tasks_at_once_each_with_its_own_scratch(monkeypatch):
+    # three tasks wait for each other at a barrier: it opens only if three workers run them at
+    # once, and then each must hold a Scratch no other holds (a shared one races on its buffers)
+    import threading
+
+    import corp.perturb.direction as direction_module
+
+    monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: 3)
+    barrier, held = threading.Barrier(3, timeout=20), []
+
+    def task(name, shape, scratch):
+        barrier.wait()
+        held.append(scratch)
+        return name
+
+    items = [(n, torch.Size((k,))) for n, k in (("a", 5), ("b", 7), ("c", 9))]
+    pool = direction_module.ScratchPool()
+    assert sorted(direction_module.per_tensor(task, items, pool)) == ["a", "b", "c"]
+    assert len({id(s) for s in held}) == 3
+    assert sorted(direction_module.per_tensor(lambda n, s, scratch: id(scratch), items[:1], pool))[0] in {id(s) for s in held}  # reused
+
+
 @pytest.mark.parametrize("workers", [1, 3])
 def test_apply_on_parallel_workers_gives_the_formula_bits_for_every_tensor(tiny_model, monkeypatch, workers):
     # apply sets tensors on parallel workers, each with its own generator and noise buffer: every
