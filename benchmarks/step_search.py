@@ -33,9 +33,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+import corp  # noqa: E402,F401  before torch, as the CLI does: corp's OpenMP wait policy applies only if set before torch loads OpenMP
+import torch  # noqa: E402
 
 
 def tiny_model_dir() -> str:

@@ -105,6 +105,22 @@ def test_per_tensor_runs_tasks_at_once_each_with_its_own_scratch(monkeypatch):
     assert sorted(direction_module.per_tensor(lambda n, s, scratch: id(scratch), items[:1], pool))[0] in {id(s) for s in held}  # reused
 
 
+def test_workers_run_torch_operators_on_one_thread_and_the_main_thread_keeps_its_count(monkeypatch):
+    # W workers with OpenMP teams of their own would run W x T threads on T cores
+    import corp.perturb.direction as direction_module
+
+    monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: 2)
+    items = [(n, torch.Size((4,))) for n in "abc"]
+    list(direction_module.per_tensor(lambda n, s, scratch: None, items))  # starts the workers
+    omp = direction_module._openmp[0]
+    if omp is None:
+        pytest.skip("torch does not run on libgomp here")
+    before = omp.omp_get_max_threads()
+    seen = list(direction_module.per_tensor(lambda n, s, scratch: (torch.mul(torch.ones(1 << 17), 2.0), omp.omp_get_max_threads())[1], items))
+    assert seen == [1, 1, 1]
+    assert omp.omp_get_max_threads() == before == torch.get_num_threads()
+
+
 @pytest.mark.parametrize("workers", [1, 3])
 def test_apply_on_parallel_workers_gives_the_formula_bits_for_every_tensor(tiny_model, monkeypatch, workers):
     # apply sets tensors on parallel workers, each with its own generator and noise buffer: every

@@ -15,6 +15,7 @@ drawing them is most of the cost of an apply or a build. The bits do not depend 
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import itertools
 import re
@@ -104,6 +105,35 @@ def tensor_workers(numel: int) -> int:
     return max(1, torch.get_num_threads()) if numel >= 1 << 20 else 1
 
 
+_openmp: list = []  # [torch's OpenMP runtime (ctypes) or None], found once
+_openmp_lock = threading.Lock()
+
+
+def _serial_ops_in_this_thread() -> None:
+    """Make torch's operators single-threaded in the calling (worker) thread only. The workers
+    are the parallelism here: with OpenMP teams of their own, W workers would run W x T threads on
+    T cores. libgomp keeps the thread count per thread, so the main thread keeps its T. Where
+    torch's runtime is not libgomp (or cannot be found), nothing changes."""
+    with _openmp_lock:
+        if not _openmp:
+            lib = None
+            try:
+                with open("/proc/self/maps") as maps:
+                    path = next((line.split()[-1] for line in maps if "libgomp" in line), None)
+                lib = ctypes.CDLL(path) if path else None
+            except OSError:
+                pass
+            _openmp.append(lib)
+    if _openmp[0] is not None:
+        # ATen sets a thread's OpenMP thread count to its global one at the thread's first
+        # parallel_for: call one first, so that ours is the setting that stays
+        torch.softmax(torch.ones(1, 4), dim=-1)  # calls at::parallel_for on one row: no team is started
+        _openmp[0].omp_set_num_threads(1)
+
+
+_WORKER_PREFIX = "corp-tensor"
+
+
 def per_tensor(fn: Callable, items: Sequence[tuple[str, torch.Size]], scratch: ScratchPool | None = None) -> Iterator:
     """fn(name, shape, scratch) for every tensor, largest first, on `tensor_workers` threads
     (torch releases the GIL in its kernels, and draws one tensor's normals on one core); yields
@@ -121,21 +151,29 @@ def per_tensor(fn: Callable, items: Sequence[tuple[str, torch.Size]], scratch: S
         finally:
             pool.give(own)
 
-    workers = min(tensor_workers(sum(shape.numel() for _, shape in order)), len(order))
-    if workers <= 1:
+    workers = tensor_workers(sum(shape.numel() for _, shape in order))
+    if workers <= 1 or len(order) <= 1 or threading.current_thread().name.startswith(_WORKER_PREFIX):  # inside a worker: no nesting
         yield from map(task, order)
         return
-    with ThreadPoolExecutor(workers, thread_name_prefix="corp-tensor") as executor:
+    # The workers live for one call. Kept alive between calls, they would count as OpenMP threads
+    # while the model generates, and libgomp cuts its spinning when it counts more threads than
+    # cores: generation with a spinning wait policy ran 1.4x slower beside an idle pool
+    # (results/step-search/README.md).
+    with ThreadPoolExecutor(workers, thread_name_prefix=_WORKER_PREFIX, initializer=_serial_ops_in_this_thread) as executor:
         # at most 2 tasks per worker submitted and not yet consumed: a caller that streams the
         # results (a weights iterator) holds a few tensors at a time, not a copy of the model; and
         # results come as they finish, so one long tensor does not hold the other workers up
         todo = iter(order)
         running = {executor.submit(task, item) for item in itertools.islice(todo, 2 * workers)}
-        while running:
-            done, running = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                running |= {executor.submit(task, item) for item in itertools.islice(todo, 1)}
-                yield future.result()
+        try:
+            while running:
+                done, running = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    running |= {executor.submit(task, item) for item in itertools.islice(todo, 1)}
+                    yield future.result()
+        finally:
+            for future in running:  # an error, or a consumer that stopped early: drop what has not started
+                future.cancel()
 
 
 @dataclass
