@@ -109,16 +109,23 @@ def test_workers_run_torch_operators_on_one_thread_and_the_main_thread_keeps_its
     # W workers with OpenMP teams of their own would run W x T threads on T cores
     import corp.perturb.direction as direction_module
 
+    import ctypes
+
     monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: 2)
-    items = [(n, torch.Size((4,))) for n in "abc"]
-    list(direction_module.per_tensor(lambda n, s, scratch: None, items))  # starts the workers
-    omp = direction_module._openmp[0]
-    if omp is None:
+    with open("/proc/self/maps") as maps:
+        path = next((line.split()[-1] for line in maps if "libgomp" in line), None)
+    if path is None:
         pytest.skip("torch does not run on libgomp here")
-    before = omp.omp_get_max_threads()
-    seen = list(direction_module.per_tensor(lambda n, s, scratch: (torch.mul(torch.ones(1 << 17), 2.0), omp.omp_get_max_threads())[1], items))
-    assert seen == [1, 1, 1]
-    assert omp.omp_get_max_threads() == before == torch.get_num_threads()
+    omp = ctypes.CDLL(path)  # the runtime torch loaded (the same handle)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # a worker that kept torch's count would run 2 (other tests may leave 1)
+    try:
+        items = [(n, torch.Size((4,))) for n in "abc"]
+        seen = list(direction_module.per_tensor(lambda n, s, scratch: (torch.mul(torch.ones(1 << 17), 2.0), omp.omp_get_max_threads())[1], items))
+        assert seen == [1, 1, 1]
+        assert omp.omp_get_max_threads() == 2  # the main thread's own count is untouched
+    finally:
+        torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("workers", [1, 3])
