@@ -16,6 +16,7 @@ drawing them is most of the cost of an apply or a build. The bits do not depend 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import itertools
 import re
@@ -70,7 +71,9 @@ def _add_scaled(target: torch.Tensor, M: torch.Tensor, scale: float, buffer: tor
 
 class Scratch:
     """One worker's CPU generator and fp32 buffers, reused across tensors and calls: a fresh
-    buffer per tensor would page-fault more than the numbers cost to draw."""
+    buffer per tensor would page-fault more than the numbers cost to draw. A buffer grows to the
+    largest tensor its worker has built (tensors come largest first), so only the workers that
+    built the largest tensors hold buffers that large."""
 
     def __init__(self) -> None:
         self.gen = torch.Generator(device="cpu")
@@ -105,8 +108,15 @@ def tensor_workers(numel: int) -> int:
     return max(1, torch.get_num_threads()) if numel >= 1 << 20 else 1
 
 
-_openmp: list = []  # [torch's OpenMP runtime (ctypes) or None], found once
-_openmp_lock = threading.Lock()
+@functools.cache
+def _torch_openmp() -> ctypes.CDLL | None:
+    """The libgomp that torch loaded (the same handle), or None where torch runs on another runtime."""
+    try:
+        with open("/proc/self/maps") as maps:
+            path = next((line.split()[-1] for line in maps if "libgomp" in line), None)
+        return ctypes.CDLL(path) if path else None
+    except OSError:
+        return None
 
 
 def _serial_ops_in_this_thread() -> None:
@@ -114,21 +124,12 @@ def _serial_ops_in_this_thread() -> None:
     are the parallelism here: with OpenMP teams of their own, W workers would run W x T threads on
     T cores. libgomp keeps the thread count per thread, so the main thread keeps its T. Where
     torch's runtime is not libgomp (or cannot be found), nothing changes."""
-    with _openmp_lock:
-        if not _openmp:
-            lib = None
-            try:
-                with open("/proc/self/maps") as maps:
-                    path = next((line.split()[-1] for line in maps if "libgomp" in line), None)
-                lib = ctypes.CDLL(path) if path else None
-            except OSError:
-                pass
-            _openmp.append(lib)
-    if _openmp[0] is not None:
+    omp = _torch_openmp()
+    if omp is not None:
         # ATen sets a thread's OpenMP thread count to its global one at the thread's first
         # parallel_for: call one first, so that ours is the setting that stays
         torch.softmax(torch.ones(1, 4), dim=-1)  # calls at::parallel_for on one row: no team is started
-        _openmp[0].omp_set_num_threads(1)
+        omp.omp_set_num_threads(1)
 
 
 _WORKER_PREFIX = "corp-tensor"
@@ -303,7 +304,6 @@ class Perturber:
         self.base = {n: p.detach().to(base_device, copy=True) for n, p in self.params}
         self.current: Direction | None = None
         self._scratch = ScratchPool()  # generators and noise buffers, one per worker, reused across specialists
-        self._widest = max(p.numel() for _, p in self.params)
         self._prefix: tuple[list[Component], dict[str, torch.Tensor]] | None = None
         # M of the merged terms applied last, per tensor (fp32, host): a step search applies the
         # same M at several scales, and building M regenerates the noise of every merged component.
@@ -368,7 +368,7 @@ class Perturber:
         def build(name: str, shape: torch.Size, scratch: Scratch) -> tuple[str, list[torch.Tensor], list[torch.Tensor]]:
             # one tensor's M for every term, with this worker's own generator and buffers
             n = shape.numel()
-            gen, buf, tmp = scratch.gen, scratch.buffer("noise", self._widest), scratch.buffer("tmp", self._widest)
+            gen, buf, tmp = scratch.gen, scratch.buffer("noise", n), scratch.buffer("tmp", n)
             Ms = [torch.zeros(tuple(shape), dtype=torch.float32) for _ in shared]
             for seed, sigma in sequence:
                 eps = noise(seed, name, shape, gen, out=buf[:n].view(shape), scheme=self.scheme)
@@ -396,7 +396,7 @@ class Perturber:
         """direction.add_to(target, name) with the merged terms' M taken from (or kept in) _kept:
         `materialise` builds M either way, so the bits are those of add_to. Called on a worker:
         `scratch` is its own."""
-        gen, buf = scratch.gen, scratch.buffer("noise", self._widest)
+        gen, buf = scratch.gen, scratch.buffer("noise", target.numel())
         if not direction.prefixable or not any(isinstance(t, Merged) for t in direction.components):
             return direction.add_to(target, name, gen, buf, scheme=self.scheme)
         for t in direction.components:
