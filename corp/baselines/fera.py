@@ -39,7 +39,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from corp import CorpError
-from corp.bench.ledger import Ledger
+from corp.ledger import Ledger
 from corp.config import RunConfig, config_to_dict
 from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
 from corp.stats import PerExample

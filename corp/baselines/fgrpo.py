@@ -39,7 +39,7 @@ import torch
 
 from corp import CorpError
 from corp.baselines.grpo.core import GRPOConfig, GRPOTrainer
-from corp.bench.ledger import Ledger
+from corp.ledger import Ledger
 from corp.config import config_to_dict
 from corp.federated.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, weighted_sum
 from corp.federated.clients import SPLIT_RULES, ClientBase, ClientPool, check_signatures, partition_ids, split_clients

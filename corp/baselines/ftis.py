@@ -51,7 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from corp import CorpError
-from corp.bench.ledger import Ledger
+from corp.ledger import Ledger
 from corp.config import RunConfig, config_to_dict
 from corp.evaluate.backends.base import MODEL
 from corp.evaluate.rewards import compute_rewards

@@ -33,6 +33,7 @@ from corp.bench.budget import min_budget, next_units, prefix_that_fits
 from corp.bench.config import BenchConfig
 from corp.bench.search import choose, trial_options, trial_score
 from corp.config import load_config
+from corp.ledger import flops
 from corp.methods import REGISTRY, get_method
 from corp.runs import read_json, read_jsonl, write_json
 
@@ -307,7 +308,7 @@ class Bench:
             report, wall = self._invoke("score", {**pop_opts, "run_dir": str(run_dir)})
         rows = sorted((r for r in read_jsonl(run_dir / "population.jsonl", key="key", unique=True) if r.get("kind") == "specialist"), key=lambda r: r["index"])
         n_params = int(report["population"]["selection_ledger"]["n_params"])
-        costs = [2.0 * n_params * (r["prompt_tokens"] + r["generated_tokens"]) for r in rows]
+        costs = [flops(n_params, r["prompt_tokens"], r["generated_tokens"]) for r in rows]
         pop = {"run_dir": str(run_dir), "costs": costs, "seconds": [float(r.get("seconds", 0.0)) + float(r.get("apply_seconds", 0.0)) for r in rows], "wall": wall}
         self.populations[key] = pop
         return pop

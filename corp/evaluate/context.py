@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from corp.bench.ledger import Ledger
+from corp.ledger import Ledger
 from corp.config import RunConfig
 from corp.evaluate.backends import Backend, make_backend
 from corp.evaluate.rewards import compute_rewards

@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.bench.ledger import Ledger
+from corp.ledger import Ledger
 from corp.config import PopulationConfig, RunConfig, config_to_dict
 from corp.evaluate.backends import Backend
 from corp.evaluate.context import (  # noqa: F401  (re-exported: the public scoring API)

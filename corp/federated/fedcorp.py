@@ -34,7 +34,7 @@ from functools import partial
 from pathlib import Path
 
 from corp import CorpError
-from corp.bench.ledger import Ledger
+from corp.ledger import Ledger
 from corp.config import PopulationConfig
 from corp.consolidate.config import OperatorConfig
 from corp.consolidate.corp_operator import merge_and_search

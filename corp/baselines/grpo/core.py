@@ -46,7 +46,7 @@ import torch
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.bench.ledger import Ledger
+from corp.ledger import Ledger
 from corp.config import RunConfig
 from corp.evaluate.backends.base import MODEL
 from corp.evaluate.rewards import compute_rewards
