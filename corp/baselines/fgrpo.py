@@ -39,10 +39,10 @@ import torch
 
 from corp import CorpError
 from corp.baselines.grpo.core import GRPOConfig, GRPOTrainer
-from corp.ledger import Ledger
 from corp.config import config_to_dict
-from corp.federated.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, weighted_sum
-from corp.federated.clients import SPLIT_RULES, ClientBase, ClientPool, check_signatures, partition_ids, split_clients
+from corp.federated import (SPLIT_RULES, ClientBase, ClientPool, check_signatures, ema_update, fedavg_weights, fgrpo_weights, partition_ids,
+                            relative_gains, split_clients, weighted_sum)
+from corp.ledger import Ledger
 from corp.perturb.noise import derive_seeds
 from corp.runs import ReportRow, append_jsonl, format_rows, write_report
 from corp.stats import PerExample

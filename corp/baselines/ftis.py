@@ -51,10 +51,10 @@ from dataclasses import dataclass
 import torch
 
 from corp import CorpError
-from corp.ledger import Ledger
 from corp.config import RunConfig, config_to_dict
 from corp.evaluate.backends.base import MODEL
 from corp.evaluate.rewards import compute_rewards
+from corp.ledger import Ledger
 from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
 from corp.stats import PerExample
 

@@ -71,7 +71,7 @@ GRPO = BenchAdapter(ITERATIVE, r"grpo-.*", flops=("training_ledger.flops",), equ
                     unit_evals=lambda o: float(o.get("prompts_per_step", 4)) * float(o.get("num_generations", 8)) / max(1.0, float(o.get("n_support", 64))))
 # one FGRPO round: every client runs `steps` local GRPO steps of prompts_per_step * num_generations completions
 def _clients_get_support(cfg, splits: dict) -> None:
-    from corp.federated.clients import split_clients
+    from corp.federated import split_clients
 
     split_clients(splits["support"], cfg.clients, cfg.split_by, "support")
 

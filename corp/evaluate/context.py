@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from corp.ledger import Ledger
 from corp.config import RunConfig
 from corp.evaluate.backends import Backend, make_backend
 from corp.evaluate.rewards import compute_rewards
 from corp.evaluate.tasks import Example, Task
+from corp.ledger import Ledger
 from corp.perturb import Direction, ParamFilter
 from corp.runs import RunLock, append_jsonl, read_jsonl, unique_rows
 from corp.stats import PerExample

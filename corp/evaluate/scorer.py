@@ -31,7 +31,6 @@ from typing import Callable, Iterable, Iterator, Sequence
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.ledger import Ledger
 from corp.config import PopulationConfig, RunConfig, config_to_dict
 from corp.evaluate.backends import Backend
 from corp.evaluate.context import (  # noqa: F401  (re-exported: the public scoring API)
@@ -41,6 +40,7 @@ from corp.evaluate.context import (  # noqa: F401  (re-exported: the public scor
 from corp.evaluate.executors import get_executor
 from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.tasks import SPLITS, SplitSizes, get_task, make_splits
+from corp.ledger import Ledger
 from corp.perturb import SCHEME_VERSION, specialist_seeds
 from corp.runs import RunLock, finish_run_dir, open_run_dir, read_json, read_jsonl, unique_rows, write_json, write_status, write_yaml
 

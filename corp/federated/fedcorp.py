@@ -34,14 +34,11 @@ from functools import partial
 from pathlib import Path
 
 from corp import CorpError
-from corp.ledger import Ledger
 from corp.config import PopulationConfig
-from corp.consolidate.config import OperatorConfig
-from corp.consolidate.corp_operator import merge_and_search
-from corp.consolidate.gate import paired_gate
-from corp.consolidate.recipe import make_recipe, write_recipe
+from corp.consolidate import OperatorConfig, make_recipe, merge_and_search, paired_gate, write_recipe
 from corp.federated.aggregation import COMBINE_RULES, combine_client_rewards
 from corp.federated.clients import SPLIT_RULES, ClientBase, ClientPool, Traffic, check_signatures, partition_ids, split_clients
+from corp.ledger import Ledger
 from corp.perturb import Direction, ParamFilter
 from corp.runs import ReportRow, format_rows, write_json, write_report
 from corp.stats import PerExample
