@@ -3,7 +3,8 @@ import pytest
 from corp import CorpError
 from corp.config import RandOptConfig, load_config
 from corp.evaluate.backends.hf import HFBackend
-from corp.evaluate.scorer import ensure_population, setup_run
+from corp.evaluate.context import setup_run
+from corp.evaluate.scorer import ensure_population
 from corp.runs import read_jsonl
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 

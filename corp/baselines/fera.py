@@ -169,7 +169,7 @@ def backend_batch(backend) -> int:
 
 def run_fera(cfg: FERAConfig, backend=None) -> dict:
     """R rounds of FERA's uncertainty-weighted vote on the test split; accuracy per round."""
-    from corp.evaluate.scorer import open_run
+    from corp.evaluate.context import open_run
 
     with open_run(cfg, "fera", backend, needs=("support", "test"), defines=None) as ctx:
         from corp.federated import split_clients

@@ -150,7 +150,7 @@ class FGRPOClient(ClientBase):
 
 def run_fgrpo(cfg: FGRPOConfig, backend=None, log=None) -> dict:
     """`log(client, 'down'|'up', message)` sees every message (tests)."""
-    from corp.evaluate.scorer import open_run
+    from corp.evaluate.context import open_run
 
     needs = ("support",) if cfg.skip_test_eval else ("support", "test")
     with open_run(cfg, "fgrpo", backend, needs=needs, defines=None) as ctx:
@@ -158,8 +158,7 @@ def run_fgrpo(cfg: FGRPOConfig, backend=None, log=None) -> dict:
 
 
 def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
-    from corp.evaluate.context import cached_eval
-    from corp.evaluate.scorer import run_evals
+    from corp.evaluate.context import cached_eval, run_evals
     from corp.models import save_model
     from corp.runs import read_jsonl
 

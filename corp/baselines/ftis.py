@@ -461,7 +461,7 @@ def _node_context(cfg: FTISConfig, ctx, k: int, name: str):
 
 def run_ftis(cfg: FTISConfig) -> dict:
     """Train every node with F-TIS (and, unless --skip-grpo-baseline, on-policy GRPO per node alone), evaluate per step, write the report."""
-    from corp.evaluate.scorer import open_run, run_evals
+    from corp.evaluate.context import open_run, run_evals
     from corp.evaluate.tasks import SplitSizes, get_task, make_splits
     from corp.models import resolve_model
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 from corp import CorpError
 from corp.config import RandOptConfig
 from corp.evaluate.population import population_line, population_summary, randopt_results
-from corp.evaluate.scorer import RunContext, ensure_population, open_run
+from corp.evaluate.context import RunContext, open_run
+from corp.evaluate.scorer import ensure_population
 from corp.runs import ReportRow, format_rows, write_report
 
 

@@ -21,7 +21,8 @@ from corp.consolidate.lowrank import FACTORS_FILE, LowRankDirection, LowRankProj
 from corp.consolidate.recipe import make_recipe, write_recipe
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.population import population_line, population_summary, randopt_results
-from corp.evaluate.scorer import EvalCache, RunContext, cached_eval, direction_fingerprint, ensure_population, open_run, row_scores, run_evals
+from corp.evaluate.context import EvalCache, RunContext, cached_eval, direction_fingerprint, open_run, row_scores, run_evals
+from corp.evaluate.scorer import ensure_population
 from corp.models import save_model
 from corp.perturb import Direction, ParamFilter
 from corp.runs import ReportRow, format_rows, write_report

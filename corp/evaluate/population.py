@@ -7,7 +7,8 @@ here, below the algorithm packages, because CoRP's report carries them beside it
 
 from __future__ import annotations
 
-from corp.evaluate.scorer import EvalCache, RunContext, rows_ledger, run_evals, score_specialists
+from corp.evaluate.context import EvalCache, RunContext, run_evals
+from corp.evaluate.scorer import rows_ledger, score_specialists
 from corp.evaluate.voting import majority_vote
 from corp.runs import ReportRow
 from corp.stats import PerExample

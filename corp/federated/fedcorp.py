@@ -184,7 +184,7 @@ class FederatedProbe:
 
 def run_fedcorp(cfg: FedCorpConfig, backend=None, log=None) -> dict:
     """`log(client, 'down'|'up', message)` sees every message (tests)."""
-    from corp.evaluate.scorer import open_run
+    from corp.evaluate.context import open_run
 
     with open_run(cfg, "fedcorp", backend, needs=("support", "probe", "validation", "test"), defines=None) as ctx:
         return _fedcorp(cfg, ctx, log)
@@ -192,8 +192,8 @@ def run_fedcorp(cfg: FedCorpConfig, backend=None, log=None) -> dict:
 
 def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
     from corp.evaluate.backends.base import MODEL, PERTURBER
-    from corp.evaluate.context import cached_eval
-    from corp.evaluate.scorer import run_evals, specialists_for
+    from corp.evaluate.context import cached_eval, run_evals
+    from corp.evaluate.scorer import specialists_for
     from corp.models import save_model
 
     K = cfg.clients
