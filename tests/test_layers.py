@@ -2,7 +2,8 @@
 
 Floors, lowest first; a module imports only from its own floor or below:
 
-0. ground floor: `corp` itself, `perturb`, `models`, `stats`, `ledger`, `registry`, `runs`, `threads`, `extras`, `config`
+0. ground floor: `corp` itself, `perturb`, `models`, `stats`, `ledger`, `registry`, `runs`, `threads`,
+   `extras`, `config`
 1. `evaluate` (tasks, rewards, backends, the run layer `evaluate/context.py`, population scoring)
 2. the algorithm packages `analysis`, `consolidate`, `baselines`, `federated`
 3. `methods` (the registry)
@@ -146,7 +147,8 @@ def violations(graph: dict[str, list[tuple[str, tuple[str, ...], int]]], exports
                 out.append(f"{mod}:{line} imports {target}, whose package has no floor")
                 continue
             if FLOORS[there] > FLOORS[here]:
-                out.append(f"{mod}:{line} imports {target} from a higher floor ({there}: {FLOORS[there]} > {here}: {FLOORS[here]})")
+                floors = f"{there}: {FLOORS[there]} > {here}: {FLOORS[here]}"
+                out.append(f"{mod}:{line} imports {target} from a higher floor ({floors})")
             if there in ALGORITHMS and there != here:
                 if target != f"corp.{there}":
                     out.append(f"{mod}:{line} imports internal module {target}; import from corp.{there} (its __all__)")
@@ -230,5 +232,6 @@ def test_planted_violations_are_caught(tmp_path):
     assert "corp.baselines.es:2 imports _mean from corp.consolidate, not in its __all__" in found
     assert "corp.bench.adapters:1 imports internal module corp.federated.clients" in found
     assert "algorithm packages import each other: baselines <-> consolidate" in found
-    assert "import cycle: corp.baselines <-> corp.baselines.es <-> corp.consolidate <-> corp.consolidate.recipe" in found
+    cycle = " <-> ".join(("corp.baselines", "corp.baselines.es", "corp.consolidate", "corp.consolidate.recipe"))
+    assert f"import cycle: {cycle}" in found
     assert "package 'shiny' has no floor" in found
