@@ -20,7 +20,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from corp import CorpError
+from corp.registry import Registry
 
 # split sizes of a smoke run: every split non-empty, so any method finds what it needs
 _SMALL = {"n_support": 4, "n_probe": 4, "n_validation": 4, "n_test": 4, "max_new_tokens": 4, "batch_size": 8}
@@ -151,16 +151,14 @@ METHODS: tuple[Method, ...] = (
            bench="corp.bench.adapters:FERA"),
 )
 
-REGISTRY: dict[str, Method] = {m.name: m for m in METHODS}
-if len(REGISTRY) != len(METHODS):
-    raise ValueError("two registered methods share a name")
+REGISTRY: Registry[Method] = Registry("method")
+for _m in METHODS:
+    REGISTRY.register(_m)  # a second method under one name is an error at import
 
 
 def get_method(name: str) -> Method:
     """The registered method `name`; an unknown name is one line listing the known ones."""
-    if name not in REGISTRY:
-        raise CorpError(f"unknown method '{name}'; known: {', '.join(REGISTRY)}")
-    return REGISTRY[name]
+    return REGISTRY.lookup(name)
 
 
 def methods() -> tuple[Method, ...]:
