@@ -8,7 +8,9 @@ The names below are this package's public surface: code outside `corp.analysis` 
 here (`from corp.analysis import low_rank_factors`), never from a submodule (tests/test_layers.py).
 """
 
+from corp.analysis.config import AnalyzeRankConfig
 from corp.analysis.linalg import low_rank_factors
 from corp.analysis.report import reproducible_ranks
+from corp.analysis.split_half import run_analyze_rank
 
-__all__ = ["low_rank_factors", "reproducible_ranks"]
+__all__ = ["AnalyzeRankConfig", "low_rank_factors", "reproducible_ranks", "run_analyze_rank"]

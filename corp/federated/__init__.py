@@ -11,17 +11,20 @@ here (`from corp.federated import split_clients`), never from a submodule (tests
 
 from corp.federated.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, weighted_sum
 from corp.federated.clients import SPLIT_RULES, ClientBase, ClientPool, check_signatures, partition_ids, split_clients
+from corp.federated.fedcorp import FedCorpConfig, run_fedcorp
 
 __all__ = [
     "SPLIT_RULES",
     "ClientBase",
     "ClientPool",
+    "FedCorpConfig",
     "check_signatures",
     "ema_update",
     "fedavg_weights",
     "fgrpo_weights",
     "partition_ids",
     "relative_gains",
+    "run_fedcorp",
     "split_clients",
     "weighted_sum",
 ]
