@@ -160,7 +160,7 @@ def apply_cmd(
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out even if it holds files corp did not write (never a cache, the base model or the current directory)."),
 ) -> None:
     """Rebuild a model from its recipe and the base model, bit-exactly; never deletes files corp did not write."""
-    from corp.consolidate.recipe import apply_recipe
+    from corp.consolidate import apply_recipe
 
     path = _run(apply_recipe, recipe, out, model, overwrite)
     typer.echo(f"wrote {path}")

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Sequence
 import yaml
 
 from corp import CorpError
-from corp.bench.ledger import FLOPS_FORMULA, Ledger
+from corp.ledger import FLOPS_FORMULA, Ledger
 from corp.stats import compare_paired, comparison_line
 
 

@@ -21,10 +21,16 @@ scheduler shares CPU time per thread, so fewer threads also means a smaller shar
 The price, measured on a quiet machine: when nothing else runs, passive waiting is about 1.3x
 slower per specialist than spinning (6.1 vs 4.5 s); under contention it is 2.6x faster. Set
 GOMP_SPINCOUNT on a dedicated machine.
+
+Worker threads that are themselves the parallelism (corp.perturb.direction.per_tensor) run
+torch's operators on one OpenMP thread each (`serial_ops_in_this_thread`), through the libgomp
+torch loaded (`torch_openmp`).
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 
 #: variables that mean the user chose OpenMP's waiting behaviour themselves
@@ -38,3 +44,36 @@ def apply_openmp_defaults(environ=os.environ) -> bool:
         return False
     environ["OMP_WAIT_POLICY"] = "PASSIVE"
     return True
+
+
+@functools.cache
+def torch_openmp() -> ctypes.CDLL | None:
+    """The libgomp that torch loaded (the same handle), or None where torch runs on another runtime.
+    Cached: call it once torch is imported (it reads the libraries this process has loaded). Other
+    packages bring libgomps of their own (scikit-learn's is mapped below torch's once it is
+    imported), so the one in torch's directory is taken, else the only one there is."""
+    import torch
+
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = list(dict.fromkeys(line.split()[-1] for line in maps if "libgomp" in line))
+    except OSError:
+        return None
+    path = next((p for p in paths if p.startswith(torch_dir)), paths[0] if len(paths) == 1 else None)
+    return ctypes.CDLL(path) if path else None
+
+
+def serial_ops_in_this_thread() -> None:
+    """Make torch's operators single-threaded in the calling (worker) thread only. The workers
+    are the parallelism here: with OpenMP teams of their own, W workers would run W x T threads on
+    T cores. libgomp keeps the thread count per thread, so the main thread keeps its T. Where
+    torch's runtime is not libgomp (or cannot be found), nothing changes."""
+    import torch
+
+    omp = torch_openmp()
+    if omp is not None:
+        # ATen sets a thread's OpenMP thread count to its global one at the thread's first
+        # parallel_for: call one first, so that ours is the setting that stays
+        torch.softmax(torch.ones(1, 4), dim=-1)  # calls at::parallel_for on one row: no team is started
+        omp.omp_set_num_threads(1)

@@ -413,3 +413,27 @@ def test_a_clipped_top_k_keeps_its_row_names(tmp_path):
     assert [r["name"] for r in rec["rows"]] == ["randopt-top1"]
     rec = bench._record(Cell("arith", "paper", 0, "consolidate", "corp-stage1", 1e9, {"top_k": [1]}), {"rows": [{**row, "method": "corp"}]}, tmp_path, 1.0, 2)
     assert [r["name"] for r in rec["rows"]] == ["corp-stage1"]
+
+
+def test_population_options_come_from_population_config():
+    """The options a cell passes to its shared `corp score` run are PopulationConfig's fields less
+    the scoring/placement ones; they are also the population's cache key, so a change to this set
+    (a new config field) is one decision made here, not a silent change of every key."""
+    import dataclasses
+
+    from corp.bench.sweep import POPULATION_OPTIONS
+    from corp.config import PopulationConfig
+
+    assert POPULATION_OPTIONS <= {f.name for f in dataclasses.fields(PopulationConfig)}
+    assert POPULATION_OPTIONS == {"model", "task", "seed", "split_seed", "backend", "device", "batch_size", "threads", "max_new_tokens",
+                                  "reward", "data", "dtype", "n_support", "n_probe", "n_validation", "n_test", "sigmas", "include", "exclude"}
+
+
+def test_unit_costs_read_unset_options_from_the_methods_defaults():
+    from corp.baselines import ESConfig, FGRPOConfig, GRPOConfig
+    from corp.bench.adapters import ES, FGRPO, GRPO
+
+    es, grpo, fgrpo = ESConfig(), GRPOConfig(), FGRPOConfig()
+    assert ES.unit_evals({}) == es.population + 1.0
+    assert GRPO.unit_evals({}) == grpo.prompts_per_step * grpo.num_generations / grpo.n_support
+    assert FGRPO.unit_evals({}) == fgrpo.clients * fgrpo.steps * fgrpo.prompts_per_step * fgrpo.num_generations / fgrpo.n_support

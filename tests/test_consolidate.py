@@ -11,6 +11,7 @@ import torch
 from corp.consolidate.corp_operator import ConsolidateConfig, OperatorConfig, consolidate_stage1, gram_matrix, stage1
 from corp.consolidate.stage2 import consolidate_stage2
 from corp.consolidate.gate import paired_gate
+from corp.consolidate.merge_rules import MERGE_RULES
 from corp.perturb import SCHEME_VERSION, Direction, noise, specialist_seeds
 from corp.config import load_config
 from tests.conftest import REPO
@@ -365,3 +366,19 @@ def test_reward_scale_keeps_unit_rewards_and_maps_other_scales_to_unit_range():
     np.testing.assert_allclose(reward_scale([0.0, 50.0, 100.0]), [0.0, 0.5, 1.0])
     np.testing.assert_allclose(reward_scale([-3.0, -1.0, 1.0]), [0.0, 0.5, 1.0])
     assert reward_scale([7.0, 7.0]).tolist() == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("rule", sorted(MERGE_RULES))
+def test_every_registered_merge_rule_weights_the_elites(rule):
+    """Every entry of the merge-rule registry (a new rule is covered without editing this test): one
+    finite weight per elite, the same weights for the same inputs, found under its own name."""
+    from corp.consolidate.merge_rules import MergeParams
+
+    g = np.random.default_rng(0)
+    rewards = g.random(6)
+    A = g.standard_normal((6, 40))
+    G = A @ A.T
+    w = np.asarray(MERGE_RULES[rule].weights(rewards, G, MergeParams(q=0.5, beta=5.0)), dtype=np.float64)
+    assert w.shape == (6,) and np.all(np.isfinite(w))
+    assert np.array_equal(w, np.asarray(MERGE_RULES[rule].weights(rewards, G, MergeParams(q=0.5, beta=5.0)), dtype=np.float64))
+    assert MERGE_RULES.lookup(rule).name == rule

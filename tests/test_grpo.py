@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from corp import CorpError
+from corp.baselines.grpo import LOSS_VARIANTS
 from corp.baselines.grpo.core import GRPOConfig, aggregate, group_advantages, per_token_loss, run_grpo
 from corp.config import load_config
 from corp.evaluate.backends.hf import HFBackend
@@ -153,10 +154,10 @@ def _one_step_probs(p0: torch.Tensor, adv: torch.Tensor, loss: str, lr: float = 
         return torch.sigmoid(theta - lr * theta.grad)
 
 
-@pytest.mark.parametrize("loss", ["grpo", "cov", "reco"])
+@pytest.mark.parametrize("loss", sorted(LOSS_VARIANTS))
 def test_one_update_raises_a_confident_token_with_positive_advantage(loss):
     """Issue 10: ReCo's old variance ratio differentiated to (1 - 2p) / (1 - p) x GRPO's gradient and
-    pushed a p = 0.9 token with A > 0 down. Every variant must move every token the way GRPO does."""
+    pushed a p = 0.9 token with A > 0 down. Every registered variant must move every token the way GRPO does."""
     p0 = torch.tensor([[0.9, 0.6, 0.97], [0.9, 0.3, 0.5], [0.9, 0.8, 0.2]])
     adv = torch.tensor([1.0, -1.0, 0.5])
     p1 = _one_step_probs(p0, adv, loss)

@@ -110,12 +110,16 @@ def test_workers_run_torch_operators_on_one_thread_and_the_main_thread_keeps_its
     import corp.perturb.direction as direction_module
 
     import ctypes
+    import os
+
+    import sklearn.utils  # noqa: F401  (its own libgomp, mapped below torch's: the runtime must still be torch's)
 
     monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: 2)
+    torch_dir = os.path.dirname(torch.__file__) + os.sep
     with open("/proc/self/maps") as maps:
-        path = next((line.split()[-1] for line in maps if "libgomp" in line), None)
+        path = next((line.split()[-1] for line in maps if "libgomp" in line and line.split()[-1].startswith(torch_dir)), None)
     if path is None:
-        pytest.skip("torch does not run on libgomp here")
+        pytest.skip("torch does not run on a libgomp of its own here")
     omp = ctypes.CDLL(path)  # the runtime torch loaded (the same handle)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # a worker that kept torch's count would run 2 (other tests may leave 1)

@@ -10,7 +10,8 @@ import pytest
 from corp import CorpError
 from corp.config import RandOptConfig, load_config
 from corp.evaluate import racing
-from corp.evaluate.scorer import ensure_population, setup_run
+from corp.evaluate.context import setup_run
+from corp.evaluate.scorer import ensure_population
 from tests.test_methods import text_checksum  # noqa: F401  (the reward below moves with the output text)
 from tests.test_scorer import fresh_backend
 

@@ -18,7 +18,8 @@ ray = pytest.importorskip("ray")
 
 from corp import CorpError  # noqa: E402
 from corp.config import RandOptConfig, load_config  # noqa: E402
-from corp.evaluate.scorer import ensure_population, setup_run  # noqa: E402
+from corp.evaluate.context import setup_run  # noqa: E402
+from corp.evaluate.scorer import ensure_population  # noqa: E402
 from corp.models import save_model  # noqa: E402
 from corp.runs import read_jsonl  # noqa: E402
 from tests.conftest import make_char_tokenizer, make_tiny_llama  # noqa: E402

@@ -3,7 +3,8 @@ import pytest
 from corp import CorpError
 from corp.config import RandOptConfig, load_config
 from corp.evaluate.backends.hf import HFBackend
-from corp.evaluate.scorer import ensure_population, setup_run
+from corp.evaluate.context import setup_run
+from corp.evaluate.scorer import ensure_population
 from corp.runs import read_jsonl
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
@@ -61,7 +62,8 @@ def test_population_from_other_task_is_refused(tmp_path):
 
 
 def test_randopt_report_on_tiny_model(tmp_path):
-    from corp.baselines.randopt import randopt_results, report_dict
+    from corp.baselines.randopt import report_dict
+    from corp.evaluate.population import randopt_results
 
     ctx = setup_run(tiny_cfg(tmp_path / "r"), "randopt", fresh_backend())
     ranked = ensure_population(ctx)

@@ -4,7 +4,7 @@ import pytest
 
 from corp import CorpError
 from corp.evaluate.rewards import compute_rewards, resolve_reward
-from corp.evaluate.tasks import SPLITS, Example, SplitSizes, get_task, make_splits
+from corp.evaluate.tasks import SPLITS, TASKS, Example, SplitSizes, get_task, make_splits
 from corp.evaluate.tasks.countdown import verify
 from corp.evaluate.tasks.gsm8k import extract_flexible, extract_strict, gold_answer
 from corp.evaluate.tasks.math500 import equivalent, last_boxed
@@ -105,3 +105,56 @@ def test_reward_that_raises_or_returns_nan_scores_zero_and_is_counted():
     assert rewards == [1.0, 0.0, 0.0] and errors == 2
     with pytest.raises(CorpError, match="--reward"):
         resolve_reward("no_such_module_xyz:fn")
+
+
+def _registered_spec(name: str, tmp_path, request) -> tuple[str, str | None]:
+    """A spec and data directory that build the registered task `name` offline."""
+    rows = [{"id": f"q{i}", "prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(12)]
+    if name == "jsonl":
+        path = tmp_path / "t.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return f"jsonl:{path}", None
+    if name == "csv":
+        path = tmp_path / "t.csv"
+        path.write_text("id,prompt,answer\n" + "".join(f"{r['id']},{r['prompt']},{r['answer']}\n" for r in rows))
+        return f"csv:{path}", None
+    if name == "parquet":
+        pq = pytest.importorskip("pyarrow.parquet")
+        import pyarrow as pa
+
+        path = tmp_path / "t.parquet"
+        pq.write_table(pa.Table.from_pylist(rows), path)
+        return f"parquet:{path}", None
+    if name == "rg":
+        pytest.importorskip("reasoning_gym")
+        return "rg:chain_sum:max_terms=2,max_digits=1,size=40", None
+    if name == "reorder":
+        pytest.importorskip("reasoning_gym")  # its default text ships with reasoning-gym
+    if name in ("gsm8k", "math500", "mbpp", "humaneval"):
+        return name, str(request.getfixturevalue("data_dir"))
+    return name, None
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_every_registered_task_builds_splits_and_extracts(name, tmp_path, request):
+    """Every entry of the task registry (a new one is covered without editing this test): it builds
+    from its spec, its pools give examples with ids unique across pools, splits are disjoint, its signature is
+    JSON, and extraction of a completion with no answer in it neither raises nor counts as right."""
+    spec, data = _registered_spec(name, tmp_path, request)
+    task = get_task(spec, data)
+    examples = [e for pool in task.pools().values() for e in pool]
+    assert examples and len({e.id for e in examples}) == len(examples)
+    sizes = SplitSizes(support=2, probe=1, validation=1, test=2) if task.pools().get("train") else SplitSizes(0, 0, 0, 2)  # test-only (humaneval)
+    splits = make_splits(task, sizes, seed=0)
+    ids = [e.id for s in SPLITS for e in splits[s]]
+    assert len(ids) == sum(vars(sizes).values()) and len(set(ids)) == len(ids)
+    json.dumps(task.signature())
+    ex = splits["test"][0]
+    assert not task.check(None, ex)
+    task.extract("I do not know.")
+
+
+def test_task_registry_names_the_known_tasks_in_one_line():
+    with pytest.raises(CorpError) as info:
+        get_task("nope:digits=2")
+    assert str(info.value).startswith("unknown task 'nope'; known: arith, ") and "jsonl" in str(info.value) and "\n" not in str(info.value)

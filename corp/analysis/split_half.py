@@ -84,7 +84,8 @@ def run_analyze_rank(cfg) -> dict:
         scheme = check_scheme(meta.get("noise_scheme", "corp-noise-v1"), f"'{run_dir}/population_meta.json'")
         return _analyze(cfg, run_dir, rows, model_name, pf, scheme, meta.get("model"))
     from corp.evaluate.racing import is_raced
-    from corp.evaluate.scorer import ensure_population, open_run
+    from corp.evaluate.context import open_run
+    from corp.evaluate.scorer import ensure_population
 
     if getattr(cfg, "race", "off") != "off":
         raise CorpError("analyze-rank needs every specialist scored on the whole support split; drop --race")

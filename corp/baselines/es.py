@@ -36,11 +36,12 @@ from tqdm.auto import tqdm
 
 from corp import CorpError
 from corp.config import RunConfig
-from corp.evaluate.scorer import (
-    POPULATION_FILE, EvalCache, cached_eval, check_meta, direction_fingerprint, open_run, population_definition, population_meta, run_evals,
-)
-from corp.consolidate.recipe import make_recipe, write_recipe
+from corp.consolidate import make_recipe, write_recipe
 from corp.evaluate.backends.base import MODEL, PERTURBER
+from corp.evaluate.context import (
+    POPULATION_FILE, EvalCache, cached_eval, check_meta, direction_fingerprint, open_run, population_definition, run_evals,
+)
+from corp.evaluate.scorer import population_meta
 from corp.perturb import Component, Direction, ParamFilter
 from corp.perturb.direction import Scratch, ScratchPool, per_tensor
 from corp.perturb.noise import derive_seeds

@@ -39,8 +39,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from corp import CorpError
-from corp.bench.ledger import Ledger
 from corp.config import RunConfig, config_to_dict
+from corp.ledger import Ledger
 from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
 from corp.stats import PerExample
 
@@ -169,10 +169,10 @@ def backend_batch(backend) -> int:
 
 def run_fera(cfg: FERAConfig, backend=None) -> dict:
     """R rounds of FERA's uncertainty-weighted vote on the test split; accuracy per round."""
-    from corp.evaluate.scorer import open_run
+    from corp.evaluate.context import open_run
 
     with open_run(cfg, "fera", backend, needs=("support", "test"), defines=None) as ctx:
-        from corp.federated.clients import split_clients
+        from corp.federated import split_clients
 
         shares = split_clients(ctx.splits["support"], cfg.clients, cfg.split_by)  # the federated helpers' split: one line for an empty share
         for c, share in enumerate(shares):

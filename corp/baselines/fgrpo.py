@@ -39,10 +39,10 @@ import torch
 
 from corp import CorpError
 from corp.baselines.grpo.core import GRPOConfig, GRPOTrainer
-from corp.bench.ledger import Ledger
 from corp.config import config_to_dict
-from corp.federated.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, weighted_sum
-from corp.federated.clients import SPLIT_RULES, ClientBase, ClientPool, check_signatures, partition_ids, split_clients
+from corp.federated import (SPLIT_RULES, ClientBase, ClientPool, check_signatures, ema_update, fedavg_weights, fgrpo_weights, partition_ids,
+                            relative_gains, split_clients, weighted_sum)
+from corp.ledger import Ledger
 from corp.perturb.noise import derive_seeds
 from corp.runs import ReportRow, append_jsonl, format_rows, write_report
 from corp.stats import PerExample
@@ -150,7 +150,7 @@ class FGRPOClient(ClientBase):
 
 def run_fgrpo(cfg: FGRPOConfig, backend=None, log=None) -> dict:
     """`log(client, 'down'|'up', message)` sees every message (tests)."""
-    from corp.evaluate.scorer import open_run
+    from corp.evaluate.context import open_run
 
     needs = ("support",) if cfg.skip_test_eval else ("support", "test")
     with open_run(cfg, "fgrpo", backend, needs=needs, defines=None) as ctx:
@@ -158,8 +158,7 @@ def run_fgrpo(cfg: FGRPOConfig, backend=None, log=None) -> dict:
 
 
 def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
-    from corp.evaluate.context import cached_eval
-    from corp.evaluate.scorer import run_evals
+    from corp.evaluate.context import cached_eval, run_evals
     from corp.models import save_model
     from corp.runs import read_jsonl
 

@@ -51,10 +51,10 @@ from dataclasses import dataclass
 import torch
 
 from corp import CorpError
-from corp.bench.ledger import Ledger
 from corp.config import RunConfig, config_to_dict
 from corp.evaluate.backends.base import MODEL
 from corp.evaluate.rewards import compute_rewards
+from corp.ledger import Ledger
 from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
 from corp.stats import PerExample
 
@@ -461,7 +461,7 @@ def _node_context(cfg: FTISConfig, ctx, k: int, name: str):
 
 def run_ftis(cfg: FTISConfig) -> dict:
     """Train every node with F-TIS (and, unless --skip-grpo-baseline, on-policy GRPO per node alone), evaluate per step, write the report."""
-    from corp.evaluate.scorer import open_run, run_evals
+    from corp.evaluate.context import open_run, run_evals
     from corp.evaluate.tasks import SplitSizes, get_task, make_splits
     from corp.models import resolve_model
 

@@ -41,7 +41,7 @@ class SelfConsistencyConfig(RunConfig):
 
 
 def run_self_consistency(cfg: SelfConsistencyConfig, backend=None) -> dict:
-    from corp.evaluate.scorer import cached_eval, open_run, run_evals
+    from corp.evaluate.context import cached_eval, open_run, run_evals
     from corp.evaluate.voting import majority_vote
     from corp.runs import ReportRow, format_rows, write_report
     from corp.stats import PerExample

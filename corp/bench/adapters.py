@@ -26,10 +26,20 @@ fields and never asks which method it is running. An adapter says:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable
 
+from corp.baselines import ESConfig, FGRPOConfig, GRPOConfig
+
 FIXED, POPULATION, ITERATIVE = "fixed", "population", "iterative"
+
+
+def _default(config: type, name: str):
+    """The default of option `name` in a method's config dataclass (the cost rules below read an
+    option the cell left unset from the method's own default, never from a copy)."""
+    f = next(f for f in dataclasses.fields(config) if f.name == name)
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()
 
 
 @dataclass(frozen=True)
@@ -65,30 +75,34 @@ CORP = BenchAdapter(POPULATION, r"corp.*", flops=("population.selection_ledger.f
                     unit="population", min_units=2, clip=("top_k",), defaults={"top_k": [1]})
 # one ES iteration scores `population` specialists and (unless skipped) the centre
 ES = BenchAdapter(ITERATIVE, r"es", flops=("training_ledger.flops",), equal_data=True, unit="iterations",
-                  unit_evals=lambda o: float(o.get("population", 8)) + (0.0 if o.get("skip_centre_eval") else 1.0))
+                  unit_evals=lambda o: float(o.get("population", _default(ESConfig, "population")))
+                  + (0.0 if o.get("skip_centre_eval", _default(ESConfig, "skip_centre_eval")) else 1.0))
 # one GRPO step generates prompts_per_step * num_generations completions (a fraction of a support pass)
 GRPO = BenchAdapter(ITERATIVE, r"grpo-.*", flops=("training_ledger.flops",), equal_data=True, unit="steps",
-                    unit_evals=lambda o: float(o.get("prompts_per_step", 4)) * float(o.get("num_generations", 8)) / max(1.0, float(o.get("n_support", 64))))
+                    unit_evals=lambda o: float(o.get("prompts_per_step", _default(GRPOConfig, "prompts_per_step")))
+                    * float(o.get("num_generations", _default(GRPOConfig, "num_generations")))
+                    / max(1.0, float(o.get("n_support", _default(GRPOConfig, "n_support")))))
 # one FGRPO round: every client runs `steps` local GRPO steps of prompts_per_step * num_generations completions
 def _clients_get_support(cfg, splits: dict) -> None:
-    from corp.federated.clients import split_clients
+    from corp.federated import split_clients
 
     split_clients(splits["support"], cfg.clients, cfg.split_by, "support")
 
 
 FGRPO = BenchAdapter(ITERATIVE, r"fgrpo", flops=("method_flops",), equal_data=True, unit="rounds",
-                     unit_evals=lambda o: float(o.get("clients", 3)) * float(o.get("steps", 1)) * float(o.get("prompts_per_step", 4))
-                     * float(o.get("num_generations", 8)) / max(1.0, float(o.get("n_support", 64))),
+                     unit_evals=lambda o: float(o.get("clients", _default(FGRPOConfig, "clients")))
+                     * float(o.get("steps", _default(FGRPOConfig, "steps")))
+                     * float(o.get("prompts_per_step", _default(FGRPOConfig, "prompts_per_step")))
+                     * float(o.get("num_generations", _default(FGRPOConfig, "num_generations")))
+                     / max(1.0, float(o.get("n_support", _default(FGRPOConfig, "n_support")))),
                      check=_clients_get_support)
 # FERA trains nothing: its rounds cost inference only, reported per row as passes per test example
 FERA = BenchAdapter(FIXED, r"fera-round\d+|plain-vote-round\d+")
 
-# Methods METHODS.md describes that are not built yet: a bench config may name them; they are
+# Methods the specification describes that are not built yet: a bench config may name them; they are
 # listed as missing in the results, never silently skipped. A registered method whose registry line
-# names no adapter is listed the same way (corp.bench.sweep.plan), so these names outlive registration.
-PLANNED = {
-    "ftis": "F-TIS (arXiv 2605.22537, decentralized GRPO across heterogeneous models): not built yet",
-}
+# names no adapter is listed the same way (corp.bench.sweep.plan), as F-TIS is (registered, no adapter).
+PLANNED: dict[str, str] = {}
 
 
 def get_path(report: dict, dotted: str) -> float:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from corp.ledger import flops
+
 
 def prefix_that_fits(costs: Sequence[float], budget: float) -> int:
     """Largest n such that sum(costs[:n]) <= budget (0 when even the first does not fit)."""
@@ -45,4 +47,4 @@ def min_budget(unit_evals: float, min_units: int, n_params: int, support_prompt_
     """A lower bound on the FLOPs of a method's smallest run: `min_units` units of `unit_evals`
     support-split evaluations, each at least the support prompts plus one generated token per
     example (2 N FLOPs per token)."""
-    return 2.0 * n_params * (support_prompt_tokens + n_support) * unit_evals * min_units
+    return flops(n_params, support_prompt_tokens, n_support) * unit_evals * min_units

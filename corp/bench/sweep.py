@@ -32,13 +32,21 @@ from corp.bench.adapters import FIXED, ITERATIVE, PLANNED, POPULATION, BenchAdap
 from corp.bench.budget import min_budget, next_units, prefix_that_fits
 from corp.bench.config import BenchConfig
 from corp.bench.search import choose, trial_options, trial_score
-from corp.config import load_config
+from corp.config import PopulationConfig, load_config
+from corp.ledger import flops
 from corp.methods import REGISTRY, get_method
 from corp.runs import read_json, read_jsonl, write_json
 
 RECORD_FORMAT = 1
 # options that locate or speed up a cell without changing what it computes
 _NOT_IDENTITY = ("run_dir", "threads", "from_run", "eval_cache")
+# The options of a cell that its seed's shared population run (`corp score`) takes: every option of
+# PopulationConfig except how the population is scored (executor, racing), where it comes from or
+# goes (run_dir, from_run, eval_cache), its size (set from the bench config) and report_on (scoring
+# is on support). A field added to RunConfig or PopulationConfig is passed on unless listed here.
+_NOT_POPULATION = {"population", "from_run", "run_dir", "eval_cache", "report_on", "executor", "workers", "ray_address",
+                   "race", "race_first", "race_eta", "race_ties", "race_keep"}
+POPULATION_OPTIONS = frozenset(f.name for f in dataclasses.fields(PopulationConfig)) - _NOT_POPULATION
 
 
 @dataclass
@@ -293,9 +301,7 @@ class Bench:
 
     # -- population cells: the largest prefix of the seed's shared population that fits the budget
     def population(self, cell: Cell) -> dict:
-        pop_opts = {k: v for k, v in cell.opts.items() if k in {"model", "task", "seed", "split_seed", "backend", "device", "batch_size", "threads",
-                                                                 "max_new_tokens", "reward", "data", "dtype", "n_support", "n_probe", "n_validation",
-                                                                 "n_test", "sigmas", "include", "exclude"}}
+        pop_opts = {k: v for k, v in cell.opts.items() if k in POPULATION_OPTIONS}
         pop_opts["population"] = self.cfg.population
         key = _hash({"population": {k: v for k, v in pop_opts.items() if k not in _NOT_IDENTITY}})
         if key in self.populations:
@@ -307,7 +313,7 @@ class Bench:
             report, wall = self._invoke("score", {**pop_opts, "run_dir": str(run_dir)})
         rows = sorted((r for r in read_jsonl(run_dir / "population.jsonl", key="key", unique=True) if r.get("kind") == "specialist"), key=lambda r: r["index"])
         n_params = int(report["population"]["selection_ledger"]["n_params"])
-        costs = [2.0 * n_params * (r["prompt_tokens"] + r["generated_tokens"]) for r in rows]
+        costs = [flops(n_params, r["prompt_tokens"], r["generated_tokens"]) for r in rows]
         pop = {"run_dir": str(run_dir), "costs": costs, "seconds": [float(r.get("seconds", 0.0)) + float(r.get("apply_seconds", 0.0)) for r in rows], "wall": wall}
         self.populations[key] = pop
         return pop

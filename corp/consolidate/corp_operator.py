@@ -166,7 +166,8 @@ class ConsolidationResult:
     best_stage: Stage1 | None = field(default=None, repr=False)
 
 
-def _mean(xs: Sequence[float]) -> float:
+def mean_score(xs: Sequence[float]) -> float:
+    """Mean of per-example scores (0 for none); stage 2 uses it too."""
     return float(sum(xs) / len(xs)) if xs else 0.0
 
 
@@ -192,7 +193,7 @@ def search_step(stage: Stage1, perts: Sequence[Direction], alphas: Sequence[floa
     out = []
     for alpha in alphas:
         d = m.scaled(alpha) if centre is None else centre + m.scaled(alpha)
-        out.append(Candidate(f"{label} q={stage.q:g} beta={stage.beta:g} alpha={alpha:g}", d, _mean(score(d, probe)), {"pass": label, "rule": rule, "q": stage.q, "beta": stage.beta, "alpha": alpha}))
+        out.append(Candidate(f"{label} q={stage.q:g} beta={stage.beta:g} alpha={alpha:g}", d, mean_score(score(d, probe)), {"pass": label, "rule": rule, "q": stage.q, "beta": stage.beta, "alpha": alpha}))
     return out
 
 
@@ -279,7 +280,7 @@ def consolidate_stage1(rewards: Sequence[float], seeds: Sequence[int], sigmas: S
     if perturber is not None:
         perturber.release_merged()
     gate = gates[deployed]
-    table = [{"candidate": "base", "probe_score": _mean(score(None, probe)), "pass": "base"}]
+    table = [{"candidate": "base", "probe_score": mean_score(score(None, probe)), "pass": "base"}]
     for rule in reversed(cfg.merge_rules):  # pass 1 rows first, as the report always listed them
         table += [{"candidate": c.name, "probe_score": c.probe_score, **c.params} for c in cands[rule]]
     reason = f"stage 1 candidate '{best.name}' {gate.reason}"
@@ -298,12 +299,3 @@ def consolidate_stage1(rewards: Sequence[float], seeds: Sequence[int], sigmas: S
         gram=Gp,
         best_stage=next(st for st in stages if st.q == best.params["q"] and st.beta == best.params["beta"]),
     )
-
-
-def __getattr__(name: str):
-    # stage 2 lives in stage2.py (it builds on this module); the old import path keeps working
-    if name in ("consolidate_stage2", "local_population", "principal_directions"):
-        from corp.consolidate import stage2
-
-        return getattr(stage2, name)
-    raise AttributeError(name)

@@ -155,7 +155,7 @@ def resolve_ranks(mode: str, params: Sequence[tuple[str, Sequence[int]]], analys
 
 
 def read_analysis(rank_dir: str | Path) -> dict[str, int]:
-    from corp.analysis.report import reproducible_ranks
+    from corp.analysis import reproducible_ranks
 
     if not Path(rank_dir).is_dir():
         raise CorpError(f"--rank-from '{rank_dir}' is not a directory")
@@ -174,7 +174,7 @@ class LowRankProjector:
     def __call__(self, m: Direction) -> LowRankDirection:
         from tqdm.auto import tqdm
 
-        from corp.analysis.linalg import low_rank_factors
+        from corp.analysis import low_rank_factors
 
         if isinstance(m, LowRankDirection):
             raise CorpError("direction is already low-rank")

@@ -14,14 +14,15 @@ import math
 import os
 import shutil
 
-from corp.baselines.randopt import population_line, population_summary, randopt_results
 from corp.consolidate.algebra import elite_set
 from corp.consolidate.corp_operator import ConsolidateConfig, consolidate_stage1, reward_scale
 from corp.consolidate.stage2 import consolidate_stage2
 from corp.consolidate.lowrank import FACTORS_FILE, LowRankDirection, LowRankProjector, export_lora, read_analysis, resolve_ranks, write_factors
 from corp.consolidate.recipe import make_recipe, write_recipe
 from corp.evaluate.backends.base import MODEL, PERTURBER
-from corp.evaluate.scorer import EvalCache, RunContext, cached_eval, direction_fingerprint, ensure_population, open_run, row_scores, run_evals
+from corp.evaluate.population import population_line, population_summary, randopt_results
+from corp.evaluate.context import EvalCache, RunContext, cached_eval, direction_fingerprint, open_run, row_scores, run_evals
+from corp.evaluate.scorer import ensure_population
 from corp.models import save_model
 from corp.perturb import Direction, ParamFilter
 from corp.runs import ReportRow, format_rows, write_report

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from corp import CorpError
 from corp.consolidate.algebra import combine, principal_directions
 from corp.consolidate.config import OperatorConfig
-from corp.consolidate.corp_operator import ConsolidationResult, ScoreFn, _mean, gate_on, merge_and_search
+from corp.consolidate.corp_operator import ConsolidationResult, ScoreFn, gate_on, mean_score, merge_and_search
 from corp.perturb import SCHEME_VERSION, Direction, specialist_seeds
 
 
@@ -71,14 +71,14 @@ def consolidate_stage2(first: ConsolidationResult, params: Sequence[tuple[str, t
         if hasattr(score, "cache_prefix"):
             score.cache_prefix(centre)
         bar = tqdm(local, desc=f"stage 2 round {t + 1}", unit="spec", disable=not progress, dynamic_ncols=True)
-        rewards = [_mean(score(centre + p, select)) for p in bar]
+        rewards = [mean_score(score(centre + p, select)) for p in bar]
         bar.close()
         _, cands, _ = merge_and_search(rewards, local, params, score, cfg, select, centre, progress, None, gram_cache, scheme, perturber)
         best = max(cands[cfg.merge_rules[0]], key=lambda c: c.probe_score)
         g_half = gate_on(score, best.direction, centre, gate_half, cfg.gate_z)
         g_probe = gate_on(score, best.direction, centre, probe, cfg.gate_z)
         ok = g_half.accepted and g_probe.accepted
-        rounds.append({"round": t + 1, "sigma": scale, "n_local": len(local), "pcs": len(pcs), "reward_best": max(rewards), "reward_mean": _mean(rewards),
+        rounds.append({"round": t + 1, "sigma": scale, "n_local": len(local), "pcs": len(pcs), "reward_best": max(rewards), "reward_mean": mean_score(rewards),
                        "candidate": best.name, "gate_support_half": g_half.to_dict(), "gate_probe": g_probe.to_dict(), "accepted": ok})
         if ok:
             centre, accepts, rejects_in_a_row = best.direction, accepts + 1, 0

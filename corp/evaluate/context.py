@@ -1,4 +1,9 @@
-"""The run context and the one evaluation cache every method uses.
+"""The run layer: the run context, opening a run, and the one evaluation cache every method uses.
+
+Every method imports its run layer from here and only from here: `open_run` / `setup_run` (resolve
+task, splits and reward, lock the run directory, refuse a directory made under another definition
+(`population_definition`, `check_meta`) before writing anything), `RunContext`, `EvalCache`,
+`cached_eval` and `run_evals`. Scoring a population of specialists is `scorer.py`, above this.
 
 `RunContext` carries a run's resolved config, task, splits, run directory, reward and (lazily) its
 backend and executor. `evaluate` / `evaluate_current` generate on some examples and score them.
@@ -21,21 +26,36 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import signal
+import sys
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
-from corp.bench.ledger import Ledger
-from corp.config import RunConfig
+from tqdm.auto import tqdm
+
+from corp import CorpError
+from corp.config import PopulationConfig, RunConfig, config_to_dict
 from corp.evaluate.backends import Backend, make_backend
-from corp.evaluate.rewards import compute_rewards
-from corp.evaluate.tasks import Example, Task
-from corp.perturb import Direction, ParamFilter
-from corp.runs import RunLock, append_jsonl, read_jsonl, unique_rows
+from corp.evaluate.rewards import compute_rewards, resolve_reward
+from corp.evaluate.tasks import SPLITS, Example, SplitSizes, Task, get_task, make_splits
+from corp.ledger import Ledger
+from corp.perturb import SCHEME_VERSION, Direction, ParamFilter
+from corp.runs import (
+    RunLock, append_jsonl, finish_run_dir, open_run_dir, read_json, read_jsonl, unique_rows, write_json, write_status, write_yaml,
+)
 from corp.stats import PerExample
 
+POPULATION_FILE = "population.jsonl"
+META_FILE = "population_meta.json"
+EVALS_FILE = "evals.jsonl"
+META_FORMAT = 2
+POPULATION_ORDER = "specialist i = (specialist_seeds(seed)[i], sigmas[i % len(sigmas)])"
 ROW_FORMAT = 2  # rows keyed by eval_identity (format 1: "<seed>:<sigma>:<split>" keys, no example ids)
 
 
@@ -82,7 +102,7 @@ class RunContext:
     executor: object | None = None
     created: bool = False  # this invocation created run_dir (a failure that computed nothing removes it)
     lock: RunLock | None = None
-    definition: dict | None = None  # what defines the population rows written here (scorer.population_definition)
+    definition: dict | None = None  # what defines the population rows written here (population_definition)
     population_source: dict | None = None  # where the population came from and which rows were taken (for the report)
 
     @property
@@ -316,3 +336,144 @@ def score_one(ctx: RunContext, seed: int | None, sigma: float | None, split: str
     identity = eval_identity(context or ctx.eval_context(), specialist_what(seed, sigma), [e.id for e in examples])
     res = evaluate_current(ctx, examples)
     return result_row(identity, split, res, "base" if seed is None else "specialist", seed=seed, sigma=None if sigma is None else float(sigma), apply_seconds=apply_s, **extra)
+
+
+def population_definition(cfg: RunConfig, task, splits, max_new_tokens: int, kind: str = "population", **more) -> dict:
+    """What defines the rows of a population, as far as the config tells (the model's weights hash
+    and id are added once it is loaded)."""
+    return {
+        "format": META_FORMAT,
+        "kind": kind,  # population (RandOpt/CoRP: noise around the base) | es (noise around a moving centre)
+        "model_name": cfg.model,
+        "task": task.signature(),
+        "reward": cfg.reward or "correct",
+        "split": "support",
+        "example_ids": [e.id for e in splits["support"]],
+        "max_new_tokens": max_new_tokens,
+        "noise_scheme": SCHEME_VERSION,
+        "param_filter": {"include": getattr(cfg, "include", ".*"), "exclude": getattr(cfg, "exclude", "")},
+        "seed": cfg.seed,
+        **more,
+    }
+
+
+def default_definition(cfg: RunConfig, task, splits, max_new_tokens: int) -> dict | None:
+    if isinstance(cfg, PopulationConfig) and not cfg.from_run:
+        return population_definition(cfg, task, splits, max_new_tokens, sigmas=[float(s) for s in cfg.sigmas], order=POPULATION_ORDER)
+    return None
+
+
+def compare_meta(found: dict, expected: dict, where: Path, what: str, keys: Sequence[str] | None = None) -> None:
+    """Refuse when `found` (a stored meta) disagrees with `expected` on any of `keys` (default: all of expected)."""
+    for key in keys if keys is not None else expected:
+        if key not in expected:
+            continue
+        value = expected[key]
+        if found.get(key) != value:
+            shown = value if key != "example_ids" else f"{len(value)} ids"
+            was = found.get(key) if key != "example_ids" else f"{len(found.get(key) or [])} different ids"
+            raise CorpError(f"{what} in '{where}' was made with {key} = {was}, not {shown}; use another --run-dir (or matching options)")
+
+
+def check_meta(path: Path, expected: dict, what: str) -> None:
+    """Refuse to reuse rows written under a different definition; write the meta if there is none."""
+    if not path.exists():
+        write_json(path, expected)
+        return
+    found = read_json(path)
+    if found.get("format") != expected.get("format"):
+        raise CorpError(f"{what} in '{path.parent}' was written by an older corp (rows not keyed by their examples); use another --run-dir")
+    compare_meta(found, expected, path.parent, what)
+
+
+def setup_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs: Sequence[str] = ("support", "test"),
+              defines: dict | None | str | Callable = "auto") -> RunContext:
+    """Resolve task, splits, reward and run directory; lock the directory; check that a reused
+    directory was made under the same definition (`defines`: what the rows written here mean, or a
+    function (task, splits, max_new_tokens) -> that; "auto": a population's definition for
+    population configs) BEFORE writing anything; then write
+    config.yaml and splits.json. `backend` injects a ready backend (tests, reuse)."""
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
+    task = get_task(cfg.task, cfg.data)
+    reward_fn = resolve_reward(cfg.reward)
+    sizes = SplitSizes(cfg.n_support, cfg.n_probe, cfg.n_validation, cfg.n_test)
+    splits = make_splits(task, sizes, cfg.split_seed)
+    if cfg.report_on == "validation":
+        # a hyperparameter trial: every row a method reports on "test" is computed on validation
+        # instead, and the test examples are not evaluated at all
+        splits["test"] = list(splits["validation"])
+    for split in needs:
+        if not splits[split]:
+            raise CorpError(f"the {split} split is empty but {method} needs it; set --n-{split} >= 1")
+    max_new = cfg.max_new_tokens or task.max_new_tokens
+    if defines == "auto":
+        defines = default_definition(cfg, task, splits, max_new)
+    elif callable(defines):
+        defines = defines(task, splits, max_new)
+    run_dir, created = open_run_dir(cfg.run_dir, cfg.task, method, cfg.seed)
+    lock = RunLock(run_dir)
+    try:
+        lock.acquire()
+        if defines is not None and (run_dir / META_FILE).exists():
+            found = read_json(run_dir / META_FILE)
+            if found.get("format") != META_FORMAT:
+                raise CorpError(f"the population in '{run_dir}' was written by an older corp (rows not keyed by their examples); use another --run-dir")
+            compare_meta(found, defines, run_dir, POPULATION_FILE)
+    except BaseException:
+        lock.release()
+        if created:
+            finish_run_dir(run_dir, created, RuntimeError("refused"))
+        raise
+    if os.environ.get("CORP_NO_PROGRESS") != "1":
+        tqdm.write(f"run directory: {run_dir}", file=sys.stderr)
+    write_yaml(run_dir / "config.yaml", {"method": method, **config_to_dict(cfg)})
+    write_json(run_dir / "splits.json", {"split_seed": cfg.split_seed, "report_on": cfg.report_on, **{s: [e.id for e in splits[s]] for s in SPLITS}})
+    write_status(run_dir, "running", method=method)
+    return RunContext(cfg, method, task, splits, run_dir, reward_fn, backend, created=created, lock=lock, definition=defines)
+
+
+@contextmanager
+def open_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs: Sequence[str] = ("support", "test"),
+             defines: dict | None | str | Callable = "auto") -> Iterator[RunContext]:
+    """`setup_run` for the length of a method's run: on success the run is marked complete; on an
+    error a directory this call created that holds nothing computed is removed, any other is marked
+    FAILED (or interrupted); the lock is released either way. A SIGTERM (a job scheduler, `timeout`)
+    is turned into an interrupt while the run is open, so it is recorded like Ctrl-C (SIGKILL cannot be)."""
+    ctx = setup_run(cfg, method, backend, needs, defines)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        yield ctx
+    except BaseException as exc:
+        finish_run_dir(ctx.run_dir, ctx.created, exc)
+        raise
+    else:
+        finish_run_dir(ctx.run_dir, ctx.created, None)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        ctx.close()
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt("terminated (SIGTERM)")
+
+
+def run_evals(ctx: RunContext) -> EvalCache:
+    """The run's cache of every evaluation that is not a population row."""
+    shared = getattr(ctx.cfg, "eval_cache", None)
+    if shared and getattr(ctx.backend, "perturber", None) is None:
+        shared = None  # the noise scheme is not known here, so a shared row could mean other weights
+    return EvalCache(ctx.run_dir / EVALS_FILE, shared=shared, salt=shared_salt(ctx) if shared else "")
+
+
+def shared_salt(ctx: RunContext) -> str:
+    """What an evaluation row's key leaves implicit because a run fixes it, for rows shared between runs."""
+    cfg, backend = ctx.cfg, ctx.backend
+    perturber = getattr(backend, "perturber", None)
+    return json.dumps({"scheme": getattr(perturber, "scheme", None), "include": getattr(cfg, "include", ".*"),
+                       "exclude": getattr(cfg, "exclude", ""), "dtype": cfg.dtype, "device": cfg.device}, sort_keys=True)

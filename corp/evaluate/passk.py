@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from corp import CorpError
 from corp.config import RunConfig, parse_list
-from corp.evaluate.scorer import cached_eval, open_run, run_evals
+from corp.evaluate.context import cached_eval, open_run, run_evals
 from corp.evaluate.voting import pass_at_k
 from corp.runs import ReportRow, write_report
 from corp.stats import PerExample

@@ -1,4 +1,5 @@
-"""Scoring: set up a run, score a population of specialists, reuse one from another run.
+"""Scoring: score a population of specialists, reuse one from another run (the run itself is
+opened by `corp.evaluate.context.open_run`).
 
 The population contract (DESIGN.md, "Population"): `population.jsonl` holds one row per scored
 specialist (the row schema of `corp.evaluate.context.result_row`, kind "specialist", with its
@@ -6,7 +7,7 @@ specialist (the row schema of `corp.evaluate.context.result_row`, kind "speciali
 specialist in flight and a rerun on the same run directory skips what is done.
 `population_meta.json` records everything that defines the rows: the population kind, model id and
 weights hash, backend, task signature, reward, support ids, generation length, noise scheme,
-parameter filter, master seed and sigmas (which fix the population order). `setup_run` compares
+parameter filter, master seed and sigmas (which fix the population order). `setup_run` (context.py) compares
 the part known from the config before it writes anything (a refused resume leaves config.yaml and
 splits.json as they were); the rest is compared once the model is loaded, before any row is
 written. Reusing a run directory under another definition is an error, never a silent mix.
@@ -17,38 +18,25 @@ goes to `evals.jsonl` through the same cache (`EvalCache`, `cached_eval`).
 
 from __future__ import annotations
 
-import json
 import os
 import re
-import signal
-import sys
-import threading
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Sequence
 
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.bench.ledger import Ledger
-from corp.config import PopulationConfig, RunConfig, config_to_dict
-from corp.evaluate.backends import Backend
-from corp.evaluate.context import (  # noqa: F401  (re-exported: the public scoring API)
-    EvalCache, EvalResult, RunContext, cached_eval, direction_fingerprint, eval_identity, eval_key, evaluate, evaluate_current,
-    ids_hash, result_row, row_scores, score_one, specialist_what,
+from corp.config import PopulationConfig
+from corp.evaluate.context import (
+    META_FILE, META_FORMAT, POPULATION_FILE, EvalCache, RunContext, check_meta, compare_meta, default_definition, eval_identity, eval_key,
+    specialist_what,
 )
 from corp.evaluate.executors import get_executor
-from corp.evaluate.rewards import resolve_reward
-from corp.evaluate.tasks import SPLITS, SplitSizes, get_task, make_splits
+from corp.ledger import Ledger
 from corp.perturb import SCHEME_VERSION, specialist_seeds
-from corp.runs import RunLock, finish_run_dir, open_run_dir, read_json, read_jsonl, unique_rows, write_json, write_status, write_yaml
+from corp.runs import read_json, read_jsonl, unique_rows
 
-POPULATION_FILE = "population.jsonl"
-META_FILE = "population_meta.json"
-EVALS_FILE = "evals.jsonl"
-META_FORMAT = 2
-POPULATION_ORDER = "specialist i = (specialist_seeds(seed)[i], sigmas[i % len(sigmas)])"
 _LEGACY_KEY = re.compile(r"^-?\d+:[^:]+:support$")
 
 
@@ -57,134 +45,9 @@ def specialists_for(cfg: PopulationConfig) -> list[tuple[int, float]]:
     return [(s, cfg.sigmas[i % len(cfg.sigmas)]) for i, s in enumerate(seeds)]
 
 
-def population_definition(cfg: RunConfig, task, splits, max_new_tokens: int, kind: str = "population", **more) -> dict:
-    """What defines the rows of a population, as far as the config tells (the model's weights hash
-    and id are added once it is loaded)."""
-    return {
-        "format": META_FORMAT,
-        "kind": kind,  # population (RandOpt/CoRP: noise around the base) | es (noise around a moving centre)
-        "model_name": cfg.model,
-        "task": task.signature(),
-        "reward": cfg.reward or "correct",
-        "split": "support",
-        "example_ids": [e.id for e in splits["support"]],
-        "max_new_tokens": max_new_tokens,
-        "noise_scheme": SCHEME_VERSION,
-        "param_filter": {"include": getattr(cfg, "include", ".*"), "exclude": getattr(cfg, "exclude", "")},
-        "seed": cfg.seed,
-        **more,
-    }
-
-
-def _default_definition(cfg: RunConfig, task, splits, max_new_tokens: int) -> dict | None:
-    if isinstance(cfg, PopulationConfig) and not cfg.from_run:
-        return population_definition(cfg, task, splits, max_new_tokens, sigmas=[float(s) for s in cfg.sigmas], order=POPULATION_ORDER)
-    return None
-
-
-def compare_meta(found: dict, expected: dict, where: Path, what: str, keys: Sequence[str] | None = None) -> None:
-    """Refuse when `found` (a stored meta) disagrees with `expected` on any of `keys` (default: all of expected)."""
-    for key in keys if keys is not None else expected:
-        if key not in expected:
-            continue
-        value = expected[key]
-        if found.get(key) != value:
-            shown = value if key != "example_ids" else f"{len(value)} ids"
-            was = found.get(key) if key != "example_ids" else f"{len(found.get(key) or [])} different ids"
-            raise CorpError(f"{what} in '{where}' was made with {key} = {was}, not {shown}; use another --run-dir (or matching options)")
-
-
-def check_meta(path: Path, expected: dict, what: str) -> None:
-    """Refuse to reuse rows written under a different definition; write the meta if there is none."""
-    if not path.exists():
-        write_json(path, expected)
-        return
-    found = read_json(path)
-    if found.get("format") != expected.get("format"):
-        raise CorpError(f"{what} in '{path.parent}' was written by an older corp (rows not keyed by their examples); use another --run-dir")
-    compare_meta(found, expected, path.parent, what)
-
-
-def setup_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs: Sequence[str] = ("support", "test"),
-              defines: dict | None | str | Callable = "auto") -> RunContext:
-    """Resolve task, splits, reward and run directory; lock the directory; check that a reused
-    directory was made under the same definition (`defines`: what the rows written here mean, or a
-    function (task, splits, max_new_tokens) -> that; "auto": a population's definition for
-    population configs) BEFORE writing anything; then write
-    config.yaml and splits.json. `backend` injects a ready backend (tests, reuse)."""
-    if cfg.threads:
-        import torch
-
-        torch.set_num_threads(cfg.threads)
-    task = get_task(cfg.task, cfg.data)
-    reward_fn = resolve_reward(cfg.reward)
-    sizes = SplitSizes(cfg.n_support, cfg.n_probe, cfg.n_validation, cfg.n_test)
-    splits = make_splits(task, sizes, cfg.split_seed)
-    if cfg.report_on == "validation":
-        # a hyperparameter trial: every row a method reports on "test" is computed on validation
-        # instead, and the test examples are not evaluated at all
-        splits["test"] = list(splits["validation"])
-    for split in needs:
-        if not splits[split]:
-            raise CorpError(f"the {split} split is empty but {method} needs it; set --n-{split} >= 1")
-    max_new = cfg.max_new_tokens or task.max_new_tokens
-    if defines == "auto":
-        defines = _default_definition(cfg, task, splits, max_new)
-    elif callable(defines):
-        defines = defines(task, splits, max_new)
-    run_dir, created = open_run_dir(cfg.run_dir, cfg.task, method, cfg.seed)
-    lock = RunLock(run_dir)
-    try:
-        lock.acquire()
-        if defines is not None and (run_dir / META_FILE).exists():
-            found = read_json(run_dir / META_FILE)
-            if found.get("format") != META_FORMAT:
-                raise CorpError(f"the population in '{run_dir}' was written by an older corp (rows not keyed by their examples); use another --run-dir")
-            compare_meta(found, defines, run_dir, POPULATION_FILE)
-    except BaseException:
-        lock.release()
-        if created:
-            finish_run_dir(run_dir, created, RuntimeError("refused"))
-        raise
-    if os.environ.get("CORP_NO_PROGRESS") != "1":
-        tqdm.write(f"run directory: {run_dir}", file=sys.stderr)
-    write_yaml(run_dir / "config.yaml", {"method": method, **config_to_dict(cfg)})
-    write_json(run_dir / "splits.json", {"split_seed": cfg.split_seed, "report_on": cfg.report_on, **{s: [e.id for e in splits[s]] for s in SPLITS}})
-    write_status(run_dir, "running", method=method)
-    return RunContext(cfg, method, task, splits, run_dir, reward_fn, backend, created=created, lock=lock, definition=defines)
-
-
-@contextmanager
-def open_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs: Sequence[str] = ("support", "test"),
-             defines: dict | None | str | Callable = "auto") -> Iterator[RunContext]:
-    """`setup_run` for the length of a method's run: on success the run is marked complete; on an
-    error a directory this call created that holds nothing computed is removed, any other is marked
-    FAILED (or interrupted); the lock is released either way. A SIGTERM (a job scheduler, `timeout`)
-    is turned into an interrupt while the run is open, so it is recorded like Ctrl-C (SIGKILL cannot be)."""
-    ctx = setup_run(cfg, method, backend, needs, defines)
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-    try:
-        yield ctx
-    except BaseException as exc:
-        finish_run_dir(ctx.run_dir, ctx.created, exc)
-        raise
-    else:
-        finish_run_dir(ctx.run_dir, ctx.created, None)
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        ctx.close()
-
-
-def _sigterm_as_interrupt(signum, frame):
-    raise KeyboardInterrupt("terminated (SIGTERM)")
-
-
 def population_meta(ctx: RunContext) -> dict:
     """The full definition of this run's population (config part + the loaded model's identity)."""
-    base = ctx.definition or _default_definition(ctx.cfg, ctx.task, ctx.splits, ctx.max_new_tokens)
+    base = ctx.definition or default_definition(ctx.cfg, ctx.task, ctx.splits, ctx.max_new_tokens)
     if base is None:
         raise CorpError(f"{ctx.method} does not score a population in its run directory")
     return {**base, **ctx.eval_context()}
@@ -326,19 +189,3 @@ def rows_ledger(ctx: RunContext, rows: Sequence[dict]) -> Ledger:
     for r in rows:
         led.add_generation(r["prompt_tokens"], r["generated_tokens"])
     return led
-
-
-def run_evals(ctx: RunContext) -> EvalCache:
-    """The run's cache of every evaluation that is not a population row."""
-    shared = getattr(ctx.cfg, "eval_cache", None)
-    if shared and getattr(ctx.backend, "perturber", None) is None:
-        shared = None  # the noise scheme is not known here, so a shared row could mean other weights
-    return EvalCache(ctx.run_dir / EVALS_FILE, shared=shared, salt=shared_salt(ctx) if shared else "")
-
-
-def shared_salt(ctx: RunContext) -> str:
-    """What an evaluation row's key leaves implicit because a run fixes it, for rows shared between runs."""
-    cfg, backend = ctx.cfg, ctx.backend
-    perturber = getattr(backend, "perturber", None)
-    return json.dumps({"scheme": getattr(perturber, "scheme", None), "include": getattr(cfg, "include", ".*"),
-                       "exclude": getattr(cfg, "exclude", ""), "dtype": cfg.dtype, "device": cfg.device}, sort_keys=True)

@@ -34,14 +34,11 @@ from functools import partial
 from pathlib import Path
 
 from corp import CorpError
-from corp.bench.ledger import Ledger
 from corp.config import PopulationConfig
-from corp.consolidate.config import OperatorConfig
-from corp.consolidate.corp_operator import merge_and_search
-from corp.consolidate.gate import paired_gate
-from corp.consolidate.recipe import make_recipe, write_recipe
+from corp.consolidate import OperatorConfig, make_recipe, merge_and_search, paired_gate, write_recipe
 from corp.federated.aggregation import COMBINE_RULES, combine_client_rewards
 from corp.federated.clients import SPLIT_RULES, ClientBase, ClientPool, Traffic, check_signatures, partition_ids, split_clients
+from corp.ledger import Ledger
 from corp.perturb import Direction, ParamFilter
 from corp.runs import ReportRow, format_rows, write_json, write_report
 from corp.stats import PerExample
@@ -187,7 +184,7 @@ class FederatedProbe:
 
 def run_fedcorp(cfg: FedCorpConfig, backend=None, log=None) -> dict:
     """`log(client, 'down'|'up', message)` sees every message (tests)."""
-    from corp.evaluate.scorer import open_run
+    from corp.evaluate.context import open_run
 
     with open_run(cfg, "fedcorp", backend, needs=("support", "probe", "validation", "test"), defines=None) as ctx:
         return _fedcorp(cfg, ctx, log)
@@ -195,8 +192,8 @@ def run_fedcorp(cfg: FedCorpConfig, backend=None, log=None) -> dict:
 
 def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
     from corp.evaluate.backends.base import MODEL, PERTURBER
-    from corp.evaluate.context import cached_eval
-    from corp.evaluate.scorer import run_evals, specialists_for
+    from corp.evaluate.context import cached_eval, run_evals
+    from corp.evaluate.scorer import specialists_for
     from corp.models import save_model
 
     K = cfg.clients

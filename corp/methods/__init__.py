@@ -9,8 +9,9 @@ one `corp NAME` command per entry (options generated from the config's fields), 
 iterates over the entries, and tests/test_methods.py runs every entry on a tiny random model.
 
 Adding a method is one file (its config and run function, next to the algorithm) plus one line in
-METHODS below. Entries name their config and run function as 'module:attribute' strings, so that
-importing this registry imports no method (and no torch) until one is used.
+METHODS below. Entries hold their config class and run function themselves (real imports, from each
+algorithm package's public surface), so the import graph shows what the registry depends on; the
+bench adapter alone is named as 'module:attribute', because corp.bench sits above this layer.
 """
 
 from __future__ import annotations
@@ -20,7 +21,18 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from corp import CorpError
+from corp.analysis import AnalyzeRankConfig, run_analyze_rank
+from corp.baselines import (
+    ESConfig, FERAConfig, FGRPOConfig, FTISConfig, GRPOConfig, SelfConsistencyConfig, fera_summary, ftis_summary, run_es, run_fera, run_fgrpo,
+    run_ftis, run_grpo, run_randopt, run_self_consistency,
+)
+from corp.config import PopulationConfig, RandOptConfig
+from corp.consolidate import ConsolidateConfig, run_consolidate
+from corp.evaluate.passk import EvalConfig, run_eval
+from corp.federated import FedCorpConfig, run_fedcorp
+from corp.methods import summaries
+from corp.methods.score import run_score
+from corp.registry import Registry
 
 # split sizes of a smoke run: every split non-empty, so any method finds what it needs
 _SMALL = {"n_support": 4, "n_probe": 4, "n_validation": 4, "n_test": 4, "max_new_tokens": 4, "batch_size": 8}
@@ -32,10 +44,10 @@ class Method:
 
     name: str
     """Command name (`corp NAME`) and the report's `method` (variants may add a suffix: grpo-cov)."""
-    config: str
-    """'module:Class' of its config dataclass."""
-    run: str
-    """'module:function': run(cfg[, backend]) -> report dict; writes report.json into cfg.run_dir."""
+    config: type
+    """Its config dataclass (a corp.config.RunConfig subclass)."""
+    run: Callable[..., dict]
+    """run(cfg[, backend]) -> report dict; writes report.json into cfg.run_dir."""
     help: str
     """One line for `corp --help`."""
     report: str = "report.json"
@@ -49,8 +61,8 @@ class Method:
     """Options of its smallest meaningful run (a tiny model, a few examples): tests and bench smoke runs."""
     no_smoke: str | None = None
     """Why it cannot run on a tiny model, when `smoke` is None (never skipped silently)."""
-    summary: str | None = None
-    """'module:function' report -> text for the terminal; default: the report's table."""
+    summary: Callable[[dict], str] | None = None
+    """report -> text for the terminal; default: the report's table."""
     bench: str | None = None
     """'module:attr' of its `corp.bench.adapters.BenchAdapter` (how `corp bench` runs it at a budget); None: not a bench row."""
 
@@ -60,11 +72,11 @@ class Method:
 
     @property
     def config_class(self) -> type:
-        return _resolve(self.config)
+        return self.config
 
     @property
     def run_function(self) -> Callable[..., dict]:
-        return _resolve(self.run)
+        return self.run
 
     @property
     def bench_adapter(self):
@@ -79,21 +91,19 @@ class Method:
     @property
     def uses_population(self) -> bool:
         """Whether it scores (or reads, with --from-run) a population of specialists."""
-        from corp.config import PopulationConfig
-
         return issubclass(self.config_class, PopulationConfig)
 
     def __call__(self, cfg, backend=None) -> dict:
         if backend is None:
             return self.run_function(cfg)
         if not self.takes_backend:
-            raise TypeError(f"method '{self.name}': {self.run} takes no backend")
+            raise TypeError(f"method '{self.name}': {self.run.__module__}.{self.run.__qualname__} takes no backend")
         return self.run_function(cfg, backend=backend)
 
     def summarise(self, report: dict) -> str:
         """What the CLI prints after a run."""
         if self.summary:
-            return _resolve(self.summary)(report)
+            return self.summary(report)
         text = report.get("table") or report.get("text") or ""
         where = f"run directory: {report['run_dir']}" if report.get("run_dir") and "run directory" not in text else ""
         return "\n".join(t for t in (text, where) if t)
@@ -107,60 +117,58 @@ def _resolve(spec: str):
 # ---------------------------------------------------------------- the registry: one line per method
 
 METHODS: tuple[Method, ...] = (
-    Method("score", "corp.config:PopulationConfig", "corp.methods.score:run_score",
+    Method("score", PopulationConfig, run_score,
            "Score a population of perturbed specialists on the support split (population.jsonl).",
-           smoke={**_SMALL, "population": 3, "sigmas": "0.05"}, summary="corp.methods.summaries:score"),
-    Method("randopt", "corp.config:RandOptConfig", "corp.baselines.randopt:run_randopt",
+           smoke={**_SMALL, "population": 3, "sigmas": "0.05"}, summary=summaries.score),
+    Method("randopt", RandOptConfig, run_randopt,
            "RandOpt: score N perturbed specialists, report base, top-1 and top-K vote on the test split.",
            smoke={**_SMALL, "population": 3, "sigmas": "0.05", "top_k": "1,2"}, bench="corp.bench.adapters:RANDOPT"),
-    Method("consolidate", "corp.consolidate.config:ConsolidateConfig", "corp.consolidate.run:run_consolidate",
+    Method("consolidate", ConsolidateConfig, run_consolidate,
            "CoRP: consolidate a rewarded population into one gated model (recipe.json + model/).",
            recipes=("corp-direction", "low-rank"), model=True, smoke={**_SMALL, "population": 4, "sigmas": "0.05", "alphas": "1,2", "top_k": "1,2"},
            bench="corp.bench.adapters:CORP"),
-    Method("es", "corp.baselines.es:ESConfig", "corp.baselines.es:run_es",
+    Method("es", ESConfig, run_es,
            "ES: iterative OpenES around a moving centre; saves the model and its seed recipe, reports test accuracy.",
            recipes=("es",), model=True, smoke={**_SMALL, "iterations": 2, "population": 4, "sigma": 0.05, "alpha": 0.05},
-           summary="corp.methods.summaries:es", bench="corp.bench.adapters:ES"),
-    Method("grpo", "corp.baselines.grpo.core:GRPOConfig", "corp.baselines.grpo.core:run_grpo",
+           summary=summaries.es, bench="corp.bench.adapters:ES"),
+    Method("grpo", GRPOConfig, run_grpo,
            "GRPO (TRL-style) with loss variants grpo | cov | reco; full-parameter or LoRA; saves an HF model directory.",
            model=True, smoke={**_SMALL, "steps": 2, "prompts_per_step": 2, "num_generations": 2, "checkpoint_every": 1, "learning_rate": 1e-3},
-           summary="corp.methods.summaries:grpo", bench="corp.bench.adapters:GRPO"),
-    Method("eval", "corp.evaluate.passk:EvalConfig", "corp.evaluate.passk:run_eval",
+           summary=summaries.grpo, bench="corp.bench.adapters:GRPO"),
+    Method("eval", EvalConfig, run_eval,
            "Evaluate a model on the test split: greedy accuracy and pass@k with n samples per problem.",
            smoke={**_SMALL, "pass_k": "1,2", "n_samples": 2}),
-    Method("self-consistency", "corp.baselines.self_consistency:SelfConsistencyConfig", "corp.baselines.self_consistency:run_self_consistency",
+    Method("self-consistency", SelfConsistencyConfig, run_self_consistency,
            "Self-consistency@K: sample the base model K times per question (temperature 0.7), majority vote; greedy base beside it.",
            smoke={**_SMALL, "k": "1,2"}, bench="corp.bench.adapters:SELF_CONSISTENCY"),
-    Method("fedcorp", "corp.federated.fedcorp:FedCorpConfig", "corp.federated.fedcorp:run_fedcorp",
+    Method("fedcorp", FedCorpConfig, run_fedcorp,
            "Federated weight space: K clients score the same seeds on private data; only (seed, reward) pairs, candidates and verdicts travel; CoRP stage 1 on the combined rewards, gated by each client (recipe.json + model/).",
            recipes=("corp-direction",), model=True, smoke={**_SMALL, "population": 4, "sigmas": "0.05", "alphas": "1,2", "clients": 2, "split_by": "iid", "gate_z": -10.0}),
-    Method("fgrpo", "corp.baselines.fgrpo:FGRPOConfig", "corp.baselines.fgrpo:run_fgrpo",
+    Method("fgrpo", FGRPOConfig, run_fgrpo,
            "FGRPO: K clients run E local GRPO steps per round on private non-IID shares; the server aggregates updates by relative reward gain (or FedAvg).",
            model=True, smoke={**_SMALL, "rounds": 2, "steps": 1, "clients": 2, "split_by": "iid", "prompts_per_step": 2, "num_generations": 2, "lora_r": 2, "learning_rate": 1e-3},
            bench="corp.bench.adapters:FGRPO"),
-    Method("analyze-rank", "corp.analysis.config:AnalyzeRankConfig", "corp.analysis.split_half:run_analyze_rank",
+    Method("analyze-rank", AnalyzeRankConfig, run_analyze_rank,
            "Split-half low-rank analysis of a scored population (--from-run DIR, or --model/--task/--population to score first): reproducible rank r* per weight matrix.",
            report="rank_summary.json", smoke={**_SMALL, "population": 4, "sigmas": "0.05", "ranks": "1,2", "splits": 2, "permutations": 19, "power_sims": 4},
-           summary="corp.methods.summaries:analyze_rank"),
-    Method("ftis", "corp.baselines.ftis:FTISConfig", "corp.baselines.ftis:run_ftis",
+           summary=summaries.analyze_rank),
+    Method("ftis", FTISConfig, run_ftis,
            "F-TIS (reconstruction): nodes with their own models share rollouts + logprobs; GRPO on the mixed group with truncated importance weights and a KL filter; vs on-policy GRPO per node.",
-           smoke={**_SMALL, "steps": 2, "prompts_per_step": 2, "num_generations": 2, "learning_rate": 1e-3}, summary="corp.baselines.ftis:summary"),
-    Method("fera", "corp.baselines.fera:FERAConfig", "corp.baselines.fera:run_fera",
+           smoke={**_SMALL, "steps": 2, "prompts_per_step": 2, "num_generations": 2, "learning_rate": 1e-3}, summary=ftis_summary),
+    Method("fera", FERAConfig, run_fera,
            "FERA (reconstruction, cheap variant): training-free rounds; clients answer with private demonstrations + the server's synthesis; uncertainty-weighted vote.",
-           smoke={**_SMALL, "clients": 2, "shots": 1, "rounds": 2, "samples": 2}, summary="corp.baselines.fera:summary",
+           smoke={**_SMALL, "clients": 2, "shots": 1, "rounds": 2, "samples": 2}, summary=fera_summary,
            bench="corp.bench.adapters:FERA"),
 )
 
-REGISTRY: dict[str, Method] = {m.name: m for m in METHODS}
-if len(REGISTRY) != len(METHODS):
-    raise ValueError("two registered methods share a name")
+REGISTRY: Registry[Method] = Registry("method")
+for _m in METHODS:
+    REGISTRY.register(_m)  # a second method under one name is an error at import
 
 
 def get_method(name: str) -> Method:
     """The registered method `name`; an unknown name is one line listing the known ones."""
-    if name not in REGISTRY:
-        raise CorpError(f"unknown method '{name}'; known: {', '.join(REGISTRY)}")
-    return REGISTRY[name]
+    return REGISTRY.lookup(name)
 
 
 def methods() -> tuple[Method, ...]:

@@ -11,7 +11,8 @@ from corp.config import PopulationConfig
 
 def run_score(cfg: PopulationConfig, backend=None) -> dict:
     from corp.evaluate.racing import RACED
-    from corp.evaluate.scorer import ensure_population, open_run, rows_ledger
+    from corp.evaluate.context import open_run
+    from corp.evaluate.scorer import ensure_population, rows_ledger
     from corp.runs import write_report
 
     from corp import CorpError

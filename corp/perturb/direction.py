@@ -15,8 +15,6 @@ drawing them is most of the cost of an apply or a build. The bits do not depend 
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import hashlib
 import itertools
 import re
@@ -28,6 +26,7 @@ from typing import Callable, ClassVar, Iterable, Iterator, Sequence
 import torch
 
 from corp import CorpError
+from corp.threads import serial_ops_in_this_thread
 from corp.perturb.noise import SCHEME_VERSION, check_scheme, noise
 
 
@@ -108,30 +107,6 @@ def tensor_workers(numel: int) -> int:
     return max(1, torch.get_num_threads()) if numel >= 1 << 20 else 1
 
 
-@functools.cache
-def _torch_openmp() -> ctypes.CDLL | None:
-    """The libgomp that torch loaded (the same handle), or None where torch runs on another runtime."""
-    try:
-        with open("/proc/self/maps") as maps:
-            path = next((line.split()[-1] for line in maps if "libgomp" in line), None)
-        return ctypes.CDLL(path) if path else None
-    except OSError:
-        return None
-
-
-def _serial_ops_in_this_thread() -> None:
-    """Make torch's operators single-threaded in the calling (worker) thread only. The workers
-    are the parallelism here: with OpenMP teams of their own, W workers would run W x T threads on
-    T cores. libgomp keeps the thread count per thread, so the main thread keeps its T. Where
-    torch's runtime is not libgomp (or cannot be found), nothing changes."""
-    omp = _torch_openmp()
-    if omp is not None:
-        # ATen sets a thread's OpenMP thread count to its global one at the thread's first
-        # parallel_for: call one first, so that ours is the setting that stays
-        torch.softmax(torch.ones(1, 4), dim=-1)  # calls at::parallel_for on one row: no team is started
-        omp.omp_set_num_threads(1)
-
-
 _WORKER_PREFIX = "corp-tensor"
 
 
@@ -160,7 +135,7 @@ def per_tensor(fn: Callable, items: Sequence[tuple[str, torch.Size]], scratch: S
     # while the model generates, and libgomp cuts its spinning when it counts more threads than
     # cores: generation with a spinning wait policy ran 1.4x slower beside an idle pool
     # (results/step-search/README.md).
-    with ThreadPoolExecutor(workers, thread_name_prefix=_WORKER_PREFIX, initializer=_serial_ops_in_this_thread) as executor:
+    with ThreadPoolExecutor(workers, thread_name_prefix=_WORKER_PREFIX, initializer=serial_ops_in_this_thread) as executor:
         # at most 2 tasks per worker submitted and not yet consumed: a caller that streams the
         # results (a weights iterator) holds a few tensors at a time, not a copy of the model; and
         # results come as they finish, so one long tensor does not hold the other workers up

@@ -23,9 +23,10 @@ from typing import ClassVar
 
 import torch
 
-from corp import CorpError
+from corp.registry import Registry
 
-LOSS_VARIANTS: dict[str, type["LossVariant"]] = {}  # --loss name -> variant class, filled by @register_loss
+# --loss name -> variant class, filled by @register_loss
+LOSS_VARIANTS: Registry[type[LossVariant]] = Registry("GRPO loss variant", unknown="--loss '{name}' is unknown; choose one of {known}")
 
 
 class LossVariant:
@@ -44,17 +45,12 @@ class LossVariant:
 
 def register_loss(cls: type[LossVariant]) -> type[LossVariant]:
     """Class decorator: make `cls` available as `--loss cls.name`."""
-    if not cls.name or cls.name in LOSS_VARIANTS:
-        raise CorpError(f"GRPO loss variant {cls.__name__} needs a unique name (got '{cls.name}')")
-    LOSS_VARIANTS[cls.name] = cls
-    return cls
+    return LOSS_VARIANTS.register(cls)
 
 
 def get_loss(name: str) -> LossVariant:
     """A fresh instance of the registered variant `name`; an unknown name lists the registered ones."""
-    if name not in LOSS_VARIANTS:
-        raise CorpError(f"--loss '{name}' is unknown; choose one of {', '.join(LOSS_VARIANTS)}")
-    return LOSS_VARIANTS[name]()
+    return LOSS_VARIANTS.lookup(name)()
 
 
 def valid_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -46,12 +46,12 @@ import torch
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.bench.ledger import Ledger
 from corp.config import RunConfig
 from corp.evaluate.backends.base import MODEL
 from corp.evaluate.rewards import compute_rewards
 from corp.config import config_to_dict
-from corp.evaluate.scorer import cached_eval, eval_identity, eval_key, open_run, run_evals
+from corp.evaluate.context import cached_eval, eval_identity, eval_key, open_run, run_evals
+from corp.ledger import Ledger
 from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_json, write_report
 from corp.stats import PerExample
 

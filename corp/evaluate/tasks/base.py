@@ -10,6 +10,7 @@ selection.
 
 from __future__ import annotations
 
+import inspect
 import random
 import re
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from typing import Sequence
 from corp import CorpError
 
 SPLITS = ("support", "probe", "validation", "test")
+GENERATION_OPTIONS = ("max_new_tokens", "stop")  # options every task takes (corp.evaluate.tasks applies them)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,60 @@ class Task:
     def signature(self) -> dict:
         """What identifies this task's data and reward (stored in runs; a mismatch on reuse is an error)."""
         return {"name": self.name}
+
+    @classmethod
+    def from_spec(cls, spec: str, rest: str, data_dir: str | None = None) -> tuple[Task, dict]:
+        """The task `--task spec` names, from `rest` (what follows 'NAME:'), and its generation
+        options. The default reads `key=value,...` options of __init__."""
+        return cls.from_options(spec, parse_options(spec, rest), data_dir)
+
+    @classmethod
+    def from_options(cls, spec: str, kwargs: dict, data_dir: str | None = None) -> tuple[Task, dict]:
+        name = spec.partition(":")[0]
+        gen = {k: kwargs.pop(k) for k in GENERATION_OPTIONS if k in kwargs}
+        params = inspect.signature(cls.__init__).parameters
+        if "data_dir" in params:
+            kwargs.setdefault("data_dir", data_dir)
+        unknown = set(kwargs) - set(params)
+        if unknown:
+            raise CorpError(f"task '{name}' has no option(s) {', '.join(sorted(unknown))}; see `corp tasks`")
+        try:
+            task = cls(**kwargs)
+        except (TypeError, ValueError) as exc:  # e.g. arith:digits=abc reaching int()
+            raise CorpError(f"task '{spec}': an option has a value of the wrong type ({exc}); see `corp tasks`") from None
+        return task, gen
+
+
+# ---------------------------------------------------------------- task specs: NAME[:key=value,...]
+
+
+def coerce_option(value: str):
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+def parse_options(spec: str, rest: str) -> dict:
+    """`key=value,...` of a task spec; numbers become int/float, `stop` stays text."""
+    kwargs = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise CorpError(f"task option '{item}' in '{spec}' is not key=value")
+        key = key.strip()
+        kwargs[key] = value.strip() if key == "stop" else coerce_option(value.strip())
+    return kwargs
+
+
+def path_and_options(spec: str, rest: str) -> tuple[str, dict]:
+    """'PATH' or 'PATH:key=value,...' (a path may itself hold ':' but options come after the last one)."""
+    path, sep, tail = rest.rpartition(":")
+    if sep and "=" in tail and path:
+        return path, parse_options(spec, tail)
+    return rest, {}
 
 
 # ---------------------------------------------------------------- answer normalisation helpers

@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from corp import CorpError
-from corp.evaluate.tasks.base import Example, Task, last_number, normalize_number
+from corp.evaluate.tasks.base import GENERATION_OPTIONS, Example, Task, last_number, normalize_number, path_and_options
 from corp.evaluate.tasks.data import file_sha256, read_records
 
 
@@ -37,6 +37,18 @@ class JsonlTask(Task):
             raise CorpError(f"data file '{self.path}' does not exist")
         if self.path.is_dir():
             raise CorpError(f"data file '{self.path}' is a directory; name a .jsonl, .csv or .parquet file")
+
+    @classmethod
+    def from_spec(cls, spec: str, rest: str, data_dir: str | None = None) -> tuple[Task, dict]:
+        name = spec.partition(":")[0]
+        if not rest:
+            raise CorpError(f"task '{name}' needs a path: --task jsonl:PATH (.jsonl, .csv or .parquet)")
+        path, kwargs = path_and_options(spec, rest)
+        gen = {k: kwargs.pop(k) for k in GENERATION_OPTIONS if k in kwargs}
+        unknown = set(kwargs) - {"prompt", "answer", "id"}
+        if unknown:
+            raise CorpError(f"task jsonl has no option(s) {', '.join(sorted(unknown))}; options: prompt=FIELD, answer=FIELD, id=FIELD, max_new_tokens=N, stop=S")
+        return cls(path, **{k: str(v) for k, v in kwargs.items()}), gen
 
     def signature(self) -> dict:
         sig = {"name": "jsonl", "path": str(self.path.resolve()), "sha256": file_sha256(self.path)}

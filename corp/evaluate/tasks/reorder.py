@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Sequence
 
 from corp import CorpError
-from corp.evaluate.tasks.base import Example, Task
+from corp.evaluate.tasks.base import Example, Task, path_and_options
 from corp.evaluate.tasks.data import file_sha256
 
 LABELS = "ABCDE"
@@ -123,6 +123,14 @@ class Reorder(Task):
         if self.path.is_dir():
             raise CorpError(f"task reorder: '{self.path}' is a directory; name a plain-text file")
         self._pools: dict[str, list[Example]] | None = None
+
+    @classmethod
+    def from_spec(cls, spec: str, rest: str, data_dir: str | None = None) -> tuple[Task, dict]:
+        if rest and "=" not in rest.split(":", 1)[0]:  # reorder:PATH[:key=value,...]
+            path, kwargs = path_and_options(spec, rest)
+            kwargs["path"] = path
+            return cls.from_options(spec, kwargs, data_dir)
+        return super().from_spec(spec, rest, data_dir)
 
     def signature(self) -> dict:
         return {"name": self.name, "text_sha256": file_sha256(self.path), "seed": self.seed, "block": self.block, "test_every": self.test_every}

@@ -25,7 +25,7 @@ import importlib.metadata
 from typing import Sequence
 
 from corp import CorpError
-from corp.evaluate.tasks.base import Example, Task, last_number, normalize_number
+from corp.evaluate.tasks.base import GENERATION_OPTIONS, Example, Task, last_number, normalize_number, parse_options
 
 INSTRUCTIONS = {"none": ""}  # filled from the gym's SYSTEM_PROMPTS when it is imported
 
@@ -75,6 +75,15 @@ def _coerce_option(field: dataclasses.Field, value, dataset: str):
 class ReasoningGymTask(Task):
     description = "reasoning-gym dataset (rg:NAME[:key=value,...]); its own scorer is the reward"
     max_new_tokens = 128
+
+    @classmethod
+    def from_spec(cls, spec: str, rest: str, data_dir: str | None = None) -> tuple[Task, dict]:
+        dataset, _, opts = rest.partition(":")
+        if not dataset:
+            raise CorpError("task 'rg' needs a dataset name: --task rg:NAME (`corp tasks` lists them)")
+        kwargs = parse_options(spec, opts)
+        gen = {k: kwargs.pop(k) for k in GENERATION_OPTIONS if k in kwargs}
+        return cls(dataset, **kwargs), gen
 
     def __init__(self, dataset: str, seed: int = 0, size: int = 1000, instruction: str = "direct", extract: str = "tags", **options):
         gym = _gym(f"--task rg:{dataset}")

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 FLOPS_FORMULA = "FLOPs = 2 * N_params * (prompt_tokens + generated_tokens) + 6 * N_params * trained_tokens"
 
 
+def flops(n_params: int, prompt_tokens: int = 0, generated_tokens: int = 0, trained_tokens: int = 0) -> float:
+    """FLOPS_FORMULA; the one place it is computed (the bench's budget rules call it too)."""
+    return 2.0 * n_params * (prompt_tokens + generated_tokens) + 6.0 * n_params * trained_tokens
+
+
 @dataclass
 class Ledger:
     n_params: int
@@ -31,7 +36,7 @@ class Ledger:
 
     @property
     def flops(self) -> float:
-        return 2.0 * self.n_params * self.inference_tokens + 6.0 * self.n_params * self.trained_tokens
+        return flops(self.n_params, self.prompt_tokens, self.generated_tokens, self.trained_tokens)
 
     def to_dict(self) -> dict:
         return {

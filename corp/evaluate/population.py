@@ -1,0 +1,75 @@
+"""What a ranked population scores on the test split, and how reports describe it.
+
+RandOpt's rows (base, top-1, top-K majority vote; Gan & Isola, arXiv 2603.12228) are computed
+here, below the algorithm packages, because CoRP's report carries them beside its own row
+(corp.consolidate.run) and peers do not import each other's internals.
+"""
+
+from __future__ import annotations
+
+from corp.evaluate.context import EvalCache, RunContext, run_evals
+from corp.evaluate.scorer import rows_ledger, score_specialists
+from corp.evaluate.voting import majority_vote
+from corp.runs import ReportRow
+from corp.stats import PerExample
+
+
+def evaluate_on_test(ctx: RunContext, specialists: list[tuple[int | None, float | None]], cache: EvalCache | None = None) -> dict[tuple, dict]:
+    """Test-split rows for the base (None, None) and the given specialists; cached in evals.jsonl (resume)."""
+    return score_specialists(ctx, specialists, "test", cache or run_evals(ctx), desc="test eval")
+
+
+def vote_correct(ctx: RunContext, ranked_test_rows: list[dict]) -> list[int]:
+    """Per test example: is the majority vote over the specialists' extracted answers (rank order breaks ties) correct?"""
+    test = ctx.splits["test"]
+    return [int(bool(ctx.task.check(majority_vote([r["answers"][j] for r in ranked_test_rows]), ex))) for j, ex in enumerate(test)]
+
+
+def randopt_results(ctx: RunContext, ranked: list[dict], top_k: list[int], cache: EvalCache | None = None) -> tuple[list[ReportRow], dict[tuple, dict]]:
+    """Base, top-1 and top-K vote on the test split, from a ranked population, with per-example outcomes."""
+    kmax = max(top_k)
+    chosen = [(r["seed"], r["sigma"]) for r in ranked[:kmax]]
+    test_rows = evaluate_on_test(ctx, [(None, None)] + chosen, cache)
+    ids = ctx.example_ids("test")
+    base_row = test_rows[(None, None)]
+    ranked_test = [test_rows[spec] for spec in chosen]
+    n_support = len(ctx.splits["support"])
+    results = [ReportRow("base", base_row["accuracy"], 1, rows_ledger(ctx, [base_row]), 0, PerExample(base_row["correct"], ids))]
+    top1 = ranked_test[0]
+    results.append(ReportRow("randopt-top1", top1["accuracy"], 1, rows_ledger(ctx, [top1]), n_support, PerExample(top1["correct"], ids),
+                             {"seed": top1["seed"], "sigma": top1["sigma"], "support_reward": ranked[0]["reward"]}))
+    for k in top_k:
+        if k == 1:
+            continue
+        correct = vote_correct(ctx, ranked_test[:k])
+        results.append(ReportRow(f"randopt-vote@{k}", sum(correct) / len(correct), k, rows_ledger(ctx, ranked_test[:k]), n_support, PerExample(correct, ids)))
+    return results, test_rows
+
+
+def _sum_counts(dicts) -> dict:
+    """Sum per-specialist counters (e.g. code sandbox pass/fail/timeout/crash/sandbox_error)."""
+    total: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            total[k] = total.get(k, 0) + int(v)
+    return total
+
+
+def population_summary(ctx: RunContext, ranked: list[dict]) -> dict:
+    return {
+        "n": len(ranked),
+        "support_examples": len(ctx.splits["support"]),
+        "source": ctx.population_source,
+        "reward_best": ranked[0]["reward"],
+        "reward_median": sorted(r["reward"] for r in ranked)[len(ranked) // 2],
+        "reward_errors": sum(r.get("reward_errors", 0) for r in ranked),
+        "program_status_counts": _sum_counts(r.get("status_counts") or {} for r in ranked),
+        "selection_ledger": rows_ledger(ctx, ranked).to_dict(),
+    }
+
+
+def population_line(ctx: RunContext) -> str:
+    src = ctx.population_source or {}
+    if src.get("rule") == "scored in this run" or not src:
+        return ""
+    return f"population: {src['used']} of {src['available']} specialists from {src['from']} (the {src['used']} {src['rule']})"

@@ -1,0 +1,237 @@
+"""The layer order, checked from the imports of every corp module (parsed with ast, nothing imported).
+
+Floors, lowest first; a module imports only from its own floor or below:
+
+0. ground floor: `corp` itself, `perturb`, `models`, `stats`, `ledger`, `registry`, `runs`, `threads`,
+   `extras`, `config`
+1. `evaluate` (tasks, rewards, backends, the run layer `evaluate/context.py`, population scoring)
+2. the algorithm packages `analysis`, `consolidate`, `baselines`, `federated`
+3. `methods` (the registry)
+4. `bench`
+5. `cli`
+
+What a "public" import of an algorithm package is: a name listed in that package's `__all__`
+(its `__init__.py`), imported from the package itself (`from corp.consolidate import make_recipe`).
+Code outside the package (a peer, `methods`, `bench`, `cli`) never imports one of its submodules
+(`corp.consolidate.recipe`): those are the package's internals and may move. The peers' public
+imports must not form a circle between packages, and no module import graph has a cycle.
+
+Every import counts, also one inside a function (a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import corp
+
+FLOORS = {
+    **dict.fromkeys(("", "perturb", "models", "stats", "ledger", "registry", "runs", "threads", "extras", "config"), 0),
+    "evaluate": 1,
+    **dict.fromkeys(("analysis", "consolidate", "baselines", "federated"), 2),
+    "methods": 3,
+    "bench": 4,
+    "cli": 5,
+}
+ALGORITHMS = {"analysis", "consolidate", "baselines", "federated"}
+
+
+def module_files(root: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every .py under the package directory `root`."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def import_graph(root: Path) -> dict[str, list[tuple[str, tuple[str, ...], int]]]:
+    """module -> [(imported module, names taken from it, line)] over every import statement in it.
+    `from corp.x import y` names module corp.x.y when that is a module, else takes name y of corp.x."""
+    files = module_files(root)
+    top = root.name
+    graph: dict[str, list[tuple[str, tuple[str, ...], int]]] = {}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        edges = []
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges += [(a.name, (), node.lineno) for a in node.names if a.name.split(".")[0] == top]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if target.split(".")[0] != top:
+                    continue
+                names = []
+                for a in node.names:
+                    if f"{target}.{a.name}" in files:
+                        edges.append((f"{target}.{a.name}", (), node.lineno))
+                    else:
+                        names.append(a.name)
+                if names or not node.names:
+                    edges.append((target, tuple(names), node.lineno))
+        graph[mod] = edges
+    return graph
+
+
+def package_of(mod: str) -> str:
+    """The top-level subpackage or module under corp ("" for corp itself)."""
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def exported(root: Path, package: str) -> set[str]:
+    """The names in `__all__` of corp.<package>'s __init__.py (none when it has no __all__)."""
+    init = root / package / "__init__.py"
+    if not init.exists():
+        return set()
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    return set()
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component with more than one node or a self-loop (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph.get(v, ()):
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def violations(graph: dict[str, list[tuple[str, tuple[str, ...], int]]], exports: dict[str, set[str]]) -> list[str]:
+    """Every break of the layer rules in an import graph (see the module docstring), one line each."""
+    out = []
+    peers: dict[str, set[str]] = {p: set() for p in ALGORITHMS}
+    for mod, edges in sorted(graph.items()):
+        here = package_of(mod)
+        if here not in FLOORS:
+            out.append(f"{mod}: package '{here}' has no floor in tests/test_layers.py FLOORS")
+            continue
+        for target, names, line in edges:
+            there = package_of(target)
+            if there not in FLOORS:
+                out.append(f"{mod}:{line} imports {target}, whose package has no floor")
+                continue
+            if FLOORS[there] > FLOORS[here]:
+                floors = f"{there}: {FLOORS[there]} > {here}: {FLOORS[here]}"
+                out.append(f"{mod}:{line} imports {target} from a higher floor ({floors})")
+            if there in ALGORITHMS and there != here:
+                if target != f"corp.{there}":
+                    out.append(f"{mod}:{line} imports internal module {target}; import from corp.{there} (its __all__)")
+                else:
+                    private = sorted(set(names) - exports.get(there, set()))
+                    if private:
+                        out.append(f"{mod}:{line} imports {', '.join(private)} from corp.{there}, not in its __all__")
+                if here in ALGORITHMS:
+                    peers[here].add(there)
+    for cycle in cycles({m: {t for t, _, _ in e} for m, e in graph.items()}):
+        out.append("import cycle: " + " <-> ".join(cycle))
+    for cycle in cycles(peers):
+        out.append("algorithm packages import each other: " + " <-> ".join(cycle))
+    return out
+
+
+def _corp_graph():
+    root = Path(corp.__file__).parent
+    return import_graph(root), {p: exported(root, p) for p in ALGORITHMS}
+
+
+def test_corp_keeps_its_layer_order():
+    graph, exports = _corp_graph()
+    assert len(graph) > 50  # every module was read
+    assert violations(graph, exports) == []
+
+
+def test_every_corp_package_has_a_floor():
+    graph, _ = _corp_graph()
+    assert {package_of(m) for m in graph} <= set(FLOORS)
+
+
+def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "corp"
+    for name, text in {"__init__.py": "", **files}.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def _check(root: Path) -> list[str]:
+    return violations(import_graph(root), {p: exported(root, p) for p in ALGORITHMS})
+
+
+def test_a_clean_fake_tree_passes(tmp_path):
+    root = _tree(tmp_path, {
+        "ledger.py": "",
+        "evaluate/__init__.py": "", "evaluate/context.py": "from corp.ledger import Ledger\n",
+        "consolidate/__init__.py": "from corp.consolidate.recipe import make_recipe\n__all__ = ['make_recipe']\n",
+        "consolidate/recipe.py": "from corp.evaluate.context import RunContext\n",
+        "baselines/__init__.py": "from .es import run_es\n__all__ = ['run_es']\n",
+        "baselines/es.py": "from corp.consolidate import make_recipe\n",
+        "cli.py": "def main():\n    from corp.baselines import run_es\n",
+    })
+    assert _check(root) == []
+
+
+def test_planted_violations_are_caught(tmp_path):
+    """Each rule fails on a tree that breaks it (the checker can fail), including lazy and relative imports."""
+    root = _tree(tmp_path, {
+        "ledger.py": "def f():\n    from corp.bench import sweep\n",  # upward, lazily
+        "runs.py": "from corp import stats\n", "stats.py": "from . import runs\n",  # a cycle, one side relative
+        "evaluate/__init__.py": "", "evaluate/context.py": "from corp.consolidate import make_recipe\n",  # upward
+        "consolidate/__init__.py": "from corp.consolidate.recipe import make_recipe\n__all__ = ['make_recipe']\n",
+        "consolidate/recipe.py": "from corp.baselines import run_es\n",
+        "consolidate/corp_operator.py": "_mean = 0\n",
+        "baselines/__init__.py": "from corp.baselines.es import run_es\n__all__ = ['run_es']\n",
+        "baselines/es.py": "from corp.consolidate.recipe import make_recipe\n"  # a peer's internal module
+                           "from corp.consolidate import _mean\n",  # not in the peer's __all__
+        "bench/__init__.py": "", "bench/sweep.py": "",
+        "federated/__init__.py": "", "federated/clients.py": "",
+        "bench/adapters.py": "from corp.federated.clients import split_clients\n",  # internals, from above
+        "shiny/__init__.py": "",  # a package nobody gave a floor
+    })
+    found = "\n".join(_check(root))
+    assert "corp.ledger:2 imports corp.bench.sweep from a higher floor" in found
+    assert "corp.evaluate.context:1 imports corp.consolidate from a higher floor" in found
+    assert "import cycle: corp.runs <-> corp.stats" in found
+    assert "corp.baselines.es:1 imports internal module corp.consolidate.recipe" in found
+    assert "corp.baselines.es:2 imports _mean from corp.consolidate, not in its __all__" in found
+    assert "corp.bench.adapters:1 imports internal module corp.federated.clients" in found
+    assert "algorithm packages import each other: baselines <-> consolidate" in found
+    cycle = " <-> ".join(("corp.baselines", "corp.baselines.es", "corp.consolidate", "corp.consolidate.recipe"))
+    assert f"import cycle: {cycle}" in found
+    assert "package 'shiny' has no floor" in found

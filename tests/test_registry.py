@@ -1,0 +1,45 @@
+"""corp.registry.Registry, the one pattern behind methods, tasks, GRPO losses and merge rules."""
+
+import pytest
+
+from corp import CorpError
+from corp.baselines.grpo import LOSS_VARIANTS
+from corp.consolidate.merge_rules import MERGE_RULES
+from corp.evaluate.tasks import TASKS
+from corp.methods import REGISTRY
+from corp.registry import Registry
+
+
+def test_register_forms_duplicates_and_the_unknown_name_line():
+    reg = Registry("widget")
+
+    @reg.register
+    class A:
+        name = "a"
+
+    @reg.register("b")
+    def b():
+        return 2
+
+    c = reg.register("c", 3)
+    assert (reg.lookup("a"), reg.lookup("b")(), c, list(reg)) == (A, 2, 3, ["a", "b", "c"])
+    with pytest.raises(CorpError, match="unique name"):
+        reg.register("a", 4)
+    with pytest.raises(CorpError, match="unique name"):
+        reg.register("", 4)
+    with pytest.raises(CorpError) as info:
+        reg.lookup("z")
+    assert str(info.value) == "unknown widget 'z'; known: a, b, c"
+    custom = Registry("loss", unknown="--loss '{name}' is unknown; choose one of {known}")
+    custom.register("x", 1)
+    with pytest.raises(CorpError, match=r"^--loss 'y' is unknown; choose one of x$"):
+        custom.lookup("y")
+
+
+@pytest.mark.parametrize("registry", [REGISTRY, TASKS, LOSS_VARIANTS, MERGE_RULES], ids=["methods", "tasks", "losses", "merge-rules"])
+def test_every_registry_is_one_registry_and_looks_up_each_entry(registry):
+    assert isinstance(registry, Registry) and len(registry) >= 2
+    for name, entry in registry.items():
+        assert registry.lookup(name) is entry
+    with pytest.raises(CorpError, match="nope"):
+        registry.lookup("nope")
