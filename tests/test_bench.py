@@ -48,7 +48,7 @@ def test_first_crossing_and_growth():
 
 def tiny_options(tiny_dir: Path, root: Path, **over) -> dict:
     opts = dict(
-        name="tiny", model=str(tiny_dir), tasks=["arith"], seeds=[1], budgets=[1e8, 2e8], population=14, sigmas=[0.05],
+        name="tiny", model=str(tiny_dir), tasks=["arith"], seeds=[1, 2], budgets=[1e8, 2e8], population=14, sigmas=[0.05],
         n_support=4, n_probe=4, n_validation=4, n_test=6, max_new_tokens=4, batch_size=8, threads=1,
         reward="tests.test_methods:text_checksum", results_dir=str(root / "results"), work_dir=str(root / "work"),
         methods={
@@ -103,7 +103,7 @@ def test_sweep_writes_results_table_and_plots(swept):
     assert lab[("es", "paper")] == 4 and lab[("es", "equal-data")] == 12
     assert lab[("corp-stage1", "paper")] == 12 == lab[("corp-stage1", "equal-data")] and lab[("base", "paper")] == 0
     table = (out / "table.md").read_text()
-    assert "## arith, paper" in table and "corp-stage1 vs randopt-top1" in table and "paired 95% CI" in table
+    assert "## arith, paper" in table and "corp-stage1 vs randopt-top1" in table and "95% interval" in table and "FLOPs (a / b)" in table
     assert "matched" in table
     for p in swept["summary"]["plots"]:
         assert (out / p).stat().st_size > 1000
@@ -174,7 +174,7 @@ def test_readme_section_cites_intervals(swept):
     assert text.startswith("## Results") and "corp bench --config tiny.yaml" in text and "accuracy_vs_flops" in text
     for line in text.splitlines():
         if " beats " in line:
-            assert "95% CI" in line, line
+            assert "95% CI" in line and "FLOPs" in line, line
 
 
 # ----------------------------------------------------------------------------- bad input, before any compute

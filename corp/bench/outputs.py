@@ -2,9 +2,11 @@
 
 Statistics: per (task, setting, budget, row) the mean and sample standard deviation of test
 accuracy across seeds; each configured comparison pairs the two rows' per-example outcomes on the
-same test examples in every seed (`corp.stats.compare_paired_seeds`: a paired bootstrap 95%
-interval that resamples seeds, then examples within each, and McNemar on the pooled pairs). A sentence that says one row beats another is
-written only when that interval excludes zero, and it cites the interval.
+same test examples in every seed (`corp.stats.compare_paired_seeds`: the across-seed 95% interval,
+a t interval over the seeds' mean paired differences with k - 1 df plus the test examples' sampling
+term, and per seed the difference with its within-seed paired interval and the sign count). A
+sentence that says one row beats another is written only when the across-seed interval excludes
+zero; it cites the interval and both sides' FLOPs.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 
 from corp.bench.config import BenchConfig
 from corp.runs import atomic_write_text, read_json, write_json
-from corp.stats import compare_paired_seeds, comparison_line
+from corp.stats import compare_paired_seeds, sign_text
 
 CSV_COLUMNS = ["task", "method", "setting", "budget", "seed", "accuracy", "passes_per_example", "labelled_examples", "test_tokens",
                "test_flops", "flops", "wall_seconds", "units", "status", "hyperparameters"]
@@ -82,7 +84,9 @@ def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
                             raise ValueError(f"{a} and {b} (seed {s}) were evaluated on different test examples")
                     # seeds are clusters: the interval resamples seeds, then examples within each
                     c = compare_paired_seeds(a, [sa[s]["correct"] for s in seeds], b, [sb[s]["correct"] for s in seeds])
-                    c.update(task=task, setting=setting, budget=budget, seeds=seeds)
+                    # both sides' training/selection FLOPs (mean over the compared seeds): a comparison states what each spent
+                    c.update(task=task, setting=setting, budget=budget, seeds=seeds,
+                             flops_a=statistics.fmean(sa[s]["flops"] or 0.0 for s in seeds), flops_b=statistics.fmean(sb[s]["flops"] or 0.0 for s in seeds))
                     out.append(c)
     return out
 
@@ -162,10 +166,7 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
     lines.append("`*`: CoRP abstained (its gate kept the base) in at least one seed. `(x F)`: mean FLOPs the cell actually used.")
     lines.append("")
     if comps:
-        lines += ["## Paired comparisons (same test examples; intervals resample seeds, then examples within each seed)", ""]
-        for c in comps:
-            lines.append(f"- {c['task']}, {c['setting']}, budget {_budget_text(c['budget'])}: {comparison_line(c)}")
-        lines.append("")
+        lines += comparisons_table(comps)
     unmatched = [f"{a} vs {b}" for a, b in cfg.compare if not any((c["a"], c["b"]) == (a, b) for c in comps)]
     if unmatched:  # a pair naming a row no cell reports (a typo, or a top_k clipped to one row) is said, not dropped
         names = sorted({r["method"] for r in rows})
@@ -175,17 +176,43 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
     return "\n".join(lines)
 
 
+def _flops_text(c: dict) -> str:
+    return f"{c['a']} {c.get('flops_a', 0.0):.2g} FLOPs, {c['b']} {c.get('flops_b', 0.0):.2g} FLOPs"
+
+
+def comparisons_table(comps: list[dict]) -> list[str]:
+    """The configured comparisons as one table: pair, where, difference, across-seed interval,
+    per-seed differences with their within-seed intervals, sign count, each side's FLOPs."""
+    lines = ["## Paired comparisons", "",
+             "Same test examples in every seed. Interval: 95%, a t interval over the seeds' mean paired differences (k - 1 df) "
+             "plus the test examples' sampling term; per seed: the difference and its paired bootstrap interval; signs: seeds "
+             "where the first row is above (+), below (-) or level with (0) the second.", "",
+             "| pair | task | setting | budget | difference | 95% interval | per seed | signs | FLOPs (a / b) |",
+             "|---|---|---|---:|---:|---|---|---|---|"]
+    for c in comps:
+        if c.get("n_seeds", 1) > 1:
+            per = "; ".join(f"{p['difference']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]" for p in c["per_seed"])
+            signs = sign_text(c)
+        else:
+            per, signs = f"one seed (McNemar p = {c['mcnemar_p']:.3g})", "—"
+        lines.append(f"| {c['a']} vs {c['b']} | {c['task']} | {c['setting']} | {_budget_text(c['budget'])} | {c['difference']:+.3f} | "
+                     f"{c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} | {per} | {signs} | {c.get('flops_a', 0.0):.2g} / {c.get('flops_b', 0.0):.2g} |")
+    lines.append("")
+    return lines
+
+
 def beats_sentences(comps: list[dict]) -> list[str]:
     out = []
     for c in comps:
         lo, hi = c["ci95"]
-        where = f"on {c['task']} ({c['setting']}, budget {_budget_text(c['budget'])} FLOPs)"
+        where = f"on {c['task']} ({c['setting']}, budget {_budget_text(c['budget'])} FLOPs; {_flops_text(c)})"
+        seeds = f"{c['n_seeds']} seeds, signs {sign_text(c)}, " if c.get("n_seeds", 1) > 1 else ""
         if lo > 0:
-            out.append(f"{c['a']} beats {c['b']} {where} by {c['difference']:+.3f} (paired 95% CI {lo:+.3f} to {hi:+.3f}, n = {c['n']}).")
+            out.append(f"{c['a']} beats {c['b']} {where} by {c['difference']:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']}).")
         elif hi < 0:
-            out.append(f"{c['b']} beats {c['a']} {where} by {-c['difference']:+.3f} (paired 95% CI of {c['a']} - {c['b']}: {lo:+.3f} to {hi:+.3f}, n = {c['n']}).")
+            out.append(f"{c['b']} beats {c['a']} {where} by {-c['difference']:+.3f} (95% CI of {c['a']} - {c['b']}: {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']}).")
         else:
-            out.append(f"{c['a']} vs {c['b']} {where}: no difference shown ({c['difference']:+.3f}, paired 95% CI {lo:+.3f} to {hi:+.3f}, n = {c['n']}).")
+            out.append(f"{c['a']} vs {c['b']} {where}: no difference shown ({c['difference']:+.3f}, 95% CI {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']}).")
     return out
 
 
