@@ -48,7 +48,7 @@ def test_first_crossing_and_growth():
 
 def tiny_options(tiny_dir: Path, root: Path, **over) -> dict:
     opts = dict(
-        name="tiny", model=str(tiny_dir), tasks=["arith"], seeds=[1, 2], budgets=[1e8, 2e8], population=14, sigmas=[0.05],
+        name="tiny", model=str(tiny_dir), tasks=[{"task": "arith", "label": "add"}], seeds=[1, 2], budgets=[1e8, 2e8], population=14, sigmas=[0.05],
         n_support=4, n_probe=4, n_validation=4, n_test=6, max_new_tokens=4, batch_size=8, threads=1,
         reward="tests.test_methods:text_checksum", results_dir=str(root / "results"), work_dir=str(root / "work"),
         methods={
@@ -103,11 +103,15 @@ def test_sweep_writes_results_table_and_plots(swept):
     assert lab[("es", "paper")] == 4 and lab[("es", "equal-data")] == 12
     assert lab[("corp-stage1", "paper")] == 12 == lab[("corp-stage1", "equal-data")] and lab[("base", "paper")] == 0
     table = (out / "table.md").read_text()
-    assert "## arith, paper" in table and "corp-stage1 vs randopt-top1" in table and "95% interval" in table and "FLOPs (a / b)" in table
+    assert "## add, paper" in table and "## Headline: best single model per method (equal-data" in table and "corp-stage1 vs randopt-top1" in table and "95% interval" in table and "FLOPs (a / b)" in table
     assert "matched" in table
     for p in swept["summary"]["plots"]:
         assert (out / p).stat().st_size > 1000
     assert any(p.startswith("accuracy_vs_passes") for p in swept["summary"]["plots"])
+    assert all("__add__" in p for p in swept["summary"]["plots"]), "the task's label names its files"
+    head = table.split("## Headline")[1].split("\n## ")[0]
+    assert "| add | randopt-top1 |" in head and "randopt-vote@2" not in head and "self-consistency@2" not in head
+    assert {r["task_label"] for r in rows} == {"add"} and {r["task"] for r in rows} == {"arith"}
 
 
 def test_missing_methods_are_listed_not_skipped(swept):
@@ -140,9 +144,16 @@ def test_budgets_are_matched_as_the_adapters_say(swept):
             assert rec["budget_reached"] == (rec["units"] < len(costs))
             prefix_bit = prefix_bit or rec["units"] < len(costs)
             assert rec["flops"] == pytest.approx(sum(costs[: rec["units"]])) and rec["flops"] <= rec["budget"]
-        if rec["kind"] == "iterative":  # trained until the ledger reached the budget
-            assert rec["flops"] >= rec["budget"] and rec["units"] >= 1
+        if rec["kind"] == "iterative":  # the last checkpoint within the budget, labelled with the model's own count
+            assert rec["flops"] <= rec["budget"] and rec["units"] >= 1
+            fit = [g for g in rec["grown"] if g["flops"] <= rec["budget"]]  # (units the report said, FLOPs) of every growth
+            assert fit[-1] == {"units": rec["units"], "flops": rec["flops"]}
+        if rec["budget"] is not None:  # one rule for every method: never over the budget, CoRP's own evaluations included
+            assert rec["flops"] <= rec["budget"], (rec["label"], rec["flops"], rec["budget"])
     assert prefix_bit, "no budget cut the population: the prefix check above proved little"
+    # CoRP's own evaluations count: where the prefix scoring alone affords plus them overshot, a smaller prefix was taken
+    shrunk = [r for r in records if r["label"] == "corp-stage1" and len(r.get("tried", [])) > 1]
+    assert shrunk and all(r["tried"][0]["flops"] > r["budget"] >= r["flops"] and r["units"] < r["tried"][0]["units"] for r in shrunk)
     # a larger budget never buys less
     by = {}
     for rec in records:
@@ -157,7 +168,7 @@ def test_raced_cells_race_more_specialists_within_the_same_budget(swept):
     records = [json.loads(p.read_text()) for p in (swept["root"] / "results" / "tiny" / "cells").glob("*.json")]
     full = {(r["setting"], r["budget"]): r for r in records if r["label"] == "randopt"}
     raced = [r for r in records if r["label"] == "randopt-raced"]
-    assert len(raced) == 4
+    assert len(raced) == 8  # 2 seeds x 2 settings x 2 budgets
     for rec in raced:
         plain = full[(rec["setting"], rec["budget"])]
         assert rec["flops"] <= rec["budget"], "a raced cell stays within its budget"
@@ -182,7 +193,15 @@ def test_readme_section_cites_intervals(swept):
 
 @pytest.mark.parametrize("over, message", [
     ({"methods": {"no-such-method": None}}, "unknown method 'no-such-method'"),
-    ({"budgets": [1e3]}, "below randopt's minimum"),
+    ({"budgets": [1e3]}, "too small for every method"),
+    # issue 22's bad input: a row that cannot exist, one seed with comparisons, a task label twice, unequal trials
+    ({"compare": [["corp-stage1", "randopt-vote@3"]]}, "compare names 'randopt-vote@3'"),
+    ({"compare": [["corp", "base"]]}, "compare names 'corp'"),
+    ({"seeds": [1]}, "an across-seed interval needs at least 2 seeds"),
+    ({"tasks": [{"task": "arith", "label": "a"}, {"task": "arith:digits=2", "label": "a"}]}, "task label 'a' is used twice"),
+    ({"hyperparameters": "search", "trials": 2, "methods": {"es": {"search": {"alpha": [0.1, 0.2]}},
+                                                            "self-consistency": {"trials": 3, "search": {"temperature": [0.5, 1.0, 1.5]}}}},
+     "asks for 3 trials, the others get trials = 2"),
     ({"n_test": 5000}, "test 5000"),
     ({"methods": {"randopt": {"options": {"no_such_option": 1}}}}, "no-such-option"),
     # arith's support examples all use "+": one operator group for three clients (found by a real run)
@@ -237,15 +256,16 @@ def test_report_only_runs_nothing_and_says_what_is_missing(swept, tiny_dir):
     with count_model_calls() as calls:
         summary = run_bench(load_config(BenchConfig, None, opts), "corp bench --report-only", compute=False)
     assert calls == {"generate": 0, "forward": 0} and summary["method_calls"] == 0
-    assert summary["not_run"] == 10  # randopt, randopt-raced, corp-stage1, es, grpo x 2 settings at the new budget
-    assert "Incomplete: 10 of" in (swept["root"] / "results" / "tiny" / "table.md").read_text()
+    assert summary["not_run"] == 20  # randopt, randopt-raced, corp-stage1, es, grpo x 2 settings x 2 seeds at the new budget
+    assert "Incomplete: 20 of" in (swept["root"] / "results" / "tiny" / "table.md").read_text()
     # one more seed, not run: a cell with fewer seeds than configured says so instead of "± 0.000"
-    run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"], seeds=[1, 2])), "corp bench --report-only", compute=False)
+    run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"], seeds=[1, 2, 3])), "corp bench --report-only", compute=False)
     table = (swept["root"] / "results" / "tiny" / "table.md").read_text()
-    assert "(1 of 2 seeds)" in table and "± 0.000" not in table
+    assert "(2 of 3 seeds, sd" in table and "± 0.000" not in table
     # a compare pair that names no row is said in the table, not dropped silently
-    run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"], compare=[["corp-stage1", "randopt-vote@9"]])), "corp bench --report-only", compute=False)
-    assert "no pair of rows to compare: corp-stage1 vs randopt-vote@9" in (swept["root"] / "results" / "tiny" / "table.md").read_text()
+    # a compare pair that names no row any method can report is one error line, before anything is written
+    with pytest.raises(CorpError, match="compare names 'randopt-vote@9', a row no method"):
+        run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"], compare=[["corp-stage1", "randopt-vote@9"]])), "corp bench --report-only", compute=False)
     run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"])), "corp bench --report-only", compute=False)  # as it was
 
 
@@ -254,16 +274,16 @@ def test_fgrpo_joins_the_bench_through_its_adapter(tiny_dir, tmp_path):
     its rounds grow until its clients' ledger reaches the budget, and a rerun computes nothing."""
     from corp.bench.sweep import run_bench
 
-    over = dict(budgets=[5e7, 1e8], settings=["paper"], compare=[],
+    over = dict(budgets=[1e8, 2e8], settings=["paper"], compare=[], seeds=[1],
                 methods={"fgrpo": {"options": {"clients": 2, "split_by": "iid", "steps": 1, "prompts_per_step": 2, "num_generations": 2,
                                                "lora_r": 2, "learning_rate": 1e-3}}})
     summary = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fgrpo.yaml")
     assert "fgrpo" not in summary["missing"]
     records = [json.loads(p.read_text()) for p in (tmp_path / "results" / "tiny" / "cells").glob("*.json")]
     fg = sorted((r for r in records if r["method"] == "fgrpo"), key=lambda r: r["budget"])
-    assert [r["budget"] for r in fg] == [5e7, 1e8]
+    assert [r["budget"] for r in fg] == [1e8, 2e8]
     for rec in fg:
-        assert rec["kind"] == "iterative" and rec["units"] >= 1 and rec["flops"] >= rec["budget"]
+        assert rec["kind"] == "iterative" and rec["units"] >= 1 and rec["flops"] <= rec["budget"]
     assert fg[0]["units"] <= fg[1]["units"]
     with count_model_calls() as again:
         run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fgrpo.yaml")
@@ -275,7 +295,7 @@ def test_fera_joins_the_bench_as_a_training_free_method(tiny_dir, tmp_path):
     table with their passes per example, and a rerun computes nothing."""
     from corp.bench.sweep import run_bench
 
-    over = dict(budgets=[1e8], settings=["paper"], compare=[],
+    over = dict(budgets=[1e8], settings=["paper"], compare=[], seeds=[1],
                 methods={"fera": {"options": {"clients": 2, "shots": 1, "rounds": 2, "samples": 2}}})
     summary = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fera.yaml")
     assert "fera" not in summary["missing"]
@@ -306,7 +326,7 @@ def test_choose_takes_the_best_mean_validation_accuracy_and_the_earlier_of_ties(
     assert len({json.dumps(d, sort_keys=True) for d in drawn}) == 4 and drawn == trial_options("es", "es", space, 4)
 
 
-SEARCH = dict(hyperparameters="search", trials=2, budgets=[1e8], compare=[["es", "base"]],
+SEARCH = dict(hyperparameters="search", trials=2, budgets=[1e8], compare=[], seeds=[1],
               methods={"self-consistency": {"options": {"k": [1, 2]}, "search": {"temperature": [0.5, 1.0]}},
                        "randopt": {"options": {"top_k": [1]}},
                        "es": {"options": {"population": 2, "sigma": 0.05}, "search": {"alpha": [0.01, 0.05, 0.5]}}})
@@ -413,3 +433,27 @@ def test_a_clipped_top_k_keeps_its_row_names(tmp_path):
     assert [r["name"] for r in rec["rows"]] == ["randopt-top1"]
     rec = bench._record(Cell("arith", "paper", 0, "consolidate", "corp-stage1", 1e9, {"top_k": [1]}), {"rows": [{**row, "method": "corp"}]}, tmp_path, 1.0, 2)
     assert [r["name"] for r in rec["rows"]] == ["corp-stage1"]
+
+
+def test_a_run_trained_past_the_budget_is_never_labelled_as_a_smaller_one(swept, tiny_dir):
+    """Planted: the shared GRPO run of the sweep's seed was trained for the larger budget; a bench
+    with only the smaller budget (its records gone, the run directories kept, as after a process
+    stopped before writing its record) must not take that model under the smaller label (the CPU
+    bench's letter-counting record said 2 steps and held the 6-step model)."""
+    from corp.bench.sweep import run_bench
+
+    root = swept["root"]
+    old = {(r["setting"], r["seed"]): r for r in (json.loads(p.read_text()) for p in (root / "results" / "tiny" / "cells").glob("*.json"))
+           if r["label"] == "grpo" and r["budget"] == 2e8}
+    opts = tiny_options(tiny_dir, root, budgets=[1e8], results_dir=str(root / "results-again"), settings=["paper"], seeds=[1, 2],
+                        methods={"grpo": tiny_options(tiny_dir, root)["methods"]["grpo"]}, compare=[])
+    run_bench(load_config(BenchConfig, None, opts))
+    recs = [json.loads(p.read_text()) for p in (root / "results-again" / "tiny" / "cells").glob("*.json")]
+    assert len(recs) == 2
+    for rec in recs:
+        ahead = old[("paper", rec["seed"])]
+        first = rec["grown"][0]  # the shared run, as its report said: trained past 1e8 (planted)
+        assert first["flops"] > 1e8 and first["units"] >= ahead["units"] > 1, (first, ahead["units"])
+        assert rec["rows"] and rec["flops"] <= 1e8 and rec["run_dir"] != ahead["run_dir"], "took the shared run's model"
+        fit = [g for g in rec["grown"][1:] if g["flops"] <= 1e8]
+        assert fit[-1] == {"units": rec["units"], "flops": rec["flops"]}

@@ -19,7 +19,8 @@ class BenchConfig:
     model: str = "smollm2-135m"
     """Model every method starts from (alias, local directory or hub id)."""
     tasks: list[str] = field(default_factory=lambda: ["arith"])
-    """Tasks, comma-separated (each as `corp tasks` names them, options included)."""
+    """Tasks, comma-separated (each as `corp tasks` names them, options included); in YAML an entry may also be
+    {task: SPEC, label: SHORT}, SHORT naming the task in tables and file names (default: the spec)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     """Master seeds; every method runs once per seed (test examples are the same for every seed)."""
     budgets: list[float] = field(default_factory=lambda: [1e13, 3e13])
@@ -74,7 +75,23 @@ class BenchConfig:
     """Where the cells' run directories go (models and caches; not for committing)."""
 
     def validate(self) -> "BenchConfig":
-        self.tasks = parse_list(self.tasks, str, "tasks")
+        entries = self.tasks if isinstance(self.tasks, list) else parse_list(self.tasks, str, "tasks")
+        self.task_labels = {}
+        tasks = []
+        for e in entries:
+            if isinstance(e, dict):
+                if set(e) - {"task", "label"} or not isinstance(e.get("task"), str) or not str(e.get("label", e.get("task"))).strip():
+                    raise CorpError(f"bench config: a task entry is a task spec or {{task: SPEC, label: SHORT}}, got {e!r}")
+                spec, label = e["task"].strip(), str(e.get("label", e["task"])).strip()
+            else:
+                spec = label = str(e).strip()
+            if label in self.task_labels.values():
+                raise CorpError(f"bench config: task label '{label}' is used twice; give each task its own label")
+            if "/" in label or label in (".", ".."):
+                raise CorpError(f"bench config: task label '{label}' names files; use letters, digits, '-', '_' or '.'")
+            tasks.append(spec)
+            self.task_labels[spec] = label
+        self.tasks = tasks
         self.seeds = parse_list(self.seeds, int, "seeds")
         self.budgets = sorted(parse_list(self.budgets, float, "budgets"))
         self.settings = parse_list(self.settings, str, "settings")
@@ -92,16 +109,23 @@ class BenchConfig:
         if not isinstance(self.methods, dict) or not self.methods:
             raise CorpError("bench config: 'methods' must map method names to {options, variants, search}")
         for name, spec in self.methods.items():
-            if spec is not None and (not isinstance(spec, dict) or set(spec) - {"options", "variants", "search"}):
-                raise CorpError(f"bench config: method '{name}' must be a mapping with 'options', 'variants' and/or 'search'")
+            if spec is not None and (not isinstance(spec, dict) or set(spec) - {"options", "variants", "search", "trials"}):
+                raise CorpError(f"bench config: method '{name}' must be a mapping with 'options', 'variants', 'search' and/or 'trials'")
         from corp.bench.search import check_search
 
         check_search(self)
         for pair in self.compare:
             if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
                 raise CorpError(f"bench config: compare entries are pairs [a, b], got {pair!r}")
+        if self.compare and len(self.seeds) < 2:
+            raise CorpError(f"bench config: {len(self.compare)} comparison(s) with {len(self.seeds)} seed; an across-seed interval needs "
+                            "at least 2 seeds (add seeds or remove compare)")
         if self.population < 1:
             raise CorpError(f"bench config: population must be >= 1, got {self.population}")
         if self.name in ("", ".", "..") or "/" in self.name:
             raise CorpError(f"bench config: name '{self.name}' must be a plain directory name")
         return self
+
+    def label(self, task: str) -> str:
+        """The task's short label (tables, file names)."""
+        return getattr(self, "task_labels", {}).get(task, task)

@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 
 from corp import CorpError
 from corp.bench.adapters import FIXED, ITERATIVE, PLANNED, POPULATION, BenchAdapter, get_path
-from corp.bench.budget import min_budget, next_units, prefix_that_fits
+from corp.bench.budget import min_budget, prefix_that_fits
 from corp.bench.config import BenchConfig
 from corp.bench.search import choose, trial_options, trial_score
 from corp.config import load_config
@@ -171,6 +171,26 @@ def check_results_dir(cfg: BenchConfig) -> Path:
     return out
 
 
+def possible_rows(cell: Cell) -> list[str]:
+    """The row names a cell can report (as `Bench._record` names them), from its options."""
+    adapter = cell.adapter
+    names = adapter.row_names(cell.opts) if adapter.row_names else [cell.label]
+    listed = any(len(_values(cell.opts.get(k))) > 1 for k in adapter.clip)
+    if len(names) == 1 and not listed:
+        return [cell.label]
+    return names if cell.label == cell.method else [f"{cell.label}:{n}" for n in names]
+
+
+def check_compare(cfg: BenchConfig, cells: list[Cell]) -> None:
+    """One error line for a comparison naming a row no planned cell can report (a typo, a variant
+    label, a K not in the options), before compute."""
+    rows = sorted({n for c in cells if c.setting != "tune" for n in possible_rows(c)})
+    for pair in cfg.compare:
+        for name in pair:
+            if name not in rows:
+                raise CorpError(f"bench config: compare names '{name}', a row no method in this bench can report; rows: {', '.join(rows)}")
+
+
 def _validate_options(cell: Cell, splits: dict | None = None) -> None:
     """Build the cell's config without running it: unknown or bad options, and what the adapter's
     `check` finds wrong against the cell's splits, fail here, before compute."""
@@ -213,6 +233,7 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
             task = get_task(cell.task, cfg.data)
             splits_of[sizes] = make_splits(task, SplitSizes(*sizes[1:]), cfg.split_seed)  # a test size beyond the pool fails here
         _validate_options(cell, splits_of[sizes])
+    check_compare(cfg, cells)
     budgeted = [c for c in cells if c.adapter.kind != FIXED]
     if not (load_model and budgeted):
         return {}
@@ -222,6 +243,7 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
     tok = backend.tokenizer  # hf and vllm both tokenise on the host (the backend contract)
     n_params = int(backend.n_params)
     prompt_tokens: dict[tuple, int] = {}
+    below: dict[float, list[str]] = {}
     for cell in budgeted:
         sizes = (cell.task, cell.opts["n_support"], cell.opts["n_probe"], cell.opts["n_validation"], cell.opts["n_test"])
         if sizes not in prompt_tokens:
@@ -230,8 +252,14 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
         adapter = cell.adapter
         need = min_budget(adapter.unit_evals(cell.opts), adapter.min_units, n_params, prompt_tokens[sizes], cell.opts["n_support"])
         if cell.budget < need:
-            raise CorpError(f"bench config: budget {cell.budget:.3g} FLOPs is below {cell.label}'s minimum on {cell.task} ({cell.setting}): "
-                            f"at least {need:.3g} FLOPs for {adapter.min_units} {adapter.unit} on {cell.opts['n_support']} support examples; raise the smallest budget")
+            below.setdefault(cell.budget, []).append(f"{cell.label} needs at least {need:.3g}")
+    # a budget some methods cannot fit runs (those cells say 'does not fit'); one no method can fit is bad input
+    labels = {c.label for c in budgeted}
+    for budget in cfg.budgets:
+        short = below.get(budget, [])
+        if {x.split(" needs")[0] for x in short} >= labels:
+            raise CorpError(f"bench config: budget {budget:.3g} FLOPs is too small for every method ({'; '.join(sorted(set(short)))}); "
+                            "raise or remove it")
     del backend
     return {"n_params": n_params}
 
@@ -313,6 +341,11 @@ class Bench:
         return pop
 
     def _population_cell(self, cell: Cell) -> dict:
+        """The largest prefix n whose scoring FLOPs plus the method's own evaluations on it (CoRP's
+        probe, step search and gates) fit the budget: start from the prefix that scoring alone
+        affords, and while prefix + own evaluations exceed the budget, take the prefix that fits
+        beside the own evaluations just measured (at most 4 tries). A method with no own
+        evaluations takes the first try. Nothing over the budget is recorded."""
         adapter = cell.adapter
         pop = self.population(cell)
         n = prefix_that_fits(pop["costs"], cell.budget)
@@ -320,13 +353,29 @@ class Bench:
             return self._empty(cell, f"budget buys {n} specialist(s); {cell.label} needs at least {adapter.min_units}")
         if cell.opts.get("race", "off") != "off":
             return self._raced_cell(cell, n)
-        opts = {**cell.opts, "from_run": pop["run_dir"], adapter.unit: n}
-        _clip(opts, adapter)
-        run_dir = self._run_dir(cell, _hash({"cell": cell.run_key(), "units": n}))
-        report, wall = self._invoke(cell.method, {**opts, "run_dir": str(run_dir)})
+        tried: list[dict] = []
+        wall = 0.0
+        while True:
+            opts = {**cell.opts, "from_run": pop["run_dir"], adapter.unit: n}
+            _clip(opts, adapter)
+            run_dir = self._run_dir(cell, _hash({"cell": cell.run_key(), "units": n}))
+            report, dt = self._invoke(cell.method, {**opts, "run_dir": str(run_dir)})
+            wall += dt
+            flops = sum(get_path(report, p) for p in adapter.flops)
+            tried.append({"units": n, "flops": flops})
+            if flops <= cell.budget:
+                break
+            own = flops - sum(pop["costs"][:n])  # the method's own evaluations at this prefix
+            smaller = min(n - 1, prefix_that_fits(pop["costs"], cell.budget - own))
+            if smaller < adapter.min_units or len(tried) >= 4:
+                return self._empty(cell, f"{n} specialists plus {cell.label}'s own evaluations spent {flops:.3g} FLOPs, over the budget; "
+                                   f"with {adapter.min_units} it would not fit either" if smaller < adapter.min_units else
+                                   f"4 prefixes tried ({', '.join(str(t['units']) for t in tried)}), none within the budget", tried)
+            n = smaller
         rec = self._record(cell, report, run_dir, wall, units=n, chosen=opts)
         rec["population_run"] = pop["run_dir"]
         rec["population_seconds"] = sum(pop["seconds"][:n])
+        rec["tried"] = tried
         rec["budget_reached"] = n < len(pop["costs"]) or sum(pop["costs"]) >= cell.budget
         return rec
 
@@ -366,30 +415,64 @@ class Bench:
         rec["budget_reached"] = True
         return rec
 
-    # -- iterative cells: one training run per seed, grown until its ledger reaches the budget
+    # -- iterative cells: one training run per seed, grown to its last checkpoint within the budget
     def _iterative(self, cell: Cell) -> dict:
+        """Train the seed's run (shared by every budget) while its ledger stays within the budget:
+        each growth adds as many units as the remaining budget buys at the dearest unit cost seen so
+        far; the cell is the last checkpoint at or below the budget. A growth that crosses it (a
+        unit dearer than any before) leaves the run past the budget: the record is the previous
+        checkpoint's, built when it was evaluated. The unit count recorded is the report's own: a run
+        directory already trained past this budget (by a larger budget's cell, or a process stopped
+        before writing its record) reports its real count and FLOPs, and the cell then trains a run
+        of its own from the start instead of taking that model under a smaller label."""
         adapter = cell.adapter
-        run_dir = self._run_dir(cell)
         earlier = [self.load_record(dataclasses.replace(cell, budget=b)) for b in self.cfg.budgets if b < cell.budget]
         earlier = [r for r in earlier if r and r.get("units")]
         units = max([r["units"] for r in earlier], default=adapter.min_units)
         spent = sum(r.get("wall_seconds_increment", 0.0) for r in earlier)
-        wall = 0.0
+        best, seen, wall = self._grow(cell, self._run_dir(cell), units)
+        if best is None and seen[0]["units"] > adapter.min_units:  # the shared run was already past this budget
+            own, seen2, wall2 = self._grow(cell, self._run_dir(cell, _hash({"cell": cell.run_key(), "budget": cell.budget})), adapter.min_units)
+            best, seen, wall = own, seen + seen2, wall + wall2
+        if best is None:
+            return self._empty(cell, f"{seen[-1]['units']} {adapter.unit} spent {seen[-1]['flops']:.3g} FLOPs, over the budget", seen)
+        best["wall_seconds"] = spent + wall
+        best["wall_seconds_increment"] = wall
+        best["grown"] = seen
+        best["budget_reached"] = seen[-1]["flops"] > cell.budget or best["flops"] == cell.budget
+        return best
+
+    def _grow(self, cell: Cell, run_dir: Path, units: int) -> tuple[dict | None, list[dict], float]:
+        """Grow one run from `units` while it fits: (record of the last checkpoint within the budget
+        or None, every (units, FLOPs) evaluated, seconds)."""
+        adapter = cell.adapter
+        wall, best, seen, dearest = 0.0, None, [], 0.0
         while True:
             report, dt = self._invoke(cell.method, {**cell.opts, adapter.unit: units, "run_dir": str(run_dir)})
             wall += dt
             flops = sum(get_path(report, p) for p in adapter.flops)
-            if flops >= cell.budget or units >= self.cfg.max_units:
+            done = int(get_path(report, adapter.units_done)) if adapter.units_done else units
+            seen.append({"units": done, "flops": flops})
+            if flops > cell.budget:
                 break
-            units = min(self.cfg.max_units, next_units(units, flops, cell.budget))
-        rec = self._record(cell, report, run_dir, spent + wall, units=units, chosen={**cell.opts, adapter.unit: units})
-        rec["wall_seconds_increment"] = wall
-        rec["budget_reached"] = rec["flops"] >= cell.budget
-        return rec
+            best = self._record(cell, report, run_dir, wall, units=done, chosen={**cell.opts, adapter.unit: done})
+            prev = seen[-2] if len(seen) > 1 else {"units": 0, "flops": 0.0}
+            if done <= prev["units"] and len(seen) > 1:  # the run did not grow (a guard: never loop)
+                break
+            dearest = max(dearest, (flops - prev["flops"]) / (done - prev["units"]))
+            more = int((cell.budget - flops) // dearest) if dearest > 0 else 1
+            if more < 1 or done >= self.cfg.max_units:
+                break
+            units = min(self.cfg.max_units, done + more)
+        return best, seen, wall
 
     # -- records
-    def _empty(self, cell: Cell, why: str) -> dict:
-        return {**self._head(cell), "status": "below-minimum", "reason": why, "rows": [], "flops": 0.0, "units": 0, "wall_seconds": 0.0}
+    def _empty(self, cell: Cell, why: str, tried: list | None = None) -> dict:
+        """A cell whose method cannot fit the budget: 'does not fit', with what was tried (never an overshoot)."""
+        rec = {**self._head(cell), "status": "does not fit", "reason": why, "rows": [], "flops": 0.0, "units": 0, "wall_seconds": 0.0}
+        if tried:
+            rec["tried"] = tried
+        return rec
 
     def _head(self, cell: Cell) -> dict:
         head = {"format": RECORD_FORMAT, "task": cell.task, "setting": cell.setting, "seed": cell.seed, "method": cell.method, "label": cell.label,
@@ -468,8 +551,10 @@ def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = 
     from corp.bench.outputs import write_outputs
 
     cells, missing = plan(cfg)
+    by_label = {cfg.label(t): t for t in cfg.tasks}
+    only_task = by_label.get(only_task, only_task)  # --task takes a task's spec or its label
     if only_task is not None and only_task not in cfg.tasks:
-        raise CorpError(f"--task {only_task!r} is not a task of {cfg.name}; its tasks: {', '.join(cfg.tasks)}")
+        raise CorpError(f"--task {only_task!r} is not a task of {cfg.name}; its tasks (labels): {', '.join(by_label)}")
     preflight(cfg, _with_every_trial(cells), load_model=load_model and compute)
     bench = Bench(cfg)
     records = []
