@@ -114,10 +114,16 @@ def test_sweep_writes_results_table_and_plots(swept):
     assert {r["task_label"] for r in rows} == {"add"} and {r["task"] for r in rows} == {"arith"}
 
 
-def test_missing_methods_are_listed_not_skipped(swept):
+def test_missing_methods_are_listed_not_skipped(swept, tiny_dir):
     table = (swept["root"] / "results" / "tiny" / "table.md").read_text()
     assert "## Missing methods" in table and "ftis" in table
     assert "ftis" in swept["summary"]["missing"]
+    from corp.bench.sweep import plan
+
+    # a method the config leaves out for time is listed with the config's reason, and no cell of it is planned
+    cfg = load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"], methods={"randopt": None, "es": {"skip": "left out for time"}}, compare=[]))
+    cells, missing = plan(cfg)
+    assert {"method": "es", "reason": "not run in this bench: left out for time"} in missing and not any(c.method == "es" for c in cells)
 
 
 def test_resume_recomputes_nothing(swept):
@@ -457,3 +463,25 @@ def test_a_run_trained_past_the_budget_is_never_labelled_as_a_smaller_one(swept,
         assert rec["rows"] and rec["flops"] <= 1e8 and rec["run_dir"] != ahead["run_dir"], "took the shared run's model"
         fit = [g for g in rec["grown"][1:] if g["flops"] <= 1e8]
         assert fit[-1] == {"units": rec["units"], "flops": rec["flops"]}
+
+
+def test_the_second_cpu_bench_is_in_the_issue_s_regime_by_its_estimate():
+    """configs/bench-cpu-2.yaml, by benchmarks/bench_plan.py's estimate (ledger FLOPs, rates measured on
+    the first edition): at the top budget GRPO takes >= 30 optimizer steps and CoRP >= 64 specialists
+    beside probe and validation splits of >= 64, 5 seeds, equal trials, and each task process fits
+    about 8 hours on one thread."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_plan", root / "benchmarks" / "bench_plan.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    est = mod.estimate(str(root / "configs" / "bench-cpu-2.yaml"), 3.0)
+    cfg = load_config(BenchConfig, str(root / "configs" / "bench-cpu-2.yaml"), {})
+    assert len(cfg.seeds) >= 5 and cfg.n_probe >= 64 and cfg.n_validation >= 64 and cfg.n_test >= 300
+    grpo = next(v for k, v in est["regime"].items() if k.startswith("grpo"))
+    corp = est["regime"]["corp-stage1"]
+    assert int(grpo.split("about ")[1].split(" ")[0]) >= 30, grpo
+    assert int(corp.split(" ")[0]) >= 64, corp
+    assert all(h <= 8.5 * 3600 for h in est["per_task"].values()), est["per_task"]
+    assert {m["method"] for m in est["missing"]} >= {"ftis"}

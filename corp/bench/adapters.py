@@ -9,10 +9,11 @@ fields and never asks which method it is running. An adapter says:
   cell per seed serves every budget.
   "population": the method reads a scored population (`--from-run` of the bench's shared `corp
   score` run of that seed and data setting); at budget B it gets the largest population prefix
-  whose scoring FLOPs fit in B (`unit` = the option that sets the prefix length).
+  whose scoring FLOPs plus the method's own evaluations on it fit in B (`unit` = the option that
+  sets the prefix length).
   "iterative": the method trains step by step and resumes on its run directory with a larger
-  `unit` (ES iterations, GRPO steps); at budget B it is evaluated at the first checkpoint whose
-  training ledger reaches B.
+  `unit` (ES iterations, GRPO steps); at budget B it is evaluated at its last checkpoint whose
+  training ledger is at or below B (a method that cannot fit B is 'does not fit').
 - `rows`: which rows of the method's report are its own (a regex on the row name; e.g. CoRP's
   report also carries base and RandOpt rows, which RandOpt's own cells report).
 - `flops`: dotted paths in the report summed into the cell's training/selection FLOPs.

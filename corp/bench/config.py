@@ -38,7 +38,8 @@ class BenchConfig:
     sigmas: list[float] = field(default_factory=lambda: [5e-4, 1e-3, 2e-3])
     """Noise scales of the shared population."""
     methods: dict = field(default_factory=dict)
-    """Per registered method (or a planned one, listed as missing): {options: {...}, variants: {label: {...}}}."""
+    """Per registered method (or a planned one, listed as missing): {options: {...}, variants: {label: {...}}, search: {...}};
+    `skip: REASON` lists a method as not run, with the reason, instead of running it."""
     compare: list = field(default_factory=list)
     """Pairs [a, b] of result rows compared on the same test examples (paired bootstrap CI and McNemar, seeds pooled)."""
     n_support: int = 64
@@ -109,8 +110,10 @@ class BenchConfig:
         if not isinstance(self.methods, dict) or not self.methods:
             raise CorpError("bench config: 'methods' must map method names to {options, variants, search}")
         for name, spec in self.methods.items():
-            if spec is not None and (not isinstance(spec, dict) or set(spec) - {"options", "variants", "search", "trials"}):
-                raise CorpError(f"bench config: method '{name}' must be a mapping with 'options', 'variants', 'search' and/or 'trials'")
+            if spec is not None and (not isinstance(spec, dict) or set(spec) - {"options", "variants", "search", "trials", "skip"}):
+                raise CorpError(f"bench config: method '{name}' must be a mapping with 'options', 'variants', 'search', 'trials' and/or 'skip'")
+            if spec and "skip" in spec and not (isinstance(spec["skip"], str) and spec["skip"].strip()):
+                raise CorpError(f"bench config: method '{name}': skip must say why the method is not run (a sentence)")
         from corp.bench.search import check_search
 
         check_search(self)

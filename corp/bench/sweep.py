@@ -3,9 +3,9 @@
 Every (task, data setting, seed, method variant, budget) is a cell. The sweep reads each method's
 `BenchAdapter` (corp.bench.adapters, named in its registry line) and never asks which method it
 runs: fixed cells run once per seed, population cells read the largest prefix of the seed's shared
-scored population that fits the budget (one `corp score` run per seed and data setting serves
-RandOpt and every CoRP variant), iterative cells resume one training run per seed and grow it until
-its training ledger reaches each budget. Each cell runs the registered method on its own run
+scored population that fits the budget with the method's own evaluations (one `corp score` run per seed and data setting serves
+RandOpt and every CoRP variant), iterative cells resume one training run per seed and grow it to
+its last checkpoint within each budget; no cell spends more than its budget. Each cell runs the registered method on its own run
 directory (WORK_DIR/NAME/...), so an interrupted cell resumes through the run layer's cache, and a
 finished cell leaves a record (RESULTS_DIR/NAME/cells/*.json: its rows, per-example test outcomes,
 FLOPs used, chosen options), so it is never rerun.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -111,13 +112,17 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
     cells: list[Cell] = []
     missing: list[dict] = []
     for name, spec in cfg.methods.items():
+        if (spec or {}).get("skip"):  # not run in this bench, by the config's choice: listed with its reason
+            missing.append({"method": name, "reason": f"not run in this bench: {spec['skip']}"})
+            continue
         if name not in REGISTRY and name in PLANNED:
             missing.append({"method": name, "reason": PLANNED[name]})
             continue
         method = get_method(name)  # an unknown name is one error line
         if method.bench_adapter is None:  # registered, but it has not said how to run at a budget: listed, not skipped
             missing.append({"method": name, "reason": "registered, but its registry line names no bench adapter (corp.bench.adapters), so the bench cannot run it at a budget"})
-    runnable = {n: (s or {}) for n, s in cfg.methods.items() if n in REGISTRY and get_method(n).bench_adapter is not None}  # others: `missing`
+    runnable = {n: (s or {}) for n, s in cfg.methods.items()
+                if n in REGISTRY and get_method(n).bench_adapter is not None and not (s or {}).get("skip")}  # others: `missing`
 
     def options(task: str, setting: str, seed: int, name: str, spec: dict, over: dict | None) -> dict:
         adapter = get_method(name).bench_adapter
@@ -331,11 +336,20 @@ class Bench:
         run_dir = self.work / f"{_slug(cell.task)}__population__s{cell.seed}__{key[:12]}"
         report = _report_done(run_dir)
         wall = 0.0
-        if report is None or report.get("population", {}).get("n", 0) < self.cfg.population:
-            report, wall = self._invoke("score", {**pop_opts, "run_dir": str(run_dir)})
-        rows = sorted((r for r in read_jsonl(run_dir / "population.jsonl", key="key", unique=True) if r.get("kind") == "specialist"), key=lambda r: r["index"])
-        n_params = int(report["population"]["selection_ledger"]["n_params"])
-        costs = [2.0 * n_params * (r["prompt_tokens"] + r["generated_tokens"]) for r in rows]
+        # score only the prefix the largest budget can buy (specialist i is the same whatever the
+        # population size, so the prefix grows on resume): first 8, then as many more as the largest
+        # budget buys at their mean cost, plus one, until it is passed or `population` is scored
+        target, top = min(self.cfg.population, 8), max(self.cfg.budgets)
+        while True:
+            if report is None or report.get("population", {}).get("n", 0) < target:
+                report, dt = self._invoke("score", {**pop_opts, "population": target, "run_dir": str(run_dir)})
+                wall += dt
+            rows = sorted((r for r in read_jsonl(run_dir / "population.jsonl", key="key", unique=True) if r.get("kind") == "specialist"), key=lambda r: r["index"])
+            n_params = int(report["population"]["selection_ledger"]["n_params"])
+            costs = [2.0 * n_params * (r["prompt_tokens"] + r["generated_tokens"]) for r in rows]
+            if len(costs) >= self.cfg.population or sum(costs) > top or not costs:
+                break
+            target = min(self.cfg.population, len(costs) + math.ceil((top - sum(costs)) / (sum(costs) / len(costs))) + 1)
         pop = {"run_dir": str(run_dir), "costs": costs, "seconds": [float(r.get("seconds", 0.0)) + float(r.get("apply_seconds", 0.0)) for r in rows], "wall": wall}
         self.populations[key] = pop
         return pop
