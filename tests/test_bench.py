@@ -485,3 +485,21 @@ def test_the_second_cpu_bench_is_in_the_issue_s_regime_by_its_estimate():
     assert int(corp.split(" ")[0]) >= 64, corp
     assert all(h <= 8.5 * 3600 for h in est["per_task"].values()), est["per_task"]
     assert {m["method"] for m in est["missing"]} >= {"ftis"}
+
+
+def test_the_shared_population_scores_only_what_the_largest_budget_buys(tiny_dir, tmp_path):
+    """population: 40, but the largest budget buys a handful of specialists: the shared population
+    stops just past that budget (it grows on resume), instead of scoring all 40."""
+    from corp.bench.sweep import run_bench
+    from corp.runs import read_jsonl
+
+    opts = tiny_options(tiny_dir, tmp_path, population=40, budgets=[3e7], seeds=[1], settings=["paper"], compare=[],
+                        methods={"randopt": {"options": {"top_k": [1]}}})
+    run_bench(load_config(BenchConfig, None, opts))
+    rec = next(json.loads(p.read_text()) for p in (tmp_path / "results" / "tiny" / "cells").glob("*.json"))
+    pop_dir = Path(rec["population_run"])
+    rows = [r for r in read_jsonl(pop_dir / "population.jsonl") if r.get("kind") == "specialist"]
+    n_params = json.loads((pop_dir / "report.json").read_text())["population"]["selection_ledger"]["n_params"]
+    costs = [2.0 * n_params * (r["prompt_tokens"] + r["generated_tokens"]) for r in sorted(rows, key=lambda r: r["index"])]
+    assert rec["units"] >= 1 and len(costs) < 40, len(costs)
+    assert sum(costs) > 3e7 and rec["units"] == prefix_that_fits(costs, 3e7) < len(costs)
