@@ -93,7 +93,7 @@ def _clients_get_support(cfg, splits: dict) -> None:
     split_clients(splits["support"], cfg.clients, cfg.split_by, "support")
 
 
-FGRPO = BenchAdapter(ITERATIVE, r"fgrpo", flops=("method_flops",), equal_data=True, unit="rounds",
+FGRPO = BenchAdapter(ITERATIVE, r"fgrpo", flops=("method_flops",), equal_data=True, unit="rounds", units_done="rounds",
                      unit_evals=lambda o: float(o.get("clients", 3)) * float(o.get("steps", 1)) * float(o.get("prompts_per_step", 4))
                      * float(o.get("num_generations", 8)) / max(1.0, float(o.get("n_support", 64))),
                      check=_clients_get_support)

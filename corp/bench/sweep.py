@@ -465,7 +465,7 @@ class Bench:
             report, dt = self._invoke(cell.method, {**cell.opts, adapter.unit: units, "run_dir": str(run_dir)})
             wall += dt
             flops = sum(get_path(report, p) for p in adapter.flops)
-            done = int(get_path(report, adapter.units_done)) if adapter.units_done else units
+            done = _units_in(report, adapter.units_done) if adapter.units_done else units
             seen.append({"units": done, "flops": flops})
             if flops > cell.budget:
                 break
@@ -537,6 +537,18 @@ class Bench:
         return {**self._head(cell), "status": "done", "rows": rows, "example_ids": outcomes.get("example_ids"),
                 "flops": sum(get_path(report, p) for p in adapter.flops), "units": units, "wall_seconds": wall,
                 "hyperparameters": chosen, "run_dir": str(run_dir), **extra}
+
+
+def _units_in(report: dict, dotted: str) -> int:
+    """The trained unit count a report states at `dotted`: a number, or a list of per-unit entries (FGRPO's rounds)."""
+    node = report
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, list):
+        return len(node)
+    if node is None:
+        raise CorpError(f"the report names no '{dotted}' (the units its model was trained for)")
+    return int(node)
 
 
 def _with_every_trial(cells: list[Cell]) -> list[Cell]:
