@@ -503,3 +503,46 @@ def test_the_shared_population_scores_only_what_the_largest_budget_buys(tiny_dir
     costs = [2.0 * n_params * (r["prompt_tokens"] + r["generated_tokens"]) for r in sorted(rows, key=lambda r: r["index"])]
     assert rec["units"] >= 1 and len(costs) < 40, len(costs)
     assert sum(costs) > 3e7 and rec["units"] == prefix_that_fits(costs, 3e7) < len(costs)
+
+
+def test_a_record_of_an_older_bench_protocol_is_never_reused(tiny_dir, tmp_path):
+    """Planted: a first-edition record (no bench_protocol, format 1, under the first edition's name) with an accuracy no model here reaches. The bench ignores both, keeps
+    them as they are, computes its own cell beside them, and says so; a record of this protocol
+    (an interrupted bench) is reused; --report-only over old records only is one error line."""
+    import hashlib
+
+    from corp.bench.sweep import Bench, plan, run_bench
+
+    opts = tiny_options(tiny_dir, tmp_path, seeds=[1, 2], settings=["paper"], compare=[],
+                        methods={"self-consistency": {"options": {"k": [1]}}})
+    cfg = load_config(BenchConfig, None, opts)
+    (cell,) = [c for c in plan(cfg)[0] if c.seed == 1]
+    bench = Bench(cfg)
+    # the first edition's record key: the options without the protocol
+    ident = {"method": cell.method, **{k: v for k, v in cell.opts.items() if k not in ("run_dir", "threads", "from_run", "eval_cache")}}
+    first_key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    old = {"format": 1, "task": cell.task, "setting": cell.setting, "seed": 1, "method": cell.method, "label": cell.label, "budget": None,
+           "kind": "fixed", "status": "done", "rows": [{"name": "base", "report_row": "base", "accuracy": 0.987, "passes_per_example": 1,
+                                                        "labelled_examples": 0, "test_tokens": 1, "test_flops": 1.0, "correct": None}],
+           "flops": 0.0, "units": None, "wall_seconds": 1.0, "hyperparameters": {}}
+    cells_dir = tmp_path / "results" / "tiny" / "cells"
+    cells_dir.mkdir(parents=True)
+    old_name = bench.record_path(cell).name.rsplit("__", 1)[0] + f"__{first_key}.json"
+    planted = [cells_dir / old_name, bench.record_path(cell)]
+    assert planted[0] != planted[1], "the protocol is not in the record's name"
+    planted[0].write_text(json.dumps(old))
+    with pytest.raises(CorpError, match="older bench protocol .*none of protocol 2"):  # nothing to report but the old edition
+        run_bench(cfg, "corp bench --report-only", compute=False)
+    assert not (tmp_path / "results" / "tiny" / "table.md").exists(), "report-only wrote an empty report over the old records"
+    with count_model_calls() as calls:
+        summary = run_bench(load_config(BenchConfig, None, {**opts, "seeds": [1]}), "corp bench")  # stopped after seed 1
+    assert calls["generate"] > 0 and summary["method_calls"] == 1 and summary["reused"] == 0, "an old-protocol record was reused"
+    assert json.loads(planted[0].read_text()) == old, "the old record was changed"
+    rec = json.loads(bench.record_path(cell).read_text())
+    assert rec["bench_protocol"] == 2 and rec["rows"][0]["accuracy"] != 0.987
+    assert "older bench protocol are kept in cells/" in (tmp_path / "results" / "tiny" / "table.md").read_text()
+    with count_model_calls() as calls:
+        resumed = run_bench(cfg, "corp bench")  # the interrupted bench resumes: seed 1 reused, seed 2 computed
+    assert resumed["reused"] == 1 and resumed["method_calls"] == 1
+    assert json.loads((tmp_path / "results" / "tiny" / "bench.json").read_text())["older_protocol_records"] == 1
+

@@ -346,7 +346,11 @@ def _file(text: str) -> str:
 TUNING_COLUMNS = ["task", "method", "budget", "trial", "validation_accuracy", "flops", "units", "status", "hyperparameters"]
 
 
-def write_outputs(cfg: BenchConfig, records: list[dict], missing: list[dict], command: str, not_run: int = 0, tuning: list[dict] | None = None) -> dict:
+def write_outputs(cfg: BenchConfig, records: list[dict], missing: list[dict], command: str, not_run: int = 0, tuning: list[dict] | None = None,
+                  older: int = 0) -> dict:
+    """`older`: cell records of an older bench protocol in the cells directory (kept, not reported; the tables say so)."""
+    from corp.bench.sweep import BENCH_PROTOCOL
+
     out = Path(cfg.results_dir) / cfg.name
     rows = flat_rows(records)
     for r in rows:
@@ -359,11 +363,16 @@ def write_outputs(cfg: BenchConfig, records: list[dict], missing: list[dict], co
     if not_run:
         head, _, rest = text.partition("\n\n")
         text = f"{head}\n\n**Incomplete: {not_run} of {not_run + len(records)} cells not run yet** (rerun the command to continue).\n\n{rest}"
+    if older:
+        head, _, rest = text.partition("\n\n")
+        text = (f"{head}\n\n{older} cell record(s) of an older bench protocol are kept in cells/ and not used here "
+                f"(their rows were made under other budget rules).\n\n{rest}")
     atomic_write_text(out / "table.md", text)
     made = plots(cfg, rows, out)
     write_json(out / "bench.json", {"name": cfg.name, "command": command, "cells_not_run": not_run, "model": cfg.model, "tasks": cfg.tasks, "seeds": cfg.seeds,
                                     "budgets": cfg.budgets, "settings": cfg.settings, "missing": missing, "plots": made,
-                                    "comparisons": comps, "beats": beats_sentences(comps)})
+                                    "comparisons": comps, "beats": beats_sentences(comps),
+                                    "bench_protocol": BENCH_PROTOCOL, "older_protocol_records": older})
     return {"results_dir": str(out), "rows": len(rows), "plots": made, "comparisons": len(comps), "missing": [m["method"] for m in missing]}
 
 

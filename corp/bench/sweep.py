@@ -37,7 +37,17 @@ from corp.config import load_config
 from corp.methods import REGISTRY, get_method
 from corp.runs import read_json, read_jsonl, write_json
 
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
+# The bench protocol: the rules that decide what a cell's row is, beyond its options. A record or
+# run directory of another protocol is never reused (it stays where it is, ignored): its row was
+# made under other rules. 1 (the first edition, results/bench-cpu): population methods the largest
+# prefix whose scoring fits the budget with CoRP's probe/validation evaluations on top, iterative
+# methods the first checkpoint at or above the budget, CoRP's pass-1 report evaluations run.
+# 2 (issue 22): every cell at most its budget (population: prefix + the method's own evaluations;
+# iterative: last checkpoint at or below it, else 'does not fit'), CoRP searches and gates only
+# its deployed merge rule (merge_rules: [pass2]), the unit count recorded is the report's own.
+# Change it whenever such a rule changes.
+BENCH_PROTOCOL = 2
 # options that locate or speed up a cell without changing what it computes
 _NOT_IDENTITY = ("run_dir", "threads", "from_run", "eval_cache")
 
@@ -63,7 +73,7 @@ class Cell:
         """Identity of the cell's run directory: its options (for iterative cells without the unit,
         so every budget continues one training run)."""
         skip = set(_NOT_IDENTITY) | ({self.adapter.unit} if self.adapter.kind == ITERATIVE else set())
-        return _hash({"method": self.method, **{k: v for k, v in self.opts.items() if k not in skip}})
+        return _hash({"method": self.method, "bench_protocol": BENCH_PROTOCOL, **{k: v for k, v in self.opts.items() if k not in skip}})
 
     def record_name(self) -> str:
         budget = "fixed" if self.budget is None else f"{self.budget:.3e}"
@@ -300,8 +310,11 @@ class Bench:
         return self.out / "cells" / cell.record_name()
 
     def load_record(self, cell: Cell) -> dict | None:
+        """The cell's finished record; None when there is none, or it was made under another bench
+        protocol (kept as it is, never reused; its name differs too, through `run_key`)."""
         path = self.record_path(cell)
-        return read_json(path) if path.exists() else None
+        rec = read_json(path) if path.exists() else None
+        return rec if rec is not None and rec.get("bench_protocol") == BENCH_PROTOCOL else None
 
     def run_cell(self, cell: Cell) -> dict:
         rec = self.load_record(cell)
@@ -489,7 +502,7 @@ class Bench:
         return rec
 
     def _head(self, cell: Cell) -> dict:
-        head = {"format": RECORD_FORMAT, "task": cell.task, "setting": cell.setting, "seed": cell.seed, "method": cell.method, "label": cell.label,
+        head = {"format": RECORD_FORMAT, "bench_protocol": BENCH_PROTOCOL, "task": cell.task, "setting": cell.setting, "seed": cell.seed, "method": cell.method, "label": cell.label,
                 "budget": cell.budget, "kind": cell.adapter.kind}
         if cell.trial is not None:
             head["trial"] = cell.trial
@@ -584,7 +597,17 @@ def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = 
     preflight(cfg, _with_every_trial(cells), load_model=load_model and compute)
     bench = Bench(cfg)
     records = []
-    done_before = sum(1 for c in cells if (r := bench.resolve(c, cells)) is not None and bench.record_path(r).exists())
+    done_before = sum(1 for c in cells if (r := bench.resolve(c, cells)) is not None and bench.load_record(r) is not None)
+    older = old_protocol_records(cfg)
+    current = any(bench.load_record(r) for c in cells if (r := bench.resolve(c, cells)) is not None)
+    if not compute and older and not current:
+        # the first edition's outputs stay as the version that ran them wrote them
+        # (this corp would write an empty report over them)
+        raise CorpError(f"{bench.out} holds {len(older)} cell record(s) of an older bench protocol "
+                        f"({', '.join(sorted(set(older.values())))}; this corp runs protocol {BENCH_PROTOCOL}) "
+                        f"and none of protocol {BENCH_PROTOCOL}: its table.md, results.csv and plots are kept as written; "
+                        f"rerun the bench to compute protocol-{BENCH_PROTOCOL} cells beside them, "
+                        "or report with the commit that ran them")
     bar = tqdm(cells, desc=f"bench {cfg.name}", unit="cell", initial=0, dynamic_ncols=True, disable=_progress_disabled() or not compute)
     for planned in bar:
         bar.set_postfix_str(f"{planned.task} {planned.setting} s{planned.seed} {planned.label} {'' if planned.budget is None else f'{planned.budget:.2g}'}")
@@ -598,9 +621,22 @@ def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = 
     tuning = [r for r in records if r["setting"] == "tune"]
     records = [r for r in records if r["setting"] != "tune"]
     n_final = sum(c.setting != "tune" for c in cells)
-    summary = write_outputs(cfg, records, missing, command, not_run=n_final - len(records), tuning=tuning)
+    summary = write_outputs(cfg, records, missing, command, not_run=n_final - len(records), tuning=tuning,
+                            older=len(older))
     summary.update(cells=len(cells), reused=done_before, method_calls=bench.calls, not_run=len(cells) - len(records) - len(tuning))
     return summary
+
+
+def old_protocol_records(cfg: BenchConfig) -> dict[str, str]:
+    """{record file name: its protocol} for the records in the bench's cells directory made under
+    another bench protocol (kept, never reused or reported)."""
+    cells_dir = results_path(cfg) / "cells"
+    out = {}
+    for path in sorted(cells_dir.glob("*.json")) if cells_dir.is_dir() else []:
+        protocol = read_json(path).get("bench_protocol", 1)  # the first edition's records name none
+        if protocol != BENCH_PROTOCOL:
+            out[path.name] = f"protocol {protocol}"
+    return out
 
 
 def load_bench_config(path: str, overrides: dict | None = None) -> BenchConfig:
