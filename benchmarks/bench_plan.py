@@ -95,10 +95,17 @@ def estimate(path: str, corp_passes: float) -> dict:
             if c.method == "es" and c.budget == top and c.setting != "tune":
                 it = float(c.opts.get("population", 8)) * spec_cost
                 regime[f"es ({c.setting}, {n_sup} support)"] = f"about {int(top // it)} iterations at the top budget"
+    trials: dict[str, list] = {}  # the searched values each trial runs with (the search's fixed draw)
+    for c in cells:
+        if c.setting == "tune" and c.task == cfg.tasks[0]:
+            space = cfg.methods[c.method].get("search") or {}
+            point = {k: c.opts[k] for k in sorted(space)}
+            if point not in trials.setdefault(c.label, []):
+                trials[c.label].append(point)
     per_task: dict[str, float] = collections.defaultdict(float)
     for (task, _), s in secs.items():
         per_task[task] += s
-    return {"config": path, "secs": dict(secs), "per_task": dict(per_task), "regime": regime, "missing": missing,
+    return {"config": path, "secs": dict(secs), "per_task": dict(per_task), "regime": regime, "missing": missing, "trials": trials,
             "cells": len(cells), "splits": {s: split_sizes(cfg, s, type("A", (), {"equal_data": True})()) for s in cfg.settings}}
 
 
@@ -117,6 +124,9 @@ def main() -> None:
     print("\nregime at the top budget:")
     for k, v in est["regime"].items():
         print(f"  {k}: {v}")
+    print("\ntrials (the same draw on every task):")
+    for label, points in est["trials"].items():
+        print(f"  {label}: " + "; ".join(", ".join(f"{k} {v}" for k, v in p.items()) for p in points))
     for m in est["missing"]:
         print(f"missing: {m['method']}: {m['reason']}")
 

@@ -546,3 +546,18 @@ def test_a_record_of_an_older_bench_protocol_is_never_reused(tiny_dir, tmp_path)
     assert resumed["reused"] == 1 and resumed["method_calls"] == 1
     assert json.loads((tmp_path / "results" / "tiny" / "bench.json").read_text())["older_protocol_records"] == 1
 
+
+def test_the_second_cpu_bench_s_grpo_search_tries_the_regime_where_grpo_works():
+    """configs/bench-cpu-2.yaml: the search's fixed draw gives GRPO LoRA at lr 5e-5 (this project's
+    single GRPO run, LoRA r16 at 5e-5, took arith from 0.141 to 0.508) and a full-parameter trial,
+    with the same number of trials for every searched method (the 2-trial draw of the first grid
+    was lr 1e-5 only)."""
+    from corp.bench.sweep import plan
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = load_config(BenchConfig, str(root / "configs" / "bench-cpu-2.yaml"), {})
+    tune = [c for c in plan(cfg)[0] if c.setting == "tune" and c.task == cfg.tasks[0] and c.budget in (None, cfg.budgets[-1])]
+    drawn = {(float(c.opts["learning_rate"]), int(c.opts["lora_r"])) for c in tune if c.method == "grpo"}
+    assert (5e-5, 16) in drawn and any(r == 0 for _, r in drawn), drawn
+    per_method = {m: sum(c.method == m for c in tune) for m in {c.method for c in tune}}
+    assert len(set(per_method.values())) == 1 and cfg.trials >= 3, per_method
