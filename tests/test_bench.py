@@ -561,3 +561,14 @@ def test_the_second_cpu_bench_s_grpo_search_tries_the_regime_where_grpo_works():
     assert (5e-5, 16) in drawn and any(r == 0 for _, r in drawn), drawn
     per_method = {m: sum(c.method == m for c in tune) for m in {c.method for c in tune}}
     assert len(set(per_method.values())) == 1 and cfg.trials >= 3, per_method
+
+
+def test_the_bench_table_states_the_ledger_s_lora_convention(tmp_path):
+    """The FLOPs note of table.md (and so of the README section) says how LoRA training is charged:
+    6 N per trained token, an overcharge, so a conservative charge against GRPO-LoRA."""
+    from corp.bench.outputs import table_md
+
+    cfg = load_config(BenchConfig, None, {"methods": {"self-consistency": None}, "results_dir": str(tmp_path)})
+    text = table_md(cfg, [], [], [], "corp bench")
+    assert "6 * N_params * trained_tokens" in text and "LoRA training is charged 6 N per trained token" in text
+    assert "conservative charge against GRPO-LoRA" in text

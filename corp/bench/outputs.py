@@ -18,6 +18,7 @@ import statistics
 from pathlib import Path
 
 from corp.bench.config import BenchConfig
+from corp.bench.ledger import FLOPS_FORMULA, LORA_CONVENTION
 from corp.runs import atomic_write_text, read_json, write_json
 from corp.stats import compare_paired_seeds, sign_text
 
@@ -133,7 +134,7 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
              "feed a report are not run), each cell reports the FLOPs it used, here and in results.csv, and every "
              f"row states its labelled examples (paper: each method's own splits, CoRP support + probe + validation = "
              f"{cfg.n_support + cfg.n_probe + cfg.n_validation}, RandOpt/ES/GRPO support = {cfg.n_support}; equal-data: RandOpt/ES/GRPO "
-             f"also use probe + validation). {protocol_sentence(cfg)}", ""]
+             f"also use probe + validation). {protocol_sentence(cfg)} FLOPs: {FLOPS_FORMULA}. {LORA_CONVENTION}", ""]
     lines += headline_table(cfg, rows)
     for task in cfg.tasks:
         for setting in cfg.settings:
