@@ -64,6 +64,7 @@ commit_paths() {  # commit_paths MESSAGE PATH...: add and commit exactly these p
 commit_cells() {
   local files=()
   local f
+  [ -d "$OUT/cells" ] || return 0  # nothing finished yet
   while IFS= read -r f; do
     files+=("$f")
   done < <(git status --porcelain --untracked-files=all -- "$OUT/cells" | sed 's/^...//' | grep -F "/cells/${SLUG}__" | grep '\.json$')
