@@ -62,7 +62,7 @@ def repo(tmp_path):
 def _wrap(repo: Path, mode: str = "ok") -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "CORP_CMD": f"{sys.executable} fake.py",
            "BENCH_POLL": "1", "BENCH_RETRY_WAIT": "0", "FAKE_STATE": str(repo.parent / "starts"), "FAKE_MODE": mode}
-    return subprocess.run(["bash", str(SCRIPT), "wrap.yaml", "add", "3"], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(["bash", str(SCRIPT), "wrap.yaml", "add", "3"], cwd=repo, env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
 def test_the_wrapper_restarts_the_bench_and_commits_only_its_finished_cells(repo):
@@ -87,5 +87,5 @@ def test_the_wrapper_does_not_retry_bad_input(repo):
 
 def test_the_wrapper_refuses_a_task_the_config_does_not_have(repo):
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "CORP_CMD": "false"}
-    proc = subprocess.run(["bash", str(SCRIPT), "wrap.yaml", "nope"], cwd=repo, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["bash", str(SCRIPT), "wrap.yaml", "nope"], cwd=repo, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2 and "task 'nope' is not a task of wrap" in proc.stderr
