@@ -136,7 +136,7 @@ def bench_cmd(
     readme_section: bool = typer.Option(False, "--readme-section", help="Print the README results section from this bench's latest outputs (computes nothing)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="Torch CPU threads of every cell (overrides the config)."),
     report_only: bool = typer.Option(False, "--report-only", help="Write results.csv, table.md and plots from the cells finished so far; run nothing."),
-    task: Optional[str] = typer.Option(None, "--task", help="Run only the cells of this task of the config (one process per task can share a bench); the outputs still cover every finished cell."),
+    task: Optional[str] = typer.Option(None, "--task", help="Run only the cells of this task of the config, by spec or label (one process per task can share a bench); the outputs still cover every finished cell."),
 ) -> None:
     """The matched-compute sweep: every registered bench method at each FLOP budget, seed and data setting; resumable."""
     from corp.bench.outputs import readme_section as section

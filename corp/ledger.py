@@ -4,6 +4,14 @@ Every method records prompt tokens, generated tokens and trained tokens; FLOPs a
 2 * N_params * (prompt + generated tokens) + 6 * N_params * trained tokens, the usual
 forward ~2N / forward+backward ~6N per token rule (attention's sequence-length term is ignored,
 which is small at these lengths). The formula is written into every report next to the numbers.
+
+LoRA training is charged like full fine-tuning, 6 N per trained token (`LORA_CONVENTION`). A LoRA
+backward still propagates activation gradients through every frozen matrix (about 2 N per token)
+but computes weight gradients only for the adapters (about 2 N_trainable, N_trainable << N), so its
+true cost is about 4 N + 6 N_trainable per token: the ledger overcharges a LoRA run by up to about
+1.5x. This is a conservative charge against GRPO-LoRA (and FGRPO with LoRA): at a FLOP budget a
+LoRA run gets about two thirds of the training steps its true compute would buy. Kept because one
+rule for every method is simpler to audit than a per-method discount.
 """
 
 from __future__ import annotations
@@ -11,6 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FLOPS_FORMULA = "FLOPs = 2 * N_params * (prompt_tokens + generated_tokens) + 6 * N_params * trained_tokens"
+LORA_CONVENTION = ("LoRA training is charged 6 N per trained token like full fine-tuning, though a LoRA backward computes no "
+                   "weight gradients for the frozen matrices (about 4 N + 6 N_trainable): a conservative charge against "
+                   "GRPO-LoRA, which gets about two thirds of the steps its true compute would buy.")
 
 
 def flops(n_params: int, prompt_tokens: int = 0, generated_tokens: int = 0, trained_tokens: int = 0) -> float:

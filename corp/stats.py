@@ -10,8 +10,17 @@ the run layer, ES, CoRP and the split-half analysis can all use the same definit
 - `paired_bootstrap_ci`: the percentile bootstrap 95% interval of mean(a) - mean(b) over examples
   resampled jointly (paired), with a fixed seed so a report is reproducible.
 - `mcnemar_exact`: the exact (binomial) two-sided McNemar test on paired 0/1 outcomes: under the
-  null the discordant pairs split 50/50, p = P(|B - n/2| >= |b - n/2|) for B ~ Binomial(n, 1/2),
-  the same number as `scipy.stats.binomtest(b, n, 0.5).pvalue`.
+  null the discordant pairs split 50/50; p is `scipy.stats.binomtest(b, n, 0.5).pvalue` (summing
+  binomial coefficients over 2**n overflowed a float from n = 1024 discordant pairs).
+- `seed_example_interval`: the across-seed interval of a paired difference measured by k seeds on
+  the same n test examples. A t interval over the k per-seed mean differences (k - 1 degrees of
+  freedom) covers the seed-to-seed spread but, with the same test examples in every seed, not the
+  sampling of the test examples themselves; so its variance adds the per-example term of a crossed
+  seeds x examples design, var(seed means)/k + var(example means over seeds)/n, with k - 1
+  degrees of freedom (conservative when the example term dominates; Welch-Satterthwaite's larger
+  df undercovered at 3 seeds). With 3 seeds the seed-then-example percentile bootstrap
+  (`clustered_bootstrap_ci`, kept for comparison) has 10 distinct seed resamples and cannot leave
+  the range of the seed means; benchmarks/interval_coverage.py measures both by simulation.
 - `PerExample`: a list of per-example scores that remembers which example ids it was computed
   on, and `assert_same_examples`, which every paired comparison (the CoRP gate included) calls so
   that it can never subtract scores of different examples.
@@ -19,10 +28,10 @@ the run layer, ES, CoRP and the split-half analysis can all use the same definit
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
+from scipy import stats as _scipy_stats
 
 from corp import CorpError
 
@@ -104,17 +113,57 @@ def clustered_bootstrap_ci(groups_a: Sequence[Sequence[float]], groups_b: Sequen
     return float(lo), float(hi)
 
 
+def seed_example_interval(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequence[float]], level: float = 0.95) -> dict:
+    """Across-seed interval of mean(a) - mean(b) over k >= 2 seeds' runs on the same n examples
+    (see the module docstring): {mean, ci: (lo, hi), df, se, seed_means}."""
+    d = np.asarray([np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64) for a, b in zip(groups_a, groups_b, strict=True)])
+    if d.ndim != 2 or d.shape[0] < 2 or d.shape[1] < 2:
+        raise ValueError(f"an across-seed interval needs >= 2 seeds on >= 2 shared examples, got shape {d.shape}")
+    out = crossed_t_intervals(d[None], level)
+    return {"mean": float(out["mean"][0]), "ci": (float(out["lo"][0]), float(out["hi"][0])), "df": float(out["df"][0]),
+            "se": float(out["se"][0]), "seed_means": [float(x) for x in d.mean(axis=1)]}
+
+
+def crossed_t_intervals(d: np.ndarray, level: float = 0.95) -> dict:
+    """`seed_example_interval` on a stack of datasets, d of shape (datasets, k seeds, n examples):
+    vectorised so the coverage simulation (tests, benchmarks/interval_coverage.py) runs the same code."""
+    k, n = d.shape[1], d.shape[2]
+    mean = d.mean(axis=(1, 2))
+    v_seed = d.mean(axis=2).var(axis=1, ddof=1) / k  # the t-over-seeds term
+    v_ex = d.mean(axis=1).var(axis=1, ddof=1) / n  # the test examples' own sampling
+    var = v_seed + v_ex
+    # k - 1 df whatever the example term's share: Welch-Satterthwaite df (up to k + n - 2) covered
+    # 0.91 at 3 seeds when the seed term dominated (benchmarks/interval_coverage.py); k - 1 is the
+    # t over seeds' own df, and the added example term only widens it
+    df = np.full(mean.shape, float(k - 1))
+    se = np.sqrt(var)
+    half = _scipy_stats.t.ppf(1 - (1 - level) / 2, df) * se
+    return {"mean": mean, "lo": mean - half, "hi": mean + half, "df": df, "se": se}
+
+
 def compare_paired_seeds(name_a: str, groups_a: Sequence[Sequence[int | bool]], name_b: str, groups_b: Sequence[Sequence[int | bool]]) -> dict:
     """`compare_paired` over several seeds (one list of per-example outcomes per seed, the same
-    examples in each): the difference of pooled accuracies, its seed-then-example bootstrap interval
-    (`clustered_bootstrap_ci`); McNemar's p is over the pooled pairs and so reads one seed as many."""
+    examples in each): the difference of pooled accuracies with its across-seed interval
+    (`seed_example_interval`), and per seed the difference with its within-seed paired bootstrap
+    interval and exact McNemar p, and the sign count of the per-seed differences. McNemar over the
+    pooled pairs would read one seed as many and is not reported for several seeds."""
     for a, b in zip(groups_a, groups_b, strict=True):
         assert_same_examples(a, b, f"{name_a} vs {name_b}")
     out = compare_paired(name_a, [x for g in groups_a for x in g], name_b, [x for g in groups_b for x in g])
     if len(groups_a) > 1:
-        out["ci95"] = list(clustered_bootstrap_ci([[int(bool(x)) for x in g] for g in groups_a], [[int(bool(x)) for x in g] for g in groups_b]))
-        out["method"] = (f"bootstrap over seeds, then examples within each seed ({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, "
-                         "percentile 95%); exact two-sided McNemar on the pooled pairs")
+        ga = [[int(bool(x)) for x in g] for g in groups_a]
+        gb = [[int(bool(x)) for x in g] for g in groups_b]
+        iv = seed_example_interval(ga, gb)
+        out["ci95"] = list(iv["ci"])
+        out["df"] = iv["df"]
+        out["per_seed"] = [{k: v for k, v in compare_paired(name_a, a, name_b, b).items() if k in ("difference", "ci95", "mcnemar_p", "a_only_correct", "b_only_correct")}
+                           for a, b in zip(ga, gb)]
+        ds = [p["difference"] for p in out["per_seed"]]
+        out["signs"] = {"+": sum(x > 0 for x in ds), "-": sum(x < 0 for x in ds), "0": sum(x == 0 for x in ds)}
+        out["mcnemar_p"] = None
+        out["method"] = (f"t interval over {len(ga)} seeds' mean paired differences plus the test examples' sampling term "
+                         f"(crossed seeds x examples variance, {iv['df']:.0f} df, 95%); per seed: paired bootstrap "
+                         f"({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}) and exact McNemar")
         out["n_seeds"] = len(groups_a)
     return out
 
@@ -127,10 +176,7 @@ def mcnemar_exact(a: Sequence[int | bool], b: Sequence[int | bool]) -> tuple[flo
     n = only_a + only_b
     if n == 0:
         return 1.0, 0, 0
-    k = min(only_a, only_b)
-    # two-sided: double the smaller tail of Binomial(n, 1/2), capped at 1 (the binomial is symmetric)
-    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2.0**n
-    return min(1.0, 2.0 * tail), only_a, only_b
+    return float(_scipy_stats.binomtest(only_a, n, 0.5).pvalue), only_a, only_b
 
 
 def compare_paired(name_a: str, correct_a: Sequence[int | bool], name_b: str, correct_b: Sequence[int | bool]) -> dict:
@@ -150,9 +196,16 @@ def compare_paired(name_a: str, correct_a: Sequence[int | bool], name_b: str, co
     }
 
 
+def sign_text(c: dict) -> str:
+    """Per-seed sign count, e.g. '4+ 1-' (seeds where a is above b, below it, level)."""
+    s = c.get("signs") or {}
+    return " ".join(f"{s[k]}{k}" for k in ("+", "-", "0") if s.get(k))
+
+
 def comparison_line(c: dict) -> str:
-    if c.get("n_seeds", 1) > 1:  # McNemar on pooled pairs reads one seed's run as many independent ones: not printed
-        return (f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (paired 95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}, "
-                f"resampling {c['n_seeds']} seeds then examples; {c['a_only_correct']} vs {c['b_only_correct']} discordant; n = {c['n']})")
+    if c.get("n_seeds", 1) > 1:  # McNemar on pooled pairs reads one seed's run as many independent ones: per seed only
+        seeds = ", ".join(f"{p['difference']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]" for p in c["per_seed"])
+        return (f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} across {c['n_seeds']} seeds, "
+                f"df {c['df']:.1f}; per seed {seeds}; signs {sign_text(c)}; n = {c['n']})")
     return (f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (paired 95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}; "
             f"McNemar p = {c['mcnemar_p']:.3g}, {c['a_only_correct']} vs {c['b_only_correct']} discordant; n = {c['n']})")

@@ -224,7 +224,7 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
     ]
     report = write_report(
         run_dir, "es", cfg.model, cfg.task, rows, [("es", "base")], ids,
-        iterations=cfg.iterations,
+        iterations=int(read_json(state_path)["iteration"]),  # what the centre holds (a run trained further than asked says so)
         test_accuracy_before=base_test["accuracy"],
         test_accuracy_after=final["accuracy"],
         training_ledger=sel.to_dict(),

@@ -9,10 +9,11 @@ fields and never asks which method it is running. An adapter says:
   cell per seed serves every budget.
   "population": the method reads a scored population (`--from-run` of the bench's shared `corp
   score` run of that seed and data setting); at budget B it gets the largest population prefix
-  whose scoring FLOPs fit in B (`unit` = the option that sets the prefix length).
+  whose scoring FLOPs plus the method's own evaluations on it fit in B (`unit` = the option that
+  sets the prefix length).
   "iterative": the method trains step by step and resumes on its run directory with a larger
-  `unit` (ES iterations, GRPO steps); at budget B it is evaluated at the first checkpoint whose
-  training ledger reaches B.
+  `unit` (ES iterations, GRPO steps); at budget B it is evaluated at its last checkpoint whose
+  training ledger is at or below B (a method that cannot fit B is 'does not fit').
 - `rows`: which rows of the method's report are its own (a regex on the row name; e.g. CoRP's
   report also carries base and RandOpt rows, which RandOpt's own cells report).
 - `flops`: dotted paths in the report summed into the cell's training/selection FLOPs.
@@ -60,25 +61,41 @@ class BenchAdapter:
     """Support-split evaluations per unit, from the resolved options (for the minimum-budget check)."""
     clip: tuple[str, ...] = ()
     """List options whose values must not exceed the unit count."""
+    units_done: str | None = None
+    """Iterative methods: dotted report path of the units the reported model was trained for (the
+    record's count, so a run directory trained further than asked is never labelled as asked)."""
     defaults: dict = field(default_factory=dict, compare=False)
     """Options the bench sets unless the config does (e.g. no extra evaluations a cell does not report)."""
+    row_names: Callable[[dict], list[str]] | None = field(default=None, compare=False)
+    """The report rows the method can produce from its options (None: one row, named by the cell's
+    label); the bench refuses a comparison naming a row no method can report, before compute."""
     check: Callable[[object, dict], None] | None = field(default=None, compare=False)
     """A check of the cell's built config against its splits ({name: examples}) that needs no model
     (e.g. FGRPO: every client gets support examples); raises CorpError before any compute."""
 
 
-SELF_CONSISTENCY = BenchAdapter(FIXED, r"base|self-consistency@\d+")
+def _ints(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else str(value).split(",")) if str(v).strip()]
+
+
+SELF_CONSISTENCY = BenchAdapter(FIXED, r"base|self-consistency@\d+",
+                                row_names=lambda o: ["base"] + [f"self-consistency@{k}" for k in _ints(o.get("k", [1, 4, 16]))])
 RANDOPT = BenchAdapter(POPULATION, r"randopt-top1|randopt-vote@\d+", flops=("population.selection_ledger.flops",),
-                       equal_data=True, unit="population", clip=("top_k",))
+                       equal_data=True, unit="population", clip=("top_k",),
+                       row_names=lambda o: ["randopt-top1"] + [f"randopt-vote@{k}" for k in _ints(o.get("top_k", [1, 4, 16])) if k != 1])
 # CoRP needs two elites to merge anything; its own probe/validation/support-half evaluations count
+# (probe, step search, gates: the cell's prefix is chosen so that population + these fit the budget);
+# only the deployed merge rule is searched and gated (the others' gates only fed the report)
 CORP = BenchAdapter(POPULATION, r"corp.*", flops=("population.selection_ledger.flops", "corp.consolidation_ledger.flops"),
-                    unit="population", min_units=2, clip=("top_k",), defaults={"top_k": [1]})
+                    unit="population", min_units=2, clip=("top_k",), defaults={"top_k": [1], "merge_rules": ["pass2"]})
 # one ES iteration scores `population` specialists and (unless skipped) the centre
-ES = BenchAdapter(ITERATIVE, r"es", flops=("training_ledger.flops",), equal_data=True, unit="iterations",
+ES = BenchAdapter(ITERATIVE, r"es", flops=("training_ledger.flops",), equal_data=True, unit="iterations", units_done="iterations",
                   unit_evals=lambda o: float(o.get("population", _default(ESConfig, "population")))
                   + (0.0 if o.get("skip_centre_eval", _default(ESConfig, "skip_centre_eval")) else 1.0))
 # one GRPO step generates prompts_per_step * num_generations completions (a fraction of a support pass)
-GRPO = BenchAdapter(ITERATIVE, r"grpo-.*", flops=("training_ledger.flops",), equal_data=True, unit="steps",
+GRPO = BenchAdapter(ITERATIVE, r"grpo-.*", flops=("training_ledger.flops",), equal_data=True, unit="steps", units_done="steps",
                     unit_evals=lambda o: float(o.get("prompts_per_step", _default(GRPOConfig, "prompts_per_step")))
                     * float(o.get("num_generations", _default(GRPOConfig, "num_generations")))
                     / max(1.0, float(o.get("n_support", _default(GRPOConfig, "n_support")))))
@@ -89,7 +106,7 @@ def _clients_get_support(cfg, splits: dict) -> None:
     split_clients(splits["support"], cfg.clients, cfg.split_by, "support")
 
 
-FGRPO = BenchAdapter(ITERATIVE, r"fgrpo", flops=("method_flops",), equal_data=True, unit="rounds",
+FGRPO = BenchAdapter(ITERATIVE, r"fgrpo", flops=("method_flops",), equal_data=True, unit="rounds", units_done="rounds",
                      unit_evals=lambda o: float(o.get("clients", _default(FGRPOConfig, "clients")))
                      * float(o.get("steps", _default(FGRPOConfig, "steps")))
                      * float(o.get("prompts_per_step", _default(FGRPOConfig, "prompts_per_step")))
@@ -97,7 +114,8 @@ FGRPO = BenchAdapter(ITERATIVE, r"fgrpo", flops=("method_flops",), equal_data=Tr
                      / max(1.0, float(o.get("n_support", _default(FGRPOConfig, "n_support")))),
                      check=_clients_get_support)
 # FERA trains nothing: its rounds cost inference only, reported per row as passes per test example
-FERA = BenchAdapter(FIXED, r"fera-round\d+|plain-vote-round\d+")
+FERA = BenchAdapter(FIXED, r"fera-round\d+|plain-vote-round\d+",
+                    row_names=lambda o: [f"{p}-round{r}" for r in range(1, int(o.get("rounds", 3)) + 1) for p in ("fera", "plain-vote")])
 
 # Methods the specification describes that are not built yet: a bench config may name them; they are
 # listed as missing in the results, never silently skipped. A registered method whose registry line

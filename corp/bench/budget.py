@@ -3,9 +3,10 @@
 Pure functions on ledgers (lists of FLOPs), so the rules are tested on hand-made numbers:
 - a population method at budget B gets the largest prefix (in population order) whose summed
   scoring FLOPs are <= B (`prefix_that_fits`);
-- an iterative method (ES, GRPO) at budget B is evaluated at the first checkpoint whose cumulative
-  training FLOPs reach B (`first_crossing`); before that checkpoint exists, `next_units` guesses how
-  many units to train from the mean cost per unit so far.
+- an iterative method (ES, GRPO) at budget B is evaluated at its last checkpoint whose cumulative
+  training FLOPs are at or below B (corp.bench.sweep grows the run by what the remaining budget
+  buys at the dearest unit cost seen). `first_crossing` and `next_units` are the first edition's
+  rule (the first checkpoint at or above B); the sweep no longer uses them.
 """
 
 from __future__ import annotations

@@ -12,6 +12,17 @@ SETTINGS = ("paper", "equal-data")
 PROTOCOLS = ("defaults", "search")
 
 
+# The bench protocol: the rules that decide what a cell's row is, beyond its options. A record or
+# run directory of another protocol is never reused (it stays where it is, ignored): its row was
+# made under other rules. 1 (the first edition, results/bench-cpu): population methods the largest
+# prefix whose scoring fits the budget with CoRP's probe/validation evaluations on top, iterative
+# methods the first checkpoint at or above the budget, CoRP's pass-1 report evaluations run.
+# 2 (issue 22): every cell at most its budget (population: prefix + the method's own evaluations;
+# iterative: last checkpoint at or below it, else 'does not fit'), CoRP searches and gates only
+# its deployed merge rule (merge_rules: [pass2]), the unit count recorded is the report's own.
+# Change it whenever such a rule changes.
+BENCH_PROTOCOL = 2
+
 @dataclass
 class BenchConfig:
     name: str = "bench"
@@ -19,7 +30,8 @@ class BenchConfig:
     model: str = "smollm2-135m"
     """Model every method starts from (alias, local directory or hub id)."""
     tasks: list[str] = field(default_factory=lambda: ["arith"])
-    """Tasks, comma-separated (each as `corp tasks` names them, options included)."""
+    """Tasks, comma-separated (each as `corp tasks` names them, options included); in YAML an entry may also be
+    {task: SPEC, label: SHORT}, SHORT naming the task in tables and file names (default: the spec)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     """Master seeds; every method runs once per seed (test examples are the same for every seed)."""
     budgets: list[float] = field(default_factory=lambda: [1e13, 3e13])
@@ -37,7 +49,8 @@ class BenchConfig:
     sigmas: list[float] = field(default_factory=lambda: [5e-4, 1e-3, 2e-3])
     """Noise scales of the shared population."""
     methods: dict = field(default_factory=dict)
-    """Per registered method (or a planned one, listed as missing): {options: {...}, variants: {label: {...}}}."""
+    """Per registered method (or a planned one, listed as missing): {options: {...}, variants: {label: {...}}, search: {...}};
+    `skip: REASON` lists a method as not run, with the reason, instead of running it."""
     compare: list = field(default_factory=list)
     """Pairs [a, b] of result rows compared on the same test examples (paired bootstrap CI and McNemar, seeds pooled)."""
     n_support: int = 64
@@ -74,7 +87,23 @@ class BenchConfig:
     """Where the cells' run directories go (models and caches; not for committing)."""
 
     def validate(self) -> "BenchConfig":
-        self.tasks = parse_list(self.tasks, str, "tasks")
+        entries = self.tasks if isinstance(self.tasks, list) else parse_list(self.tasks, str, "tasks")
+        self.task_labels = {}
+        tasks = []
+        for e in entries:
+            if isinstance(e, dict):
+                if set(e) - {"task", "label"} or not isinstance(e.get("task"), str) or not str(e.get("label", e.get("task"))).strip():
+                    raise CorpError(f"bench config: a task entry is a task spec or {{task: SPEC, label: SHORT}}, got {e!r}")
+                spec, label = e["task"].strip(), str(e.get("label", e["task"])).strip()
+            else:
+                spec = label = str(e).strip()
+            if label in self.task_labels.values():
+                raise CorpError(f"bench config: task label '{label}' is used twice; give each task its own label")
+            if "/" in label or label in (".", ".."):
+                raise CorpError(f"bench config: task label '{label}' names files; use letters, digits, '-', '_' or '.'")
+            tasks.append(spec)
+            self.task_labels[spec] = label
+        self.tasks = tasks
         self.seeds = parse_list(self.seeds, int, "seeds")
         self.budgets = sorted(parse_list(self.budgets, float, "budgets"))
         self.settings = parse_list(self.settings, str, "settings")
@@ -92,16 +121,25 @@ class BenchConfig:
         if not isinstance(self.methods, dict) or not self.methods:
             raise CorpError("bench config: 'methods' must map method names to {options, variants, search}")
         for name, spec in self.methods.items():
-            if spec is not None and (not isinstance(spec, dict) or set(spec) - {"options", "variants", "search"}):
-                raise CorpError(f"bench config: method '{name}' must be a mapping with 'options', 'variants' and/or 'search'")
+            if spec is not None and (not isinstance(spec, dict) or set(spec) - {"options", "variants", "search", "trials", "skip"}):
+                raise CorpError(f"bench config: method '{name}' must be a mapping with 'options', 'variants', 'search', 'trials' and/or 'skip'")
+            if spec and "skip" in spec and not (isinstance(spec["skip"], str) and spec["skip"].strip()):
+                raise CorpError(f"bench config: method '{name}': skip must say why the method is not run (a sentence)")
         from corp.bench.search import check_search
 
         check_search(self)
         for pair in self.compare:
             if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
                 raise CorpError(f"bench config: compare entries are pairs [a, b], got {pair!r}")
+        if self.compare and len(self.seeds) < 2:
+            raise CorpError(f"bench config: {len(self.compare)} comparison(s) with {len(self.seeds)} seed; an across-seed interval needs "
+                            "at least 2 seeds (add seeds or remove compare)")
         if self.population < 1:
             raise CorpError(f"bench config: population must be >= 1, got {self.population}")
         if self.name in ("", ".", "..") or "/" in self.name:
             raise CorpError(f"bench config: name '{self.name}' must be a plain directory name")
         return self
+
+    def label(self, task: str) -> str:
+        """The task's short label (tables, file names)."""
+        return getattr(self, "task_labels", {}).get(task, task)

@@ -2,9 +2,11 @@
 
 Statistics: per (task, setting, budget, row) the mean and sample standard deviation of test
 accuracy across seeds; each configured comparison pairs the two rows' per-example outcomes on the
-same test examples in every seed (`corp.stats.compare_paired_seeds`: a paired bootstrap 95%
-interval that resamples seeds, then examples within each, and McNemar on the pooled pairs). A sentence that says one row beats another is
-written only when that interval excludes zero, and it cites the interval.
+same test examples in every seed (`corp.stats.compare_paired_seeds`: the across-seed 95% interval,
+a t interval over the seeds' mean paired differences with k - 1 df plus the test examples' sampling
+term, and per seed the difference with its within-seed paired interval and the sign count). A
+sentence that says one row beats another is written only when the across-seed interval excludes
+zero; it cites the interval and both sides' FLOPs.
 """
 
 from __future__ import annotations
@@ -15,11 +17,12 @@ import json
 import statistics
 from pathlib import Path
 
-from corp.bench.config import BenchConfig
+from corp.bench.config import BENCH_PROTOCOL, BenchConfig
+from corp.ledger import FLOPS_FORMULA, LORA_CONVENTION
 from corp.runs import atomic_write_text, read_json, write_json
-from corp.stats import compare_paired_seeds, comparison_line
+from corp.stats import compare_paired_seeds, sign_text
 
-CSV_COLUMNS = ["task", "method", "setting", "budget", "seed", "accuracy", "passes_per_example", "labelled_examples", "test_tokens",
+CSV_COLUMNS = ["task", "task_label", "method", "setting", "budget", "seed", "accuracy", "passes_per_example", "labelled_examples", "test_tokens",
                "test_flops", "flops", "wall_seconds", "units", "status", "hyperparameters"]
 
 
@@ -82,7 +85,9 @@ def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
                             raise ValueError(f"{a} and {b} (seed {s}) were evaluated on different test examples")
                     # seeds are clusters: the interval resamples seeds, then examples within each
                     c = compare_paired_seeds(a, [sa[s]["correct"] for s in seeds], b, [sb[s]["correct"] for s in seeds])
-                    c.update(task=task, setting=setting, budget=budget, seeds=seeds)
+                    # both sides' training/selection FLOPs (mean over the compared seeds): a comparison states what each spent
+                    c.update(task=cfg.label(task), setting=setting, budget=budget, seeds=seeds,
+                             flops_a=statistics.fmean(sa[s]["flops"] or 0.0 for s in seeds), flops_b=statistics.fmean(sb[s]["flops"] or 0.0 for s in seeds))
                     out.append(c)
     return out
 
@@ -122,13 +127,15 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
     lines = [f"# Bench `{cfg.name}`: {cfg.model}", "",
              f"Made by `{command}`. Test accuracy, mean ± sd over seeds {', '.join(map(str, cfg.seeds))} "
              f"({cfg.n_test} test examples, the same for every method and seed); columns are training/selection FLOP budgets.", "",
-             "Compute and data were matched like this: every method gets the same FLOP budget from the compute ledger "
-             "(population methods the largest prefix of one shared scored population per seed that fits, ES and GRPO the first "
-             "checkpoint whose training ledger reaches it; a population method's own evaluations, such as CoRP's probe and validation "
-             "passes, come on top of its prefix, so each cell reports the FLOPs it actually used, here and in results.csv), and every "
+             "Compute and data were matched like this: every cell uses at most its FLOP budget from the compute ledger, every FLOP "
+             "spent toward its output counted (population methods the largest prefix of one shared scored population per seed such "
+             "that the prefix plus the method's own evaluations, CoRP's probe, step search and gates, fit; ES, GRPO and FGRPO their "
+             "last checkpoint at or below it; a method that cannot fit is 'does not fit', never an overshoot; evaluations that only "
+             "feed a report are not run), each cell reports the FLOPs it used, here and in results.csv, and every "
              f"row states its labelled examples (paper: each method's own splits, CoRP support + probe + validation = "
              f"{cfg.n_support + cfg.n_probe + cfg.n_validation}, RandOpt/ES/GRPO support = {cfg.n_support}; equal-data: RandOpt/ES/GRPO "
-             f"also use probe + validation). {protocol_sentence(cfg)}", ""]
+             f"also use probe + validation). {protocol_sentence(cfg)} FLOPs: {FLOPS_FORMULA}. {LORA_CONVENTION}", ""]
+    lines += headline_table(cfg, rows)
     for task in cfg.tasks:
         for setting in cfg.settings:
             names: list[str] = []
@@ -137,7 +144,7 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
                     names.append(r["method"])
             if not names:
                 continue
-            lines += [f"## {task}, {setting}", "", "| method | labelled | passes/ex | " + " | ".join(_budget_text(b) for b in cfg.budgets) + " |",
+            lines += [f"## {cfg.label(task)}, {setting}", "", "| method | labelled | passes/ex | " + " | ".join(_budget_text(b) for b in cfg.budgets) + " |",
                       "|---|---:|---:|" + "---:|" * len(cfg.budgets)]
             for name in names:
                 cells = []
@@ -148,13 +155,10 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
                         cells.append("—")
                         continue
                     labelled, passes = got[0]["labelled_examples"], got[0]["passes_per_example"]
-                    m, sd = _mean_sd([g["accuracy"] for g in got])
                     flops = statistics.fmean([g["flops"] for g in got])
                     note = "" if not flops else f" ({flops:.2g} F)"
                     flags = "*" if any("abstained" in g["status"] for g in got) else ""
-                    # fewer seeds than configured (an unfinished bench): say how many, never a bare ± 0
-                    spread = f" ± {sd:.3f}" if len(got) == len(cfg.seeds) else f" ({len(got)} of {len(cfg.seeds)} seeds{'' if len(got) == 1 else f', sd {sd:.3f}'})"
-                    cells.append(f"{m:.3f}{spread}{flags}{note}")
+                    cells.append(f"{_spread(cfg, got)}{flags}{note}")
                 if labelled == "" and not any(c != "—" for c in cells):
                     cells = [next((f"({r['status']})" for r in rows if r['method'] == name and r['task'] == task and r['setting'] == setting), "—")] + cells[1:]
                 lines.append(f"| {name} | {labelled} | {passes} | " + " | ".join(cells) + " |")
@@ -162,10 +166,7 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
     lines.append("`*`: CoRP abstained (its gate kept the base) in at least one seed. `(x F)`: mean FLOPs the cell actually used.")
     lines.append("")
     if comps:
-        lines += ["## Paired comparisons (same test examples; intervals resample seeds, then examples within each seed)", ""]
-        for c in comps:
-            lines.append(f"- {c['task']}, {c['setting']}, budget {_budget_text(c['budget'])}: {comparison_line(c)}")
-        lines.append("")
+        lines += comparisons_table(comps)
     unmatched = [f"{a} vs {b}" for a, b in cfg.compare if not any((c["a"], c["b"]) == (a, b) for c in comps)]
     if unmatched:  # a pair naming a row no cell reports (a typo, or a top_k clipped to one row) is said, not dropped
         names = sorted({r["method"] for r in rows})
@@ -175,17 +176,94 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
     return "\n".join(lines)
 
 
+def _flops_text(c: dict) -> str:
+    return f"{c['a']} {c.get('flops_a', 0.0):.2g} FLOPs, {c['b']} {c.get('flops_b', 0.0):.2g} FLOPs"
+
+
+def comparisons_table(comps: list[dict]) -> list[str]:
+    """The configured comparisons as one table: pair, where, difference, across-seed interval,
+    per-seed differences with their within-seed intervals, sign count, each side's FLOPs."""
+    lines = ["## Paired comparisons", "",
+             ("Same test examples in every seed. Interval: 95%, a t interval over the seeds' mean paired differences (k - 1 df) "
+              "plus the test examples' sampling term; per seed: the difference and its paired bootstrap interval; signs: seeds "
+              "where the first row is above (+), below (-) or level with (0) the second."), "",
+             "| pair | task | setting | budget | difference | 95% interval | per seed | signs | FLOPs (a / b) |",
+             "|---|---|---|---:|---:|---|---|---|---|"]
+    for c in comps:
+        if c.get("n_seeds", 1) > 1:
+            per = "; ".join(f"{p['difference']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]" for p in c["per_seed"])
+            signs = sign_text(c)
+        else:
+            per, signs = f"one seed (McNemar p = {c['mcnemar_p']:.3g})", "—"
+        lines.append(f"| {c['a']} vs {c['b']} | {c['task']} | {c['setting']} | {_budget_text(c['budget'])} | {c['difference']:+.3f} | "
+                     f"{c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} | {per} | {signs} | {c.get('flops_a', 0.0):.2g} / {c.get('flops_b', 0.0):.2g} |")
+    lines.append("")
+    return lines
+
+
+def _spread(cfg: BenchConfig, got: list[dict]) -> str:
+    """Mean ± sd over seeds; with fewer seeds than configured (an unfinished bench) says how many, never a bare ± 0."""
+    m, sd = _mean_sd([g["accuracy"] for g in got])
+    if len(got) == len(cfg.seeds):
+        return f"{m:.3f} ± {sd:.3f}"
+    return f"{m:.3f} ({len(got)} of {len(cfg.seeds)} seeds{'' if len(got) == 1 else f', sd {sd:.3f}'})"
+
+
+def headline_setting(cfg: BenchConfig) -> str:
+    """Equal data is the headline setting when it ran (every method then sees the same labelled examples)."""
+    return "equal-data" if "equal-data" in cfg.settings else cfg.settings[0]
+
+
+def headline_table(cfg: BenchConfig, rows: list[dict]) -> list[str]:
+    """One table: per task and method (cell label), its best single model at each budget, i.e. the
+    row with one inference pass per example (RandOpt top-1, not its K-vote; self-consistency@1), in the
+    headline data setting; with passes/example and labelled examples. Where a method has several
+    single-pass rows the first in the config's order is shown (choosing by test accuracy would select on test)."""
+    setting = headline_setting(cfg)
+    lines = [f"## Headline: best single model per method ({setting}; test accuracy, mean ± sd over seeds)", "",
+             "| task | method | labelled | passes/ex | " + " | ".join(_budget_text(b) for b in cfg.budgets) + " |",
+             "|---|---|---:|---:|" + "---:|" * len(cfg.budgets)]
+    for task in cfg.tasks:
+        chosen: dict[str, str] = {}  # cell label -> its single-pass row
+        for r in rows:
+            if r["task"] == task and r["setting"] == setting and r["passes_per_example"] == 1 and r["accuracy"] is not None:
+                family = r["method"].split(":")[0] if ":" in r["method"] else r["method"]
+                chosen.setdefault(family, r["method"])
+        for name in chosen.values():
+            cells, labelled = [], ""
+            for b in cfg.budgets:
+                got = _at_budget(rows, task, setting, b).get(name, [])
+                if not got:
+                    cells.append("does not fit" if any(r["task"] == task and r["setting"] == setting and r["budget"] == b and
+                                                       str(r["status"]).startswith("does not fit") for r in rows) else "—")
+                    continue
+                labelled = got[0]["labelled_examples"]
+                cells.append(f"{_spread(cfg, got)} ({statistics.fmean(g['flops'] for g in got):.2g} F)")
+            lines.append(f"| {cfg.label(task)} | {name} | {labelled} | 1 | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def regime_text(cfg: BenchConfig) -> str:
+    """What regime the bench ran in, in plain words (the README section states it)."""
+    return (f"Regime: {cfg.model}; tasks {', '.join(cfg.label(t) for t in cfg.tasks)}; seeds {', '.join(map(str, cfg.seeds))}; "
+            f"budgets {', '.join(_budget_text(b) for b in cfg.budgets)} FLOPs; shared population {cfg.population} specialists "
+            f"(sigmas {', '.join(f'{x:g}' for x in cfg.sigmas)}); splits support {cfg.n_support}, probe {cfg.n_probe}, "
+            f"validation {cfg.n_validation}, test {cfg.n_test}; data settings {', '.join(cfg.settings)} (headline: {headline_setting(cfg)}); "
+            f"hyperparameters: {cfg.hyperparameters}" + (f" ({cfg.trials} trials per searched method, on validation)" if cfg.hyperparameters == "search" else "") + ".")
+
+
 def beats_sentences(comps: list[dict]) -> list[str]:
     out = []
     for c in comps:
         lo, hi = c["ci95"]
-        where = f"on {c['task']} ({c['setting']}, budget {_budget_text(c['budget'])} FLOPs)"
+        where = f"on {c['task']} ({c['setting']}, budget {_budget_text(c['budget'])} FLOPs; {_flops_text(c)})"
+        seeds = f"{c['n_seeds']} seeds, signs {sign_text(c)}, " if c.get("n_seeds", 1) > 1 else ""
         if lo > 0:
-            out.append(f"{c['a']} beats {c['b']} {where} by {c['difference']:+.3f} (paired 95% CI {lo:+.3f} to {hi:+.3f}, n = {c['n']}).")
+            out.append(f"{c['a']} beats {c['b']} {where} by {c['difference']:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']}).")
         elif hi < 0:
-            out.append(f"{c['b']} beats {c['a']} {where} by {-c['difference']:+.3f} (paired 95% CI of {c['a']} - {c['b']}: {lo:+.3f} to {hi:+.3f}, n = {c['n']}).")
+            out.append(f"{c['b']} beats {c['a']} {where} by {-c['difference']:+.3f} (95% CI of {c['a']} - {c['b']}: {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']}).")
         else:
-            out.append(f"{c['a']} vs {c['b']} {where}: no difference shown ({c['difference']:+.3f}, paired 95% CI {lo:+.3f} to {hi:+.3f}, n = {c['n']}).")
+            out.append(f"{c['a']} vs {c['b']} {where}: no difference shown ({c['difference']:+.3f}, 95% CI {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']}).")
     return out
 
 
@@ -223,10 +301,10 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
             ax.set_xscale("log")
             ax.set_xlabel("training / selection FLOPs actually used (mean over seeds)")
             ax.set_ylabel("test accuracy (mean ± sd over seeds)")
-            ax.set_title(f"{cfg.name}: {task}, {setting}")
+            ax.set_title(f"{cfg.name}: {cfg.label(task)}, {setting}")
             ax.legend(fontsize=7, loc="best")
             fig.tight_layout()
-            name = f"accuracy_vs_flops__{_file(task)}__{setting}.png"
+            name = f"accuracy_vs_flops__{_file(cfg.label(task))}__{setting}.png"
             fig.savefig(out / name, dpi=110)
             plt.close(fig)
             made.append(name)
@@ -252,10 +330,10 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
             ax.set_xscale("log", base=2)
             ax.set_xlabel("inference passes per test example")
             ax.set_ylabel("test accuracy (mean ± sd over seeds)")
-            ax.set_title(f"{task}, {setting}, budget {_budget_text(top)} FLOPs")
+            ax.set_title(f"{cfg.label(task)}, {setting}, budget {_budget_text(top)} FLOPs")
             ax.legend(fontsize=7, loc="best")
             fig.tight_layout()
-            name = f"accuracy_vs_passes__{_file(task)}__{setting}.png"
+            name = f"accuracy_vs_passes__{_file(cfg.label(task))}__{setting}.png"
             fig.savefig(out / name, dpi=110)
             plt.close(fig)
             made.append(name)
@@ -269,9 +347,14 @@ def _file(text: str) -> str:
 TUNING_COLUMNS = ["task", "method", "budget", "trial", "validation_accuracy", "flops", "units", "status", "hyperparameters"]
 
 
-def write_outputs(cfg: BenchConfig, records: list[dict], missing: list[dict], command: str, not_run: int = 0, tuning: list[dict] | None = None) -> dict:
+def write_outputs(cfg: BenchConfig, records: list[dict], missing: list[dict], command: str, not_run: int = 0, tuning: list[dict] | None = None,
+                  older: int = 0) -> dict:
+    """`older`: cell records of an older bench protocol in the cells directory (kept, not reported; the tables say so)."""
+
     out = Path(cfg.results_dir) / cfg.name
     rows = flat_rows(records)
+    for r in rows:
+        r["task_label"] = cfg.label(r["task"])
     write_csv(out / "results.csv", rows)
     if tuning:
         write_csv(out / "tuning.csv", tuning_rows(tuning), TUNING_COLUMNS)
@@ -280,11 +363,16 @@ def write_outputs(cfg: BenchConfig, records: list[dict], missing: list[dict], co
     if not_run:
         head, _, rest = text.partition("\n\n")
         text = f"{head}\n\n**Incomplete: {not_run} of {not_run + len(records)} cells not run yet** (rerun the command to continue).\n\n{rest}"
+    if older:
+        head, _, rest = text.partition("\n\n")
+        text = (f"{head}\n\n{older} cell record(s) of an older bench protocol are kept in cells/ and not used here "
+                f"(their rows were made under other budget rules).\n\n{rest}")
     atomic_write_text(out / "table.md", text)
     made = plots(cfg, rows, out)
     write_json(out / "bench.json", {"name": cfg.name, "command": command, "cells_not_run": not_run, "model": cfg.model, "tasks": cfg.tasks, "seeds": cfg.seeds,
                                     "budgets": cfg.budgets, "settings": cfg.settings, "missing": missing, "plots": made,
-                                    "comparisons": comps, "beats": beats_sentences(comps)})
+                                    "comparisons": comps, "beats": beats_sentences(comps),
+                                    "bench_protocol": BENCH_PROTOCOL, "older_protocol_records": older})
     return {"results_dir": str(out), "rows": len(rows), "plots": made, "comparisons": len(comps), "missing": [m["method"] for m in missing]}
 
 
@@ -297,7 +385,7 @@ def readme_section(cfg: BenchConfig) -> str:
         raise CorpError(f"no finished bench in '{out}'; run `corp bench --config ...` first")
     meta = read_json(out / "bench.json")
     table = (out / "table.md").read_text().split("\n", 1)[1].lstrip()
-    lines = ["## Results", "", f"Generated from `{out}` (command: `{meta['command']}`).", "", table.rstrip(), ""]
+    lines = ["## Results", "", f"Generated from `{out}` (command: `{meta['command']}`).", "", regime_text(cfg), "", table.rstrip(), ""]
     if meta.get("beats"):
         lines += ["What the intervals say:", ""] + [f"- {s}" for s in meta["beats"]] + [""]
     for p in meta.get("plots", []):

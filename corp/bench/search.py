@@ -52,6 +52,11 @@ def check_search(cfg) -> None:
         raise CorpError(f"bench config: trials must be >= 1, got {cfg.trials}")
     if not spaces:
         raise CorpError("bench config: hyperparameters: search, but no method has a search space (search: {option: [values]})")
+    for name, spec in cfg.methods.items():  # one trial count for every method: a per-method count must be the same
+        own = (spec or {}).get("trials")
+        if own is not None and own != cfg.trials:
+            raise CorpError(f"bench config: method '{name}' asks for {own} trials, the others get trials = {cfg.trials}; "
+                            "every method gets the same number (remove its trials or set it to the same)")
     for name, space in spaces.items():
         if not isinstance(space, dict) or not space or any(not isinstance(v, list) or not v for v in space.values()):
             raise CorpError(f"bench config: method '{name}': search must map each option to a non-empty list of values")

@@ -3,9 +3,9 @@
 Every (task, data setting, seed, method variant, budget) is a cell. The sweep reads each method's
 `BenchAdapter` (corp.bench.adapters, named in its registry line) and never asks which method it
 runs: fixed cells run once per seed, population cells read the largest prefix of the seed's shared
-scored population that fits the budget (one `corp score` run per seed and data setting serves
-RandOpt and every CoRP variant), iterative cells resume one training run per seed and grow it until
-its training ledger reaches each budget. Each cell runs the registered method on its own run
+scored population that fits the budget with the method's own evaluations (one `corp score` run per seed and data setting serves
+RandOpt and every CoRP variant), iterative cells resume one training run per seed and grow it to
+its last checkpoint within each budget; no cell spends more than its budget. Each cell runs the registered method on its own run
 directory (WORK_DIR/NAME/...), so an interrupted cell resumes through the run layer's cache, and a
 finished cell leaves a record (RESULTS_DIR/NAME/cells/*.json: its rows, per-example test outcomes,
 FLOPs used, chosen options), so it is never rerun.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
 import time
@@ -29,15 +30,15 @@ from tqdm.auto import tqdm
 
 from corp import CorpError
 from corp.bench.adapters import FIXED, ITERATIVE, PLANNED, POPULATION, BenchAdapter, get_path
-from corp.bench.budget import min_budget, next_units, prefix_that_fits
-from corp.bench.config import BenchConfig
+from corp.bench.budget import min_budget, prefix_that_fits
+from corp.bench.config import BENCH_PROTOCOL, BenchConfig
 from corp.bench.search import choose, trial_options, trial_score
 from corp.config import PopulationConfig, load_config
 from corp.ledger import flops
 from corp.methods import REGISTRY, get_method
 from corp.runs import read_json, read_jsonl, write_json
 
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2
 # options that locate or speed up a cell without changing what it computes
 _NOT_IDENTITY = ("run_dir", "threads", "from_run", "eval_cache")
 # The options of a cell that its seed's shared population run (`corp score`) takes: every option of
@@ -70,7 +71,7 @@ class Cell:
         """Identity of the cell's run directory: its options (for iterative cells without the unit,
         so every budget continues one training run)."""
         skip = set(_NOT_IDENTITY) | ({self.adapter.unit} if self.adapter.kind == ITERATIVE else set())
-        return _hash({"method": self.method, **{k: v for k, v in self.opts.items() if k not in skip}})
+        return _hash({"method": self.method, "bench_protocol": BENCH_PROTOCOL, **{k: v for k, v in self.opts.items() if k not in skip}})
 
     def record_name(self) -> str:
         budget = "fixed" if self.budget is None else f"{self.budget:.3e}"
@@ -119,13 +120,17 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
     cells: list[Cell] = []
     missing: list[dict] = []
     for name, spec in cfg.methods.items():
+        if (spec or {}).get("skip"):  # not run in this bench, by the config's choice: listed with its reason
+            missing.append({"method": name, "reason": f"not run in this bench: {spec['skip']}"})
+            continue
         if name not in REGISTRY and name in PLANNED:
             missing.append({"method": name, "reason": PLANNED[name]})
             continue
         method = get_method(name)  # an unknown name is one error line
         if method.bench_adapter is None:  # registered, but it has not said how to run at a budget: listed, not skipped
             missing.append({"method": name, "reason": "registered, but its registry line names no bench adapter (corp.bench.adapters), so the bench cannot run it at a budget"})
-    runnable = {n: (s or {}) for n, s in cfg.methods.items() if n in REGISTRY and get_method(n).bench_adapter is not None}  # others: `missing`
+    runnable = {n: (s or {}) for n, s in cfg.methods.items()
+                if n in REGISTRY and get_method(n).bench_adapter is not None and not (s or {}).get("skip")}  # others: `missing`
 
     def options(task: str, setting: str, seed: int, name: str, spec: dict, over: dict | None) -> dict:
         adapter = get_method(name).bench_adapter
@@ -179,6 +184,26 @@ def check_results_dir(cfg: BenchConfig) -> Path:
     return out
 
 
+def possible_rows(cell: Cell) -> list[str]:
+    """The row names a cell can report (as `Bench._record` names them), from its options."""
+    adapter = cell.adapter
+    names = adapter.row_names(cell.opts) if adapter.row_names else [cell.label]
+    listed = any(len(_values(cell.opts.get(k))) > 1 for k in adapter.clip)
+    if len(names) == 1 and not listed:
+        return [cell.label]
+    return names if cell.label == cell.method else [f"{cell.label}:{n}" for n in names]
+
+
+def check_compare(cfg: BenchConfig, cells: list[Cell]) -> None:
+    """One error line for a comparison naming a row no planned cell can report (a typo, a variant
+    label, a K not in the options), before compute."""
+    rows = sorted({n for c in cells if c.setting != "tune" for n in possible_rows(c)})
+    for pair in cfg.compare:
+        for name in pair:
+            if name not in rows:
+                raise CorpError(f"bench config: compare names '{name}', a row no method in this bench can report; rows: {', '.join(rows)}")
+
+
 def _validate_options(cell: Cell, splits: dict | None = None) -> None:
     """Build the cell's config without running it: unknown or bad options, and what the adapter's
     `check` finds wrong against the cell's splits, fail here, before compute."""
@@ -221,6 +246,7 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
             task = get_task(cell.task, cfg.data)
             splits_of[sizes] = make_splits(task, SplitSizes(*sizes[1:]), cfg.split_seed)  # a test size beyond the pool fails here
         _validate_options(cell, splits_of[sizes])
+    check_compare(cfg, cells)
     budgeted = [c for c in cells if c.adapter.kind != FIXED]
     if not (load_model and budgeted):
         return {}
@@ -230,6 +256,7 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
     tok = backend.tokenizer  # hf and vllm both tokenise on the host (the backend contract)
     n_params = int(backend.n_params)
     prompt_tokens: dict[tuple, int] = {}
+    below: dict[float, list[str]] = {}
     for cell in budgeted:
         sizes = (cell.task, cell.opts["n_support"], cell.opts["n_probe"], cell.opts["n_validation"], cell.opts["n_test"])
         if sizes not in prompt_tokens:
@@ -238,8 +265,14 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
         adapter = cell.adapter
         need = min_budget(adapter.unit_evals(cell.opts), adapter.min_units, n_params, prompt_tokens[sizes], cell.opts["n_support"])
         if cell.budget < need:
-            raise CorpError(f"bench config: budget {cell.budget:.3g} FLOPs is below {cell.label}'s minimum on {cell.task} ({cell.setting}): "
-                            f"at least {need:.3g} FLOPs for {adapter.min_units} {adapter.unit} on {cell.opts['n_support']} support examples; raise the smallest budget")
+            below.setdefault(cell.budget, []).append(f"{cell.label} needs at least {need:.3g}")
+    # a budget some methods cannot fit runs (those cells say 'does not fit'); one no method can fit is bad input
+    labels = {c.label for c in budgeted}
+    for budget in cfg.budgets:
+        short = below.get(budget, [])
+        if {x.split(" needs")[0] for x in short} >= labels:
+            raise CorpError(f"bench config: budget {budget:.3g} FLOPs is too small for every method ({'; '.join(sorted(set(short)))}); "
+                            "raise or remove it")
     del backend
     return {"n_params": n_params}
 
@@ -275,8 +308,11 @@ class Bench:
         return self.out / "cells" / cell.record_name()
 
     def load_record(self, cell: Cell) -> dict | None:
+        """The cell's finished record; None when there is none, or it was made under another bench
+        protocol (kept as it is, never reused; its name differs too, through `run_key`)."""
         path = self.record_path(cell)
-        return read_json(path) if path.exists() else None
+        rec = read_json(path) if path.exists() else None
+        return rec if rec is not None and rec.get("bench_protocol") == BENCH_PROTOCOL else None
 
     def run_cell(self, cell: Cell) -> dict:
         rec = self.load_record(cell)
@@ -309,16 +345,30 @@ class Bench:
         run_dir = self.work / f"{_slug(cell.task)}__population__s{cell.seed}__{key[:12]}"
         report = _report_done(run_dir)
         wall = 0.0
-        if report is None or report.get("population", {}).get("n", 0) < self.cfg.population:
-            report, wall = self._invoke("score", {**pop_opts, "run_dir": str(run_dir)})
-        rows = sorted((r for r in read_jsonl(run_dir / "population.jsonl", key="key", unique=True) if r.get("kind") == "specialist"), key=lambda r: r["index"])
-        n_params = int(report["population"]["selection_ledger"]["n_params"])
-        costs = [flops(n_params, r["prompt_tokens"], r["generated_tokens"]) for r in rows]
+        # score only the prefix the largest budget can buy (specialist i is the same whatever the
+        # population size, so the prefix grows on resume): first 8, then as many more as the largest
+        # budget buys at their mean cost, plus one, until it is passed or `population` is scored
+        target, top = min(self.cfg.population, 8), max(self.cfg.budgets)
+        while True:
+            if report is None or report.get("population", {}).get("n", 0) < target:
+                report, dt = self._invoke("score", {**pop_opts, "population": target, "run_dir": str(run_dir)})
+                wall += dt
+            rows = sorted((r for r in read_jsonl(run_dir / "population.jsonl", key="key", unique=True) if r.get("kind") == "specialist"), key=lambda r: r["index"])
+            n_params = int(report["population"]["selection_ledger"]["n_params"])
+            costs = [flops(n_params, r["prompt_tokens"], r["generated_tokens"]) for r in rows]
+            if len(costs) >= self.cfg.population or sum(costs) > top or not costs:
+                break
+            target = min(self.cfg.population, len(costs) + math.ceil((top - sum(costs)) / (sum(costs) / len(costs))) + 1)
         pop = {"run_dir": str(run_dir), "costs": costs, "seconds": [float(r.get("seconds", 0.0)) + float(r.get("apply_seconds", 0.0)) for r in rows], "wall": wall}
         self.populations[key] = pop
         return pop
 
     def _population_cell(self, cell: Cell) -> dict:
+        """The largest prefix n whose scoring FLOPs plus the method's own evaluations on it (CoRP's
+        probe, step search and gates) fit the budget: start from the prefix that scoring alone
+        affords, and while prefix + own evaluations exceed the budget, take the prefix that fits
+        beside the own evaluations just measured (at most 4 tries). A method with no own
+        evaluations takes the first try. Nothing over the budget is recorded."""
         adapter = cell.adapter
         pop = self.population(cell)
         n = prefix_that_fits(pop["costs"], cell.budget)
@@ -326,13 +376,29 @@ class Bench:
             return self._empty(cell, f"budget buys {n} specialist(s); {cell.label} needs at least {adapter.min_units}")
         if cell.opts.get("race", "off") != "off":
             return self._raced_cell(cell, n)
-        opts = {**cell.opts, "from_run": pop["run_dir"], adapter.unit: n}
-        _clip(opts, adapter)
-        run_dir = self._run_dir(cell, _hash({"cell": cell.run_key(), "units": n}))
-        report, wall = self._invoke(cell.method, {**opts, "run_dir": str(run_dir)})
+        tried: list[dict] = []
+        wall = 0.0
+        while True:
+            opts = {**cell.opts, "from_run": pop["run_dir"], adapter.unit: n}
+            _clip(opts, adapter)
+            run_dir = self._run_dir(cell, _hash({"cell": cell.run_key(), "units": n}))
+            report, dt = self._invoke(cell.method, {**opts, "run_dir": str(run_dir)})
+            wall += dt
+            flops = sum(get_path(report, p) for p in adapter.flops)
+            tried.append({"units": n, "flops": flops})
+            if flops <= cell.budget:
+                break
+            own = flops - sum(pop["costs"][:n])  # the method's own evaluations at this prefix
+            smaller = min(n - 1, prefix_that_fits(pop["costs"], cell.budget - own))
+            if smaller < adapter.min_units or len(tried) >= 4:
+                return self._empty(cell, f"{n} specialists plus {cell.label}'s own evaluations spent {flops:.3g} FLOPs, over the budget; "
+                                   f"with {adapter.min_units} it would not fit either" if smaller < adapter.min_units else
+                                   f"4 prefixes tried ({', '.join(str(t['units']) for t in tried)}), none within the budget", tried)
+            n = smaller
         rec = self._record(cell, report, run_dir, wall, units=n, chosen=opts)
         rec["population_run"] = pop["run_dir"]
         rec["population_seconds"] = sum(pop["seconds"][:n])
+        rec["tried"] = tried
         rec["budget_reached"] = n < len(pop["costs"]) or sum(pop["costs"]) >= cell.budget
         return rec
 
@@ -372,33 +438,67 @@ class Bench:
         rec["budget_reached"] = True
         return rec
 
-    # -- iterative cells: one training run per seed, grown until its ledger reaches the budget
+    # -- iterative cells: one training run per seed, grown to its last checkpoint within the budget
     def _iterative(self, cell: Cell) -> dict:
+        """Train the seed's run (shared by every budget) while its ledger stays within the budget:
+        each growth adds as many units as the remaining budget buys at the dearest unit cost seen so
+        far; the cell is the last checkpoint at or below the budget. A growth that crosses it (a
+        unit dearer than any before) leaves the run past the budget: the record is the previous
+        checkpoint's, built when it was evaluated. The unit count recorded is the report's own: a run
+        directory already trained past this budget (by a larger budget's cell, or a process stopped
+        before writing its record) reports its real count and FLOPs, and the cell then trains a run
+        of its own from the start instead of taking that model under a smaller label."""
         adapter = cell.adapter
-        run_dir = self._run_dir(cell)
         earlier = [self.load_record(dataclasses.replace(cell, budget=b)) for b in self.cfg.budgets if b < cell.budget]
         earlier = [r for r in earlier if r and r.get("units")]
         units = max([r["units"] for r in earlier], default=adapter.min_units)
         spent = sum(r.get("wall_seconds_increment", 0.0) for r in earlier)
-        wall = 0.0
+        best, seen, wall = self._grow(cell, self._run_dir(cell), units)
+        if best is None and seen[0]["units"] > adapter.min_units:  # the shared run was already past this budget
+            own, seen2, wall2 = self._grow(cell, self._run_dir(cell, _hash({"cell": cell.run_key(), "budget": cell.budget})), adapter.min_units)
+            best, seen, wall = own, seen + seen2, wall + wall2
+        if best is None:
+            return self._empty(cell, f"{seen[-1]['units']} {adapter.unit} spent {seen[-1]['flops']:.3g} FLOPs, over the budget", seen)
+        best["wall_seconds"] = spent + wall
+        best["wall_seconds_increment"] = wall
+        best["grown"] = seen
+        best["budget_reached"] = seen[-1]["flops"] > cell.budget or best["flops"] == cell.budget
+        return best
+
+    def _grow(self, cell: Cell, run_dir: Path, units: int) -> tuple[dict | None, list[dict], float]:
+        """Grow one run from `units` while it fits: (record of the last checkpoint within the budget
+        or None, every (units, FLOPs) evaluated, seconds)."""
+        adapter = cell.adapter
+        wall, best, seen, dearest = 0.0, None, [], 0.0
         while True:
             report, dt = self._invoke(cell.method, {**cell.opts, adapter.unit: units, "run_dir": str(run_dir)})
             wall += dt
             flops = sum(get_path(report, p) for p in adapter.flops)
-            if flops >= cell.budget or units >= self.cfg.max_units:
+            done = _units_in(report, adapter.units_done) if adapter.units_done else units
+            seen.append({"units": done, "flops": flops})
+            if flops > cell.budget:
                 break
-            units = min(self.cfg.max_units, next_units(units, flops, cell.budget))
-        rec = self._record(cell, report, run_dir, spent + wall, units=units, chosen={**cell.opts, adapter.unit: units})
-        rec["wall_seconds_increment"] = wall
-        rec["budget_reached"] = rec["flops"] >= cell.budget
-        return rec
+            best = self._record(cell, report, run_dir, wall, units=done, chosen={**cell.opts, adapter.unit: done})
+            prev = seen[-2] if len(seen) > 1 else {"units": 0, "flops": 0.0}
+            if done <= prev["units"] and len(seen) > 1:  # the run did not grow (a guard: never loop)
+                break
+            dearest = max(dearest, (flops - prev["flops"]) / (done - prev["units"]))
+            more = int((cell.budget - flops) // dearest) if dearest > 0 else 1
+            if more < 1 or done >= self.cfg.max_units:
+                break
+            units = min(self.cfg.max_units, done + more)
+        return best, seen, wall
 
     # -- records
-    def _empty(self, cell: Cell, why: str) -> dict:
-        return {**self._head(cell), "status": "below-minimum", "reason": why, "rows": [], "flops": 0.0, "units": 0, "wall_seconds": 0.0}
+    def _empty(self, cell: Cell, why: str, tried: list | None = None) -> dict:
+        """A cell whose method cannot fit the budget: 'does not fit', with what was tried (never an overshoot)."""
+        rec = {**self._head(cell), "status": "does not fit", "reason": why, "rows": [], "flops": 0.0, "units": 0, "wall_seconds": 0.0}
+        if tried:
+            rec["tried"] = tried
+        return rec
 
     def _head(self, cell: Cell) -> dict:
-        head = {"format": RECORD_FORMAT, "task": cell.task, "setting": cell.setting, "seed": cell.seed, "method": cell.method, "label": cell.label,
+        head = {"format": RECORD_FORMAT, "bench_protocol": BENCH_PROTOCOL, "task": cell.task, "setting": cell.setting, "seed": cell.seed, "method": cell.method, "label": cell.label,
                 "budget": cell.budget, "kind": cell.adapter.kind}
         if cell.trial is not None:
             head["trial"] = cell.trial
@@ -448,6 +548,18 @@ class Bench:
                 "hyperparameters": chosen, "run_dir": str(run_dir), **extra}
 
 
+def _units_in(report: dict, dotted: str) -> int:
+    """The trained unit count a report states at `dotted`: a number, or a list of per-unit entries (FGRPO's rounds)."""
+    node = report
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, list):
+        return len(node)
+    if node is None:
+        raise CorpError(f"the report names no '{dotted}' (the units its model was trained for)")
+    return int(node)
+
+
 def _with_every_trial(cells: list[Cell]) -> list[Cell]:
     """The cells to check before compute: a cell whose options a search chooses is checked with
     every trial's values (whichever wins must be valid in every setting and at every budget)."""
@@ -474,12 +586,24 @@ def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = 
     from corp.bench.outputs import write_outputs
 
     cells, missing = plan(cfg)
+    by_label = {cfg.label(t): t for t in cfg.tasks}
+    only_task = by_label.get(only_task, only_task)  # --task takes a task's spec or its label
     if only_task is not None and only_task not in cfg.tasks:
-        raise CorpError(f"--task {only_task!r} is not a task of {cfg.name}; its tasks: {', '.join(cfg.tasks)}")
+        raise CorpError(f"--task {only_task!r} is not a task of {cfg.name}; its tasks (labels): {', '.join(by_label)}")
     preflight(cfg, _with_every_trial(cells), load_model=load_model and compute)
     bench = Bench(cfg)
     records = []
-    done_before = sum(1 for c in cells if (r := bench.resolve(c, cells)) is not None and bench.record_path(r).exists())
+    done_before = sum(1 for c in cells if (r := bench.resolve(c, cells)) is not None and bench.load_record(r) is not None)
+    older = old_protocol_records(cfg)
+    current = any(bench.load_record(r) for c in cells if (r := bench.resolve(c, cells)) is not None)
+    if not compute and older and not current:
+        # the first edition's outputs stay as the version that ran them wrote them
+        # (this corp would write an empty report over them)
+        raise CorpError(f"{bench.out} holds {len(older)} cell record(s) of an older bench protocol "
+                        f"({', '.join(sorted(set(older.values())))}; this corp runs protocol {BENCH_PROTOCOL}) "
+                        f"and none of protocol {BENCH_PROTOCOL}: its table.md, results.csv and plots are kept as written; "
+                        f"rerun the bench to compute protocol-{BENCH_PROTOCOL} cells beside them, "
+                        "or report with the commit that ran them")
     bar = tqdm(cells, desc=f"bench {cfg.name}", unit="cell", initial=0, dynamic_ncols=True, disable=_progress_disabled() or not compute)
     for planned in bar:
         bar.set_postfix_str(f"{planned.task} {planned.setting} s{planned.seed} {planned.label} {'' if planned.budget is None else f'{planned.budget:.2g}'}")
@@ -493,9 +617,22 @@ def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = 
     tuning = [r for r in records if r["setting"] == "tune"]
     records = [r for r in records if r["setting"] != "tune"]
     n_final = sum(c.setting != "tune" for c in cells)
-    summary = write_outputs(cfg, records, missing, command, not_run=n_final - len(records), tuning=tuning)
+    summary = write_outputs(cfg, records, missing, command, not_run=n_final - len(records), tuning=tuning,
+                            older=len(older))
     summary.update(cells=len(cells), reused=done_before, method_calls=bench.calls, not_run=len(cells) - len(records) - len(tuning))
     return summary
+
+
+def old_protocol_records(cfg: BenchConfig) -> dict[str, str]:
+    """{record file name: its protocol} for the records in the bench's cells directory made under
+    another bench protocol (kept, never reused or reported)."""
+    cells_dir = results_path(cfg) / "cells"
+    out = {}
+    for path in sorted(cells_dir.glob("*.json")) if cells_dir.is_dir() else []:
+        protocol = read_json(path).get("bench_protocol", 1)  # the first edition's records name none
+        if protocol != BENCH_PROTOCOL:
+            out[path.name] = f"protocol {protocol}"
+    return out
 
 
 def load_bench_config(path: str, overrides: dict | None = None) -> BenchConfig:

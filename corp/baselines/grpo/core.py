@@ -27,8 +27,8 @@ Where we depart from TRL, and why:
   backend (transformers `generate`, top_k = 0, top_p = 1), not TRL's generation loop.
 - One process, no accelerate / DeepSpeed; no vLLM generation (CPU first).
 - Trained tokens in the ledger are prompt + completion tokens of every sequence in a training
-  forward/backward (6 N per token, also for LoRA, where the true backward is cheaper; stated in
-  the report). The generation and any logp_old / reference forward passes count as inference.
+  forward/backward (6 N per token, also for LoRA, where the true backward is cheaper, about
+  4 N + 6 N_trainable: a conservative charge against LoRA, corp.ledger; stated in the report). The generation and any logp_old / reference forward passes count as inference.
 """
 
 from __future__ import annotations

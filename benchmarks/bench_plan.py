@@ -1,0 +1,135 @@
+"""Estimate a bench config's cost before running it (issue 22): FLOPs from the compute ledger's
+rule (2 N per inference token, 6 N per trained token) and seconds from rates measured on the
+committed CPU bench (results/bench-cpu, hf backend, one thread per process, SmolLM2-135M), per
+task process (`corp bench --task T`), and the regime each method gets at the top budget.
+
+It plans the config's cells with corp's own planner (corp.bench.sweep.plan) and charges each:
+  - the shared population of a (task, setting, seed): the prefix the largest budget buys (the
+    bench scores no more), on that setting's support split;
+  - a fixed cell: its test passes (self-consistency: max K sampled passes; the greedy base once per task);
+  - a population cell: its method's own evaluations (CoRP: `--corp-passes` passes over probe +
+    validation, measured 4.8 on the CPU bench with the pass-1 search, about 40% of it, now not run)
+    and the test evaluations of the specialists it reports (RandOpt: max top-K; CoRP: one);
+  - an iterative cell: its training FLOPs up to the budget (the run is shared across budgets, so
+    the largest budget's) and two test evaluations per budget (the growth's);
+  - a trial (setting "tune"): the same, on the validation split instead of test.
+Rates (FLOP/s, measured from results/bench-cpu/cells; see the README there): support scoring of
+specialists 4.7e10 (8.8e12 FLOPs in 186 s, applies included), test evaluations 1.0e11 (batch 64),
+ES training 3.8e10, GRPO training 2.5e10 (ledger FLOPs per second, generation and backward).
+This is an estimate for sizing, not a measurement; `corp bench` records what each cell took.
+
+    python benchmarks/bench_plan.py configs/bench-cpu-2.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import math
+
+from corp.bench.adapters import FIXED, ITERATIVE, POPULATION
+from corp.bench.sweep import load_bench_config, plan, split_sizes
+
+N_PARAMS = 134_515_008  # SmolLM2-135M, as the committed records' ledgers say
+RATES = {"support": 4.7e10, "test": 1.0e11, "es": 3.8e10, "grpo": 2.5e10, "fgrpo": 2.5e10}
+# prompt + generated tokens per example, measured on the committed bench (test rows' tokens / 500)
+TOKENS = {"arith": 64.0, "rg:letter_counting": 66.6}
+
+
+def tokens_per_example(task: str) -> float:
+    for prefix, tok in TOKENS.items():
+        if task.startswith(prefix):
+            return tok
+    return 64.0
+
+
+def estimate(path: str, corp_passes: float) -> dict:
+    cfg = load_bench_config(path)
+    cells, missing = plan(cfg)
+    top = max(cfg.budgets)
+    secs: dict[tuple, float] = collections.defaultdict(float)
+    regime: dict[str, str] = {}
+    pops: set = set()
+    base_done: set = set()
+    for c in cells:
+        tok = tokens_per_example(c.task)
+        per_ex = 2.0 * N_PARAMS * tok
+        evaluated = cfg.n_validation if c.setting == "tune" else cfg.n_test
+        e_eval = per_ex * evaluated / RATES["test"]
+        kind = c.adapter.kind
+        key = (cfg.label(c.task), c.label)
+        n_sup = c.opts["n_support"]
+        spec_cost = per_ex * n_sup
+        if kind == FIXED:
+            k = max([int(x) for x in str(c.opts.get("k", "1")).strip("[]").split(",") if x.strip()] or [1])
+            secs[key] += k * e_eval
+            if (c.task, c.setting == "tune") not in base_done:
+                base_done.add((c.task, c.setting == "tune"))
+                secs[(cfg.label(c.task), "base")] += e_eval
+        elif kind == POPULATION:
+            pop_key = (c.task, c.setting, c.seed, n_sup)
+            n_top = min(cfg.population, math.floor(top / spec_cost) + 1)
+            if pop_key not in pops:
+                pops.add(pop_key)
+                secs[(cfg.label(c.task), "population")] += n_top * spec_cost / RATES["support"]
+            if c.method == "consolidate":
+                own = corp_passes * per_ex * (cfg.n_probe + cfg.n_validation)
+                secs[key] += own / RATES["support"] + e_eval
+                n = math.floor((c.budget - own) / spec_cost)
+                if c.budget == top and c.setting != "tune":
+                    regime[c.label] = (f"{min(n, cfg.population)} specialists at the top budget ({own:.2g} FLOPs of own evaluations), "
+                                       f"probe {cfg.n_probe}, validation {cfg.n_validation}")
+            else:
+                k = max([int(x) for x in str(c.opts.get("top_k", "1")).strip("[]").split(",") if x.strip()] or [1])
+                secs[key] += k * e_eval
+                if c.budget == top and c.setting != "tune":
+                    regime.setdefault(f"{c.label} ({c.setting})", f"{min(math.floor(c.budget / spec_cost), cfg.population)} specialists at the top budget")
+        elif kind == ITERATIVE:
+            rate = RATES.get(c.method, RATES["grpo"])
+            if c.budget == top:
+                secs[key] += top / rate  # one run per (seed, setting) grown through every budget
+            secs[key] += 2 * e_eval
+            if c.method == "grpo" and c.budget == top and c.setting != "tune":
+                step = float(c.opts.get("prompts_per_step", 4)) * float(c.opts.get("num_generations", 8)) * tok * N_PARAMS * 8.0
+                regime[f"grpo ({c.setting}, {n_sup} support)"] = f"about {int(top // step)} optimizer steps at the top budget ({step:.2g} FLOPs per step)"
+            if c.method == "es" and c.budget == top and c.setting != "tune":
+                it = float(c.opts.get("population", 8)) * spec_cost
+                regime[f"es ({c.setting}, {n_sup} support)"] = f"about {int(top // it)} iterations at the top budget"
+    trials: dict[str, list] = {}  # the searched values each trial runs with (the search's fixed draw)
+    for c in cells:
+        if c.setting == "tune" and c.task == cfg.tasks[0]:
+            space = cfg.methods[c.method].get("search") or {}
+            point = {k: c.opts[k] for k in sorted(space)}
+            if point not in trials.setdefault(c.label, []):
+                trials[c.label].append(point)
+    per_task: dict[str, float] = collections.defaultdict(float)
+    for (task, _), s in secs.items():
+        per_task[task] += s
+    return {"config": path, "secs": dict(secs), "per_task": dict(per_task), "regime": regime, "missing": missing, "trials": trials,
+            "cells": len(cells), "splits": {s: split_sizes(cfg, s, type("A", (), {"equal_data": True})()) for s in cfg.settings}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("config")
+    ap.add_argument("--corp-passes", type=float, default=3.0, help="CoRP's own evaluations, in passes over probe + validation")
+    args = ap.parse_args()
+    est = estimate(args.config, args.corp_passes)
+    print(f"{est['config']}: {est['cells']} cells")
+    for task, total in est["per_task"].items():
+        print(f"\n## task {task}: about {total / 3600:.1f} h on one thread")
+        for (t, label), s in sorted(est["secs"].items(), key=lambda kv: -kv[1]):
+            if t == task:
+                print(f"  {label:28s} {s / 3600:6.2f} h")
+    print("\nregime at the top budget:")
+    for k, v in est["regime"].items():
+        print(f"  {k}: {v}")
+    print("\ntrials (the same draw on every task):")
+    for label, points in est["trials"].items():
+        print(f"  {label}: " + "; ".join(", ".join(f"{k} {v}" for k, v in p.items()) for p in points))
+    for m in est["missing"]:
+        print(f"missing: {m['method']}: {m['reason']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# A long bench run that survives interruptions and leaves its progress in git (issue 22: "commit
+# finished cells as they complete, so that a later session resumes from what is committed").
+#
+#   benchmarks/bench_run.sh CONFIG TASK [TRIES]
+#   e.g. benchmarks/bench_run.sh configs/bench-cpu-2.yaml arith &
+#        benchmarks/bench_run.sh configs/bench-cpu-2.yaml letters &
+#
+# Runs `corp bench --config CONFIG --threads 1 --task TASK` (TASK: a task's label or spec) in a
+# retry loop (up to TRIES starts, default 20; a bad-input exit, status 2, is not retried: the same
+# config would fail the same way). While it runs, and after each start, every new or changed cell
+# record of that task (RESULTS_DIR/NAME/cells/SLUG__*.json, finished cells only: corp writes a
+# record atomically once its cell is done) is committed, alone, with a message naming the cells;
+# when the bench finishes, its outputs (table.md, results.csv, tuning.csv, bench.json, plots) are
+# committed too. Nothing else is added: the run directories (WORK_DIR/NAME/..., default
+# runs/bench/NAME, git-ignored, large) stay uncommitted, so a later session resumes from the
+# committed records (finished cells are never rerun) and recomputes only the unfinished cells.
+# Two wrappers (one per task) may share a checkout: commits are serialised by a lock in .git.
+#
+# Environment: PYTHON (the interpreter that imports corp, default python), CORP_CMD (default:
+# "$PYTHON -m corp.cli"), BENCH_POLL seconds between commits while
+# running (default 120), BENCH_RETRY_WAIT seconds before a restart (default 60). The results
+# directory must be inside the checkout (the default results/NAME is).
+set -u
+
+if [ $# -lt 2 ]; then
+  echo "usage: benchmarks/bench_run.sh CONFIG TASK [TRIES]" >&2
+  exit 2
+fi
+CONFIG=$1
+TASK=$2
+TRIES=${3:-20}
+PY=${PYTHON:-python}
+CORP_CMD=${CORP_CMD:-$PY -m corp.cli}
+POLL=${BENCH_POLL:-120}
+RETRY_WAIT=${BENCH_RETRY_WAIT:-60}
+
+cd "$(git rev-parse --show-toplevel)" || { echo "bench_run.sh: run it inside the corp git checkout" >&2; exit 2; }
+# the bench's results directory and the file-name prefix of this task's records, as corp computes them
+read -r OUT SLUG < <("$PY" - "$CONFIG" "$TASK" <<'EOF'
+import sys
+from corp.bench.sweep import _slug, load_bench_config, results_path
+cfg = load_bench_config(sys.argv[1])
+by_label = {cfg.label(t): t for t in cfg.tasks}
+task = by_label.get(sys.argv[2], sys.argv[2])
+if task not in cfg.tasks:
+    sys.exit(f"bench_run.sh: task {sys.argv[2]!r} is not a task of {cfg.name}; its tasks (labels): {', '.join(by_label)}")
+print(results_path(cfg), _slug(task))
+EOF
+) || exit 2
+[ -n "${OUT:-}" ] || exit 2
+LOCK="$(git rev-parse --git-dir)/bench_run.lock"
+
+commit_paths() {  # commit_paths MESSAGE PATH...: add and commit exactly these paths (nothing else staged is taken)
+  local msg=$1
+  shift
+  [ $# -gt 0 ] || return 0
+  (
+    flock 9
+    git add -- "$@" && git commit -q -m "$msg" -- "$@" && echo "bench_run.sh: committed $# file(s): $msg"
+  ) 9>"$LOCK"
+}
+
+commit_cells() {
+  local files=()
+  local f
+  [ -d "$OUT/cells" ] || return 0  # nothing finished yet
+  while IFS= read -r f; do
+    files+=("$f")
+  done < <(git status --porcelain --untracked-files=all -- "$OUT/cells" | sed 's/^...//' | grep -F "/cells/${SLUG}__" | grep '\.json$')
+  [ ${#files[@]} -gt 0 ] || return 0
+  local names
+  names=$(for f in "${files[@]}"; do basename "$f" .json | sed "s/^${SLUG}__//; s/__[0-9a-f]*$//"; done | paste -sd ';' - | sed 's/;/; /g')
+  commit_paths "bench $(basename "$OUT") ($TASK): ${#files[@]} finished cell(s): $names" "${files[@]}"
+}
+
+commit_outputs() {
+  local files=() f
+  for f in "$OUT"/table.md "$OUT"/results.csv "$OUT"/tuning.csv "$OUT"/bench.json "$OUT"/*.png; do
+    [ -f "$f" ] && [ -n "$(git status --porcelain -- "$f")" ] && files+=("$f")
+  done
+  commit_paths "bench $(basename "$OUT"): outputs after task $TASK finished" "${files[@]}"
+}
+
+pid=
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait; commit_cells; exit 143' TERM INT  # stopping the wrapper stops its bench
+try=0
+while [ "$try" -lt "$TRIES" ]; do
+  try=$((try + 1))
+  echo "bench_run.sh: start $try of $TRIES: $CORP_CMD bench --config $CONFIG --threads 1 --task $TASK"
+  # shellcheck disable=SC2086  # CORP_CMD is a command line
+  $CORP_CMD bench --config "$CONFIG" --threads 1 --task "$TASK" &
+  pid=$!
+  waited=0
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    waited=$((waited + 1))
+    if [ "$waited" -ge "$POLL" ]; then
+      commit_cells
+      waited=0
+    fi
+  done
+  wait "$pid"
+  rc=$?
+  commit_cells
+  if [ "$rc" -eq 0 ]; then
+    commit_outputs
+    echo "bench_run.sh: task $TASK finished"
+    exit 0
+  fi
+  if [ "$rc" -eq 2 ]; then
+    echo "bench_run.sh: corp bench refused its input (status 2); not retrying" >&2
+    exit 2
+  fi
+  echo "bench_run.sh: corp bench stopped with status $rc; restarting in ${RETRY_WAIT}s (finished cells are kept)" >&2
+  sleep "$RETRY_WAIT"
+done
+echo "bench_run.sh: gave up after $TRIES starts" >&2
+exit 1
