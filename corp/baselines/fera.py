@@ -1,6 +1,6 @@
 """FERA: training-free federated reasoning with uncertainty-aware aggregation. Paper: arXiv
-2605.10082. RECONSTRUCTION from ../shared/METHODS.md ("FERA"), itself built from the abstract; no
-public code. This is the cheap variant METHODS.md names for small models: an uncertainty-weighted
+2605.10082. RECONSTRUCTION from docs/methods.md ("FERA"), itself built from the abstract; no
+public code. This is the cheap variant docs/methods.md names for small models: an uncertainty-weighted
 vote over the clients' final answers.
 
 Why the cheap variant: in the paper the server cross-checks the clients' conflicting reasoning
@@ -257,7 +257,7 @@ def _report(cfg: FERAConfig, ctx, rounds: list[dict], ids: list[str]) -> dict:
     compare = [(f"fera-round{last}", f"plain-vote-round{last}"), (f"fera-round{last}", "fera-round1")] if last > 1 else [("fera-round1", "plain-vote-round1")]
     report = write_report(
         ctx.run_dir, "fera", cfg.model, cfg.task, rows, compare, ids,
-        reconstruction="FERA, arXiv 2605.10082: a reconstruction from METHODS.md; the cheap uncertainty-weighted vote (see corp/baselines/fera.py)",
+        reconstruction="FERA, arXiv 2605.10082: a reconstruction from docs/methods.md; the cheap uncertainty-weighted vote (see corp/baselines/fera.py)",
         rounds=[{"round": r["round"], "accuracy": acc(r["synthesis_correct"]), "plain_vote_accuracy": acc(r["plain_vote_correct"]),
                  "client_accuracy": [acc(c) for c in r["client_correct"]], "mean_client_weights": r["mean_weights"],
                  "mean_client_uncertainty": [sum(u) / len(u) for u in r["client_uncertainty"]],

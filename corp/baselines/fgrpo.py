@@ -1,7 +1,7 @@
 """FGRPO (`corp fgrpo`): federated GRPO on non-IID client shares with adaptive aggregation.
 
 Paper: "FGRPO" (arXiv 2606.03094), federated GRPO on non-IID client data. Reconstruction from the
-abstract and secondary notes (METHODS.md, "FGRPO"); the paper's exact aggregation formula and
+abstract and secondary notes (docs/methods.md, "FGRPO"); the paper's exact aggregation formula and
 schedule are not public. What runs here:
 - K clients, each with its own share of the support split (corp.federated.clients.split_clients:
   by arith operator, by answer length, or iid). Every round each client starts from the global

@@ -83,7 +83,7 @@ FGRPO = BenchAdapter(ITERATIVE, r"fgrpo", flops=("method_flops",), equal_data=Tr
 # FERA trains nothing: its rounds cost inference only, reported per row as passes per test example
 FERA = BenchAdapter(FIXED, r"fera-round\d+|plain-vote-round\d+")
 
-# Methods METHODS.md describes that are not built yet: a bench config may name them; they are
+# Methods docs/methods.md describes that are not built yet: a bench config may name them; they are
 # listed as missing in the results, never silently skipped. A registered method whose registry line
 # names no adapter is listed the same way (corp.bench.sweep.plan), so these names outlive registration.
 PLANNED = {

@@ -1,4 +1,4 @@
-"""Recipes: a post-trained model as a few kilobytes of JSON (DESIGN.md, "Direction and recipe").
+"""Recipes: a post-trained model as a few kilobytes of JSON (docs/architecture.md, "Direction and recipe").
 
 The one reader and writer of recipes, for every method that ends in a weight-space direction.
 A recipe names its `format` and its `kind`, the base model twice (`base_model`: the alias or name
