@@ -173,6 +173,8 @@ def models_cmd() -> None:
 
     for row in list_models():
         typer.echo(f"{row['alias']:<14} {row['model']:<38} {row['status']}")
+        if row.get("build"):  # an embedded build: what it is, and the hash every run records for it
+            typer.echo(f"{'':<14} {row['build']}; weights sha256 {row['weights_sha256']}; license {row['license']}")
 
 
 @app.command("tasks")

@@ -171,11 +171,23 @@ def open_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs:
         finish_run_dir(ctx.run_dir, ctx.created, exc)
         raise
     else:
+        _card(ctx)
         finish_run_dir(ctx.run_dir, ctx.created, None)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         ctx.close()
+
+
+def _card(ctx: RunContext) -> None:
+    """The model card of `RUN_DIR/model`, when the run saved one (the one place run models get it)."""
+    from corp.cards import run_model_card
+
+    try:
+        run_model_card(ctx.run_dir, ctx.method, {"method": ctx.method, **config_to_dict(ctx.cfg)}, ctx.model_id,
+                       ctx._weights_hash, ctx.splits)
+    except Exception as exc:  # the model and the report are written; a card that fails must not fail the run
+        warnings.warn(f"model card for '{ctx.run_dir / 'model'}' not written: {type(exc).__name__}: {exc}")
 
 
 def _sigterm_as_interrupt(signum, frame):
