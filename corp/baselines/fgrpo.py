@@ -169,7 +169,7 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
     evals = run_evals(ctx)
     # `rounds` is left out: round r's state does not depend on how many rounds follow, so a rerun
     # with more --rounds continues this run (as corp bench grows it) instead of being refused
-    trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "executor", "ray_address", "rounds")}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to", "executor", "ray_address", "rounds")}, sort_keys=True, default=str).encode()).hexdigest()[:16]
     torch.manual_seed(cfg.seed)  # the global LoRA initialisation (the server's), the same on resume
     server = GRPOTrainer(ctx, cfg)  # holds the global weights; never trains
     state_path = ctx.run_dir / STATE_FILE

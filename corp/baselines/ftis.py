@@ -480,7 +480,7 @@ def run_ftis(cfg: FTISConfig) -> dict:
             raise CorpError(f"--ood-task '{cfg.ood_task}' has no test examples")
     with open_run(cfg, "ftis", None, needs=needs, defines=None) as ctx:
         evals = run_evals(ctx)
-        trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "eval_every", "ood_task", "skip_grpo_baseline", "skip_test_eval")},
+        trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to", "eval_every", "ood_task", "skip_grpo_baseline", "skip_test_eval")},
                                                sort_keys=True, default=str).encode()).hexdigest()[:16]
         node_ctxs = [_node_context(cfg, ctx, k, name) for k, name in enumerate(names)]
         if cfg.no_retokenize:  # before anything is computed: the run directory is removed, not left half-written

@@ -38,7 +38,7 @@ from corp.runs import read_json, read_jsonl, write_json
 
 RECORD_FORMAT = 1
 # options that locate or speed up a cell without changing what it computes
-_NOT_IDENTITY = ("run_dir", "threads", "from_run", "eval_cache")
+_NOT_IDENTITY = ("run_dir", "threads", "report_to", "from_run", "eval_cache")
 
 
 @dataclass

@@ -176,6 +176,7 @@ def open_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        _report_to(ctx)
         ctx.close()
 
 
@@ -188,6 +189,16 @@ def _card(ctx: RunContext) -> None:
                        ctx._weights_hash, ctx.splits)
     except Exception as exc:  # the model and the report are written; a card that fails must not fail the run
         warnings.warn(f"model card for '{ctx.run_dir / 'model'}' not written: {type(exc).__name__}: {exc}")
+
+
+def _report_to(ctx: RunContext) -> None:
+    """--report-to: the run's logged steps to TensorBoard / W&B, whether it completed or not."""
+    from corp.tracking import export_run_metrics
+
+    try:
+        export_run_metrics(ctx.run_dir, getattr(ctx.cfg, "report_to", "none"), {"method": ctx.method, **config_to_dict(ctx.cfg)})
+    except Exception as exc:  # the JSONL record is written; a tracker that fails must not hide the run's own outcome
+        warnings.warn(f"--report-to {ctx.cfg.report_to}: metrics not exported: {type(exc).__name__}: {exc}")
 
 
 def _sigterm_as_interrupt(signum, frame):
