@@ -24,8 +24,8 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from corp import CorpError
 from corp.extras import require
@@ -42,7 +42,10 @@ def parse_report_to(value: str | None) -> list[str]:
     names = [v.strip() for v in (value or "none").split(",") if v.strip()]
     bad = [n for n in names if n not in BACKENDS]
     if bad:
-        raise CorpError(f"--report-to '{value}': unknown backend {', '.join(bad)}; choose from {', '.join(BACKENDS)} (comma-separated)")
+        raise CorpError(
+            f"--report-to '{value}': unknown backend {', '.join(bad)}; "
+            f"choose from {', '.join(BACKENDS)} (comma-separated)"
+        )
     return [n for n in names if n != "none"]
 
 
@@ -66,7 +69,9 @@ def _rows(path: Path) -> list[dict]:
 def scalars(row: dict) -> tuple[int | None, dict[str, float]]:
     """(step, {tag: value}) of one logged row: its numeric fields, prefixed by arm/node/client."""
     step = next((row[k] for k in STEP_KEYS if isinstance(row.get(k), int) and not isinstance(row.get(k), bool)), None)
-    prefix = "/".join(f"{k}{row[k]}" if k != "arm" else str(row[k]) for k in GROUP_KEYS if k in row and row[k] is not None)
+    prefix = "/".join(
+        f"{k}{row[k]}" if k != "arm" else str(row[k]) for k in GROUP_KEYS if k in row and row[k] is not None
+    )
     out = {}
     for k, v in row.items():
         if k in STEP_KEYS or k in GROUP_KEYS or isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -93,8 +98,13 @@ class Trackers:
             elif b == "wandb":
                 wandb = require("wandb", "--report-to wandb")
                 os.environ.setdefault("WANDB_MODE", "offline")  # no network unless the user asks for it
-                self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "corp"), name=name, dir=str(run_dir),
-                                      config=json.loads(json.dumps(config or {}, default=str)), reinit=True)
+                self.run = wandb.init(
+                    project=os.environ.get("WANDB_PROJECT", "corp"),
+                    name=name,
+                    dir=str(run_dir),
+                    config=json.loads(json.dumps(config or {}, default=str)),
+                    reinit=True,
+                )
 
     def log(self, step: int | None, values: dict[str, float]) -> None:
         for w in self.writers:

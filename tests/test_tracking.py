@@ -13,7 +13,9 @@ from corp.cli import app
 from corp.config import load_config
 from corp.methods import REGISTRY
 
-pytest.importorskip("tensorboard", reason="--report-to tensorboard needs the tensorboard extra (pip install 'corp[tensorboard]')")
+pytest.importorskip(
+    "tensorboard", reason="--report-to tensorboard needs the tensorboard extra (pip install 'corp[tensorboard]')"
+)
 COMMON = {"task": "arith", "reward": "tests.test_methods:text_checksum", "seed": 1}
 
 
@@ -27,18 +29,26 @@ def events(logdir: Path) -> dict[str, list[tuple[int, float]]]:
 
 def run(name: str, tiny_dir: Path, run_dir: Path, **extra) -> dict:
     m = REGISTRY[name]
-    return m(load_config(m.config_class, None, {**m.smoke, **COMMON, "model": str(tiny_dir), "run_dir": str(run_dir), **extra}))
+    return m(
+        load_config(
+            m.config_class, None, {**m.smoke, **COMMON, "model": str(tiny_dir), "run_dir": str(run_dir), **extra}
+        )
+    )
 
 
-@pytest.mark.parametrize("name,log,step_key", [("es", "metrics.jsonl", "iteration"), ("grpo", "metrics.jsonl", "step"),
-                                               ("fera", "rounds.jsonl", "round")])
+@pytest.mark.parametrize(
+    "name,log,step_key",
+    [("es", "metrics.jsonl", "iteration"), ("grpo", "metrics.jsonl", "step"), ("fera", "rounds.jsonl", "round")],
+)
 def test_logged_steps_are_in_the_event_files(name, log, step_key, tiny_dir, tmp_path):
     run_dir = tmp_path / name
     run(name, tiny_dir, run_dir, report_to="tensorboard")
     rows = [json.loads(line) for line in (run_dir / log).read_text().splitlines() if line.strip()]
     assert len(rows) >= 2, rows
     got = events(run_dir / "tensorboard")
-    numeric = [k for k, v in rows[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != step_key]
+    numeric = [
+        k for k, v in rows[0].items() if isinstance(v, (int, float)) and not isinstance(v, bool) and k != step_key
+    ]
     assert numeric, rows[0]
     for k in numeric:
         want = [(r[step_key], float(r[k])) for r in rows if isinstance(r.get(k), (int, float))]
@@ -61,23 +71,35 @@ def test_bench_results_are_logged_at_their_budgets(tmp_path):
         "arith,base,paper,,0,0.122,0,done\n"
         "arith,corp-stage1,paper,4e+12,0,0.2,7.9e12,done\n"
         "arith,corp-stage1,paper,1.2e+13,0,0.25,1.3e13,done\n"
-        "arith,grpo,paper,1.2e+13,0,,,not-run\n")
+        "arith,grpo,paper,1.2e+13,0,,,not-run\n"
+    )
     assert export_bench_results(tmp_path, "tensorboard") == 3
     got = events(tmp_path / "tensorboard")
-    assert got["arith/paper/corp-stage1/seed0/accuracy"] == [(4_000_000_000_000, pytest.approx(0.2)), (12_000_000_000_000, pytest.approx(0.25))]
+    assert got["arith/paper/corp-stage1/seed0/accuracy"] == [
+        (4_000_000_000_000, pytest.approx(0.2)),
+        (12_000_000_000_000, pytest.approx(0.25)),
+    ]
     assert got["arith/paper/base/seed0/accuracy"] == [(0, pytest.approx(0.122))]
     assert not any("grpo" in t for t in got)
 
 
-@pytest.mark.parametrize("value,expect", [("wandb", "--report-to wandb needs wandb; install it with `pip install 'corp[wandb]'`"),
-                                          ("tensorbored", "--report-to 'tensorbored': unknown backend tensorbored")])
+@pytest.mark.parametrize(
+    "value,expect",
+    [
+        ("wandb", "--report-to wandb needs wandb; install it with `pip install 'corp[wandb]'`"),
+        ("tensorbored", "--report-to 'tensorbored': unknown backend tensorbored"),
+    ],
+)
 def test_a_backend_that_is_not_there_is_one_line(value, expect, tmp_path, monkeypatch):
     import importlib.util
 
     if value == "wandb" and importlib.util.find_spec("wandb") is not None:
         pytest.skip("wandb is installed here")
     monkeypatch.chdir(tmp_path)
-    for args in (["es", "--model", "no-such/model", "--report-to", value], ["bench", "--config", "nope.yaml", "--report-to", value]):
+    for args in (
+        ["es", "--model", "no-such/model", "--report-to", value],
+        ["bench", "--config", "nope.yaml", "--report-to", value],
+    ):
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2, res.output
         lines = [line for line in res.output.strip().splitlines() if line.strip()]
