@@ -187,7 +187,7 @@ def _card(ctx: RunContext) -> None:
     try:
         run_model_card(ctx.run_dir, ctx.method, {"method": ctx.method, **config_to_dict(ctx.cfg)}, ctx.model_id,
                        ctx._weights_hash, ctx.splits)
-    except Exception as exc:  # the model and the report are written; a card that fails must not fail the run
+    except Exception as exc:  # noqa: BLE001 -- the model and report are written; a card that fails must not fail the run
         warnings.warn(f"model card for '{ctx.run_dir / 'model'}' not written: {type(exc).__name__}: {exc}")
 
 
@@ -197,7 +197,7 @@ def _report_to(ctx: RunContext) -> None:
 
     try:
         export_run_metrics(ctx.run_dir, getattr(ctx.cfg, "report_to", "none"), {"method": ctx.method, **config_to_dict(ctx.cfg)})
-    except Exception as exc:  # the JSONL record is written; a tracker that fails must not hide the run's own outcome
+    except Exception as exc:  # noqa: BLE001 -- the JSONL record is written; a failing tracker must not hide the outcome
         warnings.warn(f"--report-to {ctx.cfg.report_to}: metrics not exported: {type(exc).__name__}: {exc}")
 
 
