@@ -187,7 +187,7 @@ def _card(ctx: RunContext) -> None:
     try:
         run_model_card(ctx.run_dir, ctx.method, {"method": ctx.method, **config_to_dict(ctx.cfg)}, ctx.model_id,
                        ctx._weights_hash, ctx.splits)
-    except Exception as exc:  # noqa: BLE001 -- the model and report are written; a card that fails must not fail the run
+    except Exception as exc:  # noqa: BLE001 -- model and report are written; a failing card must not fail the run
         warnings.warn(f"model card for '{ctx.run_dir / 'model'}' not written: {type(exc).__name__}: {exc}")
 
 
@@ -196,7 +196,8 @@ def _report_to(ctx: RunContext) -> None:
     from corp.tracking import export_run_metrics
 
     try:
-        export_run_metrics(ctx.run_dir, getattr(ctx.cfg, "report_to", "none"), {"method": ctx.method, **config_to_dict(ctx.cfg)})
+        config = {"method": ctx.method, **config_to_dict(ctx.cfg)}
+        export_run_metrics(ctx.run_dir, getattr(ctx.cfg, "report_to", "none"), config)
     except Exception as exc:  # noqa: BLE001 -- the JSONL record is written; a failing tracker must not hide the outcome
         warnings.warn(f"--report-to {ctx.cfg.report_to}: metrics not exported: {type(exc).__name__}: {exc}")
 
