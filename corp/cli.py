@@ -137,11 +137,14 @@ def bench_cmd(
     threads: Optional[int] = typer.Option(None, "--threads", help="Torch CPU threads of every cell (overrides the config)."),
     report_only: bool = typer.Option(False, "--report-only", help="Write results.csv, table.md and plots from the cells finished so far; run nothing."),
     task: Optional[str] = typer.Option(None, "--task", help="Run only the cells of this task of the config, by spec or label (one process per task can share a bench); the outputs still cover every finished cell."),
+    report_to: str = typer.Option("none", "--report-to", help="Also log every finished cell's accuracy at its budget: none, tensorboard (RESULTS_DIR/NAME/tensorboard), wandb."),
 ) -> None:
     """The matched-compute sweep: every registered bench method at each FLOP budget, seed and data setting; resumable."""
     from corp.bench.outputs import readme_section as section
     from corp.bench.sweep import load_bench_config, run_bench
+    from corp.tracking import check_report_to, export_bench_results
 
+    _run(check_report_to, report_to)  # a backend that is not installed: one line, before any cell runs
     cfg = _run(load_bench_config, config, {"threads": threads})
     if readme_section:
         typer.echo(_run(section, cfg), nl=False)
@@ -150,6 +153,11 @@ def bench_cmd(
     summary = _run(run_bench, cfg, command, True, not report_only, task)
     typer.echo(f"{summary['cells']} cells ({summary['reused']} reused from earlier runs, {summary['not_run']} not run); wrote {summary['results_dir']}/results.csv, table.md, "
                f"{len(summary['plots'])} plots" + (f"; missing (not built): {', '.join(summary['missing'])}" if summary["missing"] else ""))
+    if report_to != "none":
+        from pathlib import Path
+
+        logged = _run(export_bench_results, Path(summary["results_dir"]), report_to)
+        typer.echo(f"--report-to {report_to}: {logged} finished cells logged")
 
 
 @app.command("apply")
@@ -173,6 +181,8 @@ def models_cmd() -> None:
 
     for row in list_models():
         typer.echo(f"{row['alias']:<14} {row['model']:<38} {row['status']}")
+        if row.get("build"):  # an embedded build: what it is, and the hash every run records for it
+            typer.echo(f"{'':<14} {row['build']}; weights sha256 {row['weights_sha256']}; license {row['license']}")
 
 
 @app.command("tasks")

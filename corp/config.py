@@ -100,6 +100,8 @@ class RunConfig:
     """A JSONL file of greedy base and specialist evaluations shared between runs (corp bench keeps one per task); rows are keyed by everything that defines them and copied into the run directory."""
     threads: int | None = None
     """Torch CPU threads (default: torch's choice, all usable cores; corp makes idle threads sleep, not spin, so a busy machine costs a fair share)."""
+    report_to: str = "none"
+    """Where per-step/per-round metrics also go (TRL's name): none, tensorboard (RUN_DIR/tensorboard), wandb, or a comma list; written from metrics.jsonl/rounds.jsonl when the run ends."""
 
     def validate(self) -> "RunConfig":
         for name in ("n_support", "n_probe", "n_validation", "n_test"):
@@ -114,6 +116,9 @@ class RunConfig:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise CorpError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
         from corp.models import check_device, check_dtype  # names checked here, before any model loads
+        from corp.tracking import check_report_to
+
+        check_report_to(self.report_to)  # a backend that is not installed: one line, before anything runs
 
         self.dtype = check_dtype(self.dtype)
         self.device = check_device(self.device)

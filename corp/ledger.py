@@ -1,4 +1,4 @@
-"""The compute ledger (DESIGN.md, "Compute ledger").
+"""The compute ledger (docs/architecture.md, "Compute ledger").
 
 Every method records prompt tokens, generated tokens and trained tokens; FLOPs are estimated as
 2 * N_params * (prompt + generated tokens) + 6 * N_params * trained tokens, the usual

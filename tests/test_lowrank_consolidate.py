@@ -4,6 +4,7 @@ the pipeline's recipe rebuilds the low-rank model bit-exactly, the PEFT adapter 
 
 import json
 import os
+from pathlib import Path
 import subprocess
 import sys
 
@@ -154,6 +155,17 @@ def test_pipeline_rank2_recipe_rebuilds_bit_exactly_and_peft_adapter_matches(tin
         want, got, base_logits = merged(ids).logits, lora(input_ids=ids).logits, base(ids).logits
     assert (want - base_logits).abs().max() > 1e-3, "the update must matter for this check to mean anything"
     assert torch.allclose(got, want, atol=1e-5, rtol=0), float((got - want).abs().max())
+    # ... and PEFT alone, in a fresh interpreter, finds the base from the adapter (the base it was trained on)
+    assert Path(cfg["base_model_name_or_path"]).resolve() == Path(model_dir).resolve()
+    code = ("import sys, torch\nfrom peft import AutoPeftModelForCausalLM\nfrom transformers import AutoModelForCausalLM\n"
+            "ids = torch.tensor([[5, 6, 7, 8, 9]])\n"
+            "lora = AutoPeftModelForCausalLM.from_pretrained(sys.argv[1]).eval()\n"
+            "merged = AutoModelForCausalLM.from_pretrained(sys.argv[2]).eval()\n"
+            "with torch.no_grad():\n    d = (lora(input_ids=ids).logits - merged(ids).logits).abs().max().item()\n"
+            "assert not any(k == 'corp' or k.startswith('corp.') for k in sys.modules)\nprint('maxdiff', d)\n")
+    plain = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, "-c", code, str(run / "lora"), str(run / "model")], capture_output=True, text=True, cwd=tmp_path, env=plain)
+    assert res.returncode == 0 and float(res.stdout.split()[-1]) < 1e-5, res.stderr[-2000:]
 
     # a tampered or missing factors file is a one-line error
     (run / FACTORS_FILE).write_bytes((run / FACTORS_FILE).read_bytes()[:-4] + b"\0\0\0\0")

@@ -253,3 +253,65 @@ def test_an_import_error_inside_the_vllm_backend_is_not_masked(monkeypatch):
     monkeypatch.setitem(sys.modules, "corp.evaluate.backends.vllm", None)  # importing it raises ImportError
     with pytest.raises(ImportError):
         make_backend("vllm", "unused")
+
+
+MODEL_METHODS = [m.name for m in METHODS if m.model]
+
+
+def test_every_saved_model_has_a_card_and_loads_in_plain_transformers(tiny_dir, runs_root, tmp_path):
+    """consolidate, es, grpo, fedcorp, fgrpo (and `corp apply`): RUN_DIR/model carries a model card
+    (base and its weights hash, method and recipe, labelled data, results with intervals, license,
+    load and lm-eval commands), and a fresh interpreter loads it with transformers alone."""
+    import subprocess
+
+    from huggingface_hub import ModelCard
+
+    from corp.consolidate.recipe import apply_recipe
+
+    assert set(MODEL_METHODS) >= {"consolidate", "es", "grpo", "fedcorp", "fgrpo"}, MODEL_METHODS
+    dirs = []
+    for name in MODEL_METHODS:
+        run_dir = smoke_run(name, tiny_dir, runs_root)["run_dir"]
+        card = ModelCard.load(run_dir / "model" / "README.md")
+        text = card.text
+        report = json.loads((run_dir / "report.json").read_text())
+        assert card.data.library_name == "transformers", card.data
+        assert any(t == name or t.startswith(name + "-") for t in card.data.tags), card.data.tags
+        assert f"`{name}" in text and "arith" in text, name
+        h = json.loads((run_dir / "recipe.json").read_text())["base_weights_hash"] if (run_dir / "recipe.json").exists() else None
+        assert (h or "base weights sha256") in text, name
+        assert "## Labelled data used" in text and "support:" in text, name
+        for row in report["rows"]:
+            assert f"| {row['method']} | {row['accuracy']:.3f} |" in text, (name, row["method"])
+        if report["comparisons"]:
+            assert "paired 95% CI" in text, name
+        assert "## License" in text and f"lm_eval --model hf --model_args pretrained={(run_dir / 'model').resolve()}" in text
+        if (run_dir / "recipe.json").exists():
+            assert "corp apply" in text
+        dirs.append(str(run_dir / "model"))
+    rebuilt = apply_recipe(smoke_run("consolidate", tiny_dir, runs_root)["run_dir"] / "recipe.json", tmp_path / "applied")
+    assert "corp apply" in (Path(rebuilt) / "README.md").read_text() and "| corp |" in (Path(rebuilt) / "README.md").read_text()
+    dirs.append(str(rebuilt))
+    code = ("import sys, torch\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+            "for d in sys.argv[1:]:\n"
+            "    m = AutoModelForCausalLM.from_pretrained(d); t = AutoTokenizer.from_pretrained(d)\n"
+            "    out = m.generate(**t('1+1=', return_tensors='pt'), max_new_tokens=2, do_sample=False)\n"
+            "    assert out.shape[1] > 0\n"
+            "assert not any(k == 'corp' or k.startswith('corp.') for k in sys.modules), 'corp was imported'\n"
+            "print('loaded', len(sys.argv) - 1)\n")
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([sys.executable, "-c", code, *dirs], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert res.returncode == 0 and f"loaded {len(dirs)}" in res.stdout, res.stderr[-2000:]
+
+
+def test_model_dir_without_a_card_is_one_note_and_still_evaluated(tiny_dir, tmp_path, capsys):
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    assert not (tiny_dir / "README.md").exists()
+    res = CliRunner().invoke(app, ["eval", "--model", str(tiny_dir), "--task", "arith", "--n-test", "2", "--pass-k", "",
+                                   "--max-new-tokens", "2", "--run-dir", str(tmp_path / "ev")])
+    assert res.exit_code == 0, res.output
+    notes = [line for line in (res.output + capsys.readouterr().err).splitlines() if "has no model card" in line]
+    assert len(notes) == 1 and str(tiny_dir) in notes[0], notes

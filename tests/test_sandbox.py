@@ -34,9 +34,19 @@ from corp.evaluate.sandbox_wrapper import decode, encode
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.skipif(os.name != "posix" or not os.path.isdir("/proc"), reason="the sandbox needs Linux")
-ROOT = os.geteuid() == 0
+LINUX = os.name == "posix" and os.path.isdir("/proc")
+pytestmark = pytest.mark.skipif(not LINUX, reason="the sandbox needs Linux")
+ROOT = LINUX and os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="namespaces and the separate uid need root")
+# What this machine gives, from the sandbox's own probe (an empty program). Where the kernel has no
+# namespaces for us or refuses them (user.max_user_namespaces=0, AppArmor's userns restriction, a
+# default Docker container even as root), the level is `none`/`uid-only` and the tests that need
+# isolation skip with the probe's reason; corp then refuses model code, which
+# test_without_isolation_model_code_is_refused checks. Where namespaces are granted and the sandbox
+# breaks after that, the level is an isolated one (or `unknown`): nothing skips and the tests fail.
+ISO = sandbox.isolation_level() if LINUX else {"level": "none", "why": "not Linux"}
+UNAVAILABLE = ISO["level"] in ("none", "uid-only")
+needs_isolation = pytest.mark.skipif(UNAVAILABLE, reason=f"no sandbox isolation here ({ISO['level']}: {ISO['why']})")
 
 
 def _uid_processes(uid: int) -> list[int]:
@@ -61,6 +71,7 @@ def prog(src: str) -> str:
 # ---------------------------------------------------------------- basics
 
 
+@needs_isolation
 def test_pass_fail_crash_and_statuses():
     ok = run_program("def f(x):\n    return x + 1\nassert f(1) == 2\nprint('done')", timeout=5)
     assert ok.status is Status.PASS and ok.stdout == "done\n" and ok.passed
@@ -87,6 +98,7 @@ def test_bad_input_is_a_one_line_corp_error():
     assert run_many([]) == []
 
 
+@needs_isolation
 @needs_root
 def test_isolation_record_says_what_was_applied():
     r = run_program("import os\nprint(os.getuid(), os.getcwd(), sorted(os.listdir('.')))", timeout=5)
@@ -102,6 +114,7 @@ def test_isolation_record_says_what_was_applied():
 # ---------------------------------------------------------------- adversarial programs
 
 
+@needs_isolation
 def test_infinite_loop_times_out():
     t = time.monotonic()
     r = run_program("while True:\n    pass", timeout=2)
@@ -109,6 +122,7 @@ def test_infinite_loop_times_out():
     assert time.monotonic() - t < 6
 
 
+@needs_isolation
 @needs_root
 def test_fork_bomb_is_contained_and_fully_killed():
     bomb = prog(
@@ -127,6 +141,7 @@ def test_fork_bomb_is_contained_and_fully_killed():
     assert _uid_processes(r.isolation["uid"]) == []  # nothing of that uid survives
 
 
+@needs_isolation
 @needs_root
 def test_daemonised_child_does_not_outlive_the_program():
     src = prog(
@@ -147,6 +162,7 @@ def test_daemonised_child_does_not_outlive_the_program():
     assert _uid_processes(r.isolation["uid"]) == []
 
 
+@needs_isolation
 def test_allocating_50_gb_fails_and_leaves_the_caller_alive():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     r = run_program("x = bytearray(50 * 1024 ** 3)\nx[-1] = 1\nprint('allocated')", timeout=5, memory_mb=512)
@@ -203,6 +219,7 @@ def _destroyer(d: str, files: dict[str, str], escape: list[str]) -> str:
     )
 
 
+@needs_isolation
 @needs_root
 def test_writing_and_deleting_outside_the_working_directory():
     d, files = _plant()
@@ -247,6 +264,7 @@ def test_separate_uid_alone_protects_visible_files():
         os.rmdir(d)
 
 
+@needs_isolation
 @needs_root
 def test_no_network_connection_arrives():
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -273,6 +291,7 @@ def test_no_network_connection_arrives():
         srv.close()
 
 
+@needs_isolation
 def test_printing_100_mb_is_capped():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     src = "import sys\nline = 'x' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(line)\nsys.stdout.flush()\nraise AssertionError('printed')\n"
@@ -282,6 +301,7 @@ def test_printing_100_mb_is_capped():
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 50_000
 
 
+@needs_isolation
 @needs_root
 def test_killing_the_parent_or_the_caller_fails():
     me = os.getpid()
@@ -299,6 +319,7 @@ def test_killing_the_parent_or_the_caller_fails():
     assert results[3].passed and os.getpid() == me
 
 
+@needs_isolation
 def test_exit_before_the_asserts_is_not_a_pass():
     body = "def f():\n    return 1\n{exit}\nassert f() == 2\n"
     for exit_stmt in ("import sys; sys.exit(0)", "raise SystemExit", "import os; os._exit(0)", "exit()"):
@@ -306,6 +327,7 @@ def test_exit_before_the_asserts_is_not_a_pass():
         assert r.status is Status.FAIL and r.returncode == 0 and not r.passed, exit_stmt
 
 
+@needs_isolation
 def test_parent_environment_is_not_visible(monkeypatch):
     secret = "s3cr3t-" + os.urandom(6).hex()
     monkeypatch.setenv("CORP_SANDBOX_SECRET", secret)
@@ -327,6 +349,7 @@ def test_parent_environment_is_not_visible(monkeypatch):
     assert "secret not visible" in r.stderr
 
 
+@needs_isolation
 def test_many_adversarial_programs_in_parallel_keep_order_and_counts():
     programs = ["while True: pass", "assert 1 == 2", "print(1)", "import sys; sys.exit(0)\nassert 0", "x = bytearray(50 * 1024 ** 3)", "print(2)"]
     results = run_many(programs, concurrency=2, timeout=2)
@@ -347,6 +370,15 @@ def test_refused_without_namespaces_unless_allowed(tmp_path):
         assert ok.passed and ok.isolation["level"] == "none" and target.exists()
 
 
+@pytest.mark.skipif(not UNAVAILABLE, reason="isolation is available here; the ordinary-user tests below check refusal")
+def test_without_isolation_model_code_is_refused(tmp_path):
+    """On a machine that refuses namespaces, corp runs no model code unless the caller accepts the risk."""
+    target = tmp_path / "written"
+    r = run_program(f"open({str(target)!r}, 'w').write('x')\nprint('ran')", timeout=5)
+    assert r.status is Status.SANDBOX_ERROR and "refusing" in r.detail and sandbox.UNSAFE_ENV in r.detail
+    assert r.stdout == "" and not target.exists() and r.isolation["level"] == ISO["level"]
+
+
 # ---------------------------------------------------------------- rewards that could be faked
 
 
@@ -364,6 +396,7 @@ def test_plain_data_codec_builds_only_builtins():
             decode(bad)
 
 
+@needs_isolation
 def test_object_whose_eq_is_always_true_does_not_pass():
     cheat = prog(
         """
@@ -384,6 +417,7 @@ def test_object_whose_eq_is_always_true_does_not_pass():
     assert honest.passed
 
 
+@needs_isolation
 def test_program_cannot_read_the_tests_or_forge_the_verdict():
     token = "tok" + os.urandom(6).hex()
     asserts = f"assert add(2, 2) == 5, {token!r}\n"  # a wrong expectation: only a cheat can pass it
@@ -442,6 +476,7 @@ def test_program_cannot_read_the_tests_or_forge_the_verdict():
     assert honest.passed  # the snooping itself is not what fails it
 
 
+@needs_isolation
 def test_sandbox_hides_the_data_directory_the_repository_and_home():
     from tests.conftest import DATA_DIR
 
@@ -589,6 +624,7 @@ def _userns_available() -> bool:
 needs_root_to_drop = pytest.mark.skipif(not ROOT, reason="dropping to another uid needs root (CI runs as root)")
 
 
+@needs_isolation
 @needs_root_to_drop
 @pytest.mark.skipif(not _userns_available(), reason="this kernel has no unprivileged user namespaces")
 def test_as_an_ordinary_user_the_program_is_isolated():
@@ -667,6 +703,7 @@ def test_as_an_ordinary_user_the_program_is_isolated():
         os.rmdir(d)
 
 
+@needs_isolation
 @needs_root_to_drop
 def test_as_an_ordinary_user_the_parent_cannot_be_killed():
     def inside():
@@ -690,6 +727,7 @@ def test_as_an_ordinary_user_the_parent_cannot_be_killed():
     assert _as_user(unprotected)["killed"]
 
 
+@needs_isolation
 @needs_root_to_drop
 def test_as_an_ordinary_user_without_user_namespaces_code_is_refused_unless_allowed(monkeypatch):
     from corp.evaluate.tasks.base import Example

@@ -218,7 +218,7 @@ def test_false_positive_rate_of_the_r_star_rule_is_at_its_level():
     # observed first-rank marginal overlap beats all 20 permutations: 1/21 = 4.8% by construction.
     # Binomial sd at 800 trials: 0.75% at 5%, 1.06% at 10%, so the bound 7% tells a calibrated
     # rule from one at 10%. The check that it can: the "beats the null's interpolated 95th
-    # percentile" rule (METHODS.md's words, 2/21 = 9.5%), on the same rows, fires on a superset of
+    # percentile" rule (docs/methods.md's words, 2/21 = 9.5%), on the same rows, fires on a superset of
     # matrices, about 1/21 = 38 more (sd ~6); the test must see at least 20 of them (2.5 points).
     # Measured: 37/800 = 4.6% for r* > 0, 65/800 = 8.1% for the 95th-percentile rule.
     named = [(f"m{j}.weight", (8, 10)) for j in range(40)]

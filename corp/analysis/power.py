@@ -1,7 +1,7 @@
 """Power of the split-half rule: the smallest planted signal `corp analyze-rank` finds with
 probability 0.8 at the population size and matrix shapes it ran on.
 
-Ours (METHODS.md asks for the analysis, not its power; the CoRP paper, arXiv 2605.31494, reports
+Ours (docs/methods.md asks for the analysis, not its power; the CoRP paper, arXiv 2605.31494, reports
 no power either). Without it, "no reproducible low-rank structure" cannot be told apart from "the
 population is too small to see any": at N = 64, a 576 x 576 matrix and a reward that IS one
 direction of that matrix, the rule still finds nothing.

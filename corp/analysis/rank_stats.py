@@ -4,11 +4,11 @@ command in `split_half`, the power simulation in `power`).
 What it implements: for every weight matrix W (m x n) and rank r, do two random halves A, B of
 the population, aggregated as G_A = sum_{i in A} w_i sigma_i eps_i[W] with z-scored rewards w,
 share their top-r singular subspaces more than they would if rewards carried no information?
-From that, a reproducible rank r* per matrix, which low-rank consolidation (METHODS.md, "Low-rank
+From that, a reproducible rank r* per matrix, which low-rank consolidation (docs/methods.md, "Low-rank
 consolidation") uses to project the merged update.
 
 This is OUR specification. The CoRP paper (arXiv 2605.31494) reports "reproducible low-rank
-structure in every case" but publishes no code for it; we implement METHODS.md, "Split-half
+structure in every case" but publishes no code for it; we implement docs/methods.md, "Split-half
 low-rank analysis", with these departures, each for a reason:
 
 1. r* uses the *marginal* overlap, with a prefix rule. METHODS says "the largest r whose overlap
@@ -43,7 +43,7 @@ low-rank analysis", with these departures, each for a reason:
    matrices of the same shape (`noise_energy`); the permutation null gives the same quantity up
    to sampling, because a fixed combination of iid Gaussian noise tensors is an iid Gaussian
    matrix.
-6. Added (not in METHODS.md): the power of the rule at the population size and matrix shapes of
+6. Added (not in docs/methods.md): the power of the rule at the population size and matrix shapes of
    the run (`corp.analysis.power`), because "no reproducible structure" means little without it.
 
 Efficiency (the point of the design): per matrix, every specialist's noise is generated ONCE and

@@ -2,7 +2,7 @@
 
 This module only wires the command: it reads the run (or scores one), finds the matrix shapes
 without loading weights, runs the statistics (`corp.analysis.rank_stats`, whose docstring holds
-the specification, METHODS.md "Split-half low-rank analysis", and where it departs) and the power
+the specification, docs/methods.md "Split-half low-rank analysis", and where it departs) and the power
 simulation (`corp.analysis.power`), and writes the outputs (`corp.analysis.report`).
 
 The layers below it: `linalg` (SVD and low-rank helpers, shared with low-rank consolidation),

@@ -15,7 +15,7 @@ the final model bit-exactly, and a resumed run rebuilds the centre from its chec
 
 Where we depart from the paper, and why:
 - The step is alpha / N * sum f_i eps_i, as the paper's code does (1/sigma absorbed into alpha);
-  METHODS.md writes alpha / (N sigma). With the paper's alpha = 5e-4 and sigma = 1e-3, the
+  docs/methods.md writes alpha / (N sigma). With the paper's alpha = 5e-4 and sigma = 1e-3, the
   1/sigma form would move every weight by ~0.1 per step.
 - Antithetic pairs and centred-rank fitness are options (the paper uses plain sampling, z-scores).
 - Defaults are CPU-sized (N = 8, 4 iterations, 64 support examples) instead of N = 30 and hundreds

@@ -1,6 +1,6 @@
 """FERA: training-free federated reasoning with uncertainty-aware aggregation. Paper: arXiv
-2605.10082. RECONSTRUCTION from ../shared/METHODS.md ("FERA"), itself built from the abstract; no
-public code. This is the cheap variant METHODS.md names for small models: an uncertainty-weighted
+2605.10082. RECONSTRUCTION from docs/methods.md ("FERA"), itself built from the abstract; no
+public code. This is the cheap variant docs/methods.md names for small models: an uncertainty-weighted
 vote over the clients' final answers.
 
 Why the cheap variant: in the paper the server cross-checks the clients' conflicting reasoning
@@ -181,7 +181,7 @@ def run_fera(cfg: FERAConfig, backend=None) -> dict:
         demos = [share[: cfg.shots] for share in shares]
         test = ctx.splits["test"]
         ids = ctx.example_ids("test")
-        run_as = hashlib.sha256(json.dumps({**{k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "batch_size")},
+        run_as = hashlib.sha256(json.dumps({**{k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to", "batch_size")},
                                             "weights_hash": ctx.weights_hash, "model_id": ctx.model_id}, sort_keys=True, default=str).encode()).hexdigest()[:16]
         log = ctx.run_dir / "rounds.jsonl"
         done = {r["round"]: r for r in read_jsonl(log, key="round") if r.get("run_as") == run_as}
@@ -257,7 +257,7 @@ def _report(cfg: FERAConfig, ctx, rounds: list[dict], ids: list[str]) -> dict:
     compare = [(f"fera-round{last}", f"plain-vote-round{last}"), (f"fera-round{last}", "fera-round1")] if last > 1 else [("fera-round1", "plain-vote-round1")]
     report = write_report(
         ctx.run_dir, "fera", cfg.model, cfg.task, rows, compare, ids,
-        reconstruction="FERA, arXiv 2605.10082: a reconstruction from METHODS.md; the cheap uncertainty-weighted vote (see corp/baselines/fera.py)",
+        reconstruction="FERA, arXiv 2605.10082: a reconstruction from docs/methods.md; the cheap uncertainty-weighted vote (see corp/baselines/fera.py)",
         rounds=[{"round": r["round"], "accuracy": acc(r["synthesis_correct"]), "plain_vote_accuracy": acc(r["plain_vote_correct"]),
                  "client_accuracy": [acc(c) for c in r["client_correct"]], "mean_client_weights": r["mean_weights"],
                  "mean_client_uncertainty": [sum(u) / len(u) for u in r["client_uncertainty"]],

@@ -1,7 +1,7 @@
 """FGRPO (`corp fgrpo`): federated GRPO on non-IID client shares with adaptive aggregation.
 
 Paper: "FGRPO" (arXiv 2606.03094), federated GRPO on non-IID client data. Reconstruction from the
-abstract and secondary notes (METHODS.md, "FGRPO"); the paper's exact aggregation formula and
+abstract and secondary notes (docs/methods.md, "FGRPO"); the paper's exact aggregation formula and
 schedule are not public. What runs here:
 - K clients, each with its own share of the support split (corp.federated.clients.split_clients:
   by arith operator, by answer length, or iid). Every round each client starts from the global
@@ -168,7 +168,7 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
     evals = run_evals(ctx)
     # `rounds` is left out: round r's state does not depend on how many rounds follow, so a rerun
     # with more --rounds continues this run (as corp bench grows it) instead of being refused
-    trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "executor", "ray_address", "rounds")}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to", "executor", "ray_address", "rounds")}, sort_keys=True, default=str).encode()).hexdigest()[:16]
     torch.manual_seed(cfg.seed)  # the global LoRA initialisation (the server's), the same on resume
     server = GRPOTrainer(ctx, cfg)  # holds the global weights; never trains
     state_path = ctx.run_dir / STATE_FILE

@@ -1,6 +1,6 @@
 """F-TIS: decentralised GRPO across heterogeneous models that share rollouts, with truncated
 importance sampling. Paper: arXiv 2605.22537. RECONSTRUCTION: no public code exists; this follows
-../shared/METHODS.md ("F-TIS"), itself built from the abstract and secondary notes.
+docs/methods.md ("F-TIS"), itself built from the abstract and secondary notes.
 
 What a run does (`corp ftis`): K nodes, each with its own model (`--nodes a,b`; default two nodes of
 `--model`), answer the same prompts each step (drawn from the support split by a seed all nodes
@@ -480,7 +480,7 @@ def run_ftis(cfg: FTISConfig) -> dict:
             raise CorpError(f"--ood-task '{cfg.ood_task}' has no test examples")
     with open_run(cfg, "ftis", None, needs=needs, defines=None) as ctx:
         evals = run_evals(ctx)
-        trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "eval_every", "ood_task", "skip_grpo_baseline", "skip_test_eval")},
+        trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to", "eval_every", "ood_task", "skip_grpo_baseline", "skip_test_eval")},
                                                sort_keys=True, default=str).encode()).hexdigest()[:16]
         node_ctxs = [_node_context(cfg, ctx, k, name) for k, name in enumerate(names)]
         if cfg.no_retokenize:  # before anything is computed: the run directory is removed, not left half-written
@@ -531,7 +531,7 @@ def _report(cfg, ctx, names, rows, ledgers, traffic, hashes) -> dict:
     step_rows = [r for r in rows if r.get("kind") != "eval"]
     report = write_report(
         ctx.run_dir, "ftis", cfg.nodes or cfg.model, cfg.task, report_rows, compare, ids if report_rows else None,
-        reconstruction="F-TIS, arXiv 2605.22537: a reconstruction from METHODS.md (choices stated in corp/baselines/ftis.py)",
+        reconstruction="F-TIS, arXiv 2605.22537: a reconstruction from docs/methods.md (choices stated in corp/baselines/ftis.py)",
         steps=cfg.steps,
         nodes=[{"node": k, "model": n, "weights_hash": hashes[k], "training_ledger": ledgers.get(("ftis", k)), "grpo_training_ledger": ledgers.get(("grpo", k)),
                 **traffic.get(k, {})} for k, n in enumerate(names)],

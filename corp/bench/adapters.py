@@ -117,7 +117,7 @@ FGRPO = BenchAdapter(ITERATIVE, r"fgrpo", flops=("method_flops",), equal_data=Tr
 FERA = BenchAdapter(FIXED, r"fera-round\d+|plain-vote-round\d+",
                     row_names=lambda o: [f"{p}-round{r}" for r in range(1, int(o.get("rounds", 3)) + 1) for p in ("fera", "plain-vote")])
 
-# Methods the specification describes that are not built yet: a bench config may name them; they are
+# Methods docs/methods.md describes that are not built yet: a bench config may name them; they are
 # listed as missing in the results, never silently skipped. A registered method whose registry line
 # names no adapter is listed the same way (corp.bench.sweep.plan), as F-TIS is (registered, no adapter).
 PLANNED: dict[str, str] = {}

@@ -40,13 +40,13 @@ from corp.runs import read_json, read_jsonl, write_json
 
 RECORD_FORMAT = 2
 # options that locate or speed up a cell without changing what it computes
-_NOT_IDENTITY = ("run_dir", "threads", "from_run", "eval_cache")
+_NOT_IDENTITY = ("run_dir", "threads", "report_to", "from_run", "eval_cache")
 # The options of a cell that its seed's shared population run (`corp score`) takes: every option of
 # PopulationConfig except how the population is scored (executor, racing), where it comes from or
 # goes (run_dir, from_run, eval_cache), its size (set from the bench config) and report_on (scoring
 # is on support). A field added to RunConfig or PopulationConfig is passed on unless listed here.
 _NOT_POPULATION = {"population", "from_run", "run_dir", "eval_cache", "report_on", "executor", "workers", "ray_address",
-                   "race", "race_first", "race_eta", "race_ties", "race_keep"}
+                   "race", "race_first", "race_eta", "race_ties", "race_keep", "report_to"}
 POPULATION_OPTIONS = frozenset(f.name for f in dataclasses.fields(PopulationConfig)) - _NOT_POPULATION
 
 

@@ -1,9 +1,9 @@
-"""Direction algebra for CoRP (arXiv 2605.31494; METHODS.md "CoRP"): the weight-space Gram
+"""Direction algebra for CoRP (arXiv 2605.31494; docs/methods.md "CoRP"): the weight-space Gram
 matrix of seeded perturbations, linear combinations of directions (plain and merged), the elite
 set, the compatibility terms and the kernel PCA of the elite cloud. Exact linear algebra on seed
 coefficients; nothing here evaluates a model.
 
-Departure from the public code (a METHODS.md must-have): the Gram matrix is exact in weight space
+Departure from the public code (a docs/methods.md must-have): the Gram matrix is exact in weight space
 (fp64 over every selected tensor, noise regenerated tensor by tensor), with the seed-orthogonal
 approximation (distinct seeds orthogonal, |eps|^2 = dim) beside it for comparison.
 """

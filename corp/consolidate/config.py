@@ -1,4 +1,4 @@
-"""Configs of CoRP consolidation (arXiv 2605.31494; METHODS.md "CoRP").
+"""Configs of CoRP consolidation (arXiv 2605.31494; docs/methods.md "CoRP").
 
 `OperatorConfig` is everything stage 1 and stage 2 of the operator read (grids, merge rules,
 compatibility mode, gate, re-centring rounds); `ConsolidateConfig` is the `corp consolidate`

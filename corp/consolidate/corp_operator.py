@@ -1,19 +1,19 @@
 """CoRP: Consolidating Rewarded Perturbations into one model (arXiv 2605.31494).
 
-Stage 1 (METHODS.md, "CoRP"): elite set E = {i : r_i >= quantile_q(r)}; pass-1 weights
+Stage 1 (docs/methods.md, "CoRP"): elite set E = {i : r_i >= quantile_q(r)}; pass-1 weights
 w1 = softmax(beta r) over E and provisional mean m1 = sum w1_i sigma_i eps_i; compatibility of each
 elite with m1 (alignment a_i = cos(sigma_i eps_i, m1), dispersion d_i = |part of sigma_i eps_i
 orthogonal to m1|^2); pass-2 logits beta r_i + z(a_i) - z(d_i), w2 = softmax, m2 = sum w2_i sigma_i
 eps_i; the deployed update is alpha m2 with alpha chosen on the probe split; a paired
 lower-confidence-bound gate on the validation split decides between it and the base (abstain).
 
-Where we depart from the paper's public code, and why (METHODS.md lists these as must-haves):
+Where we depart from the paper's public code, and why (docs/methods.md lists these as must-haves):
 - Every commit is gated, stage 1 included (the public code commits stage 1 unconditionally).
 - Amplitudes are in one unit: the update is alpha * m2, where m2 is a convex combination of the
   elites' own perturbations sigma_i eps_i (no sigma-squared single-seed step, no low-rank term
   scaled by sigma * sqrt(eigenvalue)); in stage 2 the low-rank term is scaled to the same expected
   norm as the isotropic term.
-- Noise is iid per tensor (DESIGN.md "Noise"), not one seed reused for every tensor.
+- Noise is iid per tensor (docs/architecture.md "Noise"), not one seed reused for every tensor.
 - Compatibility terms are exact in weight space by default: the elites' Gram matrix
   <eps_i, eps_j> is accumulated in fp64 over every selected tensor, regenerating noise tensor by
   tensor; `--compat seed-orthogonal` treats distinct seeds as orthogonal with equal norms
@@ -33,7 +33,7 @@ Stage 2 (re-centring rounds, `--rounds`, stage2.py) samples a local population a
 mixing isotropic noise with noise along the top principal directions of the elite cloud (kernel
 PCA from the same Gram matrix, so directions stay seed combinations), scores it on a select half of
 the support split, merges as in stage 1, and gates on the other half and on the probe; sigma
-shrinks on rejection; it stops after two accepts or two consecutive rejects (METHODS.md).
+shrinks on rejection; it stops after two accepts or two consecutive rejects (docs/methods.md).
 """
 
 from __future__ import annotations

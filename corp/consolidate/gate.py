@@ -1,6 +1,6 @@
 """The validation gate: a paired lower-confidence-bound test of candidate against base.
 
-METHODS.md (CoRP, step 6): per validation example j, d_j = score_cand_j - score_base_j; accept only
+docs/methods.md (CoRP, step 6): per validation example j, d_j = score_cand_j - score_base_j; accept only
 if mean(d) - z * sd(d) / sqrt(n) > 0 (z = 1 in the paper). sd is the sample standard deviation
 (ddof = 1). The bound is one-sided at confidence Phi(z) under the normal approximation of the
 paired mean: z = 1 is 84%, so a candidate with no real gain passes about one time in six (more

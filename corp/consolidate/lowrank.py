@@ -1,6 +1,6 @@
 """Low-rank consolidation and LoRA export (`corp consolidate --low-rank off|auto|R --export-lora`).
 
-What it implements: METHODS.md, "Low-rank consolidation (ours)". This is OUR addition, not the
+What it implements: docs/methods.md, "Low-rank consolidation (ours)". This is OUR addition, not the
 CoRP paper's (arXiv 2605.31494 reports low-rank structure but publishes no low-rank consolidation).
 Per (q, beta) stage, the merged update m2 (and m1, so the pass-1 report compares like with like)
 is materialised matrix by matrix and each selected matrix's block is replaced by its best rank-r

@@ -1,4 +1,4 @@
-"""Recipes: a post-trained model as a few kilobytes of JSON (DESIGN.md, "Direction and recipe").
+"""Recipes: a post-trained model as a few kilobytes of JSON (docs/architecture.md, "Direction and recipe").
 
 The one reader and writer of recipes, for every method that ends in a weight-space direction.
 A recipe names its `format` and its `kind`, the base model twice (`base_model`: the alias or name
@@ -180,4 +180,8 @@ def apply_recipe(path: str | Path, out: str | Path, model: str | None = None, ov
         raise CorpError(f"recipe '{path}' was made for base weights {recipe['base_weights_hash'][:12]}..., but '{name}' has {found[:12]}...{hint}; pass the right --model")
     Perturber(base, ParamFilter(**recipe["param_filter"]), scheme=recipe["noise_scheme"]).apply(direction)
     source = {"recipe": str(Path(path).resolve()), "kind": recipe["kind"], "base_model": name}
-    return save_model(base, tokenizer, out, overwrite=overwrite, protect=protect, source=source)
+    target = save_model(base, tokenizer, out, overwrite=overwrite, protect=protect, source=source)
+    from corp.cards import apply_model_card
+
+    apply_model_card(target, Path(path), recipe, name)
+    return target

@@ -23,7 +23,7 @@ from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.population import population_line, population_summary, randopt_results
 from corp.evaluate.context import EvalCache, RunContext, cached_eval, direction_fingerprint, open_run, row_scores, run_evals
 from corp.evaluate.scorer import ensure_population
-from corp.models import save_model
+from corp.models import adapter_base, save_model
 from corp.perturb import Direction, ParamFilter
 from corp.runs import ReportRow, format_rows, write_report
 from corp.stats import PerExample
@@ -130,7 +130,8 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
         if cfg.export_lora:
             shutil.rmtree(ctx.run_dir / "lora", ignore_errors=True)
             if isinstance(result.direction, LowRankDirection) and not result.direction.is_zero():
-                low_rank_report["lora_dir"] = str(export_lora(result.direction, ctx.backend.model, ctx.run_dir / "lora", model_id))
+                low_rank_report["lora_dir"] = str(export_lora(result.direction, ctx.backend.model, ctx.run_dir / "lora",
+                                                                   adapter_base(model_id, ctx.backend.model_path)))
             else:
                 low_rank_report["lora_dir"] = None
                 low_rank_report["lora_note"] = "not written: CoRP abstained (or every rank is 0), so the output is the base model"

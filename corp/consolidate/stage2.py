@@ -1,11 +1,11 @@
-"""CoRP stage 2: re-centring rounds around the stage-1 centre (arXiv 2605.31494; METHODS.md "CoRP").
+"""CoRP stage 2: re-centring rounds around the stage-1 centre (arXiv 2605.31494; docs/methods.md "CoRP").
 
 Each round samples a local population around the current centre, mixing isotropic noise with noise
 along the top principal directions of the elite cloud (kernel PCA from the stage-1 Gram matrix, so
 the directions stay seed combinations), scores it on a select half of the support split, merges it
 as in stage 1 (alpha chosen on that half), and gates the candidate against the centre on the other
 half AND on the probe; sigma halves on rejection; it stops after two accepts or two consecutive
-rejects. Departures, as in stage 1 (METHODS.md must-haves): every commit is gated, the move too
+rejects. Departures, as in stage 1 (docs/methods.md must-haves): every commit is gated, the move too
 (a final validation gate against the base decides between the moved centre and the stage-1
 result), and the low-rank term is scaled to the same expected norm as the isotropic term (the
 public code's sigma * sqrt(eigenvalue) makes it vanish).

@@ -32,6 +32,7 @@ import signal
 import sys
 import threading
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -452,11 +453,35 @@ def open_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs:
         finish_run_dir(ctx.run_dir, ctx.created, exc)
         raise
     else:
+        _card(ctx)
         finish_run_dir(ctx.run_dir, ctx.created, None)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        _report_to(ctx)
         ctx.close()
+
+
+def _card(ctx: RunContext) -> None:
+    """The model card of `RUN_DIR/model`, when the run saved one (the one place run models get it)."""
+    from corp.cards import run_model_card
+
+    try:
+        run_model_card(ctx.run_dir, ctx.method, {"method": ctx.method, **config_to_dict(ctx.cfg)}, ctx.model_id,
+                       ctx._weights_hash, ctx.splits)
+    except Exception as exc:  # noqa: BLE001 -- model and report are written; a failing card must not fail the run
+        warnings.warn(f"model card for '{ctx.run_dir / 'model'}' not written: {type(exc).__name__}: {exc}")
+
+
+def _report_to(ctx: RunContext) -> None:
+    """--report-to: the run's logged steps to TensorBoard / W&B, whether it completed or not."""
+    from corp.tracking import export_run_metrics
+
+    try:
+        config = {"method": ctx.method, **config_to_dict(ctx.cfg)}
+        export_run_metrics(ctx.run_dir, getattr(ctx.cfg, "report_to", "none"), config)
+    except Exception as exc:  # noqa: BLE001 -- the JSONL record is written; a failing tracker must not hide the outcome
+        warnings.warn(f"--report-to {ctx.cfg.report_to}: metrics not exported: {type(exc).__name__}: {exc}")
 
 
 def _sigterm_as_interrupt(signum, frame):

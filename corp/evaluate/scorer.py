@@ -1,7 +1,7 @@
 """Scoring: score a population of specialists, reuse one from another run (the run itself is
 opened by `corp.evaluate.context.open_run`).
 
-The population contract (DESIGN.md, "Population"): `population.jsonl` holds one row per scored
+The population contract (docs/architecture.md, "Population"): `population.jsonl` holds one row per scored
 specialist (the row schema of `corp.evaluate.context.result_row`, kind "specialist", with its
 `index` in population order), appended and fsynced per specialist, so a kill loses at most the
 specialist in flight and a rerun on the same run directory skips what is done.

@@ -1,4 +1,4 @@
-"""Majority voting and the unbiased pass@k estimator (METHODS.md, "Evaluation conventions")."""
+"""Majority voting and the unbiased pass@k estimator (docs/methods.md, "Evaluation conventions")."""
 
 from __future__ import annotations
 

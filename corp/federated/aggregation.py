@@ -1,7 +1,7 @@
 """Aggregation rules for federated rounds: FGRPO's relative-gain softmax and FedAvg, and the
 combination of per-client rewards used by federated CoRP.
 
-FGRPO (arXiv 2606.03094) — reconstruction from the abstract and secondary notes (METHODS.md,
+FGRPO (arXiv 2606.03094) — reconstruction from the abstract and secondary notes (docs/methods.md,
 "FGRPO"): the paper's exact formula is not public. Ours: client k's baseline b_k is an EMA (decay
 0.9) of its own past round rewards; relative gain g_k = (R_k - b_k) / (|b_k| + eps); weights
 alpha_k = softmax(g_k / tau). Departure: in a client's first round there is no history, so its

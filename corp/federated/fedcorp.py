@@ -1,6 +1,6 @@
 """Federated weight space (`corp fedcorp`): CoRP stage 1 across K clients that never share data.
 
-Ours (METHODS.md, "Federated weight space"; issue 14), not a published method. Where it departs
+Ours (docs/methods.md, "Federated weight space"; issue 14), not a published method. Where it departs
 from the centralised CoRP (corp/consolidate/corp_operator.py), and why:
 - Population: the server broadcasts N (seed, sigma) pairs; every client rebuilds each specialist
   from its seed and scores it on its private support share; only (seed-indexed) mean rewards, the

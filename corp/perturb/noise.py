@@ -1,4 +1,4 @@
-"""The noise scheme: what a specialist's seed means (DESIGN.md, "Noise").
+"""The noise scheme: what a specialist's seed means (docs/architecture.md, "Noise").
 
 eps(seed, name) is a standard-normal fp32 tensor drawn by `torch.randn` from a CPU generator whose
 state is a function of a stable hash of (scheme version, seed, canonical HF tensor name). Every

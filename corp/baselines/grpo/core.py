@@ -432,7 +432,7 @@ def run_grpo(cfg: GRPOConfig, backend=None) -> dict:
     with open_run(cfg, f"grpo-{cfg.loss}", backend, needs=needs) as ctx:
         _ = ctx.weights_hash  # the base's hash, taken before training (or a resumed checkpoint) changes the weights
         evals = run_evals(ctx)  # the shared evaluation cache (keyed by weights, examples and settings)
-        trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads")}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to")}, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
         def test_eval(key: str) -> dict | None:
             if cfg.skip_test_eval:

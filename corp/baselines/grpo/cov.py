@@ -1,5 +1,5 @@
 """`--loss cov`: covariance-weighted GRPO — "Taming Extreme Tokens" (arXiv 2605.11538).
-Reconstruction (METHODS.md, "Covariance-weighted GRPO"; the paper publishes no code).
+Reconstruction (docs/methods.md, "Covariance-weighted GRPO"; the paper publishes no code).
 
 Per valid token t of the batch: c_t = (logp_t - mean logp) (A_t - mean A), the means over the
 batch's valid tokens; sigma = the standard deviation of the c_t over the same tokens;

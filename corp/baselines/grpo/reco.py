@@ -1,4 +1,4 @@
-"""`--loss reco`: ReCo, reweighting for coverage (Pass@k at large k). Reconstruction (METHODS.md,
+"""`--loss reco`: ReCo, reweighting for coverage (Pass@k at large k). Reconstruction (docs/methods.md,
 "ReCo"; no paper text or code was available to check it against).
 
 Response level: omega_i = 1 / (G p_i), p_i = exp(mean_t logp_old,t) the length-normalised sequence
@@ -10,7 +10,7 @@ remain plausible (p_t near 1/2), smaller where the token is saturated.
 Per-token loss: omega_i v_t L_t, L_t GRPO's clipped-ratio loss with the usual ratio
 exp(logp - logp_old). Both weights are >= 0, so every token moves the way GRPO moves it.
 
-Why not the earlier form: an earlier METHODS.md text (and this file) used v_t / v_old,t as the
+Why not the earlier form: an earlier docs/methods.md text (and this file) used v_t / v_old,t as the
 ratio inside the surrogate. Its gradient on-policy is (1 - 2 p_t) / (1 - p_t) times GRPO's, so a
 confident token (p_t > 1/2) with positive advantage was pushed down (issue 10). tests/test_grpo.py
 checks that one update raises a p = 0.9 token with A > 0.
@@ -26,7 +26,7 @@ import torch
 
 from corp.baselines.grpo.base import LossVariant, register_loss, valid_mean
 
-V_MAX = 4.0  # METHODS.md: the clip of the normalised variance weight
+V_MAX = 4.0  # docs/methods.md: the clip of the normalised variance weight
 
 
 def occurrence_weights(logps: torch.Tensor, mask: torch.Tensor, group_size: int) -> torch.Tensor:

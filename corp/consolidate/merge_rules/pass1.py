@@ -1,4 +1,4 @@
-"""CoRP pass 1 (arXiv 2605.31494; METHODS.md "CoRP", stage 1 step 2): w1 = softmax(beta * r)
+"""CoRP pass 1 (arXiv 2605.31494; docs/methods.md "CoRP", stage 1 step 2): w1 = softmax(beta * r)
 over the elites. The Gram matrix is not used: pass 1 is the reward-only provisional mean m1."""
 
 from __future__ import annotations

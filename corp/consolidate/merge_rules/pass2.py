@@ -1,4 +1,4 @@
-"""CoRP pass 2 (arXiv 2605.31494; METHODS.md "CoRP", stage 1 steps 3-4): compatibility-reweighted
+"""CoRP pass 2 (arXiv 2605.31494; docs/methods.md "CoRP", stage 1 steps 3-4): compatibility-reweighted
 softmax. With m1 = sum w1_i p_i (pass 1), alignment a_i = cos(p_i, m1) and dispersion
 d_i = |p_i - proj_m1 p_i|^2 from the Gram matrix; w2 = softmax(beta r_i + z(a_i) - z(d_i)), z the
 z-score over the elites (0 when the spread is ~0). Exact when given the exact Gram matrix (ours,

@@ -1,4 +1,4 @@
-"""The task interface and the split contract (DESIGN.md, "Splits").
+"""The task interface and the split contract (docs/architecture.md, "Splits").
 
 A task gives a pool of examples (prompt, gold answer, extra columns), an answer extractor, a
 correctness check on extracted answers (used by majority voting) and a reward (built-in tasks give

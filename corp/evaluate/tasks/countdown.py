@@ -1,7 +1,7 @@
 """`countdown`: reach a target with given numbers, each used exactly once (+ - * / and parentheses).
 
 Only solvable instances: each target is the value of an expression built from its numbers.
-Verifier (METHODS.md): the answer expression must use exactly the given numbers, each once, and
+Verifier (docs/methods.md): the answer expression must use exactly the given numbers, each once, and
 evaluate (exactly, with fractions) to the target. Options: `--task countdown:numbers=3,max=50`.
 """
 

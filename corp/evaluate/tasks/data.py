@@ -166,10 +166,11 @@ def _read_csv(path: Path, texts: list[str], delimiter: str) -> list[tuple[int, d
 
 
 def _read_parquet(path: Path) -> list[tuple[int, dict]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise CorpError(f"reading '{path}' needs pyarrow; install it with `pip install pyarrow` (or convert the file to .jsonl or .csv)") from None
+    from corp.extras import require
+
+    require("pyarrow", f"reading '{path}' (Parquet; or convert it to .jsonl or .csv)")
+    import pyarrow.parquet as pq
+
     try:
         table = pq.read_table(path)
     except Exception as exc:

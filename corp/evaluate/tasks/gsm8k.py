@@ -1,6 +1,6 @@
 """`gsm8k`: grade-school math word problems (train pool for selection, official test for test).
 
-Gold = the text after `####`. Extraction (METHODS.md): strict = the number after `#### `;
+Gold = the text after `####`. Extraction (docs/methods.md): strict = the number after `#### `;
 flexible = the last number in the completion (default, since small models rarely write `####`).
 Commas and `$` are stripped and answers compared numerically. Option: `--task gsm8k:mode=strict`.
 """
