@@ -36,12 +36,12 @@ from corp.config import PopulationConfig, RunConfig, config_to_dict
 from corp.evaluate.backends import Backend
 from corp.evaluate.context import (  # noqa: F401  (re-exported: the public scoring API)
     EvalCache, EvalResult, RunContext, cached_eval, direction_fingerprint, eval_identity, eval_key, evaluate, evaluate_current,
-    ids_hash, result_row, row_scores, score_one, specialist_what,
+    ids_hash, result_row, row_scores, run_scheme, score_one, specialist_what,
 )
 from corp.evaluate.executors import get_executor
 from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.tasks import SPLITS, SplitSizes, get_task, make_splits
-from corp.perturb import SCHEME_VERSION, specialist_seeds
+from corp.perturb import specialist_seeds
 from corp.runs import RunLock, finish_run_dir, open_run_dir, read_json, read_jsonl, unique_rows, write_json, write_status, write_yaml
 
 POPULATION_FILE = "population.jsonl"
@@ -69,7 +69,7 @@ def population_definition(cfg: RunConfig, task, splits, max_new_tokens: int, kin
         "split": "support",
         "example_ids": [e.id for e in splits["support"]],
         "max_new_tokens": max_new_tokens,
-        "noise_scheme": SCHEME_VERSION,
+        "noise_scheme": run_scheme(cfg),
         "param_filter": {"include": getattr(cfg, "include", ".*"), "exclude": getattr(cfg, "exclude", "")},
         "seed": cfg.seed,
         **more,
@@ -249,7 +249,7 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
     if kind != "population":
         raise CorpError(f"--from-run '{src}' holds rows of kind '{kind}', not a population of perturbations of the base "
                         "(ES rows are noise around a moving centre); take a population from `corp score`, `randopt` or `consolidate`")
-    expected = {**ctx.eval_context(), "example_ids": ctx.example_ids("support"), "noise_scheme": SCHEME_VERSION, "split": "support",
+    expected = {**ctx.eval_context(), "example_ids": ctx.example_ids("support"), "noise_scheme": ctx.noise_scheme, "split": "support",
                 "param_filter": {"include": getattr(ctx.cfg, "include", ".*"), "exclude": getattr(ctx.cfg, "exclude", "")}}
     rows = read_jsonl(src / POPULATION_FILE, key="key", repair=False)
     if found.get("format") == META_FORMAT:

@@ -16,6 +16,8 @@ it, so a run made under an older scheme is rebuilt bit-identically, and an unkno
   3.7 ms per SmolLM2-135M specialist), nothing per element: the numbers still come from torch's
   vectorised `randn` (numpy's generators, which would take a 128-bit key directly, draw normals
   about 2x slower; see results/perturb-overhead/).
+- `corp-lowrank-v1:r=R`: rank-R noise per weight matrix, E = A B^T / sqrt(R), its factors drawn
+  from the v2 key of (scheme, seed, name); 1-D tensors get none (`corp.perturb.lowrank_noise`).
 - `corp-noise-v1` (before 2026-11): `manual_seed(63-bit blake2b key)`. torch's CPU generator keeps
   only the low 32 bits of a seed, so two (seed, name) pairs shared their noise bit for bit whenever
   those 32 bits matched: about once per 5000 specialists of a 135M model (issue 10). Kept only to
@@ -35,6 +37,7 @@ import numpy as np
 import torch
 
 from corp import CorpError
+from corp.perturb.lowrank_noise import lowrank_noise, lowrank_rank
 
 SCHEME_VERSION = "corp-noise-v2"  # bump whenever the mapping (seed, name) -> tensor changes
 SCHEMES = ("corp-noise-v1", "corp-noise-v2")  # every scheme `noise` can still generate
@@ -50,7 +53,7 @@ _scratch = threading.local()  # one state buffer per thread, reused: a fresh one
 
 def check_scheme(scheme: str | None, source: str) -> str:
     """`scheme` if this corp can generate it; else one clear error naming where it came from."""
-    if scheme not in SCHEMES:
+    if scheme not in SCHEMES and lowrank_rank(scheme, source) is None:
         raise CorpError(f"{source} uses noise scheme '{scheme}', which this corp cannot generate (it knows {', '.join(SCHEMES)}); its seeds would mean other weights: use the corp version that made it")
     return scheme
 
@@ -109,7 +112,7 @@ def _seed_v2(gen: torch.Generator, key: int) -> None:
 
 def seed_generator(gen: torch.Generator, key: int, scheme: str = SCHEME_VERSION) -> torch.Generator:
     """Put `gen` in the state that `key` (see `noise_key`) means under `scheme`."""
-    if scheme == "corp-noise-v2":
+    if scheme == "corp-noise-v2" or lowrank_rank(scheme) is not None:  # low-rank factors: v2's seeding
         _seed_v2(gen, key)
     elif scheme == "corp-noise-v1":
         gen.manual_seed(key)  # torch keeps the low 32 bits: the v1 defect, kept for old recipes
@@ -121,10 +124,13 @@ def seed_generator(gen: torch.Generator, key: int, scheme: str = SCHEME_VERSION)
 def noise(seed: int, name: str, shape: torch.Size | tuple[int, ...], generator: torch.Generator | None = None, out: torch.Tensor | None = None, scheme: str = SCHEME_VERSION) -> torch.Tensor:
     """Standard-normal fp32 noise for tensor `name` of specialist `seed` (CPU), under `scheme`.
 
+    Under a low-rank scheme: the dense rank-R noise (zeros for a 1-D tensor), same bits on every thread.
     The one function every materialisation path calls (Direction.add_to, the Gram matrix, the
     split-half analysis). `out` (fp32, CPU, of `shape`) is filled in place: reusing one buffer
     avoids page-faulting a fresh allocation per tensor, which costs more than drawing the numbers.
     """
+    if scheme not in SCHEMES and lowrank_rank(scheme) is not None:
+        return lowrank_noise(seed, name, shape, scheme, generator, out)
     gen = seed_generator(generator or torch.Generator(device="cpu"), noise_key(seed, name, scheme), scheme)
     if out is not None:
         return torch.randn(tuple(shape), generator=gen, out=out)
