@@ -40,6 +40,11 @@ class LocalExecutor:
     name = "local"
 
     def map(self, ctx, specialists: Sequence[tuple[int | None, float | None]], split: str) -> Iterator[dict]:
+        from corp.evaluate.batched import factored_for, score_factored
+
+        if specialists and factored_for(ctx) is not None:  # low-rank noise on hf: one batched pass, no weights written
+            yield from score_factored(ctx, specialists, split)
+            return
         for seed, sigma in specialists:
             yield score_one(ctx, seed, sigma, split)
 
