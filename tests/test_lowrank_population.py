@@ -22,8 +22,19 @@ def llama(tok, tied: bool, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=256, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None, tie_word_embeddings=tied)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=tied,
+    )
     model = LlamaForCausalLM(cfg).eval()
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
@@ -56,7 +67,9 @@ def test_factored_logits_match_materialised_weights(tied):
             want = b.model(input_ids=ids).logits
             scale = want.abs().max().item()
             assert (got[i] - want).abs().max().item() <= 1e-4 * scale, f"specialist {i}"
-            assert (want - base).abs().max().item() > 100 * 1e-4 * scale, "the perturbation must move the logits far beyond the tolerance"
+            assert (want - base).abs().max().item() > 100 * 1e-4 * scale, (
+                "the perturbation must move the logits far beyond the tolerance"
+            )
         b.set_direction(None)
 
 
@@ -86,9 +99,19 @@ def test_greedy_answers_agree_on_at_least_99_percent_of_prompts():
     b = backend(tied=True, batch_size=32)  # 32 prompts: groups of one specialist; 2 specialists per batch at 16
     prompts = [f"{i}+{3 * i % 17}=" for i in range(32)]
     specs = [(101, 0.3), (102, 0.5), (103, 0.6), (104, 0.45)]  # distinct sigmas: a group mixing up its rows shows
-    batched = {i: g for i, g, _ in population_generations(b, FactoredPopulation(b.model, b.perturber.params, R2), specs, prompts, 10)}
+    batched = {
+        i: g
+        for i, g, _ in population_generations(
+            b, FactoredPopulation(b.model, b.perturber.params, R2), specs, prompts, 10
+        )
+    }
     b.batch_size = 16
-    batched16 = {i: g for i, g, _ in population_generations(b, FactoredPopulation(b.model, b.perturber.params, R2), specs, prompts, 10)}
+    batched16 = {
+        i: g
+        for i, g, _ in population_generations(
+            b, FactoredPopulation(b.model, b.perturber.params, R2), specs, prompts, 10
+        )
+    }
     base = b.generate(prompts, 10).texts
     agree = agree16 = moved = 0
     for i, (s, sg) in enumerate(specs):
@@ -105,8 +128,20 @@ def test_greedy_answers_agree_on_at_least_99_percent_of_prompts():
 
 
 def cfg(run_dir, **kw):
-    base = dict(task="arith", population=5, sigmas="0.3,0.6", n_support=6, n_probe=0, n_validation=0, n_test=2, top_k="1", max_new_tokens=6,
-                run_dir=str(run_dir), noise="lowrank:r=2", batch_size=12)
+    base = dict(
+        task="arith",
+        population=5,
+        sigmas="0.3,0.6",
+        n_support=6,
+        n_probe=0,
+        n_validation=0,
+        n_test=2,
+        top_k="1",
+        max_new_tokens=6,
+        run_dir=str(run_dir),
+        noise="lowrank:r=2",
+        batch_size=12,
+    )
     base.update(kw)
     return load_config(RandOptConfig, None, base)
 
@@ -154,7 +189,14 @@ def test_every_population_method_runs_unchanged_with_low_rank_noise(name, tiny_d
 
     m = REGISTRY[name]
     run_dir = tmp_path / name
-    options = {**m.smoke, **COMMON, **STRONGER.get(name, {}), "model": str(tiny_dir), "run_dir": str(run_dir), "noise": "lowrank:r=2"}
+    options = {
+        **m.smoke,
+        **COMMON,
+        **STRONGER.get(name, {}),
+        "model": str(tiny_dir),
+        "run_dir": str(run_dir),
+        "noise": "lowrank:r=2",
+    }
     m(load_config(m.config_class, None, options))
     meta = run_dir / "population_meta.json"
     if meta.exists():

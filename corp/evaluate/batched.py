@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from corp import CorpError
 from corp.evaluate.context import RunContext, eval_identity, result_row, score_generations, score_one, specialist_what
 from corp.perturb import lowrank_rank
 
-_factored: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # backend -> FactoredPopulation | None
+_factored: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> FactoredPopulation | None
 
 
 def factored_for(ctx: RunContext):
@@ -35,7 +35,9 @@ def factored_for(ctx: RunContext):
     if not hasattr(backend, "generate_rows") or not backend.supports("perturber") or not backend.supports("model"):
         return None
     if backend.perturber.scheme != ctx.noise_scheme:
-        raise CorpError(f"the backend materialises noise scheme {backend.perturber.scheme}, but this run's is {ctx.noise_scheme}; build it with scheme={ctx.noise_scheme}")
+        raise CorpError(
+            f"the backend materialises noise scheme {backend.perturber.scheme}, but this run's is {ctx.noise_scheme}; build it with scheme={ctx.noise_scheme}"
+        )
     if backend not in _factored:
         from corp.evaluate.backends.batched_lowrank import FactoredPopulation
 
@@ -47,7 +49,9 @@ def factored_for(ctx: RunContext):
     return _factored[backend]
 
 
-def score_factored(ctx: RunContext, specialists: Sequence[tuple[int | None, float | None]], split: str, context: dict | None = None) -> Iterator[dict]:
+def score_factored(
+    ctx: RunContext, specialists: Sequence[tuple[int | None, float | None]], split: str, context: dict | None = None
+) -> Iterator[dict]:
     """Rows of `specialists` on `split` (as `score_one` makes them), the specialists generated in
     batched groups. The caller has checked `factored_for(ctx)`."""
     from corp.evaluate.backends.batched_lowrank import population_generations
@@ -62,8 +66,12 @@ def score_factored(ctx: RunContext, specialists: Sequence[tuple[int | None, floa
             yield score_one(ctx, seed, sigma, split, context)
     if not specs:
         return
-    for i, gens, draw_s in population_generations(ctx.backend, factored, specs, [e.prompt for e in examples], ctx.max_new_tokens, ctx.task.stop or None):
+    for i, gens, draw_s in population_generations(
+        ctx.backend, factored, specs, [e.prompt for e in examples], ctx.max_new_tokens, ctx.task.stop or None
+    ):
         seed, sigma = specs[i]
         res = score_generations(ctx, examples, gens)
         identity = eval_identity(context, specialist_what(seed, sigma), ids)
-        yield result_row(identity, split, res, "specialist", seed=seed, sigma=sigma, apply_seconds=draw_s, scoring="factored")
+        yield result_row(
+            identity, split, res, "specialist", seed=seed, sigma=sigma, apply_seconds=draw_s, scoring="factored"
+        )

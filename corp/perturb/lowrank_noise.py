@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 
@@ -73,7 +73,9 @@ def lowrank_rank(scheme: str | None, source: str = "noise scheme") -> int | None
     if m is None:
         return None
     if f"corp-lowrank-v{m.group(1)}" != LOWRANK_VERSION:
-        raise CorpError(f"{source} uses noise scheme '{scheme}', which this corp cannot generate (it knows {LOWRANK_VERSION}:r=R); use the corp version that made it")
+        raise CorpError(
+            f"{source} uses noise scheme '{scheme}', which this corp cannot generate (it knows {LOWRANK_VERSION}:r=R); use the corp version that made it"
+        )
     return _rank(m.group(2), source)
 
 
@@ -105,12 +107,18 @@ def check_shapes(scheme: str, shapes: Iterable[tuple[str, torch.Size | tuple[int
         return
     for name, shape in shapes:
         if len(shape) > 2:
-            raise CorpError(f"noise scheme {scheme}: parameter '{name}' has {len(shape)} dimensions {tuple(shape)}; low-rank noise handles matrices and vectors only (exclude it with --exclude)")
+            raise CorpError(
+                f"noise scheme {scheme}: parameter '{name}' has {len(shape)} dimensions {tuple(shape)}; low-rank noise handles matrices and vectors only (exclude it with --exclude)"
+            )
         if len(shape) == 2 and rank > min(shape):
-            raise CorpError(f"noise scheme {scheme}: rank {rank} is larger than the smaller side of '{name}' {tuple(shape)}; use r <= {min(shape)} or exclude it with --exclude")
+            raise CorpError(
+                f"noise scheme {scheme}: rank {rank} is larger than the smaller side of '{name}' {tuple(shape)}; use r <= {min(shape)} or exclude it with --exclude"
+            )
 
 
-def factors(seed: int, name: str, shape, scheme: str, generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+def factors(
+    seed: int, name: str, shape, scheme: str, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(A (m x R), B (n x R)) fp32 CPU of 2-D tensor `name` of specialist `seed`; None for a 1-D tensor
     (no noise)."""
     from corp.perturb.noise import noise_key, seed_generator
@@ -152,7 +160,9 @@ def dense(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None) -> 
     return E
 
 
-def lowrank_noise(seed: int, name: str, shape, scheme: str, generator: torch.Generator | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def lowrank_noise(
+    seed: int, name: str, shape, scheme: str, generator: torch.Generator | None = None, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """The dense noise of tensor `name` of specialist `seed` under low-rank `scheme` (zeros for a 1-D
     tensor): what `corp.perturb.noise.noise` returns under this scheme."""
     shape = tuple(shape)

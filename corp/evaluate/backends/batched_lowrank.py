@@ -25,8 +25,8 @@ agree on >= 99% of prompts (all of them on the tiny test model).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Iterator, Sequence
 
 import torch
 
@@ -61,7 +61,9 @@ class FactoredPopulation:
         if missing:
             # a matrix used other than by nn.Linear / nn.Embedding (GPT-2's Conv1D, a fused kernel):
             # the hooks would leave it unperturbed, so this model is scored one specialist at a time
-            raise CorpError(f"the batched low-rank pass cannot perturb '{missing[0]}' (not the weight of an nn.Linear or nn.Embedding)")
+            raise CorpError(
+                f"the batched low-rank pass cannot perturb '{missing[0]}' (not the weight of an nn.Linear or nn.Embedding)"
+            )
         self.device = next(model.parameters()).device
         self._A: dict[str, torch.Tensor] = {}  # name -> (g, m, R)
         self._B: dict[str, torch.Tensor] = {}  # name -> (g, n, R), scaled by sigma_s / sqrt(R)
@@ -82,7 +84,9 @@ class FactoredPopulation:
 
     def _grouped(self, t: torch.Tensor) -> torch.Tensor:
         if t.shape[0] % self.group:
-            raise RuntimeError(f"batched low-rank pass: {t.shape[0]} rows do not split into {self.group} specialist groups")
+            raise RuntimeError(
+                f"batched low-rank pass: {t.shape[0]} rows do not split into {self.group} specialist groups"
+            )
         return t.reshape(self.group, -1, *t.shape[2:])
 
     def _linear_hook(self, name: str):
@@ -116,8 +120,14 @@ class FactoredPopulation:
             self._B.clear()
 
 
-def population_generations(backend, factored: FactoredPopulation, specialists: Sequence[tuple[int, float]], prompts: Sequence[str],
-                           max_new_tokens: int, stop=None) -> Iterator[tuple[int, Generations, float]]:
+def population_generations(
+    backend,
+    factored: FactoredPopulation,
+    specialists: Sequence[tuple[int, float]],
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    stop=None,
+) -> Iterator[tuple[int, Generations, float]]:
     """Greedy generations of every specialist (seed, sigma) on every prompt, batched: groups of
     g = batch_size // P specialists x P = min(M, batch_size) prompts per `generate`, the base
     weights in place. Yields (index in `specialists`, its Generations, seconds spent drawing its
