@@ -96,7 +96,9 @@ def test_embedding_perturbation_is_part_of_the_factored_pass(tied, monkeypatch):
 
 
 def test_greedy_answers_agree_on_at_least_99_percent_of_prompts():
-    b = backend(tied=True, batch_size=32)  # 32 prompts: groups of one specialist; 2 specialists per batch at 16
+    b = backend(
+        tied=True, batch_size=16
+    )  # 32 prompts: batches of 16 prompts of one specialist; at 64, 2 specialists x 32
     prompts = [f"{i}+{3 * i % 17}=" for i in range(32)]
     specs = [(101, 0.3), (102, 0.5), (103, 0.6), (104, 0.45)]  # distinct sigmas: a group mixing up its rows shows
     batched = {
@@ -105,25 +107,24 @@ def test_greedy_answers_agree_on_at_least_99_percent_of_prompts():
             b, FactoredPopulation(b.model, b.perturber.params, R2), specs, prompts, 10
         )
     }
-    b.batch_size = 16
-    batched16 = {
+    b.batch_size = 64
+    batched64 = {
         i: g
         for i, g, _ in population_generations(
             b, FactoredPopulation(b.model, b.perturber.params, R2), specs, prompts, 10
         )
     }
     base = b.generate(prompts, 10).texts
-    agree = agree16 = moved = 0
+    agree = agree64 = moved = 0
     for i, (s, sg) in enumerate(specs):
         b.set_direction(Direction.single(s, sg))
         alone = b.generate(prompts, 10)
         agree += sum(x == y for x, y in zip(alone.texts, batched[i].texts))
-        agree16 += sum(x == y for x, y in zip(alone.texts, batched16[i].texts))
+        agree64 += sum(x == y for x, y in zip(alone.texts, batched64[i].texts))
         moved += sum(x != y for x, y in zip(alone.texts, base))
-        assert batched[i].generated_tokens == alone.generated_tokens or agree < len(prompts) * (i + 1)
     b.set_direction(None)
     total = len(specs) * len(prompts)
-    assert agree >= 0.99 * total and agree16 >= 0.99 * total, (agree, agree16, total)
+    assert agree >= 0.99 * total and agree64 >= 0.99 * total, (agree, agree64, total)
     assert moved >= total // 2, "the specialists must answer differently from the base, or agreement says nothing"
 
 

@@ -27,6 +27,10 @@ What gets noise (choices, stated):
   exploit, and noising them would need per-row norms and biases in the factored pass. EGGROLL also
   leaves them alone. They stay selected (zeros are added), so a recipe's filter means the same.
 - Tensors of more than 2 dimensions are refused (none in the decoder models corp supports).
+Where this departs from EGGROLL: no antithetic pairs (a specialist is one (seed, sigma), as under
+full-rank noise, so populations, recipes and merge rules are unchanged), the embedding is perturbed
+by default (above), and the factors come from corp's per-tensor key like full-rank noise (one
+tensor's factors can be regenerated alone).
 A rank <= 0 or larger than a selected matrix's smaller side is refused in one line before anything
 is scored (`check_shapes`, called when a Perturber is built).
 

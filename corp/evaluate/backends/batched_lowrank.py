@@ -87,12 +87,19 @@ class FactoredPopulation:
             raise RuntimeError(
                 f"batched low-rank pass: {t.shape[0]} rows do not split into {self.group} specialist groups"
             )
-        return t.reshape(self.group, -1, *t.shape[2:])
+        return t.view(self.group, -1, *t.shape[2:]) if t.is_contiguous() else t.reshape(self.group, -1, *t.shape[2:])
 
     def _linear_hook(self, name: str):
         def hook(module, args, output):
             x = self._grouped(args[0]).to(torch.float32)  # (g, P*T, n)
-            delta = torch.bmm(torch.bmm(x, self._B[name]), self._A[name].transpose(1, 2))  # (g, P*T, m)
+            xb = torch.bmm(x, self._B[name])  # (g, P*T, R)
+            if output.dtype == torch.float32 and output.is_contiguous():
+                # added in place (baddbmm): no (g, P*T, m) temporary, which at prefill costs more than the product
+                self._grouped(output).baddbmm_(xb, self._A[name].transpose(1, 2))
+                return output
+            delta = torch.bmm(
+                xb, self._A[name].transpose(1, 2)
+            )  # (g, P*T, m), fp32, then one rounding to the model's dtype
             return output + delta.reshape(output.shape).to(output.dtype)
 
         return hook
