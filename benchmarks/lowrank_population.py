@@ -150,6 +150,11 @@ def main():
         )
         return r, answers
 
+    t0 = time.perf_counter()
+    full.generate(prompts, max_new, stop=stop)  # warm-up, untimed: the first generate of a process pays allocations
+    full.set_direction(Direction.single(*specs[0]))
+    full.set_direction(None)
+    out["warmup_s"] = time.perf_counter() - t0
     out["full"], _ = one_at_a_time(full, "full-rank one at a time")
 
     factored = FactoredPopulation(low.model, low.perturber.params, scheme)
