@@ -34,7 +34,8 @@ os.environ.setdefault("CORP_NO_PROGRESS", "1")
 def run_config(label: str, n: int, args, **overrides) -> dict:
     from corp.config import PopulationConfig, load_config
     from corp.evaluate.executors import get_executor
-    from corp.evaluate.scorer import ensure_population, setup_run
+    from corp.evaluate.context import setup_run
+    from corp.evaluate.scorer import ensure_population
 
     tmp = tempfile.mkdtemp(prefix=f"bench-{label}-")
     cfg = load_config(PopulationConfig, None, dict(model=args.model, task=args.task, population=n, sigmas=str(args.sigma), n_support=args.n_support, n_probe=0, n_validation=0, n_test=0, run_dir=tmp, **overrides))

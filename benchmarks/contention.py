@@ -59,7 +59,8 @@ def child(spec: dict) -> None:
     import torch
 
     from corp.config import PopulationConfig, load_config
-    from corp.evaluate.scorer import ensure_population, setup_run
+    from corp.evaluate.context import setup_run
+    from corp.evaluate.scorer import ensure_population
 
     tmp = tempfile.mkdtemp(prefix="contention-")
     cfg = load_config(PopulationConfig, None, dict(

@@ -196,7 +196,8 @@ def anchor(args) -> dict:
     from corp.config import PopulationConfig, load_config
     from corp.consolidate.algebra import gram_matrix, perturbation_grams
     from corp.consolidate.corp_operator import keep_together, stage1
-    from corp.evaluate.scorer import EvalCache, evaluate_current, score_specialists, setup_run, specialists_for
+    from corp.evaluate.context import EvalCache, evaluate_current, setup_run
+    from corp.evaluate.scorer import score_specialists, specialists_for
     from corp.perturb import Direction
 
     torch.set_num_threads(1)

@@ -84,7 +84,7 @@ def main() -> None:
     from corp.baselines.grpo.core import GRPOTrainer as OurTrainer
     from corp.config import load_config
     from corp.evaluate.rewards import compute_rewards
-    from corp.evaluate.scorer import setup_run
+    from corp.evaluate.context import setup_run
     from corp.models import load_model
 
     load_start = os.getloadavg()

@@ -43,7 +43,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from corp.config import PopulationConfig, load_config
-    from corp.evaluate.scorer import evaluate_current, setup_run
+    from corp.evaluate.context import evaluate_current, setup_run
     from corp.perturb import SCHEME_VERSION, SCHEMES, Direction, noise
 
     cfg = load_config(PopulationConfig, None, {"model": args.model, "task": args.task, "n_support": args.n_support, "n_probe": 0, "n_validation": 0, "n_test": 0, "run_dir": "/tmp/corp-bench-perturb"})

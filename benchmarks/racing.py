@@ -26,7 +26,8 @@ from corp.config import load_config
 from corp.consolidate.algebra import elite_set
 from corp.consolidate.corp_operator import ConsolidateConfig, reward_scale
 from corp.consolidate.run import _race_keep, _used_rows
-from corp.evaluate.scorer import ensure_population, open_run, rows_ledger, run_evals
+from corp.evaluate.context import open_run, run_evals
+from corp.evaluate.scorer import ensure_population, rows_ledger
 from corp.stats import compare_paired
 
 

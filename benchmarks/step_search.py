@@ -68,7 +68,7 @@ def main() -> None:
     from corp.config import PopulationConfig, load_config
     from corp.consolidate.corp_operator import keep_together, stage1
     from corp.consolidate.algebra import perturbation_grams
-    from corp.evaluate.scorer import evaluate_current, setup_run
+    from corp.evaluate.context import evaluate_current, setup_run
     from corp.perturb import Direction, specialist_seeds
 
     model = tiny_model_dir() if args.model == "tiny" else args.model

@@ -135,6 +135,8 @@ class PopulationConfig(RunConfig):
     """Regex of parameter names to perturb."""
     exclude: str = ""
     """Regex of parameter names not to perturb."""
+    noise: str = "full"
+    """Noise scheme of the specialists: full (full-rank Gaussian) or lowrank:r=R (rank-R noise per weight matrix, E = A B^T / sqrt(R); 1-D parameters get none; on the hf backend a population is scored in one batched factored pass)."""
     from_run: str | None = None
     """Take the scored population from this run directory instead of scoring a new one."""
     executor: str = "local"
@@ -165,6 +167,9 @@ class PopulationConfig(RunConfig):
     def validate(self) -> "PopulationConfig":
         super().validate()
         self.sigmas = parse_list(self.sigmas, float, "sigmas")
+        from corp.perturb.lowrank_noise import scheme_from_flag
+
+        scheme_from_flag(self.noise)  # a bad --noise is one line before any model loads
         if self.population < 1:
             raise CorpError(f"--population must be >= 1, got {self.population}")
         if not self.sigmas:

@@ -24,7 +24,7 @@ from corp.analysis.power import analysis_power
 from corp.analysis.rank_stats import Plan, analyze_population, pair_stats
 from corp.analysis.report import reproducible_ranks, summarise, summary_text, write_outputs
 from corp.perturb import ParamFilter
-from corp.perturb.noise import SCHEME_VERSION, check_scheme
+from corp.perturb.noise import check_scheme
 from corp.runs import read_json, read_jsonl, write_json
 
 __all__ = [
@@ -94,7 +94,7 @@ def run_analyze_rank(cfg) -> dict:
         if is_raced(rows):
             raise CorpError(f"--from-run '{cfg.from_run}' holds a raced population; the split-half analysis needs every specialist scored on the whole support split")
         ctx.release_backend()  # free the model: the analysis needs shapes only
-        return _analyze(cfg, ctx.run_dir, rows, cfg.model, {"include": cfg.include, "exclude": cfg.exclude}, SCHEME_VERSION, None)
+        return _analyze(cfg, ctx.run_dir, rows, cfg.model, {"include": cfg.include, "exclude": cfg.exclude}, ctx.noise_scheme, None)
 
 
 def _analyze(cfg, run_dir: Path, rows: list[dict], model_name: str, pf: dict, scheme: str, scored_on: str | None) -> dict:

@@ -120,7 +120,7 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     (ctx.run_dir / FACTORS_FILE).unlink(missing_ok=True)  # a stale file from an earlier run here must not look current
     if isinstance(result.direction, LowRankDirection):
         low_rank_entry = {"mode": cfg.low_rank, "rank_from": rank_dir, **write_factors(result.direction, ctx.run_dir)}
-    recipe = make_recipe(cfg.model, model_id, ctx.weights_hash, pf, result.direction, made_by, low_rank_entry)
+    recipe = make_recipe(cfg.model, model_id, ctx.weights_hash, pf, result.direction, made_by, low_rank_entry, scheme=scheme)
     write_recipe(ctx.run_dir / "recipe.json", recipe)
     ctx.backend.set_direction(result.direction)
     save_model(ctx.backend.model, ctx.backend.tokenizer, ctx.run_dir / "model")

@@ -46,7 +46,7 @@ from corp.evaluate.backends import Backend, make_backend
 from corp.evaluate.rewards import compute_rewards, resolve_reward
 from corp.evaluate.tasks import SPLITS, Example, SplitSizes, Task, get_task, make_splits
 from corp.ledger import Ledger
-from corp.perturb import SCHEME_VERSION, Direction, ParamFilter
+from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, scheme_from_flag
 from corp.runs import (
     RunLock, append_jsonl, finish_run_dir, open_run_dir, read_json, read_jsonl, unique_rows, write_json, write_status, write_yaml,
 )
@@ -110,8 +110,13 @@ class RunContext:
     def backend(self) -> Backend:
         if self._backend is None:
             pf = ParamFilter(getattr(self.cfg, "include", ".*"), getattr(self.cfg, "exclude", ""))
-            self._backend = make_backend(self.cfg.backend, self.cfg.model, self.cfg.device, self.cfg.dtype, self.cfg.batch_size, pf)
+            self._backend = make_backend(self.cfg.backend, self.cfg.model, self.cfg.device, self.cfg.dtype, self.cfg.batch_size, pf, self.noise_scheme)
         return self._backend
+
+    @property
+    def noise_scheme(self) -> str:
+        """The run's noise scheme (`--noise`; full-rank when the config has none)."""
+        return run_scheme(self.cfg)
 
     def has_backend(self) -> bool:
         return self._backend is not None
@@ -153,11 +158,19 @@ class RunContext:
             "task": self.task.signature(),
             "reward": self.cfg.reward or "correct",
             "max_new_tokens": self.max_new_tokens,
+            # another scheme's seeds are other weights; the full-rank default stays out of the key so
+            # that rows cached before schemes were selectable keep their keys
+            **({"noise_scheme": self.noise_scheme} if self.noise_scheme != SCHEME_VERSION else {}),
         }
 
     def close(self) -> None:
         if self.lock is not None:
             self.lock.release()
+
+
+def run_scheme(cfg) -> str:
+    """The noise scheme a config's `--noise` names (the current full-rank scheme without one)."""
+    return scheme_from_flag(getattr(cfg, "noise", None))
 
 
 def evaluate(ctx: RunContext, examples: Sequence[Example], direction: Direction | None = None, n: int = 1, temperature: float = 0.0) -> EvalResult:
@@ -169,6 +182,12 @@ def evaluate(ctx: RunContext, examples: Sequence[Example], direction: Direction 
 def evaluate_current(ctx: RunContext, examples: Sequence[Example], n: int = 1, temperature: float = 0.0) -> EvalResult:
     """Like `evaluate`, with the backend's weights as they are now."""
     gens = ctx.backend.generate([e.prompt for e in examples], ctx.max_new_tokens, temperature=temperature, n=n, stop=ctx.task.stop or None)  # stop: the task's (in its signature)
+    return score_generations(ctx, examples, gens, n)
+
+
+def score_generations(ctx: RunContext, examples: Sequence[Example], gens, n: int = 1) -> EvalResult:
+    """Score generations made on `examples` (n per example, prompt-major): the one scoring of
+    completions, for one model's generations and for one specialist's share of a batched pass."""
     exs = [e for e in examples for _ in range(n)]
     rewards, errors = compute_rewards(ctx.task, gens.texts, exs, ctx.reward_fn)
     answers = [ctx.task.extract(t) for t in gens.texts]
@@ -351,7 +370,7 @@ def population_definition(cfg: RunConfig, task, splits, max_new_tokens: int, kin
         "split": "support",
         "example_ids": [e.id for e in splits["support"]],
         "max_new_tokens": max_new_tokens,
-        "noise_scheme": SCHEME_VERSION,
+        "noise_scheme": run_scheme(cfg),
         "param_filter": {"include": getattr(cfg, "include", ".*"), "exclude": getattr(cfg, "exclude", "")},
         "seed": cfg.seed,
         **more,

@@ -27,7 +27,7 @@ from typing import Iterator, Sequence
 from corp import CorpError
 from corp.evaluate.backends import make_backend, resolve_backend_name
 from corp.evaluate.backends.base import LOGPROBS, Backend
-from corp.evaluate.context import RunContext, score_one
+from corp.evaluate.context import RunContext, run_scheme, score_one
 from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.tasks import get_task
 from corp.perturb import ParamFilter
@@ -40,6 +40,11 @@ class LocalExecutor:
     name = "local"
 
     def map(self, ctx, specialists: Sequence[tuple[int | None, float | None]], split: str) -> Iterator[dict]:
+        from corp.evaluate.batched import factored_for, score_factored
+
+        if specialists and factored_for(ctx) is not None:  # low-rank noise on hf: one batched pass, no weights written
+            yield from score_factored(ctx, specialists, split)
+            return
         for seed, sigma in specialists:
             yield score_one(ctx, seed, sigma, split)
 
@@ -57,7 +62,7 @@ class _Worker:
             torch.set_num_threads(threads)
         task = get_task(cfg.task, cfg.data)
         pf = ParamFilter(getattr(cfg, "include", ".*"), getattr(cfg, "exclude", ""))
-        backend = make_backend(cfg.backend, cfg.model, cfg.device, cfg.dtype, cfg.batch_size, pf)
+        backend = make_backend(cfg.backend, cfg.model, cfg.device, cfg.dtype, cfg.batch_size, pf, run_scheme(cfg))
         self.ctx = RunContext(cfg, "worker", task, {}, None, resolve_reward(cfg.reward), backend)
 
     def info(self) -> dict:

@@ -34,7 +34,7 @@ from corp.evaluate.context import (
 )
 from corp.evaluate.executors import get_executor
 from corp.ledger import Ledger
-from corp.perturb import SCHEME_VERSION, specialist_seeds
+from corp.perturb import specialist_seeds
 from corp.runs import read_json, read_jsonl, unique_rows
 
 _LEGACY_KEY = re.compile(r"^-?\d+:[^:]+:support$")
@@ -112,7 +112,7 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
     if kind != "population":
         raise CorpError(f"--from-run '{src}' holds rows of kind '{kind}', not a population of perturbations of the base "
                         "(ES rows are noise around a moving centre); take a population from `corp score`, `randopt` or `consolidate`")
-    expected = {**ctx.eval_context(), "example_ids": ctx.example_ids("support"), "noise_scheme": SCHEME_VERSION, "split": "support",
+    expected = {**ctx.eval_context(), "example_ids": ctx.example_ids("support"), "noise_scheme": ctx.noise_scheme, "split": "support",
                 "param_filter": {"include": getattr(ctx.cfg, "include", ".*"), "exclude": getattr(ctx.cfg, "exclude", "")}}
     rows = read_jsonl(src / POPULATION_FILE, key="key", repair=False)
     if found.get("format") == META_FORMAT:

@@ -1,9 +1,10 @@
 """Seeded Gaussian perturbations: the noise scheme, directions, exact apply/restore."""
 
 from corp.perturb.direction import Component, Direction, ParamFilter, Perturber, selected_parameters, weights_hash
+from corp.perturb.lowrank_noise import lowrank_rank, scheme_from_flag
 from corp.perturb.noise import SCHEME_VERSION, SCHEMES, check_scheme, noise, noise_key, specialist_seeds
 
 __all__ = [
     "Component", "Direction", "ParamFilter", "Perturber", "selected_parameters", "weights_hash",
-    "SCHEME_VERSION", "SCHEMES", "check_scheme", "noise", "noise_key", "specialist_seeds",
+    "lowrank_rank", "scheme_from_flag", "SCHEME_VERSION", "SCHEMES", "check_scheme", "noise", "noise_key", "specialist_seeds",
 ]

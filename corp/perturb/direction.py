@@ -26,8 +26,9 @@ from typing import Callable, ClassVar, Iterable, Iterator, Sequence
 import torch
 
 from corp import CorpError
-from corp.threads import serial_ops_in_this_thread
+from corp.perturb.lowrank_noise import check_shapes
 from corp.perturb.noise import SCHEME_VERSION, check_scheme, noise
+from corp.threads import serial_ops_in_this_thread
 
 
 @dataclass(frozen=True)
@@ -275,6 +276,7 @@ class Perturber:
         self.scheme = check_scheme(scheme, "Perturber")
         self.param_filter = param_filter or ParamFilter()
         self.params = selected_parameters(model, self.param_filter)
+        check_shapes(self.scheme, [(n, p.shape) for n, p in self.params])  # a low-rank scheme's rank fits every matrix
         # The pristine copy lives on the host by default so that GPU memory holds one model.
         self.base = {n: p.detach().to(base_device, copy=True) for n, p in self.params}
         self.current: Direction | None = None

@@ -103,11 +103,44 @@ class HFBackend(Backend):
                 out[k] = logsm[r, p - 1 : p + c - 1].gather(-1, targets.unsqueeze(-1)).squeeze(-1).tolist()
         return out
 
+    def encode(self, prompts) -> list[list[int]]:
+        """Token ids of each prompt as `generate` feeds it (chat template, no added special tokens)."""
+        return [self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
+
+    @torch.inference_mode()
+    def generate_rows(self, seqs: list[list[int]], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, stop=None) -> list[tuple[list[int], str]]:
+        """One left-padded `model.generate` over the token sequences `seqs` (one batch, in this row
+        order): each row's generated ids up to and including its end-of-sequence token or stop
+        string, and its text. The one generation step of `generate` and of the batched low-rank pass."""
+        pad = self.tokenizer.pad_token_id
+        width = max(len(s) for s in seqs)
+        input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, s in enumerate(seqs):
+            input_ids[r, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            attention[r, width - len(s) :] = 1
+        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=sorted(self.eos_ids))
+        if stop:  # transformers' StopStringCriteria: a row ends when its text ends with a stop string
+            kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
+        if temperature > 0:
+            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs)
+        rows = []
+        for ids in out[:, width:].tolist():
+            cut = len(ids)
+            for pos, tok in enumerate(ids):
+                if tok in self.eos_ids:
+                    cut = pos + 1
+                    break
+            rows.append(cut_at_stop(self.tokenizer, ids[:cut], stop))  # also drops the padding after a stop
+        return rows
+
     @torch.inference_mode()
     def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None, stop=None) -> Generations:
         t0 = time.perf_counter()
-        texts_in = [format_prompt(self.tokenizer, p) for p in prompts]
-        encoded = [self.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts_in]
+        encoded = self.encode(prompts)
         jobs = [(i, j) for i in range(len(prompts)) for j in range(n)]
         order = sorted(range(len(jobs)), key=lambda k: len(encoded[jobs[k][0]]))
         out_texts: list[str] = [""] * len(jobs)
@@ -115,33 +148,10 @@ class HFBackend(Backend):
         gen_counts = [0] * len(jobs)
         if seed is not None:
             torch.manual_seed(seed)
-        pad = self.tokenizer.pad_token_id
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
-            seqs = [encoded[jobs[k][0]] for k in batch]
-            width = max(len(s) for s in seqs)
-            input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
-            attention = torch.zeros((len(seqs), width), dtype=torch.long)
-            for r, s in enumerate(seqs):
-                input_ids[r, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-                attention[r, width - len(s) :] = 1
-            kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=sorted(self.eos_ids))
-            if stop:  # transformers' StopStringCriteria: a row ends when its text ends with a stop string
-                kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
-            if temperature > 0:
-                kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-            else:
-                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-            out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs)
-            new = out[:, width:].tolist()
-            for r, k in enumerate(batch):
-                ids = new[r]
-                cut = len(ids)
-                for pos, tok in enumerate(ids):
-                    if tok in self.eos_ids:
-                        cut = pos + 1
-                        break
-                ids, text = cut_at_stop(self.tokenizer, ids[:cut], stop)  # also drops the padding after a stop
+            done = self.generate_rows([encoded[jobs[k][0]] for k in batch], max_new_tokens, temperature, top_p, stop)
+            for k, (ids, text) in zip(batch, done):
                 gen_counts[k] = len(ids)
                 out_ids[k] = ids
                 out_texts[k] = text

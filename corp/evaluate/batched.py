@@ -1,0 +1,77 @@
+"""Population scoring in one batched factored pass, when the run's noise is low-rank and the
+backend is hf (`corp.evaluate.backends.batched_lowrank`).
+
+The local executor asks `factored_for(ctx)`; when it answers, the population's specialists are
+scored by `score_factored`, which makes each specialist's row exactly as `score_one` does (same
+identity and key, same scoring of completions, `result_row`), from its share of the batched
+generations. Only the generations differ from the one-at-a-time materialised path, by
+floating-point rounding (the tolerance is stated in batched_lowrank). Rows are yielded as each
+group of specialists finishes, so a kill loses at most the group in flight. Rows carry
+`scoring: "factored"` (not part of the key) so a population says how it was scored. The base
+(seed None) is scored by `score_one`.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Iterator, Sequence
+
+from corp import CorpError
+from corp.evaluate.context import RunContext, eval_identity, result_row, score_generations, score_one, specialist_what
+from corp.perturb import lowrank_rank
+
+_factored: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> FactoredPopulation | None
+
+
+def factored_for(ctx: RunContext):
+    """The backend's FactoredPopulation when this run's population can be scored in one batched
+    pass (low-rank scheme, in-process hf backend whose Perturber uses the run's scheme); else None.
+    A model whose matrices are not all nn.Linear / nn.Embedding weights is scored one at a time
+    (with a warning)."""
+    if lowrank_rank(ctx.noise_scheme) is None:
+        return None
+    backend = ctx.backend
+    if not hasattr(backend, "generate_rows") or not backend.supports("perturber") or not backend.supports("model"):
+        return None
+    if backend.perturber.scheme != ctx.noise_scheme:
+        raise CorpError(
+            f"the backend materialises noise scheme {backend.perturber.scheme}, but this run's is {ctx.noise_scheme}; build it with scheme={ctx.noise_scheme}"
+        )
+    if backend not in _factored:
+        from corp.evaluate.backends.batched_lowrank import FactoredPopulation
+
+        try:
+            _factored[backend] = FactoredPopulation(backend.model, backend.perturber.params, ctx.noise_scheme)
+        except CorpError as exc:
+            warnings.warn(f"{exc}; scoring one specialist at a time with materialised weights")
+            _factored[backend] = None
+    return _factored[backend]
+
+
+def score_factored(
+    ctx: RunContext, specialists: Sequence[tuple[int | None, float | None]], split: str, context: dict | None = None
+) -> Iterator[dict]:
+    """Rows of `specialists` on `split` (as `score_one` makes them), the specialists generated in
+    batched groups. The caller has checked `factored_for(ctx)`."""
+    from corp.evaluate.backends.batched_lowrank import population_generations
+
+    factored = factored_for(ctx)
+    examples = ctx.splits[split]
+    context = context or ctx.eval_context()
+    ids = [e.id for e in examples]
+    specs = [(int(s), float(sg)) for s, sg in specialists if s is not None]
+    for seed, sigma in specialists:
+        if seed is None:
+            yield score_one(ctx, seed, sigma, split, context)
+    if not specs:
+        return
+    for i, gens, draw_s in population_generations(
+        ctx.backend, factored, specs, [e.prompt for e in examples], ctx.max_new_tokens, ctx.task.stop or None
+    ):
+        seed, sigma = specs[i]
+        res = score_generations(ctx, examples, gens)
+        identity = eval_identity(context, specialist_what(seed, sigma), ids)
+        yield result_row(
+            identity, split, res, "specialist", seed=seed, sigma=sigma, apply_seconds=draw_s, scoring="factored"
+        )
