@@ -68,6 +68,15 @@ FAILED_FILE = "FAILED"
 SETUP_FILES = frozenset({LOCK_FILE, STATUS_FILE, FAILED_FILE, "config.yaml", "splits.json", "population_meta.json"})
 
 
+def enclosing_run_dir(path: str | Path) -> Path | None:
+    """The corp run directory `path` is in or is (it, or a parent, has a run status or lock file), else None."""
+    p = Path(path).expanduser().resolve()
+    for d in (p, *p.parents):
+        if (d / STATUS_FILE).is_file() or (d / LOCK_FILE).is_file():
+            return d
+    return None
+
+
 class RunLock:
     """An exclusive lock on a run directory (`flock` on `.corp.lock`, released when the process dies).
 
