@@ -9,6 +9,7 @@ library share one set of names. Renamed options keep their old flag as a hidden,
 from __future__ import annotations
 
 import dataclasses
+import errno
 import inspect
 import sys
 import types
@@ -65,6 +66,13 @@ def _run(fn: Callable, *args):
         return fn(*args)
     except CorpError as exc:
         typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    except OSError as exc:
+        # the machine's state, not a bug: a full disk or quota, a read-only place, a name too long
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG):
+            raise
+        where = f" ('{exc.filename}')" if exc.filename else ""
+        typer.echo(f"error: {exc.strerror}{where}; free some space or choose another location, then rerun (the same --run-dir resumes)", err=True)
         raise typer.Exit(2)
     except KeyboardInterrupt:
         cfg = args[0] if args else None

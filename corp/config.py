@@ -109,9 +109,13 @@ class RunConfig:
     eval_cache: str | None = None
     """A JSONL file of greedy base and specialist evaluations shared between runs (corp bench keeps one per task); rows are keyed by everything that defines them and copied into the run directory."""
     threads: int | None = None
-    """Torch CPU threads (default: torch's choice, all usable cores; corp makes idle threads sleep, not spin, so a busy machine costs a fair share)."""
+    """Torch CPU threads (unset or 0: torch's choice, all usable cores; corp makes idle threads sleep, not spin, so a busy machine costs a fair share)."""
 
     def validate(self) -> "RunConfig":
+        if self.threads is not None and self.threads < 0:
+            raise CorpError(f"--threads must be >= 1 (or 0 / unset for torch's default, all usable cores), got {self.threads}")
+        if self.eval_cache and Path(self.eval_cache).is_dir():
+            raise CorpError(f"--eval-cache '{self.eval_cache}' is a directory; name a JSONL file (it is created if missing)")
         for name in ("n_support", "n_probe", "n_validation", "n_test"):
             if getattr(self, name) < 0:
                 raise CorpError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")

@@ -348,6 +348,9 @@ def check_output_dir(out: str | Path, overwrite: bool = False, protect: dict[str
     target = given.resolve()
     if target.exists() and not target.is_dir():
         raise CorpError(f"output '{out}' is a file; name a directory to write the model into")
+    above = next((p for p in target.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise CorpError(f"output '{out}' lies under '{above}', which is a file; name a directory to write the model into")
     cwd = Path.cwd().resolve()
     if target == cwd or target in cwd.parents:
         raise CorpError(f"output '{out}' is the current directory or one of its parents; name a new directory for the model")

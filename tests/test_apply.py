@@ -319,3 +319,10 @@ def test_an_old_model_moved_aside_by_a_killed_save_is_put_back(tmp_path):
     os.replace(out, aside)
     _remove_stale_saves(out)
     assert is_corp_model(out) and not aside.exists()
+
+
+def test_an_output_under_a_file_is_one_line(corp_recipe, tmp_path):
+    recipe, _, _ = corp_recipe
+    (tmp_path / "afile").write_text("x")
+    one_error_line(apply_cli(recipe, "--out", tmp_path / "afile" / "sub"), "which is a file")
+    assert (tmp_path / "afile").read_text() == "x"

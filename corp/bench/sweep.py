@@ -75,7 +75,9 @@ def _hash(obj) -> str:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
+    """A file-name part from user input, bounded in length (a hash of the whole keeps long ones apart)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
+    return slug if len(slug) <= 64 else f"{slug[:51]}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
 def _progress_disabled() -> bool:

@@ -141,16 +141,17 @@ def setup_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs
             if found.get("format") != META_FORMAT:
                 raise CorpError(f"the population in '{run_dir}' was written by an older corp (rows not keyed by their examples); use another --run-dir")
             compare_meta(found, defines, run_dir, POPULATION_FILE)
-    except BaseException:
+        if os.environ.get("CORP_NO_PROGRESS") != "1":
+            tqdm.write(f"run directory: {run_dir}", file=sys.stderr)
+        # inside the try: a full disk here leaves no half-set-up directory this call created
+        write_yaml(run_dir / "config.yaml", {"method": method, **config_to_dict(cfg)})
+        write_json(run_dir / "splits.json", {"split_seed": cfg.split_seed, "report_on": cfg.report_on, **{s: [e.id for e in splits[s]] for s in SPLITS}})
+        write_status(run_dir, "running", method=method)
+    except BaseException as exc:
         lock.release()
         if created:
-            finish_run_dir(run_dir, created, RuntimeError("refused"))
+            finish_run_dir(run_dir, created, exc if isinstance(exc, OSError) else RuntimeError("refused"))
         raise
-    if os.environ.get("CORP_NO_PROGRESS") != "1":
-        tqdm.write(f"run directory: {run_dir}", file=sys.stderr)
-    write_yaml(run_dir / "config.yaml", {"method": method, **config_to_dict(cfg)})
-    write_json(run_dir / "splits.json", {"split_seed": cfg.split_seed, "report_on": cfg.report_on, **{s: [e.id for e in splits[s]] for s in SPLITS}})
-    write_status(run_dir, "running", method=method)
     return RunContext(cfg, method, task, splits, run_dir, reward_fn, backend, created=created, lock=lock, definition=defines)
 
 
