@@ -99,3 +99,13 @@ def test_bad_config_files_are_one_line_through_the_cli(tmp_path, case):
         lines = [ln for ln in res.output.splitlines() if ln.strip()]
         assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: --config"), res.output
         assert {"directory": "is a directory", "binary": "not a UTF-8", "duplicate": "given twice"}[case] in lines[0]
+
+
+def test_bench_method_options_are_type_checked_before_they_are_clipped(tmp_path, tiny_dir):
+    (tmp_path / "b.yaml").write_text(f"methods: {{randopt: {{options: {{top_k: abc}}}}}}\ntasks: arith\nseeds: 0\nbudgets: 1e9\nmodel: {tiny_dir}\n"
+                                     f"n_test: 2\nn_support: 2\nn_probe: 0\nn_validation: 0\npopulation: 2\nsettings: paper\n"
+                                     f"work_dir: {tmp_path / 'w'}\nresults_dir: {tmp_path / 'r'}\n")
+    res = CliRunner().invoke(app, ["bench", "--config", str(tmp_path / "b.yaml")])
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert res.exit_code == 2 and "Traceback" not in res.output and len(lines) == 1, res.output
+    assert "--top-k is 'abc' (str); expected a list of integers" in lines[0]

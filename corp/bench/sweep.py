@@ -32,7 +32,7 @@ from corp.bench.adapters import FIXED, ITERATIVE, PLANNED, POPULATION, BenchAdap
 from corp.bench.budget import min_budget, next_units, prefix_that_fits
 from corp.bench.config import BenchConfig
 from corp.bench.search import choose, trial_options, trial_score
-from corp.config import load_config
+from corp.config import check_types, load_config
 from corp.methods import REGISTRY, get_method
 from corp.runs import read_json, read_jsonl, write_json
 
@@ -178,10 +178,11 @@ def _validate_options(cell: Cell, splits: dict | None = None) -> None:
     `check` finds wrong against the cell's splits, fail here, before compute."""
     method, adapter = get_method(cell.method), cell.adapter
     opts = {k: v for k, v in cell.opts.items() if k != "from_run"}
-    if adapter.unit:
-        opts[adapter.unit] = max(adapter.min_units, int(opts.get(adapter.unit) or adapter.min_units))
-        _clip(opts, adapter)
     try:
+        opts = check_types(method.config_class, opts)  # before the clipping below reads them as numbers
+        if adapter.unit:
+            opts[adapter.unit] = max(adapter.min_units, int(opts.get(adapter.unit) or adapter.min_units))
+            _clip(opts, adapter)
         built = load_config(method.config_class, None, opts)
         if adapter.check is not None and splits is not None:
             adapter.check(built, splits)
