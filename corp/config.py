@@ -113,9 +113,11 @@ class RunConfig:
 
     def validate(self) -> "RunConfig":
         if self.threads is not None and self.threads < 0:
-            raise CorpError(f"--threads must be >= 1 (or 0 / unset for torch's default, all usable cores), got {self.threads}")
+            raise CorpError(f"--threads must be >= 1 (or 0 / unset for torch's default, all usable cores), "
+                            f"got {self.threads}")
         if self.eval_cache and Path(self.eval_cache).is_dir():
-            raise CorpError(f"--eval-cache '{self.eval_cache}' is a directory; name a JSONL file (it is created if missing)")
+            raise CorpError(f"--eval-cache '{self.eval_cache}' is a directory; "
+                            "name a JSONL file (it is created if missing)")
         for name in ("n_support", "n_probe", "n_validation", "n_test"):
             if getattr(self, name) < 0:
                 raise CorpError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
@@ -320,8 +322,11 @@ def _coerce(value, tp):
                 return [elem(v) if elem in (int, float, str) else v for v in parts]
             except ValueError:
                 raise TypeError from None
-        items = value if isinstance(value, (list, tuple)) else [value] if elem is not None and not isinstance(value, dict) else None
-        if items is None:
+        if isinstance(value, (list, tuple)):
+            items = list(value)
+        elif elem is not None and not isinstance(value, dict):
+            items = [value]  # one item
+        else:
             raise TypeError
         return [_coerce(v, elem) if elem is not None else v for v in items]
     if origin is dict or tp is dict:

@@ -103,7 +103,8 @@ class BenchConfig:
         if self.population < 1:
             raise CorpError(f"bench config: population must be >= 1, got {self.population}")
         if self.threads is not None and self.threads < 0:
-            raise CorpError(f"bench config: threads must be >= 1 (or 0 / unset for torch's default), got {self.threads}")
+            raise CorpError(f"bench config: threads must be >= 1 (or 0 / unset for torch's default), "
+                            f"got {self.threads}")
         if self.name in ("", ".", "..") or "/" in self.name:
             raise CorpError(f"bench config: name '{self.name}' must be a plain directory name")
         return self

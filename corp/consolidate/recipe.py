@@ -93,7 +93,8 @@ def produced_weights(model) -> dict:
 
 
 def make_recipe(model: str, model_id: str, base_hash: str, param_filter: ParamFilter, direction: Direction, made_by: dict,
-                low_rank: dict | None = None, kind: str | None = None, scheme: str = SCHEME_VERSION, produced: dict | None = None) -> dict:
+                low_rank: dict | None = None, kind: str | None = None, scheme: str = SCHEME_VERSION,
+                produced: dict | None = None) -> dict:
     """`model`: the --model the run was given (alias/name); `model_id`: what it resolved to.
     `low_rank`: the entry `lowrank.write_factors` returned, when `direction` is low-rank.
     `kind`: default `low-rank` with a factors entry, else `corp-direction`.
@@ -171,7 +172,8 @@ def _bad_number(x, low: float, high: float, positive: bool = False) -> bool:
 def check_numbers(recipe: dict, path) -> None:
     """One line for the first number of `recipe` that is not finite or not in range (module docstring)."""
     def bad(where: str, value, expected: str):
-        raise CorpError(f"recipe '{path}': {where} is {value!r}, expected {expected}; the recipe was edited or corrupted, so it cannot be rebuilt")
+        raise CorpError(f"recipe '{path}': {where} is {value!r}, expected {expected}; "
+                        "the recipe was edited or corrupted, so it cannot be rebuilt")
 
     def component(c, where: str):
         if not isinstance(c, dict):
@@ -231,7 +233,8 @@ def resolve_base(recipe: dict, model: str | None) -> tuple[str, Path]:
     return names[0], resolve_model(names[0])[1]  # online it may download; offline this is the one-line error
 
 
-def apply_recipe(path: str | Path, out: str | Path, model: str | None = None, overwrite: bool = False, allow_mismatch: bool = False) -> Path:
+def apply_recipe(path: str | Path, out: str | Path, model: str | None = None, overwrite: bool = False,
+                 allow_mismatch: bool = False) -> Path:
     """Rebuild the recipe's model from its base (or `model`, which must have the same weights) into `out`.
 
     `out` must not be a file, the current directory or a parent of it, a model cache, the base
@@ -250,8 +253,8 @@ def apply_recipe(path: str | Path, out: str | Path, model: str | None = None, ov
     protect = {"the base model's directory": base_dir, **{f"the model cache {c}": c for c in model_caches()}}
     run_dir = enclosing_run_dir(out)
     if run_dir is not None:
-        raise CorpError(f"output '{out}' is inside the run directory '{run_dir}', whose recipe and report describe the model saved there; "
-                        "name a directory outside any run directory")
+        raise CorpError(f"output '{out}' is inside the run directory '{run_dir}', whose recipe and report "
+                        "describe the model saved there; name a directory outside any run directory")
     check_output_dir(out, overwrite, protect)
     base, tokenizer, _, _ = load_model(name, dtype=recipe.get("model_dtype"))
     found = weights_hash(base)
@@ -263,7 +266,8 @@ def apply_recipe(path: str | Path, out: str | Path, model: str | None = None, ov
 
     broken = [n for n, t in base.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if broken:
-        raise CorpError(f"recipe '{path}' rebuilds {len(broken)} tensor(s) with non-finite weights (first: {broken[0]}); nothing written")
+        raise CorpError(f"recipe '{path}' rebuilds {len(broken)} tensor(s) with non-finite weights "
+                        f"(first: {broken[0]}); nothing written")
     source = {"recipe": str(Path(path).resolve()), "kind": recipe["kind"], "base_model": name}
     expected = recipe.get("model_weights_hash")
     if expected is None:

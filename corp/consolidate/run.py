@@ -120,7 +120,8 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     if isinstance(result.direction, LowRankDirection):
         low_rank_entry = {"mode": cfg.low_rank, "rank_from": rank_dir, **write_factors(result.direction, ctx.run_dir)}
     ctx.backend.set_direction(result.direction)
-    recipe = make_recipe(cfg.model, model_id, ctx.weights_hash, pf, result.direction, made_by, low_rank_entry, produced=produced_weights(ctx.backend.model))
+    recipe = make_recipe(cfg.model, model_id, ctx.weights_hash, pf, result.direction, made_by, low_rank_entry,
+                         produced=produced_weights(ctx.backend.model))  # what apply must rebuild
     write_recipe(ctx.run_dir / "recipe.json", recipe)
     save_model(ctx.backend.model, ctx.backend.tokenizer, ctx.run_dir / "model")
     low_rank_report: dict = {"mode": cfg.low_rank}

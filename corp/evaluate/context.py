@@ -163,7 +163,8 @@ def sampling_seeds(run_seed: int, what: str, ids: Sequence[str]) -> list[int]:
     return out
 
 
-def evaluate_current(ctx: RunContext, examples: Sequence[Example], n: int = 1, temperature: float = 0.0, what: str | None = None) -> EvalResult:
+def evaluate_current(ctx: RunContext, examples: Sequence[Example], n: int = 1, temperature: float = 0.0,
+                     what: str | None = None) -> EvalResult:
     """Like `evaluate`, with the backend's weights as they are now; `what` names them (it seeds
     sampling, with the run's seed: `sampling_seeds`)."""
     kwargs = {}
@@ -171,8 +172,8 @@ def evaluate_current(ctx: RunContext, examples: Sequence[Example], n: int = 1, t
         if what is None:
             raise ValueError("a sampled evaluation needs `what` (it seeds the samples)")
         kwargs["seeds"] = sampling_seeds(ctx.cfg.seed, what, [e.id for e in examples])
-    gens = ctx.backend.generate([e.prompt for e in examples], ctx.max_new_tokens, temperature=temperature, n=n, stop=ctx.task.stop or None,  # stop: the task's (in its signature)
-                                **kwargs)
+    gens = ctx.backend.generate([e.prompt for e in examples], ctx.max_new_tokens, temperature=temperature, n=n,
+                                stop=ctx.task.stop or None, **kwargs)  # stop: the task's (in its signature)
     exs = [e for e in examples for _ in range(n)]
     rewards, errors = compute_rewards(ctx.task, gens.texts, exs, ctx.reward_fn)
     answers = [ctx.task.extract(t) for t in gens.texts]
@@ -200,11 +201,13 @@ def specialist_what(seed: int | None, sigma: float | None) -> str:
     return "base" if seed is None else direction_fingerprint(Direction.single(int(seed), float(sigma)))
 
 
-def eval_identity(context: dict, what: str, ids: Sequence[str], n: int = 1, temperature: float = 0.0, seed: int | None = None) -> dict:
+def eval_identity(context: dict, what: str, ids: Sequence[str], n: int = 1, temperature: float = 0.0,
+                  seed: int | None = None) -> dict:
     """Everything that defines one evaluation (see the module docstring). A sampled one
     (temperature > 0) needs the run's `seed`; a greedy one's key does not hold it, so greedy rows
     are shared between seeds."""
-    identity = {**context, "what": what, "ids_hash": ids_hash(ids), "n_examples": len(ids), "temperature": float(temperature), "n": int(n)}
+    identity = {**context, "what": what, "ids_hash": ids_hash(ids), "n_examples": len(ids),
+                "temperature": float(temperature), "n": int(n)}
     if temperature > 0:
         if seed is None:
             raise ValueError("a sampled evaluation's identity needs the run's seed")
@@ -318,7 +321,8 @@ def cached_eval(ctx: RunContext, cache: EvalCache, split: str, direction: Direct
     if current and not what:
         raise ValueError("an evaluation of the current weights needs `what` (a checkpoint label)")
     what = what or direction_fingerprint(direction)
-    identity = eval_identity(ctx.eval_context(), what, [e.id for e in exs], n=n, temperature=temperature, seed=ctx.cfg.seed)
+    identity = eval_identity(ctx.eval_context(), what, [e.id for e in exs], n=n, temperature=temperature,
+                             seed=ctx.cfg.seed)
     key = eval_key(identity)
     row = cache.get(key)
     if row is None:

@@ -21,7 +21,9 @@ import time
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-from corp.evaluate.backends.base import LOGPROBS, MODEL, PERTURBER, Backend, Generations, completion_seed, cut_at_stop, resolve_seeds
+from corp.evaluate.backends.base import (
+    LOGPROBS, MODEL, PERTURBER, Backend, Generations, completion_seed, cut_at_stop, resolve_seeds,
+)
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
 
 
@@ -45,7 +47,8 @@ class RowSampler(LogitsProcessor):
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         logits = scores.float() / self.temperature
-        if self.top_p < 1.0:  # transformers' TopPLogitsWarper: drop the least likely tokens holding 1 - top_p of the mass, keep >= 1
+        if self.top_p < 1.0:
+            # as transformers' TopPLogitsWarper: drop the least likely tokens holding 1 - top_p of the mass, keep >= 1
             sorted_logits, sorted_idx = torch.sort(logits, descending=False, dim=-1)
             cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
             drop = cum <= (1 - self.top_p)
@@ -169,7 +172,8 @@ class HFBackend(Backend):
             # greedy decoding; when sampling, RowSampler (run last) leaves one finite token per row
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
             if sampled:
-                kwargs["logits_processor"] = LogitsProcessorList([RowSampler([row_seed[k] for k in batch], temperature, top_p)])
+                sampler = RowSampler([row_seed[k] for k in batch], temperature, top_p)
+                kwargs["logits_processor"] = LogitsProcessorList([sampler])
             out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs)
             new = out[:, width:].tolist()
             for r, k in enumerate(batch):
