@@ -9,6 +9,7 @@ library share one set of names. Renamed options keep their old flag as a hidden,
 from __future__ import annotations
 
 import dataclasses
+import errno
 import inspect
 import sys
 import types
@@ -65,6 +66,14 @@ def _run(fn: Callable, *args):
         return fn(*args)
     except CorpError as exc:
         typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2)
+    except OSError as exc:
+        # the machine's state, not a bug: a full disk or quota, a read-only place, a name too long
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG):
+            raise
+        where = f" ('{exc.filename}')" if exc.filename else ""
+        typer.echo(f"error: {exc.strerror}{where}; free some space or choose another location, "
+                   "then rerun (the same --run-dir resumes)", err=True)
         raise typer.Exit(2)
     except KeyboardInterrupt:
         cfg = args[0] if args else None
@@ -165,12 +174,15 @@ def apply_cmd(
     recipe: str = typer.Argument(..., help="recipe.json written by a method that makes one (`corp consolidate`, `corp es`)."),
     out: str = typer.Option(..., "--out", help="New directory to write the rebuilt Hugging Face model to (an earlier corp model there is replaced)."),
     model: Optional[str] = typer.Option(None, "--model", help="Base model to apply it to (default: the recipe's); must have the recipe's weights."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out even if it holds files corp did not write (never a cache, the base model or the current directory)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out even if it holds files corp did not write (never a cache, the base model, a run directory or the current directory)."),
+    allow_mismatch: bool = typer.Option(False, "--allow-mismatch", help=(
+        "Write the model even when an edited recipe no longer rebuilds the model its run evaluated (its weights hash).")),
 ) -> None:
-    """Rebuild a model from its recipe and the base model, bit-exactly; never deletes files corp did not write."""
+    """Rebuild a model from its recipe and the base model, bit-exactly, and check it is the model its run
+    evaluated; never deletes files corp did not write."""
     from corp.consolidate import apply_recipe
 
-    path = _run(apply_recipe, recipe, out, model, overwrite)
+    path = _run(apply_recipe, recipe, out, model, overwrite, allow_mismatch)
     typer.echo(f"wrote {path}")
 
 

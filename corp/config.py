@@ -1,12 +1,21 @@
 """Typed configs: one dataclass per command, a docstring per field; the shared bases live here.
 
 A config is built from its defaults, then a YAML file (`--config`), then the CLI flags the user
-actually gave; `validate()` turns bad values into one-line errors. The resolved config is written
+actually gave; `check_types` checks every value against its field's type (one place, for YAML
+and flags alike, every command and the bench config; below), then `validate()` turns values out
+of range into one-line errors. The resolved config is written
 to every run directory as `config.yaml`. The field docstrings double as CLI help.
 
 The bases: `RunConfig` (model, task, splits, backend, run directory: every method) and
 `PopulationConfig` (a population of seeded specialists). A method's own config subclasses one of
 them and lives next to the method (its registry entry in `corp.methods` points at it).
+
+Types (`check_types`): an `int` field takes an integer (not a bool, not 2.5, not "32"); a `float`
+field a number or a numeric string ("1e-3": YAML 1.1 reads an exponent without a dot as a string);
+a `str` field a string; a `bool` field true/false; `X | None` also null; a `list[T]` field a list
+of T, one T, or a comma-separated string of T; a `dict`
+field a mapping. A YAML `--config` must be a readable UTF-8 file holding a mapping without
+duplicate keys.
 
 Renamed options: a config class lists `renamed = {"old_name": "new_name"}` (a ClassVar, merged
 along the class hierarchy). `load_config` accepts the old name from YAML or the CLI with one
@@ -20,11 +29,12 @@ import dataclasses
 import inspect
 import math
 import textwrap
+import types
 import warnings
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -99,11 +109,17 @@ class RunConfig:
     eval_cache: str | None = None
     """A JSONL file of greedy base and specialist evaluations shared between runs (corp bench keeps one per task); rows are keyed by everything that defines them and copied into the run directory."""
     threads: int | None = None
-    """Torch CPU threads (default: torch's choice, all usable cores; corp makes idle threads sleep, not spin, so a busy machine costs a fair share)."""
+    """Torch CPU threads (unset or 0: torch's choice, all usable cores; corp makes idle threads sleep, not spin, so a busy machine costs a fair share)."""
     report_to: str = "none"
     """Where per-step/per-round metrics also go (TRL's name): none, tensorboard (RUN_DIR/tensorboard), wandb, or a comma list; written from metrics.jsonl/rounds.jsonl when the run ends."""
 
     def validate(self) -> "RunConfig":
+        if self.threads is not None and self.threads < 0:
+            raise CorpError(f"--threads must be >= 1 (or 0 / unset for torch's default, all usable cores), "
+                            f"got {self.threads}")
+        if self.eval_cache and Path(self.eval_cache).is_dir():
+            raise CorpError(f"--eval-cache '{self.eval_cache}' is a directory; "
+                            "name a JSONL file (it is created if missing)")
         for name in ("n_support", "n_probe", "n_validation", "n_test"):
             if getattr(self, name) < 0:
                 raise CorpError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
@@ -242,30 +258,165 @@ def _rename(cls: type, values: dict, yaml_path: str | None = None) -> dict:
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping with the same key twice (safe_load keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise CorpError(f"key '{key}' is given twice (line {key_node.start_mark.line + 1}); keep one")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def read_yaml_config(yaml_path: str | Path) -> dict:
+    """The mapping in a `--config` file; one line for a missing, unreadable, non-UTF-8 or invalid file."""
+    path = Path(yaml_path)
+    if not path.exists():
+        raise CorpError(f"--config '{path}' does not exist")
+    if path.is_dir():
+        raise CorpError(f"--config '{path}' is a directory; pass a YAML file")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise CorpError(f"--config '{path}' is not a UTF-8 text file; pass a YAML file") from None
+    except OSError as exc:
+        raise CorpError(f"--config '{path}' cannot be read ({exc.strerror})") from None
+    try:
+        loaded = yaml.load(text, Loader=_UniqueKeyLoader) or {}
+    except CorpError as exc:
+        raise CorpError(f"--config '{path}': {exc}") from None
+    except yaml.YAMLError as exc:
+        raise CorpError(f"--config '{path}' is not valid YAML: {' '.join(str(exc).split())}") from None
+    if not isinstance(loaded, dict):
+        raise CorpError(f"--config '{path}' must be a mapping of option: value")
+    return loaded
+
+
+_SCALARS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+
+
+def _describe(tp) -> str:
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        return " or ".join(_describe(a) for a in inner) + (" or null" if len(inner) < len(args) else "")
+    if origin is list or tp is list:
+        return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s" if args else "a list"
+    if origin is dict or tp is dict:
+        return "a mapping"
+    return _SCALARS.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(value, tp):
+    """`value` as a value of type `tp` (module docstring, "Types"), or raise TypeError."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(value, a)
+            except TypeError:
+                continue
+        raise TypeError
+    if origin is list or tp is list:
+        elem = args[0] if args else None
+        if isinstance(value, str):  # a comma-separated list (how flags give one)
+            parts = [v.strip() for v in value.split(",") if v.strip()]
+            try:
+                return [elem(v) if elem in (int, float, str) else v for v in parts]
+            except ValueError:
+                raise TypeError from None
+        if isinstance(value, (list, tuple)):
+            items = list(value)
+        elif elem is not None and not isinstance(value, dict):
+            items = [value]  # one item
+        else:
+            raise TypeError
+        return [_coerce(v, elem) if elem is not None else v for v in items]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise TypeError
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise TypeError
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError
+        return value
+    if tp is float:
+        if isinstance(value, bool):
+            raise TypeError
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise TypeError from None
+        raise TypeError
+    if tp is str:
+        if not isinstance(value, str):
+            raise TypeError
+        return value
+    return value  # a type this checker does not know: validate() is its check
+
+
+def check_types(cls: type, values: dict, source: dict[str, str] | None = None) -> dict:
+    """`values` checked against the field types of dataclass `cls` (module docstring, "Types"):
+    returns them converted (numeric strings of float fields, one item of a list field), or raises
+    one line naming the field, the value, its type and the expected type. `source`: where each
+    value came from (for the message: a `--config` file; default: the flag)."""
+    hints = get_type_hints(cls)
+    out = {}
+    for name, value in values.items():
+        tp = hints.get(name)
+        if tp is None:
+            out[name] = value
+            continue
+        try:
+            out[name] = _coerce(value, tp)
+        except TypeError:
+            where = (source or {}).get(name)
+            label = f"{where}: key '{name}'" if where else flag(name)
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            raise CorpError(f"{label} is {shown} ({type(value).__name__}); expected {_describe(tp)}") from None
+    return out
+
+
 def load_config(cls: type, yaml_path: str | None = None, overrides: dict | None = None):
-    """defaults <- YAML file <- explicit overrides; unknown keys are errors, renamed ones warn."""
+    """defaults <- YAML file <- explicit overrides; unknown keys are errors, renamed ones warn;
+    every value is checked against its field's type (`check_types`) before `validate()`."""
     values: dict[str, Any] = {}
+    source: dict[str, str] = {}
     names = {f.name for f in fields(cls)}
     if yaml_path:
         path = Path(yaml_path)
-        if not path.exists():
-            raise CorpError(f"--config '{path}' does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise CorpError(f"--config '{path}' is not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise CorpError(f"--config '{path}' must be a mapping of option: value")
+        loaded = read_yaml_config(path)
+        bad_keys = [k for k in loaded if not isinstance(k, str)]
+        if bad_keys:
+            raise CorpError(f"--config '{path}': key {bad_keys[0]!r} is not an option name")
         loaded = _rename(cls, {k.replace("-", "_"): v for k, v in loaded.items()}, str(path))
         unknown = set(loaded) - names
         if unknown:
             raise CorpError(f"--config '{path}': unknown option(s) {', '.join(sorted(unknown))} for this command")
         values.update(loaded)
-    values.update({k: v for k, v in _rename(cls, overrides or {}).items() if v is not None})
+        source.update({k: f"--config '{path}'" for k in loaded})
+    given = {k: v for k, v in _rename(cls, overrides or {}).items() if v is not None}
+    values.update(given)
+    for k in given:
+        source.pop(k, None)
     unknown = set(values) - names
     if unknown:
         raise CorpError(f"unknown option(s) {', '.join(flag(k) for k in sorted(unknown))} for this command")
-    return cls(**values).validate()
+    return cls(**check_types(cls, values, source)).validate()
 
 
 def config_to_dict(cfg) -> dict:

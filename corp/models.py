@@ -14,6 +14,13 @@ a temporary sibling and renames it into place, and replaces an existing director
 carries the marker (or the caller says `overwrite`): corp never deletes what it did not write.
 `check_output_dir` also refuses a file, the current directory or one of its parents, and any path
 the caller protects (`corp apply` protects the model caches and the base model's own directory).
+
+A save that is killed (`kill -9`) leaves its temporary sibling `.<name>.tmp-<pid>-*` (holding the
+`.corp-partial` marker) or, killed between its two renames, the old model moved aside as
+`.<name>.old-<pid>-*`. The next `save_model` to the same target removes such leftovers of dead
+processes on this host (and puts a moved-aside old model back if the target is missing); a
+leftover of a live process, another host's, or a directory corp did not name so is never touched.
+A save that fails (a full disk) is one error line, and the old model, if any, stays in place.
 """
 
 from __future__ import annotations
@@ -399,6 +406,9 @@ def check_output_dir(out: str | Path, overwrite: bool = False, protect: dict[str
     target = given.resolve()
     if target.exists() and not target.is_dir():
         raise CorpError(f"output '{out}' is a file; name a directory to write the model into")
+    above = next((p for p in target.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise CorpError(f"output '{out}' lies under '{above}', which is a file; name a directory to write the model into")
     cwd = Path.cwd().resolve()
     if target == cwd or target in cwd.parents:
         raise CorpError(f"output '{out}' is the current directory or one of its parents; name a new directory for the model")
@@ -411,6 +421,48 @@ def check_output_dir(out: str | Path, overwrite: bool = False, protect: dict[str
     return target
 
 
+PARTIAL = ".corp-partial"  # inside a save's temporary directory while it is being written: {"pid", "host"}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_saves(target: Path) -> None:
+    """Leftovers of killed saves to `target` (module docstring)."""
+    import socket
+
+    host = socket.gethostname()
+    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(tmp|old)-(\d+)-[A-Za-z0-9_]+$")
+    if not target.parent.is_dir():
+        return
+    for p in sorted(target.parent.iterdir()):
+        m = pattern.match(p.name)
+        if not m or not p.is_dir() or p.is_symlink() or _pid_alive(int(m.group(2))) or int(m.group(2)) == os.getpid():
+            continue
+        if m.group(1) == "tmp":
+            if (p / PARTIAL).is_file():
+                try:
+                    mark = json.loads((p / PARTIAL).read_text())
+                except (OSError, ValueError):
+                    mark = None
+                ours = isinstance(mark, dict) and mark.get("host") == host  # a pid means nothing on another host
+            else:
+                ours = (p / MARKER).is_file()  # written in full, killed before the rename
+            if ours:
+                shutil.rmtree(p, ignore_errors=True)
+        elif not target.exists():
+            os.replace(p, target)  # killed between moving the old model aside and putting the new one in place
+        elif is_corp_model(target):
+            shutil.rmtree(p, ignore_errors=True)  # the new model is in place; the old one was to be deleted
+
+
 def save_model(model, tokenizer, out: str | Path, extra_files: dict[str, str] | None = None, overwrite: bool = False,
                protect: dict[str, str | Path] | None = None, source: dict | None = None) -> Path:
     """Save a normal HF directory (safetensors, config, tokenizer, `extra_files`, the corp marker).
@@ -418,20 +470,36 @@ def save_model(model, tokenizer, out: str | Path, extra_files: dict[str, str] | 
     Written into a temporary sibling, then renamed into place; an existing target (a corp model,
     or anything with `overwrite`, see `check_output_dir`) is moved aside first and deleted only once
     the new one is in place, so an interrupted save leaves either the old or the new model."""
+    import socket
+
     import corp
 
     target = check_output_dir(out, overwrite, protect)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-"))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CorpError(f"cannot create the directory '{target.parent}' for the model ({exc.strerror}); name a writable location") from None
+    _remove_stale_saves(target)
+    try:
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-{os.getpid()}-"))
+    except OSError as exc:
+        raise CorpError(f"cannot write the model next to '{target}' ({exc.strerror}); name a writable location") from None
     old: Path | None = None
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text)
-        (tmp / MARKER).write_text(json.dumps({"written_by": "corp", "corp_version": corp.__version__, **(source or {})}, indent=2) + "\n")
+        try:
+            (tmp / PARTIAL).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            for name, text in (extra_files or {}).items():
+                (tmp / name).write_text(text)
+            (tmp / MARKER).write_text(json.dumps({"written_by": "corp", "corp_version": corp.__version__, **(source or {})}, indent=2) + "\n")
+            (tmp / PARTIAL).unlink()
+        except Exception as exc:
+            if not _is_write_error(exc):
+                raise
+            raise CorpError(f"could not write the model to '{target}': {_first_line(exc)}; nothing was replaced (free some space and run it again)") from None
         if target.exists():
-            old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-"))
+            old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-{os.getpid()}-"))
             os.replace(target, old)  # onto an empty directory: allowed by rename(2)
         try:
             os.replace(tmp, target)
@@ -446,6 +514,19 @@ def save_model(model, tokenizer, out: str | Path, extra_files: dict[str, str] | 
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def _is_write_error(exc: BaseException) -> bool:
+    """An OSError, or safetensors' own error for one (a full disk while serialising)."""
+    return isinstance(exc, OSError) or (type(exc).__name__ == "SafetensorError" and ("Io" in str(exc) or "os error" in str(exc).lower()))
+
+
+def _first_line(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    m = re.search(r'message: "([^"]+)"', str(exc))  # safetensors: IoError(Os { code: 28, ..., message: "No space left on device" })
+    text = m.group(1) if m else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return text[:200]
 
 
 def list_models() -> list[dict]:

@@ -17,12 +17,14 @@ looks complete. `write_report` is the one report writer (schema `corp-report/1`)
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import math
 import os
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -34,9 +36,22 @@ from corp.ledger import FLOPS_FORMULA, Ledger
 from corp.stats import compare_paired, comparison_line
 
 
+NAME_PART_MAX = 64  # characters of user input in a derived file name (a file name may hold 255 bytes)
+
+
+def bounded_name(text: str, limit: int = NAME_PART_MAX) -> str:
+    """`text` if it fits in `limit` characters (and bytes), else its first characters and a hash of
+    all of it, so two long names that share a prefix stay apart (a `jsonl:` task on a deep path)."""
+    if len(text.encode()) <= limit:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    head = text.encode()[: limit - len(digest) - 1].decode(errors="ignore")
+    return f"{head}-{digest}"
+
+
 def run_name(task: str, method: str, seed: int) -> str:
-    safe_task = task.replace(":", "-").replace("/", "-")
-    return f"{safe_task}__{method}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
+    safe_task = bounded_name(task.replace(":", "-").replace("/", "-"))
+    return f"{safe_task}__{bounded_name(str(method))}__{seed}__{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def prepare_run_dir(run_dir: str | Path | None, task: str, method: str, seed: int, root: str | Path = "runs") -> Path:
@@ -66,6 +81,15 @@ STATUS_FILE = "run_status.json"
 FAILED_FILE = "FAILED"
 # what setup writes before anything is computed: a failed run holding only these computed nothing
 SETUP_FILES = frozenset({LOCK_FILE, STATUS_FILE, FAILED_FILE, "config.yaml", "splits.json", "population_meta.json"})
+
+
+def enclosing_run_dir(path: str | Path) -> Path | None:
+    """The corp run directory `path` is in or is (it, or a parent, has a run status or lock file), else None."""
+    p = Path(path).expanduser().resolve()
+    for d in (p, *p.parents):
+        if (d / STATUS_FILE).is_file() or (d / LOCK_FILE).is_file():
+            return d
+    return None
 
 
 class RunLock:
@@ -141,9 +165,12 @@ def finish_run_dir(run_dir: str | Path, created: bool, error: BaseException | No
     if created and entries <= SETUP_FILES:
         shutil.rmtree(path, ignore_errors=True)
         return "removed"
-    write_status(path, what, error=message)
     verb = "was interrupted" if interrupted else "failed"
-    atomic_write_text(path / FAILED_FILE, f"this run {verb} and is not complete: {message}\nrerun the same command with --run-dir {path} to resume\n")
+    try:  # FAILED first: on a nearly full disk the small file is the one that must get through
+        atomic_write_text(path / FAILED_FILE, f"this run {verb} and is not complete: {message}\nrerun the same command with --run-dir {path} to resume\n")
+        write_status(path, what, error=message)
+    except OSError as exc:  # the disk is full: say so, and let the run's own error be the one reported
+        warnings.warn(f"could not record in '{path}' that the run {verb} ({exc.strerror}); its run_status.json still says running")
     return what
 
 

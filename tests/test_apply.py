@@ -17,8 +17,8 @@ from typer.testing import CliRunner
 
 from corp import CorpError
 from corp.cli import app
-from corp.consolidate.recipe import RECIPE_FORMAT, apply_recipe, base_candidates, load_recipe, make_recipe, write_recipe
-from corp.models import MARKER, is_corp_model, save_model
+from corp.consolidate.recipe import RECIPE_FORMAT, apply_recipe, base_candidates, load_recipe, make_recipe, produced_weights, write_recipe
+from corp.models import MARKER, PARTIAL, is_corp_model, save_model
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
 from tests.conftest import REPO, make_char_tokenizer, make_tiny_llama
 
@@ -68,9 +68,10 @@ def corp_recipe(tmp_path):
     tok = make_char_tokenizer()
     model = make_tiny_llama(tok)
     direction = Direction.from_json([{"seed": 11, "sigma": 0.01, "coef": 1.5}, {"seed": 12, "sigma": 0.02, "coef": -0.5}])
-    recipe = make_recipe(str(base_dir), str(base_dir), weights_hash(model), ParamFilter(), direction, {"method": "corp"})
-    write_recipe(tmp_path / "recipe.json", recipe)
+    base_hash = weights_hash(model)
     Perturber(model).apply(direction)
+    recipe = make_recipe(str(base_dir), str(base_dir), base_hash, ParamFilter(), direction, {"method": "corp"}, produced=produced_weights(model))
+    write_recipe(tmp_path / "recipe.json", recipe)
     return tmp_path / "recipe.json", base_dir, {k: v.clone() for k, v in model.state_dict().items()}
 
 
@@ -85,9 +86,16 @@ def test_es_recipe_applies_bit_identical_to_es_saved_model(tmp_path):
     assert recipe["format"] == RECIPE_FORMAT and recipe["kind"] == "es" and recipe["components"]
     assert recipe["base_model"] == str(base_dir)  # what the user typed, not only the resolved id
     assert is_corp_model(run / "model")
+    assert recipe["model_weights_hash"] == weights_hash(__import__("transformers").AutoModelForCausalLM.from_pretrained(run / "model"))
     res = apply_cli(run / "recipe.json", "--out", tmp_path / "rebuilt")
     assert res.exit_code == 0, res.output
     assert_same_weights(tmp_path / "rebuilt", run / "model")
+    assert json.loads((tmp_path / "rebuilt" / MARKER).read_text())["checked"] is True
+    # a run's own model is never the target of an apply: its recipe and report describe it
+    before = (run / "model" / "model.safetensors").read_bytes()
+    one_error_line(apply_cli(tmp_path / "rebuilt" / ".." / "run" / "recipe.json", "--out", run / "model"), "inside the run directory")
+    one_error_line(apply_cli(run / "recipe.json", "--out", run / "elsewhere"), "inside the run directory")
+    assert (run / "model" / "model.safetensors").read_bytes() == before and not (run / "elsewhere").exists()
     base = state(base_dir)
     assert any(not torch.equal(base[k], v) for k, v in state(tmp_path / "rebuilt").items()), "ES moved no weight: the test would prove nothing"
 
@@ -172,7 +180,7 @@ def test_a_failed_save_leaves_the_old_model_in_place(tmp_path):
         def save_pretrained(self, path):
             raise OSError("disk full")
 
-    with pytest.raises(OSError):
+    with pytest.raises(CorpError, match="could not write the model.*disk full"):
         save_model(model, Broken(), tmp_path / "model")
     assert (out / "model.safetensors").read_bytes() == before and is_corp_model(out)
     assert [p.name for p in tmp_path.iterdir()] == ["model"], "no temporary sibling is left behind"
@@ -220,3 +228,102 @@ def test_committed_es_recipe_applies_offline(tmp_path, monkeypatch):
     assert res.exit_code == 0, res.output
     marker = json.loads((tmp_path / "es-model" / MARKER).read_text())
     assert marker["kind"] == "es" and marker["base_model"] == "smollm2-135m"
+
+
+def _edit(recipe: Path, tmp_path: Path, name: str, **change) -> Path:
+    r = json.loads(recipe.read_text())
+    r["components"][0].update(change)
+    (tmp_path / name).write_text(json.dumps(r))
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"coef": float("nan")}, "component 0 coef is nan"),
+    ({"coef": 1e30}, "component 0 coef is 1e+30"),
+    ({"sigma": -1}, "component 0 sigma is -1"),
+    ({"sigma": float("inf")}, "component 0 sigma is inf"),
+    ({"seed": 1.5}, "component 0 seed is 1.5"),
+    ({"seed": True}, "component 0 seed is True"),
+])
+def test_recipe_numbers_out_of_range_are_refused_before_anything_is_written(corp_recipe, tmp_path, change, fragment):
+    recipe, _, _ = corp_recipe
+    one_error_line(apply_cli(_edit(recipe, tmp_path, "bad.json", **change), "--out", tmp_path / "o"), fragment)
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_edited_recipe_is_refused_unless_asked_and_then_marked(corp_recipe, tmp_path):
+    recipe, _, expected = corp_recipe
+    edited = _edit(recipe, tmp_path, "edited.json", coef=1.6)
+    res = apply_cli(edited, "--out", tmp_path / "o")
+    # transformers' own bar, and the one-line note that the test's base directory has no model card
+    lines = [ln for ln in res.output.splitlines() if ln.strip() and not ln.startswith("Loading weights") and "has no model card" not in ln]
+    assert res.exit_code == 2 and len(lines) == 1 and "Traceback" not in res.output, res.output
+    assert "no longer rebuilds the model it was evaluated as" in lines[0] and "--allow-mismatch" in lines[0]
+    assert not (tmp_path / "o").exists()
+    res = apply_cli(edited, "--out", tmp_path / "o", "--allow-mismatch")
+    assert res.exit_code == 0, res.output
+    assert "no longer rebuilds" in res.output
+    marker = json.loads((tmp_path / "o" / MARKER).read_text())
+    assert marker["checked"] is False and marker["mismatch"]["evaluated"] == json.loads(recipe.read_text())["model_weights_hash"]
+    assert any(not torch.equal(v, expected[k]) for k, v in state(tmp_path / "o").items())
+    # a recipe of an older corp (no hash) still rebuilds, with a warning
+    old = json.loads(recipe.read_text())
+    del old["model_weights_hash"], old["model_dtype"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    res = apply_cli(tmp_path / "old.json", "--out", tmp_path / "o2")
+    assert res.exit_code == 0 and "cannot be checked" in res.output, res.output
+    assert all(torch.equal(v, expected[k]) for k, v in state(tmp_path / "o2").items())
+
+
+def test_a_directory_as_recipe_is_one_line(tmp_path):
+    one_error_line(apply_cli(tmp_path, "--out", tmp_path / "o"), "is a directory")
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_leftovers_of_a_killed_apply_are_removed_by_the_next_and_nothing_else(corp_recipe, tmp_path):
+    import socket
+
+    recipe, _, expected = corp_recipe
+    dead, live = _dead_pid(), os.getppid()
+    stale = tmp_path / f".out.tmp-{dead}-abc123xy"
+    stale.mkdir()
+    (stale / PARTIAL).write_text(json.dumps({"pid": dead, "host": socket.gethostname()}))
+    (stale / "model.safetensors").write_bytes(b"0" * 1000)
+    running = tmp_path / f".out.tmp-{live}-def456zz"  # another save still writing
+    running.mkdir()
+    (running / PARTIAL).write_text(json.dumps({"pid": live, "host": socket.gethostname()}))
+    foreign = tmp_path / f".out.tmp-{dead}-user0000"  # the user's own directory under a name like ours: no marker
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    other_host = tmp_path / f".out.tmp-{dead}-remote00"
+    other_host.mkdir()
+    (other_host / PARTIAL).write_text(json.dumps({"pid": dead, "host": "elsewhere"}))
+    assert apply_recipe(recipe, tmp_path / "out")
+    assert not stale.exists() and running.exists() and (foreign / "notes.txt").read_text() == "mine" and other_host.exists()
+    assert all(torch.equal(v, expected[k]) for k, v in state(tmp_path / "out").items())
+
+
+def test_an_old_model_moved_aside_by_a_killed_save_is_put_back(tmp_path):
+    from corp.models import _remove_stale_saves
+
+    tok = make_char_tokenizer()
+    out = save_model(make_tiny_llama(tok), tok, tmp_path / "model")
+    aside = tmp_path / f".model.old-{_dead_pid()}-k1ll3d00"
+    os.replace(out, aside)
+    _remove_stale_saves(out)
+    assert is_corp_model(out) and not aside.exists()
+
+
+def test_an_output_under_a_file_is_one_line(corp_recipe, tmp_path):
+    recipe, _, _ = corp_recipe
+    (tmp_path / "afile").write_text("x")
+    one_error_line(apply_cli(recipe, "--out", tmp_path / "afile" / "sub"), "which is a file")
+    assert (tmp_path / "afile").read_text() == "x"

@@ -104,3 +104,28 @@ def strict_batched(completions, answer):
 def test_functions_without_kwargs_get_only_the_columns_they_name():
     for fn in (strict_per_completion, strict_batched):
         assert compute_rewards(get_task("arith"), ["1", "x", "3"], EXS, resolve_reward(fn)) == ([1.0, 0.0, 1.0], 0)
+
+
+def _short_by_one(completions, **_):
+    return [1.0] * (len(completions) - 1) if len(completions) > 1 else [1.0]
+
+
+def _scalar(completions, **_):
+    return 1.0
+
+
+def _huge(completion, **_):
+    return 1e308
+
+
+def test_a_batched_reward_with_the_wrong_number_of_values_stops_the_run():
+    """Not re-called one completion at a time (which answered 1.0 for all three, reward_errors 0)."""
+    with pytest.raises(CorpError, match="returned 2 values for 3 completions"):
+        compute_rewards(get_task("arith"), ["1", "x", "3"], EXS, resolve_reward(_short_by_one))
+    with pytest.raises(CorpError, match=r"returned 1\.0 \(float\), not a list"):
+        compute_rewards(get_task("arith"), ["1", "x", "3"], EXS, resolve_reward(_scalar))
+
+
+def test_rewards_whose_mean_overflows_are_refused():
+    with pytest.raises(CorpError, match="sum to more than float32 holds"):
+        compute_rewards(get_task("arith"), ["1", "x", "3"], EXS, resolve_reward(_huge))

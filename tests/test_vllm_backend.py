@@ -92,3 +92,20 @@ def test_population_meta_matches_hf(vllm_backend, hf_backend):
 
     assert vllm_backend.weights_hash == weights_hash(hf_backend.model)
     assert vllm_backend.n_params == hf_backend.n_params
+
+
+def test_sampling_is_seeded_per_completion(vllm_backend):
+    """Same seeds -> same samples, other seeds -> other samples, and a prompt's samples do not
+    depend on the other prompts of its call (each completion is its own seeded request)."""
+    vllm_backend.set_direction(None)
+    task = get_task("arith")
+    prompts = [e.prompt for e in make_splits(task, SplitSizes(6, 0, 0, 0), 0)["support"]]
+    seeds = [101, 202, 303, 404, 505, 606]
+    one = vllm_backend.generate(prompts, 24, temperature=1.0, n=2, seeds=seeds).texts
+    assert vllm_backend.generate(prompts, 24, temperature=1.0, n=2, seeds=seeds).texts == one
+    alone = vllm_backend.generate(prompts[2:3], 24, temperature=1.0, n=2, seeds=seeds[2:3]).texts
+    assert alone == one[4:6]
+    rev = vllm_backend.generate(prompts[::-1], 24, temperature=1.0, n=2, seeds=seeds[::-1]).texts
+    assert [t for i in range(len(prompts) - 1, -1, -1) for t in rev[2 * i : 2 * i + 2]] == one
+    other = vllm_backend.generate(prompts, 24, temperature=1.0, n=2, seeds=[s + 1 for s in seeds]).texts
+    assert other != one

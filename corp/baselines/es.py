@@ -36,7 +36,7 @@ from tqdm.auto import tqdm
 
 from corp import CorpError
 from corp.config import RunConfig
-from corp.consolidate import make_recipe, write_recipe
+from corp.consolidate import make_recipe, produced_weights, write_recipe
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.context import (
     POPULATION_FILE, EvalCache, cached_eval, check_meta, direction_fingerprint, open_run, population_definition, run_evals,
@@ -211,7 +211,8 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
     final = cached_eval(ctx, evals, "test", what=f"es-centre|{direction_fingerprint(Direction(components))}", current=True, kind="es-centre")
     # the shared recipe writer: kind es, base named as the user gave it (an alias works offline) and as resolved
     made_by = {"method": "es", "iterations": cfg.iterations, "population": cfg.population, "sigma": cfg.sigma, "alpha": cfg.alpha, "antithetic": cfg.antithetic, "fitness": cfg.fitness}
-    write_recipe(run_dir / "recipe.json", make_recipe(cfg.model, model_id, base_hash, ParamFilter(cfg.include, cfg.exclude), Direction(components), made_by, kind="es", scheme=perturber.scheme))
+    write_recipe(run_dir / "recipe.json", make_recipe(cfg.model, model_id, base_hash, ParamFilter(cfg.include, cfg.exclude), Direction(components), made_by, kind="es",
+                                                     scheme=perturber.scheme, produced=produced_weights(ctx.backend.model)))
     save_model(ctx.backend.model, ctx.backend.tokenizer, run_dir / "model")
     sel = ctx.ledger()
     for r in scored.rows.values():

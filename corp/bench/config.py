@@ -78,7 +78,7 @@ class BenchConfig:
     batch_size: int = 64
     """Prompts per generation batch."""
     threads: int | None = None
-    """Torch CPU threads of every cell."""
+    """Torch CPU threads of every cell (unset or 0: torch's default, all usable cores)."""
     max_units: int = 10000
     """Most iterations/steps an iterative method may train while reaching a budget (a guard)."""
     results_dir: str = "results"
@@ -136,6 +136,9 @@ class BenchConfig:
                             "at least 2 seeds (add seeds or remove compare)")
         if self.population < 1:
             raise CorpError(f"bench config: population must be >= 1, got {self.population}")
+        if self.threads is not None and self.threads < 0:
+            raise CorpError(f"bench config: threads must be >= 1 (or 0 / unset for torch's default), "
+                            f"got {self.threads}")
         if self.name in ("", ".", "..") or "/" in self.name:
             raise CorpError(f"bench config: name '{self.name}' must be a plain directory name")
         return self

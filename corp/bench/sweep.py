@@ -33,7 +33,7 @@ from corp.bench.adapters import FIXED, ITERATIVE, PLANNED, POPULATION, BenchAdap
 from corp.bench.budget import min_budget, prefix_that_fits
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig
 from corp.bench.search import choose, trial_options, trial_score
-from corp.config import PopulationConfig, load_config
+from corp.config import PopulationConfig, check_types, load_config
 from corp.ledger import flops
 from corp.methods import REGISTRY, get_method
 from corp.runs import read_json, read_jsonl, write_json
@@ -84,7 +84,9 @@ def _hash(obj) -> str:
 
 
 def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
+    """A file-name part from user input, bounded in length (a hash of the whole keeps long ones apart)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
+    return slug if len(slug) <= 64 else f"{slug[:51]}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
 def _progress_disabled() -> bool:
@@ -209,10 +211,11 @@ def _validate_options(cell: Cell, splits: dict | None = None) -> None:
     `check` finds wrong against the cell's splits, fail here, before compute."""
     method, adapter = get_method(cell.method), cell.adapter
     opts = {k: v for k, v in cell.opts.items() if k != "from_run"}
-    if adapter.unit:
-        opts[adapter.unit] = max(adapter.min_units, int(opts.get(adapter.unit) or adapter.min_units))
-        _clip(opts, adapter)
     try:
+        opts = check_types(method.config_class, opts)  # before the clipping below reads them as numbers
+        if adapter.unit:
+            opts[adapter.unit] = max(adapter.min_units, int(opts.get(adapter.unit) or adapter.min_units))
+            _clip(opts, adapter)
         built = load_config(method.config_class, None, opts)
         if adapter.check is not None and splits is not None:
             adapter.check(built, splits)

@@ -21,6 +21,17 @@ Older recipes are read too: `corp-recipe-v1` (no `kind`: low-rank when it has a 
 else `es` or `corp-direction` by `made_by.method`) and the first ES recipes, which had no `format`
 and named the base by hub id only (e.g. results/baselines-smollm2-arith/es-recipe.json).
 
+What a recipe must rebuild: `model_weights_hash`, the sha256 (`corp.perturb.weights_hash`) of the
+weights the run evaluated and saved (base + direction, in `model_dtype`), taken when the recipe is
+written. `apply_recipe` checks every number of the recipe first (`check_numbers`: seeds are
+integers, sigmas finite and in (0, MAX_SIGMA], coefficients and scales finite and at most
+MAX_COEF in size), rebuilds, checks that every rebuilt tensor is finite, and compares the rebuilt
+weights' hash with `model_weights_hash`: a recipe edited since it was evaluated no longer rebuilds
+the evaluated model and is refused unless the user passes `allow_mismatch` (`--allow-mismatch`).
+A recipe written before the hash existed is rebuilt with a warning that it cannot be checked.
+`apply_recipe` never writes inside a run directory (the model a run saved there belongs to its
+recipe and report).
+
 Which base `apply_recipe` loads: `--model` when given; otherwise the recipe's `base_model` (what
 the user typed, usually an alias that works offline), then any alias whose model is the recipe's
 `base_model_id`, then that id, the first one available on this machine without a download. The
@@ -29,14 +40,22 @@ weights hash decides whether it was the right one.
 
 from __future__ import annotations
 
+import math
+import re
+import warnings
 from pathlib import Path
 from typing import Callable
 
 from corp import CorpError
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, check_scheme, weights_hash
-from corp.runs import read_json, write_json
+from corp.runs import enclosing_run_dir, read_json, write_json
 
 RECIPE_FORMAT = "corp-recipe-v2"
+# sanity bounds, far outside anything corp writes (sigmas ~1e-3, coefficients ~1e-2..1e2): a value
+# beyond them is an edit or a corruption, and would write a model of overflowed or garbage weights
+MAX_SIGMA = 10.0
+MAX_COEF = 1e6
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 OLD_FORMATS = ("corp-recipe-v1",)
 
 # kind -> builder(recipe, directory holding recipe.json) -> the direction to apply to the base
@@ -67,12 +86,20 @@ register_kind("es", _seed_direction)
 register_kind("low-rank", _low_rank_direction)
 
 
+def produced_weights(model) -> dict:
+    """What a recipe records of the model its run evaluated (`model` holds base + direction now)."""
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    return {"model_weights_hash": weights_hash(model), "model_dtype": dtypes[0] if len(dtypes) == 1 else None}
+
+
 def make_recipe(model: str, model_id: str, base_hash: str, param_filter: ParamFilter, direction: Direction, made_by: dict,
-                low_rank: dict | None = None, kind: str | None = None, scheme: str = SCHEME_VERSION) -> dict:
+                low_rank: dict | None = None, kind: str | None = None, scheme: str = SCHEME_VERSION,
+                produced: dict | None = None) -> dict:
     """`model`: the --model the run was given (alias/name); `model_id`: what it resolved to.
     `low_rank`: the entry `lowrank.write_factors` returned, when `direction` is low-rank.
     `kind`: default `low-rank` with a factors entry, else `corp-direction`.
-    `scheme`: the noise scheme the run's Perturber materialised the direction under."""
+    `scheme`: the noise scheme the run's Perturber materialised the direction under.
+    `produced`: `produced_weights(model)` of the evaluated model (what apply must rebuild)."""
     from corp.consolidate.lowrank import LowRankDirection
 
     if isinstance(direction, LowRankDirection) != (low_rank is not None):
@@ -93,6 +120,8 @@ def make_recipe(model: str, model_id: str, base_hash: str, param_filter: ParamFi
     }
     if low_rank is not None:
         recipe["low_rank"] = low_rank
+    if produced is not None:
+        recipe.update(produced)
     return recipe
 
 
@@ -134,6 +163,50 @@ def load_recipe(path: str | Path) -> dict:
     return recipe
 
 
+def _bad_number(x, low: float, high: float, positive: bool = False) -> bool:
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+        return True
+    return (x <= 0 if positive else x < low) or x > high
+
+
+def check_numbers(recipe: dict, path) -> None:
+    """One line for the first number of `recipe` that is not finite or not in range (module docstring)."""
+    def bad(where: str, value, expected: str):
+        raise CorpError(f"recipe '{path}': {where} is {value!r}, expected {expected}; "
+                        "the recipe was edited or corrupted, so it cannot be rebuilt")
+
+    def component(c, where: str):
+        if not isinstance(c, dict):
+            bad(where, c, "an object {seed, sigma, coef}")
+        seed = c.get("seed")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            bad(f"{where} seed", seed, "a non-negative integer")
+        if _bad_number(c.get("sigma"), 0.0, MAX_SIGMA, positive=True):
+            bad(f"{where} sigma", c.get("sigma"), f"a finite number in (0, {MAX_SIGMA:g}]")
+        if _bad_number(c.get("coef", 1.0), -MAX_COEF, MAX_COEF):
+            bad(f"{where} coef", c.get("coef"), f"a finite number of size at most {MAX_COEF:g}")
+
+    comps = recipe.get("components", [])
+    if not isinstance(comps, list):
+        bad("components", comps, "a list")
+    for i, c in enumerate(comps):
+        if isinstance(c, dict) and "merged" in c:
+            if _bad_number(c.get("scale"), -MAX_COEF, MAX_COEF):
+                bad(f"component {i} scale", c.get("scale"), f"a finite number of size at most {MAX_COEF:g}")
+            if not isinstance(c["merged"], list):
+                bad(f"component {i} merged", c["merged"], "a list")
+            for j, m in enumerate(c["merged"]):
+                component(m, f"component {i}.{j}")
+        else:
+            component(c, f"component {i}")
+    low = recipe.get("low_rank")
+    if isinstance(low, dict) and "scale" in low and _bad_number(low["scale"], -MAX_COEF, MAX_COEF):
+        bad("low_rank scale", low["scale"], f"a finite number of size at most {MAX_COEF:g}")
+    h = recipe.get("model_weights_hash")
+    if h is not None and not (isinstance(h, str) and _SHA256.match(h)):
+        bad("model_weights_hash", h, "a sha256 hex digest")
+
+
 def base_candidates(recipe: dict) -> list[str]:
     """Names to try for the recipe's base, in order (see the module docstring)."""
     from corp.models import ALIASES, EmbeddedGGUF
@@ -160,26 +233,57 @@ def resolve_base(recipe: dict, model: str | None) -> tuple[str, Path]:
     return names[0], resolve_model(names[0])[1]  # online it may download; offline this is the one-line error
 
 
-def apply_recipe(path: str | Path, out: str | Path, model: str | None = None, overwrite: bool = False) -> Path:
+def apply_recipe(path: str | Path, out: str | Path, model: str | None = None, overwrite: bool = False,
+                 allow_mismatch: bool = False) -> Path:
     """Rebuild the recipe's model from its base (or `model`, which must have the same weights) into `out`.
 
-    `out` must not be a file, the current directory or a parent of it, a model cache, or the base
-    model's own directory; a non-empty directory that corp did not write is replaced only with
-    `overwrite`. All of it is checked before the model loads."""
+    `out` must not be a file, the current directory or a parent of it, a model cache, the base
+    model's own directory, or inside a run directory; a non-empty directory that corp did not
+    write is replaced only with `overwrite`. All of it, and every number of the recipe, is checked
+    before the model loads. The rebuilt weights must be finite and hash to the recipe's
+    `model_weights_hash` (else refused unless `allow_mismatch`; module docstring)."""
     from corp.models import check_output_dir, load_model, model_caches, save_model
 
+    if Path(path).is_dir():
+        raise CorpError(f"recipe '{path}' is a directory; pass the recipe.json file in it")
     recipe = load_recipe(path)
+    check_numbers(recipe, path)
     direction = RECIPE_KINDS[recipe["kind"]](recipe, Path(path).parent)  # before the model: a missing factors file fails fast
     name, base_dir = resolve_base(recipe, model)
     protect = {"the base model's directory": base_dir, **{f"the model cache {c}": c for c in model_caches()}}
+    run_dir = enclosing_run_dir(out)
+    if run_dir is not None:
+        raise CorpError(f"output '{out}' is inside the run directory '{run_dir}', whose recipe and report "
+                        "describe the model saved there; name a directory outside any run directory")
     check_output_dir(out, overwrite, protect)
-    base, tokenizer, _, _ = load_model(name, dtype=None)
+    base, tokenizer, _, _ = load_model(name, dtype=recipe.get("model_dtype"))
     found = weights_hash(base)
     if found != recipe["base_weights_hash"]:
         hint = f" (tried '{name}' for the recipe's '{recipe['base_model']}')" if not model and name != recipe["base_model"] else ""
         raise CorpError(f"recipe '{path}' was made for base weights {recipe['base_weights_hash'][:12]}..., but '{name}' has {found[:12]}...{hint}; pass the right --model")
     Perturber(base, ParamFilter(**recipe["param_filter"]), scheme=recipe["noise_scheme"]).apply(direction)
+    import torch
+
+    broken = [n for n, t in base.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if broken:
+        raise CorpError(f"recipe '{path}' rebuilds {len(broken)} tensor(s) with non-finite weights "
+                        f"(first: {broken[0]}); nothing written")
     source = {"recipe": str(Path(path).resolve()), "kind": recipe["kind"], "base_model": name}
+    expected = recipe.get("model_weights_hash")
+    if expected is None:
+        warnings.warn(f"recipe '{path}' records no hash of the model it was evaluated as (written by an older corp); "
+                      "the rebuilt model cannot be checked against it")
+        source["checked"] = False
+    else:
+        rebuilt = weights_hash(base)
+        if rebuilt != expected:
+            what = (f"recipe '{path}' no longer rebuilds the model it was evaluated as (weights {rebuilt[:12]}..., evaluated "
+                    f"{expected[:12]}...): it was edited after its run")
+            if not allow_mismatch:
+                raise CorpError(f"{what}; nothing written (pass --allow-mismatch to write this other model anyway)")
+            warnings.warn(f"{what}; writing it anyway (--allow-mismatch)")
+            source["mismatch"] = {"rebuilt": rebuilt, "evaluated": expected}
+        source["checked"] = rebuilt == expected
     target = save_model(base, tokenizer, out, overwrite=overwrite, protect=protect, source=source)
     from corp.cards import apply_model_card
 

@@ -18,7 +18,7 @@ from corp.consolidate.algebra import elite_set
 from corp.consolidate.corp_operator import ConsolidateConfig, consolidate_stage1, reward_scale
 from corp.consolidate.stage2 import consolidate_stage2
 from corp.consolidate.lowrank import FACTORS_FILE, LowRankDirection, LowRankProjector, export_lora, read_analysis, resolve_ranks, write_factors
-from corp.consolidate.recipe import make_recipe, write_recipe
+from corp.consolidate.recipe import make_recipe, produced_weights, write_recipe
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.population import population_line, population_summary, randopt_results
 from corp.evaluate.context import EvalCache, RunContext, cached_eval, direction_fingerprint, open_run, row_scores, run_evals
@@ -120,9 +120,10 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     (ctx.run_dir / FACTORS_FILE).unlink(missing_ok=True)  # a stale file from an earlier run here must not look current
     if isinstance(result.direction, LowRankDirection):
         low_rank_entry = {"mode": cfg.low_rank, "rank_from": rank_dir, **write_factors(result.direction, ctx.run_dir)}
-    recipe = make_recipe(cfg.model, model_id, ctx.weights_hash, pf, result.direction, made_by, low_rank_entry, scheme=scheme)
-    write_recipe(ctx.run_dir / "recipe.json", recipe)
     ctx.backend.set_direction(result.direction)
+    recipe = make_recipe(cfg.model, model_id, ctx.weights_hash, pf, result.direction, made_by, low_rank_entry, scheme=scheme,
+                         produced=produced_weights(ctx.backend.model))  # what apply must rebuild
+    write_recipe(ctx.run_dir / "recipe.json", recipe)
     save_model(ctx.backend.model, ctx.backend.tokenizer, ctx.run_dir / "model")
     low_rank_report: dict = {"mode": cfg.low_rank}
     if projector is not None:

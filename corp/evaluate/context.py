@@ -13,10 +13,18 @@ of one schema (`result_row`) in a JSONL file, keyed by a hash of everything that
 (`eval_identity`): the model id and its weights hash, the backend, the task signature (including
 the content hash of file-backed data), the reward, the exact example ids (a hash of the ordered id
 list), what was evaluated (`what`: "base", the fingerprint of a direction's seed components, or a
-method's checkpoint label), and the generation settings (max_new_tokens, temperature, n). A lookup
+method's checkpoint label), and the generation settings (max_new_tokens, temperature, n; for a
+sampled evaluation also the sampling seed and the version of its derivation, `SAMPLING`). A lookup
 with other examples, weights or settings is another key, so it is evaluated afresh: a row is never
 paired with examples it was not computed on. `cached_scores` returns per-example rewards as a
 `corp.stats.PerExample` carrying those ids, which the paired gate checks.
+
+Seeded sampling (`sampling_seeds`): a sampled evaluation (temperature > 0: self-consistency,
+`corp eval`'s pass@k) gives example e of the evaluation of `what` the prompt seed
+sha256("corp-eval-sample", run seed, what, e's id) (63 bits), and its completion j is drawn from
+`completion_seed(prompt seed, j)` (corp.evaluate.backends.base). So a sample depends on the run's
+`--seed`, the model evaluated and the example, never on the batch it shared or on the order a
+resumed run evaluates in; the seed is part of the row's key, so rows of two seeds never mix.
 
 This module sits below `scorer.py` and `executors.py` (both import it; it imports neither), so the
 executors no longer need to import the scorer.
@@ -57,6 +65,7 @@ META_FILE = "population_meta.json"
 EVALS_FILE = "evals.jsonl"
 META_FORMAT = 2
 POPULATION_ORDER = "specialist i = (specialist_seeds(seed)[i], sigmas[i % len(sigmas)])"
+SAMPLING = "corp-sample-v1"  # the derivation of sampled evaluations' seeds (module docstring); in their keys
 ROW_FORMAT = 2  # rows keyed by eval_identity (format 1: "<seed>:<sigma>:<split>" keys, no example ids)
 
 
@@ -176,12 +185,29 @@ def run_scheme(cfg) -> str:
 def evaluate(ctx: RunContext, examples: Sequence[Example], direction: Direction | None = None, n: int = 1, temperature: float = 0.0) -> EvalResult:
     """Generate on `examples` with weights base + direction and score every completion."""
     ctx.backend.set_direction(direction)
-    return evaluate_current(ctx, examples, n=n, temperature=temperature)
+    return evaluate_current(ctx, examples, n=n, temperature=temperature, what=direction_fingerprint(direction))
 
 
-def evaluate_current(ctx: RunContext, examples: Sequence[Example], n: int = 1, temperature: float = 0.0) -> EvalResult:
-    """Like `evaluate`, with the backend's weights as they are now."""
-    gens = ctx.backend.generate([e.prompt for e in examples], ctx.max_new_tokens, temperature=temperature, n=n, stop=ctx.task.stop or None)  # stop: the task's (in its signature)
+def sampling_seeds(run_seed: int, what: str, ids: Sequence[str]) -> list[int]:
+    """The prompt seeds of a sampled evaluation of `what` on examples `ids` (module docstring)."""
+    out = []
+    for i in ids:
+        digest = hashlib.sha256("\x1f".join(("corp-eval-sample", str(int(run_seed)), what, str(i))).encode()).digest()
+        out.append(int.from_bytes(digest[:8], "little") >> 1)
+    return out
+
+
+def evaluate_current(ctx: RunContext, examples: Sequence[Example], n: int = 1, temperature: float = 0.0,
+                     what: str | None = None) -> EvalResult:
+    """Like `evaluate`, with the backend's weights as they are now; `what` names them (it seeds
+    sampling, with the run's seed: `sampling_seeds`)."""
+    kwargs = {}
+    if temperature > 0:
+        if what is None:
+            raise ValueError("a sampled evaluation needs `what` (it seeds the samples)")
+        kwargs["seeds"] = sampling_seeds(ctx.cfg.seed, what, [e.id for e in examples])
+    gens = ctx.backend.generate([e.prompt for e in examples], ctx.max_new_tokens, temperature=temperature, n=n,
+                                stop=ctx.task.stop or None, **kwargs)  # stop: the task's (in its signature)
     return score_generations(ctx, examples, gens, n)
 
 
@@ -215,9 +241,18 @@ def specialist_what(seed: int | None, sigma: float | None) -> str:
     return "base" if seed is None else direction_fingerprint(Direction.single(int(seed), float(sigma)))
 
 
-def eval_identity(context: dict, what: str, ids: Sequence[str], n: int = 1, temperature: float = 0.0) -> dict:
-    """Everything that defines one evaluation (see the module docstring)."""
-    return {**context, "what": what, "ids_hash": ids_hash(ids), "n_examples": len(ids), "temperature": float(temperature), "n": int(n)}
+def eval_identity(context: dict, what: str, ids: Sequence[str], n: int = 1, temperature: float = 0.0,
+                  seed: int | None = None) -> dict:
+    """Everything that defines one evaluation (see the module docstring). A sampled one
+    (temperature > 0) needs the run's `seed`; a greedy one's key does not hold it, so greedy rows
+    are shared between seeds."""
+    identity = {**context, "what": what, "ids_hash": ids_hash(ids), "n_examples": len(ids),
+                "temperature": float(temperature), "n": int(n)}
+    if temperature > 0:
+        if seed is None:
+            raise ValueError("a sampled evaluation's identity needs the run's seed")
+        identity.update(sample_seed=int(seed), sampling=SAMPLING)
+    return identity
 
 
 def eval_key(identity: dict) -> str:
@@ -241,6 +276,7 @@ def result_row(identity: dict, split: str, res: EvalResult, kind: str, seed: int
         "n_examples": identity["n_examples"],
         "temperature": identity["temperature"],
         "n": identity["n"],
+        **({"sample_seed": identity["sample_seed"]} if "sample_seed" in identity else {}),
         "reward": res.mean_reward,
         "accuracy": res.accuracy,
         "rewards": res.rewards,
@@ -325,7 +361,8 @@ def cached_eval(ctx: RunContext, cache: EvalCache, split: str, direction: Direct
     if current and not what:
         raise ValueError("an evaluation of the current weights needs `what` (a checkpoint label)")
     what = what or direction_fingerprint(direction)
-    identity = eval_identity(ctx.eval_context(), what, [e.id for e in exs], n=n, temperature=temperature)
+    identity = eval_identity(ctx.eval_context(), what, [e.id for e in exs], n=n, temperature=temperature,
+                             seed=ctx.cfg.seed)
     key = eval_key(identity)
     row = cache.get(key)
     if row is None:
@@ -333,7 +370,7 @@ def cached_eval(ctx: RunContext, cache: EvalCache, split: str, direction: Direct
         if not current:
             ctx.backend.set_direction(direction)
         apply_s = time.perf_counter() - t0
-        res = evaluate_current(ctx, exs, n=n, temperature=temperature)
+        res = evaluate_current(ctx, exs, n=n, temperature=temperature, what=what)
         kind = kind or ("checkpoint" if current else "base" if what == "base" else "direction")
         row = cache.put(result_row(identity, split, res, kind, apply_seconds=apply_s, **extra))
     return row
@@ -442,16 +479,17 @@ def setup_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs
             if found.get("format") != META_FORMAT:
                 raise CorpError(f"the population in '{run_dir}' was written by an older corp (rows not keyed by their examples); use another --run-dir")
             compare_meta(found, defines, run_dir, POPULATION_FILE)
-    except BaseException:
+        if os.environ.get("CORP_NO_PROGRESS") != "1":
+            tqdm.write(f"run directory: {run_dir}", file=sys.stderr)
+        # inside the try: a full disk here leaves no half-set-up directory this call created
+        write_yaml(run_dir / "config.yaml", {"method": method, **config_to_dict(cfg)})
+        write_json(run_dir / "splits.json", {"split_seed": cfg.split_seed, "report_on": cfg.report_on, **{s: [e.id for e in splits[s]] for s in SPLITS}})
+        write_status(run_dir, "running", method=method)
+    except BaseException as exc:
         lock.release()
         if created:
-            finish_run_dir(run_dir, created, RuntimeError("refused"))
+            finish_run_dir(run_dir, created, exc if isinstance(exc, OSError) else RuntimeError("refused"))
         raise
-    if os.environ.get("CORP_NO_PROGRESS") != "1":
-        tqdm.write(f"run directory: {run_dir}", file=sys.stderr)
-    write_yaml(run_dir / "config.yaml", {"method": method, **config_to_dict(cfg)})
-    write_json(run_dir / "splits.json", {"split_seed": cfg.split_seed, "report_on": cfg.report_on, **{s: [e.id for e in splits[s]] for s in SPLITS}})
-    write_status(run_dir, "running", method=method)
     return RunContext(cfg, method, task, splits, run_dir, reward_fn, backend, created=created, lock=lock, definition=defines)
 
 

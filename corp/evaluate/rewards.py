@@ -20,7 +20,10 @@ A reward may be any finite float (TRL's convention); rewards are not clipped to 
 that is None, NaN, infinite or not a number, or an exception, scores 0 for that example and is
 counted in the row's `reward_errors`. A function that fails on every example of an evaluation
 before it has ever returned a usable value is a broken function, not a bad completion: that stops
-the run with one line naming the function and its first error.
+the run with one line naming the function and its first error. So does a batched function that
+returns other than one value per completion (a wrong length, or not a list), and rewards whose
+sum over an evaluation is not finite in float32 (|sum| > 3.4e38: values such as 1e308 each
+finite, but their mean overflows; GRPO and ES compute with rewards in float32).
 
 Methods whose hyperparameters assume a reward scale: RandOpt ranks (scale-free); ES z-scores or
 rank-transforms fitness; GRPO divides advantages by the group's standard deviation (TRL's
@@ -140,6 +143,20 @@ def _describe(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _one_per_completion(out, n: int, name: str) -> list:
+    """A batched reward's result as a list of n values, or one line: a wrong length or shape is a
+    broken function (re-calling it one completion at a time would accept answers to other questions)."""
+    if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
+        raise CorpError(f"reward {name} returned {_describe(out)} ({type(out).__name__}), not a list of one value per completion ({n})")
+    raw = list(out)
+    if len(raw) != n:
+        raise CorpError(f"reward {name} returned {len(raw)} values for {n} completions; a batched reward returns one value per completion, in order")
+    return raw
+
+
 def compute_rewards(task: Task, completions: list[str], examples: Sequence[Example], reward_fn: Callable | None = None) -> tuple[list[float], int]:
     """Rewards for aligned completions/examples and the number of examples whose reward failed (scored 0).
 
@@ -156,9 +173,7 @@ def compute_rewards(task: Task, completions: list[str], examples: Sequence[Examp
         return reward_fn(comps, **_columns(exs))
 
     try:
-        raw = list(call(completions, examples))
-        if len(raw) != len(completions):
-            raise ValueError(f"returned {len(raw)} values for {len(completions)} completions")
+        out = call(completions, examples)
     except CorpError:
         raise
     except Exception as batch_exc:
@@ -177,6 +192,8 @@ def compute_rewards(task: Task, completions: list[str], examples: Sequence[Examp
                 raw.append(None)
         if not first_problem and len(completions) > 1:
             first_problem.append(f"{type(batch_exc).__name__}: {batch_exc}")
+    else:
+        raw = _one_per_completion(out, len(completions), name)
     rewards, errors = [], 0
     for v in raw:
         cleaned = _clean(v)
@@ -186,6 +203,9 @@ def compute_rewards(task: Task, completions: list[str], examples: Sequence[Examp
                 first_problem.append(f"returned {_describe(v)}, not a finite number")
             cleaned = 0.0
         rewards.append(cleaned)
+    if not abs(sum(rewards)) <= _FLOAT32_MAX:  # a float64 overflow gives inf, also refused
+        raise CorpError(f"reward {name}: its {len(rewards)} values (largest {max(rewards, key=abs):g}) sum to more than float32 holds, "
+                        "so their mean is not a finite reward; return rewards on a smaller scale")
     state = reward_fn if reward_fn is not None else task
     succeeded_before = getattr(state, "ever_succeeded", False)
     if completions and errors == len(completions) and not succeeded_before:

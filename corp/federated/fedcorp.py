@@ -35,7 +35,7 @@ from pathlib import Path
 
 from corp import CorpError
 from corp.config import PopulationConfig
-from corp.consolidate import OperatorConfig, make_recipe, merge_and_search, paired_gate, write_recipe
+from corp.consolidate import OperatorConfig, make_recipe, merge_and_search, produced_weights, paired_gate, write_recipe
 from corp.federated.aggregation import COMBINE_RULES, combine_client_rewards
 from corp.federated.clients import SPLIT_RULES, ClientBase, ClientPool, Traffic, check_signatures, partition_ids, split_clients
 from corp.ledger import Ledger
@@ -240,8 +240,9 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
     direction = best.direction if accepted else Direction()
     pf = ParamFilter(cfg.include, cfg.exclude)
     made_by = {"method": "fedcorp", "accepted": accepted, "reason": reason, "candidate": best.name, "clients": K, "combine": cfg.combine, "verdicts": verdicts}
-    write_recipe(ctx.run_dir / "recipe.json", make_recipe(cfg.model, ctx.model_id, ctx.weights_hash, pf, direction, made_by, scheme=scheme))
     ctx.backend.set_direction(direction)
+    write_recipe(ctx.run_dir / "recipe.json", make_recipe(cfg.model, ctx.model_id, ctx.weights_hash, pf, direction, made_by, scheme=scheme,
+                                                          produced=produced_weights(ctx.backend.model)))
     save_model(ctx.backend.model, ctx.backend.tokenizer, ctx.run_dir / "model")
 
     evals = run_evals(ctx)

@@ -6,7 +6,8 @@ Every backend has:
   `n_params` (all parameters, for the compute ledger) and `weights_hash` (sha256 of the base
   weights, `corp.perturb.weights_hash`; it keys populations and evaluations);
 - `set_direction(direction)`: weights := base + direction, exactly (None: the base);
-- `generate(prompts, max_new_tokens, temperature, top_p, n, seed, stop)`;
+- `generate(prompts, max_new_tokens, temperature, top_p, n, seed, stop, seeds)`; sampling
+  (temperature > 0) is seeded per completion (see "Seeded sampling" below);
 - `close()`.
 
 What only some backends can do is a named capability (`CAPABILITIES`), asked with
@@ -22,6 +23,15 @@ What only some backends can do is a named capability (`CAPABILITIES`), asked wit
 The attributes behind a capability raise the same error when it is missing, so a caller that
 forgets to ask still gets one line, not an AttributeError.
 
+Seeded sampling: completion j of prompt i is drawn from its own random stream, seeded with
+`completion_seed(seeds[i], j)`, where `seeds[i]` is the prompt's seed (given per prompt, or derived
+from one batch `seed` as `prompt_seeds(seed, len(prompts))`). A completion's draws therefore do not
+depend on which other prompts share its batch, their order, or the backend's batch size, and a
+rerun or a resumed run draws the same samples. (Evaluations derive each prompt's seed from the
+run's seed, what is evaluated and the example id: `corp.evaluate.context.sampling_seeds`.) What can
+still differ between batchings is the floating-point rounding of the logits, as for greedy
+decoding. Without any seed a sampled call draws a fresh one (not reproducible).
+
 Every backend counts tokens the same way (prompt tokens as tokenised after the chat template;
 generated tokens up to and including the end-of-sequence token) so the compute ledger is
 comparable across backends.
@@ -29,7 +39,10 @@ comparable across backends.
 
 from __future__ import annotations
 
+import hashlib
+import secrets
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from corp import CorpError
 from corp.perturb import Direction
@@ -49,6 +62,30 @@ class Generations:
     generated_tokens: list[int]
     seconds: float = 0.0
     token_ids: list[list[int]] = field(default_factory=list)  # generated ids, for trainers
+
+
+def _seed63(*parts) -> int:
+    digest = hashlib.sha256("\x1f".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # 63 bits: a valid seed for torch and for vLLM
+
+
+def prompt_seeds(seed: int, n_prompts: int) -> list[int]:
+    """Per-prompt seeds from one batch seed (prompt i of the call: its position is its identity)."""
+    return [_seed63("corp-prompt", int(seed), i) for i in range(n_prompts)]
+
+
+def completion_seed(prompt_seed: int, j: int) -> int:
+    """The seed of completion j of a prompt whose seed is `prompt_seed`."""
+    return _seed63("corp-sample", int(prompt_seed), int(j))
+
+
+def resolve_seeds(n_prompts: int, seed: int | None, seeds: Sequence[int] | None) -> list[int]:
+    """The per-prompt seeds of a sampled `generate` call (module docstring, "Seeded sampling")."""
+    if seeds is not None:
+        if len(seeds) != n_prompts:
+            raise ValueError(f"generate: {n_prompts} prompts but {len(seeds)} seeds")
+        return [int(s) for s in seeds]
+    return prompt_seeds(secrets.randbits(63) if seed is None else seed, n_prompts)
 
 
 class _Provided:
@@ -100,10 +137,12 @@ class Backend:
         if not self.supports(capability):
             raise CorpError(f"{needed_by} needs {CAPABILITIES[capability]}, which {self.describe()} does not provide; {self.instead}")
 
-    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, n: int = 1, seed: int | None = None, stop: tuple[str, ...] | None = None) -> Generations:
+    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, n: int = 1, seed: int | None = None,
+                 stop: tuple[str, ...] | None = None, seeds: Sequence[int] | None = None) -> Generations:
         """n completions per prompt (prompt-major order), greedy when temperature == 0; a completion
         ends at the first of the `stop` strings, which is cut from its text (tokens up to and
-        including the one that completed it are counted)."""
+        including the one that completed it are counted). Sampling is seeded per completion from
+        `seeds` (one per prompt) or else `seed` (module docstring, "Seeded sampling")."""
         raise NotImplementedError
 
     def set_direction(self, direction: Direction | None) -> None:

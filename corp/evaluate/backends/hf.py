@@ -3,6 +3,15 @@
 The reference for correctness and the default on CPU. Prompts are formatted with the tokenizer's
 chat template when it has one (instruction-tuned models), else used as plain text (base models).
 Batches are formed from prompts sorted by length so little compute goes to padding.
+
+Sampling (temperature > 0) does not use transformers' sampler, which draws the whole batch's
+tokens from torch's one global generator (so a row's sample would depend on its batch-mates and
+on the batch order). Instead `RowSampler`, a logits processor run last under greedy decoding,
+draws each row's token by inverse CDF from a uniform of that row's own CPU `torch.Generator`
+(seeded with `completion_seed`, see corp.evaluate.backends.base), and leaves only that token
+finite, so greedy's argmax takes it. Temperature and top-p are applied as transformers applies
+them. Cost: one tiny CPU draw per row and step plus one batched cumsum and search, small next to
+the forward pass; the global RNG is never touched.
 """
 
 from __future__ import annotations
@@ -10,8 +19,11 @@ from __future__ import annotations
 import time
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
-from corp.evaluate.backends.base import LOGPROBS, MODEL, PERTURBER, Backend, Generations, cut_at_stop
+from corp.evaluate.backends.base import (
+    LOGPROBS, MODEL, PERTURBER, Backend, Generations, completion_seed, cut_at_stop, resolve_seeds,
+)
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
 
 
@@ -24,6 +36,33 @@ def format_prompt(tokenizer, prompt: str) -> str:
     if bos is not None and tokenizer("a")["input_ids"][:1] == [bos] and not prompt.startswith(tokenizer.bos_token):
         return tokenizer.bos_token + prompt
     return prompt
+
+
+class RowSampler(LogitsProcessor):
+    """A logits processor that samples each row from its own generator (module docstring)."""
+
+    def __init__(self, row_seeds: list[int], temperature: float, top_p: float):
+        self.gens = [torch.Generator().manual_seed(s) for s in row_seeds]
+        self.temperature, self.top_p = float(temperature), float(top_p)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logits = scores.float() / self.temperature
+        if self.top_p < 1.0:
+            # as transformers' TopPLogitsWarper: drop the least likely tokens holding 1 - top_p of the mass, keep >= 1
+            sorted_logits, sorted_idx = torch.sort(logits, descending=False, dim=-1)
+            cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            drop = cum <= (1 - self.top_p)
+            drop[..., -1:] = False
+            logits = logits.masked_fill(drop.scatter(1, sorted_idx, drop), float("-inf"))
+        cdf = logits.softmax(dim=-1).cumsum(dim=-1)
+        u = torch.cat([torch.rand(1, generator=g) for g in self.gens]).to(cdf.device)
+        # the first token whose cumulative probability exceeds x = u * total (so never a zero-probability
+        # token); x stays below the total, which rounding of u * total could otherwise reach
+        total = cdf[:, -1]
+        x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total))).unsqueeze(1)
+        tokens = torch.searchsorted(cdf, x, right=True)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, tokens, 0.0)
 
 
 class HFBackend(Backend):
@@ -108,10 +147,12 @@ class HFBackend(Backend):
         return [self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
 
     @torch.inference_mode()
-    def generate_rows(self, seqs: list[list[int]], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, stop=None) -> list[tuple[list[int], str]]:
+    def generate_rows(self, seqs: list[list[int]], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, stop=None,
+                      row_seeds: list[int] | None = None) -> list[tuple[list[int], str]]:
         """One left-padded `model.generate` over the token sequences `seqs` (one batch, in this row
         order): each row's generated ids up to and including its end-of-sequence token or stop
-        string, and its text. The one generation step of `generate` and of the batched low-rank pass."""
+        string, and its text. The one generation step of `generate` and of the batched low-rank pass.
+        Sampling (temperature > 0) needs `row_seeds`, one per row: each row draws from its own seed."""
         pad = self.tokenizer.pad_token_id
         width = max(len(s) for s in seqs)
         input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
@@ -122,10 +163,12 @@ class HFBackend(Backend):
         kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=sorted(self.eos_ids))
         if stop:  # transformers' StopStringCriteria: a row ends when its text ends with a stop string
             kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
+        # greedy decoding; when sampling, RowSampler (run last) leaves one finite token per row
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         if temperature > 0:
-            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-        else:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            if row_seeds is None or len(row_seeds) != len(seqs):
+                raise ValueError("sampled generation needs one seed per row (row_seeds)")
+            kwargs["logits_processor"] = LogitsProcessorList([RowSampler(list(row_seeds), temperature, top_p)])
         out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs)
         rows = []
         for ids in out[:, width:].tolist():
@@ -138,7 +181,7 @@ class HFBackend(Backend):
         return rows
 
     @torch.inference_mode()
-    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None, stop=None) -> Generations:
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None, stop=None, seeds=None) -> Generations:
         t0 = time.perf_counter()
         encoded = self.encode(prompts)
         jobs = [(i, j) for i in range(len(prompts)) for j in range(n)]
@@ -146,11 +189,15 @@ class HFBackend(Backend):
         out_texts: list[str] = [""] * len(jobs)
         out_ids: list[list[int]] = [[] for _ in jobs]
         gen_counts = [0] * len(jobs)
-        if seed is not None:
-            torch.manual_seed(seed)
+        sampled = temperature > 0
+        row_seed = None
+        if sampled:
+            pseeds = resolve_seeds(len(prompts), seed, seeds)
+            row_seed = [completion_seed(pseeds[i], j) for i, j in jobs]
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
-            done = self.generate_rows([encoded[jobs[k][0]] for k in batch], max_new_tokens, temperature, top_p, stop)
+            done = self.generate_rows([encoded[jobs[k][0]] for k in batch], max_new_tokens, temperature, top_p, stop,
+                                      row_seeds=[row_seed[k] for k in batch] if sampled else None)
             for k, (ids, text) in zip(batch, done):
                 gen_counts[k] = len(ids)
                 out_ids[k] = ids

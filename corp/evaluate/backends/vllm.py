@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 
 from corp import CorpError
-from corp.evaluate.backends.base import Backend, Generations, cut_at_stop
+from corp.evaluate.backends.base import Backend, Generations, completion_seed, cut_at_stop, resolve_seeds
 from corp.evaluate.backends.hf import format_prompt
 from corp.perturb import Direction, ParamFilter
 from corp.perturb.direction import Scratch, ScratchPool, per_tensor
@@ -202,27 +202,38 @@ class VLLMBackend(Backend):
     def read_linear(self, module_name: str) -> torch.Tensor:
         return self.llm.collective_rpc("corp_read_linear", args=(module_name,))[0]
 
-    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None, stop=None) -> Generations:
+    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None, stop=None, seeds=None) -> Generations:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         t0 = time.perf_counter()
         encoded = [self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
         greedy = temperature <= 0
-        params = SamplingParams(
-            n=n, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
-            max_tokens=max_new_tokens, seed=seed, stop_token_ids=sorted(self.eos_ids),
-            stop=list(stop) if stop else None, detokenize=bool(stop),  # vLLM matches stop strings on detokenized text
-        )
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=e) for e in encoded], params, use_tqdm=False)
+
+        def params(n_: int, seed_: int | None):
+            return SamplingParams(
+                n=n_, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
+                max_tokens=max_new_tokens, seed=seed_, stop_token_ids=sorted(self.eos_ids),
+                stop=list(stop) if stop else None, detokenize=bool(stop),  # vLLM matches stop strings on detokenized text
+            )
+
+        if greedy:
+            jobs = [(i, None) for i in range(len(prompts))]
+            requests, sampling = [TokensPrompt(prompt_token_ids=e) for e in encoded], params(n, None)
+        else:  # one request per completion, each with its own seed (module docstring)
+            pseeds = resolve_seeds(len(prompts), seed, seeds)
+            jobs = [(i, j) for i in range(len(prompts)) for j in range(n)]
+            requests = [TokensPrompt(prompt_token_ids=encoded[i]) for i, _ in jobs]
+            sampling = [params(1, completion_seed(pseeds[i], j)) for i, j in jobs]
+        outs = self.llm.generate(requests, sampling, use_tqdm=False)
         texts, prompt_counts, gen_counts, ids_out = [], [], [], []
-        for enc, out in zip(encoded, outs):
+        for (i, _), out in zip(jobs, outs):
             for comp in out.outputs:
                 ids = list(comp.token_ids)
-                cut = next((i + 1 for i, t in enumerate(ids) if t in self.eos_ids), len(ids))
+                cut = next((t + 1 for t, tok in enumerate(ids) if tok in self.eos_ids), len(ids))
                 ids, text = cut_at_stop(self.tokenizer, ids[:cut], stop)  # as the hf backend cuts
                 texts.append(text)
-                prompt_counts.append(len(enc))
+                prompt_counts.append(len(encoded[i]))
                 gen_counts.append(len(ids))
                 ids_out.append(ids)
         return Generations(texts, prompt_counts, gen_counts, time.perf_counter() - t0, ids_out)
