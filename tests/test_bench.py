@@ -452,7 +452,7 @@ def test_population_options_come_from_population_config():
 
     assert POPULATION_OPTIONS <= {f.name for f in dataclasses.fields(PopulationConfig)}
     assert POPULATION_OPTIONS == {"model", "task", "seed", "split_seed", "backend", "device", "batch_size", "threads", "max_new_tokens",
-                                  "reward", "data", "dtype", "n_support", "n_probe", "n_validation", "n_test", "sigmas", "include", "exclude"}
+                                  "reward", "data", "dtype", "n_support", "n_probe", "n_validation", "n_test", "sigmas", "include", "exclude", "noise"}
 
 
 def test_unit_costs_read_unset_options_from_the_methods_defaults():

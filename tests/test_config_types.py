@@ -24,7 +24,8 @@ def _wrong_values(tp) -> list:
     if origin in (typing.Union, types.UnionType):
         return _wrong_values(next(a for a in args if a is not type(None)))
     if origin is list:
-        elem = {int: 1.5, float: "abc", str: 5}[args[0]]
+        union = typing.get_origin(args[0]) in (typing.Union, types.UnionType)  # e.g. bench tasks: str | dict
+        elem = 5 if union else {int: 1.5, float: "abc", str: 5}[args[0]]
         return [{"a": 1}, [elem]]
     if tp is dict:
         return [[1], "x"]

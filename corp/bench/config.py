@@ -29,7 +29,7 @@ class BenchConfig:
     """Bench name: outputs go to RESULTS_DIR/NAME, run directories of its cells to WORK_DIR/NAME."""
     model: str = "smollm2-135m"
     """Model every method starts from (alias, local directory or hub id)."""
-    tasks: list[str] = field(default_factory=lambda: ["arith"])
+    tasks: list[str | dict] = field(default_factory=lambda: ["arith"])
     """Tasks, comma-separated (each as `corp tasks` names them, options included); in YAML an entry may also be
     {task: SPEC, label: SHORT}, SHORT naming the task in tables and file names (default: the spec)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
