@@ -57,9 +57,15 @@ def test_every_registered_config_field_has_a_type_the_checker_knows():
         for name, tp in typing.get_type_hints(cls).items():
             if name == "renamed":
                 continue
-            bare = {a for a in typing.get_args(tp) if a is not type(None)} or {tp}
-            for b in bare:
-                assert (typing.get_origin(b) or b) in known, f"{cls.__name__}.{name}: {tp}"
+            todo, seen = [tp], []
+            while todo:  # the type, its Optional/Union members and a list's element types
+                t = todo.pop()
+                origin = typing.get_origin(t)
+                if origin in (typing.Union, types.UnionType) or origin is list:
+                    todo.extend(a for a in typing.get_args(t) if a is not type(None))
+                seen.append(t)
+            for b in seen:
+                assert (typing.get_origin(b) or b) in known | {typing.Union, types.UnionType}, f"{cls.__name__}.{name}: {tp}"
 
 
 def test_yaml_values_are_checked_and_named_by_file(tmp_path):
