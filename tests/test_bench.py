@@ -451,8 +451,10 @@ def test_population_options_come_from_population_config():
     from corp.config import PopulationConfig
 
     assert POPULATION_OPTIONS <= {f.name for f in dataclasses.fields(PopulationConfig)}
-    assert POPULATION_OPTIONS == {"model", "task", "seed", "split_seed", "backend", "device", "batch_size", "threads", "max_new_tokens",
-                                  "reward", "data", "dtype", "n_support", "n_probe", "n_validation", "n_test", "sigmas", "include", "exclude"}
+    # the noise scheme defines the population (a cell's key has it only when the cell sets it)
+    assert POPULATION_OPTIONS == {"model", "task", "seed", "split_seed", "backend", "device", "batch_size", "threads",
+                                  "max_new_tokens", "reward", "data", "dtype", "n_support", "n_probe", "n_validation",
+                                  "n_test", "sigmas", "include", "exclude", "noise"}
 
 
 def test_unit_costs_read_unset_options_from_the_methods_defaults():
@@ -596,3 +598,35 @@ def test_the_bench_table_states_the_ledger_s_lora_convention(tmp_path):
     text = table_md(cfg, [], [], [], "corp bench")
     assert "6 * N_params * trained_tokens" in text and "LoRA training is charged 6 N per trained token" in text
     assert "conservative charge against GRPO-LoRA" in text
+
+
+def test_bench_cell_options_are_the_method_configs_fields():
+    """BenchConfig does not restate RunConfig's and PopulationConfig's fields: the options every cell and the
+    shared population get have their types, defaults (but a larger test split and population) and docstrings."""
+    import dataclasses
+    import typing
+
+    from corp.bench.config import POPULATION_OPTIONS, RUN_OPTIONS
+    from corp.config import PopulationConfig, RunConfig, field_docs
+
+    bench_hints, bench_docs = typing.get_type_hints(BenchConfig), field_docs(BenchConfig)
+    bench_defaults = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+                      for f in dataclasses.fields(BenchConfig)}
+    for source, names in ((RunConfig, RUN_OPTIONS), (PopulationConfig, POPULATION_OPTIONS)):
+        hints, docs, ref = typing.get_type_hints(source), field_docs(source), source()
+        for name in names:
+            assert bench_hints[name] == hints[name], name
+            assert bench_defaults[name] == {"n_test": 500, "population": 64}.get(name, getattr(ref, name)), name
+            assert bench_docs[name] and bench_docs[name] == docs[name] or name in ("n_test", "population"), name
+    assert set(RUN_OPTIONS) < set(bench_hints) and set(POPULATION_OPTIONS) < set(bench_hints)
+
+
+def test_committed_bench_configs_load():
+    """Every bench config of the repository loads (task entries with labels included)."""
+    from corp.bench.sweep import load_bench_config
+
+    paths = sorted((Path(__file__).parent.parent / "configs").glob("bench*.yaml"))
+    assert paths
+    for p in paths:
+        cfg = load_bench_config(str(p))
+        assert cfg.tasks and all(isinstance(t, str) for t in cfg.tasks)
