@@ -210,6 +210,10 @@ def test_readme_section_cites_intervals(swept):
      "asks for 3 trials, the others get trials = 2"),
     ({"n_test": 5000}, "test 5000"),
     ({"methods": {"randopt": {"options": {"no_such_option": 1}}}}, "no-such-option"),
+    # issue 23: top_k [5] with a population of 2 ran as top-1 under the row name 'randopt'
+    ({"population": 2, "methods": {"randopt": {"options": {"top_k": [5]}}}},
+     "method 'randopt' (variant 'randopt'): top_k 5 can never fit the bench's population of 2 specialists"),
+    ({"population": 4, "methods": {"randopt": {"options": {"top_k": [1, 2, 8]}}}}, "top_k 8 can never fit"),
     # arith's support examples all use "+": one operator group for three clients (found by a real run)
     ({"methods": {"fgrpo": {"options": {"clients": 3, "split_by": "op"}}}}, "gets no support examples"),
     # the hyperparameter search (corp.bench.search)
@@ -439,6 +443,28 @@ def test_a_clipped_top_k_keeps_its_row_names(tmp_path):
     assert [r["name"] for r in rec["rows"]] == ["randopt-top1"]
     rec = bench._record(Cell("arith", "paper", 0, "consolidate", "corp-stage1", 1e9, {"top_k": [1]}), {"rows": [{**row, "method": "corp"}]}, tmp_path, 1.0, 2)
     assert [r["name"] for r in rec["rows"]] == ["corp-stage1"]
+
+
+def test_a_budget_that_buys_fewer_specialists_than_top_k_does_not_fit(tmp_path, monkeypatch):
+    """A top_k that fits the population but not a budget's prefix: the cell is 'does not fit' (the bench
+    protocol's rule), with nothing run, never a top-1 row under the cell's name; a top_k list with a value
+    that fits runs (its larger values clipped)."""
+    from corp.bench.sweep import Bench, Cell
+
+    cfg = load_config(BenchConfig, None, {"methods": {"randopt": None}, "results_dir": str(tmp_path),
+                                          "work_dir": str(tmp_path / "w")})
+    bench = Bench(cfg)
+    pop = {"run_dir": "pop", "costs": [1.0] * 8, "seconds": [0.0] * 8, "wall": 0.0}
+    monkeypatch.setattr(bench, "population", lambda cell: pop)
+    ran = []
+    monkeypatch.setattr(bench, "_invoke", lambda method, opts: ran.append(opts) or ({}, 0.0))
+    rec = bench._population_cell(Cell("arith", "paper", 0, "randopt", "randopt", 3.0, {"top_k": [5]}))  # buys 3
+    assert rec["status"] == "does not fit" and rec["reason"] == "budget buys 3 specialist(s); randopt needs at least 5"
+    assert not ran and rec["rows"] == []
+    monkeypatch.setattr(bench, "_record", lambda cell, report, run_dir, wall, units, chosen: {"units": units})
+    monkeypatch.setattr("corp.bench.sweep.get_path", lambda report, path: 0.0)
+    rec = bench._population_cell(Cell("arith", "paper", 0, "randopt", "randopt", 3.0, {"top_k": [1, 5]}))
+    assert rec["units"] == 3 and ran[-1]["top_k"] == [1]
 
 
 def test_population_options_come_from_population_config():
