@@ -57,7 +57,36 @@ def field_docs(cls: type) -> dict[str, str]:
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
                     docs[node.target.id] = " ".join(nxt.value.value.split())
+    if dataclasses.is_dataclass(cls):
+        for f in fields(cls):  # fields `options_from` gave the class carry their docstring with them
+            if f.name not in docs and "doc" in f.metadata:
+                docs[f.name] = f.metadata["doc"]
     return docs
+
+
+def options_from(source: type, names: tuple[str, ...], defaults: dict | None = None, docs: dict | None = None):
+    """Class decorator, under `@dataclass`: give the class the fields `names` of the dataclass `source`,
+    with their types, defaults and docstrings (one definition, not a restatement); `defaults` and
+    `docs` replace those where the class's meaning differs (e.g. a larger test split)."""
+
+    def add(cls: type) -> type:
+        hints, docs_of, by_name = get_type_hints(source), field_docs(source), {f.name: f for f in fields(source)}
+        annotations = cls.__dict__.get("__annotations__", {})
+        for name in names:
+            f = by_name[name]
+            doc = {"doc": (docs or {}).get(name, docs_of[name])}
+            if name in (defaults or {}):
+                new = field(default=defaults[name], metadata=doc)
+            elif f.default_factory is not dataclasses.MISSING:
+                new = field(default_factory=f.default_factory, metadata=doc)
+            else:
+                new = field(default=f.default, metadata=doc)
+            annotations[name] = hints[name]
+            setattr(cls, name, new)
+        cls.__annotations__ = annotations
+        return cls
+
+    return add
 
 
 def parse_list(value: Any, cast, name: str) -> list:
@@ -304,10 +333,16 @@ def _describe(tp) -> str:
         inner = [a for a in args if a is not type(None)]
         return " or ".join(_describe(a) for a in inner) + (" or null" if len(inner) < len(args) else "")
     if origin is list or tp is list:
-        return f"a list of {_describe(args[0]).removeprefix('an ').removeprefix('a ')}s" if args else "a list"
+        return f"a list of {_plural(args[0])}" if args else "a list"
     if origin is dict or tp is dict:
         return "a mapping"
     return _SCALARS.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _plural(tp) -> str:
+    if get_origin(tp) in (Union, types.UnionType):
+        return " or ".join(_plural(a) for a in get_args(tp) if a is not type(None))
+    return _describe(tp).removeprefix("an ").removeprefix("a ") + "s"
 
 
 def _coerce(value, tp):

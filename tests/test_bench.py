@@ -210,6 +210,10 @@ def test_readme_section_cites_intervals(swept):
      "asks for 3 trials, the others get trials = 2"),
     ({"n_test": 5000}, "test 5000"),
     ({"methods": {"randopt": {"options": {"no_such_option": 1}}}}, "no-such-option"),
+    # issue 23: top_k [5] with a population of 2 ran as top-1 under the row name 'randopt'
+    ({"population": 2, "methods": {"randopt": {"options": {"top_k": [5]}}}},
+     "method 'randopt' (variant 'randopt'): top_k 5 can never fit the bench's population of 2 specialists"),
+    ({"population": 4, "methods": {"randopt": {"options": {"top_k": [1, 2, 8]}}}}, "top_k 8 can never fit"),
     # arith's support examples all use "+": one operator group for three clients (found by a real run)
     ({"methods": {"fgrpo": {"options": {"clients": 3, "split_by": "op"}}}}, "gets no support examples"),
     # the hyperparameter search (corp.bench.search)
@@ -441,6 +445,28 @@ def test_a_clipped_top_k_keeps_its_row_names(tmp_path):
     assert [r["name"] for r in rec["rows"]] == ["corp-stage1"]
 
 
+def test_a_budget_that_buys_fewer_specialists_than_top_k_does_not_fit(tmp_path, monkeypatch):
+    """A top_k that fits the population but not a budget's prefix: the cell is 'does not fit' (the bench
+    protocol's rule), with nothing run, never a top-1 row under the cell's name; a top_k list with a value
+    that fits runs (its larger values clipped)."""
+    from corp.bench.sweep import Bench, Cell
+
+    cfg = load_config(BenchConfig, None, {"methods": {"randopt": None}, "results_dir": str(tmp_path),
+                                          "work_dir": str(tmp_path / "w")})
+    bench = Bench(cfg)
+    pop = {"run_dir": "pop", "costs": [1.0] * 8, "seconds": [0.0] * 8, "wall": 0.0}
+    monkeypatch.setattr(bench, "population", lambda cell: pop)
+    ran = []
+    monkeypatch.setattr(bench, "_invoke", lambda method, opts: ran.append(opts) or ({}, 0.0))
+    rec = bench._population_cell(Cell("arith", "paper", 0, "randopt", "randopt", 3.0, {"top_k": [5]}))  # buys 3
+    assert rec["status"] == "does not fit" and rec["reason"] == "budget buys 3 specialist(s); randopt needs at least 5"
+    assert not ran and rec["rows"] == []
+    monkeypatch.setattr(bench, "_record", lambda cell, report, run_dir, wall, units, chosen: {"units": units})
+    monkeypatch.setattr("corp.bench.sweep.get_path", lambda report, path: 0.0)
+    rec = bench._population_cell(Cell("arith", "paper", 0, "randopt", "randopt", 3.0, {"top_k": [1, 5]}))
+    assert rec["units"] == 3 and ran[-1]["top_k"] == [1]
+
+
 def test_population_options_come_from_population_config():
     """The options a cell passes to its shared `corp score` run are PopulationConfig's fields less
     the scoring/placement ones; they are also the population's cache key, so a change to this set
@@ -451,8 +477,10 @@ def test_population_options_come_from_population_config():
     from corp.config import PopulationConfig
 
     assert POPULATION_OPTIONS <= {f.name for f in dataclasses.fields(PopulationConfig)}
-    assert POPULATION_OPTIONS == {"model", "task", "seed", "split_seed", "backend", "device", "batch_size", "threads", "max_new_tokens",
-                                  "reward", "data", "dtype", "n_support", "n_probe", "n_validation", "n_test", "sigmas", "include", "exclude", "noise"}
+    # the noise scheme defines the population (a cell's key has it only when the cell sets it)
+    assert POPULATION_OPTIONS == {"model", "task", "seed", "split_seed", "backend", "device", "batch_size", "threads",
+                                  "max_new_tokens", "reward", "data", "dtype", "n_support", "n_probe", "n_validation",
+                                  "n_test", "sigmas", "include", "exclude", "noise"}
 
 
 def test_unit_costs_read_unset_options_from_the_methods_defaults():
@@ -596,3 +624,35 @@ def test_the_bench_table_states_the_ledger_s_lora_convention(tmp_path):
     text = table_md(cfg, [], [], [], "corp bench")
     assert "6 * N_params * trained_tokens" in text and "LoRA training is charged 6 N per trained token" in text
     assert "conservative charge against GRPO-LoRA" in text
+
+
+def test_bench_cell_options_are_the_method_configs_fields():
+    """BenchConfig does not restate RunConfig's and PopulationConfig's fields: the options every cell and the
+    shared population get have their types, defaults (but a larger test split and population) and docstrings."""
+    import dataclasses
+    import typing
+
+    from corp.bench.config import POPULATION_OPTIONS, RUN_OPTIONS
+    from corp.config import PopulationConfig, RunConfig, field_docs
+
+    bench_hints, bench_docs = typing.get_type_hints(BenchConfig), field_docs(BenchConfig)
+    bench_defaults = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+                      for f in dataclasses.fields(BenchConfig)}
+    for source, names in ((RunConfig, RUN_OPTIONS), (PopulationConfig, POPULATION_OPTIONS)):
+        hints, docs, ref = typing.get_type_hints(source), field_docs(source), source()
+        for name in names:
+            assert bench_hints[name] == hints[name], name
+            assert bench_defaults[name] == {"n_test": 500, "population": 64}.get(name, getattr(ref, name)), name
+            assert bench_docs[name] and bench_docs[name] == docs[name] or name in ("n_test", "population"), name
+    assert set(RUN_OPTIONS) < set(bench_hints) and set(POPULATION_OPTIONS) < set(bench_hints)
+
+
+def test_committed_bench_configs_load():
+    """Every bench config of the repository loads (task entries with labels included)."""
+    from corp.bench.sweep import load_bench_config
+
+    paths = sorted((Path(__file__).parent.parent / "configs").glob("bench*.yaml"))
+    assert paths
+    for p in paths:
+        cfg = load_bench_config(str(p))
+        assert cfg.tasks and all(isinstance(t, str) for t in cfg.tasks)

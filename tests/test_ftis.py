@@ -3,6 +3,8 @@ plain GRPO (and TRL) on on-policy data, sharing across tokenizers, and the comma
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 import string
@@ -200,3 +202,35 @@ def test_bad_options_are_one_line(tmp_path):
         load_config(FTISConfig, None, {"tis_cap": 0})
     with pytest.raises(CorpError, match="--kl-filter"):
         load_config(FTISConfig, None, {"kl_filter": -1})
+
+
+def test_grpo_options_ftis_lacks_are_refused_not_ignored():
+    """FTISConfig extends GRPOConfig: every inherited option F-TIS does not implement is one line, never a silent no-op."""
+    from corp.baselines.ftis import UNSUPPORTED, FTISConfig
+    from corp.config import load_config
+
+    other = {"loss": "cov", "beta": 0.1, "num_iterations": 2, "lora_r": 8, "lora_alpha": 16, "lora_targets": "q_proj"}
+    assert set(other) == set(UNSUPPORTED)
+    for name, value in other.items():
+        with pytest.raises(CorpError, match=f"--{name.replace('_', '-')} {value}: corp ftis does not support it"):
+            load_config(FTISConfig, None, {name: value})
+    load_config(FTISConfig, None, {"epsilon_high": 0.3, "scale_rewards": "none", "checkpoint_every": 2})  # these work
+    with pytest.raises(CorpError, match="--num-generations must be >= 1"):
+        load_config(FTISConfig, None, {"num_generations": 0})
+    assert load_config(FTISConfig, None, {"num_generations": 1, "grad_accum": 3}).num_generations == 1  # mixed group K x G
+
+
+def test_trained_as_key_of_a_run_from_before_the_grpo_config():
+    """The evaluation-cache key of F-TIS's trained weights is the one it had before FTISConfig extended GRPOConfig
+    (the inherited options at their defaults do not enter it); an inherited option that works changes it."""
+    from corp.baselines.ftis import FTISConfig, _trained_as
+    from corp.config import config_to_dict, load_config
+
+    cfg = load_config(FTISConfig, None, {"steps": 2, "tis_cap": 1.5})
+    before = ("loss", "epsilon_high", "beta", "scale_rewards", "num_iterations", "lora_r", "lora_alpha", "lora_targets",
+              "checkpoint_every", "run_dir", "threads", "report_to", "eval_every", "ood_task", "skip_grpo_baseline", "skip_test_eval")
+    old = {k: v for k, v in config_to_dict(cfg).items() if k not in before}  # the fields and exclusions of the old key
+    assert _trained_as(cfg) == hashlib.sha256(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert _trained_as(dataclasses.replace(cfg, epsilon_high=0.3)) != _trained_as(cfg)
+    assert _trained_as(dataclasses.replace(cfg, scale_rewards="none")) != _trained_as(cfg)
+    assert _trained_as(dataclasses.replace(cfg, checkpoint_every=2)) == _trained_as(cfg)

@@ -25,9 +25,12 @@ Choices of ours (the paper's are not public), each stated:
   per-token logprobs do not align with local tokens, defines mu per LOCAL token as the sender's
   reported sequence log-probability spread evenly: log mu_t = log mu(text) / T_local. The product
   of the per-token ratios is then exactly pi_old(text) / mu(text); per token it is an approximation.
-- num_iterations = 1 (pi_old = the current weights, detached), no KL penalty to a reference, no
-  LoRA: the policy-gradient part is exactly corp grpo's per-token loss (corp.baselines.grpo.core),
-  so with only on-policy completions the loss equals plain GRPO's (and TRL's; tests/test_ftis.py).
+- Built on corp grpo (corp.baselines.grpo.core): FTISConfig extends GRPOConfig and a node is a
+  GRPOTrainer (optimizer set-up, checkpoint, micro-batch step) whose per-token loss is F-TIS's.
+  num_iterations = 1 (pi_old = the current weights, detached), no KL penalty to a reference, no
+  LoRA, no loss variant (those GRPO options are refused, UNSUPPORTED): the policy-gradient part is
+  exactly corp grpo's per-token loss, so with only on-policy completions the loss equals plain
+  GRPO's (and TRL's; tests/test_ftis.py). --epsilon-high and --scale-rewards work as in corp grpo.
 - The sender's logprobs come from one forward pass over its own completions after generation (the
   HF backend's generate does not return them; a vLLM sender would), counted as inference FLOPs.
 - Comparison arm (on unless `--skip-grpo-baseline`): each node alone, from its own base weights, runs
@@ -43,7 +46,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import random
 import time
 from dataclasses import dataclass
@@ -51,8 +53,9 @@ from dataclasses import dataclass
 import torch
 
 from corp import CorpError
+from corp.baselines.grpo.core import (GRPOConfig, GRPOTrainer, build_batch, group_advantages, per_token_loss,
+                                     token_logps_and_entropy)
 from corp.config import RunConfig, config_to_dict
-from corp.evaluate.backends.base import MODEL
 from corp.evaluate.rewards import compute_rewards
 from corp.ledger import Ledger
 from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
@@ -62,8 +65,20 @@ LOGRATIO_CLAMP = 50.0
 ID_BYTES, LOGPROB_BYTES, SEQ_LOGPROB_BYTES = 4, 4, 4  # int32 token ids, float32 logprobs
 
 
+# GRPO options F-TIS does not have, each refused unless at its default (never silently ignored), and why
+UNSUPPORTED = {
+    "loss": "its per-token loss is plain GRPO's times the truncated importance weight; "
+            "the cov / reco variants are not defined on a mixed group",
+    "beta": "it has no KL penalty to a reference model",
+    "num_iterations": "it takes one step per generated batch (pi_old = the current weights)",
+    "lora_r": "its nodes train all parameters (no LoRA)",
+    "lora_alpha": "its nodes train all parameters (no LoRA)",
+    "lora_targets": "its nodes train all parameters (no LoRA)",
+}
+
+
 @dataclass
-class FTISConfig(RunConfig):
+class FTISConfig(GRPOConfig):
     nodes: str = ""
     """Comma-separated models, one per node (aliases, directories or hub ids); default: --n-nodes copies of --model."""
     n_nodes: int = 2
@@ -74,24 +89,14 @@ class FTISConfig(RunConfig):
     """Distinct prompts per step, the same for every node."""
     num_generations: int = 12
     """G: completions each node samples per prompt (the paper's group size 12); the mixed group has K x G."""
-    temperature: float = 1.0
-    """Sampling temperature (logprobs use logits / temperature, as GRPO)."""
-    learning_rate: float = 1e-6
-    """AdamW learning rate of every node."""
-    epsilon: float = 0.2
-    """GRPO clip range (both sides)."""
+    checkpoint_every: int = 1
+    """Save every node's resumable checkpoint every this many steps (and at the end)."""
     tis_cap: float = 2.0
     """C: truncated importance weight min(pi_old / mu, C) on off-policy tokens."""
     kl_filter: float = 50.0
     """gamma: an off-policy completion with advantage <= 0 and summed KL from its generator >= gamma is dropped (paper ablates 5, 10)."""
     no_retokenize: bool = False
     """Refuse to share text across tokenizers (then every node must use the same tokenizer)."""
-    loss_type: str = "dapo"
-    """Aggregation, as corp grpo's --loss-type: grpo, dapo (token mean, default), dr_grpo."""
-    grad_accum: int = 1
-    """Micro-batches per optimizer step (keep micro-batches small for large-vocabulary models such as Gemma)."""
-    max_grad_norm: float = 1.0
-    """Gradient-norm clip (0 disables)."""
     skip_grpo_baseline: bool = False
     """Do not run the comparison arm: on-policy GRPO per node alone (same steps, prompts and K x G own completions per prompt)."""
     ood_task: str | None = None
@@ -102,29 +107,28 @@ class FTISConfig(RunConfig):
     """Do not evaluate on the test split (and OOD task) at all."""
 
     def validate(self) -> "FTISConfig":
+        defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+        for name, why in UNSUPPORTED.items():  # before GRPO's checks: the first line says what F-TIS lacks
+            if getattr(self, name) != defaults[name]:
+                flag = f"--{name.replace('_', '-')} {getattr(self, name)}"
+                raise CorpError(f"{flag}: corp ftis does not support it ({why}); drop it")
         super().validate()
-        for name in ("steps", "prompts_per_step", "grad_accum", "eval_every", "n_nodes"):
+        for name in ("eval_every", "n_nodes"):
             if getattr(self, name) < 1:
                 raise CorpError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.num_generations < 1:
-            raise CorpError(f"--num-generations must be >= 1, got {self.num_generations}")
         if len(self.node_models()) < 2:
             raise CorpError(f"--nodes '{self.nodes}' names one model; F-TIS needs two or more nodes (or drop --nodes and use --n-nodes)")
-        if not self.temperature > 0:
-            raise CorpError(f"--temperature must be > 0 (nodes sample), got {self.temperature}")
-        if not self.learning_rate > 0:
-            raise CorpError(f"--learning-rate must be > 0, got {self.learning_rate}")
         if not (self.tis_cap > 0 and math.isfinite(self.tis_cap)):
             raise CorpError(f"--tis-cap must be > 0 and finite, got {self.tis_cap}")
         if not self.kl_filter > 0:
             raise CorpError(f"--kl-filter must be > 0, got {self.kl_filter}")
-        if self.epsilon < 0:
-            raise CorpError(f"--epsilon must be >= 0, got {self.epsilon}")
-        from corp.baselines.grpo.core import AGGREGATIONS
-
-        if self.loss_type not in AGGREGATIONS:
-            raise CorpError(f"--loss-type '{self.loss_type}' is unknown; choose one of {', '.join(AGGREGATIONS)}")
         return self
+
+    def check_group(self) -> None:
+        # the group is the mixed one of K x G >= 2 completions, so one per node is enough; a last
+        # micro-batch shorter than the others is allowed (GRPOTrainer.micro_batch_step)
+        if self.num_generations < 1:
+            raise CorpError(f"--num-generations must be >= 1, got {self.num_generations}")
 
     def node_models(self) -> list[str]:
         if self.nodes.strip():
@@ -159,8 +163,6 @@ def ftis_token_loss(logps, old_logps, mu_logps, advantages, mask, off_policy, ep
 
     GRPO's clipped per-token loss (corp.baselines.grpo.core.per_token_loss, no KL term) times the
     detached truncated importance weight, with filtered completions weighted 0."""
-    from corp.baselines.grpo.core import per_token_loss
-
     old = old_logps.detach()
     w = tis_weights(old, mu_logps, off_policy, cap)
     kl = generator_kl(old, mu_logps, mask)
@@ -207,24 +209,26 @@ def same_tokenizer(a, b) -> bool:
 # ---------------------------------------------------------------- a node
 
 
-class Node:
-    """One party: its model (trained in place), tokenizer, optimizer, ledger, run context and traffic counters."""
+class Node(GRPOTrainer):
+    """One party: GRPO's trainer (its model trained in place, optimizer, ledger, checkpoint and
+    micro-batch step) with F-TIS's per-token loss, plus its index, run context and traffic counters."""
+
+    purpose = "corp ftis (nodes train in process)"
 
     def __init__(self, index: int, name: str, ctx, cfg: FTISConfig):
-        from corp.evaluate.backends.hf import format_prompt
-
-        self.index, self.name, self.ctx, self.cfg = index, name, ctx, cfg
-        self.backend = ctx.backend
-        self.backend.require(MODEL, "corp ftis (nodes train in process)")
-        self.tokenizer, self.policy = self.backend.tokenizer, self.backend.model
-        self.format_prompt = format_prompt
-        for p in self.policy.parameters():
-            p.data = p.data.float() if p.dtype != torch.float32 else p.data  # fp32 master weights for training
-        self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW([p for _, p in self.trainable], lr=cfg.learning_rate, weight_decay=0.0)
-        self.ledger = Ledger(self.backend.n_params)
+        self.index, self.name = index, name
+        super().__init__(ctx, cfg)
         self.bytes_sent = self.bytes_received = 0
-        self.step = 0
+
+    @property
+    def checkpoint_mismatch(self) -> str:
+        return f"was made for another model than node {self.index} ('{self.name}'); use another --run-dir"
+
+    def extra_state(self) -> dict:
+        return {"bytes": [self.bytes_sent, self.bytes_received]}
+
+    def load_extra_state(self, state: dict) -> None:
+        self.bytes_sent, self.bytes_received = state["bytes"]
 
     def prompt_ids(self, prompt: str) -> list[int]:
         return self.tokenizer(self.format_prompt(self.tokenizer, prompt), add_special_tokens=False)["input_ids"]
@@ -234,8 +238,6 @@ class Node:
         """Per-token logprobs of given completions under the current weights, in micro-batches of the
         training forward's shape (left-padded prompt, right-padded completion), so an own completion's
         mu equals the training pass's pi_old."""
-        from corp.baselines.grpo.core import build_batch, token_logps_and_entropy
-
         out: list[list[float]] = []
         micro = max(1, len(prompts) // self.cfg.grad_accum)
         self.policy.eval()
@@ -278,12 +280,11 @@ class Node:
         return ids, [seq_lp / max(1, len(ids))] * len(ids), True  # mu spread evenly over local tokens (module docstring)
 
     def train_on(self, examples, rollouts: list[Rollout], rewards: list[float], tokenizers: dict[int, object], group: int) -> dict:
-        """One optimizer step on the mixed group (rollouts prompt-major, `group` per prompt)."""
-        from corp.baselines.grpo.core import aggregate, build_batch, group_advantages, token_logps_and_entropy
-
+        """One optimizer step on the mixed group (rollouts prompt-major, `group` per prompt): GRPO's
+        micro-batch step with F-TIS's per-token loss."""
         cfg = self.cfg
         received = [self.receive(r, tokenizers[r.sender]) for r in rollouts]
-        adv = group_advantages(torch.tensor(rewards, dtype=torch.float32), group, True)
+        adv = group_advantages(torch.tensor(rewards, dtype=torch.float32), group, cfg.scale_rewards == "group")
         pids = [self.prompt_ids(examples[r.prompt_index].prompt) for r in rollouts]
         batch = build_batch(self.tokenizer, pids, [c for c, _, _ in received], adv, torch.tensor([r.prompt_index for r in rollouts]))
         T = batch.completion_mask.size(1)
@@ -291,62 +292,31 @@ class Node:
         for row, (c, lp, _) in enumerate(received):
             mu[row, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
         off = torch.tensor([o for _, _, o in received])
-        tokens_in_step = float(batch.completion_mask.sum())
-        B = len(rollouts)
-        micro = max(1, B // cfg.grad_accum)
-        n_micro = math.ceil(B / micro)
-        self.policy.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, kept, w_sum, w_n, capped, kls = 0.0, [], 0.0, 0.0, 0.0, []
-        for s in range(0, B, micro):
-            sl = slice(s, s + micro)
-            mb = batch.rows(sl)
-            logps, _ = token_logps_and_entropy(self.policy, mb.input_ids, mb.attention_mask, T, cfg.temperature, with_entropy=False)
-            mask = mb.completion_mask.float()
+        eps_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
+        kept, kls, acc = [], [], {"w_sum": 0.0, "w_n": 0.0, "capped": 0.0}
+
+        def token_loss(sl: slice, mb, logps: torch.Tensor, _ent, mask: torch.Tensor) -> torch.Tensor:
             # on-policy rows: mu is pi_old by construction (the same weights sampled them)
             mu_mb = torch.where(off[sl].unsqueeze(1), mu[sl], logps.detach())
-            tok, w, keep, kl = ftis_token_loss(logps, logps.detach(), mu_mb, mb.advantages, mask, off[sl], cfg.epsilon, cfg.epsilon, cfg.tis_cap, cfg.kl_filter)
-            loss = aggregate(tok, mask, cfg.loss_type, n_micro, self.ctx.max_new_tokens, tokens_in_step)
-            loss.backward()
-            self.ledger.trained_tokens += sum(mb.prompt_lens) + sum(mb.completion_lens)
-            loss_sum += float(loss.detach())
+            tok, w, keep, kl = ftis_token_loss(logps, logps.detach(), mu_mb, mb.advantages, mask, off[sl], cfg.epsilon,
+                                               eps_high, cfg.tis_cap, cfg.kl_filter)
             kept.extend(keep[off[sl]].tolist())
             kls.extend(kl[off[sl]].tolist())
-            offm = (mask * off[sl].float().unsqueeze(1))
-            w_sum += float((w * offm).sum())
-            w_n += float(offm.sum())
-            capped += float(((w >= cfg.tis_cap) * offm).sum())
-        grad_norm = float(torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], cfg.max_grad_norm)) if cfg.max_grad_norm > 0 else 0.0
-        self.optimizer.step()
+            offm = mask * off[sl].float().unsqueeze(1)
+            acc["w_sum"] += float((w * offm).sum())
+            acc["w_n"] += float(offm.sum())
+            acc["capped"] += float(((w >= cfg.tis_cap) * offm).sum())
+            return tok
+
+        losses, grad_norm = self.micro_batch_step(batch, token_loss, with_entropy=False)
         self.policy.eval()
         self.step += 1
-        return {"loss": loss_sum, "grad_norm": grad_norm, "off_policy": int(off.sum()), "off_policy_kept": int(sum(kept)),
-                "tis_weight_mean": w_sum / w_n if w_n else None,
-                "off_policy_kl_median": sorted(kls)[len(kls) // 2] if kls else None, "tis_capped_share": capped / w_n if w_n else None}
-
-    # -- checkpoints: trainable tensors + optimizer + step + ledger + traffic, one file written atomically
-    def save(self, path) -> None:
-        state = {"step": self.step, "trainable": {n: p.detach().clone() for n, p in self.trainable}, "optimizer": self.optimizer.state_dict(),
-                 "ledger": self.ledger.to_dict(), "bytes": [self.bytes_sent, self.bytes_received]}
-        tmp = path.with_suffix(".pt.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)
-
-    def load(self, path) -> None:
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=False)
-        except Exception as exc:
-            raise CorpError(f"checkpoint '{path}' cannot be read ({type(exc).__name__}); move it away to start over") from None
-        if set(state["trainable"]) != {n for n, _ in self.trainable}:
-            raise CorpError(f"checkpoint '{path}' was made for another model than node {self.index} ('{self.name}'); use another --run-dir")
-        with torch.no_grad():
-            for n, p in self.trainable:
-                p.copy_(state["trainable"][n])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step = int(state["step"])
-        led = state["ledger"]
-        self.ledger = Ledger(self.ledger.n_params, led["prompt_tokens"], led["generated_tokens"], led["trained_tokens"])
-        self.bytes_sent, self.bytes_received = state["bytes"]
+        w_n = acc["w_n"]
+        return {"loss": sum(losses), "grad_norm": grad_norm, "off_policy": int(off.sum()),
+                "off_policy_kept": int(sum(kept)),
+                "tis_weight_mean": acc["w_sum"] / w_n if w_n else None,
+                "off_policy_kl_median": sorted(kls)[len(kls) // 2] if kls else None,
+                "tis_capped_share": acc["capped"] / w_n if w_n else None}
 
 
 # ---------------------------------------------------------------- one arm: F-TIS over all nodes, or GRPO on one
@@ -366,10 +336,11 @@ def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trai
     from per-node checkpoints; evaluate at the steps `_eval_steps` names. Returns metric rows (one
     per node per step) and evaluation rows."""
     run_dir = nodes[0].ctx.run_dir
-    ckpts = [run_dir / f"{arm}-node{n.index}.pt" for n in nodes]
-    if all(p.exists() for p in ckpts):
-        for n, p in zip(nodes, ckpts):
-            n.load(p)
+    for n in nodes:
+        n.ckpt_path = run_dir / f"{arm}-node{n.index}.pt"
+    if all(n.ckpt_path.exists() for n in nodes):
+        for n in nodes:
+            n.load_checkpoint()
         if len({n.step for n in nodes}) > 1:
             raise CorpError(f"the {arm} checkpoints in '{run_dir}' are at different steps (interrupted between two saves); use another --run-dir")
     metrics_path = run_dir / "metrics.jsonl"
@@ -403,8 +374,9 @@ def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trai
                    "seconds": time.perf_counter() - t0, **{f"ledger_{k}": v for k, v in n.ledger.to_dict().items()}}
             append_jsonl(metrics_path, row)
             logged[(n.index, n.step)] = row
-        for n, p in zip(nodes, ckpts):
-            n.save(p)
+        if nodes[0].step % cfg.checkpoint_every == 0 or nodes[0].step == cfg.steps:
+            for n in nodes:
+                n.save_checkpoint()
         for n in nodes:
             _evaluate(arm, n, n.step, evals, trained_as, ood, compute=n.step in _eval_steps(cfg))
     rows = [logged[k] for k in sorted(logged)]
@@ -459,6 +431,23 @@ def _node_context(cfg: FTISConfig, ctx, k: int, name: str):
     return dataclasses.replace(ctx, cfg=dataclasses.replace(cfg, model=name), _backend=b, _weights_hash=None, lock=None)
 
 
+# not part of what trained the weights
+_NOT_TRAINING = ("run_dir", "threads", "report_to", "eval_every", "ood_task", "skip_grpo_baseline", "skip_test_eval",
+                 "checkpoint_every")
+
+
+def _trained_as(cfg: FTISConfig) -> str:
+    """The key of the trained weights in the evaluation cache. Options that came with GRPOConfig enter it
+    only away from their defaults, so a run keyed before F-TIS extended GRPOConfig keeps its key."""
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    had = {"steps", "prompts_per_step", "num_generations", "temperature", "learning_rate", "epsilon", "loss_type",
+           "grad_accum", "max_grad_norm", "skip_test_eval"}  # F-TIS's own fields before it extended GRPOConfig
+    new = set(defaults) - had - {f.name for f in dataclasses.fields(RunConfig)}
+    identity = {k: v for k, v in config_to_dict(cfg).items()
+                if k not in _NOT_TRAINING and not (k in new and v == defaults[k])}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def run_ftis(cfg: FTISConfig) -> dict:
     """Train every node with F-TIS (and, unless --skip-grpo-baseline, on-policy GRPO per node alone), evaluate per step, write the report."""
     from corp.evaluate.context import open_run, run_evals
@@ -480,8 +469,7 @@ def run_ftis(cfg: FTISConfig) -> dict:
             raise CorpError(f"--ood-task '{cfg.ood_task}' has no test examples")
     with open_run(cfg, "ftis", None, needs=needs, defines=None) as ctx:
         evals = run_evals(ctx)
-        trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to", "eval_every", "ood_task", "skip_grpo_baseline", "skip_test_eval")},
-                                               sort_keys=True, default=str).encode()).hexdigest()[:16]
+        trained_as = _trained_as(cfg)
         node_ctxs = [_node_context(cfg, ctx, k, name) for k, name in enumerate(names)]
         if cfg.no_retokenize:  # before anything is computed: the run directory is removed, not left half-written
             toks = [c.backend.tokenizer for c in node_ctxs]
@@ -538,7 +526,10 @@ def _report(cfg, ctx, names, rows, ledgers, traffic, hashes) -> dict:
         accuracy_per_step=per_step,
         per_step=step_rows,
         settings={"tis_cap": cfg.tis_cap, "kl_filter": cfg.kl_filter, "num_generations_per_node": cfg.num_generations, "mixed_group": cfg.num_generations * len(names),
-                  "learning_rate": cfg.learning_rate, "epsilon": cfg.epsilon, "ood_task": cfg.ood_task, "temperature": cfg.temperature},
+                  "learning_rate": cfg.learning_rate, "epsilon": cfg.epsilon, "ood_task": cfg.ood_task,
+                  "temperature": cfg.temperature,
+                  **{k: getattr(cfg, k) for k in ("epsilon_high", "scale_rewards")
+                     if getattr(cfg, k) != GRPOConfig.__dataclass_fields__[k].default}},
         matching_note=("nodeK-grpo: node K alone from its base, same steps and prompts, K x G own completions per prompt (same number of local updates "
                        "and of trained sequences per update); its FLOPs are in nodes[].grpo_training_ledger beside F-TIS's training_ledger"),
         bytes_note="ids + float32 logprobs (8 B/token) to a node with the same tokenizer; UTF-8 text + float32 sequence logprob + 1 B finished flag otherwise; prompts and rewards are never sent",

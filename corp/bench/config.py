@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from corp import CorpError
-from corp.config import parse_list
+from corp.config import PopulationConfig, RunConfig, options_from, parse_list
 
 SETTINGS = ("paper", "equal-data")
 PROTOCOLS = ("defaults", "search")
@@ -23,12 +23,25 @@ PROTOCOLS = ("defaults", "search")
 # Change it whenever such a rule changes.
 BENCH_PROTOCOL = 2
 
+# options every cell of the bench gets, defined once in the methods' configs (corp.config)
+RUN_OPTIONS = ("model", "n_support", "n_probe", "n_validation", "n_test", "split_seed", "max_new_tokens", "reward",
+               "data", "backend", "device", "dtype", "batch_size", "threads")
+POPULATION_OPTIONS = ("population", "sigmas")
+
+
 @dataclass
+@options_from(RunConfig, RUN_OPTIONS, defaults={"n_test": 500},
+              docs={"n_test": "Test split size (the same examples for every method and seed)."})
+@options_from(PopulationConfig, POPULATION_OPTIONS, defaults={"population": 64},
+              docs={"population": "Size of the shared scored population per seed and data setting; population "
+                                  "methods use its largest prefix that fits each budget."})
 class BenchConfig:
+    """`corp bench`'s options. The options of every cell (RUN_OPTIONS: model, splits, generation,
+    backend, threads) and of the shared population (POPULATION_OPTIONS) are RunConfig's and
+    PopulationConfig's fields, with a larger test split and population by default."""
+
     name: str = "bench"
     """Bench name: outputs go to RESULTS_DIR/NAME, run directories of its cells to WORK_DIR/NAME."""
-    model: str = "smollm2-135m"
-    """Model every method starts from (alias, local directory or hub id)."""
     tasks: list[str | dict] = field(default_factory=lambda: ["arith"])
     """Tasks, comma-separated (each as `corp tasks` names them, options included); in YAML an entry may also be
     {task: SPEC, label: SHORT}, SHORT naming the task in tables and file names (default: the spec)."""
@@ -44,41 +57,11 @@ class BenchConfig:
     Neither looks at the test split."""
     trials: int = 4
     """Under `hyperparameters: search`: trials per method variant and budget, the same for every method that has a search space."""
-    population: int = 64
-    """Size of the shared scored population per seed and data setting; population methods use its largest prefix that fits each budget."""
-    sigmas: list[float] = field(default_factory=lambda: [5e-4, 1e-3, 2e-3])
-    """Noise scales of the shared population."""
     methods: dict = field(default_factory=dict)
     """Per registered method (or a planned one, listed as missing): {options: {...}, variants: {label: {...}}, search: {...}};
     `skip: REASON` lists a method as not run, with the reason, instead of running it."""
     compare: list = field(default_factory=list)
     """Pairs [a, b] of result rows compared on the same test examples (paired bootstrap CI and McNemar, seeds pooled)."""
-    n_support: int = 64
-    """Support split size."""
-    n_probe: int = 32
-    """Probe split size."""
-    n_validation: int = 64
-    """Validation split size."""
-    n_test: int = 500
-    """Test split size (the same examples for every method and seed)."""
-    split_seed: int = 0
-    """Seed that fixes the splits."""
-    max_new_tokens: int | None = None
-    """Generation length limit; default: the task's."""
-    reward: str | None = None
-    """Reward function (default: the task's check)."""
-    data: str | None = None
-    """Benchmark data directory (default: $CORP_DATA_DIR)."""
-    backend: str = "auto"
-    """Generation backend of every cell."""
-    device: str = "cpu"
-    """Torch device."""
-    dtype: str | None = None
-    """Model dtype."""
-    batch_size: int = 64
-    """Prompts per generation batch."""
-    threads: int | None = None
-    """Torch CPU threads of every cell (unset or 0: torch's default, all usable cores)."""
     max_units: int = 10000
     """Most iterations/steps an iterative method may train while reaching a budget (a guard)."""
     results_dir: str = "results"

@@ -206,15 +206,23 @@ def check_compare(cfg: BenchConfig, cells: list[Cell]) -> None:
                 raise CorpError(f"bench config: compare names '{name}', a row no method in this bench can report; rows: {', '.join(rows)}")
 
 
-def _validate_options(cell: Cell, splits: dict | None = None) -> None:
-    """Build the cell's config without running it: unknown or bad options, and what the adapter's
-    `check` finds wrong against the cell's splits, fail here, before compute."""
+def _validate_options(cell: Cell, splits: dict | None = None, population: int | None = None) -> None:
+    """Build the cell's config without running it: unknown or bad options, what the adapter's
+    `check` finds wrong against the cell's splits, and a list option no prefix of the bench's
+    `population` can ever fit (RandOpt's top_k), fail here, before compute."""
     method, adapter = get_method(cell.method), cell.adapter
     opts = {k: v for k, v in cell.opts.items() if k != "from_run"}
     try:
         opts = check_types(method.config_class, opts)  # before the clipping below reads them as numbers
+        if adapter.kind == POPULATION and population is not None and opts.get("race", "off") == "off":
+            # a cell's population is a prefix of the shared one (a raced cell races its own, as large as fits)
+            for key in adapter.clip:
+                too_big = [int(v) for v in _values(opts.get(key)) if int(v) > population]
+                if too_big:
+                    raise CorpError(f"{key} {max(too_big)} can never fit the bench's population of {population} "
+                                    f"specialists; lower {key} or raise population")
         if adapter.unit:
-            opts[adapter.unit] = max(adapter.min_units, int(opts.get(adapter.unit) or adapter.min_units))
+            opts[adapter.unit] = max(_min_units(cell), int(opts.get(adapter.unit) or _min_units(cell)))
             _clip(opts, adapter)
         built = load_config(method.config_class, None, opts)
         if adapter.check is not None and splits is not None:
@@ -228,6 +236,14 @@ def _values(value) -> list:
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v.strip()]
+
+
+def _min_units(cell: Cell) -> int:
+    """The fewest units that make a run of this cell: the adapter's minimum, or the smallest value of a
+    list option that must fit the units (top_k [5] needs 5 specialists; a budget that buys fewer is
+    'does not fit', never a top-1 row under the cell's name)."""
+    values = [int(v) for key in cell.adapter.clip for v in _values(cell.opts.get(key))]
+    return max([cell.adapter.min_units, *([min(values)] if values else [])])
 
 
 def _clip(opts: dict, adapter: BenchAdapter) -> None:
@@ -248,7 +264,7 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
         if sizes not in splits_of:
             task = get_task(cell.task, cfg.data)
             splits_of[sizes] = make_splits(task, SplitSizes(*sizes[1:]), cfg.split_seed)  # a test size beyond the pool fails here
-        _validate_options(cell, splits_of[sizes])
+        _validate_options(cell, splits_of[sizes], cfg.population)
     check_compare(cfg, cells)
     budgeted = [c for c in cells if c.adapter.kind != FIXED]
     if not (load_model and budgeted):
@@ -266,7 +282,8 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
             support = splits_of[sizes]["support"]
             prompt_tokens[sizes] = sum(len(tok(e.prompt)["input_ids"]) for e in support)
         adapter = cell.adapter
-        need = min_budget(adapter.unit_evals(cell.opts), adapter.min_units, n_params, prompt_tokens[sizes], cell.opts["n_support"])
+        need = min_budget(adapter.unit_evals(cell.opts), _min_units(cell), n_params, prompt_tokens[sizes],
+                          cell.opts["n_support"])
         if cell.budget < need:
             below.setdefault(cell.budget, []).append(f"{cell.label} needs at least {need:.3g}")
     # a budget some methods cannot fit runs (those cells say 'does not fit'); one no method can fit is bad input
@@ -375,8 +392,8 @@ class Bench:
         adapter = cell.adapter
         pop = self.population(cell)
         n = prefix_that_fits(pop["costs"], cell.budget)
-        if n < adapter.min_units:
-            return self._empty(cell, f"budget buys {n} specialist(s); {cell.label} needs at least {adapter.min_units}")
+        if n < _min_units(cell):
+            return self._empty(cell, f"budget buys {n} specialist(s); {cell.label} needs at least {_min_units(cell)}")
         if cell.opts.get("race", "off") != "off":
             return self._raced_cell(cell, n)
         tried: list[dict] = []
@@ -393,9 +410,9 @@ class Bench:
                 break
             own = flops - sum(pop["costs"][:n])  # the method's own evaluations at this prefix
             smaller = min(n - 1, prefix_that_fits(pop["costs"], cell.budget - own))
-            if smaller < adapter.min_units or len(tried) >= 4:
+            if smaller < _min_units(cell) or len(tried) >= 4:
                 return self._empty(cell, f"{n} specialists plus {cell.label}'s own evaluations spent {flops:.3g} FLOPs, over the budget; "
-                                   f"with {adapter.min_units} it would not fit either" if smaller < adapter.min_units else
+                                   f"with {_min_units(cell)} it would not fit either" if smaller < _min_units(cell) else
                                    f"4 prefixes tried ({', '.join(str(t['units']) for t in tried)}), none within the budget", tried)
             n = smaller
         rec = self._record(cell, report, run_dir, wall, units=n, chosen=opts)

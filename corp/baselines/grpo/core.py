@@ -111,8 +111,6 @@ class GRPOConfig(RunConfig):
         for name in ("steps", "prompts_per_step", "num_iterations", "grad_accum", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise CorpError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if self.num_generations < 2:
-            raise CorpError(f"--num-generations must be >= 2 (advantages are relative within a group), got {self.num_generations}")
         if not self.temperature > 0:
             raise CorpError(f"--temperature must be > 0 (GRPO samples), got {self.temperature}")
         if not self.learning_rate > 0:
@@ -123,9 +121,18 @@ class GRPOConfig(RunConfig):
             raise CorpError(f"--beta must be >= 0, got {self.beta}")
         if self.lora_r < 0:
             raise CorpError(f"--lora-r must be >= 0, got {self.lora_r}")
-        if (self.prompts_per_step * self.num_generations) % self.grad_accum:
-            raise CorpError(f"--grad-accum {self.grad_accum} must divide prompts-per-step x num-generations = {self.prompts_per_step * self.num_generations}")
+        self.check_group()
         return self
+
+    def check_group(self) -> None:
+        """The group-size and micro-batch checks: a variant whose group is built otherwise (F-TIS's mixed
+        group of K x G) states its own."""
+        if self.num_generations < 2:
+            raise CorpError(f"--num-generations must be >= 2 (advantages are relative within a group), "
+                            f"got {self.num_generations}")
+        if (self.prompts_per_step * self.num_generations) % self.grad_accum:
+            raise CorpError(f"--grad-accum {self.grad_accum} must divide prompts-per-step x num-generations = "
+                            f"{self.prompts_per_step * self.num_generations}")
 
 
 # ---------------------------------------------------------------- the math (no model needed)
@@ -237,7 +244,13 @@ def build_batch(tokenizer, prompt_ids: list[list[int]], completion_ids: list[lis
 
 
 class GRPOTrainer:
-    """Owns the policy (the backend's model, trained in place), optimizer, ledger and checkpoints."""
+    """Owns the policy (the backend's model, trained in place), optimizer, ledger and checkpoints.
+
+    Variants reuse it (FGRPO's clients as they are; F-TIS's nodes subclass it): the optimizer set-up,
+    the checkpoint (`extra_state` / `load_extra_state` add a subclass's own entries) and one
+    optimizer step over micro-batches (`micro_batch_step`, with the per-token loss passed in)."""
+
+    purpose = "corp grpo (it trains the model in process)"  # named in the error when the backend holds no model
 
     def __init__(self, ctx, cfg: GRPOConfig):
         from corp.baselines.grpo import get_loss
@@ -245,7 +258,7 @@ class GRPOTrainer:
 
         self.ctx, self.cfg = ctx, cfg
         backend = ctx.backend
-        backend.require(MODEL, "corp grpo (it trains the model in process)")
+        backend.require(MODEL, self.purpose)
         self.backend, self.tokenizer = backend, backend.tokenizer
         self.format_prompt = format_prompt
         self.variant = get_loss(cfg.loss)
@@ -277,28 +290,40 @@ class GRPOTrainer:
         self.step = 0
         self.ckpt_path = ctx.run_dir / "checkpoint.pt"
 
-    # -- checkpoints: trainable tensors + optimizer + step + ledger, one file written atomically
+    # -- checkpoints: trainable tensors + optimizer + step + ledger (+ extra_state), one file written atomically
+    checkpoint_mismatch = "was made with other trainable parameters (LoRA vs full?); use another --run-dir"
+
+    def extra_state(self) -> dict:
+        """A subclass's own entries of the checkpoint."""
+        return {}
+
+    def load_extra_state(self, state: dict) -> None:
+        """Restore what `extra_state` saved."""
+
     def save_checkpoint(self) -> None:
         state = {
             "step": self.step,
             "trainable": {n: p.detach().clone() for n, p in self.trainable},
             "optimizer": self.optimizer.state_dict(),
             "ledger": self.ledger.to_dict(),
+            **self.extra_state(),
         }
         tmp = self.ckpt_path.with_suffix(".pt.tmp")
         torch.save(state, tmp)
         os.replace(tmp, self.ckpt_path)
 
     def maybe_resume(self) -> None:
-        if not self.ckpt_path.exists():
-            return
+        if self.ckpt_path.exists():
+            self.load_checkpoint()
+
+    def load_checkpoint(self) -> None:
         try:
             state = torch.load(self.ckpt_path, map_location="cpu", weights_only=False)
         except Exception as exc:
             raise CorpError(f"checkpoint '{self.ckpt_path}' cannot be read ({type(exc).__name__}); move it away to start over") from None
         names = {n for n, _ in self.trainable}
         if set(state["trainable"]) != names:
-            raise CorpError(f"checkpoint '{self.ckpt_path}' was made with other trainable parameters (LoRA vs full?); use another --run-dir")
+            raise CorpError(f"checkpoint '{self.ckpt_path}' {self.checkpoint_mismatch}")
         with torch.no_grad():
             for n, p in self.trainable:
                 p.copy_(state["trainable"][n])
@@ -306,6 +331,7 @@ class GRPOTrainer:
         self.step = int(state["step"])
         led = state["ledger"]
         self.ledger = Ledger(self.ledger.n_params, led["prompt_tokens"], led["generated_tokens"], led["trained_tokens"])
+        self.load_extra_state(state)
 
     # -- one step
     def sample(self) -> tuple[Batch, dict]:
@@ -350,44 +376,72 @@ class GRPOTrainer:
             resp_logps = self._forward_inference(self.policy, batch)
         resp_w = self.variant.response_weights(batch, resp_logps, cfg.num_generations)
         tokens_in_step = float(batch.completion_mask.sum())
-        B = batch.input_ids.size(0)
-        micro = B // cfg.grad_accum
         eps_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
         stats = {"loss": 0.0, "kl": 0.0, "entropy": 0.0, "clip_ratio": 0.0, "grad_norm": 0.0}
         extra: dict[str, float] = {}
-        self.policy.train()
+        sums: dict[str, float] = {}
+
+        def token_loss(sl: slice, mb: Batch, logps: torch.Tensor, ent: torch.Tensor,
+                       mask: torch.Tensor) -> torch.Tensor:
+            old = logps.detach() if old_logps is None else old_logps[sl]
+            ref = None if ref_logps is None else ref_logps[sl]
+            rw = None if resp_w is None else resp_w[sl]
+            loss_tok = per_token_loss(logps, old, mb.advantages, mask, cfg.epsilon, eps_high, cfg.beta, ref,
+                                      self.variant, rw)
+            with torch.no_grad():
+                sums["ent"] += float((ent * mask).sum())
+                if ref is not None:
+                    sums["kl"] += float((k3_kl(ref, logps) * mask).sum())
+                ratio = torch.exp(logps - old)
+                sums["clip"] += float((((ratio < 1 - cfg.epsilon) | (ratio > 1 + eps_high)).float() * mask).sum())
+            for key, val in self.variant.last_stats.items():
+                extra[key] = extra.get(key, 0.0) + val / cfg.grad_accum
+            return loss_tok
+
         for _ in range(cfg.num_iterations):
-            self.optimizer.zero_grad(set_to_none=True)
-            ent_sum = kl_sum = clip_sum = 0.0
-            for k in range(cfg.grad_accum):
-                sl = slice(k * micro, (k + 1) * micro)
-                mb = batch.rows(sl)
-                logps, ent = token_logps_and_entropy(self.policy, mb.input_ids, mb.attention_mask, mb.completion_mask.size(1), cfg.temperature)
-                old = logps.detach() if old_logps is None else old_logps[sl]
-                ref = None if ref_logps is None else ref_logps[sl]
-                rw = None if resp_w is None else resp_w[sl]
-                mask = mb.completion_mask.float()
-                loss_tok = per_token_loss(logps, old, mb.advantages, mask, cfg.epsilon, eps_high, cfg.beta, ref, self.variant, rw)
-                loss = aggregate(loss_tok, mask, cfg.loss_type, cfg.grad_accum, self.max_new_tokens, tokens_in_step)
-                loss.backward()
-                self.ledger.trained_tokens += sum(mb.prompt_lens) + sum(mb.completion_lens)
-                stats["loss"] += float(loss.detach())
-                with torch.no_grad():
-                    ent_sum += float((ent * mask).sum())
-                    if ref is not None:
-                        kl_sum += float((k3_kl(ref, logps) * mask).sum())
-                    ratio = torch.exp(logps - old)
-                    clip_sum += float((((ratio < 1 - cfg.epsilon) | (ratio > 1 + eps_high)).float() * mask).sum())
-                for key, val in self.variant.last_stats.items():
-                    extra[key] = extra.get(key, 0.0) + val / cfg.grad_accum
+            sums.update(ent=0.0, kl=0.0, clip=0.0)
+            losses, grad_norm = self.micro_batch_step(batch, token_loss)
+            for loss in losses:
+                stats["loss"] += loss
             if cfg.max_grad_norm > 0:
-                stats["grad_norm"] = float(torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], cfg.max_grad_norm))
-            self.optimizer.step()
+                stats["grad_norm"] = grad_norm
+        ent_sum, kl_sum, clip_sum = sums["ent"], sums["kl"], sums["clip"]
         n_tok = max(tokens_in_step, 1.0)
         stats.update(entropy=ent_sum / n_tok, kl=kl_sum / n_tok, clip_ratio=clip_sum / n_tok)
         stats["loss"] /= cfg.num_iterations
         self.step += 1
         return {"step": self.step, **info, **stats, **extra, "seconds": time.perf_counter() - t0, **{f"ledger_{k}": v for k, v in self.ledger.to_dict().items()}}
+
+    def micro_batch_step(self, batch: Batch, token_loss, with_entropy: bool = True) -> tuple[list[float], float]:
+        """One optimizer step on `batch`: zero the gradients; per micro-batch (--grad-accum of them; the
+        last one shorter when they do not divide the batch), the forward pass, the per-token loss
+        `token_loss(rows, micro_batch, logps, entropy, mask)` (B, T), TRL's aggregation, backward and the
+        trained tokens; the gradient-norm clip; AdamW. Returns each micro-batch's loss and the grad norm
+        (0 when --max-grad-norm is 0)."""
+        cfg = self.cfg
+        B, T = batch.input_ids.size(0), batch.completion_mask.size(1)
+        micro = max(1, B // cfg.grad_accum)
+        n_micro = math.ceil(B / micro)
+        tokens_in_step = float(batch.completion_mask.sum())
+        self.policy.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        losses = []
+        for s in range(0, B, micro):
+            sl = slice(s, s + micro)
+            mb = batch.rows(sl)
+            logps, ent = token_logps_and_entropy(self.policy, mb.input_ids, mb.attention_mask, T, cfg.temperature,
+                                                 with_entropy)
+            mask = mb.completion_mask.float()
+            loss_tok = token_loss(sl, mb, logps, ent, mask)
+            loss = aggregate(loss_tok, mask, cfg.loss_type, n_micro, self.max_new_tokens, tokens_in_step)
+            loss.backward()
+            self.ledger.trained_tokens += sum(mb.prompt_lens) + sum(mb.completion_lens)
+            losses.append(float(loss.detach()))
+        grad_norm = 0.0
+        if cfg.max_grad_norm > 0:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], cfg.max_grad_norm))
+        self.optimizer.step()
+        return losses, grad_norm
 
     def train(self) -> list[dict]:
         cfg = self.cfg
