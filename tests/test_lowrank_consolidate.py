@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -353,3 +354,51 @@ def test_lowrank_population_exports_corp_exactly_as_lora(tiny_dir, tmp_path):
     assert compress(exact, 3)[1]["relative_frobenius_error"] == pytest.approx(comp["relative_frobenius_error"])
     ccfg = json.loads((run / "lora-rank-3" / "adapter_config.json").read_text())
     assert max(ccfg["rank_pattern"].values()) == 3
+
+
+def test_exact_lora_of_a_tied_model_and_merged_terms(tmp_path):
+    """Tied embeddings: the exact adapter covers embed_tokens and lm_head with the same factors, and
+    base + adapter (plain PEFT) gives the materialised model's logits; a merged term (the step
+    search's kind) and a repeated seed give the adapter of their plain sum (rank K*R, K distinct seeds)."""
+    import peft
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from corp.consolidate.lowrank import exact_lora, export_lora
+    from corp.perturb.direction import Merged
+
+    tok = make_char_tokenizer()
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, pad_token_id=tok.pad_token_id,
+                      eos_token_id=tok.eos_token_id, bos_token_id=None, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path / "base")
+    scheme = "corp-lowrank-v1:r=2"
+    comps = (Component(5, 0.05, 0.6), Component(8, 0.05, -0.4), Component(5, 0.05, 0.2))
+    d = Direction([Merged(1.5, comps)])
+    pert = Perturber(model, scheme=scheme)
+    params = [(n, p.shape) for n, p in pert.params]
+    assert "lm_head.weight" not in dict(params), "tied: one tensor, under the embedding's name"
+    exact = exact_lora(d, params, scheme)
+    assert set(exact.ranks.values()) == {4}, "two distinct seeds x r=2"
+    flat = exact_lora(Direction([Component(5, 0.05, 1.2), Component(8, 0.05, -0.6)]), params, scheme)
+    for n in exact.factors:
+        (B, A), (Bf, Af) = exact.factors[n], flat.factors[n]
+        assert torch.allclose(B @ A, Bf @ Af, atol=1e-7), n
+    export_lora(exact, model, tmp_path / "lora")
+    ids = torch.tensor([[3, 5, 7, 9, 11, 4]])
+    with torch.no_grad():
+        base_logits = model(ids).logits
+        pert.apply(d)
+        want = model(ids).logits
+        pert.restore()
+    with warnings.catch_warnings():  # PEFT's note about adapting tied modules
+        warnings.simplefilter("ignore")
+        base = LlamaForCausalLM.from_pretrained(tmp_path / "base").eval()
+        lora = peft.PeftModel.from_pretrained(base, tmp_path / "lora")
+    wrapped = {n for n, _ in lora.named_modules() if n.endswith("lm_head") or n.endswith("embed_tokens")}
+    assert any(n.endswith("lm_head") for n in wrapped) and any(n.endswith("embed_tokens") for n in wrapped)
+    with torch.no_grad():
+        got = lora(input_ids=ids).logits
+    assert (want - base_logits).abs().max() > 1e-3
+    assert torch.allclose(got, want, atol=5e-5, rtol=0), float((got - want).abs().max())
