@@ -61,6 +61,7 @@ def main() -> None:
     ap.add_argument("--rules", default="pass2,pass1")
     ap.add_argument("--n-probe", type=int, default=32)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--noise", default="full", help="noise scheme of the population: full or lowrank:r=R")
     ap.add_argument("--out", default=None, help="write results.json here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -73,7 +74,8 @@ def main() -> None:
 
     model = tiny_model_dir() if args.model == "tiny" else args.model
     cfg = load_config(PopulationConfig, None, {"model": model, "task": args.task, "n_support": 0, "n_probe": args.n_probe, "n_validation": 0, "n_test": 0,
-                                               "threads": args.threads, "run_dir": tempfile.mkdtemp(prefix="corp-bench-step-run-")})
+                                               "threads": args.threads, "noise": args.noise,
+                                               "run_dir": tempfile.mkdtemp(prefix="corp-bench-step-run-")})
     ctx = setup_run(cfg, "bench", needs=("probe",))
     backend, probe = ctx.backend, ctx.splits["probe"]
     n_params = backend.perturber.n_selected
@@ -83,7 +85,9 @@ def main() -> None:
     generate_at = {int(x) for x in args.generate_at.split(",") if x}
     evaluate_current(ctx, probe[:4])  # warm-up
 
-    out = {"model": args.model, "n_params": n_params, "threads": args.threads, "n_probe": len(probe), "alphas": alphas, "rules": rules, "runs": []}
+    out = {"model": args.model, "noise_scheme": backend.perturber.scheme,
+           "n_params": n_params, "threads": args.threads, "n_probe": len(probe), "alphas": alphas, "rules": rules,
+           "runs": []}
     gen_times: list[float] = []
     for N in [int(x) for x in args.populations.split(",")]:
         seeds = specialist_seeds(0, N)

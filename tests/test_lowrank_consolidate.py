@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -241,6 +242,11 @@ def test_auto_takes_r_star_from_analyze_rank_and_rank_zero_stays_at_w0(tiny_dir,
         ({"low_rank": "full"}, "--low-rank must be 'off', 'auto' or a positive integer"),
         ({"low_rank": "2", "rounds": 1}, "cannot be combined with --rounds"),
         ({"export_lora": True}, "--export-lora needs a low-rank update"),
+        ({"export_lora": True, "noise": "full"}, "or score a low-rank population (--noise lowrank:r=R)"),
+        ({"export_lora": True, "noise": "lowrank:r=2", "lora_rank": -1}, "--lora-rank must be >= 1"),
+        ({"noise": "lowrank:r=2", "lora_rank": 2}, "--lora-rank compresses the exact adapter"),
+        ({"export_lora": True, "low_rank": "2", "noise": "lowrank:r=2", "lora_rank": 2}, "--lora-rank compresses"),
+        ({"export_lora": True, "noise": "lowrank:r=0"}, "r=0"),
         ({"low_rank": "2", "rank_from": "/tmp"}, "--rank-from only applies to --low-rank auto"),
         ({"low_rank": "auto", "rank_from": "/nonexistent-ranks"}, "is not a directory"),
     ],
@@ -261,3 +267,138 @@ def test_auto_without_analysis_tells_the_user_to_run_analyze_rank(tiny_dir, tmp_
     assert not (tmp_path / "run" / "population.jsonl").exists(), "the error comes before any scoring"
     with pytest.raises(CorpError, match="covers none"):
         resolve_ranks("auto", [("x.weight", (4, 4))], {"y.weight": 2}, "somewhere")
+
+
+def _adapter_gap(model_dir, adapter_dir, merged, prompts):
+    """(max |logit diff|, greedy answers agree on every prompt) of base + adapter (plain PEFT) vs `merged`."""
+    import peft
+
+    lora = peft.PeftModel.from_pretrained(_load(model_dir), adapter_dir).eval()
+    gap, same = 0.0, True
+    with torch.no_grad():
+        for ids in prompts:
+            gap = max(gap, float((lora(input_ids=ids).logits - merged(ids).logits).abs().max()))
+            kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+            same &= torch.equal(lora.generate(input_ids=ids, **kw), merged.generate(ids, **kw))
+    return gap, same
+
+
+def test_lowrank_population_exports_corp_exactly_as_lora(tiny_dir, tmp_path):
+    """--noise lowrank:r=2 --export-lora (no --low-rank): the adapter is CoRP's update with no
+    truncation (rank <= K*r), base + adapter through plain PEFT gives the saved merged model's
+    logits (within 5e-5) and greedy answers; a wrong scale or a dropped elite does not; the
+    rank-3 SVD adapter's stated error is the dense update's."""
+    from safetensors.torch import load_file
+
+    from corp.consolidate.lowrank import compress, exact_lora
+    from corp.consolidate.run import run_consolidate
+
+    model_dir, tok = tiny_dir
+    run = tmp_path / "run"
+    R2 = "corp-lowrank-v1:r=2"
+    report = run_consolidate(_cfg(model_dir, run, noise="lowrank:r=2", export_lora=True, lora_rank=3))
+    corp = report["corp"]
+    assert corp["accepted"], corp["reason"]
+    ex = corp["low_rank"]["exact_lora"]
+    recipe = json.loads((run / "recipe.json").read_text())
+    assert recipe["noise_scheme"] == R2 and recipe["components"], "the saved model is the seeded (dense reference) one"
+    direction = Direction.from_json(recipe["components"])
+    K = len({c.seed for c in direction.seed_components()})
+    assert K >= 2, "needs two elites for a dropped one to be a test"
+    base = _load(model_dir)
+    mats = {n: p for n, p in base.named_parameters() if p.dim() == 2}
+    assert ex["elites"] == K and ex["max_rank"] == K * 2 and ex["matrices"] == len(mats)
+    assert "exact LoRA" in report["table"] and "relative Frobenius error" in report["table"]
+
+    cfg = json.loads((run / "lora" / "adapter_config.json").read_text())
+    tensors = load_file(run / "lora" / "adapter_model.safetensors")
+    assert cfg["rank_pattern"] and max(cfg["rank_pattern"].values()) <= K * 2
+    for key, t in tensors.items():
+        assert min(t.shape) <= K * 2, key
+
+    # 1-D parameters stay at W0 in the saved model, so the update is exactly the adapter's matrices
+    saved = load_file(run / "model" / "model.safetensors")
+    assert all(torch.equal(saved[n], p.detach()) for n, p in base.named_parameters() if p.dim() == 1)
+    merged = _load(run / "model")
+    prompts = [tok(t, return_tensors="pt")["input_ids"] for t in ("What is 12 + 7? ", "3 + 4 = ", "99-1")]
+    with torch.no_grad():
+        moved = max(float((merged(ids).logits - base(ids).logits).abs().max()) for ids in prompts)
+    assert moved > 1e-3, "the update must matter"
+    # tolerance: the saved weights round W0 + dense E to fp32 once, PEFT adds x A^T B^T in fp32 on
+    # top of x W0^T; measured 8.8e-6 on logits of size ~1, a wrong scale or lost elite moves them > 1e-3
+    gap, same = _adapter_gap(model_dir, run / "lora", merged, prompts)
+    assert gap < 5e-5 and same, gap
+
+    # planted bugs: a wrong scale, a dropped elite
+    params = [(n, p.shape) for n, p in base.named_parameters()]
+    exact = exact_lora(direction, params, R2)
+    from corp.consolidate.lowrank import export_lora
+
+    dropped = exact_lora(Direction(direction.seed_components()[:-1]), params, R2)
+    for label, bad in [("scale", exact.scaled(1.1)), ("dropped elite", dropped)]:
+        export_lora(bad, base, tmp_path / label)
+        bad_gap, _ = _adapter_gap(model_dir, tmp_path / label, merged, prompts)
+        assert bad_gap > 1e-3, (label, bad_gap)
+
+    # the factored update equals the dense reference per matrix; the compressed adapter's error is the SVD's
+    tail = total = 0.0
+    for n, p in mats.items():
+        dense = direction.delta(n, p.shape, scheme=R2).double()
+        B, A = exact.factors[n]
+        assert torch.allclose(B.double() @ A.double(), dense, atol=1e-6, rtol=0), n
+        S = torch.linalg.svdvals(dense)
+        tail, total = tail + float((S[3:] ** 2).sum()), total + float((S**2).sum())
+    comp = ex["compressed"]
+    assert comp["rank"] == 3 and 0 < comp["relative_frobenius_error"] < 1
+    assert abs(comp["relative_frobenius_error"] - (tail / total) ** 0.5) < 1e-4
+    assert compress(exact, 3)[1]["relative_frobenius_error"] == pytest.approx(comp["relative_frobenius_error"])
+    ccfg = json.loads((run / "lora-rank-3" / "adapter_config.json").read_text())
+    assert max(ccfg["rank_pattern"].values()) == 3
+
+
+def test_exact_lora_of_a_tied_model_and_merged_terms(tmp_path):
+    """Tied embeddings: the exact adapter covers embed_tokens and lm_head with the same factors, and
+    base + adapter (plain PEFT) gives the materialised model's logits; a merged term (the step
+    search's kind) and a repeated seed give the adapter of their plain sum (rank K*R, K distinct seeds)."""
+    import peft
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from corp.consolidate.lowrank import exact_lora, export_lora
+    from corp.perturb.direction import Merged
+
+    tok = make_char_tokenizer()
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, pad_token_id=tok.pad_token_id,
+                      eos_token_id=tok.eos_token_id, bos_token_id=None, tie_word_embeddings=True)
+    model = LlamaForCausalLM(cfg).eval()
+    model.save_pretrained(tmp_path / "base")
+    scheme = "corp-lowrank-v1:r=2"
+    comps = (Component(5, 0.05, 0.6), Component(8, 0.05, -0.4), Component(5, 0.05, 0.2))
+    d = Direction([Merged(1.5, comps)])
+    pert = Perturber(model, scheme=scheme)
+    params = [(n, p.shape) for n, p in pert.params]
+    assert "lm_head.weight" not in dict(params), "tied: one tensor, under the embedding's name"
+    exact = exact_lora(d, params, scheme)
+    assert set(exact.ranks.values()) == {4}, "two distinct seeds x r=2"
+    flat = exact_lora(Direction([Component(5, 0.05, 1.2), Component(8, 0.05, -0.6)]), params, scheme)
+    for n in exact.factors:
+        (B, A), (Bf, Af) = exact.factors[n], flat.factors[n]
+        assert torch.allclose(B @ A, Bf @ Af, atol=1e-7), n
+    export_lora(exact, model, tmp_path / "lora")
+    ids = torch.tensor([[3, 5, 7, 9, 11, 4]])
+    with torch.no_grad():
+        base_logits = model(ids).logits
+        pert.apply(d)
+        want = model(ids).logits
+        pert.restore()
+    with warnings.catch_warnings():  # PEFT's note about adapting tied modules
+        warnings.simplefilter("ignore")
+        base = LlamaForCausalLM.from_pretrained(tmp_path / "base").eval()
+        lora = peft.PeftModel.from_pretrained(base, tmp_path / "lora")
+    wrapped = {n for n, _ in lora.named_modules() if n.endswith("lm_head") or n.endswith("embed_tokens")}
+    assert any(n.endswith("lm_head") for n in wrapped) and any(n.endswith("embed_tokens") for n in wrapped)
+    with torch.no_grad():
+        got = lora(input_ids=ids).logits
+    assert (want - base_logits).abs().max() > 1e-3
+    assert torch.allclose(got, want, atol=5e-5, rtol=0), float((got - want).abs().max())

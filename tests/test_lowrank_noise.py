@@ -20,6 +20,7 @@ from corp.evaluate.context import setup_run
 from corp.evaluate.scorer import ensure_population
 from corp.perturb import (
     SCHEME_VERSION,
+    Component,
     Direction,
     ParamFilter,
     Perturber,
@@ -150,6 +151,47 @@ def test_merged_direction_of_a_step_search_is_the_sum_of_dense_noise():
     n = "model.layers.1.self_attn.o_proj.weight"
     M = noise(3, n, a[n].shape, scheme=R4).mul_(0.07) + noise(9, n, a[n].shape, scheme=R4).mul_(0.03)
     assert torch.allclose(a[n] - dict(model.named_parameters())[n].detach(), 2.0 * M, atol=1e-6)
+
+
+def _dense_merged(comps, name, shape, scheme):
+    """The dense definition of a merged term's M: each seed's whole E, scaled, added in order."""
+    M = torch.zeros(shape)
+    for c in comps:
+        M.add_(noise(c.seed, name, shape, scheme=scheme).mul_(c.coef * c.sigma))
+    return M
+
+
+@pytest.mark.parametrize("scheme", [R4, "corp-lowrank-v1:r=1"])
+def test_merged_low_rank_terms_are_built_from_factors_with_the_dense_bits(scheme):
+    """materialise and Perturber.keep_merged build a low-rank M a row block at a time from the
+    factors (merged_noise): the bits equal building every elite's dense E whole, on a matrix of
+    several blocks, for two terms sharing elites, and the step search's weights are those bits."""
+    from corp.perturb.direction import Merged, materialise
+    from corp.perturb.lowrank_noise import merged_noise
+
+    shape = (2500, 64)  # 1024 rows per block of dense(): three blocks, the last one partial
+    comps = [Component(3, 0.1, 0.7), Component(9, 0.05, -0.3), Component(4, 0.1, 1.25)]
+    want = _dense_merged(comps, "w", shape, scheme)
+    assert torch.equal(materialise(comps, "w", shape, scheme=scheme), want)
+    other = [comps[0], comps[2]]
+    uses = [(3, [(0, 0.07), (1, 0.07)]), (9, [(0, -0.015)]), (4, [(0, 0.125), (1, 0.125)])]
+    got = merged_noise(uses, 2, "w", shape, scheme)
+    assert torch.equal(got[0], want) and torch.equal(got[1], _dense_merged(other, "w", shape, scheme))
+    assert torch.equal(merged_noise([(3, [(0, 1.0)])], 1, "b", (64,), scheme)[0], torch.zeros(64)), "1-D: no noise"
+
+    model, _ = tiny()
+    W0 = {n: p.detach().clone() for n, p in model.named_parameters()}
+    pert = Perturber(model, scheme=scheme)
+    terms = [Merged(1.0, tuple(comps)), Merged(1.0, tuple(other))]
+    pert.keep_merged(terms)  # the step search's shared build
+    for t in terms:
+        for alpha in (2.0, -0.5):
+            pert.apply(Direction([Merged(alpha, t.components)]))
+            for n, p in model.named_parameters():
+                M = _dense_merged(t.components, n, p.shape, scheme)
+                assert torch.equal(p.detach(), W0[n] + torch.mul(M, alpha)), (n, alpha)
+    pert.release_merged()
+    pert.restore()
 
 
 def test_gram_matrix_regenerates_low_rank_noise():

@@ -101,7 +101,11 @@ class ConsolidateConfig(OperatorConfig, PopulationConfig):
     rank_from: str | None = None
     """Run directory whose analyze-rank output gives r* for --low-rank auto (default: --from-run, else this run)."""
     export_lora: bool = False
-    """Also write the low-rank update as a PEFT LoRA adapter to RUN_DIR/lora/ (needs --low-rank auto or R)."""
+    """Also write the low-rank update as a PEFT LoRA adapter to RUN_DIR/lora/ (needs --low-rank auto or R, or a
+    low-rank population: --noise lowrank:r=R with --low-rank off exports CoRP's update exactly, rank <= K*R)."""
+    lora_rank: int = 0
+    """With --export-lora on a low-rank population (--low-rank off): also write an SVD-compressed adapter of this
+    rank to RUN_DIR/lora-rank-R/ and report its relative Frobenius error (0: none)."""
 
     def validate(self) -> "ConsolidateConfig":
         PopulationConfig.validate(self)
@@ -114,8 +118,17 @@ class ConsolidateConfig(OperatorConfig, PopulationConfig):
         self.low_rank = parse_low_rank(self.low_rank)
         if self.low_rank != "off" and self.rounds > 0:
             raise CorpError(f"--low-rank {self.low_rank} cannot be combined with --rounds {self.rounds}: stage-2 re-centring is full-rank; use --rounds 0")
-        if self.export_lora and self.low_rank == "off":
-            raise CorpError("--export-lora needs a low-rank update: add --low-rank auto or --low-rank R")
+        from corp.perturb import lowrank_rank, scheme_from_flag
+
+        lowrank_population = lowrank_rank(scheme_from_flag(self.noise)) is not None
+        if self.export_lora and self.low_rank == "off" and not lowrank_population:
+            raise CorpError("--export-lora needs a low-rank update: add --low-rank auto or --low-rank R, "
+                            "or score a low-rank population (--noise lowrank:r=R)")
+        if self.lora_rank < 0:
+            raise CorpError(f"--lora-rank must be >= 1 (or 0 for none), got {self.lora_rank}")
+        if self.lora_rank and not (self.export_lora and self.low_rank == "off" and lowrank_population):
+            raise CorpError("--lora-rank compresses the exact adapter of a low-rank population: "
+                            "it needs --export-lora and --noise lowrank:r=R with --low-rank off")
         if self.rank_from is not None and self.low_rank != "auto":
             raise CorpError("--rank-from only applies to --low-rank auto")
         if self.rank_from is not None and not Path(self.rank_from).is_dir():

@@ -30,11 +30,24 @@ Choices and departures, each for a reason:
   every module that shares it, as the merged model does (PEFT warns about tied layers; do not
   `merge_and_unload` such an adapter into a tied model, which would add the delta twice). vLLM's
   LoRA loader may not honour rank_pattern/alpha_pattern; PEFT does.
+
+Exact LoRA of a low-rank population (`--noise lowrank:r=R --export-lora` with `--low-rank off`):
+every specialist's noise is E_k = A_k B_k^T / sqrt(R) per matrix (corp.perturb.lowrank_noise) and
+1-D parameters get none, so CoRP's update sum_k c_k E_k (c_k = coef_k sigma_k, merged terms'
+scales folded in, components of one seed summed) IS a rank <= K*R update of the 2-D matrices and
+nothing else. `exact_lora` writes it as a LowRankDirection at unit scale with B = [c_1 A_1 / sqrt(R)
+| ... | c_K A_K / sqrt(R)] (m x KR) and A = [B_1 | ... | B_K]^T (KR x n): no SVD, no truncation,
+and export_lora's layout, rank_pattern/alpha_pattern and tied-module handling unchanged. The saved
+model stays the reference (W0 + the dense E of the scheme, through the Perturber, like `corp
+apply`); the adapter equals it up to fp32 rounding (different summation order, not bits).
+`compress` gives the best rank-r approximation of such a factored update from QRs of the two
+factors and an SVD of a (KR x KR) core, with its relative Frobenius error, without forming m x n.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -43,6 +56,8 @@ import torch
 
 from corp import CorpError
 from corp.perturb import Component, Direction
+from corp.perturb.lowrank_noise import factors as noise_factors
+from corp.perturb.lowrank_noise import lowrank_rank
 
 FACTORS_FILE = "lowrank_factors.safetensors"
 _ROW_BLOCK = 4096  # rows of B @ A materialised at a time (bounds the fp64 temporary)
@@ -306,3 +321,56 @@ def export_lora(direction: LowRankDirection, model: torch.nn.Module, out_dir: st
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(out / "adapter_model.safetensors")
     return out
+
+
+# ---------------------------------------------------------------- exact LoRA of a low-rank population
+
+
+def exact_lora(direction: Direction, params: Sequence[tuple[str, Sequence[int]]], scheme: str) -> LowRankDirection:
+    """`direction` (seed components, merged terms allowed) under low-rank `scheme` as an exact
+    LowRankDirection at unit scale: rank (distinct seeds with a nonzero coefficient) * R per 2-D
+    parameter of `params`, 1-D parameters none (they get no noise under the scheme)."""
+    R = lowrank_rank(scheme)
+    if R is None:
+        raise CorpError(f"an exact LoRA needs a low-rank population (--noise lowrank:r=R), not noise scheme {scheme}")
+    if isinstance(direction, LowRankDirection):
+        raise CorpError("direction is already low-rank (a projection); export it with export_lora")
+    coefs: dict[int, float] = {}  # seed -> sum of coef * sigma: the noise depends on the seed only
+    for c in direction.seed_components():
+        coefs[c.seed] = coefs.get(c.seed, 0.0) + c.coef * c.sigma
+    elites = [(seed, c) for seed, c in coefs.items() if c != 0.0]
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    if elites:
+        gen = torch.Generator(device="cpu")
+        s = 1.0 / math.sqrt(R)
+        for name, shape in params:
+            if len(tuple(shape)) != 2:
+                continue
+            Bs, As = [], []
+            for seed, c in elites:
+                A_k, B_k = noise_factors(seed, name, tuple(shape), scheme, gen)  # A_k (m x R), B_k (n x R)
+                Bs.append(A_k.mul_(c * s))
+                As.append(B_k.t())
+            out[name] = (torch.cat(Bs, 1), torch.cat(As, 0))
+    return LowRankDirection(out, 1.0, direction.seed_components())
+
+
+def compress(direction: LowRankDirection, rank: int) -> tuple[LowRankDirection, dict]:
+    """The best rank-min(rank, r_i) approximation of each factored matrix (unit scale, the
+    direction's scale folded in) and {"rank", "relative_frobenius_error" (over all matrices),
+    "per_matrix" {name: error}}: ||D - D_r||_F / ||D||_F from the singular values of the core."""
+    if rank < 1:
+        raise CorpError(f"--lora-rank must be >= 1, got {rank}")
+    out, per, tail_all, total_all = {}, {}, 0.0, 0.0
+    for name, (B, A) in direction.factors.items():
+        Qb, Rb = torch.linalg.qr(B.double() * direction.scale)  # m x k, k x k
+        Qa, Ra = torch.linalg.qr(A.double().t())  # n x k, k x k
+        U, S, Vh = torch.linalg.svd(Rb @ Ra.t())
+        r = min(rank, int(S.numel()))
+        out[name] = ((Qb @ U[:, :r] * S[:r]).float(), (Vh[:r] @ Qa.t()).float())
+        total, tail = float((S**2).sum()), float((S[r:] ** 2).sum())
+        per[name] = math.sqrt(tail / total) if total > 0 else 0.0
+        tail_all, total_all = tail_all + tail, total_all + total
+    err = math.sqrt(tail_all / total_all) if total_all > 0 else 0.0
+    report = {"rank": int(rank), "relative_frobenius_error": err, "per_matrix": per}
+    return LowRankDirection(out, 1.0, direction.components), report

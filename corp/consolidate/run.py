@@ -17,14 +17,17 @@ import shutil
 from corp.consolidate.algebra import elite_set
 from corp.consolidate.corp_operator import ConsolidateConfig, consolidate_stage1, reward_scale
 from corp.consolidate.stage2 import consolidate_stage2
-from corp.consolidate.lowrank import FACTORS_FILE, LowRankDirection, LowRankProjector, export_lora, read_analysis, resolve_ranks, write_factors
+from corp.consolidate.lowrank import (
+    FACTORS_FILE, LowRankDirection, LowRankProjector, compress, exact_lora, export_lora, read_analysis, resolve_ranks,
+    write_factors,
+)
 from corp.consolidate.recipe import make_recipe, produced_weights, write_recipe
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.population import population_line, population_summary, randopt_results
 from corp.evaluate.context import EvalCache, RunContext, cached_eval, direction_fingerprint, open_run, row_scores, run_evals
 from corp.evaluate.scorer import ensure_population
 from corp.models import adapter_base, save_model
-from corp.perturb import Direction, ParamFilter
+from corp.perturb import Direction, ParamFilter, lowrank_rank
 from corp.runs import ReportRow, format_rows, write_report
 from corp.stats import PerExample
 
@@ -32,6 +35,19 @@ __all__ = ["RunScorer", "direction_fingerprint", "run_consolidate"]
 
 
 def low_rank_line(lr: dict) -> str:
+    if lr["mode"] == "off" and "exact_lora" in lr:
+        ex = lr["exact_lora"]
+        if not ex.get("lora_dir"):
+            return f"low-rank: off (low-rank population); exact PEFT adapter {ex['lora_note']}"
+        line = (f"low-rank: off; exact LoRA of the low-rank population "
+                f"({ex['elites']} elite seed(s) x r={ex['noise_rank']}, "
+                f"rank {ex['max_rank']} per matrix on {ex['matrices']} matrices, "
+                f"LoRA parameters {ex['lora_parameters']:,}): {ex['lora_dir']}")
+        c = ex.get("compressed")
+        if c:
+            err = c["relative_frobenius_error"]
+            line += f"; rank-{c['rank']} SVD adapter {c['lora_dir']} (relative Frobenius error {err:.3e})"
+        return line
     if lr["mode"] == "off":
         return "low-rank: off (full-rank update)"
     source = f"r* from analyze-rank in {lr['rank_from']}" if lr["mode"] == "auto" else f"rank {lr['mode']} on every 2-D matrix"
@@ -82,6 +98,32 @@ def _used_rows(cfg: ConsolidateConfig, rows: list[dict]) -> set[int]:
     elites at each quantile (on the rewards the merge rules see) and the top K."""
     r = reward_scale([row["reward"] for row in rows])
     return set().union(*(elite_set(r, q) for q in cfg.quantiles)) | set(range(min(max(cfg.top_k), len(rows))))
+
+
+def _export_exact_lora(cfg: ConsolidateConfig, ctx: RunContext, direction: Direction, params, scheme: str) -> dict:
+    """CoRP's update of a low-rank population as a PEFT adapter in RUN_DIR/lora/, exactly (no
+    truncation), and with --lora-rank an SVD-compressed one in RUN_DIR/lora-rank-R/."""
+    lora_dir = ctx.run_dir / "lora"
+    shutil.rmtree(lora_dir, ignore_errors=True)
+    for old in ctx.run_dir.glob("lora-rank-*"):  # corp's own earlier compressed adapters: stale now
+        if (old / "adapter_config.json").exists():
+            shutil.rmtree(old, ignore_errors=True)
+    exact = exact_lora(direction, params, scheme)
+    if exact.is_zero():
+        return {"lora_dir": None, "lora_note": "not written: CoRP abstained, so the output is the base model"}
+    base = adapter_base(ctx.model_id, ctx.backend.model_path)
+    ranks = exact.ranks
+    out = {
+        "lora_dir": str(export_lora(exact, ctx.backend.model, lora_dir, base)), "noise_scheme": scheme,
+        "noise_rank": lowrank_rank(scheme), "elites": max(ranks.values()) // lowrank_rank(scheme),
+        "max_rank": max(ranks.values()), "matrices": len(ranks), "lora_parameters": exact.lora_parameters(),
+    }
+    if cfg.lora_rank:
+        small, err = compress(exact, cfg.lora_rank)
+        where = ctx.run_dir / f"lora-rank-{cfg.lora_rank}"
+        written = export_lora(small, ctx.backend.model, where, base)
+        out["compressed"] = {"lora_dir": str(written), "lora_parameters": small.lora_parameters(), **err}
+    return out
 
 
 def run_consolidate(cfg: ConsolidateConfig, backend=None) -> dict:
@@ -136,6 +178,8 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
             else:
                 low_rank_report["lora_dir"] = None
                 low_rank_report["lora_note"] = "not written: CoRP abstained (or every rank is 0), so the output is the base model"
+    elif cfg.export_lora:
+        low_rank_report["exact_lora"] = _export_exact_lora(cfg, ctx, result.direction, params, scheme)
 
     # test split: base, RandOpt top-1 / K-vote, CoRP, each with per-example outcomes and paired comparisons
     results, _ = randopt_results(ctx, ranked, cfg.top_k, evals)

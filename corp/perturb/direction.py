@@ -26,7 +26,7 @@ from typing import Callable, ClassVar, Iterable, Iterator, Sequence
 import torch
 
 from corp import CorpError
-from corp.perturb.lowrank_noise import check_shapes
+from corp.perturb.lowrank_noise import check_shapes, lowrank_rank, merged_noise
 from corp.perturb.noise import SCHEME_VERSION, check_scheme, noise
 from corp.threads import serial_ops_in_this_thread
 
@@ -53,6 +53,9 @@ def materialise(components: Iterable[Component], name: str, shape, generator: to
     """M = sum_c coef_c sigma_c eps(seed_c)[name] as a new fp32 CPU tensor: the one definition of a
     merged term's M, used both where M is kept (Perturber) and where it is rebuilt (add_to)."""
     gen = generator or torch.Generator(device="cpu")
+    if lowrank_rank(scheme) is not None:  # same bits, built block by block from the factors
+        terms = [(c.seed, [(0, c.coef * c.sigma)]) for c in components if c.coef != 0.0]
+        return merged_noise(terms, 1, name, shape, scheme, gen)[0]
     M = torch.zeros(tuple(shape), dtype=torch.float32)
     for c in components:
         if c.coef == 0.0:
@@ -346,6 +349,10 @@ class Perturber:
             # one tensor's M for every term, with this worker's own generator and buffers
             n = shape.numel()
             gen, buf, tmp = scratch.gen, scratch.buffer("noise", n), scratch.buffer("tmp", n)
+            if lowrank_rank(self.scheme) is not None:  # same bits from the factors, a block of E at a time
+                terms = [(seed, users[(seed, sigma)]) for seed, sigma in sequence]
+                Ms = merged_noise(terms, len(shared), name, shape, self.scheme, gen)
+                return name, Ms, [materialise(t.components, name, shape, gen, buf, self.scheme) for t in alone]
             Ms = [torch.zeros(tuple(shape), dtype=torch.float32) for _ in shared]
             for seed, sigma in sequence:
                 eps = noise(seed, name, shape, gen, out=buf[:n].view(shape), scheme=self.scheme)

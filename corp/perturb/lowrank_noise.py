@@ -14,6 +14,9 @@ this scheme returns the same bits in a worker thread and in the main thread, so 
 materialisation path (Perturber apply, merged directions of a step search, Gram matrix,
 analyze-rank, recipes and `corp apply`) is the one for full-rank noise with E in place of eps.
 Each entry of E has unit variance and E has the Frobenius norm of full-rank noise in expectation.
+A merged term's M (a step search's sum_k c_k E_k) is built by `merged_noise` a row block at a time
+from the elites' factors, with the bits of adding each dense E whole (tested), so no elite's E is
+held whole; it is still m x n work per elite and rank (not (m + n) K R), since the weights are.
 
 What gets noise (choices, stated):
 - 2-D tensors (every linear weight) get rank-R noise.
@@ -43,7 +46,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 
@@ -153,3 +156,35 @@ def lowrank_noise(
     if f is None:
         return out.zero_() if out is not None else torch.zeros(shape, dtype=torch.float32)
     return dense(*f, out=out)
+
+
+def merged_noise(
+    terms: Sequence[tuple[int, Sequence[tuple[int, float]]]], n_out: int, name: str, shape, scheme: str,
+    generator: torch.Generator | None = None,
+) -> list[torch.Tensor]:
+    """M_j = sum, over `terms` in order, of round(E(seed)[name] * f) for each (j, f) of the term,
+    starting from zeros (fp32, j < n_out): the bits of building each seed's dense E whole and adding
+    it (Perturber.keep_merged, materialise), built row block by row block instead, with dense()'s
+    own row partition so each block's E comes from the same calls. A seed's dense E is never held
+    whole: only its factors ((m + n) R numbers) are, and each block of E is added while in cache,
+    so a merged low-rank direction costs R + 2 passes over cached blocks per elite, not three passes
+    over the whole m x n tensor. 1-D tensors: zeros (no noise under this scheme)."""
+    shape = tuple(shape)
+    Ms = [torch.zeros(shape, dtype=torch.float32) for _ in range(n_out)]
+    if len(shape) < 2:
+        check_shapes(scheme, [(name, shape)])
+        return Ms
+    gen = generator or torch.Generator(device="cpu")
+    drawn = [(factors(seed, name, shape, scheme, gen), uses) for seed, uses in terms if uses]
+    m, n = shape
+    step = max(1, _BLOCK // max(n, 1))
+    E = torch.empty(step * n, dtype=torch.float32)
+    tmp = torch.empty(step * n, dtype=torch.float32)
+    for i in range(0, m, step):
+        rows = min(step, m - i)
+        blk, scaled = E[: rows * n].view(rows, n), tmp[: rows * n].view(rows, n)
+        for (A, B), uses in drawn:
+            dense(A[i : i + rows], B, out=blk)
+            for j, f in uses:
+                Ms[j][i : i + rows].add_(torch.mul(blk, f, out=scaled))
+    return Ms
