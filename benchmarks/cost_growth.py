@@ -86,7 +86,11 @@ class Clock:
             try:
                 return real(*a, **k)
             finally:
-                self.add(name(*a, **k) if callable(name) else (name or attr), time.process_time() - c0, time.perf_counter() - t0)
+                self.add(
+                    name(*a, **k) if callable(name) else (name or attr),
+                    time.process_time() - c0,
+                    time.perf_counter() - t0,
+                )
 
         setattr(module, attr, timed)
         return real
@@ -116,17 +120,34 @@ def measure_n(model_dir: str, n: int, args) -> dict:
     clock = Clock()
     restore = []
     for mod, attr, name in (
-        (crun, "ensure_population", "scoring"), (op, "perturbation_grams", "gram"), (op, "merge_and_search", "merge_and_search"),
-        (op, "keep_together", "build"), (crun, "consolidate_stage1", "stage1_total"),
-        (split_half, "analyze_population", "analysis"), (split_half, "analysis_power", "power"),
+        (crun, "ensure_population", "scoring"),
+        (op, "perturbation_grams", "gram"),
+        (op, "merge_and_search", "merge_and_search"),
+        (op, "keep_together", "build"),
+        (crun, "consolidate_stage1", "stage1_total"),
+        (split_half, "analyze_population", "analysis"),
+        (split_half, "analysis_power", "power"),
     ):
         restore.append((mod, attr, clock.wrap(mod, attr, name)))
     # every evaluation CoRP asks for goes through RunScorer.__call__; name it by its split
-    restore.append((crun.RunScorer, "__call__", clock.wrap(crun.RunScorer, "__call__", lambda self, d, split: f"eval:{split}")))
+    restore.append(
+        (crun.RunScorer, "__call__", clock.wrap(crun.RunScorer, "__call__", lambda self, d, split: f"eval:{split}"))
+    )
     run_dir = Path(tempfile.mkdtemp(prefix=f"corp-cost-growth-N{n}-")) / "run"
-    over = {"model": model_dir, "task": "arith", "reward": f"{Path(__file__).resolve()}:digit_share", "population": n, "seed": 0,
-            "n_support": args.n_support, "n_probe": args.n_probe, "n_validation": args.n_validation, "n_test": args.n_test,
-            "top_k": "1", "threads": 1, "run_dir": str(run_dir)}
+    over = {
+        "model": model_dir,
+        "task": "arith",
+        "reward": f"{Path(__file__).resolve()}:digit_share",
+        "population": n,
+        "seed": 0,
+        "n_support": args.n_support,
+        "n_probe": args.n_probe,
+        "n_validation": args.n_validation,
+        "n_test": args.n_test,
+        "top_k": "1",
+        "threads": 1,
+        "run_dir": str(run_dir),
+    }
     if args.preset:
         over["preset"] = args.preset
     try:
@@ -134,8 +155,18 @@ def measure_n(model_dir: str, n: int, args) -> dict:
         report = crun.run_consolidate(load_config(ConsolidateConfig, None, over))
         consolidate_cpu, consolidate_wall = time.process_time() - c0, time.perf_counter() - t0
         c0, t0 = time.process_time(), time.perf_counter()
-        acfg = load_config(AnalyzeRankConfig, None, {"from_run": str(run_dir), "threads": 1, "power_sims": args.power_sims, "skip_power": args.power_sims == 0,
-                                                     "splits": args.splits, "permutations": args.permutations})
+        acfg = load_config(
+            AnalyzeRankConfig,
+            None,
+            {
+                "from_run": str(run_dir),
+                "threads": 1,
+                "power_sims": args.power_sims,
+                "skip_power": args.power_sims == 0,
+                "splits": args.splits,
+                "permutations": args.permutations,
+            },
+        )
         split_half.run_analyze_rank(acfg)
         analyze_cpu, analyze_wall = time.process_time() - c0, time.perf_counter() - t0
     finally:
@@ -150,18 +181,30 @@ def measure_n(model_dir: str, n: int, args) -> dict:
     step_cpu = cpu["merge_and_search"] - cpu.get("gram", 0.0)
     gen_samples = clock.samples.get("eval:probe", [])
     out = {
-        "N": n, "specialists_scored": len(rows), "elites_widest": elites, "candidates": candidates,
-        "scoring_cpu_s": cpu["scoring"], "scoring_per_specialist_cpu_s": cpu["scoring"] / n,
+        "N": n,
+        "specialists_scored": len(rows),
+        "elites_widest": elites,
+        "candidates": candidates,
+        "scoring_cpu_s": cpu["scoring"],
+        "scoring_per_specialist_cpu_s": cpu["scoring"] / n,
         "scoring_row_seconds_median": statistics.median(r["seconds"] + r.get("apply_seconds", 0.0) for r in rows),
         "gram_cpu_s": cpu.get("gram", 0.0),
-        "step_search_cpu_s": step_cpu, "step_search_per_candidate_cpu_s": step_cpu / max(1, candidates),
-        "build_cpu_s": cpu.get("build", 0.0), "probe_eval_cpu_s_median": statistics.median(gen_samples) if gen_samples else None,
+        "step_search_cpu_s": step_cpu,
+        "step_search_per_candidate_cpu_s": step_cpu / max(1, candidates),
+        "build_cpu_s": cpu.get("build", 0.0),
+        "probe_eval_cpu_s_median": statistics.median(gen_samples) if gen_samples else None,
         "gates_cpu_s": cpu["stage1_total"] - cpu["merge_and_search"],
-        "consolidate_other_cpu_s": consolidate_cpu - cpu["scoring"] - cpu["stage1_total"],  # test rows, recipe, model save, set-up
-        "consolidate_total_cpu_s": consolidate_cpu, "consolidate_total_wall_s": consolidate_wall,
-        "analysis_cpu_s": cpu.get("analysis", 0.0), "power_cpu_s": cpu.get("power", 0.0),
-        "analyze_rank_total_cpu_s": analyze_cpu, "analyze_rank_total_wall_s": analyze_wall,
-        "wall_s": {k: round(v, 3) for k, v in wall.items()}, "calls": dict(clock.calls),
+        "consolidate_other_cpu_s": consolidate_cpu
+        - cpu["scoring"]
+        - cpu["stage1_total"],  # test rows, recipe, model save, set-up
+        "consolidate_total_cpu_s": consolidate_cpu,
+        "consolidate_total_wall_s": consolidate_wall,
+        "analysis_cpu_s": cpu.get("analysis", 0.0),
+        "power_cpu_s": cpu.get("power", 0.0),
+        "analyze_rank_total_cpu_s": analyze_cpu,
+        "analyze_rank_total_wall_s": analyze_wall,
+        "wall_s": {k: round(v, 3) for k, v in wall.items()},
+        "calls": dict(clock.calls),
     }
     print(json.dumps({k: v for k, v in out.items() if k not in ("wall_s", "calls")}), flush=True)
     return out
@@ -173,7 +216,10 @@ def fit(xs, ys, basis) -> dict:
     y = np.array(ys, dtype=float)
     c, *_ = np.linalg.lstsq(A, y, rcond=None)
     pred = A @ c
-    return {"terms": dict(zip(basis, map(float, c))), "max_rel_residual": float(np.max(np.abs(pred - y) / np.maximum(np.abs(y), 1e-12)))}
+    return {
+        "terms": dict(zip(basis, map(float, c))),
+        "max_rel_residual": float(np.max(np.abs(pred - y) / np.maximum(np.abs(y), 1e-12))),
+    }
 
 
 def fits(runs: list[dict]) -> dict:
@@ -203,8 +249,21 @@ def anchor(args) -> dict:
     torch.set_num_threads(1)
     out: dict = {"model": args.anchor_model}
     run_dir = Path(tempfile.mkdtemp(prefix="corp-cost-growth-anchor-")) / "run"
-    cfg = load_config(PopulationConfig, None, {"model": args.anchor_model, "task": "arith", "population": args.anchor_specialists, "n_support": args.n_support,
-                                               "n_probe": args.n_probe, "n_validation": 0, "n_test": 0, "threads": 1, "run_dir": str(run_dir)})
+    cfg = load_config(
+        PopulationConfig,
+        None,
+        {
+            "model": args.anchor_model,
+            "task": "arith",
+            "population": args.anchor_specialists,
+            "n_support": args.n_support,
+            "n_probe": args.n_probe,
+            "n_validation": 0,
+            "n_test": 0,
+            "threads": 1,
+            "run_dir": str(run_dir),
+        },
+    )
     c0 = time.process_time()
     ctx = setup_run(cfg, "bench", needs=("support", "probe"))
     backend = ctx.backend
@@ -281,8 +340,18 @@ def anchor(args) -> dict:
     ana = {}
     for n in args.anchor_analysis_n:
         c0 = time.process_time()
-        analyze_population(named, list(range(n)), [(5e-4, 1e-3, 2e-3)[i % 3] for i in range(n)], np.random.default_rng(n).random(n),
-                           splits=args.splits, permutations=args.permutations, vocab_size=vocab, matrices=r"layers\.0\.", progress=False, threads=1)
+        analyze_population(
+            named,
+            list(range(n)),
+            [(5e-4, 1e-3, 2e-3)[i % 3] for i in range(n)],
+            np.random.default_rng(n).random(n),
+            splits=args.splits,
+            permutations=args.permutations,
+            vocab_size=vocab,
+            matrices=r"layers\.0\.",
+            progress=False,
+            threads=1,
+        )
         ana[n] = time.process_time() - c0
         print(json.dumps({"anchor": "analysis layer 0", "N": n, "matrices": len(targets), "cpu_s": ana[n]}), flush=True)
     # marginal cost per specialist: combine at two population sizes (the (231 x numel) output and
@@ -295,12 +364,16 @@ def anchor(args) -> dict:
             cost = []
             for k in ks:
                 plan = Plan.make(np.random.default_rng(0).random(k), args.splits, args.permutations, 0)
-                C = torch.cat([plan.group_rows(g) for g in range(len(plan.perms))])  # every group's rows, as analyze_matrix combines them
+                C = torch.cat(
+                    [plan.group_rows(g) for g in range(len(plan.perms))]
+                )  # every group's rows, as analyze_matrix combines them
                 c0 = time.process_time()
                 NoiseStack(name, shape, list(range(k)), [1e-3] * k, budget).combine(C)
                 cost.append(time.process_time() - c0)
             rates[mode] = (cost[1] - cost[0]) / (ks[1] - ks[0])
-        per_matrix.append({"name": name, "shape": list(shape), **{f"{m}_per_specialist_cpu_s": v for m, v in rates.items()}})
+        per_matrix.append(
+            {"name": name, "shape": list(shape), **{f"{m}_per_specialist_cpu_s": v for m, v in rates.items()}}
+        )
     layers = sorted({int(nm.split(".layers.")[1].split(".")[0]) for nm, _ in named if ".layers." in nm})
     out["analysis_layer0_cpu_s"], out["analysis_per_matrix"], out["layers"] = ana, per_matrix, len(layers)
     out["analysis_memory_mb"] = 1024
@@ -342,14 +415,24 @@ def extrapolate(runs: list[dict], anc: dict | None, tiny_params: int, args) -> d
     budget = anc["analysis_memory_mb"] << 20
 
     def layer_rate(N: int) -> float:
-        return sum(m["stacked_per_specialist_cpu_s"] if N * int(np.prod(m["shape"])) * 4 <= budget else m["streamed_per_specialist_cpu_s"] for m in anc["analysis_per_matrix"])
+        return sum(
+            m["stacked_per_specialist_cpu_s"]
+            if N * int(np.prod(m["shape"])) * 4 <= budget
+            else m["streamed_per_specialist_cpu_s"]
+            for m in anc["analysis_per_matrix"]
+        )
 
     measured = sorted((int(k), v) for k, v in anc["analysis_layer0_cpu_s"].items())
     (na, ca) = measured[0]
     ana_const = ca - na * layer_rate(na)
-    out["analysis_check"] = [{"N": n, "measured_cpu_s": c, "model_cpu_s": ana_const + n * layer_rate(n)} for n, c in measured]
+    out["analysis_check"] = [
+        {"N": n, "measured_cpu_s": c, "model_cpu_s": ana_const + n * layer_rate(n)} for n, c in measured
+    ]
     shapes = [s for _, s in anc["gram_shapes"]]
-    grids = {"cpu-default": dict(quantiles=[0.5], betas=[10.0], alphas=[1.0, 2.0, 4.0, 8.0]), "paper": {k: list(v) for k, v in PAPER_PRESET.items()}}
+    grids = {
+        "cpu-default": dict(quantiles=[0.5], betas=[10.0], alphas=[1.0, 2.0, 4.0, 8.0]),
+        "paper": {k: list(v) for k, v in PAPER_PRESET.items()},
+    }
     out["assumptions"] = [
         f"embedded model: {P:,} perturbed parameters; support {args.n_support}, probe {args.n_probe}, validation {args.n_validation} examples (corp's defaults); one thread",
         f"scoring = N x {spec:.2f} CPU s (median of {len(anc['specialist_cpu_s'])} measured specialists on the support split): linear in N (tiny rows: fit 'scoring ~ a N')",
@@ -372,19 +455,33 @@ def extrapolate(runs: list[dict], anc: dict | None, tiny_params: int, args) -> d
         for N in (500, 5000):
             E = int(round((1 - q) * N))
             build = groups * E * t_noise_full + directions * E * t_acc
-            g_noise, g_prod = gram_model_cost(shapes, E, args.gram_memory_gb, anc["gram_t_noise_per_element"], anc["gram_t_pair_per_element"])
+            g_noise, g_prod = gram_model_cost(
+                shapes, E, args.gram_memory_gb, anc["gram_t_noise_per_element"], anc["gram_t_pair_per_element"]
+            )
             g16 = sum(gram_model_cost(shapes, E, 16.0, anc["gram_t_noise_per_element"], anc["gram_t_pair_per_element"]))
             streamed = [m["name"] for m in anc["analysis_per_matrix"] if N * int(np.prod(m["shape"])) * 4 > budget]
             row = {
-                "grid": gname, "N": N, "elites": E, "candidates": cands,
+                "grid": gname,
+                "N": N,
+                "elites": E,
+                "candidates": cands,
                 "scoring_cpu_s": N * spec,
-                "gram_cpu_s": g_noise + g_prod, "gram_noise_cpu_s": g_noise, "gram_products_cpu_s": g_prod, "gram_cpu_s_at_16gb": g16,
-                "step_search_cpu_s": cands * (probe + anc["apply_cpu_s"]) + build, "step_build_cpu_s": build,
+                "gram_cpu_s": g_noise + g_prod,
+                "gram_noise_cpu_s": g_noise,
+                "gram_products_cpu_s": g_prod,
+                "gram_cpu_s_at_16gb": g16,
+                "step_search_cpu_s": cands * (probe + anc["apply_cpu_s"]) + build,
+                "step_build_cpu_s": build,
                 "gates_cpu_s": 3 * val + probe,
-                "analysis_cpu_s": anc["layers"] * (ana_const + N * layer_rate(N)), "analysis_const_cpu_s": anc["layers"] * ana_const,
+                "analysis_cpu_s": anc["layers"] * (ana_const + N * layer_rate(N)),
+                "analysis_const_cpu_s": anc["layers"] * ana_const,
                 "analysis_streamed_matrices_per_layer": len(streamed),
             }
-            parts = {k: v for k, v in row.items() if k in ("scoring_cpu_s", "gram_cpu_s", "step_search_cpu_s", "gates_cpu_s", "analysis_cpu_s")}
+            parts = {
+                k: v
+                for k, v in row.items()
+                if k in ("scoring_cpu_s", "gram_cpu_s", "step_search_cpu_s", "gates_cpu_s", "analysis_cpu_s")
+            }
             row["total_cpu_s"] = sum(parts.values())
             row["dominant"] = max(parts, key=parts.get).replace("_cpu_s", "")
             out["cases"].append(row)
@@ -410,18 +507,27 @@ def fmt_s(x: float) -> str:
 
 
 def table(runs, ext) -> str:
-    lines = ["| N | elites | scoring (per specialist) | Gram | step search (candidates, per candidate) | gates | analysis | power sim | consolidate other |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        "| N | elites | scoring (per specialist) | Gram | step search (candidates, per candidate) | gates | analysis | power sim | consolidate other |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in runs:
-        lines.append(f"| {r['N']} | {r['elites_widest']} | {r['scoring_cpu_s']:.1f} ({r['scoring_per_specialist_cpu_s']:.3f}) | {r['gram_cpu_s']:.2f} | "
-                     f"{r['step_search_cpu_s']:.2f} ({r['candidates']}, {r['step_search_per_candidate_cpu_s']:.3f}) | {r['gates_cpu_s']:.2f} | {r['analysis_cpu_s']:.1f} | "
-                     f"{r['power_cpu_s']:.1f} | {r['consolidate_other_cpu_s']:.1f} |")
+        lines.append(
+            f"| {r['N']} | {r['elites_widest']} | {r['scoring_cpu_s']:.1f} ({r['scoring_per_specialist_cpu_s']:.3f}) | {r['gram_cpu_s']:.2f} | "
+            f"{r['step_search_cpu_s']:.2f} ({r['candidates']}, {r['step_search_per_candidate_cpu_s']:.3f}) | {r['gates_cpu_s']:.2f} | {r['analysis_cpu_s']:.1f} | "
+            f"{r['power_cpu_s']:.1f} | {r['consolidate_other_cpu_s']:.1f} |"
+        )
     if ext.get("cases"):
-        lines += ["", "| embedded model, grid | N | elites | candidates | scoring | Gram (exact) | step search | gates | analysis | dominant |",
-                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        lines += [
+            "",
+            "| embedded model, grid | N | elites | candidates | scoring | Gram (exact) | step search | gates | analysis | dominant |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+        ]
         for c in ext["cases"]:
-            lines.append(f"| {c['grid']} | {c['N']} | {c['elites']} | {c['candidates']} | {fmt_s(c['scoring_cpu_s'])} | {fmt_s(c['gram_cpu_s'])} | "
-                         f"{fmt_s(c['step_search_cpu_s'])} | {fmt_s(c['gates_cpu_s'])} | {fmt_s(c['analysis_cpu_s'])} | {c['dominant']} |")
+            lines.append(
+                f"| {c['grid']} | {c['N']} | {c['elites']} | {c['candidates']} | {fmt_s(c['scoring_cpu_s'])} | {fmt_s(c['gram_cpu_s'])} | "
+                f"{fmt_s(c['step_search_cpu_s'])} | {fmt_s(c['gates_cpu_s'])} | {fmt_s(c['analysis_cpu_s'])} | {c['dominant']} |"
+            )
     return "\n".join(lines)
 
 
@@ -432,10 +538,14 @@ def main() -> None:
     ap.add_argument("--n-probe", type=int, default=32)
     ap.add_argument("--n-validation", type=int, default=64)
     ap.add_argument("--n-test", type=int, default=8, help="test rows are reporting, not selection; kept small")
-    ap.add_argument("--preset", default=None, help="'paper' for the paper's (q, beta, alpha) grids; default: corp's CPU grid")
+    ap.add_argument(
+        "--preset", default=None, help="'paper' for the paper's (q, beta, alpha) grids; default: corp's CPU grid"
+    )
     ap.add_argument("--splits", type=int, default=10)
     ap.add_argument("--permutations", type=int, default=20)
-    ap.add_argument("--power-sims", type=int, default=32, help="analyze-rank's power simulation (its default 32); 0 skips it")
+    ap.add_argument(
+        "--power-sims", type=int, default=32, help="analyze-rank's power simulation (its default 32); 0 skips it"
+    )
     ap.add_argument("--gram-memory-gb", type=float, default=2.0)
     ap.add_argument("--anchor", action="store_true", help="also measure per-unit costs on the embedded model")
     ap.add_argument("--anchor-model", default="smollm2-135m")
@@ -443,8 +553,12 @@ def main() -> None:
     ap.add_argument("--anchor-gram-k", default="32,128")
     ap.add_argument("--anchor-elites", type=int, default=4)
     ap.add_argument("--anchor-analysis-n", default="16,48")
-    ap.add_argument("--anchor-from", default=None, help="reuse the anchor block of an earlier results.json instead of measuring it")
-    ap.add_argument("--runs-from", default=None, help="reuse the tiny rows of an earlier results.json instead of measuring them")
+    ap.add_argument(
+        "--anchor-from", default=None, help="reuse the anchor block of an earlier results.json instead of measuring it"
+    )
+    ap.add_argument(
+        "--runs-from", default=None, help="reuse the tiny rows of an earlier results.json instead of measuring them"
+    )
     ap.add_argument("--out", default=None, help="write results.json and table.md here")
     args = ap.parse_args()
     args.anchor_gram_k = [int(x) for x in args.anchor_gram_k.split(",")]
@@ -465,10 +579,24 @@ def main() -> None:
     elif args.anchor:
         anc = anchor(args)
     ext = extrapolate(runs, anc, tiny_params, args)
-    out = {"command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]), "tiny_params": tiny_params, "threads": 1,
-           "splits": {"support": args.n_support, "probe": args.n_probe, "validation": args.n_validation, "test": args.n_test}, "preset": args.preset,
-           "runs": runs, "fits": fits(runs) if len(runs) >= 2 else None, "anchor": anc, "extrapolation": ext,
-           "script_cpu_s": time.process_time() - c_all, "script_wall_s": time.perf_counter() - t_all}
+    out = {
+        "command": "python " + " ".join([Path(sys.argv[0]).as_posix()] + sys.argv[1:]),
+        "tiny_params": tiny_params,
+        "threads": 1,
+        "splits": {
+            "support": args.n_support,
+            "probe": args.n_probe,
+            "validation": args.n_validation,
+            "test": args.n_test,
+        },
+        "preset": args.preset,
+        "runs": runs,
+        "fits": fits(runs) if len(runs) >= 2 else None,
+        "anchor": anc,
+        "extrapolation": ext,
+        "script_cpu_s": time.process_time() - c_all,
+        "script_wall_s": time.perf_counter() - t_all,
+    }
     text = table(runs, ext)
     print(text)
     print(json.dumps(out["fits"], indent=1))

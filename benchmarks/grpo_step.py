@@ -60,7 +60,11 @@ def parse_args():
     ap.add_argument("--steps", type=int, default=4, help="timed steps of each trainer")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--trl-gradient-checkpointing", action="store_true", help="TRL's default; off by default (our core does not checkpoint)")
+    ap.add_argument(
+        "--trl-gradient-checkpointing",
+        action="store_true",
+        help="TRL's default; off by default (our core does not checkpoint)",
+    )
     ap.add_argument("--out", default=None, help="directory for README.md (table + command) and timings.json")
     return ap.parse_args()
 
@@ -92,13 +96,37 @@ def main() -> None:
     total = args.warmup + args.steps
 
     # ---------------------------------------------------------------- ours
-    ours_cfg = load_config(OurConfig, None, {
-        "model": args.model, "task": args.task, "backend": "hf", "n_support": args.n_support, "n_probe": 0, "n_validation": 0, "n_test": 0,
-        "max_new_tokens": args.max_completion_length, "steps": total, "prompts_per_step": args.prompts_per_step,
-        "num_generations": args.num_generations, "temperature": args.temperature, "learning_rate": args.learning_rate, "beta": 0.0,
-        "loss": "grpo", "loss_type": "dapo", "num_iterations": 1, "grad_accum": 1, "lora_r": args.lora_r, "lora_alpha": args.lora_alpha,
-        "lora_targets": args.lora_targets, "threads": args.threads, "seed": args.seed, "skip_test_eval": True, "run_dir": str(tmp / "ours"),
-    })
+    ours_cfg = load_config(
+        OurConfig,
+        None,
+        {
+            "model": args.model,
+            "task": args.task,
+            "backend": "hf",
+            "n_support": args.n_support,
+            "n_probe": 0,
+            "n_validation": 0,
+            "n_test": 0,
+            "max_new_tokens": args.max_completion_length,
+            "steps": total,
+            "prompts_per_step": args.prompts_per_step,
+            "num_generations": args.num_generations,
+            "temperature": args.temperature,
+            "learning_rate": args.learning_rate,
+            "beta": 0.0,
+            "loss": "grpo",
+            "loss_type": "dapo",
+            "num_iterations": 1,
+            "grad_accum": 1,
+            "lora_r": args.lora_r,
+            "lora_alpha": args.lora_alpha,
+            "lora_targets": args.lora_targets,
+            "threads": args.threads,
+            "seed": args.seed,
+            "skip_test_eval": True,
+            "run_dir": str(tmp / "ours"),
+        },
+    )
     ctx = setup_run(ours_cfg, "bench-grpo", needs=("support",))
     ours = OurTrainer(ctx, ours_cfg)
     support = ctx.splits["support"]
@@ -108,7 +136,9 @@ def main() -> None:
     # ---------------------------------------------------------------- TRL
     model, tokenizer, _, _ = load_model(model_path)
     model = model.float()
-    ds = datasets.Dataset.from_dict({"prompt": [[{"role": "user", "content": e.prompt}] for e in support], "idx": list(range(len(support)))})
+    ds = datasets.Dataset.from_dict(
+        {"prompt": [[{"role": "user", "content": e.prompt}] for e in support], "idx": list(range(len(support)))}
+    )
 
     def task_correct(completions, idx, **kwargs):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -117,20 +147,49 @@ def main() -> None:
 
     n_seq = args.prompts_per_step * args.num_generations
     trl_args = trl.GRPOConfig(
-        output_dir=str(tmp / "trl"), use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, bf16=False, fp16=False,
-        per_device_train_batch_size=n_seq, gradient_accumulation_steps=1, num_generations=args.num_generations,
-        max_completion_length=args.max_completion_length, temperature=args.temperature, top_p=1.0, top_k=0,
-        learning_rate=args.learning_rate, lr_scheduler_type="constant", optim="adamw_torch", weight_decay=0.0, max_grad_norm=1.0,
-        beta=0.0, loss_type="dapo", num_iterations=1, scale_rewards="group", epsilon=0.2,
-        max_steps=total, seed=args.seed, gradient_checkpointing=args.trl_gradient_checkpointing,
-        dataloader_num_workers=0, disable_tqdm=True,
+        output_dir=str(tmp / "trl"),
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        bf16=False,
+        fp16=False,
+        per_device_train_batch_size=n_seq,
+        gradient_accumulation_steps=1,
+        num_generations=args.num_generations,
+        max_completion_length=args.max_completion_length,
+        temperature=args.temperature,
+        top_p=1.0,
+        top_k=0,
+        learning_rate=args.learning_rate,
+        lr_scheduler_type="constant",
+        optim="adamw_torch",
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        beta=0.0,
+        loss_type="dapo",
+        num_iterations=1,
+        scale_rewards="group",
+        epsilon=0.2,
+        max_steps=total,
+        seed=args.seed,
+        gradient_checkpointing=args.trl_gradient_checkpointing,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
     )
     peft_config = None
     if args.lora_r > 0:
         from peft import LoraConfig
 
         targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
-        peft_config = LoraConfig(r=args.lora_r, lora_alpha=args.lora_alpha, target_modules=targets, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+        peft_config = LoraConfig(
+            r=args.lora_r,
+            lora_alpha=args.lora_alpha,
+            target_modules=targets,
+            lora_dropout=0.0,
+            bias="none",
+            task_type="CAUSAL_LM",
+        )
 
     rec = {"trl": [], "ours": [], "trl_logs": []}
 
@@ -144,20 +203,44 @@ def main() -> None:
             t = time.perf_counter()
             row = ours.train_step()
             sec = time.perf_counter() - t
-            rec["ours"].append({"step": row["step"], "seconds": sec, "completion_len": row["completion_len"], "reward": row["reward"], "loss": row["loss"]})
-            print(f"step {state.global_step}: trl {rec['trl'][-1]['seconds']:.2f}s  ours {sec:.2f}s (len {row['completion_len']:.1f})", file=sys.stderr, flush=True)
+            rec["ours"].append(
+                {
+                    "step": row["step"],
+                    "seconds": sec,
+                    "completion_len": row["completion_len"],
+                    "reward": row["reward"],
+                    "loss": row["loss"],
+                }
+            )
+            print(
+                f"step {state.global_step}: trl {rec['trl'][-1]['seconds']:.2f}s  ours {sec:.2f}s (len {row['completion_len']:.1f})",
+                file=sys.stderr,
+                flush=True,
+            )
 
         def on_log(self, a, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
-                rec["trl_logs"].append({"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}})
+                rec["trl_logs"].append(
+                    {"step": state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))}}
+                )
 
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=task_correct, args=trl_args, train_dataset=ds, processing_class=tokenizer,
-                              peft_config=peft_config, callbacks=[Interleave()])
+    trainer = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=task_correct,
+        args=trl_args,
+        train_dataset=ds,
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[Interleave()],
+    )
     from transformers.trainer_callback import PrinterCallback
 
     trainer.remove_callback(PrinterCallback)  # logs go to timings.json, not stdout
     torch.set_num_threads(args.threads)
-    n_train = {"ours": sum(p.numel() for _, p in ours.trainable), "trl": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)}
+    n_train = {
+        "ours": sum(p.numel() for _, p in ours.trainable),
+        "trl": sum(p.numel() for p in trainer.model.parameters() if p.requires_grad),
+    }
     trainer.train()
 
     logs = {r["step"]: r for r in rec["trl_logs"]}
@@ -173,7 +256,9 @@ def main() -> None:
         sec = [r["seconds"] for r in timed]
         tok = [r["completion_len"] * n_seq for r in timed]
         summary[name] = {
-            "median_s_per_step": med(sec), "min_s": min(sec), "max_s": max(sec),
+            "median_s_per_step": med(sec),
+            "min_s": min(sec),
+            "max_s": max(sec),
             "mean_completion_len": statistics.mean(r["completion_len"] for r in timed),
             "mean_generated_tokens_per_step": statistics.mean(tok),
             "median_s_per_generated_token": med([s / t for s, t in zip(sec, tok)]),
@@ -182,7 +267,9 @@ def main() -> None:
     ratio_step = summary["ours"]["median_s_per_step"] / summary["trl"]["median_s_per_step"]
     ratio_tok = summary["ours"]["median_s_per_generated_token"] / summary["trl"]["median_s_per_generated_token"]
     cmd = "python benchmarks/grpo_step.py " + " ".join(sys.argv[1:])
-    mode = f"LoRA r={args.lora_r} alpha={args.lora_alpha} on {args.lora_targets}" if args.lora_r > 0 else "full-parameter"
+    mode = (
+        f"LoRA r={args.lora_r} alpha={args.lora_alpha} on {args.lora_targets}" if args.lora_r > 0 else "full-parameter"
+    )
     head = (
         f"model `{args.model}` ({ctx.backend.n_params / 1e6:.1f}M params, fp32), task {args.task} ({len(support)} support prompts), {mode}; "
         f"{args.prompts_per_step} prompts x {args.num_generations} generations per step, max completion length {args.max_completion_length}, "
@@ -196,9 +283,14 @@ def main() -> None:
     ]
     for name, label in (("ours", "corp GRPO core"), ("trl", f"TRL {trl.__version__} GRPOTrainer")):
         s = summary[name]
-        lines.append(f"| {label} | {s['median_s_per_step']:.2f} | {s['min_s']:.2f} - {s['max_s']:.2f} | {s['mean_completion_len']:.1f} | "
-                     f"{s['mean_generated_tokens_per_step']:.0f} | {s['median_s_per_generated_token'] * 1e3:.1f} ms | {s['trainable_params']:,} |")
-    lines += ["", f"ratio ours / TRL: **{ratio_step:.2f}** per step, **{ratio_tok:.2f}** per generated token (target: <= 1)."]
+        lines.append(
+            f"| {label} | {s['median_s_per_step']:.2f} | {s['min_s']:.2f} - {s['max_s']:.2f} | {s['mean_completion_len']:.1f} | "
+            f"{s['mean_generated_tokens_per_step']:.0f} | {s['median_s_per_generated_token'] * 1e3:.1f} ms | {s['trainable_params']:,} |"
+        )
+    lines += [
+        "",
+        f"ratio ours / TRL: **{ratio_step:.2f}** per step, **{ratio_tok:.2f}** per generated token (target: <= 1).",
+    ]
     table = "\n".join(lines)
     print(head + "\n\n" + table)
 
@@ -209,20 +301,50 @@ def main() -> None:
         env = f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, datasets {datasets.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs (shared; {load})"
         per_step = ["| step | TRL s | TRL mean len | our s | our mean len |", "|---|---|---|---|---|"]
         for i, (t, o) in enumerate(zip(rec["trl"], rec["ours"])):
-            per_step.append(f"| {i + 1}{' (warm-up)' if i < args.warmup else ''} | {t['seconds']:.2f} | {t['completion_len']:.1f} | {o['seconds']:.2f} | {o['completion_len']:.1f} |")
-        readme = "\n".join([
-            "# GRPO step time: corp GRPO core vs TRL GRPOTrainer", "",
-            "```bash", cmd, "```", "", head, "", table, "", "Per step:", "", *per_step, "",
-            "A step is timed from TRL's `on_step_begin` to `on_step_end` (generation, reward, loss, backward, clip, optimizer step) and around "
-            "our `GRPOTrainer.train_step()` (the same stages). Completion lengths include the EOS token on both sides; "
-            "`generated tokens / step` = mean completion length x sequences per step. Sampling is random on both sides, so the two trainers "
-            "do not generate the same completions; seconds per generated token corrects for length only roughly (prompt work and the "
-            "optimizer step do not scale with it).", "",
-            f"Environment: {env}. Raw timings: `timings.json`.", "",
-        ])
+            per_step.append(
+                f"| {i + 1}{' (warm-up)' if i < args.warmup else ''} | {t['seconds']:.2f} | {t['completion_len']:.1f} | {o['seconds']:.2f} | {o['completion_len']:.1f} |"
+            )
+        readme = "\n".join(
+            [
+                "# GRPO step time: corp GRPO core vs TRL GRPOTrainer",
+                "",
+                "```bash",
+                cmd,
+                "```",
+                "",
+                head,
+                "",
+                table,
+                "",
+                "Per step:",
+                "",
+                *per_step,
+                "",
+                "A step is timed from TRL's `on_step_begin` to `on_step_end` (generation, reward, loss, backward, clip, optimizer step) and around "
+                "our `GRPOTrainer.train_step()` (the same stages). Completion lengths include the EOS token on both sides; "
+                "`generated tokens / step` = mean completion length x sequences per step. Sampling is random on both sides, so the two trainers "
+                "do not generate the same completions; seconds per generated token corrects for length only roughly (prompt work and the "
+                "optimizer step do not scale with it).",
+                "",
+                f"Environment: {env}. Raw timings: `timings.json`.",
+                "",
+            ]
+        )
         (out / "README.md").write_text(readme)
-        (out / "timings.json").write_text(json.dumps({"command": cmd, "args": vars(args), "summary": summary, "ratio_s_per_step": ratio_step,
-                                                       "ratio_s_per_generated_token": ratio_tok, "sequences_per_step": n_seq, **rec}, indent=1))
+        (out / "timings.json").write_text(
+            json.dumps(
+                {
+                    "command": cmd,
+                    "args": vars(args),
+                    "summary": summary,
+                    "ratio_s_per_step": ratio_step,
+                    "ratio_s_per_generated_token": ratio_tok,
+                    "sequences_per_step": n_seq,
+                    **rec,
+                },
+                indent=1,
+            )
+        )
         print(f"wrote {out / 'README.md'}", file=sys.stderr)
     shutil.rmtree(tmp, ignore_errors=True)
 

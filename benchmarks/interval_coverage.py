@@ -86,7 +86,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--datasets", type=int, default=1000, help="simulated comparisons per (regime, seeds)")
     ap.add_argument("--boot-datasets", type=int, default=300, help="of those, how many the (slow) bootstrap is run on")
-    ap.add_argument("--boot-samples", type=int, default=2000, help="bootstrap resamples per interval (the bench used 10000)")
+    ap.add_argument(
+        "--boot-samples", type=int, default=2000, help="bootstrap resamples per interval (the bench used 10000)"
+    )
     ap.add_argument("--n", type=int, default=300, help="test examples")
     ap.add_argument("--out", default="results/interval-coverage")
     args = ap.parse_args()
@@ -99,23 +101,46 @@ def main() -> None:
             a, b = simulate(regime, args.datasets, k, args.n, seed=1000 + k)
             t0 = time.perf_counter()
             iv = crossed_t_intervals(a - b)
-            row = {"regime": name, **regime, "true_effect": truth, "seeds": k, "n": args.n, "datasets": args.datasets,
-                   "seed_example_t": coverage_seed_example_t(a, b, truth), "t_over_seeds": coverage_t_over_seeds(a, b, truth),
-                   "mean_half_width_seed_example_t": float(((iv["hi"] - iv["lo"]) / 2).mean())}
+            row = {
+                "regime": name,
+                **regime,
+                "true_effect": truth,
+                "seeds": k,
+                "n": args.n,
+                "datasets": args.datasets,
+                "seed_example_t": coverage_seed_example_t(a, b, truth),
+                "t_over_seeds": coverage_t_over_seeds(a, b, truth),
+                "mean_half_width_seed_example_t": float(((iv["hi"] - iv["lo"]) / 2).mean()),
+            }
             if k == 3 or name == "seed-dominated":
-                row["bootstrap"] = coverage_bootstrap(a[: args.boot_datasets], b[: args.boot_datasets], truth, args.boot_samples)
+                row["bootstrap"] = coverage_bootstrap(
+                    a[: args.boot_datasets], b[: args.boot_datasets], truth, args.boot_samples
+                )
                 row["bootstrap_datasets"] = args.boot_datasets
                 row["bootstrap_samples"] = args.boot_samples
             row["seconds"] = time.perf_counter() - t0
             rows.append(row)
             print(json.dumps(row))
-    (out / "coverage.json").write_text(json.dumps({"command": "python benchmarks/interval_coverage.py " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()), "rows": rows}, indent=1) + "\n")
-    lines = ["| regime | seeds | true effect | seed-example t (new) | t over seeds only | seeds-then-examples bootstrap (old) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    (out / "coverage.json").write_text(
+        json.dumps(
+            {
+                "command": "python benchmarks/interval_coverage.py "
+                + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items()),
+                "rows": rows,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    lines = [
+        "| regime | seeds | true effect | seed-example t (new) | t over seeds only | seeds-then-examples bootstrap (old) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         boot = f"{r['bootstrap']:.3f} ({r['bootstrap_datasets']} datasets)" if "bootstrap" in r else "—"
-        lines.append(f"| {r['regime']} | {r['seeds']} | {r['true_effect']:+.4f} | {r['seed_example_t']:.3f} | {r['t_over_seeds']:.3f} | {boot} |")
+        lines.append(
+            f"| {r['regime']} | {r['seeds']} | {r['true_effect']:+.4f} | {r['seed_example_t']:.3f} | {r['t_over_seeds']:.3f} | {boot} |"
+        )
     (out / "coverage.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

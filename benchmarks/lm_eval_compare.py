@@ -74,8 +74,24 @@ def main() -> None:
 
     # 1. corp eval, the real command
     run_dir = out / "corp-eval-run"
-    cmd = [sys.executable, "-m", "corp.cli", "eval", "--model", model, "--task", args.task, "--n-test", str(args.n_test),
-           "--pass-k", "", "--batch-size", str(args.batch_size), "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "corp.cli",
+        "eval",
+        "--model",
+        model,
+        "--task",
+        args.task,
+        "--n-test",
+        str(args.n_test),
+        "--pass-k",
+        "",
+        "--batch-size",
+        str(args.batch_size),
+        "--run-dir",
+        str(run_dir),
+    ]
     t0 = time.perf_counter()
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     corp_s = time.perf_counter() - t0
@@ -108,29 +124,44 @@ def main() -> None:
     max_new = cfg.get("max_new_tokens") or task.max_new_tokens
     stop = list(getattr(task, "stop", None) or [])
     name = f"corp_{args.task.replace(':', '_')}"
-    (out / "task" / f"{name}.yaml").write_text(TASK_YAML.format(name=name, data=data, until=json.dumps(stop), max_new=max_new))
+    (out / "task" / f"{name}.yaml").write_text(
+        TASK_YAML.format(name=name, data=data, until=json.dumps(stop), max_new=max_new)
+    )
 
     # 3. lm-evaluation-harness on the same directory
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     t0 = time.perf_counter()
-    result = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={model},dtype=float32", tasks=[name],
-                                     task_manager=TaskManager(include_path=str(out / "task")), batch_size=args.batch_size,
-                                     log_samples=True, device="cpu")
+    result = lm_eval.simple_evaluate(
+        model="hf",
+        model_args=f"pretrained={model},dtype=float32",
+        tasks=[name],
+        task_manager=TaskManager(include_path=str(out / "task")),
+        batch_size=args.batch_size,
+        log_samples=True,
+        device="cpu",
+    )
     lm_s = time.perf_counter() - t0
     samples = result["samples"][name]
     lm_correct = {s["doc"]["id"]: int(s["exact_match"]) for s in samples}
     both = [i for i in ids if i in lm_correct]
     agree = sum(corp_correct[i] == lm_correct[i] for i in both)
     summary = {
-        "model": model, "task": args.task, "n": len(both), "corp_eval_accuracy": sum(corp_correct[i] for i in both) / len(both),
-        "lm_eval_accuracy": sum(lm_correct[i] for i in both) / len(both), "agreement": agree / len(both),
+        "model": model,
+        "task": args.task,
+        "n": len(both),
+        "corp_eval_accuracy": sum(corp_correct[i] for i in both) / len(both),
+        "lm_eval_accuracy": sum(lm_correct[i] for i in both) / len(both),
+        "agreement": agree / len(both),
         "only_corp_correct": [i for i in both if corp_correct[i] and not lm_correct[i]],
         "only_lm_eval_correct": [i for i in both if lm_correct[i] and not corp_correct[i]],
         "lm_eval_version": lm_eval.__version__ if hasattr(lm_eval, "__version__") else None,
-        "corp_eval_seconds": round(corp_s, 1), "lm_eval_seconds": round(lm_s, 1), "corp_command": " ".join(cmd[1:]),
-        "max_new_tokens": max_new, "stop": stop,
+        "corp_eval_seconds": round(corp_s, 1),
+        "lm_eval_seconds": round(lm_s, 1),
+        "corp_command": " ".join(cmd[1:]),
+        "max_new_tokens": max_new,
+        "stop": stop,
     }
     (out / "compare.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps({k: v for k, v in summary.items() if not k.startswith("only_")}, indent=2))

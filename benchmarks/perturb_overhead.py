@@ -38,7 +38,11 @@ def main() -> None:
     ap.add_argument("--sigma", type=float, default=1e-3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="directory for README.md with the table")
-    ap.add_argument("--compare-schemes", action="store_true", help="also time apply and noise generation under every known noise scheme, interleaved")
+    ap.add_argument(
+        "--compare-schemes",
+        action="store_true",
+        help="also time apply and noise generation under every known noise scheme, interleaved",
+    )
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -46,7 +50,19 @@ def main() -> None:
     from corp.evaluate.context import evaluate_current, setup_run
     from corp.perturb import SCHEME_VERSION, SCHEMES, Direction, noise
 
-    cfg = load_config(PopulationConfig, None, {"model": args.model, "task": args.task, "n_support": args.n_support, "n_probe": 0, "n_validation": 0, "n_test": 0, "run_dir": "/tmp/corp-bench-perturb"})
+    cfg = load_config(
+        PopulationConfig,
+        None,
+        {
+            "model": args.model,
+            "task": args.task,
+            "n_support": args.n_support,
+            "n_probe": 0,
+            "n_validation": 0,
+            "n_test": 0,
+            "run_dir": "/tmp/corp-bench-perturb",
+        },
+    )
     ctx = setup_run(cfg, "bench", needs=("support",))
     backend = ctx.backend
     prompts = [e.prompt for e in ctx.splits["support"]]
@@ -94,10 +110,20 @@ def main() -> None:
         backend.set_direction(None)
         restore = time.perf_counter() - t
         rows.append((plain, apply_s, score, restore))
-        print(f"rep {rep}: plain {plain:.2f}s  apply {apply_s:.3f}s  score {score:.2f}s  restore {restore:.3f}s  reward {res.mean_reward:.3f}", file=sys.stderr)
+        print(
+            f"rep {rep}: plain {plain:.2f}s  apply {apply_s:.3f}s  score {score:.2f}s  restore {restore:.3f}s  reward {res.mean_reward:.3f}",
+            file=sys.stderr,
+        )
         if args.compare_schemes:
             by_scheme.append(scheme_times(rep))
-            print(f"rep {rep}: " + "  ".join(f"{k}: apply {a:.3f}s (cpu {ac:.3f}s) noise {n:.3f}s (cpu {nc:.3f}s)" for k, (a, ac, n, nc) in by_scheme[-1].items()), file=sys.stderr)
+            print(
+                f"rep {rep}: "
+                + "  ".join(
+                    f"{k}: apply {a:.3f}s (cpu {ac:.3f}s) noise {n:.3f}s (cpu {nc:.3f}s)"
+                    for k, (a, ac, n, nc) in by_scheme[-1].items()
+                ),
+                file=sys.stderr,
+            )
 
     med = [statistics.median(c) for c in zip(*rows)]
     plain, apply_s, score, restore = med
@@ -124,7 +150,9 @@ def main() -> None:
     ]
     for scheme in SCHEMES if by_scheme else ():
         a, ac, n, nc = (statistics.median(r[scheme][i] for r in by_scheme) for i in range(4))
-        lines.append(f"| {scheme}: apply one specialist, wall / CPU (same process, interleaved) | {a:.3f} s / {ac:.3f} s |")
+        lines.append(
+            f"| {scheme}: apply one specialist, wall / CPU (same process, interleaved) | {a:.3f} s / {ac:.3f} s |"
+        )
         lines.append(f"| {scheme}: draw all its noise only, wall / CPU | {n:.3f} s / {nc:.3f} s |")
     text = "\n".join(lines)
     print(text)
@@ -132,7 +160,9 @@ def main() -> None:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         cmd = "python benchmarks/perturb_overhead.py " + " ".join(sys.argv[1:])
-        (out / "README.md").write_text(f"# Perturbation overhead\n\nCommand (from the repo root, venv active):\n\n    {cmd}\n\n{text}\n")
+        (out / "README.md").write_text(
+            f"# Perturbation overhead\n\nCommand (from the repo root, venv active):\n\n    {cmd}\n\n{text}\n"
+        )
 
 
 if __name__ == "__main__":

@@ -39,12 +39,21 @@ def elites(rows: list[dict], q: float) -> set[int]:
 def population(cfg: ConsolidateConfig, need) -> tuple[list[dict], dict, float, dict, object]:
     with open_run(cfg, "consolidate", needs=("support", "test")) as ctx:
         t0 = time.perf_counter()
-        ranked = ensure_population(ctx, keep=_race_keep(cfg) if need == "corp" else max(cfg.top_k),
-                                   need=(lambda rows: _used_rows(cfg, rows)) if need == "corp" else (lambda rows: range(max(cfg.top_k))))
+        ranked = ensure_population(
+            ctx,
+            keep=_race_keep(cfg) if need == "corp" else max(cfg.top_k),
+            need=(lambda rows: _used_rows(cfg, rows)) if need == "corp" else (lambda rows: range(max(cfg.top_k))),
+        )
         seconds = time.perf_counter() - t0
         flops = rows_ledger(ctx, ranked).flops
         results, _ = randopt_results(ctx, ranked, cfg.top_k, run_evals(ctx))
-        return ranked, {r.method: r for r in results}, seconds, {"flops": flops, **(ctx.population_source or {})}, ctx.example_ids("test")
+        return (
+            ranked,
+            {r.method: r for r in results},
+            seconds,
+            {"flops": flops, **(ctx.population_source or {})},
+            ctx.example_ids("test"),
+        )
 
 
 def main() -> None:
@@ -59,8 +68,16 @@ def main() -> None:
     ap.add_argument("--quantiles", default="0.5,0.9", help="CoRP elite quantiles to compare (0.5 is corp's default)")
     ap.add_argument("--race-first", type=int, default=8)
     ap.add_argument("--race-eta", type=int, default=2)
-    ap.add_argument("--race-ties", default="keep", help="keep (ties with the last kept go on) or order (ties broken by population order)")
-    ap.add_argument("--race-for", default="randopt,corp", help="which methods' needs to race for (randopt: its top K; corp: its elites and top K)")
+    ap.add_argument(
+        "--race-ties",
+        default="keep",
+        help="keep (ties with the last kept go on) or order (ties broken by population order)",
+    )
+    ap.add_argument(
+        "--race-for",
+        default="randopt,corp",
+        help="which methods' needs to race for (randopt: its top K; corp: its elites and top K)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--work", default="runs/bench-racing")
@@ -68,8 +85,21 @@ def main() -> None:
     args = ap.parse_args()
     work, out = Path(args.work), Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    common = dict(model=args.model, task=args.task, population=args.population, n_support=args.n_support, n_probe=0, n_validation=0, n_test=args.n_test,
-                  top_k=args.top_k, quantiles=args.quantiles, seed=args.seed, threads=args.threads, reward=args.reward, eval_cache=str(work / "shared_evals.jsonl"))
+    common = dict(
+        model=args.model,
+        task=args.task,
+        population=args.population,
+        n_support=args.n_support,
+        n_probe=0,
+        n_validation=0,
+        n_test=args.n_test,
+        top_k=args.top_k,
+        quantiles=args.quantiles,
+        seed=args.seed,
+        threads=args.threads,
+        reward=args.reward,
+        eval_cache=str(work / "shared_evals.jsonl"),
+    )
 
     def cfg(name, **kw):
         return load_config(ConsolidateConfig, None, {**common, "run_dir": str(work / name), **kw})
@@ -79,13 +109,21 @@ def main() -> None:
     runs = {name: population(cfg(f"raced-{name}", **race), name) for name in args.race_for.split(",")}
     kmax = max(int(k) for k in args.top_k.split(","))
     top_full = [r["index"] for r in full_rows[:kmax]]
-    report = {"command": "python benchmarks/racing.py " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
-              "full": {"population_flops": full_pop["flops"], "seconds": full_s}, "raced": {}}
-    lines = [f"# Racing vs full evaluation: {args.model}, {args.task}, N = {args.population}, {args.n_support} support examples, {args.n_test} test examples", "",
-             f"Made by `{report['command']}`. Successive halving: first rung {args.race_first} examples, eta {args.race_eta}, ties {args.race_ties}; every specialist a method "
-             "uses is scored on the whole support split (corp.evaluate.racing).", "",
-             "| raced for | population FLOPs vs full | stopped / completed after race | top-K overlap | elite overlap (q) | test: raced vs full (paired 95% CI) |",
-             "|---|---:|---:|---:|---|---|"]
+    report = {
+        "command": "python benchmarks/racing.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if v is not None),
+        "full": {"population_flops": full_pop["flops"], "seconds": full_s},
+        "raced": {},
+    }
+    lines = [
+        f"# Racing vs full evaluation: {args.model}, {args.task}, N = {args.population}, {args.n_support} support examples, {args.n_test} test examples",
+        "",
+        f"Made by `{report['command']}`. Successive halving: first rung {args.race_first} examples, eta {args.race_eta}, ties {args.race_ties}; every specialist a method "
+        "uses is scored on the whole support split (corp.evaluate.racing).",
+        "",
+        "| raced for | population FLOPs vs full | stopped / completed after race | top-K overlap | elite overlap (q) | test: raced vs full (paired 95% CI) |",
+        "|---|---:|---:|---:|---|---|",
+    ]
     for name, (rows, res, secs, pop, _) in runs.items():
         ratio = pop["flops"] / full_pop["flops"]
         top = [r["index"] for r in rows[:kmax]]
@@ -94,16 +132,43 @@ def main() -> None:
         for q in (float(x) for x in args.quantiles.split(",")):
             a, b = elites(rows, q), elites(full_rows, q)
             full_idx = {r["index"] for r in rows if r.get("kind") == "specialist"}
-            el[q] = {"overlap": len(a & b) / max(1, len(b)), "identical": a == b and all(
-                next(r for r in rows if r["index"] == i)["reward"] == next(r for r in full_rows if r["index"] == i)["reward"] for i in a), "all_full": a <= full_idx}
-        cmp = {m: compare_paired(f"{m} raced", res[m].correct, f"{m} full", full_res[m].correct) for m in full_res if m != "base"}
+            el[q] = {
+                "overlap": len(a & b) / max(1, len(b)),
+                "identical": a == b
+                and all(
+                    next(r for r in rows if r["index"] == i)["reward"]
+                    == next(r for r in full_rows if r["index"] == i)["reward"]
+                    for i in a
+                ),
+                "all_full": a <= full_idx,
+            }
+        cmp = {
+            m: compare_paired(f"{m} raced", res[m].correct, f"{m} full", full_res[m].correct)
+            for m in full_res
+            if m != "base"
+        }
         race_info = pop.get("race", {})
-        report["raced"][name] = {"population_flops": pop["flops"], "flops_ratio": ratio, "seconds": secs, "race": race_info,
-                                 "completed_after_race": pop.get("completed_after_race"), "topk_overlap": overlap, "elites": {str(q): v for q, v in el.items()},
-                                 "test": {m: {"raced": c["accuracy_a"], "full": c["accuracy_b"], "difference": c["difference"], "ci95": c["ci95"]} for m, c in cmp.items()}}
-        tests = "; ".join(f"{m} {c['accuracy_a']:.3f} vs {c['accuracy_b']:.3f} ({c['difference']:+.3f}, {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f})" for m, c in cmp.items())
+        report["raced"][name] = {
+            "population_flops": pop["flops"],
+            "flops_ratio": ratio,
+            "seconds": secs,
+            "race": race_info,
+            "completed_after_race": pop.get("completed_after_race"),
+            "topk_overlap": overlap,
+            "elites": {str(q): v for q, v in el.items()},
+            "test": {
+                m: {"raced": c["accuracy_a"], "full": c["accuracy_b"], "difference": c["difference"], "ci95": c["ci95"]}
+                for m, c in cmp.items()
+            },
+        }
+        tests = "; ".join(
+            f"{m} {c['accuracy_a']:.3f} vs {c['accuracy_b']:.3f} ({c['difference']:+.3f}, {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f})"
+            for m, c in cmp.items()
+        )
         els = ", ".join(f"{v['overlap']:.2f} (q={q}{', identical' if v['identical'] else ''})" for q, v in el.items())
-        lines.append(f"| {name} | {ratio:.2f} | {race_info.get('stopped')} / {pop.get('completed_after_race')} | {overlap:.2f} | {els} | {tests} |")
+        lines.append(
+            f"| {name} | {ratio:.2f} | {race_info.get('stopped')} / {pop.get('completed_after_race')} | {overlap:.2f} | {els} | {tests} |"
+        )
     (out / "racing.json").write_text(json.dumps(report, indent=2))
     (out / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -44,7 +44,9 @@ from corp.stats import compare_paired
 
 def full_rows(run_dir: Path) -> list[dict]:
     raw = read_jsonl(run_dir / "population.jsonl", key="key", unique=True)
-    if raw and all("index" not in r and "kind" not in r for r in raw):  # an older corp's rows: one per specialist, in population order
+    if raw and all(
+        "index" not in r and "kind" not in r for r in raw
+    ):  # an older corp's rows: one per specialist, in population order
         raw = [{**r, "index": i, "kind": "specialist", "n_examples": len(r["rewards"])} for i, r in enumerate(raw)]
     rows = [r for r in racing.latest_rows(raw) if r.get("kind") == "specialist"]
     n = max(r["n_examples"] for r in rows)
@@ -66,10 +68,24 @@ class _Replay:
             n, share = len(full["rewards"]), (hi - lo) / len(full["rewards"])
             self.examples += hi - lo
             row = {k: full[k] for k in ("seed", "sigma", "identity") if k in full}
-            row.update(kind="specialist", what=specialist_what(*spec), split=split, index=i, n=1, temperature=0.0,
-                       rewards=full["rewards"][lo:hi], correct=full["correct"][lo:hi], answers=full["answers"][lo:hi],
-                       prompt_tokens=full["prompt_tokens"] * share, generated_tokens=full["generated_tokens"] * share,
-                       seconds=0.0, apply_seconds=0.0, reward_errors=0, status_counts={}, n_examples=hi - lo)
+            row.update(
+                kind="specialist",
+                what=specialist_what(*spec),
+                split=split,
+                index=i,
+                n=1,
+                temperature=0.0,
+                rewards=full["rewards"][lo:hi],
+                correct=full["correct"][lo:hi],
+                answers=full["answers"][lo:hi],
+                prompt_tokens=full["prompt_tokens"] * share,
+                generated_tokens=full["generated_tokens"] * share,
+                seconds=0.0,
+                apply_seconds=0.0,
+                reward_errors=0,
+                status_counts={},
+                n_examples=hi - lo,
+            )
             row["reward"] = sum(row["rewards"]) / (hi - lo)
             row["accuracy"] = sum(row["correct"]) / (hi - lo)
             row["key"] = f"replay|{spec}|{lo}:{hi}"
@@ -80,14 +96,25 @@ class _Replay:
 
 def _context(run_dir: Path, rows: list[dict]) -> RunContext:
     n = len(rows[0]["rewards"])
-    ids = read_json(run_dir / "splits.json")["support"] if (run_dir / "splits.json").exists() else [f"support-{i}" for i in range(n)]
+    ids = (
+        read_json(run_dir / "splits.json")["support"]
+        if (run_dir / "splits.json").exists()
+        else [f"support-{i}" for i in range(n)]
+    )
     assert len(ids) == n, run_dir
     ident = rows[0].get("identity") or {}
     backend = SimpleNamespace(name="replay", model_id=ident.get("model", "replay"), n_params=1)
     task = SimpleNamespace(signature=lambda: ident.get("task"), max_new_tokens=ident.get("max_new_tokens", 0))
-    return RunContext(cfg=SimpleNamespace(reward=None, max_new_tokens=ident.get("max_new_tokens")), method="replay", task=task,
-                      splits={"support": [SimpleNamespace(id=i) for i in ids]}, run_dir=None, reward_fn=None, _backend=backend,
-                      _weights_hash=ident.get("weights_hash", "replay"))
+    return RunContext(
+        cfg=SimpleNamespace(reward=None, max_new_tokens=ident.get("max_new_tokens")),
+        method="replay",
+        task=task,
+        splits={"support": [SimpleNamespace(id=i) for i in ids]},
+        run_dir=None,
+        reward_fn=None,
+        _backend=backend,
+        _weights_hash=ident.get("weights_hash", "replay"),
+    )
 
 
 def used(rows: list[dict], top_k: int, quantiles: list[float], who: str) -> set[int]:
@@ -119,10 +146,25 @@ def top1_on_test(raced_top: dict, full_top: dict, tests: dict) -> dict | None:
     if a is None or b is None or a.get("ids_hash") != b.get("ids_hash"):
         return None
     c = compare_paired("raced top-1", a["correct"], "full top-1", b["correct"])
-    return {"raced": c["accuracy_a"], "full": c["accuracy_b"], "difference": c["difference"], "ci95": c["ci95"], "n": c["n"]}
+    return {
+        "raced": c["accuracy_a"],
+        "full": c["accuracy_b"],
+        "difference": c["difference"],
+        "ci95": c["ci95"],
+        "n": c["n"],
+    }
 
 
-def replay(run_dir: Path, first: int, eta: int, ties: str, top_k: int, quantiles: list[float], who: str, tests: dict | None = None) -> dict:
+def replay(
+    run_dir: Path,
+    first: int,
+    eta: int,
+    ties: str,
+    top_k: int,
+    quantiles: list[float],
+    who: str,
+    tests: dict | None = None,
+) -> dict:
     rows = full_rows(run_dir)
     specs = [(r["seed"], r["sigma"]) for r in sorted(rows, key=lambda r: r["index"])]
     n_pop, n = len(specs), len(rows[0]["rewards"])
@@ -143,15 +185,35 @@ def replay(run_dir: Path, first: int, eta: int, ties: str, top_k: int, quantiles
         ranked.sort(key=lambda r: (-r["reward"], r["index"]))
     full = sorted(rows, key=lambda r: (-r["reward"], r["index"]))
     mine, theirs = used(ranked, top_k, quantiles, who), used(full, top_k, quantiles, who)
-    same_rewards = all(abs(r["reward"] - next(f for f in full if f["index"] == r["index"])["reward"]) < 1e-12 for r in ranked if r["index"] in mine)
+    same_rewards = all(
+        abs(r["reward"] - next(f for f in full if f["index"] == r["index"])["reward"]) < 1e-12
+        for r in ranked
+        if r["index"] in mine
+    )
     tops_same = [r["index"] for r in ranked[:top_k]] == [r["index"] for r in full[:top_k]]
     top1_same = ranked[0]["index"] == full[0]["index"]
-    return {"run": run_dir.name, "population": n_pop, "support": n, "first": first, "eta": eta, "ties": ties, "for": who, "keep": keep,
-            "examples": score.examples, "fraction": score.examples / (n_pop * n), "rungs": summary["rungs"], "stopped": summary["stopped"],
-            "completed_after_race": before - sum(r.get("kind") == racing.RACED for r in ranked),
-            "used_overlap": len(mine & theirs) / len(theirs), "top_k_same_order": tops_same, "identical": mine == theirs and same_rewards and tops_same,
-            "top1_same": top1_same, "top1_test": None if top1_same else top1_on_test(ranked[0], full[0], tests or {}),
-            "full_top": [r["index"] for r in full[:top_k]], "full_mean_reward": statistics.fmean(r["reward"] for r in full)}
+    return {
+        "run": run_dir.name,
+        "population": n_pop,
+        "support": n,
+        "first": first,
+        "eta": eta,
+        "ties": ties,
+        "for": who,
+        "keep": keep,
+        "examples": score.examples,
+        "fraction": score.examples / (n_pop * n),
+        "rungs": summary["rungs"],
+        "stopped": summary["stopped"],
+        "completed_after_race": before - sum(r.get("kind") == racing.RACED for r in ranked),
+        "used_overlap": len(mine & theirs) / len(theirs),
+        "top_k_same_order": tops_same,
+        "identical": mine == theirs and same_rewards and tops_same,
+        "top1_same": top1_same,
+        "top1_test": None if top1_same else top1_on_test(ranked[0], full[0], tests or {}),
+        "full_top": [r["index"] for r in full[:top_k]],
+        "full_mean_reward": statistics.fmean(r["reward"] for r in full),
+    }
 
 
 def _top1_text(r: dict) -> str:
@@ -165,14 +227,20 @@ def _top1_text(r: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", required=True, help="globs (comma-separated) of population run directories scored in full")
+    ap.add_argument(
+        "--runs", required=True, help="globs (comma-separated) of population run directories scored in full"
+    )
     ap.add_argument("--first", default="8,16", help="first-rung sizes to try")
     ap.add_argument("--eta", type=int, default=2)
     ap.add_argument("--ties", default="keep")
     ap.add_argument("--top-k", type=int, default=3, help="RandOpt's largest K (the race keeps at least K)")
     ap.add_argument("--quantiles", default="0.5", help="CoRP's elite quantiles")
     ap.add_argument("--race-for", default="randopt,corp")
-    ap.add_argument("--test-rows", default=None, help="glob of JSONL files with greedy test rows (e.g. a bench's *shared_evals.jsonl)")
+    ap.add_argument(
+        "--test-rows",
+        default=None,
+        help="glob of JSONL files with greedy test rows (e.g. a bench's *shared_evals.jsonl)",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     quantiles = [float(q) for q in args.quantiles.split(",")]
@@ -186,23 +254,31 @@ def main() -> None:
             for first in (int(f) for f in args.first.split(",")):
                 res = replay(run_dir, first, args.eta, args.ties, args.top_k, quantiles, who, tests)
                 results.append(res)
-                print(f"{res['run'][:60]:60s} N={res['population']:3d} n={res['support']:3d} {who:7s} first={first:3d}: "
-                      f"{res['fraction']:.2f} of full, rungs {[h['scored'] for h in res['rungs']]}, completed {res['completed_after_race']}, "
-                      f"used overlap {res['used_overlap']:.2f}, identical {res['identical']}")
+                print(
+                    f"{res['run'][:60]:60s} N={res['population']:3d} n={res['support']:3d} {who:7s} first={first:3d}: "
+                    f"{res['fraction']:.2f} of full, rungs {[h['scored'] for h in res['rungs']]}, completed {res['completed_after_race']}, "
+                    f"used overlap {res['used_overlap']:.2f}, identical {res['identical']}"
+                )
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         name = f"replay-ties-{args.ties}"
         (out / f"{name}.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
-        lines = [f"Made by `python benchmarks/racing_replay.py --runs '{args.runs}' --first {args.first} --eta {args.eta} --ties {args.ties} "
-                 f"--top-k {args.top_k} --quantiles {args.quantiles} --race-for {args.race_for}"
-                 + (f" --test-rows '{args.test_rows}'" if args.test_rows else "") + f" --out {args.out}`.", "",
-                 "| population | N | support | raced for | first rung | share of full evaluations | scored per rung | completed | used overlap | same choice | top-1 on test: raced - full |",
-                 "|---|---:|---:|---|---:|---:|---|---:|---:|---|---|"]
+        lines = [
+            f"Made by `python benchmarks/racing_replay.py --runs '{args.runs}' --first {args.first} --eta {args.eta} --ties {args.ties} "
+            f"--top-k {args.top_k} --quantiles {args.quantiles} --race-for {args.race_for}"
+            + (f" --test-rows '{args.test_rows}'" if args.test_rows else "")
+            + f" --out {args.out}`.",
+            "",
+            "| population | N | support | raced for | first rung | share of full evaluations | scored per rung | completed | used overlap | same choice | top-1 on test: raced - full |",
+            "|---|---:|---:|---|---:|---:|---|---:|---:|---|---|",
+        ]
         for r in results:
             task, _, rest = r["run"].partition("__population__")
-            lines.append(f"| {task[:18] + ' ' + rest if rest else task} | {r['population']} | {r['support']} | {r['for']} | {r['first']} | {r['fraction']:.2f} | "
-                         f"{'/'.join(str(h['scored']) for h in r['rungs'])} | {r['completed_after_race']} | {r['used_overlap']:.2f} | {'yes' if r['identical'] else 'no'} | {_top1_text(r)} |")
+            lines.append(
+                f"| {task[:18] + ' ' + rest if rest else task} | {r['population']} | {r['support']} | {r['for']} | {r['first']} | {r['fraction']:.2f} | "
+                f"{'/'.join(str(h['scored']) for h in r['rungs'])} | {r['completed_after_race']} | {r['used_overlap']:.2f} | {'yes' if r['identical'] else 'no'} | {_top1_text(r)} |"
+            )
         (out / f"{name}.md").write_text("\n".join(lines) + "\n")
 
 

@@ -57,7 +57,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200, help="number of MBPP problems (first N by task id)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="results/sandbox-throughput/table.md")
-    ap.add_argument("--baseline", help="another version's sandbox.py to compare with (serial, program + asserts in one file)")
+    ap.add_argument(
+        "--baseline", help="another version's sandbox.py to compare with (serial, program + asserts in one file)"
+    )
     args = ap.parse_args()
     baseline = None
     if args.baseline:
@@ -81,7 +83,9 @@ def main() -> None:
         paths.append(path)
     conc = DEFAULT_CONCURRENCY
 
-    modes = ["plain serial", "sandbox serial", "plain parallel", "sandbox parallel"] + (["baseline serial"] if baseline else [])
+    modes = ["plain serial", "sandbox serial", "plain parallel", "sandbox parallel"] + (
+        ["baseline serial"] if baseline else []
+    )
     rates: dict[str, list[float]] = {m: [] for m in modes}
     lat_plain: list[float] = []
     lat_sbx: list[float] = []
@@ -135,7 +139,9 @@ def main() -> None:
     ]
     for mode, vals in rates.items():
         c = 1 if "serial" in mode else conc
-        lines.append(f"| {mode} | {c} | {statistics.median(vals):.1f} | {min(vals):.1f} - {max(vals):.1f} | {checks[mode]}/{len(programs)} |")
+        lines.append(
+            f"| {mode} | {c} | {statistics.median(vals):.1f} | {min(vals):.1f} - {max(vals):.1f} | {checks[mode]}/{len(programs)} |"
+        )
     lines += [
         "",
         "| per-program latency (serial) | median ms | p90 ms |",

@@ -73,9 +73,21 @@ def main() -> None:
     from corp.perturb import Direction, specialist_seeds
 
     model = tiny_model_dir() if args.model == "tiny" else args.model
-    cfg = load_config(PopulationConfig, None, {"model": model, "task": args.task, "n_support": 0, "n_probe": args.n_probe, "n_validation": 0, "n_test": 0,
-                                               "threads": args.threads, "noise": args.noise,
-                                               "run_dir": tempfile.mkdtemp(prefix="corp-bench-step-run-")})
+    cfg = load_config(
+        PopulationConfig,
+        None,
+        {
+            "model": model,
+            "task": args.task,
+            "n_support": 0,
+            "n_probe": args.n_probe,
+            "n_validation": 0,
+            "n_test": 0,
+            "threads": args.threads,
+            "noise": args.noise,
+            "run_dir": tempfile.mkdtemp(prefix="corp-bench-step-run-"),
+        },
+    )
     ctx = setup_run(cfg, "bench", needs=("probe",))
     backend, probe = ctx.backend, ctx.splits["probe"]
     n_params = backend.perturber.n_selected
@@ -85,9 +97,16 @@ def main() -> None:
     generate_at = {int(x) for x in args.generate_at.split(",") if x}
     evaluate_current(ctx, probe[:4])  # warm-up
 
-    out = {"model": args.model, "noise_scheme": backend.perturber.scheme,
-           "n_params": n_params, "threads": args.threads, "n_probe": len(probe), "alphas": alphas, "rules": rules,
-           "runs": []}
+    out = {
+        "model": args.model,
+        "noise_scheme": backend.perturber.scheme,
+        "n_params": n_params,
+        "threads": args.threads,
+        "n_probe": len(probe),
+        "alphas": alphas,
+        "rules": rules,
+        "runs": [],
+    }
     gen_times: list[float] = []
     for N in [int(x) for x in args.populations.split(",")]:
         seeds = specialist_seeds(0, N)
@@ -113,7 +132,16 @@ def main() -> None:
                     evaluate_current(ctx, probe)
                     t_gen, c_gen = time.perf_counter() - t0, time.process_time() - c0
                     gen_times.append((t_gen, c_gen))
-                rows.append({"rule": rule, "alpha": alpha, "apply_s": t_apply, "apply_cpu_s": c_apply, "gen_s": t_gen, "gen_cpu_s": c_gen})
+                rows.append(
+                    {
+                        "rule": rule,
+                        "alpha": alpha,
+                        "apply_s": t_apply,
+                        "apply_cpu_s": c_apply,
+                        "gen_s": t_gen,
+                        "gen_cpu_s": c_gen,
+                    }
+                )
                 print(json.dumps({"N": N, **rows[-1]}), flush=True)
         backend.perturber.release_merged()
         flat = Direction(st.direction(perts, rules[0]).scaled(alphas[0]).seed_components())
@@ -126,15 +154,25 @@ def main() -> None:
         per_cand = (t_build + sum(r["apply_s"] for r in rows)) / len(rows)
         per_cand_cpu = (c_build + sum(r["apply_cpu_s"] for r in rows)) / len(rows)
         run = {
-            "N": N, "elites": len(st.elite), "directions": len(rules), "candidates": len(rows),
-            "build_s": t_build, "build_cpu_s": c_build, "apply_kept_s_median": statistics.median(r["apply_s"] for r in rows),
+            "N": N,
+            "elites": len(st.elite),
+            "directions": len(rules),
+            "candidates": len(rows),
+            "build_s": t_build,
+            "build_cpu_s": c_build,
+            "apply_kept_s_median": statistics.median(r["apply_s"] for r in rows),
             "apply_kept_cpu_s_median": statistics.median(r["apply_cpu_s"] for r in rows),
-            "non_generation_per_candidate_s": per_cand, "non_generation_per_candidate_cpu_s": per_cand_cpu,
-            "old_apply_per_candidate_s": t_old, "old_apply_per_candidate_cpu_s": c_old,
-            "generation_per_candidate_s": gen, "generation_per_candidate_cpu_s": gen_cpu, "generation_measured_here": N in generate_at,
+            "non_generation_per_candidate_s": per_cand,
+            "non_generation_per_candidate_cpu_s": per_cand_cpu,
+            "old_apply_per_candidate_s": t_old,
+            "old_apply_per_candidate_cpu_s": c_old,
+            "generation_per_candidate_s": gen,
+            "generation_per_candidate_cpu_s": gen_cpu,
+            "generation_measured_here": N in generate_at,
             "ratio_non_generation_to_generation": per_cand / gen if gen else None,
             "ratio_cpu": per_cand_cpu / gen_cpu if gen_cpu else None,
-            "old_ratio": t_old / gen if gen else None, "old_ratio_cpu": c_old / gen_cpu if gen_cpu else None,
+            "old_ratio": t_old / gen if gen else None,
+            "old_ratio_cpu": c_old / gen_cpu if gen_cpu else None,
             "rows": rows,
         }
         out["runs"].append(run)

@@ -15,7 +15,8 @@ import sys
 import types
 import typing
 import warnings
-from typing import Callable, Optional
+from collections.abc import Callable
+from typing import Optional
 
 import typer
 from typer.core import TyperGroup
@@ -50,7 +51,13 @@ class _OneLineErrors(TyperGroup):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-app = typer.Typer(cls=_OneLineErrors, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, help="Post-train language models in weight space without gradients.")
+app = typer.Typer(
+    cls=_OneLineErrors,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    help="Post-train language models in weight space without gradients.",
+)
 
 
 def _one_line_warnings() -> None:
@@ -66,20 +73,27 @@ def _run(fn: Callable, *args):
         return fn(*args)
     except CorpError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2)
+        raise typer.Exit(2) from None
     except OSError as exc:
         # the machine's state, not a bug: a full disk or quota, a read-only place, a name too long
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG):
             raise
         where = f" ('{exc.filename}')" if exc.filename else ""
-        typer.echo(f"error: {exc.strerror}{where}; free some space or choose another location, "
-                   "then rerun (the same --run-dir resumes)", err=True)
-        raise typer.Exit(2)
+        typer.echo(
+            f"error: {exc.strerror}{where}; free some space or choose another location, "
+            "then rerun (the same --run-dir resumes)",
+            err=True,
+        )
+        raise typer.Exit(2) from None
     except KeyboardInterrupt:
         cfg = args[0] if args else None
         where = getattr(cfg, "run_dir", None)
-        typer.echo("\ninterrupted: every specialist already scored is saved; rerun with the same --run-dir to resume" + (f" ({where})" if where else ""), err=True)
-        raise typer.Exit(130)
+        typer.echo(
+            "\ninterrupted: every specialist already scored is saved; rerun with the same --run-dir to resume"
+            + (f" ({where})" if where else ""),
+            err=True,
+        )
+        raise typer.Exit(130) from None
 
 
 def _cli_type(tp) -> type:
@@ -104,11 +118,26 @@ def config_command(name: str, cls: type, help_text: str):
             shown = ",".join(map(str, default)) if isinstance(default, list) else default
             help_ = docs.get(f.name, "") + (f" [default: {shown}]" if shown not in (None, "") else "")
             opt = typer.Option(None, flag(f.name), help=help_, show_default=False)
-            params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[_cli_type(hints[f.name])]))
+            params.append(
+                inspect.Parameter(
+                    f.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[_cli_type(hints[f.name])]
+                )
+            )
         for old, new in renamed_options(cls).items():
             opt = typer.Option(None, flag(old), help=f"Deprecated: use {flag(new)}.", hidden=True, show_default=False)
-            params.append(inspect.Parameter(old, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[_cli_type(hints[new])]))
-        params.append(inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, default=typer.Option(None, "--config", help="YAML file of options (flags override it)."), annotation=Optional[str]))
+            params.append(
+                inspect.Parameter(
+                    old, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[_cli_type(hints[new])]
+                )
+            )
+        params.append(
+            inspect.Parameter(
+                "config",
+                inspect.Parameter.KEYWORD_ONLY,
+                default=typer.Option(None, "--config", help="YAML file of options (flags override it)."),
+                annotation=Optional[str],
+            )
+        )
 
         def command(**kwargs):
             yaml_path = kwargs.pop("config")
@@ -141,12 +170,32 @@ for _method in methods():
 
 @app.command("bench")
 def bench_cmd(
-    config: str = typer.Option(..., "--config", help="Bench YAML (fields: corp.bench.config.BenchConfig, e.g. configs/bench-cpu.yaml)."),
-    readme_section: bool = typer.Option(False, "--readme-section", help="Print the README results section from this bench's latest outputs (computes nothing)."),
-    threads: Optional[int] = typer.Option(None, "--threads", help="Torch CPU threads of every cell (overrides the config)."),
-    report_only: bool = typer.Option(False, "--report-only", help="Write results.csv, table.md and plots from the cells finished so far; run nothing."),
-    task: Optional[str] = typer.Option(None, "--task", help="Run only the cells of this task of the config, by spec or label (one process per task can share a bench); the outputs still cover every finished cell."),
-    report_to: str = typer.Option("none", "--report-to", help="Also log every finished cell's accuracy at its budget: none, tensorboard (RESULTS_DIR/NAME/tensorboard), wandb."),
+    config: str = typer.Option(
+        ..., "--config", help="Bench YAML (fields: corp.bench.config.BenchConfig, e.g. configs/bench-cpu.yaml)."
+    ),
+    readme_section: bool = typer.Option(
+        False,
+        "--readme-section",
+        help="Print the README results section from this bench's latest outputs (computes nothing).",
+    ),
+    threads: Optional[int] = typer.Option(
+        None, "--threads", help="Torch CPU threads of every cell (overrides the config)."
+    ),
+    report_only: bool = typer.Option(
+        False,
+        "--report-only",
+        help="Write results.csv, table.md and plots from the cells finished so far; run nothing.",
+    ),
+    task: Optional[str] = typer.Option(
+        None,
+        "--task",
+        help="Run only the cells of this task of the config, by spec or label (one process per task can share a bench); the outputs still cover every finished cell.",
+    ),
+    report_to: str = typer.Option(
+        "none",
+        "--report-to",
+        help="Also log every finished cell's accuracy at its budget: none, tensorboard (RESULTS_DIR/NAME/tensorboard), wandb.",
+    ),
 ) -> None:
     """The matched-compute sweep: every registered bench method at each FLOP budget, seed and data setting; resumable."""
     from corp.bench.outputs import readme_section as section
@@ -160,8 +209,11 @@ def bench_cmd(
         return
     command = "corp bench --config " + config + (f" --threads {threads}" if threads else "")
     summary = _run(run_bench, cfg, command, True, not report_only, task)
-    typer.echo(f"{summary['cells']} cells ({summary['reused']} reused from earlier runs, {summary['not_run']} not run); wrote {summary['results_dir']}/results.csv, table.md, "
-               f"{len(summary['plots'])} plots" + (f"; missing (not built): {', '.join(summary['missing'])}" if summary["missing"] else ""))
+    typer.echo(
+        f"{summary['cells']} cells ({summary['reused']} reused from earlier runs, {summary['not_run']} not run); wrote {summary['results_dir']}/results.csv, table.md, "
+        f"{len(summary['plots'])} plots"
+        + (f"; missing (not built): {', '.join(summary['missing'])}" if summary["missing"] else "")
+    )
     if report_to != "none":
         from pathlib import Path
 
@@ -171,12 +223,29 @@ def bench_cmd(
 
 @app.command("apply")
 def apply_cmd(
-    recipe: str = typer.Argument(..., help="recipe.json written by a method that makes one (`corp consolidate`, `corp es`)."),
-    out: str = typer.Option(..., "--out", help="New directory to write the rebuilt Hugging Face model to (an earlier corp model there is replaced)."),
-    model: Optional[str] = typer.Option(None, "--model", help="Base model to apply it to (default: the recipe's); must have the recipe's weights."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace --out even if it holds files corp did not write (never a cache, the base model, a run directory or the current directory)."),
-    allow_mismatch: bool = typer.Option(False, "--allow-mismatch", help=(
-        "Write the model even when an edited recipe no longer rebuilds the model its run evaluated (its weights hash).")),
+    recipe: str = typer.Argument(
+        ..., help="recipe.json written by a method that makes one (`corp consolidate`, `corp es`)."
+    ),
+    out: str = typer.Option(
+        ...,
+        "--out",
+        help="New directory to write the rebuilt Hugging Face model to (an earlier corp model there is replaced).",
+    ),
+    model: Optional[str] = typer.Option(
+        None, "--model", help="Base model to apply it to (default: the recipe's); must have the recipe's weights."
+    ),
+    overwrite: bool = typer.Option(
+        False,
+        "--overwrite",
+        help="Replace --out even if it holds files corp did not write (never a cache, the base model, a run directory or the current directory).",
+    ),
+    allow_mismatch: bool = typer.Option(
+        False,
+        "--allow-mismatch",
+        help=(
+            "Write the model even when an edited recipe no longer rebuilds the model its run evaluated (its weights hash)."
+        ),
+    ),
 ) -> None:
     """Rebuild a model from its recipe and the base model, bit-exactly, and check it is the model its run
     evaluated; never deletes files corp did not write."""

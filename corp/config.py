@@ -32,7 +32,7 @@ import textwrap
 import types
 import warnings
 from dataclasses import dataclass, field, fields
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
@@ -41,7 +41,7 @@ import yaml
 from corp import CorpError
 
 
-@lru_cache(maxsize=None)
+@cache
 def field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings (a string literal right after a field) for cls and its bases."""
     docs: dict[str, str] = {}
@@ -55,7 +55,11 @@ def field_docs(cls: type) -> dict[str, str]:
         body = tree.body[0].body
         for node, nxt in zip(body, body[1:]):
             if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                if isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str):
+                if (
+                    isinstance(nxt, ast.Expr)
+                    and isinstance(nxt.value, ast.Constant)
+                    and isinstance(nxt.value.value, str)
+                ):
                     docs[node.target.id] = " ".join(nxt.value.value.split())
     if dataclasses.is_dataclass(cls):
         for f in fields(cls):  # fields `options_from` gave the class carry their docstring with them
@@ -96,7 +100,9 @@ def parse_list(value: Any, cast, name: str) -> list:
     try:
         return [cast(v) for v in items]
     except (TypeError, ValueError):
-        raise CorpError(f"--{name.replace('_', '-')} '{value}' is not a comma-separated list of {cast.__name__}s") from None
+        raise CorpError(
+            f"--{name.replace('_', '-')} '{value}' is not a comma-separated list of {cast.__name__}s"
+        ) from None
 
 
 @dataclass
@@ -142,13 +148,15 @@ class RunConfig:
     report_to: str = "none"
     """Where per-step/per-round metrics also go (TRL's name): none, tensorboard (RUN_DIR/tensorboard), wandb, or a comma list; written from metrics.jsonl/rounds.jsonl when the run ends."""
 
-    def validate(self) -> "RunConfig":
+    def validate(self) -> RunConfig:
         if self.threads is not None and self.threads < 0:
-            raise CorpError(f"--threads must be >= 1 (or 0 / unset for torch's default, all usable cores), "
-                            f"got {self.threads}")
+            raise CorpError(
+                f"--threads must be >= 1 (or 0 / unset for torch's default, all usable cores), got {self.threads}"
+            )
         if self.eval_cache and Path(self.eval_cache).is_dir():
-            raise CorpError(f"--eval-cache '{self.eval_cache}' is a directory; "
-                            "name a JSONL file (it is created if missing)")
+            raise CorpError(
+                f"--eval-cache '{self.eval_cache}' is a directory; name a JSONL file (it is created if missing)"
+            )
         for name in ("n_support", "n_probe", "n_validation", "n_test"):
             if getattr(self, name) < 0:
                 raise CorpError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
@@ -209,7 +217,7 @@ class PopulationConfig(RunConfig):
         """Deprecated alias of `from_run` (kept for one release)."""
         return self.from_run
 
-    def validate(self) -> "PopulationConfig":
+    def validate(self) -> PopulationConfig:
         super().validate()
         self.sigmas = parse_list(self.sigmas, float, "sigmas")
         from corp.perturb.lowrank_noise import scheme_from_flag
@@ -219,7 +227,9 @@ class PopulationConfig(RunConfig):
             raise CorpError(f"--population must be >= 1, got {self.population}")
         if not self.sigmas:
             raise CorpError("--sigmas is empty; give at least one noise scale, e.g. 1e-3")
-        bad = [s for s in self.sigmas if not (s > 0 and math.isfinite(s))]  # inf would be saved as null and mean no model
+        bad = [
+            s for s in self.sigmas if not (s > 0 and math.isfinite(s))
+        ]  # inf would be saved as null and mean no model
         if bad:
             raise CorpError(f"--sigmas must all be > 0 and finite, got {bad[0]}")
         if self.executor not in ("local", "ray"):
@@ -236,9 +246,13 @@ class PopulationConfig(RunConfig):
             if self.race_ties not in ("keep", "order"):
                 raise CorpError(f"unknown --race-ties '{self.race_ties}'; choose keep or order")
             if self.race_first < 1 or self.race_eta < 2 or self.race_keep < 0:
-                raise CorpError(f"racing needs --race-first >= 1, --race-eta >= 2 and --race-keep >= 0; got {self.race_first}, {self.race_eta}, {self.race_keep}")
+                raise CorpError(
+                    f"racing needs --race-first >= 1, --race-eta >= 2 and --race-keep >= 0; got {self.race_first}, {self.race_eta}, {self.race_keep}"
+                )
         if self.from_run and not Path(self.from_run, "population.jsonl").exists():
-            raise CorpError(f"--from-run '{self.from_run}' has no population.jsonl; score one first (corp score) or drop --from-run")
+            raise CorpError(
+                f"--from-run '{self.from_run}' has no population.jsonl; score one first (corp score) or drop --from-run"
+            )
         return self
 
 
@@ -247,7 +261,7 @@ class RandOptConfig(PopulationConfig):
     top_k: list[int] = field(default_factory=lambda: [1, 4, 16])
     """Ensemble sizes K to report (top-K specialists, majority vote), comma-separated."""
 
-    def validate(self) -> "RandOptConfig":
+    def validate(self) -> RandOptConfig:
         super().validate()
         self.top_k = sorted(set(parse_list(self.top_k, int, "top_k")))
         if not self.top_k or min(self.top_k) < 1:

@@ -37,8 +37,12 @@ EXTRAS: dict[str, Extra] = {
     "reasoning-gym": Extra("reasoning_gym", "reasoning-gym"),
     "datasets": Extra("datasets", "hub"),
     "pyarrow": Extra("pyarrow", "parquet"),  # jsonl:FILE.parquet
-    "tensorboard": Extra("tensorboard", "tensorboard"),  # --report-to tensorboard (event files via torch's SummaryWriter)
-    "wandb": Extra("wandb", "wandb"),  # --report-to wandb  # gsm8k, math500, mbpp, humaneval from the hub when no local files are given
+    "tensorboard": Extra(
+        "tensorboard", "tensorboard"
+    ),  # --report-to tensorboard (event files via torch's SummaryWriter)
+    "wandb": Extra(
+        "wandb", "wandb"
+    ),  # --report-to wandb  # gsm8k, math500, mbpp, humaneval from the hub when no local files are given
 }
 
 
@@ -61,5 +65,7 @@ def require(package: str, feature: str) -> ModuleType:
 
 def _extra(package: str) -> Extra:
     if package not in EXTRAS:  # a programming error, not user input
-        raise KeyError(f"'{package}' is not a declared optional dependency; add it to corp.extras.EXTRAS and pyproject's extras")
+        raise KeyError(
+            f"'{package}' is not a declared optional dependency; add it to corp.extras.EXTRAS and pyproject's extras"
+        )
     return EXTRAS[package]

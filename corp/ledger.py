@@ -19,9 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 FLOPS_FORMULA = "FLOPs = 2 * N_params * (prompt_tokens + generated_tokens) + 6 * N_params * trained_tokens"
-LORA_CONVENTION = ("LoRA training is charged 6 N per trained token like full fine-tuning, though a LoRA backward computes no "
-                   "weight gradients for the frozen matrices (about 4 N + 6 N_trainable): a conservative charge against "
-                   "GRPO-LoRA, which gets about two thirds of the steps its true compute would buy.")
+LORA_CONVENTION = (
+    "LoRA training is charged 6 N per trained token like full fine-tuning, though a LoRA backward computes no "
+    "weight gradients for the frozen matrices (about 4 N + 6 N_trainable): a conservative charge against "
+    "GRPO-LoRA, which gets about two thirds of the steps its true compute would buy."
+)
 
 
 def flops(n_params: int, prompt_tokens: int = 0, generated_tokens: int = 0, trained_tokens: int = 0) -> float:
@@ -36,7 +38,7 @@ class Ledger:
     generated_tokens: int = 0
     trained_tokens: int = 0
 
-    def add_generation(self, prompt_tokens: int, generated_tokens: int) -> "Ledger":
+    def add_generation(self, prompt_tokens: int, generated_tokens: int) -> Ledger:
         self.prompt_tokens += int(prompt_tokens)
         self.generated_tokens += int(generated_tokens)
         return self

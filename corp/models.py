@@ -90,7 +90,9 @@ ALIASES: dict[str, str | EmbeddedGGUF] = {
         disk_mb=1100,
         conversion=2,  # v1 dropped the GGUF's add_bos_token; Gemma degenerates without BOS
     ),
-    **{f"Qwen2.5-{size}": f"Qwen/Qwen2.5-{size}-Instruct" for size in ("0.5B", "1.5B", "3B", "7B", "14B", "32B", "72B")},
+    **{
+        f"Qwen2.5-{size}": f"Qwen/Qwen2.5-{size}-Instruct" for size in ("0.5B", "1.5B", "3B", "7B", "14B", "32B", "72B")
+    },
 }
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -151,7 +153,9 @@ def _embedded_gguf_path(spec: EmbeddedGGUF) -> tuple[Path, bool]:
         module = importlib.import_module(spec.package)
         result = Path(str(getattr(module, spec.assemble)(output_path=target, overwrite=True)))
     except (ImportError, FileNotFoundError, ValueError, OSError) as exc:
-        raise CorpError(f"could not assemble '{spec.filename}' from package '{spec.package}' ({exc}); reinstall it with `{spec.install}`") from None
+        raise CorpError(
+            f"could not assemble '{spec.filename}' from package '{spec.package}' ({exc}); reinstall it with `{spec.install}`"
+        ) from None
     if not result.exists():
         raise CorpError(f"package '{spec.package}' did not write '{spec.filename}'; reinstall it with `{spec.install}`")
     return result, True
@@ -169,7 +173,9 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
     missing = [m for m in missing if not (config.tie_word_embeddings and m == "lm_head.weight")]
     if missing or unexpected:
-        raise CorpError(f"converting '{gguf}' left weights unmatched (missing {missing[:3]}, unexpected {unexpected[:3]})")
+        raise CorpError(
+            f"converting '{gguf}' left weights unmatched (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     if getattr(loaded, "generation_config", None) is not None:
         fresh.generation_config = loaded.generation_config
     if _gguf_adds_bos(gguf) and tokenizer.bos_token_id is not None:
@@ -210,7 +216,12 @@ def _alias_name(spec: EmbeddedGGUF) -> str:
     return next(k for k, v in ALIASES.items() if v is spec)
 
 
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 def check_model_dir(path: str | Path) -> None:
@@ -221,14 +232,22 @@ def check_model_dir(path: str | Path) -> None:
     try:
         config = json.loads(config_path.read_text())
     except FileNotFoundError:
-        raise CorpError(f"model directory '{path}' has no config.json; point --model at a Hugging Face model directory") from None
+        raise CorpError(
+            f"model directory '{path}' has no config.json; point --model at a Hugging Face model directory"
+        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CorpError(f"model directory '{path}': config.json is not valid JSON ({exc}); restore it or point --model elsewhere") from None
+        raise CorpError(
+            f"model directory '{path}': config.json is not valid JSON ({exc}); restore it or point --model elsewhere"
+        ) from None
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
-        raise CorpError(f"model directory '{path}': config.json has no 'model_type'; it is not a Hugging Face model config")
+        raise CorpError(
+            f"model directory '{path}': config.json has no 'model_type'; it is not a Hugging Face model config"
+        )
     names = [n for n in _WEIGHT_FILES if (path / n).is_file()]
     if not names and not any(path.glob("*.safetensors")):
-        raise CorpError(f"model directory '{path}' has no weights (model.safetensors, pytorch_model.bin or shards); copy them in or point --model elsewhere")
+        raise CorpError(
+            f"model directory '{path}' has no weights (model.safetensors, pytorch_model.bin or shards); copy them in or point --model elsewhere"
+        )
     for index in (n for n in names if n.endswith(".index.json")):
         try:
             shards = set(json.loads((path / index).read_text())["weight_map"].values())
@@ -236,7 +255,9 @@ def check_model_dir(path: str | Path) -> None:
             raise CorpError(f"model directory '{path}': {index} is not a valid weight index") from None
         missing = sorted(s for s in shards if not (path / s).is_file())
         if missing:
-            raise CorpError(f"model directory '{path}' is missing weight shard(s) {', '.join(missing[:3])} named in {index}")
+            raise CorpError(
+                f"model directory '{path}' is missing weight shard(s) {', '.join(missing[:3])} named in {index}"
+            )
 
 
 def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
@@ -258,7 +279,9 @@ def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
     local = Path(name).expanduser()
     if local.exists():
         if not local.is_dir():
-            raise CorpError(f"--model '{local}' is a file; point it at a Hugging Face model directory (or use an alias, `corp models`)")
+            raise CorpError(
+                f"--model '{local}' is a file; point it at a Hugging Face model directory (or use an alias, `corp models`)"
+            )
         check_model_dir(local)
         return str(local.resolve()), local.resolve()
     patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
@@ -272,7 +295,11 @@ def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
         raise
     except Exception:
         pass
-    if download and os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True") and os.environ.get("CORP_ALLOW_DOWNLOAD", "1") == "1":
+    if (
+        download
+        and os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True")
+        and os.environ.get("CORP_ALLOW_DOWNLOAD", "1") == "1"
+    ):
         try:
             from huggingface_hub import snapshot_download
 
@@ -301,7 +328,9 @@ def check_dtype(dtype: str | None) -> str | None:
     if dtype is None or dtype == "auto":
         return None
     if dtype not in DTYPES:
-        raise CorpError(f"--dtype '{dtype}' is not a model dtype; choose one of {', '.join(DTYPES)} (or leave it unset for the checkpoint's)")
+        raise CorpError(
+            f"--dtype '{dtype}' is not a model dtype; choose one of {', '.join(DTYPES)} (or leave it unset for the checkpoint's)"
+        )
     return dtype
 
 
@@ -319,9 +348,13 @@ def check_device(device: str) -> str:
 
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise CorpError(f"--device '{device}': this machine has no CUDA GPU that torch {torch.__version__} can use; use --device cpu")
+            raise CorpError(
+                f"--device '{device}': this machine has no CUDA GPU that torch {torch.__version__} can use; use --device cpu"
+            )
         if index >= torch.cuda.device_count():
-            raise CorpError(f"--device '{device}': this machine has {torch.cuda.device_count()} CUDA device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+            raise CorpError(
+                f"--device '{device}': this machine has {torch.cuda.device_count()} CUDA device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1})"
+            )
     elif kind == "mps":
         if not torch.backends.mps.is_available():
             raise CorpError(f"--device '{device}': MPS is not available on this machine; use --device cpu")
@@ -364,8 +397,10 @@ def card_note(path: str | Path) -> str | None:
     """One line for a local model directory without a model card (None when it has one)."""
     p = Path(path)
     if p.is_dir() and not (p / CARD_FILE).is_file():
-        return (f"model directory '{p}' has no model card ({CARD_FILE}): nothing records its base, training or "
-                "license; corp uses it as a plain Hugging Face model")
+        return (
+            f"model directory '{p}' has no model card ({CARD_FILE}): nothing records its base, training or "
+            "license; corp uses it as a plain Hugging Face model"
+        )
     return None
 
 
@@ -408,16 +443,24 @@ def check_output_dir(out: str | Path, overwrite: bool = False, protect: dict[str
         raise CorpError(f"output '{out}' is a file; name a directory to write the model into")
     above = next((p for p in target.parents if p.exists()), None)
     if above is not None and not above.is_dir():
-        raise CorpError(f"output '{out}' lies under '{above}', which is a file; name a directory to write the model into")
+        raise CorpError(
+            f"output '{out}' lies under '{above}', which is a file; name a directory to write the model into"
+        )
     cwd = Path.cwd().resolve()
     if target == cwd or target in cwd.parents:
-        raise CorpError(f"output '{out}' is the current directory or one of its parents; name a new directory for the model")
+        raise CorpError(
+            f"output '{out}' is the current directory or one of its parents; name a new directory for the model"
+        )
     for label, path in (protect or {}).items():
         path = Path(path).expanduser().resolve()
         if _overlaps(target, path):
-            raise CorpError(f"output '{out}' overlaps {label} ('{path}'); writing there would replace it, so name another directory")
+            raise CorpError(
+                f"output '{out}' overlaps {label} ('{path}'); writing there would replace it, so name another directory"
+            )
     if target.is_dir() and not overwrite and not is_corp_model(target) and any(target.iterdir()):
-        raise CorpError(f"output '{out}' is a non-empty directory that corp did not write (no {MARKER}); name another directory, or pass --overwrite to replace it")
+        raise CorpError(
+            f"output '{out}' is a non-empty directory that corp did not write (no {MARKER}); name another directory, or pass --overwrite to replace it"
+        )
     return target
 
 
@@ -463,8 +506,15 @@ def _remove_stale_saves(target: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)  # the new model is in place; the old one was to be deleted
 
 
-def save_model(model, tokenizer, out: str | Path, extra_files: dict[str, str] | None = None, overwrite: bool = False,
-               protect: dict[str, str | Path] | None = None, source: dict | None = None) -> Path:
+def save_model(
+    model,
+    tokenizer,
+    out: str | Path,
+    extra_files: dict[str, str] | None = None,
+    overwrite: bool = False,
+    protect: dict[str, str | Path] | None = None,
+    source: dict | None = None,
+) -> Path:
     """Save a normal HF directory (safetensors, config, tokenizer, `extra_files`, the corp marker).
 
     Written into a temporary sibling, then renamed into place; an existing target (a corp model,
@@ -478,12 +528,16 @@ def save_model(model, tokenizer, out: str | Path, extra_files: dict[str, str] | 
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise CorpError(f"cannot create the directory '{target.parent}' for the model ({exc.strerror}); name a writable location") from None
+        raise CorpError(
+            f"cannot create the directory '{target.parent}' for the model ({exc.strerror}); name a writable location"
+        ) from None
     _remove_stale_saves(target)
     try:
         tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-{os.getpid()}-"))
     except OSError as exc:
-        raise CorpError(f"cannot write the model next to '{target}' ({exc.strerror}); name a writable location") from None
+        raise CorpError(
+            f"cannot write the model next to '{target}' ({exc.strerror}); name a writable location"
+        ) from None
     old: Path | None = None
     try:
         try:
@@ -492,12 +546,16 @@ def save_model(model, tokenizer, out: str | Path, extra_files: dict[str, str] | 
             tokenizer.save_pretrained(tmp)
             for name, text in (extra_files or {}).items():
                 (tmp / name).write_text(text)
-            (tmp / MARKER).write_text(json.dumps({"written_by": "corp", "corp_version": corp.__version__, **(source or {})}, indent=2) + "\n")
+            (tmp / MARKER).write_text(
+                json.dumps({"written_by": "corp", "corp_version": corp.__version__, **(source or {})}, indent=2) + "\n"
+            )
             (tmp / PARTIAL).unlink()
         except Exception as exc:
             if not _is_write_error(exc):
                 raise
-            raise CorpError(f"could not write the model to '{target}': {_first_line(exc)}; nothing was replaced (free some space and run it again)") from None
+            raise CorpError(
+                f"could not write the model to '{target}': {_first_line(exc)}; nothing was replaced (free some space and run it again)"
+            ) from None
         if target.exists():
             old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-{os.getpid()}-"))
             os.replace(target, old)  # onto an empty directory: allowed by rename(2)
@@ -518,13 +576,17 @@ def save_model(model, tokenizer, out: str | Path, extra_files: dict[str, str] | 
 
 def _is_write_error(exc: BaseException) -> bool:
     """An OSError, or safetensors' own error for one (a full disk while serialising)."""
-    return isinstance(exc, OSError) or (type(exc).__name__ == "SafetensorError" and ("Io" in str(exc) or "os error" in str(exc).lower()))
+    return isinstance(exc, OSError) or (
+        type(exc).__name__ == "SafetensorError" and ("Io" in str(exc) or "os error" in str(exc).lower())
+    )
 
 
 def _first_line(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
-    m = re.search(r'message: "([^"]+)"', str(exc))  # safetensors: IoError(Os { code: 28, ..., message: "No space left on device" })
+    m = re.search(
+        r'message: "([^"]+)"', str(exc)
+    )  # safetensors: IoError(Os { code: 28, ..., message: "No space left on device" })
     text = m.group(1) if m else (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     return text[:200]
 
@@ -536,15 +598,26 @@ def list_models() -> list[dict]:
         if isinstance(spec, EmbeddedGGUF):
             installed = importlib.util.find_spec(spec.package) is not None
             cached = _converted(spec, _embedded_dir(alias))
-            convert = f"first use converts it (~{spec.convert_s} s, {spec.disk_mb / 1000:.1f} GB on disk in {cache_dir()})"
+            convert = (
+                f"first use converts it (~{spec.convert_s} s, {spec.disk_mb / 1000:.1f} GB on disk in {cache_dir()})"
+            )
             if cached:
                 status = "ready"
             elif installed:
                 status = f"installed; {convert}"
             else:
                 status = f"not installed: {spec.install}; downloads {spec.download_mb} MB, then {convert}"
-            rows.append({"alias": alias, "model": spec.hf_id, "status": status, "ready": cached, "build": spec.build,
-                         "weights_sha256": spec.weights_sha256, "license": spec.license})
+            rows.append(
+                {
+                    "alias": alias,
+                    "model": spec.hf_id,
+                    "status": status,
+                    "ready": cached,
+                    "build": spec.build,
+                    "weights_sha256": spec.weights_sha256,
+                    "license": spec.license,
+                }
+            )
         else:
             try:
                 from huggingface_hub import try_to_load_from_cache
@@ -553,5 +626,12 @@ def list_models() -> list[dict]:
                 ready = isinstance(hit, str)
             except Exception:
                 ready = False
-            rows.append({"alias": alias, "model": spec, "status": "ready (in HF cache)" if ready else "not downloaded (needs a hub connection)", "ready": ready})
+            rows.append(
+                {
+                    "alias": alias,
+                    "model": spec,
+                    "status": "ready (in HF cache)" if ready else "not downloaded (needs a hub connection)",
+                    "ready": ready,
+                }
+            )
     return rows

@@ -25,16 +25,16 @@ import shutil
 import tempfile
 import time
 import warnings
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 import yaml
 
 from corp import CorpError
 from corp.ledger import FLOPS_FORMULA, Ledger
 from corp.stats import compare_paired, comparison_line
-
 
 NAME_PART_MAX = 64  # characters of user input in a derived file name (a file name may hold 255 bytes)
 
@@ -59,7 +59,9 @@ def prepare_run_dir(run_dir: str | Path | None, task: str, method: str, seed: in
     return open_run_dir(run_dir, task, method, seed, root)[0]
 
 
-def open_run_dir(run_dir: str | Path | None, task: str, method: str, seed: int, root: str | Path = "runs") -> tuple[Path, bool]:
+def open_run_dir(
+    run_dir: str | Path | None, task: str, method: str, seed: int, root: str | Path = "runs"
+) -> tuple[Path, bool]:
     """(path, created): create or reopen a run directory, checking it is writable; `created` says
     whether this call made it (only then may a failed run remove it)."""
     path = Path(run_dir) if run_dir else Path(root) / run_name(task, method, seed)
@@ -106,7 +108,7 @@ class RunLock:
         self.key = os.path.realpath(self.path)
         self.held = False
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         entry = RunLock._held.get(self.key)
         if entry is not None:
             entry[1] += 1
@@ -119,7 +121,9 @@ class RunLock:
             fh.seek(0)
             holder = fh.read().strip() or "unknown"
             fh.close()
-            raise CorpError(f"run directory '{self.path.parent}' is in use by another corp process (pid {holder}); wait for it to finish or pass another --run-dir") from None
+            raise CorpError(
+                f"run directory '{self.path.parent}' is in use by another corp process (pid {holder}); wait for it to finish or pass another --run-dir"
+            ) from None
         fh.seek(0)
         fh.truncate()
         fh.write(f"{os.getpid()}\n")
@@ -143,7 +147,10 @@ class RunLock:
 
 
 def write_status(run_dir: str | Path, status: str, **info) -> None:
-    write_json(Path(run_dir) / STATUS_FILE, {"status": status, "pid": os.getpid(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **info})
+    write_json(
+        Path(run_dir) / STATUS_FILE,
+        {"status": status, "pid": os.getpid(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **info},
+    )
 
 
 def finish_run_dir(run_dir: str | Path, created: bool, error: BaseException | None) -> str:
@@ -167,10 +174,15 @@ def finish_run_dir(run_dir: str | Path, created: bool, error: BaseException | No
         return "removed"
     verb = "was interrupted" if interrupted else "failed"
     try:  # FAILED first: on a nearly full disk the small file is the one that must get through
-        atomic_write_text(path / FAILED_FILE, f"this run {verb} and is not complete: {message}\nrerun the same command with --run-dir {path} to resume\n")
+        atomic_write_text(
+            path / FAILED_FILE,
+            f"this run {verb} and is not complete: {message}\nrerun the same command with --run-dir {path} to resume\n",
+        )
         write_status(path, what, error=message)
     except OSError as exc:  # the disk is full: say so, and let the run's own error be the one reported
-        warnings.warn(f"could not record in '{path}' that the run {verb} ({exc.strerror}); its run_status.json still says running")
+        warnings.warn(
+            f"could not record in '{path}' that the run {verb} ({exc.strerror}); its run_status.json still says running"
+        )
     return what
 
 
@@ -283,7 +295,9 @@ def read_jsonl(path: str | Path, key: str | None = None, repair: bool = True, un
                     with open(path, "r+b") as fh:
                         fh.truncate(good_bytes)
                 break
-            raise CorpError(f"'{path}' line {i + 1} is not a valid row; the file is corrupt (move it away to start over)") from None
+            raise CorpError(
+                f"'{path}' line {i + 1} is not a valid row; the file is corrupt (move it away to start over)"
+            ) from None
         rows.append(row)
         good_bytes += len(line) + 1
     if unique and key is not None:
@@ -327,15 +341,27 @@ class ReportRow:
     def to_dict(self) -> dict:
         led = self.ledger.to_dict()
         return {
-            "method": self.method, "accuracy": self.accuracy, "passes_per_example": self.passes_per_example,
-            "labelled_examples": self.labelled_examples, "n": len(self.correct) if self.correct is not None else None,
-            "ledger": led, **led,  # flat ledger keys: the pre-schema report layout, kept for readers of old reports
+            "method": self.method,
+            "accuracy": self.accuracy,
+            "passes_per_example": self.passes_per_example,
+            "labelled_examples": self.labelled_examples,
+            "n": len(self.correct) if self.correct is not None else None,
+            "ledger": led,
+            **led,  # flat ledger keys: the pre-schema report layout, kept for readers of old reports
             **self.detail,
         }
 
 
-def write_report(run_dir: str | Path, method: str, model: str, task: str, rows: Sequence[ReportRow],
-                 compare: Sequence[tuple[str, str]] = (), example_ids: Sequence[str] | None = None, **extra) -> dict:
+def write_report(
+    run_dir: str | Path,
+    method: str,
+    model: str,
+    task: str,
+    rows: Sequence[ReportRow],
+    compare: Sequence[tuple[str, str]] = (),
+    example_ids: Sequence[str] | None = None,
+    **extra,
+) -> dict:
     """Write `report.json` (schema corp-report/1) and `test_outcomes.json`; return the report.
 
     Every pair (a, b) in `compare` gets the accuracy difference a - b on the shared test examples,
@@ -350,25 +376,42 @@ def write_report(run_dir: str | Path, method: str, model: str, task: str, rows: 
             comparisons.append(compare_paired(a, by_name[a].correct, b, by_name[b].correct))
     outcomes = {r.method: [int(c) for c in r.correct] for r in rows if r.correct is not None}
     if outcomes:
-        write_json(run_dir / OUTCOMES_FILE, {"example_ids": list(example_ids) if example_ids is not None else None, "outcomes": outcomes})
+        write_json(
+            run_dir / OUTCOMES_FILE,
+            {"example_ids": list(example_ids) if example_ids is not None else None, "outcomes": outcomes},
+        )
     table_rows = [r.to_dict() for r in rows]
     report = {
-        "schema": REPORT_SCHEMA, "method": method, "model": model, "task": task, "run_dir": str(run_dir),
+        "schema": REPORT_SCHEMA,
+        "method": method,
+        "model": model,
+        "task": task,
+        "run_dir": str(run_dir),
         "n_test": len(example_ids) if example_ids is not None else None,
-        "rows": table_rows, "test": table_rows, "comparisons": comparisons,
-        "test_outcomes": OUTCOMES_FILE if outcomes else None, "flops_formula": FLOPS_FORMULA, **extra,
+        "rows": table_rows,
+        "test": table_rows,
+        "comparisons": comparisons,
+        "test_outcomes": OUTCOMES_FILE if outcomes else None,
+        "flops_formula": FLOPS_FORMULA,
+        **extra,
     }
     write_json(run_dir / "report.json", report)
     return report
 
 
-def format_rows(rows: Sequence[ReportRow], comparisons: Sequence[dict] = (), selection_flops: float | None = None) -> str:
+def format_rows(
+    rows: Sequence[ReportRow], comparisons: Sequence[dict] = (), selection_flops: float | None = None
+) -> str:
     """The printed table: accuracy, passes per example, labelled examples, tokens, FLOPs; then one line per comparison."""
     lines = [f"{'method':<22} {'test acc':>8} {'passes/ex':>9} {'labelled':>8} {'test tokens':>12} {'test FLOPs':>11}"]
     for r in rows:
-        lines.append(f"{r.method:<22} {r.accuracy:>8.3f} {r.passes_per_example:>9d} {r.labelled_examples:>8d} {r.ledger.inference_tokens:>12d} {r.ledger.flops:>11.3e}")
+        lines.append(
+            f"{r.method:<22} {r.accuracy:>8.3f} {r.passes_per_example:>9d} {r.labelled_examples:>8d} {r.ledger.inference_tokens:>12d} {r.ledger.flops:>11.3e}"
+        )
     if selection_flops is not None:
-        lines.append(f"(population scoring on the support split: {selection_flops:.3e} FLOPs, shared by every non-base row)")
+        lines.append(
+            f"(population scoring on the support split: {selection_flops:.3e} FLOPs, shared by every non-base row)"
+        )
     lines.extend(comparison_line(c) for c in comparisons)
     lines.append(FLOPS_FORMULA)
     return "\n".join(lines)

@@ -28,7 +28,7 @@ the run layer, ES, CoRP and the split-half analysis can all use the same definit
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy import stats as _scipy_stats
@@ -68,17 +68,27 @@ def assert_same_examples(a: Sequence, b: Sequence, what: str = "paired compariso
     """
     ids_a, ids_b = getattr(a, "example_ids", None), getattr(b, "example_ids", None)
     if len(a) != len(b):
-        raise CorpError(f"{what}: the two sides have {len(a)} and {len(b)} examples; they must be scored on the same examples")
+        raise CorpError(
+            f"{what}: the two sides have {len(a)} and {len(b)} examples; they must be scored on the same examples"
+        )
     if ids_a is None and ids_b is None:
         return
     if ids_a is None or ids_b is None:
         raise CorpError(f"{what}: one side carries no example ids, so the pairing cannot be checked")
     if list(ids_a) != list(ids_b):
         diff = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y)
-        raise CorpError(f"{what}: the two sides were scored on different examples (first difference at position {diff}: '{ids_a[diff]}' vs '{ids_b[diff]}')")
+        raise CorpError(
+            f"{what}: the two sides were scored on different examples (first difference at position {diff}: '{ids_a[diff]}' vs '{ids_b[diff]}')"
+        )
 
 
-def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], level: float = 0.95, samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+def paired_bootstrap_ci(
+    a: Sequence[float],
+    b: Sequence[float],
+    level: float = 0.95,
+    samples: int = BOOTSTRAP_SAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float]:
     """Percentile bootstrap interval of mean(a) - mean(b), resampling examples jointly."""
     assert_same_examples(a, b)
     d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
@@ -92,13 +102,21 @@ def paired_bootstrap_ci(a: Sequence[float], b: Sequence[float], level: float = 0
     return float(lo), float(hi)
 
 
-def clustered_bootstrap_ci(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequence[float]], level: float = 0.95,
-                           samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+def clustered_bootstrap_ci(
+    groups_a: Sequence[Sequence[float]],
+    groups_b: Sequence[Sequence[float]],
+    level: float = 0.95,
+    samples: int = BOOTSTRAP_SAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float]:
     """Percentile interval of mean(a) - mean(b) over several seeds' runs on the same examples: each
     resample draws seeds with replacement, then examples (jointly for a and b) within each drawn
     seed. Pooling seed x example pairs as if independent would ignore that one seed's run moves all
     of its examples together (a method that helps in one seed of three is not a sure gain)."""
-    diffs = [np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64) for a, b in zip(groups_a, groups_b, strict=True)]
+    diffs = [
+        np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+        for a, b in zip(groups_a, groups_b, strict=True)
+    ]
     if not diffs or any(d.size == 0 for d in diffs):
         return (float("nan"), float("nan"))
     rng = np.random.default_rng(seed)
@@ -106,22 +124,36 @@ def clustered_bootstrap_ci(groups_a: Sequence[Sequence[float]], groups_b: Sequen
     picks = rng.integers(0, k, size=(samples, k))
     means = np.zeros(samples)
     for j in range(k):  # slot j of each resample: a drawn seed, with its own resample of that seed's examples
-        inner = np.stack([d[rng.integers(0, d.size, size=(samples, d.size))].mean(axis=1) for d in diffs])  # (k, samples)
+        inner = np.stack(
+            [d[rng.integers(0, d.size, size=(samples, d.size))].mean(axis=1) for d in diffs]
+        )  # (k, samples)
         means += inner[picks[:, j], np.arange(samples)]
     means /= k
     lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
     return float(lo), float(hi)
 
 
-def seed_example_interval(groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequence[float]], level: float = 0.95) -> dict:
+def seed_example_interval(
+    groups_a: Sequence[Sequence[float]], groups_b: Sequence[Sequence[float]], level: float = 0.95
+) -> dict:
     """Across-seed interval of mean(a) - mean(b) over k >= 2 seeds' runs on the same n examples
     (see the module docstring): {mean, ci: (lo, hi), df, se, seed_means}."""
-    d = np.asarray([np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64) for a, b in zip(groups_a, groups_b, strict=True)])
+    d = np.asarray(
+        [
+            np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+            for a, b in zip(groups_a, groups_b, strict=True)
+        ]
+    )
     if d.ndim != 2 or d.shape[0] < 2 or d.shape[1] < 2:
         raise ValueError(f"an across-seed interval needs >= 2 seeds on >= 2 shared examples, got shape {d.shape}")
     out = crossed_t_intervals(d[None], level)
-    return {"mean": float(out["mean"][0]), "ci": (float(out["lo"][0]), float(out["hi"][0])), "df": float(out["df"][0]),
-            "se": float(out["se"][0]), "seed_means": [float(x) for x in d.mean(axis=1)]}
+    return {
+        "mean": float(out["mean"][0]),
+        "ci": (float(out["lo"][0]), float(out["hi"][0])),
+        "df": float(out["df"][0]),
+        "se": float(out["se"][0]),
+        "seed_means": [float(x) for x in d.mean(axis=1)],
+    }
 
 
 def crossed_t_intervals(d: np.ndarray, level: float = 0.95) -> dict:
@@ -141,7 +173,9 @@ def crossed_t_intervals(d: np.ndarray, level: float = 0.95) -> dict:
     return {"mean": mean, "lo": mean - half, "hi": mean + half, "df": df, "se": se}
 
 
-def compare_paired_seeds(name_a: str, groups_a: Sequence[Sequence[int | bool]], name_b: str, groups_b: Sequence[Sequence[int | bool]]) -> dict:
+def compare_paired_seeds(
+    name_a: str, groups_a: Sequence[Sequence[int | bool]], name_b: str, groups_b: Sequence[Sequence[int | bool]]
+) -> dict:
     """`compare_paired` over several seeds (one list of per-example outcomes per seed, the same
     examples in each): the difference of pooled accuracies with its across-seed interval
     (`seed_example_interval`), and per seed the difference with its within-seed paired bootstrap
@@ -156,14 +190,22 @@ def compare_paired_seeds(name_a: str, groups_a: Sequence[Sequence[int | bool]], 
         iv = seed_example_interval(ga, gb)
         out["ci95"] = list(iv["ci"])
         out["df"] = iv["df"]
-        out["per_seed"] = [{k: v for k, v in compare_paired(name_a, a, name_b, b).items() if k in ("difference", "ci95", "mcnemar_p", "a_only_correct", "b_only_correct")}
-                           for a, b in zip(ga, gb)]
+        out["per_seed"] = [
+            {
+                k: v
+                for k, v in compare_paired(name_a, a, name_b, b).items()
+                if k in ("difference", "ci95", "mcnemar_p", "a_only_correct", "b_only_correct")
+            }
+            for a, b in zip(ga, gb)
+        ]
         ds = [p["difference"] for p in out["per_seed"]]
         out["signs"] = {"+": sum(x > 0 for x in ds), "-": sum(x < 0 for x in ds), "0": sum(x == 0 for x in ds)}
         out["mcnemar_p"] = None
-        out["method"] = (f"t interval over {len(ga)} seeds' mean paired differences plus the test examples' sampling term "
-                         f"(crossed seeds x examples variance, {iv['df']:.0f} df, 95%); per seed: paired bootstrap "
-                         f"({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}) and exact McNemar")
+        out["method"] = (
+            f"t interval over {len(ga)} seeds' mean paired differences plus the test examples' sampling term "
+            f"(crossed seeds x examples variance, {iv['df']:.0f} df, 95%); per seed: paired bootstrap "
+            f"({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}) and exact McNemar"
+        )
         out["n_seeds"] = len(groups_a)
     return out
 
@@ -190,8 +232,16 @@ def compare_paired(name_a: str, correct_a: Sequence[int | bool], name_b: str, co
     p, only_a, only_b = mcnemar_exact(a, b)
     acc_a, acc_b = (sum(a) / n, sum(b) / n) if n else (float("nan"), float("nan"))
     return {
-        "a": name_a, "b": name_b, "n": n, "accuracy_a": acc_a, "accuracy_b": acc_b, "difference": acc_a - acc_b,
-        "ci95": [lo, hi], "mcnemar_p": p, "a_only_correct": only_a, "b_only_correct": only_b,
+        "a": name_a,
+        "b": name_b,
+        "n": n,
+        "accuracy_a": acc_a,
+        "accuracy_b": acc_b,
+        "difference": acc_a - acc_b,
+        "ci95": [lo, hi],
+        "mcnemar_p": p,
+        "a_only_correct": only_a,
+        "b_only_correct": only_b,
         "method": f"paired bootstrap ({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, percentile 95%); exact two-sided McNemar",
     }
 
@@ -205,7 +255,11 @@ def sign_text(c: dict) -> str:
 def comparison_line(c: dict) -> str:
     if c.get("n_seeds", 1) > 1:  # McNemar on pooled pairs reads one seed's run as many independent ones: per seed only
         seeds = ", ".join(f"{p['difference']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]" for p in c["per_seed"])
-        return (f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} across {c['n_seeds']} seeds, "
-                f"df {c['df']:.1f}; per seed {seeds}; signs {sign_text(c)}; n = {c['n']})")
-    return (f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (paired 95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}; "
-            f"McNemar p = {c['mcnemar_p']:.3g}, {c['a_only_correct']} vs {c['b_only_correct']} discordant; n = {c['n']})")
+        return (
+            f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} across {c['n_seeds']} seeds, "
+            f"df {c['df']:.1f}; per seed {seeds}; signs {sign_text(c)}; n = {c['n']})"
+        )
+    return (
+        f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (paired 95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}; "
+        f"McNemar p = {c['mcnemar_p']:.3g}, {c['a_only_correct']} vs {c['b_only_correct']} discordant; n = {c['n']})"
+    )

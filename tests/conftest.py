@@ -14,11 +14,17 @@ REPO = Path(__file__).resolve().parents[1]
 # Benchmark data: $CORP_DATA_DIR, else ../shared/data beside the checkout (the offline path and
 # CI's). Tests that need it take the `data_dir` fixture, which skips them when it is absent.
 DATA_DIR = Path(os.environ.get("CORP_DATA_DIR") or REPO.parent / "shared" / "data")
-BENCHMARK_FILES = ("gsm8k/train.jsonl", "gsm8k/test.jsonl", "math500/test.jsonl", "mbpp/mbpp.jsonl", "humaneval/HumanEval.jsonl")
+BENCHMARK_FILES = (
+    "gsm8k/train.jsonl",
+    "gsm8k/test.jsonl",
+    "math500/test.jsonl",
+    "mbpp/mbpp.jsonl",
+    "humaneval/HumanEval.jsonl",
+)
 
 
 def make_char_tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     specials = ["<pad>", "<eos>", "<unk>"]
@@ -37,9 +43,17 @@ def make_tiny_llama(tokenizer, seed: int = 0, hidden: int = 32, layers: int = 2)
 
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=False,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=False,
     )
     model = LlamaForCausalLM(cfg).eval()
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -81,5 +95,7 @@ def data_dir():
     without it (a fresh clone with no ../shared beside it)."""
     missing = [f for f in BENCHMARK_FILES if not (DATA_DIR / f).is_file()]
     if missing:
-        pytest.skip(f"benchmark data not found: {', '.join(missing)} missing under {DATA_DIR}; set CORP_DATA_DIR to a directory that holds them")
+        pytest.skip(
+            f"benchmark data not found: {', '.join(missing)} missing under {DATA_DIR}; set CORP_DATA_DIR to a directory that holds them"
+        )
     return DATA_DIR

@@ -17,7 +17,15 @@ from typer.testing import CliRunner
 
 from corp import CorpError
 from corp.cli import app
-from corp.consolidate.recipe import RECIPE_FORMAT, apply_recipe, base_candidates, load_recipe, make_recipe, produced_weights, write_recipe
+from corp.consolidate.recipe import (
+    RECIPE_FORMAT,
+    apply_recipe,
+    base_candidates,
+    load_recipe,
+    make_recipe,
+    produced_weights,
+    write_recipe,
+)
 from corp.models import MARKER, PARTIAL, is_corp_model, save_model
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
 from tests.conftest import REPO, make_char_tokenizer, make_tiny_llama
@@ -67,10 +75,20 @@ def corp_recipe(tmp_path):
     base_dir = tiny_model_dir(tmp_path / "base")
     tok = make_char_tokenizer()
     model = make_tiny_llama(tok)
-    direction = Direction.from_json([{"seed": 11, "sigma": 0.01, "coef": 1.5}, {"seed": 12, "sigma": 0.02, "coef": -0.5}])
+    direction = Direction.from_json(
+        [{"seed": 11, "sigma": 0.01, "coef": 1.5}, {"seed": 12, "sigma": 0.02, "coef": -0.5}]
+    )
     base_hash = weights_hash(model)
     Perturber(model).apply(direction)
-    recipe = make_recipe(str(base_dir), str(base_dir), base_hash, ParamFilter(), direction, {"method": "corp"}, produced=produced_weights(model))
+    recipe = make_recipe(
+        str(base_dir),
+        str(base_dir),
+        base_hash,
+        ParamFilter(),
+        direction,
+        {"method": "corp"},
+        produced=produced_weights(model),
+    )
     write_recipe(tmp_path / "recipe.json", recipe)
     return tmp_path / "recipe.json", base_dir, {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -79,25 +97,62 @@ def test_es_recipe_applies_bit_identical_to_es_saved_model(tmp_path):
     """ES -> recipe.json (shared writer, kind es) -> corp apply == ES's own model/ (issue 12)."""
     base_dir = tiny_model_dir(tmp_path / "base")
     run = tmp_path / "run"
-    res = CliRunner().invoke(app, ["es", "--model", str(base_dir), "--task", "arith", "--reward", "tests.test_es:digits", "--iterations", "2", "--population", "4", "--sigma", "0.05", "--alpha", "0.05",
-                                   "--n-support", "3", "--n-probe", "0", "--n-validation", "0", "--n-test", "2", "--max-new-tokens", "4", "--run-dir", str(run)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "es",
+            "--model",
+            str(base_dir),
+            "--task",
+            "arith",
+            "--reward",
+            "tests.test_es:digits",
+            "--iterations",
+            "2",
+            "--population",
+            "4",
+            "--sigma",
+            "0.05",
+            "--alpha",
+            "0.05",
+            "--n-support",
+            "3",
+            "--n-probe",
+            "0",
+            "--n-validation",
+            "0",
+            "--n-test",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--run-dir",
+            str(run),
+        ],
+    )
     assert res.exit_code == 0, res.output
     recipe = json.loads((run / "recipe.json").read_text())
     assert recipe["format"] == RECIPE_FORMAT and recipe["kind"] == "es" and recipe["components"]
     assert recipe["base_model"] == str(base_dir)  # what the user typed, not only the resolved id
     assert is_corp_model(run / "model")
-    assert recipe["model_weights_hash"] == weights_hash(__import__("transformers").AutoModelForCausalLM.from_pretrained(run / "model"))
+    assert recipe["model_weights_hash"] == weights_hash(
+        __import__("transformers").AutoModelForCausalLM.from_pretrained(run / "model")
+    )
     res = apply_cli(run / "recipe.json", "--out", tmp_path / "rebuilt")
     assert res.exit_code == 0, res.output
     assert_same_weights(tmp_path / "rebuilt", run / "model")
     assert json.loads((tmp_path / "rebuilt" / MARKER).read_text())["checked"] is True
     # a run's own model is never the target of an apply: its recipe and report describe it
     before = (run / "model" / "model.safetensors").read_bytes()
-    one_error_line(apply_cli(tmp_path / "rebuilt" / ".." / "run" / "recipe.json", "--out", run / "model"), "inside the run directory")
+    one_error_line(
+        apply_cli(tmp_path / "rebuilt" / ".." / "run" / "recipe.json", "--out", run / "model"),
+        "inside the run directory",
+    )
     one_error_line(apply_cli(run / "recipe.json", "--out", run / "elsewhere"), "inside the run directory")
     assert (run / "model" / "model.safetensors").read_bytes() == before and not (run / "elsewhere").exists()
     base = state(base_dir)
-    assert any(not torch.equal(base[k], v) for k, v in state(tmp_path / "rebuilt").items()), "ES moved no weight: the test would prove nothing"
+    assert any(not torch.equal(base[k], v) for k, v in state(tmp_path / "rebuilt").items()), (
+        "ES moved no weight: the test would prove nothing"
+    )
 
 
 def test_corp_direction_recipe_applies_and_replaces_an_earlier_corp_model(corp_recipe, tmp_path):
@@ -112,10 +167,25 @@ def test_corp_direction_recipe_applies_and_replaces_an_earlier_corp_model(corp_r
     (out / "stale.txt").write_text("from an earlier corp model")
     res = apply_cli(recipe, "--out", out)
     assert res.exit_code == 0, res.output
-    assert not (out / "stale.txt").exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    assert (
+        not (out / "stale.txt").exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    )
 
 
-@pytest.mark.parametrize("case", ["user-dir", "file", "cwd", "parent-of-cwd", "corp-cache", "inside-corp-cache", "base-dir", "inside-base-dir", "symlink"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "user-dir",
+        "file",
+        "cwd",
+        "parent-of-cwd",
+        "corp-cache",
+        "inside-corp-cache",
+        "base-dir",
+        "inside-base-dir",
+        "symlink",
+    ],
+)
 def test_bad_targets_are_refused_and_user_files_survive(case, corp_recipe, tmp_path, monkeypatch):
     recipe, base_dir, _ = corp_recipe
     cache = tmp_path / "cache"
@@ -146,7 +216,10 @@ def test_bad_targets_are_refused_and_user_files_survive(case, corp_recipe, tmp_p
         (user / "link").symlink_to(user)
     snapshot = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     loads = []
-    monkeypatch.setattr("corp.models.load_model", lambda *a, **k: loads.append(1) or (_ for _ in ()).throw(AssertionError("model loaded")))
+    monkeypatch.setattr(
+        "corp.models.load_model",
+        lambda *a, **k: loads.append(1) or (_ for _ in ()).throw(AssertionError("model loaded")),
+    )
     res = apply_cli(recipe, "--out", target, *(["--overwrite"] if overwrite else []), cwd=cwd)
     one_error_line(res, fragment)
     assert not loads, "the target is checked before the model loads"
@@ -211,7 +284,15 @@ def test_bad_recipes_are_one_line_errors(tmp_path):
 def test_write_recipe_takes_only_what_make_recipe_builds(tmp_path):
     with pytest.raises(CorpError):
         write_recipe(tmp_path / "r.json", {"base_model": "x", "components": []})
-    r = make_recipe("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct", "0" * 64, ParamFilter(), Direction.single(1, 1e-3), {"method": "es"}, kind="es")
+    r = make_recipe(
+        "smollm2-135m",
+        "HuggingFaceTB/SmolLM2-135M-Instruct",
+        "0" * 64,
+        ParamFilter(),
+        Direction.single(1, 1e-3),
+        {"method": "es"},
+        kind="es",
+    )
     assert r["kind"] == "es" and r["noise_scheme"] == SCHEME_VERSION and r["base_model"] == "smollm2-135m"
 
 
@@ -237,14 +318,17 @@ def _edit(recipe: Path, tmp_path: Path, name: str, **change) -> Path:
     return tmp_path / name
 
 
-@pytest.mark.parametrize("change, fragment", [
-    ({"coef": float("nan")}, "component 0 coef is nan"),
-    ({"coef": 1e30}, "component 0 coef is 1e+30"),
-    ({"sigma": -1}, "component 0 sigma is -1"),
-    ({"sigma": float("inf")}, "component 0 sigma is inf"),
-    ({"seed": 1.5}, "component 0 seed is 1.5"),
-    ({"seed": True}, "component 0 seed is True"),
-])
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"coef": float("nan")}, "component 0 coef is nan"),
+        ({"coef": 1e30}, "component 0 coef is 1e+30"),
+        ({"sigma": -1}, "component 0 sigma is -1"),
+        ({"sigma": float("inf")}, "component 0 sigma is inf"),
+        ({"seed": 1.5}, "component 0 seed is 1.5"),
+        ({"seed": True}, "component 0 seed is True"),
+    ],
+)
 def test_recipe_numbers_out_of_range_are_refused_before_anything_is_written(corp_recipe, tmp_path, change, fragment):
     recipe, _, _ = corp_recipe
     one_error_line(apply_cli(_edit(recipe, tmp_path, "bad.json", **change), "--out", tmp_path / "o"), fragment)
@@ -256,7 +340,11 @@ def test_an_edited_recipe_is_refused_unless_asked_and_then_marked(corp_recipe, t
     edited = _edit(recipe, tmp_path, "edited.json", coef=1.6)
     res = apply_cli(edited, "--out", tmp_path / "o")
     # transformers' own bar, and the one-line note that the test's base directory has no model card
-    lines = [ln for ln in res.output.splitlines() if ln.strip() and not ln.startswith("Loading weights") and "has no model card" not in ln]
+    lines = [
+        ln
+        for ln in res.output.splitlines()
+        if ln.strip() and not ln.startswith("Loading weights") and "has no model card" not in ln
+    ]
     assert res.exit_code == 2 and len(lines) == 1 and "Traceback" not in res.output, res.output
     assert "no longer rebuilds the model it was evaluated as" in lines[0] and "--allow-mismatch" in lines[0]
     assert not (tmp_path / "o").exists()
@@ -264,7 +352,10 @@ def test_an_edited_recipe_is_refused_unless_asked_and_then_marked(corp_recipe, t
     assert res.exit_code == 0, res.output
     assert "no longer rebuilds" in res.output
     marker = json.loads((tmp_path / "o" / MARKER).read_text())
-    assert marker["checked"] is False and marker["mismatch"]["evaluated"] == json.loads(recipe.read_text())["model_weights_hash"]
+    assert (
+        marker["checked"] is False
+        and marker["mismatch"]["evaluated"] == json.loads(recipe.read_text())["model_weights_hash"]
+    )
     assert any(not torch.equal(v, expected[k]) for k, v in state(tmp_path / "o").items())
     # a recipe of an older corp (no hash) still rebuilds, with a warning
     old = json.loads(recipe.read_text())
@@ -307,7 +398,12 @@ def test_leftovers_of_a_killed_apply_are_removed_by_the_next_and_nothing_else(co
     other_host.mkdir()
     (other_host / PARTIAL).write_text(json.dumps({"pid": dead, "host": "elsewhere"}))
     assert apply_recipe(recipe, tmp_path / "out")
-    assert not stale.exists() and running.exists() and (foreign / "notes.txt").read_text() == "mine" and other_host.exists()
+    assert (
+        not stale.exists()
+        and running.exists()
+        and (foreign / "notes.txt").read_text() == "mine"
+        and other_host.exists()
+    )
     assert all(torch.equal(v, expected[k]) for k, v in state(tmp_path / "out").items())
 
 

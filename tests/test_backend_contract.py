@@ -8,7 +8,7 @@ import torch
 
 from corp import CorpError
 from corp.config import load_config
-from corp.evaluate.backends.base import CAPABILITIES, LOGPROBS, MODEL, PERTURBER, Backend
+from corp.evaluate.backends.base import CAPABILITIES, LOGPROBS, PERTURBER, Backend
 from corp.evaluate.backends.hf import HFBackend, format_prompt
 from corp.models import save_model
 from corp.perturb import Direction, weights_hash
@@ -71,7 +71,7 @@ def test_a_backend_without_capabilities_says_so_in_one_line(tiny_backend):
         name = "forgetful"
 
     with pytest.raises(NotImplementedError, match="weights_hash"):
-        Forgetful().weights_hash
+        _ = Forgetful().weights_hash
 
 
 def reference_logprobs(backend: HFBackend, prompt: str, completion: list[int], temperature: float = 1.0) -> list[float]:
@@ -99,7 +99,9 @@ def test_logprobs_match_an_unpadded_forward_and_follow_the_direction(tiny_backen
         logits = tiny_backend.model(input_ids=torch.tensor([ids + gens.token_ids[0]])).logits[0]
     maxes = torch.log_softmax(logits.float(), -1).max(-1).values[len(ids) - 1 : len(ids) - 1 + len(gens.token_ids[0])]
     assert got[0] == pytest.approx(maxes.tolist(), abs=1e-5)
-    assert tiny_backend.logprobs(prompts, completions, temperature=2.0)[1] == pytest.approx(reference_logprobs(tiny_backend, prompts[1], completions[1], 2.0), abs=1e-5)
+    assert tiny_backend.logprobs(prompts, completions, temperature=2.0)[1] == pytest.approx(
+        reference_logprobs(tiny_backend, prompts[1], completions[1], 2.0), abs=1e-5
+    )
     tiny_backend.set_direction(Direction.single(1, 0.5))
     moved = tiny_backend.logprobs(prompts, completions)
     assert moved[0] != pytest.approx(got[0], abs=1e-4), "log-probs are taken under the current weights"
@@ -115,8 +117,14 @@ def test_methods_that_need_a_capability_stop_with_one_line(tmp_path, tiny_backen
     from corp.consolidate.run import ConsolidateConfig, run_consolidate
 
     common = dict(task="arith", n_support=4, n_test=2, max_new_tokens=4)
-    cfg = load_config(ConsolidateConfig, None, dict(common, population=2, sigmas="0.05", n_probe=2, n_validation=2, top_k="1", run_dir=str(tmp_path / "c")))
-    with pytest.raises(CorpError, match=r"corp consolidate .* the 'engine' backend does not provide; pass --backend hf"):
+    cfg = load_config(
+        ConsolidateConfig,
+        None,
+        dict(common, population=2, sigmas="0.05", n_probe=2, n_validation=2, top_k="1", run_dir=str(tmp_path / "c")),
+    )
+    with pytest.raises(
+        CorpError, match=r"corp consolidate .* the 'engine' backend does not provide; pass --backend hf"
+    ):
         run_consolidate(cfg, EngineLike(tiny_backend))
     cfg = load_config(ESConfig, None, dict(common, iterations=1, population=2, run_dir=str(tmp_path / "e")))
     with pytest.raises(CorpError, match=r"corp es .* the 'engine' backend does not provide"):

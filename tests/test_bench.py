@@ -48,20 +48,45 @@ def test_first_crossing_and_growth():
 
 def tiny_options(tiny_dir: Path, root: Path, **over) -> dict:
     opts = dict(
-        name="tiny", model=str(tiny_dir), tasks=[{"task": "arith", "label": "add"}], seeds=[1, 2], budgets=[1e8, 2e8], population=14, sigmas=[0.05],
-        n_support=4, n_probe=4, n_validation=4, n_test=6, max_new_tokens=4, batch_size=8, threads=1,
-        reward="tests.test_methods:text_checksum", results_dir=str(root / "results"), work_dir=str(root / "work"),
+        name="tiny",
+        model=str(tiny_dir),
+        tasks=[{"task": "arith", "label": "add"}],
+        seeds=[1, 2],
+        budgets=[1e8, 2e8],
+        population=14,
+        sigmas=[0.05],
+        n_support=4,
+        n_probe=4,
+        n_validation=4,
+        n_test=6,
+        max_new_tokens=4,
+        batch_size=8,
+        threads=1,
+        reward="tests.test_methods:text_checksum",
+        results_dir=str(root / "results"),
+        work_dir=str(root / "work"),
         methods={
             "self-consistency": {"options": {"k": [1, 2]}},
             # racing (issue 16) as a variant: the same method, compared with full scoring at each budget
-            "randopt": {"options": {"top_k": [1, 2]}, "variants": {"randopt": {}, "randopt-raced": {"race": "halving", "race_first": 2}}},
+            "randopt": {
+                "options": {"top_k": [1, 2]},
+                "variants": {"randopt": {}, "randopt-raced": {"race": "halving", "race_first": 2}},
+            },
             # the gate is forced open: a random model's update would rightly be refused
             "consolidate": {"options": {"alphas": [1, 2], "gate_z": -10.0}, "variants": {"corp-stage1": {"rounds": 0}}},
             "es": {"options": {"population": 2, "sigma": 0.05, "alpha": 0.05}},
-            "grpo": {"options": {"prompts_per_step": 2, "num_generations": 2, "learning_rate": 1e-3}, "variants": {"grpo": {"loss": "grpo"}}},
+            "grpo": {
+                "options": {"prompts_per_step": 2, "num_generations": 2, "learning_rate": 1e-3},
+                "variants": {"grpo": {"loss": "grpo"}},
+            },
             "ftis": None,
         },
-        compare=[["corp-stage1", "base"], ["corp-stage1", "randopt-top1"], ["corp-stage1", "randopt-vote@2"], ["corp-stage1", "grpo"]],
+        compare=[
+            ["corp-stage1", "base"],
+            ["corp-stage1", "randopt-top1"],
+            ["corp-stage1", "randopt-vote@2"],
+            ["corp-stage1", "grpo"],
+        ],
     )
     opts.update(over)
     return opts
@@ -78,7 +103,15 @@ def swept(tiny_dir, tmp_path_factory):
     csv_before = (root / "results" / "tiny" / "results.csv").read_text()
     with count_model_calls() as second:
         again = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, root)), "corp bench --config tiny.yaml")
-    return {"root": root, "cfg": cfg, "summary": summary, "again": again, "first": dict(first), "second": dict(second), "csv_before": csv_before}
+    return {
+        "root": root,
+        "cfg": cfg,
+        "summary": summary,
+        "again": again,
+        "first": dict(first),
+        "second": dict(second),
+        "csv_before": csv_before,
+    }
 
 
 def _rows(swept) -> list[dict]:
@@ -90,9 +123,23 @@ def test_sweep_writes_results_table_and_plots(swept):
     out = swept["root"] / "results" / "tiny"
     rows = _rows(swept)
     names = {r["method"] for r in rows}
-    assert {"base", "self-consistency@1", "self-consistency@2", "randopt-top1", "randopt-vote@2", "corp-stage1", "es", "grpo"} <= names
+    assert {
+        "base",
+        "self-consistency@1",
+        "self-consistency@2",
+        "randopt-top1",
+        "randopt-vote@2",
+        "corp-stage1",
+        "es",
+        "grpo",
+    } <= names
     for r in rows:
-        assert r["accuracy"] != "" and r["labelled_examples"] != "" and r["passes_per_example"] != "" and r["hyperparameters"]
+        assert (
+            r["accuracy"] != ""
+            and r["labelled_examples"] != ""
+            and r["passes_per_example"] != ""
+            and r["hyperparameters"]
+        )
     for setting in ("paper", "equal-data"):
         for budget in ("1e+08", "2e+08"):
             got = {r["method"] for r in rows if r["setting"] == setting and r["budget"] == budget}
@@ -103,7 +150,13 @@ def test_sweep_writes_results_table_and_plots(swept):
     assert lab[("es", "paper")] == 4 and lab[("es", "equal-data")] == 12
     assert lab[("corp-stage1", "paper")] == 12 == lab[("corp-stage1", "equal-data")] and lab[("base", "paper")] == 0
     table = (out / "table.md").read_text()
-    assert "## add, paper" in table and "## Headline: best single model per method (equal-data" in table and "corp-stage1 vs randopt-top1" in table and "95% interval" in table and "FLOPs (a / b)" in table
+    assert (
+        "## add, paper" in table
+        and "## Headline: best single model per method (equal-data" in table
+        and "corp-stage1 vs randopt-top1" in table
+        and "95% interval" in table
+        and "FLOPs (a / b)" in table
+    )
     assert "matched" in table
     for p in swept["summary"]["plots"]:
         assert (out / p).stat().st_size > 1000
@@ -121,9 +174,17 @@ def test_missing_methods_are_listed_not_skipped(swept, tiny_dir):
     from corp.bench.sweep import plan
 
     # a method the config leaves out for time is listed with the config's reason, and no cell of it is planned
-    cfg = load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"], methods={"randopt": None, "es": {"skip": "left out for time"}}, compare=[]))
+    cfg = load_config(
+        BenchConfig,
+        None,
+        tiny_options(
+            tiny_dir, swept["root"], methods={"randopt": None, "es": {"skip": "left out for time"}}, compare=[]
+        ),
+    )
     cells, missing = plan(cfg)
-    assert {"method": "es", "reason": "not run in this bench: left out for time"} in missing and not any(c.method == "es" for c in cells)
+    assert {"method": "es", "reason": "not run in this bench: left out for time"} in missing and not any(
+        c.method == "es" for c in cells
+    )
 
 
 def test_resume_recomputes_nothing(swept):
@@ -143,7 +204,10 @@ def test_budgets_are_matched_as_the_adapters_say(swept):
         if rec["kind"] == "population" and rec["label"] == "randopt":
             # the largest prefix of the shared population whose scoring FLOPs fit; the cell's FLOPs are that prefix's
             pop_dir = Path(rec["population_run"])
-            rows = sorted((r for r in read_jsonl(pop_dir / "population.jsonl") if r.get("kind") == "specialist"), key=lambda r: r["index"])
+            rows = sorted(
+                (r for r in read_jsonl(pop_dir / "population.jsonl") if r.get("kind") == "specialist"),
+                key=lambda r: r["index"],
+            )
             n_params = json.loads((pop_dir / "report.json").read_text())["population"]["selection_ledger"]["n_params"]
             costs = [2.0 * n_params * (r["prompt_tokens"] + r["generated_tokens"]) for r in rows]
             assert rec["units"] == prefix_that_fits(costs, rec["budget"])
@@ -152,14 +216,20 @@ def test_budgets_are_matched_as_the_adapters_say(swept):
             assert rec["flops"] == pytest.approx(sum(costs[: rec["units"]])) and rec["flops"] <= rec["budget"]
         if rec["kind"] == "iterative":  # the last checkpoint within the budget, labelled with the model's own count
             assert rec["flops"] <= rec["budget"] and rec["units"] >= 1
-            fit = [g for g in rec["grown"] if g["flops"] <= rec["budget"]]  # (units the report said, FLOPs) of every growth
+            fit = [
+                g for g in rec["grown"] if g["flops"] <= rec["budget"]
+            ]  # (units the report said, FLOPs) of every growth
             assert fit[-1] == {"units": rec["units"], "flops": rec["flops"]}
-        if rec["budget"] is not None:  # one rule for every method: never over the budget, CoRP's own evaluations included
+        if (
+            rec["budget"] is not None
+        ):  # one rule for every method: never over the budget, CoRP's own evaluations included
             assert rec["flops"] <= rec["budget"], (rec["label"], rec["flops"], rec["budget"])
     assert prefix_bit, "no budget cut the population: the prefix check above proved little"
     # CoRP's own evaluations count: where the prefix scoring alone affords plus them overshot, a smaller prefix was taken
     shrunk = [r for r in records if r["label"] == "corp-stage1" and len(r.get("tried", [])) > 1]
-    assert shrunk and all(r["tried"][0]["flops"] > r["budget"] >= r["flops"] and r["units"] < r["tried"][0]["units"] for r in shrunk)
+    assert shrunk and all(
+        r["tried"][0]["flops"] > r["budget"] >= r["flops"] and r["units"] < r["tried"][0]["units"] for r in shrunk
+    )
     # a larger budget never buys less
     by = {}
     for rec in records:
@@ -181,7 +251,9 @@ def test_raced_cells_race_more_specialists_within_the_same_budget(swept):
         assert rec["race"]["tried"][0]["units"] == plain["units"], "it starts from what full scoring affords"
         assert rec["units"] >= plain["units"] and rec["race"]["rule"] == "successive halving"
         assert {r["name"] for r in rec["rows"]} == {"randopt-raced:randopt-top1", "randopt-raced:randopt-vote@2"}
-    assert any(r["units"] > full[(r["setting"], r["budget"])]["units"] for r in raced), "racing bought no extra specialist anywhere"
+    assert any(r["units"] > full[(r["setting"], r["budget"])]["units"] for r in raced), (
+        "racing bought no extra specialist anywhere"
+    )
 
 
 def test_readme_section_cites_intervals(swept):
@@ -197,38 +269,73 @@ def test_readme_section_cites_intervals(swept):
 # ----------------------------------------------------------------------------- bad input, before any compute
 
 
-@pytest.mark.parametrize("over, message", [
-    ({"methods": {"no-such-method": None}}, "unknown method 'no-such-method'"),
-    ({"budgets": [1e3]}, "too small for every method"),
-    # issue 22's bad input: a row that cannot exist, one seed with comparisons, a task label twice, unequal trials
-    ({"compare": [["corp-stage1", "randopt-vote@3"]]}, "compare names 'randopt-vote@3'"),
-    ({"compare": [["corp", "base"]]}, "compare names 'corp'"),
-    ({"seeds": [1]}, "an across-seed interval needs at least 2 seeds"),
-    ({"tasks": [{"task": "arith", "label": "a"}, {"task": "arith:digits=2", "label": "a"}]}, "task label 'a' is used twice"),
-    ({"hyperparameters": "search", "trials": 2, "methods": {"es": {"search": {"alpha": [0.1, 0.2]}},
-                                                            "self-consistency": {"trials": 3, "search": {"temperature": [0.5, 1.0, 1.5]}}}},
-     "asks for 3 trials, the others get trials = 2"),
-    ({"n_test": 5000}, "test 5000"),
-    ({"methods": {"randopt": {"options": {"no_such_option": 1}}}}, "no-such-option"),
-    # issue 23: top_k [5] with a population of 2 ran as top-1 under the row name 'randopt'
-    ({"population": 2, "methods": {"randopt": {"options": {"top_k": [5]}}}},
-     "method 'randopt' (variant 'randopt'): top_k 5 can never fit the bench's population of 2 specialists"),
-    ({"population": 4, "methods": {"randopt": {"options": {"top_k": [1, 2, 8]}}}}, "top_k 8 can never fit"),
-    # arith's support examples all use "+": one operator group for three clients (found by a real run)
-    ({"methods": {"fgrpo": {"options": {"clients": 3, "split_by": "op"}}}}, "gets no support examples"),
-    # the hyperparameter search (corp.bench.search)
-    ({"hyperparameters": "search"}, "no method has a search space"),
-    ({"methods": {"es": {"search": {"alpha": [0.1, 0.2]}}}}, "has a search space but hyperparameters is 'defaults'"),
-    ({"hyperparameters": "search", "trials": 3, "methods": {"es": {"search": {"alpha": [0.1, 0.2]}}}}, "2 combination(s), fewer than trials = 3"),
-    ({"hyperparameters": "search", "trials": 1, "methods": {"es": {"options": {"alpha": 0.1}, "search": {"alpha": [0.1, 0.2]}}}}, "both fixed"),
-    ({"hyperparameters": "search", "trials": 1, "methods": {"es": {"search": {"no_such_option": [1, 2]}}}}, "no-such-option"),
-])
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        ({"methods": {"no-such-method": None}}, "unknown method 'no-such-method'"),
+        ({"budgets": [1e3]}, "too small for every method"),
+        # issue 22's bad input: a row that cannot exist, one seed with comparisons, a task label twice, unequal trials
+        ({"compare": [["corp-stage1", "randopt-vote@3"]]}, "compare names 'randopt-vote@3'"),
+        ({"compare": [["corp", "base"]]}, "compare names 'corp'"),
+        ({"seeds": [1]}, "an across-seed interval needs at least 2 seeds"),
+        (
+            {"tasks": [{"task": "arith", "label": "a"}, {"task": "arith:digits=2", "label": "a"}]},
+            "task label 'a' is used twice",
+        ),
+        (
+            {
+                "hyperparameters": "search",
+                "trials": 2,
+                "methods": {
+                    "es": {"search": {"alpha": [0.1, 0.2]}},
+                    "self-consistency": {"trials": 3, "search": {"temperature": [0.5, 1.0, 1.5]}},
+                },
+            },
+            "asks for 3 trials, the others get trials = 2",
+        ),
+        ({"n_test": 5000}, "test 5000"),
+        ({"methods": {"randopt": {"options": {"no_such_option": 1}}}}, "no-such-option"),
+        # issue 23: top_k [5] with a population of 2 ran as top-1 under the row name 'randopt'
+        (
+            {"population": 2, "methods": {"randopt": {"options": {"top_k": [5]}}}},
+            "method 'randopt' (variant 'randopt'): top_k 5 can never fit the bench's population of 2 specialists",
+        ),
+        ({"population": 4, "methods": {"randopt": {"options": {"top_k": [1, 2, 8]}}}}, "top_k 8 can never fit"),
+        # arith's support examples all use "+": one operator group for three clients (found by a real run)
+        ({"methods": {"fgrpo": {"options": {"clients": 3, "split_by": "op"}}}}, "gets no support examples"),
+        # the hyperparameter search (corp.bench.search)
+        ({"hyperparameters": "search"}, "no method has a search space"),
+        (
+            {"methods": {"es": {"search": {"alpha": [0.1, 0.2]}}}},
+            "has a search space but hyperparameters is 'defaults'",
+        ),
+        (
+            {"hyperparameters": "search", "trials": 3, "methods": {"es": {"search": {"alpha": [0.1, 0.2]}}}},
+            "2 combination(s), fewer than trials = 3",
+        ),
+        (
+            {
+                "hyperparameters": "search",
+                "trials": 1,
+                "methods": {"es": {"options": {"alpha": 0.1}, "search": {"alpha": [0.1, 0.2]}}},
+            },
+            "both fixed",
+        ),
+        (
+            {"hyperparameters": "search", "trials": 1, "methods": {"es": {"search": {"no_such_option": [1, 2]}}}},
+            "no-such-option",
+        ),
+    ],
+)
 def test_bad_input_is_one_error_before_compute(over, message, tiny_dir, tmp_path):
     from corp.bench.sweep import run_bench
 
     opts = tiny_options(tiny_dir, tmp_path, **over)
     if "methods" in over:
-        opts["methods"] = {**over["methods"], "randopt": {"options": {"top_k": [1], **((over["methods"].get("randopt") or {}).get("options") or {})}}}
+        opts["methods"] = {
+            **over["methods"],
+            "randopt": {"options": {"top_k": [1], **((over["methods"].get("randopt") or {}).get("options") or {})}},
+        }
     with count_model_calls() as calls:
         with pytest.raises(CorpError) as err:
             run_bench(load_config(BenchConfig, None, opts))
@@ -253,9 +360,23 @@ def test_unreadable_results_directory_is_one_error(tiny_dir, tmp_path):
 def test_cli_bad_config_is_one_line(tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("name: x\nmethods: {randopt: null}\nbudgets: [-1]\n")
-    p = subprocess.run([sys.executable, "-m", "corp.cli", "bench", "--config", str(cfg)], capture_output=True, text=True, cwd=tmp_path,
-                       env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "CORP_NO_PROGRESS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
-    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0 and p.stderr.startswith("error: bench config: budgets must be > 0"), p.stderr
+    p = subprocess.run(
+        [sys.executable, "-m", "corp.cli", "bench", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={
+            "PATH": "/usr/bin:/bin",
+            "OMP_NUM_THREADS": "1",
+            "CORP_NO_PROGRESS": "1",
+            "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        },
+    )
+    assert (
+        p.returncode == 2
+        and p.stderr.strip().count("\n") == 0
+        and p.stderr.startswith("error: bench config: budgets must be > 0")
+    ), p.stderr
 
 
 def test_report_only_runs_nothing_and_says_what_is_missing(swept, tiny_dir):
@@ -266,17 +387,31 @@ def test_report_only_runs_nothing_and_says_what_is_missing(swept, tiny_dir):
     with count_model_calls() as calls:
         summary = run_bench(load_config(BenchConfig, None, opts), "corp bench --report-only", compute=False)
     assert calls == {"generate": 0, "forward": 0} and summary["method_calls"] == 0
-    assert summary["not_run"] == 20  # randopt, randopt-raced, corp-stage1, es, grpo x 2 settings x 2 seeds at the new budget
+    assert (
+        summary["not_run"] == 20
+    )  # randopt, randopt-raced, corp-stage1, es, grpo x 2 settings x 2 seeds at the new budget
     assert "Incomplete: 20 of" in (swept["root"] / "results" / "tiny" / "table.md").read_text()
     # one more seed, not run: a cell with fewer seeds than configured says so instead of "± 0.000"
-    run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"], seeds=[1, 2, 3])), "corp bench --report-only", compute=False)
+    run_bench(
+        load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"], seeds=[1, 2, 3])),
+        "corp bench --report-only",
+        compute=False,
+    )
     table = (swept["root"] / "results" / "tiny" / "table.md").read_text()
     assert "(2 of 3 seeds, sd" in table and "± 0.000" not in table
     # a compare pair that names no row is said in the table, not dropped silently
     # a compare pair that names no row any method can report is one error line, before anything is written
     with pytest.raises(CorpError, match="compare names 'randopt-vote@9', a row no method"):
-        run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"], compare=[["corp-stage1", "randopt-vote@9"]])), "corp bench --report-only", compute=False)
-    run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"])), "corp bench --report-only", compute=False)  # as it was
+        run_bench(
+            load_config(
+                BenchConfig, None, tiny_options(tiny_dir, swept["root"], compare=[["corp-stage1", "randopt-vote@9"]])
+            ),
+            "corp bench --report-only",
+            compute=False,
+        )
+    run_bench(
+        load_config(BenchConfig, None, tiny_options(tiny_dir, swept["root"])), "corp bench --report-only", compute=False
+    )  # as it was
 
 
 def test_fgrpo_joins_the_bench_through_its_adapter(tiny_dir, tmp_path):
@@ -284,10 +419,28 @@ def test_fgrpo_joins_the_bench_through_its_adapter(tiny_dir, tmp_path):
     its rounds grow until its clients' ledger reaches the budget, and a rerun computes nothing."""
     from corp.bench.sweep import run_bench
 
-    over = dict(budgets=[1e8, 2e8], settings=["paper"], compare=[], seeds=[1],
-                methods={"fgrpo": {"options": {"clients": 2, "split_by": "iid", "steps": 1, "prompts_per_step": 2, "num_generations": 2,
-                                               "lora_r": 2, "learning_rate": 1e-3}}})
-    summary = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fgrpo.yaml")
+    over = dict(
+        budgets=[1e8, 2e8],
+        settings=["paper"],
+        compare=[],
+        seeds=[1],
+        methods={
+            "fgrpo": {
+                "options": {
+                    "clients": 2,
+                    "split_by": "iid",
+                    "steps": 1,
+                    "prompts_per_step": 2,
+                    "num_generations": 2,
+                    "lora_r": 2,
+                    "learning_rate": 1e-3,
+                }
+            }
+        },
+    )
+    summary = run_bench(
+        load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fgrpo.yaml"
+    )
     assert "fgrpo" not in summary["missing"]
     records = [json.loads(p.read_text()) for p in (tmp_path / "results" / "tiny" / "cells").glob("*.json")]
     fg = sorted((r for r in records if r["method"] == "fgrpo"), key=lambda r: r["budget"])
@@ -296,7 +449,9 @@ def test_fgrpo_joins_the_bench_through_its_adapter(tiny_dir, tmp_path):
         assert rec["kind"] == "iterative" and rec["units"] >= 1 and rec["flops"] <= rec["budget"]
     assert fg[0]["units"] <= fg[1]["units"]
     with count_model_calls() as again:
-        run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fgrpo.yaml")
+        run_bench(
+            load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fgrpo.yaml"
+        )
     assert sum(again.values()) == 0
 
 
@@ -305,16 +460,25 @@ def test_fera_joins_the_bench_as_a_training_free_method(tiny_dir, tmp_path):
     table with their passes per example, and a rerun computes nothing."""
     from corp.bench.sweep import run_bench
 
-    over = dict(budgets=[1e8], settings=["paper"], compare=[], seeds=[1],
-                methods={"fera": {"options": {"clients": 2, "shots": 1, "rounds": 2, "samples": 2}}})
-    summary = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fera.yaml")
+    over = dict(
+        budgets=[1e8],
+        settings=["paper"],
+        compare=[],
+        seeds=[1],
+        methods={"fera": {"options": {"clients": 2, "shots": 1, "rounds": 2, "samples": 2}}},
+    )
+    summary = run_bench(
+        load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fera.yaml"
+    )
     assert "fera" not in summary["missing"]
     rows = list(csv.DictReader(open(tmp_path / "results" / "tiny" / "results.csv")))
     names = {r["method"] for r in rows}
     assert {"fera-round1", "fera-round2", "plain-vote-round1"} <= names, names
     assert all(int(r["passes_per_example"]) >= 2 for r in rows if r["method"].startswith("fera-round"))
     with count_model_calls() as again:
-        run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fera.yaml")
+        run_bench(
+            load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench --config fera.yaml"
+        )
     assert sum(again.values()) == 0
 
 
@@ -336,10 +500,18 @@ def test_choose_takes_the_best_mean_validation_accuracy_and_the_earlier_of_ties(
     assert len({json.dumps(d, sort_keys=True) for d in drawn}) == 4 and drawn == trial_options("es", "es", space, 4)
 
 
-SEARCH = dict(hyperparameters="search", trials=2, budgets=[1e8], compare=[], seeds=[1],
-              methods={"self-consistency": {"options": {"k": [1, 2]}, "search": {"temperature": [0.5, 1.0]}},
-                       "randopt": {"options": {"top_k": [1]}},
-                       "es": {"options": {"population": 2, "sigma": 0.05}, "search": {"alpha": [0.01, 0.05, 0.5]}}})
+SEARCH = dict(
+    hyperparameters="search",
+    trials=2,
+    budgets=[1e8],
+    compare=[],
+    seeds=[1],
+    methods={
+        "self-consistency": {"options": {"k": [1, 2]}, "search": {"temperature": [0.5, 1.0]}},
+        "randopt": {"options": {"top_k": [1]}},
+        "es": {"options": {"population": 2, "sigma": 0.05}, "search": {"alpha": [0.01, 0.05, 0.5]}},
+    },
+)
 
 
 @pytest.fixture(scope="module")
@@ -347,9 +519,13 @@ def searched(tiny_dir, tmp_path_factory):
     from corp.bench.sweep import run_bench
 
     root = tmp_path_factory.mktemp("search")
-    summary = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, root, **SEARCH)), "corp bench --config search.yaml")
+    summary = run_bench(
+        load_config(BenchConfig, None, tiny_options(tiny_dir, root, **SEARCH)), "corp bench --config search.yaml"
+    )
     with count_model_calls() as again:
-        resumed = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, root, **SEARCH)), "corp bench --config search.yaml")
+        resumed = run_bench(
+            load_config(BenchConfig, None, tiny_options(tiny_dir, root, **SEARCH)), "corp bench --config search.yaml"
+        )
     return {"root": root, "summary": summary, "again": dict(again), "resumed": resumed}
 
 
@@ -363,13 +539,20 @@ def test_search_trials_are_scored_on_validation_and_never_on_test(searched, tiny
     splits = make_splits(get_task("arith"), SplitSizes(4, 4, 4, 6), 0)
     validation, test = [e.id for e in splits["validation"]], {e.id for e in splits["test"]}
     trials = [r for r in _records(searched["root"]) if r["setting"] == "tune"]
-    assert sorted((r["label"], r["trial"]) for r in trials) == [("es", 0), ("es", 1), ("self-consistency", 0), ("self-consistency", 1)]
+    assert sorted((r["label"], r["trial"]) for r in trials) == [
+        ("es", 0),
+        ("es", 1),
+        ("self-consistency", 0),
+        ("self-consistency", 1),
+    ]
     for rec in trials:
         assert rec["example_ids"] == validation and not test & set(rec["example_ids"]), rec["label"]
         assert rec["seed"] == 1 and rec["hyperparameters"]["report_on"] == "validation"
         assert json.loads((Path(rec["run_dir"]) / "splits.json").read_text())["report_on"] == "validation"
     rows = list(csv.DictReader(open(searched["root"] / "results" / "tiny" / "tuning.csv")))
-    assert len(rows) == 2 + 2 * 3 and all(r["validation_accuracy"] != "" for r in rows)  # ES 2 trials; SC 2 trials x (base, sc@1, sc@2)
+    assert len(rows) == 2 + 2 * 3 and all(
+        r["validation_accuracy"] != "" for r in rows
+    )  # ES 2 trials; SC 2 trials x (base, sc@1, sc@2)
     assert "Hyperparameters: search" in (searched["root"] / "results" / "tiny" / "table.md").read_text()
     assert searched["again"] == {"generate": 0, "forward": 0} and searched["resumed"]["method_calls"] == 0
 
@@ -379,7 +562,9 @@ def test_every_seed_and_setting_uses_the_trial_best_on_validation(searched):
 
     records = _records(searched["root"])
     for label, option in (("es", "alpha"), ("self-consistency", "temperature")):
-        trials = sorted((r for r in records if r["setting"] == "tune" and r["label"] == label), key=lambda r: r["trial"])
+        trials = sorted(
+            (r for r in records if r["setting"] == "tune" and r["label"] == label), key=lambda r: r["trial"]
+        )
         best = trials[choose(trials)]["hyperparameters"][option]
         finals = [r for r in records if r["setting"] != "tune" and r["label"] == label]
         assert {r["setting"] for r in finals} == {"paper", "equal-data"}
@@ -409,15 +594,23 @@ def test_the_choice_follows_the_validation_records(searched, tiny_dir):
     trials[loser][1].write_text(json.dumps(rec))
     try:
         with count_model_calls() as calls:
-            summary = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, searched["root"], **SEARCH)), "report", compute=False)
+            summary = run_bench(
+                load_config(BenchConfig, None, tiny_options(tiny_dir, searched["root"], **SEARCH)),
+                "report",
+                compute=False,
+            )
         assert calls == {"generate": 0, "forward": 0}
         assert summary["not_run"] == 2  # ES at 1e8 in paper and equal-data, now with the other alpha
     finally:
         trials[loser][1].write_text(saved)
-        run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, searched["root"], **SEARCH)), "report", compute=False)
+        run_bench(
+            load_config(BenchConfig, None, tiny_options(tiny_dir, searched["root"], **SEARCH)), "report", compute=False
+        )
 
 
-@pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).resolve().parents[1] / "configs").glob("bench-*.yaml")))
+@pytest.mark.parametrize(
+    "path", sorted(str(p) for p in (Path(__file__).resolve().parents[1] / "configs").glob("bench-*.yaml"))
+)
 def test_every_shipped_bench_config_loads_and_plans(path):
     """The configs in configs/ (the GPU one is not run here) are valid: fields, methods, search spaces."""
     from corp.bench.sweep import load_bench_config, plan
@@ -437,11 +630,28 @@ def test_a_clipped_top_k_keeps_its_row_names(tmp_path):
     from corp.bench.sweep import Bench, Cell
 
     cfg = load_config(BenchConfig, None, {"methods": {"randopt": None}, "results_dir": str(tmp_path)})
-    row = {"accuracy": 0.5, "passes_per_example": 1, "labelled_examples": 4, "ledger": {"prompt_tokens": 1, "generated_tokens": 1, "flops": 2.0}}
+    row = {
+        "accuracy": 0.5,
+        "passes_per_example": 1,
+        "labelled_examples": 4,
+        "ledger": {"prompt_tokens": 1, "generated_tokens": 1, "flops": 2.0},
+    }
     bench = Bench(cfg)
-    rec = bench._record(Cell("arith", "paper", 0, "randopt", "randopt", 1e9, {"top_k": [1, 3]}), {"rows": [{**row, "method": "randopt-top1"}]}, tmp_path, 1.0, 2)
+    rec = bench._record(
+        Cell("arith", "paper", 0, "randopt", "randopt", 1e9, {"top_k": [1, 3]}),
+        {"rows": [{**row, "method": "randopt-top1"}]},
+        tmp_path,
+        1.0,
+        2,
+    )
     assert [r["name"] for r in rec["rows"]] == ["randopt-top1"]
-    rec = bench._record(Cell("arith", "paper", 0, "consolidate", "corp-stage1", 1e9, {"top_k": [1]}), {"rows": [{**row, "method": "corp"}]}, tmp_path, 1.0, 2)
+    rec = bench._record(
+        Cell("arith", "paper", 0, "consolidate", "corp-stage1", 1e9, {"top_k": [1]}),
+        {"rows": [{**row, "method": "corp"}]},
+        tmp_path,
+        1.0,
+        2,
+    )
     assert [r["name"] for r in rec["rows"]] == ["corp-stage1"]
 
 
@@ -451,8 +661,9 @@ def test_a_budget_that_buys_fewer_specialists_than_top_k_does_not_fit(tmp_path, 
     that fits runs (its larger values clipped)."""
     from corp.bench.sweep import Bench, Cell
 
-    cfg = load_config(BenchConfig, None, {"methods": {"randopt": None}, "results_dir": str(tmp_path),
-                                          "work_dir": str(tmp_path / "w")})
+    cfg = load_config(
+        BenchConfig, None, {"methods": {"randopt": None}, "results_dir": str(tmp_path), "work_dir": str(tmp_path / "w")}
+    )
     bench = Bench(cfg)
     pop = {"run_dir": "pop", "costs": [1.0] * 8, "seconds": [0.0] * 8, "wall": 0.0}
     monkeypatch.setattr(bench, "population", lambda cell: pop)
@@ -478,9 +689,28 @@ def test_population_options_come_from_population_config():
 
     assert POPULATION_OPTIONS <= {f.name for f in dataclasses.fields(PopulationConfig)}
     # the noise scheme defines the population (a cell's key has it only when the cell sets it)
-    assert POPULATION_OPTIONS == {"model", "task", "seed", "split_seed", "backend", "device", "batch_size", "threads",
-                                  "max_new_tokens", "reward", "data", "dtype", "n_support", "n_probe", "n_validation",
-                                  "n_test", "sigmas", "include", "exclude", "noise"}
+    assert POPULATION_OPTIONS == {
+        "model",
+        "task",
+        "seed",
+        "split_seed",
+        "backend",
+        "device",
+        "batch_size",
+        "threads",
+        "max_new_tokens",
+        "reward",
+        "data",
+        "dtype",
+        "n_support",
+        "n_probe",
+        "n_validation",
+        "n_test",
+        "sigmas",
+        "include",
+        "exclude",
+        "noise",
+    }
 
 
 def test_unit_costs_read_unset_options_from_the_methods_defaults():
@@ -490,7 +720,10 @@ def test_unit_costs_read_unset_options_from_the_methods_defaults():
     es, grpo, fgrpo = ESConfig(), GRPOConfig(), FGRPOConfig()
     assert ES.unit_evals({}) == es.population + 1.0
     assert GRPO.unit_evals({}) == grpo.prompts_per_step * grpo.num_generations / grpo.n_support
-    assert FGRPO.unit_evals({}) == fgrpo.clients * fgrpo.steps * fgrpo.prompts_per_step * fgrpo.num_generations / fgrpo.n_support
+    assert (
+        FGRPO.unit_evals({})
+        == fgrpo.clients * fgrpo.steps * fgrpo.prompts_per_step * fgrpo.num_generations / fgrpo.n_support
+    )
 
 
 def test_a_run_trained_past_the_budget_is_never_labelled_as_a_smaller_one(swept, tiny_dir):
@@ -501,10 +734,21 @@ def test_a_run_trained_past_the_budget_is_never_labelled_as_a_smaller_one(swept,
     from corp.bench.sweep import run_bench
 
     root = swept["root"]
-    old = {(r["setting"], r["seed"]): r for r in (json.loads(p.read_text()) for p in (root / "results" / "tiny" / "cells").glob("*.json"))
-           if r["label"] == "grpo" and r["budget"] == 2e8}
-    opts = tiny_options(tiny_dir, root, budgets=[1e8], results_dir=str(root / "results-again"), settings=["paper"], seeds=[1, 2],
-                        methods={"grpo": tiny_options(tiny_dir, root)["methods"]["grpo"]}, compare=[])
+    old = {
+        (r["setting"], r["seed"]): r
+        for r in (json.loads(p.read_text()) for p in (root / "results" / "tiny" / "cells").glob("*.json"))
+        if r["label"] == "grpo" and r["budget"] == 2e8
+    }
+    opts = tiny_options(
+        tiny_dir,
+        root,
+        budgets=[1e8],
+        results_dir=str(root / "results-again"),
+        settings=["paper"],
+        seeds=[1, 2],
+        methods={"grpo": tiny_options(tiny_dir, root)["methods"]["grpo"]},
+        compare=[],
+    )
     run_bench(load_config(BenchConfig, None, opts))
     recs = [json.loads(p.read_text()) for p in (root / "results-again" / "tiny" / "cells").glob("*.json")]
     assert len(recs) == 2
@@ -545,14 +789,24 @@ def test_the_shared_population_scores_only_what_the_largest_budget_buys(tiny_dir
     from corp.bench.sweep import run_bench
     from corp.runs import read_jsonl
 
-    opts = tiny_options(tiny_dir, tmp_path, population=40, budgets=[3e7], seeds=[1], settings=["paper"], compare=[],
-                        methods={"randopt": {"options": {"top_k": [1]}}})
+    opts = tiny_options(
+        tiny_dir,
+        tmp_path,
+        population=40,
+        budgets=[3e7],
+        seeds=[1],
+        settings=["paper"],
+        compare=[],
+        methods={"randopt": {"options": {"top_k": [1]}}},
+    )
     run_bench(load_config(BenchConfig, None, opts))
     rec = next(json.loads(p.read_text()) for p in (tmp_path / "results" / "tiny" / "cells").glob("*.json"))
     pop_dir = Path(rec["population_run"])
     rows = [r for r in read_jsonl(pop_dir / "population.jsonl") if r.get("kind") == "specialist"]
     n_params = json.loads((pop_dir / "report.json").read_text())["population"]["selection_ledger"]["n_params"]
-    costs = [2.0 * n_params * (r["prompt_tokens"] + r["generated_tokens"]) for r in sorted(rows, key=lambda r: r["index"])]
+    costs = [
+        2.0 * n_params * (r["prompt_tokens"] + r["generated_tokens"]) for r in sorted(rows, key=lambda r: r["index"])
+    ]
     assert rec["units"] >= 1 and len(costs) < 40, len(costs)
     assert sum(costs) > 3e7 and rec["units"] == prefix_that_fits(costs, 3e7) < len(costs)
 
@@ -565,30 +819,70 @@ def test_a_record_of_an_older_bench_protocol_is_never_reused(tiny_dir, tmp_path)
 
     from corp.bench.sweep import Bench, plan, run_bench
 
-    opts = tiny_options(tiny_dir, tmp_path, seeds=[1, 2], settings=["paper"], compare=[],
-                        methods={"self-consistency": {"options": {"k": [1]}}})
+    opts = tiny_options(
+        tiny_dir,
+        tmp_path,
+        seeds=[1, 2],
+        settings=["paper"],
+        compare=[],
+        methods={"self-consistency": {"options": {"k": [1]}}},
+    )
     cfg = load_config(BenchConfig, None, opts)
     (cell,) = [c for c in plan(cfg)[0] if c.seed == 1]
     bench = Bench(cfg)
     # the first edition's record key: the options without the protocol
-    ident = {"method": cell.method, **{k: v for k, v in cell.opts.items() if k not in ("run_dir", "threads", "from_run", "eval_cache")}}
+    ident = {
+        "method": cell.method,
+        **{k: v for k, v in cell.opts.items() if k not in ("run_dir", "threads", "from_run", "eval_cache")},
+    }
     first_key = hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:10]
-    old = {"format": 1, "task": cell.task, "setting": cell.setting, "seed": 1, "method": cell.method, "label": cell.label, "budget": None,
-           "kind": "fixed", "status": "done", "rows": [{"name": "base", "report_row": "base", "accuracy": 0.987, "passes_per_example": 1,
-                                                        "labelled_examples": 0, "test_tokens": 1, "test_flops": 1.0, "correct": None}],
-           "flops": 0.0, "units": None, "wall_seconds": 1.0, "hyperparameters": {}}
+    old = {
+        "format": 1,
+        "task": cell.task,
+        "setting": cell.setting,
+        "seed": 1,
+        "method": cell.method,
+        "label": cell.label,
+        "budget": None,
+        "kind": "fixed",
+        "status": "done",
+        "rows": [
+            {
+                "name": "base",
+                "report_row": "base",
+                "accuracy": 0.987,
+                "passes_per_example": 1,
+                "labelled_examples": 0,
+                "test_tokens": 1,
+                "test_flops": 1.0,
+                "correct": None,
+            }
+        ],
+        "flops": 0.0,
+        "units": None,
+        "wall_seconds": 1.0,
+        "hyperparameters": {},
+    }
     cells_dir = tmp_path / "results" / "tiny" / "cells"
     cells_dir.mkdir(parents=True)
     old_name = bench.record_path(cell).name.rsplit("__", 1)[0] + f"__{first_key}.json"
     planted = [cells_dir / old_name, bench.record_path(cell)]
     assert planted[0] != planted[1], "the protocol is not in the record's name"
     planted[0].write_text(json.dumps(old))
-    with pytest.raises(CorpError, match="older bench protocol .*none of protocol 2"):  # nothing to report but the old edition
+    with pytest.raises(
+        CorpError, match="older bench protocol .*none of protocol 2"
+    ):  # nothing to report but the old edition
         run_bench(cfg, "corp bench --report-only", compute=False)
-    assert not (tmp_path / "results" / "tiny" / "table.md").exists(), "report-only wrote an empty report over the old records"
+    assert not (tmp_path / "results" / "tiny" / "table.md").exists(), (
+        "report-only wrote an empty report over the old records"
+    )
     with count_model_calls() as calls:
-        summary = run_bench(load_config(BenchConfig, None, {**opts, "seeds": [1]}), "corp bench")  # stopped after seed 1
-    assert calls["generate"] > 0 and summary["method_calls"] == 1 and summary["reused"] == 0, "an old-protocol record was reused"
+        summary = run_bench(
+            load_config(BenchConfig, None, {**opts, "seeds": [1]}), "corp bench"
+        )  # stopped after seed 1
+    assert calls["generate"] > 0 and summary["method_calls"] == 1 and summary["reused"] == 0, (
+        "an old-protocol record was reused"
+    )
     assert json.loads(planted[0].read_text()) == old, "the old record was changed"
     rec = json.loads(bench.record_path(cell).read_text())
     assert rec["bench_protocol"] == 2 and rec["rows"][0]["accuracy"] != 0.987
@@ -608,7 +902,11 @@ def test_the_second_cpu_bench_s_grpo_search_tries_the_regime_where_grpo_works():
 
     root = Path(__file__).resolve().parents[1]
     cfg = load_config(BenchConfig, str(root / "configs" / "bench-cpu-2.yaml"), {})
-    tune = [c for c in plan(cfg)[0] if c.setting == "tune" and c.task == cfg.tasks[0] and c.budget in (None, cfg.budgets[-1])]
+    tune = [
+        c
+        for c in plan(cfg)[0]
+        if c.setting == "tune" and c.task == cfg.tasks[0] and c.budget in (None, cfg.budgets[-1])
+    ]
     drawn = {(float(c.opts["learning_rate"]), int(c.opts["lora_r"])) for c in tune if c.method == "grpo"}
     assert (5e-5, 16) in drawn and any(r == 0 for _, r in drawn), drawn
     per_method = {m: sum(c.method == m for c in tune) for m in {c.method for c in tune}}
@@ -636,8 +934,10 @@ def test_bench_cell_options_are_the_method_configs_fields():
     from corp.config import PopulationConfig, RunConfig, field_docs
 
     bench_hints, bench_docs = typing.get_type_hints(BenchConfig), field_docs(BenchConfig)
-    bench_defaults = {f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
-                      for f in dataclasses.fields(BenchConfig)}
+    bench_defaults = {
+        f.name: f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+        for f in dataclasses.fields(BenchConfig)
+    }
     for source, names in ((RunConfig, RUN_OPTIONS), (PopulationConfig, POPULATION_OPTIONS)):
         hints, docs, ref = typing.get_type_hints(source), field_docs(source), source()
         for name in names:

@@ -18,7 +18,7 @@ SCRIPT = ROOT / "benchmarks" / "bench_run.sh"
 
 # the stand-in bench: start 1 finishes one cell of each task and then dies; start 2 finishes the
 # task's second cell and writes the outputs; "bad" exits 2 (corp's bad-input status) at once
-FAKE = textwrap.dedent('''
+FAKE = textwrap.dedent("""
     import json, os, sys
     from pathlib import Path
     state = Path(os.environ["FAKE_STATE"])
@@ -36,7 +36,7 @@ FAKE = textwrap.dedent('''
     (cells / "arith__paper__s1__grpo__1.000e+12__abcdef0123.json").write_text(json.dumps({"status": "done"}))
     for name in ("table.md", "results.csv", "bench.json"):
         Path("results/wrap", name).write_text("out")
-''')
+""")
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -51,7 +51,9 @@ def repo(tmp_path):
     _git(repo, "config", "user.email", "t@example.com")
     _git(repo, "config", "user.name", "t")
     (repo / ".gitignore").write_text("runs/\n")
-    (repo / "wrap.yaml").write_text("name: wrap\ntasks: [{task: arith, label: add}]\nseeds: [0, 1]\nmethods: {self-consistency: null}\n")
+    (repo / "wrap.yaml").write_text(
+        "name: wrap\ntasks: [{task: arith, label: add}]\nseeds: [0, 1]\nmethods: {self-consistency: null}\n"
+    )
     _git(repo, "add", ".")
     _git(repo, "commit", "-q", "-m", "init")
     (repo / "notes.txt").write_text("someone's work in progress\n")  # never the wrapper's to commit
@@ -60,9 +62,25 @@ def repo(tmp_path):
 
 
 def _wrap(repo: Path, mode: str = "ok") -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "CORP_CMD": f"{sys.executable} fake.py",
-           "BENCH_POLL": "1", "BENCH_RETRY_WAIT": "0", "FAKE_STATE": str(repo.parent / "starts"), "FAKE_MODE": mode}
-    return subprocess.run(["bash", str(SCRIPT), "wrap.yaml", "add", "3"], cwd=repo, env=env, capture_output=True, text=True, timeout=120, check=False)
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(ROOT),
+        "CORP_CMD": f"{sys.executable} fake.py",
+        "BENCH_POLL": "1",
+        "BENCH_RETRY_WAIT": "0",
+        "FAKE_STATE": str(repo.parent / "starts"),
+        "FAKE_MODE": mode,
+    }
+    return subprocess.run(
+        ["bash", str(SCRIPT), "wrap.yaml", "add", "3"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_the_wrapper_restarts_the_bench_and_commits_only_its_finished_cells(repo):
@@ -70,13 +88,20 @@ def test_the_wrapper_restarts_the_bench_and_commits_only_its_finished_cells(repo
     assert proc.returncode == 0, proc.stderr
     assert (repo.parent / "starts").read_text() == "2", "the stopped bench was not restarted"
     tracked = set(_git(repo, "ls-files").split())
-    assert {"results/wrap/cells/arith__paper__s0__base__fixed__0123456789.json", "results/wrap/cells/arith__paper__s1__grpo__1.000e+12__abcdef0123.json",
-            "results/wrap/table.md", "results/wrap/results.csv", "results/wrap/bench.json"} <= tracked
+    assert {
+        "results/wrap/cells/arith__paper__s0__base__fixed__0123456789.json",
+        "results/wrap/cells/arith__paper__s1__grpo__1.000e+12__abcdef0123.json",
+        "results/wrap/table.md",
+        "results/wrap/results.csv",
+        "results/wrap/bench.json",
+    } <= tracked
     assert not any(p.startswith("runs/") or "letters" in p or p in ("notes.txt", "fake.py") for p in tracked), tracked
     log = _git(repo, "log", "--format=%s")
     assert "1 finished cell(s): paper__s0__base__fixed" in log and "paper__s1__grpo__1.000e+12" in log, log
     assert "outputs after task add finished" in log
-    assert not _git(repo, "status", "--porcelain", "--", "results/wrap/cells/arith__paper__s0__base__fixed__0123456789.json")
+    assert not _git(
+        repo, "status", "--porcelain", "--", "results/wrap/cells/arith__paper__s0__base__fixed__0123456789.json"
+    )
 
 
 def test_the_wrapper_does_not_retry_bad_input(repo):
@@ -87,5 +112,13 @@ def test_the_wrapper_does_not_retry_bad_input(repo):
 
 def test_the_wrapper_refuses_a_task_the_config_does_not_have(repo):
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT), "CORP_CMD": "false"}
-    proc = subprocess.run(["bash", str(SCRIPT), "wrap.yaml", "nope"], cwd=repo, env=env, capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "wrap.yaml", "nope"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert proc.returncode == 2 and "task 'nope' is not a task of wrap" in proc.stderr

@@ -13,7 +13,9 @@ from tests.conftest import DATA_DIR
 
 def corp(*args, cwd=None, timeout=600):
     env = {**os.environ, "CORP_NO_PROGRESS": "1", "CORP_DATA_DIR": str(DATA_DIR)}
-    return subprocess.run([sys.executable, "-m", "corp.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "corp.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize(
@@ -23,9 +25,15 @@ def corp(*args, cwd=None, timeout=600):
         (["randopt", "--sigmas", "0,1e-3"], "--sigmas must all be > 0"),
         (["randopt", "--population", "0"], "--population must be >= 1"),
         (["randopt", "--population", "4", "--top-k", "1,8"], "K must be <= N"),
-        (["randopt", "--model", "no-such/model-xyz", "--population", "2", "--top-k", "1"], "model 'no-such/model-xyz' not found"),
+        (
+            ["randopt", "--model", "no-such/model-xyz", "--population", "2", "--top-k", "1"],
+            "model 'no-such/model-xyz' not found",
+        ),
         (["randopt", "--task", "jsonl:/nonexistent.jsonl"], "'/nonexistent.jsonl' does not exist"),
-        (["randopt", "--n-test", "0", "--population", "2", "--top-k", "1", "--model", "no-such/model-xyz"], "test split is empty"),
+        (
+            ["randopt", "--n-test", "0", "--population", "2", "--top-k", "1", "--model", "no-such/model-xyz"],
+            "test split is empty",
+        ),
         (["randopt", "--run-dir", "/proc/corp-cannot-write"], "not writable"),
         # the parser's own errors: one line too, no usage box
         (["randopt", "--no-such-flag", "1"], "No such option: --no-such-flag"),
@@ -33,11 +41,18 @@ def corp(*args, cwd=None, timeout=600):
         (["frobnicate"], "No such command 'frobnicate'"),
         # the population source: --from-run; the old flag still works, but not both
         (["randopt", "--from-run", "/nonexistent-run"], "--from-run '/nonexistent-run' has no population.jsonl"),
-        (["consolidate", "--population-from", "/a", "--from-run", "/b"], "--population-from is the old name of --from-run; give only --from-run"),
+        (
+            ["consolidate", "--population-from", "/a", "--from-run", "/b"],
+            "--population-from is the old name of --from-run; give only --from-run",
+        ),
     ],
 )
 def test_bad_input_is_one_line_error(args, message, tmp_path):
-    res = corp(*args, "--n-support", "4", cwd=tmp_path) if "--n-test" not in args and args[0] != "frobnicate" else corp(*args, cwd=tmp_path)
+    res = (
+        corp(*args, "--n-support", "4", cwd=tmp_path)
+        if "--n-test" not in args and args[0] != "frobnicate"
+        else corp(*args, cwd=tmp_path)
+    )
     assert res.returncode == 2, res.stderr
     err_lines = [ln for ln in res.stderr.strip().splitlines() if ln.startswith("error:")]
     assert len(err_lines) == 1 and message in err_lines[0], res.stderr
@@ -47,9 +62,21 @@ def test_bad_input_is_one_line_error(args, message, tmp_path):
 @pytest.mark.parametrize(
     "args, warning, message",
     [
-        (["analyze-rank", "--run", "/nonexistent-run"], "--run is deprecated; use --from-run", "--from-run '/nonexistent-run' has no population.jsonl"),
-        (["randopt", "--population-from", "/nonexistent-run"], "--population-from is deprecated; use --from-run", "--from-run '/nonexistent-run'"),
-        (["analyze-rank", "--alpha", "0.01"], "--alpha is deprecated; use --significance", "--significance 0.01, so nothing could pass"),
+        (
+            ["analyze-rank", "--run", "/nonexistent-run"],
+            "--run is deprecated; use --from-run",
+            "--from-run '/nonexistent-run' has no population.jsonl",
+        ),
+        (
+            ["randopt", "--population-from", "/nonexistent-run"],
+            "--population-from is deprecated; use --from-run",
+            "--from-run '/nonexistent-run'",
+        ),
+        (
+            ["analyze-rank", "--alpha", "0.01"],
+            "--alpha is deprecated; use --significance",
+            "--significance 0.01, so nothing could pass",
+        ),
     ],
 )
 def test_renamed_flag_warns_in_one_line(args, warning, message, tmp_path):
@@ -74,7 +101,22 @@ def test_help_lists_every_registered_method(tmp_path):
 @pytest.mark.embedded
 def test_randopt_end_to_end_on_embedded_model(tmp_path):
     run = tmp_path / "run"
-    res = corp("randopt", "--population", "3", "--n-support", "8", "--n-test", "8", "--top-k", "1,3", "--run-dir", str(run), "--threads", "2", cwd=tmp_path)
+    res = corp(
+        "randopt",
+        "--population",
+        "3",
+        "--n-support",
+        "8",
+        "--n-test",
+        "8",
+        "--top-k",
+        "1,3",
+        "--run-dir",
+        str(run),
+        "--threads",
+        "2",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     for name in ("base", "randopt-top1", "randopt-vote@3", "FLOPs ="):
         assert name in res.stdout
@@ -86,7 +128,20 @@ def test_randopt_end_to_end_on_embedded_model(tmp_path):
     pop = [json.loads(line) for line in (run / "population.jsonl").read_text().splitlines()]
     assert len(pop) == 3 and all(len(r["correct"]) == 8 for r in pop)
     # rerun on the same directory: nothing is rescored, same report
-    res2 = corp("randopt", "--population", "3", "--n-support", "8", "--n-test", "8", "--top-k", "1,3", "--run-dir", str(run), cwd=tmp_path)
+    res2 = corp(
+        "randopt",
+        "--population",
+        "3",
+        "--n-support",
+        "8",
+        "--n-test",
+        "8",
+        "--top-k",
+        "1,3",
+        "--run-dir",
+        str(run),
+        cwd=tmp_path,
+    )
     assert res2.returncode == 0, res2.stderr[-3000:]
     assert json.loads((run / "report.json").read_text())["test"] == report["test"]
 
@@ -94,8 +149,28 @@ def test_randopt_end_to_end_on_embedded_model(tmp_path):
 @pytest.mark.embedded
 def test_consolidate_end_to_end_on_embedded_model(tmp_path):
     run = tmp_path / "run"
-    res = corp("consolidate", "--population", "4", "--n-support", "8", "--n-probe", "8", "--n-validation", "8", "--n-test", "8",
-               "--alphas", "1,4", "--top-k", "1,2", "--run-dir", str(run), "--threads", "2", cwd=tmp_path)
+    res = corp(
+        "consolidate",
+        "--population",
+        "4",
+        "--n-support",
+        "8",
+        "--n-probe",
+        "8",
+        "--n-validation",
+        "8",
+        "--n-test",
+        "8",
+        "--alphas",
+        "1,4",
+        "--top-k",
+        "1,2",
+        "--run-dir",
+        str(run),
+        "--threads",
+        "2",
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "gate (validation, n=8)" in res.stdout and "randopt-vote@2" in res.stdout
     report = json.loads((run / "report.json").read_text())

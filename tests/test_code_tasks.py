@@ -36,7 +36,10 @@ def test_extract_code_forms():
     assert extract_code("```python\ndef f():\n    return 1") == "def f():\n    return 1"  # cut off inside the block
     assert extract_code("def f():\n    return 3\n") == "def f():\n    return 3"  # raw completion
     assert extract_code("") is None and extract_code("```python\n\n```") is None
-    assert mbpp_entry_point("def helper(x):\n  pass\ndef main_fn(a):\n  pass", ["assert main_fn(helper(1)) == 2"]) == "main_fn"
+    assert (
+        mbpp_entry_point("def helper(x):\n  pass\ndef main_fn(a):\n  pass", ["assert main_fn(helper(1)) == 2"])
+        == "main_fn"
+    )
 
 
 # ---------------------------------------------------------------- pools, splits, prompts
@@ -48,7 +51,9 @@ def test_mbpp_pools_follow_the_official_split(data_dir):
     test_ids = sorted(e.columns["task_id"] for e in pools["test"])
     assert test_ids == list(range(11, 511))
     assert train_ids == list(range(511, 975))  # validation 511-600 + train 601-974; few-shot 1-10 excluded
-    splits = make_splits(MBPP(data_dir=str(data_dir)), SplitSizes(support=100, probe=50, validation=90, test=200), seed=0)
+    splits = make_splits(
+        MBPP(data_dir=str(data_dir)), SplitSizes(support=100, probe=50, validation=90, test=200), seed=0
+    )
     ids = {s: {e.id for e in exs} for s, exs in splits.items()}
     assert all(len(v) == n for v, n in zip(ids.values(), (100, 50, 90, 200)))
     assert not (ids["test"] & (ids["support"] | ids["probe"] | ids["validation"]))
@@ -99,7 +104,13 @@ def test_all_canonical_mbpp_solutions_pass(data_dir):
     failed = [e.columns["task_id"] for e, r in zip(examples, rewards) if r != 1.0]
     assert sorted(failed) == sorted(MBPP_KNOWN_BAD), failed
     counts = task.last_status_counts()
-    expected = {"pass": 974 - len(MBPP_KNOWN_BAD), "fail": len(MBPP_KNOWN_BAD), "timeout": 0, "crash": 0, "sandbox_error": 0}
+    expected = {
+        "pass": 974 - len(MBPP_KNOWN_BAD),
+        "fail": len(MBPP_KNOWN_BAD),
+        "timeout": 0,
+        "crash": 0,
+        "sandbox_error": 0,
+    }
     assert {k: counts[k] for k in expected} == expected
 
 
@@ -133,7 +144,14 @@ def test_wrong_solutions_fail_and_counts_are_reported(data_dir):
     assert rewards == [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     counts = task.last_status_counts()
     level = task.isolation()["level"]
-    assert counts == {"pass": 1, "fail": 4, "timeout": 1, "crash": 1, "sandbox_error": 0, f"isolation:{level}": 6}  # 6 with code
+    assert counts == {
+        "pass": 1,
+        "fail": 4,
+        "timeout": 1,
+        "crash": 1,
+        "sandbox_error": 0,
+        f"isolation:{level}": 6,
+    }  # 6 with code
     assert task.check(task.extract(completions[0]), ex) and not task.check(task.extract(completions[1]), ex)
     assert not task.check(None, ex)
 
@@ -162,8 +180,17 @@ def test_pass_at_k_on_code_rewards(data_dir):
 
 # ---------------------------------------------------------------- rewards that could be faked (no data needed)
 
-ADD = Example("mbpp-x", "Write add.", "def add(a, b):\n    return a + b",
-              columns={"task_id": 0, "entry_point": "add", "test_setup_code": "", "test_list": ["assert add(2, 2) == 4", "assert add(-1, 1) == 0"]})
+ADD = Example(
+    "mbpp-x",
+    "Write add.",
+    "def add(a, b):\n    return a + b",
+    columns={
+        "task_id": 0,
+        "entry_point": "add",
+        "test_setup_code": "",
+        "test_list": ["assert add(2, 2) == 4", "assert add(-1, 1) == 0"],
+    },
+)
 
 
 def test_cheating_completions_score_zero_and_the_isolation_level_is_printed(capsys):

@@ -30,7 +30,12 @@ def _wrong_values(tp) -> list:
         return [[1], "x"]
     if tp is list:
         return [{"a": 1}]
-    return {int: ["7", True, 2.5, None if False else "abc"], float: ["abc", True, [1.0]], str: [5, 1.5, True], bool: ["yes", 1]}[tp]
+    return {
+        int: ["7", True, 2.5, None if False else "abc"],
+        float: ["abc", True, [1.0]],
+        str: [5, 1.5, True],
+        bool: ["yes", 1],
+    }[tp]
 
 
 def _cases():
@@ -73,11 +78,17 @@ def _bare(tp) -> set:
 def test_yaml_values_are_checked_and_named_by_file(tmp_path):
     from corp.config import RandOptConfig
 
-    for text, fragment in (("population: '32'\n", "key 'population' is '32' (str); expected an integer"),
-                           ("population: 2.5\n", "expected an integer"), ("population: true\n", "(bool)"),
-                           ("n_test: '4'\n", "key 'n_test'"), ("seed: abc\n", "key 'seed'"), ("threads: two\n", "key 'threads'"),
-                           ("task: 5\n", "expected a string"), ("top_k: abc\n", "key 'top_k' is 'abc' (str); expected a list of integers"),
-                           ("population: 4\npopulation: 8\n", "'population' is given twice")):
+    for text, fragment in (
+        ("population: '32'\n", "key 'population' is '32' (str); expected an integer"),
+        ("population: 2.5\n", "expected an integer"),
+        ("population: true\n", "(bool)"),
+        ("n_test: '4'\n", "key 'n_test'"),
+        ("seed: abc\n", "key 'seed'"),
+        ("threads: two\n", "key 'threads'"),
+        ("task: 5\n", "expected a string"),
+        ("top_k: abc\n", "key 'top_k' is 'abc' (str); expected a list of integers"),
+        ("population: 4\npopulation: 8\n", "'population' is given twice"),
+    ):
         (tmp_path / "c.yaml").write_text(text)
         with pytest.raises(CorpError, match="c.yaml") as err:
             load_config(RandOptConfig, str(tmp_path / "c.yaml"))
@@ -111,9 +122,11 @@ def test_bad_config_files_are_one_line_through_the_cli(tmp_path, case):
 
 
 def test_bench_method_options_are_type_checked_before_they_are_clipped(tmp_path, tiny_dir):
-    (tmp_path / "b.yaml").write_text(f"methods: {{randopt: {{options: {{top_k: abc}}}}}}\ntasks: arith\nseeds: 0\nbudgets: 1e9\nmodel: {tiny_dir}\n"
-                                     f"n_test: 2\nn_support: 2\nn_probe: 0\nn_validation: 0\npopulation: 2\nsettings: paper\n"
-                                     f"work_dir: {tmp_path / 'w'}\nresults_dir: {tmp_path / 'r'}\n")
+    (tmp_path / "b.yaml").write_text(
+        f"methods: {{randopt: {{options: {{top_k: abc}}}}}}\ntasks: arith\nseeds: 0\nbudgets: 1e9\nmodel: {tiny_dir}\n"
+        f"n_test: 2\nn_support: 2\nn_probe: 0\nn_validation: 0\npopulation: 2\nsettings: paper\n"
+        f"work_dir: {tmp_path / 'w'}\nresults_dir: {tmp_path / 'r'}\n"
+    )
     res = CliRunner().invoke(app, ["bench", "--config", str(tmp_path / "b.yaml")])
     lines = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
     assert res.exit_code == 2 and "Traceback" not in res.output and len(lines) == 1, res.output

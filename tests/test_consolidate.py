@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from corp.config import load_config
 from corp.consolidate.corp_operator import ConsolidateConfig, OperatorConfig, consolidate_stage1, gram_matrix, stage1
-from corp.consolidate.stage2 import consolidate_stage2
 from corp.consolidate.gate import paired_gate
 from corp.consolidate.merge_rules import MERGE_RULES
+from corp.consolidate.stage2 import consolidate_stage2
 from corp.perturb import SCHEME_VERSION, Direction, noise, specialist_seeds
-from corp.config import load_config
 from tests.conftest import REPO
 
 
@@ -53,18 +53,22 @@ def population(problem, n=48, sigma=0.02):
 def test_consolidation_raises_held_out_reward_on_planted_problem(tiny_model):
     problem = PlantedProblem(tiny_model)
     seeds, sigmas, rewards = population(problem)
-    res = consolidate_stage1(rewards, seeds, sigmas, problem.params, problem, OperatorConfig(alphas=[1, 2, 4, 8]).validate(), progress=False)
+    res = consolidate_stage1(
+        rewards, seeds, sigmas, problem.params, problem, OperatorConfig(alphas=[1, 2, 4, 8]).validate(), progress=False
+    )
     assert res.accepted, res.reason
     base_test, cand_test = np.mean(problem(None, "test")), np.mean(problem(res.direction, "test"))
     assert cand_test > base_test + 0.15, (base_test, cand_test)
     assert problem.projection(res.direction) > 0
-    assert "test" not in problem.calls[: -2], "test data must not be used for selection"
+    assert "test" not in problem.calls[:-2], "test data must not be used for selection"
 
 
 def test_gate_rejects_a_candidate_that_hurts_held_out_data_and_abstains(tiny_model):
     problem = PlantedProblem(tiny_model, flip={"validation"})
     seeds, sigmas, rewards = population(problem)
-    res = consolidate_stage1(rewards, seeds, sigmas, problem.params, problem, OperatorConfig(alphas=[1, 2, 4, 8]).validate(), progress=False)
+    res = consolidate_stage1(
+        rewards, seeds, sigmas, problem.params, problem, OperatorConfig(alphas=[1, 2, 4, 8]).validate(), progress=False
+    )
     assert not res.accepted
     assert res.direction.components == [], "abstaining must deploy the base"
     assert "abstaining" in res.reason and res.gate.lcb <= 0
@@ -107,7 +111,9 @@ def test_gram_matrix_blockwise_equals_direct():
         E = torch.stack([noise(x, n, s).flatten().double() for x in seeds])
         direct += (E @ E.T).numpy()
     assert np.allclose(gram_matrix(params, seeds, progress=False), direct)
-    assert np.allclose(gram_matrix(params, seeds, memory_gb=2 * 600 * 4 / 2**30, progress=False), direct), "row blocks of 2"
+    assert np.allclose(gram_matrix(params, seeds, memory_gb=2 * 600 * 4 / 2**30, progress=False), direct), (
+        "row blocks of 2"
+    )
 
 
 def test_gram_matrix_has_the_same_bits_on_parallel_workers(monkeypatch):
@@ -120,7 +126,7 @@ def test_gram_matrix_has_the_same_bits_on_parallel_workers(monkeypatch):
         E = torch.stack([noise(x, n, s).flatten() for x in seeds]).double()
         direct += E @ E.T
     for workers in (1, 3):
-        monkeypatch.setattr("corp.perturb.direction.tensor_workers", lambda numel: workers)
+        monkeypatch.setattr("corp.perturb.direction.tensor_workers", lambda numel, w=workers: w)
         assert np.array_equal(gram_matrix(params, seeds, progress=False), direct.numpy()), workers
 
 
@@ -145,7 +151,9 @@ def share_of_sevens(completions, **_):
     return [(c.count("7") / max(1, len(c)) + (sum(map(ord, c)) % 97) / 96) / 2 for c in completions]
 
 
-def test_consolidate_pipeline_saves_a_loadable_model_and_apply_rebuilds_it_bit_exactly(tmp_path, tiny_model, tiny_tokenizer):
+def test_consolidate_pipeline_saves_a_loadable_model_and_apply_rebuilds_it_bit_exactly(
+    tmp_path, tiny_model, tiny_tokenizer
+):
     import subprocess
     import sys
 
@@ -160,12 +168,26 @@ def test_consolidate_pipeline_saves_a_loadable_model_and_apply_rebuilds_it_bit_e
     tiny_model.save_pretrained(model_dir)
     tiny_tokenizer.save_pretrained(model_dir)
     run = tmp_path / "run"
-    cfg = load_config(ConsolidateConfig, None, dict(
-        model=str(model_dir), task="arith", reward="tests.test_consolidate:share_of_sevens", population=6, sigmas="0.05",
-        n_support=6, n_probe=4, n_validation=4, n_test=4, max_new_tokens=8, alphas="1,2", top_k="1,2",
-        gate_z=-10.0,  # force acceptance: this test is about what gets saved, not about the gate
-        run_dir=str(run),
-    ))
+    cfg = load_config(
+        ConsolidateConfig,
+        None,
+        dict(
+            model=str(model_dir),
+            task="arith",
+            reward="tests.test_consolidate:share_of_sevens",
+            population=6,
+            sigmas="0.05",
+            n_support=6,
+            n_probe=4,
+            n_validation=4,
+            n_test=4,
+            max_new_tokens=8,
+            alphas="1,2",
+            top_k="1,2",
+            gate_z=-10.0,  # force acceptance: this test is about what gets saved, not about the gate
+            run_dir=str(run),
+        ),
+    )
     report = run_consolidate(cfg)
     assert report["corp"]["accepted"], report["corp"]["reason"]
     methods = [r["method"] for r in report["test"]]
@@ -184,7 +206,13 @@ def test_consolidate_pipeline_saves_a_loadable_model_and_apply_rebuilds_it_bit_e
         assert not torch.equal(saved(ids).logits, base_logits)
 
     env = {**__import__("os").environ, "CORP_NO_PROGRESS": "1"}
-    res = subprocess.run([sys.executable, "-m", "corp.cli", "apply", str(run / "recipe.json"), "--out", str(tmp_path / "applied")], capture_output=True, text=True, cwd=REPO, env=env)
+    res = subprocess.run(
+        [sys.executable, "-m", "corp.cli", "apply", str(run / "recipe.json"), "--out", str(tmp_path / "applied")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     a, b = load_file(run / "model" / "model.safetensors"), load_file(tmp_path / "applied" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -192,19 +220,52 @@ def test_consolidate_pipeline_saves_a_loadable_model_and_apply_rebuilds_it_bit_e
     other = tmp_path / "other"
     make_tiny_llama(tiny_tokenizer, seed=1).save_pretrained(other)
     tiny_tokenizer.save_pretrained(other)
-    res = subprocess.run([sys.executable, "-m", "corp.cli", "apply", str(run / "recipe.json"), "--out", str(tmp_path / "x"), "--model", str(other)], capture_output=True, text=True, cwd=REPO, env=env)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "corp.cli",
+            "apply",
+            str(run / "recipe.json"),
+            "--out",
+            str(tmp_path / "x"),
+            "--model",
+            str(other),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
     assert res.returncode == 2 and "was made for base weights" in res.stderr
 
 
 def test_consolidate_pipeline_abstains_when_nothing_beats_the_base(tmp_path, tiny_model, tiny_tokenizer):
-    from corp.consolidate.run import run_consolidate
     from safetensors.torch import load_file
+
+    from corp.consolidate.run import run_consolidate
 
     model_dir = tmp_path / "tiny"
     tiny_model.save_pretrained(model_dir)
     tiny_tokenizer.save_pretrained(model_dir)
-    cfg = load_config(ConsolidateConfig, None, dict(model=str(model_dir), task="arith", population=4, sigmas="0.01", n_support=4, n_probe=4,
-                                                    n_validation=4, n_test=4, max_new_tokens=4, alphas="1", top_k="1", run_dir=str(tmp_path / "run")))
+    cfg = load_config(
+        ConsolidateConfig,
+        None,
+        dict(
+            model=str(model_dir),
+            task="arith",
+            population=4,
+            sigmas="0.01",
+            n_support=4,
+            n_probe=4,
+            n_validation=4,
+            n_test=4,
+            max_new_tokens=4,
+            alphas="1",
+            top_k="1",
+            run_dir=str(tmp_path / "run"),
+        ),
+    )
     report = run_consolidate(cfg)  # a random tiny model never solves arith: every candidate ties the base
     assert not report["corp"]["accepted"] and "abstaining" in report["corp"]["reason"]
     assert json.loads((tmp_path / "run" / "recipe.json").read_text())["components"] == []
@@ -220,7 +281,9 @@ def test_gate_states_its_one_sided_confidence_level():
     assert abs(g.confidence - 0.8413) < 1e-4 and abs(confidence_level(1.645) - 0.95) < 1e-3
     assert "z = 1, one-sided 84%" in g.reason, g.reason
     assert "one-sided 95%" in paired_gate([1, 0, 1], [0, 0, 1], z=1.645).reason
-    assert "84%" in field_docs(ConsolidateConfig)["gate_z"] and "1 time in 6" in field_docs(ConsolidateConfig)["gate_z"], "--gate-z help says what z means"
+    assert (
+        "84%" in field_docs(ConsolidateConfig)["gate_z"] and "1 time in 6" in field_docs(ConsolidateConfig)["gate_z"]
+    ), "--gate-z help says what z means"
 
 
 def test_paired_gate_refuses_scores_of_different_examples():
@@ -230,7 +293,9 @@ def test_paired_gate_refuses_scores_of_different_examples():
     ids = ["e1", "e2", "e3", "e4"]
     assert paired_gate([1, 1, 0, 1], [0, 1, 0, 0], candidate_ids=ids, base_ids=list(ids)).accepted
     with pytest.raises(CorpError, match="different examples"):
-        paired_gate([1, 1, 0, 1], [0, 1, 0, 0], candidate_ids=ids, base_ids=["e1", "e3", "e2", "e4"])  # same set, other order
+        paired_gate(
+            [1, 1, 0, 1], [0, 1, 0, 0], candidate_ids=ids, base_ids=["e1", "e3", "e2", "e4"]
+        )  # same set, other order
     with pytest.raises(CorpError, match="candidate has 2 and the base 1"):
         paired_gate([1, 0], [0])
 
@@ -266,7 +331,10 @@ def test_merge_rules_are_a_registry_and_the_report_compares_pass1_with_pass2():
     vs = d["vs_pass1"]["pass2"]
     assert vs["weights_l1_diff"] == pytest.approx(np.abs(w1 - w2).sum())
     assert vs["norm_ratio"] == pytest.approx(np.sqrt(w2 @ G @ w2 / (w1 @ G @ w1)))
-    assert -1 <= vs["cosine"] <= 1 and d["compat_disagreement"]["w2_l1_diff"] == d["compat_disagreement"]["weights_l1_diff"]["pass2"]
+    assert (
+        -1 <= vs["cosine"] <= 1
+        and d["compat_disagreement"]["w2_l1_diff"] == d["compat_disagreement"]["weights_l1_diff"]["pass2"]
+    )
 
 
 COMMITTED = REPO / "results" / "consolidate-smollm2-arith"
@@ -281,7 +349,9 @@ def committed_stage1():
     rows.sort(key=lambda r: f"{int(r['seed'])}:{float(r['sigma'])!r}:support")
     recipe = json.loads((COMMITTED / "recipe.json").read_text())
     report = json.loads((COMMITTED / "report.json").read_text())
-    q, beta, alpha = (float(x) for x in re.fullmatch(r"m2 q=(\S+) beta=(\S+) alpha=(\S+)", recipe["made_by"]["candidate"]).groups())
+    q, beta, alpha = (
+        float(x) for x in re.fullmatch(r"m2 q=(\S+) beta=(\S+) alpha=(\S+)", recipe["made_by"]["candidate"]).groups()
+    )
     return rows, recipe, report, q, beta, alpha
 
 
@@ -296,7 +366,9 @@ def test_committed_stage1_coefficients_recompute_from_population_and_recipe():
     rows, recipe, report, q, beta, alpha = committed_stage1()
     r = np.array([x["reward"] for x in rows])
     perts = [Direction.single(x["seed"], x["sigma"]) for x in rows]
-    _, G_apx = perturbation_grams(perts, [("all", (report["corp"]["consolidation_ledger"]["n_params"],))], None, 2.0, False)
+    _, G_apx = perturbation_grams(
+        perts, [("all", (report["corp"]["consolidation_ledger"]["n_params"],))], None, 2.0, False
+    )
     stored = json.loads(ELITE_GRAM.read_text())
     G = np.zeros_like(G_apx)
     G[np.ix_(stored["elite_index"], stored["elite_index"])] = np.array(stored["gram"])
@@ -341,7 +413,9 @@ def test_a_new_merge_rule_is_one_registry_entry(tiny_model, monkeypatch):
     other change (here: plain mean of the elites, beta ignored)."""
     from corp.consolidate.merge_rules import MERGE_RULES, MergeRule
 
-    monkeypatch.setitem(MERGE_RULES, "uniform", MergeRule("uniform", "mu", lambda r, G, p: np.full(len(r), 1.0 / len(r))))
+    monkeypatch.setitem(
+        MERGE_RULES, "uniform", MergeRule("uniform", "mu", lambda r, G, p: np.full(len(r), 1.0 / len(r)))
+    )
     problem = PlantedProblem(tiny_model)
     seeds, sigmas, rewards = population(problem, n=16)
     cfg = OperatorConfig(merge_rules="uniform,pass2", alphas=[2, 4]).validate()
@@ -351,7 +425,10 @@ def test_a_new_merge_rule_is_one_registry_entry(tiny_model, monkeypatch):
     assert np.allclose(st["weights"]["uniform"], 1.0 / len(st["w1"])) and "uniform" in st["vs_pass1"]
     assert [row["pass"] for row in res.probe_table].count("mu") == 2
     merged = res.best.direction.components[0]
-    assert np.allclose([c.coef for c in merged.components], 1.0 / len(st["w1"])) and merged.scale == res.best.params["alpha"]
+    assert (
+        np.allclose([c.coef for c in merged.components], 1.0 / len(st["w1"]))
+        and merged.scale == res.best.params["alpha"]
+    )
 
 
 def test_reward_scale_keeps_unit_rewards_and_maps_other_scales_to_unit_range():
@@ -380,5 +457,7 @@ def test_every_registered_merge_rule_weights_the_elites(rule):
     G = A @ A.T
     w = np.asarray(MERGE_RULES[rule].weights(rewards, G, MergeParams(q=0.5, beta=5.0)), dtype=np.float64)
     assert w.shape == (6,) and np.all(np.isfinite(w))
-    assert np.array_equal(w, np.asarray(MERGE_RULES[rule].weights(rewards, G, MergeParams(q=0.5, beta=5.0)), dtype=np.float64))
+    assert np.array_equal(
+        w, np.asarray(MERGE_RULES[rule].weights(rewards, G, MergeParams(q=0.5, beta=5.0)), dtype=np.float64)
+    )
     assert MERGE_RULES.lookup(rule).name == rule

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from corp import CorpError
-from corp.baselines.es import ESConfig, fitness, run_es, update_components, specialists
+from corp.baselines.es import ESConfig, fitness, run_es, specialists, update_components
 from corp.config import load_config
 from corp.evaluate.backends.hf import HFBackend
 from corp.perturb import SCHEME_VERSION, Direction, Perturber
-from corp.runs import read_json, read_jsonl
+from corp.runs import read_json
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 
@@ -20,8 +20,21 @@ def digits(completions, **columns):
 
 
 def tiny_es_cfg(run_dir, **kw):
-    base = dict(task="arith", reward="tests.test_es:digits", n_support=6, n_probe=0, n_validation=0, n_test=4, max_new_tokens=6,
-                iterations=2, population=8, sigma=0.05, alpha=0.05, run_dir=str(run_dir), batch_size=16)
+    base = dict(
+        task="arith",
+        reward="tests.test_es:digits",
+        n_support=6,
+        n_probe=0,
+        n_validation=0,
+        n_test=4,
+        max_new_tokens=6,
+        iterations=2,
+        population=8,
+        sigma=0.05,
+        alpha=0.05,
+        run_dir=str(run_dir),
+        batch_size=16,
+    )
     base.update(kw)
     return load_config(ESConfig, None, base)
 
@@ -53,7 +66,12 @@ def test_es_raises_planted_reward_and_recipe_is_exact(tmp_path):
     # tiny model (the centre's reward rises after one iteration, then falls); a smaller step climbs
     report = run_es(tiny_es_cfg(tmp_path / "r", iterations=4, alpha=0.01, n_support=12), backend)
     metrics = report["metrics"]
-    print("centre reward per iteration:", [m["centre_reward"] for m in metrics], "population mean it0:", metrics[0]["reward_mean"])
+    print(
+        "centre reward per iteration:",
+        [m["centre_reward"] for m in metrics],
+        "population mean it0:",
+        metrics[0]["reward_mean"],
+    )
     assert metrics[-1]["centre_reward"] > metrics[0]["reward_mean"] + 0.1, metrics
     recipe = read_json(tmp_path / "r" / "recipe.json")
     assert recipe["noise_scheme"] == SCHEME_VERSION and recipe["components"]
@@ -94,7 +112,10 @@ def test_es_resume_gives_identical_weights(tmp_path):
     assert len(calls) == 8 + 1 + 1, "only iteration 2's specialists, its centre and the final test eval run again"
     for (n, a), (_, b) in zip(full.model.state_dict().items(), resumed.model.state_dict().items()):
         assert torch.equal(a, b), n
-    assert read_json(tmp_path / "full" / "recipe.json")["components"] == read_json(tmp_path / "cut" / "recipe.json")["components"]
+    assert (
+        read_json(tmp_path / "full" / "recipe.json")["components"]
+        == read_json(tmp_path / "cut" / "recipe.json")["components"]
+    )
 
 
 def test_bad_es_options(tmp_path):
@@ -115,9 +136,37 @@ def test_corp_es_cli_end_to_end(tmp_path):
     model_dir = tmp_path / "m"
     make_tiny_llama(tok).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    res = CliRunner().invoke(app, ["es", "--model", str(model_dir), "--task", "arith", "--iterations", "1", "--population", "4", "--antithetic",
-                                   "--fitness", "rank", "--sigma", "0.05", "--n-support", "3", "--n-probe", "0", "--n-validation", "0", "--n-test", "2",
-                                   "--max-new-tokens", "4", "--run-dir", str(tmp_path / "run")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "es",
+            "--model",
+            str(model_dir),
+            "--task",
+            "arith",
+            "--iterations",
+            "1",
+            "--population",
+            "4",
+            "--antithetic",
+            "--fitness",
+            "rank",
+            "--sigma",
+            "0.05",
+            "--n-support",
+            "3",
+            "--n-probe",
+            "0",
+            "--n-validation",
+            "0",
+            "--n-test",
+            "2",
+            "--max-new-tokens",
+            "4",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     recipe = json.loads((tmp_path / "run" / "recipe.json").read_text())
     assert recipe["base_weights_hash"] and recipe["made_by"]["antithetic"] is True

@@ -34,8 +34,32 @@ def test_corp_eval_cli_on_saved_tiny_model(tmp_path):
     model_dir = tmp_path / "m"
     make_tiny_llama(tok).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    res = CliRunner().invoke(app, ["eval", "--model", str(model_dir), "--task", "arith", "--n-test", "3", "--n-support", "0", "--n-probe", "0",
-                                   "--n-validation", "0", "--pass-k", "1,2", "--n-samples", "3", "--max-new-tokens", "4", "--run-dir", str(tmp_path / "run")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(model_dir),
+            "--task",
+            "arith",
+            "--n-test",
+            "3",
+            "--n-support",
+            "0",
+            "--n-probe",
+            "0",
+            "--n-validation",
+            "0",
+            "--pass-k",
+            "1,2",
+            "--n-samples",
+            "3",
+            "--max-new-tokens",
+            "4",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert set(report["pass_at_k"]) == {"1", "2"} and 0 <= report["greedy_accuracy"] <= 1

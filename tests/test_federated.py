@@ -12,9 +12,16 @@ import torch
 
 from corp import CorpError
 from corp.evaluate.tasks import Example
-from corp.federated.aggregation import combine_client_rewards, ema_update, fedavg_weights, fgrpo_weights, relative_gains, softmax_weights, weighted_sum
+from corp.federated.aggregation import (
+    combine_client_rewards,
+    ema_update,
+    fedavg_weights,
+    fgrpo_weights,
+    relative_gains,
+    softmax_weights,
+    weighted_sum,
+)
 from corp.federated.clients import ClientLost, check_signatures, decode, encode, split_clients
-
 
 # ---------------------------------------------------------------- aggregation, by hand
 
@@ -42,7 +49,9 @@ def test_fedavg_equals_the_data_weighted_mean():
     w = fedavg_weights([1, 3])
     assert w == [0.25, 0.75]
     out = weighted_sum([d1, d2], w)
-    assert torch.allclose(out["a"], (1 * d1["a"] + 3 * d2["a"]) / 4) and torch.allclose(out["b"], (1 * d1["b"] + 3 * d2["b"]) / 4)
+    assert torch.allclose(out["a"], (1 * d1["a"] + 3 * d2["a"]) / 4) and torch.allclose(
+        out["b"], (1 * d1["b"] + 3 * d2["b"]) / 4
+    )
     with pytest.raises(CorpError, match="different tensors"):
         weighted_sum([d1, {"a": d2["a"]}], [0.5, 0.5])
 
@@ -50,7 +59,9 @@ def test_fedavg_equals_the_data_weighted_mean():
 def test_combined_mean_reward_is_the_pooled_mean():
     # client 0: 2 examples, client 1: 6; specialist i's pooled mean = (2 r0 + 6 r1) / 8
     r = [[0.5, 1.0], [0.0, 0.5]]
-    assert combine_client_rewards(r, [2, 6], [0.0, 0.0], "mean") == pytest.approx([(2 * 0.5 + 0) / 8, (2 * 1.0 + 6 * 0.5) / 8])
+    assert combine_client_rewards(r, [2, 6], [0.0, 0.0], "mean") == pytest.approx(
+        [(2 * 0.5 + 0) / 8, (2 * 1.0 + 6 * 0.5) / 8]
+    )
     # gain: relative to each client's own base
     g = combine_client_rewards(r, [2, 6], [0.25, 0.5], "gain")
     assert g == pytest.approx([0.25 * (0.25 / 0.25) + 0.75 * (-0.5 / 0.5), 0.25 * (0.75 / 0.25) + 0.75 * 0.0])
@@ -77,7 +88,9 @@ def test_split_by_operator_is_non_iid_and_empty_shares_are_one_error():
 def test_mismatched_task_signatures_are_one_error():
     a, b = {"name": "arith", "ops": "+"}, {"name": "arith", "ops": "*"}
     assert check_signatures([a, dict(a)]) == a
-    with pytest.raises(CorpError, match="client 1 holds task .*every client of one run must hold the same task signature"):
+    with pytest.raises(
+        CorpError, match="client 1 holds task .*every client of one run must hold the same task signature"
+    ):
         check_signatures([a, b])
 
 
@@ -96,14 +109,34 @@ def _cfg(tiny_dir, run_dir, **kw):
     from corp.config import load_config
     from corp.federated.fedcorp import FedCorpConfig
 
-    opts = {"model": str(tiny_dir), "task": "arith", "reward": "tests.test_methods:text_checksum", "seed": 1, "population": 4, "sigmas": "0.05",
-            "alphas": "1,2", "clients": 2, "split_by": "iid", "n_support": 4, "n_probe": 4, "n_validation": 4, "n_test": 4, "max_new_tokens": 4,
-            "run_dir": str(run_dir), "gate_z": -10.0, **kw}
+    opts = {
+        "model": str(tiny_dir),
+        "task": "arith",
+        "reward": "tests.test_methods:text_checksum",
+        "seed": 1,
+        "population": 4,
+        "sigmas": "0.05",
+        "alphas": "1,2",
+        "clients": 2,
+        "split_by": "iid",
+        "n_support": 4,
+        "n_probe": 4,
+        "n_validation": 4,
+        "n_test": 4,
+        "max_new_tokens": 4,
+        "run_dir": str(run_dir),
+        "gate_z": -10.0,
+        **kw,
+    }
     return load_config(FedCorpConfig, None, opts)
 
 
-ALLOWED_UP = {"hello": {"signature", "n_support", "n_probe", "n_validation"}, "score": {"rewards", "base", "n", "tokens"},
-              "probe": {"rewards", "base", "n", "tokens"}, "gate": {"accept", "n", "mean_gain", "lcb", "tokens"}}
+ALLOWED_UP = {
+    "hello": {"signature", "n_support", "n_probe", "n_validation"},
+    "score": {"rewards", "base", "n", "tokens"},
+    "probe": {"rewards", "base", "n", "tokens"},
+    "gate": {"accept", "n", "mean_gain", "lcb", "tokens"},
+}
 
 
 def _scalars_only(obj):
@@ -120,7 +153,9 @@ def test_fedcorp_clients_send_only_rewards_and_verdicts(tiny_dir, tmp_path):
 
     log = []
     report = run_fedcorp(_cfg(tiny_dir, tmp_path / "run"), log=lambda k, d, m: log.append((k, d, m)))
-    ids = [e for s in json.loads((tmp_path / "run" / "splits.json").read_text()).values() if isinstance(s, list) for e in s]
+    ids = [
+        e for s in json.loads((tmp_path / "run" / "splits.json").read_text()).values() if isinstance(s, list) for e in s
+    ]
     last_down = {}
     for k, direction, msg in log:
         if direction == "down":
@@ -129,7 +164,9 @@ def test_fedcorp_clients_send_only_rewards_and_verdicts(tiny_dir, tmp_path):
         op = last_down[k]
         assert set(msg) == ALLOWED_UP[op], (op, msg)
         if op == "hello":
-            assert set(msg["signature"]) >= {"name"} and _scalars_only({k2: v for k2, v in msg.items() if k2 != "signature"})
+            assert set(msg["signature"]) >= {"name"} and _scalars_only(
+                {k2: v for k2, v in msg.items() if k2 != "signature"}
+            )
         else:
             assert _scalars_only(msg), msg
         text = json.dumps(msg)
@@ -195,9 +232,39 @@ def test_fedcorp_cli_end_to_end_and_empty_share_error(tiny_dir, tmp_path):
     from corp.consolidate.recipe import apply_recipe
 
     run = tmp_path / "run"
-    args = ["fedcorp", "--model", str(tiny_dir), "--task", "arith", "--reward", "tests.test_methods:text_checksum", "--population", "4", "--sigmas", "0.05",
-            "--alphas", "1,2", "--clients", "2", "--split-by", "iid", "--n-support", "4", "--n-probe", "4", "--n-validation", "4", "--n-test", "4",
-            "--max-new-tokens", "4", "--gate-z", "-10", "--run-dir", str(run)]
+    args = [
+        "fedcorp",
+        "--model",
+        str(tiny_dir),
+        "--task",
+        "arith",
+        "--reward",
+        "tests.test_methods:text_checksum",
+        "--population",
+        "4",
+        "--sigmas",
+        "0.05",
+        "--alphas",
+        "1,2",
+        "--clients",
+        "2",
+        "--split-by",
+        "iid",
+        "--n-support",
+        "4",
+        "--n-probe",
+        "4",
+        "--n-validation",
+        "4",
+        "--n-test",
+        "4",
+        "--max-new-tokens",
+        "4",
+        "--gate-z",
+        "-10",
+        "--run-dir",
+        str(run),
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     assert "communication:" in res.output
@@ -209,5 +276,9 @@ def test_fedcorp_cli_end_to_end_and_empty_share_error(tiny_dir, tmp_path):
     assert all(torch.equal(saved[k], again[k]) for k in saved)
     # arith's default ops are '+' only: one operator group for 2 clients
     bad = CliRunner().invoke(app, args[:-2] + ["--split-by", "op", "--run-dir", str(tmp_path / "bad")])
-    assert bad.exit_code != 0 and "error: client 1 gets no support examples" in bad.output and len(bad.output.strip().splitlines()) == 1, bad.output
+    assert (
+        bad.exit_code != 0
+        and "error: client 1 gets no support examples" in bad.output
+        and len(bad.output.strip().splitlines()) == 1
+    ), bad.output
     assert not (tmp_path / "bad").exists()  # nothing half-written

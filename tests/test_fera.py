@@ -55,8 +55,24 @@ class ScriptedBackend(Backend):
 def test_confident_client_wins_a_conflict_on_a_scripted_model(tmp_path):
     # client 0 is sure of 7; clients 1 and 2 lean to 8 but disagree with themselves half the time
     backend = ScriptedBackend([["7", "7", "7", "7"], ["8", "8", "1", "2"], ["8", "3", "8", "4"]])
-    cfg = load_config(FERAConfig, None, {"model": "scripted", "task": "arith", "clients": 3, "shots": 1, "rounds": 2, "samples": 4,
-                                         "temperature_u": 0.1, "n_support": 3, "n_probe": 0, "n_validation": 0, "n_test": 5, "run_dir": str(tmp_path / "run")})
+    cfg = load_config(
+        FERAConfig,
+        None,
+        {
+            "model": "scripted",
+            "task": "arith",
+            "clients": 3,
+            "shots": 1,
+            "rounds": 2,
+            "samples": 4,
+            "temperature_u": 0.1,
+            "n_support": 3,
+            "n_probe": 0,
+            "n_validation": 0,
+            "n_test": 5,
+            "run_dir": str(tmp_path / "run"),
+        },
+    )
     report = run_fera(cfg, backend=backend)
     rows = [json.loads(x) for x in (tmp_path / "run" / "rounds.jsonl").read_text().splitlines()]
     for r in rows:
@@ -76,7 +92,19 @@ def test_confident_client_wins_a_conflict_on_a_scripted_model(tmp_path):
 
 
 def test_client_with_too_small_a_share_is_one_line(tmp_path):
-    cfg = load_config(FERAConfig, None, {"model": "scripted", "task": "arith", "clients": 4, "shots": 2, "n_support": 5, "n_test": 2, "run_dir": str(tmp_path / "r")})
+    cfg = load_config(
+        FERAConfig,
+        None,
+        {
+            "model": "scripted",
+            "task": "arith",
+            "clients": 4,
+            "shots": 2,
+            "n_support": 5,
+            "n_test": 2,
+            "run_dir": str(tmp_path / "r"),
+        },
+    )
     with pytest.raises(CorpError, match="client 1 holds 1 support examples, fewer than --shots 2"):
         run_fera(cfg, backend=ScriptedBackend([["1"]]))
     assert not (tmp_path / "r").exists()
@@ -93,8 +121,35 @@ def test_corp_fera_cli_end_to_end_with_entropy(tmp_path):
     d = tmp_path / "m"
     make_tiny_llama(tok).save_pretrained(d)
     tok.save_pretrained(d)
-    args = ["fera", "--model", str(d), "--task", "arith", "--clients", "2", "--shots", "1", "--rounds", "2", "--samples", "2", "--uncertainty", "entropy",
-            "--n-support", "2", "--n-probe", "0", "--n-validation", "0", "--n-test", "3", "--max-new-tokens", "4", "--run-dir", str(tmp_path / "run")]
+    args = [
+        "fera",
+        "--model",
+        str(d),
+        "--task",
+        "arith",
+        "--clients",
+        "2",
+        "--shots",
+        "1",
+        "--rounds",
+        "2",
+        "--samples",
+        "2",
+        "--uncertainty",
+        "entropy",
+        "--n-support",
+        "2",
+        "--n-probe",
+        "0",
+        "--n-validation",
+        "0",
+        "--n-test",
+        "3",
+        "--max-new-tokens",
+        "4",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "run" / "report.json").read_text())

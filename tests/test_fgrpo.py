@@ -17,14 +17,38 @@ def _cfg(tiny_dir, run_dir, **kw):
     from corp.baselines.fgrpo import FGRPOConfig
     from corp.config import load_config
 
-    opts = {"model": str(tiny_dir), "task": "arith", "reward": "tests.test_methods:text_checksum", "seed": 1, "rounds": 2, "steps": 1, "clients": 2,
-            "split_by": "iid", "prompts_per_step": 2, "num_generations": 2, "lora_r": 2, "learning_rate": 1e-2, "n_support": 6, "n_probe": 0,
-            "n_validation": 0, "n_test": 4, "max_new_tokens": 4, "run_dir": str(run_dir), **kw}
+    opts = {
+        "model": str(tiny_dir),
+        "task": "arith",
+        "reward": "tests.test_methods:text_checksum",
+        "seed": 1,
+        "rounds": 2,
+        "steps": 1,
+        "clients": 2,
+        "split_by": "iid",
+        "prompts_per_step": 2,
+        "num_generations": 2,
+        "lora_r": 2,
+        "learning_rate": 1e-2,
+        "n_support": 6,
+        "n_probe": 0,
+        "n_validation": 0,
+        "n_test": 4,
+        "max_new_tokens": 4,
+        "run_dir": str(run_dir),
+        **kw,
+    }
     return load_config(FGRPOConfig, None, opts)
 
 
 def _record(log):
-    return lambda k, d, m: log.append((k, d, {key: ({n: t.clone() for n, t in v.items()} if key in ("delta", "state") else v) for key, v in m.items()}))
+    return lambda k, d, m: log.append(
+        (
+            k,
+            d,
+            {key: ({n: t.clone() for n, t in v.items()} if key in ("delta", "state") else v) for key, v in m.items()},
+        )
+    )
 
 
 @pytest.mark.parametrize("aggregation", ["fedavg", "fgrpo"])
@@ -39,11 +63,13 @@ def test_clients_send_only_updates_and_scalars_and_the_server_aggregates_them(ti
     ups = [(k, m) for k, d, m in log if d == "up" and "delta" in m]
     downs = [(k, m) for k, d, m in log if d == "down" and m["op"] == "round"]
     assert len(ups) == 4 and len(downs) == 4
-    for k, m in ups:
+    for _k, m in ups:
         assert set(m) == {"delta", "reward", "n_examples", "tokens"}, m.keys()
         assert all(isinstance(t, torch.Tensor) and "lora_" in n for n, t in m["delta"].items())  # LoRA factors only
         assert isinstance(m["reward"], float) and isinstance(m["n_examples"], int)
-        assert set(m["tokens"]) == {"prompt_tokens", "generated_tokens", "trained_tokens"} and all(isinstance(v, int) for v in m["tokens"].values())
+        assert set(m["tokens"]) == {"prompt_tokens", "generated_tokens", "trained_tokens"} and all(
+            isinstance(v, int) for v in m["tokens"].values()
+        )
         assert not any(i in json.dumps({x: m[x] for x in ("reward", "n_examples", "tokens")}) for i in ids)
     assert {n for n in ups[0][1]["delta"]} == set(downs[0][1]["state"])
     # round 2's global = round 1's global + sum_k alpha_k Delta_k, with the method's own weights
@@ -96,13 +122,51 @@ def test_fgrpo_cli_end_to_end_and_empty_share_error(tiny_dir, tmp_path):
     from corp.cli import app
 
     run = tmp_path / "run"
-    args = ["fgrpo", "--model", str(tiny_dir), "--task", "arith", "--reward", "tests.test_methods:text_checksum", "--rounds", "1", "--steps", "1",
-            "--clients", "2", "--split-by", "iid", "--prompts-per-step", "2", "--num-generations", "2", "--lora-r", "2", "--aggregation", "fedavg",
-            "--n-support", "4", "--n-probe", "0", "--n-validation", "0", "--n-test", "2", "--max-new-tokens", "4", "--run-dir", str(run)]
+    args = [
+        "fgrpo",
+        "--model",
+        str(tiny_dir),
+        "--task",
+        "arith",
+        "--reward",
+        "tests.test_methods:text_checksum",
+        "--rounds",
+        "1",
+        "--steps",
+        "1",
+        "--clients",
+        "2",
+        "--split-by",
+        "iid",
+        "--prompts-per-step",
+        "2",
+        "--num-generations",
+        "2",
+        "--lora-r",
+        "2",
+        "--aggregation",
+        "fedavg",
+        "--n-support",
+        "4",
+        "--n-probe",
+        "0",
+        "--n-validation",
+        "0",
+        "--n-test",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--run-dir",
+        str(run),
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     report = json.loads((run / "report.json").read_text())
     assert report["method"] == "fgrpo" and len(report["rounds"]) == 1 and (run / "model" / "config.json").exists()
     bad = CliRunner().invoke(app, args[:-2] + ["--split-by", "op", "--run-dir", str(tmp_path / "bad")])
-    assert bad.exit_code != 0 and "error: client 1 gets no support examples" in bad.output and len(bad.output.strip().splitlines()) == 1, bad.output
+    assert (
+        bad.exit_code != 0
+        and "error: client 1 gets no support examples" in bad.output
+        and len(bad.output.strip().splitlines()) == 1
+    ), bad.output
     assert not (tmp_path / "bad").exists()

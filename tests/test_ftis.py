@@ -85,7 +85,9 @@ def test_on_policy_only_equals_plain_grpo_and_trl(loss_type):
     tok, w, keep, _ = ftis_token_loss(ours_lp, ours_lp.detach(), mu, adv, mask, off, 0.2, 0.2, 2.0, 50.0)
     assert torch.all(w == 1) and keep.all()
     ours = aggregate(tok, mask, loss_type, 1, max_len, float(mask.sum()))
-    plain = aggregate(per_token_loss(plain_lp, plain_lp.detach(), adv, mask, 0.2, 0.2), mask, loss_type, 1, max_len, float(mask.sum()))
+    plain = aggregate(
+        per_token_loss(plain_lp, plain_lp.detach(), adv, mask, 0.2, 0.2), mask, loss_type, 1, max_len, float(mask.sum())
+    )
     theirs = trl_loss(loss_type, trl_lp, trl_lp.detach(), None, adv, mask, 0.0, 0.2, 0.2, 1, max_len, float(mask.sum()))
     torch.testing.assert_close(ours, plain, rtol=0, atol=0)
     torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
@@ -113,21 +115,33 @@ def make_other_tokenizer():
 
 
 def _fake_node(tok, index=1, no_retokenize=False):
-    return SimpleNamespace(index=index, name="fake", tokenizer=tok, bytes_received=0, cfg=SimpleNamespace(no_retokenize=no_retokenize))
+    return SimpleNamespace(
+        index=index, name="fake", tokenizer=tok, bytes_received=0, cfg=SimpleNamespace(no_retokenize=no_retokenize)
+    )
 
 
 def test_receive_across_tokenizers_spreads_the_sequence_logprob_and_counts_text_bytes():
     a, b = make_char_tokenizer(), make_other_tokenizer()
-    r = Rollout(sender=0, prompt_index=0, token_ids=a("42", add_special_tokens=False)["input_ids"] + [a.eos_token_id], text="42",
-                logprobs=[-0.5, -1.0, -0.3], finished=True)
+    r = Rollout(
+        sender=0,
+        prompt_index=0,
+        token_ids=a("42", add_special_tokens=False)["input_ids"] + [a.eos_token_id],
+        text="42",
+        logprobs=[-0.5, -1.0, -0.3],
+        finished=True,
+    )
     node = _fake_node(b)
     ids, mu, off = Node.receive(node, r, a)
-    assert off and ids == b("42", add_special_tokens=False)["input_ids"] + [b.eos_token_id]  # re-tokenised, local EOS appended
+    assert off and ids == b("42", add_special_tokens=False)["input_ids"] + [
+        b.eos_token_id
+    ]  # re-tokenised, local EOS appended
     assert sum(mu) == pytest.approx(-1.8) and len(set(mu)) == 1  # the sender's sequence logprob, spread evenly
     assert node.bytes_received == len("42") + 4 + 1
     same = _fake_node(a)
     ids2, mu2, _ = Node.receive(same, r, a)
-    assert ids2 == r.token_ids and mu2 == r.logprobs and same.bytes_received == 8 * len(r.token_ids)  # ids + float32 logprobs
+    assert (
+        ids2 == r.token_ids and mu2 == r.logprobs and same.bytes_received == 8 * len(r.token_ids)
+    )  # ids + float32 logprobs
     with pytest.raises(CorpError, match="--no-retokenize"):
         Node.receive(_fake_node(b, no_retokenize=True), r, a)
 
@@ -141,8 +155,30 @@ def _save(model, tok, d):
     return str(d)
 
 
-ARGS = ["--task", "arith", "--steps", "2", "--prompts-per-step", "2", "--num-generations", "2", "--learning-rate", "1e-3", "--n-support", "4",
-        "--n-probe", "0", "--n-validation", "0", "--n-test", "3", "--max-new-tokens", "4", "--reward", "tests.test_methods:text_checksum"]
+ARGS = [
+    "--task",
+    "arith",
+    "--steps",
+    "2",
+    "--prompts-per-step",
+    "2",
+    "--num-generations",
+    "2",
+    "--learning-rate",
+    "1e-3",
+    "--n-support",
+    "4",
+    "--n-probe",
+    "0",
+    "--n-validation",
+    "0",
+    "--n-test",
+    "3",
+    "--max-new-tokens",
+    "4",
+    "--reward",
+    "tests.test_methods:text_checksum",
+]
 
 
 def test_corp_ftis_cli_end_to_end_heterogeneous(tmp_path):
@@ -156,7 +192,9 @@ def test_corp_ftis_cli_end_to_end_heterogeneous(tmp_path):
     b_model.generation_config.eos_token_id = b_tok.eos_token_id
     b = _save(b_model, b_tok, tmp_path / "b")
     run = tmp_path / "run"
-    res = CliRunner().invoke(app, ["ftis", "--nodes", f"{a},{b}", *ARGS, "--ood-task", "countdown", "--run-dir", str(run)])
+    res = CliRunner().invoke(
+        app, ["ftis", "--nodes", f"{a},{b}", *ARGS, "--ood-task", "countdown", "--run-dir", str(run)]
+    )
     assert res.exit_code == 0, res.output
     report = json.loads((run / "report.json").read_text())
     assert report["method"] == "ftis" and [n["model"] for n in report["nodes"]] == [a, b]
@@ -170,9 +208,23 @@ def test_corp_ftis_cli_end_to_end_heterogeneous(tmp_path):
     keys = set(report["accuracy_per_step"])
     assert {"node0-ftis-test", "node1-grpo-test", "node0-ftis-ood", "node1-grpo-ood"} <= keys
     assert set(report["accuracy_per_step"]["node0-ftis-test"]) == {"0", "1", "2"}
-    assert {r["method"] for r in report["rows"]} == {f"node{k}-{arm}" for k in (0, 1) for arm in ("base", "ftis", "grpo")}
+    assert {r["method"] for r in report["rows"]} == {
+        f"node{k}-{arm}" for k in (0, 1) for arm in ("base", "ftis", "grpo")
+    }
     # the same nodes, but text sharing forbidden: one line, nothing run
-    res = CliRunner().invoke(app, ["ftis", "--nodes", f"{a},{b}", *ARGS, "--no-retokenize", "--skip-grpo-baseline", "--run-dir", str(tmp_path / "r2")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "ftis",
+            "--nodes",
+            f"{a},{b}",
+            *ARGS,
+            "--no-retokenize",
+            "--skip-grpo-baseline",
+            "--run-dir",
+            str(tmp_path / "r2"),
+        ],
+    )
     assert res.exit_code != 0
     assert "--no-retokenize" in res.output and "Traceback" not in res.output
 
@@ -184,8 +236,22 @@ def test_node_that_cannot_be_loaded_is_one_line(tmp_path):
     tok = make_char_tokenizer()
     a = _save(make_tiny_llama(tok), tok, tmp_path / "a")
     run = tmp_path / "run"
-    out = subprocess.run([sys.executable, "-m", "corp.cli", "ftis", "--nodes", f"{a},{tmp_path / 'missing-model'}", *ARGS, "--run-dir", str(run)],
-                         capture_output=True, text=True, env={**__import__("os").environ, "CORP_NO_PROGRESS": "1", "HF_HUB_OFFLINE": "1"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "corp.cli",
+            "ftis",
+            "--nodes",
+            f"{a},{tmp_path / 'missing-model'}",
+            *ARGS,
+            "--run-dir",
+            str(run),
+        ],
+        capture_output=True,
+        text=True,
+        env={**__import__("os").environ, "CORP_NO_PROGRESS": "1", "HF_HUB_OFFLINE": "1"},
+    )
     assert out.returncode != 0
     lines = [x for x in out.stderr.strip().splitlines() if x.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: node 1 (") and "missing-model" in lines[0], out.stderr
@@ -217,7 +283,9 @@ def test_grpo_options_ftis_lacks_are_refused_not_ignored():
     load_config(FTISConfig, None, {"epsilon_high": 0.3, "scale_rewards": "none", "checkpoint_every": 2})  # these work
     with pytest.raises(CorpError, match="--num-generations must be >= 1"):
         load_config(FTISConfig, None, {"num_generations": 0})
-    assert load_config(FTISConfig, None, {"num_generations": 1, "grad_accum": 3}).num_generations == 1  # mixed group K x G
+    assert (
+        load_config(FTISConfig, None, {"num_generations": 1, "grad_accum": 3}).num_generations == 1
+    )  # mixed group K x G
 
 
 def test_trained_as_key_of_a_run_from_before_the_grpo_config():
@@ -227,8 +295,24 @@ def test_trained_as_key_of_a_run_from_before_the_grpo_config():
     from corp.config import config_to_dict, load_config
 
     cfg = load_config(FTISConfig, None, {"steps": 2, "tis_cap": 1.5})
-    before = ("loss", "epsilon_high", "beta", "scale_rewards", "num_iterations", "lora_r", "lora_alpha", "lora_targets",
-              "checkpoint_every", "run_dir", "threads", "report_to", "eval_every", "ood_task", "skip_grpo_baseline", "skip_test_eval")
+    before = (
+        "loss",
+        "epsilon_high",
+        "beta",
+        "scale_rewards",
+        "num_iterations",
+        "lora_r",
+        "lora_alpha",
+        "lora_targets",
+        "checkpoint_every",
+        "run_dir",
+        "threads",
+        "report_to",
+        "eval_every",
+        "ood_task",
+        "skip_grpo_baseline",
+        "skip_test_eval",
+    )
     old = {k: v for k, v in config_to_dict(cfg).items() if k not in before}  # the fields and exclusions of the old key
     assert _trained_as(cfg) == hashlib.sha256(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:16]
     assert _trained_as(dataclasses.replace(cfg, epsilon_high=0.3)) != _trained_as(cfg)

@@ -28,20 +28,36 @@ def trl_loss(loss_type, logps, old, ref, adv, mask, beta, eps_low, eps_high, gra
     """Run TRL's own GRPOTrainer._compute_loss with the model forward replaced by the given logprobs."""
     trl_grpo = pytest.importorskip("trl.trainer.grpo_trainer")
     fake = SimpleNamespace(
-        aux_loss_enabled=False, top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level="token",
-        beta=beta, loss_type=loss_type, epsilon_low=eps_low, epsilon_high=eps_high, use_vllm=False,
-        vllm_importance_sampling_correction=False, model=SimpleNamespace(training=True),
-        current_gradient_accumulation_steps=grad_accum, max_completion_length=max_len, _entropy_bonus_enabled=False,
+        aux_loss_enabled=False,
+        top_entropy_quantile=1.0,
+        off_policy_mask_threshold=None,
+        importance_sampling_level="token",
+        beta=beta,
+        loss_type=loss_type,
+        epsilon_low=eps_low,
+        epsilon_high=eps_high,
+        use_vllm=False,
+        vllm_importance_sampling_correction=False,
+        model=SimpleNamespace(training=True),
+        current_gradient_accumulation_steps=grad_accum,
+        max_completion_length=max_len,
+        _entropy_bonus_enabled=False,
         args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=grad_accum),
-        accelerator=SimpleNamespace(num_processes=1, gather=lambda x: x, gather_for_metrics=lambda x: x, reduce=lambda x, reduction="sum": x),
+        accelerator=SimpleNamespace(
+            num_processes=1, gather=lambda x: x, gather_for_metrics=lambda x: x, reduce=lambda x, reduction="sum": x
+        ),
         _metrics=defaultdict(lambda: defaultdict(list)),
     )
     fake._get_per_token_logps_and_entropies = lambda *a, **k: (logps, torch.ones_like(logps), None)
     B, T = logps.shape
     inputs = {
-        "prompt_ids": torch.zeros(B, 3, dtype=torch.long), "prompt_mask": torch.ones(B, 3, dtype=torch.long),
-        "completion_ids": torch.zeros(B, T, dtype=torch.long), "completion_mask": mask.long(),
-        "advantages": adv, "old_per_token_logps": old, "num_items_in_batch": torch.tensor(float(num_items)),
+        "prompt_ids": torch.zeros(B, 3, dtype=torch.long),
+        "prompt_mask": torch.ones(B, 3, dtype=torch.long),
+        "completion_ids": torch.zeros(B, T, dtype=torch.long),
+        "completion_mask": mask.long(),
+        "advantages": adv,
+        "old_per_token_logps": old,
+        "num_items_in_batch": torch.tensor(float(num_items)),
     }
     if beta:
         inputs["ref_per_token_logps"] = ref
@@ -67,7 +83,9 @@ def test_loss_matches_trl_grpotrainer(loss_type, beta):
         trl_lp = logps[sl].detach().clone().requires_grad_(True)
         tok = per_token_loss(ours_lp, old[sl], adv[sl], mask[sl], 0.2, 0.28, beta, ref[sl])
         ours = aggregate(tok, mask[sl], loss_type, grad_accum, max_len, total_tokens)
-        theirs = trl_loss(loss_type, trl_lp, old[sl], ref[sl], adv[sl], mask[sl], beta, 0.2, 0.28, grad_accum, max_len, total_tokens)
+        theirs = trl_loss(
+            loss_type, trl_lp, old[sl], ref[sl], adv[sl], mask[sl], beta, 0.2, 0.28, grad_accum, max_len, total_tokens
+        )
         torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-7)
         ours.backward()
         theirs.backward()
@@ -110,7 +128,9 @@ def test_cov_weights_degenerate_batches():
     flat = covariance_weights(torch.zeros(2, 2), torch.randn(2, 2), mask)  # no advantage: plain GRPO
     assert torch.equal(flat, torch.ones(2, 2))
     # nearly equal, nonzero covariances (sigma << |c|) must not underflow to 0 / 0
-    w = covariance_weights(torch.tensor([[1.0, 1.0], [-1.0, -1.0]]), torch.tensor([[-1.0, -1.0 + 1e-3], [-3.0, -3.0]]), mask)
+    w = covariance_weights(
+        torch.tensor([[1.0, 1.0], [-1.0, -1.0]]), torch.tensor([[-1.0, -1.0 + 1e-3], [-3.0, -3.0]]), mask
+    )
     assert torch.isfinite(w).all() and torch.isclose(w.mean(), torch.tensor(1.0))
 
 
@@ -182,7 +202,10 @@ def test_loss_variants_registry_one_file_one_line():
         GRPOConfig(loss="test-halve").validate()
         g = torch.Generator().manual_seed(0)
         logps, mask, adv = -torch.rand(2, 3, generator=g), torch.ones(2, 3), torch.tensor([1.0, -1.0])
-        torch.testing.assert_close(per_token_loss(logps, logps, adv, mask, 0.2, 0.2, variant=Halve()), 0.5 * per_token_loss(logps, logps, adv, mask, 0.2, 0.2))
+        torch.testing.assert_close(
+            per_token_loss(logps, logps, adv, mask, 0.2, 0.2, variant=Halve()),
+            0.5 * per_token_loss(logps, logps, adv, mask, 0.2, 0.2),
+        )
         with pytest.raises(CorpError, match="unique name"):
             register_loss(Halve)
     finally:
@@ -195,8 +218,22 @@ def test_loss_variants_registry_one_file_one_line():
 
 
 def tiny_grpo_cfg(run_dir, **kw):
-    base = dict(task="arith", reward="tests.test_grpo:digits", n_support=8, n_probe=0, n_validation=0, n_test=4, max_new_tokens=6,
-                steps=8, prompts_per_step=2, num_generations=8, learning_rate=1e-2, run_dir=str(run_dir), skip_test_eval=True, batch_size=16)
+    base = dict(
+        task="arith",
+        reward="tests.test_grpo:digits",
+        n_support=8,
+        n_probe=0,
+        n_validation=0,
+        n_test=4,
+        max_new_tokens=6,
+        steps=8,
+        prompts_per_step=2,
+        num_generations=8,
+        learning_rate=1e-2,
+        run_dir=str(run_dir),
+        skip_test_eval=True,
+        batch_size=16,
+    )
     base.update(kw)
     return load_config(GRPOConfig, None, base)
 
@@ -251,7 +288,9 @@ RECO_CONFIDENT = (
 )
 
 
-@pytest.mark.parametrize("loss", ["grpo", "cov", pytest.param("reco", marks=pytest.mark.xfail(reason=RECO_CONFIDENT, strict=True))])
+@pytest.mark.parametrize(
+    "loss", ["grpo", "cov", pytest.param("reco", marks=pytest.mark.xfail(reason=RECO_CONFIDENT, strict=True))]
+)
 def test_grpo_steps_raise_planted_reward_on_a_confident_model(tmp_path, loss):
     backend = confident_backend()
     before = sampled_reward(backend)
@@ -301,8 +340,33 @@ def test_corp_grpo_cli_end_to_end(tmp_path):
     model_dir = tmp_path / "m"
     make_tiny_llama(tok).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
-    args = ["grpo", "--model", str(model_dir), "--task", "arith", "--loss", "cov", "--steps", "2", "--prompts-per-step", "2", "--num-generations", "4",
-            "--n-support", "4", "--n-probe", "0", "--n-validation", "0", "--n-test", "2", "--max-new-tokens", "4", "--run-dir", str(tmp_path / "run")]
+    args = [
+        "grpo",
+        "--model",
+        str(model_dir),
+        "--task",
+        "arith",
+        "--loss",
+        "cov",
+        "--steps",
+        "2",
+        "--prompts-per-step",
+        "2",
+        "--num-generations",
+        "4",
+        "--n-support",
+        "4",
+        "--n-probe",
+        "0",
+        "--n-validation",
+        "0",
+        "--n-test",
+        "2",
+        "--max-new-tokens",
+        "4",
+        "--run-dir",
+        str(tmp_path / "run"),
+    ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "run" / "report.json").read_text())

@@ -27,7 +27,23 @@ from pathlib import Path
 import corp
 
 FLOORS = {
-    **dict.fromkeys(("", "perturb", "models", "stats", "ledger", "registry", "runs", "threads", "extras", "config", "cards", "tracking"), 0),
+    **dict.fromkeys(
+        (
+            "",
+            "perturb",
+            "models",
+            "stats",
+            "ledger",
+            "registry",
+            "runs",
+            "threads",
+            "extras",
+            "config",
+            "cards",
+            "tracking",
+        ),
+        0,
+    ),
     "evaluate": 1,
     **dict.fromkeys(("analysis", "consolidate", "baselines", "federated"), 2),
     "methods": 3,
@@ -195,35 +211,46 @@ def _check(root: Path) -> list[str]:
 
 
 def test_a_clean_fake_tree_passes(tmp_path):
-    root = _tree(tmp_path, {
-        "ledger.py": "",
-        "evaluate/__init__.py": "", "evaluate/context.py": "from corp.ledger import Ledger\n",
-        "consolidate/__init__.py": "from corp.consolidate.recipe import make_recipe\n__all__ = ['make_recipe']\n",
-        "consolidate/recipe.py": "from corp.evaluate.context import RunContext\n",
-        "baselines/__init__.py": "from .es import run_es\n__all__ = ['run_es']\n",
-        "baselines/es.py": "from corp.consolidate import make_recipe\n",
-        "cli.py": "def main():\n    from corp.baselines import run_es\n",
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "ledger.py": "",
+            "evaluate/__init__.py": "",
+            "evaluate/context.py": "from corp.ledger import Ledger\n",
+            "consolidate/__init__.py": "from corp.consolidate.recipe import make_recipe\n__all__ = ['make_recipe']\n",
+            "consolidate/recipe.py": "from corp.evaluate.context import RunContext\n",
+            "baselines/__init__.py": "from .es import run_es\n__all__ = ['run_es']\n",
+            "baselines/es.py": "from corp.consolidate import make_recipe\n",
+            "cli.py": "def main():\n    from corp.baselines import run_es\n",
+        },
+    )
     assert _check(root) == []
 
 
 def test_planted_violations_are_caught(tmp_path):
     """Each rule fails on a tree that breaks it (the checker can fail), including lazy and relative imports."""
-    root = _tree(tmp_path, {
-        "ledger.py": "def f():\n    from corp.bench import sweep\n",  # upward, lazily
-        "runs.py": "from corp import stats\n", "stats.py": "from . import runs\n",  # a cycle, one side relative
-        "evaluate/__init__.py": "", "evaluate/context.py": "from corp.consolidate import make_recipe\n",  # upward
-        "consolidate/__init__.py": "from corp.consolidate.recipe import make_recipe\n__all__ = ['make_recipe']\n",
-        "consolidate/recipe.py": "from corp.baselines import run_es\n",
-        "consolidate/corp_operator.py": "_mean = 0\n",
-        "baselines/__init__.py": "from corp.baselines.es import run_es\n__all__ = ['run_es']\n",
-        "baselines/es.py": "from corp.consolidate.recipe import make_recipe\n"  # a peer's internal module
-                           "from corp.consolidate import _mean\n",  # not in the peer's __all__
-        "bench/__init__.py": "", "bench/sweep.py": "",
-        "federated/__init__.py": "", "federated/clients.py": "",
-        "bench/adapters.py": "from corp.federated.clients import split_clients\n",  # internals, from above
-        "shiny/__init__.py": "",  # a package nobody gave a floor
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "ledger.py": "def f():\n    from corp.bench import sweep\n",  # upward, lazily
+            "runs.py": "from corp import stats\n",
+            "stats.py": "from . import runs\n",  # a cycle, one side relative
+            "evaluate/__init__.py": "",
+            "evaluate/context.py": "from corp.consolidate import make_recipe\n",  # upward
+            "consolidate/__init__.py": "from corp.consolidate.recipe import make_recipe\n__all__ = ['make_recipe']\n",
+            "consolidate/recipe.py": "from corp.baselines import run_es\n",
+            "consolidate/corp_operator.py": "_mean = 0\n",
+            "baselines/__init__.py": "from corp.baselines.es import run_es\n__all__ = ['run_es']\n",
+            "baselines/es.py": "from corp.consolidate.recipe import make_recipe\n"  # a peer's internal module
+            "from corp.consolidate import _mean\n",  # not in the peer's __all__
+            "bench/__init__.py": "",
+            "bench/sweep.py": "",
+            "federated/__init__.py": "",
+            "federated/clients.py": "",
+            "bench/adapters.py": "from corp.federated.clients import split_clients\n",  # internals, from above
+            "shiny/__init__.py": "",  # a package nobody gave a floor
+        },
+    )
     found = "\n".join(_check(root))
     assert "corp.ledger:2 imports corp.bench.sweep from a higher floor" in found
     assert "corp.evaluate.context:1 imports corp.consolidate from a higher floor" in found

@@ -61,4 +61,8 @@ def test_a_full_disk_is_one_line_at_the_cli(capsys):
     with pytest.raises(typer.Exit) as exit_:
         _run(write)
     err = capsys.readouterr().err.strip().splitlines()
-    assert exit_.value.exit_code == 2 and len(err) == 1 and "No space left on device ('/runs/x/population.jsonl')" in err[0]
+    assert (
+        exit_.value.exit_code == 2
+        and len(err) == 1
+        and "No space left on device ('/runs/x/population.jsonl')" in err[0]
+    )

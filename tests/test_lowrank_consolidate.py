@@ -4,10 +4,10 @@ the pipeline's recipe rebuilds the low-rank model bit-exactly, the PEFT adapter 
 
 import json
 import os
-from pathlib import Path
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -48,12 +48,29 @@ def _load(path):
 
 
 def _cfg(model_dir, run, **kw):
-    return load_config(ConsolidateConfig, None, {**dict(
-        model=str(model_dir), task="arith", reward="tests.test_lowrank_consolidate:text_checksum", population=6, sigmas="0.05",
-        n_support=6, n_probe=4, n_validation=4, n_test=4, max_new_tokens=6, alphas="2,4", top_k="1",
-        gate_z=-10.0,  # force acceptance unless the candidate IS the base: this is about what gets saved
-        run_dir=str(run)), **kw,
-    })
+    return load_config(
+        ConsolidateConfig,
+        None,
+        {
+            **dict(
+                model=str(model_dir),
+                task="arith",
+                reward="tests.test_lowrank_consolidate:text_checksum",
+                population=6,
+                sigmas="0.05",
+                n_support=6,
+                n_probe=4,
+                n_validation=4,
+                n_test=4,
+                max_new_tokens=6,
+                alphas="2,4",
+                top_k="1",
+                gate_z=-10.0,  # force acceptance unless the candidate IS the base: this is about what gets saved
+                run_dir=str(run),
+            ),
+            **kw,
+        },
+    )
 
 
 def test_lowrank_direction_is_exact_and_fingerprinted_apart():
@@ -61,7 +78,10 @@ def test_lowrank_direction_is_exact_and_fingerprinted_apart():
     model = make_tiny_llama(tok, hidden=64)
     W0 = {n: p.detach().clone() for n, p in model.named_parameters()}
     g = torch.Generator().manual_seed(0)
-    factors = {Q0: (torch.randn(64, 2, generator=g), torch.randn(2, 64, generator=g)), "lm_head.weight": (torch.randn(len(tok), 3, generator=g), torch.randn(3, 64, generator=g))}
+    factors = {
+        Q0: (torch.randn(64, 2, generator=g), torch.randn(2, 64, generator=g)),
+        "lm_head.weight": (torch.randn(len(tok), 3, generator=g), torch.randn(3, 64, generator=g)),
+    }
     source = [Component(11, 0.01, 1.0)]
     d = LowRankDirection(factors, 0.7, source)
     pert = Perturber(model)
@@ -86,7 +106,10 @@ def test_lowrank_direction_is_exact_and_fingerprinted_apart():
 
     full = Direction(source)
     assert direction_fingerprint(d) != direction_fingerprint(full)
-    assert direction_fingerprint(d.scaled(2.0)) not in (direction_fingerprint(d), direction_fingerprint(full.scaled(2.0)))
+    assert direction_fingerprint(d.scaled(2.0)) not in (
+        direction_fingerprint(d),
+        direction_fingerprint(full.scaled(2.0)),
+    )
     assert direction_fingerprint(LowRankDirection({}, 1.0, source)) == "base", "no factors: the base, evaluated once"
     with pytest.raises(CorpError, match="cannot be added"):
         Direction() + d
@@ -121,12 +144,20 @@ def test_pipeline_rank2_recipe_rebuilds_bit_exactly_and_peft_adapter_matches(tin
     base = _load(model_dir)
     n2d = sum(1 for _, p in base.named_parameters() if p.dim() == 2)
     assert lr["mode"] == "2" and lr["matrices_with_rank"] == n2d and set(lr["ranks"].values()) == {2}
-    assert lr["lora_parameters"] == sum(2 * sum(p.shape) for _, p in base.named_parameters() if p.dim() == 2) < lr["full_parameters"]
+    assert (
+        lr["lora_parameters"]
+        == sum(2 * sum(p.shape) for _, p in base.named_parameters() if p.dim() == 2)
+        < lr["full_parameters"]
+    )
     assert "low-rank: 2" in report["table"] and "PEFT adapter" in report["table"]
     assert all("alpha=" in row["candidate"] for row in corp["probe_table"][1:])
 
     recipe = json.loads((run / "recipe.json").read_text())
-    assert recipe["components"] == [] and recipe["low_rank"]["factors_file"] == FACTORS_FILE and recipe["low_rank"]["projected_from"]
+    assert (
+        recipe["components"] == []
+        and recipe["low_rank"]["factors_file"] == FACTORS_FILE
+        and recipe["low_rank"]["projected_from"]
+    )
     scale = recipe["low_rank"]["scale"]
     assert scale in (2.0, 4.0)
 
@@ -135,13 +166,21 @@ def test_pipeline_rank2_recipe_rebuilds_bit_exactly_and_peft_adapter_matches(tin
     for n, p in base.named_parameters():
         if p.dim() == 2:
             B, A = factors[f"{n}.B"], factors[f"{n}.A"]
-            assert B.shape[1] == 2 and torch.equal(saved[n], p.detach() + (scale * (B.double() @ A.double())).float()), n
+            assert B.shape[1] == 2 and torch.equal(
+                saved[n], p.detach() + (scale * (B.double() @ A.double())).float()
+            ), n
             assert torch.linalg.matrix_rank(saved[n] - p.detach(), rtol=1e-4) <= 2  # up to fp32 rounding of W0 + delta
         else:
             assert torch.equal(saved[n], p.detach()), f"1-D {n} must stay at W0"
 
     env = {**os.environ, "CORP_NO_PROGRESS": "1"}
-    res = subprocess.run([sys.executable, "-m", "corp.cli", "apply", str(run / "recipe.json"), "--out", str(tmp_path / "applied")], capture_output=True, text=True, cwd=REPO, env=env)
+    res = subprocess.run(
+        [sys.executable, "-m", "corp.cli", "apply", str(run / "recipe.json"), "--out", str(tmp_path / "applied")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
     assert res.returncode == 0, res.stderr
     applied = load_file(tmp_path / "applied" / "model.safetensors")
     assert saved.keys() == applied.keys() and all(torch.equal(saved[k], applied[k]) for k in saved)
@@ -158,19 +197,33 @@ def test_pipeline_rank2_recipe_rebuilds_bit_exactly_and_peft_adapter_matches(tin
     assert torch.allclose(got, want, atol=1e-5, rtol=0), float((got - want).abs().max())
     # ... and PEFT alone, in a fresh interpreter, finds the base from the adapter (the base it was trained on)
     assert Path(cfg["base_model_name_or_path"]).resolve() == Path(model_dir).resolve()
-    code = ("import sys, torch\nfrom peft import AutoPeftModelForCausalLM\nfrom transformers import AutoModelForCausalLM\n"
-            "ids = torch.tensor([[5, 6, 7, 8, 9]])\n"
-            "lora = AutoPeftModelForCausalLM.from_pretrained(sys.argv[1]).eval()\n"
-            "merged = AutoModelForCausalLM.from_pretrained(sys.argv[2]).eval()\n"
-            "with torch.no_grad():\n    d = (lora(input_ids=ids).logits - merged(ids).logits).abs().max().item()\n"
-            "assert not any(k == 'corp' or k.startswith('corp.') for k in sys.modules)\nprint('maxdiff', d)\n")
+    code = (
+        "import sys, torch\nfrom peft import AutoPeftModelForCausalLM\nfrom transformers import AutoModelForCausalLM\n"
+        "ids = torch.tensor([[5, 6, 7, 8, 9]])\n"
+        "lora = AutoPeftModelForCausalLM.from_pretrained(sys.argv[1]).eval()\n"
+        "merged = AutoModelForCausalLM.from_pretrained(sys.argv[2]).eval()\n"
+        "with torch.no_grad():\n    d = (lora(input_ids=ids).logits - merged(ids).logits).abs().max().item()\n"
+        "assert not any(k == 'corp' or k.startswith('corp.') for k in sys.modules)\nprint('maxdiff', d)\n"
+    )
     plain = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([sys.executable, "-c", code, str(run / "lora"), str(run / "model")], capture_output=True, text=True, cwd=tmp_path, env=plain)
+    res = subprocess.run(
+        [sys.executable, "-c", code, str(run / "lora"), str(run / "model")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=plain,
+    )
     assert res.returncode == 0 and float(res.stdout.split()[-1]) < 1e-5, res.stderr[-2000:]
 
     # a tampered or missing factors file is a one-line error
     (run / FACTORS_FILE).write_bytes((run / FACTORS_FILE).read_bytes()[:-4] + b"\0\0\0\0")
-    res = subprocess.run([sys.executable, "-m", "corp.cli", "apply", str(run / "recipe.json"), "--out", str(tmp_path / "x")], capture_output=True, text=True, cwd=REPO, env=env)
+    res = subprocess.run(
+        [sys.executable, "-m", "corp.cli", "apply", str(run / "recipe.json"), "--out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
     assert res.returncode == 2 and res.stderr.count("error:") == 1 and "sha256" in res.stderr, res.stderr
     (run / FACTORS_FILE).unlink()
     from corp.consolidate.recipe import apply_recipe
@@ -215,7 +268,9 @@ def test_auto_takes_r_star_from_analyze_rank_and_rank_zero_stays_at_w0(tiny_dir,
     ranks.update({Q0: 2, O1: 1, UP0: 3})
     (hand / "rank_summary.json").write_text(json.dumps({"r_star": ranks}))
     run = tmp_path / "run_hand"
-    report = run_consolidate(_cfg(model_dir, run, low_rank="auto", population_from=str(pop), rank_from=str(hand), export_lora=True, **sig))
+    report = run_consolidate(
+        _cfg(model_dir, run, low_rank="auto", population_from=str(pop), rank_from=str(hand), export_lora=True, **sig)
+    )
     assert report["corp"]["accepted"], report["corp"]["reason"]
     lr = report["corp"]["low_rank"]
     assert lr["matrices_with_rank"] == 3 and lr["lora_parameters"] == 2 * (64 + 64) + 1 * (64 + 64) + 3 * (128 + 64)
@@ -260,8 +315,30 @@ def test_bad_low_rank_options_are_one_line_errors(overrides, message):
 def test_auto_without_analysis_tells_the_user_to_run_analyze_rank(tiny_dir, tmp_path):
     model_dir, _ = tiny_dir
     env = {**os.environ, "CORP_NO_PROGRESS": "1"}
-    res = subprocess.run([sys.executable, "-m", "corp.cli", "consolidate", "--model", str(model_dir), "--task", "arith", "--population", "4", "--top-k", "1",
-                          "--low-rank", "auto", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, cwd=REPO, env=env)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "corp.cli",
+            "consolidate",
+            "--model",
+            str(model_dir),
+            "--task",
+            "arith",
+            "--population",
+            "4",
+            "--top-k",
+            "1",
+            "--low-rank",
+            "auto",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
     err = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert res.returncode == 2 and len(err) == 1 and "run `corp analyze-rank --" in err[0], res.stderr
     assert not (tmp_path / "run" / "population.jsonl").exists(), "the error comes before any scoring"
@@ -368,9 +445,18 @@ def test_exact_lora_of_a_tied_model_and_merged_terms(tmp_path):
 
     tok = make_char_tokenizer()
     torch.manual_seed(1)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=4, num_key_value_heads=2, pad_token_id=tok.pad_token_id,
-                      eos_token_id=tok.eos_token_id, bos_token_id=None, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(cfg).eval()
     model.save_pretrained(tmp_path / "base")
     scheme = "corp-lowrank-v1:r=2"

@@ -10,8 +10,7 @@ import torch
 from corp.config import RandOptConfig, load_config
 from corp.evaluate.backends.batched_lowrank import FactoredPopulation, population_generations
 from corp.evaluate.backends.hf import HFBackend
-from corp.evaluate.context import score_one
-from corp.evaluate.context import setup_run
+from corp.evaluate.context import score_one, setup_run
 from corp.evaluate.scorer import ensure_population
 from corp.perturb import Direction
 from tests.conftest import make_char_tokenizer

@@ -102,7 +102,9 @@ def test_method_runs_reports_and_resumes_without_recomputing(name, tiny_dir, run
     assert (run_dir / "recipe.json").exists() == bool(m.recipes)
     assert (run_dir / "model" / "config.json").exists() == m.model
     # resume: nothing generated or forwarded again, the same rows
-    assert r["second"] == {"generate": 0, "forward": 0}, f"second run on the same run directory recomputed: {r['second']}"
+    assert r["second"] == {"generate": 0, "forward": 0}, (
+        f"second run on the same run directory recomputed: {r['second']}"
+    )
     assert r["again"].get("rows") == r["report"].get("rows")
 
 
@@ -128,7 +130,9 @@ def test_recipe_rebuilds_the_saved_model_bit_exactly(name, tiny_dir, runs_root, 
     assert saved.keys() == rebuilt.keys()
     for k in saved:
         assert torch.equal(saved[k], rebuilt[k]), k
-    assert any(not torch.equal(saved[k], base[k]) for k in saved), "the saved model is the base: the rebuild check proved nothing"
+    assert any(not torch.equal(saved[k], base[k]) for k in saved), (
+        "the saved model is the base: the rebuild check proved nothing"
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -278,29 +282,45 @@ def test_every_saved_model_has_a_card_and_loads_in_plain_transformers(tiny_dir, 
         assert card.data.library_name == "transformers", card.data
         assert any(t == name or t.startswith(name + "-") for t in card.data.tags), card.data.tags
         assert f"`{name}" in text and "arith" in text, name
-        h = json.loads((run_dir / "recipe.json").read_text())["base_weights_hash"] if (run_dir / "recipe.json").exists() else None
+        h = (
+            json.loads((run_dir / "recipe.json").read_text())["base_weights_hash"]
+            if (run_dir / "recipe.json").exists()
+            else None
+        )
         assert (h or "base weights sha256") in text, name
         assert "## Labelled data used" in text and "support:" in text, name
         for row in report["rows"]:
             assert f"| {row['method']} | {row['accuracy']:.3f} |" in text, (name, row["method"])
         if report["comparisons"]:
             assert "paired 95% CI" in text, name
-        assert "## License" in text and f"lm_eval --model hf --model_args pretrained={(run_dir / 'model').resolve()}" in text
+        assert (
+            "## License" in text
+            and f"lm_eval --model hf --model_args pretrained={(run_dir / 'model').resolve()}" in text
+        )
         if (run_dir / "recipe.json").exists():
             assert "corp apply" in text
         dirs.append(str(run_dir / "model"))
-    rebuilt = apply_recipe(smoke_run("consolidate", tiny_dir, runs_root)["run_dir"] / "recipe.json", tmp_path / "applied")
-    assert "corp apply" in (Path(rebuilt) / "README.md").read_text() and "| corp |" in (Path(rebuilt) / "README.md").read_text()
+    rebuilt = apply_recipe(
+        smoke_run("consolidate", tiny_dir, runs_root)["run_dir"] / "recipe.json", tmp_path / "applied"
+    )
+    assert (
+        "corp apply" in (Path(rebuilt) / "README.md").read_text()
+        and "| corp |" in (Path(rebuilt) / "README.md").read_text()
+    )
     dirs.append(str(rebuilt))
-    code = ("import sys, torch\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
-            "for d in sys.argv[1:]:\n"
-            "    m = AutoModelForCausalLM.from_pretrained(d); t = AutoTokenizer.from_pretrained(d)\n"
-            "    out = m.generate(**t('1+1=', return_tensors='pt'), max_new_tokens=2, do_sample=False)\n"
-            "    assert out.shape[1] > 0\n"
-            "assert not any(k == 'corp' or k.startswith('corp.') for k in sys.modules), 'corp was imported'\n"
-            "print('loaded', len(sys.argv) - 1)\n")
+    code = (
+        "import sys, torch\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "for d in sys.argv[1:]:\n"
+        "    m = AutoModelForCausalLM.from_pretrained(d); t = AutoTokenizer.from_pretrained(d)\n"
+        "    out = m.generate(**t('1+1=', return_tensors='pt'), max_new_tokens=2, do_sample=False)\n"
+        "    assert out.shape[1] > 0\n"
+        "assert not any(k == 'corp' or k.startswith('corp.') for k in sys.modules), 'corp was imported'\n"
+        "print('loaded', len(sys.argv) - 1)\n"
+    )
     env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([sys.executable, "-c", code, *dirs], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "-c", code, *dirs], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600
+    )
     assert res.returncode == 0 and f"loaded {len(dirs)}" in res.stdout, res.stderr[-2000:]
 
 
@@ -310,8 +330,24 @@ def test_model_dir_without_a_card_is_one_note_and_still_evaluated(tiny_dir, tmp_
     from corp.cli import app
 
     assert not (tiny_dir / "README.md").exists()
-    res = CliRunner().invoke(app, ["eval", "--model", str(tiny_dir), "--task", "arith", "--n-test", "2", "--pass-k", "",
-                                   "--max-new-tokens", "2", "--run-dir", str(tmp_path / "ev")])
+    res = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(tiny_dir),
+            "--task",
+            "arith",
+            "--n-test",
+            "2",
+            "--pass-k",
+            "",
+            "--max-new-tokens",
+            "2",
+            "--run-dir",
+            str(tmp_path / "ev"),
+        ],
+    )
     assert res.exit_code == 0, res.output
     notes = [line for line in (res.output + capsys.readouterr().err).splitlines() if "has no model card" in line]
     assert len(notes) == 1 and str(tiny_dir) in notes[0], notes

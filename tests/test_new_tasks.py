@@ -16,12 +16,18 @@ from corp.extras import available
 
 # the three reasoning-gym tasks of the README's evidence (base accuracy of the embedded model 5-60%)
 SMALL = "instruction=none,extract=fallback,max_new_tokens=24"
-RG_TASKS = [f"rg:chain_sum:max_terms=2,max_digits=1,{SMALL}", f"rg:gcd:max_value=20,{SMALL}", f"rg:letter_counting:min_words=1,max_words=3,{SMALL}"]
+RG_TASKS = [
+    f"rg:chain_sum:max_terms=2,max_digits=1,{SMALL}",
+    f"rg:gcd:max_value=20,{SMALL}",
+    f"rg:letter_counting:min_words=1,max_words=3,{SMALL}",
+]
 
-needs_gym = pytest.mark.skipif(not available("reasoning-gym"), reason="reasoning-gym not installed (pip install 'corp[reasoning-gym]')")
+needs_gym = pytest.mark.skipif(
+    not available("reasoning-gym"), reason="reasoning-gym not installed (pip install 'corp[reasoning-gym]')"
+)
 
 
-def _ids(task, seed=0, sizes=SplitSizes(8, 4, 4, 8)):
+def _ids(task, seed=0, sizes=SplitSizes(8, 4, 4, 8)):  # noqa: B008  (read, never mutated)
     sp = make_splits(task, sizes, seed)
     return {s: [(e.id, e.prompt, e.answer) for e in sp[s]] for s in SPLITS}
 
@@ -29,18 +35,23 @@ def _ids(task, seed=0, sizes=SplitSizes(8, 4, 4, 8)):
 # ---------------------------------------------------------------- story ordering
 
 
-@pytest.mark.parametrize("answer, expected", [
-    ("ABCDE", 1.0),  # all right
-    ("EDCBA", 0.6 * 1 / 5),  # reversed: only the middle position, no pair in order
-    ("ABDCE", 0.6 * 3 / 5 + 0.4 * 3 / 4),  # one adjacent swap
-    ("BCDEA", 0.6 * 0 + 0.4 * 3 / 4),  # first sentence moved to the end
-    (None, 0.0),
-])
+@pytest.mark.parametrize(
+    "answer, expected",
+    [
+        ("ABCDE", 1.0),  # all right
+        ("EDCBA", 0.6 * 1 / 5),  # reversed: only the middle position, no pair in order
+        ("ABDCE", 0.6 * 3 / 5 + 0.4 * 3 / 4),  # one adjacent swap
+        ("BCDEA", 0.6 * 0 + 0.4 * 3 / 4),  # first sentence moved to the end
+        (None, 0.0),
+    ],
+)
 def test_reorder_reward_worked_examples(answer, expected):
     assert order_reward(answer, "ABCDE") == pytest.approx(expected)
     # the same answers, relabelled: the reward depends on the order, not on the letters
     relabel = str.maketrans("ABCDE", "CEADB")
-    assert order_reward(answer.translate(relabel) if answer else None, "ABCDE".translate(relabel)) == pytest.approx(expected)
+    assert order_reward(answer.translate(relabel) if answer else None, "ABCDE".translate(relabel)) == pytest.approx(
+        expected
+    )
 
 
 @needs_gym  # the default text ships with reasoning-gym
@@ -70,7 +81,9 @@ def test_reorder_splits_are_reproducible_and_test_sentences_never_reach_selectio
     assert len(pools["test"]) >= 64 and len(pools["train"]) >= 128, "the default split sizes must fit"
     assert not (train & test), "a test sentence was shown during selection"
     assert all(len(sentences(e)) == 5 for e in pools["test"])
-    assert all(sorted(e.answer) == list("ABCDE") and e.answer != "ABCDE" for e in pools["train"] + pools["test"]), "gold is a shuffle, never the identity"
+    assert all(sorted(e.answer) == list("ABCDE") and e.answer != "ABCDE" for e in pools["train"] + pools["test"]), (
+        "gold is a shuffle, never the identity"
+    )
 
 
 def test_reorder_on_a_user_text(tmp_path):
@@ -91,7 +104,12 @@ def test_reorder_on_a_user_text(tmp_path):
 
 
 def test_sentence_splitter():
-    assert split_sentences('Mr. Smith came. "Stop!" he said. It was 3 p.m. now? Yes.') == ["Mr. Smith came.", '"Stop!" he said.', "It was 3 p.m. now?", "Yes."]
+    assert split_sentences('Mr. Smith came. "Stop!" he said. It was 3 p.m. now? Yes.') == [
+        "Mr. Smith came.",
+        '"Stop!" he said.',
+        "It was 3 p.m. now?",
+        "Yes.",
+    ]
 
 
 # ---------------------------------------------------------------- reasoning-gym
@@ -108,9 +126,17 @@ def test_rg_splits_reproducible_across_processes(spec):
         f"sp = make_splits(get_task({spec!r}), SplitSizes(8, 4, 4, 8), 0)\n"
         "print(json.dumps({s: [[e.id, e.prompt, e.answer] for e in sp[s]] for s in SPLITS}))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "12345"}, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert json.loads(out.stdout) == {s: [list(x) for x in a[s]] for s in SPLITS}, "another process (other hash seed) drew other splits"
+    assert json.loads(out.stdout) == {s: [list(x) for x in a[s]] for s in SPLITS}, (
+        "another process (other hash seed) drew other splits"
+    )
 
 
 @needs_gym
@@ -125,7 +151,9 @@ def test_rg_reward_on_hand_made_completions(spec):
     assert rewards[0] == 1.0 and rewards[2] < 1.0 and rewards[3:] == [0.0, 0.0]
     assert task.check(task.extract(right), ex) and not task.check(task.extract(wrong), ex)
     strict = get_task(spec.replace(",extract=fallback", ""))
-    assert strict.extract(untagged) is None and strict.reward([untagged, right], [ex, ex]) == [0.0, 1.0], "the gym's own extraction needs <answer> tags"
+    assert strict.extract(untagged) is None and strict.reward([untagged, right], [ex, ex]) == [0.0, 1.0], (
+        "the gym's own extraction needs <answer> tags"
+    )
     assert rewards[1] == 1.0, "numeric gold: the fallback takes the last number"
     assert task.extract(f"Let me think.\n{ex.answer}") == ex.answer
 
@@ -145,7 +173,9 @@ def test_rg_options_and_errors():
     with pytest.raises(CorpError, match="min_terms='x' is not a int"):
         get_task("rg:basic_arithmetic:min_terms=x")
     rows = {r["task"]: r["description"] for r in list_tasks()}
-    assert "rg:basic_arithmetic" in rows and "rg:countdown" in rows and len([t for t in rows if t.startswith("rg:")]) > 50
+    assert (
+        "rg:basic_arithmetic" in rows and "rg:countdown" in rows and len([t for t in rows if t.startswith("rg:")]) > 50
+    )
 
 
 def test_corp_tasks_says_how_to_install_the_gym_when_missing(monkeypatch):
@@ -162,13 +192,34 @@ def test_corp_tasks_says_how_to_install_the_gym_when_missing(monkeypatch):
 
 def corp_cli(*args, cwd):
     env = {**os.environ, "CORP_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "corp.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "corp.cli", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=900
+    )
 
 
 def _two_specialists(task: str, tmp_path, *extra):
     run = tmp_path / "run"
-    res = corp_cli("score", "--task", task, "--population", "2", "--n-support", "4", "--n-probe", "0", "--n-validation", "0", "--n-test", "0",
-                   "--threads", "1", "--run-dir", str(run), *extra, cwd=tmp_path)
+    res = corp_cli(
+        "score",
+        "--task",
+        task,
+        "--population",
+        "2",
+        "--n-support",
+        "4",
+        "--n-probe",
+        "0",
+        "--n-validation",
+        "0",
+        "--n-test",
+        "0",
+        "--threads",
+        "1",
+        "--run-dir",
+        str(run),
+        *extra,
+        cwd=tmp_path,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [json.loads(line) for line in (run / "population.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(len(r["rewards"]) == 4 for r in rows)
@@ -191,13 +242,20 @@ def test_reorder_two_specialists_through_the_cli(tmp_path):
 
 @pytest.mark.embedded
 def test_custom_csv_with_mapping_per_completion_reward_and_stop_through_the_cli(tmp_path):
-    (tmp_path / "qa.csv").write_text("question,solution\n" + "".join(f"What is {i} plus {i}?,{2 * i}\n" for i in range(1, 9)))
+    (tmp_path / "qa.csv").write_text(
+        "question,solution\n" + "".join(f"What is {i} plus {i}?,{2 * i}\n" for i in range(1, 9))
+    )
     (tmp_path / "my_reward.py").write_text(
         "def reward(completion, answer, **columns):\n"
         "    assert '\\n' not in completion  # the stop string cut the completion\n"
         "    return 10.0 if answer in completion else -1.0\n"
     )
-    rows, _ = _two_specialists("jsonl:qa.csv:prompt=question,answer=solution,max_new_tokens=20,stop=\\n", tmp_path, "--reward", "my_reward:reward")
+    rows, _ = _two_specialists(
+        "jsonl:qa.csv:prompt=question,answer=solution,max_new_tokens=20,stop=\\n",
+        tmp_path,
+        "--reward",
+        "my_reward:reward",
+    )
     assert {x for r in rows for x in r["rewards"]} <= {10.0, -1.0}
     assert all(r["reward_errors"] == 0 for r in rows)
 
@@ -205,9 +263,31 @@ def test_custom_csv_with_mapping_per_completion_reward_and_stop_through_the_cli(
 @pytest.mark.embedded
 def test_a_reward_that_always_raises_stops_corp_score_with_one_line(tmp_path):
     (tmp_path / "broken_reward.py").write_text("def reward(completions, **kw):\n    raise KeyError('solution')\n")
-    res = corp_cli("score", "--population", "2", "--n-support", "4", "--n-probe", "0", "--n-validation", "0", "--n-test", "0", "--threads", "1",
-                   "--task", "arith:max_new_tokens=8", "--reward", "broken_reward:reward", "--run-dir", str(tmp_path / "run"), cwd=tmp_path)
+    res = corp_cli(
+        "score",
+        "--population",
+        "2",
+        "--n-support",
+        "4",
+        "--n-probe",
+        "0",
+        "--n-validation",
+        "0",
+        "--n-test",
+        "0",
+        "--threads",
+        "1",
+        "--task",
+        "arith:max_new_tokens=8",
+        "--reward",
+        "broken_reward:reward",
+        "--run-dir",
+        str(tmp_path / "run"),
+        cwd=tmp_path,
+    )
     assert res.returncode == 2, res.stderr[-3000:]
     errors = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
-    assert len(errors) == 1 and "broken_reward:reward" in errors[0] and "KeyError: 'solution'" in errors[0], res.stderr[-3000:]
+    assert len(errors) == 1 and "broken_reward:reward" in errors[0] and "KeyError: 'solution'" in errors[0], res.stderr[
+        -3000:
+    ]
     assert "Traceback" not in res.stderr

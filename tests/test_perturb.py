@@ -5,7 +5,16 @@ import pytest
 import torch
 
 from corp import CorpError
-from corp.perturb import SCHEME_VERSION, Component, Direction, ParamFilter, Perturber, noise, noise_key, specialist_seeds
+from corp.perturb import (
+    SCHEME_VERSION,
+    Component,
+    Direction,
+    ParamFilter,
+    Perturber,
+    noise,
+    noise_key,
+    specialist_seeds,
+)
 from corp.perturb.noise import seed_generator
 
 V1, V2 = "corp-noise-v1", "corp-noise-v2"
@@ -102,22 +111,26 @@ def test_per_tensor_runs_tasks_at_once_each_with_its_own_scratch(monkeypatch):
     pool = direction_module.ScratchPool()
     assert sorted(direction_module.per_tensor(task, items, pool)) == ["a", "b", "c"]
     assert len({id(s) for s in held}) == 3
-    assert sorted(direction_module.per_tensor(lambda n, s, scratch: id(scratch), items[:1], pool))[0] in {id(s) for s in held}  # reused
+    assert sorted(direction_module.per_tensor(lambda n, s, scratch: id(scratch), items[:1], pool))[0] in {
+        id(s) for s in held
+    }  # reused
 
 
 def test_workers_run_torch_operators_on_one_thread_and_the_main_thread_keeps_its_count(monkeypatch):
     # W workers with OpenMP teams of their own would run W x T threads on T cores
-    import corp.perturb.direction as direction_module
-
     import ctypes
     import os
 
     import sklearn.utils  # noqa: F401  (its own libgomp, mapped below torch's: the runtime must still be torch's)
 
+    import corp.perturb.direction as direction_module
+
     monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: 2)
     torch_dir = os.path.dirname(torch.__file__) + os.sep
     with open("/proc/self/maps") as maps:
-        path = next((line.split()[-1] for line in maps if "libgomp" in line and line.split()[-1].startswith(torch_dir)), None)
+        path = next(
+            (line.split()[-1] for line in maps if "libgomp" in line and line.split()[-1].startswith(torch_dir)), None
+        )
     if path is None:
         pytest.skip("torch does not run on a libgomp of its own here")
     omp = ctypes.CDLL(path)  # the runtime torch loaded (the same handle)
@@ -125,7 +138,11 @@ def test_workers_run_torch_operators_on_one_thread_and_the_main_thread_keeps_its
     torch.set_num_threads(2)  # a worker that kept torch's count would run 2 (other tests may leave 1)
     try:
         items = [(n, torch.Size((4,))) for n in "abc"]
-        seen = list(direction_module.per_tensor(lambda n, s, scratch: (torch.mul(torch.ones(1 << 17), 2.0), omp.omp_get_max_threads())[1], items))
+        seen = list(
+            direction_module.per_tensor(
+                lambda n, s, scratch: (torch.mul(torch.ones(1 << 17), 2.0), omp.omp_get_max_threads())[1], items
+            )
+        )
         assert seen == [1, 1, 1]
         assert omp.omp_get_max_threads() == 2  # the main thread's own count is untouched
     finally:
@@ -142,7 +159,9 @@ def test_apply_on_parallel_workers_gives_the_formula_bits_for_every_tensor(tiny_
     pert = Perturber(tiny_model)
     w0 = {n: p.detach().clone() for n, p in pert.params}
     centre = Direction([Component(1, 0.02, 0.7), Component(2, 0.01, -1.3)])
-    full = centre + Direction.merged([Component(4, 0.03, 0.5), Component(5, 0.01, 2.0)], 1.5) + Direction.single(6, 0.05)
+    full = (
+        centre + Direction.merged([Component(4, 0.03, 0.5), Component(5, 0.01, 2.0)], 1.5) + Direction.single(6, 0.05)
+    )
     for prefix in (None, centre):
         pert.cache_prefix(prefix)
         pert.apply(full)
@@ -198,7 +217,9 @@ def test_v1_key_collision_shares_noise_and_v2_does_not():
     specialists got bit-identical noise for a tensor. v2 must tell them apart."""
     a, b = _low32_collision(UP)
     assert noise_key(a, UP, V1) != noise_key(b, UP, V1)
-    assert torch.equal(noise(a, UP, (64, 32), scheme=V1), noise(b, UP, (64, 32), scheme=V1))  # the old bug, kept for old recipes
+    assert torch.equal(
+        noise(a, UP, (64, 32), scheme=V1), noise(b, UP, (64, 32), scheme=V1)
+    )  # the old bug, kept for old recipes
     assert not torch.equal(noise(a, UP, (64, 32), scheme=V2), noise(b, UP, (64, 32), scheme=V2))
     assert SCHEME_VERSION == V2
 
@@ -228,7 +249,10 @@ def test_v1_still_regenerates_bit_identically():
     gen = torch.Generator().manual_seed(int.from_bytes(digest, "little") & ((1 << 63) - 1))
     x = noise(1008331279, UP, (64, 32), scheme=V1)
     assert torch.equal(x, torch.randn((64, 32), generator=gen))
-    assert hashlib.sha256(x.numpy().tobytes()).hexdigest() == "ba86e0e0b04cb7ab50517b5ddb7765221765f2e3c1986162ac7f44c236fd6507"
+    assert (
+        hashlib.sha256(x.numpy().tobytes()).hexdigest()
+        == "ba86e0e0b04cb7ab50517b5ddb7765221765f2e3c1986162ac7f44c236fd6507"
+    )
 
 
 def test_v2_noise_deterministic_independent_and_reusing_a_generator_is_harmless():
@@ -257,7 +281,11 @@ def test_perturber_materialises_under_its_scheme(tiny_model):
     for scheme in (V1, V2):
         pert = Perturber(tiny_model, scheme=scheme)
         pert.apply(d)
-        expected = w0.clone().add_(noise(5, name, w0.shape, scheme=scheme).mul_(1e-2)).add_(noise(9, name, w0.shape, scheme=scheme).mul_(2e-2 * -0.5))
+        expected = (
+            w0.clone()
+            .add_(noise(5, name, w0.shape, scheme=scheme).mul_(1e-2))
+            .add_(noise(9, name, w0.shape, scheme=scheme).mul_(2e-2 * -0.5))
+        )
         assert torch.equal(param.detach(), expected), scheme
         pert.restore()
 

@@ -41,7 +41,20 @@ def ray_session():
 
 
 def cfg_for(run_dir, model, **kw):
-    base = dict(model=str(model), task="arith", population=8, sigmas="0.05,0.1", n_support=12, n_probe=0, n_validation=0, n_test=4, top_k="1,2", max_new_tokens=12, threads=1, run_dir=str(run_dir))
+    base = dict(
+        model=str(model),
+        task="arith",
+        population=8,
+        sigmas="0.05,0.1",
+        n_support=12,
+        n_probe=0,
+        n_validation=0,
+        n_test=4,
+        top_k="1,2",
+        max_new_tokens=12,
+        threads=1,
+        run_dir=str(run_dir),
+    )
     base.update(kw)
     return load_config(RandOptConfig, None, base)
 
@@ -66,8 +79,14 @@ def test_ray_two_workers_same_population_as_local(tmp_path, tiny_dir):
         # the backend contract on the driver: the workers' identity, log-probs forwarded, and one
         # line (not an AttributeError) for what lives only in the workers
         local_backend = setup_run(cfg_for(tmp_path / "local", tiny_dir), "randopt").backend
-        assert (ctx.backend.name, ctx.backend.model_id, ctx.backend.weights_hash) == ("hf", local_backend.model_id, local_backend.weights_hash)
-        assert ctx.backend.logprobs(["1 + 2"], [[5, 6]])[0] == pytest.approx(local_backend.logprobs(["1 + 2"], [[5, 6]])[0], abs=1e-6)
+        assert (ctx.backend.name, ctx.backend.model_id, ctx.backend.weights_hash) == (
+            "hf",
+            local_backend.model_id,
+            local_backend.weights_hash,
+        )
+        assert ctx.backend.logprobs(["1 + 2"], [[5, 6]])[0] == pytest.approx(
+            local_backend.logprobs(["1 + 2"], [[5, 6]])[0], abs=1e-6
+        )
         for attr in ("perturber", "model"):
             with pytest.raises(CorpError, match=r"the Ray driver .* run it with --executor local"):
                 getattr(ctx.backend, attr)
@@ -80,14 +99,18 @@ def test_ray_two_workers_same_population_as_local(tmp_path, tiny_dir):
     # resumable exactly as the local executor: a rerun on the same directory scores nothing
     ctx2 = setup_run(cfg_for(tmp_path / "ray", tiny_dir), "randopt")
     calls = []
-    ctx2.executor = type("Spy", (), {"map": lambda self, c, specs, split: calls.extend(specs) or iter(()), "close": lambda self: None})()
+    ctx2.executor = type(
+        "Spy", (), {"map": lambda self, c, specs, split: calls.extend(specs) or iter(()), "close": lambda self: None}
+    )()
     again = ensure_population(ctx2)
     assert calls == [] and strip_timing(again) == strip_timing(local)
 
 
 def test_killing_an_actor_mid_run_still_completes(tmp_path, tiny_dir):
-    local = local_population(tmp_path, tiny_dir)
-    ctx = setup_run(cfg_for(tmp_path / "ray", tiny_dir, executor="ray", workers=2, n_support=24, max_new_tokens=24), "randopt")
+    local_population(tmp_path, tiny_dir)
+    ctx = setup_run(
+        cfg_for(tmp_path / "ray", tiny_dir, executor="ray", workers=2, n_support=24, max_new_tokens=24), "randopt"
+    )
     from corp.evaluate.executors import get_executor
 
     ex = get_executor(ctx)
@@ -117,7 +140,9 @@ def test_killing_an_actor_mid_run_still_completes(tmp_path, tiny_dir):
     rows = out["rows"]
     assert len(rows) == 8
     # the rows equal an uninterrupted local run on the same config
-    local_long = ensure_population(setup_run(cfg_for(tmp_path / "local-long", tiny_dir, n_support=24, max_new_tokens=24), "randopt"))
+    local_long = ensure_population(
+        setup_run(cfg_for(tmp_path / "local-long", tiny_dir, n_support=24, max_new_tokens=24), "randopt")
+    )
     assert strip_timing(rows) == strip_timing(local_long)
     assert len(read_jsonl(path, key="key")) == 8, "each specialist written once"
 

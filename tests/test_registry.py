@@ -36,7 +36,9 @@ def test_register_forms_duplicates_and_the_unknown_name_line():
         custom.lookup("y")
 
 
-@pytest.mark.parametrize("registry", [REGISTRY, TASKS, LOSS_VARIANTS, MERGE_RULES], ids=["methods", "tasks", "losses", "merge-rules"])
+@pytest.mark.parametrize(
+    "registry", [REGISTRY, TASKS, LOSS_VARIANTS, MERGE_RULES], ids=["methods", "tasks", "losses", "merge-rules"]
+)
 def test_every_registry_is_one_registry_and_looks_up_each_entry(registry):
     assert isinstance(registry, Registry) and len(registry) >= 2
     for name, entry in registry.items():

@@ -9,7 +9,11 @@ from corp import CorpError
 from corp.evaluate.rewards import compute_rewards, resolve_reward
 from corp.evaluate.tasks import Example, get_task
 
-EXS = [Example("1", "p1", "1", {"tag": "x"}), Example("2", "p2", "2", {"tag": "y"}), Example("3", "p3", "3", {"tag": "z"})]
+EXS = [
+    Example("1", "p1", "1", {"tag": "x"}),
+    Example("2", "p2", "2", {"tag": "y"}),
+    Example("3", "p3", "3", {"tag": "z"}),
+]
 
 
 def always_raises(completions, **_):
@@ -43,11 +47,14 @@ def flaky(completions, answer, **_):
     return [1.0] * len(completions)
 
 
-@pytest.mark.parametrize("fn, message", [
-    (always_raises, "always_raises.*RuntimeError: no reward today"),
-    (wrong_signature, "wrong_signature.*TypeError"),
-    (always_nan, "always_nan.*returned nan, not a finite number"),
-])
+@pytest.mark.parametrize(
+    "fn, message",
+    [
+        (always_raises, "always_raises.*RuntimeError: no reward today"),
+        (wrong_signature, "wrong_signature.*TypeError"),
+        (always_nan, "always_nan.*returned nan, not a finite number"),
+    ],
+)
 def test_a_reward_that_fails_on_every_example_stops_with_one_line(fn, message):
     task = get_task("arith")
     with pytest.raises(CorpError, match=message):
@@ -79,7 +86,9 @@ def test_per_completion_and_trl_batched_forms_are_detected_and_called_right():
 
 
 def test_reward_module_in_working_directory_is_found_without_pythonpath(tmp_path, monkeypatch):
-    (tmp_path / "my_local_reward.py").write_text("def score(completion, answer, **_):\n    return 2.0 if completion == answer else -1.0\n")
+    (tmp_path / "my_local_reward.py").write_text(
+        "def score(completion, answer, **_):\n    return 2.0 if completion == answer else -1.0\n"
+    )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
     monkeypatch.delitem(sys.modules, "my_local_reward", raising=False)

@@ -8,7 +8,6 @@ import json
 import pytest
 
 from corp import CorpError
-from corp.config import RandOptConfig, load_config
 from corp.evaluate.context import EvalCache, open_run, run_evals, setup_run
 from corp.evaluate.scorer import ensure_population
 from corp.runs import read_jsonl
@@ -35,8 +34,12 @@ def test_validation_base_row_is_not_reused_for_other_validation_examples(tmp_pat
     cfg2 = tiny_cfg(tmp_path, n_probe=4, n_validation=3)
     backend, calls = counting(fresh_backend())
     ctx2 = setup_run(cfg2, "consolidate", backend, needs=("support", "validation"))
-    assert ctx2.example_ids("support") == ctx1.example_ids("support") and ctx2.example_ids("test") == ctx1.example_ids("test")
-    assert ctx2.example_ids("validation") != ctx1.example_ids("validation"), "the planted case: only the validation examples moved"
+    assert ctx2.example_ids("support") == ctx1.example_ids("support") and ctx2.example_ids("test") == ctx1.example_ids(
+        "test"
+    )
+    assert ctx2.example_ids("validation") != ctx1.example_ids("validation"), (
+        "the planted case: only the validation examples moved"
+    )
     scorer = RunScorer(ctx2, run_evals(ctx2))
     second = scorer(None, "validation")
     assert calls == [3], "the base is evaluated again, on the new validation examples"
@@ -110,8 +113,8 @@ def test_from_run_takes_the_first_n_in_population_order(tmp_path):
 
 
 def test_from_run_refuses_an_es_run(tmp_path):
-    from tests.test_es import tiny_es_cfg
     from corp.baselines.es import run_es
+    from tests.test_es import tiny_es_cfg
 
     run_es(tiny_es_cfg(tmp_path / "es", iterations=1, population=2, reward=None), fresh_backend())
     cfg = tiny_cfg(tmp_path / "dst", population=2, top_k="1", from_run=str(tmp_path / "es"))
@@ -146,7 +149,10 @@ def test_randopt_report_has_paired_comparisons_outcomes_and_labelled_counts(tmp_
 
     report = run_randopt(tiny_cfg(tmp_path / "r"), fresh_backend())
     rows = {r["method"]: r for r in report["rows"]}
-    assert rows["base"]["labelled_examples"] == 0 and rows["randopt-top1"]["labelled_examples"] == 6 == rows["randopt-vote@2"]["labelled_examples"]
+    assert (
+        rows["base"]["labelled_examples"] == 0
+        and rows["randopt-top1"]["labelled_examples"] == 6 == rows["randopt-vote@2"]["labelled_examples"]
+    )
     pairs = {(c["a"], c["b"]) for c in report["comparisons"]}
     assert pairs == {("randopt-top1", "base"), ("randopt-vote@2", "base")}
     for c in report["comparisons"]:
@@ -159,8 +165,8 @@ def test_randopt_report_has_paired_comparisons_outcomes_and_labelled_counts(tmp_
 
 
 def test_es_report_compares_with_base_and_counts_support(tmp_path):
-    from tests.test_es import tiny_es_cfg
     from corp.baselines.es import run_es
+    from tests.test_es import tiny_es_cfg
 
     report = run_es(tiny_es_cfg(tmp_path / "es", iterations=1, population=2), fresh_backend())
     rows = {r["method"]: r for r in report["rows"]}

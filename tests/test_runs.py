@@ -55,8 +55,16 @@ def test_second_process_on_a_locked_run_dir_gets_one_error_naming_the_holder(tmp
 
     from corp.runs import RunLock
 
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from corp.runs import RunLock; RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)", str(tmp_path)],
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from corp.runs import RunLock; RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(CorpError, match=f"in use by another corp process \\(pid {holder.pid}\\)"):

@@ -169,7 +169,9 @@ def test_allocating_50_gb_fails_and_leaves_the_caller_alive():
     assert not r.passed and r.status in (Status.FAIL, Status.CRASH)
     assert "allocated" not in r.stdout and "MemoryError" in r.stderr
     assert r.max_rss_mb is not None and r.max_rss_mb < 512
-    assert os.getpid() and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000  # < ~100 MB growth here
+    assert (
+        os.getpid() and resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100_000
+    )  # < ~100 MB growth here
 
 
 def _plant() -> tuple[str, dict[str, str]]:
@@ -224,7 +226,14 @@ def _destroyer(d: str, files: dict[str, str], escape: list[str]) -> str:
 def test_writing_and_deleting_outside_the_working_directory():
     d, files = _plant()
     tag = os.urandom(4).hex()
-    escape = [f"/tmp/corp-escape-{tag}", f"/var/tmp/corp-escape-{tag}", f"/dev/shm/corp-escape-{tag}", os.path.join(d, "new.txt"), str(REPO / f"corp-escape-{tag}"), "/corp-escape-" + tag]
+    escape = [
+        f"/tmp/corp-escape-{tag}",
+        f"/var/tmp/corp-escape-{tag}",
+        f"/dev/shm/corp-escape-{tag}",
+        os.path.join(d, "new.txt"),
+        str(REPO / f"corp-escape-{tag}"),
+        "/corp-escape-" + tag,
+    ]
     try:
         r = run_program(_destroyer(d, files, escape), timeout=5)
         assert not r.passed and r.status is Status.FAIL
@@ -351,9 +360,23 @@ def test_parent_environment_is_not_visible(monkeypatch):
 
 @needs_isolation
 def test_many_adversarial_programs_in_parallel_keep_order_and_counts():
-    programs = ["while True: pass", "assert 1 == 2", "print(1)", "import sys; sys.exit(0)\nassert 0", "x = bytearray(50 * 1024 ** 3)", "print(2)"]
+    programs = [
+        "while True: pass",
+        "assert 1 == 2",
+        "print(1)",
+        "import sys; sys.exit(0)\nassert 0",
+        "x = bytearray(50 * 1024 ** 3)",
+        "print(2)",
+    ]
     results = run_many(programs, concurrency=2, timeout=2)
-    assert [r.status for r in results] == [Status.TIMEOUT, Status.FAIL, Status.PASS, Status.FAIL, Status.FAIL, Status.PASS]
+    assert [r.status for r in results] == [
+        Status.TIMEOUT,
+        Status.FAIL,
+        Status.PASS,
+        Status.FAIL,
+        Status.FAIL,
+        Status.PASS,
+    ]
     assert results[2].stdout == "1\n" and results[5].stdout == "2\n"
     assert status_counts(results) == {"pass": 2, "fail": 3, "timeout": 1, "crash": 0, "sandbox_error": 0}
 
@@ -387,7 +410,22 @@ def test_plain_data_codec_builds_only_builtins():
         def __eq__(self, other):
             return True
 
-    values = [None, True, 3, -0.0, float("inf"), "s", b"b", bytearray(b"a"), 1j, [1, (2,)], {3}, frozenset({4}), {(1, 2): [None]}, int]
+    values = [
+        None,
+        True,
+        3,
+        -0.0,
+        float("inf"),
+        "s",
+        b"b",
+        bytearray(b"a"),
+        1j,
+        [1, (2,)],
+        {3},
+        frozenset({4}),
+        {(1, 2): [None]},
+        int,
+    ]
     for v in values:
         assert decode(json.loads(json.dumps(encode(v)))) == v
     assert type(decode(encode(Liar(5)))) is int and decode(encode(Liar(5))) != 6  # a subclass travels as its base
@@ -413,7 +451,9 @@ def test_object_whose_eq_is_always_true_does_not_pass():
     assert old_way.passed  # the attack works there
     r = run_program(cheat, timeout=5, tests=Tests(asserts, remote=("add",)))
     assert r.status is Status.FAIL and "AssertionError" in r.stderr
-    honest = run_program("def add(a, b):\n    return a + b\n", timeout=5, tests=Tests("assert add(2, 2) == 4\n", remote=("add",)))
+    honest = run_program(
+        "def add(a, b):\n    return a + b\n", timeout=5, tests=Tests("assert add(2, 2) == 4\n", remote=("add",))
+    )
     assert honest.passed
 
 
@@ -472,7 +512,9 @@ def test_program_cannot_read_the_tests_or_forge_the_verdict():
     )
     r = run_program(forger, timeout=5, tests=Tests(asserts, remote=("add",)))
     assert r.status is Status.FAIL, (r.status, r.detail)
-    honest = run_program(spy.replace("return ANSWER", "return a + b"), timeout=5, tests=Tests("assert add(2, 2) == 4\n", remote=("add",)))
+    honest = run_program(
+        spy.replace("return ANSWER", "return a + b"), timeout=5, tests=Tests("assert add(2, 2) == 4\n", remote=("add",))
+    )
     assert honest.passed  # the snooping itself is not what fails it
 
 
@@ -484,10 +526,13 @@ def test_sandbox_hides_the_data_directory_the_repository_and_home():
     # Python under the home directory), so their ancestors exist as bare directories; nothing else
     # of the repository, the home directory or the data directory may be there.
     shown = sandbox._EXPOSE
+
     def hidden_candidates(root: Path):
         if not root.is_dir():
             return []
-        return [p for p in sorted(root.iterdir())[:20] if not any(str(p) == e or e.startswith(str(p) + "/") for e in shown)]
+        return [
+            p for p in sorted(root.iterdir())[:20] if not any(str(p) == e or e.startswith(str(p) + "/") for e in shown)
+        ]
 
     secret = [p for p in (DATA_DIR / "humaneval" / "HumanEval.jsonl", DATA_DIR) if p.exists()]
     secret += hidden_candidates(REPO) + hidden_candidates(Path.home())
@@ -573,14 +618,19 @@ def _as_user(fn, *, no_user_namespaces=False):
                 os.read(go_r, 1)
                 with open("/proc/sys/user/max_user_namespaces", "w") as f:
                     f.write("0")
-            elif no_user_namespaces:  # no user namespaces here at all (a locked-down container): already the case to test
+            elif (
+                no_user_namespaces
+            ):  # no user namespaces here at all (a locked-down container): already the case to test
                 os.write(ready_w, b"n")
                 os.read(go_r, 1)
                 if libc.unshare(CLONE_NEWNS) != 0:
                     raise OSError(ctypes.get_errno(), "unshare")
             elif libc.unshare(CLONE_NEWNS) != 0:
                 raise OSError(ctypes.get_errno(), "unshare")
-            need = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), str(REPO))}
+            need = {
+                os.path.realpath(p)
+                for p in (sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable)), str(REPO))
+            }
             _reachable_for_others(sorted(need, key=len))
             os.setgroups([])
             os.setresgid(NOBODY, NOBODY, NOBODY)
@@ -613,12 +663,16 @@ def _as_user(fn, *, no_user_namespaces=False):
 
 def _userns_available() -> bool:
     """Whether this kernel lets an ordinary user make user namespaces and mount in them."""
+
     def sysctl(name: str, default: str) -> str:
         p = Path("/proc/sys") / name
         return p.read_text().strip() if p.exists() else default
 
-    return (int(sysctl("user/max_user_namespaces", "0")) > 0 and sysctl("kernel/unprivileged_userns_clone", "1") != "0"
-            and sysctl("kernel/apparmor_restrict_unprivileged_userns", "0") != "1")
+    return (
+        int(sysctl("user/max_user_namespaces", "0")) > 0
+        and sysctl("kernel/unprivileged_userns_clone", "1") != "0"
+        and sysctl("kernel/apparmor_restrict_unprivileged_userns", "0") != "1"
+    )
 
 
 needs_root_to_drop = pytest.mark.skipif(not ROOT, reason="dropping to another uid needs root (CI runs as root)")
@@ -642,7 +696,7 @@ def test_as_an_ordinary_user_the_program_is_isolated():
         return prog(
             f"""
             import os, signal, socket
-            for path in ({keep!r}, {os.path.join(d, 'new.txt')!r}):
+            for path in ({keep!r}, {os.path.join(d, "new.txt")!r}):
                 try:
                     open(path, 'w').write('escaped')
                     print('wrote', path)
@@ -669,11 +723,21 @@ def test_as_an_ordinary_user_the_program_is_isolated():
         try:
             srv.accept()[0].close()
             arrived = True
-        except socket.timeout:
+        except TimeoutError:
             arrived = False
-        checked = run_program("def add(a, b):\n    return a + b\n", timeout=5, tests=Tests("assert add(2, 2) == 4\n", remote=("add",)))
-        return {"uid": os.getuid(), "status": r.status.value, "level": r.isolation.get("level"), "stdout": r.stdout, "arrived": arrived,
-                "alive": os.getpid() == me, "checked": checked.status.value, "probe": sandbox.isolation_level()}
+        checked = run_program(
+            "def add(a, b):\n    return a + b\n", timeout=5, tests=Tests("assert add(2, 2) == 4\n", remote=("add",))
+        )
+        return {
+            "uid": os.getuid(),
+            "status": r.status.value,
+            "level": r.isolation.get("level"),
+            "stdout": r.stdout,
+            "arrived": arrived,
+            "alive": os.getpid() == me,
+            "checked": checked.status.value,
+            "probe": sandbox.isolation_level(),
+        }
 
     def unprotected():
         # the same attack without namespaces (what `run_program` did for an ordinary user before),
@@ -683,7 +747,7 @@ def test_as_an_ordinary_user_the_program_is_isolated():
         try:
             srv.accept()[0].close()
             arrived = True
-        except socket.timeout:
+        except TimeoutError:
             arrived = False
         return {"level": r.isolation.get("level"), "stdout": r.stdout, "arrived": arrived}
 
@@ -694,7 +758,9 @@ def test_as_an_ordinary_user_the_program_is_isolated():
         assert "wrote" not in got["stdout"] and "connected" not in got["stdout"] and not got["arrived"]
         assert Path(keep).read_text() == "planted\n" and not os.path.exists(os.path.join(d, "new.txt"))
         bare = _as_user(unprotected)  # the attack works there: these checks can fail
-        assert bare["level"] == "none" and "wrote" in bare["stdout"] and "connected" in bare["stdout"] and bare["arrived"]
+        assert (
+            bare["level"] == "none" and "wrote" in bare["stdout"] and "connected" in bare["stdout"] and bare["arrived"]
+        )
         assert Path(keep).read_text() == "escaped"
     finally:
         srv.close()
@@ -715,11 +781,17 @@ def test_as_an_ordinary_user_the_parent_cannot_be_killed():
     if _userns_available():
         got = _as_user(inside)
         assert got["alive"] and got["level"] == "user-namespaces" and got["status"] in ("fail", "crash")
+
     # without namespaces the same uid can kill its caller: run it in a grandchild we can lose
     def unprotected():
         pid = os.fork()
         if pid == 0:
-            run_program(f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)\n", timeout=5, namespaces=False, allow_unisolated=True)
+            run_program(
+                f"import os, signal\nos.kill({os.getpid()}, signal.SIGKILL)\n",
+                timeout=5,
+                namespaces=False,
+                allow_unisolated=True,
+            )
             os._exit(0)
         _, st = os.waitpid(pid, 0)
         return {"killed": os.WIFSIGNALED(st) and os.WTERMSIG(st) == signal.SIGKILL}
@@ -733,7 +805,12 @@ def test_as_an_ordinary_user_without_user_namespaces_code_is_refused_unless_allo
     from corp.evaluate.tasks.base import Example
     from corp.evaluate.tasks.code import MBPP
 
-    ex = Example("mbpp-x", "p", "", columns={"task_id": 0, "entry_point": "add", "test_setup_code": "", "test_list": ["assert add(2, 2) == 4"]})
+    ex = Example(
+        "mbpp-x",
+        "p",
+        "",
+        columns={"task_id": 0, "entry_point": "add", "test_setup_code": "", "test_list": ["assert add(2, 2) == 4"]},
+    )
     completion = "```python\ndef add(a, b):\n    return a + b\n```"
     d = tempfile.mkdtemp(prefix="corp-host-")
     os.chmod(d, 0o777)

@@ -10,7 +10,18 @@ from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 
 def tiny_cfg(run_dir, **kw):
-    base = dict(task="arith", population=4, sigmas="0.05,0.1", n_support=6, n_probe=0, n_validation=0, n_test=6, top_k="1,2", max_new_tokens=6, run_dir=str(run_dir))
+    base = dict(
+        task="arith",
+        population=4,
+        sigmas="0.05,0.1",
+        n_support=6,
+        n_probe=0,
+        n_validation=0,
+        n_test=6,
+        top_k="1,2",
+        max_new_tokens=6,
+        run_dir=str(run_dir),
+    )
     base.update(kw)
     return load_config(RandOptConfig, None, base)
 
@@ -73,6 +84,9 @@ def test_randopt_report_on_tiny_model(tmp_path):
     assert names == ["base", "randopt-top1", "randopt-vote@2"]
     vote = results[2]
     assert vote.passes_per_example == 2
-    assert vote.ledger.inference_tokens == sum(test_rows[(r["seed"], r["sigma"])]["prompt_tokens"] + test_rows[(r["seed"], r["sigma"])]["generated_tokens"] for r in ranked[:2])
+    assert vote.ledger.inference_tokens == sum(
+        test_rows[(r["seed"], r["sigma"])]["prompt_tokens"] + test_rows[(r["seed"], r["sigma"])]["generated_tokens"]
+        for r in ranked[:2]
+    )
     report = report_dict(ctx, results, ranked)
     assert report["population"]["n"] == 4 and "FLOPs" in report["flops_formula"]

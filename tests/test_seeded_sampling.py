@@ -73,9 +73,23 @@ def _backend():
 
 
 def _sc(run_dir, seed, backend):
-    cfg = load_config(SelfConsistencyConfig, None, {"model": "tiny", "task": "arith", "n_support": 0, "n_probe": 0, "n_validation": 0,
-                                                     "n_test": 4, "k": "1,3", "max_new_tokens": 6, "temperature": 1.0, "seed": seed,
-                                                     "run_dir": str(run_dir)})
+    cfg = load_config(
+        SelfConsistencyConfig,
+        None,
+        {
+            "model": "tiny",
+            "task": "arith",
+            "n_support": 0,
+            "n_probe": 0,
+            "n_validation": 0,
+            "n_test": 4,
+            "k": "1,3",
+            "max_new_tokens": 6,
+            "temperature": 1.0,
+            "seed": seed,
+            "run_dir": str(run_dir),
+        },
+    )
     run_self_consistency(cfg, backend)
     return backend.sampled[-1]
 

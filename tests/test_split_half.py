@@ -13,9 +13,8 @@ import torch
 
 from corp import CorpError
 from corp.analysis.linalg import low_rank_factors, project_low_rank, subspace_overlap, top_svd
-from corp.analysis.rank_stats import Plan, analyze_population, pair_stats
 from corp.analysis.power import analysis_power, detects, simulated_population
-from corp.analysis.rank_stats import analyze_matrix
+from corp.analysis.rank_stats import Plan, analyze_matrix, analyze_population, pair_stats
 from corp.analysis.report import reproducible_ranks, summarise, summary_text, write_outputs
 from corp.perturb import noise, specialist_seeds
 from tests.conftest import make_char_tokenizer, make_tiny_llama
@@ -125,14 +124,29 @@ def test_planted_low_rank_signal_is_recovered_and_null_is_calibrated(tiny64, tmp
     unplanted_zero, unplanted_total = 0, 0
     for seed in (0, 1, 2):
         seeds, sigmas, rewards = _population(seed, 2000, PLANTED, shapes)
-        res = analyze_population(named, seeds, sigmas, rewards, ranks=RANKS, splits=4, permutations=20, seed=seed, vocab_size=vocab, progress=False)
+        res = analyze_population(
+            named,
+            seeds,
+            sigmas,
+            rewards,
+            ranks=RANKS,
+            splits=4,
+            permutations=20,
+            seed=seed,
+            vocab_size=vocab,
+            progress=False,
+        )
         r_star = {m["matrix"]: m["r_star"] for m in res["matrices"]}
         assert "model.embed_tokens.weight" not in r_star and "lm_head.weight" in res["skipped"]
         for name, k in PLANTED.items():
             # found, and not the cumulative rule's r* = 32: near the detection threshold the partly
             # recovered signal leaks into the next singular directions of both halves, so r* may
             # overshoot k by up to two grid steps (seen: 4 and 8 for k = 2)
-            assert r_star[name] and RANKS.index(k) - 1 <= RANKS.index(r_star[name]) <= RANKS.index(k) + 2, (seed, name, r_star[name])
+            assert r_star[name] and RANKS.index(k) - 1 <= RANKS.index(r_star[name]) <= RANKS.index(k) + 2, (
+                seed,
+                name,
+                r_star[name],
+            )
         for name, r in r_star.items():
             if name not in PLANTED:
                 unplanted_total += 1
@@ -153,7 +167,9 @@ def test_shuffled_rewards_give_no_structure(tiny64):
     named, vocab = tiny64
     seeds, sigmas, rewards = _population(3, 2000, PLANTED, dict(named))
     shuffled = np.random.default_rng(7).permutation(rewards)
-    res = analyze_population(named, seeds, sigmas, shuffled, ranks=RANKS, splits=4, permutations=20, seed=3, vocab_size=vocab, progress=False)
+    res = analyze_population(
+        named, seeds, sigmas, shuffled, ranks=RANKS, splits=4, permutations=20, seed=3, vocab_size=vocab, progress=False
+    )
     r_star = [m["r_star"] for m in res["matrices"]]
     assert sum(r == 0 for r in r_star) >= 0.9 * len(r_star), r_star
     assert all(m["r_star"] == 0 for m in res["matrices"] if m["matrix"] in PLANTED)
@@ -164,7 +180,18 @@ def test_streaming_path_matches_stacked(tiny64):
     seeds, sigmas, rewards = _population(4, 40, {}, dict(named))
     sub = [x for x in named if x[0] == "model.layers.0.mlp.down_proj.weight"]
     a = analyze_population(sub, seeds, sigmas, rewards, ranks=(1, 4), splits=2, permutations=3, seed=0, progress=False)
-    b = analyze_population(sub, seeds, sigmas, rewards, ranks=(1, 4), splits=2, permutations=3, seed=0, budget_bytes=64 * 128 * 4 * 4, progress=False)
+    b = analyze_population(
+        sub,
+        seeds,
+        sigmas,
+        rewards,
+        ranks=(1, 4),
+        splits=2,
+        permutations=3,
+        seed=0,
+        budget_bytes=64 * 128 * 4 * 4,
+        progress=False,
+    )
     assert a["matrices"][0]["stacked"] and not b["matrices"][0]["stacked"]
     assert b["matrices"][0]["noise_draws"] > a["matrices"][0]["noise_draws"] == 40
     for ra, rb in zip(a["matrices"][0]["rows"], b["matrices"][0]["rows"]):
@@ -174,7 +201,9 @@ def test_streaming_path_matches_stacked(tiny64):
 
 def test_odd_population_and_bad_input():
     named = [("w.weight", (20, 12)), ("norm.weight", (12,))]
-    res = analyze_population(named, list(range(9)), [1e-3] * 9, list(np.arange(9.0)), ranks=(1, 2), splits=2, permutations=3, progress=False)
+    res = analyze_population(
+        named, list(range(9)), [1e-3] * 9, list(np.arange(9.0)), ranks=(1, 2), splits=2, permutations=3, progress=False
+    )
     assert [m["matrix"] for m in res["matrices"]] == ["w.weight"]  # 1-D norms skipped
     assert len(Plan.make(np.arange(9.0), 2, 3, 0).group_rows(0)) == 1 + 2 * 2  # odd N: explicit B rows
     with pytest.raises(CorpError, match="rewards are equal"):
@@ -227,7 +256,17 @@ def test_false_positive_rate_of_the_r_star_rule_is_at_its_level():
     total = hits = p95_hits = 0
     for pop in range(20):
         rewards = np.random.default_rng(pop).standard_normal(n)
-        res = analyze_population(named, specialist_seeds(100 + pop, n), sigmas, rewards, ranks=(1, 2), splits=2, permutations=20, seed=pop, progress=False)
+        res = analyze_population(
+            named,
+            specialist_seeds(100 + pop, n),
+            sigmas,
+            rewards,
+            ranks=(1, 2),
+            splits=2,
+            permutations=20,
+            seed=pop,
+            progress=False,
+        )
         for m in res["matrices"]:
             first = m["rows"][0]
             total += 1
@@ -268,8 +307,20 @@ def _planted_detection_rate(shape, n, share, pops, splits, perms, seed):
         seeds = specialist_seeds(seed * 1000 + p, n)
         x = np.array([s * float((D * noise(sd, "w.weight", shape)).sum()) for sd, s in zip(seeds, sigmas)])
         x /= math.sqrt(np.mean(np.square(sigmas)))
-        rewards = math.sqrt(share) * x + math.sqrt(1 - share) * np.random.default_rng(seed * 1000 + p).standard_normal(n)
-        res = analyze_population([("w.weight", shape)], seeds, sigmas, rewards, ranks=(1, 2, 4), splits=splits, permutations=perms, seed=p, progress=False)
+        rewards = math.sqrt(share) * x + math.sqrt(1 - share) * np.random.default_rng(seed * 1000 + p).standard_normal(
+            n
+        )
+        res = analyze_population(
+            [("w.weight", shape)],
+            seeds,
+            sigmas,
+            rewards,
+            ranks=(1, 2, 4),
+            splits=splits,
+            permutations=perms,
+            seed=p,
+            progress=False,
+        )
         found += res["matrices"][0]["r_star"] >= 1
     return found / pops
 
@@ -294,12 +345,16 @@ def test_power_estimate_agrees_with_the_analysis_on_planted_populations():
 def test_power_block_in_summary_and_text(tiny64, tmp_path):
     named, vocab = tiny64
     seeds, sigmas, rewards = _population(5, 24, {}, dict(named))
-    res = analyze_population(named, seeds, sigmas, rewards, ranks=(1, 2), splits=2, permutations=19, seed=0, vocab_size=vocab, progress=False)
+    res = analyze_population(
+        named, seeds, sigmas, rewards, ranks=(1, 2), splits=2, permutations=19, seed=0, vocab_size=vocab, progress=False
+    )
     summary = summarise(res, {"model": "tiny"}, (1, 2), 0.05)
     assert "power" not in summary
     if summary["n_with_rank"] == 0:  # the verdict says that power is unknown
         assert "(power not simulated: --skip-power)" in summary_text(summary)
-    summary["power"] = analysis_power([m["shape"] for m in res["matrices"]], sigmas, 2, 19, (1, 2), 0.05, sims=4, max_shapes=2)
+    summary["power"] = analysis_power(
+        [m["shape"] for m in res["matrices"]], sigmas, 2, 19, (1, 2), 0.05, sims=4, max_shapes=2
+    )
     p = summary["power"]
     assert len(p["shapes"]) == 2 and p["shapes_left_out"], p  # the tiny Llama has 3 distinct shapes
     assert sum(s["matrices"] for s in p["shapes"] + p["shapes_left_out"]) == len(res["matrices"])

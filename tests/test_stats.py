@@ -10,7 +10,9 @@ from corp import CorpError
 from corp.stats import PerExample, assert_same_examples, compare_paired, mcnemar_exact, paired_bootstrap_ci, zscore
 
 
-@pytest.mark.parametrize("only_a, only_b, both, neither", [(8, 2, 10, 5), (0, 3, 1, 1), (5, 5, 0, 0), (12, 0, 3, 3), (1, 0, 0, 0)])
+@pytest.mark.parametrize(
+    "only_a, only_b, both, neither", [(8, 2, 10, 5), (0, 3, 1, 1), (5, 5, 0, 0), (12, 0, 3, 3), (1, 0, 0, 0)]
+)
 def test_mcnemar_exact_equals_binomial_test(only_a, only_b, both, neither):
     a = [1] * only_a + [0] * only_b + [1] * both + [0] * neither
     b = [0] * only_a + [1] * only_b + [1] * both + [0] * neither
@@ -30,7 +32,9 @@ def test_paired_bootstrap_by_hand():
     assert paired_bootstrap_ci([1, 0, 1, 0], [1, 0, 1, 0]) == (0.0, 0.0)
     a, b = [1, 1, 0, 1, 0, 1, 1, 0] * 8, [0, 1, 0, 1, 0, 0, 1, 0] * 8
     lo, hi = paired_bootstrap_ci(a, b)
-    assert lo < np.mean(a) - np.mean(b) < hi and (lo, hi) == paired_bootstrap_ci(a, b), "fixed seed: the same interval every time"
+    assert lo < np.mean(a) - np.mean(b) < hi and (lo, hi) == paired_bootstrap_ci(a, b), (
+        "fixed seed: the same interval every time"
+    )
     # the bootstrap distribution of a mean of 64 iid differences: close to the normal interval
     d = np.array(a) - np.array(b)
     se = d.std() / np.sqrt(len(d))
@@ -76,7 +80,10 @@ def test_interval_over_seeds_resamples_seeds_not_just_examples():
     # the bench's interval is the seeds x examples t interval: also contains 0 here
     assert c["ci95"][0] < 0.0 < c["ci95"][1] and c["n_seeds"] == 3 and abs(c["difference"] - 0.5 / 3) < 1e-12
     assert [p["difference"] for p in c["per_seed"]] == [0.5, 0.0, 0.0] and c["signs"] == {"+": 1, "-": 0, "0": 2}
-    assert c["per_seed"][0]["ci95"] == list(paired_bootstrap_ci(method[0], base[0])) and c["per_seed"][0]["a_only_correct"] == 100
+    assert (
+        c["per_seed"][0]["ci95"] == list(paired_bootstrap_ci(method[0], base[0]))
+        and c["per_seed"][0]["a_only_correct"] == 100
+    )
     one = compare_paired_seeds("m", method[:1], "b", base[:1])  # one seed: the plain paired bootstrap
     assert one["ci95"] == list(paired_bootstrap_ci(method[0], base[0]))
 
@@ -110,7 +117,9 @@ def _coverage_script():
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("interval_coverage", Path(__file__).resolve().parents[1] / "benchmarks" / "interval_coverage.py")
+    spec = importlib.util.spec_from_file_location(
+        "interval_coverage", Path(__file__).resolve().parents[1] / "benchmarks" / "interval_coverage.py"
+    )
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -135,7 +144,10 @@ def test_across_seed_interval_covers_a_planted_effect(regime):
         assert ((iv["lo"] <= truth) & (truth <= iv["hi"])).mean() >= 0.90, (regime, k)
     if regime == "seed-dominated":
         a, b = cov.simulate(spec, 80, 3, 300, seed=3)
-        hits = sum(lo <= truth <= hi for lo, hi in (clustered_bootstrap_ci(list(a[i]), list(b[i]), samples=1000, seed=i) for i in range(80)))
+        hits = sum(
+            lo <= truth <= hi
+            for lo, hi in (clustered_bootstrap_ci(list(a[i]), list(b[i]), samples=1000, seed=i) for i in range(80))
+        )
         assert hits / 80 < 0.90, "the old bootstrap's undercoverage at 3 seeds is not visible: this test could not fail"
     else:
         assert cov.coverage_t_over_seeds(*cov.simulate(spec, 300, 5, 300, seed=5), truth) < 0.90

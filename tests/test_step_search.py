@@ -37,18 +37,26 @@ class WeightScore:
         norm = sum(float((t * t).sum()) for t in planted.values()) ** 0.5
         self.planted = {n: t / norm for n, t in planted.items()}
         self.sigma = sigma
-        self.thresholds = {s: np.random.default_rng(i).normal(-1.0, 1.0, size=40) for i, s in enumerate(("support", "probe", "validation"))}
+        self.thresholds = {
+            s: np.random.default_rng(i).normal(-1.0, 1.0, size=40)
+            for i, s in enumerate(("support", "probe", "validation"))
+        }
         self.seen: dict[str, str] = {}  # fingerprint of the direction -> digest of the weights it was scored with
 
     def __call__(self, direction, split):
         self.perturber.apply(direction)
         key = repr(direction.to_json()) if direction is not None else "base"
         self.seen[key] = weights_digest(self.model)
-        proj = sum(float(((p.detach() - self.w0[n]) * self.planted[n]).sum()) for n, p in self.model.named_parameters()) / self.sigma
+        proj = (
+            sum(float(((p.detach() - self.w0[n]) * self.planted[n]).sum()) for n, p in self.model.named_parameters())
+            / self.sigma
+        )
         return [float(0.5 * proj + t > 0) for t in self.thresholds[split]]
 
 
-def test_step_search_weights_are_rebuilt_bit_exactly_from_the_recipe_and_m_is_built_once(tmp_path, tiny_model, tiny_tokenizer, monkeypatch):
+def test_step_search_weights_are_rebuilt_bit_exactly_from_the_recipe_and_m_is_built_once(
+    tmp_path, tiny_model, tiny_tokenizer, monkeypatch
+):
     model_dir = tmp_path / "tiny"
     tiny_model.save_pretrained(model_dir)
     tiny_tokenizer.save_pretrained(model_dir)
@@ -64,7 +72,9 @@ def test_step_search_weights_are_rebuilt_bit_exactly_from_the_recipe_and_m_is_bu
     alphas = [1.0, 2.0, 4.0, 8.0]
     cfg = OperatorConfig(alphas=alphas, compat="seed-orthogonal").validate()
     params = [(n, p.shape) for n, p in tiny_model.named_parameters()]
-    res = consolidate_stage1(rewards, seeds, [sigma] * len(seeds), params, score, cfg, progress=False, perturber=score.perturber)
+    res = consolidate_stage1(
+        rewards, seeds, [sigma] * len(seeds), params, score, cfg, progress=False, perturber=score.perturber
+    )
     assert res.accepted, res.reason
     n_tensors = len(params)
     n_elite = len(res.best_stage.elite)
@@ -146,10 +156,14 @@ def test_keep_merged_builds_several_terms_in_one_pass_with_the_bits_of_materiali
     monkeypatch.setattr(direction_module, "noise", lambda *a, **k: calls.append(a[0]) or real_noise(*a, **k))
     pert.keep_merged(terms)
     n_tensors = len(pert.params)
-    assert len(calls) == (3 + 2) * n_tensors, "seeds 1-3 once for the shared terms, twice more for the odd one (seed 4's coef is 0)"
+    assert len(calls) == (3 + 2) * n_tensors, (
+        "seeds 1-3 once for the shared terms, twice more for the odd one (seed 4's coef is 0)"
+    )
     for t in terms:
         for name, p in pert.params:
-            assert torch.equal(pert._kept[t.components][name], direction_module.materialise(t.components, name, p.shape)), (t, name)
+            assert torch.equal(
+                pert._kept[t.components][name], direction_module.materialise(t.components, name, p.shape)
+            ), (t, name)
     fresh = Perturber(torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 4)))
     for t in terms:  # applying any of them (pinned: none is evicted) gives the bits of a fresh apply
         d = Direction([Merged(3.0, t.components)])
@@ -173,4 +187,6 @@ def test_keep_merged_follows_each_terms_order_when_an_odd_term_came_first():
     pert.keep_merged(terms)
     for t in terms:
         for name, p in pert.params:
-            assert torch.equal(pert._kept[t.components][name], direction_module.materialise(t.components, name, p.shape)), (t, name)
+            assert torch.equal(
+                pert._kept[t.components][name], direction_module.materialise(t.components, name, p.shape)
+            ), (t, name)

@@ -18,12 +18,21 @@ def test_jsonl_signature_changes_when_the_content_changes(tmp_path):
     assert before["path"] == after["path"] and before != after, "a rewritten file must not look like the same task"
 
 
-@pytest.mark.parametrize("name, files", [
-    ("gsm8k", {"gsm8k/train.jsonl": '{"question": "q", "answer": "x #### 1"}\n', "gsm8k/test.jsonl": '{"question": "q2", "answer": "y #### 2"}\n'}),
-    ("math500", {"math500/test.jsonl": '{"unique_id": "a", "problem": "p", "answer": "1"}\n'}),
-    ("mbpp", {"mbpp/mbpp.jsonl": '{"task_id": 1}\n'}),
-    ("humaneval", {"humaneval/HumanEval.jsonl": '{"task_id": "HumanEval/0"}\n'}),
-])
+@pytest.mark.parametrize(
+    "name, files",
+    [
+        (
+            "gsm8k",
+            {
+                "gsm8k/train.jsonl": '{"question": "q", "answer": "x #### 1"}\n',
+                "gsm8k/test.jsonl": '{"question": "q2", "answer": "y #### 2"}\n',
+            },
+        ),
+        ("math500", {"math500/test.jsonl": '{"unique_id": "a", "problem": "p", "answer": "1"}\n'}),
+        ("mbpp", {"mbpp/mbpp.jsonl": '{"task_id": 1}\n'}),
+        ("humaneval", {"humaneval/HumanEval.jsonl": '{"task_id": "HumanEval/0"}\n'}),
+    ],
+)
 def test_benchmark_signature_holds_the_data_files_hash(tmp_path, name, files):
     for rel, text in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -35,14 +44,26 @@ def test_benchmark_signature_holds_the_data_files_hash(tmp_path, name, files):
     assert before["data_sha256"][rel] != after["data_sha256"][rel]
 
 
-@pytest.mark.parametrize("content, message", [
-    (b'{"prompt": "a", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n', r"t\.jsonl' line 2 is not UTF-8"),
-    (b'{"prompt": null, "answer": "1"}\n', r"t\.jsonl' line 1: field 'prompt' must be a non-empty string, got NoneType"),
-    (b'{"prompt": "ok", "answer": "1"}\n{"prompt": 7, "answer": "1"}\n', r"line 2: field 'prompt' must be a non-empty string, got int"),
-    (b'{"prompt": "ok"}\n', r"line 1: missing field 'answer'"),
-    (b'{"prompt": "ok", "answer": null}\n', r"line 1: field 'answer' must be a string or a number, got null"),
-    (b'{"prompt": "ok", "answer": "1", "id": 1}\n{"prompt": "ok2", "answer": "1", "id": 1}\n', r"line 2: id '1' already used on line 1"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b'{"prompt": "a", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n', r"t\.jsonl' line 2 is not UTF-8"),
+        (
+            b'{"prompt": null, "answer": "1"}\n',
+            r"t\.jsonl' line 1: field 'prompt' must be a non-empty string, got NoneType",
+        ),
+        (
+            b'{"prompt": "ok", "answer": "1"}\n{"prompt": 7, "answer": "1"}\n',
+            r"line 2: field 'prompt' must be a non-empty string, got int",
+        ),
+        (b'{"prompt": "ok"}\n', r"line 1: missing field 'answer'"),
+        (b'{"prompt": "ok", "answer": null}\n', r"line 1: field 'answer' must be a string or a number, got null"),
+        (
+            b'{"prompt": "ok", "answer": "1", "id": 1}\n{"prompt": "ok2", "answer": "1", "id": 1}\n',
+            r"line 2: id '1' already used on line 1",
+        ),
+    ],
+)
 def test_bad_jsonl_is_one_error_naming_file_line_and_field(tmp_path, content, message):
     path = tmp_path / "t.jsonl"
     path.write_bytes(content)
@@ -56,7 +77,9 @@ def test_jsonl_naming_a_directory_is_an_error(tmp_path):
 
 
 def test_field_mapping_csv_and_parquet(tmp_path):
-    rows = [{"question": f"What is {i} + 1?", "solution": str(i + 1), "qid": f"q{i}", "level": i % 3} for i in range(12)]
+    rows = [
+        {"question": f"What is {i} + 1?", "solution": str(i + 1), "qid": f"q{i}", "level": i % 3} for i in range(12)
+    ]
     jl = tmp_path / "m.jsonl"
     jl.write_text("".join(json.dumps(r) + "\n" for r in rows))
     task = get_task(f"jsonl:{jl}:prompt=question,answer=solution,id=qid")
@@ -64,16 +87,25 @@ def test_field_mapping_csv_and_parquet(tmp_path):
     assert [e.id for e in pool][:2] == ["q0", "q1"] and pool[3].prompt == "What is 3 + 1?" and pool[3].answer == "4"
     assert pool[3].columns == {"level": 0}, "mapped fields are not repeated as columns; others are"
     assert task.signature()["fields"] == {"prompt": "question", "answer": "solution", "id": "qid"}
-    with pytest.raises(CorpError, match=r"m\.jsonl' line 1: missing field 'prompt'.*fields present: level, qid, question, solution.*prompt=FIELD"):
+    with pytest.raises(
+        CorpError,
+        match=r"m\.jsonl' line 1: missing field 'prompt'.*fields present: level, qid, question, solution.*prompt=FIELD",
+    ):
         get_task(f"jsonl:{jl}").pools()
 
     csv_path = tmp_path / "m.csv"
-    csv_path.write_text("question,solution,note\n" + "".join(f'"What is {i}, plus one?",{i + 1},"multi\nline"\n' for i in range(5)) + "bad,row\n")
+    csv_path.write_text(
+        "question,solution,note\n"
+        + "".join(f'"What is {i}, plus one?",{i + 1},"multi\nline"\n' for i in range(5))
+        + "bad,row\n"
+    )
     with pytest.raises(CorpError, match=r"m\.csv' line 12: 2 fields, the header has 3"):
         get_task(f"jsonl:{csv_path}:prompt=question,answer=solution").pools()
     csv_path.write_text("question,solution\n" + "".join(f'"What is {i}, plus one?",{i + 1}\n' for i in range(5)))
     pool = get_task(f"jsonl:{csv_path}:prompt=question,answer=solution").pools()["train"]
-    assert len(pool) == 5 and pool[2].prompt == "What is 2, plus one?" and pool[2].answer == "3" and pool[2].id == "line-4"
+    assert (
+        len(pool) == 5 and pool[2].prompt == "What is 2, plus one?" and pool[2].answer == "3" and pool[2].id == "line-4"
+    )
 
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
@@ -130,7 +162,17 @@ def _fake_datasets(monkeypatch, calls, fail=False):
             raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (LocalEntryNotFoundError)\nmore detail")
         if name == "google-research-datasets/mbpp":
             start = {"train": 11, "test": 511, "validation": 1, "prompt": 2}[split]
-            return [{"task_id": start + i, "text": f"t{start + i}", "code": "", "test_list": [], "test_setup_code": "", "challenge_test_list": []} for i in range(2)]
+            return [
+                {
+                    "task_id": start + i,
+                    "text": f"t{start + i}",
+                    "code": "",
+                    "test_list": [],
+                    "test_setup_code": "",
+                    "challenge_test_list": [],
+                }
+                for i in range(2)
+            ]
         return [{"question": f"{split} q{i}", "answer": f"#### {i}"} for i in range(3)]
 
     import importlib.machinery
@@ -176,7 +218,9 @@ def test_hub_failure_or_missing_datasets_is_one_line_naming_both_ways(tmp_path, 
     assert not (tmp_path / "cache" / "data" / "gsm8k" / "test.jsonl").exists()  # nothing half-written
 
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real_find_spec(name, *a)
+    )
     with pytest.raises(CorpError) as exc:
         data_file("math500", "math500/test.jsonl")
     assert "pip install 'corp[hub]'" in str(exc.value) and "CORP_DATA_DIR" in str(exc.value)

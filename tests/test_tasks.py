@@ -89,7 +89,7 @@ def test_unknown_task_and_missing_data(tmp_path, monkeypatch):
 
 def failing_reward(completions, answer, **_):
     out = []
-    for c, a in zip(completions, answer):
+    for _c, a in zip(completions, answer):
         if a == "boom":
             raise ValueError("boom")
         out.append(float("nan") if a == "nan" else 1.0)
@@ -144,7 +144,9 @@ def test_every_registered_task_builds_splits_and_extracts(name, tmp_path, reques
     task = get_task(spec, data)
     examples = [e for pool in task.pools().values() for e in pool]
     assert examples and len({e.id for e in examples}) == len(examples)
-    sizes = SplitSizes(support=2, probe=1, validation=1, test=2) if task.pools().get("train") else SplitSizes(0, 0, 0, 2)  # test-only (humaneval)
+    sizes = (
+        SplitSizes(support=2, probe=1, validation=1, test=2) if task.pools().get("train") else SplitSizes(0, 0, 0, 2)
+    )  # test-only (humaneval)
     splits = make_splits(task, sizes, seed=0)
     ids = [e.id for s in SPLITS for e in splits[s]]
     assert len(ids) == sum(vars(sizes).values()) and len(set(ids)) == len(ids)
@@ -157,4 +159,8 @@ def test_every_registered_task_builds_splits_and_extracts(name, tmp_path, reques
 def test_task_registry_names_the_known_tasks_in_one_line():
     with pytest.raises(CorpError) as info:
         get_task("nope:digits=2")
-    assert str(info.value).startswith("unknown task 'nope'; known: arith, ") and "jsonl" in str(info.value) and "\n" not in str(info.value)
+    assert (
+        str(info.value).startswith("unknown task 'nope'; known: arith, ")
+        and "jsonl" in str(info.value)
+        and "\n" not in str(info.value)
+    )

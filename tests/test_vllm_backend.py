@@ -43,7 +43,11 @@ def test_greedy_agreement_with_hf(vllm_backend, hf_backend):
     prompts = [e.prompt for e in examples]
     s1, s2 = specialist_seeds(0, 2)
     failures = []
-    for label, direction in (("base", None), (f"seed {s1}", Direction.single(s1, 1e-3)), (f"seed {s2}", Direction.single(s2, 1e-3))):
+    for label, direction in (
+        ("base", None),
+        (f"seed {s1}", Direction.single(s1, 1e-3)),
+        (f"seed {s2}", Direction.single(s2, 1e-3)),
+    ):
         hf_backend.set_direction(direction)
         vllm_backend.set_direction(direction)
         g_hf = hf_backend.generate(prompts, task.max_new_tokens)
@@ -52,12 +56,16 @@ def test_greedy_agreement_with_hf(vllm_backend, hf_backend):
         same = [a == b for a, b in zip(g_hf.texts, g_vl.texts)]
         for i, ok in enumerate(same):
             if ok:
-                assert g_hf.generated_tokens[i] == g_vl.generated_tokens[i], f"{label} #{i}: same text, different token count"
+                assert g_hf.generated_tokens[i] == g_vl.generated_tokens[i], (
+                    f"{label} #{i}: same text, different token count"
+                )
             else:
                 print(f"[{label}] prompt {i} differs:\n  hf:   {g_hf.texts[i]!r}\n  vllm: {g_vl.texts[i]!r}")
         r_hf = sum(float(task.check(task.extract(t), e)) for t, e in zip(g_hf.texts, examples))
         r_vl = sum(float(task.check(task.extract(t), e)) for t, e in zip(g_vl.texts, examples))
-        print(f"[{label}] identical {sum(same)}/32, reward hf {r_hf:.0f} vllm {r_vl:.0f}, apply {vllm_backend.last_apply_seconds:.2f}s")
+        print(
+            f"[{label}] identical {sum(same)}/32, reward hf {r_hf:.0f} vllm {r_vl:.0f}, apply {vllm_backend.last_apply_seconds:.2f}s"
+        )
         if sum(same) < 0.95 * len(same) or abs(r_hf - r_vl) > 1:
             failures.append(f"{label}: identical {sum(same)}/32, rewards {r_hf} vs {r_vl}")
     hf_backend.set_direction(None)
@@ -75,13 +83,23 @@ def test_apply_is_exact_and_restore_bit_identical(vllm_backend, hf_backend):
     assert perturbed != before
     # the fused tensor the engine computes with == base + direction in HF naming, concatenated
     base = hf_backend.perturber.base
-    expected = torch.cat([direction.add_to(base[f"model.layers.0.self_attn.{p}_proj.weight"].to(torch.float32, copy=True), f"model.layers.0.self_attn.{p}_proj.weight") for p in "qkv"])
+    expected = torch.cat(
+        [
+            direction.add_to(
+                base[f"model.layers.0.self_attn.{p}_proj.weight"].to(torch.float32, copy=True),
+                f"model.layers.0.self_attn.{p}_proj.weight",
+            )
+            for p in "qkv"
+        ]
+    )
     got = vllm_backend.read_linear("model.layers.0.self_attn.qkv_proj")
     assert got.dtype == torch.float32 and torch.equal(got, expected)
     assert not torch.equal(got, qkv_before)
     # the tied LM head computes with the perturbed embedding too, as in the hf backend
     emb = "model.embed_tokens.weight"
-    assert torch.equal(vllm_backend.read_linear("lm_head"), direction.add_to(base[emb].to(torch.float32, copy=True), emb))
+    assert torch.equal(
+        vllm_backend.read_linear("lm_head"), direction.add_to(base[emb].to(torch.float32, copy=True), emb)
+    )
     vllm_backend.set_direction(None)
     assert vllm_backend.fingerprint() == before, "restore is bit-exact"
     assert torch.equal(vllm_backend.read_linear("model.layers.0.self_attn.qkv_proj"), qkv_before)

@@ -56,7 +56,7 @@ class AnalyzeRankConfig(PopulationConfig):
         """Deprecated alias of `significance`."""
         return self.significance
 
-    def validate(self) -> "AnalyzeRankConfig":
+    def validate(self) -> AnalyzeRankConfig:
         self.ranks = sorted(set(parse_list(self.ranks, int, "ranks")))
         if not self.ranks or self.ranks[0] < 1:
             raise CorpError(f"--ranks must be integers >= 1, got {self.ranks}")
@@ -67,7 +67,9 @@ class AnalyzeRankConfig(PopulationConfig):
         if not 0 < self.significance < 1:
             raise CorpError(f"--significance must be in (0, 1), got {self.significance}")
         if 1 / (self.permutations + 1) > self.significance:
-            raise CorpError(f"--permutations {self.permutations}: the smallest permutation p-value is 1/{self.permutations + 1} > --significance {self.significance}, so nothing could pass; use >= {math.ceil(1 / self.significance) - 1}")
+            raise CorpError(
+                f"--permutations {self.permutations}: the smallest permutation p-value is 1/{self.permutations + 1} > --significance {self.significance}, so nothing could pass; use >= {math.ceil(1 / self.significance) - 1}"
+            )
         if self.power_sims < 0:
             raise CorpError(f"--power-sims must be >= 0 (0 skips the power simulation), got {self.power_sims}")
         if self.power_rank < 1:

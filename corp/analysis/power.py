@@ -40,14 +40,23 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from corp import CorpError
 from corp.analysis.linalg import one_thread
-from corp.analysis.rank_stats import NoiseStack, Plan, TIE, group_counts, matrix_ranks, max_exceedances, overlap_values, svd_rank
+from corp.analysis.rank_stats import (
+    TIE,
+    NoiseStack,
+    Plan,
+    group_counts,
+    matrix_ranks,
+    max_exceedances,
+    overlap_values,
+    svd_rank,
+)
 from corp.perturb.noise import SCHEME_VERSION
 
 POWER_TARGET = 0.8
@@ -63,7 +72,10 @@ def shape_classes(shapes: Sequence[Sequence[int]], max_shapes: int = 4) -> tuple
         key = tuple(sorted((int(s[0]), int(s[1]))))
         counts[key] += 1
         first.setdefault(key, (int(s[0]), int(s[1])))
-    ordered = [{"shape": list(first[k]), "matrices": c} for k, c in sorted(counts.items(), key=lambda kv: (-kv[1], -kv[0][0] * kv[0][1]))]
+    ordered = [
+        {"shape": list(first[k]), "matrices": c}
+        for k, c in sorted(counts.items(), key=lambda kv: (-kv[1], -kv[0][0] * kv[0][1]))
+    ]
     return ordered[:max_shapes], ordered[max_shapes:]
 
 
@@ -84,8 +96,15 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, c - h), min(1.0, c + h))
 
 
-def simulated_population(shape: tuple[int, int], sigmas: Sequence[float], share: float, sim_seed: Sequence[int], planted_rank: int = 1,
-                         budget_bytes: int = 1 << 30, scheme: str = SCHEME_VERSION) -> tuple[NoiseStack, np.ndarray, int]:
+def simulated_population(
+    shape: tuple[int, int],
+    sigmas: Sequence[float],
+    share: float,
+    sim_seed: Sequence[int],
+    planted_rank: int = 1,
+    budget_bytes: int = 1 << 30,
+    scheme: str = SCHEME_VERSION,
+) -> tuple[NoiseStack, np.ndarray, int]:
     """(noise stack, rewards, plan seed) of one simulated population whose rewards carry a planted
     direction explaining `share` of their variance. The noise, reward noise and plan seed depend on
     `sim_seed` only, not on `share` (common random numbers across strengths)."""
@@ -103,8 +122,19 @@ def simulated_population(shape: tuple[int, int], sigmas: Sequence[float], share:
     return stack, rewards, plan_seed
 
 
-def detects(shape: tuple[int, int], sigmas: Sequence[float], share: float, sim_seed: Sequence[int], splits: int, permutations: int, ranks: Sequence[int], significance: float,
-            planted_rank: int = 1, budget_bytes: int = 1 << 30, scheme: str = SCHEME_VERSION) -> bool:
+def detects(
+    shape: tuple[int, int],
+    sigmas: Sequence[float],
+    share: float,
+    sim_seed: Sequence[int],
+    splits: int,
+    permutations: int,
+    ranks: Sequence[int],
+    significance: float,
+    planted_rank: int = 1,
+    budget_bytes: int = 1 << 30,
+    scheme: str = SCHEME_VERSION,
+) -> bool:
     """One simulated population with a planted direction of the given share: does the rule find r* >= 1?"""
     m, n = shape
     ranks = matrix_ranks(f"{m}x{n}", shape, ranks)
@@ -132,8 +162,20 @@ def detects(shape: tuple[int, int], sigmas: Sequence[float], share: float, sim_s
     return True
 
 
-def shape_power(shape: Sequence[int], sigmas: Sequence[float], splits: int, permutations: int, ranks: Sequence[int], significance: float, sims: int, seed: int = 0,
-                planted_rank: int = 1, target: float = POWER_TARGET, budget_bytes: int = 1 << 30, scheme: str = SCHEME_VERSION) -> dict:
+def shape_power(
+    shape: Sequence[int],
+    sigmas: Sequence[float],
+    splits: int,
+    permutations: int,
+    ranks: Sequence[int],
+    significance: float,
+    sims: int,
+    seed: int = 0,
+    planted_rank: int = 1,
+    target: float = POWER_TARGET,
+    budget_bytes: int = 1 << 30,
+    scheme: str = SCHEME_VERSION,
+) -> dict:
     """Power curve and the share of reward variance found with probability `target` for one shape."""
     shape = (int(shape[0]), int(shape[1]))
     N = len(sigmas)
@@ -141,14 +183,37 @@ def shape_power(shape: Sequence[int], sigmas: Sequence[float], splits: int, perm
     curve: list[dict] = []
 
     def power_at(share: float) -> float:
-        hits = sum(detects(shape, sigmas, share, (seed, shape[0], shape[1], j), splits, permutations, ranks, significance, planted_rank, budget_bytes, scheme) for j in range(sims))
+        hits = sum(
+            detects(
+                shape,
+                sigmas,
+                share,
+                (seed, shape[0], shape[1], j),
+                splits,
+                permutations,
+                ranks,
+                significance,
+                planted_rank,
+                budget_bytes,
+                scheme,
+            )
+            for j in range(sims)
+        )
         lo, hi = wilson(hits, sims)
         curve.append({"share": share, "power": hits / sims, "found": hits, "sims": sims, "ci95": [lo, hi]})
         return hits / sims
 
     full = power_at(1.0)
-    out = {"shape": list(shape), "share_at_target": None, "rho_at_target": None, "bracket": None, "power_at_full_share": full, "power_at_full_share_ci95": curve[0]["ci95"],
-           "edge_share": edge_share(shape, N, planted_rank), "n_edge_full_share": math.ceil(2 * planted_rank * math.sqrt(shape[0] * shape[1]))}
+    out = {
+        "shape": list(shape),
+        "share_at_target": None,
+        "rho_at_target": None,
+        "bracket": None,
+        "power_at_full_share": full,
+        "power_at_full_share_ci95": curve[0]["ci95"],
+        "edge_share": edge_share(shape, N, planted_rank),
+        "n_edge_full_share": math.ceil(2 * planted_rank * math.sqrt(shape[0] * shape[1])),
+    }
     if full >= target:
         lo, hi = max(1e-6, min(1e-3, out["edge_share"] / 16)), 1.0
         for _ in range(MAX_STEPS):
@@ -165,8 +230,22 @@ def shape_power(shape: Sequence[int], sigmas: Sequence[float], splits: int, perm
     return out
 
 
-def analysis_power(shapes: Sequence[Sequence[int]], sigmas: Sequence[float], splits: int, permutations: int, ranks: Sequence[int], significance: float, sims: int = 32, seed: int = 0,
-                   planted_rank: int = 1, max_shapes: int = 4, target: float = POWER_TARGET, budget_bytes: int = 1 << 30, scheme: str = SCHEME_VERSION, threads: int | None = 1) -> dict:
+def analysis_power(
+    shapes: Sequence[Sequence[int]],
+    sigmas: Sequence[float],
+    splits: int,
+    permutations: int,
+    ranks: Sequence[int],
+    significance: float,
+    sims: int = 32,
+    seed: int = 0,
+    planted_rank: int = 1,
+    max_shapes: int = 4,
+    target: float = POWER_TARGET,
+    budget_bytes: int = 1 << 30,
+    scheme: str = SCHEME_VERSION,
+    threads: int | None = 1,
+) -> dict:
     """The power block of rank_summary.json: per representative shape, the share of reward variance
     a planted rank-`planted_rank` direction must explain to be found with probability `target`."""
     if sims < 1:
@@ -180,7 +259,25 @@ def analysis_power(shapes: Sequence[Sequence[int]], sigmas: Sequence[float], spl
     rows = []
     with one_thread(threads or torch.get_num_threads()):
         for c in kept:
-            rows.append({"matrices": c["matrices"], **shape_power(c["shape"], sigmas, splits, permutations, ranks, significance, sims, seed, planted_rank, target, budget_bytes, scheme)})
+            rows.append(
+                {
+                    "matrices": c["matrices"],
+                    **shape_power(
+                        c["shape"],
+                        sigmas,
+                        splits,
+                        permutations,
+                        ranks,
+                        significance,
+                        sims,
+                        seed,
+                        planted_rank,
+                        target,
+                        budget_bytes,
+                        scheme,
+                    ),
+                }
+            )
     found = [r["share_at_target"] for r in rows if r["share_at_target"] is not None]
     return {
         "target_power": target,
@@ -204,19 +301,30 @@ def power_lines(p: dict) -> list[str]:
     """Printed lines of the power block."""
     r = p["planted_rank"]
     what = "a direction" if r == 1 else f"a rank-{r} subspace"
-    lines = [f"power (planted rank-{r} signal, N = {p['n_specialists']}, S = {p['splits']}, P = {p['permutations']}, {p['sims_per_point']} simulations per point, {p['seconds']:.0f} s): "
-             f"share of reward variance {what} of one matrix must explain to be found (r* > 0) with probability {p['target_power']:.1f}:"]
+    lines = [
+        f"power (planted rank-{r} signal, N = {p['n_specialists']}, S = {p['splits']}, P = {p['permutations']}, {p['sims_per_point']} simulations per point, {p['seconds']:.0f} s): "
+        f"share of reward variance {what} of one matrix must explain to be found (r* > 0) with probability {p['target_power']:.1f}:"
+    ]
     for s in p["shapes"]:
         head = f"  {s['shape'][0]}x{s['shape'][1]} ({s['matrices']} matrices): "
         if s["share_at_target"] is None:
             lo, hi = s["power_at_full_share_ci95"]
-            lines.append(head + f"not reached at this N: even {what} explaining ALL reward variance is found with probability {s['power_at_full_share']:.2f} "
-                         f"(95% CI {lo:.2f}-{hi:.2f}); random-matrix estimate: N >= {s['n_edge_full_share']} before it shows at all")
+            lines.append(
+                head
+                + f"not reached at this N: even {what} explaining ALL reward variance is found with probability {s['power_at_full_share']:.2f} "
+                f"(95% CI {lo:.2f}-{hi:.2f}); random-matrix estimate: N >= {s['n_edge_full_share']} before it shows at all"
+            )
         else:
             lo, hi = s["bracket"]
-            lines.append(head + f"{s['share_at_target']:.3g} (rho = {s['rho_at_target']:.2f}; between {lo:.3g} and {hi:.3g}; random-matrix edge {s['edge_share']:.3g})")
+            lines.append(
+                head
+                + f"{s['share_at_target']:.3g} (rho = {s['rho_at_target']:.2f}; between {lo:.3g} and {hi:.3g}; random-matrix edge {s['edge_share']:.3g})"
+            )
     if p["shapes_left_out"]:
-        lines.append("  not simulated (rarer shapes): " + ", ".join(f"{s['shape'][0]}x{s['shape'][1]} ({s['matrices']})" for s in p["shapes_left_out"]))
+        lines.append(
+            "  not simulated (rarer shapes): "
+            + ", ".join(f"{s['shape'][0]}x{s['shape'][1]} ({s['matrices']})" for s in p["shapes_left_out"])
+        )
     return lines
 
 
@@ -224,6 +332,8 @@ def power_sentence(p: dict) -> str:
     """One sentence for a README or the conclusion line: what the analysis could have found."""
     n = p["n_specialists"]
     if p["smallest_share_at_target"] is None:
-        return (f"at N = {n} it would not find (with {p['target_power']:.0%} power) even a single direction carrying all of the reward variance in any of the "
-                f"{sum(s['matrices'] for s in p['shapes'])} matrices of the simulated shapes")
+        return (
+            f"at N = {n} it would not find (with {p['target_power']:.0%} power) even a single direction carrying all of the reward variance in any of the "
+            f"{sum(s['matrices'] for s in p['shapes'])} matrices of the simulated shapes"
+        )
     return f"at N = {n} it would find, with {p['target_power']:.0%} power, only a direction explaining at least {p['smallest_share_at_target']:.2g} of the reward variance in one matrix (smallest over shapes)"

@@ -64,8 +64,8 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -111,7 +111,7 @@ class Plan:
     perms: list[np.ndarray]  # (1 + P) permutations, the first is the identity
 
     @classmethod
-    def make(cls, rewards: Sequence[float], n_splits: int, n_perms: int, seed: int) -> "Plan":
+    def make(cls, rewards: Sequence[float], n_splits: int, n_perms: int, seed: int) -> Plan:
         n = len(rewards)
         if n < 4:
             raise CorpError(f"the split-half analysis needs at least 4 specialists, got {n}")
@@ -166,7 +166,15 @@ class Plan:
 class NoiseStack:
     """One matrix's noise for the whole population, generated once (or streamed when too big)."""
 
-    def __init__(self, name: str, shape: tuple[int, int], seeds: Sequence[int], sigmas: Sequence[float], budget_bytes: int, scheme: str = SCHEME_VERSION):
+    def __init__(
+        self,
+        name: str,
+        shape: tuple[int, int],
+        seeds: Sequence[int],
+        sigmas: Sequence[float],
+        budget_bytes: int,
+        scheme: str = SCHEME_VERSION,
+    ):
         self.name, self.shape, self.scheme = name, tuple(shape), scheme
         self.seeds, self.sigmas = list(seeds), [float(s) for s in sigmas]
         self.numel = self.shape[0] * self.shape[1]
@@ -240,7 +248,9 @@ def svd_rank(shape: tuple[int, int], ranks: Sequence[int]) -> int:
     return min(max(ranks) + OVERSAMPLE, *shape)
 
 
-def group_counts(stack: NoiseStack, plan: Plan, groups: Sequence[int], ranks: Sequence[int], q: int) -> dict[str, np.ndarray]:
+def group_counts(
+    stack: NoiseStack, plan: Plan, groups: Sequence[int], ranks: Sequence[int], q: int
+) -> dict[str, np.ndarray]:
     """Split-averaged statistics (COUNTS) of the given groups: each (len(groups), len(ranks)).
 
     The one computation behind both the analysis and its power simulation, so the two cannot
@@ -320,7 +330,17 @@ def matrix_ranks(name: str, shape: tuple[int, int], ranks: Sequence[int]) -> lis
     return out
 
 
-def analyze_matrix(name: str, shape: tuple[int, int], seeds, sigmas, plan: Plan, ranks: Sequence[int], significance: float = 0.05, budget_bytes: int = 1 << 30, scheme: str = SCHEME_VERSION) -> dict:
+def analyze_matrix(
+    name: str,
+    shape: tuple[int, int],
+    seeds,
+    sigmas,
+    plan: Plan,
+    ranks: Sequence[int],
+    significance: float = 0.05,
+    budget_bytes: int = 1 << 30,
+    scheme: str = SCHEME_VERSION,
+) -> dict:
     """All statistics of one weight matrix; returns {"rows": [one dict per rank], "r_star", ...}."""
     m, n = shape
     ranks = matrix_ranks(name, shape, ranks)
@@ -359,13 +379,28 @@ def analyze_matrix(name: str, shape: tuple[int, int], seeds, sigmas, plan: Plan,
         row["r_star"] = r_star
         row["r_star_cumulative"] = r_star_cum
         rows.append(row)
-    return {"matrix": name, "layer": layer, "module": module, "shape": [m, n], "r_star": r_star, "r_star_cumulative": r_star_cum, "rows": rows, "noise_draws": stack.draws, "stacked": stack.stacked}
+    return {
+        "matrix": name,
+        "layer": layer,
+        "module": module,
+        "shape": [m, n],
+        "r_star": r_star,
+        "r_star_cumulative": r_star_cum,
+        "rows": rows,
+        "noise_draws": stack.draws,
+        "stacked": stack.stacked,
+    }
 
 
 # ----------------------------------------------------------------------------- the population
 
 
-def analysis_targets(named_shapes: Sequence[tuple[str, tuple[int, ...]]], vocab_size: int | None, include_embeddings: bool, matrices: str = ".*") -> tuple[list[tuple[str, tuple[int, int]]], list[str]]:
+def analysis_targets(
+    named_shapes: Sequence[tuple[str, tuple[int, ...]]],
+    vocab_size: int | None,
+    include_embeddings: bool,
+    matrices: str = ".*",
+) -> tuple[list[tuple[str, tuple[int, int]]], list[str]]:
     """2-D parameters to analyse (1-D norms and biases skipped), and the names skipped on purpose."""
     try:
         pattern = re.compile(matrices)
@@ -380,11 +415,30 @@ def analysis_targets(named_shapes: Sequence[tuple[str, tuple[int, ...]]], vocab_
             continue
         keep.append((name, (int(shape[0]), int(shape[1]))))
     if not keep:
-        raise CorpError(f"no weight matrix to analyse (--matrices '{matrices}', embeddings {'included' if include_embeddings else 'excluded'})")
+        raise CorpError(
+            f"no weight matrix to analyse (--matrices '{matrices}', embeddings {'included' if include_embeddings else 'excluded'})"
+        )
     return keep, skipped
 
 
-def analyze_population(named_shapes, seeds, sigmas, rewards, ranks=(1, 2, 4, 8, 16, 32), splits: int = 10, permutations: int = 20, significance: float = 0.05, seed: int = 0, budget_bytes: int = 1 << 30, vocab_size: int | None = None, include_embeddings: bool = False, matrices: str = ".*", progress: bool = True, threads: int | None = 1, scheme: str = SCHEME_VERSION) -> dict:
+def analyze_population(
+    named_shapes,
+    seeds,
+    sigmas,
+    rewards,
+    ranks=(1, 2, 4, 8, 16, 32),
+    splits: int = 10,
+    permutations: int = 20,
+    significance: float = 0.05,
+    seed: int = 0,
+    budget_bytes: int = 1 << 30,
+    vocab_size: int | None = None,
+    include_embeddings: bool = False,
+    matrices: str = ".*",
+    progress: bool = True,
+    threads: int | None = 1,
+    scheme: str = SCHEME_VERSION,
+) -> dict:
     """Analyse every 2-D matrix; returns {"matrices": [per-matrix results], "plan": Plan, "skipped": [...], "seconds"}."""
     if not (len(seeds) == len(sigmas) == len(rewards)):
         raise CorpError("seeds, sigmas and rewards must have the same length")
@@ -394,9 +448,18 @@ def analyze_population(named_shapes, seeds, sigmas, rewards, ranks=(1, 2, 4, 8, 
     results = []
     # One thread by default: on a shared 2-core machine, svd_lowrank's QR and batched eigh ran
     # 15-100x slower with 2 threads than with 1 (spin-waiting threads); --threads overrides.
-    with torch.random.fork_rng(devices=[]), one_thread(threads or torch.get_num_threads()):  # svd_lowrank draws from the global RNG: seed it, leave the caller's untouched
+    with (
+        torch.random.fork_rng(devices=[]),
+        one_thread(threads or torch.get_num_threads()),
+    ):  # svd_lowrank draws from the global RNG: seed it, leave the caller's untouched
         torch.manual_seed(seed)
-        bar = tqdm(targets, desc="analyze-rank", unit="matrix", dynamic_ncols=True, disable=not progress or os.environ.get("CORP_NO_PROGRESS") == "1")
+        bar = tqdm(
+            targets,
+            desc="analyze-rank",
+            unit="matrix",
+            dynamic_ncols=True,
+            disable=not progress or os.environ.get("CORP_NO_PROGRESS") == "1",
+        )
         for name, shape in bar:
             bar.set_postfix_str(name[-32:])
             results.append(analyze_matrix(name, shape, seeds, sigmas, plan, ranks, significance, budget_bytes, scheme))

@@ -11,8 +11,8 @@ import csv
 import io
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -34,7 +34,9 @@ def reproducible_ranks(run_dir: str | Path) -> dict[str, int]:
     if table.exists():
         with open(table, newline="") as fh:
             return {row["matrix"]: int(row["r_star"]) for row in csv.DictReader(fh)}
-    raise CorpError(f"'{run_dir}' has no rank_summary.json or rank_analysis.csv; run `corp analyze-rank --from-run {run_dir}` first")
+    raise CorpError(
+        f"'{run_dir}' has no rank_summary.json or rank_analysis.csv; run `corp analyze-rank --from-run {run_dir}` first"
+    )
 
 
 def _binom_sf(k: int, n: int, p: float) -> float:
@@ -58,7 +60,10 @@ def summarise(result: dict, meta: dict, ranks: Sequence[int], significance: floa
             d["n"] += 1
             d["with_rank"] += m["r_star"] > 0
             d["sum"] += m["r_star"]
-        return {k: {"n": d["n"], "fraction_with_rank": d["with_rank"] / d["n"], "mean_r_star": d["sum"] / d["n"]} for k, d in out.items()}
+        return {
+            k: {"n": d["n"], "fraction_with_rank": d["with_rank"] / d["n"], "mean_r_star": d["sum"] / d["n"]}
+            for k, d in out.items()
+        }
 
     def first_rank(stat):
         vals = [(m["rows"][0][stat], m["rows"][0][f"{stat}_null_mean"], m["rows"][0][f"{stat}_p"]) for m in mats]
@@ -87,10 +92,18 @@ def summarise(result: dict, meta: dict, ranks: Sequence[int], significance: floa
         "expected_fraction_under_null": significance,
         "binomial_p_vs_null": _binom_sf(len(with_rank), n_mat, significance),
         "r_star_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
-        "r_star_cumulative_hist": {str(r): sum(m["r_star_cumulative"] == r for m in mats) for r in sorted({m["r_star_cumulative"] for m in mats})},
+        "r_star_cumulative_hist": {
+            str(r): sum(m["r_star_cumulative"] == r for m in mats)
+            for r in sorted({m["r_star_cumulative"] for m in mats})
+        },
         "by_module": group("module"),
         "by_layer": group("layer"),
-        "whole_model": {"overlap": first_rank("overlap"), "cos_raw": first_rank("cos_raw"), "cos_proj": first_rank("cos_proj"), "energy": first_rank("energy")},
+        "whole_model": {
+            "overlap": first_rank("overlap"),
+            "cos_raw": first_rank("cos_raw"),
+            "cos_proj": first_rank("cos_proj"),
+            "energy": first_rank("energy"),
+        },
         "noise_draws": sum(m["noise_draws"] for m in mats),
         "streamed_matrices": [m["matrix"] for m in mats if not m["stacked"]],
         "seconds": result["seconds"],
@@ -109,8 +122,13 @@ def summary_text(s: dict) -> str:
     wm = s["whole_model"]
     for stat in ("overlap", "cos_raw", "energy"):
         d = wm[stat]
-        lines.append(f"  mean {stat} at r={d['rank']}: {d['mean']:.4f} (null {d['null_mean']:.4f}); p <= {s['significance']} in {100 * d['fraction_p_le_significance']:.0f}% of matrices")
-    lines.append("by module: " + ", ".join(f"{k} {v['fraction_with_rank'] * v['n']:.0f}/{v['n']}" for k, v in s["by_module"].items()))
+        lines.append(
+            f"  mean {stat} at r={d['rank']}: {d['mean']:.4f} (null {d['null_mean']:.4f}); p <= {s['significance']} in {100 * d['fraction_p_le_significance']:.0f}% of matrices"
+        )
+    lines.append(
+        "by module: "
+        + ", ".join(f"{k} {v['fraction_with_rank'] * v['n']:.0f}/{v['n']}" for k, v in s["by_module"].items())
+    )
     power = s.get("power")
     if power:
         lines += power_lines(power)
@@ -165,7 +183,10 @@ def plot_overlap(path: Path, mats: list[dict], k: int) -> None:
             ax.set_xlabel("rank r")
             ax.set_ylabel(label)
             if i == 0:
-                ax.set_title(f"{m['matrix'].replace('model.', '').replace('.weight', '')}\n{m['shape'][0]}x{m['shape'][1]}, r*={m['r_star']}", fontsize=8)
+                ax.set_title(
+                    f"{m['matrix'].replace('model.', '').replace('.weight', '')}\n{m['shape'][0]}x{m['shape'][1]}, r*={m['r_star']}",
+                    fontsize=8,
+                )
             if i == 0 and j == 0:
                 ax.legend(fontsize=7)
     fig.tight_layout()

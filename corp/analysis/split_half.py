@@ -28,8 +28,19 @@ from corp.perturb.noise import check_scheme
 from corp.runs import read_json, read_jsonl, write_json
 
 __all__ = [
-    "Plan", "analyze_population", "low_rank_factors", "model_shapes", "pair_stats", "project_low_rank", "reproducible_ranks",
-    "run_analyze_rank", "subspace_overlap", "summarise", "summary_text", "top_svd", "write_outputs",
+    "Plan",
+    "analyze_population",
+    "low_rank_factors",
+    "model_shapes",
+    "pair_stats",
+    "project_low_rank",
+    "reproducible_ranks",
+    "run_analyze_rank",
+    "subspace_overlap",
+    "summarise",
+    "summary_text",
+    "top_svd",
+    "write_outputs",
 ]
 
 
@@ -55,16 +66,28 @@ def load_run_population(run_dir: Path) -> tuple[list[dict], dict, dict]:
 
     every = read_jsonl(run_dir / "population.jsonl", key="key", repair=False)
     if is_raced(every):
-        raise CorpError(f"'{run_dir}' holds a raced population (some specialists saw only part of the support split); "
-                        "the split-half analysis needs every specialist scored on all of it: score a population without --race")
-    rows = [r for r in every if r.get("split", "support") == "support" and r.get("seed") is not None and r.get("kind", "specialist") == "specialist"]
-    rows = sorted({r["key"]: r for r in rows}.values(), key=lambda r: r.get("index", 0))  # population order (older files: file order)
+        raise CorpError(
+            f"'{run_dir}' holds a raced population (some specialists saw only part of the support split); "
+            "the split-half analysis needs every specialist scored on all of it: score a population without --race"
+        )
+    rows = [
+        r
+        for r in every
+        if r.get("split", "support") == "support"
+        and r.get("seed") is not None
+        and r.get("kind", "specialist") == "specialist"
+    ]
+    rows = sorted(
+        {r["key"]: r for r in rows}.values(), key=lambda r: r.get("index", 0)
+    )  # population order (older files: file order)
     if not rows:
         raise CorpError(f"'{run_dir}/population.jsonl' has no scored specialists")
     meta_path = run_dir / "population_meta.json"
     meta = read_json(meta_path) if meta_path.exists() else {}
     if meta.get("kind", "population") != "population":
-        raise CorpError(f"'{run_dir}' holds a '{meta['kind']}' run, not a population of perturbations of the base; analyse a population from `corp score`, `randopt` or `consolidate`")
+        raise CorpError(
+            f"'{run_dir}' holds a '{meta['kind']}' run, not a population of perturbations of the base; analyse a population from `corp score`, `randopt` or `consolidate`"
+        )
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.exists():
         raise CorpError(f"'{run_dir}' has no config.yaml, so its model is unknown")
@@ -79,12 +102,15 @@ def run_analyze_rank(cfg) -> dict:
         run_dir = Path(cfg.run)
         rows, meta, run_cfg = load_run_population(run_dir)
         model_name = run_cfg.get("model") or meta.get("model")
-        pf = meta.get("param_filter") or {"include": run_cfg.get("include", ".*"), "exclude": run_cfg.get("exclude", "")}
+        pf = meta.get("param_filter") or {
+            "include": run_cfg.get("include", ".*"),
+            "exclude": run_cfg.get("exclude", ""),
+        }
         # a population written before the scheme was recorded predates corp-noise-v2
         scheme = check_scheme(meta.get("noise_scheme", "corp-noise-v1"), f"'{run_dir}/population_meta.json'")
         return _analyze(cfg, run_dir, rows, model_name, pf, scheme, meta.get("model"))
-    from corp.evaluate.racing import is_raced
     from corp.evaluate.context import open_run
+    from corp.evaluate.racing import is_raced
     from corp.evaluate.scorer import ensure_population
 
     if getattr(cfg, "race", "off") != "off":
@@ -92,35 +118,75 @@ def run_analyze_rank(cfg) -> dict:
     with open_run(cfg, "analyze-rank", needs=("support",)) as ctx:
         rows = ensure_population(ctx)
         if is_raced(rows):
-            raise CorpError(f"--from-run '{cfg.from_run}' holds a raced population; the split-half analysis needs every specialist scored on the whole support split")
+            raise CorpError(
+                f"--from-run '{cfg.from_run}' holds a raced population; the split-half analysis needs every specialist scored on the whole support split"
+            )
         ctx.release_backend()  # free the model: the analysis needs shapes only
-        return _analyze(cfg, ctx.run_dir, rows, cfg.model, {"include": cfg.include, "exclude": cfg.exclude}, ctx.noise_scheme, None)
+        return _analyze(
+            cfg, ctx.run_dir, rows, cfg.model, {"include": cfg.include, "exclude": cfg.exclude}, ctx.noise_scheme, None
+        )
 
 
-def _analyze(cfg, run_dir: Path, rows: list[dict], model_name: str, pf: dict, scheme: str, scored_on: str | None) -> dict:
+def _analyze(
+    cfg, run_dir: Path, rows: list[dict], model_name: str, pf: dict, scheme: str, scored_on: str | None
+) -> dict:
     model_id, named, vocab = model_shapes(model_name)
     if scored_on and scored_on != model_id:
-        raise CorpError(f"population in '{run_dir}' was scored on {scored_on} but its config names {model_name} ({model_id})")
+        raise CorpError(
+            f"population in '{run_dir}' was scored on {scored_on} but its config names {model_name} ({model_id})"
+        )
     pfilter = ParamFilter(pf.get("include", ".*"), pf.get("exclude", ""))
     named = [(n, s) for n, s in named if pfilter(n)]  # the perturbed parameters (tied weights appear once)
     if not named:
-        raise CorpError(f"parameter filter (include '{pfilter.include}', exclude '{pfilter.exclude}') selects no parameter of {model_id}")
+        raise CorpError(
+            f"parameter filter (include '{pfilter.include}', exclude '{pfilter.exclude}') selects no parameter of {model_id}"
+        )
     sigmas = [float(r["sigma"]) for r in rows]
     significance = cfg.significance
     if len(rows) < 16:
         warnings.warn(f"only {len(rows)} specialists: halves of {len(rows) // 2} have very little power")
     result = analyze_population(
-        named, [int(r["seed"]) for r in rows], sigmas, [float(r["reward"]) for r in rows],
-        ranks=cfg.ranks, splits=cfg.splits, permutations=cfg.permutations, significance=significance, seed=cfg.analysis_seed,
-        budget_bytes=cfg.memory_mb << 20, vocab_size=vocab, include_embeddings=cfg.include_embeddings, matrices=cfg.matrices, threads=cfg.threads or 1, scheme=scheme,
+        named,
+        [int(r["seed"]) for r in rows],
+        sigmas,
+        [float(r["reward"]) for r in rows],
+        ranks=cfg.ranks,
+        splits=cfg.splits,
+        permutations=cfg.permutations,
+        significance=significance,
+        seed=cfg.analysis_seed,
+        budget_bytes=cfg.memory_mb << 20,
+        vocab_size=vocab,
+        include_embeddings=cfg.include_embeddings,
+        matrices=cfg.matrices,
+        threads=cfg.threads or 1,
+        scheme=scheme,
     )
-    meta_out = {"run_dir": str(run_dir), "model": model_id, "param_filter": pf, "sigmas": sorted(set(sigmas)), "noise_scheme": scheme, "analysis_seed": cfg.analysis_seed, "matrices_regex": cfg.matrices}
+    meta_out = {
+        "run_dir": str(run_dir),
+        "model": model_id,
+        "param_filter": pf,
+        "sigmas": sorted(set(sigmas)),
+        "noise_scheme": scheme,
+        "analysis_seed": cfg.analysis_seed,
+        "matrices_regex": cfg.matrices,
+    }
     summary = summarise(result, meta_out, cfg.ranks, significance)
     if not cfg.skip_power and cfg.power_sims > 0:
         # the same N, sigmas, splits, permutations, grid and level as the analysis just run
         summary["power"] = analysis_power(
-            [m["shape"] for m in result["matrices"]], sigmas, cfg.splits, cfg.permutations, cfg.ranks, significance, sims=cfg.power_sims, seed=cfg.analysis_seed,
-            planted_rank=cfg.power_rank, budget_bytes=cfg.memory_mb << 20, scheme=scheme, threads=cfg.threads or 1,
+            [m["shape"] for m in result["matrices"]],
+            sigmas,
+            cfg.splits,
+            cfg.permutations,
+            cfg.ranks,
+            significance,
+            sims=cfg.power_sims,
+            seed=cfg.analysis_seed,
+            planted_rank=cfg.power_rank,
+            budget_bytes=cfg.memory_mb << 20,
+            scheme=scheme,
+            threads=cfg.threads or 1,
         )
     write_outputs(run_dir, result, summary, cfg.plot_matrices)
     summary["text"] = summary_text(summary)
@@ -137,7 +203,9 @@ def _alias_of(model_id: str) -> str:
     return model_id
 
 
-def add_power(analysis_dir: str | Path, sims: int = 32, planted_rank: int = 1, max_shapes: int = 4, threads: int = 1) -> dict:
+def add_power(
+    analysis_dir: str | Path, sims: int = 32, planted_rank: int = 1, max_shapes: int = 4, threads: int = 1
+) -> dict:
     """Simulate the power of an analysis already written (rank_summary.json) and add it there.
 
     For analyses made before the power simulation existed, when the population itself is gone:
@@ -158,9 +226,23 @@ def add_power(analysis_dir: str | Path, sims: int = 32, planted_rank: int = 1, m
     if missing:
         raise CorpError(f"'{path}' names matrices that {s['model']} does not have, e.g. {missing[0]}")
     sigmas = [float(s["sigmas"][i % len(s["sigmas"])]) for i in range(int(s["n_specialists"]))]
-    s["power"] = analysis_power([shapes[n] for n in s["r_star"]], sigmas, int(s["splits"]), int(s["permutations"]), s["ranks"], float(significance), sims=sims,
-                                seed=int(s.get("analysis_seed", 0)), planted_rank=planted_rank, max_shapes=max_shapes, scheme=s.get("noise_scheme", "corp-noise-v1"), threads=threads)
-    s["power"]["sigmas_assumed"] = "sigmas[i % len(sigmas)] (corp score's assignment), added by add_power after the analysis"
+    s["power"] = analysis_power(
+        [shapes[n] for n in s["r_star"]],
+        sigmas,
+        int(s["splits"]),
+        int(s["permutations"]),
+        s["ranks"],
+        float(significance),
+        sims=sims,
+        seed=int(s.get("analysis_seed", 0)),
+        planted_rank=planted_rank,
+        max_shapes=max_shapes,
+        scheme=s.get("noise_scheme", "corp-noise-v1"),
+        threads=threads,
+    )
+    s["power"]["sigmas_assumed"] = (
+        "sigmas[i % len(sigmas)] (corp score's assignment), added by add_power after the analysis"
+    )
     write_json(path, s)
     return s
 
@@ -171,7 +253,10 @@ if __name__ == "__main__":
 
     from corp.analysis.power import power_lines, power_sentence
 
-    ap = argparse.ArgumentParser(prog="python -m corp.analysis.split_half", description="Add the power simulation to an analysis already in DIR (rank_summary.json).")
+    ap = argparse.ArgumentParser(
+        prog="python -m corp.analysis.split_half",
+        description="Add the power simulation to an analysis already in DIR (rank_summary.json).",
+    )
     ap.add_argument("dir")
     ap.add_argument("--power-sims", type=int, default=32)
     ap.add_argument("--power-rank", type=int, default=1)

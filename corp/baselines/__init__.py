@@ -16,6 +16,19 @@ from corp.baselines.randopt import run_randopt
 from corp.baselines.self_consistency import SelfConsistencyConfig, run_self_consistency
 
 __all__ = [
-    "ESConfig", "FERAConfig", "FGRPOConfig", "FTISConfig", "GRPOConfig", "SelfConsistencyConfig", "fera_summary", "ftis_summary",
-    "run_es", "run_fera", "run_fgrpo", "run_ftis", "run_grpo", "run_randopt", "run_self_consistency",
+    "ESConfig",
+    "FERAConfig",
+    "FGRPOConfig",
+    "FTISConfig",
+    "GRPOConfig",
+    "SelfConsistencyConfig",
+    "fera_summary",
+    "ftis_summary",
+    "run_es",
+    "run_fera",
+    "run_fgrpo",
+    "run_ftis",
+    "run_grpo",
+    "run_randopt",
+    "run_self_consistency",
 ]

@@ -39,7 +39,14 @@ from corp.config import RunConfig
 from corp.consolidate import make_recipe, produced_weights, write_recipe
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.context import (
-    POPULATION_FILE, EvalCache, cached_eval, check_meta, direction_fingerprint, open_run, population_definition, run_evals,
+    POPULATION_FILE,
+    EvalCache,
+    cached_eval,
+    check_meta,
+    direction_fingerprint,
+    open_run,
+    population_definition,
+    run_evals,
 )
 from corp.evaluate.scorer import population_meta
 from corp.perturb import Component, Direction, ParamFilter
@@ -70,7 +77,7 @@ class ESConfig(RunConfig):
     exclude: str = ""
     """Regex of parameter names not to perturb."""
 
-    def validate(self) -> "ESConfig":
+    def validate(self) -> ESConfig:
         super().validate()
         if self.iterations < 1:
             raise CorpError(f"--iterations must be >= 1, got {self.iterations}")
@@ -138,12 +145,24 @@ class Centre:
 def es_definition(cfg: ESConfig, task, splits, max_new_tokens: int) -> dict:
     """What defines an ES run's rows (kind "es": noise around a moving centre, never a population of
     perturbations of the base, so `--from-run` refuses it). --iterations may grow on resume."""
-    return population_definition(cfg, task, splits, max_new_tokens, kind="es", sigma=cfg.sigma, alpha=cfg.alpha,
-                                 population=cfg.population, antithetic=cfg.antithetic, fitness=cfg.fitness)
+    return population_definition(
+        cfg,
+        task,
+        splits,
+        max_new_tokens,
+        kind="es",
+        sigma=cfg.sigma,
+        alpha=cfg.alpha,
+        population=cfg.population,
+        antithetic=cfg.antithetic,
+        fitness=cfg.fitness,
+    )
 
 
 def run_es(cfg: ESConfig, backend=None) -> dict:
-    with open_run(cfg, "es", backend, defines=lambda task, splits, max_new: es_definition(cfg, task, splits, max_new)) as ctx:
+    with open_run(
+        cfg, "es", backend, defines=lambda task, splits, max_new: es_definition(cfg, task, splits, max_new)
+    ) as ctx:
         return _run_es(cfg, ctx)
 
 
@@ -162,7 +181,11 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
     evals = run_evals(ctx)
     base_test = cached_eval(ctx, evals, "test", None)  # the base, before the centre moves (cached on resume)
 
-    state = read_json(state_path) if state_path.exists() else {"iteration": 0, "components": [], "base_weights_hash": base_hash}
+    state = (
+        read_json(state_path)
+        if state_path.exists()
+        else {"iteration": 0, "components": [], "base_weights_hash": base_hash}
+    )
     if state.get("base_weights_hash") != base_hash:
         raise CorpError(f"'{state_path}' was made from other base weights; use another --run-dir")
     done_iters = int(state["iteration"])
@@ -173,7 +196,14 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
     scored = EvalCache(pop_path)
     metrics_path = run_dir / "metrics.jsonl"
     logged = {r["iteration"] for r in read_jsonl(metrics_path, key="iteration", unique=True)}
-    bar = tqdm(total=cfg.iterations, initial=done_iters, desc="es", unit="iter", dynamic_ncols=True, disable=os.environ.get("CORP_NO_PROGRESS") == "1")
+    bar = tqdm(
+        total=cfg.iterations,
+        initial=done_iters,
+        desc="es",
+        unit="iter",
+        dynamic_ncols=True,
+        disable=os.environ.get("CORP_NO_PROGRESS") == "1",
+    )
     try:
         for t in range(done_iters, cfg.iterations):
             t0 = time.perf_counter()
@@ -183,22 +213,52 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
             for seed, sign in specs:
                 # a specialist is centre + sign * sigma * eps(seed): keyed by the centre's components, not by t
                 what = f"es-specialist|centre={centre_fp}|seed={seed}|sign={sign}|sigma={float(cfg.sigma)!r}"
-                r = cached_eval(ctx, scored, "support", Direction.single(seed, cfg.sigma, float(sign)), what=what, kind="es-specialist",
-                                seed=seed, sigma=cfg.sigma, iteration=t, sign=sign)
+                r = cached_eval(
+                    ctx,
+                    scored,
+                    "support",
+                    Direction.single(seed, cfg.sigma, float(sign)),
+                    what=what,
+                    kind="es-specialist",
+                    seed=seed,
+                    sigma=cfg.sigma,
+                    iteration=t,
+                    sign=sign,
+                )
                 rows.append(r)
                 rewards.append(r["reward"])
             new = update_components(cfg, specs, rewards)
             centre.add(new)
             components += new
             ctx.backend.set_direction(None)  # weights := the new centre
-            row = {"iteration": t + 1, "reward_mean": float(np.mean(rewards)), "reward_max": float(np.max(rewards)), "reward_min": float(np.min(rewards)), "components": len(components)}
-            led_tokens = {"prompt_tokens": sum(r["prompt_tokens"] for r in rows), "generated_tokens": sum(r["generated_tokens"] for r in rows)}
+            row = {
+                "iteration": t + 1,
+                "reward_mean": float(np.mean(rewards)),
+                "reward_max": float(np.max(rewards)),
+                "reward_min": float(np.min(rewards)),
+                "components": len(components),
+            }
+            led_tokens = {
+                "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
+                "generated_tokens": sum(r["generated_tokens"] for r in rows),
+            }
             if not cfg.skip_centre_eval:
-                c = cached_eval(ctx, scored, "support", what=f"es-centre|{direction_fingerprint(Direction(components))}", current=True, kind="es-centre", iteration=t + 1)
+                c = cached_eval(
+                    ctx,
+                    scored,
+                    "support",
+                    what=f"es-centre|{direction_fingerprint(Direction(components))}",
+                    current=True,
+                    kind="es-centre",
+                    iteration=t + 1,
+                )
                 row["centre_reward"] = c["reward"]
             row["seconds"] = time.perf_counter() - t0
             row.update(led_tokens)
-            write_json(state_path, {"iteration": t + 1, "components": Direction(components).to_json(), "base_weights_hash": base_hash})
+            write_json(
+                state_path,
+                {"iteration": t + 1, "components": Direction(components).to_json(), "base_weights_hash": base_hash},
+            )
             if t + 1 not in logged:
                 append_jsonl(metrics_path, row)
             bar.set_postfix(reward=f"{row['reward_mean']:.3f}", centre=f"{row.get('centre_reward', float('nan')):.3f}")
@@ -208,24 +268,73 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
 
     ctx.backend.set_direction(None)  # the final centre
     # keyed by the centre's components, so a longer resumed run re-evaluates
-    final = cached_eval(ctx, evals, "test", what=f"es-centre|{direction_fingerprint(Direction(components))}", current=True, kind="es-centre")
+    final = cached_eval(
+        ctx,
+        evals,
+        "test",
+        what=f"es-centre|{direction_fingerprint(Direction(components))}",
+        current=True,
+        kind="es-centre",
+    )
     # the shared recipe writer: kind es, base named as the user gave it (an alias works offline) and as resolved
-    made_by = {"method": "es", "iterations": cfg.iterations, "population": cfg.population, "sigma": cfg.sigma, "alpha": cfg.alpha, "antithetic": cfg.antithetic, "fitness": cfg.fitness}
-    write_recipe(run_dir / "recipe.json", make_recipe(cfg.model, model_id, base_hash, ParamFilter(cfg.include, cfg.exclude), Direction(components), made_by, kind="es",
-                                                     scheme=perturber.scheme, produced=produced_weights(ctx.backend.model)))
+    made_by = {
+        "method": "es",
+        "iterations": cfg.iterations,
+        "population": cfg.population,
+        "sigma": cfg.sigma,
+        "alpha": cfg.alpha,
+        "antithetic": cfg.antithetic,
+        "fitness": cfg.fitness,
+    }
+    write_recipe(
+        run_dir / "recipe.json",
+        make_recipe(
+            cfg.model,
+            model_id,
+            base_hash,
+            ParamFilter(cfg.include, cfg.exclude),
+            Direction(components),
+            made_by,
+            kind="es",
+            scheme=perturber.scheme,
+            produced=produced_weights(ctx.backend.model),
+        ),
+    )
     save_model(ctx.backend.model, ctx.backend.tokenizer, run_dir / "model")
     sel = ctx.ledger()
     for r in scored.rows.values():
         sel.add_generation(r["prompt_tokens"], r["generated_tokens"])
     ids = ctx.example_ids("test")
     rows = [
-        ReportRow("base", base_test["accuracy"], 1, ctx.ledger().add_generation(base_test["prompt_tokens"], base_test["generated_tokens"]), 0, PerExample(base_test["correct"], ids)),
-        ReportRow("es", final["accuracy"], 1, ctx.ledger().add_generation(final["prompt_tokens"], final["generated_tokens"]), len(ctx.splits["support"]), PerExample(final["correct"], ids),
-                  {"iterations": int(read_json(state_path)["iteration"])}),
+        ReportRow(
+            "base",
+            base_test["accuracy"],
+            1,
+            ctx.ledger().add_generation(base_test["prompt_tokens"], base_test["generated_tokens"]),
+            0,
+            PerExample(base_test["correct"], ids),
+        ),
+        ReportRow(
+            "es",
+            final["accuracy"],
+            1,
+            ctx.ledger().add_generation(final["prompt_tokens"], final["generated_tokens"]),
+            len(ctx.splits["support"]),
+            PerExample(final["correct"], ids),
+            {"iterations": int(read_json(state_path)["iteration"])},
+        ),
     ]
     report = write_report(
-        run_dir, "es", cfg.model, cfg.task, rows, [("es", "base")], ids,
-        iterations=int(read_json(state_path)["iteration"]),  # what the centre holds (a run trained further than asked says so)
+        run_dir,
+        "es",
+        cfg.model,
+        cfg.task,
+        rows,
+        [("es", "base")],
+        ids,
+        iterations=int(
+            read_json(state_path)["iteration"]
+        ),  # what the centre holds (a run trained further than asked says so)
         test_accuracy_before=base_test["accuracy"],
         test_accuracy_after=final["accuracy"],
         training_ledger=sel.to_dict(),
@@ -233,5 +342,10 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
         recipe=str(run_dir / "recipe.json"),
         model_dir=str(run_dir / "model"),
     )
-    report["table"] = "\n".join([format_rows(rows, report["comparisons"]), f"ES training (population and centre evaluations on the support split): {sel.flops:.3e} FLOPs"])
+    report["table"] = "\n".join(
+        [
+            format_rows(rows, report["comparisons"]),
+            f"ES training (population and centre evaluations on the support split): {sel.flops:.3e} FLOPs",
+        ]
+    )
     return report

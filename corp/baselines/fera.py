@@ -66,7 +66,7 @@ class FERAConfig(RunConfig):
     temperature_u: float = 0.2
     """T in the server's client weights softmax(-u / T); small T trusts the most certain client more."""
 
-    def validate(self) -> "FERAConfig":
+    def validate(self) -> FERAConfig:
         super().validate()
         for name in ("clients", "shots", "rounds", "samples"):
             if getattr(self, name) < 1:
@@ -94,7 +94,9 @@ def client_weights(uncertainties: list[float], temperature: float) -> list[float
     return [v / s for v in e]
 
 
-def synthesise(answers: list[str | None], uncertainties: list[float], temperature: float) -> tuple[str | None, dict[str, float]]:
+def synthesise(
+    answers: list[str | None], uncertainties: list[float], temperature: float
+) -> tuple[str | None, dict[str, float]]:
     """The server's answer: the uncertainty-weighted vote (clients with no answer abstain; ties go to
     the least uncertain client's answer). Returns (answer, total weight per answer)."""
     w = client_weights(uncertainties, temperature)
@@ -134,7 +136,9 @@ def client_prompt(demos, question: str, synthesis: str | None, support: float | 
         lines += [f"Question: {d.prompt}", f"Answer: {d.answer}", ""]
     lines.append(f"Question: {question}")
     if synthesis is not None:
-        lines.append(f"(Other solvers' combined answer last round: {synthesis}, with {support:.0%} of the weight. Check it and answer.)")
+        lines.append(
+            f"(Other solvers' combined answer last round: {synthesis}, with {support:.0%} of the weight. Check it and answer.)"
+        )
     return "\n".join(lines)
 
 
@@ -153,11 +157,16 @@ def _mean_entropy(backend, prompts: list[str], completions: list[list[int]]) -> 
     tok = backend.tokenizer
     out = []
     for s in range(0, len(prompts), backend_batch(backend)):
-        ps = [tok(format_prompt(tok, p), add_special_tokens=False)["input_ids"] for p in prompts[s : s + backend_batch(backend)]]
+        ps = [
+            tok(format_prompt(tok, p), add_special_tokens=False)["input_ids"]
+            for p in prompts[s : s + backend_batch(backend)]
+        ]
         cs = [c or [tok.eos_token_id] for c in completions[s : s + backend_batch(backend)]]
         b = build_batch(tok, ps, cs, torch.zeros(len(cs)), torch.zeros(len(cs), dtype=torch.long))
         with torch.no_grad():
-            _, ent = token_logps_and_entropy(backend.model, b.input_ids, b.attention_mask, b.completion_mask.size(1), 1.0)
+            _, ent = token_logps_and_entropy(
+                backend.model, b.input_ids, b.attention_mask, b.completion_mask.size(1), 1.0
+            )
         m = b.completion_mask.float()
         out.extend(((ent * m).sum(-1) / m.sum(-1).clamp(min=1)).tolist())
     return out
@@ -174,15 +183,32 @@ def run_fera(cfg: FERAConfig, backend=None) -> dict:
     with open_run(cfg, "fera", backend, needs=("support", "test"), defines=None) as ctx:
         from corp.federated import split_clients
 
-        shares = split_clients(ctx.splits["support"], cfg.clients, cfg.split_by)  # the federated helpers' split: one line for an empty share
+        shares = split_clients(
+            ctx.splits["support"], cfg.clients, cfg.split_by
+        )  # the federated helpers' split: one line for an empty share
         for c, share in enumerate(shares):
             if len(share) < cfg.shots:
-                raise CorpError(f"client {c} holds {len(share)} support examples, fewer than --shots {cfg.shots}; raise --n-support to >= {cfg.clients * cfg.shots} or lower --clients/--shots")
+                raise CorpError(
+                    f"client {c} holds {len(share)} support examples, fewer than --shots {cfg.shots}; raise --n-support to >= {cfg.clients * cfg.shots} or lower --clients/--shots"
+                )
         demos = [share[: cfg.shots] for share in shares]
         test = ctx.splits["test"]
         ids = ctx.example_ids("test")
-        run_as = hashlib.sha256(json.dumps({**{k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to", "batch_size")},
-                                            "weights_hash": ctx.weights_hash, "model_id": ctx.model_id}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        run_as = hashlib.sha256(
+            json.dumps(
+                {
+                    **{
+                        k: v
+                        for k, v in config_to_dict(cfg).items()
+                        if k not in ("run_dir", "threads", "report_to", "batch_size")
+                    },
+                    "weights_hash": ctx.weights_hash,
+                    "model_id": ctx.model_id,
+                },
+                sort_keys=True,
+                default=str,
+            ).encode()
+        ).hexdigest()[:16]
         log = ctx.run_dir / "rounds.jsonl"
         done = {r["round"]: r for r in read_jsonl(log, key="round") if r.get("run_as") == run_as}
         ledger = ctx.ledger()
@@ -211,8 +237,14 @@ def _round(ctx, cfg: FERAConfig, t: int, demos, test, synth, support, ledger) ->
     up_bytes = down_bytes = 0
     for c in range(K):
         prompts = [client_prompt(demos[c], e.prompt, synth[i], support[i]) for i, e in enumerate(test)]
-        gens = ctx.backend.generate(prompts, ctx.max_new_tokens, temperature=cfg.sample_temperature, n=cfg.samples,
-                                    seed=cfg.seed * 1_000_003 + 101 * t + c, stop=ctx.task.stop or None)
+        gens = ctx.backend.generate(
+            prompts,
+            ctx.max_new_tokens,
+            temperature=cfg.sample_temperature,
+            n=cfg.samples,
+            seed=cfg.seed * 1_000_003 + 101 * t + c,
+            stop=ctx.task.stop or None,
+        )
         ledger.add_generation(sum(gens.prompt_tokens), sum(gens.generated_tokens))
         extracted = [ctx.task.extract(x) for x in gens.texts]
         for i in range(n):
@@ -222,7 +254,9 @@ def _round(ctx, cfg: FERAConfig, t: int, demos, test, synth, support, ledger) ->
             ledger.add_generation(sum(greedy.prompt_tokens), sum(greedy.generated_tokens))
             unc[c] = _mean_entropy(ctx.backend, prompts, greedy.token_ids)
             ledger.add_generation(sum(greedy.prompt_tokens) + sum(greedy.generated_tokens), 0)
-        up_bytes += sum(len((a or "").encode()) + 4 for a in answers[c])  # answer text + float32 uncertainty per question
+        up_bytes += sum(
+            len((a or "").encode()) + 4 for a in answers[c]
+        )  # answer text + float32 uncertainty per question
     new_synth, new_support, weights = [], [], []
     for i in range(n):
         col_a, col_u = [answers[c][i] for c in range(K)], [unc[c][i] for c in range(K)]
@@ -234,13 +268,19 @@ def _round(ctx, cfg: FERAConfig, t: int, demos, test, synth, support, ledger) ->
     check = lambda a, e: bool(ctx.task.check(a, e))  # noqa: E731
     plain = [plain_vote([answers[c][i] for c in range(K)]) for i in range(n)]
     return {
-        "round": t, "synthesis": new_synth, "synthesis_support": new_support,
+        "round": t,
+        "synthesis": new_synth,
+        "synthesis_support": new_support,
         "synthesis_correct": [int(check(a, e)) for a, e in zip(new_synth, test)],
-        "plain_vote": plain, "plain_vote_correct": [int(check(a, e)) for a, e in zip(plain, test)],
-        "client_answers": answers, "client_uncertainty": unc,
+        "plain_vote": plain,
+        "plain_vote_correct": [int(check(a, e)) for a, e in zip(plain, test)],
+        "client_answers": answers,
+        "client_uncertainty": unc,
         "client_correct": [[int(check(a, e)) for a, e in zip(answers[c], test)] for c in range(K)],
         "mean_weights": [sum(w[c] for w in weights) / n for c in range(K)],
-        "bytes_up": up_bytes, "bytes_down": down_bytes, "ledger": ledger.to_dict(),
+        "bytes_up": up_bytes,
+        "bytes_down": down_bytes,
+        "ledger": ledger.to_dict(),
     }
 
 
@@ -250,20 +290,56 @@ def _report(cfg: FERAConfig, ctx, rounds: list[dict], ids: list[str]) -> dict:
     rows = []
     for r in rounds:
         led = r["ledger"]  # cumulative: every generation up to and including this round
-        for name, correct in ((f"fera-round{r['round']}", r["synthesis_correct"]), (f"plain-vote-round{r['round']}", r["plain_vote_correct"])):
-            rows.append(ReportRow(name, acc(correct), per_pass * r["round"], Ledger(led["n_params"], led["prompt_tokens"], led["generated_tokens"]),
-                                  cfg.clients * cfg.shots, PerExample(correct, ids)))
+        for name, correct in (
+            (f"fera-round{r['round']}", r["synthesis_correct"]),
+            (f"plain-vote-round{r['round']}", r["plain_vote_correct"]),
+        ):
+            rows.append(
+                ReportRow(
+                    name,
+                    acc(correct),
+                    per_pass * r["round"],
+                    Ledger(led["n_params"], led["prompt_tokens"], led["generated_tokens"]),
+                    cfg.clients * cfg.shots,
+                    PerExample(correct, ids),
+                )
+            )
     last = rounds[-1]["round"]
-    compare = [(f"fera-round{last}", f"plain-vote-round{last}"), (f"fera-round{last}", "fera-round1")] if last > 1 else [("fera-round1", "plain-vote-round1")]
+    compare = (
+        [(f"fera-round{last}", f"plain-vote-round{last}"), (f"fera-round{last}", "fera-round1")]
+        if last > 1
+        else [("fera-round1", "plain-vote-round1")]
+    )
     report = write_report(
-        ctx.run_dir, "fera", cfg.model, cfg.task, rows, compare, ids,
+        ctx.run_dir,
+        "fera",
+        cfg.model,
+        cfg.task,
+        rows,
+        compare,
+        ids,
         reconstruction="FERA, arXiv 2605.10082: a reconstruction from docs/methods.md; the cheap uncertainty-weighted vote (see corp/baselines/fera.py)",
-        rounds=[{"round": r["round"], "accuracy": acc(r["synthesis_correct"]), "plain_vote_accuracy": acc(r["plain_vote_correct"]),
-                 "client_accuracy": [acc(c) for c in r["client_correct"]], "mean_client_weights": r["mean_weights"],
-                 "mean_client_uncertainty": [sum(u) / len(u) for u in r["client_uncertainty"]],
-                 "bytes_up": r["bytes_up"], "bytes_down": r["bytes_down"]} for r in rounds],
-        settings={"clients": cfg.clients, "shots": cfg.shots, "samples": cfg.samples, "uncertainty": cfg.uncertainty,
-                  "temperature_u": cfg.temperature_u, "sample_temperature": cfg.sample_temperature},
+        rounds=[
+            {
+                "round": r["round"],
+                "accuracy": acc(r["synthesis_correct"]),
+                "plain_vote_accuracy": acc(r["plain_vote_correct"]),
+                "client_accuracy": [acc(c) for c in r["client_correct"]],
+                "mean_client_weights": r["mean_weights"],
+                "mean_client_uncertainty": [sum(u) / len(u) for u in r["client_uncertainty"]],
+                "bytes_up": r["bytes_up"],
+                "bytes_down": r["bytes_down"],
+            }
+            for r in rounds
+        ],
+        settings={
+            "clients": cfg.clients,
+            "shots": cfg.shots,
+            "samples": cfg.samples,
+            "uncertainty": cfg.uncertainty,
+            "temperature_u": cfg.temperature_u,
+            "sample_temperature": cfg.sample_temperature,
+        },
         passes_note="passes/ex: completions per test question up to that round, all clients together",
     )
     report["table"] = format_rows(rows, report["comparisons"])

@@ -40,8 +40,19 @@ import torch
 from corp import CorpError
 from corp.baselines.grpo.core import GRPOConfig, GRPOTrainer
 from corp.config import config_to_dict
-from corp.federated import (SPLIT_RULES, ClientBase, ClientPool, check_signatures, ema_update, fedavg_weights, fgrpo_weights, partition_ids,
-                            relative_gains, split_clients, weighted_sum)
+from corp.federated import (
+    SPLIT_RULES,
+    ClientBase,
+    ClientPool,
+    check_signatures,
+    ema_update,
+    fedavg_weights,
+    fgrpo_weights,
+    partition_ids,
+    relative_gains,
+    split_clients,
+    weighted_sum,
+)
 from corp.ledger import Ledger
 from corp.perturb.noise import derive_seeds
 from corp.runs import ReportRow, append_jsonl, format_rows, write_report
@@ -74,7 +85,7 @@ class FGRPOConfig(GRPOConfig):
     ray_address: str | None = None
     """Join this Ray cluster instead of starting a local Ray (--executor ray)."""
 
-    def validate(self) -> "FGRPOConfig":
+    def validate(self) -> FGRPOConfig:
         super().validate()
         if self.rounds < 1:
             raise CorpError(f"--rounds must be >= 1, got {self.rounds}")
@@ -93,7 +104,9 @@ class FGRPOConfig(GRPOConfig):
         if self.executor == "ray":
             from corp.extras import require
 
-            require("ray", "--executor ray")  # before anything is computed: a missing Ray is one line, no run directory left
+            require(
+                "ray", "--executor ray"
+            )  # before anything is computed: a missing Ray is one line, no run directory left
         return self
 
 
@@ -116,7 +129,14 @@ class FGRPOClient(ClientBase):
             from corp.evaluate.tasks import get_task
 
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            ctx = RunContext(self.cfg, "fgrpo-client", get_task(self.cfg.task, self.cfg.data), {"support": list(self.support)}, self.run_dir, resolve_reward(self.cfg.reward))
+            ctx = RunContext(
+                self.cfg,
+                "fgrpo-client",
+                get_task(self.cfg.task, self.cfg.data),
+                {"support": list(self.support)},
+                self.run_dir,
+                resolve_reward(self.cfg.reward),
+            )
             self._trainer = GRPOTrainer(ctx, self.cfg)
         return self._trainer
 
@@ -130,7 +150,9 @@ class FGRPOClient(ClientBase):
         state = msg["state"]
         names = [n for n, _ in tr.trainable]
         if sorted(state) != sorted(names):
-            raise CorpError(f"client {self.index}: the global state holds other parameters than its model trains (LoRA settings differ?)")
+            raise CorpError(
+                f"client {self.index}: the global state holds other parameters than its model trains (LoRA settings differ?)"
+            )
         with torch.no_grad():
             for n, p in tr.trainable:
                 p.copy_(state[n])
@@ -141,8 +163,12 @@ class FGRPOClient(ClientBase):
         rewards = [tr.train_step()["reward"] for _ in range(self.cfg.steps)]
         after = tr.ledger.to_dict()
         delta = {n: (p.detach().float() - state[n].float()).contiguous() for n, p in tr.trainable}
-        return {"delta": delta, "reward": float(sum(rewards) / len(rewards)), "n_examples": len(self.support),
-                "tokens": {k: int(after[k] - before[k]) for k in ("prompt_tokens", "generated_tokens", "trained_tokens")}}
+        return {
+            "delta": delta,
+            "reward": float(sum(rewards) / len(rewards)),
+            "n_examples": len(self.support),
+            "tokens": {k: int(after[k] - before[k]) for k in ("prompt_tokens", "generated_tokens", "trained_tokens")},
+        }
 
 
 # ---------------------------------------------------------------- the server
@@ -168,7 +194,17 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
     evals = run_evals(ctx)
     # `rounds` is left out: round r's state does not depend on how many rounds follow, so a rerun
     # with more --rounds continues this run (as corp bench grows it) instead of being refused
-    trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to", "executor", "ray_address", "rounds")}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    trained_as = hashlib.sha256(
+        json.dumps(
+            {
+                k: v
+                for k, v in config_to_dict(cfg).items()
+                if k not in ("run_dir", "threads", "report_to", "executor", "ray_address", "rounds")
+            },
+            sort_keys=True,
+            default=str,
+        ).encode()
+    ).hexdigest()[:16]
     torch.manual_seed(cfg.seed)  # the global LoRA initialisation (the server's), the same on resume
     server = GRPOTrainer(ctx, cfg)  # holds the global weights; never trains
     state_path = ctx.run_dir / STATE_FILE
@@ -177,7 +213,13 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
         if st["trained_as"] != trained_as:
             raise CorpError(f"'{ctx.run_dir}' holds an FGRPO run with other settings; use another --run-dir")
     else:
-        st = {"trained_as": trained_as, "round": 0, "global": {n: p.detach().clone() for n, p in server.trainable}, "baselines": [None] * K, "dropped": {}}
+        st = {
+            "trained_as": trained_as,
+            "round": 0,
+            "global": {n: p.detach().clone() for n, p in server.trainable},
+            "baselines": [None] * K,
+            "dropped": {},
+        }
     history = [r for r in read_jsonl(ctx.run_dir / "rounds.jsonl", key="round") if r["round"] <= st["round"]]
 
     def load_global():
@@ -188,10 +230,14 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
     def test_eval(label: str):
         if cfg.skip_test_eval:
             return None
-        return cached_eval(ctx, evals, "test", what=f"fgrpo|config={trained_as}|{label}", current=True, kind="checkpoint")
+        return cached_eval(
+            ctx, evals, "test", what=f"fgrpo|config={trained_as}|{label}", current=True, kind="checkpoint"
+        )
 
     load_global()
-    base = None if cfg.skip_test_eval else cached_eval(ctx, evals, "test", what="base", current=True, kind="checkpoint")  # LoRA B = 0: the base
+    base = (
+        None if cfg.skip_test_eval else cached_eval(ctx, evals, "test", what="base", current=True, kind="checkpoint")
+    )  # LoRA B = 0: the base
     parts = partition_ids(ctx.splits["test"], K, cfg.split_by) if not cfg.skip_test_eval else []
     factories = [partial(FGRPOClient, cfg, k, shares[k], str(ctx.run_dir / "clients" / str(k))) for k in range(K)]
     pool = ClientPool(factories, cfg.executor, log=log, ray_address=cfg.ray_address)
@@ -202,7 +248,9 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
             check_signatures([ctx.task.signature()] + [replies[k]["signature"] for k in sorted(replies)])
         while st["round"] < cfg.rounds:
             r = st["round"]
-            replies, traffic = pool.call({k: {"op": "round", "round": r, "state": st["global"]} for k in pool.alive}, f"round {r + 1}")
+            replies, traffic = pool.call(
+                {k: {"op": "round", "round": r, "state": st["global"]} for k in pool.alive}, f"round {r + 1}"
+            )
             ks = sorted(replies)
             R = [float(replies[k]["reward"]) for k in ks]
             b = [st["baselines"][k] for k in ks]
@@ -218,14 +266,28 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
             st["dropped"] = {str(k): v for k, v in pool.dropped.items()}
             load_global()
             row = test_eval(f"round={r + 1}")
-            tokens = {t: sum(int(replies[k]["tokens"][t]) for k in ks) for t in ("prompt_tokens", "generated_tokens", "trained_tokens")}
+            tokens = {
+                t: sum(int(replies[k]["tokens"][t]) for k in ks)
+                for t in ("prompt_tokens", "generated_tokens", "trained_tokens")
+            }
             entry = {
-                "round": r + 1, "clients": ks, "rewards": R, "baselines_before": b, "gains": relative_gains(R, b), "weights": weights,
-                "aggregation": cfg.aggregation, "communication": traffic.to_dict(), "client_tokens": tokens,
-                "client_flops": Ledger(ctx.backend.n_params, tokens["prompt_tokens"], tokens["generated_tokens"], tokens["trained_tokens"]).flops,
+                "round": r + 1,
+                "clients": ks,
+                "rewards": R,
+                "baselines_before": b,
+                "gains": relative_gains(R, b),
+                "weights": weights,
+                "aggregation": cfg.aggregation,
+                "communication": traffic.to_dict(),
+                "client_tokens": tokens,
+                "client_flops": Ledger(
+                    ctx.backend.n_params, tokens["prompt_tokens"], tokens["generated_tokens"], tokens["trained_tokens"]
+                ).flops,
                 "dropped": dict(st["dropped"]),
                 "pooled_test_accuracy": None if row is None else row["accuracy"],
-                "client_test_accuracy": None if row is None else [sum(int(row["correct"][i]) for i in p) / len(p) if p else None for p in parts],
+                "client_test_accuracy": None
+                if row is None
+                else [sum(int(row["correct"][i]) for i in p) / len(p) if p else None for p in parts],
             }
             tmp = state_path.with_suffix(".pt.tmp")
             torch.save(st, tmp)
@@ -241,24 +303,64 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
     server.backend.model = model
     save_model(model, server.tokenizer, ctx.run_dir / "model")
     n_params = ctx.backend.n_params
-    total = {t: sum(h["client_tokens"][t] for h in history) for t in ("prompt_tokens", "generated_tokens", "trained_tokens")}
+    total = {
+        t: sum(h["client_tokens"][t] for h in history) for t in ("prompt_tokens", "generated_tokens", "trained_tokens")
+    }
     training = Ledger(n_params, total["prompt_tokens"], total["generated_tokens"], total["trained_tokens"])
     ids = ctx.example_ids("test") if not cfg.skip_test_eval else None
     rows = []
     if base is not None:
-        rows = [ReportRow("base", base["accuracy"], 1, Ledger(n_params).add_generation(base["prompt_tokens"], base["generated_tokens"]), 0, PerExample(base["correct"], ids)),
-                ReportRow("fgrpo", final["accuracy"], 1, Ledger(n_params).add_generation(final["prompt_tokens"], final["generated_tokens"]), len(ctx.splits["support"]), PerExample(final["correct"], ids))]
+        rows = [
+            ReportRow(
+                "base",
+                base["accuracy"],
+                1,
+                Ledger(n_params).add_generation(base["prompt_tokens"], base["generated_tokens"]),
+                0,
+                PerExample(base["correct"], ids),
+            ),
+            ReportRow(
+                "fgrpo",
+                final["accuracy"],
+                1,
+                Ledger(n_params).add_generation(final["prompt_tokens"], final["generated_tokens"]),
+                len(ctx.splits["support"]),
+                PerExample(final["correct"], ids),
+            ),
+        ]
     total_bytes = sum(h["communication"]["total_bytes"] for h in history)
     report = write_report(
-        ctx.run_dir, "fgrpo", cfg.model, cfg.task, rows, [("fgrpo", "base")] if rows else [], ids,
-        rounds=history, aggregation=cfg.aggregation, clients=K, split_by=cfg.split_by, client_shares=[len(s) for s in shares],
-        dropped_clients=st["dropped"], lora_r=cfg.lora_r, trainable_params=sum(p.numel() for _, p in server.trainable),
-        total_bytes=total_bytes, bytes_per_round=[h["communication"]["total_bytes"] for h in history],
-        method_ledger=training.to_dict(), method_flops=training.flops,
+        ctx.run_dir,
+        "fgrpo",
+        cfg.model,
+        cfg.task,
+        rows,
+        [("fgrpo", "base")] if rows else [],
+        ids,
+        rounds=history,
+        aggregation=cfg.aggregation,
+        clients=K,
+        split_by=cfg.split_by,
+        client_shares=[len(s) for s in shares],
+        dropped_clients=st["dropped"],
+        lora_r=cfg.lora_r,
+        trainable_params=sum(p.numel() for _, p in server.trainable),
+        total_bytes=total_bytes,
+        bytes_per_round=[h["communication"]["total_bytes"] for h in history],
+        method_ledger=training.to_dict(),
+        method_flops=training.flops,
         method_ledger_note="all clients' generation (2N per token) and training tokens (6N per token, also for LoRA); the server's test evaluations not included",
         model_dir=str(ctx.run_dir / "model"),
     )
     if rows:
-        lines = [f"round {h['round']}: pooled test accuracy {h['pooled_test_accuracy']:.3f}; per client {h['client_test_accuracy']}; weights {[round(w, 3) for w in h['weights']]}; {h['communication']['total_bytes']} bytes" for h in history]
-        report["table"] = format_rows(rows, report["comparisons"]) + "\n" + "\n".join(lines) + f"\ncommunication: {total_bytes} bytes in all; client compute {training.flops:.3e} FLOPs"
+        lines = [
+            f"round {h['round']}: pooled test accuracy {h['pooled_test_accuracy']:.3f}; per client {h['client_test_accuracy']}; weights {[round(w, 3) for w in h['weights']]}; {h['communication']['total_bytes']} bytes"
+            for h in history
+        ]
+        report["table"] = (
+            format_rows(rows, report["comparisons"])
+            + "\n"
+            + "\n".join(lines)
+            + f"\ncommunication: {total_bytes} bytes in all; client compute {training.flops:.3e} FLOPs"
+        )
     return report

@@ -53,8 +53,14 @@ from dataclasses import dataclass
 import torch
 
 from corp import CorpError
-from corp.baselines.grpo.core import (GRPOConfig, GRPOTrainer, build_batch, group_advantages, per_token_loss,
-                                     token_logps_and_entropy)
+from corp.baselines.grpo.core import (
+    GRPOConfig,
+    GRPOTrainer,
+    build_batch,
+    group_advantages,
+    per_token_loss,
+    token_logps_and_entropy,
+)
 from corp.config import RunConfig, config_to_dict
 from corp.evaluate.rewards import compute_rewards
 from corp.ledger import Ledger
@@ -68,7 +74,7 @@ ID_BYTES, LOGPROB_BYTES, SEQ_LOGPROB_BYTES = 4, 4, 4  # int32 token ids, float32
 # GRPO options F-TIS does not have, each refused unless at its default (never silently ignored), and why
 UNSUPPORTED = {
     "loss": "its per-token loss is plain GRPO's times the truncated importance weight; "
-            "the cov / reco variants are not defined on a mixed group",
+    "the cov / reco variants are not defined on a mixed group",
     "beta": "it has no KL penalty to a reference model",
     "num_iterations": "it takes one step per generated batch (pi_old = the current weights)",
     "lora_r": "its nodes train all parameters (no LoRA)",
@@ -106,7 +112,7 @@ class FTISConfig(GRPOConfig):
     skip_test_eval: bool = False
     """Do not evaluate on the test split (and OOD task) at all."""
 
-    def validate(self) -> "FTISConfig":
+    def validate(self) -> FTISConfig:
         defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
         for name, why in UNSUPPORTED.items():  # before GRPO's checks: the first line says what F-TIS lacks
             if getattr(self, name) != defaults[name]:
@@ -117,7 +123,9 @@ class FTISConfig(GRPOConfig):
             if getattr(self, name) < 1:
                 raise CorpError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if len(self.node_models()) < 2:
-            raise CorpError(f"--nodes '{self.nodes}' names one model; F-TIS needs two or more nodes (or drop --nodes and use --n-nodes)")
+            raise CorpError(
+                f"--nodes '{self.nodes}' names one model; F-TIS needs two or more nodes (or drop --nodes and use --n-nodes)"
+            )
         if not (self.tis_cap > 0 and math.isfinite(self.tis_cap)):
             raise CorpError(f"--tis-cap must be > 0 and finite, got {self.tis_cap}")
         if not self.kl_filter > 0:
@@ -158,7 +166,9 @@ def keep_mask(advantages: torch.Tensor, kl: torch.Tensor, off_policy: torch.Tens
     return ~off_policy.bool() | (advantages > 0) | (kl < gamma)
 
 
-def ftis_token_loss(logps, old_logps, mu_logps, advantages, mask, off_policy, eps_low: float, eps_high: float, cap: float, gamma: float):
+def ftis_token_loss(
+    logps, old_logps, mu_logps, advantages, mask, off_policy, eps_low: float, eps_high: float, cap: float, gamma: float
+):
     """F-TIS per-token loss (B, T) before aggregation, and (weights, keep, kl) for logging.
 
     GRPO's clipped per-token loss (corp.baselines.grpo.core.per_token_loss, no KL term) times the
@@ -244,8 +254,17 @@ class Node(GRPOTrainer):
         for s in range(0, len(prompts), micro):
             pids = [self.prompt_ids(p) for p in prompts[s : s + micro]]
             comps = completions[s : s + micro]
-            b = build_batch(self.tokenizer, pids, comps, torch.zeros(len(comps)), torch.zeros(len(comps), dtype=torch.long))
-            lp, _ = token_logps_and_entropy(self.policy, b.input_ids, b.attention_mask, b.completion_mask.size(1), self.cfg.temperature, with_entropy=False)
+            b = build_batch(
+                self.tokenizer, pids, comps, torch.zeros(len(comps)), torch.zeros(len(comps), dtype=torch.long)
+            )
+            lp, _ = token_logps_and_entropy(
+                self.policy,
+                b.input_ids,
+                b.attention_mask,
+                b.completion_mask.size(1),
+                self.cfg.temperature,
+                with_entropy=False,
+            )
             out.extend(lp[r, : len(c)].tolist() for r, c in enumerate(comps))
             self.ledger.add_generation(sum(b.prompt_lens) + sum(b.completion_lens), 0)
         return out
@@ -253,14 +272,22 @@ class Node(GRPOTrainer):
     def rollouts(self, examples, n: int, seed: int) -> list[Rollout]:
         """n completions per example, prompt-major, with this node's logprobs of its own tokens."""
         self.policy.eval()
-        gens = self.backend.generate([e.prompt for e in examples], self.ctx.max_new_tokens, temperature=self.cfg.temperature, n=n, seed=seed,
-                                     stop=self.ctx.task.stop or None)  # as evaluation and corp grpo do
+        gens = self.backend.generate(
+            [e.prompt for e in examples],
+            self.ctx.max_new_tokens,
+            temperature=self.cfg.temperature,
+            n=n,
+            seed=seed,
+            stop=self.ctx.task.stop or None,
+        )  # as evaluation and corp grpo do
         self.ledger.add_generation(sum(gens.prompt_tokens), sum(gens.generated_tokens))
         prompts = [e.prompt for e in examples for _ in range(n)]
         lps = self.completion_logps(prompts, gens.token_ids)
         eos = self.backend.eos_ids
-        return [Rollout(self.index, i // n, ids, text, lp, bool(ids) and ids[-1] in eos)
-                for i, (ids, text, lp) in enumerate(zip(gens.token_ids, gens.texts, lps))]
+        return [
+            Rollout(self.index, i // n, ids, text, lp, bool(ids) and ids[-1] in eos)
+            for i, (ids, text, lp) in enumerate(zip(gens.token_ids, gens.texts, lps))
+        ]
 
     def receive(self, r: Rollout, sender_tokenizer) -> tuple[list[int], list[float], bool]:
         """(local completion ids, mu per local token, off-policy) of a rollout; counts the bytes."""
@@ -270,26 +297,36 @@ class Node(GRPOTrainer):
             self.bytes_received += r.wire_bytes(as_text=False)
             return r.token_ids, r.logprobs, True
         if self.cfg.no_retokenize:
-            raise CorpError(f"node {self.index} ('{self.name}') and node {r.sender} use different tokenizers and --no-retokenize forbids sharing text; "
-                            "use nodes with one tokenizer or drop --no-retokenize")
+            raise CorpError(
+                f"node {self.index} ('{self.name}') and node {r.sender} use different tokenizers and --no-retokenize forbids sharing text; "
+                "use nodes with one tokenizer or drop --no-retokenize"
+            )
         self.bytes_received += r.wire_bytes(as_text=True)
         ids = self.tokenizer(r.text, add_special_tokens=False)["input_ids"]
         if r.finished and self.tokenizer.eos_token_id is not None:
             ids = ids + [self.tokenizer.eos_token_id]
         seq_lp = float(sum(r.logprobs))
-        return ids, [seq_lp / max(1, len(ids))] * len(ids), True  # mu spread evenly over local tokens (module docstring)
+        return (
+            ids,
+            [seq_lp / max(1, len(ids))] * len(ids),
+            True,
+        )  # mu spread evenly over local tokens (module docstring)
 
-    def train_on(self, examples, rollouts: list[Rollout], rewards: list[float], tokenizers: dict[int, object], group: int) -> dict:
+    def train_on(
+        self, examples, rollouts: list[Rollout], rewards: list[float], tokenizers: dict[int, object], group: int
+    ) -> dict:
         """One optimizer step on the mixed group (rollouts prompt-major, `group` per prompt): GRPO's
         micro-batch step with F-TIS's per-token loss."""
         cfg = self.cfg
         received = [self.receive(r, tokenizers[r.sender]) for r in rollouts]
         adv = group_advantages(torch.tensor(rewards, dtype=torch.float32), group, cfg.scale_rewards == "group")
         pids = [self.prompt_ids(examples[r.prompt_index].prompt) for r in rollouts]
-        batch = build_batch(self.tokenizer, pids, [c for c, _, _ in received], adv, torch.tensor([r.prompt_index for r in rollouts]))
+        batch = build_batch(
+            self.tokenizer, pids, [c for c, _, _ in received], adv, torch.tensor([r.prompt_index for r in rollouts])
+        )
         T = batch.completion_mask.size(1)
         mu = torch.zeros(len(rollouts), T)
-        for row, (c, lp, _) in enumerate(received):
+        for row, (_c, lp, _) in enumerate(received):
             mu[row, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
         off = torch.tensor([o for _, _, o in received])
         eps_high = cfg.epsilon if cfg.epsilon_high is None else cfg.epsilon_high
@@ -298,8 +335,18 @@ class Node(GRPOTrainer):
         def token_loss(sl: slice, mb, logps: torch.Tensor, _ent, mask: torch.Tensor) -> torch.Tensor:
             # on-policy rows: mu is pi_old by construction (the same weights sampled them)
             mu_mb = torch.where(off[sl].unsqueeze(1), mu[sl], logps.detach())
-            tok, w, keep, kl = ftis_token_loss(logps, logps.detach(), mu_mb, mb.advantages, mask, off[sl], cfg.epsilon,
-                                               eps_high, cfg.tis_cap, cfg.kl_filter)
+            tok, w, keep, kl = ftis_token_loss(
+                logps,
+                logps.detach(),
+                mu_mb,
+                mb.advantages,
+                mask,
+                off[sl],
+                cfg.epsilon,
+                eps_high,
+                cfg.tis_cap,
+                cfg.kl_filter,
+            )
             kept.extend(keep[off[sl]].tolist())
             kls.extend(kl[off[sl]].tolist())
             offm = mask * off[sl].float().unsqueeze(1)
@@ -312,11 +359,15 @@ class Node(GRPOTrainer):
         self.policy.eval()
         self.step += 1
         w_n = acc["w_n"]
-        return {"loss": sum(losses), "grad_norm": grad_norm, "off_policy": int(off.sum()),
-                "off_policy_kept": int(sum(kept)),
-                "tis_weight_mean": acc["w_sum"] / w_n if w_n else None,
-                "off_policy_kl_median": sorted(kls)[len(kls) // 2] if kls else None,
-                "tis_capped_share": acc["capped"] / w_n if w_n else None}
+        return {
+            "loss": sum(losses),
+            "grad_norm": grad_norm,
+            "off_policy": int(off.sum()),
+            "off_policy_kept": int(sum(kept)),
+            "tis_weight_mean": acc["w_sum"] / w_n if w_n else None,
+            "off_policy_kl_median": sorted(kls)[len(kls) // 2] if kls else None,
+            "tis_capped_share": acc["capped"] / w_n if w_n else None,
+        }
 
 
 # ---------------------------------------------------------------- one arm: F-TIS over all nodes, or GRPO on one
@@ -342,11 +393,17 @@ def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trai
         for n in nodes:
             n.load_checkpoint()
         if len({n.step for n in nodes}) > 1:
-            raise CorpError(f"the {arm} checkpoints in '{run_dir}' are at different steps (interrupted between two saves); use another --run-dir")
+            raise CorpError(
+                f"the {arm} checkpoints in '{run_dir}' are at different steps (interrupted between two saves); use another --run-dir"
+            )
     metrics_path = run_dir / "metrics.jsonl"
     done = nodes[0].step
     index = {n.index for n in nodes}
-    logged = {(r["node"], r["step"]): r for r in read_jsonl(metrics_path, key="step") if r.get("arm") == arm and r["node"] in index and r["step"] <= done}
+    logged = {
+        (r["node"], r["step"]): r
+        for r in read_jsonl(metrics_path, key="step")
+        if r.get("arm") == arm and r["node"] in index and r["step"] <= done
+    }
     tokenizers = {n.index: n.tokenizer for n in nodes}
     for n in nodes:  # the weights as they are now (base, or the checkpoint's step)
         _evaluate(arm, n, n.step, evals, trained_as, ood, compute=n.step in _eval_steps(cfg))
@@ -359,19 +416,39 @@ def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trai
             rollouts.extend(n.rollouts(examples, G, seed=cfg.seed * 1_000_003 + 7919 * n.index + step))
         rollouts.sort(key=lambda r: (r.prompt_index, r.sender))  # prompt-major: each prompt's mixed group together
         ctx = nodes[0].ctx
-        rewards, errors = compute_rewards(ctx.task, [r.text for r in rollouts], [examples[r.prompt_index] for r in rollouts], ctx.reward_fn)
+        rewards, errors = compute_rewards(
+            ctx.task, [r.text for r in rollouts], [examples[r.prompt_index] for r in rollouts], ctx.reward_fn
+        )
         # every node computes the same rewards from the text and its own copy of the prompts: rewards are never sent
-        sent = {n.index: sum(r.wire_bytes(not same_tokenizer(n.tokenizer, m.tokenizer)) for r in rollouts if r.sender == n.index for m in nodes if m is not n)
-                for n in nodes}
+        sent = {
+            n.index: sum(
+                r.wire_bytes(not same_tokenizer(n.tokenizer, m.tokenizer))
+                for r in rollouts
+                if r.sender == n.index
+                for m in nodes
+                if m is not n
+            )
+            for n in nodes
+        }
         for n in nodes:
             received_before = n.bytes_received
             n.bytes_sent += sent[n.index]
             stats = n.train_on(examples, rollouts, rewards, tokenizers, G * len(nodes))
             own = [x for x, r in zip(rewards, rollouts) if r.sender == n.index]
-            row = {"arm": arm, "node": n.index, "model": n.name, "step": n.step, "reward": sum(rewards) / len(rewards),
-                   "own_reward": sum(own) / len(own), "reward_errors": errors, **stats,
-                   "bytes_sent": sent[n.index], "bytes_received": n.bytes_received - received_before,
-                   "seconds": time.perf_counter() - t0, **{f"ledger_{k}": v for k, v in n.ledger.to_dict().items()}}
+            row = {
+                "arm": arm,
+                "node": n.index,
+                "model": n.name,
+                "step": n.step,
+                "reward": sum(rewards) / len(rewards),
+                "own_reward": sum(own) / len(own),
+                "reward_errors": errors,
+                **stats,
+                "bytes_sent": sent[n.index],
+                "bytes_received": n.bytes_received - received_before,
+                "seconds": time.perf_counter() - t0,
+                **{f"ledger_{k}": v for k, v in n.ledger.to_dict().items()},
+            }
             append_jsonl(metrics_path, row)
             logged[(n.index, n.step)] = row
         if nodes[0].step % cfg.checkpoint_every == 0 or nodes[0].step == cfg.steps:
@@ -380,7 +457,9 @@ def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trai
         for n in nodes:
             _evaluate(arm, n, n.step, evals, trained_as, ood, compute=n.step in _eval_steps(cfg))
     rows = [logged[k] for k in sorted(logged)]
-    for n in nodes:  # every evaluation of the arm, read from the cache (each was computed when the node was at that step)
+    for (
+        n
+    ) in nodes:  # every evaluation of the arm, read from the cache (each was computed when the node was at that step)
         for s in _eval_steps(cfg):
             rows.extend(_evaluate(arm, n, s, evals, trained_as, ood, compute=False))
     return rows
@@ -401,7 +480,18 @@ def _evaluate(arm: str, n: Node, step: int, evals, trained_as: str, ood, compute
         return []
     targets = [("test", n.ctx)]
     if ood is not None and step in (0, cfg.steps):
-        targets.append(("ood", dataclasses.replace(n.ctx, task=ood[0], splits={**n.ctx.splits, "test": ood[1]}, _weights_hash=n.ctx.weights_hash, lock=None)))
+        targets.append(
+            (
+                "ood",
+                dataclasses.replace(
+                    n.ctx,
+                    task=ood[0],
+                    splits={**n.ctx.splits, "test": ood[1]},
+                    _weights_hash=n.ctx.weights_hash,
+                    lock=None,
+                ),
+            )
+        )
     out = []
     what = _what(arm, n, step, trained_as)
     for split, c in targets:
@@ -411,7 +501,17 @@ def _evaluate(arm: str, n: Node, step: int, evals, trained_as: str, ood, compute
             row = evals.get(eval_key(eval_identity(c.eval_context(), what, c.example_ids("test"))))
             if row is None:
                 continue
-        out.append({"kind": "eval", "arm": arm, "node": n.index, "step": step, "split": split, "accuracy": row["accuracy"], "row": row})
+        out.append(
+            {
+                "kind": "eval",
+                "arm": arm,
+                "node": n.index,
+                "step": step,
+                "split": split,
+                "accuracy": row["accuracy"],
+                "row": row,
+            }
+        )
     return out
 
 
@@ -432,19 +532,38 @@ def _node_context(cfg: FTISConfig, ctx, k: int, name: str):
 
 
 # not part of what trained the weights
-_NOT_TRAINING = ("run_dir", "threads", "report_to", "eval_every", "ood_task", "skip_grpo_baseline", "skip_test_eval",
-                 "checkpoint_every")
+_NOT_TRAINING = (
+    "run_dir",
+    "threads",
+    "report_to",
+    "eval_every",
+    "ood_task",
+    "skip_grpo_baseline",
+    "skip_test_eval",
+    "checkpoint_every",
+)
 
 
 def _trained_as(cfg: FTISConfig) -> str:
     """The key of the trained weights in the evaluation cache. Options that came with GRPOConfig enter it
     only away from their defaults, so a run keyed before F-TIS extended GRPOConfig keeps its key."""
     defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
-    had = {"steps", "prompts_per_step", "num_generations", "temperature", "learning_rate", "epsilon", "loss_type",
-           "grad_accum", "max_grad_norm", "skip_test_eval"}  # F-TIS's own fields before it extended GRPOConfig
+    had = {
+        "steps",
+        "prompts_per_step",
+        "num_generations",
+        "temperature",
+        "learning_rate",
+        "epsilon",
+        "loss_type",
+        "grad_accum",
+        "max_grad_norm",
+        "skip_test_eval",
+    }  # F-TIS's own fields before it extended GRPOConfig
     new = set(defaults) - had - {f.name for f in dataclasses.fields(RunConfig)}
-    identity = {k: v for k, v in config_to_dict(cfg).items()
-                if k not in _NOT_TRAINING and not (k in new and v == defaults[k])}
+    identity = {
+        k: v for k, v in config_to_dict(cfg).items() if k not in _NOT_TRAINING and not (k in new and v == defaults[k])
+    }
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -475,8 +594,10 @@ def run_ftis(cfg: FTISConfig) -> dict:
             toks = [c.backend.tokenizer for c in node_ctxs]
             for k, t in enumerate(toks[1:], 1):
                 if not same_tokenizer(toks[0], t):
-                    raise CorpError(f"node 0 ('{names[0]}') and node {k} ('{names[k]}') use different tokenizers and --no-retokenize forbids sharing text; "
-                                    "use nodes with one tokenizer or drop --no-retokenize")
+                    raise CorpError(
+                        f"node 0 ('{names[0]}') and node {k} ('{names[k]}') use different tokenizers and --no-retokenize forbids sharing text; "
+                        "use nodes with one tokenizer or drop --no-retokenize"
+                    )
         hashes = [c.weights_hash for c in node_ctxs]  # the bases' hashes, before training changes the weights
         nodes = [Node(k, names[k], c, cfg) for k, c in enumerate(node_ctxs)]
         rows = _train_arm("ftis", nodes, cfg, cfg.num_generations, evals, trained_as, ood)
@@ -487,7 +608,9 @@ def run_ftis(cfg: FTISConfig) -> dict:
             for k, name in enumerate(names):  # each node alone, from its base weights (reloaded and checked)
                 c = _node_context(cfg, ctx, k, name)
                 if c.weights_hash != hashes[k]:
-                    raise CorpError(f"node {k} ('{name}') reloaded with other weights than at the start of the run; its files changed")
+                    raise CorpError(
+                        f"node {k} ('{name}') reloaded with other weights than at the start of the run; its files changed"
+                    )
                 node = Node(k, name, c, cfg)
                 rows += _train_arm("grpo", [node], cfg, cfg.num_generations * len(names), evals, trained_as, ood)
                 ledgers[("grpo", k)] = node.ledger.to_dict()
@@ -502,36 +625,80 @@ def _report(cfg, ctx, names, rows, ledgers, traffic, hashes) -> dict:
     evals = [r for r in rows if r.get("kind") == "eval"]
     report_rows, compare = [], []
     for k, name in enumerate(names):
-        def at(arm, step, split="test"):
-            return next((r for r in evals if r["arm"] == arm and r["node"] == k and r["split"] == split and r["step"] == step), None)
 
-        for label, r, trained in ((f"node{k}-base", at("ftis", 0), False), (f"node{k}-ftis", at("ftis", cfg.steps), True), (f"node{k}-grpo", at("grpo", cfg.steps), True)):
+        def at(arm, step, split="test", k=k):  # k bound here: `at` is called within this iteration only
+            return next(
+                (r for r in evals if r["arm"] == arm and r["node"] == k and r["split"] == split and r["step"] == step),
+                None,
+            )
+
+        for label, r, trained in (
+            (f"node{k}-base", at("ftis", 0), False),
+            (f"node{k}-ftis", at("ftis", cfg.steps), True),
+            (f"node{k}-grpo", at("grpo", cfg.steps), True),
+        ):
             if r is None:
                 continue
             ev = r["row"]
             led = Ledger(ledgers[("ftis", k)]["n_params"]).add_generation(ev["prompt_tokens"], ev["generated_tokens"])
-            report_rows.append(ReportRow(label, ev["accuracy"], 1, led, len(ctx.splits["support"]) if trained else 0, PerExample(ev["correct"], ids),
-                                         detail={"model": name, "step": r["step"]}))
+            report_rows.append(
+                ReportRow(
+                    label,
+                    ev["accuracy"],
+                    1,
+                    led,
+                    len(ctx.splits["support"]) if trained else 0,
+                    PerExample(ev["correct"], ids),
+                    detail={"model": name, "step": r["step"]},
+                )
+            )
         compare += [(f"node{k}-ftis", f"node{k}-grpo"), (f"node{k}-ftis", f"node{k}-base")]
     per_step: dict[str, dict[int, float]] = {}
     for r in evals:
         per_step.setdefault(f"node{r['node']}-{r['arm']}-{r['split']}", {})[r["step"]] = r["accuracy"]
     step_rows = [r for r in rows if r.get("kind") != "eval"]
     report = write_report(
-        ctx.run_dir, "ftis", cfg.nodes or cfg.model, cfg.task, report_rows, compare, ids if report_rows else None,
+        ctx.run_dir,
+        "ftis",
+        cfg.nodes or cfg.model,
+        cfg.task,
+        report_rows,
+        compare,
+        ids if report_rows else None,
         reconstruction="F-TIS, arXiv 2605.22537: a reconstruction from docs/methods.md (choices stated in corp/baselines/ftis.py)",
         steps=cfg.steps,
-        nodes=[{"node": k, "model": n, "weights_hash": hashes[k], "training_ledger": ledgers.get(("ftis", k)), "grpo_training_ledger": ledgers.get(("grpo", k)),
-                **traffic.get(k, {})} for k, n in enumerate(names)],
+        nodes=[
+            {
+                "node": k,
+                "model": n,
+                "weights_hash": hashes[k],
+                "training_ledger": ledgers.get(("ftis", k)),
+                "grpo_training_ledger": ledgers.get(("grpo", k)),
+                **traffic.get(k, {}),
+            }
+            for k, n in enumerate(names)
+        ],
         accuracy_per_step=per_step,
         per_step=step_rows,
-        settings={"tis_cap": cfg.tis_cap, "kl_filter": cfg.kl_filter, "num_generations_per_node": cfg.num_generations, "mixed_group": cfg.num_generations * len(names),
-                  "learning_rate": cfg.learning_rate, "epsilon": cfg.epsilon, "ood_task": cfg.ood_task,
-                  "temperature": cfg.temperature,
-                  **{k: getattr(cfg, k) for k in ("epsilon_high", "scale_rewards")
-                     if getattr(cfg, k) != GRPOConfig.__dataclass_fields__[k].default}},
-        matching_note=("nodeK-grpo: node K alone from its base, same steps and prompts, K x G own completions per prompt (same number of local updates "
-                       "and of trained sequences per update); its FLOPs are in nodes[].grpo_training_ledger beside F-TIS's training_ledger"),
+        settings={
+            "tis_cap": cfg.tis_cap,
+            "kl_filter": cfg.kl_filter,
+            "num_generations_per_node": cfg.num_generations,
+            "mixed_group": cfg.num_generations * len(names),
+            "learning_rate": cfg.learning_rate,
+            "epsilon": cfg.epsilon,
+            "ood_task": cfg.ood_task,
+            "temperature": cfg.temperature,
+            **{
+                k: getattr(cfg, k)
+                for k in ("epsilon_high", "scale_rewards")
+                if getattr(cfg, k) != GRPOConfig.__dataclass_fields__[k].default
+            },
+        },
+        matching_note=(
+            "nodeK-grpo: node K alone from its base, same steps and prompts, K x G own completions per prompt (same number of local updates "
+            "and of trained sequences per update); its FLOPs are in nodes[].grpo_training_ledger beside F-TIS's training_ledger"
+        ),
         bytes_note="ids + float32 logprobs (8 B/token) to a node with the same tokenizer; UTF-8 text + float32 sequence logprob + 1 B finished flag otherwise; prompts and rewards are never sent",
     )
     if report_rows:
@@ -543,9 +710,13 @@ def summary(report: dict) -> str:
     """Terminal text: per node accuracy per step and traffic, then the table."""
     lines = []
     for key, acc in sorted(report.get("accuracy_per_step", {}).items()):
-        lines.append(f"{key:<24} " + "  ".join(f"step {s}: {a:.3f}" for s, a in sorted(acc.items(), key=lambda t: int(t[0]))))
+        lines.append(
+            f"{key:<24} " + "  ".join(f"step {s}: {a:.3f}" for s, a in sorted(acc.items(), key=lambda t: int(t[0])))
+        )
     for n in report.get("nodes", []):
-        lines.append(f"node{n['node']} ({n['model']}): sent {n.get('bytes_sent', 0)} B, received {n.get('bytes_received', 0)} B over the run")
+        lines.append(
+            f"node{n['node']} ({n['model']}): sent {n.get('bytes_sent', 0)} B, received {n.get('bytes_received', 0)} B over the run"
+        )
     if report.get("table"):
         lines.append(report["table"])
     lines.append(f"run directory: {report['run_dir']}")

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from corp import CorpError
 from corp.config import RandOptConfig
-from corp.evaluate.population import population_line, population_summary, randopt_results
 from corp.evaluate.context import RunContext, open_run
+from corp.evaluate.population import population_line, population_summary, randopt_results
 from corp.evaluate.scorer import ensure_population
 from corp.runs import ReportRow, format_rows, write_report
 
@@ -27,10 +27,21 @@ def comparisons_vs_base(results: list[ReportRow]) -> list[tuple[str, str]]:
     return [(r.method, "base") for r in results if r.method != "base"]
 
 
-def report_dict(ctx: RunContext, results: list[ReportRow], ranked: list[dict], compare: list[tuple[str, str]] | None = None, **extra) -> dict:
+def report_dict(
+    ctx: RunContext, results: list[ReportRow], ranked: list[dict], compare: list[tuple[str, str]] | None = None, **extra
+) -> dict:
     """Write report.json (the shared schema, corp.runs.write_report) for a population method; return it."""
-    return write_report(ctx.run_dir, ctx.method, ctx.cfg.model, ctx.cfg.task, results, comparisons_vs_base(results) if compare is None else compare,
-                        ctx.example_ids("test"), population=population_summary(ctx, ranked), **extra)
+    return write_report(
+        ctx.run_dir,
+        ctx.method,
+        ctx.cfg.model,
+        ctx.cfg.task,
+        results,
+        comparisons_vs_base(results) if compare is None else compare,
+        ctx.example_ids("test"),
+        population=population_summary(ctx, ranked),
+        **extra,
+    )
 
 
 def format_table(results: list[ReportRow], selection_flops: float | None = None, comparisons: list[dict] = ()) -> str:
@@ -40,10 +51,19 @@ def format_table(results: list[ReportRow], selection_flops: float | None = None,
 def run_randopt(cfg: RandOptConfig, backend=None) -> dict:
     with open_run(cfg, "randopt", backend) as ctx:
         k = max(cfg.top_k)
-        ranked = ensure_population(ctx, keep=k, need=lambda rows: range(min(k, len(rows))))  # racing: the top K are scored in full
+        ranked = ensure_population(
+            ctx, keep=k, need=lambda rows: range(min(k, len(rows)))
+        )  # racing: the top K are scored in full
         if max(cfg.top_k) > len(ranked):
             raise CorpError(f"--top-k {max(cfg.top_k)} is larger than the population ({len(ranked)} specialists)")
         results, _ = randopt_results(ctx, ranked, cfg.top_k)
         report = report_dict(ctx, results, ranked)
-    report["table"] = "\n".join(x for x in [format_table(results, report["population"]["selection_ledger"]["flops"], report["comparisons"]), population_line(ctx)] if x)
+    report["table"] = "\n".join(
+        x
+        for x in [
+            format_table(results, report["population"]["selection_ledger"]["flops"], report["comparisons"]),
+            population_line(ctx),
+        ]
+        if x
+    )
     return report

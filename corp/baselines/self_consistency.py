@@ -30,7 +30,7 @@ class SelfConsistencyConfig(RunConfig):
     temperature: float = 0.7
     """Sampling temperature (> 0: K greedy samples would all be the same answer)."""
 
-    def validate(self) -> "SelfConsistencyConfig":
+    def validate(self) -> SelfConsistencyConfig:
         super().validate()
         self.k = sorted(set(parse_list(self.k, int, "k")))
         if not self.k or min(self.k) < 1:
@@ -53,16 +53,48 @@ def run_self_consistency(cfg: SelfConsistencyConfig, backend=None) -> dict:
         greedy = cached_eval(ctx, evals, "test", None)
         kmax = max(cfg.k)
         sampled = cached_eval(ctx, evals, "test", None, n=kmax, temperature=cfg.temperature)
-        rows = [ReportRow("base", greedy["accuracy"], 1, ctx.ledger().add_generation(greedy["prompt_tokens"], greedy["generated_tokens"]), 0,
-                          PerExample(greedy["correct"], ids))]
+        rows = [
+            ReportRow(
+                "base",
+                greedy["accuracy"],
+                1,
+                ctx.ledger().add_generation(greedy["prompt_tokens"], greedy["generated_tokens"]),
+                0,
+                PerExample(greedy["correct"], ids),
+            )
+        ]
         for k in cfg.k:
             # sampled answers are grouped per question: example j's samples are [j*kmax, (j+1)*kmax)
-            correct = [int(bool(ctx.task.check(majority_vote(sampled["answers"][j * kmax: j * kmax + k]), ex))) for j, ex in enumerate(test)]
+            correct = [
+                int(bool(ctx.task.check(majority_vote(sampled["answers"][j * kmax : j * kmax + k]), ex)))
+                for j, ex in enumerate(test)
+            ]
             share = k / kmax
-            led = ctx.ledger().add_generation(round(sampled["prompt_tokens"] * share), round(sampled["generated_tokens"] * share))
-            rows.append(ReportRow(f"self-consistency@{k}", sum(correct) / len(correct), k, led, 0, PerExample(correct, ids),
-                                  {"temperature": cfg.temperature, "tokens_estimated": k != kmax}))
-        report = write_report(ctx.run_dir, "self-consistency", cfg.model, cfg.task, rows, [(r.method, "base") for r in rows[1:]], ids,
-                              temperature=cfg.temperature, k=cfg.k, training_ledger=ctx.ledger().to_dict())
+            led = ctx.ledger().add_generation(
+                round(sampled["prompt_tokens"] * share), round(sampled["generated_tokens"] * share)
+            )
+            rows.append(
+                ReportRow(
+                    f"self-consistency@{k}",
+                    sum(correct) / len(correct),
+                    k,
+                    led,
+                    0,
+                    PerExample(correct, ids),
+                    {"temperature": cfg.temperature, "tokens_estimated": k != kmax},
+                )
+            )
+        report = write_report(
+            ctx.run_dir,
+            "self-consistency",
+            cfg.model,
+            cfg.task,
+            rows,
+            [(r.method, "base") for r in rows[1:]],
+            ids,
+            temperature=cfg.temperature,
+            k=cfg.k,
+            training_ledger=ctx.ledger().to_dict(),
+        )
     report["table"] = format_rows(rows, report["comparisons"])
     return report

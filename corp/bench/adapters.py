@@ -28,8 +28,8 @@ fields and never asks which method it is running. An adapter says:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from corp.baselines import ESConfig, FGRPOConfig, GRPOConfig
 
@@ -80,25 +80,61 @@ def _ints(value) -> list[int]:
     return [int(v) for v in (value if isinstance(value, (list, tuple)) else str(value).split(",")) if str(v).strip()]
 
 
-SELF_CONSISTENCY = BenchAdapter(FIXED, r"base|self-consistency@\d+",
-                                row_names=lambda o: ["base"] + [f"self-consistency@{k}" for k in _ints(o.get("k", [1, 4, 16]))])
-RANDOPT = BenchAdapter(POPULATION, r"randopt-top1|randopt-vote@\d+", flops=("population.selection_ledger.flops",),
-                       equal_data=True, unit="population", clip=("top_k",),
-                       row_names=lambda o: ["randopt-top1"] + [f"randopt-vote@{k}" for k in _ints(o.get("top_k", [1, 4, 16])) if k != 1])
+SELF_CONSISTENCY = BenchAdapter(
+    FIXED,
+    r"base|self-consistency@\d+",
+    row_names=lambda o: ["base"] + [f"self-consistency@{k}" for k in _ints(o.get("k", [1, 4, 16]))],
+)
+RANDOPT = BenchAdapter(
+    POPULATION,
+    r"randopt-top1|randopt-vote@\d+",
+    flops=("population.selection_ledger.flops",),
+    equal_data=True,
+    unit="population",
+    clip=("top_k",),
+    row_names=lambda o: ["randopt-top1"] + [f"randopt-vote@{k}" for k in _ints(o.get("top_k", [1, 4, 16])) if k != 1],
+)
 # CoRP needs two elites to merge anything; its own probe/validation/support-half evaluations count
 # (probe, step search, gates: the cell's prefix is chosen so that population + these fit the budget);
 # only the deployed merge rule is searched and gated (the others' gates only fed the report)
-CORP = BenchAdapter(POPULATION, r"corp.*", flops=("population.selection_ledger.flops", "corp.consolidation_ledger.flops"),
-                    unit="population", min_units=2, clip=("top_k",), defaults={"top_k": [1], "merge_rules": ["pass2"]})
+CORP = BenchAdapter(
+    POPULATION,
+    r"corp.*",
+    flops=("population.selection_ledger.flops", "corp.consolidation_ledger.flops"),
+    unit="population",
+    min_units=2,
+    clip=("top_k",),
+    defaults={"top_k": [1], "merge_rules": ["pass2"]},
+)
 # one ES iteration scores `population` specialists and (unless skipped) the centre
-ES = BenchAdapter(ITERATIVE, r"es", flops=("training_ledger.flops",), equal_data=True, unit="iterations", units_done="iterations",
-                  unit_evals=lambda o: float(o.get("population", _default(ESConfig, "population")))
-                  + (0.0 if o.get("skip_centre_eval", _default(ESConfig, "skip_centre_eval")) else 1.0))
+ES = BenchAdapter(
+    ITERATIVE,
+    r"es",
+    flops=("training_ledger.flops",),
+    equal_data=True,
+    unit="iterations",
+    units_done="iterations",
+    unit_evals=lambda o: (
+        float(o.get("population", _default(ESConfig, "population")))
+        + (0.0 if o.get("skip_centre_eval", _default(ESConfig, "skip_centre_eval")) else 1.0)
+    ),
+)
 # one GRPO step generates prompts_per_step * num_generations completions (a fraction of a support pass)
-GRPO = BenchAdapter(ITERATIVE, r"grpo-.*", flops=("training_ledger.flops",), equal_data=True, unit="steps", units_done="steps",
-                    unit_evals=lambda o: float(o.get("prompts_per_step", _default(GRPOConfig, "prompts_per_step")))
-                    * float(o.get("num_generations", _default(GRPOConfig, "num_generations")))
-                    / max(1.0, float(o.get("n_support", _default(GRPOConfig, "n_support")))))
+GRPO = BenchAdapter(
+    ITERATIVE,
+    r"grpo-.*",
+    flops=("training_ledger.flops",),
+    equal_data=True,
+    unit="steps",
+    units_done="steps",
+    unit_evals=lambda o: (
+        float(o.get("prompts_per_step", _default(GRPOConfig, "prompts_per_step")))
+        * float(o.get("num_generations", _default(GRPOConfig, "num_generations")))
+        / max(1.0, float(o.get("n_support", _default(GRPOConfig, "n_support"))))
+    ),
+)
+
+
 # one FGRPO round: every client runs `steps` local GRPO steps of prompts_per_step * num_generations completions
 def _clients_get_support(cfg, splits: dict) -> None:
     from corp.federated import split_clients
@@ -106,16 +142,30 @@ def _clients_get_support(cfg, splits: dict) -> None:
     split_clients(splits["support"], cfg.clients, cfg.split_by, "support")
 
 
-FGRPO = BenchAdapter(ITERATIVE, r"fgrpo", flops=("method_flops",), equal_data=True, unit="rounds", units_done="rounds",
-                     unit_evals=lambda o: float(o.get("clients", _default(FGRPOConfig, "clients")))
-                     * float(o.get("steps", _default(FGRPOConfig, "steps")))
-                     * float(o.get("prompts_per_step", _default(FGRPOConfig, "prompts_per_step")))
-                     * float(o.get("num_generations", _default(FGRPOConfig, "num_generations")))
-                     / max(1.0, float(o.get("n_support", _default(FGRPOConfig, "n_support")))),
-                     check=_clients_get_support)
+FGRPO = BenchAdapter(
+    ITERATIVE,
+    r"fgrpo",
+    flops=("method_flops",),
+    equal_data=True,
+    unit="rounds",
+    units_done="rounds",
+    unit_evals=lambda o: (
+        float(o.get("clients", _default(FGRPOConfig, "clients")))
+        * float(o.get("steps", _default(FGRPOConfig, "steps")))
+        * float(o.get("prompts_per_step", _default(FGRPOConfig, "prompts_per_step")))
+        * float(o.get("num_generations", _default(FGRPOConfig, "num_generations")))
+        / max(1.0, float(o.get("n_support", _default(FGRPOConfig, "n_support"))))
+    ),
+    check=_clients_get_support,
+)
 # FERA trains nothing: its rounds cost inference only, reported per row as passes per test example
-FERA = BenchAdapter(FIXED, r"fera-round\d+|plain-vote-round\d+",
-                    row_names=lambda o: [f"{p}-round{r}" for r in range(1, int(o.get("rounds", 3)) + 1) for p in ("fera", "plain-vote")])
+FERA = BenchAdapter(
+    FIXED,
+    r"fera-round\d+|plain-vote-round\d+",
+    row_names=lambda o: [
+        f"{p}-round{r}" for r in range(1, int(o.get("rounds", 3)) + 1) for p in ("fera", "plain-vote")
+    ],
+)
 
 # Methods docs/methods.md describes that are not built yet: a bench config may name them; they are
 # listed as missing in the results, never silently skipped. A registered method whose registry line

@@ -12,7 +12,7 @@ Pure functions on ledgers (lists of FLOPs), so the rules are tested on hand-made
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 from corp.ledger import flops
 

@@ -24,17 +24,41 @@ PROTOCOLS = ("defaults", "search")
 BENCH_PROTOCOL = 2
 
 # options every cell of the bench gets, defined once in the methods' configs (corp.config)
-RUN_OPTIONS = ("model", "n_support", "n_probe", "n_validation", "n_test", "split_seed", "max_new_tokens", "reward",
-               "data", "backend", "device", "dtype", "batch_size", "threads")
+RUN_OPTIONS = (
+    "model",
+    "n_support",
+    "n_probe",
+    "n_validation",
+    "n_test",
+    "split_seed",
+    "max_new_tokens",
+    "reward",
+    "data",
+    "backend",
+    "device",
+    "dtype",
+    "batch_size",
+    "threads",
+)
 POPULATION_OPTIONS = ("population", "sigmas")
 
 
 @dataclass
-@options_from(RunConfig, RUN_OPTIONS, defaults={"n_test": 500},
-              docs={"n_test": "Test split size (the same examples for every method and seed)."})
-@options_from(PopulationConfig, POPULATION_OPTIONS, defaults={"population": 64},
-              docs={"population": "Size of the shared scored population per seed and data setting; population "
-                                  "methods use its largest prefix that fits each budget."})
+@options_from(
+    RunConfig,
+    RUN_OPTIONS,
+    defaults={"n_test": 500},
+    docs={"n_test": "Test split size (the same examples for every method and seed)."},
+)
+@options_from(
+    PopulationConfig,
+    POPULATION_OPTIONS,
+    defaults={"population": 64},
+    docs={
+        "population": "Size of the shared scored population per seed and data setting; population "
+        "methods use its largest prefix that fits each budget."
+    },
+)
 class BenchConfig:
     """`corp bench`'s options. The options of every cell (RUN_OPTIONS: model, splits, generation,
     backend, threads) and of the shared population (POPULATION_OPTIONS) are RunConfig's and
@@ -69,14 +93,20 @@ class BenchConfig:
     work_dir: str = "runs/bench"
     """Where the cells' run directories go (models and caches; not for committing)."""
 
-    def validate(self) -> "BenchConfig":
+    def validate(self) -> BenchConfig:
         entries = self.tasks if isinstance(self.tasks, list) else parse_list(self.tasks, str, "tasks")
         self.task_labels = {}
         tasks = []
         for e in entries:
             if isinstance(e, dict):
-                if set(e) - {"task", "label"} or not isinstance(e.get("task"), str) or not str(e.get("label", e.get("task"))).strip():
-                    raise CorpError(f"bench config: a task entry is a task spec or {{task: SPEC, label: SHORT}}, got {e!r}")
+                if (
+                    set(e) - {"task", "label"}
+                    or not isinstance(e.get("task"), str)
+                    or not str(e.get("label", e.get("task"))).strip()
+                ):
+                    raise CorpError(
+                        f"bench config: a task entry is a task spec or {{task: SPEC, label: SHORT}}, got {e!r}"
+                    )
                 spec, label = e["task"].strip(), str(e.get("label", e["task"])).strip()
             else:
                 spec = label = str(e).strip()
@@ -100,12 +130,18 @@ class BenchConfig:
             if s not in SETTINGS:
                 raise CorpError(f"bench config: unknown setting '{s}'; choose from {', '.join(SETTINGS)}")
         if self.hyperparameters not in PROTOCOLS:
-            raise CorpError(f"bench config: unknown hyperparameter protocol '{self.hyperparameters}'; use one of {', '.join(PROTOCOLS)}")
+            raise CorpError(
+                f"bench config: unknown hyperparameter protocol '{self.hyperparameters}'; use one of {', '.join(PROTOCOLS)}"
+            )
         if not isinstance(self.methods, dict) or not self.methods:
             raise CorpError("bench config: 'methods' must map method names to {options, variants, search}")
         for name, spec in self.methods.items():
-            if spec is not None and (not isinstance(spec, dict) or set(spec) - {"options", "variants", "search", "trials", "skip"}):
-                raise CorpError(f"bench config: method '{name}' must be a mapping with 'options', 'variants', 'search', 'trials' and/or 'skip'")
+            if spec is not None and (
+                not isinstance(spec, dict) or set(spec) - {"options", "variants", "search", "trials", "skip"}
+            ):
+                raise CorpError(
+                    f"bench config: method '{name}' must be a mapping with 'options', 'variants', 'search', 'trials' and/or 'skip'"
+                )
             if spec and "skip" in spec and not (isinstance(spec["skip"], str) and spec["skip"].strip()):
                 raise CorpError(f"bench config: method '{name}': skip must say why the method is not run (a sentence)")
         from corp.bench.search import check_search
@@ -115,13 +151,16 @@ class BenchConfig:
             if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
                 raise CorpError(f"bench config: compare entries are pairs [a, b], got {pair!r}")
         if self.compare and len(self.seeds) < 2:
-            raise CorpError(f"bench config: {len(self.compare)} comparison(s) with {len(self.seeds)} seed; an across-seed interval needs "
-                            "at least 2 seeds (add seeds or remove compare)")
+            raise CorpError(
+                f"bench config: {len(self.compare)} comparison(s) with {len(self.seeds)} seed; an across-seed interval needs "
+                "at least 2 seeds (add seeds or remove compare)"
+            )
         if self.population < 1:
             raise CorpError(f"bench config: population must be >= 1, got {self.population}")
         if self.threads is not None and self.threads < 0:
-            raise CorpError(f"bench config: threads must be >= 1 (or 0 / unset for torch's default), "
-                            f"got {self.threads}")
+            raise CorpError(
+                f"bench config: threads must be >= 1 (or 0 / unset for torch's default), got {self.threads}"
+            )
         if self.name in ("", ".", "..") or "/" in self.name:
             raise CorpError(f"bench config: name '{self.name}' must be a plain directory name")
         return self

@@ -22,8 +22,24 @@ from corp.ledger import FLOPS_FORMULA, LORA_CONVENTION
 from corp.runs import atomic_write_text, read_json, write_json
 from corp.stats import compare_paired_seeds, sign_text
 
-CSV_COLUMNS = ["task", "task_label", "method", "setting", "budget", "seed", "accuracy", "passes_per_example", "labelled_examples", "test_tokens",
-               "test_flops", "flops", "wall_seconds", "units", "status", "hyperparameters"]
+CSV_COLUMNS = [
+    "task",
+    "task_label",
+    "method",
+    "setting",
+    "budget",
+    "seed",
+    "accuracy",
+    "passes_per_example",
+    "labelled_examples",
+    "test_tokens",
+    "test_flops",
+    "flops",
+    "wall_seconds",
+    "units",
+    "status",
+    "hyperparameters",
+]
 
 
 def _budget_text(b) -> str:
@@ -34,22 +50,54 @@ def flat_rows(records: list[dict]) -> list[dict]:
     out = []
     for rec in records:
         if not rec["rows"]:
-            out.append({"task": rec["task"], "method": rec["label"], "setting": rec["setting"], "budget": rec["budget"], "seed": rec["seed"],
-                        "accuracy": None, "passes_per_example": None, "labelled_examples": None, "test_tokens": None, "test_flops": None,
-                        "flops": rec["flops"], "wall_seconds": rec["wall_seconds"], "units": rec.get("units"), "status": f"{rec['status']}: {rec.get('reason', '')}",
-                        "hyperparameters": json.dumps(rec.get("hyperparameters", {}), sort_keys=True, default=str), "correct": None, "ids": None})
+            out.append(
+                {
+                    "task": rec["task"],
+                    "method": rec["label"],
+                    "setting": rec["setting"],
+                    "budget": rec["budget"],
+                    "seed": rec["seed"],
+                    "accuracy": None,
+                    "passes_per_example": None,
+                    "labelled_examples": None,
+                    "test_tokens": None,
+                    "test_flops": None,
+                    "flops": rec["flops"],
+                    "wall_seconds": rec["wall_seconds"],
+                    "units": rec.get("units"),
+                    "status": f"{rec['status']}: {rec.get('reason', '')}",
+                    "hyperparameters": json.dumps(rec.get("hyperparameters", {}), sort_keys=True, default=str),
+                    "correct": None,
+                    "ids": None,
+                }
+            )
         for r in rec["rows"]:
             status = rec["status"]
             if rec.get("detail", {}).get("accepted") is False:
                 status = "abstained (= base)"
             if rec.get("budget_reached") is False:
                 status += "; budget not reached"
-            out.append({"task": rec["task"], "method": r["name"], "setting": rec["setting"], "budget": rec["budget"], "seed": rec["seed"],
-                        "accuracy": r["accuracy"], "passes_per_example": r["passes_per_example"], "labelled_examples": r["labelled_examples"],
-                        "test_tokens": r["test_tokens"], "test_flops": r["test_flops"], "flops": rec["flops"], "wall_seconds": rec["wall_seconds"],
-                        "units": rec.get("units"), "status": status,
-                        "hyperparameters": json.dumps(rec.get("hyperparameters", {}), sort_keys=True, default=str),
-                        "correct": r.get("correct"), "ids": rec.get("example_ids")})
+            out.append(
+                {
+                    "task": rec["task"],
+                    "method": r["name"],
+                    "setting": rec["setting"],
+                    "budget": rec["budget"],
+                    "seed": rec["seed"],
+                    "accuracy": r["accuracy"],
+                    "passes_per_example": r["passes_per_example"],
+                    "labelled_examples": r["labelled_examples"],
+                    "test_tokens": r["test_tokens"],
+                    "test_flops": r["test_flops"],
+                    "flops": rec["flops"],
+                    "wall_seconds": rec["wall_seconds"],
+                    "units": rec.get("units"),
+                    "status": status,
+                    "hyperparameters": json.dumps(rec.get("hyperparameters", {}), sort_keys=True, default=str),
+                    "correct": r.get("correct"),
+                    "ids": rec.get("example_ids"),
+                }
+            )
     return out
 
 
@@ -57,7 +105,12 @@ def _at_budget(rows: list[dict], task: str, setting: str, budget) -> dict[str, l
     """Rows of one (task, setting) that hold at `budget`: the budget's own cells and fixed cells."""
     out: dict[str, list[dict]] = {}
     for r in rows:
-        if r["task"] == task and r["setting"] == setting and (r["budget"] == budget or r["budget"] is None) and r["accuracy"] is not None:
+        if (
+            r["task"] == task
+            and r["setting"] == setting
+            and (r["budget"] == budget or r["budget"] is None)
+            and r["accuracy"] is not None
+        ):
             out.setdefault(r["method"], []).append(r)
     return out
 
@@ -86,8 +139,14 @@ def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
                     # seeds are clusters: the interval resamples seeds, then examples within each
                     c = compare_paired_seeds(a, [sa[s]["correct"] for s in seeds], b, [sb[s]["correct"] for s in seeds])
                     # both sides' training/selection FLOPs (mean over the compared seeds): a comparison states what each spent
-                    c.update(task=cfg.label(task), setting=setting, budget=budget, seeds=seeds,
-                             flops_a=statistics.fmean(sa[s]["flops"] or 0.0 for s in seeds), flops_b=statistics.fmean(sb[s]["flops"] or 0.0 for s in seeds))
+                    c.update(
+                        task=cfg.label(task),
+                        setting=setting,
+                        budget=budget,
+                        seeds=seeds,
+                        flops_a=statistics.fmean(sa[s]["flops"] or 0.0 for s in seeds),
+                        flops_b=statistics.fmean(sb[s]["flops"] or 0.0 for s in seeds),
+                    )
                     out.append(c)
     return out
 
@@ -97,19 +156,25 @@ def write_csv(path: Path, rows: list[dict], columns: list[str] = CSV_COLUMNS) ->
     w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
     w.writeheader()
     for r in rows:
-        w.writerow({k: ("" if r.get(k) is None else (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k])) for k in columns})
+        w.writerow(
+            {k: ("" if r.get(k) is None else (f"{r[k]:.6g}" if isinstance(r[k], float) else r[k])) for k in columns}
+        )
     atomic_write_text(path, buf.getvalue())
 
 
 def protocol_sentence(cfg: BenchConfig) -> str:
     if cfg.hyperparameters != "search":
-        return ("Hyperparameters: defaults (each method's options as given in the config, the same for every seed and budget, chosen "
-                "without the test split; recorded per row in results.csv).")
+        return (
+            "Hyperparameters: defaults (each method's options as given in the config, the same for every seed and budget, chosen "
+            "without the test split; recorded per row in results.csv)."
+        )
     searched = [n for n, spec in cfg.methods.items() if (spec or {}).get("search")]
-    return (f"Hyperparameters: search. Each of {', '.join(searched)} got {cfg.trials} trials (grid points drawn by a fixed seed), run on "
-            f"seed {cfg.seeds[0]} in the paper setting and compared on the {cfg.n_validation}-example validation split, never on test; "
-            "the best trial's options (results.csv) were used for every seed and both settings, so these methods also used the validation "
-            "labels to choose them. Every trial is in tuning.csv. Other methods ran with the options given.")
+    return (
+        f"Hyperparameters: search. Each of {', '.join(searched)} got {cfg.trials} trials (grid points drawn by a fixed seed), run on "
+        f"seed {cfg.seeds[0]} in the paper setting and compared on the {cfg.n_validation}-example validation split, never on test; "
+        "the best trial's options (results.csv) were used for every seed and both settings, so these methods also used the validation "
+        "labels to choose them. Every trial is in tuning.csv. Other methods ran with the options given."
+    )
 
 
 def tuning_rows(records: list[dict]) -> list[dict]:
@@ -124,17 +189,22 @@ def tuning_rows(records: list[dict]) -> list[dict]:
 
 
 def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: list[dict], command: str) -> str:
-    lines = [f"# Bench `{cfg.name}`: {cfg.model}", "",
-             f"Made by `{command}`. Test accuracy, mean ± sd over seeds {', '.join(map(str, cfg.seeds))} "
-             f"({cfg.n_test} test examples, the same for every method and seed); columns are training/selection FLOP budgets.", "",
-             "Compute and data were matched like this: every cell uses at most its FLOP budget from the compute ledger, every FLOP "
-             "spent toward its output counted (population methods the largest prefix of one shared scored population per seed such "
-             "that the prefix plus the method's own evaluations, CoRP's probe, step search and gates, fit; ES, GRPO and FGRPO their "
-             "last checkpoint at or below it; a method that cannot fit is 'does not fit', never an overshoot; evaluations that only "
-             "feed a report are not run), each cell reports the FLOPs it used, here and in results.csv, and every "
-             f"row states its labelled examples (paper: each method's own splits, CoRP support + probe + validation = "
-             f"{cfg.n_support + cfg.n_probe + cfg.n_validation}, RandOpt/ES/GRPO support = {cfg.n_support}; equal-data: RandOpt/ES/GRPO "
-             f"also use probe + validation). {protocol_sentence(cfg)} FLOPs: {FLOPS_FORMULA}. {LORA_CONVENTION}", ""]
+    lines = [
+        f"# Bench `{cfg.name}`: {cfg.model}",
+        "",
+        f"Made by `{command}`. Test accuracy, mean ± sd over seeds {', '.join(map(str, cfg.seeds))} "
+        f"({cfg.n_test} test examples, the same for every method and seed); columns are training/selection FLOP budgets.",
+        "",
+        "Compute and data were matched like this: every cell uses at most its FLOP budget from the compute ledger, every FLOP "
+        "spent toward its output counted (population methods the largest prefix of one shared scored population per seed such "
+        "that the prefix plus the method's own evaluations, CoRP's probe, step search and gates, fit; ES, GRPO and FGRPO their "
+        "last checkpoint at or below it; a method that cannot fit is 'does not fit', never an overshoot; evaluations that only "
+        "feed a report are not run), each cell reports the FLOPs it used, here and in results.csv, and every "
+        f"row states its labelled examples (paper: each method's own splits, CoRP support + probe + validation = "
+        f"{cfg.n_support + cfg.n_probe + cfg.n_validation}, RandOpt/ES/GRPO support = {cfg.n_support}; equal-data: RandOpt/ES/GRPO "
+        f"also use probe + validation). {protocol_sentence(cfg)} FLOPs: {FLOPS_FORMULA}. {LORA_CONVENTION}",
+        "",
+    ]
     lines += headline_table(cfg, rows)
     for task in cfg.tasks:
         for setting in cfg.settings:
@@ -144,8 +214,12 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
                     names.append(r["method"])
             if not names:
                 continue
-            lines += [f"## {cfg.label(task)}, {setting}", "", "| method | labelled | passes/ex | " + " | ".join(_budget_text(b) for b in cfg.budgets) + " |",
-                      "|---|---:|---:|" + "---:|" * len(cfg.budgets)]
+            lines += [
+                f"## {cfg.label(task)}, {setting}",
+                "",
+                "| method | labelled | passes/ex | " + " | ".join(_budget_text(b) for b in cfg.budgets) + " |",
+                "|---|---:|---:|" + "---:|" * len(cfg.budgets),
+            ]
             for name in names:
                 cells = []
                 labelled = passes = ""
@@ -160,19 +234,39 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
                     flags = "*" if any("abstained" in g["status"] for g in got) else ""
                     cells.append(f"{_spread(cfg, got)}{flags}{note}")
                 if labelled == "" and not any(c != "—" for c in cells):
-                    cells = [next((f"({r['status']})" for r in rows if r['method'] == name and r['task'] == task and r['setting'] == setting), "—")] + cells[1:]
+                    cells = [
+                        next(
+                            (
+                                f"({r['status']})"
+                                for r in rows
+                                if r["method"] == name and r["task"] == task and r["setting"] == setting
+                            ),
+                            "—",
+                        )
+                    ] + cells[1:]
                 lines.append(f"| {name} | {labelled} | {passes} | " + " | ".join(cells) + " |")
             lines.append("")
-    lines.append("`*`: CoRP abstained (its gate kept the base) in at least one seed. `(x F)`: mean FLOPs the cell actually used.")
+    lines.append(
+        "`*`: CoRP abstained (its gate kept the base) in at least one seed. `(x F)`: mean FLOPs the cell actually used."
+    )
     lines.append("")
     if comps:
         lines += comparisons_table(comps)
     unmatched = [f"{a} vs {b}" for a, b in cfg.compare if not any((c["a"], c["b"]) == (a, b) for c in comps)]
     if unmatched:  # a pair naming a row no cell reports (a typo, or a top_k clipped to one row) is said, not dropped
         names = sorted({r["method"] for r in rows})
-        lines += ["Configured comparisons with no pair of rows to compare: " + "; ".join(unmatched) + f" (rows: {', '.join(names)}).", ""]
+        lines += [
+            "Configured comparisons with no pair of rows to compare: "
+            + "; ".join(unmatched)
+            + f" (rows: {', '.join(names)}).",
+            "",
+        ]
     if missing:
-        lines += ["## Missing methods (not built, so not run)", ""] + [f"- {m['method']}: {m['reason']}" for m in missing] + [""]
+        lines += (
+            ["## Missing methods (not built, so not run)", ""]
+            + [f"- {m['method']}: {m['reason']}" for m in missing]
+            + [""]
+        )
     return "\n".join(lines)
 
 
@@ -183,20 +277,28 @@ def _flops_text(c: dict) -> str:
 def comparisons_table(comps: list[dict]) -> list[str]:
     """The configured comparisons as one table: pair, where, difference, across-seed interval,
     per-seed differences with their within-seed intervals, sign count, each side's FLOPs."""
-    lines = ["## Paired comparisons", "",
-             ("Same test examples in every seed. Interval: 95%, a t interval over the seeds' mean paired differences (k - 1 df) "
-              "plus the test examples' sampling term; per seed: the difference and its paired bootstrap interval; signs: seeds "
-              "where the first row is above (+), below (-) or level with (0) the second."), "",
-             "| pair | task | setting | budget | difference | 95% interval | per seed | signs | FLOPs (a / b) |",
-             "|---|---|---|---:|---:|---|---|---|---|"]
+    lines = [
+        "## Paired comparisons",
+        "",
+        (
+            "Same test examples in every seed. Interval: 95%, a t interval over the seeds' mean paired differences (k - 1 df) "
+            "plus the test examples' sampling term; per seed: the difference and its paired bootstrap interval; signs: seeds "
+            "where the first row is above (+), below (-) or level with (0) the second."
+        ),
+        "",
+        "| pair | task | setting | budget | difference | 95% interval | per seed | signs | FLOPs (a / b) |",
+        "|---|---|---|---:|---:|---|---|---|---|",
+    ]
     for c in comps:
         if c.get("n_seeds", 1) > 1:
             per = "; ".join(f"{p['difference']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]" for p in c["per_seed"])
             signs = sign_text(c)
         else:
             per, signs = f"one seed (McNemar p = {c['mcnemar_p']:.3g})", "—"
-        lines.append(f"| {c['a']} vs {c['b']} | {c['task']} | {c['setting']} | {_budget_text(c['budget'])} | {c['difference']:+.3f} | "
-                     f"{c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} | {per} | {signs} | {c.get('flops_a', 0.0):.2g} / {c.get('flops_b', 0.0):.2g} |")
+        lines.append(
+            f"| {c['a']} vs {c['b']} | {c['task']} | {c['setting']} | {_budget_text(c['budget'])} | {c['difference']:+.3f} | "
+            f"{c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} | {per} | {signs} | {c.get('flops_a', 0.0):.2g} / {c.get('flops_b', 0.0):.2g} |"
+        )
     lines.append("")
     return lines
 
@@ -220,13 +322,21 @@ def headline_table(cfg: BenchConfig, rows: list[dict]) -> list[str]:
     headline data setting; with passes/example and labelled examples. Where a method has several
     single-pass rows the first in the config's order is shown (choosing by test accuracy would select on test)."""
     setting = headline_setting(cfg)
-    lines = [f"## Headline: best single model per method ({setting}; test accuracy, mean ± sd over seeds)", "",
-             "| task | method | labelled | passes/ex | " + " | ".join(_budget_text(b) for b in cfg.budgets) + " |",
-             "|---|---|---:|---:|" + "---:|" * len(cfg.budgets)]
+    lines = [
+        f"## Headline: best single model per method ({setting}; test accuracy, mean ± sd over seeds)",
+        "",
+        "| task | method | labelled | passes/ex | " + " | ".join(_budget_text(b) for b in cfg.budgets) + " |",
+        "|---|---|---:|---:|" + "---:|" * len(cfg.budgets),
+    ]
     for task in cfg.tasks:
         chosen: dict[str, str] = {}  # cell label -> its single-pass row
         for r in rows:
-            if r["task"] == task and r["setting"] == setting and r["passes_per_example"] == 1 and r["accuracy"] is not None:
+            if (
+                r["task"] == task
+                and r["setting"] == setting
+                and r["passes_per_example"] == 1
+                and r["accuracy"] is not None
+            ):
                 family = r["method"].split(":")[0] if ":" in r["method"] else r["method"]
                 chosen.setdefault(family, r["method"])
         for name in chosen.values():
@@ -234,8 +344,17 @@ def headline_table(cfg: BenchConfig, rows: list[dict]) -> list[str]:
             for b in cfg.budgets:
                 got = _at_budget(rows, task, setting, b).get(name, [])
                 if not got:
-                    cells.append("does not fit" if any(r["task"] == task and r["setting"] == setting and r["budget"] == b and
-                                                       str(r["status"]).startswith("does not fit") for r in rows) else "—")
+                    cells.append(
+                        "does not fit"
+                        if any(
+                            r["task"] == task
+                            and r["setting"] == setting
+                            and r["budget"] == b
+                            and str(r["status"]).startswith("does not fit")
+                            for r in rows
+                        )
+                        else "—"
+                    )
                     continue
                 labelled = got[0]["labelled_examples"]
                 cells.append(f"{_spread(cfg, got)} ({statistics.fmean(g['flops'] for g in got):.2g} F)")
@@ -245,11 +364,15 @@ def headline_table(cfg: BenchConfig, rows: list[dict]) -> list[str]:
 
 def regime_text(cfg: BenchConfig) -> str:
     """What regime the bench ran in, in plain words (the README section states it)."""
-    return (f"Regime: {cfg.model}; tasks {', '.join(cfg.label(t) for t in cfg.tasks)}; seeds {', '.join(map(str, cfg.seeds))}; "
-            f"budgets {', '.join(_budget_text(b) for b in cfg.budgets)} FLOPs; shared population {cfg.population} specialists "
-            f"(sigmas {', '.join(f'{x:g}' for x in cfg.sigmas)}); splits support {cfg.n_support}, probe {cfg.n_probe}, "
-            f"validation {cfg.n_validation}, test {cfg.n_test}; data settings {', '.join(cfg.settings)} (headline: {headline_setting(cfg)}); "
-            f"hyperparameters: {cfg.hyperparameters}" + (f" ({cfg.trials} trials per searched method, on validation)" if cfg.hyperparameters == "search" else "") + ".")
+    return (
+        f"Regime: {cfg.model}; tasks {', '.join(cfg.label(t) for t in cfg.tasks)}; seeds {', '.join(map(str, cfg.seeds))}; "
+        f"budgets {', '.join(_budget_text(b) for b in cfg.budgets)} FLOPs; shared population {cfg.population} specialists "
+        f"(sigmas {', '.join(f'{x:g}' for x in cfg.sigmas)}); splits support {cfg.n_support}, probe {cfg.n_probe}, "
+        f"validation {cfg.n_validation}, test {cfg.n_test}; data settings {', '.join(cfg.settings)} (headline: {headline_setting(cfg)}); "
+        f"hyperparameters: {cfg.hyperparameters}"
+        + (f" ({cfg.trials} trials per searched method, on validation)" if cfg.hyperparameters == "search" else "")
+        + "."
+    )
 
 
 def beats_sentences(comps: list[dict]) -> list[str]:
@@ -259,11 +382,17 @@ def beats_sentences(comps: list[dict]) -> list[str]:
         where = f"on {c['task']} ({c['setting']}, budget {_budget_text(c['budget'])} FLOPs; {_flops_text(c)})"
         seeds = f"{c['n_seeds']} seeds, signs {sign_text(c)}, " if c.get("n_seeds", 1) > 1 else ""
         if lo > 0:
-            out.append(f"{c['a']} beats {c['b']} {where} by {c['difference']:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']}).")
+            out.append(
+                f"{c['a']} beats {c['b']} {where} by {c['difference']:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']})."
+            )
         elif hi < 0:
-            out.append(f"{c['b']} beats {c['a']} {where} by {-c['difference']:+.3f} (95% CI of {c['a']} - {c['b']}: {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']}).")
+            out.append(
+                f"{c['b']} beats {c['a']} {where} by {-c['difference']:+.3f} (95% CI of {c['a']} - {c['b']}: {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']})."
+            )
         else:
-            out.append(f"{c['a']} vs {c['b']} {where}: no difference shown ({c['difference']:+.3f}, 95% CI {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']}).")
+            out.append(
+                f"{c['a']} vs {c['b']} {where}: no difference shown ({c['difference']:+.3f}, 95% CI {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']})."
+            )
     return out
 
 
@@ -286,7 +415,9 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
                 if all(r["budget"] is None for r in mine):  # no training compute: a horizontal reference line
                     m, sd = _mean_sd([r["accuracy"] for r in mine])
                     if name == "base" or mine[0]["passes_per_example"] == 1:
-                        ax.axhline(m, ls="--", lw=1, color="grey" if name == "base" else None, label=f"{name} (no training)")
+                        ax.axhline(
+                            m, ls="--", lw=1, color="grey" if name == "base" else None, label=f"{name} (no training)"
+                        )
                     continue
                 xs, ys, es = [], [], []
                 for b in cfg.budgets:
@@ -313,12 +444,17 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
             top = cfg.budgets[-1]
             by = _at_budget(rows, task, setting, top)
             fig, ax = plt.subplots(figsize=(6, 4))
-            for family, test in (("RandOpt K-vote", lambda n: n.startswith("randopt")), ("self-consistency@K", lambda n: n.startswith("self-consistency")),
-                                 ("CoRP", lambda n: n.startswith("corp"))):
+            for family, test in (
+                ("RandOpt K-vote", lambda n: n.startswith("randopt")),
+                ("self-consistency@K", lambda n: n.startswith("self-consistency")),
+                ("CoRP", lambda n: n.startswith("corp")),
+            ):
                 pts = {}
                 for n, got in by.items():
                     if test(n):
-                        pts.setdefault(got[0]["passes_per_example"], []).append((n, _mean_sd([g["accuracy"] for g in got])))
+                        pts.setdefault(got[0]["passes_per_example"], []).append(
+                            (n, _mean_sd([g["accuracy"] for g in got]))
+                        )
                 if not pts:
                     continue
                 if family == "CoRP":
@@ -326,7 +462,14 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
                         ax.errorbar([1], [m], yerr=[sd], marker="*", ms=10, capsize=3, ls="none", label=n)
                     continue
                 ks = sorted(pts)
-                ax.errorbar(ks, [pts[k][0][1][0] for k in ks], yerr=[pts[k][0][1][1] for k in ks], marker="o", capsize=3, label=family)
+                ax.errorbar(
+                    ks,
+                    [pts[k][0][1][0] for k in ks],
+                    yerr=[pts[k][0][1][1] for k in ks],
+                    marker="o",
+                    capsize=3,
+                    label=family,
+                )
             ax.set_xscale("log", base=2)
             ax.set_xlabel("inference passes per test example")
             ax.set_ylabel("test accuracy (mean ± sd over seeds)")
@@ -344,11 +487,28 @@ def _file(text: str) -> str:
     return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
 
 
-TUNING_COLUMNS = ["task", "method", "budget", "trial", "validation_accuracy", "flops", "units", "status", "hyperparameters"]
+TUNING_COLUMNS = [
+    "task",
+    "method",
+    "budget",
+    "trial",
+    "validation_accuracy",
+    "flops",
+    "units",
+    "status",
+    "hyperparameters",
+]
 
 
-def write_outputs(cfg: BenchConfig, records: list[dict], missing: list[dict], command: str, not_run: int = 0, tuning: list[dict] | None = None,
-                  older: int = 0) -> dict:
+def write_outputs(
+    cfg: BenchConfig,
+    records: list[dict],
+    missing: list[dict],
+    command: str,
+    not_run: int = 0,
+    tuning: list[dict] | None = None,
+    older: int = 0,
+) -> dict:
     """`older`: cell records of an older bench protocol in the cells directory (kept, not reported; the tables say so)."""
 
     out = Path(cfg.results_dir) / cfg.name
@@ -365,15 +525,38 @@ def write_outputs(cfg: BenchConfig, records: list[dict], missing: list[dict], co
         text = f"{head}\n\n**Incomplete: {not_run} of {not_run + len(records)} cells not run yet** (rerun the command to continue).\n\n{rest}"
     if older:
         head, _, rest = text.partition("\n\n")
-        text = (f"{head}\n\n{older} cell record(s) of an older bench protocol are kept in cells/ and not used here "
-                f"(their rows were made under other budget rules).\n\n{rest}")
+        text = (
+            f"{head}\n\n{older} cell record(s) of an older bench protocol are kept in cells/ and not used here "
+            f"(their rows were made under other budget rules).\n\n{rest}"
+        )
     atomic_write_text(out / "table.md", text)
     made = plots(cfg, rows, out)
-    write_json(out / "bench.json", {"name": cfg.name, "command": command, "cells_not_run": not_run, "model": cfg.model, "tasks": cfg.tasks, "seeds": cfg.seeds,
-                                    "budgets": cfg.budgets, "settings": cfg.settings, "missing": missing, "plots": made,
-                                    "comparisons": comps, "beats": beats_sentences(comps),
-                                    "bench_protocol": BENCH_PROTOCOL, "older_protocol_records": older})
-    return {"results_dir": str(out), "rows": len(rows), "plots": made, "comparisons": len(comps), "missing": [m["method"] for m in missing]}
+    write_json(
+        out / "bench.json",
+        {
+            "name": cfg.name,
+            "command": command,
+            "cells_not_run": not_run,
+            "model": cfg.model,
+            "tasks": cfg.tasks,
+            "seeds": cfg.seeds,
+            "budgets": cfg.budgets,
+            "settings": cfg.settings,
+            "missing": missing,
+            "plots": made,
+            "comparisons": comps,
+            "beats": beats_sentences(comps),
+            "bench_protocol": BENCH_PROTOCOL,
+            "older_protocol_records": older,
+        },
+    )
+    return {
+        "results_dir": str(out),
+        "rows": len(rows),
+        "plots": made,
+        "comparisons": len(comps),
+        "missing": [m["method"] for m in missing],
+    }
 
 
 def readme_section(cfg: BenchConfig) -> str:
@@ -385,7 +568,16 @@ def readme_section(cfg: BenchConfig) -> str:
         raise CorpError(f"no finished bench in '{out}'; run `corp bench --config ...` first")
     meta = read_json(out / "bench.json")
     table = (out / "table.md").read_text().split("\n", 1)[1].lstrip()
-    lines = ["## Results", "", f"Generated from `{out}` (command: `{meta['command']}`).", "", regime_text(cfg), "", table.rstrip(), ""]
+    lines = [
+        "## Results",
+        "",
+        f"Generated from `{out}` (command: `{meta['command']}`).",
+        "",
+        regime_text(cfg),
+        "",
+        table.rstrip(),
+        "",
+    ]
     if meta.get("beats"):
         lines += ["What the intervals say:", ""] + [f"- {s}" for s in meta["beats"]] + [""]
     for p in meta.get("plots", []):

@@ -45,30 +45,42 @@ def check_search(cfg) -> None:
     spaces = {n: s for n, s in spaces.items() if s is not None}
     if cfg.hyperparameters != "search":
         if spaces:
-            raise CorpError(f"bench config: method '{next(iter(spaces))}' has a search space but hyperparameters is "
-                            f"'{cfg.hyperparameters}'; set hyperparameters: search, or remove the search space")
+            raise CorpError(
+                f"bench config: method '{next(iter(spaces))}' has a search space but hyperparameters is "
+                f"'{cfg.hyperparameters}'; set hyperparameters: search, or remove the search space"
+            )
         return
     if cfg.trials < 1:
         raise CorpError(f"bench config: trials must be >= 1, got {cfg.trials}")
     if not spaces:
-        raise CorpError("bench config: hyperparameters: search, but no method has a search space (search: {option: [values]})")
+        raise CorpError(
+            "bench config: hyperparameters: search, but no method has a search space (search: {option: [values]})"
+        )
     for name, spec in cfg.methods.items():  # one trial count for every method: a per-method count must be the same
         own = (spec or {}).get("trials")
         if own is not None and own != cfg.trials:
-            raise CorpError(f"bench config: method '{name}' asks for {own} trials, the others get trials = {cfg.trials}; "
-                            "every method gets the same number (remove its trials or set it to the same)")
+            raise CorpError(
+                f"bench config: method '{name}' asks for {own} trials, the others get trials = {cfg.trials}; "
+                "every method gets the same number (remove its trials or set it to the same)"
+            )
     for name, space in spaces.items():
         if not isinstance(space, dict) or not space or any(not isinstance(v, list) or not v for v in space.values()):
             raise CorpError(f"bench config: method '{name}': search must map each option to a non-empty list of values")
         spec = cfg.methods[name] or {}
-        fixed = set((spec.get("options") or {})) | {k for over in (spec.get("variants") or {}).values() for k in (over or {})}
+        fixed = set(spec.get("options") or {}) | {
+            k for over in (spec.get("variants") or {}).values() for k in (over or {})
+        }
         both = sorted(fixed & set(space))
         if both:
-            raise CorpError(f"bench config: method '{name}': option '{both[0]}' is both fixed (options/variants) and searched; remove one")
+            raise CorpError(
+                f"bench config: method '{name}': option '{both[0]}' is both fixed (options/variants) and searched; remove one"
+            )
         n = len(grid(space))
         if n < cfg.trials:
-            raise CorpError(f"bench config: method '{name}': its search space has {n} combination(s), fewer than trials = {cfg.trials}; "
-                            "add values or lower trials (every method gets the same number)")
+            raise CorpError(
+                f"bench config: method '{name}': its search space has {n} combination(s), fewer than trials = {cfg.trials}; "
+                "add values or lower trials (every method gets the same number)"
+            )
 
 
 def trial_score(record: dict) -> float | None:

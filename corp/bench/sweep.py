@@ -45,8 +45,22 @@ _NOT_IDENTITY = ("run_dir", "threads", "report_to", "from_run", "eval_cache")
 # PopulationConfig except how the population is scored (executor, racing), where it comes from or
 # goes (run_dir, from_run, eval_cache), its size (set from the bench config) and report_on (scoring
 # is on support). A field added to RunConfig or PopulationConfig is passed on unless listed here.
-_NOT_POPULATION = {"population", "from_run", "run_dir", "eval_cache", "report_on", "executor", "workers", "ray_address",
-                   "race", "race_first", "race_eta", "race_ties", "race_keep", "report_to"}
+_NOT_POPULATION = {
+    "population",
+    "from_run",
+    "run_dir",
+    "eval_cache",
+    "report_on",
+    "executor",
+    "workers",
+    "ray_address",
+    "race",
+    "race_first",
+    "race_eta",
+    "race_ties",
+    "race_keep",
+    "report_to",
+}
 POPULATION_OPTIONS = frozenset(f.name for f in dataclasses.fields(PopulationConfig)) - _NOT_POPULATION
 
 
@@ -71,7 +85,13 @@ class Cell:
         """Identity of the cell's run directory: its options (for iterative cells without the unit,
         so every budget continues one training run)."""
         skip = set(_NOT_IDENTITY) | ({self.adapter.unit} if self.adapter.kind == ITERATIVE else set())
-        return _hash({"method": self.method, "bench_protocol": BENCH_PROTOCOL, **{k: v for k, v in self.opts.items() if k not in skip}})
+        return _hash(
+            {
+                "method": self.method,
+                "bench_protocol": BENCH_PROTOCOL,
+                **{k: v for k, v in self.opts.items() if k not in skip},
+            }
+        )
 
     def record_name(self) -> str:
         budget = "fixed" if self.budget is None else f"{self.budget:.3e}"
@@ -99,16 +119,29 @@ def _progress_disabled() -> bool:
 def split_sizes(cfg: BenchConfig, setting: str, adapter: BenchAdapter) -> dict:
     """The split sizes a method sees in a data setting (equal-data: support = support + probe + validation)."""
     if setting == "equal-data" and adapter.equal_data:
-        return {"n_support": cfg.n_support + cfg.n_probe + cfg.n_validation, "n_probe": 0, "n_validation": 0, "n_test": cfg.n_test}
+        return {
+            "n_support": cfg.n_support + cfg.n_probe + cfg.n_validation,
+            "n_probe": 0,
+            "n_validation": 0,
+            "n_test": cfg.n_test,
+        }
     return {"n_support": cfg.n_support, "n_probe": cfg.n_probe, "n_validation": cfg.n_validation, "n_test": cfg.n_test}
 
 
 def common_options(cfg: BenchConfig, task: str, seed: int) -> dict:
-    out = {"model": cfg.model, "task": task, "seed": seed, "split_seed": cfg.split_seed, "backend": cfg.backend, "device": cfg.device,
-           "batch_size": cfg.batch_size, "threads": cfg.threads,
-           # one shared cache of greedy base/specialist evaluations per task: the base's test
-           # evaluation (the same test ids in every seed) and a specialist chosen by several cells run once
-           "eval_cache": str(Path(cfg.work_dir) / cfg.name / f"{_slug(task)}__shared_evals.jsonl")}
+    out = {
+        "model": cfg.model,
+        "task": task,
+        "seed": seed,
+        "split_seed": cfg.split_seed,
+        "backend": cfg.backend,
+        "device": cfg.device,
+        "batch_size": cfg.batch_size,
+        "threads": cfg.threads,
+        # one shared cache of greedy base/specialist evaluations per task: the base's test
+        # evaluation (the same test ids in every seed) and a specialist chosen by several cells run once
+        "eval_cache": str(Path(cfg.work_dir) / cfg.name / f"{_slug(task)}__shared_evals.jsonl"),
+    }
     for key in ("max_new_tokens", "reward", "data", "dtype"):
         if getattr(cfg, key) is not None:
             out[key] = getattr(cfg, key)
@@ -130,13 +163,27 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
             continue
         method = get_method(name)  # an unknown name is one error line
         if method.bench_adapter is None:  # registered, but it has not said how to run at a budget: listed, not skipped
-            missing.append({"method": name, "reason": "registered, but its registry line names no bench adapter (corp.bench.adapters), so the bench cannot run it at a budget"})
-    runnable = {n: (s or {}) for n, s in cfg.methods.items()
-                if n in REGISTRY and get_method(n).bench_adapter is not None and not (s or {}).get("skip")}  # others: `missing`
+            missing.append(
+                {
+                    "method": name,
+                    "reason": "registered, but its registry line names no bench adapter (corp.bench.adapters), so the bench cannot run it at a budget",
+                }
+            )
+    runnable = {
+        n: (s or {})
+        for n, s in cfg.methods.items()
+        if n in REGISTRY and get_method(n).bench_adapter is not None and not (s or {}).get("skip")
+    }  # others: `missing`
 
     def options(task: str, setting: str, seed: int, name: str, spec: dict, over: dict | None) -> dict:
         adapter = get_method(name).bench_adapter
-        opts = {**common_options(cfg, task, seed), **split_sizes(cfg, setting, adapter), **adapter.defaults, **(spec.get("options") or {}), **(over or {})}
+        opts = {
+            **common_options(cfg, task, seed),
+            **split_sizes(cfg, setting, adapter),
+            **adapter.defaults,
+            **(spec.get("options") or {}),
+            **(over or {}),
+        }
         if adapter.kind == POPULATION:
             opts["sigmas"] = cfg.sigmas
         return opts
@@ -151,15 +198,25 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
                     continue
                 for label, over in (spec.get("variants") or {name: {}}).items():
                     for i, values in enumerate(trial_options(name, str(label), spec["search"], cfg.trials)):
-                        opts = {**options(task, "paper", cfg.seeds[0], name, spec, over), **values, "report_on": "validation"}
-                        cells.extend(Cell(task, "tune", cfg.seeds[0], name, str(label), b, dict(opts), trial=i) for b in budgets_of(name))
+                        opts = {
+                            **options(task, "paper", cfg.seeds[0], name, spec, over),
+                            **values,
+                            "report_on": "validation",
+                        }
+                        cells.extend(
+                            Cell(task, "tune", cfg.seeds[0], name, str(label), b, dict(opts), trial=i)
+                            for b in budgets_of(name)
+                        )
         for setting in cfg.settings:
             for seed in cfg.seeds:
                 for name, spec in runnable.items():
                     searched = tuple(sorted(spec.get("search") or {})) if cfg.hyperparameters == "search" else ()
                     for label, over in (spec.get("variants") or {name: {}}).items():
                         opts = options(task, setting, seed, name, spec, over)
-                        cells.extend(Cell(task, setting, seed, name, str(label), b, dict(opts), searched=searched) for b in budgets_of(name))
+                        cells.extend(
+                            Cell(task, setting, seed, name, str(label), b, dict(opts), searched=searched)
+                            for b in budgets_of(name)
+                        )
     return cells, missing
 
 
@@ -182,7 +239,9 @@ def check_results_dir(cfg: BenchConfig) -> Path:
         for rec in (out / "cells").glob("*.json"):
             json.loads(rec.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise CorpError(f"results directory '{out}' cannot be read or written ({type(exc).__name__}: {exc}); fix its permissions or choose another results_dir") from None
+        raise CorpError(
+            f"results directory '{out}' cannot be read or written ({type(exc).__name__}: {exc}); fix its permissions or choose another results_dir"
+        ) from None
     return out
 
 
@@ -203,7 +262,9 @@ def check_compare(cfg: BenchConfig, cells: list[Cell]) -> None:
     for pair in cfg.compare:
         for name in pair:
             if name not in rows:
-                raise CorpError(f"bench config: compare names '{name}', a row no method in this bench can report; rows: {', '.join(rows)}")
+                raise CorpError(
+                    f"bench config: compare names '{name}', a row no method in this bench can report; rows: {', '.join(rows)}"
+                )
 
 
 def _validate_options(cell: Cell, splits: dict | None = None, population: int | None = None) -> None:
@@ -219,8 +280,10 @@ def _validate_options(cell: Cell, splits: dict | None = None, population: int | 
             for key in adapter.clip:
                 too_big = [int(v) for v in _values(opts.get(key)) if int(v) > population]
                 if too_big:
-                    raise CorpError(f"{key} {max(too_big)} can never fit the bench's population of {population} "
-                                    f"specialists; lower {key} or raise population")
+                    raise CorpError(
+                        f"{key} {max(too_big)} can never fit the bench's population of {population} "
+                        f"specialists; lower {key} or raise population"
+                    )
         if adapter.unit:
             opts[adapter.unit] = max(_min_units(cell), int(opts.get(adapter.unit) or _min_units(cell)))
             _clip(opts, adapter)
@@ -260,10 +323,18 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
     check_results_dir(cfg)
     splits_of: dict[tuple, dict] = {}
     for cell in cells:
-        sizes = (cell.task, cell.opts["n_support"], cell.opts["n_probe"], cell.opts["n_validation"], cell.opts["n_test"])
+        sizes = (
+            cell.task,
+            cell.opts["n_support"],
+            cell.opts["n_probe"],
+            cell.opts["n_validation"],
+            cell.opts["n_test"],
+        )
         if sizes not in splits_of:
             task = get_task(cell.task, cfg.data)
-            splits_of[sizes] = make_splits(task, SplitSizes(*sizes[1:]), cfg.split_seed)  # a test size beyond the pool fails here
+            splits_of[sizes] = make_splits(
+                task, SplitSizes(*sizes[1:]), cfg.split_seed
+            )  # a test size beyond the pool fails here
         _validate_options(cell, splits_of[sizes], cfg.population)
     check_compare(cfg, cells)
     budgeted = [c for c in cells if c.adapter.kind != FIXED]
@@ -277,13 +348,20 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
     prompt_tokens: dict[tuple, int] = {}
     below: dict[float, list[str]] = {}
     for cell in budgeted:
-        sizes = (cell.task, cell.opts["n_support"], cell.opts["n_probe"], cell.opts["n_validation"], cell.opts["n_test"])
+        sizes = (
+            cell.task,
+            cell.opts["n_support"],
+            cell.opts["n_probe"],
+            cell.opts["n_validation"],
+            cell.opts["n_test"],
+        )
         if sizes not in prompt_tokens:
             support = splits_of[sizes]["support"]
             prompt_tokens[sizes] = sum(len(tok(e.prompt)["input_ids"]) for e in support)
         adapter = cell.adapter
-        need = min_budget(adapter.unit_evals(cell.opts), _min_units(cell), n_params, prompt_tokens[sizes],
-                          cell.opts["n_support"])
+        need = min_budget(
+            adapter.unit_evals(cell.opts), _min_units(cell), n_params, prompt_tokens[sizes], cell.opts["n_support"]
+        )
         if cell.budget < need:
             below.setdefault(cell.budget, []).append(f"{cell.label} needs at least {need:.3g}")
     # a budget some methods cannot fit runs (those cells say 'does not fit'); one no method can fit is bad input
@@ -291,8 +369,10 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
     for budget in cfg.budgets:
         short = below.get(budget, [])
         if {x.split(" needs")[0] for x in short} >= labels:
-            raise CorpError(f"bench config: budget {budget:.3g} FLOPs is too small for every method ({'; '.join(sorted(set(short)))}); "
-                            "raise or remove it")
+            raise CorpError(
+                f"bench config: budget {budget:.3g} FLOPs is too small for every method ({'; '.join(sorted(set(short)))}); "
+                "raise or remove it"
+            )
     del backend
     return {"n_params": n_params}
 
@@ -373,13 +453,27 @@ class Bench:
             if report is None or report.get("population", {}).get("n", 0) < target:
                 report, dt = self._invoke("score", {**pop_opts, "population": target, "run_dir": str(run_dir)})
                 wall += dt
-            rows = sorted((r for r in read_jsonl(run_dir / "population.jsonl", key="key", unique=True) if r.get("kind") == "specialist"), key=lambda r: r["index"])
+            rows = sorted(
+                (
+                    r
+                    for r in read_jsonl(run_dir / "population.jsonl", key="key", unique=True)
+                    if r.get("kind") == "specialist"
+                ),
+                key=lambda r: r["index"],
+            )
             n_params = int(report["population"]["selection_ledger"]["n_params"])
             costs = [flops(n_params, r["prompt_tokens"], r["generated_tokens"]) for r in rows]
             if len(costs) >= self.cfg.population or sum(costs) > top or not costs:
                 break
-            target = min(self.cfg.population, len(costs) + math.ceil((top - sum(costs)) / (sum(costs) / len(costs))) + 1)
-        pop = {"run_dir": str(run_dir), "costs": costs, "seconds": [float(r.get("seconds", 0.0)) + float(r.get("apply_seconds", 0.0)) for r in rows], "wall": wall}
+            target = min(
+                self.cfg.population, len(costs) + math.ceil((top - sum(costs)) / (sum(costs) / len(costs))) + 1
+            )
+        pop = {
+            "run_dir": str(run_dir),
+            "costs": costs,
+            "seconds": [float(r.get("seconds", 0.0)) + float(r.get("apply_seconds", 0.0)) for r in rows],
+            "wall": wall,
+        }
         self.populations[key] = pop
         return pop
 
@@ -411,9 +505,14 @@ class Bench:
             own = flops - sum(pop["costs"][:n])  # the method's own evaluations at this prefix
             smaller = min(n - 1, prefix_that_fits(pop["costs"], cell.budget - own))
             if smaller < _min_units(cell) or len(tried) >= 4:
-                return self._empty(cell, f"{n} specialists plus {cell.label}'s own evaluations spent {flops:.3g} FLOPs, over the budget; "
-                                   f"with {_min_units(cell)} it would not fit either" if smaller < _min_units(cell) else
-                                   f"4 prefixes tried ({', '.join(str(t['units']) for t in tried)}), none within the budget", tried)
+                return self._empty(
+                    cell,
+                    f"{n} specialists plus {cell.label}'s own evaluations spent {flops:.3g} FLOPs, over the budget; "
+                    f"with {_min_units(cell)} it would not fit either"
+                    if smaller < _min_units(cell)
+                    else f"4 prefixes tried ({', '.join(str(t['units']) for t in tried)}), none within the budget",
+                    tried,
+                )
             n = smaller
         rec = self._record(cell, report, run_dir, wall, units=n, chosen=opts)
         rec["population_run"] = pop["run_dir"]
@@ -448,7 +547,9 @@ class Bench:
                 break
             n = nxt
         if best is None:
-            return self._empty(cell, f"racing {tried[0]['units']} specialists spent {tried[0]['flops']:.3g} FLOPs, over the budget")
+            return self._empty(
+                cell, f"racing {tried[0]['units']} specialists spent {tried[0]['flops']:.3g} FLOPs, over the budget"
+            )
         n, opts = best
         if tried[-1]["units"] != n:  # the run directory's report is the last try's: rebuild the chosen one (all cached)
             report, dt = self._invoke(cell.method, {**opts, "run_dir": str(run_dir)})
@@ -475,10 +576,14 @@ class Bench:
         spent = sum(r.get("wall_seconds_increment", 0.0) for r in earlier)
         best, seen, wall = self._grow(cell, self._run_dir(cell), units)
         if best is None and seen[0]["units"] > adapter.min_units:  # the shared run was already past this budget
-            own, seen2, wall2 = self._grow(cell, self._run_dir(cell, _hash({"cell": cell.run_key(), "budget": cell.budget})), adapter.min_units)
+            own, seen2, wall2 = self._grow(
+                cell, self._run_dir(cell, _hash({"cell": cell.run_key(), "budget": cell.budget})), adapter.min_units
+            )
             best, seen, wall = own, seen + seen2, wall + wall2
         if best is None:
-            return self._empty(cell, f"{seen[-1]['units']} {adapter.unit} spent {seen[-1]['flops']:.3g} FLOPs, over the budget", seen)
+            return self._empty(
+                cell, f"{seen[-1]['units']} {adapter.unit} spent {seen[-1]['flops']:.3g} FLOPs, over the budget", seen
+            )
         best["wall_seconds"] = spent + wall
         best["wall_seconds_increment"] = wall
         best["grown"] = seen
@@ -512,14 +617,31 @@ class Bench:
     # -- records
     def _empty(self, cell: Cell, why: str, tried: list | None = None) -> dict:
         """A cell whose method cannot fit the budget: 'does not fit', with what was tried (never an overshoot)."""
-        rec = {**self._head(cell), "status": "does not fit", "reason": why, "rows": [], "flops": 0.0, "units": 0, "wall_seconds": 0.0}
+        rec = {
+            **self._head(cell),
+            "status": "does not fit",
+            "reason": why,
+            "rows": [],
+            "flops": 0.0,
+            "units": 0,
+            "wall_seconds": 0.0,
+        }
         if tried:
             rec["tried"] = tried
         return rec
 
     def _head(self, cell: Cell) -> dict:
-        head = {"format": RECORD_FORMAT, "bench_protocol": BENCH_PROTOCOL, "task": cell.task, "setting": cell.setting, "seed": cell.seed, "method": cell.method, "label": cell.label,
-                "budget": cell.budget, "kind": cell.adapter.kind}
+        head = {
+            "format": RECORD_FORMAT,
+            "bench_protocol": BENCH_PROTOCOL,
+            "task": cell.task,
+            "setting": cell.setting,
+            "seed": cell.seed,
+            "method": cell.method,
+            "label": cell.label,
+            "budget": cell.budget,
+            "kind": cell.adapter.kind,
+        }
         if cell.trial is not None:
             head["trial"] = cell.trial
         if cell.tuning is not None:
@@ -540,32 +662,74 @@ class Bench:
         pick = trials[0] if best is None else trials[best]  # no trial fit the budget: the final cell says so too
         values = {k: pick.opts[k] for k in cell.searched}
         scores = [trial_score(rec) for rec in records]
-        tuning = {"trials": len(trials), "chosen_trial": best, "chosen": values, "validation_accuracy": scores,
-                  "tuned_on": {"seed": pick.seed, "setting": "paper", "split": "validation", "examples": self.cfg.n_validation}}
+        tuning = {
+            "trials": len(trials),
+            "chosen_trial": best,
+            "chosen": values,
+            "validation_accuracy": scores,
+            "tuned_on": {
+                "seed": pick.seed,
+                "setting": "paper",
+                "split": "validation",
+                "examples": self.cfg.n_validation,
+            },
+        }
         return dataclasses.replace(cell, opts={**cell.opts, **values}, tuning=tuning)
 
-    def _record(self, cell: Cell, report: dict, run_dir: Path, wall: float, units: int | None, chosen: dict | None = None) -> dict:
+    def _record(
+        self, cell: Cell, report: dict, run_dir: Path, wall: float, units: int | None, chosen: dict | None = None
+    ) -> dict:
         adapter = cell.adapter
         pattern = re.compile(adapter.rows)
         mine = [r for r in report.get("rows", []) if pattern.fullmatch(r["method"].split(" ")[0])]
-        outcomes = read_json(run_dir / report["test_outcomes"]) if report.get("test_outcomes") else {"example_ids": None, "outcomes": {}}
+        outcomes = (
+            read_json(run_dir / report["test_outcomes"])
+            if report.get("test_outcomes")
+            else {"example_ids": None, "outcomes": {}}
+        )
         # a method with one row of its own (ES, a CoRP or GRPO variant) names it by the cell's label; one
         # whose rows come from a list option (RandOpt's top_k) keeps their names even when a small
         # budget clips that list to one value, so "randopt-top1" stays "randopt-top1"
         listed = any(len(_values(cell.opts.get(k))) > 1 for k in adapter.clip)
         rows = []
         for r in mine:
-            name = cell.label if len(mine) == 1 and not listed else (r["method"] if cell.label == cell.method else f"{cell.label}:{r['method']}")
-            rows.append({"name": name, "report_row": r["method"], "accuracy": r["accuracy"], "passes_per_example": r["passes_per_example"],
-                         "labelled_examples": r["labelled_examples"], "test_tokens": r["ledger"]["prompt_tokens"] + r["ledger"]["generated_tokens"],
-                         "test_flops": r["ledger"]["flops"], "correct": outcomes["outcomes"].get(r["method"])})
-        chosen = {k: v for k, v in (chosen or cell.opts).items() if k not in _NOT_IDENTITY and k not in common_options(self.cfg, cell.task, cell.seed)}
+            name = (
+                cell.label
+                if len(mine) == 1 and not listed
+                else (r["method"] if cell.label == cell.method else f"{cell.label}:{r['method']}")
+            )
+            rows.append(
+                {
+                    "name": name,
+                    "report_row": r["method"],
+                    "accuracy": r["accuracy"],
+                    "passes_per_example": r["passes_per_example"],
+                    "labelled_examples": r["labelled_examples"],
+                    "test_tokens": r["ledger"]["prompt_tokens"] + r["ledger"]["generated_tokens"],
+                    "test_flops": r["ledger"]["flops"],
+                    "correct": outcomes["outcomes"].get(r["method"]),
+                }
+            )
+        chosen = {
+            k: v
+            for k, v in (chosen or cell.opts).items()
+            if k not in _NOT_IDENTITY and k not in common_options(self.cfg, cell.task, cell.seed)
+        }
         extra = {}
         if "corp" in report:  # what the report says about its own decision (kept as reported)
             extra["detail"] = {"accepted": report["corp"].get("accepted"), "reason": report["corp"].get("reason")}
-        return {**self._head(cell), "status": "done", "rows": rows, "example_ids": outcomes.get("example_ids"),
-                "flops": sum(get_path(report, p) for p in adapter.flops), "units": units, "wall_seconds": wall,
-                "hyperparameters": chosen, "run_dir": str(run_dir), **extra}
+        return {
+            **self._head(cell),
+            "status": "done",
+            "rows": rows,
+            "example_ids": outcomes.get("example_ids"),
+            "flops": sum(get_path(report, p) for p in adapter.flops),
+            "units": units,
+            "wall_seconds": wall,
+            "hyperparameters": chosen,
+            "run_dir": str(run_dir),
+            **extra,
+        }
 
 
 def _units_in(report: dict, dotted: str) -> int:
@@ -588,17 +752,29 @@ def _with_every_trial(cells: list[Cell]) -> list[Cell]:
         if not c.searched:
             out.append(c)
             continue
-        out += [dataclasses.replace(c, opts={**c.opts, **{k: t.opts[k] for k in c.searched}}, searched=()) for t in _trials_of(c, cells)]
+        out += [
+            dataclasses.replace(c, opts={**c.opts, **{k: t.opts[k] for k in c.searched}}, searched=())
+            for t in _trials_of(c, cells)
+        ]
     return out
 
 
 def _trials_of(cell: Cell, cells: list[Cell]) -> list[Cell]:
     """The hyperparameter trials (setting "tune") of a final cell's method variant and budget, in trial order."""
     key = (cell.task, cell.method, cell.label, cell.budget)
-    return sorted((c for c in cells if c.setting == "tune" and (c.task, c.method, c.label, c.budget) == key), key=lambda c: c.trial)
+    return sorted(
+        (c for c in cells if c.setting == "tune" and (c.task, c.method, c.label, c.budget) == key),
+        key=lambda c: c.trial,
+    )
 
 
-def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = True, compute: bool = True, only_task: str | None = None) -> dict:
+def run_bench(
+    cfg: BenchConfig,
+    command: str = "corp bench",
+    load_model: bool = True,
+    compute: bool = True,
+    only_task: str | None = None,
+) -> dict:
     """Plan, check, run every cell (skipping finished ones), write the outputs; returns a summary.
     `compute=False`: write the outputs from the cells finished so far, running nothing (the table
     says how many cells are still to run). `only_task`: compute only that task's cells (the
@@ -613,21 +789,36 @@ def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = 
     preflight(cfg, _with_every_trial(cells), load_model=load_model and compute)
     bench = Bench(cfg)
     records = []
-    done_before = sum(1 for c in cells if (r := bench.resolve(c, cells)) is not None and bench.load_record(r) is not None)
+    done_before = sum(
+        1 for c in cells if (r := bench.resolve(c, cells)) is not None and bench.load_record(r) is not None
+    )
     older = old_protocol_records(cfg)
     current = any(bench.load_record(r) for c in cells if (r := bench.resolve(c, cells)) is not None)
     if not compute and older and not current:
         # the first edition's outputs stay as the version that ran them wrote them
         # (this corp would write an empty report over them)
-        raise CorpError(f"{bench.out} holds {len(older)} cell record(s) of an older bench protocol "
-                        f"({', '.join(sorted(set(older.values())))}; this corp runs protocol {BENCH_PROTOCOL}) "
-                        f"and none of protocol {BENCH_PROTOCOL}: its table.md, results.csv and plots are kept as written; "
-                        f"rerun the bench to compute protocol-{BENCH_PROTOCOL} cells beside them, "
-                        "or report with the commit that ran them")
-    bar = tqdm(cells, desc=f"bench {cfg.name}", unit="cell", initial=0, dynamic_ncols=True, disable=_progress_disabled() or not compute)
+        raise CorpError(
+            f"{bench.out} holds {len(older)} cell record(s) of an older bench protocol "
+            f"({', '.join(sorted(set(older.values())))}; this corp runs protocol {BENCH_PROTOCOL}) "
+            f"and none of protocol {BENCH_PROTOCOL}: its table.md, results.csv and plots are kept as written; "
+            f"rerun the bench to compute protocol-{BENCH_PROTOCOL} cells beside them, "
+            "or report with the commit that ran them"
+        )
+    bar = tqdm(
+        cells,
+        desc=f"bench {cfg.name}",
+        unit="cell",
+        initial=0,
+        dynamic_ncols=True,
+        disable=_progress_disabled() or not compute,
+    )
     for planned in bar:
-        bar.set_postfix_str(f"{planned.task} {planned.setting} s{planned.seed} {planned.label} {'' if planned.budget is None else f'{planned.budget:.2g}'}")
-        cell = bench.resolve(planned, cells)  # None: its trials have not all run (another task's process, --report-only)
+        bar.set_postfix_str(
+            f"{planned.task} {planned.setting} s{planned.seed} {planned.label} {'' if planned.budget is None else f'{planned.budget:.2g}'}"
+        )
+        cell = bench.resolve(
+            planned, cells
+        )  # None: its trials have not all run (another task's process, --report-only)
         if cell is None:
             continue
         rec = bench.run_cell(cell) if compute and only_task in (None, cell.task) else bench.load_record(cell)
@@ -637,9 +828,12 @@ def run_bench(cfg: BenchConfig, command: str = "corp bench", load_model: bool = 
     tuning = [r for r in records if r["setting"] == "tune"]
     records = [r for r in records if r["setting"] != "tune"]
     n_final = sum(c.setting != "tune" for c in cells)
-    summary = write_outputs(cfg, records, missing, command, not_run=n_final - len(records), tuning=tuning,
-                            older=len(older))
-    summary.update(cells=len(cells), reused=done_before, method_calls=bench.calls, not_run=len(cells) - len(records) - len(tuning))
+    summary = write_outputs(
+        cfg, records, missing, command, not_run=n_final - len(records), tuning=tuning, older=len(older)
+    )
+    summary.update(
+        cells=len(cells), reused=done_before, method_calls=bench.calls, not_run=len(cells) - len(records) - len(tuning)
+    )
     return summary
 
 

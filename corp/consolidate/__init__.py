@@ -11,6 +11,13 @@ from corp.consolidate.recipe import apply_recipe, make_recipe, produced_weights,
 from corp.consolidate.run import run_consolidate
 
 __all__ = [
-    "ConsolidateConfig", "OperatorConfig", "apply_recipe", "make_recipe", "merge_and_search", "paired_gate", "produced_weights", "run_consolidate",
+    "ConsolidateConfig",
+    "OperatorConfig",
+    "apply_recipe",
+    "make_recipe",
+    "merge_and_search",
+    "paired_gate",
+    "produced_weights",
+    "run_consolidate",
     "write_recipe",
 ]

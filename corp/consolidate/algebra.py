@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -23,7 +23,14 @@ from corp.perturb import SCHEME_VERSION, Component, Direction, noise
 from corp.perturb.direction import Scratch, per_tensor
 
 
-def gram_matrix(params: Sequence[tuple[str, torch.Size]], seeds: Sequence[int], memory_gb: float = 2.0, progress: bool = True, cache_dir=None, scheme: str = SCHEME_VERSION) -> np.ndarray:
+def gram_matrix(
+    params: Sequence[tuple[str, torch.Size]],
+    seeds: Sequence[int],
+    memory_gb: float = 2.0,
+    progress: bool = True,
+    cache_dir=None,
+    scheme: str = SCHEME_VERSION,
+) -> np.ndarray:
     """G_ij = <eps(seed_i), eps(seed_j)> over all `params`, accumulated in fp64 (noise of `scheme`,
     the run's: a population scored under an older scheme keeps its meaning).
 
@@ -34,7 +41,9 @@ def gram_matrix(params: Sequence[tuple[str, torch.Size]], seeds: Sequence[int], 
     resumed run does not pay for it twice.
     """
     if cache_dir is not None:
-        key = hashlib.sha1(repr((scheme, [(n, tuple(s)) for n, s in params], [int(x) for x in seeds])).encode()).hexdigest()[:16]
+        key = hashlib.sha1(
+            repr((scheme, [(n, tuple(s)) for n, s in params], [int(x) for x in seeds])).encode()
+        ).hexdigest()[:16]
         path = Path(cache_dir) / f"gram-{key}.npy"
         if path.exists():
             return np.load(path)
@@ -64,7 +73,7 @@ def gram_matrix(params: Sequence[tuple[str, torch.Size]], seeds: Sequence[int], 
         part = torch.zeros((k, k), dtype=torch.float64)
         rows = max(1, min(k, budget // (4 * n)))
         blocks = [list(range(s, min(s + rows, k))) for s in range(0, k, rows)]
-        for bi, I in enumerate(blocks):
+        for bi, I in enumerate(blocks):  # noqa: E741  (I, J: the block index sets of the notation)
             SI = stack(I, name, shape, gen)
             for J in blocks[bi:]:
                 SJ = SI if J is I else stack(J, name, shape, gen)
@@ -151,7 +160,15 @@ def compat_terms(w1: np.ndarray, Gp: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return alignment, dispersion
 
 
-def perturbation_grams(perts: Sequence[Direction], params, exact_for: Sequence[int] | None, memory_gb: float, progress: bool, cache_dir=None, scheme: str = SCHEME_VERSION) -> tuple[np.ndarray | None, np.ndarray]:
+def perturbation_grams(
+    perts: Sequence[Direction],
+    params,
+    exact_for: Sequence[int] | None,
+    memory_gb: float,
+    progress: bool,
+    cache_dir=None,
+    scheme: str = SCHEME_VERSION,
+) -> tuple[np.ndarray | None, np.ndarray]:
     """(exact Gram or None, seed-orthogonal Gram) of the perturbations; the exact one only over
     `exact_for` (the widest elite set), the rest left zero (never read)."""
     dim = int(sum(int(np.prod(s)) for _, s in params))

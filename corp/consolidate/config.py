@@ -16,7 +16,11 @@ from corp import CorpError
 from corp.config import PopulationConfig, parse_list
 from corp.consolidate.gate import MIN_PROBE, MIN_VALIDATION, confidence_level
 
-PAPER_PRESET = {"quantiles": [0.5, 0.7, 0.9], "betas": [0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0], "alphas": [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]}
+PAPER_PRESET = {
+    "quantiles": [0.5, 0.7, 0.9],
+    "betas": [0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0],
+    "alphas": [0.5, 1.0, 2.0, 4.0, 8.0, 16.0],
+}
 
 
 @dataclass
@@ -50,7 +54,7 @@ class OperatorConfig:
     merge_memory_gb: float = 4.0
     """Step search: memory for merged directions built together (one fp32 copy of the perturbed weights each); directions built together generate each elite's noise once."""
 
-    def validate(self) -> "OperatorConfig":
+    def validate(self) -> OperatorConfig:
         from corp.consolidate.merge_rules import MERGE_RULES
 
         if self.preset not in (None, "", "paper"):
@@ -73,11 +77,15 @@ class OperatorConfig:
                 raise CorpError(f"--{name} value(s) {[v for v in values if not ok(v)]} are not {rule}")
         unknown = [r for r in self.merge_rules if r not in MERGE_RULES]
         if not self.merge_rules or unknown or len(set(self.merge_rules)) < len(self.merge_rules):
-            raise CorpError(f"--merge-rules must list distinct registered rules ({', '.join(MERGE_RULES)}); got {self.merge_rules}")
+            raise CorpError(
+                f"--merge-rules must list distinct registered rules ({', '.join(MERGE_RULES)}); got {self.merge_rules}"
+            )
         if self.compat not in ("exact", "seed-orthogonal"):
             raise CorpError(f"--compat must be 'exact' or 'seed-orthogonal', got '{self.compat}'")
         if not (self.merge_memory_gb > 0 and self.gram_memory_gb > 0):
-            raise CorpError(f"--merge-memory-gb and --gram-memory-gb must be > 0, got {self.merge_memory_gb} and {self.gram_memory_gb}")
+            raise CorpError(
+                f"--merge-memory-gb and --gram-memory-gb must be > 0, got {self.merge_memory_gb} and {self.gram_memory_gb}"
+            )
         if not math.isfinite(self.gate_z):
             raise CorpError(f"--gate-z must be a finite number, got {self.gate_z}")
         if self.rounds < 0 or self.local_population < 2 or self.pcs < 0 or not 0.0 <= self.pc_mix <= 1.0:
@@ -107,7 +115,7 @@ class ConsolidateConfig(OperatorConfig, PopulationConfig):
     """With --export-lora on a low-rank population (--low-rank off): also write an SVD-compressed adapter of this
     rank to RUN_DIR/lora-rank-R/ and report its relative Frobenius error (0: none)."""
 
-    def validate(self) -> "ConsolidateConfig":
+    def validate(self) -> ConsolidateConfig:
         PopulationConfig.validate(self)
         OperatorConfig.validate(self)
         self.top_k = sorted(set(parse_list(self.top_k, int, "top_k")))
@@ -117,24 +125,34 @@ class ConsolidateConfig(OperatorConfig, PopulationConfig):
 
         self.low_rank = parse_low_rank(self.low_rank)
         if self.low_rank != "off" and self.rounds > 0:
-            raise CorpError(f"--low-rank {self.low_rank} cannot be combined with --rounds {self.rounds}: stage-2 re-centring is full-rank; use --rounds 0")
+            raise CorpError(
+                f"--low-rank {self.low_rank} cannot be combined with --rounds {self.rounds}: stage-2 re-centring is full-rank; use --rounds 0"
+            )
         from corp.perturb import lowrank_rank, scheme_from_flag
 
         lowrank_population = lowrank_rank(scheme_from_flag(self.noise)) is not None
         if self.export_lora and self.low_rank == "off" and not lowrank_population:
-            raise CorpError("--export-lora needs a low-rank update: add --low-rank auto or --low-rank R, "
-                            "or score a low-rank population (--noise lowrank:r=R)")
+            raise CorpError(
+                "--export-lora needs a low-rank update: add --low-rank auto or --low-rank R, "
+                "or score a low-rank population (--noise lowrank:r=R)"
+            )
         if self.lora_rank < 0:
             raise CorpError(f"--lora-rank must be >= 1 (or 0 for none), got {self.lora_rank}")
         if self.lora_rank and not (self.export_lora and self.low_rank == "off" and lowrank_population):
-            raise CorpError("--lora-rank compresses the exact adapter of a low-rank population: "
-                            "it needs --export-lora and --noise lowrank:r=R with --low-rank off")
+            raise CorpError(
+                "--lora-rank compresses the exact adapter of a low-rank population: "
+                "it needs --export-lora and --noise lowrank:r=R with --low-rank off"
+            )
         if self.rank_from is not None and self.low_rank != "auto":
             raise CorpError("--rank-from only applies to --low-rank auto")
         if self.rank_from is not None and not Path(self.rank_from).is_dir():
             raise CorpError(f"--rank-from '{self.rank_from}' is not a directory")
         if self.n_validation < MIN_VALIDATION:
-            warnings.warn(f"--n-validation {self.n_validation} is too small for the gate to mean much; use at least {MIN_VALIDATION}")
+            warnings.warn(
+                f"--n-validation {self.n_validation} is too small for the gate to mean much; use at least {MIN_VALIDATION}"
+            )
         if self.n_probe < MIN_PROBE:
-            warnings.warn(f"--n-probe {self.n_probe} is too small to choose a step size reliably; use at least {MIN_PROBE}")
+            warnings.warn(
+                f"--n-probe {self.n_probe} is too small to choose a step size reliably; use at least {MIN_PROBE}"
+            )
         return self

@@ -38,8 +38,8 @@ shrinks on rejection; it stops after two accepts or two consecutive rejects (doc
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -53,8 +53,17 @@ from corp.perturb import SCHEME_VERSION, Direction, Perturber
 from corp.perturb.direction import Merged
 
 __all__ = [
-    "PAPER_PRESET", "ConsolidateConfig", "OperatorConfig", "Stage1", "Candidate", "ConsolidationResult",
-    "stage1", "gram_matrix", "merge_and_search", "consolidate_stage1", "gate_on",
+    "PAPER_PRESET",
+    "ConsolidateConfig",
+    "OperatorConfig",
+    "Stage1",
+    "Candidate",
+    "ConsolidationResult",
+    "stage1",
+    "gram_matrix",
+    "merge_and_search",
+    "consolidate_stage1",
+    "gate_on",
 ]
 
 ScoreFn = Callable[[Direction | None, str], list[float]]  # per-example scores of base + direction on a split
@@ -96,12 +105,17 @@ class Stage1:
         for r, w in self.weights.items():
             if r != "pass1":
                 denom = norms[r] * norms["pass1"]
-                versus[r] = {"weights_l1_diff": float(np.abs(w - w1).sum()), "norm_ratio": norms[r] / norms["pass1"] if norms["pass1"] > 0 else float("nan"),
-                             "cosine": float(w @ G @ w1) / denom if denom > 0 else float("nan")}
+                versus[r] = {
+                    "weights_l1_diff": float(np.abs(w - w1).sum()),
+                    "norm_ratio": norms[r] / norms["pass1"] if norms["pass1"] > 0 else float("nan"),
+                    "cosine": float(w @ G @ w1) / denom if denom > 0 else float("nan"),
+                }
         out = {
             "q": self.q,
             "beta": self.beta,
-            "elite": [perts[i].to_json() for i in self.elite] if any(len(perts[i].components) > 1 for i in self.elite) else [perts[i].components[0].seed for i in self.elite],
+            "elite": [perts[i].to_json() for i in self.elite]
+            if any(len(perts[i].components) > 1 for i in self.elite)
+            else [perts[i].components[0].seed for i in self.elite],
             "w1": w1.tolist(),
             "alignment": self.alignment.tolist(),
             "dispersion": self.dispersion.tolist(),
@@ -120,7 +134,14 @@ class Stage1:
         return out
 
 
-def stage1(rewards: np.ndarray, q: float, beta: float, Gp_exact: np.ndarray | None, Gp_approx: np.ndarray, rules: Sequence[str] = ("pass2", "pass1")) -> Stage1:
+def stage1(
+    rewards: np.ndarray,
+    q: float,
+    beta: float,
+    Gp_exact: np.ndarray | None,
+    Gp_approx: np.ndarray,
+    rules: Sequence[str] = ("pass2", "pass1"),
+) -> Stage1:
     """Every rule's weights for one (q, beta). Gp_* are N x N Gram matrices of the perturbations:
     exact (None: use the approximation) and seed-orthogonal (distinct seeds orthogonal, |eps|^2 = dim).
     Pass 1 is always computed: the compatibility terms in the report are relative to m1."""
@@ -131,7 +152,11 @@ def stage1(rewards: np.ndarray, q: float, beta: float, Gp_exact: np.ndarray | No
     G = Gp_exact[np.ix_(E, E)] if Gp_exact is not None else G_apx
     names = list(dict.fromkeys([*rules, "pass1"]))
     weights = {n: np.asarray(MERGE_RULES[n].weights(r, G, mp), dtype=np.float64) for n in names}
-    weights_apx = {n: np.asarray(MERGE_RULES[n].weights(r, G_apx, mp), dtype=np.float64) for n in names} if Gp_exact is not None else dict(weights)
+    weights_apx = (
+        {n: np.asarray(MERGE_RULES[n].weights(r, G_apx, mp), dtype=np.float64) for n in names}
+        if Gp_exact is not None
+        else dict(weights)
+    )
     a, d = compat_terms(weights["pass1"], G)
     a_apx, _ = compat_terms(weights_apx["pass1"], G_apx)
     return Stage1(q, beta, E, weights, weights_apx, a, d, a_apx, G)
@@ -171,7 +196,9 @@ def mean_score(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else 0.0
 
 
-def gate_on(score: ScoreFn, candidate: Direction | None, reference: Direction | None, split: str, z: float) -> GateResult:
+def gate_on(
+    score: ScoreFn, candidate: Direction | None, reference: Direction | None, split: str, z: float
+) -> GateResult:
     """paired_gate of candidate vs reference on `split`, with the example ids checked when the
     score function can name them."""
     ids = getattr(score, "example_ids", None)
@@ -179,8 +206,16 @@ def gate_on(score: ScoreFn, candidate: Direction | None, reference: Direction | 
     return paired_gate(score(candidate, split), score(reference, split), z, **kw)
 
 
-def search_step(stage: Stage1, perts: Sequence[Direction], alphas: Sequence[float], score: ScoreFn, probe: str, rule: str = "pass2", centre: Direction | None = None,
-                project: Callable[[Direction], Direction] | None = None) -> list[Candidate]:
+def search_step(
+    stage: Stage1,
+    perts: Sequence[Direction],
+    alphas: Sequence[float],
+    score: ScoreFn,
+    probe: str,
+    rule: str = "pass2",
+    centre: Direction | None = None,
+    project: Callable[[Direction], Direction] | None = None,
+) -> list[Candidate]:
     """Score centre + alpha * m (m = the rule's merged direction) on the probe split for every alpha.
 
     m is one merged term, so every alpha applies the same M (built once by the Perturber). `project`
@@ -193,7 +228,14 @@ def search_step(stage: Stage1, perts: Sequence[Direction], alphas: Sequence[floa
     out = []
     for alpha in alphas:
         d = m.scaled(alpha) if centre is None else centre + m.scaled(alpha)
-        out.append(Candidate(f"{label} q={stage.q:g} beta={stage.beta:g} alpha={alpha:g}", d, mean_score(score(d, probe)), {"pass": label, "rule": rule, "q": stage.q, "beta": stage.beta, "alpha": alpha}))
+        out.append(
+            Candidate(
+                f"{label} q={stage.q:g} beta={stage.beta:g} alpha={alpha:g}",
+                d,
+                mean_score(score(d, probe)),
+                {"pass": label, "rule": rule, "q": stage.q, "beta": stage.beta, "alpha": alpha},
+            )
+        )
     return out
 
 
@@ -217,9 +259,21 @@ def reward_scale(rewards: Sequence[float]) -> np.ndarray:
     return np.zeros_like(r) if spread <= 0 else (r - r.min()) / spread
 
 
-def merge_and_search(rewards: Sequence[float], perts: Sequence[Direction], params: Sequence[tuple[str, torch.Size]], score: ScoreFn, cfg: OperatorConfig, probe: str,
-                     centre: Direction | None = None, progress: bool = True, project: Callable[[Direction], Direction] | None = None, gram_cache=None,
-                     scheme: str = SCHEME_VERSION, perturber: Perturber | None = None, release: bool = True) -> tuple[list[Stage1], dict[str, list[Candidate]], np.ndarray]:
+def merge_and_search(
+    rewards: Sequence[float],
+    perts: Sequence[Direction],
+    params: Sequence[tuple[str, torch.Size]],
+    score: ScoreFn,
+    cfg: OperatorConfig,
+    probe: str,
+    centre: Direction | None = None,
+    progress: bool = True,
+    project: Callable[[Direction], Direction] | None = None,
+    gram_cache=None,
+    scheme: str = SCHEME_VERSION,
+    perturber: Perturber | None = None,
+    release: bool = True,
+) -> tuple[list[Stage1], dict[str, list[Candidate]], np.ndarray]:
     """Stage-1 weights for every (q, beta), the probe score of centre + alpha * m for every
     configured rule's m, and the Gram matrix of the perturbations that was used (exact where computed).
 
@@ -230,10 +284,18 @@ def merge_and_search(rewards: Sequence[float], perts: Sequence[Direction], param
     next and frees them with perturber.release_merged)."""
     r = reward_scale(rewards)
     widest = sorted(set().union(*(elite_set(r, q) for q in cfg.quantiles)))
-    Gp_exact, Gp_approx = perturbation_grams(perts, params, widest if cfg.compat == "exact" else None, cfg.gram_memory_gb, progress, gram_cache, scheme)
+    Gp_exact, Gp_approx = perturbation_grams(
+        perts, params, widest if cfg.compat == "exact" else None, cfg.gram_memory_gb, progress, gram_cache, scheme
+    )
     stages = [stage1(r, q, b, Gp_exact, Gp_approx, cfg.merge_rules) for q in cfg.quantiles for b in cfg.betas]
     cands: dict[str, list[Candidate]] = {rule: [] for rule in cfg.merge_rules}
-    bar = tqdm(total=len(cfg.merge_rules) * len(stages) * len(cfg.alphas), desc=f"step search ({probe})", unit="cand", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(
+        total=len(cfg.merge_rules) * len(stages) * len(cfg.alphas),
+        desc=f"step search ({probe})",
+        unit="cand",
+        disable=not progress,
+        dynamic_ncols=True,
+    )
 
     def counted(direction, split):
         out = score(direction, split)
@@ -242,7 +304,11 @@ def merge_and_search(rewards: Sequence[float], perts: Sequence[Direction], param
 
     todo = [(st, rule) for st in stages for rule in cfg.merge_rules]
     keep = perturber if project is None else None
-    group = max(1, int(cfg.merge_memory_gb * 2**30 // (4 * perturber.n_selected))) if keep is not None else max(1, len(todo))
+    group = (
+        max(1, int(cfg.merge_memory_gb * 2**30 // (4 * perturber.n_selected)))
+        if keep is not None
+        else max(1, len(todo))
+    )
     for g in range(0, len(todo), group):
         keep_together(keep, [st.direction(perts, rule) for st, rule in todo[g : g + group]])
         for st, rule in todo[g : g + group]:
@@ -253,9 +319,22 @@ def merge_and_search(rewards: Sequence[float], perts: Sequence[Direction], param
     return stages, cands, Gp_exact if Gp_exact is not None else Gp_approx
 
 
-def consolidate_stage1(rewards: Sequence[float], seeds: Sequence[int], sigmas: Sequence[float], params: Sequence[tuple[str, torch.Size]], score: ScoreFn, cfg: OperatorConfig, *,
-                       probe: str = "probe", validation: str = "validation", progress: bool = True, project: Callable[[Direction], Direction] | None = None,
-                       gram_cache=None, scheme: str = SCHEME_VERSION, perturber: Perturber | None = None) -> ConsolidationResult:
+def consolidate_stage1(
+    rewards: Sequence[float],
+    seeds: Sequence[int],
+    sigmas: Sequence[float],
+    params: Sequence[tuple[str, torch.Size]],
+    score: ScoreFn,
+    cfg: OperatorConfig,
+    *,
+    probe: str = "probe",
+    validation: str = "validation",
+    progress: bool = True,
+    project: Callable[[Direction], Direction] | None = None,
+    gram_cache=None,
+    scheme: str = SCHEME_VERSION,
+    perturber: Perturber | None = None,
+) -> ConsolidationResult:
     """Stage 1 end to end: weights for every (q, beta) and rule, step search on probe, gate on validation.
 
     Ties on the probe go to the earlier grid point (smaller q, beta, alpha), so the choice is
@@ -266,7 +345,9 @@ def consolidate_stage1(rewards: Sequence[float], seeds: Sequence[int], sigmas: S
     probe and the gate judge what is deployed.
     """
     perts = [Direction.single(s, sg) for s, sg in zip(seeds, sigmas)]
-    stages, cands, Gp = merge_and_search(rewards, perts, params, score, cfg, probe, None, progress, project, gram_cache, scheme, perturber, release=False)
+    stages, cands, Gp = merge_and_search(
+        rewards, perts, params, score, cfg, probe, None, progress, project, gram_cache, scheme, perturber, release=False
+    )
     bests = {rule: max(cs, key=lambda c: c.probe_score) for rule, cs in cands.items()}  # max keeps the first among ties
     deployed = cfg.merge_rules[0]
     best = bests[deployed]

@@ -13,8 +13,8 @@ example ids and the gate checks it.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 from corp import CorpError
 
@@ -49,25 +49,49 @@ class GateResult:
         return asdict(self)
 
 
-def paired_gate(candidate: Sequence[float], base: Sequence[float], z: float = 1.0, *, candidate_ids: Sequence | None = None, base_ids: Sequence | None = None) -> GateResult:
+def paired_gate(
+    candidate: Sequence[float],
+    base: Sequence[float],
+    z: float = 1.0,
+    *,
+    candidate_ids: Sequence | None = None,
+    base_ids: Sequence | None = None,
+) -> GateResult:
     """Accept the candidate when its paired lower confidence bound over the base is > 0.
 
     `candidate_ids` / `base_ids`: the example ids each side was scored on; when both are given they
     must be equal, in the same order (else CorpError: the per-example differences would pair
     different examples)."""
     if len(candidate) != len(base):
-        raise CorpError(f"the gate pairs scores per example, but the candidate has {len(candidate)} and the base {len(base)}")
+        raise CorpError(
+            f"the gate pairs scores per example, but the candidate has {len(candidate)} and the base {len(base)}"
+        )
     if candidate_ids is not None and base_ids is not None:
         cand_ids, ref_ids = list(candidate_ids), list(base_ids)
         if len(cand_ids) != len(candidate) or len(ref_ids) != len(base):
-            raise CorpError(f"the gate got {len(cand_ids)} and {len(ref_ids)} example ids for {len(candidate)} scores per side")
+            raise CorpError(
+                f"the gate got {len(cand_ids)} and {len(ref_ids)} example ids for {len(candidate)} scores per side"
+            )
         if cand_ids != ref_ids:
             first = next((j for j, (a, b) in enumerate(zip(cand_ids, ref_ids)) if a != b), None)
-            raise CorpError(f"the gate's candidate and base were scored on different examples (first difference at position {first}: {cand_ids[first]!r} vs {ref_ids[first]!r}); re-evaluate both on the same split")
+            raise CorpError(
+                f"the gate's candidate and base were scored on different examples (first difference at position {first}: {cand_ids[first]!r} vs {ref_ids[first]!r}); re-evaluate both on the same split"
+            )
     n = len(candidate)
     level = confidence_level(z)
     if n < 2:
-        return GateResult(False, n, 0.0, 0.0, float("-inf"), z, 0.0, 0.0, f"validation split has {n} example(s); the gate needs at least 2", level)
+        return GateResult(
+            False,
+            n,
+            0.0,
+            0.0,
+            float("-inf"),
+            z,
+            0.0,
+            0.0,
+            f"validation split has {n} example(s); the gate needs at least 2",
+            level,
+        )
     d = [c - b for c, b in zip(candidate, base)]
     mean = sum(d) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))

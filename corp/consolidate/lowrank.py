@@ -49,8 +49,8 @@ from __future__ import annotations
 import hashlib
 import math
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
@@ -87,14 +87,25 @@ class LowRankDirection(Direction):
 
     prefixable = False  # Perturber.cache_prefix works on seed components; these are not that
 
-    def __init__(self, factors: dict[str, tuple[torch.Tensor, torch.Tensor]], scale: float = 1.0, components: Sequence[Component] = (), _digest: str | None = None):
+    def __init__(
+        self,
+        factors: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        scale: float = 1.0,
+        components: Sequence[Component] = (),
+        _digest: str | None = None,
+    ):
         super().__init__(list(components))
         self.factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         for name, (B, A) in factors.items():
             if B.dim() != 2 or A.dim() != 2 or B.shape[1] != A.shape[0]:
-                raise CorpError(f"low-rank factors of '{name}' have shapes {tuple(B.shape)} and {tuple(A.shape)}; need B (m x r) and A (r x n)")
+                raise CorpError(
+                    f"low-rank factors of '{name}' have shapes {tuple(B.shape)} and {tuple(A.shape)}; need B (m x r) and A (r x n)"
+                )
             if B.shape[1] > 0:
-                self.factors[name] = (B.detach().to(torch.float32).contiguous(), A.detach().to(torch.float32).contiguous())
+                self.factors[name] = (
+                    B.detach().to(torch.float32).contiguous(),
+                    A.detach().to(torch.float32).contiguous(),
+                )
         self.scale = float(scale)
         self._digest = _digest
 
@@ -114,12 +125,14 @@ class LowRankDirection(Direction):
             self._digest = h.hexdigest()
         return self._digest
 
-    def scaled(self, alpha: float) -> "LowRankDirection":
+    def scaled(self, alpha: float) -> LowRankDirection:
         comps = Direction(self.components).scaled(alpha).components  # plain or merged source terms
         return LowRankDirection(self.factors, self.scale * alpha, comps, self._digest)
 
     def __add__(self, other):
-        raise CorpError("a low-rank direction cannot be added to another direction (stage 2 re-centring is full-rank; use --rounds 0 with --low-rank)")
+        raise CorpError(
+            "a low-rank direction cannot be added to another direction (stage 2 re-centring is full-rank; use --rounds 0 with --low-rank)"
+        )
 
     __radd__ = __add__
 
@@ -131,7 +144,14 @@ class LowRankDirection(Direction):
     def is_zero(self) -> bool:
         return not self.factors or self.scale == 0.0
 
-    def add_to(self, target: torch.Tensor, name: str, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None, scheme: str | None = None) -> torch.Tensor:
+    def add_to(
+        self,
+        target: torch.Tensor,
+        name: str,
+        generator: torch.Generator | None = None,
+        buffer: torch.Tensor | None = None,
+        scheme: str | None = None,
+    ) -> torch.Tensor:
         """target += round_fp32(scale * (B @ A in fp64)) if `name` is factored; else nothing
         (`scheme` is ignored: the factors hold no seeded noise)."""
         f = self.factors.get(name)
@@ -139,7 +159,9 @@ class LowRankDirection(Direction):
             return target
         B, A = f
         if tuple(target.shape) != (B.shape[0], A.shape[1]):
-            raise CorpError(f"low-rank factors of '{name}' give shape {(B.shape[0], A.shape[1])}, the parameter has {tuple(target.shape)}")
+            raise CorpError(
+                f"low-rank factors of '{name}' give shape {(B.shape[0], A.shape[1])}, the parameter has {tuple(target.shape)}"
+            )
         A64 = A.double()
         for i in range(0, B.shape[0], _ROW_BLOCK):
             target[i : i + _ROW_BLOCK].add_((B[i : i + _ROW_BLOCK].double() @ A64).mul_(self.scale).to(torch.float32))
@@ -152,7 +174,12 @@ class LowRankDirection(Direction):
 # ---------------------------------------------------------------- which ranks
 
 
-def resolve_ranks(mode: str, params: Sequence[tuple[str, Sequence[int]]], analysed: dict[str, int] | None = None, rank_dir: str | Path | None = None) -> dict[str, int]:
+def resolve_ranks(
+    mode: str,
+    params: Sequence[tuple[str, Sequence[int]]],
+    analysed: dict[str, int] | None = None,
+    rank_dir: str | Path | None = None,
+) -> dict[str, int]:
     """{name: r} for every selected 2-D parameter that gets a low-rank update (r may be 0 in auto)."""
     shapes = {n: tuple(s) for n, s in params}
     if mode == "auto":
@@ -160,10 +187,14 @@ def resolve_ranks(mode: str, params: Sequence[tuple[str, Sequence[int]]], analys
             raise CorpError("--low-rank auto needs the ranks of `corp analyze-rank`")
         covered = {n: r for n, r in analysed.items() if n in shapes and len(shapes[n]) == 2}
         if not covered:
-            raise CorpError(f"the rank analysis in '{rank_dir}' covers none of this run's perturbed matrices (different model or --include/--exclude?)")
+            raise CorpError(
+                f"the rank analysis in '{rank_dir}' covers none of this run's perturbed matrices (different model or --include/--exclude?)"
+            )
         missing = sorted(set(analysed) - set(covered))
         if missing:
-            warnings.warn(f"{len(missing)} analysed matrice(s) are not perturbed in this run and get no update, e.g. {missing[0]}")
+            warnings.warn(
+                f"{len(missing)} analysed matrice(s) are not perturbed in this run and get no update, e.g. {missing[0]}"
+            )
         return {n: max(0, min(int(r), *shapes[n])) for n, r in covered.items()}
     R = int(mode)
     return {n: min(R, *s) for n, s in shapes.items() if len(s) == 2}
@@ -198,7 +229,9 @@ class LowRankProjector:
             gen = torch.Generator(device="cpu")
             factors = {}
             todo = [(n, r) for n, r in self.ranks.items() if r > 0]
-            for name, r in tqdm(todo, desc="low-rank projection", unit="matrix", disable=not self.progress, dynamic_ncols=True):
+            for name, r in tqdm(
+                todo, desc="low-rank projection", unit="matrix", disable=not self.progress, dynamic_ncols=True
+            ):
                 factors[name] = low_rank_factors(m.delta(name, self.shapes[name], gen), r)
             self._cache[key] = LowRankDirection(factors, 1.0, m.components)
         return self._cache[key]
@@ -257,12 +290,18 @@ def load_factors(recipe_dir: str | Path, entry: dict) -> LowRankDirection:
         path = Path(recipe_dir) / entry["factors_file"]
         want_sha, scale, ranks = entry["factors_sha256"], float(entry["scale"]), entry["ranks"]
     except (KeyError, TypeError, ValueError):
-        raise CorpError("recipe's low_rank entry is incomplete (needs factors_file, factors_sha256, scale, ranks)") from None
+        raise CorpError(
+            "recipe's low_rank entry is incomplete (needs factors_file, factors_sha256, scale, ranks)"
+        ) from None
     if not path.exists():
-        raise CorpError(f"low-rank recipe needs its factors file '{path}', which is missing (copy it beside recipe.json)")
+        raise CorpError(
+            f"low-rank recipe needs its factors file '{path}', which is missing (copy it beside recipe.json)"
+        )
     found = _sha256_file(path)
     if found != want_sha:
-        raise CorpError(f"low-rank factors file '{path}' has sha256 {found[:12]}..., the recipe expects {want_sha[:12]}...; it is not the file this recipe was made with")
+        raise CorpError(
+            f"low-rank factors file '{path}' has sha256 {found[:12]}..., the recipe expects {want_sha[:12]}...; it is not the file this recipe was made with"
+        )
     raw = load_file(str(path))
     factors = {}
     for name, r in ranks.items():
@@ -277,7 +316,9 @@ def load_factors(recipe_dir: str | Path, entry: dict) -> LowRankDirection:
 # ---------------------------------------------------------------- PEFT LoRA export
 
 
-def export_lora(direction: LowRankDirection, model: torch.nn.Module, out_dir: str | Path, base_model: str | None = None) -> Path:
+def export_lora(
+    direction: LowRankDirection, model: torch.nn.Module, out_dir: str | Path, base_model: str | None = None
+) -> Path:
     """Write a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) equal to `direction`."""
     from corp.extras import require
 
@@ -285,7 +326,9 @@ def export_lora(direction: LowRankDirection, model: torch.nn.Module, out_dir: st
     from safetensors.torch import save_file
 
     if not direction.factors:
-        raise CorpError("the low-rank update has no factored matrix (every rank is 0); there is no LoRA adapter to export")
+        raise CorpError(
+            "the low-rank update has no factored matrix (every rank is 0); there is no LoRA adapter to export"
+        )
     all_params = list(model.named_parameters(remove_duplicate=False))
     modules = dict(model.named_modules())
     tensors: dict[str, torch.Tensor] = {}
@@ -304,15 +347,27 @@ def export_lora(direction: LowRankDirection, model: torch.nn.Module, out_dir: st
                 tensors[f"{prefix}.lora_A.weight"], tensors[f"{prefix}.lora_B.weight"] = A.clone(), B.clone()
             elif leaf == "weight" and isinstance(mod, torch.nn.Embedding):
                 # PEFT: delta = (lora_embedding_B @ lora_embedding_A)^T, so A_e = B^T and B_e = A^T
-                tensors[f"{prefix}.lora_embedding_A"], tensors[f"{prefix}.lora_embedding_B"] = B.T.contiguous(), A.T.contiguous()
+                tensors[f"{prefix}.lora_embedding_A"], tensors[f"{prefix}.lora_embedding_B"] = (
+                    B.T.contiguous(),
+                    A.T.contiguous(),
+                )
             else:
-                raise CorpError(f"cannot export '{alias}' as LoRA: it is the '{leaf}' of a {type(mod).__name__}, not the weight of a Linear or Embedding")
+                raise CorpError(
+                    f"cannot export '{alias}' as LoRA: it is the '{leaf}' of a {type(mod).__name__}, not the weight of a Linear or Embedding"
+                )
             r = int(B.shape[1])
             rank_pattern[mod_name], alpha_pattern[mod_name] = r, direction.scale * r
     r_max = max(rank_pattern.values())
     cfg = LoraConfig(
-        r=r_max, lora_alpha=direction.scale * r_max, target_modules=sorted(rank_pattern), rank_pattern=rank_pattern, alpha_pattern=alpha_pattern,
-        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM", base_model_name_or_path=base_model,
+        r=r_max,
+        lora_alpha=direction.scale * r_max,
+        target_modules=sorted(rank_pattern),
+        rank_pattern=rank_pattern,
+        alpha_pattern=alpha_pattern,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+        base_model_name_or_path=base_model,
     )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -43,8 +43,8 @@ from __future__ import annotations
 import math
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from corp import CorpError
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, check_scheme, weights_hash
@@ -92,9 +92,18 @@ def produced_weights(model) -> dict:
     return {"model_weights_hash": weights_hash(model), "model_dtype": dtypes[0] if len(dtypes) == 1 else None}
 
 
-def make_recipe(model: str, model_id: str, base_hash: str, param_filter: ParamFilter, direction: Direction, made_by: dict,
-                low_rank: dict | None = None, kind: str | None = None, scheme: str = SCHEME_VERSION,
-                produced: dict | None = None) -> dict:
+def make_recipe(
+    model: str,
+    model_id: str,
+    base_hash: str,
+    param_filter: ParamFilter,
+    direction: Direction,
+    made_by: dict,
+    low_rank: dict | None = None,
+    kind: str | None = None,
+    scheme: str = SCHEME_VERSION,
+    produced: dict | None = None,
+) -> dict:
     """`model`: the --model the run was given (alias/name); `model_id`: what it resolved to.
     `low_rank`: the entry `lowrank.write_factors` returned, when `direction` is low-rank.
     `kind`: default `low-rank` with a factors entry, else `corp-direction`.
@@ -143,7 +152,13 @@ def _upgrade(recipe: dict, path) -> dict:
         return {**recipe, "format": RECIPE_FORMAT, "kind": kind, "upgraded_from": fmt}
     if fmt is None and _LEGACY_ES_KEYS <= set(recipe) and method == "es":
         # the first ES recipes: no format, base named by its resolved (hub) id only
-        return {**recipe, "format": RECIPE_FORMAT, "kind": "es", "base_model_id": recipe["base_model"], "upgraded_from": "es-recipe-v0"}
+        return {
+            **recipe,
+            "format": RECIPE_FORMAT,
+            "kind": "es",
+            "base_model_id": recipe["base_model"],
+            "upgraded_from": "es-recipe-v0",
+        }
     return recipe
 
 
@@ -155,11 +170,15 @@ def load_recipe(path: str | Path) -> dict:
     if recipe.get("format") != RECIPE_FORMAT:
         raise CorpError(f"'{path}' is not a corp recipe (format '{recipe.get('format')}', expected '{RECIPE_FORMAT}')")
     if recipe.get("kind") not in RECIPE_KINDS:
-        raise CorpError(f"recipe '{path}' is of kind '{recipe.get('kind')}', which this corp cannot rebuild (known: {', '.join(RECIPE_KINDS)})")
+        raise CorpError(
+            f"recipe '{path}' is of kind '{recipe.get('kind')}', which this corp cannot rebuild (known: {', '.join(RECIPE_KINDS)})"
+        )
     missing = [k for k in ("base_model", "base_weights_hash", "noise_scheme", "param_filter") if not recipe.get(k)]
     if missing:
         raise CorpError(f"recipe '{path}' lacks {', '.join(missing)}")
-    check_scheme(recipe.get("noise_scheme"), f"recipe '{path}'")  # an older scheme still rebuilds; an unknown one is refused
+    check_scheme(
+        recipe.get("noise_scheme"), f"recipe '{path}'"
+    )  # an older scheme still rebuilds; an unknown one is refused
     return recipe
 
 
@@ -171,9 +190,12 @@ def _bad_number(x, low: float, high: float, positive: bool = False) -> bool:
 
 def check_numbers(recipe: dict, path) -> None:
     """One line for the first number of `recipe` that is not finite or not in range (module docstring)."""
+
     def bad(where: str, value, expected: str):
-        raise CorpError(f"recipe '{path}': {where} is {value!r}, expected {expected}; "
-                        "the recipe was edited or corrupted, so it cannot be rebuilt")
+        raise CorpError(
+            f"recipe '{path}': {where} is {value!r}, expected {expected}; "
+            "the recipe was edited or corrupted, so it cannot be rebuilt"
+        )
 
     def component(c, where: str):
         if not isinstance(c, dict):
@@ -233,8 +255,9 @@ def resolve_base(recipe: dict, model: str | None) -> tuple[str, Path]:
     return names[0], resolve_model(names[0])[1]  # online it may download; offline this is the one-line error
 
 
-def apply_recipe(path: str | Path, out: str | Path, model: str | None = None, overwrite: bool = False,
-                 allow_mismatch: bool = False) -> Path:
+def apply_recipe(
+    path: str | Path, out: str | Path, model: str | None = None, overwrite: bool = False, allow_mismatch: bool = False
+) -> Path:
     """Rebuild the recipe's model from its base (or `model`, which must have the same weights) into `out`.
 
     `out` must not be a file, the current directory or a parent of it, a model cache, the base
@@ -248,37 +271,53 @@ def apply_recipe(path: str | Path, out: str | Path, model: str | None = None, ov
         raise CorpError(f"recipe '{path}' is a directory; pass the recipe.json file in it")
     recipe = load_recipe(path)
     check_numbers(recipe, path)
-    direction = RECIPE_KINDS[recipe["kind"]](recipe, Path(path).parent)  # before the model: a missing factors file fails fast
+    direction = RECIPE_KINDS[recipe["kind"]](
+        recipe, Path(path).parent
+    )  # before the model: a missing factors file fails fast
     name, base_dir = resolve_base(recipe, model)
     protect = {"the base model's directory": base_dir, **{f"the model cache {c}": c for c in model_caches()}}
     run_dir = enclosing_run_dir(out)
     if run_dir is not None:
-        raise CorpError(f"output '{out}' is inside the run directory '{run_dir}', whose recipe and report "
-                        "describe the model saved there; name a directory outside any run directory")
+        raise CorpError(
+            f"output '{out}' is inside the run directory '{run_dir}', whose recipe and report "
+            "describe the model saved there; name a directory outside any run directory"
+        )
     check_output_dir(out, overwrite, protect)
     base, tokenizer, _, _ = load_model(name, dtype=recipe.get("model_dtype"))
     found = weights_hash(base)
     if found != recipe["base_weights_hash"]:
-        hint = f" (tried '{name}' for the recipe's '{recipe['base_model']}')" if not model and name != recipe["base_model"] else ""
-        raise CorpError(f"recipe '{path}' was made for base weights {recipe['base_weights_hash'][:12]}..., but '{name}' has {found[:12]}...{hint}; pass the right --model")
+        hint = (
+            f" (tried '{name}' for the recipe's '{recipe['base_model']}')"
+            if not model and name != recipe["base_model"]
+            else ""
+        )
+        raise CorpError(
+            f"recipe '{path}' was made for base weights {recipe['base_weights_hash'][:12]}..., but '{name}' has {found[:12]}...{hint}; pass the right --model"
+        )
     Perturber(base, ParamFilter(**recipe["param_filter"]), scheme=recipe["noise_scheme"]).apply(direction)
     import torch
 
     broken = [n for n, t in base.state_dict().items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if broken:
-        raise CorpError(f"recipe '{path}' rebuilds {len(broken)} tensor(s) with non-finite weights "
-                        f"(first: {broken[0]}); nothing written")
+        raise CorpError(
+            f"recipe '{path}' rebuilds {len(broken)} tensor(s) with non-finite weights "
+            f"(first: {broken[0]}); nothing written"
+        )
     source = {"recipe": str(Path(path).resolve()), "kind": recipe["kind"], "base_model": name}
     expected = recipe.get("model_weights_hash")
     if expected is None:
-        warnings.warn(f"recipe '{path}' records no hash of the model it was evaluated as (written by an older corp); "
-                      "the rebuilt model cannot be checked against it")
+        warnings.warn(
+            f"recipe '{path}' records no hash of the model it was evaluated as (written by an older corp); "
+            "the rebuilt model cannot be checked against it"
+        )
         source["checked"] = False
     else:
         rebuilt = weights_hash(base)
         if rebuilt != expected:
-            what = (f"recipe '{path}' no longer rebuilds the model it was evaluated as (weights {rebuilt[:12]}..., evaluated "
-                    f"{expected[:12]}...): it was edited after its run")
+            what = (
+                f"recipe '{path}' no longer rebuilds the model it was evaluated as (weights {rebuilt[:12]}..., evaluated "
+                f"{expected[:12]}...): it was edited after its run"
+            )
             if not allow_mismatch:
                 raise CorpError(f"{what}; nothing written (pass --allow-mismatch to write this other model anyway)")
             warnings.warn(f"{what}; writing it anyway (--allow-mismatch)")

@@ -16,15 +16,30 @@ import shutil
 
 from corp.consolidate.algebra import elite_set
 from corp.consolidate.corp_operator import ConsolidateConfig, consolidate_stage1, reward_scale
-from corp.consolidate.stage2 import consolidate_stage2
 from corp.consolidate.lowrank import (
-    FACTORS_FILE, LowRankDirection, LowRankProjector, compress, exact_lora, export_lora, read_analysis, resolve_ranks,
+    FACTORS_FILE,
+    LowRankDirection,
+    LowRankProjector,
+    compress,
+    exact_lora,
+    export_lora,
+    read_analysis,
+    resolve_ranks,
     write_factors,
 )
 from corp.consolidate.recipe import make_recipe, produced_weights, write_recipe
+from corp.consolidate.stage2 import consolidate_stage2
 from corp.evaluate.backends.base import MODEL, PERTURBER
+from corp.evaluate.context import (
+    EvalCache,
+    RunContext,
+    cached_eval,
+    direction_fingerprint,
+    open_run,
+    row_scores,
+    run_evals,
+)
 from corp.evaluate.population import population_line, population_summary, randopt_results
-from corp.evaluate.context import EvalCache, RunContext, cached_eval, direction_fingerprint, open_run, row_scores, run_evals
 from corp.evaluate.scorer import ensure_population
 from corp.models import adapter_base, save_model
 from corp.perturb import Direction, ParamFilter, lowrank_rank
@@ -39,10 +54,12 @@ def low_rank_line(lr: dict) -> str:
         ex = lr["exact_lora"]
         if not ex.get("lora_dir"):
             return f"low-rank: off (low-rank population); exact PEFT adapter {ex['lora_note']}"
-        line = (f"low-rank: off; exact LoRA of the low-rank population "
-                f"({ex['elites']} elite seed(s) x r={ex['noise_rank']}, "
-                f"rank {ex['max_rank']} per matrix on {ex['matrices']} matrices, "
-                f"LoRA parameters {ex['lora_parameters']:,}): {ex['lora_dir']}")
+        line = (
+            f"low-rank: off; exact LoRA of the low-rank population "
+            f"({ex['elites']} elite seed(s) x r={ex['noise_rank']}, "
+            f"rank {ex['max_rank']} per matrix on {ex['matrices']} matrices, "
+            f"LoRA parameters {ex['lora_parameters']:,}): {ex['lora_dir']}"
+        )
         c = ex.get("compressed")
         if c:
             err = c["relative_frobenius_error"]
@@ -50,10 +67,16 @@ def low_rank_line(lr: dict) -> str:
         return line
     if lr["mode"] == "off":
         return "low-rank: off (full-rank update)"
-    source = f"r* from analyze-rank in {lr['rank_from']}" if lr["mode"] == "auto" else f"rank {lr['mode']} on every 2-D matrix"
+    source = (
+        f"r* from analyze-rank in {lr['rank_from']}"
+        if lr["mode"] == "auto"
+        else f"rank {lr['mode']} on every 2-D matrix"
+    )
     share = lr["lora_parameters"] / max(1, lr["full_parameters"])
-    line = (f"low-rank: {lr['mode']} ({source}): {lr['matrices_with_rank']} of {lr['matrices_2d']} matrices with r > 0, "
-            f"LoRA parameters {lr['lora_parameters']:,} vs {lr['full_parameters']:,} perturbed ({share:.2%}); other parameters unchanged")
+    line = (
+        f"low-rank: {lr['mode']} ({source}): {lr['matrices_with_rank']} of {lr['matrices_2d']} matrices with r > 0, "
+        f"LoRA parameters {lr['lora_parameters']:,} vs {lr['full_parameters']:,} perturbed ({share:.2%}); other parameters unchanged"
+    )
     if "lora_dir" in lr:
         line += f"; PEFT adapter: {lr['lora_dir']}" if lr["lora_dir"] else f"; PEFT adapter {lr['lora_note']}"
     return line
@@ -69,7 +92,9 @@ class RunScorer:
         self._counted: set[str] = set()
 
     def row(self, direction: Direction | None, split: str) -> dict:
-        row = cached_eval(self.ctx, self.cache, split, direction, n_components=len(direction.components) if direction else 0)
+        row = cached_eval(
+            self.ctx, self.cache, split, direction, n_components=len(direction.components) if direction else 0
+        )
         if split != "test" and row["key"] not in self._counted:
             self._counted.add(row["key"])
             self.ledger.add_generation(row["prompt_tokens"], row["generated_tokens"])
@@ -114,9 +139,13 @@ def _export_exact_lora(cfg: ConsolidateConfig, ctx: RunContext, direction: Direc
     base = adapter_base(ctx.model_id, ctx.backend.model_path)
     ranks = exact.ranks
     out = {
-        "lora_dir": str(export_lora(exact, ctx.backend.model, lora_dir, base)), "noise_scheme": scheme,
-        "noise_rank": lowrank_rank(scheme), "elites": max(ranks.values()) // lowrank_rank(scheme),
-        "max_rank": max(ranks.values()), "matrices": len(ranks), "lora_parameters": exact.lora_parameters(),
+        "lora_dir": str(export_lora(exact, ctx.backend.model, lora_dir, base)),
+        "noise_scheme": scheme,
+        "noise_rank": lowrank_rank(scheme),
+        "elites": max(ranks.values()) // lowrank_rank(scheme),
+        "max_rank": max(ranks.values()),
+        "matrices": len(ranks),
+        "lora_parameters": exact.lora_parameters(),
     }
     if cfg.lora_rank:
         small, err = compress(exact, cfg.lora_rank)
@@ -133,7 +162,10 @@ def run_consolidate(cfg: ConsolidateConfig, backend=None) -> dict:
 
 def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     support = ctx.splits["support"]
-    ctx.splits["support_select"], ctx.splits["support_gate"] = support[: len(support) // 2], support[len(support) // 2 :]
+    ctx.splits["support_select"], ctx.splits["support_gate"] = (
+        support[: len(support) // 2],
+        support[len(support) // 2 :],
+    )
     progress = os.environ.get("CORP_NO_PROGRESS") != "1"
     rank_dir = str(cfg.rank_from or cfg.from_run or ctx.run_dir) if cfg.low_rank == "auto" else None
     analysed = read_analysis(rank_dir) if rank_dir else None  # before scoring: no analysis is a quick error
@@ -145,26 +177,66 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     ctx.backend.require(PERTURBER, "corp consolidate (Gram matrix, merged directions)")
     ctx.backend.require(MODEL, "corp consolidate (it saves the consolidated model)")
     params = [(n, p.shape) for n, p in ctx.backend.perturber.params]
-    projector = LowRankProjector(resolve_ranks(cfg.low_rank, params, analysed, rank_dir), params, progress) if cfg.low_rank != "off" else None
+    projector = (
+        LowRankProjector(resolve_ranks(cfg.low_rank, params, analysed, rank_dir), params, progress)
+        if cfg.low_rank != "off"
+        else None
+    )
     scheme = ctx.backend.perturber.scheme  # the population's noise scheme: the Gram matrix regenerates its noise
     result = consolidate_stage1(
-        [r["reward"] for r in population], [r["seed"] for r in population], [r["sigma"] for r in population], params, scorer, cfg,
-        progress=progress, project=projector, gram_cache=ctx.run_dir, scheme=scheme, perturber=ctx.backend.perturber,
+        [r["reward"] for r in population],
+        [r["seed"] for r in population],
+        [r["sigma"] for r in population],
+        params,
+        scorer,
+        cfg,
+        progress=progress,
+        project=projector,
+        gram_cache=ctx.run_dir,
+        scheme=scheme,
+        perturber=ctx.backend.perturber,
     )
     if cfg.rounds > 0:
-        result = consolidate_stage2(result, params, scorer, cfg, seed=cfg.seed, progress=progress, gram_cache=ctx.run_dir, scheme=scheme, perturber=ctx.backend.perturber)
+        result = consolidate_stage2(
+            result,
+            params,
+            scorer,
+            cfg,
+            seed=cfg.seed,
+            progress=progress,
+            gram_cache=ctx.run_dir,
+            scheme=scheme,
+            perturber=ctx.backend.perturber,
+        )
 
     # the deployed model: recipe + weights
     pf = ParamFilter(cfg.include, cfg.exclude)
     model_id = ctx.model_id
-    made_by = {"method": "corp", "accepted": result.accepted, "reason": result.reason, "candidate": result.best.name, "gate": result.gate.to_dict(), "run_dir": str(ctx.run_dir), "low_rank": cfg.low_rank}
+    made_by = {
+        "method": "corp",
+        "accepted": result.accepted,
+        "reason": result.reason,
+        "candidate": result.best.name,
+        "gate": result.gate.to_dict(),
+        "run_dir": str(ctx.run_dir),
+        "low_rank": cfg.low_rank,
+    }
     low_rank_entry = None
     (ctx.run_dir / FACTORS_FILE).unlink(missing_ok=True)  # a stale file from an earlier run here must not look current
     if isinstance(result.direction, LowRankDirection):
         low_rank_entry = {"mode": cfg.low_rank, "rank_from": rank_dir, **write_factors(result.direction, ctx.run_dir)}
     ctx.backend.set_direction(result.direction)
-    recipe = make_recipe(cfg.model, model_id, ctx.weights_hash, pf, result.direction, made_by, low_rank_entry, scheme=scheme,
-                         produced=produced_weights(ctx.backend.model))  # what apply must rebuild
+    recipe = make_recipe(
+        cfg.model,
+        model_id,
+        ctx.weights_hash,
+        pf,
+        result.direction,
+        made_by,
+        low_rank_entry,
+        scheme=scheme,
+        produced=produced_weights(ctx.backend.model),
+    )  # what apply must rebuild
     write_recipe(ctx.run_dir / "recipe.json", recipe)
     save_model(ctx.backend.model, ctx.backend.tokenizer, ctx.run_dir / "model")
     low_rank_report: dict = {"mode": cfg.low_rank}
@@ -173,11 +245,19 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
         if cfg.export_lora:
             shutil.rmtree(ctx.run_dir / "lora", ignore_errors=True)
             if isinstance(result.direction, LowRankDirection) and not result.direction.is_zero():
-                low_rank_report["lora_dir"] = str(export_lora(result.direction, ctx.backend.model, ctx.run_dir / "lora",
-                                                                   adapter_base(model_id, ctx.backend.model_path)))
+                low_rank_report["lora_dir"] = str(
+                    export_lora(
+                        result.direction,
+                        ctx.backend.model,
+                        ctx.run_dir / "lora",
+                        adapter_base(model_id, ctx.backend.model_path),
+                    )
+                )
             else:
                 low_rank_report["lora_dir"] = None
-                low_rank_report["lora_note"] = "not written: CoRP abstained (or every rank is 0), so the output is the base model"
+                low_rank_report["lora_note"] = (
+                    "not written: CoRP abstained (or every rank is 0), so the output is the base model"
+                )
     elif cfg.export_lora:
         low_rank_report["exact_lora"] = _export_exact_lora(cfg, ctx, result.direction, params, scheme)
 
@@ -187,11 +267,28 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     corp_ledger = ctx.ledger().add_generation(corp_row["prompt_tokens"], corp_row["generated_tokens"])
     label = "corp" if result.accepted else "corp (abstained=base)"
     labelled = sum(len(ctx.splits[s]) for s in ("support", "probe", "validation"))
-    results.append(ReportRow(label, sum(corp_row["correct"]) / len(corp_row["correct"]), 1, corp_ledger, labelled, PerExample(corp_row["correct"], ctx.example_ids("test"))))
-    compare = [(label, r.method) for r in results if r.method != label] + [(r.method, "base") for r in results if r.method not in ("base", label)]
+    results.append(
+        ReportRow(
+            label,
+            sum(corp_row["correct"]) / len(corp_row["correct"]),
+            1,
+            corp_ledger,
+            labelled,
+            PerExample(corp_row["correct"], ctx.example_ids("test")),
+        )
+    )
+    compare = [(label, r.method) for r in results if r.method != label] + [
+        (r.method, "base") for r in results if r.method not in ("base", label)
+    ]
     consolidation_cost = scorer.ledger.to_dict()
     report = write_report(
-        ctx.run_dir, ctx.method, cfg.model, cfg.task, results, compare, ctx.example_ids("test"),
+        ctx.run_dir,
+        ctx.method,
+        cfg.model,
+        cfg.task,
+        results,
+        compare,
+        ctx.example_ids("test"),
         population=population_summary(ctx, ranked),
         labelled_examples_note=f"CoRP used {labelled} labelled examples (support {len(ctx.splits['support'])} + probe {len(ctx.splits['probe'])} + validation {len(ctx.splits['validation'])}); RandOpt used the support split only",
         corp={
@@ -210,19 +307,27 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
         },
     )
     g = result.gate
-    chosen = next((st for st in result.stage1 if st["q"] == result.best.params["q"] and st["beta"] == result.best.params["beta"]), None)
+    chosen = next(
+        (st for st in result.stage1 if st["q"] == result.best.params["q"] and st["beta"] == result.best.params["beta"]),
+        None,
+    )
     compat_line = (
         f"compatibility ({cfg.compat}) vs seed-orthogonal approximation, chosen (q, beta): max |alignment diff| "
         f"{chosen['compat_disagreement']['max_abs_alignment_diff']:.2e}, L1 diff of pass-2 weights {chosen['compat_disagreement']['w2_l1_diff']:.2e}"
-        if chosen else ""
+        if chosen
+        else ""
     )
-    report["table"] = "\n".join(x for x in [
-        format_rows(results, report["comparisons"], report["population"]["selection_ledger"]["flops"]),
-        population_line(ctx),
-        f"CoRP consolidation evaluations (probe/validation/support halves): {consolidation_cost['flops']:.3e} FLOPs",
-        f"gate (validation, n={g.n}): candidate {g.candidate_score:.3f} vs base {g.base_score:.3f}; {result.reason}",
-        report["labelled_examples_note"],
-        compat_line,
-        low_rank_line(low_rank_report),
-    ] if x)
+    report["table"] = "\n".join(
+        x
+        for x in [
+            format_rows(results, report["comparisons"], report["population"]["selection_ledger"]["flops"]),
+            population_line(ctx),
+            f"CoRP consolidation evaluations (probe/validation/support halves): {consolidation_cost['flops']:.3e} FLOPs",
+            f"gate (validation, n={g.n}): candidate {g.candidate_score:.3f} vs base {g.base_score:.3f}; {result.reason}",
+            report["labelled_examples_note"],
+            compat_line,
+            low_rank_line(low_rank_report),
+        ]
+        if x
+    )
     return report

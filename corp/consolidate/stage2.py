@@ -14,7 +14,7 @@ public code's sigma * sqrt(eigenvalue) makes it vanish).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -27,7 +27,9 @@ from corp.consolidate.corp_operator import ConsolidationResult, ScoreFn, gate_on
 from corp.perturb import SCHEME_VERSION, Direction, specialist_seeds
 
 
-def local_population(seeds: Sequence[int], scale: float, pcs: Sequence[Direction], pc_mix: float, dim: int, rng: np.random.Generator) -> list[Direction]:
+def local_population(
+    seeds: Sequence[int], scale: float, pcs: Sequence[Direction], pc_mix: float, dim: int, rng: np.random.Generator
+) -> list[Direction]:
     """p_j = scale * (sqrt(1 - g) eps(seed_j) + sqrt(g) sqrt(dim / K) sum_k z_jk u_k), z ~ N(0, I).
 
     Both terms have expected squared norm scale^2 * dim * (share), so pc_mix is the share of the
@@ -46,9 +48,22 @@ def local_population(seeds: Sequence[int], scale: float, pcs: Sequence[Direction
     return out
 
 
-def consolidate_stage2(first: ConsolidationResult, params: Sequence[tuple[str, torch.Size]], score: ScoreFn, cfg: OperatorConfig, *, seed: int = 0,
-                       select: str = "support_select", gate_half: str = "support_gate", probe: str = "probe", validation: str = "validation",
-                       progress: bool = True, gram_cache=None, scheme: str = SCHEME_VERSION, perturber=None) -> ConsolidationResult:
+def consolidate_stage2(
+    first: ConsolidationResult,
+    params: Sequence[tuple[str, torch.Size]],
+    score: ScoreFn,
+    cfg: OperatorConfig,
+    *,
+    seed: int = 0,
+    select: str = "support_select",
+    gate_half: str = "support_gate",
+    probe: str = "probe",
+    validation: str = "validation",
+    progress: bool = True,
+    gram_cache=None,
+    scheme: str = SCHEME_VERSION,
+    perturber=None,
+) -> ConsolidationResult:
     """Up to cfg.rounds re-centring rounds around the stage-1 centre (base if stage 1 abstained).
 
     `seed` is the run's master seed (the local populations' seeds derive from it). Each round's
@@ -58,7 +73,11 @@ def consolidate_stage2(first: ConsolidationResult, params: Sequence[tuple[str, t
         raise CorpError("stage 2 needs the stage-1 population (ConsolidationResult.perts is empty)")
     dim = int(sum(int(np.prod(s)) for _, s in params))
     centre = first.direction
-    pcs = principal_directions(first.best_stage.elite, first.perts, first.gram, cfg.pcs) if first.best_stage is not None else []
+    pcs = (
+        principal_directions(first.best_stage.elite, first.perts, first.gram, cfg.pcs)
+        if first.best_stage is not None
+        else []
+    )
     scale = float(np.median([p.seed_components()[0].sigma for p in first.perts]))
     accepts = rejects_in_a_row = 0
     rounds: list[dict] = []
@@ -73,13 +92,27 @@ def consolidate_stage2(first: ConsolidationResult, params: Sequence[tuple[str, t
         bar = tqdm(local, desc=f"stage 2 round {t + 1}", unit="spec", disable=not progress, dynamic_ncols=True)
         rewards = [mean_score(score(centre + p, select)) for p in bar]
         bar.close()
-        _, cands, _ = merge_and_search(rewards, local, params, score, cfg, select, centre, progress, None, gram_cache, scheme, perturber)
+        _, cands, _ = merge_and_search(
+            rewards, local, params, score, cfg, select, centre, progress, None, gram_cache, scheme, perturber
+        )
         best = max(cands[cfg.merge_rules[0]], key=lambda c: c.probe_score)
         g_half = gate_on(score, best.direction, centre, gate_half, cfg.gate_z)
         g_probe = gate_on(score, best.direction, centre, probe, cfg.gate_z)
         ok = g_half.accepted and g_probe.accepted
-        rounds.append({"round": t + 1, "sigma": scale, "n_local": len(local), "pcs": len(pcs), "reward_best": max(rewards), "reward_mean": mean_score(rewards),
-                       "candidate": best.name, "gate_support_half": g_half.to_dict(), "gate_probe": g_probe.to_dict(), "accepted": ok})
+        rounds.append(
+            {
+                "round": t + 1,
+                "sigma": scale,
+                "n_local": len(local),
+                "pcs": len(pcs),
+                "reward_best": max(rewards),
+                "reward_mean": mean_score(rewards),
+                "candidate": best.name,
+                "gate_support_half": g_half.to_dict(),
+                "gate_probe": g_probe.to_dict(),
+                "accepted": ok,
+            }
+        )
         if ok:
             centre, accepts, rejects_in_a_row = best.direction, accepts + 1, 0
         else:
@@ -94,5 +127,8 @@ def consolidate_stage2(first: ConsolidationResult, params: Sequence[tuple[str, t
         result.direction, result.accepted, result.gate = centre, True, final
         result.reason = f"stage 2 moved the centre in {accepts} round(s); final validation gate {final.reason}"
     else:
-        result.reason = first.reason + f"; stage 2's centre failed the final validation gate ({final.reason}), so the stage-1 result stands"
+        result.reason = (
+            first.reason
+            + f"; stage 2's centre failed the final validation gate ({final.reason}), so the stage-1 result stands"
+        )
     return result

@@ -41,10 +41,10 @@ import sys
 import threading
 import time
 import warnings
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 from tqdm.auto import tqdm
 
@@ -56,7 +56,16 @@ from corp.evaluate.tasks import SPLITS, Example, SplitSizes, Task, get_task, mak
 from corp.ledger import Ledger
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, scheme_from_flag
 from corp.runs import (
-    RunLock, append_jsonl, finish_run_dir, open_run_dir, read_json, read_jsonl, unique_rows, write_json, write_status, write_yaml,
+    RunLock,
+    append_jsonl,
+    finish_run_dir,
+    open_run_dir,
+    read_json,
+    read_jsonl,
+    unique_rows,
+    write_json,
+    write_status,
+    write_yaml,
 )
 from corp.stats import PerExample
 
@@ -119,7 +128,15 @@ class RunContext:
     def backend(self) -> Backend:
         if self._backend is None:
             pf = ParamFilter(getattr(self.cfg, "include", ".*"), getattr(self.cfg, "exclude", ""))
-            self._backend = make_backend(self.cfg.backend, self.cfg.model, self.cfg.device, self.cfg.dtype, self.cfg.batch_size, pf, self.noise_scheme)
+            self._backend = make_backend(
+                self.cfg.backend,
+                self.cfg.model,
+                self.cfg.device,
+                self.cfg.dtype,
+                self.cfg.batch_size,
+                pf,
+                self.noise_scheme,
+            )
         return self._backend
 
     @property
@@ -182,7 +199,13 @@ def run_scheme(cfg) -> str:
     return scheme_from_flag(getattr(cfg, "noise", None))
 
 
-def evaluate(ctx: RunContext, examples: Sequence[Example], direction: Direction | None = None, n: int = 1, temperature: float = 0.0) -> EvalResult:
+def evaluate(
+    ctx: RunContext,
+    examples: Sequence[Example],
+    direction: Direction | None = None,
+    n: int = 1,
+    temperature: float = 0.0,
+) -> EvalResult:
     """Generate on `examples` with weights base + direction and score every completion."""
     ctx.backend.set_direction(direction)
     return evaluate_current(ctx, examples, n=n, temperature=temperature, what=direction_fingerprint(direction))
@@ -197,8 +220,9 @@ def sampling_seeds(run_seed: int, what: str, ids: Sequence[str]) -> list[int]:
     return out
 
 
-def evaluate_current(ctx: RunContext, examples: Sequence[Example], n: int = 1, temperature: float = 0.0,
-                     what: str | None = None) -> EvalResult:
+def evaluate_current(
+    ctx: RunContext, examples: Sequence[Example], n: int = 1, temperature: float = 0.0, what: str | None = None
+) -> EvalResult:
     """Like `evaluate`, with the backend's weights as they are now; `what` names them (it seeds
     sampling, with the run's seed: `sampling_seeds`)."""
     kwargs = {}
@@ -206,8 +230,14 @@ def evaluate_current(ctx: RunContext, examples: Sequence[Example], n: int = 1, t
         if what is None:
             raise ValueError("a sampled evaluation needs `what` (it seeds the samples)")
         kwargs["seeds"] = sampling_seeds(ctx.cfg.seed, what, [e.id for e in examples])
-    gens = ctx.backend.generate([e.prompt for e in examples], ctx.max_new_tokens, temperature=temperature, n=n,
-                                stop=ctx.task.stop or None, **kwargs)  # stop: the task's (in its signature)
+    gens = ctx.backend.generate(
+        [e.prompt for e in examples],
+        ctx.max_new_tokens,
+        temperature=temperature,
+        n=n,
+        stop=ctx.task.stop or None,
+        **kwargs,
+    )  # stop: the task's (in its signature)
     return score_generations(ctx, examples, gens, n)
 
 
@@ -217,9 +247,23 @@ def score_generations(ctx: RunContext, examples: Sequence[Example], gens, n: int
     exs = [e for e in examples for _ in range(n)]
     rewards, errors = compute_rewards(ctx.task, gens.texts, exs, ctx.reward_fn)
     answers = [ctx.task.extract(t) for t in gens.texts]
-    correct = [ctx.task.check(a, e) for a, e in zip(answers, exs)] if ctx.reward_fn is not None else [r >= 1.0 for r in rewards]
+    correct = (
+        [ctx.task.check(a, e) for a, e in zip(answers, exs)]
+        if ctx.reward_fn is not None
+        else [r >= 1.0 for r in rewards]
+    )
     status = ctx.task.last_status_counts() if hasattr(ctx.task, "last_status_counts") else {}
-    return EvalResult(gens.texts, answers, rewards, correct, sum(gens.prompt_tokens), sum(gens.generated_tokens), gens.seconds, errors, status)
+    return EvalResult(
+        gens.texts,
+        answers,
+        rewards,
+        correct,
+        sum(gens.prompt_tokens),
+        sum(gens.generated_tokens),
+        gens.seconds,
+        errors,
+        status,
+    )
 
 
 # ----------------------------------------------------------------------------- keys
@@ -241,13 +285,20 @@ def specialist_what(seed: int | None, sigma: float | None) -> str:
     return "base" if seed is None else direction_fingerprint(Direction.single(int(seed), float(sigma)))
 
 
-def eval_identity(context: dict, what: str, ids: Sequence[str], n: int = 1, temperature: float = 0.0,
-                  seed: int | None = None) -> dict:
+def eval_identity(
+    context: dict, what: str, ids: Sequence[str], n: int = 1, temperature: float = 0.0, seed: int | None = None
+) -> dict:
     """Everything that defines one evaluation (see the module docstring). A sampled one
     (temperature > 0) needs the run's `seed`; a greedy one's key does not hold it, so greedy rows
     are shared between seeds."""
-    identity = {**context, "what": what, "ids_hash": ids_hash(ids), "n_examples": len(ids),
-                "temperature": float(temperature), "n": int(n)}
+    identity = {
+        **context,
+        "what": what,
+        "ids_hash": ids_hash(ids),
+        "n_examples": len(ids),
+        "temperature": float(temperature),
+        "n": int(n),
+    }
     if temperature > 0:
         if seed is None:
             raise ValueError("a sampled evaluation's identity needs the run's seed")
@@ -262,7 +313,16 @@ def eval_key(identity: dict) -> str:
 # ----------------------------------------------------------------------------- rows and the cache
 
 
-def result_row(identity: dict, split: str, res: EvalResult, kind: str, seed: int | None = None, sigma: float | None = None, apply_seconds: float = 0.0, **extra) -> dict:
+def result_row(
+    identity: dict,
+    split: str,
+    res: EvalResult,
+    kind: str,
+    seed: int | None = None,
+    sigma: float | None = None,
+    apply_seconds: float = 0.0,
+    **extra,
+) -> dict:
     """The one row schema of every cached evaluation (population rows included)."""
     return {
         "key": eval_key(identity),
@@ -288,7 +348,11 @@ def result_row(identity: dict, split: str, res: EvalResult, kind: str, seed: int
         "apply_seconds": apply_seconds,
         "reward_errors": res.reward_errors,
         "status_counts": res.status_counts,
-        "identity": {k: identity[k] for k in ("model", "weights_hash", "backend", "task", "reward", "max_new_tokens") if k in identity},
+        "identity": {
+            k: identity[k]
+            for k in ("model", "weights_hash", "backend", "task", "reward", "max_new_tokens")
+            if k in identity
+        },
         **extra,
     }
 
@@ -300,7 +364,11 @@ _SHAREABLE_WHAT = re.compile(r"^(base|dir:[0-9a-f]+)$")
 
 
 def shareable(row: dict) -> bool:
-    return float(row.get("temperature", 0.0)) == 0.0 and bool(_SHAREABLE_WHAT.match(str(row.get("what", "")))) and row.get("kind") != "checkpoint"
+    return (
+        float(row.get("temperature", 0.0)) == 0.0
+        and bool(_SHAREABLE_WHAT.match(str(row.get("what", ""))))
+        and row.get("kind") != "checkpoint"
+    )
 
 
 class EvalCache:
@@ -349,9 +417,20 @@ class EvalCache:
         return self.rows[row["key"]]
 
 
-def cached_eval(ctx: RunContext, cache: EvalCache, split: str, direction: Direction | None = None, *, what: str | None = None,
-                current: bool = False, kind: str | None = None, examples: Sequence[Example] | None = None,
-                n: int = 1, temperature: float = 0.0, **extra) -> dict:
+def cached_eval(
+    ctx: RunContext,
+    cache: EvalCache,
+    split: str,
+    direction: Direction | None = None,
+    *,
+    what: str | None = None,
+    current: bool = False,
+    kind: str | None = None,
+    examples: Sequence[Example] | None = None,
+    n: int = 1,
+    temperature: float = 0.0,
+    **extra,
+) -> dict:
     """The cached row of one evaluation on `split` (or on `examples`, named `split`), computing it if needed.
 
     `direction`: evaluate base + direction. `current=True`: evaluate the backend's weights as they
@@ -361,8 +440,9 @@ def cached_eval(ctx: RunContext, cache: EvalCache, split: str, direction: Direct
     if current and not what:
         raise ValueError("an evaluation of the current weights needs `what` (a checkpoint label)")
     what = what or direction_fingerprint(direction)
-    identity = eval_identity(ctx.eval_context(), what, [e.id for e in exs], n=n, temperature=temperature,
-                             seed=ctx.cfg.seed)
+    identity = eval_identity(
+        ctx.eval_context(), what, [e.id for e in exs], n=n, temperature=temperature, seed=ctx.cfg.seed
+    )
     key = eval_key(identity)
     row = cache.get(key)
     if row is None:
@@ -383,7 +463,9 @@ def row_scores(row: dict, ids: Sequence[str], field_name: str = "rewards") -> Pe
     return PerExample(row[field_name], ids)
 
 
-def score_one(ctx: RunContext, seed: int | None, sigma: float | None, split: str, context: dict | None = None, **extra) -> dict:
+def score_one(
+    ctx: RunContext, seed: int | None, sigma: float | None, split: str, context: dict | None = None, **extra
+) -> dict:
     """Set the backend to specialist (seed, sigma) (None: the base), evaluate it on `split`, return
     its row (not cached: the caller appends it). Every executor makes rows with this function."""
     t0 = time.perf_counter()
@@ -392,7 +474,16 @@ def score_one(ctx: RunContext, seed: int | None, sigma: float | None, split: str
     examples = ctx.splits[split]
     identity = eval_identity(context or ctx.eval_context(), specialist_what(seed, sigma), [e.id for e in examples])
     res = evaluate_current(ctx, examples)
-    return result_row(identity, split, res, "base" if seed is None else "specialist", seed=seed, sigma=None if sigma is None else float(sigma), apply_seconds=apply_s, **extra)
+    return result_row(
+        identity,
+        split,
+        res,
+        "base" if seed is None else "specialist",
+        seed=seed,
+        sigma=None if sigma is None else float(sigma),
+        apply_seconds=apply_s,
+        **extra,
+    )
 
 
 def population_definition(cfg: RunConfig, task, splits, max_new_tokens: int, kind: str = "population", **more) -> dict:
@@ -416,7 +507,9 @@ def population_definition(cfg: RunConfig, task, splits, max_new_tokens: int, kin
 
 def default_definition(cfg: RunConfig, task, splits, max_new_tokens: int) -> dict | None:
     if isinstance(cfg, PopulationConfig) and not cfg.from_run:
-        return population_definition(cfg, task, splits, max_new_tokens, sigmas=[float(s) for s in cfg.sigmas], order=POPULATION_ORDER)
+        return population_definition(
+            cfg, task, splits, max_new_tokens, sigmas=[float(s) for s in cfg.sigmas], order=POPULATION_ORDER
+        )
     return None
 
 
@@ -429,7 +522,9 @@ def compare_meta(found: dict, expected: dict, where: Path, what: str, keys: Sequ
         if found.get(key) != value:
             shown = value if key != "example_ids" else f"{len(value)} ids"
             was = found.get(key) if key != "example_ids" else f"{len(found.get(key) or [])} different ids"
-            raise CorpError(f"{what} in '{where}' was made with {key} = {was}, not {shown}; use another --run-dir (or matching options)")
+            raise CorpError(
+                f"{what} in '{where}' was made with {key} = {was}, not {shown}; use another --run-dir (or matching options)"
+            )
 
 
 def check_meta(path: Path, expected: dict, what: str) -> None:
@@ -439,12 +534,19 @@ def check_meta(path: Path, expected: dict, what: str) -> None:
         return
     found = read_json(path)
     if found.get("format") != expected.get("format"):
-        raise CorpError(f"{what} in '{path.parent}' was written by an older corp (rows not keyed by their examples); use another --run-dir")
+        raise CorpError(
+            f"{what} in '{path.parent}' was written by an older corp (rows not keyed by their examples); use another --run-dir"
+        )
     compare_meta(found, expected, path.parent, what)
 
 
-def setup_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs: Sequence[str] = ("support", "test"),
-              defines: dict | None | str | Callable = "auto") -> RunContext:
+def setup_run(
+    cfg: RunConfig,
+    method: str,
+    backend: Backend | None = None,
+    needs: Sequence[str] = ("support", "test"),
+    defines: dict | None | str | Callable = "auto",
+) -> RunContext:
     """Resolve task, splits, reward and run directory; lock the directory; check that a reused
     directory was made under the same definition (`defines`: what the rows written here mean, or a
     function (task, splits, max_new_tokens) -> that; "auto": a population's definition for
@@ -477,25 +579,41 @@ def setup_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs
         if defines is not None and (run_dir / META_FILE).exists():
             found = read_json(run_dir / META_FILE)
             if found.get("format") != META_FORMAT:
-                raise CorpError(f"the population in '{run_dir}' was written by an older corp (rows not keyed by their examples); use another --run-dir")
+                raise CorpError(
+                    f"the population in '{run_dir}' was written by an older corp (rows not keyed by their examples); use another --run-dir"
+                )
             compare_meta(found, defines, run_dir, POPULATION_FILE)
         if os.environ.get("CORP_NO_PROGRESS") != "1":
             tqdm.write(f"run directory: {run_dir}", file=sys.stderr)
         # inside the try: a full disk here leaves no half-set-up directory this call created
         write_yaml(run_dir / "config.yaml", {"method": method, **config_to_dict(cfg)})
-        write_json(run_dir / "splits.json", {"split_seed": cfg.split_seed, "report_on": cfg.report_on, **{s: [e.id for e in splits[s]] for s in SPLITS}})
+        write_json(
+            run_dir / "splits.json",
+            {
+                "split_seed": cfg.split_seed,
+                "report_on": cfg.report_on,
+                **{s: [e.id for e in splits[s]] for s in SPLITS},
+            },
+        )
         write_status(run_dir, "running", method=method)
     except BaseException as exc:
         lock.release()
         if created:
             finish_run_dir(run_dir, created, exc if isinstance(exc, OSError) else RuntimeError("refused"))
         raise
-    return RunContext(cfg, method, task, splits, run_dir, reward_fn, backend, created=created, lock=lock, definition=defines)
+    return RunContext(
+        cfg, method, task, splits, run_dir, reward_fn, backend, created=created, lock=lock, definition=defines
+    )
 
 
 @contextmanager
-def open_run(cfg: RunConfig, method: str, backend: Backend | None = None, needs: Sequence[str] = ("support", "test"),
-             defines: dict | None | str | Callable = "auto") -> Iterator[RunContext]:
+def open_run(
+    cfg: RunConfig,
+    method: str,
+    backend: Backend | None = None,
+    needs: Sequence[str] = ("support", "test"),
+    defines: dict | None | str | Callable = "auto",
+) -> Iterator[RunContext]:
     """`setup_run` for the length of a method's run: on success the run is marked complete; on an
     error a directory this call created that holds nothing computed is removed, any other is marked
     FAILED (or interrupted); the lock is released either way. A SIGTERM (a job scheduler, `timeout`)
@@ -524,8 +642,14 @@ def _card(ctx: RunContext) -> None:
     from corp.cards import run_model_card
 
     try:
-        run_model_card(ctx.run_dir, ctx.method, {"method": ctx.method, **config_to_dict(ctx.cfg)}, ctx.model_id,
-                       ctx._weights_hash, ctx.splits)
+        run_model_card(
+            ctx.run_dir,
+            ctx.method,
+            {"method": ctx.method, **config_to_dict(ctx.cfg)},
+            ctx.model_id,
+            ctx._weights_hash,
+            ctx.splits,
+        )
     except Exception as exc:  # noqa: BLE001 -- model and report are written; a failing card must not fail the run
         warnings.warn(f"model card for '{ctx.run_dir / 'model'}' not written: {type(exc).__name__}: {exc}")
 
@@ -557,5 +681,13 @@ def shared_salt(ctx: RunContext) -> str:
     """What an evaluation row's key leaves implicit because a run fixes it, for rows shared between runs."""
     cfg, backend = ctx.cfg, ctx.backend
     perturber = getattr(backend, "perturber", None)
-    return json.dumps({"scheme": getattr(perturber, "scheme", None), "include": getattr(cfg, "include", ".*"),
-                       "exclude": getattr(cfg, "exclude", ""), "dtype": cfg.dtype, "device": cfg.device}, sort_keys=True)
+    return json.dumps(
+        {
+            "scheme": getattr(perturber, "scheme", None),
+            "include": getattr(cfg, "include", ".*"),
+            "exclude": getattr(cfg, "exclude", ""),
+            "dtype": cfg.dtype,
+            "device": cfg.device,
+        },
+        sort_keys=True,
+    )

@@ -21,8 +21,7 @@ population (test-split evaluations, the weights hash that keys the population's 
 from __future__ import annotations
 
 import os
-import time
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from corp import CorpError
 from corp.evaluate.backends import make_backend, resolve_backend_name
@@ -67,8 +66,14 @@ class _Worker:
 
     def info(self) -> dict:
         b = self.ctx.backend
-        return {"pid": os.getpid(), "model_id": self.ctx.model_id, "n_params": b.n_params, "weights_hash": self.ctx.weights_hash, "name": b.name,
-                "capabilities": sorted(b.capabilities)}
+        return {
+            "pid": os.getpid(),
+            "model_id": self.ctx.model_id,
+            "n_params": b.n_params,
+            "weights_hash": self.ctx.weights_hash,
+            "name": b.name,
+            "capabilities": sorted(b.capabilities),
+        }
 
     def score(self, seed, sigma, split, examples) -> dict:
         self.ctx.splits[split] = examples
@@ -92,7 +97,7 @@ class RemoteBackend(Backend):
 
     instead = "run it with --executor local"
 
-    def __init__(self, executor: "RayExecutor", info: dict):
+    def __init__(self, executor: RayExecutor, info: dict):
         self.executor = executor
         self.name = info["name"]
         self.model_id = info["model_id"]
@@ -101,7 +106,9 @@ class RemoteBackend(Backend):
         self.capabilities = frozenset(info.get("capabilities", ())) & {LOGPROBS}
 
     def describe(self) -> str:
-        return f"the Ray driver (--executor ray: the '{self.name}' backend runs in the workers; the driver holds no model)"
+        return (
+            f"the Ray driver (--executor ray: the '{self.name}' backend runs in the workers; the driver holds no model)"
+        )
 
     def set_direction(self, direction) -> None:
         self.executor._call_first("set_direction", direction)
@@ -132,12 +139,25 @@ class RayExecutor:
                 try:
                     ray.init(address=address, log_to_driver=False)
                 except Exception as exc:  # ConnectionError and friends; their text is long
-                    raise CorpError(f"--ray-address '{address}': cannot join the Ray cluster ({type(exc).__name__})") from None
+                    raise CorpError(
+                        f"--ray-address '{address}': cannot join the Ray cluster ({type(exc).__name__})"
+                    ) from None
             else:
                 # a local Ray stays on loopback
-                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False, object_store_memory=200 * 1024**2, _node_ip_address="127.0.0.1")
+                ray.init(
+                    num_cpus=workers,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    object_store_memory=200 * 1024**2,
+                    _node_ip_address="127.0.0.1",
+                )
             self.started_ray = True
-        gpus = 1 if resolve_backend_name_safe(cfg.backend, resolve_backend_name) == "vllm" and ray.cluster_resources().get("GPU", 0) > 0 else 0
+        gpus = (
+            1
+            if resolve_backend_name_safe(cfg.backend, resolve_backend_name) == "vllm"
+            and ray.cluster_resources().get("GPU", 0) > 0
+            else 0
+        )
         threads = cfg.threads or (None if address else max(1, (os.cpu_count() or 1) // workers))
         self._actor_cls = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(_Worker)
         self._threads = threads
@@ -158,7 +178,7 @@ class RayExecutor:
 
     def _call_first(self, method: str, *args, **kwargs):
         ray = self.ray
-        for attempt in range(MAX_RETRIES + 1):
+        for _attempt in range(MAX_RETRIES + 1):
             actor = self.actors[0]
             try:
                 return ray.get(getattr(actor, method).remote(*args, **kwargs))
@@ -189,7 +209,9 @@ class RayExecutor:
                     except ray.exceptions.RayActorError:
                         tries[spec] = tries.get(spec, 0) + 1
                         if tries[spec] > MAX_RETRIES:
-                            raise CorpError(f"specialist {spec[0]} (sigma {spec[1]}) was in flight on {tries[spec]} Ray workers that died; see the Ray logs") from None
+                            raise CorpError(
+                                f"specialist {spec[0]} (sigma {spec[1]}) was in flight on {tries[spec]} Ray workers that died; see the Ray logs"
+                            ) from None
                         self.actors[slot] = self._new_actor()
                         self.replaced += 1
                         self.retried += 1
@@ -224,7 +246,9 @@ def _check_reachable(address: str) -> None:
     try:
         socket.create_connection((host, int(port)), timeout=5).close()
     except (OSError, ValueError):
-        raise CorpError(f"--ray-address '{address}': no Ray head answers there (start one with `ray start --head`)") from None
+        raise CorpError(
+            f"--ray-address '{address}': no Ray head answers there (start one with `ray start --head`)"
+        ) from None
 
 
 def resolve_backend_name_safe(name: str, resolve) -> str:

@@ -26,14 +26,16 @@ class EvalConfig(RunConfig):
     temperature: float = 1.0
     """Sampling temperature for pass@k."""
 
-    def validate(self) -> "EvalConfig":
+    def validate(self) -> EvalConfig:
         super().validate()
         self.pass_k = sorted(set(parse_list(self.pass_k, int, "pass_k")))
         if self.pass_k and min(self.pass_k) < 1:
             raise CorpError(f"--pass-k values must be >= 1, got {self.pass_k}")
         n = self.n_samples if self.n_samples is not None else (max(self.pass_k) if self.pass_k else 0)
         if self.pass_k and n < max(self.pass_k):
-            raise CorpError(f"--n-samples {n} is smaller than the largest --pass-k {max(self.pass_k)}; pass@k needs k <= n")
+            raise CorpError(
+                f"--n-samples {n} is smaller than the largest --pass-k {max(self.pass_k)}; pass@k needs k <= n"
+            )
         if self.pass_k and not self.temperature > 0:
             raise CorpError(f"--temperature must be > 0 for pass@k sampling, got {self.temperature}")
         self.n_samples = n
@@ -51,7 +53,9 @@ def pass_at_k_table(correct: list[bool], n: int, ks: list[int]) -> dict[int, flo
 def run_eval(cfg: EvalConfig, backend=None) -> dict:
     with open_run(cfg, "eval", backend, needs=("test",)) as ctx:
         test = ctx.splits["test"]
-        evals = run_evals(ctx)  # cached: a rerun on the same --run-dir (same model, examples, settings) recomputes nothing
+        evals = run_evals(
+            ctx
+        )  # cached: a rerun on the same --run-dir (same model, examples, settings) recomputes nothing
         greedy = cached_eval(ctx, evals, "test", None)
         led = ctx.ledger().add_generation(greedy["prompt_tokens"], greedy["generated_tokens"])
         passk: dict[int, float] = {}
@@ -59,12 +63,28 @@ def run_eval(cfg: EvalConfig, backend=None) -> dict:
             sampled = cached_eval(ctx, evals, "test", None, n=cfg.n_samples, temperature=cfg.temperature)
             led.add_generation(sampled["prompt_tokens"], sampled["generated_tokens"])
             passk = pass_at_k_table([bool(c) for c in sampled["correct"]], cfg.n_samples, cfg.pass_k)
-        row = ReportRow("model", greedy["accuracy"], 1, led, 0, PerExample(greedy["correct"], ctx.example_ids("test")),
-                        {"pass_at_k": {str(k): v for k, v in passk.items()}})
+        row = ReportRow(
+            "model",
+            greedy["accuracy"],
+            1,
+            led,
+            0,
+            PerExample(greedy["correct"], ctx.example_ids("test")),
+            {"pass_at_k": {str(k): v for k, v in passk.items()}},
+        )
         report = write_report(
-            ctx.run_dir, "eval", cfg.model, cfg.task, [row], (), ctx.example_ids("test"),
-            greedy_accuracy=greedy["accuracy"], n_samples=cfg.n_samples, temperature=cfg.temperature,
-            pass_at_k={str(k): v for k, v in passk.items()}, ledger=led.to_dict(),
+            ctx.run_dir,
+            "eval",
+            cfg.model,
+            cfg.task,
+            [row],
+            (),
+            ctx.example_ids("test"),
+            greedy_accuracy=greedy["accuracy"],
+            n_samples=cfg.n_samples,
+            temperature=cfg.temperature,
+            pass_at_k={str(k): v for k, v in passk.items()},
+            ledger=led.to_dict(),
         )
     lines = [f"{cfg.model} on {cfg.task}, {len(test)} test problems", f"greedy accuracy  {greedy['accuracy']:.3f}"]
     lines += [f"pass@{k:<10} {v:.3f}   (n={cfg.n_samples}, T={cfg.temperature})" for k, v in passk.items()]

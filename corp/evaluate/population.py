@@ -14,7 +14,9 @@ from corp.runs import ReportRow
 from corp.stats import PerExample
 
 
-def evaluate_on_test(ctx: RunContext, specialists: list[tuple[int | None, float | None]], cache: EvalCache | None = None) -> dict[tuple, dict]:
+def evaluate_on_test(
+    ctx: RunContext, specialists: list[tuple[int | None, float | None]], cache: EvalCache | None = None
+) -> dict[tuple, dict]:
     """Test-split rows for the base (None, None) and the given specialists; cached in evals.jsonl (resume)."""
     return score_specialists(ctx, specialists, "test", cache or run_evals(ctx), desc="test eval")
 
@@ -22,10 +24,15 @@ def evaluate_on_test(ctx: RunContext, specialists: list[tuple[int | None, float 
 def vote_correct(ctx: RunContext, ranked_test_rows: list[dict]) -> list[int]:
     """Per test example: is the majority vote over the specialists' extracted answers (rank order breaks ties) correct?"""
     test = ctx.splits["test"]
-    return [int(bool(ctx.task.check(majority_vote([r["answers"][j] for r in ranked_test_rows]), ex))) for j, ex in enumerate(test)]
+    return [
+        int(bool(ctx.task.check(majority_vote([r["answers"][j] for r in ranked_test_rows]), ex)))
+        for j, ex in enumerate(test)
+    ]
 
 
-def randopt_results(ctx: RunContext, ranked: list[dict], top_k: list[int], cache: EvalCache | None = None) -> tuple[list[ReportRow], dict[tuple, dict]]:
+def randopt_results(
+    ctx: RunContext, ranked: list[dict], top_k: list[int], cache: EvalCache | None = None
+) -> tuple[list[ReportRow], dict[tuple, dict]]:
     """Base, top-1 and top-K vote on the test split, from a ranked population, with per-example outcomes."""
     kmax = max(top_k)
     chosen = [(r["seed"], r["sigma"]) for r in ranked[:kmax]]
@@ -34,15 +41,37 @@ def randopt_results(ctx: RunContext, ranked: list[dict], top_k: list[int], cache
     base_row = test_rows[(None, None)]
     ranked_test = [test_rows[spec] for spec in chosen]
     n_support = len(ctx.splits["support"])
-    results = [ReportRow("base", base_row["accuracy"], 1, rows_ledger(ctx, [base_row]), 0, PerExample(base_row["correct"], ids))]
+    results = [
+        ReportRow(
+            "base", base_row["accuracy"], 1, rows_ledger(ctx, [base_row]), 0, PerExample(base_row["correct"], ids)
+        )
+    ]
     top1 = ranked_test[0]
-    results.append(ReportRow("randopt-top1", top1["accuracy"], 1, rows_ledger(ctx, [top1]), n_support, PerExample(top1["correct"], ids),
-                             {"seed": top1["seed"], "sigma": top1["sigma"], "support_reward": ranked[0]["reward"]}))
+    results.append(
+        ReportRow(
+            "randopt-top1",
+            top1["accuracy"],
+            1,
+            rows_ledger(ctx, [top1]),
+            n_support,
+            PerExample(top1["correct"], ids),
+            {"seed": top1["seed"], "sigma": top1["sigma"], "support_reward": ranked[0]["reward"]},
+        )
+    )
     for k in top_k:
         if k == 1:
             continue
         correct = vote_correct(ctx, ranked_test[:k])
-        results.append(ReportRow(f"randopt-vote@{k}", sum(correct) / len(correct), k, rows_ledger(ctx, ranked_test[:k]), n_support, PerExample(correct, ids)))
+        results.append(
+            ReportRow(
+                f"randopt-vote@{k}",
+                sum(correct) / len(correct),
+                k,
+                rows_ledger(ctx, ranked_test[:k]),
+                n_support,
+                PerExample(correct, ids),
+            )
+        )
     return results, test_rows
 
 

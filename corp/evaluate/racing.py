@@ -24,7 +24,7 @@ How corp departs from the paper's setting, and why:
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from corp import CorpError
 from corp.evaluate.context import EvalCache, RunContext, eval_identity, eval_key, specialist_what
@@ -71,18 +71,42 @@ def _join(ctx: RunContext, parts: Sequence[dict], upto: int, kind: str, key_what
     first = parts[0]
     ids = ctx.example_ids("support")[:upto]
     identity = eval_identity(ctx.eval_context(), key_what, ids)
-    row = {k: v for k, v in first.items() if k not in _SUM + _CONCAT + ("key", "split", "ids_hash", "n_examples", "shared_from")}
+    row = {
+        k: v
+        for k, v in first.items()
+        if k not in _SUM + _CONCAT + ("key", "split", "ids_hash", "n_examples", "shared_from")
+    }
     row.update({k: sum(p.get(k, 0) or 0 for p in parts) for k in _SUM})
     row.update({k: [x for p in parts for x in p[k]] for k in _CONCAT})
-    row["status_counts"] = {s: sum((p.get("status_counts") or {}).get(s, 0) for p in parts) for s in set().union(*((p.get("status_counts") or {}) for p in parts))}
-    row.update(key=eval_key(identity), kind=kind, what=specialist_what(first["seed"], first["sigma"]), split="support", ids_hash=identity["ids_hash"],
-               n_examples=upto, index=index, reward=sum(row["rewards"]) / upto, accuracy=sum(row["correct"]) / upto,
-               assembled_from=[p["split"] for p in parts])
+    row["status_counts"] = {
+        s: sum((p.get("status_counts") or {}).get(s, 0) for p in parts)
+        for s in set().union(*((p.get("status_counts") or {}) for p in parts))
+    }
+    row.update(
+        key=eval_key(identity),
+        kind=kind,
+        what=specialist_what(first["seed"], first["sigma"]),
+        split="support",
+        ids_hash=identity["ids_hash"],
+        n_examples=upto,
+        index=index,
+        reward=sum(row["rewards"]) / upto,
+        accuracy=sum(row["correct"]) / upto,
+        assembled_from=[p["split"] for p in parts],
+    )
     return row
 
 
-def race_population(ctx: RunContext, specs: Sequence[tuple[int, float]], cache: EvalCache, keep: int, first: int, eta: int,
-                    score: Callable, ties: str = "keep") -> tuple[list[dict], dict]:
+def race_population(
+    ctx: RunContext,
+    specs: Sequence[tuple[int, float]],
+    cache: EvalCache,
+    keep: int,
+    first: int,
+    eta: int,
+    score: Callable,
+    ties: str = "keep",
+) -> tuple[list[dict], dict]:
     """Race `specs` (population order) on the support split. Returns one row per specialist (a full
     `specialist` row for survivors, a `raced` row for the stopped) and a summary for the report.
     `score(ctx, specs, split, cache, desc, indices)` is scorer.score_specialists (passed in, not imported: no cycle)."""
@@ -125,12 +149,22 @@ def race_population(ctx: RunContext, specs: Sequence[tuple[int, float]], cache: 
             rows.append(cache.put(stopped[i]))
         else:
             rows.append(cache.put(_join(ctx, parts[i], n, "specialist", specialist_what(*specs[i]), i)))
-    summary = {"rule": "successive halving", "first": first, "eta": eta, "keep": keep, "ties": ties, "rungs": history,
-               "stopped": len(stopped), "full": len(specs) - len(stopped)}
+    summary = {
+        "rule": "successive halving",
+        "first": first,
+        "eta": eta,
+        "keep": keep,
+        "ties": ties,
+        "rungs": history,
+        "stopped": len(stopped),
+        "full": len(specs) - len(stopped),
+    }
     return rows, summary
 
 
-def complete_needed(ctx: RunContext, rows: list[dict], need: Callable[[list[dict]], Iterable[int]], cache: EvalCache, score: Callable) -> list[dict]:
+def complete_needed(
+    ctx: RunContext, rows: list[dict], need: Callable[[list[dict]], Iterable[int]], cache: EvalCache, score: Callable
+) -> list[dict]:
     """Score on the rest of the support split every stopped specialist that `need(rows)` (positions
     in `rows`) names, until it names only full rows (each pass completes at least one, so this
     ends). Returns the rows with those replaced, ranked (best first, ties in population order)."""
@@ -161,6 +195,8 @@ def latest_rows(rows: Iterable[dict]) -> list[dict]:
     for r in unique_rows(list(rows)).values():
         i = r["index"]
         old = best.get(i)
-        if old is None or (old.get("kind") == RACED and (r.get("kind") != RACED or r["n_examples"] > old["n_examples"])):
+        if old is None or (
+            old.get("kind") == RACED and (r.get("kind") != RACED or r["n_examples"] > old["n_examples"])
+        ):
             best[i] = r
     return [best[i] for i in sorted(best)]

@@ -40,8 +40,8 @@ import math
 import os
 import sys
 import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from corp import CorpError
 from corp.evaluate.tasks.base import Example, Task
@@ -61,7 +61,11 @@ class RewardFunction:
         self.per_completion = bool(names) and names[0] == "completion"
         self.completions_by_keyword = "completions" in names
         # a function without **kwargs gets only the columns it names (so `(completion, answer)` works)
-        self.accepts = None if (not params or any(p.kind is p.VAR_KEYWORD for p in params)) else set(names[1:]) | ({"completions"} if self.completions_by_keyword else set())
+        self.accepts = (
+            None
+            if (not params or any(p.kind is p.VAR_KEYWORD for p in params))
+            else set(names[1:]) | ({"completions"} if self.completions_by_keyword else set())
+        )
         self.ever_succeeded = False  # see compute_rewards: a function that never worked stops the run
 
     def __call__(self, completions: list[str], **columns) -> list:
@@ -106,7 +110,9 @@ def resolve_reward(spec: str | None) -> RewardFunction | None:
         return RewardFunction(spec, getattr(spec, "__name__", repr(spec)))
     module_name, _, attr = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
     if not module_name or not attr:
-        raise CorpError(f"--reward '{spec}' is not a built-in ('correct'), a dotted path 'module:function' or 'file.py:function'")
+        raise CorpError(
+            f"--reward '{spec}' is not a built-in ('correct'), a dotted path 'module:function' or 'file.py:function'"
+        )
     try:
         module = _import_module(module_name, spec)
     except CorpError:
@@ -150,14 +156,20 @@ def _one_per_completion(out, n: int, name: str) -> list:
     """A batched reward's result as a list of n values, or one line: a wrong length or shape is a
     broken function (re-calling it one completion at a time would accept answers to other questions)."""
     if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
-        raise CorpError(f"reward {name} returned {_describe(out)} ({type(out).__name__}), not a list of one value per completion ({n})")
+        raise CorpError(
+            f"reward {name} returned {_describe(out)} ({type(out).__name__}), not a list of one value per completion ({n})"
+        )
     raw = list(out)
     if len(raw) != n:
-        raise CorpError(f"reward {name} returned {len(raw)} values for {n} completions; a batched reward returns one value per completion, in order")
+        raise CorpError(
+            f"reward {name} returned {len(raw)} values for {n} completions; a batched reward returns one value per completion, in order"
+        )
     return raw
 
 
-def compute_rewards(task: Task, completions: list[str], examples: Sequence[Example], reward_fn: Callable | None = None) -> tuple[list[float], int]:
+def compute_rewards(
+    task: Task, completions: list[str], examples: Sequence[Example], reward_fn: Callable | None = None
+) -> tuple[list[float], int]:
     """Rewards for aligned completions/examples and the number of examples whose reward failed (scored 0).
 
     Raises CorpError when every example fails and the function has never produced a usable value
@@ -204,17 +216,23 @@ def compute_rewards(task: Task, completions: list[str], examples: Sequence[Examp
             cleaned = 0.0
         rewards.append(cleaned)
     if not abs(sum(rewards)) <= _FLOAT32_MAX:  # a float64 overflow gives inf, also refused
-        raise CorpError(f"reward {name}: its {len(rewards)} values (largest {max(rewards, key=abs):g}) sum to more than float32 holds, "
-                        "so their mean is not a finite reward; return rewards on a smaller scale")
+        raise CorpError(
+            f"reward {name}: its {len(rewards)} values (largest {max(rewards, key=abs):g}) sum to more than float32 holds, "
+            "so their mean is not a finite reward; return rewards on a smaller scale"
+        )
     state = reward_fn if reward_fn is not None else task
     succeeded_before = getattr(state, "ever_succeeded", False)
     if completions and errors == len(completions) and not succeeded_before:
-        raise CorpError(f"reward {name} failed on all {len(completions)} examples of its first evaluation; first error: {first_problem[0]}. A reward is `(completions, **columns) -> list[float]` or `(completion, answer, **columns) -> float`")
+        raise CorpError(
+            f"reward {name} failed on all {len(completions)} examples of its first evaluation; first error: {first_problem[0]}. A reward is `(completions, **columns) -> list[float]` or `(completion, answer, **columns) -> float`"
+        )
     if errors < len(completions):
         try:
             state.ever_succeeded = True
         except AttributeError:
             pass
     if errors:
-        warnings.warn(f"reward {name} failed on {errors} of {len(completions)} example(s) (first: {first_problem[0] if first_problem else '?'}); scored 0 and counted")
+        warnings.warn(
+            f"reward {name} failed on {errors} of {len(completions)} example(s) (first: {first_problem[0] if first_problem else '?'}); scored 0 and counted"
+        )
     return rewards, errors

@@ -56,15 +56,16 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence, Union
+from typing import Union
 
 from corp import CorpError
 
 
-class Status(str, enum.Enum):
+class Status(str, enum.Enum):  # noqa: UP042  (StrEnum would change str(Status.PASS), which reports print)
     PASS = "pass"
     FAIL = "fail"
     TIMEOUT = "timeout"
@@ -132,9 +133,20 @@ def _give_uid(uid: int) -> None:
 WRAPPER = str(Path(__file__).with_name("sandbox_wrapper.py"))
 ISOLATED_LEVELS = ("namespaces+uid", "user-namespaces")
 UNSAFE_ENV = "CORP_UNSAFE_NO_ISOLATION"
-MINIMAL_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp/work", "PYTHONDONTWRITEBYTECODE": "1"}
+MINIMAL_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "HOME": "/tmp/work",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
 # Directories the program must be able to read: the interpreter's prefixes (stdlib, venv).
-_EXPOSE = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix) if p and os.path.isdir(p)})
+_EXPOSE = sorted(
+    {
+        os.path.realpath(p)
+        for p in (sys.base_prefix, sys.prefix, sys.base_exec_prefix, sys.exec_prefix)
+        if p and os.path.isdir(p)
+    }
+)
 # The wrapper starts with -S (no `site`: its .pth processing, e.g. an editable install's import
 # hook, cost more than the rest of the start-up) and puts the site-packages directories on the
 # path itself, so programs still import what is installed in the interpreter.
@@ -190,7 +202,9 @@ def _validate(timeout: float, memory_mb: int, max_processes: int, max_open_files
     if not (isinstance(timeout, (int, float)) and timeout > 0):
         raise CorpError(f"sandbox timeout must be a positive number of seconds, got {timeout!r}")
     if not (isinstance(memory_mb, int) and memory_mb >= 64):
-        raise CorpError(f"sandbox memory_mb must be an integer >= 64 (the interpreter itself needs ~30 MB), got {memory_mb!r}")
+        raise CorpError(
+            f"sandbox memory_mb must be an integer >= 64 (the interpreter itself needs ~30 MB), got {memory_mb!r}"
+        )
     if not (isinstance(max_processes, int) and max_processes >= 1):
         raise CorpError(f"sandbox max_processes must be an integer >= 1, got {max_processes!r}")
     if not (isinstance(max_open_files, int) and max_open_files >= 16):
@@ -236,9 +250,17 @@ def run_program(
     _validate(timeout, memory_mb, max_processes, max_open_files, max_output_bytes)
     uid = _take_uid()
     cfg = {
-        "timeout": float(timeout), "memory_mb": memory_mb, "cpu_s": int(timeout) + 1, "nproc": max_processes,
-        "nofile": max_open_files, "fsize_mb": max_file_mb, "tmp_mb": tmp_mb, "uid": uid,
-        "namespaces": bool(namespaces), "allow_unisolated": unsafe_allowed(allow_unisolated), "expose": _EXPOSE,
+        "timeout": float(timeout),
+        "memory_mb": memory_mb,
+        "cpu_s": int(timeout) + 1,
+        "nproc": max_processes,
+        "nofile": max_open_files,
+        "fsize_mb": max_file_mb,
+        "tmp_mb": tmp_mb,
+        "uid": uid,
+        "namespaces": bool(namespaces),
+        "allow_unisolated": unsafe_allowed(allow_unisolated),
+        "expose": _EXPOSE,
         "site_packages": _SITE_PACKAGES,
     }
     job = {"code": code, "setup": tests.setup if tests is not None else ""}
@@ -250,7 +272,12 @@ def run_program(
         # A memfd, not a pipe or a file: only the tester reads it, after the program was forked
         # and had closed its copy; nothing on disk, and no writer that could block.
         tests_fd = os.memfd_create("corp-tests", os.MFD_CLOEXEC)
-        os.write(tests_fd, json.dumps({"source": tests.source, "prelude": tests.prelude, "remote": list(tests.remote)}).encode("utf-8", "surrogatepass"))
+        os.write(
+            tests_fd,
+            json.dumps({"source": tests.source, "prelude": tests.prelude, "remote": list(tests.remote)}).encode(
+                "utf-8", "surrogatepass"
+            ),
+        )
         cfg["tests_fd"] = tests_fd
         pass_fds.append(tests_fd)
     t0 = time.monotonic()
@@ -258,12 +285,20 @@ def run_program(
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", WRAPPER, json.dumps(cfg)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                env=MINIMAL_ENV, cwd="/", start_new_session=True, pass_fds=pass_fds, close_fds=True,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=MINIMAL_ENV,
+                cwd="/",
+                start_new_session=True,
+                pass_fds=pass_fds,
+                close_fds=True,
             )
         except OSError as exc:
             os.close(status_r)
-            return SandboxResult(Status.SANDBOX_ERROR, detail=f"cannot start the sandbox: {exc}", wall_s=time.monotonic() - t0)
+            return SandboxResult(
+                Status.SANDBOX_ERROR, detail=f"cannot start the sandbox: {exc}", wall_s=time.monotonic() - t0
+            )
         finally:
             os.close(status_w)
             if tests_fd is not None:
@@ -359,13 +394,18 @@ def _classify(out, err, status_text, truncated, overstayed, wrapper_rc, wall, ti
         elif kind == "refused":
             refused = ev
             isolation = ev.get("isolation", {})
-    r = SandboxResult(Status.SANDBOX_ERROR, stdout=out, stderr=err, truncated=truncated, wall_s=wall, isolation=isolation)
+    r = SandboxResult(
+        Status.SANDBOX_ERROR, stdout=out, stderr=err, truncated=truncated, wall_s=wall, isolation=isolation
+    )
     prog = (exit_ev or {}).get("program") or {}
     r.cpu_s = prog.get("cpu_s")
     if prog.get("max_rss_kb") is not None:
         r.max_rss_mb = prog["max_rss_kb"] / 1024
     if refused is not None:
-        r.detail = refused.get("msg", "refused: no isolation") + f"; set {UNSAFE_ENV}=1 (or allow_unisolated=True) to run it anyway"
+        r.detail = (
+            refused.get("msg", "refused: no isolation")
+            + f"; set {UNSAFE_ENV}=1 (or allow_unisolated=True) to run it anyway"
+        )
         return r
     if error_ev is not None:
         r.detail = error_ev.get("msg", "setup error")
@@ -374,7 +414,10 @@ def _classify(out, err, status_text, truncated, overstayed, wrapper_rc, wall, ti
         r.status = Status.PASS
         return r
     if timeout_ev is not None or (overstayed and exit_ev is None):
-        r.status, r.detail = Status.TIMEOUT, f"wall-clock limit {timeout:g} s" + (" (wrapper overstayed; process group killed)" if overstayed else "")
+        r.status, r.detail = (
+            Status.TIMEOUT,
+            f"wall-clock limit {timeout:g} s" + (" (wrapper overstayed; process group killed)" if overstayed else ""),
+        )
         return r
     if exit_ev is None:
         r.detail = f"sandbox wrapper exited with {wrapper_rc} without a result; stderr: {err[-300:]!r}"
@@ -431,7 +474,13 @@ def run_many(
         jobs.append((code, tests))
     if not jobs:
         return []
-    _validate(kwargs.get("timeout", 5.0), kwargs.get("memory_mb", 1024), kwargs.get("max_processes", 32), kwargs.get("max_open_files", 64), kwargs.get("max_output_bytes", 65536))
+    _validate(
+        kwargs.get("timeout", 5.0),
+        kwargs.get("memory_mb", 1024),
+        kwargs.get("max_processes", 32),
+        kwargs.get("max_open_files", 64),
+        kwargs.get("max_output_bytes", 65536),
+    )
 
     def one(job: tuple[str, Tests | None]) -> SandboxResult:
         try:
@@ -447,5 +496,18 @@ def run_many(
         return list(pool.map(one, jobs))
 
 
-__all__ = ["Status", "STATUSES", "SandboxResult", "Tests", "run_program", "run_many", "status_counts", "isolation_level", "unsafe_allowed",
-           "ISOLATED_LEVELS", "UNSAFE_ENV", "DEFAULT_CONCURRENCY", "MINIMAL_ENV"]
+__all__ = [
+    "Status",
+    "STATUSES",
+    "SandboxResult",
+    "Tests",
+    "run_program",
+    "run_many",
+    "status_counts",
+    "isolation_level",
+    "unsafe_allowed",
+    "ISOLATED_LEVELS",
+    "UNSAFE_ENV",
+    "DEFAULT_CONCURRENCY",
+    "MINIMAL_ENV",
+]

@@ -127,7 +127,7 @@ def decode(x, resolve=None, depth: int = 0):
         return x
     if t is not dict or len(x) != 1:
         raise ValueError("malformed value from the other side")
-    (tag, body), = x.items()
+    ((tag, body),) = x.items()
     d = depth + 1
     if tag == "L":
         return [decode(e, resolve, d) for e in _list(body)]
@@ -184,7 +184,9 @@ class Remote:
         return dict([self._corp_key])
 
     def __call__(self, *args, **kwargs):
-        return self._corp_chan.request({"op": "call", "ref": self._corp_ref(), "args": encode(list(args)), "kwargs": encode(kwargs)})
+        return self._corp_chan.request(
+            {"op": "call", "ref": self._corp_ref(), "args": encode(list(args)), "kwargs": encode(kwargs)}
+        )
 
     def __iter__(self):
         return iter(self._corp_chan.request({"op": "list", "ref": self._corp_ref()}))
@@ -259,12 +261,37 @@ def _names_used(code: types.CodeType) -> set[str]:
 
 # ---------------------------------------------------------------- kernel helpers
 
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x10000000, 0x8000000, 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 8192, 16384, 1 << 18
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = (
+    0x20000,
+    0x10000000,
+    0x8000000,
+    0x20000000,
+    0x40000000,
+)
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = (
+    1,
+    2,
+    4,
+    8,
+    32,
+    4096,
+    8192,
+    16384,
+    1 << 18,
+)
 MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
 MNT_DETACH = 2
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 4, 24, 38, 47
-SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "ppc64": 203, "s390x": 217, "i686": 217, "armv7l": 218}
+SYS_PIVOT_ROOT = {
+    "x86_64": 155,
+    "aarch64": 41,
+    "riscv64": 41,
+    "ppc64le": 203,
+    "ppc64": 203,
+    "s390x": 217,
+    "i686": 217,
+    "armv7l": 218,
+}
 # Host directories a Python program needs to run (read-only); everything else stays out of view.
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 DEVICES = ("null", "zero", "full", "random", "urandom")
@@ -320,12 +347,25 @@ def _write(path: str, text: str) -> None:
 
 # ---------------------------------------------------------------- the wrapper
 
+
 class Wrapper:
     def __init__(self, cfg: dict):
         self.cfg = cfg
         self.sfd = cfg["status_fd"]
-        self.iso = {"level": "none", "netns": False, "pidns": False, "mountns": False, "userns": False, "private_root": False,
-                    "proc": False, "uid": None, "capabilities": "kept", "rlimits": True, "clean_env": True, "new_session": True}
+        self.iso = {
+            "level": "none",
+            "netns": False,
+            "pidns": False,
+            "mountns": False,
+            "userns": False,
+            "private_root": False,
+            "proc": False,
+            "uid": None,
+            "capabilities": "kept",
+            "rlimits": True,
+            "clean_env": True,
+            "new_session": True,
+        }
         self.mode = None  # "root" | "userns" | None
 
     def report(self, **d) -> None:
@@ -383,7 +423,12 @@ class Wrapper:
             if os.path.exists("/dev/" + name):
                 open(f"{dev}/{name}", "w").close()
                 mount("/dev/" + name, f"{dev}/{name}", None, MS_BIND)
-        for name, to in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        for name, to in (
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ):
             os.symlink(to, f"{dev}/{name}")
         tmp_opts = f"size={int(cfg['tmp_mb'])}m,mode=1777"
         os.mkdir(dev + "/shm")
@@ -456,8 +501,13 @@ class Wrapper:
         cfg, R = self.cfg, resource
         mem = cfg["memory_mb"] * 1024 * 1024
         cpu = cfg["cpu_s"]
-        for lim, val in ((R.RLIMIT_AS, (mem, mem)), (R.RLIMIT_CPU, (cpu, cpu + 1)), (R.RLIMIT_NOFILE, (cfg["nofile"], cfg["nofile"])),
-                         (R.RLIMIT_FSIZE, (cfg["fsize_mb"] * 1048576,) * 2), (R.RLIMIT_CORE, (0, 0))):
+        for lim, val in (
+            (R.RLIMIT_AS, (mem, mem)),
+            (R.RLIMIT_CPU, (cpu, cpu + 1)),
+            (R.RLIMIT_NOFILE, (cfg["nofile"], cfg["nofile"])),
+            (R.RLIMIT_FSIZE, (cfg["fsize_mb"] * 1048576,) * 2),
+            (R.RLIMIT_CORE, (0, 0)),
+        ):
             R.setrlimit(lim, val)
         if self.mode == "userns":
             # counted per (user namespace, uid) since Linux 5.14: wrapper, init, program, tester
@@ -606,7 +656,9 @@ def tester(chan: Channel, tests: dict) -> tuple[bool, str]:
     """Run the tests against the program's names; (passed, why not)."""
     first = chan.recv()
     if type(first) is not dict or "names" not in first:
-        return False, str(first.get("load_error", "no answer from the program")) if type(first) is dict else "malformed first message"
+        return False, str(first.get("load_error", "no answer from the program")) if type(
+            first
+        ) is dict else "malformed first message"
     offered = first["names"] if type(first["names"]) is dict else {}
     ns = {"__name__": "__main__", "__builtins__": builtins}
     if tests.get("prelude"):
@@ -624,7 +676,7 @@ def tester(chan: Channel, tests: dict) -> tuple[bool, str]:
         elif name in ns or hasattr(builtins, name) or kind is None:
             continue  # the tests' own names and the builtins are never the program's
         if type(kind) is str and kind.startswith("module:"):
-            mod = kind[len("module:"):]
+            mod = kind[len("module:") :]
             try:
                 value = __import__(mod)  # the tester's own copy, never the program's
                 for part in mod.split(".")[1:]:
@@ -687,8 +739,11 @@ def main() -> None:
         level = "uid-only" if os.geteuid() == 0 else "none"
         w.iso.update(level=level, unavailable=why)
         if not cfg["allow_unisolated"]:
-            w.report(event="refused", isolation=w.iso,
-                     msg=f"no isolation available ({why}); refusing to run the program with this user's rights")
+            w.report(
+                event="refused",
+                isolation=w.iso,
+                msg=f"no isolation available ({why}); refusing to run the program with this user's rights",
+            )
             sys.exit(0)
     else:
         w.iso.update(level="namespaces+uid" if w.mode == "root" else "user-namespaces", netns=True, pidns=True)

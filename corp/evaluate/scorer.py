@@ -21,15 +21,24 @@ from __future__ import annotations
 import os
 import re
 import warnings
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 from tqdm.auto import tqdm
 
 from corp import CorpError
 from corp.config import PopulationConfig
 from corp.evaluate.context import (
-    META_FILE, META_FORMAT, POPULATION_FILE, EvalCache, RunContext, check_meta, compare_meta, default_definition, eval_identity, eval_key,
+    META_FILE,
+    META_FORMAT,
+    POPULATION_FILE,
+    EvalCache,
+    RunContext,
+    check_meta,
+    compare_meta,
+    default_definition,
+    eval_identity,
+    eval_key,
     specialist_what,
 )
 from corp.evaluate.executors import get_executor
@@ -57,8 +66,14 @@ def _progress_disabled() -> bool:
     return os.environ.get("CORP_NO_PROGRESS") == "1"
 
 
-def score_specialists(ctx: RunContext, specialists: Sequence[tuple[int | None, float | None]], split: str, cache: EvalCache,
-                      desc: str = "scoring", indices: Sequence[int] | None = None) -> dict[tuple, dict]:
+def score_specialists(
+    ctx: RunContext,
+    specialists: Sequence[tuple[int | None, float | None]],
+    split: str,
+    cache: EvalCache,
+    desc: str = "scoring",
+    indices: Sequence[int] | None = None,
+) -> dict[tuple, dict]:
     """Score each (seed, sigma) (None, None = the base) on `split` through the run's executor, adding
     rows to `cache`; resumable. `indices` (population order) go into the rows as `index`.
 
@@ -75,19 +90,30 @@ def score_specialists(ctx: RunContext, specialists: Sequence[tuple[int | None, f
     todo = [spec for spec, key in wanted if key not in cache]
     keys = dict(wanted)
     best = max((cache.get(k)["reward"] for _, k in wanted if k in cache), default=float("nan"))
-    bar = tqdm(total=len(wanted), initial=len(wanted) - len(todo), desc=desc, unit="spec", dynamic_ncols=True, disable=_progress_disabled())
+    bar = tqdm(
+        total=len(wanted),
+        initial=len(wanted) - len(todo),
+        desc=desc,
+        unit="spec",
+        dynamic_ncols=True,
+        disable=_progress_disabled(),
+    )
     bar.set_postfix(best=f"{best:.3f}")
     try:
         for row in executor.map(ctx, todo, split):
             spec = (row["seed"], row["sigma"])
             if row["key"] != keys.get(spec):
-                raise CorpError(f"specialist {spec} was scored under another model/task/setting than this run's (worker and driver disagree)")
+                raise CorpError(
+                    f"specialist {spec} was scored under another model/task/setting than this run's (worker and driver disagree)"
+                )
             if spec in index_of:
                 row["index"] = index_of[spec]
             cache.put(row)
             best = row["reward"] if best != best else max(best, row["reward"])
             if row["reward_errors"]:
-                warnings.warn(f"specialist {spec}: reward failed on {row['reward_errors']} example(s); scored 0 and counted in the row")
+                warnings.warn(
+                    f"specialist {spec}: reward failed on {row['reward_errors']} example(s); scored 0 and counted in the row"
+                )
             bar.set_postfix(best=f"{best:.3f}", last=f"{row['reward']:.3f}")
             bar.update(1)
     finally:
@@ -105,28 +131,56 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
     if not (src / POPULATION_FILE).exists():
         raise CorpError(f"--from-run '{src}' has no {POPULATION_FILE}")
     if not meta_path.exists():
-        raise CorpError(f"--from-run '{src}' has no {META_FILE}, so what its rows mean cannot be checked; score the population again with this corp")
+        raise CorpError(
+            f"--from-run '{src}' has no {META_FILE}, so what its rows mean cannot be checked; score the population again with this corp"
+        )
     found = read_json(meta_path)
     what = f"--from-run {src / POPULATION_FILE}"
     kind = found.get("kind", "population")
     if kind != "population":
-        raise CorpError(f"--from-run '{src}' holds rows of kind '{kind}', not a population of perturbations of the base "
-                        "(ES rows are noise around a moving centre); take a population from `corp score`, `randopt` or `consolidate`")
-    expected = {**ctx.eval_context(), "example_ids": ctx.example_ids("support"), "noise_scheme": ctx.noise_scheme, "split": "support",
-                "param_filter": {"include": getattr(ctx.cfg, "include", ".*"), "exclude": getattr(ctx.cfg, "exclude", "")}}
+        raise CorpError(
+            f"--from-run '{src}' holds rows of kind '{kind}', not a population of perturbations of the base "
+            "(ES rows are noise around a moving centre); take a population from `corp score`, `randopt` or `consolidate`"
+        )
+    expected = {
+        **ctx.eval_context(),
+        "example_ids": ctx.example_ids("support"),
+        "noise_scheme": ctx.noise_scheme,
+        "split": "support",
+        "param_filter": {"include": getattr(ctx.cfg, "include", ".*"), "exclude": getattr(ctx.cfg, "exclude", "")},
+    }
     rows = read_jsonl(src / POPULATION_FILE, key="key", repair=False)
     if found.get("format") == META_FORMAT:
         compare_meta(found, expected, src, what)
         from corp.evaluate.racing import RACED, latest_rows
 
-        rows = latest_rows(r for r in rows if r.get("kind") in ("specialist", RACED) and r.get("split") == "support")  # latest_rows drops duplicate keys
+        rows = latest_rows(
+            r for r in rows if r.get("kind") in ("specialist", RACED) and r.get("split") == "support"
+        )  # latest_rows drops duplicate keys
         rule = "first in population order (specialist index)"
     else:
         # a population written before rows were keyed by their examples: its meta names the support ids
         # and the model, not the seed; local scoring wrote rows in population order
-        compare_meta(found, {k: v for k, v in expected.items() if k not in ("backend",)}, src, what,
-                     ["model", "weights_hash", "task", "reward", "split", "example_ids", "noise_scheme", "param_filter", "max_new_tokens"])
-        rows = [r for r in unique_rows(rows).values() if _LEGACY_KEY.match(str(r.get("key"))) and r.get("seed") is not None]
+        compare_meta(
+            found,
+            {k: v for k, v in expected.items() if k not in ("backend",)},
+            src,
+            what,
+            [
+                "model",
+                "weights_hash",
+                "task",
+                "reward",
+                "split",
+                "example_ids",
+                "noise_scheme",
+                "param_filter",
+                "max_new_tokens",
+            ],
+        )
+        rows = [
+            r for r in unique_rows(rows).values() if _LEGACY_KEY.match(str(r.get("key"))) and r.get("seed") is not None
+        ]
         for i, r in enumerate(rows):
             r.setdefault("index", i)
         rule = "first in file order (an older population without specialist indices)"
@@ -139,11 +193,20 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
     elif available > n:
         warnings.warn(f"--from-run has {available} specialists; using the {n} {rule} (--population {n})")
     used = rows[:n]
-    how = {"from": str(src), "available": available, "used": len(used), "rule": rule, "seed": found.get("seed"), "sigmas": found.get("sigmas")}
+    how = {
+        "from": str(src),
+        "available": available,
+        "used": len(used),
+        "rule": rule,
+        "seed": found.get("seed"),
+        "sigmas": found.get("sigmas"),
+    }
     return used, how
 
 
-def ensure_population(ctx: RunContext, keep: int = 0, need: Callable[[list[dict]], Iterable[int]] | None = None) -> list[dict]:
+def ensure_population(
+    ctx: RunContext, keep: int = 0, need: Callable[[list[dict]], Iterable[int]] | None = None
+) -> list[dict]:
     """The scored population on the support split: the first --population specialists of
     `--from-run`, else scored (or resumed) in this run directory. Rows come back ranked by
     reward, best first (ties: population order). `ctx.population_source` says where they came from.
@@ -160,14 +223,31 @@ def ensure_population(ctx: RunContext, keep: int = 0, need: Callable[[list[dict]
     if cfg.from_run:
         rows, how = load_population(cfg.from_run, ctx, cfg.population)
     else:
-        get_executor(ctx)  # first: with --executor ray it installs the driver's proxy, so the meta's model identity loads no model here
+        get_executor(
+            ctx
+        )  # first: with --executor ray it installs the driver's proxy, so the meta's model identity loads no model here
         check_meta(ctx.run_dir / META_FILE, population_meta(ctx), POPULATION_FILE)
         specs = specialists_for(cfg)
         cache = EvalCache(ctx.run_dir / POPULATION_FILE)
-        how = {"from": str(ctx.run_dir), "available": len(specs), "used": len(specs), "rule": "scored in this run", "seed": cfg.seed, "sigmas": list(cfg.sigmas)}
+        how = {
+            "from": str(ctx.run_dir),
+            "available": len(specs),
+            "used": len(specs),
+            "rule": "scored in this run",
+            "seed": cfg.seed,
+            "sigmas": list(cfg.sigmas),
+        }
         if race == "halving":
-            rows, how["race"] = racing.race_population(ctx, specs, cache, max(keep, getattr(cfg, "race_keep", 0), 1), cfg.race_first, cfg.race_eta, score_specialists,
-                                                          getattr(cfg, "race_ties", "keep"))
+            rows, how["race"] = racing.race_population(
+                ctx,
+                specs,
+                cache,
+                max(keep, getattr(cfg, "race_keep", 0), 1),
+                cfg.race_first,
+                cfg.race_eta,
+                score_specialists,
+                getattr(cfg, "race_ties", "keep"),
+            )
         else:
             scored = score_specialists(ctx, specs, "support", cache, desc="population", indices=range(len(specs)))
             rows = [scored[spec] for spec in specs]

@@ -12,7 +12,7 @@ FedAvg (McMahan et al., arXiv 1602.05629): weights proportional to each client's
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -39,7 +39,9 @@ def softmax_weights(scores: Sequence[float], tau: float) -> list[float]:
     return [v / total for v in e]
 
 
-def fgrpo_weights(rewards: Sequence[float], baselines: Sequence[float | None], tau: float, eps: float = EPS) -> list[float]:
+def fgrpo_weights(
+    rewards: Sequence[float], baselines: Sequence[float | None], tau: float, eps: float = EPS
+) -> list[float]:
     """FGRPO's aggregation weights alpha_k = softmax(g_k / tau)."""
     return softmax_weights(relative_gains(rewards, baselines, eps), tau)
 
@@ -77,7 +79,9 @@ def weighted_sum(deltas: Sequence[dict[str, torch.Tensor]], weights: Sequence[fl
 COMBINE_RULES = ("mean", "gain")
 
 
-def combine_client_rewards(rewards: Sequence[Sequence[float]], sizes: Sequence[int], baselines: Sequence[float], rule: str, eps: float = EPS) -> list[float]:
+def combine_client_rewards(
+    rewards: Sequence[Sequence[float]], sizes: Sequence[int], baselines: Sequence[float], rule: str, eps: float = EPS
+) -> list[float]:
     """Federated CoRP: one reward per specialist from K clients' mean rewards (K x N).
 
     mean: data-weighted mean, sum_k n_k R_ki / sum n_k, which equals the specialist's mean reward on

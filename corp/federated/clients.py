@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import io
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -43,7 +44,9 @@ def client_key(example: Example, rule: str) -> str:
     if rule == "op":
         expr = (example.columns or {}).get("expression")
         if not isinstance(expr, str):
-            raise CorpError("--split-by op needs a task whose examples carry an arithmetic expression (arith); use --split-by answer-length or iid")
+            raise CorpError(
+                "--split-by op needs a task whose examples carry an arithmetic expression (arith); use --split-by answer-length or iid"
+            )
         ops = [t for t in expr.split() if t in ("+", "-", "*")]
         return "".join(sorted(set(ops))) or "none"
     if rule == "answer-length":
@@ -71,8 +74,10 @@ def split_clients(examples: Sequence[Example], k: int, rule: str, what: str = "s
     empty = [i for i, s in enumerate(shares) if not s]
     if empty:
         n_keys = len({client_key(e, rule) for e in examples}) if rule != "iid" and examples else len(examples)
-        raise CorpError(f"client {empty[0]} gets no {what} examples: --split-by {rule} gives {n_keys} group(s) of {len(examples)} {what} example(s) "
-                        f"for --clients {k}; use fewer clients, more examples (--n-{what}), a task with more groups (e.g. arith:ops=+-*) or --split-by iid")
+        raise CorpError(
+            f"client {empty[0]} gets no {what} examples: --split-by {rule} gives {n_keys} group(s) of {len(examples)} {what} example(s) "
+            f"for --clients {k}; use fewer clients, more examples (--n-{what}), a task with more groups (e.g. arith:ops=+-*) or --split-by iid"
+        )
     return shares
 
 
@@ -98,8 +103,10 @@ def check_signatures(signatures: Sequence[dict]) -> dict:
     first = signatures[0]
     for i, s in enumerate(signatures[1:], start=1):
         if s != first:
-            raise CorpError(f"client {i} holds task {json.dumps(s, sort_keys=True)}, client 0 holds {json.dumps(first, sort_keys=True)}: "
-                            "every client of one run must hold the same task signature")
+            raise CorpError(
+                f"client {i} holds task {json.dumps(s, sort_keys=True)}, client 0 holds {json.dumps(first, sort_keys=True)}: "
+                "every client of one run must hold the same task signature"
+            )
     return first
 
 
@@ -164,8 +171,15 @@ class Traffic:
         return sum(self.down.values()) + sum(self.up.values())
 
     def to_dict(self) -> dict:
-        return {"down_bytes": sum(self.down.values()), "up_bytes": sum(self.up.values()), "total_bytes": self.total,
-                "per_client": {str(k): {"down": self.down.get(k, 0), "up": self.up.get(k, 0)} for k in sorted(set(self.down) | set(self.up))}}
+        return {
+            "down_bytes": sum(self.down.values()),
+            "up_bytes": sum(self.up.values()),
+            "total_bytes": self.total,
+            "per_client": {
+                str(k): {"down": self.down.get(k, 0), "up": self.up.get(k, 0)}
+                for k in sorted(set(self.down) | set(self.up))
+            },
+        }
 
 
 class ClientPool:
@@ -173,8 +187,13 @@ class ClientPool:
     inside its Ray actor). Clients are built on first call, so a resumed run that has nothing left
     to do loads no model. `log(k, direction, message)` sees every decoded message (tests)."""
 
-    def __init__(self, factories: Sequence[Callable[[], ClientBase]], executor: str = "local", log: Callable[[int, str, dict], None] | None = None,
-                 ray_address: str | None = None):
+    def __init__(
+        self,
+        factories: Sequence[Callable[[], ClientBase]],
+        executor: str = "local",
+        log: Callable[[int, str, dict], None] | None = None,
+        ray_address: str | None = None,
+    ):
         if executor not in ("local", "ray"):
             raise CorpError(f"unknown --executor '{executor}'; choose one of local, ray")
         self.factories, self.executor, self.log = list(factories), executor, log
@@ -236,7 +255,9 @@ class ClientPool:
                 self.log(k, "up", reply)
             replies[k] = reply
         if not replies and messages:
-            raise CorpError(f"{where}: every client was lost ({'; '.join(f'client {k}: {v}' for k, v in self.dropped.items())}); rerun with the same --run-dir to resume")
+            raise CorpError(
+                f"{where}: every client was lost ({'; '.join(f'client {k}: {v}' for k, v in self.dropped.items())}); rerun with the same --run-dir to resume"
+            )
         return replies, Traffic(down, up)
 
     def close(self) -> None:

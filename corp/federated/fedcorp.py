@@ -26,21 +26,27 @@ Result: a corp-direction recipe (seeds and coefficients) that `corp apply` rebui
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from corp import CorpError
 from corp.config import PopulationConfig
-from corp.consolidate import OperatorConfig, make_recipe, merge_and_search, produced_weights, paired_gate, write_recipe
+from corp.consolidate import OperatorConfig, make_recipe, merge_and_search, paired_gate, produced_weights, write_recipe
 from corp.federated.aggregation import COMBINE_RULES, combine_client_rewards
-from corp.federated.clients import SPLIT_RULES, ClientBase, ClientPool, Traffic, check_signatures, partition_ids, split_clients
-from corp.ledger import Ledger
+from corp.federated.clients import (
+    SPLIT_RULES,
+    ClientBase,
+    ClientPool,
+    Traffic,
+    check_signatures,
+    partition_ids,
+    split_clients,
+)
 from corp.perturb import Direction, ParamFilter
-from corp.runs import ReportRow, format_rows, write_json, write_report
+from corp.runs import ReportRow, format_rows, write_report
 from corp.stats import PerExample
 
 CLIENT_SPLITS = ("support", "probe", "validation")
@@ -59,7 +65,7 @@ class FedCorpConfig(OperatorConfig, PopulationConfig):
     executor: str = "local"
     """Where clients run: local (built in this process, called in turn) or ray (one Ray actor, i.e. process, per client; --workers is not used)."""
 
-    def validate(self) -> "FedCorpConfig":
+    def validate(self) -> FedCorpConfig:
         PopulationConfig.validate(self)
         OperatorConfig.validate(self)
         if self.clients < 1:
@@ -77,7 +83,9 @@ class FedCorpConfig(OperatorConfig, PopulationConfig):
         if self.executor == "ray":
             from corp.extras import require
 
-            require("ray", "--executor ray")  # before anything is computed: a missing Ray is one line, no run directory left
+            require(
+                "ray", "--executor ray"
+            )  # before anything is computed: a missing Ray is one line, no run directory left
         return self
 
 
@@ -98,7 +106,14 @@ class CorpClient(ClientBase):
             from corp.evaluate.tasks import get_task
 
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self._ctx = RunContext(self.cfg, "fedcorp-client", get_task(self.cfg.task, self.cfg.data), dict(self.shares), self.run_dir, resolve_reward(self.cfg.reward))
+            self._ctx = RunContext(
+                self.cfg,
+                "fedcorp-client",
+                get_task(self.cfg.task, self.cfg.data),
+                dict(self.shares),
+                self.run_dir,
+                resolve_reward(self.cfg.reward),
+            )
             self._cache = EvalCache(self.run_dir / "evals.jsonl")
         return self._ctx, self._cache
 
@@ -110,27 +125,51 @@ class CorpClient(ClientBase):
 
     @staticmethod
     def _tokens(rows) -> dict:
-        return {"prompt_tokens": sum(r["prompt_tokens"] for r in rows), "generated_tokens": sum(r["generated_tokens"] for r in rows)}
+        return {
+            "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
+            "generated_tokens": sum(r["generated_tokens"] for r in rows),
+        }
 
     def op_hello(self, msg: dict) -> dict:
         from corp.evaluate.tasks import get_task
 
-        return {"signature": get_task(self.cfg.task, self.cfg.data).signature(), **{f"n_{s}": len(self.shares[s]) for s in CLIENT_SPLITS}}
+        return {
+            "signature": get_task(self.cfg.task, self.cfg.data).signature(),
+            **{f"n_{s}": len(self.shares[s]) for s in CLIENT_SPLITS},
+        }
 
     def op_score(self, msg: dict) -> dict:
-        rows = [self._eval(Direction.single(int(s), float(sg)), "support") for s, sg in zip(msg["seeds"], msg["sigmas"])]
+        rows = [
+            self._eval(Direction.single(int(s), float(sg)), "support") for s, sg in zip(msg["seeds"], msg["sigmas"])
+        ]
         base = self._eval(None, "support")
-        return {"rewards": [float(r["reward"]) for r in rows], "base": float(base["reward"]), "n": len(self.shares["support"]), "tokens": self._tokens(rows + [base])}
+        return {
+            "rewards": [float(r["reward"]) for r in rows],
+            "base": float(base["reward"]),
+            "n": len(self.shares["support"]),
+            "tokens": self._tokens(rows + [base]),
+        }
 
     def op_probe(self, msg: dict) -> dict:
         rows = [self._eval(None if c is None else Direction.from_json(c), "probe") for c in msg["candidates"]]
         base = self._eval(None, "probe")
-        return {"rewards": [float(r["reward"]) for r in rows], "base": float(base["reward"]), "n": len(self.shares["probe"]), "tokens": self._tokens(rows + [base])}
+        return {
+            "rewards": [float(r["reward"]) for r in rows],
+            "base": float(base["reward"]),
+            "n": len(self.shares["probe"]),
+            "tokens": self._tokens(rows + [base]),
+        }
 
     def op_gate(self, msg: dict) -> dict:
         cand, base = self._eval(Direction.from_json(msg["direction"]), "validation"), self._eval(None, "validation")
         g = paired_gate(cand["rewards"], base["rewards"], float(msg["z"]))
-        return {"accept": bool(g.accepted), "n": g.n, "mean_gain": float(g.mean_diff), "lcb": float(g.lcb) if math.isfinite(g.lcb) else None, "tokens": self._tokens([cand, base])}
+        return {
+            "accept": bool(g.accepted),
+            "n": g.n,
+            "mean_gain": float(g.mean_diff),
+            "lcb": float(g.lcb) if math.isfinite(g.lcb) else None,
+            "tokens": self._tokens([cand, base]),
+        }
 
 
 # ---------------------------------------------------------------- the server
@@ -156,7 +195,11 @@ class _Phase:
                 self.tokens[t] += int(r["tokens"][t])
 
     def to_dict(self) -> dict:
-        return {**Traffic(self.down, self.up).to_dict(), "messages_per_client": self.calls, "client_tokens": dict(self.tokens)}
+        return {
+            **Traffic(self.down, self.up).to_dict(),
+            "messages_per_client": self.calls,
+            "client_tokens": dict(self.tokens),
+        }
 
 
 class FederatedProbe:
@@ -174,10 +217,17 @@ class FederatedProbe:
         key = direction_fingerprint(direction)
         if key not in self.memo:
             payload = None if direction is None or direction.is_zero() else direction.to_json()
-            replies, traffic = self.pool.call({k: {"op": "probe", "candidates": [payload]} for k in self.pool.alive}, "probe")
+            replies, traffic = self.pool.call(
+                {k: {"op": "probe", "candidates": [payload]} for k in self.pool.alive}, "probe"
+            )
             self.phase.add(traffic, replies)
             ks = sorted(replies)
-            combined = combine_client_rewards([[replies[k]["rewards"][0]] for k in ks], [replies[k]["n"] for k in ks], [replies[k]["base"] for k in ks], self.cfg.combine)
+            combined = combine_client_rewards(
+                [[replies[k]["rewards"][0]] for k in ks],
+                [replies[k]["n"] for k in ks],
+                [replies[k]["base"] for k in ks],
+                self.cfg.combine,
+            )
             self.memo[key] = [combined[0]]
         return self.memo[key]
 
@@ -198,7 +248,10 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
 
     K = cfg.clients
     shares = {s: split_clients(ctx.splits[s], K, cfg.split_by, s) for s in CLIENT_SPLITS}
-    factories = [partial(CorpClient, cfg, k, {s: shares[s][k] for s in CLIENT_SPLITS}, str(ctx.run_dir / "clients" / str(k))) for k in range(K)]
+    factories = [
+        partial(CorpClient, cfg, k, {s: shares[s][k] for s in CLIENT_SPLITS}, str(ctx.run_dir / "clients" / str(k)))
+        for k in range(K)
+    ]
     pool = ClientPool(factories, cfg.executor, log=log, ray_address=cfg.ray_address)
     progress = os.environ.get("CORP_NO_PROGRESS") != "1"
     phases = {p: _Phase() for p in ("hello", "population", "probe", "gate")}
@@ -209,11 +262,18 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
 
         specialists = specialists_for(cfg)
         seeds, sigmas = [s for s, _ in specialists], [float(sg) for _, sg in specialists]
-        replies, traffic = pool.call({k: {"op": "score", "seeds": seeds, "sigmas": sigmas} for k in pool.alive}, "population")
+        replies, traffic = pool.call(
+            {k: {"op": "score", "seeds": seeds, "sigmas": sigmas} for k in pool.alive}, "population"
+        )
         phases["population"].add(traffic, replies)
         ks = sorted(replies)
         client_rewards = {k: replies[k]["rewards"] for k in ks}
-        rewards = combine_client_rewards([client_rewards[k] for k in ks], [replies[k]["n"] for k in ks], [replies[k]["base"] for k in ks], cfg.combine)
+        rewards = combine_client_rewards(
+            [client_rewards[k] for k in ks],
+            [replies[k]["n"] for k in ks],
+            [replies[k]["base"] for k in ks],
+            cfg.combine,
+        )
 
         ctx.backend.require(PERTURBER, "corp fedcorp (Gram matrix, merged directions)")
         ctx.backend.require(MODEL, "corp fedcorp (it saves the consolidated model)")
@@ -222,27 +282,54 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
         perts = [Direction.single(s, sg) for s, sg in zip(seeds, sigmas)]
         probe = FederatedProbe(pool, cfg, phases["probe"])
         base_probe = probe(None, "probe")[0]
-        stages, cands, _ = merge_and_search(rewards, perts, params, probe, cfg, "probe", None, progress, None, ctx.run_dir, scheme, None)
+        stages, cands, _ = merge_and_search(
+            rewards, perts, params, probe, cfg, "probe", None, progress, None, ctx.run_dir, scheme, None
+        )
         deployed_rule = cfg.merge_rules[0]
-        best = max(cands[deployed_rule], key=lambda c: c.probe_score)  # max keeps the first among ties (smaller q, beta, alpha)
+        best = max(
+            cands[deployed_rule], key=lambda c: c.probe_score
+        )  # max keeps the first among ties (smaller q, beta, alpha)
 
-        replies, traffic = pool.call({k: {"op": "gate", "direction": best.direction.to_json(), "z": cfg.gate_z} for k in pool.alive}, "gate")
+        replies, traffic = pool.call(
+            {k: {"op": "gate", "direction": best.direction.to_json(), "z": cfg.gate_z} for k in pool.alive}, "gate"
+        )
         phases["gate"].add(traffic, replies)
         verdicts = {k: {key: replies[k][key] for key in ("accept", "n", "mean_gain", "lcb")} for k in sorted(replies)}
         accepts = sum(v["accept"] for v in verdicts.values())
         needed = math.ceil(cfg.min_accept * len(verdicts) - 1e-9)
         accepted = accepts >= needed
-        reason = (f"candidate '{best.name}': {accepts} of {len(verdicts)} clients accept on their own validation shares "
-                  f"({len(verdicts) - accepts} veto(es)); deploy needs {needed}") + ("" if accepted else "; abstaining: the output is the base model")
+        reason = (
+            f"candidate '{best.name}': {accepts} of {len(verdicts)} clients accept on their own validation shares "
+            f"({len(verdicts) - accepts} veto(es)); deploy needs {needed}"
+        ) + ("" if accepted else "; abstaining: the output is the base model")
     finally:
         pool.close()
 
     direction = best.direction if accepted else Direction()
     pf = ParamFilter(cfg.include, cfg.exclude)
-    made_by = {"method": "fedcorp", "accepted": accepted, "reason": reason, "candidate": best.name, "clients": K, "combine": cfg.combine, "verdicts": verdicts}
+    made_by = {
+        "method": "fedcorp",
+        "accepted": accepted,
+        "reason": reason,
+        "candidate": best.name,
+        "clients": K,
+        "combine": cfg.combine,
+        "verdicts": verdicts,
+    }
     ctx.backend.set_direction(direction)
-    write_recipe(ctx.run_dir / "recipe.json", make_recipe(cfg.model, ctx.model_id, ctx.weights_hash, pf, direction, made_by, scheme=scheme,
-                                                          produced=produced_weights(ctx.backend.model)))
+    write_recipe(
+        ctx.run_dir / "recipe.json",
+        make_recipe(
+            cfg.model,
+            ctx.model_id,
+            ctx.weights_hash,
+            pf,
+            direction,
+            made_by,
+            scheme=scheme,
+            produced=produced_weights(ctx.backend.model),
+        ),
+    )
     save_model(ctx.backend.model, ctx.backend.tokenizer, ctx.run_dir / "model")
 
     evals = run_evals(ctx)
@@ -253,29 +340,69 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
     labelled = sum(len(ctx.splits[s]) for s in CLIENT_SPLITS)
     label = "fedcorp" if accepted else "fedcorp (abstained=base)"
     rows = [
-        ReportRow("base", base_row["accuracy"], 1, ctx.ledger().add_generation(base_row["prompt_tokens"], base_row["generated_tokens"]), 0, PerExample(base_row["correct"], ids)),
-        ReportRow(label, fed_row["accuracy"], 1, ctx.ledger().add_generation(fed_row["prompt_tokens"], fed_row["generated_tokens"]), labelled, PerExample(fed_row["correct"], ids)),
+        ReportRow(
+            "base",
+            base_row["accuracy"],
+            1,
+            ctx.ledger().add_generation(base_row["prompt_tokens"], base_row["generated_tokens"]),
+            0,
+            PerExample(base_row["correct"], ids),
+        ),
+        ReportRow(
+            label,
+            fed_row["accuracy"],
+            1,
+            ctx.ledger().add_generation(fed_row["prompt_tokens"], fed_row["generated_tokens"]),
+            labelled,
+            PerExample(fed_row["correct"], ids),
+        ),
     ]
-    per_client = _per_client_accuracy(ctx.splits["test"], K, cfg.split_by, {"base": base_row["correct"], label: fed_row["correct"]})
+    per_client = _per_client_accuracy(
+        ctx.splits["test"], K, cfg.split_by, {"base": base_row["correct"], label: fed_row["correct"]}
+    )
     communication = {p: ph.to_dict() for p, ph in phases.items()}
     total_bytes = sum(c["total_bytes"] for c in communication.values())
     recipe_bytes = (ctx.run_dir / "recipe.json").stat().st_size
     report = write_report(
-        ctx.run_dir, "fedcorp", cfg.model, cfg.task, rows, [(label, "base")], ids,
-        accepted=accepted, reason=reason, candidate=best.name, verdicts={str(k): v for k, v in verdicts.items()},
-        clients=K, split_by=cfg.split_by, combine=cfg.combine,
+        ctx.run_dir,
+        "fedcorp",
+        cfg.model,
+        cfg.task,
+        rows,
+        [(label, "base")],
+        ids,
+        accepted=accepted,
+        reason=reason,
+        candidate=best.name,
+        verdicts={str(k): v for k, v in verdicts.items()},
+        clients=K,
+        split_by=cfg.split_by,
+        combine=cfg.combine,
         client_shares={s: [len(x) for x in shares[s]] for s in CLIENT_SPLITS},
-        client_rewards={str(k): v for k, v in client_rewards.items()}, combined_rewards=rewards,
-        probe_base=base_probe, probe_table=[{"candidate": "base", "probe_score": base_probe}] + [{"candidate": c.name, "probe_score": c.probe_score, **c.params} for r in cfg.merge_rules for c in cands[r]],
+        client_rewards={str(k): v for k, v in client_rewards.items()},
+        combined_rewards=rewards,
+        probe_base=base_probe,
+        probe_table=[{"candidate": "base", "probe_score": base_probe}]
+        + [{"candidate": c.name, "probe_score": c.probe_score, **c.params} for r in cfg.merge_rules for c in cands[r]],
         stage1=[st.to_dict(perts) for st in stages],
-        per_client_test_accuracy=per_client, dropped_clients={str(k): v for k, v in pool.dropped.items()},
-        communication=communication, total_bytes=total_bytes, recipe_bytes=recipe_bytes, rounds_of_communication=1,
-        method_ledger=method_ledger.to_dict(), method_flops=method_ledger.flops,
+        per_client_test_accuracy=per_client,
+        dropped_clients={str(k): v for k, v in pool.dropped.items()},
+        communication=communication,
+        total_bytes=total_bytes,
+        recipe_bytes=recipe_bytes,
+        rounds_of_communication=1,
+        method_ledger=method_ledger.to_dict(),
+        method_flops=method_ledger.flops,
         method_ledger_note="every client's support scoring, probe and gate tokens (2N per token); the server's Gram matrix (noise from seeds, no tokens) and test evaluations not included",
         model_dir=str(ctx.run_dir / "model"),
     )
     phase_bytes = ", ".join(f"{p} {c['total_bytes']}" for p, c in communication.items())
-    report["table"] = format_rows(rows, report["comparisons"]) + "\n" + reason + f"\ncommunication: {total_bytes} bytes in all ({phase_bytes}); recipe {recipe_bytes} bytes"
+    report["table"] = (
+        format_rows(rows, report["comparisons"])
+        + "\n"
+        + reason
+        + f"\ncommunication: {total_bytes} bytes in all ({phase_bytes}); recipe {recipe_bytes} bytes"
+    )
     return report
 
 
@@ -283,4 +410,11 @@ def _per_client_accuracy(test, K: int, rule: str, outcomes: dict) -> list[dict]:
     """Accuracy of each row on the test examples of each client's group (the client split's rule
     applied to the server's test split; a group with no test example gets None)."""
     parts = partition_ids(test, K, rule)
-    return [{"client": k, "n_test": len(p), **{name: (sum(int(c[i]) for i in p) / len(p) if p else None) for name, c in outcomes.items()}} for k, p in enumerate(parts)]
+    return [
+        {
+            "client": k,
+            "n_test": len(p),
+            **{name: (sum(int(c[i]) for i in p) / len(p) if p else None) for name, c in outcomes.items()},
+        }
+        for k, p in enumerate(parts)
+    ]

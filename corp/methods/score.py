@@ -10,15 +10,16 @@ from corp.config import PopulationConfig
 
 
 def run_score(cfg: PopulationConfig, backend=None) -> dict:
-    from corp.evaluate.racing import RACED
+    from corp import CorpError
     from corp.evaluate.context import open_run
+    from corp.evaluate.racing import RACED
     from corp.evaluate.scorer import ensure_population, rows_ledger
     from corp.runs import write_report
 
-    from corp import CorpError
-
     if cfg.race != "off" and cfg.race_keep < 1:
-        raise CorpError("corp score --race halving needs --race-keep: how many specialists the method that reads this population will use (RandOpt's largest K, CoRP's elite count)")
+        raise CorpError(
+            "corp score --race halving needs --race-keep: how many specialists the method that reads this population will use (RandOpt's largest K, CoRP's elite count)"
+        )
     with open_run(cfg, "score", backend, needs=("support",)) as ctx:
         ranked = ensure_population(ctx)
         rewards = sorted(r["reward"] for r in ranked)

@@ -5,6 +5,18 @@ from corp.perturb.lowrank_noise import lowrank_rank, scheme_from_flag
 from corp.perturb.noise import SCHEME_VERSION, SCHEMES, check_scheme, noise, noise_key, specialist_seeds
 
 __all__ = [
-    "Component", "Direction", "ParamFilter", "Perturber", "selected_parameters", "weights_hash",
-    "lowrank_rank", "scheme_from_flag", "SCHEME_VERSION", "SCHEMES", "check_scheme", "noise", "noise_key", "specialist_seeds",
+    "Component",
+    "Direction",
+    "ParamFilter",
+    "Perturber",
+    "selected_parameters",
+    "weights_hash",
+    "lowrank_rank",
+    "scheme_from_flag",
+    "SCHEME_VERSION",
+    "SCHEMES",
+    "check_scheme",
+    "noise",
+    "noise_key",
+    "specialist_seeds",
 ]

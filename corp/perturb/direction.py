@@ -19,9 +19,10 @@ import hashlib
 import itertools
 import re
 import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
-from typing import Callable, ClassVar, Iterable, Iterator, Sequence
+from typing import ClassVar
 
 import torch
 
@@ -49,7 +50,14 @@ class Merged:
     components: tuple[Component, ...]
 
 
-def materialise(components: Iterable[Component], name: str, shape, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None, scheme: str = SCHEME_VERSION) -> torch.Tensor:
+def materialise(
+    components: Iterable[Component],
+    name: str,
+    shape,
+    generator: torch.Generator | None = None,
+    buffer: torch.Tensor | None = None,
+    scheme: str = SCHEME_VERSION,
+) -> torch.Tensor:
     """M = sum_c coef_c sigma_c eps(seed_c)[name] as a new fp32 CPU tensor: the one definition of a
     merged term's M, used both where M is kept (Perturber) and where it is rebuilt (add_to)."""
     gen = generator or torch.Generator(device="cpu")
@@ -65,7 +73,9 @@ def materialise(components: Iterable[Component], name: str, shape, generator: to
     return M
 
 
-def _add_scaled(target: torch.Tensor, M: torch.Tensor, scale: float, buffer: torch.Tensor | None = None) -> torch.Tensor:
+def _add_scaled(
+    target: torch.Tensor, M: torch.Tensor, scale: float, buffer: torch.Tensor | None = None
+) -> torch.Tensor:
     """target += round(scale * M): two explicit roundings (never a fused multiply-add, whose bits
     could depend on the kernel), leaving M untouched."""
     tmp = buffer[: M.numel()].view(M.shape) if buffer is not None else torch.empty_like(M)
@@ -132,14 +142,18 @@ def per_tensor(fn: Callable, items: Sequence[tuple[str, torch.Size]], scratch: S
             pool.give(own)
 
     workers = tensor_workers(sum(shape.numel() for _, shape in order))
-    if workers <= 1 or len(order) <= 1 or threading.current_thread().name.startswith(_WORKER_PREFIX):  # inside a worker: no nesting
+    if (
+        workers <= 1 or len(order) <= 1 or threading.current_thread().name.startswith(_WORKER_PREFIX)
+    ):  # inside a worker: no nesting
         yield from map(task, order)
         return
     # The workers live for one call. Kept alive between calls, they would count as OpenMP threads
     # while the model generates, and libgomp cuts its spinning when it counts more threads than
     # cores: generation with a spinning wait policy ran 1.4x slower beside an idle pool
     # (results/step-search/README.md).
-    with ThreadPoolExecutor(workers, thread_name_prefix=_WORKER_PREFIX, initializer=serial_ops_in_this_thread) as executor:
+    with ThreadPoolExecutor(
+        workers, thread_name_prefix=_WORKER_PREFIX, initializer=serial_ops_in_this_thread
+    ) as executor:
         # at most 2 tasks per worker submitted and not yet consumed: a caller that streams the
         # results (a weights iterator) holds a few tensors at a time, not a copy of the model; and
         # results come as they finish, so one long tensor does not hold the other workers up
@@ -159,10 +173,12 @@ def per_tensor(fn: Callable, items: Sequence[tuple[str, torch.Size]], scratch: S
 @dataclass
 class Direction:
     components: list[Component | Merged] = field(default_factory=list)
-    prefixable: ClassVar[bool] = True  # materialised as its components in order (Perturber.cache_prefix may reuse a prefix)
+    prefixable: ClassVar[bool] = (
+        True  # materialised as its components in order (Perturber.cache_prefix may reuse a prefix)
+    )
 
     @classmethod
-    def single(cls, seed: int, sigma: float, coef: float = 1.0) -> "Direction":
+    def single(cls, seed: int, sigma: float, coef: float = 1.0) -> Direction:
         return cls([Component(int(seed), float(sigma), float(coef))])
 
     def is_zero(self) -> bool:
@@ -170,42 +186,67 @@ class Direction:
         return not self.components
 
     @classmethod
-    def merged(cls, components: Iterable[Component], scale: float = 1.0) -> "Direction":
+    def merged(cls, components: Iterable[Component], scale: float = 1.0) -> Direction:
         """One merged term scale * sum(components); `scaled` changes only its scale, so every step
         size shares one M."""
         return cls([Merged(float(scale), tuple(components))])
 
-    def scaled(self, alpha: float) -> "Direction":
-        return Direction([Merged(t.scale * alpha, t.components) if isinstance(t, Merged) else Component(t.seed, t.sigma, t.coef * alpha) for t in self.components])
+    def scaled(self, alpha: float) -> Direction:
+        return Direction(
+            [
+                Merged(t.scale * alpha, t.components)
+                if isinstance(t, Merged)
+                else Component(t.seed, t.sigma, t.coef * alpha)
+                for t in self.components
+            ]
+        )
 
     def seed_components(self) -> list[Component]:
         """The same update as plain components (a merged term's scale folded into each coef), for
         linear algebra and reports; applying these may differ from the direction in the last bits."""
         out = []
         for t in self.components:
-            out += [Component(c.seed, c.sigma, c.coef * t.scale) for c in t.components] if isinstance(t, Merged) else [t]
+            out += (
+                [Component(c.seed, c.sigma, c.coef * t.scale) for c in t.components] if isinstance(t, Merged) else [t]
+            )
         return out
 
-    def __add__(self, other: "Direction") -> "Direction":
+    def __add__(self, other: Direction) -> Direction:
         return Direction(self.components + other.components)
 
     def to_json(self) -> list[dict]:
-        return [{"scale": t.scale, "merged": [asdict(c) for c in t.components]} if isinstance(t, Merged) else asdict(t) for t in self.components]
+        return [
+            {"scale": t.scale, "merged": [asdict(c) for c in t.components]} if isinstance(t, Merged) else asdict(t)
+            for t in self.components
+        ]
 
     @classmethod
-    def from_json(cls, rows: Iterable[dict]) -> "Direction":
+    def from_json(cls, rows: Iterable[dict]) -> Direction:
         def component(r: dict) -> Component:
             return Component(int(r["seed"]), float(r["sigma"]), float(r.get("coef", 1.0)))
 
         terms: list[Component | Merged] = []
         for r in rows:
             try:
-                terms.append(Merged(float(r["scale"]), tuple(component(c) for c in r["merged"])) if "merged" in r else component(r))
+                terms.append(
+                    Merged(float(r["scale"]), tuple(component(c) for c in r["merged"]))
+                    if "merged" in r
+                    else component(r)
+                )
             except (KeyError, TypeError, ValueError):
-                raise CorpError(f"direction entry {str(r)[:80]} is neither a component (seed, sigma, coef) nor a merged term (scale, merged); was it written by a newer corp?") from None
+                raise CorpError(
+                    f"direction entry {str(r)[:80]} is neither a component (seed, sigma, coef) nor a merged term (scale, merged); was it written by a newer corp?"
+                ) from None
         return cls(terms)
 
-    def add_to(self, target: torch.Tensor, name: str, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None, scheme: str = SCHEME_VERSION) -> torch.Tensor:
+    def add_to(
+        self,
+        target: torch.Tensor,
+        name: str,
+        generator: torch.Generator | None = None,
+        buffer: torch.Tensor | None = None,
+        scheme: str = SCHEME_VERSION,
+    ) -> torch.Tensor:
         """target += sum_c coef_c sigma_c eps(seed_c)[name], in place, component by component.
 
         `target` is an fp32 CPU tensor (usually a copy of the base tensor). This is the one place
@@ -224,7 +265,14 @@ class Direction:
             target.add_(eps.mul_(c.coef * c.sigma))
         return target
 
-    def delta(self, name: str, shape, generator: torch.Generator | None = None, buffer: torch.Tensor | None = None, scheme: str = SCHEME_VERSION) -> torch.Tensor:
+    def delta(
+        self,
+        name: str,
+        shape,
+        generator: torch.Generator | None = None,
+        buffer: torch.Tensor | None = None,
+        scheme: str = SCHEME_VERSION,
+    ) -> torch.Tensor:
         """sum_c coef_c sigma_c eps(seed_c)[name] as a new fp32 CPU tensor."""
         return self.add_to(torch.zeros(tuple(shape), dtype=torch.float32), name, generator, buffer, scheme)
 
@@ -253,7 +301,9 @@ def selected_parameters(model: torch.nn.Module, param_filter: ParamFilter) -> li
     """Canonical (HF) names of the selected parameters; tied weights appear once, under their first name."""
     params = [(n, p) for n, p in model.named_parameters() if param_filter(n)]
     if not params:
-        raise CorpError(f"parameter filter (include '{param_filter.include}', exclude '{param_filter.exclude}') selects no parameter of the model")
+        raise CorpError(
+            f"parameter filter (include '{param_filter.include}', exclude '{param_filter.exclude}') selects no parameter of the model"
+        )
     return params
 
 
@@ -272,7 +322,13 @@ def weights_hash(model: torch.nn.Module) -> str:
 class Perturber:
     """Apply directions to a model in place, always starting from a pristine copy of the base."""
 
-    def __init__(self, model: torch.nn.Module, param_filter: ParamFilter | None = None, base_device: str | torch.device = "cpu", scheme: str = SCHEME_VERSION):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        param_filter: ParamFilter | None = None,
+        base_device: str | torch.device = "cpu",
+        scheme: str = SCHEME_VERSION,
+    ):
         self.model = model
         # The noise scheme belongs to the run (its population or recipe), not to a direction: one
         # Perturber materialises every direction of a run under that run's scheme.
@@ -340,7 +396,9 @@ class Perturber:
             for c in t.components:
                 if c.coef != 0.0:
                     users.setdefault((c.seed, c.sigma), []).append((j, c.coef * c.sigma))
-        sequence = sorted(users, key=order.__getitem__)  # the shared order: each term gets its components in its own order
+        sequence = sorted(
+            users, key=order.__getitem__
+        )  # the shared order: each term gets its components in its own order
         for t in shared + alone:
             self._kept[t.components] = {}
             self._pinned.add(t.components)

@@ -159,7 +159,11 @@ def lowrank_noise(
 
 
 def merged_noise(
-    terms: Sequence[tuple[int, Sequence[tuple[int, float]]]], n_out: int, name: str, shape, scheme: str,
+    terms: Sequence[tuple[int, Sequence[tuple[int, float]]]],
+    n_out: int,
+    name: str,
+    shape,
+    scheme: str,
     generator: torch.Generator | None = None,
 ) -> list[torch.Tensor]:
     """M_j = sum, over `terms` in order, of round(E(seed)[name] * f) for each (j, f) of the term,

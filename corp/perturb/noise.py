@@ -37,7 +37,14 @@ from corp.perturb.lowrank_noise import lowrank_noise, lowrank_rank
 from corp.perturb.seeding import SCHEME_VERSION, SCHEMES, check_scheme, noise_key, seed_generator  # noqa: F401  (the scheme's public names)
 
 
-def noise(seed: int, name: str, shape: torch.Size | tuple[int, ...], generator: torch.Generator | None = None, out: torch.Tensor | None = None, scheme: str = SCHEME_VERSION) -> torch.Tensor:
+def noise(
+    seed: int,
+    name: str,
+    shape: torch.Size | tuple[int, ...],
+    generator: torch.Generator | None = None,
+    out: torch.Tensor | None = None,
+    scheme: str = SCHEME_VERSION,
+) -> torch.Tensor:
     """Standard-normal fp32 noise for tensor `name` of specialist `seed` (CPU), under `scheme`.
 
     Under a low-rank scheme: the dense rank-R noise (zeros for a 1-D tensor), same bits on every thread.

@@ -63,7 +63,9 @@ def lowrank_rank(scheme: str | None, source: str = "noise scheme") -> int | None
 def check_scheme(scheme: str | None, source: str) -> str:
     """`scheme` if this corp can generate it; else one clear error naming where it came from."""
     if scheme not in SCHEMES and lowrank_rank(scheme, source) is None:
-        raise CorpError(f"{source} uses noise scheme '{scheme}', which this corp cannot generate (it knows {', '.join(SCHEMES)}); its seeds would mean other weights: use the corp version that made it")
+        raise CorpError(
+            f"{source} uses noise scheme '{scheme}', which this corp cannot generate (it knows {', '.join(SCHEMES)}); its seeds would mean other weights: use the corp version that made it"
+        )
     return scheme
 
 
@@ -101,7 +103,9 @@ def _check_layout() -> None:
     except RuntimeError:
         same = False
     if not same:
-        raise CorpError(f"torch {torch.__version__} stores its CPU generator state in a layout noise scheme corp-noise-v2 does not know; use a torch version corp supports (2.x)")
+        raise CorpError(
+            f"torch {torch.__version__} stores its CPU generator state in a layout noise scheme corp-noise-v2 does not know; use a torch version corp supports (2.x)"
+        )
     _layout_checked = True
 
 

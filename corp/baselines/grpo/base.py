@@ -26,7 +26,9 @@ import torch
 from corp.registry import Registry
 
 # --loss name -> variant class, filled by @register_loss
-LOSS_VARIANTS: Registry[type[LossVariant]] = Registry("GRPO loss variant", unknown="--loss '{name}' is unknown; choose one of {known}")
+LOSS_VARIANTS: Registry[type[LossVariant]] = Registry(
+    "GRPO loss variant", unknown="--loss '{name}' is unknown; choose one of {known}"
+)
 
 
 class LossVariant:

@@ -46,13 +46,12 @@ import torch
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.config import RunConfig
+from corp.config import RunConfig, config_to_dict
 from corp.evaluate.backends.base import MODEL
-from corp.evaluate.rewards import compute_rewards
-from corp.config import config_to_dict
 from corp.evaluate.context import cached_eval, eval_identity, eval_key, open_run, run_evals
+from corp.evaluate.rewards import compute_rewards
 from corp.ledger import Ledger
-from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_json, write_report
+from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
 from corp.stats import PerExample
 
 AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
@@ -99,7 +98,7 @@ class GRPOConfig(RunConfig):
     skip_test_eval: bool = False
     """Do not evaluate greedy accuracy on the test split before and after training."""
 
-    def validate(self) -> "GRPOConfig":
+    def validate(self) -> GRPOConfig:
         super().validate()
         from corp.baselines.grpo import get_loss
 
@@ -128,11 +127,14 @@ class GRPOConfig(RunConfig):
         """The group-size and micro-batch checks: a variant whose group is built otherwise (F-TIS's mixed
         group of K x G) states its own."""
         if self.num_generations < 2:
-            raise CorpError(f"--num-generations must be >= 2 (advantages are relative within a group), "
-                            f"got {self.num_generations}")
+            raise CorpError(
+                f"--num-generations must be >= 2 (advantages are relative within a group), got {self.num_generations}"
+            )
         if (self.prompts_per_step * self.num_generations) % self.grad_accum:
-            raise CorpError(f"--grad-accum {self.grad_accum} must divide prompts-per-step x num-generations = "
-                            f"{self.prompts_per_step * self.num_generations}")
+            raise CorpError(
+                f"--grad-accum {self.grad_accum} must divide prompts-per-step x num-generations = "
+                f"{self.prompts_per_step * self.num_generations}"
+            )
 
 
 # ---------------------------------------------------------------- the math (no model needed)
@@ -153,7 +155,9 @@ def k3_kl(ref_logps: torch.Tensor, logps: torch.Tensor) -> torch.Tensor:
     return torch.exp(ref_logps - logps) - (ref_logps - logps) - 1
 
 
-def per_token_loss(logps, old_logps, advantages, mask, eps_low, eps_high, beta=0.0, ref_logps=None, variant=None, response_weights=None):
+def per_token_loss(
+    logps, old_logps, advantages, mask, eps_low, eps_high, beta=0.0, ref_logps=None, variant=None, response_weights=None
+):
     """Clipped surrogate per token (B, T), before masking and aggregation.
 
     `variant` (a registered LossVariant) supplies per-token weights w (B, T); `response_weights`
@@ -175,7 +179,14 @@ def per_token_loss(logps, old_logps, advantages, mask, eps_low, eps_high, beta=0
     return loss
 
 
-def aggregate(loss_tok: torch.Tensor, mask: torch.Tensor, loss_type: str, grad_accum: int, max_completion_length: int, tokens_in_step: float) -> torch.Tensor:
+def aggregate(
+    loss_tok: torch.Tensor,
+    mask: torch.Tensor,
+    loss_type: str,
+    grad_accum: int,
+    max_completion_length: int,
+    tokens_in_step: float,
+) -> torch.Tensor:
     """TRL's aggregations for one micro-batch, already scaled for gradient accumulation.
 
     grpo: mean over sequences of the per-sequence token mean, / grad_accum; dr_grpo: token sum /
@@ -192,7 +203,9 @@ def aggregate(loss_tok: torch.Tensor, mask: torch.Tensor, loss_type: str, grad_a
     raise CorpError(f"unknown loss type '{loss_type}'")
 
 
-def token_logps_and_entropy(model, input_ids, attention_mask, n_completion: int, temperature: float, with_entropy: bool = True):
+def token_logps_and_entropy(
+    model, input_ids, attention_mask, n_completion: int, temperature: float, with_entropy: bool = True
+):
     """Per-token log-probabilities of the last n_completion tokens (logits / temperature), and entropies."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, -n_completion - 1 : -1, :].float()
     logits = logits / temperature
@@ -218,8 +231,16 @@ class Batch:
     prompt_lens: list[int]
     completion_lens: list[int]
 
-    def rows(self, idx: slice) -> "Batch":
-        return Batch(self.input_ids[idx], self.attention_mask[idx], self.completion_mask[idx], self.advantages[idx], self.group[idx], self.prompt_lens[idx], self.completion_lens[idx])
+    def rows(self, idx: slice) -> Batch:
+        return Batch(
+            self.input_ids[idx],
+            self.attention_mask[idx],
+            self.completion_mask[idx],
+            self.advantages[idx],
+            self.group[idx],
+            self.prompt_lens[idx],
+            self.completion_lens[idx],
+        )
 
 
 def build_batch(tokenizer, prompt_ids: list[list[int]], completion_ids: list[list[int]], advantages, group) -> Batch:
@@ -277,7 +298,12 @@ class GRPOTrainer:
             missing = [t for t in targets if t not in names]
             if missing:
                 raise CorpError(f"--lora-targets: the model has no module named {missing[0]}")
-            self.policy = get_peft_model(model, LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=0.0, bias="none"))
+            self.policy = get_peft_model(
+                model,
+                LoraConfig(
+                    r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=0.0, bias="none"
+                ),
+            )
         else:
             self.policy = model
             if cfg.beta != 0.0:
@@ -320,7 +346,9 @@ class GRPOTrainer:
         try:
             state = torch.load(self.ckpt_path, map_location="cpu", weights_only=False)
         except Exception as exc:
-            raise CorpError(f"checkpoint '{self.ckpt_path}' cannot be read ({type(exc).__name__}); move it away to start over") from None
+            raise CorpError(
+                f"checkpoint '{self.ckpt_path}' cannot be read ({type(exc).__name__}); move it away to start over"
+            ) from None
         names = {n for n, _ in self.trainable}
         if set(state["trainable"]) != names:
             raise CorpError(f"checkpoint '{self.ckpt_path}' {self.checkpoint_mismatch}")
@@ -340,22 +368,43 @@ class GRPOTrainer:
         rng = random.Random(f"corp-grpo|{cfg.seed}|{self.step}")
         examples = rng.sample(support, min(cfg.prompts_per_step, len(support)))
         self.policy.eval()
-        gens = self.backend.generate([e.prompt for e in examples], self.max_new_tokens, temperature=cfg.temperature, n=cfg.num_generations, seed=cfg.seed * 1_000_003 + self.step,
-                                     stop=ctx.task.stop or None)  # cut training completions as evaluation cuts them
+        gens = self.backend.generate(
+            [e.prompt for e in examples],
+            self.max_new_tokens,
+            temperature=cfg.temperature,
+            n=cfg.num_generations,
+            seed=cfg.seed * 1_000_003 + self.step,
+            stop=ctx.task.stop or None,
+        )  # cut training completions as evaluation cuts them
         self.ledger.add_generation(sum(gens.prompt_tokens), sum(gens.generated_tokens))
         exs = [e for e in examples for _ in range(cfg.num_generations)]
         rewards, errors = compute_rewards(ctx.task, gens.texts, exs, ctx.reward_fn)
         r = torch.tensor(rewards, dtype=torch.float32)
         adv = group_advantages(r, cfg.num_generations, cfg.scale_rewards == "group")
-        prompt_ids = [self.tokenizer(self.format_prompt(self.tokenizer, e.prompt), add_special_tokens=False)["input_ids"] for e in exs]
+        prompt_ids = [
+            self.tokenizer(self.format_prompt(self.tokenizer, e.prompt), add_special_tokens=False)["input_ids"]
+            for e in exs
+        ]
         group = torch.arange(len(examples)).repeat_interleave(cfg.num_generations)
         batch = build_batch(self.tokenizer, prompt_ids, gens.token_ids, adv, group)
-        info = {"reward": float(r.mean()), "reward_std": float(r.std()) if len(r) > 1 else 0.0, "reward_errors": errors, "completion_len": sum(gens.generated_tokens) / len(exs)}
+        info = {
+            "reward": float(r.mean()),
+            "reward_std": float(r.std()) if len(r) > 1 else 0.0,
+            "reward_errors": errors,
+            "completion_len": sum(gens.generated_tokens) / len(exs),
+        }
         return batch, info
 
     def _forward_inference(self, model, batch: Batch) -> torch.Tensor:
         with torch.no_grad():
-            logps, _ = token_logps_and_entropy(model, batch.input_ids, batch.attention_mask, batch.completion_mask.size(1), self.cfg.temperature, with_entropy=False)
+            logps, _ = token_logps_and_entropy(
+                model,
+                batch.input_ids,
+                batch.attention_mask,
+                batch.completion_mask.size(1),
+                self.cfg.temperature,
+                with_entropy=False,
+            )
         self.ledger.add_generation(sum(batch.prompt_lens) + sum(batch.completion_lens), 0)
         return logps
 
@@ -381,13 +430,15 @@ class GRPOTrainer:
         extra: dict[str, float] = {}
         sums: dict[str, float] = {}
 
-        def token_loss(sl: slice, mb: Batch, logps: torch.Tensor, ent: torch.Tensor,
-                       mask: torch.Tensor) -> torch.Tensor:
+        def token_loss(
+            sl: slice, mb: Batch, logps: torch.Tensor, ent: torch.Tensor, mask: torch.Tensor
+        ) -> torch.Tensor:
             old = logps.detach() if old_logps is None else old_logps[sl]
             ref = None if ref_logps is None else ref_logps[sl]
             rw = None if resp_w is None else resp_w[sl]
-            loss_tok = per_token_loss(logps, old, mb.advantages, mask, cfg.epsilon, eps_high, cfg.beta, ref,
-                                      self.variant, rw)
+            loss_tok = per_token_loss(
+                logps, old, mb.advantages, mask, cfg.epsilon, eps_high, cfg.beta, ref, self.variant, rw
+            )
             with torch.no_grad():
                 sums["ent"] += float((ent * mask).sum())
                 if ref is not None:
@@ -410,7 +461,14 @@ class GRPOTrainer:
         stats.update(entropy=ent_sum / n_tok, kl=kl_sum / n_tok, clip_ratio=clip_sum / n_tok)
         stats["loss"] /= cfg.num_iterations
         self.step += 1
-        return {"step": self.step, **info, **stats, **extra, "seconds": time.perf_counter() - t0, **{f"ledger_{k}": v for k, v in self.ledger.to_dict().items()}}
+        return {
+            "step": self.step,
+            **info,
+            **stats,
+            **extra,
+            "seconds": time.perf_counter() - t0,
+            **{f"ledger_{k}": v for k, v in self.ledger.to_dict().items()},
+        }
 
     def micro_batch_step(self, batch: Batch, token_loss, with_entropy: bool = True) -> tuple[list[float], float]:
         """One optimizer step on `batch`: zero the gradients; per micro-batch (--grad-accum of them; the
@@ -429,8 +487,9 @@ class GRPOTrainer:
         for s in range(0, B, micro):
             sl = slice(s, s + micro)
             mb = batch.rows(sl)
-            logps, ent = token_logps_and_entropy(self.policy, mb.input_ids, mb.attention_mask, T, cfg.temperature,
-                                                 with_entropy)
+            logps, ent = token_logps_and_entropy(
+                self.policy, mb.input_ids, mb.attention_mask, T, cfg.temperature, with_entropy
+            )
             mask = mb.completion_mask.float()
             loss_tok = token_loss(sl, mb, logps, ent, mask)
             loss = aggregate(loss_tok, mask, cfg.loss_type, n_micro, self.max_new_tokens, tokens_in_step)
@@ -452,7 +511,14 @@ class GRPOTrainer:
             metrics_path.write_text("")
             for r in rows:
                 append_jsonl(metrics_path, r)
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"grpo[{cfg.loss}]", unit="step", dynamic_ncols=True, disable=os.environ.get("CORP_NO_PROGRESS") == "1")
+        bar = tqdm(
+            total=cfg.steps,
+            initial=self.step,
+            desc=f"grpo[{cfg.loss}]",
+            unit="step",
+            dynamic_ncols=True,
+            disable=os.environ.get("CORP_NO_PROGRESS") == "1",
+        )
         try:
             while self.step < cfg.steps:
                 row = self.train_step()
@@ -486,7 +552,13 @@ def run_grpo(cfg: GRPOConfig, backend=None) -> dict:
     with open_run(cfg, f"grpo-{cfg.loss}", backend, needs=needs) as ctx:
         _ = ctx.weights_hash  # the base's hash, taken before training (or a resumed checkpoint) changes the weights
         evals = run_evals(ctx)  # the shared evaluation cache (keyed by weights, examples and settings)
-        trained_as = hashlib.sha256(json.dumps({k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to")}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        trained_as = hashlib.sha256(
+            json.dumps(
+                {k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to")},
+                sort_keys=True,
+                default=str,
+            ).encode()
+        ).hexdigest()[:16]
 
         def test_eval(key: str) -> dict | None:
             if cfg.skip_test_eval:
@@ -499,17 +571,37 @@ def run_grpo(cfg: GRPOConfig, backend=None) -> dict:
         if not trainer.ckpt_path.exists():
             before = test_eval("base:test")
         else:
-            before = evals.get(eval_key(eval_identity(ctx.eval_context(), "base", ctx.example_ids("test")))) if not cfg.skip_test_eval else None
+            before = (
+                evals.get(eval_key(eval_identity(ctx.eval_context(), "base", ctx.example_ids("test"))))
+                if not cfg.skip_test_eval
+                else None
+            )
         trainer.train()
         model = trainer.merged_model()
         trainer.backend.model = model
         after = test_eval("final:test")
         save_model(model, trainer.tokenizer, ctx.run_dir / "model")
         ids = ctx.example_ids("test")
-        rows = [ReportRow(name, r["accuracy"], 1, Ledger(trainer.ledger.n_params).add_generation(r["prompt_tokens"], r["generated_tokens"]), labelled, PerExample(r["correct"], ids))
-                for name, r, labelled in (("base", before, 0), (ctx.method, after, len(ctx.splits["support"]))) if r is not None]
+        rows = [
+            ReportRow(
+                name,
+                r["accuracy"],
+                1,
+                Ledger(trainer.ledger.n_params).add_generation(r["prompt_tokens"], r["generated_tokens"]),
+                labelled,
+                PerExample(r["correct"], ids),
+            )
+            for name, r, labelled in (("base", before, 0), (ctx.method, after, len(ctx.splits["support"])))
+            if r is not None
+        ]
         report = write_report(
-            ctx.run_dir, ctx.method, cfg.model, cfg.task, rows, [(ctx.method, "base")], ids if rows else None,
+            ctx.run_dir,
+            ctx.method,
+            cfg.model,
+            cfg.task,
+            rows,
+            [(ctx.method, "base")],
+            ids if rows else None,
             steps=trainer.step,
             lora_r=cfg.lora_r,
             trainable_params=sum(p.numel() for _, p in trainer.trainable),

@@ -7,7 +7,9 @@ from corp.consolidate.merge_rules import pass1, pass2
 from corp.consolidate.merge_rules.base import MergeParams, MergeRule
 from corp.registry import Registry
 
-MERGE_RULES: Registry[MergeRule] = Registry("merge rule", unknown="merge rule '{name}' is not registered; registered: {known}")
+MERGE_RULES: Registry[MergeRule] = Registry(
+    "merge rule", unknown="merge rule '{name}' is not registered; registered: {known}"
+)
 MERGE_RULES.register(pass1.RULE)
 MERGE_RULES.register(pass2.RULE)
 

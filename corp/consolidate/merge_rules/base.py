@@ -3,8 +3,8 @@ perturbations (exact, or its seed-orthogonal approximation) to one weight per el
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 
 from corp.consolidate.algebra import compat_terms, softmax
-from corp.stats import zscore
 from corp.consolidate.merge_rules import pass1
 from corp.consolidate.merge_rules.base import MergeParams, MergeRule
+from corp.stats import zscore
 
 
 def weights(rewards: np.ndarray, gram: np.ndarray, params: MergeParams) -> np.ndarray:

@@ -24,8 +24,15 @@ def resolve_backend_name(name: str) -> str:
     return name
 
 
-def make_backend(name: str, model: str | None, device: str = "cpu", dtype: str | None = None, batch_size: int = 64, param_filter=None,
-                 scheme: str | None = None) -> Backend:
+def make_backend(
+    name: str,
+    model: str | None,
+    device: str = "cpu",
+    dtype: str | None = None,
+    batch_size: int = 64,
+    param_filter=None,
+    scheme: str | None = None,
+) -> Backend:
     """`scheme`: the run's noise scheme (None: the current full-rank one)."""
     from corp.perturb import SCHEME_VERSION, lowrank_rank
 
@@ -34,7 +41,9 @@ def make_backend(name: str, model: str | None, device: str = "cpu", dtype: str |
     if name == "hf":
         from corp.evaluate.backends.hf import HFBackend
 
-        return HFBackend.from_model_name(model, device=device, dtype=dtype, batch_size=batch_size, param_filter=param_filter, scheme=scheme)
+        return HFBackend.from_model_name(
+            model, device=device, dtype=dtype, batch_size=batch_size, param_filter=param_filter, scheme=scheme
+        )
     if lowrank_rank(scheme) is not None:
         raise CorpError(f"--noise {scheme} (low-rank) is not supported on the vllm backend yet; pass --backend hf")
     from corp.extras import require

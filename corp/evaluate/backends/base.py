@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from corp import CorpError
 from corp.perturb import Direction
@@ -105,7 +105,9 @@ class _Provided:
         if self.capability is not None:
             obj.require(self.capability, f"`backend.{self.attr}`")
         # the backend declares the capability (or the attribute is part of every backend) but never set it
-        raise NotImplementedError(f"{type(obj).__name__} does not set `{self.attr}`, which the backend contract requires")
+        raise NotImplementedError(
+            f"{type(obj).__name__} does not set `{self.attr}`, which the backend contract requires"
+        )
 
 
 class Backend:
@@ -135,10 +137,21 @@ class Backend:
         """Raise one CorpError line unless this backend has `capability` (`needed_by` names the
         command or step that needs it, e.g. "corp es")."""
         if not self.supports(capability):
-            raise CorpError(f"{needed_by} needs {CAPABILITIES[capability]}, which {self.describe()} does not provide; {self.instead}")
+            raise CorpError(
+                f"{needed_by} needs {CAPABILITIES[capability]}, which {self.describe()} does not provide; {self.instead}"
+            )
 
-    def generate(self, prompts: list[str], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, n: int = 1, seed: int | None = None,
-                 stop: tuple[str, ...] | None = None, seeds: Sequence[int] | None = None) -> Generations:
+    def generate(
+        self,
+        prompts: list[str],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        n: int = 1,
+        seed: int | None = None,
+        stop: tuple[str, ...] | None = None,
+        seeds: Sequence[int] | None = None,
+    ) -> Generations:
         """n completions per prompt (prompt-major order), greedy when temperature == 0; a completion
         ends at the first of the `stop` strings, which is cut from its text (tokens up to and
         including the one that completed it are counted). Sampling is seeded per completion from

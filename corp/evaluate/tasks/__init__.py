@@ -23,9 +23,19 @@ from corp.registry import Registry
 
 # --task NAME[:...] -> its Task class; the class's from_spec reads what follows the name
 TASKS: Registry[type[Task]] = Registry("task", unknown="unknown task '{name}'; known: {known} (see `corp tasks`)")
-for _name, _cls in (("arith", Arith), ("countdown", Countdown), ("gsm8k", GSM8K), ("math500", Math500), ("mbpp", MBPP),
-                    ("humaneval", HumanEval), ("reorder", Reorder), ("jsonl", JsonlTask), ("csv", JsonlTask),
-                    ("parquet", JsonlTask), ("rg", ReasoningGymTask)):
+for _name, _cls in (
+    ("arith", Arith),
+    ("countdown", Countdown),
+    ("gsm8k", GSM8K),
+    ("math500", Math500),
+    ("mbpp", MBPP),
+    ("humaneval", HumanEval),
+    ("reorder", Reorder),
+    ("jsonl", JsonlTask),
+    ("csv", JsonlTask),
+    ("parquet", JsonlTask),
+    ("rg", ReasoningGymTask),
+):
     TASKS.register(_name, _cls)
 
 
@@ -77,15 +87,29 @@ def get_task(spec: str, data_dir: str | None = None) -> Task:
 def list_tasks() -> list[dict]:
     """One row per task ({'task', 'description'}); reasoning-gym's datasets when it is installed,
     else one row saying how to install it."""
-    rows = [{"task": n, "description": c.description} for n, c in sorted(TASKS.items()) if c not in (JsonlTask, ReasoningGymTask)]
+    rows = [
+        {"task": n, "description": c.description}
+        for n, c in sorted(TASKS.items())
+        if c not in (JsonlTask, ReasoningGymTask)
+    ]
     rows.append({"task": "jsonl:PATH", "description": JsonlTask.description})
-    rows.append({"task": "(any task)", "description": "generation options: max_new_tokens=N, stop=S1|S2 (e.g. arith:max_new_tokens=12,stop=\\n)"})
+    rows.append(
+        {
+            "task": "(any task)",
+            "description": "generation options: max_new_tokens=N, stop=S1|S2 (e.g. arith:max_new_tokens=12,stop=\\n)",
+        }
+    )
     gym = rg_datasets()
     if gym:
         for ds, desc in gym.items():
             rows.append({"task": f"rg:{ds}", "description": f"reasoning-gym: {desc}"})
     else:
-        rows.append({"task": "rg:NAME", "description": "reasoning-gym's ~100 procedural datasets: not installed; pip install 'corp[reasoning-gym]'"})
+        rows.append(
+            {
+                "task": "rg:NAME",
+                "description": "reasoning-gym's ~100 procedural datasets: not installed; pip install 'corp[reasoning-gym]'",
+            }
+        )
     return rows
 
 

@@ -22,7 +22,9 @@ class Arith(Task):
     def __init__(self, digits: int = 2, ops: str = "+", terms: int = 2, pool: int = 4000):
         self.digits, self.ops, self.terms, self.pool_size = int(digits), str(ops), int(terms), int(pool)
         if self.digits < 1 or self.terms < 2 or not self.ops or set(self.ops) - set("+-*"):
-            raise CorpError(f"task arith: need digits >= 1, terms >= 2, ops from '+-*' (got digits={digits}, ops={ops}, terms={terms})")
+            raise CorpError(
+                f"task arith: need digits >= 1, terms >= 2, ops from '+-*' (got digits={digits}, ops={ops}, terms={terms})"
+            )
 
     def signature(self) -> dict:
         return {"name": self.name, "digits": self.digits, "ops": self.ops, "terms": self.terms, "pool": self.pool_size}
@@ -41,7 +43,14 @@ class Arith(Task):
                 continue
             seen.add(expr)
             value = eval(expr, {"__builtins__": {}})  # noqa: S307 - digits and + - * only, built above
-            examples.append(Example(id=f"arith-{len(examples)}", prompt=f"What is {expr}? Answer with just the number.", answer=str(value), columns={"expression": expr}))
+            examples.append(
+                Example(
+                    id=f"arith-{len(examples)}",
+                    prompt=f"What is {expr}? Answer with just the number.",
+                    answer=str(value),
+                    columns={"expression": expr},
+                )
+            )
         return {"train": examples}
 
     def extract(self, completion: str) -> str | None:

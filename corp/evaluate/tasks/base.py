@@ -13,8 +13,8 @@ from __future__ import annotations
 import inspect
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from corp import CorpError
 
@@ -77,7 +77,9 @@ class Task:
         try:
             task = cls(**kwargs)
         except (TypeError, ValueError) as exc:  # e.g. arith:digits=abc reaching int()
-            raise CorpError(f"task '{spec}': an option has a value of the wrong type ({exc}); see `corp tasks`") from None
+            raise CorpError(
+                f"task '{spec}': an option has a value of the wrong type ({exc}); see `corp tasks`"
+            ) from None
         return task, gen
 
 
@@ -173,7 +175,12 @@ def make_splits(task: Task, sizes: SplitSizes, seed: int) -> dict[str, list[Exam
         out["test"] = test[: sizes.test]
         order = ["support", "probe", "validation"]
     else:
-        order = ["test", "support", "probe", "validation"]  # test first, so its contents do not depend on the other sizes
+        order = [
+            "test",
+            "support",
+            "probe",
+            "validation",
+        ]  # test first, so its contents do not depend on the other sizes
     start = 0
     for split in order:
         n = getattr(sizes, split)

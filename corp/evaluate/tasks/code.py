@@ -50,10 +50,21 @@ from __future__ import annotations
 
 import re
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from corp import CorpError
-from corp.evaluate.sandbox import STATUSES, UNSAFE_ENV, SandboxResult, Status, Tests, isolation_level, run_many, run_program, status_counts, unsafe_allowed
+from corp.evaluate.sandbox import (
+    STATUSES,
+    UNSAFE_ENV,
+    SandboxResult,
+    Status,
+    Tests,
+    isolation_level,
+    run_many,
+    run_program,
+    status_counts,
+    unsafe_allowed,
+)
 from corp.evaluate.tasks.base import Example, Task
 from corp.evaluate.tasks.data import data_file, data_signature, read_records
 
@@ -89,7 +100,14 @@ class _CodeTask(Task):
 
     max_new_tokens = 512
 
-    def __init__(self, data_dir: str | None = None, timeout: float = 5.0, memory_mb: int = 1024, concurrency: int | None = None, unsafe_no_isolation: int = 0):
+    def __init__(
+        self,
+        data_dir: str | None = None,
+        timeout: float = 5.0,
+        memory_mb: int = 1024,
+        concurrency: int | None = None,
+        unsafe_no_isolation: int = 0,
+    ):
         if not (isinstance(timeout, (int, float)) and timeout > 0):
             raise CorpError(f"task {self.name}: timeout must be a positive number of seconds, got {timeout!r}")
         if not (isinstance(memory_mb, int) and memory_mb >= 64):
@@ -127,8 +145,11 @@ class _CodeTask(Task):
                     "user.max_user_namespaces > 0; kernel.unprivileged_userns_clone=1 where it exists) or run as root; to run it anyway, "
                     f"accept the risk with the task option unsafe_no_isolation=1 (e.g. --task {self.name}:unsafe_no_isolation=1) or {UNSAFE_ENV}=1"
                 )
-            print(f"sandbox: task {self.name} runs programs at isolation level '{info['level']}'"
-                  + ("" if info["isolated"] else " (UNSAFE: no isolation, accepted by the user)"), file=sys.stderr)
+            print(
+                f"sandbox: task {self.name} runs programs at isolation level '{info['level']}'"
+                + ("" if info["isolated"] else " (UNSAFE: no isolation, accepted by the user)"),
+                file=sys.stderr,
+            )
             self._isolation = info
         return self._isolation
 
@@ -153,7 +174,9 @@ class _CodeTask(Task):
         codes = [self.extract(c) for c in completions]
         todo = [i for i, c in enumerate(codes) if c is not None]
         level = self.isolation()["level"] if todo else None
-        results = run_many([self.job(codes[i], examples[i]) for i in todo], concurrency=self.concurrency, **self._run_options())
+        results = run_many(
+            [self.job(codes[i], examples[i]) for i in todo], concurrency=self.concurrency, **self._run_options()
+        )
         by_index: list[SandboxResult | None] = [None] * len(completions)
         for i, r in zip(todo, results):
             by_index[i] = r
@@ -204,7 +227,15 @@ class MBPP(_CodeTask):
                 raise CorpError(f"'{path}' line {lineno}: not an MBPP record ({exc})") from None
             if not tests:
                 raise CorpError(f"'{path}' line {lineno}: MBPP task {tid} has no tests")
-            rows.append({"task_id": tid, "text": text, "code": code.replace("\r\n", "\n"), "tests": tests, "setup": setup.replace("\r\n", "\n")})
+            rows.append(
+                {
+                    "task_id": tid,
+                    "text": text,
+                    "code": code.replace("\r\n", "\n"),
+                    "tests": tests,
+                    "setup": setup.replace("\r\n", "\n"),
+                }
+            )
         return rows
 
     def make_example(self, row: dict) -> Example:
@@ -215,8 +246,15 @@ class MBPP(_CodeTask):
             "Give the complete function (with any imports it needs) in a ```python code block."
         )
         return Example(
-            id=f"mbpp-{row['task_id']}", prompt=prompt, answer=row["code"],
-            columns={"task_id": row["task_id"], "entry_point": entry, "test_setup_code": row["setup"], "test_list": row["tests"]},
+            id=f"mbpp-{row['task_id']}",
+            prompt=prompt,
+            answer=row["code"],
+            columns={
+                "task_id": row["task_id"],
+                "entry_point": entry,
+                "test_setup_code": row["setup"],
+                "test_list": row["tests"],
+            },
         )
 
     def pools(self) -> dict[str, list[Example]]:
@@ -231,7 +269,9 @@ class MBPP(_CodeTask):
 
     def job(self, code: str, example: Example) -> tuple[str, Tests]:
         tests = "\n".join(example.columns["test_list"]) + "\n"
-        return code + "\n", Tests(tests, setup=example.columns.get("test_setup_code") or "", remote=(example.columns["entry_point"],))
+        return code + "\n", Tests(
+            tests, setup=example.columns.get("test_setup_code") or "", remote=(example.columns["entry_point"],)
+        )
 
 
 # ---------------------------------------------------------------- HumanEval
@@ -248,17 +288,27 @@ class HumanEval(_CodeTask):
         out = []
         for lineno, row in read_records(path):
             try:
-                tid, prompt, entry, test, solution = row["task_id"], row["prompt"], row["entry_point"], row["test"], row["canonical_solution"]
+                tid, prompt, entry, test, solution = (
+                    row["task_id"],
+                    row["prompt"],
+                    row["entry_point"],
+                    row["test"],
+                    row["canonical_solution"],
+                )
             except KeyError as exc:
                 raise CorpError(f"'{path}' line {lineno}: not a HumanEval record (missing {exc})") from None
             user = (
                 f"Complete the following Python function `{entry}`. Write the full function, signature included, "
                 f"in a ```python code block.\n\n```python\n{prompt.rstrip()}\n```"
             )
-            out.append(Example(
-                id=tid.replace("/", "-"), prompt=user, answer=prompt + solution,
-                columns={"task_id": tid, "entry_point": entry, "function_prompt": prompt, "test": test},
-            ))
+            out.append(
+                Example(
+                    id=tid.replace("/", "-"),
+                    prompt=user,
+                    answer=prompt + solution,
+                    columns={"task_id": tid, "entry_point": entry, "function_prompt": prompt, "test": test},
+                )
+            )
         return {"train": [], "test": out}
 
     def job(self, code: str, example: Example) -> tuple[str, Tests]:
@@ -266,7 +316,9 @@ class HumanEval(_CodeTask):
         if not _defines(code, entry):
             code = prompt + code
         imports = "\n".join(_IMPORT.findall(prompt))
-        return f"{imports}\n{code}\n", Tests(f"{example.columns['test']}\n\ncheck({entry})\n", prelude=prompt, remote=(entry,))
+        return f"{imports}\n{code}\n", Tests(
+            f"{example.columns['test']}\n\ncheck({entry})\n", prelude=prompt, remote=(entry,)
+        )
 
 
 __all__ = ["MBPP", "HumanEval", "extract_code", "mbpp_entry_point"]

@@ -101,7 +101,14 @@ class Countdown(Task):
                 f"Using the numbers {nums}, each exactly once, and the operations + - * / with parentheses, "
                 f"write an expression that equals {target}. Put the expression alone on the last line after 'Answer:'."
             )
-            examples.append(Example(id=f"countdown-{len(examples)}", prompt=prompt, answer=expr, columns={"numbers": nums, "target": target}))
+            examples.append(
+                Example(
+                    id=f"countdown-{len(examples)}",
+                    prompt=prompt,
+                    answer=expr,
+                    columns={"numbers": nums, "target": target},
+                )
+            )
         return {"train": examples}
 
     def extract(self, completion: str) -> str | None:

@@ -24,7 +24,9 @@ def data_file(task: str, relative: str, data_dir: str | Path | None = None) -> P
     looked = ", ".join(str(r / relative) for r in roots) or "nowhere: neither --data nor $CORP_DATA_DIR is set"
     if not roots and relative in HUB_SOURCES:
         return hub_file(task, relative, looked)
-    raise CorpError(f"task '{task}' needs data file '{relative}'; looked in {looked}. Pass --data DIR or set CORP_DATA_DIR")
+    raise CorpError(
+        f"task '{task}' needs data file '{relative}'; looked in {looked}. Pass --data DIR or set CORP_DATA_DIR"
+    )
 
 
 # relative path -> (Hugging Face dataset id, config, splits concatenated in this order, sort key or None)
@@ -50,16 +52,20 @@ def hub_file(task: str, relative: str, looked: str) -> Path:
     if out.is_file():
         return out
     if not available("datasets"):
-        raise CorpError(f"task '{task}' needs data file '{relative}'; looked in {looked}. Pass --data DIR or set CORP_DATA_DIR, "
-                        "or install the hub extra (`pip install 'corp[hub]'`) to load it from Hugging Face")
+        raise CorpError(
+            f"task '{task}' needs data file '{relative}'; looked in {looked}. Pass --data DIR or set CORP_DATA_DIR, "
+            "or install the hub extra (`pip install 'corp[hub]'`) to load it from Hugging Face"
+        )
     datasets = require("datasets", f"task '{task}' from the hub")
     name, config, splits, sort_key = HUB_SOURCES[relative]
     try:
         rows = [dict(r) for split in splits for r in datasets.load_dataset(name, config, split=split)]
     except Exception as exc:  # offline, a renamed dataset, a hub error: one line, whatever the library raised
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CorpError(f"task '{task}' needs data file '{relative}': not found locally ({looked}) and loading '{name}' "
-                        f"from the Hugging Face hub failed ({first}). Pass --data DIR or set CORP_DATA_DIR") from None
+        raise CorpError(
+            f"task '{task}' needs data file '{relative}': not found locally ({looked}) and loading '{name}' "
+            f"from the Hugging Face hub failed ({first}). Pass --data DIR or set CORP_DATA_DIR"
+        ) from None
     if sort_key:
         rows.sort(key=lambda r: r[sort_key])
     atomic_write_text(out, "".join(json.dumps(r) + "\n" for r in rows))
@@ -99,7 +105,12 @@ DATA_FILES: dict[str, tuple[str, ...]] = {
 def data_signature(task) -> dict:
     """{'data_sha256': {relative path: sha256}} for a file-backed benchmark task, for its
     `signature()`: rows scored on one version of a data file are never reused for another."""
-    return {"data_sha256": {rel: file_sha256(data_file(task.name, rel, getattr(task, "data_dir", None))) for rel in DATA_FILES[task.name]}}
+    return {
+        "data_sha256": {
+            rel: file_sha256(data_file(task.name, rel, getattr(task, "data_dir", None)))
+            for rel in DATA_FILES[task.name]
+        }
+    }
 
 
 # ---------------------------------------------------------------- user data files (jsonl, csv, parquet)
@@ -126,7 +137,9 @@ def read_records(path: str | Path) -> list[tuple[int, dict]]:
         try:
             texts.append(line.decode("utf-8-sig" if lineno == 1 else "utf-8"))
         except UnicodeDecodeError as exc:
-            raise CorpError(f"'{path}' line {lineno} is not UTF-8 text (byte {line[exc.start]:#04x} at column {exc.start + 1}); save the file as UTF-8") from None
+            raise CorpError(
+                f"'{path}' line {lineno} is not UTF-8 text (byte {line[exc.start]:#04x} at column {exc.start + 1}); save the file as UTF-8"
+            ) from None
     if suffix in (".csv", ".tsv"):
         return _read_csv(path, texts, "\t" if suffix == ".tsv" else ",")
     out = []
@@ -146,7 +159,9 @@ def read_records(path: str | Path) -> list[tuple[int, dict]]:
 def _read_csv(path: Path, texts: list[str], delimiter: str) -> list[tuple[int, dict]]:
     import csv
 
-    reader = csv.reader([t + "\n" for t in texts], delimiter=delimiter)  # one item per physical line: reader.line_num is the line
+    reader = csv.reader(
+        [t + "\n" for t in texts], delimiter=delimiter
+    )  # one item per physical line: reader.line_num is the line
     out, header = [], None
     try:
         for row in reader:

@@ -47,7 +47,9 @@ class JsonlTask(Task):
         gen = {k: kwargs.pop(k) for k in GENERATION_OPTIONS if k in kwargs}
         unknown = set(kwargs) - {"prompt", "answer", "id"}
         if unknown:
-            raise CorpError(f"task jsonl has no option(s) {', '.join(sorted(unknown))}; options: prompt=FIELD, answer=FIELD, id=FIELD, max_new_tokens=N, stop=S")
+            raise CorpError(
+                f"task jsonl has no option(s) {', '.join(sorted(unknown))}; options: prompt=FIELD, answer=FIELD, id=FIELD, max_new_tokens=N, stop=S"
+            )
         return cls(path, **{k: str(v) for k, v in kwargs.items()}), gen
 
     def signature(self) -> dict:
@@ -61,12 +63,18 @@ class JsonlTask(Task):
         if key not in row:
             mapped = "" if key == role else f" (mapped from '{role}')"
             have = ", ".join(sorted(map(str, row))) or "none"
-            raise CorpError(f"'{self.path}' line {lineno}: missing field '{key}'{mapped}; fields present: {have}. Map another field with jsonl:{self.path}:{role}=FIELD")
+            raise CorpError(
+                f"'{self.path}' line {lineno}: missing field '{key}'{mapped}; fields present: {have}. Map another field with jsonl:{self.path}:{role}=FIELD"
+            )
         value = row[key]
         if role == "prompt" and not (isinstance(value, str) and value.strip()):
-            raise CorpError(f"'{self.path}' line {lineno}: field '{key}' must be a non-empty string, got {type(value).__name__} {str(value)[:40]!r}")
+            raise CorpError(
+                f"'{self.path}' line {lineno}: field '{key}' must be a non-empty string, got {type(value).__name__} {str(value)[:40]!r}"
+            )
         if role == "answer" and (value is None or isinstance(value, (dict, list))):
-            raise CorpError(f"'{self.path}' line {lineno}: field '{key}' must be a string or a number, got {'null' if value is None else type(value).__name__}")
+            raise CorpError(
+                f"'{self.path}' line {lineno}: field '{key}' must be a string or a number, got {'null' if value is None else type(value).__name__}"
+            )
         return value
 
     def _load(self) -> list[Example]:
@@ -78,7 +86,9 @@ class JsonlTask(Task):
                 answer = self._field(row, "answer", lineno)
                 ex_id = str(row[self.fields["id"]]) if self.fields["id"] in row else f"line-{lineno}"
                 if ex_id in seen:
-                    raise CorpError(f"'{self.path}' line {lineno}: id '{ex_id}' already used on line {seen[ex_id]}; ids must be unique")
+                    raise CorpError(
+                        f"'{self.path}' line {lineno}: id '{ex_id}' already used on line {seen[ex_id]}; ids must be unique"
+                    )
                 seen[ex_id] = lineno
                 cols = {k: v for k, v in row.items() if k not in used and k not in ("prompt", "answer")}
                 out.append(Example(id=ex_id, prompt=prompt, answer=str(answer).strip(), columns=cols))

@@ -58,7 +58,14 @@ class Math500(Task):
         out = []
         for lineno, row in read_records(path):
             try:
-                out.append(Example(id=row["unique_id"], prompt=row["problem"] + self.prompt_suffix, answer=row["answer"], columns={"level": row.get("level"), "subject": row.get("subject")}))
+                out.append(
+                    Example(
+                        id=row["unique_id"],
+                        prompt=row["problem"] + self.prompt_suffix,
+                        answer=row["answer"],
+                        columns={"level": row.get("level"), "subject": row.get("subject")},
+                    )
+                )
             except KeyError as exc:
                 raise CorpError(f"'{path}' line {lineno}: not a MATH-500 record (missing {exc})") from None
         return {"train": out}

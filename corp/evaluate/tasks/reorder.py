@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from corp import CorpError
 from corp.evaluate.tasks.base import Example, Task, path_and_options
@@ -51,7 +51,10 @@ def default_text() -> Path:
 
     from corp.extras import require
 
-    require("reasoning-gym", "--task reorder (its default text ships with reasoning-gym; or pass your own: --task reorder:PATH)")
+    require(
+        "reasoning-gym",
+        "--task reorder (its default text ships with reasoning-gym; or pass your own: --task reorder:PATH)",
+    )
     return Path(str(files("reasoning_gym") / "data" / "in_the_year_2889.txt"))
 
 
@@ -116,7 +119,9 @@ class Reorder(Task):
     def __init__(self, path: str | None = None, seed: int = 0, block: int = 20, test_every: int = 3):
         self.seed, self.block, self.test_every = int(seed), int(block), int(test_every)
         if self.block < 5 or self.test_every < 2:
-            raise CorpError(f"task reorder: need block >= 5 and test_every >= 2 (got block={block}, test_every={test_every})")
+            raise CorpError(
+                f"task reorder: need block >= 5 and test_every >= 2 (got block={block}, test_every={test_every})"
+            )
         self.path = Path(path) if path else default_text()
         if not self.path.exists():
             raise CorpError(f"task reorder: text file '{self.path}' does not exist")
@@ -133,7 +138,13 @@ class Reorder(Task):
         return super().from_spec(spec, rest, data_dir)
 
     def signature(self) -> dict:
-        return {"name": self.name, "text_sha256": file_sha256(self.path), "seed": self.seed, "block": self.block, "test_every": self.test_every}
+        return {
+            "name": self.name,
+            "text_sha256": file_sha256(self.path),
+            "seed": self.seed,
+            "block": self.block,
+            "test_every": self.test_every,
+        }
 
     def _sentences(self) -> list[str]:
         raw = self.path.read_bytes()
@@ -187,7 +198,9 @@ class Reorder(Task):
                     )
                     pools[pool].append(Example(id=f"reorder-{start}", prompt=prompt, answer=gold))
             if len(pools["train"]) < 1 or len(pools["test"]) < 1:
-                raise CorpError(f"task reorder: '{self.path}' gives {len(pools['train'])} selection and {len(pools['test'])} test examples; it needs a longer text (at least {self.block * self.test_every} usable sentences)")
+                raise CorpError(
+                    f"task reorder: '{self.path}' gives {len(pools['train'])} selection and {len(pools['test'])} test examples; it needs a longer text (at least {self.block * self.test_every} usable sentences)"
+                )
             self._pools = pools
         return self._pools
 

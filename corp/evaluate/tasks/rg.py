@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-from typing import Sequence
+from collections.abc import Sequence
 
 from corp import CorpError
 from corp.evaluate.tasks.base import GENERATION_OPTIONS, Example, Task, last_number, normalize_number, parse_options
@@ -54,7 +54,11 @@ def rg_datasets() -> dict[str, str]:
 
 def _coerce_option(field: dataclasses.Field, value, dataset: str):
     """A `key=value` string to the type of the config field's default."""
-    default = field.default if field.default is not dataclasses.MISSING else (field.default_factory() if field.default_factory is not dataclasses.MISSING else None)
+    default = (
+        field.default
+        if field.default is not dataclasses.MISSING
+        else (field.default_factory() if field.default_factory is not dataclasses.MISSING else None)
+    )
     text = str(value)
     try:
         if isinstance(default, bool):
@@ -68,7 +72,9 @@ def _coerce_option(field: dataclasses.Field, value, dataset: str):
         if isinstance(default, (tuple, list)):
             return type(default)(text.split("|"))
     except ValueError as exc:
-        raise CorpError(f"task rg:{dataset}: option {field.name}={text!r} is not a {type(default).__name__} ({exc})") from None
+        raise CorpError(
+            f"task rg:{dataset}: option {field.name}={text!r} is not a {type(default).__name__} ({exc})"
+        ) from None
     return text if isinstance(default, str) else value
 
 
@@ -85,7 +91,15 @@ class ReasoningGymTask(Task):
         gen = {k: kwargs.pop(k) for k in GENERATION_OPTIONS if k in kwargs}
         return cls(dataset, **kwargs), gen
 
-    def __init__(self, dataset: str, seed: int = 0, size: int = 1000, instruction: str = "direct", extract: str = "tags", **options):
+    def __init__(
+        self,
+        dataset: str,
+        seed: int = 0,
+        size: int = 1000,
+        instruction: str = "direct",
+        extract: str = "tags",
+        **options,
+    ):
         gym = _gym(f"--task rg:{dataset}")
         from reasoning_gym.factory import DATASETS
         from reasoning_gym.utils import SYSTEM_PROMPTS
@@ -93,31 +107,53 @@ class ReasoningGymTask(Task):
         if dataset not in DATASETS:
             raise CorpError(f"reasoning-gym has no dataset '{dataset}'; `corp tasks` lists them")
         if instruction not in set(SYSTEM_PROMPTS) | {"none"}:
-            raise CorpError(f"task rg:{dataset}: instruction must be one of {', '.join(sorted(set(SYSTEM_PROMPTS) | {'none'}))}, got '{instruction}'")
+            raise CorpError(
+                f"task rg:{dataset}: instruction must be one of {', '.join(sorted(set(SYSTEM_PROMPTS) | {'none'}))}, got '{instruction}'"
+            )
         if not (isinstance(seed, int) and isinstance(size, int) and size >= 1):
-            raise CorpError(f"task rg:{dataset}: seed must be an integer and size an integer >= 1, got seed={seed!r}, size={size!r}")
+            raise CorpError(
+                f"task rg:{dataset}: seed must be an integer and size an integer >= 1, got seed={seed!r}, size={size!r}"
+            )
         if extract not in ("tags", "fallback"):
             raise CorpError(f"task rg:{dataset}: extract must be 'tags' (the gym's) or 'fallback', got '{extract}'")
-        self.dataset, self.seed, self.size, self.instruction, self.extract_mode = dataset, int(seed), int(size), instruction, extract
+        self.dataset, self.seed, self.size, self.instruction, self.extract_mode = (
+            dataset,
+            int(seed),
+            int(size),
+            instruction,
+            extract,
+        )
         self.name = f"rg:{dataset}"
         _, config_cls = DATASETS[dataset]
         fields = {f.name: f for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")}
         unknown = set(options) - set(fields)
         if unknown:
-            raise CorpError(f"task rg:{dataset} has no option(s) {', '.join(sorted(unknown))}; its options: {', '.join(sorted(fields)) or 'none'}, seed, size, instruction, extract, max_new_tokens, stop")
+            raise CorpError(
+                f"task rg:{dataset} has no option(s) {', '.join(sorted(unknown))}; its options: {', '.join(sorted(fields)) or 'none'}, seed, size, instruction, extract, max_new_tokens, stop"
+            )
         self.options = {k: _coerce_option(fields[k], v, dataset) for k, v in sorted(options.items())}
         try:
             self._ds = gym.create_dataset(dataset, seed=self.seed, size=self.size, **self.options)
         except (ValueError, TypeError, AssertionError) as exc:
-            raise CorpError(f"task rg:{dataset}: reasoning-gym refused the options {self.options} ({type(exc).__name__}: {exc})") from None
+            raise CorpError(
+                f"task rg:{dataset}: reasoning-gym refused the options {self.options} ({type(exc).__name__}: {exc})"
+            ) from None
         self._prompt_suffix = "" if instruction == "none" else "\n\n" + SYSTEM_PROMPTS[instruction].strip()
         self._entries: dict[str, dict] = {}
         self._pool: list[Example] | None = None
         self._numeric: bool | None = None
 
     def signature(self) -> dict:
-        return {"name": "rg", "dataset": self.dataset, "options": {k: list(v) if isinstance(v, tuple) else v for k, v in self.options.items()},
-                "seed": self.seed, "size": self.size, "instruction": self.instruction, "extract": self.extract_mode, "reasoning_gym": importlib.metadata.version("reasoning-gym")}
+        return {
+            "name": "rg",
+            "dataset": self.dataset,
+            "options": {k: list(v) if isinstance(v, tuple) else v for k, v in self.options.items()},
+            "seed": self.seed,
+            "size": self.size,
+            "instruction": self.instruction,
+            "extract": self.extract_mode,
+            "reasoning_gym": importlib.metadata.version("reasoning-gym"),
+        }
 
     def pools(self) -> dict[str, list[Example]]:
         if self._pool is None:
@@ -126,14 +162,18 @@ class ReasoningGymTask(Task):
                 try:
                     entry = self._ds[i]
                 except Exception as exc:  # a generator that fails for these options: say which
-                    raise CorpError(f"task rg:{self.dataset}: reasoning-gym failed to generate item {i} with options {self.options} ({type(exc).__name__}: {exc})") from None
+                    raise CorpError(
+                        f"task rg:{self.dataset}: reasoning-gym failed to generate item {i} with options {self.options} ({type(exc).__name__}: {exc})"
+                    ) from None
                 question = entry["question"]
                 if question in seen:
                     continue
                 seen.add(question)
                 ex_id = f"rg-{self.dataset}-{i}"
                 self._entries[ex_id] = entry
-                pool.append(Example(id=ex_id, prompt=question + self._prompt_suffix, answer=str(entry["answer"]).strip()))
+                pool.append(
+                    Example(id=ex_id, prompt=question + self._prompt_suffix, answer=str(entry["answer"]).strip())
+                )
             self._pool = pool
         return {"train": self._pool}
 
