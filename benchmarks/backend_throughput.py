@@ -128,11 +128,14 @@ def main() -> None:
         "results": results,
     }
     print(
-        f"{'config':<8} {'spec':>4} {'startup s':>9} {'s/spec':>7} {'spec/hour':>9} {'apply s':>8} {'apply %':>7} {'reward':>7}"
+        f"{'config':<8} {'spec':>4} {'startup s':>9} {'s/spec':>7} "
+        f"{'spec/hour':>9} {'apply s':>8} {'apply %':>7} {'reward':>7}"
     )
     for r in results:
         print(
-            f"{r['config']:<8} {r['specialists']:>4} {r['startup_s']:>9} {r['s_per_specialist']:>7} {r['specialists_per_hour']:>9} {r['apply_s_median']:>8} {100 * r['apply_share']:>6.1f}% {r['mean_reward']:>7}"
+            f"{r['config']:<8} {r['specialists']:>4} {r['startup_s']:>9} "
+            f"{r['s_per_specialist']:>7} {r['specialists_per_hour']:>9} "
+            f"{r['apply_s_median']:>8} {100 * r['apply_share']:>6.1f}% {r['mean_reward']:>7}"
         )
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

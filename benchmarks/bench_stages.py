@@ -101,18 +101,23 @@ def main() -> None:
     for task, label, wall, st in table:
         flags = [k for k in ("apply", "other") if wall > 0 and st[k] / wall > 0.10]
         lines.append(
-            f"| {task[:24]} | {label} | {wall:.0f} | {pct(st['generation'], wall)} | {pct(st['apply'], wall)} | {pct(st['training'], wall)} | {pct(st['other'], wall)} | {', '.join(flags)} |"
+            f"| {task[:24]} | {label} | {wall:.0f} | {pct(st['generation'], wall)} | {pct(st['apply'], wall)} | "
+            f"{pct(st['training'], wall)} | {pct(st['other'], wall)} | {', '.join(flags)} |"
         )
     for task, st in sorted(pop_by_task.items()):
         total = st["generation"] + st["apply"]
         lines.append(
-            f"| {task[:24]} | population (shared, {len([d for d in populations])} runs) | {total:.0f} | {pct(st['generation'], total)} | {pct(st['apply'], total)} | - | - | {'apply' if total and st['apply'] / total > 0.10 else ''} |"
+            f"| {task[:24]} | population (shared, {len([d for d in populations])} runs) | {total:.0f} | "
+            f"{pct(st['generation'], total)} | {pct(st['apply'], total)} | - | - | "
+            f"{'apply' if total and st['apply'] / total > 0.10 else ''} |"
         )
     text = "\n".join(lines) + "\n"
     out = Path(args.out) if args.out else results / "stages.md"
     out.write_text(
-        f"# Where the time went: `{results.name}`\n\nMade by `python benchmarks/bench_stages.py --results {args.results}` from the cells' run directories.\n"
-        "Per method, summed over seeds, settings and budgets; `other` is the cell's wall minus the measured stages (model loading and hashing, "
+        f"# Where the time went: `{results.name}`\n\nMade by `python benchmarks/bench_stages.py --results "
+        f"{args.results}` from the cells' run directories.\n"
+        "Per method, summed over seeds, settings and budgets; `other` is the "
+        "cell's wall minus the measured stages (model loading and hashing, "
         "CoRP's Gram matrix and merge arithmetic, saving models, reports).\n\n" + text
     )
     print(text)

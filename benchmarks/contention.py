@@ -40,7 +40,8 @@ import time
 from pathlib import Path
 
 CONFIGS = {
-    # env changes (None: remove the variable) and --threads (None: corp's default; "cores": all usable cores, torch's default)
+    # env changes (None: remove the variable) and --threads (None: corp's default; "cores": all usable cores,
+    # torch's default)
     "old": ({"GOMP_SPINCOUNT": "300000", "OMP_WAIT_POLICY": None}, "cores"),
     "new": ({"GOMP_SPINCOUNT": None, "OMP_WAIT_POLICY": None}, None),
     "passive-1t": ({"GOMP_SPINCOUNT": None, "OMP_WAIT_POLICY": "PASSIVE"}, 1),
@@ -259,13 +260,15 @@ def main() -> None:
             summary["old/idle"]["s_per_specialist_median"] / summary["new/contended"]["s_per_specialist_median"], 3
         )
     print(
-        "\n| configuration | idle s/spec | idle spec/h | contended s/spec | contended spec/h | contended / idle | threads (idle; contended) |"
+        "\n| configuration | idle s/spec | idle spec/h | contended s/spec | "
+        "contended spec/h | contended / idle | threads (idle; contended) |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for config in configs:
         i, c = summary[f"{config}/idle"], summary[f"{config}/contended"]
         print(
-            f"| {config} | {i['s_per_specialist_median']} | {i['specialists_per_hour']} | {c['s_per_specialist_median']} | {c['specialists_per_hour']} | "
+            f"| {config} | {i['s_per_specialist_median']} | {i['specialists_per_hour']} | "
+            f"{c['s_per_specialist_median']} | {c['specialists_per_hour']} | "
             f"{summary[f'{config}/contended_over_idle']} | {i['threads']}; {c['threads']} |"
         )
     if "new_contended_over_old_idle" in summary:

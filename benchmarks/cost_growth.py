@@ -434,17 +434,27 @@ def extrapolate(runs: list[dict], anc: dict | None, tiny_params: int, args) -> d
         "paper": {k: list(v) for k, v in PAPER_PRESET.items()},
     }
     out["assumptions"] = [
-        f"embedded model: {P:,} perturbed parameters; support {args.n_support}, probe {args.n_probe}, validation {args.n_validation} examples (corp's defaults); one thread",
-        f"scoring = N x {spec:.2f} CPU s (median of {len(anc['specialist_cpu_s'])} measured specialists on the support split): linear in N (tiny rows: fit 'scoring ~ a N')",
-        f"Gram (exact compat) over E = (1 - q) N = N/2 elites: gram_matrix's blocking replayed on the model's {len(shapes)} tensors at --gram-memory-gb {args.gram_memory_gb}, "
-        f"noise {anc['gram_t_noise_per_element']:.3e} s per element, fp64 product {anc['gram_t_pair_per_element']:.3e} s per element-pair (both measured at k = {sorted(anc['gram_cpu_s'])})",
-        f"step search = candidates x (probe eval {probe:.2f} s + apply {anc['apply_cpu_s']:.2f} s) + build; build = groups x E x {t_noise_full:.3f} s (noise, once per group of directions "
-        f"that fit --merge-memory-gb 4) + directions x E x {t_acc:.3f} s (accumulate), both measured by building 1 and 2 directions over {anc['build_elites']} elites",
-        f"gates = 2 rules x validation eval ({val:.2f} s, probe eval scaled by {args.n_validation}/{args.n_probe}) + base on validation + base on probe",
-        f"analysis = {anc['layers']} layers x (const {ana_const:.1f} s + N x per-specialist aggregate cost, {layer_rate(16):.3f} s per layer with every matrix's noise stacked, "
-        f"{layer_rate(10**6):.3f} s streamed, per matrix by whether N x its size x 4 bytes fits --memory-mb {anc['analysis_memory_mb']}); layer 0 measured at N = {[n for n, _ in measured]} "
-        f"(model vs measured: {[(c['N'], round(c['model_cpu_s'], 1), round(c['measured_cpu_s'], 1)) for c in out['analysis_check']]}); S = {args.splits}, P = {args.permutations}; "
-        "embeddings excluded (the default); the power simulation is not included",
+        f"embedded model: {P:,} perturbed parameters; support {args.n_support}, probe {args.n_probe}, validation "
+        f"{args.n_validation} examples (corp's defaults); one thread",
+        f"scoring = N x {spec:.2f} CPU s (median of {len(anc['specialist_cpu_s'])} measured specialists on the "
+        "support split): linear in N (tiny rows: fit 'scoring ~ a N')",
+        "Gram (exact compat) over E = (1 - q) N = N/2 elites: gram_matrix's blocking replayed on the model's "
+        f"{len(shapes)} tensors at --gram-memory-gb {args.gram_memory_gb}, noise "
+        f"{anc['gram_t_noise_per_element']:.3e} s per element, fp64 product {anc['gram_t_pair_per_element']:.3e} s "
+        f"per element-pair (both measured at k = {sorted(anc['gram_cpu_s'])})",
+        f"step search = candidates x (probe eval {probe:.2f} s + apply {anc['apply_cpu_s']:.2f} "
+        f"s) + build; build = groups x E x {t_noise_full:.3f} s (noise, once per group of "
+        f"directions that fit --merge-memory-gb 4) + directions x E x {t_acc:.3f} s (accumulate), "
+        f"both measured by building 1 and 2 directions over {anc['build_elites']} elites",
+        f"gates = 2 rules x validation eval ({val:.2f} s, probe eval scaled by "
+        f"{args.n_validation}/{args.n_probe}) + base on validation + base on probe",
+        f"analysis = {anc['layers']} layers x (const {ana_const:.1f} s + N x per-specialist aggregate cost, "
+        f"{layer_rate(16):.3f} s per layer with every matrix's noise stacked, {layer_rate(10**6):.3f} s streamed, "
+        f"per matrix by whether N x its size x 4 bytes fits --memory-mb {anc['analysis_memory_mb']}); layer 0 "
+        f"measured at N = {[n for n, _ in measured]} (model vs measured: "
+        f"{[(c['N'], round(c['model_cpu_s'], 1), round(c['measured_cpu_s'], 1)) for c in out['analysis_check']]}); "
+        f"S = {args.splits}, P = {args.permutations}; embeddings excluded (the default); the power simulation is "
+        "not included",
     ]
     for gname, g in grids.items():
         rules = 2
@@ -493,7 +503,10 @@ def extrapolate(runs: list[dict], anc: dict | None, tiny_params: int, args) -> d
         out["tiny_scaled_by_param_ratio"] = {
             "ratio": ratio,
             "gram_cpu_s_at_E": {E: ratio * (g["E"] * E + g["E^2"] * E * E) for E in (250, 2500)},
-            "note": "tiny Gram fit x parameter ratio (one memory block assumed, so no regeneration): a lower bound; the tiny model's per-tensor overheads do not scale with parameters",
+            "note": (
+                "tiny Gram fit x parameter ratio (one memory block assumed, so no regeneration): a lower bound; the "
+                "tiny model's per-tensor overheads do not scale with parameters"
+            ),
         }
     return out
 
@@ -508,25 +521,29 @@ def fmt_s(x: float) -> str:
 
 def table(runs, ext) -> str:
     lines = [
-        "| N | elites | scoring (per specialist) | Gram | step search (candidates, per candidate) | gates | analysis | power sim | consolidate other |",
+        "| N | elites | scoring (per specialist) | Gram | step search (candidates, "
+        "per candidate) | gates | analysis | power sim | consolidate other |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in runs:
         lines.append(
-            f"| {r['N']} | {r['elites_widest']} | {r['scoring_cpu_s']:.1f} ({r['scoring_per_specialist_cpu_s']:.3f}) | {r['gram_cpu_s']:.2f} | "
-            f"{r['step_search_cpu_s']:.2f} ({r['candidates']}, {r['step_search_per_candidate_cpu_s']:.3f}) | {r['gates_cpu_s']:.2f} | {r['analysis_cpu_s']:.1f} | "
+            f"| {r['N']} | {r['elites_widest']} | {r['scoring_cpu_s']:.1f} ({r['scoring_per_specialist_cpu_s']:.3f}) | "
+            f"{r['gram_cpu_s']:.2f} | {r['step_search_cpu_s']:.2f} ({r['candidates']}, "
+            f"{r['step_search_per_candidate_cpu_s']:.3f}) | {r['gates_cpu_s']:.2f} | {r['analysis_cpu_s']:.1f} | "
             f"{r['power_cpu_s']:.1f} | {r['consolidate_other_cpu_s']:.1f} |"
         )
     if ext.get("cases"):
         lines += [
             "",
-            "| embedded model, grid | N | elites | candidates | scoring | Gram (exact) | step search | gates | analysis | dominant |",
+            "| embedded model, grid | N | elites | candidates | scoring "
+            "| Gram (exact) | step search | gates | analysis | dominant |",
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
         ]
         for c in ext["cases"]:
             lines.append(
-                f"| {c['grid']} | {c['N']} | {c['elites']} | {c['candidates']} | {fmt_s(c['scoring_cpu_s'])} | {fmt_s(c['gram_cpu_s'])} | "
-                f"{fmt_s(c['step_search_cpu_s'])} | {fmt_s(c['gates_cpu_s'])} | {fmt_s(c['analysis_cpu_s'])} | {c['dominant']} |"
+                f"| {c['grid']} | {c['N']} | {c['elites']} | {c['candidates']} | {fmt_s(c['scoring_cpu_s'])} | "
+                f"{fmt_s(c['gram_cpu_s'])} | {fmt_s(c['step_search_cpu_s'])} | {fmt_s(c['gates_cpu_s'])} | "
+                f"{fmt_s(c['analysis_cpu_s'])} | {c['dominant']} |"
             )
     return "\n".join(lines)
 

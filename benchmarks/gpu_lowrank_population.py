@@ -218,7 +218,8 @@ def main():
     )
     print(
         f"ratios of plain batched generation: batched low-rank {out['ratio_lowrank_batched_over_plain']:.3f}, "
-        f"full-rank one at a time {out['ratio_full_alone_over_plain']:.3f}; low-rank / full-rank {out['ratio_lowrank_batched_over_full_alone']:.1f}x",
+        f"full-rank one at a time {out['ratio_full_alone_over_plain']:.3f}; low-rank / full-rank "
+        f"{out['ratio_lowrank_batched_over_full_alone']:.1f}x",
         flush=True,
     )
     if args.out:

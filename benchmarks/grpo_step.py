@@ -213,7 +213,8 @@ def main() -> None:
                 }
             )
             print(
-                f"step {state.global_step}: trl {rec['trl'][-1]['seconds']:.2f}s  ours {sec:.2f}s (len {row['completion_len']:.1f})",
+                f"step {state.global_step}: trl {rec['trl'][-1]['seconds']:.2f}s "
+                f" ours {sec:.2f}s (len {row['completion_len']:.1f})",
                 file=sys.stderr,
                 flush=True,
             )
@@ -271,21 +272,24 @@ def main() -> None:
         f"LoRA r={args.lora_r} alpha={args.lora_alpha} on {args.lora_targets}" if args.lora_r > 0 else "full-parameter"
     )
     head = (
-        f"model `{args.model}` ({ctx.backend.n_params / 1e6:.1f}M params, fp32), task {args.task} ({len(support)} support prompts), {mode}; "
-        f"{args.prompts_per_step} prompts x {args.num_generations} generations per step, max completion length {args.max_completion_length}, "
-        f"temperature {args.temperature}, lr {args.learning_rate}, beta 0, loss_type dapo, 1 iteration, grad accum 1; CPU, torch threads {args.threads}; "
-        f"TRL gradient checkpointing {'on' if args.trl_gradient_checkpointing else 'off'}. "
-        f"{args.warmup} warm-up + {args.steps} timed steps each, interleaved (TRL step k, then our step k); medians over the timed steps."
+        f"model `{args.model}` ({ctx.backend.n_params / 1e6:.1f}M params, fp32), task {args.task} ({len(support)} "
+        f"support prompts), {mode}; {args.prompts_per_step} prompts x {args.num_generations} generations per step, max "
+        f"completion length {args.max_completion_length}, temperature {args.temperature}, lr {args.learning_rate}, "
+        f"beta 0, loss_type dapo, 1 iteration, grad accum 1; CPU, torch threads {args.threads}; TRL gradient "
+        f"checkpointing {'on' if args.trl_gradient_checkpointing else 'off'}. {args.warmup} warm-up + {args.steps} "
+        "timed steps each, interleaved (TRL step k, then our step k); medians over the timed steps."
     )
     lines = [
-        "| trainer | s / step (median) | min - max | mean completion length (tokens) | generated tokens / step | s / generated token (median) | trainable params |",
+        "| trainer | s / step (median) | min - max | mean completion length (tokens) | generated tokens / step | s / "
+        "generated token (median) | trainable params |",
         "|---|---|---|---|---|---|---|",
     ]
     for name, label in (("ours", "corp GRPO core"), ("trl", f"TRL {trl.__version__} GRPOTrainer")):
         s = summary[name]
         lines.append(
-            f"| {label} | {s['median_s_per_step']:.2f} | {s['min_s']:.2f} - {s['max_s']:.2f} | {s['mean_completion_len']:.1f} | "
-            f"{s['mean_generated_tokens_per_step']:.0f} | {s['median_s_per_generated_token'] * 1e3:.1f} ms | {s['trainable_params']:,} |"
+            f"| {label} | {s['median_s_per_step']:.2f} | {s['min_s']:.2f} - {s['max_s']:.2f} | "
+            f"{s['mean_completion_len']:.1f} | {s['mean_generated_tokens_per_step']:.0f} | "
+            f"{s['median_s_per_generated_token'] * 1e3:.1f} ms | {s['trainable_params']:,} |"
         )
     lines += [
         "",
@@ -297,12 +301,19 @@ def main() -> None:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        load = f"load average (1/5/15 min) at start {'/'.join(f'{x:.2f}' for x in load_start)}, at end {'/'.join(f'{x:.2f}' for x in os.getloadavg())}"
-        env = f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, datasets {datasets.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs (shared; {load})"
+        load = (
+            f"load average (1/5/15 min) at start {'/'.join(f'{x:.2f}' for x in load_start)}, at end "
+            f"{'/'.join(f'{x:.2f}' for x in os.getloadavg())}"
+        )
+        env = (
+            f"torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}, datasets "
+            f"{datasets.__version__}, Python {platform.python_version()}, {os.cpu_count()} CPUs (shared; {load})"
+        )
         per_step = ["| step | TRL s | TRL mean len | our s | our mean len |", "|---|---|---|---|---|"]
         for i, (t, o) in enumerate(zip(rec["trl"], rec["ours"])):
             per_step.append(
-                f"| {i + 1}{' (warm-up)' if i < args.warmup else ''} | {t['seconds']:.2f} | {t['completion_len']:.1f} | {o['seconds']:.2f} | {o['completion_len']:.1f} |"
+                f"| {i + 1}{' (warm-up)' if i < args.warmup else ''} | {t['seconds']:.2f} | {t['completion_len']:.1f} "
+                f"| {o['seconds']:.2f} | {o['completion_len']:.1f} |"
             )
         readme = "\n".join(
             [
@@ -320,11 +331,12 @@ def main() -> None:
                 "",
                 *per_step,
                 "",
-                "A step is timed from TRL's `on_step_begin` to `on_step_end` (generation, reward, loss, backward, clip, optimizer step) and around "
-                "our `GRPOTrainer.train_step()` (the same stages). Completion lengths include the EOS token on both sides; "
-                "`generated tokens / step` = mean completion length x sequences per step. Sampling is random on both sides, so the two trainers "
-                "do not generate the same completions; seconds per generated token corrects for length only roughly (prompt work and the "
-                "optimizer step do not scale with it).",
+                "A step is timed from TRL's `on_step_begin` to `on_step_end` (generation, reward, loss, "
+                "backward, clip, optimizer step) and around our `GRPOTrainer.train_step()` (the same "
+                "stages). Completion lengths include the EOS token on both sides; `generated tokens / step` "
+                "= mean completion length x sequences per step. Sampling is random on both sides, so the "
+                "two trainers do not generate the same completions; seconds per generated token corrects "
+                "for length only roughly (prompt work and the optimizer step do not scale with it).",
                 "",
                 f"Environment: {env}. Raw timings: `timings.json`.",
                 "",

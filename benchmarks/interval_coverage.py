@@ -133,13 +133,15 @@ def main() -> None:
         + "\n"
     )
     lines = [
-        "| regime | seeds | true effect | seed-example t (new) | t over seeds only | seeds-then-examples bootstrap (old) |",
+        "| regime | seeds | true effect | seed-example t (new) | "
+        "t over seeds only | seeds-then-examples bootstrap (old) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         boot = f"{r['bootstrap']:.3f} ({r['bootstrap_datasets']} datasets)" if "bootstrap" in r else "—"
         lines.append(
-            f"| {r['regime']} | {r['seeds']} | {r['true_effect']:+.4f} | {r['seed_example_t']:.3f} | {r['t_over_seeds']:.3f} | {boot} |"
+            f"| {r['regime']} | {r['seeds']} | {r['true_effect']:+.4f} | "
+            f"{r['seed_example_t']:.3f} | {r['t_over_seeds']:.3f} | {boot} |"
         )
     (out / "coverage.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

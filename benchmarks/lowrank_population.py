@@ -114,7 +114,8 @@ def main():
         "loadavg_before": loadavg(),
     }
     print(
-        f"{model_id}: S={S} specialists x M={M} prompts, max_new_tokens={max_new}, rank {args.rank}, {args.threads} threads; load {out['loadavg_before']}",
+        f"{model_id}: S={S} specialists x M={M} prompts, max_new_tokens={max_new}, "
+        f"rank {args.rank}, {args.threads} threads; load {out['loadavg_before']}",
         flush=True,
     )
 
@@ -144,8 +145,9 @@ def main():
             "generated_tokens": tokens,
         }
         print(
-            f"{label}: {wall:.1f} s ({cpu:.1f} CPU s), {r['specialists_per_hour']:.0f} specialists/h; apply {r['apply_s_mean']:.3f} s, restore {r['restore_s_mean']:.3f} s, "
-            f"generate {r['generate_s_mean']:.2f} s per specialist; {tokens} tokens",
+            f"{label}: {wall:.1f} s ({cpu:.1f} CPU s), {r['specialists_per_hour']:.0f} "
+            f"specialists/h; apply {r['apply_s_mean']:.3f} s, restore {r['restore_s_mean']:.3f} "
+            f"s, generate {r['generate_s_mean']:.2f} s per specialist; {tokens} tokens",
             flush=True,
         )
         return r, answers
@@ -209,8 +211,8 @@ def main():
     )
     out["loadavg_after"] = loadavg()
     print(
-        f"batched low-rank / full-rank one at a time: {out['ratio_batched_over_full']:.2f}x; batched low-rank / plain generation: "
-        f"{out['ratio_batched_over_plain']:.2f}; load {out['loadavg_after']}",
+        f"batched low-rank / full-rank one at a time: {out['ratio_batched_over_full']:.2f}x; batched low-rank / plain "
+        f"generation: {out['ratio_batched_over_plain']:.2f}; load {out['loadavg_after']}",
         flush=True,
     )
     if args.out:

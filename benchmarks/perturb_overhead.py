@@ -111,7 +111,8 @@ def main() -> None:
         restore = time.perf_counter() - t
         rows.append((plain, apply_s, score, restore))
         print(
-            f"rep {rep}: plain {plain:.2f}s  apply {apply_s:.3f}s  score {score:.2f}s  restore {restore:.3f}s  reward {res.mean_reward:.3f}",
+            f"rep {rep}: plain {plain:.2f}s  apply {apply_s:.3f}s  score "
+            f"{score:.2f}s  restore {restore:.3f}s  reward {res.mean_reward:.3f}",
             file=sys.stderr,
         )
         if args.compare_schemes:
@@ -132,9 +133,9 @@ def main() -> None:
     throughput_ratio = statistics.median(r[0] / (r[1] + r[2] + r[3]) for r in rows)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     lines = [
-        f"model {args.model} ({model_bytes / 2**20:.0f} MiB of parameters, {backend.n_params / 1e6:.1f}M params), task {args.task}, "
-        f"{len(prompts)} support prompts, sigma {args.sigma}, {args.reps} interleaved reps, torch threads {args.threads}, "
-        f"noise scheme {SCHEME_VERSION}; medians:",
+        f"model {args.model} ({model_bytes / 2**20:.0f} MiB of parameters, {backend.n_params / 1e6:.1f}M params), "
+        f"task {args.task}, {len(prompts)} support prompts, sigma {args.sigma}, {args.reps} interleaved reps, torch "
+        f"threads {args.threads}, noise scheme {SCHEME_VERSION}; medians:",
         "",
         "| quantity | median |",
         "| --- | ---: |",
@@ -145,8 +146,10 @@ def main() -> None:
         f"| overhead (apply + restore) / score | {overhead * 100:.1f} % (target <= 5 %) |",
         f"| specialists per hour | {3600 / per_spec:.0f} |",
         f"| plain generations per hour | {3600 / plain:.0f} |",
-        f"| scoring throughput / plain generation (median of per-rep ratios) | {throughput_ratio:.3f} (target >= 0.9) |",
-        f"| peak RSS | {peak / 2**20:.0f} MiB = {peak / model_bytes:.2f} x model size (after load: {rss_after_load / 2**20:.0f} MiB) |",
+        "| scoring throughput / plain generation (median of "
+        f"per-rep ratios) | {throughput_ratio:.3f} (target >= 0.9) |",
+        f"| peak RSS | {peak / 2**20:.0f} MiB = {peak / model_bytes:.2f} "
+        f"x model size (after load: {rss_after_load / 2**20:.0f} MiB) |",
     ]
     for scheme in SCHEMES if by_scheme else ():
         a, ac, n, nc = (statistics.median(r[scheme][i] for r in by_scheme) for i in range(4))

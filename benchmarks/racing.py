@@ -116,12 +116,15 @@ def main() -> None:
         "raced": {},
     }
     lines = [
-        f"# Racing vs full evaluation: {args.model}, {args.task}, N = {args.population}, {args.n_support} support examples, {args.n_test} test examples",
+        f"# Racing vs full evaluation: {args.model}, {args.task}, N = {args.population}, "
+        f"{args.n_support} support examples, {args.n_test} test examples",
         "",
-        f"Made by `{report['command']}`. Successive halving: first rung {args.race_first} examples, eta {args.race_eta}, ties {args.race_ties}; every specialist a method "
+        f"Made by `{report['command']}`. Successive halving: first rung {args.race_first} "
+        f"examples, eta {args.race_eta}, ties {args.race_ties}; every specialist a method "
         "uses is scored on the whole support split (corp.evaluate.racing).",
         "",
-        "| raced for | population FLOPs vs full | stopped / completed after race | top-K overlap | elite overlap (q) | test: raced vs full (paired 95% CI) |",
+        "| raced for | population FLOPs vs full | stopped / completed after race | "
+        "top-K overlap | elite overlap (q) | test: raced vs full (paired 95% CI) |",
         "|---|---:|---:|---:|---|---|",
     ]
     for name, (rows, res, secs, pop, _) in runs.items():
@@ -162,12 +165,14 @@ def main() -> None:
             },
         }
         tests = "; ".join(
-            f"{m} {c['accuracy_a']:.3f} vs {c['accuracy_b']:.3f} ({c['difference']:+.3f}, {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f})"
+            f"{m} {c['accuracy_a']:.3f} vs {c['accuracy_b']:.3f} "
+            f"({c['difference']:+.3f}, {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f})"
             for m, c in cmp.items()
         )
         els = ", ".join(f"{v['overlap']:.2f} (q={q}{', identical' if v['identical'] else ''})" for q, v in el.items())
         lines.append(
-            f"| {name} | {ratio:.2f} | {race_info.get('stopped')} / {pop.get('completed_after_race')} | {overlap:.2f} | {els} | {tests} |"
+            f"| {name} | {ratio:.2f} | {race_info.get('stopped')} / "
+            f"{pop.get('completed_after_race')} | {overlap:.2f} | {els} | {tests} |"
         )
     (out / "racing.json").write_text(json.dumps(report, indent=2))
     (out / "README.md").write_text("\n".join(lines) + "\n")

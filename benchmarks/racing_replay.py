@@ -222,7 +222,10 @@ def _top1_text(r: dict) -> str:
     t = r["top1_test"]
     if t is None:
         return "other top-1; not evaluated on test"
-    return f"{t['raced']:.3f} - {t['full']:.3f} = {t['difference']:+.3f} (95% CI {t['ci95'][0]:+.3f} to {t['ci95'][1]:+.3f}, n = {t['n']})"
+    return (
+        f"{t['raced']:.3f} - {t['full']:.3f} = {t['difference']:+.3f} (95% "
+        f"CI {t['ci95'][0]:+.3f} to {t['ci95'][1]:+.3f}, n = {t['n']})"
+    )
 
 
 def main() -> None:
@@ -255,8 +258,9 @@ def main() -> None:
                 res = replay(run_dir, first, args.eta, args.ties, args.top_k, quantiles, who, tests)
                 results.append(res)
                 print(
-                    f"{res['run'][:60]:60s} N={res['population']:3d} n={res['support']:3d} {who:7s} first={first:3d}: "
-                    f"{res['fraction']:.2f} of full, rungs {[h['scored'] for h in res['rungs']]}, completed {res['completed_after_race']}, "
+                    f"{res['run'][:60]:60s} N={res['population']:3d} n={res['support']:3d} {who:7s} "
+                    f"first={first:3d}: {res['fraction']:.2f} of full, rungs "
+                    f"{[h['scored'] for h in res['rungs']]}, completed {res['completed_after_race']}, "
                     f"used overlap {res['used_overlap']:.2f}, identical {res['identical']}"
                 )
     if args.out:
@@ -265,19 +269,22 @@ def main() -> None:
         name = f"replay-ties-{args.ties}"
         (out / f"{name}.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
         lines = [
-            f"Made by `python benchmarks/racing_replay.py --runs '{args.runs}' --first {args.first} --eta {args.eta} --ties {args.ties} "
-            f"--top-k {args.top_k} --quantiles {args.quantiles} --race-for {args.race_for}"
+            f"Made by `python benchmarks/racing_replay.py --runs '{args.runs}' --first {args.first} --eta {args.eta} "
+            f"--ties {args.ties} --top-k {args.top_k} --quantiles {args.quantiles} --race-for {args.race_for}"
             + (f" --test-rows '{args.test_rows}'" if args.test_rows else "")
             + f" --out {args.out}`.",
             "",
-            "| population | N | support | raced for | first rung | share of full evaluations | scored per rung | completed | used overlap | same choice | top-1 on test: raced - full |",
+            "| population | N | support | raced for | first rung | share of full evaluations | scored per rung | "
+            "completed | used overlap | same choice | top-1 on test: raced - full |",
             "|---|---:|---:|---|---:|---:|---|---:|---:|---|---|",
         ]
         for r in results:
             task, _, rest = r["run"].partition("__population__")
             lines.append(
-                f"| {task[:18] + ' ' + rest if rest else task} | {r['population']} | {r['support']} | {r['for']} | {r['first']} | {r['fraction']:.2f} | "
-                f"{'/'.join(str(h['scored']) for h in r['rungs'])} | {r['completed_after_race']} | {r['used_overlap']:.2f} | {'yes' if r['identical'] else 'no'} | {_top1_text(r)} |"
+                f"| {task[:18] + ' ' + rest if rest else task} | {r['population']} | "
+                f"{r['support']} | {r['for']} | {r['first']} | {r['fraction']:.2f} | "
+                f"{'/'.join(str(h['scored']) for h in r['rungs'])} | {r['completed_after_race']} | "
+                f"{r['used_overlap']:.2f} | {'yes' if r['identical'] else 'no'} | {_top1_text(r)} |"
             )
         (out / f"{name}.md").write_text("\n".join(lines) + "\n")
 

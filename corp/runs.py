@@ -122,7 +122,8 @@ class RunLock:
             holder = fh.read().strip() or "unknown"
             fh.close()
             raise CorpError(
-                f"run directory '{self.path.parent}' is in use by another corp process (pid {holder}); wait for it to finish or pass another --run-dir"
+                f"run directory '{self.path.parent}' is in use by another corp process "
+                f"(pid {holder}); wait for it to finish or pass another --run-dir"
             ) from None
         fh.seek(0)
         fh.truncate()
@@ -406,7 +407,8 @@ def format_rows(
     lines = [f"{'method':<22} {'test acc':>8} {'passes/ex':>9} {'labelled':>8} {'test tokens':>12} {'test FLOPs':>11}"]
     for r in rows:
         lines.append(
-            f"{r.method:<22} {r.accuracy:>8.3f} {r.passes_per_example:>9d} {r.labelled_examples:>8d} {r.ledger.inference_tokens:>12d} {r.ledger.flops:>11.3e}"
+            f"{r.method:<22} {r.accuracy:>8.3f} {r.passes_per_example:>9d} {r.labelled_examples:>8d} "
+            f"{r.ledger.inference_tokens:>12d} {r.ledger.flops:>11.3e}"
         )
     if selection_flops is not None:
         lines.append(

@@ -78,7 +78,8 @@ def assert_same_examples(a: Sequence, b: Sequence, what: str = "paired compariso
     if list(ids_a) != list(ids_b):
         diff = next(i for i, (x, y) in enumerate(zip(ids_a, ids_b)) if x != y)
         raise CorpError(
-            f"{what}: the two sides were scored on different examples (first difference at position {diff}: '{ids_a[diff]}' vs '{ids_b[diff]}')"
+            f"{what}: the two sides were scored on different examples (first "
+            f"difference at position {diff}: '{ids_a[diff]}' vs '{ids_b[diff]}')"
         )
 
 
@@ -242,7 +243,10 @@ def compare_paired(name_a: str, correct_a: Sequence[int | bool], name_b: str, co
         "mcnemar_p": p,
         "a_only_correct": only_a,
         "b_only_correct": only_b,
-        "method": f"paired bootstrap ({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, percentile 95%); exact two-sided McNemar",
+        "method": (
+            f"paired bootstrap ({BOOTSTRAP_SAMPLES} resamples, seed "
+            f"{BOOTSTRAP_SEED}, percentile 95%); exact two-sided McNemar"
+        ),
     }
 
 
@@ -256,8 +260,8 @@ def comparison_line(c: dict) -> str:
     if c.get("n_seeds", 1) > 1:  # McNemar on pooled pairs reads one seed's run as many independent ones: per seed only
         seeds = ", ".join(f"{p['difference']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]" for p in c["per_seed"])
         return (
-            f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} across {c['n_seeds']} seeds, "
-            f"df {c['df']:.1f}; per seed {seeds}; signs {sign_text(c)}; n = {c['n']})"
+            f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} across "
+            f"{c['n_seeds']} seeds, df {c['df']:.1f}; per seed {seeds}; signs {sign_text(c)}; n = {c['n']})"
         )
     return (
         f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (paired 95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}; "

@@ -96,6 +96,7 @@ def data_dir():
     missing = [f for f in BENCHMARK_FILES if not (DATA_DIR / f).is_file()]
     if missing:
         pytest.skip(
-            f"benchmark data not found: {', '.join(missing)} missing under {DATA_DIR}; set CORP_DATA_DIR to a directory that holds them"
+            f"benchmark data not found: {', '.join(missing)} missing under "
+            f"{DATA_DIR}; set CORP_DATA_DIR to a directory that holds them"
         )
     return DATA_DIR

@@ -144,7 +144,8 @@ def test_sweep_writes_results_table_and_plots(swept):
         for budget in ("1e+08", "2e+08"):
             got = {r["method"] for r in rows if r["setting"] == setting and r["budget"] == budget}
             assert {"randopt-top1", "corp-stage1", "es", "grpo"} <= got, (setting, budget, got)
-    # data settings: RandOpt/ES/GRPO see support (4) in paper and support + probe + validation (12) in equal-data; CoRP 12 in both
+    # data settings: RandOpt/ES/GRPO see support (4) in paper and support + probe + validation (12) in equal-data;
+    # CoRP 12 in both
     lab = {(r["method"], r["setting"]): int(r["labelled_examples"]) for r in rows}
     assert lab[("randopt-top1", "paper")] == 4 and lab[("randopt-top1", "equal-data")] == 12
     assert lab[("es", "paper")] == 4 and lab[("es", "equal-data")] == 12
@@ -225,7 +226,8 @@ def test_budgets_are_matched_as_the_adapters_say(swept):
         ):  # one rule for every method: never over the budget, CoRP's own evaluations included
             assert rec["flops"] <= rec["budget"], (rec["label"], rec["flops"], rec["budget"])
     assert prefix_bit, "no budget cut the population: the prefix check above proved little"
-    # CoRP's own evaluations count: where the prefix scoring alone affords plus them overshot, a smaller prefix was taken
+    # CoRP's own evaluations count: where the prefix scoring alone affords plus them overshot, a smaller prefix was
+    # taken
     shrunk = [r for r in records if r["label"] == "corp-stage1" and len(r.get("tried", [])) > 1]
     assert shrunk and all(
         r["tried"][0]["flops"] > r["budget"] >= r["flops"] and r["units"] < r["tried"][0]["units"] for r in shrunk

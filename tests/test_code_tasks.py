@@ -92,7 +92,8 @@ def test_bad_options_are_corp_errors(monkeypatch, tmp_path):
         HumanEval(data_dir=str(tmp_path)).pools()
 
 
-# ---------------------------------------------------------------- canonical solutions (the sandbox must not break real code)
+# ---------------------------------------------------------------- canonical solutions
+# (the sandbox must not break real code)
 
 
 def test_all_canonical_mbpp_solutions_pass(data_dir):
@@ -199,12 +200,16 @@ def test_cheating_completions_score_zero_and_the_isolation_level_is_printed(caps
         # an object equal to everything
         "class A:\n    def __eq__(self, other):\n        return True\ndef add(a, b):\n    return A()",
         # a subclass of int equal to everything (travels as its int value)
-        "class A(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\ndef add(a, b):\n    return A(7)",
+        "class A(int):\n    def __eq__(self, other):\n        return "
+        "True\n    __hash__ = int.__hash__\ndef add(a, b):\n    return A(7)",
         # patches the builtins the asserts would use, then exits before them
-        "import builtins, sys\nbuiltins.AssertionError = type('X', (Exception,), {})\ndef add(a, b):\n    return 0\nsys.exit(0)",
+        "import builtins, sys\nbuiltins.AssertionError = type('X', "
+        "(Exception,), {})\ndef add(a, b):\n    return 0\nsys.exit(0)",
         # answers read from the asserts: there are none to read in the program's process
-        "import gc, re\nsrc = ' '.join(s for o in gc.get_objects() if isinstance(o, dict) for s in o.values() if isinstance(s, str))\n"
-        "ANS = {int(a): int(b) for a, b in re.findall(r'add\\((-?\\d+), -?\\d+\\) == (-?\\d+)', src)}\ndef add(a, b):\n    return ANS.get(a)",
+        "import gc, re\nsrc = ' '.join(s for o in gc.get_objects() if "
+        "isinstance(o, dict) for s in o.values() if isinstance(s, str))\n"
+        "ANS = {int(a): int(b) for a, b in re.findall(r'add\\((-?\\d+), "
+        "-?\\d+\\) == (-?\\d+)', src)}\ndef add(a, b):\n    return ANS.get(a)",
     ]
     rewards = task.reward([fence(c) for c in cheats] + [fence(ADD.answer)], [ADD] * (len(cheats) + 1))
     assert rewards == [0.0] * len(cheats) + [1.0]

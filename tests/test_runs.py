@@ -59,7 +59,8 @@ def test_second_process_on_a_locked_run_dir_gets_one_error_naming_the_holder(tmp
         [
             sys.executable,
             "-c",
-            "import sys, time; from corp.runs import RunLock; RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)",
+            "import sys, time; from corp.runs import RunLock; "
+            "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)",
             str(tmp_path),
         ],
         stdout=subprocess.PIPE,

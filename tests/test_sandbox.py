@@ -303,7 +303,10 @@ def test_no_network_connection_arrives():
 @needs_isolation
 def test_printing_100_mb_is_capped():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    src = "import sys\nline = 'x' * (1 << 20)\nfor _ in range(100):\n    sys.stdout.write(line)\nsys.stdout.flush()\nraise AssertionError('printed')\n"
+    src = (
+        "import sys\nline = 'x' * (1 << 20)\nfor _ in range(100):\n    "
+        "sys.stdout.write(line)\nsys.stdout.flush()\nraise AssertionError('printed')\n"
+    )
     r = run_program(src, timeout=10, max_output_bytes=65536)
     assert not r.passed and r.status is Status.FAIL
     assert r.truncated and len(r.stdout) == 65536 and "AssertionError" in r.stderr  # ran to the end, output capped
@@ -774,7 +777,10 @@ def test_as_an_ordinary_user_the_program_is_isolated():
 def test_as_an_ordinary_user_the_parent_cannot_be_killed():
     def inside():
         me = os.getpid()
-        src = f"import os, signal\nos.kill({me}, signal.SIGKILL)\nos.kill(os.getppid(), signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)\n"
+        src = (
+            f"import os, signal\nos.kill({me}, signal.SIGKILL)\nos.kill(os.getppid(), "
+            "signal.SIGKILL)\nos.kill(-1, signal.SIGKILL)\n"
+        )
         r = run_program(src, timeout=5)
         return {"alive": os.getpid() == me, "status": r.status.value, "level": r.isolation.get("level")}
 

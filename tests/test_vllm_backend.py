@@ -64,7 +64,8 @@ def test_greedy_agreement_with_hf(vllm_backend, hf_backend):
         r_hf = sum(float(task.check(task.extract(t), e)) for t, e in zip(g_hf.texts, examples))
         r_vl = sum(float(task.check(task.extract(t), e)) for t, e in zip(g_vl.texts, examples))
         print(
-            f"[{label}] identical {sum(same)}/32, reward hf {r_hf:.0f} vllm {r_vl:.0f}, apply {vllm_backend.last_apply_seconds:.2f}s"
+            f"[{label}] identical {sum(same)}/32, reward hf {r_hf:.0f} "
+            f"vllm {r_vl:.0f}, apply {vllm_backend.last_apply_seconds:.2f}s"
         )
         if sum(same) < 0.95 * len(same) or abs(r_hf - r_vl) > 1:
             failures.append(f"{label}: identical {sum(same)}/32, rewards {r_hf} vs {r_vl}")

@@ -68,7 +68,9 @@ class AnalyzeRankConfig(PopulationConfig):
             raise CorpError(f"--significance must be in (0, 1), got {self.significance}")
         if 1 / (self.permutations + 1) > self.significance:
             raise CorpError(
-                f"--permutations {self.permutations}: the smallest permutation p-value is 1/{self.permutations + 1} > --significance {self.significance}, so nothing could pass; use >= {math.ceil(1 / self.significance) - 1}"
+                f"--permutations {self.permutations}: the smallest permutation p-value "
+                f"is 1/{self.permutations + 1} > --significance {self.significance}, "
+                f"so nothing could pass; use >= {math.ceil(1 / self.significance) - 1}"
             )
         if self.power_sims < 0:
             raise CorpError(f"--power-sims must be >= 0 (0 skips the power simulation), got {self.power_sims}")

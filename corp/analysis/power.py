@@ -288,8 +288,14 @@ def analysis_power(
         "permutations": permutations,
         "significance": significance,
         "ranks": list(ranks),
-        "unit": "share of reward variance explained by the planted direction (rho^2; rho = correlation between reward and the specialists' projection on it)",
-        "model": "reward_i = rho * x_i / sd(x) + sqrt(1 - rho^2) * e_i, x_i = <D, sigma_i eps_i>, D a unit-norm rank-r matrix, e_i ~ N(0, 1); found = r* >= 1 under the analysis's own rule",
+        "unit": (
+            "share of reward variance explained by the planted direction (rho^2; "
+            "rho = correlation between reward and the specialists' projection on it)"
+        ),
+        "model": (
+            "reward_i = rho * x_i / sd(x) + sqrt(1 - rho^2) * e_i, x_i = <D, sigma_i eps_i>, D a unit-norm rank-r "
+            "matrix, e_i ~ N(0, 1); found = r* >= 1 under the analysis's own rule"
+        ),
         "shapes": rows,
         "shapes_left_out": left_out,
         "smallest_share_at_target": min(found) if found else None,
@@ -302,23 +308,25 @@ def power_lines(p: dict) -> list[str]:
     r = p["planted_rank"]
     what = "a direction" if r == 1 else f"a rank-{r} subspace"
     lines = [
-        f"power (planted rank-{r} signal, N = {p['n_specialists']}, S = {p['splits']}, P = {p['permutations']}, {p['sims_per_point']} simulations per point, {p['seconds']:.0f} s): "
-        f"share of reward variance {what} of one matrix must explain to be found (r* > 0) with probability {p['target_power']:.1f}:"
+        f"power (planted rank-{r} signal, N = {p['n_specialists']}, S = {p['splits']}, P = {p['permutations']}, "
+        f"{p['sims_per_point']} simulations per point, {p['seconds']:.0f} s): share of reward variance {what} of one "
+        f"matrix must explain to be found (r* > 0) with probability {p['target_power']:.1f}:"
     ]
     for s in p["shapes"]:
         head = f"  {s['shape'][0]}x{s['shape'][1]} ({s['matrices']} matrices): "
         if s["share_at_target"] is None:
             lo, hi = s["power_at_full_share_ci95"]
             lines.append(
-                head
-                + f"not reached at this N: even {what} explaining ALL reward variance is found with probability {s['power_at_full_share']:.2f} "
-                f"(95% CI {lo:.2f}-{hi:.2f}); random-matrix estimate: N >= {s['n_edge_full_share']} before it shows at all"
+                head + f"not reached at this N: even {what} explaining ALL reward variance "
+                f"is found with probability {s['power_at_full_share']:.2f} "
+                f"(95% CI {lo:.2f}-{hi:.2f}); random-matrix estimate: "
+                f"N >= {s['n_edge_full_share']} before it shows at all"
             )
         else:
             lo, hi = s["bracket"]
             lines.append(
-                head
-                + f"{s['share_at_target']:.3g} (rho = {s['rho_at_target']:.2f}; between {lo:.3g} and {hi:.3g}; random-matrix edge {s['edge_share']:.3g})"
+                head + f"{s['share_at_target']:.3g} (rho = {s['rho_at_target']:.2f}; between {lo:.3g} and {hi:.3g}; "
+                f"random-matrix edge {s['edge_share']:.3g})"
             )
     if p["shapes_left_out"]:
         lines.append(
@@ -333,7 +341,11 @@ def power_sentence(p: dict) -> str:
     n = p["n_specialists"]
     if p["smallest_share_at_target"] is None:
         return (
-            f"at N = {n} it would not find (with {p['target_power']:.0%} power) even a single direction carrying all of the reward variance in any of the "
+            f"at N = {n} it would not find (with {p['target_power']:.0%} power) even a "
+            "single direction carrying all of the reward variance in any of the "
             f"{sum(s['matrices'] for s in p['shapes'])} matrices of the simulated shapes"
         )
-    return f"at N = {n} it would find, with {p['target_power']:.0%} power, only a direction explaining at least {p['smallest_share_at_target']:.2g} of the reward variance in one matrix (smallest over shapes)"
+    return (
+        f"at N = {n} it would find, with {p['target_power']:.0%} power, only a direction explaining at least "
+        f"{p['smallest_share_at_target']:.2g} of the reward variance in one matrix (smallest over shapes)"
+    )

@@ -416,7 +416,8 @@ def analysis_targets(
         keep.append((name, (int(shape[0]), int(shape[1]))))
     if not keep:
         raise CorpError(
-            f"no weight matrix to analyse (--matrices '{matrices}', embeddings {'included' if include_embeddings else 'excluded'})"
+            f"no weight matrix to analyse (--matrices '{matrices}', embeddings "
+            f"{'included' if include_embeddings else 'excluded'})"
         )
     return keep, skipped
 

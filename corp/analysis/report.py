@@ -84,7 +84,10 @@ def summarise(result: dict, meta: dict, ranks: Sequence[int], significance: floa
         "permutations": len(plan.perms) - 1,
         "significance": significance,
         "ranks": list(ranks),
-        "rule": "r* = largest grid rank r such that the marginal overlap beats its permutation null (p <= significance) at r and at every smaller grid rank; 0 if it fails at the first rank",
+        "rule": (
+            "r* = largest grid rank r such that the marginal overlap beats its permutation null (p <= significance) "
+            "at r and at every smaller grid rank; 0 if it fails at the first rank"
+        ),
         "n_matrices": n_mat,
         "skipped_matrices": result["skipped"],
         "n_with_rank": len(with_rank),
@@ -113,17 +116,20 @@ def summarise(result: dict, meta: dict, ranks: Sequence[int], significance: floa
 
 def summary_text(s: dict) -> str:
     lines = [
-        f"analyze-rank: {s['n_matrices']} weight matrices, N = {s['n_specialists']} specialists (halves of {s['half_size']}), "
-        f"S = {s['splits']} splits, P = {s['permutations']} permutations, significance level {s['significance']}, {s['seconds']:.0f} s",
-        f"matrices with a reproducible rank r* > 0: {s['n_with_rank']}/{s['n_matrices']} ({100 * s['fraction_with_rank']:.1f}%; "
-        f"~{100 * s['significance']:.0f}% expected by chance, binomial p = {s['binomial_p_vs_null']:.3g})",
+        f"analyze-rank: {s['n_matrices']} weight matrices, N = {s['n_specialists']} specialists "
+        f"(halves of {s['half_size']}), S = {s['splits']} splits, P = {s['permutations']} "
+        f"permutations, significance level {s['significance']}, {s['seconds']:.0f} s",
+        f"matrices with a reproducible rank r* > 0: {s['n_with_rank']}/{s['n_matrices']} "
+        f"({100 * s['fraction_with_rank']:.1f}%; ~{100 * s['significance']:.0f}% "
+        f"expected by chance, binomial p = {s['binomial_p_vs_null']:.3g})",
         "r* histogram: " + ", ".join(f"r*={k}: {v}" for k, v in s["r_star_hist"].items()),
     ]
     wm = s["whole_model"]
     for stat in ("overlap", "cos_raw", "energy"):
         d = wm[stat]
         lines.append(
-            f"  mean {stat} at r={d['rank']}: {d['mean']:.4f} (null {d['null_mean']:.4f}); p <= {s['significance']} in {100 * d['fraction_p_le_significance']:.0f}% of matrices"
+            f"  mean {stat} at r={d['rank']}: {d['mean']:.4f} (null {d['null_mean']:.4f}); p <= {s['significance']} in "
+            f"{100 * d['fraction_p_le_significance']:.0f}% of matrices"
         )
     lines.append(
         "by module: "
@@ -184,7 +190,8 @@ def plot_overlap(path: Path, mats: list[dict], k: int) -> None:
             ax.set_ylabel(label)
             if i == 0:
                 ax.set_title(
-                    f"{m['matrix'].replace('model.', '').replace('.weight', '')}\n{m['shape'][0]}x{m['shape'][1]}, r*={m['r_star']}",
+                    f"{m['matrix'].replace('model.', '').replace('.weight', '')}\n{m['shape'][0]}x{m['shape'][1]}, "
+                    f"r*={m['r_star']}",
                     fontsize=8,
                 )
             if i == 0 and j == 0:

@@ -86,7 +86,8 @@ def load_run_population(run_dir: Path) -> tuple[list[dict], dict, dict]:
     meta = read_json(meta_path) if meta_path.exists() else {}
     if meta.get("kind", "population") != "population":
         raise CorpError(
-            f"'{run_dir}' holds a '{meta['kind']}' run, not a population of perturbations of the base; analyse a population from `corp score`, `randopt` or `consolidate`"
+            f"'{run_dir}' holds a '{meta['kind']}' run, not a population of perturbations of the base; analyse a "
+            "population from `corp score`, `randopt` or `consolidate`"
         )
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.exists():
@@ -119,7 +120,8 @@ def run_analyze_rank(cfg) -> dict:
         rows = ensure_population(ctx)
         if is_raced(rows):
             raise CorpError(
-                f"--from-run '{cfg.from_run}' holds a raced population; the split-half analysis needs every specialist scored on the whole support split"
+                f"--from-run '{cfg.from_run}' holds a raced population; the split-half "
+                "analysis needs every specialist scored on the whole support split"
             )
         ctx.release_backend()  # free the model: the analysis needs shapes only
         return _analyze(
@@ -139,7 +141,8 @@ def _analyze(
     named = [(n, s) for n, s in named if pfilter(n)]  # the perturbed parameters (tied weights appear once)
     if not named:
         raise CorpError(
-            f"parameter filter (include '{pfilter.include}', exclude '{pfilter.exclude}') selects no parameter of {model_id}"
+            f"parameter filter (include '{pfilter.include}', exclude "
+            f"'{pfilter.exclude}') selects no parameter of {model_id}"
         )
     sigmas = [float(r["sigma"]) for r in rows]
     significance = cfg.significance

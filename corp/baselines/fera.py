@@ -137,7 +137,8 @@ def client_prompt(demos, question: str, synthesis: str | None, support: float | 
     lines.append(f"Question: {question}")
     if synthesis is not None:
         lines.append(
-            f"(Other solvers' combined answer last round: {synthesis}, with {support:.0%} of the weight. Check it and answer.)"
+            f"(Other solvers' combined answer last round: {synthesis}, "
+            f"with {support:.0%} of the weight. Check it and answer.)"
         )
     return "\n".join(lines)
 
@@ -189,7 +190,8 @@ def run_fera(cfg: FERAConfig, backend=None) -> dict:
         for c, share in enumerate(shares):
             if len(share) < cfg.shots:
                 raise CorpError(
-                    f"client {c} holds {len(share)} support examples, fewer than --shots {cfg.shots}; raise --n-support to >= {cfg.clients * cfg.shots} or lower --clients/--shots"
+                    f"client {c} holds {len(share)} support examples, fewer than --shots {cfg.shots}; raise "
+                    f"--n-support to >= {cfg.clients * cfg.shots} or lower --clients/--shots"
                 )
         demos = [share[: cfg.shots] for share in shares]
         test = ctx.splits["test"]
@@ -318,7 +320,10 @@ def _report(cfg: FERAConfig, ctx, rounds: list[dict], ids: list[str]) -> dict:
         rows,
         compare,
         ids,
-        reconstruction="FERA, arXiv 2605.10082: a reconstruction from docs/methods.md; the cheap uncertainty-weighted vote (see corp/baselines/fera.py)",
+        reconstruction=(
+            "FERA, arXiv 2605.10082: a reconstruction from docs/methods.md; "
+            "the cheap uncertainty-weighted vote (see corp/baselines/fera.py)"
+        ),
         rounds=[
             {
                 "round": r["round"],

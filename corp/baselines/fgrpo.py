@@ -151,7 +151,8 @@ class FGRPOClient(ClientBase):
         names = [n for n, _ in tr.trainable]
         if sorted(state) != sorted(names):
             raise CorpError(
-                f"client {self.index}: the global state holds other parameters than its model trains (LoRA settings differ?)"
+                f"client {self.index}: the global state holds other "
+                "parameters than its model trains (LoRA settings differ?)"
             )
         with torch.no_grad():
             for n, p in tr.trainable:
@@ -349,12 +350,17 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
         bytes_per_round=[h["communication"]["total_bytes"] for h in history],
         method_ledger=training.to_dict(),
         method_flops=training.flops,
-        method_ledger_note="all clients' generation (2N per token) and training tokens (6N per token, also for LoRA); the server's test evaluations not included",
+        method_ledger_note=(
+            "all clients' generation (2N per token) and training tokens (6N per "
+            "token, also for LoRA); the server's test evaluations not included"
+        ),
         model_dir=str(ctx.run_dir / "model"),
     )
     if rows:
         lines = [
-            f"round {h['round']}: pooled test accuracy {h['pooled_test_accuracy']:.3f}; per client {h['client_test_accuracy']}; weights {[round(w, 3) for w in h['weights']]}; {h['communication']['total_bytes']} bytes"
+            f"round {h['round']}: pooled test accuracy {h['pooled_test_accuracy']:.3f}; per client "
+            f"{h['client_test_accuracy']}; weights {[round(w, 3) for w in h['weights']]}; "
+            f"{h['communication']['total_bytes']} bytes"
             for h in history
         ]
         report["table"] = (

@@ -124,7 +124,8 @@ class FTISConfig(GRPOConfig):
                 raise CorpError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if len(self.node_models()) < 2:
             raise CorpError(
-                f"--nodes '{self.nodes}' names one model; F-TIS needs two or more nodes (or drop --nodes and use --n-nodes)"
+                f"--nodes '{self.nodes}' names one model; F-TIS needs "
+                "two or more nodes (or drop --nodes and use --n-nodes)"
             )
         if not (self.tis_cap > 0 and math.isfinite(self.tis_cap)):
             raise CorpError(f"--tis-cap must be > 0 and finite, got {self.tis_cap}")
@@ -298,8 +299,8 @@ class Node(GRPOTrainer):
             return r.token_ids, r.logprobs, True
         if self.cfg.no_retokenize:
             raise CorpError(
-                f"node {self.index} ('{self.name}') and node {r.sender} use different tokenizers and --no-retokenize forbids sharing text; "
-                "use nodes with one tokenizer or drop --no-retokenize"
+                f"node {self.index} ('{self.name}') and node {r.sender} use different tokenizers and --no-retokenize "
+                "forbids sharing text; use nodes with one tokenizer or drop --no-retokenize"
             )
         self.bytes_received += r.wire_bytes(as_text=True)
         ids = self.tokenizer(r.text, add_special_tokens=False)["input_ids"]
@@ -394,7 +395,8 @@ def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trai
             n.load_checkpoint()
         if len({n.step for n in nodes}) > 1:
             raise CorpError(
-                f"the {arm} checkpoints in '{run_dir}' are at different steps (interrupted between two saves); use another --run-dir"
+                f"the {arm} checkpoints in '{run_dir}' are at different steps "
+                "(interrupted between two saves); use another --run-dir"
             )
     metrics_path = run_dir / "metrics.jsonl"
     done = nodes[0].step
@@ -595,8 +597,8 @@ def run_ftis(cfg: FTISConfig) -> dict:
             for k, t in enumerate(toks[1:], 1):
                 if not same_tokenizer(toks[0], t):
                     raise CorpError(
-                        f"node 0 ('{names[0]}') and node {k} ('{names[k]}') use different tokenizers and --no-retokenize forbids sharing text; "
-                        "use nodes with one tokenizer or drop --no-retokenize"
+                        f"node 0 ('{names[0]}') and node {k} ('{names[k]}') use different tokenizers and "
+                        "--no-retokenize forbids sharing text; use nodes with one tokenizer or drop --no-retokenize"
                     )
         hashes = [c.weights_hash for c in node_ctxs]  # the bases' hashes, before training changes the weights
         nodes = [Node(k, names[k], c, cfg) for k, c in enumerate(node_ctxs)]
@@ -609,7 +611,8 @@ def run_ftis(cfg: FTISConfig) -> dict:
                 c = _node_context(cfg, ctx, k, name)
                 if c.weights_hash != hashes[k]:
                     raise CorpError(
-                        f"node {k} ('{name}') reloaded with other weights than at the start of the run; its files changed"
+                        f"node {k} ('{name}') reloaded with other weights "
+                        "than at the start of the run; its files changed"
                     )
                 node = Node(k, name, c, cfg)
                 rows += _train_arm("grpo", [node], cfg, cfg.num_generations * len(names), evals, trained_as, ood)
@@ -665,7 +668,9 @@ def _report(cfg, ctx, names, rows, ledgers, traffic, hashes) -> dict:
         report_rows,
         compare,
         ids if report_rows else None,
-        reconstruction="F-TIS, arXiv 2605.22537: a reconstruction from docs/methods.md (choices stated in corp/baselines/ftis.py)",
+        reconstruction=(
+            "F-TIS, arXiv 2605.22537: a reconstruction from docs/methods.md (choices stated in corp/baselines/ftis.py)"
+        ),
         steps=cfg.steps,
         nodes=[
             {
@@ -696,10 +701,14 @@ def _report(cfg, ctx, names, rows, ledgers, traffic, hashes) -> dict:
             },
         },
         matching_note=(
-            "nodeK-grpo: node K alone from its base, same steps and prompts, K x G own completions per prompt (same number of local updates "
-            "and of trained sequences per update); its FLOPs are in nodes[].grpo_training_ledger beside F-TIS's training_ledger"
+            "nodeK-grpo: node K alone from its base, same steps and prompts, K x G own completions per prompt (same "
+            "number of local updates and of trained sequences per update); its FLOPs are in "
+            "nodes[].grpo_training_ledger beside F-TIS's training_ledger"
         ),
-        bytes_note="ids + float32 logprobs (8 B/token) to a node with the same tokenizer; UTF-8 text + float32 sequence logprob + 1 B finished flag otherwise; prompts and rewards are never sent",
+        bytes_note=(
+            "ids + float32 logprobs (8 B/token) to a node with the same tokenizer; UTF-8 text + float32 sequence "
+            "logprob + 1 B finished flag otherwise; prompts and rewards are never sent"
+        ),
     )
     if report_rows:
         report["table"] = format_rows(report_rows, report["comparisons"])
@@ -715,7 +724,8 @@ def summary(report: dict) -> str:
         )
     for n in report.get("nodes", []):
         lines.append(
-            f"node{n['node']} ({n['model']}): sent {n.get('bytes_sent', 0)} B, received {n.get('bytes_received', 0)} B over the run"
+            f"node{n['node']} ({n['model']}): sent {n.get('bytes_sent', 0)} "
+            f"B, received {n.get('bytes_received', 0)} B over the run"
         )
     if report.get("table"):
         lines.append(report["table"])

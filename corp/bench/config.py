@@ -131,7 +131,8 @@ class BenchConfig:
                 raise CorpError(f"bench config: unknown setting '{s}'; choose from {', '.join(SETTINGS)}")
         if self.hyperparameters not in PROTOCOLS:
             raise CorpError(
-                f"bench config: unknown hyperparameter protocol '{self.hyperparameters}'; use one of {', '.join(PROTOCOLS)}"
+                "bench config: unknown hyperparameter protocol "
+                f"'{self.hyperparameters}'; use one of {', '.join(PROTOCOLS)}"
             )
         if not isinstance(self.methods, dict) or not self.methods:
             raise CorpError("bench config: 'methods' must map method names to {options, variants, search}")
@@ -140,7 +141,8 @@ class BenchConfig:
                 not isinstance(spec, dict) or set(spec) - {"options", "variants", "search", "trials", "skip"}
             ):
                 raise CorpError(
-                    f"bench config: method '{name}' must be a mapping with 'options', 'variants', 'search', 'trials' and/or 'skip'"
+                    f"bench config: method '{name}' must be a mapping with "
+                    "'options', 'variants', 'search', 'trials' and/or 'skip'"
                 )
             if spec and "skip" in spec and not (isinstance(spec["skip"], str) and spec["skip"].strip()):
                 raise CorpError(f"bench config: method '{name}': skip must say why the method is not run (a sentence)")
@@ -152,8 +154,8 @@ class BenchConfig:
                 raise CorpError(f"bench config: compare entries are pairs [a, b], got {pair!r}")
         if self.compare and len(self.seeds) < 2:
             raise CorpError(
-                f"bench config: {len(self.compare)} comparison(s) with {len(self.seeds)} seed; an across-seed interval needs "
-                "at least 2 seeds (add seeds or remove compare)"
+                f"bench config: {len(self.compare)} comparison(s) with {len(self.seeds)} seed; an across-seed interval "
+                "needs at least 2 seeds (add seeds or remove compare)"
             )
         if self.population < 1:
             raise CorpError(f"bench config: population must be >= 1, got {self.population}")

@@ -138,7 +138,8 @@ def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
                             raise ValueError(f"{a} and {b} (seed {s}) were evaluated on different test examples")
                     # seeds are clusters: the interval resamples seeds, then examples within each
                     c = compare_paired_seeds(a, [sa[s]["correct"] for s in seeds], b, [sb[s]["correct"] for s in seeds])
-                    # both sides' training/selection FLOPs (mean over the compared seeds): a comparison states what each spent
+                    # both sides' training/selection FLOPs (mean over the compared seeds): a comparison states what
+                    # each spent
                     c.update(
                         task=cfg.label(task),
                         setting=setting,
@@ -165,15 +166,16 @@ def write_csv(path: Path, rows: list[dict], columns: list[str] = CSV_COLUMNS) ->
 def protocol_sentence(cfg: BenchConfig) -> str:
     if cfg.hyperparameters != "search":
         return (
-            "Hyperparameters: defaults (each method's options as given in the config, the same for every seed and budget, chosen "
-            "without the test split; recorded per row in results.csv)."
+            "Hyperparameters: defaults (each method's options as given in the config, the same for every seed and "
+            "budget, chosen without the test split; recorded per row in results.csv)."
         )
     searched = [n for n, spec in cfg.methods.items() if (spec or {}).get("search")]
     return (
-        f"Hyperparameters: search. Each of {', '.join(searched)} got {cfg.trials} trials (grid points drawn by a fixed seed), run on "
-        f"seed {cfg.seeds[0]} in the paper setting and compared on the {cfg.n_validation}-example validation split, never on test; "
-        "the best trial's options (results.csv) were used for every seed and both settings, so these methods also used the validation "
-        "labels to choose them. Every trial is in tuning.csv. Other methods ran with the options given."
+        f"Hyperparameters: search. Each of {', '.join(searched)} got {cfg.trials} trials (grid points drawn "
+        f"by a fixed seed), run on seed {cfg.seeds[0]} in the paper setting and compared on the "
+        f"{cfg.n_validation}-example validation split, never on test; the best trial's options (results.csv) "
+        "were used for every seed and both settings, so these methods also used the validation labels to "
+        "choose them. Every trial is in tuning.csv. Other methods ran with the options given."
     )
 
 
@@ -192,17 +194,18 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
     lines = [
         f"# Bench `{cfg.name}`: {cfg.model}",
         "",
-        f"Made by `{command}`. Test accuracy, mean ± sd over seeds {', '.join(map(str, cfg.seeds))} "
-        f"({cfg.n_test} test examples, the same for every method and seed); columns are training/selection FLOP budgets.",
+        f"Made by `{command}`. Test accuracy, mean ± sd over seeds {', '.join(map(str, cfg.seeds))} ({cfg.n_test} "
+        "test examples, the same for every method and seed); columns are training/selection FLOP budgets.",
         "",
-        "Compute and data were matched like this: every cell uses at most its FLOP budget from the compute ledger, every FLOP "
-        "spent toward its output counted (population methods the largest prefix of one shared scored population per seed such "
-        "that the prefix plus the method's own evaluations, CoRP's probe, step search and gates, fit; ES, GRPO and FGRPO their "
-        "last checkpoint at or below it; a method that cannot fit is 'does not fit', never an overshoot; evaluations that only "
-        "feed a report are not run), each cell reports the FLOPs it used, here and in results.csv, and every "
-        f"row states its labelled examples (paper: each method's own splits, CoRP support + probe + validation = "
-        f"{cfg.n_support + cfg.n_probe + cfg.n_validation}, RandOpt/ES/GRPO support = {cfg.n_support}; equal-data: RandOpt/ES/GRPO "
-        f"also use probe + validation). {protocol_sentence(cfg)} FLOPs: {FLOPS_FORMULA}. {LORA_CONVENTION}",
+        "Compute and data were matched like this: every cell uses at most its FLOP budget from the compute ledger, "
+        "every FLOP spent toward its output counted (population methods the largest prefix of one shared scored "
+        "population per seed such that the prefix plus the method's own evaluations, CoRP's probe, step search and "
+        "gates, fit; ES, GRPO and FGRPO their last checkpoint at or below it; a method that cannot fit is 'does not "
+        "fit', never an overshoot; evaluations that only feed a report are not run), each cell reports the FLOPs it "
+        "used, here and in results.csv, and every row states its labelled examples (paper: each method's own splits, "
+        f"CoRP support + probe + validation = {cfg.n_support + cfg.n_probe + cfg.n_validation}, RandOpt/ES/GRPO "
+        f"support = {cfg.n_support}; equal-data: RandOpt/ES/GRPO also use probe + validation). "
+        f"{protocol_sentence(cfg)} FLOPs: {FLOPS_FORMULA}. {LORA_CONVENTION}",
         "",
     ]
     lines += headline_table(cfg, rows)
@@ -281,9 +284,9 @@ def comparisons_table(comps: list[dict]) -> list[str]:
         "## Paired comparisons",
         "",
         (
-            "Same test examples in every seed. Interval: 95%, a t interval over the seeds' mean paired differences (k - 1 df) "
-            "plus the test examples' sampling term; per seed: the difference and its paired bootstrap interval; signs: seeds "
-            "where the first row is above (+), below (-) or level with (0) the second."
+            "Same test examples in every seed. Interval: 95%, a t interval over the seeds' mean paired differences (k "
+            "- 1 df) plus the test examples' sampling term; per seed: the difference and its paired bootstrap "
+            "interval; signs: seeds where the first row is above (+), below (-) or level with (0) the second."
         ),
         "",
         "| pair | task | setting | budget | difference | 95% interval | per seed | signs | FLOPs (a / b) |",
@@ -296,8 +299,9 @@ def comparisons_table(comps: list[dict]) -> list[str]:
         else:
             per, signs = f"one seed (McNemar p = {c['mcnemar_p']:.3g})", "—"
         lines.append(
-            f"| {c['a']} vs {c['b']} | {c['task']} | {c['setting']} | {_budget_text(c['budget'])} | {c['difference']:+.3f} | "
-            f"{c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} | {per} | {signs} | {c.get('flops_a', 0.0):.2g} / {c.get('flops_b', 0.0):.2g} |"
+            f"| {c['a']} vs {c['b']} | {c['task']} | {c['setting']} | {_budget_text(c['budget'])} | "
+            f"{c['difference']:+.3f} | {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} | {per} | {signs} | "
+            f"{c.get('flops_a', 0.0):.2g} / {c.get('flops_b', 0.0):.2g} |"
         )
     lines.append("")
     return lines
@@ -365,11 +369,11 @@ def headline_table(cfg: BenchConfig, rows: list[dict]) -> list[str]:
 def regime_text(cfg: BenchConfig) -> str:
     """What regime the bench ran in, in plain words (the README section states it)."""
     return (
-        f"Regime: {cfg.model}; tasks {', '.join(cfg.label(t) for t in cfg.tasks)}; seeds {', '.join(map(str, cfg.seeds))}; "
-        f"budgets {', '.join(_budget_text(b) for b in cfg.budgets)} FLOPs; shared population {cfg.population} specialists "
-        f"(sigmas {', '.join(f'{x:g}' for x in cfg.sigmas)}); splits support {cfg.n_support}, probe {cfg.n_probe}, "
-        f"validation {cfg.n_validation}, test {cfg.n_test}; data settings {', '.join(cfg.settings)} (headline: {headline_setting(cfg)}); "
-        f"hyperparameters: {cfg.hyperparameters}"
+        f"Regime: {cfg.model}; tasks {', '.join(cfg.label(t) for t in cfg.tasks)}; seeds "
+        f"{', '.join(map(str, cfg.seeds))}; budgets {', '.join(_budget_text(b) for b in cfg.budgets)} FLOPs; shared "
+        f"population {cfg.population} specialists (sigmas {', '.join(f'{x:g}' for x in cfg.sigmas)}); splits support "
+        f"{cfg.n_support}, probe {cfg.n_probe}, validation {cfg.n_validation}, test {cfg.n_test}; data settings "
+        f"{', '.join(cfg.settings)} (headline: {headline_setting(cfg)}); hyperparameters: {cfg.hyperparameters}"
         + (f" ({cfg.trials} trials per searched method, on validation)" if cfg.hyperparameters == "search" else "")
         + "."
     )
@@ -383,15 +387,18 @@ def beats_sentences(comps: list[dict]) -> list[str]:
         seeds = f"{c['n_seeds']} seeds, signs {sign_text(c)}, " if c.get("n_seeds", 1) > 1 else ""
         if lo > 0:
             out.append(
-                f"{c['a']} beats {c['b']} {where} by {c['difference']:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']})."
+                f"{c['a']} beats {c['b']} {where} by {c['difference']:+.3f} "
+                f"(95% CI {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']})."
             )
         elif hi < 0:
             out.append(
-                f"{c['b']} beats {c['a']} {where} by {-c['difference']:+.3f} (95% CI of {c['a']} - {c['b']}: {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']})."
+                f"{c['b']} beats {c['a']} {where} by {-c['difference']:+.3f} (95% CI "
+                f"of {c['a']} - {c['b']}: {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']})."
             )
         else:
             out.append(
-                f"{c['a']} vs {c['b']} {where}: no difference shown ({c['difference']:+.3f}, 95% CI {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']})."
+                f"{c['a']} vs {c['b']} {where}: no difference shown ({c['difference']:+.3f}, "
+                f"95% CI {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']})."
             )
     return out
 
@@ -522,7 +529,10 @@ def write_outputs(
     text = table_md(cfg, rows, comps, missing, command)
     if not_run:
         head, _, rest = text.partition("\n\n")
-        text = f"{head}\n\n**Incomplete: {not_run} of {not_run + len(records)} cells not run yet** (rerun the command to continue).\n\n{rest}"
+        text = (
+            f"{head}\n\n**Incomplete: {not_run} of {not_run + len(records)} "
+            f"cells not run yet** (rerun the command to continue).\n\n{rest}"
+        )
     if older:
         head, _, rest = text.partition("\n\n")
         text = (

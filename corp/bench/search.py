@@ -73,13 +73,14 @@ def check_search(cfg) -> None:
         both = sorted(fixed & set(space))
         if both:
             raise CorpError(
-                f"bench config: method '{name}': option '{both[0]}' is both fixed (options/variants) and searched; remove one"
+                f"bench config: method '{name}': option '{both[0]}' is "
+                "both fixed (options/variants) and searched; remove one"
             )
         n = len(grid(space))
         if n < cfg.trials:
             raise CorpError(
-                f"bench config: method '{name}': its search space has {n} combination(s), fewer than trials = {cfg.trials}; "
-                "add values or lower trials (every method gets the same number)"
+                f"bench config: method '{name}': its search space has {n} combination(s), fewer than trials = "
+                f"{cfg.trials}; add values or lower trials (every method gets the same number)"
             )
 
 

@@ -96,7 +96,10 @@ class Cell:
     def record_name(self) -> str:
         budget = "fixed" if self.budget is None else f"{self.budget:.3e}"
         trial = "" if self.trial is None else f"__t{self.trial}"
-        return f"{_slug(self.task)}__{self.setting}__s{self.seed}__{_slug(self.label)}{trial}__{budget}__{self.run_key()[:10]}.json"
+        return (
+            f"{_slug(self.task)}__{self.setting}__s{self.seed}__{_slug(self.label)}{trial}"
+            f"__{budget}__{self.run_key()[:10]}.json"
+        )
 
 
 def _hash(obj) -> str:
@@ -166,7 +169,10 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
             missing.append(
                 {
                     "method": name,
-                    "reason": "registered, but its registry line names no bench adapter (corp.bench.adapters), so the bench cannot run it at a budget",
+                    "reason": (
+                        "registered, but its registry line names no bench adapter "
+                        "(corp.bench.adapters), so the bench cannot run it at a budget"
+                    ),
                 }
             )
     runnable = {
@@ -240,7 +246,8 @@ def check_results_dir(cfg: BenchConfig) -> Path:
             json.loads(rec.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise CorpError(
-            f"results directory '{out}' cannot be read or written ({type(exc).__name__}: {exc}); fix its permissions or choose another results_dir"
+            f"results directory '{out}' cannot be read or written ({type(exc).__name__}: "
+            f"{exc}); fix its permissions or choose another results_dir"
         ) from None
     return out
 
@@ -263,7 +270,8 @@ def check_compare(cfg: BenchConfig, cells: list[Cell]) -> None:
         for name in pair:
             if name not in rows:
                 raise CorpError(
-                    f"bench config: compare names '{name}', a row no method in this bench can report; rows: {', '.join(rows)}"
+                    f"bench config: compare names '{name}', a row no method "
+                    f"in this bench can report; rows: {', '.join(rows)}"
                 )
 
 
@@ -370,8 +378,8 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
         short = below.get(budget, [])
         if {x.split(" needs")[0] for x in short} >= labels:
             raise CorpError(
-                f"bench config: budget {budget:.3g} FLOPs is too small for every method ({'; '.join(sorted(set(short)))}); "
-                "raise or remove it"
+                f"bench config: budget {budget:.3g} FLOPs is too small for every method "
+                f"({'; '.join(sorted(set(short)))}); raise or remove it"
             )
     del backend
     return {"n_params": n_params}
@@ -814,7 +822,8 @@ def run_bench(
     )
     for planned in bar:
         bar.set_postfix_str(
-            f"{planned.task} {planned.setting} s{planned.seed} {planned.label} {'' if planned.budget is None else f'{planned.budget:.2g}'}"
+            f"{planned.task} {planned.setting} s{planned.seed} {planned.label} "
+            f"{'' if planned.budget is None else f'{planned.budget:.2g}'}"
         )
         cell = bench.resolve(
             planned, cells

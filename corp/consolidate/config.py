@@ -84,7 +84,8 @@ class OperatorConfig:
             raise CorpError(f"--compat must be 'exact' or 'seed-orthogonal', got '{self.compat}'")
         if not (self.merge_memory_gb > 0 and self.gram_memory_gb > 0):
             raise CorpError(
-                f"--merge-memory-gb and --gram-memory-gb must be > 0, got {self.merge_memory_gb} and {self.gram_memory_gb}"
+                "--merge-memory-gb and --gram-memory-gb must be > 0, "
+                f"got {self.merge_memory_gb} and {self.gram_memory_gb}"
             )
         if not math.isfinite(self.gate_z):
             raise CorpError(f"--gate-z must be a finite number, got {self.gate_z}")
@@ -126,7 +127,8 @@ class ConsolidateConfig(OperatorConfig, PopulationConfig):
         self.low_rank = parse_low_rank(self.low_rank)
         if self.low_rank != "off" and self.rounds > 0:
             raise CorpError(
-                f"--low-rank {self.low_rank} cannot be combined with --rounds {self.rounds}: stage-2 re-centring is full-rank; use --rounds 0"
+                f"--low-rank {self.low_rank} cannot be combined with --rounds "
+                f"{self.rounds}: stage-2 re-centring is full-rank; use --rounds 0"
             )
         from corp.perturb import lowrank_rank, scheme_from_flag
 
@@ -149,7 +151,8 @@ class ConsolidateConfig(OperatorConfig, PopulationConfig):
             raise CorpError(f"--rank-from '{self.rank_from}' is not a directory")
         if self.n_validation < MIN_VALIDATION:
             warnings.warn(
-                f"--n-validation {self.n_validation} is too small for the gate to mean much; use at least {MIN_VALIDATION}"
+                f"--n-validation {self.n_validation} is too small for "
+                f"the gate to mean much; use at least {MIN_VALIDATION}"
             )
         if self.n_probe < MIN_PROBE:
             warnings.warn(

@@ -75,7 +75,8 @@ def paired_gate(
         if cand_ids != ref_ids:
             first = next((j for j, (a, b) in enumerate(zip(cand_ids, ref_ids)) if a != b), None)
             raise CorpError(
-                f"the gate's candidate and base were scored on different examples (first difference at position {first}: {cand_ids[first]!r} vs {ref_ids[first]!r}); re-evaluate both on the same split"
+                "the gate's candidate and base were scored on different examples (first difference at position "
+                f"{first}: {cand_ids[first]!r} vs {ref_ids[first]!r}); re-evaluate both on the same split"
             )
     n = len(candidate)
     level = confidence_level(z)
@@ -99,5 +100,8 @@ def paired_gate(
     accepted = lcb > 0
     verdict = "accepted" if accepted else "rejected"
     cmp = ">" if accepted else "<="
-    reason = f"{verdict}: mean gain {mean:+.4f} - {z:g} * sd {sd:.4f} / sqrt({n}) = {lcb:+.4f} {cmp} 0 ({z_words(z)} lower bound)"
+    reason = (
+        f"{verdict}: mean gain {mean:+.4f} - {z:g} * sd {sd:.4f} / "
+        f"sqrt({n}) = {lcb:+.4f} {cmp} 0 ({z_words(z)} lower bound)"
+    )
     return GateResult(accepted, n, mean, sd, lcb, z, sum(candidate) / n, sum(base) / n, reason, level)

@@ -99,7 +99,8 @@ class LowRankDirection(Direction):
         for name, (B, A) in factors.items():
             if B.dim() != 2 or A.dim() != 2 or B.shape[1] != A.shape[0]:
                 raise CorpError(
-                    f"low-rank factors of '{name}' have shapes {tuple(B.shape)} and {tuple(A.shape)}; need B (m x r) and A (r x n)"
+                    f"low-rank factors of '{name}' have shapes {tuple(B.shape)} "
+                    f"and {tuple(A.shape)}; need B (m x r) and A (r x n)"
                 )
             if B.shape[1] > 0:
                 self.factors[name] = (
@@ -131,7 +132,8 @@ class LowRankDirection(Direction):
 
     def __add__(self, other):
         raise CorpError(
-            "a low-rank direction cannot be added to another direction (stage 2 re-centring is full-rank; use --rounds 0 with --low-rank)"
+            "a low-rank direction cannot be added to another direction (stage "
+            "2 re-centring is full-rank; use --rounds 0 with --low-rank)"
         )
 
     __radd__ = __add__
@@ -160,7 +162,8 @@ class LowRankDirection(Direction):
         B, A = f
         if tuple(target.shape) != (B.shape[0], A.shape[1]):
             raise CorpError(
-                f"low-rank factors of '{name}' give shape {(B.shape[0], A.shape[1])}, the parameter has {tuple(target.shape)}"
+                f"low-rank factors of '{name}' give shape "
+                f"{(B.shape[0], A.shape[1])}, the parameter has {tuple(target.shape)}"
             )
         A64 = A.double()
         for i in range(0, B.shape[0], _ROW_BLOCK):
@@ -188,7 +191,8 @@ def resolve_ranks(
         covered = {n: r for n, r in analysed.items() if n in shapes and len(shapes[n]) == 2}
         if not covered:
             raise CorpError(
-                f"the rank analysis in '{rank_dir}' covers none of this run's perturbed matrices (different model or --include/--exclude?)"
+                f"the rank analysis in '{rank_dir}' covers none of this run's "
+                "perturbed matrices (different model or --include/--exclude?)"
             )
         missing = sorted(set(analysed) - set(covered))
         if missing:
@@ -300,7 +304,8 @@ def load_factors(recipe_dir: str | Path, entry: dict) -> LowRankDirection:
     found = _sha256_file(path)
     if found != want_sha:
         raise CorpError(
-            f"low-rank factors file '{path}' has sha256 {found[:12]}..., the recipe expects {want_sha[:12]}...; it is not the file this recipe was made with"
+            f"low-rank factors file '{path}' has sha256 {found[:12]}..., the recipe "
+            f"expects {want_sha[:12]}...; it is not the file this recipe was made with"
         )
     raw = load_file(str(path))
     factors = {}
@@ -353,7 +358,8 @@ def export_lora(
                 )
             else:
                 raise CorpError(
-                    f"cannot export '{alias}' as LoRA: it is the '{leaf}' of a {type(mod).__name__}, not the weight of a Linear or Embedding"
+                    f"cannot export '{alias}' as LoRA: it is the '{leaf}' of a "
+                    f"{type(mod).__name__}, not the weight of a Linear or Embedding"
                 )
             r = int(B.shape[1])
             rank_pattern[mod_name], alpha_pattern[mod_name] = r, direction.scale * r

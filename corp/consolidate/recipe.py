@@ -171,7 +171,8 @@ def load_recipe(path: str | Path) -> dict:
         raise CorpError(f"'{path}' is not a corp recipe (format '{recipe.get('format')}', expected '{RECIPE_FORMAT}')")
     if recipe.get("kind") not in RECIPE_KINDS:
         raise CorpError(
-            f"recipe '{path}' is of kind '{recipe.get('kind')}', which this corp cannot rebuild (known: {', '.join(RECIPE_KINDS)})"
+            f"recipe '{path}' is of kind '{recipe.get('kind')}', which "
+            f"this corp cannot rebuild (known: {', '.join(RECIPE_KINDS)})"
         )
     missing = [k for k in ("base_model", "base_weights_hash", "noise_scheme", "param_filter") if not recipe.get(k)]
     if missing:
@@ -292,7 +293,8 @@ def apply_recipe(
             else ""
         )
         raise CorpError(
-            f"recipe '{path}' was made for base weights {recipe['base_weights_hash'][:12]}..., but '{name}' has {found[:12]}...{hint}; pass the right --model"
+            f"recipe '{path}' was made for base weights {recipe['base_weights_hash'][:12]}..., but '{name}' has "
+            f"{found[:12]}...{hint}; pass the right --model"
         )
     Perturber(base, ParamFilter(**recipe["param_filter"]), scheme=recipe["noise_scheme"]).apply(direction)
     import torch
@@ -315,8 +317,8 @@ def apply_recipe(
         rebuilt = weights_hash(base)
         if rebuilt != expected:
             what = (
-                f"recipe '{path}' no longer rebuilds the model it was evaluated as (weights {rebuilt[:12]}..., evaluated "
-                f"{expected[:12]}...): it was edited after its run"
+                f"recipe '{path}' no longer rebuilds the model it was evaluated as (weights {rebuilt[:12]}..., "
+                f"evaluated {expected[:12]}...): it was edited after its run"
             )
             if not allow_mismatch:
                 raise CorpError(f"{what}; nothing written (pass --allow-mismatch to write this other model anyway)")

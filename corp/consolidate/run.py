@@ -74,8 +74,9 @@ def low_rank_line(lr: dict) -> str:
     )
     share = lr["lora_parameters"] / max(1, lr["full_parameters"])
     line = (
-        f"low-rank: {lr['mode']} ({source}): {lr['matrices_with_rank']} of {lr['matrices_2d']} matrices with r > 0, "
-        f"LoRA parameters {lr['lora_parameters']:,} vs {lr['full_parameters']:,} perturbed ({share:.2%}); other parameters unchanged"
+        f"low-rank: {lr['mode']} ({source}): {lr['matrices_with_rank']} of "
+        f"{lr['matrices_2d']} matrices with r > 0, LoRA parameters {lr['lora_parameters']:,} "
+        f"vs {lr['full_parameters']:,} perturbed ({share:.2%}); other parameters unchanged"
     )
     if "lora_dir" in lr:
         line += f"; PEFT adapter: {lr['lora_dir']}" if lr["lora_dir"] else f"; PEFT adapter {lr['lora_note']}"
@@ -170,7 +171,8 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     rank_dir = str(cfg.rank_from or cfg.from_run or ctx.run_dir) if cfg.low_rank == "auto" else None
     analysed = read_analysis(rank_dir) if rank_dir else None  # before scoring: no analysis is a quick error
     ranked = ensure_population(ctx, keep=_race_keep(cfg), need=lambda rows: _used_rows(cfg, rows))
-    # order does not matter to CoRP up to float rounding; fix it as it always was (by "<seed>:<sigma>"), so results reproduce
+    # order does not matter to CoRP up to float rounding; fix it as it always was (by "<seed>:<sigma>"), so results
+    # reproduce
     population = sorted(ranked, key=lambda r: f"{int(r['seed'])}:{float(r['sigma'])!r}:support")
     evals = run_evals(ctx)
     scorer = RunScorer(ctx, evals)
@@ -290,7 +292,11 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
         compare,
         ctx.example_ids("test"),
         population=population_summary(ctx, ranked),
-        labelled_examples_note=f"CoRP used {labelled} labelled examples (support {len(ctx.splits['support'])} + probe {len(ctx.splits['probe'])} + validation {len(ctx.splits['validation'])}); RandOpt used the support split only",
+        labelled_examples_note=(
+            f"CoRP used {labelled} labelled examples (support {len(ctx.splits['support'])} "
+            f"+ probe {len(ctx.splits['probe'])} + validation "
+            f"{len(ctx.splits['validation'])}); RandOpt used the support split only"
+        ),
         corp={
             "accepted": result.accepted,
             "reason": result.reason,
@@ -313,7 +319,8 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     )
     compat_line = (
         f"compatibility ({cfg.compat}) vs seed-orthogonal approximation, chosen (q, beta): max |alignment diff| "
-        f"{chosen['compat_disagreement']['max_abs_alignment_diff']:.2e}, L1 diff of pass-2 weights {chosen['compat_disagreement']['w2_l1_diff']:.2e}"
+        f"{chosen['compat_disagreement']['max_abs_alignment_diff']:.2e}, L1 diff of pass-2 weights "
+        f"{chosen['compat_disagreement']['w2_l1_diff']:.2e}"
         if chosen
         else ""
     )
@@ -322,8 +329,10 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
         for x in [
             format_rows(results, report["comparisons"], report["population"]["selection_ledger"]["flops"]),
             population_line(ctx),
-            f"CoRP consolidation evaluations (probe/validation/support halves): {consolidation_cost['flops']:.3e} FLOPs",
-            f"gate (validation, n={g.n}): candidate {g.candidate_score:.3f} vs base {g.base_score:.3f}; {result.reason}",
+            "CoRP consolidation evaluations (probe/validation/support "
+            f"halves): {consolidation_cost['flops']:.3e} FLOPs",
+            f"gate (validation, n={g.n}): candidate {g.candidate_score:.3f} "
+            f"vs base {g.base_score:.3f}; {result.reason}",
             report["labelled_examples_note"],
             compat_line,
             low_rank_line(low_rank_report),

@@ -36,7 +36,8 @@ def factored_for(ctx: RunContext):
         return None
     if backend.perturber.scheme != ctx.noise_scheme:
         raise CorpError(
-            f"the backend materialises noise scheme {backend.perturber.scheme}, but this run's is {ctx.noise_scheme}; build it with scheme={ctx.noise_scheme}"
+            f"the backend materialises noise scheme {backend.perturber.scheme}, but "
+            f"this run's is {ctx.noise_scheme}; build it with scheme={ctx.noise_scheme}"
         )
     if backend not in _factored:
         from corp.evaluate.backends.batched_lowrank import FactoredPopulation

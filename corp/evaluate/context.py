@@ -523,7 +523,8 @@ def compare_meta(found: dict, expected: dict, where: Path, what: str, keys: Sequ
             shown = value if key != "example_ids" else f"{len(value)} ids"
             was = found.get(key) if key != "example_ids" else f"{len(found.get(key) or [])} different ids"
             raise CorpError(
-                f"{what} in '{where}' was made with {key} = {was}, not {shown}; use another --run-dir (or matching options)"
+                f"{what} in '{where}' was made with {key} = {was}, not "
+                f"{shown}; use another --run-dir (or matching options)"
             )
 
 
@@ -535,7 +536,8 @@ def check_meta(path: Path, expected: dict, what: str) -> None:
     found = read_json(path)
     if found.get("format") != expected.get("format"):
         raise CorpError(
-            f"{what} in '{path.parent}' was written by an older corp (rows not keyed by their examples); use another --run-dir"
+            f"{what} in '{path.parent}' was written by an older corp "
+            "(rows not keyed by their examples); use another --run-dir"
         )
     compare_meta(found, expected, path.parent, what)
 
@@ -580,7 +582,8 @@ def setup_run(
             found = read_json(run_dir / META_FILE)
             if found.get("format") != META_FORMAT:
                 raise CorpError(
-                    f"the population in '{run_dir}' was written by an older corp (rows not keyed by their examples); use another --run-dir"
+                    f"the population in '{run_dir}' was written by an older corp "
+                    "(rows not keyed by their examples); use another --run-dir"
                 )
             compare_meta(found, defines, run_dir, POPULATION_FILE)
         if os.environ.get("CORP_NO_PROGRESS") != "1":

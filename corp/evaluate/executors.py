@@ -210,7 +210,8 @@ class RayExecutor:
                         tries[spec] = tries.get(spec, 0) + 1
                         if tries[spec] > MAX_RETRIES:
                             raise CorpError(
-                                f"specialist {spec[0]} (sigma {spec[1]}) was in flight on {tries[spec]} Ray workers that died; see the Ray logs"
+                                f"specialist {spec[0]} (sigma {spec[1]}) was in flight on "
+                                f"{tries[spec]} Ray workers that died; see the Ray logs"
                             ) from None
                         self.actors[slot] = self._new_actor()
                         self.replaced += 1

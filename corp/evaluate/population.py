@@ -101,4 +101,7 @@ def population_line(ctx: RunContext) -> str:
     src = ctx.population_source or {}
     if src.get("rule") == "scored in this run" or not src:
         return ""
-    return f"population: {src['used']} of {src['available']} specialists from {src['from']} (the {src['used']} {src['rule']})"
+    return (
+        f"population: {src['used']} of {src['available']} specialists "
+        f"from {src['from']} (the {src['used']} {src['rule']})"
+    )

@@ -157,12 +157,14 @@ def _one_per_completion(out, n: int, name: str) -> list:
     broken function (re-calling it one completion at a time would accept answers to other questions)."""
     if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
         raise CorpError(
-            f"reward {name} returned {_describe(out)} ({type(out).__name__}), not a list of one value per completion ({n})"
+            f"reward {name} returned {_describe(out)} ({type(out).__name__}), "
+            f"not a list of one value per completion ({n})"
         )
     raw = list(out)
     if len(raw) != n:
         raise CorpError(
-            f"reward {name} returned {len(raw)} values for {n} completions; a batched reward returns one value per completion, in order"
+            f"reward {name} returned {len(raw)} values for {n} completions; "
+            "a batched reward returns one value per completion, in order"
         )
     return raw
 
@@ -217,14 +219,16 @@ def compute_rewards(
         rewards.append(cleaned)
     if not abs(sum(rewards)) <= _FLOAT32_MAX:  # a float64 overflow gives inf, also refused
         raise CorpError(
-            f"reward {name}: its {len(rewards)} values (largest {max(rewards, key=abs):g}) sum to more than float32 holds, "
-            "so their mean is not a finite reward; return rewards on a smaller scale"
+            f"reward {name}: its {len(rewards)} values (largest {max(rewards, key=abs):g}) sum to more than float32 "
+            "holds, so their mean is not a finite reward; return rewards on a smaller scale"
         )
     state = reward_fn if reward_fn is not None else task
     succeeded_before = getattr(state, "ever_succeeded", False)
     if completions and errors == len(completions) and not succeeded_before:
         raise CorpError(
-            f"reward {name} failed on all {len(completions)} examples of its first evaluation; first error: {first_problem[0]}. A reward is `(completions, **columns) -> list[float]` or `(completion, answer, **columns) -> float`"
+            f"reward {name} failed on all {len(completions)} examples of its first "
+            f"evaluation; first error: {first_problem[0]}. A reward is `(completions, "
+            "**columns) -> list[float]` or `(completion, answer, **columns) -> float`"
         )
     if errors < len(completions):
         try:
@@ -233,6 +237,7 @@ def compute_rewards(
             pass
     if errors:
         warnings.warn(
-            f"reward {name} failed on {errors} of {len(completions)} example(s) (first: {first_problem[0] if first_problem else '?'}); scored 0 and counted"
+            f"reward {name} failed on {errors} of {len(completions)} example(s) (first: "
+            f"{first_problem[0] if first_problem else '?'}); scored 0 and counted"
         )
     return rewards, errors

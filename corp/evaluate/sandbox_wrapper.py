@@ -777,7 +777,10 @@ def run_init(w: Wrapper, job: dict, tests_fd: int | None) -> None:
     except BaseException as exc:
         hint = ""
         if w.mode == "userns" and isinstance(exc, PermissionError):
-            hint = " (the user namespace was made but may not mount; AppArmor's kernel.apparmor_restrict_unprivileged_userns=1 does that)"
+            hint = (
+                " (the user namespace was made but may not mount; AppArmor's "
+                "kernel.apparmor_restrict_unprivileged_userns=1 does that)"
+            )
         w.fail(f"init setup: {exc}{hint}")
     w.report(event="isolation", isolation=w.iso)
     checked = tests_fd is not None

@@ -104,7 +104,8 @@ def score_specialists(
             spec = (row["seed"], row["sigma"])
             if row["key"] != keys.get(spec):
                 raise CorpError(
-                    f"specialist {spec} was scored under another model/task/setting than this run's (worker and driver disagree)"
+                    f"specialist {spec} was scored under another model/task/setting "
+                    "than this run's (worker and driver disagree)"
                 )
             if spec in index_of:
                 row["index"] = index_of[spec]
@@ -112,7 +113,8 @@ def score_specialists(
             best = row["reward"] if best != best else max(best, row["reward"])
             if row["reward_errors"]:
                 warnings.warn(
-                    f"specialist {spec}: reward failed on {row['reward_errors']} example(s); scored 0 and counted in the row"
+                    f"specialist {spec}: reward failed on {row['reward_errors']} "
+                    "example(s); scored 0 and counted in the row"
                 )
             bar.set_postfix(best=f"{best:.3f}", last=f"{row['reward']:.3f}")
             bar.update(1)
@@ -132,15 +134,16 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
         raise CorpError(f"--from-run '{src}' has no {POPULATION_FILE}")
     if not meta_path.exists():
         raise CorpError(
-            f"--from-run '{src}' has no {META_FILE}, so what its rows mean cannot be checked; score the population again with this corp"
+            f"--from-run '{src}' has no {META_FILE}, so what its rows mean "
+            "cannot be checked; score the population again with this corp"
         )
     found = read_json(meta_path)
     what = f"--from-run {src / POPULATION_FILE}"
     kind = found.get("kind", "population")
     if kind != "population":
         raise CorpError(
-            f"--from-run '{src}' holds rows of kind '{kind}', not a population of perturbations of the base "
-            "(ES rows are noise around a moving centre); take a population from `corp score`, `randopt` or `consolidate`"
+            f"--from-run '{src}' holds rows of kind '{kind}', not a population of perturbations of the base (ES rows "
+            "are noise around a moving centre); take a population from `corp score`, `randopt` or `consolidate`"
         )
     expected = {
         **ctx.eval_context(),

@@ -45,7 +45,8 @@ def client_key(example: Example, rule: str) -> str:
         expr = (example.columns or {}).get("expression")
         if not isinstance(expr, str):
             raise CorpError(
-                "--split-by op needs a task whose examples carry an arithmetic expression (arith); use --split-by answer-length or iid"
+                "--split-by op needs a task whose examples carry an arithmetic "
+                "expression (arith); use --split-by answer-length or iid"
             )
         ops = [t for t in expr.split() if t in ("+", "-", "*")]
         return "".join(sorted(set(ops))) or "none"
@@ -75,8 +76,9 @@ def split_clients(examples: Sequence[Example], k: int, rule: str, what: str = "s
     if empty:
         n_keys = len({client_key(e, rule) for e in examples}) if rule != "iid" and examples else len(examples)
         raise CorpError(
-            f"client {empty[0]} gets no {what} examples: --split-by {rule} gives {n_keys} group(s) of {len(examples)} {what} example(s) "
-            f"for --clients {k}; use fewer clients, more examples (--n-{what}), a task with more groups (e.g. arith:ops=+-*) or --split-by iid"
+            f"client {empty[0]} gets no {what} examples: --split-by {rule} gives {n_keys} group(s) of {len(examples)} "
+            f"{what} example(s) for --clients {k}; use fewer clients, more examples (--n-{what}), a task with more "
+            "groups (e.g. arith:ops=+-*) or --split-by iid"
         )
     return shares
 
@@ -104,8 +106,8 @@ def check_signatures(signatures: Sequence[dict]) -> dict:
     for i, s in enumerate(signatures[1:], start=1):
         if s != first:
             raise CorpError(
-                f"client {i} holds task {json.dumps(s, sort_keys=True)}, client 0 holds {json.dumps(first, sort_keys=True)}: "
-                "every client of one run must hold the same task signature"
+                f"client {i} holds task {json.dumps(s, sort_keys=True)}, client 0 holds "
+                f"{json.dumps(first, sort_keys=True)}: every client of one run must hold the same task signature"
             )
     return first
 
@@ -256,7 +258,8 @@ class ClientPool:
             replies[k] = reply
         if not replies and messages:
             raise CorpError(
-                f"{where}: every client was lost ({'; '.join(f'client {k}: {v}' for k, v in self.dropped.items())}); rerun with the same --run-dir to resume"
+                f"{where}: every client was lost ({'; '.join(f'client {k}: {v}' for k, v in self.dropped.items())}); "
+                "rerun with the same --run-dir to resume"
             )
         return replies, Traffic(down, up)
 

@@ -393,7 +393,10 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
         rounds_of_communication=1,
         method_ledger=method_ledger.to_dict(),
         method_flops=method_ledger.flops,
-        method_ledger_note="every client's support scoring, probe and gate tokens (2N per token); the server's Gram matrix (noise from seeds, no tokens) and test evaluations not included",
+        method_ledger_note=(
+            "every client's support scoring, probe and gate tokens (2N per token); the server's Gram matrix (noise "
+            "from seeds, no tokens) and test evaluations not included"
+        ),
         model_dir=str(ctx.run_dir / "model"),
     )
     phase_bytes = ", ".join(f"{p} {c['total_bytes']}" for p, c in communication.items())

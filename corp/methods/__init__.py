@@ -196,7 +196,8 @@ METHODS: tuple[Method, ...] = (
         "self-consistency",
         SelfConsistencyConfig,
         run_self_consistency,
-        "Self-consistency@K: sample the base model K times per question (temperature 0.7), majority vote; greedy base beside it.",
+        "Self-consistency@K: sample the base model K times per question "
+        "(temperature 0.7), majority vote; greedy base beside it.",
         smoke={**_SMALL, "k": "1,2"},
         bench="corp.bench.adapters:SELF_CONSISTENCY",
     ),
@@ -204,7 +205,9 @@ METHODS: tuple[Method, ...] = (
         "fedcorp",
         FedCorpConfig,
         run_fedcorp,
-        "Federated weight space: K clients score the same seeds on private data; only (seed, reward) pairs, candidates and verdicts travel; CoRP stage 1 on the combined rewards, gated by each client (recipe.json + model/).",
+        "Federated weight space: K clients score the same seeds on private data; "
+        "only (seed, reward) pairs, candidates and verdicts travel; CoRP stage 1 "
+        "on the combined rewards, gated by each client (recipe.json + model/).",
         recipes=("corp-direction",),
         model=True,
         smoke={
@@ -221,7 +224,8 @@ METHODS: tuple[Method, ...] = (
         "fgrpo",
         FGRPOConfig,
         run_fgrpo,
-        "FGRPO: K clients run E local GRPO steps per round on private non-IID shares; the server aggregates updates by relative reward gain (or FedAvg).",
+        "FGRPO: K clients run E local GRPO steps per round on private non-IID "
+        "shares; the server aggregates updates by relative reward gain (or FedAvg).",
         model=True,
         smoke={
             **_SMALL,
@@ -240,7 +244,8 @@ METHODS: tuple[Method, ...] = (
         "analyze-rank",
         AnalyzeRankConfig,
         run_analyze_rank,
-        "Split-half low-rank analysis of a scored population (--from-run DIR, or --model/--task/--population to score first): reproducible rank r* per weight matrix.",
+        "Split-half low-rank analysis of a scored population (--from-run DIR, or --model/--task/--population to score "
+        "first): reproducible rank r* per weight matrix.",
         report="rank_summary.json",
         smoke={
             **_SMALL,
@@ -257,7 +262,8 @@ METHODS: tuple[Method, ...] = (
         "ftis",
         FTISConfig,
         run_ftis,
-        "F-TIS (reconstruction): nodes with their own models share rollouts + logprobs; GRPO on the mixed group with truncated importance weights and a KL filter; vs on-policy GRPO per node.",
+        "F-TIS (reconstruction): nodes with their own models share rollouts + logprobs; GRPO on the mixed group with "
+        "truncated importance weights and a KL filter; vs on-policy GRPO per node.",
         smoke={**_SMALL, "steps": 2, "prompts_per_step": 2, "num_generations": 2, "learning_rate": 1e-3},
         summary=ftis_summary,
     ),
@@ -265,7 +271,8 @@ METHODS: tuple[Method, ...] = (
         "fera",
         FERAConfig,
         run_fera,
-        "FERA (reconstruction, cheap variant): training-free rounds; clients answer with private demonstrations + the server's synthesis; uncertainty-weighted vote.",
+        "FERA (reconstruction, cheap variant): training-free rounds; clients answer with private demonstrations + the "
+        "server's synthesis; uncertainty-weighted vote.",
         smoke={**_SMALL, "clients": 2, "shots": 1, "rounds": 2, "samples": 2},
         summary=fera_summary,
         bench="corp.bench.adapters:FERA",

@@ -18,7 +18,8 @@ def run_score(cfg: PopulationConfig, backend=None) -> dict:
 
     if cfg.race != "off" and cfg.race_keep < 1:
         raise CorpError(
-            "corp score --race halving needs --race-keep: how many specialists the method that reads this population will use (RandOpt's largest K, CoRP's elite count)"
+            "corp score --race halving needs --race-keep: how many specialists the method that reads this population "
+            "will use (RandOpt's largest K, CoRP's elite count)"
         )
     with open_run(cfg, "score", backend, needs=("support",)) as ctx:
         ranked = ensure_population(ctx)

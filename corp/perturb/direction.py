@@ -235,7 +235,8 @@ class Direction:
                 )
             except (KeyError, TypeError, ValueError):
                 raise CorpError(
-                    f"direction entry {str(r)[:80]} is neither a component (seed, sigma, coef) nor a merged term (scale, merged); was it written by a newer corp?"
+                    f"direction entry {str(r)[:80]} is neither a component (seed, sigma, coef) nor a merged term "
+                    "(scale, merged); was it written by a newer corp?"
                 ) from None
         return cls(terms)
 
@@ -302,7 +303,8 @@ def selected_parameters(model: torch.nn.Module, param_filter: ParamFilter) -> li
     params = [(n, p) for n, p in model.named_parameters() if param_filter(n)]
     if not params:
         raise CorpError(
-            f"parameter filter (include '{param_filter.include}', exclude '{param_filter.exclude}') selects no parameter of the model"
+            f"parameter filter (include '{param_filter.include}', exclude "
+            f"'{param_filter.exclude}') selects no parameter of the model"
         )
     return params
 

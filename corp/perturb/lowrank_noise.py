@@ -95,11 +95,13 @@ def check_shapes(scheme: str, shapes: Iterable[tuple[str, torch.Size | tuple[int
     for name, shape in shapes:
         if len(shape) > 2:
             raise CorpError(
-                f"noise scheme {scheme}: parameter '{name}' has {len(shape)} dimensions {tuple(shape)}; low-rank noise handles matrices and vectors only (exclude it with --exclude)"
+                f"noise scheme {scheme}: parameter '{name}' has {len(shape)} dimensions {tuple(shape)}; low-rank noise "
+                "handles matrices and vectors only (exclude it with --exclude)"
             )
         if len(shape) == 2 and rank > min(shape):
             raise CorpError(
-                f"noise scheme {scheme}: rank {rank} is larger than the smaller side of '{name}' {tuple(shape)}; use r <= {min(shape)} or exclude it with --exclude"
+                f"noise scheme {scheme}: rank {rank} is larger than the smaller side of '{name}' {tuple(shape)}; use r "
+                f"<= {min(shape)} or exclude it with --exclude"
             )
 
 

@@ -34,7 +34,9 @@ import hashlib
 import torch
 
 from corp.perturb.lowrank_noise import lowrank_noise, lowrank_rank
-from corp.perturb.seeding import SCHEME_VERSION, SCHEMES, check_scheme, noise_key, seed_generator  # noqa: F401  (the scheme's public names)
+
+# the scheme's public names, re-exported
+from corp.perturb.seeding import SCHEME_VERSION, SCHEMES, check_scheme, noise_key, seed_generator  # noqa: F401
 
 
 def noise(

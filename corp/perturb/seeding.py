@@ -55,7 +55,8 @@ def lowrank_rank(scheme: str | None, source: str = "noise scheme") -> int | None
         return None
     if f"corp-lowrank-v{m.group(1)}" != LOWRANK_VERSION:
         raise CorpError(
-            f"{source} uses noise scheme '{scheme}', which this corp cannot generate (it knows {LOWRANK_VERSION}:r=R); use the corp version that made it"
+            f"{source} uses noise scheme '{scheme}', which this corp cannot generate "
+            f"(it knows {LOWRANK_VERSION}:r=R); use the corp version that made it"
         )
     return _rank(m.group(2), source)
 
@@ -64,7 +65,8 @@ def check_scheme(scheme: str | None, source: str) -> str:
     """`scheme` if this corp can generate it; else one clear error naming where it came from."""
     if scheme not in SCHEMES and lowrank_rank(scheme, source) is None:
         raise CorpError(
-            f"{source} uses noise scheme '{scheme}', which this corp cannot generate (it knows {', '.join(SCHEMES)}); its seeds would mean other weights: use the corp version that made it"
+            f"{source} uses noise scheme '{scheme}', which this corp cannot generate (it knows {', '.join(SCHEMES)}); "
+            "its seeds would mean other weights: use the corp version that made it"
         )
     return scheme
 
@@ -104,7 +106,8 @@ def _check_layout() -> None:
         same = False
     if not same:
         raise CorpError(
-            f"torch {torch.__version__} stores its CPU generator state in a layout noise scheme corp-noise-v2 does not know; use a torch version corp supports (2.x)"
+            f"torch {torch.__version__} stores its CPU generator state in a layout noise scheme corp-noise-v2 does not "
+            "know; use a torch version corp supports (2.x)"
         )
     _layout_checked = True
 

@@ -608,7 +608,10 @@ def run_grpo(cfg: GRPOConfig, backend=None) -> dict:
             test_accuracy_before=before["accuracy"] if before else None,
             test_accuracy_after=after["accuracy"] if after else None,
             training_ledger=trainer.ledger.to_dict(),
-            trained_tokens_note="prompt + completion tokens of every sequence in a training forward/backward; 6N per token also for LoRA",
+            trained_tokens_note=(
+                "prompt + completion tokens of every sequence in a "
+                "training forward/backward; 6N per token also for LoRA"
+            ),
             model_dir=str(ctx.run_dir / "model"),
         )
         if rows:

@@ -138,7 +138,8 @@ class Backend:
         command or step that needs it, e.g. "corp es")."""
         if not self.supports(capability):
             raise CorpError(
-                f"{needed_by} needs {CAPABILITIES[capability]}, which {self.describe()} does not provide; {self.instead}"
+                f"{needed_by} needs {CAPABILITIES[capability]}, which "
+                f"{self.describe()} does not provide; {self.instead}"
             )
 
     def generate(

@@ -62,7 +62,8 @@ class FactoredPopulation:
             # a matrix used other than by nn.Linear / nn.Embedding (GPT-2's Conv1D, a fused kernel):
             # the hooks would leave it unperturbed, so this model is scored one specialist at a time
             raise CorpError(
-                f"the batched low-rank pass cannot perturb '{missing[0]}' (not the weight of an nn.Linear or nn.Embedding)"
+                f"the batched low-rank pass cannot perturb '{missing[0]}' "
+                "(not the weight of an nn.Linear or nn.Embedding)"
             )
         self.device = next(model.parameters()).device
         self._A: dict[str, torch.Tensor] = {}  # name -> (g, m, R)

@@ -107,7 +107,9 @@ def list_tasks() -> list[dict]:
         rows.append(
             {
                 "task": "rg:NAME",
-                "description": "reasoning-gym's ~100 procedural datasets: not installed; pip install 'corp[reasoning-gym]'",
+                "description": (
+                    "reasoning-gym's ~100 procedural datasets: not installed; pip install 'corp[reasoning-gym]'"
+                ),
             }
         )
     return rows

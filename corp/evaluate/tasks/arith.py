@@ -23,7 +23,8 @@ class Arith(Task):
         self.digits, self.ops, self.terms, self.pool_size = int(digits), str(ops), int(terms), int(pool)
         if self.digits < 1 or self.terms < 2 or not self.ops or set(self.ops) - set("+-*"):
             raise CorpError(
-                f"task arith: need digits >= 1, terms >= 2, ops from '+-*' (got digits={digits}, ops={ops}, terms={terms})"
+                "task arith: need digits >= 1, terms >= 2, ops from "
+                f"'+-*' (got digits={digits}, ops={ops}, terms={terms})"
             )
 
     def signature(self) -> dict:

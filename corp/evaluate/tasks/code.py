@@ -140,10 +140,12 @@ class _CodeTask(Task):
             allowed = self.unsafe_no_isolation or unsafe_allowed()
             if not info["isolated"] and not allowed:
                 raise CorpError(
-                    f"task {self.name}: the code sandbox cannot isolate programs on this machine ({info['why'] or info['level']}), so "
-                    "model-written code would run with your user's rights. Enable unprivileged user namespaces (sysctl "
-                    "user.max_user_namespaces > 0; kernel.unprivileged_userns_clone=1 where it exists) or run as root; to run it anyway, "
-                    f"accept the risk with the task option unsafe_no_isolation=1 (e.g. --task {self.name}:unsafe_no_isolation=1) or {UNSAFE_ENV}=1"
+                    f"task {self.name}: the code sandbox cannot isolate programs on this machine "
+                    f"({info['why'] or info['level']}), so model-written code would run with your user's "
+                    "rights. Enable unprivileged user namespaces (sysctl user.max_user_namespaces > 0; "
+                    "kernel.unprivileged_userns_clone=1 where it exists) or run as root; to run it "
+                    "anyway, accept the risk with the task option unsafe_no_isolation=1 (e.g. --task "
+                    f"{self.name}:unsafe_no_isolation=1) or {UNSAFE_ENV}=1"
                 )
             print(
                 f"sandbox: task {self.name} runs programs at isolation level '{info['level']}'"
@@ -214,7 +216,10 @@ def mbpp_entry_point(code: str, tests: Sequence[str]) -> str:
 
 class MBPP(_CodeTask):
     name = "mbpp"
-    description = "MBPP Python functions, run against the problem's asserts in a sandbox (options: timeout, memory_mb, concurrency, unsafe_no_isolation); needs data"
+    description = (
+        "MBPP Python functions, run against the problem's asserts in a sandbox (options: timeout, memory_mb, "
+        "concurrency, unsafe_no_isolation); needs data"
+    )
 
     def _rows(self) -> list[dict]:
         path = data_file(self.name, "mbpp/mbpp.jsonl", self.data_dir)
@@ -281,7 +286,10 @@ _IMPORT = re.compile(r"^(?:import\s+\S.*|from\s+\S+\s+import\s+.*)$", re.MULTILI
 
 class HumanEval(_CodeTask):
     name = "humaneval"
-    description = "HumanEval Python functions (164, test only), run against check() in a sandbox (options: timeout, memory_mb, concurrency, unsafe_no_isolation); needs data"
+    description = (
+        "HumanEval Python functions (164, test only), run against check() in a sandbox (options: timeout, memory_mb, "
+        "concurrency, unsafe_no_isolation); needs data"
+    )
 
     def pools(self) -> dict[str, list[Example]]:
         path = data_file(self.name, "humaneval/HumanEval.jsonl", self.data_dir)

@@ -138,7 +138,8 @@ def read_records(path: str | Path) -> list[tuple[int, dict]]:
             texts.append(line.decode("utf-8-sig" if lineno == 1 else "utf-8"))
         except UnicodeDecodeError as exc:
             raise CorpError(
-                f"'{path}' line {lineno} is not UTF-8 text (byte {line[exc.start]:#04x} at column {exc.start + 1}); save the file as UTF-8"
+                f"'{path}' line {lineno} is not UTF-8 text (byte {line[exc.start]:#04x} "
+                f"at column {exc.start + 1}); save the file as UTF-8"
             ) from None
     if suffix in (".csv", ".tsv"):
         return _read_csv(path, texts, "\t" if suffix == ".tsv" else ",")

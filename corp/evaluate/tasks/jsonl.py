@@ -28,7 +28,8 @@ class JsonlTask(Task):
     description = "custom task: jsonl:PATH[:prompt=FIELD,answer=FIELD,id=FIELD] (.jsonl, .csv, .parquet)"
     max_new_tokens = 256
 
-    def __init__(self, path: str, prompt: str = "prompt", answer: str = "answer", id: str = "id"):  # noqa: A002 - option name
+    # `id` shadows the builtin on purpose: it is the option's name
+    def __init__(self, path: str, prompt: str = "prompt", answer: str = "answer", id: str = "id"):  # noqa: A002
         self.path = Path(path)
         self.name = f"jsonl:{self.path}"
         self.fields = {"prompt": str(prompt), "answer": str(answer), "id": str(id)}
@@ -48,7 +49,8 @@ class JsonlTask(Task):
         unknown = set(kwargs) - {"prompt", "answer", "id"}
         if unknown:
             raise CorpError(
-                f"task jsonl has no option(s) {', '.join(sorted(unknown))}; options: prompt=FIELD, answer=FIELD, id=FIELD, max_new_tokens=N, stop=S"
+                f"task jsonl has no option(s) {', '.join(sorted(unknown))}; options: "
+                "prompt=FIELD, answer=FIELD, id=FIELD, max_new_tokens=N, stop=S"
             )
         return cls(path, **{k: str(v) for k, v in kwargs.items()}), gen
 
@@ -64,16 +66,19 @@ class JsonlTask(Task):
             mapped = "" if key == role else f" (mapped from '{role}')"
             have = ", ".join(sorted(map(str, row))) or "none"
             raise CorpError(
-                f"'{self.path}' line {lineno}: missing field '{key}'{mapped}; fields present: {have}. Map another field with jsonl:{self.path}:{role}=FIELD"
+                f"'{self.path}' line {lineno}: missing field '{key}'{mapped}; fields present: {have}. Map another "
+                f"field with jsonl:{self.path}:{role}=FIELD"
             )
         value = row[key]
         if role == "prompt" and not (isinstance(value, str) and value.strip()):
             raise CorpError(
-                f"'{self.path}' line {lineno}: field '{key}' must be a non-empty string, got {type(value).__name__} {str(value)[:40]!r}"
+                f"'{self.path}' line {lineno}: field '{key}' must be a non-empty "
+                f"string, got {type(value).__name__} {str(value)[:40]!r}"
             )
         if role == "answer" and (value is None or isinstance(value, (dict, list))):
             raise CorpError(
-                f"'{self.path}' line {lineno}: field '{key}' must be a string or a number, got {'null' if value is None else type(value).__name__}"
+                f"'{self.path}' line {lineno}: field '{key}' must be a string or a number, got "
+                f"{'null' if value is None else type(value).__name__}"
             )
         return value
 
@@ -87,7 +92,8 @@ class JsonlTask(Task):
                 ex_id = str(row[self.fields["id"]]) if self.fields["id"] in row else f"line-{lineno}"
                 if ex_id in seen:
                     raise CorpError(
-                        f"'{self.path}' line {lineno}: id '{ex_id}' already used on line {seen[ex_id]}; ids must be unique"
+                        f"'{self.path}' line {lineno}: id '{ex_id}' already "
+                        f"used on line {seen[ex_id]}; ids must be unique"
                     )
                 seen[ex_id] = lineno
                 cols = {k: v for k, v in row.items() if k not in used and k not in ("prompt", "answer")}

@@ -113,7 +113,10 @@ def order_reward(answer: str | None, gold: str) -> float:
 
 class Reorder(Task):
     name = "reorder"
-    description = "story ordering (ROCStories stand-in): 5 shuffled sentences A-E, answer the order; reorder[:PATH] (default text ships with reasoning-gym); options: seed, block=20, test_every=3"
+    description = (
+        "story ordering (ROCStories stand-in): 5 shuffled sentences A-E, answer the order; reorder[:PATH] (default "
+        "text ships with reasoning-gym); options: seed, block=20, test_every=3"
+    )
     max_new_tokens = 64
 
     def __init__(self, path: str | None = None, seed: int = 0, block: int = 20, test_every: int = 3):
@@ -192,14 +195,17 @@ class Reorder(Task):
                     # list, the embedded 135M model restated the sentences and ran out of tokens
                     # (4.7% of 64 test completions held an order, against 23% with this form)
                     prompt = (
-                        "Put the five shuffled sentences of a story back in their original order. Reply with only the five "
-                        f"letters in the right order, separated by spaces, like: {' '.join(example)}. Do not repeat the sentences.\n\n"
+                        "Put the five shuffled sentences of a story back "
+                        "in their original order. Reply with only the five "
+                        "letters in the right order, separated by spaces, like: "
+                        f"{' '.join(example)}. Do not repeat the sentences.\n\n"
                         f"{lines}\n\nOrder:"
                     )
                     pools[pool].append(Example(id=f"reorder-{start}", prompt=prompt, answer=gold))
             if len(pools["train"]) < 1 or len(pools["test"]) < 1:
                 raise CorpError(
-                    f"task reorder: '{self.path}' gives {len(pools['train'])} selection and {len(pools['test'])} test examples; it needs a longer text (at least {self.block * self.test_every} usable sentences)"
+                    f"task reorder: '{self.path}' gives {len(pools['train'])} selection and {len(pools['test'])} test "
+                    f"examples; it needs a longer text (at least {self.block * self.test_every} usable sentences)"
                 )
             self._pools = pools
         return self._pools

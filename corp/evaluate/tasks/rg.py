@@ -108,7 +108,8 @@ class ReasoningGymTask(Task):
             raise CorpError(f"reasoning-gym has no dataset '{dataset}'; `corp tasks` lists them")
         if instruction not in set(SYSTEM_PROMPTS) | {"none"}:
             raise CorpError(
-                f"task rg:{dataset}: instruction must be one of {', '.join(sorted(set(SYSTEM_PROMPTS) | {'none'}))}, got '{instruction}'"
+                f"task rg:{dataset}: instruction must be one of "
+                f"{', '.join(sorted(set(SYSTEM_PROMPTS) | {'none'}))}, got '{instruction}'"
             )
         if not (isinstance(seed, int) and isinstance(size, int) and size >= 1):
             raise CorpError(
@@ -129,7 +130,8 @@ class ReasoningGymTask(Task):
         unknown = set(options) - set(fields)
         if unknown:
             raise CorpError(
-                f"task rg:{dataset} has no option(s) {', '.join(sorted(unknown))}; its options: {', '.join(sorted(fields)) or 'none'}, seed, size, instruction, extract, max_new_tokens, stop"
+                f"task rg:{dataset} has no option(s) {', '.join(sorted(unknown))}; its options: "
+                f"{', '.join(sorted(fields)) or 'none'}, seed, size, instruction, extract, max_new_tokens, stop"
             )
         self.options = {k: _coerce_option(fields[k], v, dataset) for k, v in sorted(options.items())}
         try:
@@ -163,7 +165,8 @@ class ReasoningGymTask(Task):
                     entry = self._ds[i]
                 except Exception as exc:  # a generator that fails for these options: say which
                     raise CorpError(
-                        f"task rg:{self.dataset}: reasoning-gym failed to generate item {i} with options {self.options} ({type(exc).__name__}: {exc})"
+                        f"task rg:{self.dataset}: reasoning-gym failed to generate item {i} with options "
+                        f"{self.options} ({type(exc).__name__}: {exc})"
                     ) from None
                 question = entry["question"]
                 if question in seen:
