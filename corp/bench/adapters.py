@@ -31,7 +31,8 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from corp.baselines import ESConfig, FGRPOConfig, GRPOConfig
+from corp.baselines import ESConfig, FERAConfig, FGRPOConfig, GRPOConfig, SelfConsistencyConfig
+from corp.config import RandOptConfig
 
 FIXED, POPULATION, ITERATIVE = "fixed", "population", "iterative"
 
@@ -41,6 +42,11 @@ def _default(config: type, name: str):
     option the cell left unset from the method's own default, never from a copy)."""
     f = next(f for f in dataclasses.fields(config) if f.name == name)
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+
+
+def _opt(options: dict, config: type, name: str):
+    """A cell's option `name`, or the method's own default when the cell leaves it unset."""
+    return options.get(name, _default(config, name))
 
 
 @dataclass(frozen=True)
@@ -83,7 +89,7 @@ def _ints(value) -> list[int]:
 SELF_CONSISTENCY = BenchAdapter(
     FIXED,
     r"base|self-consistency@\d+",
-    row_names=lambda o: ["base"] + [f"self-consistency@{k}" for k in _ints(o.get("k", [1, 4, 16]))],
+    row_names=lambda o: ["base"] + [f"self-consistency@{k}" for k in _ints(_opt(o, SelfConsistencyConfig, "k"))],
 )
 RANDOPT = BenchAdapter(
     POPULATION,
@@ -92,7 +98,9 @@ RANDOPT = BenchAdapter(
     equal_data=True,
     unit="population",
     clip=("top_k",),
-    row_names=lambda o: ["randopt-top1"] + [f"randopt-vote@{k}" for k in _ints(o.get("top_k", [1, 4, 16])) if k != 1],
+    row_names=lambda o: (
+        ["randopt-top1"] + [f"randopt-vote@{k}" for k in _ints(_opt(o, RandOptConfig, "top_k")) if k != 1]
+    ),
 )
 # CoRP needs two elites to merge anything; its own probe/validation/support-half evaluations count
 # (probe, step search, gates: the cell's prefix is chosen so that population + these fit the budget);
@@ -115,8 +123,7 @@ ES = BenchAdapter(
     unit="iterations",
     units_done="iterations",
     unit_evals=lambda o: (
-        float(o.get("population", _default(ESConfig, "population")))
-        + (0.0 if o.get("skip_centre_eval", _default(ESConfig, "skip_centre_eval")) else 1.0)
+        float(_opt(o, ESConfig, "population")) + (0.0 if _opt(o, ESConfig, "skip_centre_eval") else 1.0)
     ),
 )
 # one GRPO step generates prompts_per_step * num_generations completions (a fraction of a support pass)
@@ -128,9 +135,9 @@ GRPO = BenchAdapter(
     unit="steps",
     units_done="steps",
     unit_evals=lambda o: (
-        float(o.get("prompts_per_step", _default(GRPOConfig, "prompts_per_step")))
-        * float(o.get("num_generations", _default(GRPOConfig, "num_generations")))
-        / max(1.0, float(o.get("n_support", _default(GRPOConfig, "n_support"))))
+        float(_opt(o, GRPOConfig, "prompts_per_step"))
+        * float(_opt(o, GRPOConfig, "num_generations"))
+        / max(1.0, float(_opt(o, GRPOConfig, "n_support")))
     ),
 )
 
@@ -150,11 +157,11 @@ FGRPO = BenchAdapter(
     unit="rounds",
     units_done="rounds",
     unit_evals=lambda o: (
-        float(o.get("clients", _default(FGRPOConfig, "clients")))
-        * float(o.get("steps", _default(FGRPOConfig, "steps")))
-        * float(o.get("prompts_per_step", _default(FGRPOConfig, "prompts_per_step")))
-        * float(o.get("num_generations", _default(FGRPOConfig, "num_generations")))
-        / max(1.0, float(o.get("n_support", _default(FGRPOConfig, "n_support"))))
+        float(_opt(o, FGRPOConfig, "clients"))
+        * float(_opt(o, FGRPOConfig, "steps"))
+        * float(_opt(o, FGRPOConfig, "prompts_per_step"))
+        * float(_opt(o, FGRPOConfig, "num_generations"))
+        / max(1.0, float(_opt(o, FGRPOConfig, "n_support")))
     ),
     check=_clients_get_support,
 )
@@ -163,7 +170,7 @@ FERA = BenchAdapter(
     FIXED,
     r"fera-round\d+|plain-vote-round\d+",
     row_names=lambda o: [
-        f"{p}-round{r}" for r in range(1, int(o.get("rounds", 3)) + 1) for p in ("fera", "plain-vote")
+        f"{p}-round{r}" for r in range(1, int(_opt(o, FERAConfig, "rounds")) + 1) for p in ("fera", "plain-vote")
     ],
 )
 
