@@ -45,7 +45,7 @@ by_label = {cfg.label(t): t for t in cfg.tasks}
 task = by_label.get(sys.argv[2], sys.argv[2])
 if task not in cfg.tasks:
     sys.exit(f"bench_run.sh: task {sys.argv[2]!r} is not a task of {cfg.name}; its tasks (labels): {', '.join(by_label)}")
-print(results_path(cfg), _slug(task))
+print(results_path(cfg), _slug(cfg.label(task)))  # record names start with the task's label
 EOF
 ) || exit 2
 [ -n "${OUT:-}" ] || exit 2

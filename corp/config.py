@@ -192,6 +192,8 @@ class PopulationConfig(RunConfig):
     """Noise scheme of the specialists: full (full-rank Gaussian) or lowrank:r=R (rank-R noise per weight matrix, E = A B^T / sqrt(R); 1-D parameters get none; on the hf backend a population is scored in one batched factored pass)."""
     from_run: str | None = None
     """Take the scored population from this run directory instead of scoring a new one."""
+    from_sigmas: list[float] | None = None
+    """With --from-run: take only the specialists whose noise scale is in this list, comma-separated (default: every scale of that population); --population then counts those."""
     executor: str = "local"
     """Where specialists are scored: local (this process) or ray (one backend replica per Ray actor)."""
     workers: int = 2
@@ -250,6 +252,14 @@ class PopulationConfig(RunConfig):
                     "racing needs --race-first >= 1, --race-eta >= 2 and --race-keep "
                     f">= 0; got {self.race_first}, {self.race_eta}, {self.race_keep}"
                 )
+        if self.from_sigmas is not None:
+            self.from_sigmas = parse_list(self.from_sigmas, float, "from_sigmas")
+            if not self.from_run:
+                raise CorpError(
+                    "--from-sigmas selects specialists of --from-run; give --from-run, or drop --from-sigmas"
+                )
+            if not self.from_sigmas:
+                raise CorpError("--from-sigmas is empty; give at least one noise scale of the --from-run population")
         if self.from_run and not Path(self.from_run, "population.jsonl").exists():
             raise CorpError(
                 f"--from-run '{self.from_run}' has no population.jsonl; score one first (corp score) or drop --from-run"

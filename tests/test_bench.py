@@ -958,3 +958,101 @@ def test_committed_bench_configs_load():
     for p in paths:
         cfg = load_bench_config(str(p))
         assert cfg.tasks and all(isinstance(t, str) for t in cfg.tasks)
+
+
+def test_a_randopt_sigma_trial_takes_its_scales_from_the_one_shared_population(tiny_dir, tmp_path):
+    """`search: {from_sigmas: ...}` (RandOpt's sigma search): every trial reads the same shared
+    population (which mixes the bench's sigmas) and takes only the specialists of its scales, in
+    population order; its FLOPs are those specialists' scoring FLOPs, so a one-scale trial at a
+    budget uses as many specialists as the mix would. A bug that passed the filter to the shared
+    population would score one population per trial; one that ignored it would vote with
+    specialists of the other scale."""
+    from corp.bench.sweep import run_bench
+    from corp.runs import read_jsonl
+
+    opts = tiny_options(
+        tiny_dir,
+        tmp_path,
+        population=12,
+        sigmas=[0.05, 0.1],
+        budgets=[4e7],
+        seeds=[1],
+        settings=["paper"],
+        compare=[],
+        hyperparameters="search",
+        trials=3,
+        methods={"randopt": {"options": {"top_k": [1, 2]}, "search": {"from_sigmas": [[0.05], [0.1], [0.05, 0.1]]}}},
+    )
+    run_bench(load_config(BenchConfig, None, opts))
+    recs = [json.loads(p.read_text()) for p in sorted((tmp_path / "results" / "tiny" / "cells").glob("*.json"))]
+    trials = [r for r in recs if r["setting"] == "tune"]
+    assert len(trials) == 3 and all(r["units"] for r in trials), [(r.get("units"), r.get("why")) for r in trials]
+    pops = {r["population_run"] for r in recs}
+    assert len(pops) == 1, pops  # one shared population for every trial and the final cell
+    pop_dir = Path(pops.pop())
+    rows = sorted(
+        (r for r in read_jsonl(pop_dir / "population.jsonl") if r.get("kind") == "specialist"), key=lambda r: r["index"]
+    )
+    assert {r["sigma"] for r in rows} == {0.05, 0.1}
+    n_params = json.loads((pop_dir / "report.json").read_text())["population"]["selection_ledger"]["n_params"]
+    differs = []
+    for rec in trials:
+        scales = rec["hyperparameters"]["from_sigmas"]
+        mine = [r for r in rows if r["sigma"] in scales]
+        costs = [2.0 * n_params * (r["prompt_tokens"] + r["generated_tokens"]) for r in mine]
+        assert rec["units"] == prefix_that_fits(costs, 4e7), (scales, rec["units"])
+        assert rec["flops"] == pytest.approx(sum(costs[: rec["units"]]))
+        report = json.loads((Path(rec["run_dir"]) / "report.json").read_text())
+        source = report["population"]["source"]
+        assert source["used"] == rec["units"]
+        taken = mine[: rec["units"]]
+        best, median = report["population"]["reward_best"], report["population"]["reward_median"]
+        assert (best, median) == (
+            max(r["reward"] for r in taken),
+            sorted(r["reward"] for r in taken)[len(taken) // 2],
+        )
+        if len(scales) == 1:
+            assert source["from_sigmas"] == scales
+            unfiltered = rows[: rec["units"]]
+            differs.append(
+                (best, median)
+                != (max(r["reward"] for r in unfiltered), sorted(r["reward"] for r in unfiltered)[len(unfiltered) // 2])
+            )
+    assert any(differs)  # the planted case: the mixed prefix would have given another population
+
+
+def test_a_sigma_trial_naming_a_scale_the_bench_does_not_draw_is_one_error(tiny_dir, tmp_path):
+    from corp.bench.sweep import run_bench
+
+    opts = tiny_options(
+        tiny_dir,
+        tmp_path,
+        sigmas=[0.05, 0.1],
+        seeds=[1],
+        settings=["paper"],
+        compare=[],
+        hyperparameters="search",
+        trials=2,
+        methods={"randopt": {"options": {"top_k": [1]}, "search": {"from_sigmas": [[0.05], [0.3]]}}},
+    )
+    with pytest.raises(CorpError, match=r"from_sigmas 0.3 is not a scale of the bench's sigmas"):
+        run_bench(load_config(BenchConfig, None, opts))
+    assert not (tmp_path / "work").exists() or not any((tmp_path / "work").rglob("population.jsonl"))
+
+
+def test_from_sigmas_is_checked_before_any_model_loads(tmp_path):
+    from corp.config import RandOptConfig
+
+    with pytest.raises(CorpError, match=r"--from-sigmas selects specialists of --from-run"):
+        load_config(RandOptConfig, None, {"model": "x", "task": "arith", "from_sigmas": "1e-3"})
+    with pytest.raises(CorpError, match=r"--from-sigmas is '1e-3,x'"):
+        load_config(RandOptConfig, None, {"model": "x", "task": "arith", "from_sigmas": "1e-3,x"})
+
+
+def test_record_file_names_start_with_the_task_label(tmp_path):
+    from corp.bench.sweep import load_bench_config, plan
+
+    cfg = load_bench_config("configs/bench-cpu-2.yaml")
+    cells, _ = plan(cfg)
+    names = {c.record_name().split("__")[0] for c in cells}
+    assert names == {"arith", "letters"}, names

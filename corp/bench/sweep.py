@@ -43,11 +43,13 @@ RECORD_FORMAT = 2
 _NOT_IDENTITY = ("run_dir", "threads", "report_to", "from_run", "eval_cache")
 # The options of a cell that its seed's shared population run (`corp score`) takes: every option of
 # PopulationConfig except how the population is scored (executor, racing), where it comes from or
-# goes (run_dir, from_run, eval_cache), its size (set from the bench config) and report_on (scoring
-# is on support). A field added to RunConfig or PopulationConfig is passed on unless listed here.
+# goes (run_dir, from_run, eval_cache), its size (set from the bench config), which of its noise
+# scales a cell takes (from_sigmas: a RandOpt sigma trial reads the specialists of its scales from
+# the shared population) and report_on (scoring is on support). A field added to RunConfig or PopulationConfig is passed on unless listed here.
 _NOT_POPULATION = {
     "population",
     "from_run",
+    "from_sigmas",
     "run_dir",
     "eval_cache",
     "report_on",
@@ -76,6 +78,7 @@ class Cell:
     trial: int | None = None  # a hyperparameter trial (setting "tune"): its index among the method's trials
     searched: tuple[str, ...] = ()  # options a search chooses (a final cell is resolved from its trials before it runs)
     tuning: dict | None = None  # how the options were chosen (recorded with the cell)
+    task_label: str = ""  # the task's short label (config `label:`), for file names; not part of the identity
 
     @property
     def adapter(self) -> BenchAdapter:
@@ -97,7 +100,7 @@ class Cell:
         budget = "fixed" if self.budget is None else f"{self.budget:.3e}"
         trial = "" if self.trial is None else f"__t{self.trial}"
         return (
-            f"{_slug(self.task)}__{self.setting}__s{self.seed}__{_slug(self.label)}{trial}"
+            f"{_slug(self.task_label or self.task)}__{self.setting}__s{self.seed}__{_slug(self.label)}{trial}"
             f"__{budget}__{self.run_key()[:10]}.json"
         )
 
@@ -210,7 +213,17 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
                             "report_on": "validation",
                         }
                         cells.extend(
-                            Cell(task, "tune", cfg.seeds[0], name, str(label), b, dict(opts), trial=i)
+                            Cell(
+                                task,
+                                "tune",
+                                cfg.seeds[0],
+                                name,
+                                str(label),
+                                b,
+                                dict(opts),
+                                trial=i,
+                                task_label=cfg.label(task),
+                            )
                             for b in budgets_of(name)
                         )
         for setting in cfg.settings:
@@ -220,7 +233,17 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
                     for label, over in (spec.get("variants") or {name: {}}).items():
                         opts = options(task, setting, seed, name, spec, over)
                         cells.extend(
-                            Cell(task, setting, seed, name, str(label), b, dict(opts), searched=searched)
+                            Cell(
+                                task,
+                                setting,
+                                seed,
+                                name,
+                                str(label),
+                                b,
+                                dict(opts),
+                                searched=searched,
+                                task_label=cfg.label(task),
+                            )
                             for b in budgets_of(name)
                         )
     return cells, missing
@@ -275,14 +298,32 @@ def check_compare(cfg: BenchConfig, cells: list[Cell]) -> None:
                 )
 
 
-def _validate_options(cell: Cell, splits: dict | None = None, population: int | None = None) -> None:
+def _validate_options(
+    cell: Cell, splits: dict | None = None, population: int | None = None, sigmas: list | None = None
+) -> None:
     """Build the cell's config without running it: unknown or bad options, what the adapter's
-    `check` finds wrong against the cell's splits, and a list option no prefix of the bench's
-    `population` can ever fit (RandOpt's top_k), fail here, before compute."""
+    `check` finds wrong against the cell's splits, a list option no prefix of the bench's
+    `population` can ever fit (RandOpt's top_k), and a `from_sigmas` that names a scale the bench's
+    `sigmas` grid does not have, fail here, before compute."""
     method, adapter = get_method(cell.method), cell.adapter
-    opts = {k: v for k, v in cell.opts.items() if k != "from_run"}
+    opts = {k: v for k, v in cell.opts.items() if k not in ("from_run", "from_sigmas")}
     try:
         opts = check_types(method.config_class, opts)  # before the clipping below reads them as numbers
+        chosen = cell.opts.get("from_sigmas")
+        if chosen is not None:
+            if adapter.kind != POPULATION or opts.get("race", "off") != "off":
+                raise CorpError(
+                    "from_sigmas takes specialists of the shared population; only a population "
+                    "method without racing reads one"
+                )
+            grid = [float(x) for x in (sigmas or [])]
+            values = [float(x) for x in _values(chosen)]
+            odd = [x for x in values if not any(math.isclose(x, g, rel_tol=1e-9) for g in grid)]
+            if not values or odd:
+                raise CorpError(
+                    f"from_sigmas {odd[0] if odd else '[]'} is not a scale of the bench's sigmas "
+                    f"({', '.join(f'{g:g}' for g in grid)}); pick a non-empty subset of those"
+                )
         if adapter.kind == POPULATION and population is not None and opts.get("race", "off") == "off":
             # a cell's population is a prefix of the shared one (a raced cell races its own, as large as fits)
             for key in adapter.clip:
@@ -343,7 +384,7 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
             splits_of[sizes] = make_splits(
                 task, SplitSizes(*sizes[1:]), cfg.split_seed
             )  # a test size beyond the pool fails here
-        _validate_options(cell, splits_of[sizes], cfg.population)
+        _validate_options(cell, splits_of[sizes], cfg.population, cfg.sigmas)
     check_compare(cfg, cells)
     budgeted = [c for c in cells if c.adapter.kind != FIXED]
     if not (load_model and budgeted):
@@ -445,19 +486,30 @@ class Bench:
 
     # -- population cells: the largest prefix of the seed's shared population that fits the budget
     def population(self, cell: Cell) -> dict:
+        """The seed's shared population (one `corp score` run per seed and data setting, every
+        scale of the bench's `sigmas`), scored as far as the cell needs: first 8 specialists, then
+        as many more as the largest budget buys at their mean cost, plus one, until the cell's
+        specialists (those of its `from_sigmas` scales, when a sigma trial names some) cost more
+        than the largest budget or `population` is scored. Specialist i is the same whatever the
+        population size, so the prefix grows on resume. Returns the run directory and, per
+        specialist the cell may take (in population order), its scoring FLOPs and seconds."""
         pop_opts = {k: v for k, v in cell.opts.items() if k in POPULATION_OPTIONS}
         pop_opts["population"] = self.cfg.population
         key = _hash({"population": {k: v for k, v in pop_opts.items() if k not in _NOT_IDENTITY}})
-        if key in self.populations:
-            return self.populations[key]
         run_dir = self.work / f"{_slug(cell.task)}__population__s{cell.seed}__{key[:12]}"
-        report = _report_done(run_dir)
-        wall = 0.0
-        # score only the prefix the largest budget can buy (specialist i is the same whatever the
-        # population size, so the prefix grows on resume): first 8, then as many more as the largest
-        # budget buys at their mean cost, plus one, until it is passed or `population` is scored
-        target, top = min(self.cfg.population, 8), max(self.cfg.budgets)
+        chosen = cell.opts.get("from_sigmas")
+        mine = (
+            (lambda sg: True) if chosen is None else (lambda sg: any(math.isclose(sg, c, rel_tol=1e-9) for c in chosen))
+        )
+        pop = self.populations.get(key)
+        top = max(self.cfg.budgets)
         while True:
+            if pop is None:
+                report = _report_done(run_dir)
+                target = min(self.cfg.population, 8)
+                wall = 0.0
+            else:
+                report, target, wall = pop["report"], pop["target"], pop["wall"]
             if report is None or report.get("population", {}).get("n", 0) < target:
                 report, dt = self._invoke("score", {**pop_opts, "population": target, "run_dir": str(run_dir)})
                 wall += dt
@@ -471,19 +523,30 @@ class Bench:
             )
             n_params = int(report["population"]["selection_ledger"]["n_params"])
             costs = [flops(n_params, r["prompt_tokens"], r["generated_tokens"]) for r in rows]
-            if len(costs) >= self.cfg.population or sum(costs) > top or not costs:
+            pop = {
+                "run_dir": str(run_dir),
+                "costs": costs,
+                "sigmas": [float(r["sigma"]) for r in rows],
+                "seconds": [float(r.get("seconds", 0.0)) + float(r.get("apply_seconds", 0.0)) for r in rows],
+                "wall": wall,
+                "report": report,
+                "target": len(rows),
+            }
+            self.populations[key] = pop
+            own = [c for c, sg in zip(costs, pop["sigmas"]) if mine(sg)]
+            if len(costs) >= self.cfg.population or sum(own) > top or not own:
                 break
-            target = min(
-                self.cfg.population, len(costs) + math.ceil((top - sum(costs)) / (sum(costs) / len(costs))) + 1
+            pop["target"] = min(
+                self.cfg.population,
+                len(costs) + math.ceil((top - sum(own)) / (sum(own) / len(own)) * len(costs) / len(own)) + 1,
             )
-        pop = {
-            "run_dir": str(run_dir),
-            "costs": costs,
-            "seconds": [float(r.get("seconds", 0.0)) + float(r.get("apply_seconds", 0.0)) for r in rows],
-            "wall": wall,
+        take = [i for i, sg in enumerate(pop["sigmas"]) if mine(sg)]
+        return {
+            "run_dir": pop["run_dir"],
+            "costs": [pop["costs"][i] for i in take],
+            "seconds": [pop["seconds"][i] for i in take],
+            "wall": pop["wall"],
         }
-        self.populations[key] = pop
-        return pop
 
     def _population_cell(self, cell: Cell) -> dict:
         """The largest prefix n whose scoring FLOPs plus the method's own evaluations on it (CoRP's
@@ -822,7 +885,7 @@ def run_bench(
     )
     for planned in bar:
         bar.set_postfix_str(
-            f"{planned.task} {planned.setting} s{planned.seed} {planned.label} "
+            f"{planned.task_label or planned.task} {planned.setting} s{planned.seed} {planned.label} "
             f"{'' if planned.budget is None else f'{planned.budget:.2g}'}"
         )
         cell = bench.resolve(

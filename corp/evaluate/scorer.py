@@ -18,6 +18,7 @@ goes to `evals.jsonl` through the same cache (`EvalCache`, `cached_eval`).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import warnings
@@ -190,6 +191,19 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
         warnings.warn(f"{what} was written by an older corp; its rows are taken in file order")
     if not rows:
         raise CorpError(f"--from-run '{src}' has no scored specialists")
+    wanted = getattr(ctx.cfg, "from_sigmas", None)
+    if wanted is not None:
+        # a sub-grid of the population's noise scales (the bench's sigma search): the specialists of
+        # those scales, still in population order, so --population counts only them
+        have = sorted({float(r["sigma"]) for r in rows})
+        unknown = [s for s in wanted if not any(math.isclose(s, h, rel_tol=1e-9) for h in have)]
+        if unknown:
+            raise CorpError(
+                f"--from-sigmas {unknown[0]:g} is not a noise scale of --from-run '{src}' "
+                f"(its scales: {', '.join(f'{h:g}' for h in have)}); pick from those"
+            )
+        rows = [r for r in rows if any(math.isclose(float(r["sigma"]), s, rel_tol=1e-9) for s in wanted)]
+        rule = f"{rule}, sigma in {', '.join(f'{s:g}' for s in wanted)} (--from-sigmas)"
     available = len(rows)
     if available < n:
         warnings.warn(f"--from-run has {available} specialists, fewer than --population {n}; using them all")
@@ -204,6 +218,8 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
         "seed": found.get("seed"),
         "sigmas": found.get("sigmas"),
     }
+    if wanted is not None:
+        how["from_sigmas"] = wanted
     return used, how
 
 
