@@ -486,28 +486,33 @@ class Bench:
 
     # -- population cells: the largest prefix of the seed's shared population that fits the budget
     def population(self, cell: Cell) -> dict:
-        """The seed's shared population (one `corp score` run per seed and data setting, every
-        scale of the bench's `sigmas`), scored as far as the cell needs: first 8 specialists, then
-        as many more as the largest budget buys at their mean cost, plus one, until the cell's
-        specialists (those of its `from_sigmas` scales, when a sigma trial names some) cost more
-        than the largest budget or `population` is scored. Specialist i is the same whatever the
-        population size, so the prefix grows on resume. Returns the run directory and, per
-        specialist the cell may take (in population order), its scoring FLOPs and seconds."""
+        """The seed's shared population (one `corp score` run per seed and data setting, mixing
+        every scale of the bench's `sigmas`), scored as far as the cell needs. The cell's
+        specialists are the population's, or, for a sigma trial (`from_sigmas`), those of its
+        scales; a cell takes at most `population` of them. Scoring starts with 8 specialists and
+        adds as many as the largest budget buys at their mean cost, plus one, until the cell's
+        specialists cost more than the largest budget or `population` of them are scored (a
+        one-scale trial of a three-scale grid may so score up to three times `population`).
+        Specialist i is the same whatever the population size, so the prefix grows on resume.
+        Returns the run directory and, per specialist the cell may take (in population order),
+        its scoring FLOPs and seconds."""
+        cfg = self.cfg
         pop_opts = {k: v for k, v in cell.opts.items() if k in POPULATION_OPTIONS}
-        pop_opts["population"] = self.cfg.population
+        pop_opts["population"] = cfg.population
         key = _hash({"population": {k: v for k, v in pop_opts.items() if k not in _NOT_IDENTITY}})
         run_dir = self.work / f"{_slug(cell.task)}__population__s{cell.seed}__{key[:12]}"
         chosen = cell.opts.get("from_sigmas")
-        mine = (
-            (lambda sg: True) if chosen is None else (lambda sg: any(math.isclose(sg, c, rel_tol=1e-9) for c in chosen))
-        )
+
+        def mine(sigma: float) -> bool:
+            return chosen is None or any(math.isclose(sigma, c, rel_tol=1e-9) for c in chosen)
+
+        # the most specialists the shared run may need to score for this cell
+        most = cfg.population if chosen is None else cfg.population * len(cfg.sigmas)
+        top = max(cfg.budgets)
         pop = self.populations.get(key)
-        top = max(self.cfg.budgets)
         while True:
             if pop is None:
-                report = _report_done(run_dir)
-                target = min(self.cfg.population, 8)
-                wall = 0.0
+                report, target, wall = _report_done(run_dir), min(cfg.population, 8), 0.0
             else:
                 report, target, wall = pop["report"], pop["target"], pop["wall"]
             if report is None or report.get("population", {}).get("n", 0) < target:
@@ -522,25 +527,23 @@ class Bench:
                 key=lambda r: r["index"],
             )
             n_params = int(report["population"]["selection_ledger"]["n_params"])
-            costs = [flops(n_params, r["prompt_tokens"], r["generated_tokens"]) for r in rows]
             pop = {
                 "run_dir": str(run_dir),
-                "costs": costs,
+                "costs": [flops(n_params, r["prompt_tokens"], r["generated_tokens"]) for r in rows],
                 "sigmas": [float(r["sigma"]) for r in rows],
                 "seconds": [float(r.get("seconds", 0.0)) + float(r.get("apply_seconds", 0.0)) for r in rows],
                 "wall": wall,
                 "report": report,
-                "target": len(rows),
+                "target": max(target, len(rows)),
             }
             self.populations[key] = pop
-            own = [c for c, sg in zip(costs, pop["sigmas"]) if mine(sg)]
-            if len(costs) >= self.cfg.population or sum(own) > top or not own:
+            own = [c for c, sg in zip(pop["costs"], pop["sigmas"]) if mine(sg)][: cfg.population]
+            if len(rows) >= most or len(own) >= cfg.population or sum(own) > top or not own:
                 break
-            pop["target"] = min(
-                self.cfg.population,
-                len(costs) + math.ceil((top - sum(own)) / (sum(own) / len(own)) * len(costs) / len(own)) + 1,
-            )
-        take = [i for i, sg in enumerate(pop["sigmas"]) if mine(sg)]
+            # as many more of the cell's specialists as the largest budget buys, in population terms
+            more = math.ceil((top - sum(own)) / (sum(own) / len(own)) * len(rows) / len(own))
+            pop["target"] = min(most, len(rows) + more + 1)
+        take = [i for i, sg in enumerate(pop["sigmas"]) if mine(sg)][: cfg.population]
         return {
             "run_dir": pop["run_dir"],
             "costs": [pop["costs"][i] for i in take],
