@@ -1057,3 +1057,43 @@ def test_record_file_names_start_with_the_task_label(tmp_path):
     cells, _ = plan(cfg)
     names = {c.record_name().split("__")[0] for c in cells}
     assert names == {"arith", "letters"}, names
+
+
+def test_noise_scheme_variants_score_populations_of_their_own_scheme(tiny_dir, tmp_path):
+    """configs/bench-noise.yaml's design on a tiny model: a variant per noise scheme gets its own
+    shared population, scored under that scheme (its meta says so), at the same budget; a bug that
+    shared one population between schemes would compare full-rank specialists with themselves."""
+    from corp.bench.sweep import run_bench
+
+    opts = tiny_options(
+        tiny_dir,
+        tmp_path,
+        population=6,
+        sigmas=[0.05],
+        budgets=[3e7],
+        seeds=[1, 2],
+        settings=["paper"],
+        compare=[["randopt-r1:randopt-top1", "randopt-full:randopt-top1"]],
+        methods={
+            "randopt": {
+                "options": {"top_k": [1, 2]},
+                "variants": {"randopt-full": {"noise": "full"}, "randopt-r1": {"noise": "lowrank:r=1"}},
+            }
+        },
+    )
+    run_bench(load_config(BenchConfig, None, opts))
+    recs = {
+        r["label"]: r
+        for r in (json.loads(p.read_text()) for p in (tmp_path / "results" / "tiny" / "cells").glob("*.json"))
+        if r["seed"] == 1
+    }
+    assert set(recs) == {"randopt-full", "randopt-r1"}
+    full, low = Path(recs["randopt-full"]["population_run"]), Path(recs["randopt-r1"]["population_run"])
+    assert full != low
+    schemes = {p: json.loads((p / "population_meta.json").read_text()).get("noise_scheme") for p in (full, low)}
+    assert "lowrank" in str(schemes[low]) and "r=1" in str(schemes[low]).replace(" ", ""), schemes
+    assert "lowrank" not in str(schemes[full]), schemes
+    for r in recs.values():
+        assert r["units"] >= 2 and r["flops"] <= 3e7
+    table = (tmp_path / "results" / "tiny" / "table.md").read_text()
+    assert "randopt-r1:randopt-top1" in table and "randopt-full:randopt-top1" in table
