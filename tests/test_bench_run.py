@@ -30,10 +30,10 @@ FAKE = textwrap.dedent("""
     Path("runs/bench/wrap").mkdir(parents=True, exist_ok=True)
     Path("runs/bench/wrap/model.bin").write_bytes(b"x" * 1000)
     if n == 1:
-        (cells / "arith__paper__s0__base__fixed__0123456789.json").write_text(json.dumps({"status": "done"}))
-        (cells / "letters-spec__paper__s0__base__fixed__0123456789.json").write_text("{}")  # the other task's process
+        (cells / "add__paper__s0__base__fixed__0123456789.json").write_text(json.dumps({"status": "done"}))
+        (cells / "letters__paper__s0__base__fixed__0123456789.json").write_text("{}")  # the other task's process
         sys.exit(137)
-    (cells / "arith__paper__s1__grpo__1.000e+12__abcdef0123.json").write_text(json.dumps({"status": "done"}))
+    (cells / "add__paper__s1__grpo__1.000e+12__abcdef0123.json").write_text(json.dumps({"status": "done"}))
     for name in ("table.md", "results.csv", "bench.json"):
         Path("results/wrap", name).write_text("out")
 """)
@@ -89,8 +89,8 @@ def test_the_wrapper_restarts_the_bench_and_commits_only_its_finished_cells(repo
     assert (repo.parent / "starts").read_text() == "2", "the stopped bench was not restarted"
     tracked = set(_git(repo, "ls-files").split())
     assert {
-        "results/wrap/cells/arith__paper__s0__base__fixed__0123456789.json",
-        "results/wrap/cells/arith__paper__s1__grpo__1.000e+12__abcdef0123.json",
+        "results/wrap/cells/add__paper__s0__base__fixed__0123456789.json",
+        "results/wrap/cells/add__paper__s1__grpo__1.000e+12__abcdef0123.json",
         "results/wrap/table.md",
         "results/wrap/results.csv",
         "results/wrap/bench.json",
@@ -100,7 +100,7 @@ def test_the_wrapper_restarts_the_bench_and_commits_only_its_finished_cells(repo
     assert "1 finished cell(s): paper__s0__base__fixed" in log and "paper__s1__grpo__1.000e+12" in log, log
     assert "outputs after task add finished" in log
     assert not _git(
-        repo, "status", "--porcelain", "--", "results/wrap/cells/arith__paper__s0__base__fixed__0123456789.json"
+        repo, "status", "--porcelain", "--", "results/wrap/cells/add__paper__s0__base__fixed__0123456789.json"
     )
 
 
