@@ -13,7 +13,7 @@ It plans the config's cells with corp's own planner (corp.bench.sweep.plan) and 
   - an iterative cell: its training FLOPs up to the budget (the run is shared across budgets, so
     the largest budget's) and two test evaluations per budget (the growth's);
   - a trial (setting "tune"): the same, on the validation split instead of test.
-Rates (FLOP/s, measured from results/bench-cpu/cells; see the README there): support scoring of
+Rates (FLOP/s, measured from the first edition's records, results/bench-cpu/cells): support scoring of
 specialists 4.7e10 (8.8e12 FLOPs in 186 s, applies included), test evaluations 1.0e11 (batch 64),
 ES training 3.8e10, GRPO training 2.5e10 (ledger FLOPs per second, generation and backward).
 This is an estimate for sizing, not a measurement; `corp bench` records what each cell took.

@@ -221,6 +221,8 @@ def test_budgets_are_matched_as_the_adapters_say(swept):
                 g for g in rec["grown"] if g["flops"] <= rec["budget"]
             ]  # (units the report said, FLOPs) of every growth
             assert fit[-1] == {"units": rec["units"], "flops": rec["flops"]}
+            # the budget stopped it (no unit cap here): never "budget not reached" when the rest buys no unit
+            assert rec["budget_reached"] is True, rec["grown"]
         if (
             rec["budget"] is not None
         ):  # one rule for every method: never over the budget, CoRP's own evaluations included
@@ -1097,3 +1099,90 @@ def test_noise_scheme_variants_score_populations_of_their_own_scheme(tiny_dir, t
         assert r["units"] >= 2 and r["flops"] <= 3e7
     table = (tmp_path / "results" / "tiny" / "table.md").read_text()
     assert "randopt-r1:randopt-top1" in table and "randopt-full:randopt-top1" in table
+
+
+def test_a_record_the_population_cap_bound_is_rerun_under_another_cap(tiny_dir, tmp_path):
+    """`population` caps a cell's prefix but is not in its record's key: a record made when the cap
+    bound (the budget would have bought more) is not reused after the cap is raised."""
+    from corp.bench.sweep import run_bench
+
+    def opts(population):
+        return tiny_options(
+            tiny_dir,
+            tmp_path,
+            population=population,
+            budgets=[1e9],
+            seeds=[1],
+            settings=["paper"],
+            compare=[],
+            methods={"randopt": {"options": {"top_k": [1]}}},
+        )
+
+    def record():
+        (path,) = (tmp_path / "results" / "tiny" / "cells").glob("*randopt*.json")
+        return json.loads(path.read_text())
+
+    run_bench(load_config(BenchConfig, None, opts(3)))
+    first = record()
+    assert first["units"] == 3 and first["budget_reached"] is False
+    run_bench(load_config(BenchConfig, None, opts(5)))
+    assert record()["units"] == 5
+
+
+def test_the_headline_lists_a_method_that_fits_no_budget_and_only_its_own_misses():
+    """Planted: GRPO fits neither budget, ES misses only the small one (no record there, e.g. not
+    run yet), RandOpt fits both. GRPO must be listed with 'does not fit' at both; ES's missing
+    cell must not be called 'does not fit' because another method did not fit there."""
+    from corp.bench.outputs import headline_setting, headline_table
+
+    cfg = load_config(
+        BenchConfig,
+        None,
+        {"name": "h", "tasks": ["arith"], "seeds": [0, 1], "budgets": [1e12, 2e12], "methods": {"randopt": None}},
+    )
+
+    def row(cell, method, budget, acc, status="done"):
+        return {
+            "task": "arith",
+            "setting": headline_setting(cfg),
+            "cell": cell,
+            "method": method,
+            "budget": budget,
+            "seed": 0,
+            "accuracy": acc,
+            "passes_per_example": None if acc is None else 1,
+            "labelled_examples": None if acc is None else 16,
+            "flops": 1e11,
+            "status": status,
+        }
+
+    rows = [
+        row("randopt", "randopt-top1", 1e12, 0.2),
+        row("randopt", "randopt-top1", 2e12, 0.3),
+        row("es", "es", 2e12, 0.25),
+        row("grpo", "grpo", 1e12, None, "does not fit: 1 steps spent 3e12 FLOPs"),
+        row("grpo", "grpo", 2e12, None, "does not fit: 1 steps spent 3e12 FLOPs"),
+    ]
+    lines = {line.split(" | ")[1]: line for line in headline_table(cfg, rows) if line.startswith("| arith")}
+    assert set(lines) == {"randopt-top1", "es", "grpo"}, lines
+    assert lines["grpo"].count("does not fit") == 2
+    assert "does not fit" not in lines["es"] and "—" in lines["es"]
+
+
+def test_an_iterative_run_stopped_by_max_units_has_not_reached_its_budget(tiny_dir, tmp_path):
+    from corp.bench.sweep import run_bench
+
+    opts = tiny_options(
+        tiny_dir,
+        tmp_path,
+        budgets=[1e12],
+        seeds=[1],
+        settings=["paper"],
+        compare=[],
+        max_units=2,
+        methods={"grpo": {"options": {"prompts_per_step": 2, "num_generations": 2}, "variants": {"grpo": {}}}},
+    )
+    run_bench(load_config(BenchConfig, None, opts))
+    (path,) = (tmp_path / "results" / "tiny" / "cells").glob("*grpo*.json")
+    rec = json.loads(path.read_text())
+    assert rec["units"] == 2 and rec["budget_reached"] is False and rec["flops"] < 1e12

@@ -85,7 +85,7 @@ class BenchConfig:
     """Per registered method (or a planned one, listed as missing): {options: {...}, variants: {label: {...}}, search: {...}};
     `skip: REASON` lists a method as not run, with the reason, instead of running it."""
     compare: list = field(default_factory=list)
-    """Pairs [a, b] of result rows compared on the same test examples (paired bootstrap CI and McNemar, seeds pooled)."""
+    """Pairs [a, b] of result rows compared on the same test examples: per-seed paired differences with their within-seed intervals, a sign count, a t interval over the per-seed mean differences (k - 1 degrees of freedom) and McNemar; needs at least 2 seeds."""
     max_units: int = 10000
     """Most iterations/steps an iterative method may train while reaching a budget (a guard)."""
     results_dir: str = "results"

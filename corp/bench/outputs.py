@@ -54,6 +54,7 @@ def flat_rows(records: list[dict]) -> list[dict]:
                 {
                     "task": rec["task"],
                     "method": rec["label"],
+                    "cell": rec["label"],
                     "setting": rec["setting"],
                     "budget": rec["budget"],
                     "seed": rec["seed"],
@@ -81,6 +82,7 @@ def flat_rows(records: list[dict]) -> list[dict]:
                 {
                     "task": rec["task"],
                     "method": r["name"],
+                    "cell": rec["label"],
                     "setting": rec["setting"],
                     "budget": rec["budget"],
                     "seed": rec["seed"],
@@ -333,36 +335,40 @@ def headline_table(cfg: BenchConfig, rows: list[dict]) -> list[str]:
         "|---|---|---:|---:|" + "---:|" * len(cfg.budgets),
     ]
     for task in cfg.tasks:
-        chosen: dict[str, str] = {}  # cell label -> its single-pass row
+        # per cell label (a method variant), its single-pass row; a method that fitted no budget has
+        # only "does not fit" rows (named by its cell label) and is listed with them, not left out
+        chosen: dict[str, str] = {}
         for r in rows:
-            if (
-                r["task"] == task
-                and r["setting"] == setting
-                and r["passes_per_example"] == 1
-                and r["accuracy"] is not None
-            ):
-                family = r["method"].split(":")[0] if ":" in r["method"] else r["method"]
-                chosen.setdefault(family, r["method"])
-        for name in chosen.values():
+            if r["task"] != task or r["setting"] != setting:
+                continue
+            if r["accuracy"] is None and str(r["status"]).startswith("does not fit"):
+                chosen.setdefault(r["cell"], "")
+            elif r["passes_per_example"] == 1 and r["accuracy"] is not None:
+                key = "base" if r["method"] == "base" else r["cell"]  # the base is a row of its own
+                if not chosen.get(key):
+                    chosen[key] = r["method"]
+        for cell_label, name in chosen.items():
             cells, labelled = [], ""
             for b in cfg.budgets:
-                got = _at_budget(rows, task, setting, b).get(name, [])
+                got = _at_budget(rows, task, setting, b).get(name, []) if name else []
                 if not got:
-                    cells.append(
-                        "does not fit"
-                        if any(
-                            r["task"] == task
-                            and r["setting"] == setting
-                            and r["budget"] == b
-                            and str(r["status"]).startswith("does not fit")
-                            for r in rows
-                        )
-                        else "—"
+                    unfit = any(
+                        r["task"] == task
+                        and r["setting"] == setting
+                        and r["budget"] == b
+                        and r["cell"] == cell_label
+                        and str(r["status"]).startswith("does not fit")
+                        for r in rows
                     )
+                    cells.append("does not fit" if unfit else "—")
                     continue
                 labelled = got[0]["labelled_examples"]
                 cells.append(f"{_spread(cfg, got)} ({statistics.fmean(g['flops'] for g in got):.2g} F)")
-            lines.append(f"| {cfg.label(task)} | {name} | {labelled} | 1 | " + " | ".join(cells) + " |")
+            lines.append(
+                f"| {cfg.label(task)} | {name or cell_label} | {labelled} | {1 if name else ''} | "
+                + " | ".join(cells)
+                + " |"
+            )
     return lines + [""]
 
 
@@ -496,6 +502,7 @@ def _file(text: str) -> str:
 
 TUNING_COLUMNS = [
     "task",
+    "task_label",
     "method",
     "budget",
     "trial",
@@ -524,7 +531,10 @@ def write_outputs(
         r["task_label"] = cfg.label(r["task"])
     write_csv(out / "results.csv", rows)
     if tuning:
-        write_csv(out / "tuning.csv", tuning_rows(tuning), TUNING_COLUMNS)
+        trials = tuning_rows(tuning)
+        for r in trials:
+            r["task_label"] = cfg.label(r["task"])
+        write_csv(out / "tuning.csv", trials, TUNING_COLUMNS)
     comps = comparisons(cfg, rows)
     text = table_md(cfg, rows, comps, missing, command)
     if not_run:

@@ -457,11 +457,20 @@ class Bench:
         return self.out / "cells" / cell.record_name()
 
     def load_record(self, cell: Cell) -> dict | None:
-        """The cell's finished record; None when there is none, or it was made under another bench
-        protocol (kept as it is, never reused; its name differs too, through `run_key`)."""
+        """The cell's finished record; None when there is none, when it was made under another bench
+        protocol (kept as it is, never reused; its name differs too, through `run_key`), or when it is
+        a population cell whose prefix the `population` cap bound under another cap (rerun)."""
         path = self.record_path(cell)
         rec = read_json(path) if path.exists() else None
-        return rec if rec is not None and rec.get("bench_protocol") == BENCH_PROTOCOL else None
+        if rec is None or rec.get("bench_protocol") != BENCH_PROTOCOL:
+            return None
+        if cell.adapter.kind == POPULATION and cell.opts.get("race", "off") == "off" and rec.get("status") == "done":
+            # `population` caps a cell's prefix but is not in its key: a record the cap bound (the
+            # budget would have bought more) was made under another cap when its prefix differs from it
+            units = int(rec.get("units") or 0)
+            if units > self.cfg.population or (rec.get("budget_reached") is False and units != self.cfg.population):
+                return None
+        return rec
 
     def run_cell(self, cell: Cell) -> dict:
         rec = self.load_record(cell)
@@ -648,9 +657,9 @@ class Bench:
         earlier = [r for r in earlier if r and r.get("units")]
         units = max([r["units"] for r in earlier], default=adapter.min_units)
         spent = sum(r.get("wall_seconds_increment", 0.0) for r in earlier)
-        best, seen, wall = self._grow(cell, self._run_dir(cell), units)
+        best, seen, wall, stopped = self._grow(cell, self._run_dir(cell), units)
         if best is None and seen[0]["units"] > adapter.min_units:  # the shared run was already past this budget
-            own, seen2, wall2 = self._grow(
+            own, seen2, wall2, stopped = self._grow(
                 cell, self._run_dir(cell, _hash({"cell": cell.run_key(), "budget": cell.budget})), adapter.min_units
             )
             best, seen, wall = own, seen + seen2, wall + wall2
@@ -661,14 +670,18 @@ class Bench:
         best["wall_seconds"] = spent + wall
         best["wall_seconds_increment"] = wall
         best["grown"] = seen
-        best["budget_reached"] = seen[-1]["flops"] > cell.budget or best["flops"] == cell.budget
+        # the budget stopped the run (a growth crossed it, or what is left buys no unit at the dearest
+        # cost seen), not the unit cap or a run that stopped growing
+        best["budget_reached"] = stopped is None
         return best
 
-    def _grow(self, cell: Cell, run_dir: Path, units: int) -> tuple[dict | None, list[dict], float]:
+    def _grow(self, cell: Cell, run_dir: Path, units: int) -> tuple[dict | None, list[dict], float, str | None]:
         """Grow one run from `units` while it fits: (record of the last checkpoint within the budget
-        or None, every (units, FLOPs) evaluated, seconds)."""
+        or None, every (units, FLOPs) evaluated, seconds, why it stopped if not for the budget:
+        max_units or a run that did not grow)."""
         adapter = cell.adapter
         wall, best, seen, dearest = 0.0, None, [], 0.0
+        stopped = None  # why the growth stopped when the budget did not stop it (budget_reached)
         while True:
             report, dt = self._invoke(cell.method, {**cell.opts, adapter.unit: units, "run_dir": str(run_dir)})
             wall += dt
@@ -680,13 +693,17 @@ class Bench:
             best = self._record(cell, report, run_dir, wall, units=done, chosen={**cell.opts, adapter.unit: done})
             prev = seen[-2] if len(seen) > 1 else {"units": 0, "flops": 0.0}
             if done <= prev["units"] and len(seen) > 1:  # the run did not grow (a guard: never loop)
+                stopped = "did not grow"
                 break
             dearest = max(dearest, (flops - prev["flops"]) / (done - prev["units"]))
             more = int((cell.budget - flops) // dearest) if dearest > 0 else 1
-            if more < 1 or done >= self.cfg.max_units:
+            if done >= self.cfg.max_units:
+                stopped = "max_units"
+                break
+            if more < 1:  # the remaining budget buys no unit at the dearest cost seen: the budget stops it
                 break
             units = min(self.cfg.max_units, done + more)
-        return best, seen, wall
+        return best, seen, wall, stopped
 
     # -- records
     def _empty(self, cell: Cell, why: str, tried: list | None = None) -> dict:
