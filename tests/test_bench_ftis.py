@@ -155,14 +155,22 @@ def test_a_budget_below_one_ftis_step_is_refused_before_compute(two_models, tmp_
     assert not (tmp_path / "work").exists() or not any((tmp_path / "work").rglob("metrics.jsonl"))
 
 
-def test_node_0_must_be_the_bench_s_model(two_models, tmp_path):
+@pytest.mark.parametrize(
+    "nodes, message",
+    [("{b},{a}", "put the bench's model first"), ("{a},{missing}", r"node 1 \(.*no-such-model")],
+)
+def test_nodes_are_checked_before_compute(nodes, message, two_models, tmp_path):
+    """Node 0 must be the bench's model (the row is its), and a partner that cannot be loaded is one
+    line before any cell runs."""
     from corp.bench.sweep import run_bench
 
     a, b = two_models
     opts = bench_options(a, b, tmp_path)
-    opts["methods"]["ftis"]["options"]["nodes"] = f"{b},{a}"
-    with pytest.raises(CorpError, match="put the bench's model first"):
-        run_bench(load_config(BenchConfig, None, opts), "corp bench")
+    opts["methods"]["ftis"]["options"]["nodes"] = nodes.format(a=a, b=b, missing=tmp_path / "no-such-model")
+    with count_model_calls() as calls:
+        with pytest.raises(CorpError, match=message) as err:
+            run_bench(load_config(BenchConfig, None, opts), "corp bench")
+    assert "\n" not in str(err.value) and calls == {"generate": 0, "forward": 0}
 
 
 # ----------------------------------------------------------------------------- resume = uninterrupted

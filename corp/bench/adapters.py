@@ -178,15 +178,24 @@ def _ftis_nodes(o: dict) -> int:
     return len(names) or int(_opt(o, FTISConfig, "n_nodes"))
 
 
-def _node0_is_the_bench_model(cfg, splits: dict) -> None:
+def _ftis_nodes_usable(cfg, splits: dict) -> None:
+    """Before compute: node 0 is the bench's model (F-TIS's row is node 0's), and every node's model
+    resolves (a partner that is not installed, e.g. gemma3-270m without `make gemma`, is one line
+    here instead of a failure at the first F-TIS cell)."""
     from corp import CorpError
+    from corp.models import resolve_model
 
-    first = cfg.node_models()[0]
-    if first != cfg.model:
+    names = cfg.node_models()
+    if names[0] != cfg.model:
         raise CorpError(
-            f"--nodes '{cfg.nodes}' starts with '{first}', but the bench's model is '{cfg.model}' and F-TIS's "
+            f"--nodes '{cfg.nodes}' starts with '{names[0]}', but the bench's model is '{cfg.model}' and F-TIS's "
             "row is node 0's model; put the bench's model first"
         )
+    for k, name in enumerate(names):
+        try:
+            resolve_model(name)  # converts an embedded model once; later calls only find it
+        except CorpError as exc:
+            raise CorpError(f"node {k} ('{name}'): {exc}") from None
 
 
 FTIS = BenchAdapter(
@@ -204,7 +213,7 @@ FTIS = BenchAdapter(
         / max(1.0, float(_opt(o, FTISConfig, "n_support")))
     ),
     defaults={"skip_grpo_baseline": True, "eval_nodes": "0", "eval_every": 1_000_000_000},
-    check=_node0_is_the_bench_model,
+    check=_ftis_nodes_usable,
 )
 # FERA trains nothing: its rounds cost inference only, reported per row as passes per test example
 FERA = BenchAdapter(
