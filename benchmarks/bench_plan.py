@@ -16,6 +16,10 @@ It plans the config's cells with corp's own planner (corp.bench.sweep.plan) and 
 Rates (FLOP/s, measured from the first edition's records, results/bench-cpu/cells): support scoring of
 specialists 4.7e10 (8.8e12 FLOPs in 186 s, applies included), test evaluations 1.0e11 (batch 64),
 ES training 3.8e10, GRPO training 2.5e10 (ledger FLOPs per second, generation and backward).
+F-TIS has no measured rate: it is charged GRPO's (its step is GRPO's generation, one more forward
+for the logprobs and a backward on the mixed group, the same kinds of work), and its steps at the
+top budget come from its ledger per step, summed over its nodes at each model's size (Gemma 3
+270M, which is not built on this machine, at its published 268M parameters).
 This is an estimate for sizing, not a measurement; `corp bench` records what each cell took.
 
     python benchmarks/bench_plan.py configs/bench-cpu-2.yaml
@@ -32,6 +36,8 @@ from corp.bench.sweep import load_bench_config, plan, split_sizes
 
 N_PARAMS = 134_515_008  # SmolLM2-135M, as the committed records' ledgers say
 RATES = {"support": 4.7e10, "test": 1.0e11, "es": 3.8e10, "grpo": 2.5e10, "fgrpo": 2.5e10}
+# parameters of the models a config can name (F-TIS's nodes); an unknown one is charged N_PARAMS, and said so
+MODEL_PARAMS = {"smollm2-135m": N_PARAMS, "default": N_PARAMS, "gemma3-270m": 268_000_000}
 # prompt + generated tokens per example, measured on the committed bench (test rows' tokens / 500)
 TOKENS = {"arith": 64.0, "rg:letter_counting": 66.6}
 
@@ -41,6 +47,24 @@ def tokens_per_example(task: str) -> float:
         if task.startswith(prefix):
             return tok
     return 64.0
+
+
+def ftis_step_flops(opts: dict, tok: float) -> tuple[float, list[str]]:
+    """Ledger FLOPs of one F-TIS step (corp.baselines.ftis), summed over its nodes: node k generates
+    P x G completions (2 N_k per token), recomputes their logprobs (2 N_k) and trains on the mixed
+    group of K x P x G (6 N_k per token). Returns (FLOPs, models charged at N_PARAMS for want of a size)."""
+    from corp.baselines.ftis import FTISConfig
+
+    defaults = FTISConfig()
+    nodes = opts.get("nodes") or defaults.nodes
+    names = [n.strip() for n in (nodes if isinstance(nodes, (list, tuple)) else str(nodes).split(",")) if n.strip()]
+    names = names or [opts.get("model", "default")] * int(opts.get("n_nodes", defaults.n_nodes))
+    seqs = float(opts.get("prompts_per_step", defaults.prompts_per_step)) * float(
+        opts.get("num_generations", defaults.num_generations)
+    )
+    unknown = [n for n in names if n not in MODEL_PARAMS]
+    total = sum(MODEL_PARAMS.get(n, N_PARAMS) * seqs * tok * (2.0 + 2.0 + 6.0 * len(names)) for n in names)
+    return total, unknown
 
 
 def estimate(path: str, corp_passes: float) -> dict:
@@ -104,6 +128,13 @@ def estimate(path: str, corp_passes: float) -> dict:
                 )
                 regime[f"grpo ({c.setting}, {n_sup} support)"] = (
                     f"about {int(top // step)} optimizer steps at the top budget ({step:.2g} FLOPs per step)"
+                )
+            if c.method == "ftis" and c.budget == top and c.setting != "tune":
+                step, unknown = ftis_step_flops(c.opts, tok)
+                regime[f"ftis ({c.setting}, {n_sup} support)"] = (
+                    f"about {int(top // step)} steps of every node at the top budget ({step:.2g} FLOPs per step, "
+                    "all nodes; time at GRPO's rate)"
+                    + (f"; size unknown, charged as SmolLM2: {', '.join(unknown)}" if unknown else "")
                 )
             if c.method == "es" and c.budget == top and c.setting != "tune":
                 it = float(c.opts.get("population", 8)) * spec_cost

@@ -79,7 +79,7 @@ def tiny_options(tiny_dir: Path, root: Path, **over) -> dict:
                 "options": {"prompts_per_step": 2, "num_generations": 2, "learning_rate": 1e-3},
                 "variants": {"grpo": {"loss": "grpo"}},
             },
-            "ftis": None,
+            "ftis": {"skip": "run by tests/test_bench_ftis.py"},
         },
         compare=[
             ["corp-stage1", "base"],

@@ -312,6 +312,7 @@ def test_trained_as_key_of_a_run_from_before_the_grpo_config():
         "ood_task",
         "skip_grpo_baseline",
         "skip_test_eval",
+        "eval_nodes",  # added later, not training (which nodes are evaluated on test)
     )
     old = {k: v for k, v in config_to_dict(cfg).items() if k not in before}  # the fields and exclusions of the old key
     assert _trained_as(cfg) == hashlib.sha256(json.dumps(old, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -22,6 +22,13 @@ Where we depart from the paper, and why:
   of iterations; the paper's scale is a matter of flags.
 - The centre's own support reward is scored every iteration (`--skip-centre-eval` turns it off) for
   the metrics; it costs one more evaluation per iteration, counted in the ledger.
+- Noise (`--noise`): full-rank Gaussian eps (the paper's, the default) or low-rank (`--noise lowrank:r=R`,
+  corp.perturb.lowrank_noise, EGGROLL's E = A B^T / sqrt(R) per weight matrix, none on 1-D
+  parameters): member i's noise is E_i, the update (alpha / N) sum_i f_i E_i has rank at most N R per
+  matrix (fewer with --antithetic: N/2 seeds), and norms and biases never move. The scheme is in the
+  run's definition (population_meta.json), in every row's key and in the recipe: a run is resumed
+  only under the scheme it was made with. Specialists are materialised one at a time (the reference
+  computation), not scored through the batched factored pass.
 """
 
 from __future__ import annotations
@@ -76,9 +83,15 @@ class ESConfig(RunConfig):
     """Regex of parameter names to perturb."""
     exclude: str = ""
     """Regex of parameter names not to perturb."""
+    noise: str = "full"
+    """Noise scheme of the members: full (full-rank Gaussian) or lowrank:r=R (rank-R noise per weight matrix,
+    E = A B^T / sqrt(R); 1-D parameters get none), so each update has rank <= population x R per matrix."""
 
     def validate(self) -> ESConfig:
         super().validate()
+        from corp.perturb.lowrank_noise import scheme_from_flag
+
+        scheme_from_flag(self.noise)  # a bad --noise is one line before any model loads
         if self.iterations < 1:
             raise CorpError(f"--iterations must be >= 1, got {self.iterations}")
         if self.population < 2:
@@ -128,6 +141,8 @@ class Centre:
 
     def __init__(self, perturber):
         self.perturber = perturber
+        # the run's noise scheme: the centre moves by the noise its members were scored with
+        self.scheme = perturber.scheme
         perturber.base = {n: b.to(torch.float32, copy=True) for n, b in perturber.base.items()}
         self._scratch = ScratchPool()
 
@@ -136,7 +151,7 @@ class Centre:
         d, base = Direction(list(components)), self.perturber.base
 
         def one(name: str, shape: torch.Size, scratch: Scratch) -> None:
-            d.add_to(base[name], name, scratch.gen, scratch.buffer("noise", shape.numel()))
+            d.add_to(base[name], name, scratch.gen, scratch.buffer("noise", shape.numel()), scheme=self.scheme)
 
         for _ in per_tensor(one, [(n, b.shape) for n, b in base.items()], self._scratch):
             pass
@@ -174,6 +189,11 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
     ctx.backend.require(PERTURBER, "corp es (its centre moves the Perturber's base)")
     ctx.backend.require(MODEL, "corp es (it saves the final model)")
     perturber = ctx.backend.perturber
+    if perturber.scheme != ctx.noise_scheme:  # an injected backend built for other noise: its rows would be mislabelled
+        raise CorpError(
+            f"--noise {cfg.noise} is scheme {ctx.noise_scheme}, but the backend materialises {perturber.scheme}; "
+            f"build it with scheme={ctx.noise_scheme}"
+        )
     run_dir = ctx.run_dir
     state_path = run_dir / "es_state.json"
     pop_path = run_dir / POPULATION_FILE

@@ -38,6 +38,11 @@ Choices of ours (the paper's are not public), each stated:
   per prompt, i.e. the same number of local updates and the same number of trained sequences per
   update; its FLOPs differ (it generates all of them itself, F-TIS recomputes others' logprobs),
   and both ledgers are reported so the comparison at matched FLOPs can be read off.
+- Compute: `method_flops` is every node's ledger summed (each at its own model's size: generation,
+  the logprob forward, training on the mixed group), the cost of F-TIS's models; `corp bench`
+  charges it to node 0's row (corp.bench.adapters.FTIS). A run resumed with more --steps continues
+  from the per-node checkpoints (weights, AdamW state, ledgers, traffic) and equals one run for the
+  larger count (tests/test_bench_ftis.py); a checkpoint past --steps is reported at its own step.
 """
 
 from __future__ import annotations
@@ -111,6 +116,9 @@ class FTISConfig(GRPOConfig):
     """Evaluate greedy test accuracy of every node every this many steps (and at the end)."""
     skip_test_eval: bool = False
     """Do not evaluate on the test split (and OOD task) at all."""
+    eval_nodes: str = ""
+    """Comma-separated indices of the nodes evaluated on the test split (default: every node); `corp bench` evaluates
+    node 0 only, the one its row reports (the others' evaluations would only feed this run's own report)."""
 
     def validate(self) -> FTISConfig:
         defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
@@ -131,7 +139,23 @@ class FTISConfig(GRPOConfig):
             raise CorpError(f"--tis-cap must be > 0 and finite, got {self.tis_cap}")
         if not self.kl_filter > 0:
             raise CorpError(f"--kl-filter must be > 0, got {self.kl_filter}")
+        self.evaluated_nodes()  # a bad --eval-nodes is one line before any model loads
         return self
+
+    def evaluated_nodes(self) -> list[int]:
+        """The node indices --eval-nodes names (every node when empty)."""
+        k = len(self.node_models())
+        if not self.eval_nodes.strip():
+            return list(range(k))
+        try:
+            picked = sorted({int(x) for x in self.eval_nodes.split(",") if x.strip()})
+        except ValueError:
+            picked = [-1]
+        if not picked or picked[0] < 0 or picked[-1] >= k:
+            raise CorpError(
+                f"--eval-nodes '{self.eval_nodes}' must name node indices between 0 and {k - 1} (comma-separated)"
+            )
+        return picked
 
     def check_group(self) -> None:
         # the group is the mixed one of K x G >= 2 completions, so one per node is enough; a last
@@ -379,8 +403,12 @@ def _examples_for(cfg: FTISConfig, support, step: int):
     return rng.sample(support, min(cfg.prompts_per_step, len(support)))
 
 
-def _eval_steps(cfg: FTISConfig) -> list[int]:
-    return [s for s in range(cfg.steps + 1) if s == 0 or s % cfg.eval_every == 0 or s == cfg.steps]
+def _eval_steps(cfg: FTISConfig, last: int | None = None) -> list[int]:
+    """The steps evaluated: 0, every --eval-every, and the last one (`last`: the step the nodes
+    reached, which a run directory trained further than --steps holds: its model is evaluated, never
+    a step it no longer has)."""
+    last = cfg.steps if last is None else last
+    return [s for s in range(last + 1) if s == 0 or (s <= cfg.steps and s % cfg.eval_every == 0) or s == last]
 
 
 def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trained_as: str, ood) -> list[dict]:
@@ -400,6 +428,7 @@ def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trai
             )
     metrics_path = run_dir / "metrics.jsonl"
     done = nodes[0].step
+    last = max(cfg.steps, done)  # a checkpoint past --steps (trained further before) is reported as what it is
     index = {n.index for n in nodes}
     logged = {
         (r["node"], r["step"]): r
@@ -408,7 +437,7 @@ def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trai
     }
     tokenizers = {n.index: n.tokenizer for n in nodes}
     for n in nodes:  # the weights as they are now (base, or the checkpoint's step)
-        _evaluate(arm, n, n.step, evals, trained_as, ood, compute=n.step in _eval_steps(cfg))
+        _evaluate(arm, n, n.step, evals, trained_as, ood, compute=n.step in _eval_steps(cfg, last))
     while nodes[0].step < cfg.steps:
         t0 = time.perf_counter()
         step = nodes[0].step
@@ -457,12 +486,11 @@ def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trai
             for n in nodes:
                 n.save_checkpoint()
         for n in nodes:
-            _evaluate(arm, n, n.step, evals, trained_as, ood, compute=n.step in _eval_steps(cfg))
+            _evaluate(arm, n, n.step, evals, trained_as, ood, compute=n.step in _eval_steps(cfg, last))
     rows = [logged[k] for k in sorted(logged)]
-    for (
-        n
-    ) in nodes:  # every evaluation of the arm, read from the cache (each was computed when the node was at that step)
-        for s in _eval_steps(cfg):
+    # every evaluation of the arm, read from the cache (each was computed when the node was at that step)
+    for n in nodes:
+        for s in _eval_steps(cfg, last):
             rows.extend(_evaluate(arm, n, s, evals, trained_as, ood, compute=False))
     return rows
 
@@ -478,10 +506,10 @@ def _evaluate(arm: str, n: Node, step: int, evals, trained_as: str, ood, compute
     from corp.evaluate.context import cached_eval, eval_identity, eval_key
 
     cfg = n.cfg
-    if cfg.skip_test_eval:
+    if cfg.skip_test_eval or n.index not in cfg.evaluated_nodes():
         return []
     targets = [("test", n.ctx)]
-    if ood is not None and step in (0, cfg.steps):
+    if ood is not None and (step == 0 or step >= cfg.steps):
         targets.append(
             (
                 "ood",
@@ -543,6 +571,7 @@ _NOT_TRAINING = (
     "skip_grpo_baseline",
     "skip_test_eval",
     "checkpoint_every",
+    "eval_nodes",
 )
 
 
@@ -603,6 +632,7 @@ def run_ftis(cfg: FTISConfig) -> dict:
         hashes = [c.weights_hash for c in node_ctxs]  # the bases' hashes, before training changes the weights
         nodes = [Node(k, names[k], c, cfg) for k, c in enumerate(node_ctxs)]
         rows = _train_arm("ftis", nodes, cfg, cfg.num_generations, evals, trained_as, ood)
+        reached = {"ftis": nodes[0].step}  # the steps the models hold (more than --steps if trained further before)
         ledgers = {("ftis", n.index): n.ledger.to_dict() for n in nodes}
         traffic = {n.index: {"bytes_sent": n.bytes_sent, "bytes_received": n.bytes_received} for n in nodes}
         del nodes, node_ctxs  # free the trained models before the baseline reloads the bases
@@ -616,12 +646,13 @@ def run_ftis(cfg: FTISConfig) -> dict:
                     )
                 node = Node(k, name, c, cfg)
                 rows += _train_arm("grpo", [node], cfg, cfg.num_generations * len(names), evals, trained_as, ood)
+                reached[("grpo", k)] = node.step
                 ledgers[("grpo", k)] = node.ledger.to_dict()
                 del node, c
-        return _report(cfg, ctx, names, rows, ledgers, traffic, hashes)
+        return _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached)
 
 
-def _report(cfg, ctx, names, rows, ledgers, traffic, hashes) -> dict:
+def _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> dict:
     """report.json: per node, rows base / ftis / grpo on the test split (each row's ledger: its test
     generation; the training ledgers are under `nodes`), accuracy per step, OOD accuracy, bytes."""
     ids = ctx.example_ids("test") if not cfg.skip_test_eval else None
@@ -637,8 +668,8 @@ def _report(cfg, ctx, names, rows, ledgers, traffic, hashes) -> dict:
 
         for label, r, trained in (
             (f"node{k}-base", at("ftis", 0), False),
-            (f"node{k}-ftis", at("ftis", cfg.steps), True),
-            (f"node{k}-grpo", at("grpo", cfg.steps), True),
+            (f"node{k}-ftis", at("ftis", reached["ftis"]), True),
+            (f"node{k}-grpo", at("grpo", reached.get(("grpo", k), cfg.steps)), True),
         ):
             if r is None:
                 continue
@@ -671,7 +702,24 @@ def _report(cfg, ctx, names, rows, ledgers, traffic, hashes) -> dict:
         reconstruction=(
             "F-TIS, arXiv 2605.22537: a reconstruction from docs/methods.md (choices stated in corp/baselines/ftis.py)"
         ),
-        steps=cfg.steps,
+        steps=reached["ftis"],
+        # every party's compute toward F-TIS's models: the sum over nodes, each at its own model's size
+        # (corp bench charges a cell this; the per-node ledgers are under `nodes`)
+        method_flops=sum(ledgers[("ftis", k)]["flops"] for k in range(len(names))),
+        method_ledger_parties=[
+            {
+                "node": k,
+                "model": n,
+                "n_params": ledgers[("ftis", k)]["n_params"],
+                "flops": ledgers[("ftis", k)]["flops"],
+            }
+            for k, n in enumerate(names)
+        ],
+        method_ledger_note=(
+            "F-TIS, all nodes: each node's generation of its rollouts and the forward pass for their logprobs (2N per "
+            "token) and its training on the mixed group (6N per prompt + completion token), N its own model's size; "
+            "test evaluations and the GRPO comparison arm not included"
+        ),
         nodes=[
             {
                 "node": k,

@@ -31,7 +31,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from corp.baselines import ESConfig, FERAConfig, FGRPOConfig, GRPOConfig, SelfConsistencyConfig
+from corp.baselines import ESConfig, FERAConfig, FGRPOConfig, FTISConfig, GRPOConfig, SelfConsistencyConfig
 from corp.config import RandOptConfig
 
 FIXED, POPULATION, ITERATIVE = "fixed", "population", "iterative"
@@ -165,6 +165,56 @@ FGRPO = BenchAdapter(
     ),
     check=_clients_get_support,
 )
+
+
+# F-TIS: node 0 (the bench's model) learns beside the other nodes (e.g. Gemma 3 270M); one step = every
+# node generates prompts_per_step * num_generations completions, computes their logprobs, and trains on
+# the mixed group. The cell's FLOPs are every node's (`method_flops`, each at its own model's size);
+# the row is node 0's model. Node 0 alone is evaluated on test, and the GRPO comparison arm (GRPO has
+# its own cells) is not run: both would only feed F-TIS's own report.
+def _ftis_nodes(o: dict) -> int:
+    nodes = o.get("nodes", _default(FTISConfig, "nodes"))
+    names = [n for n in (nodes if isinstance(nodes, (list, tuple)) else str(nodes).split(",")) if str(n).strip()]
+    return len(names) or int(_opt(o, FTISConfig, "n_nodes"))
+
+
+def _ftis_nodes_usable(cfg, splits: dict) -> None:
+    """Before compute: node 0 is the bench's model (F-TIS's row is node 0's), and every node's model
+    resolves (a partner that is not installed, e.g. gemma3-270m without `make gemma`, is one line
+    here instead of a failure at the first F-TIS cell)."""
+    from corp import CorpError
+    from corp.models import resolve_model
+
+    names = cfg.node_models()
+    if names[0] != cfg.model:
+        raise CorpError(
+            f"--nodes '{cfg.nodes}' starts with '{names[0]}', but the bench's model is '{cfg.model}' and F-TIS's "
+            "row is node 0's model; put the bench's model first"
+        )
+    for k, name in enumerate(names):
+        try:
+            resolve_model(name)  # converts an embedded model once; later calls only find it
+        except CorpError as exc:
+            raise CorpError(f"node {k} ('{name}'): {exc}") from None
+
+
+FTIS = BenchAdapter(
+    ITERATIVE,
+    r"node0-ftis",
+    flops=("method_flops",),
+    equal_data=True,
+    unit="steps",
+    units_done="steps",
+    # a lower bound at the bench model's size: every node generates its completions on a share of support
+    unit_evals=lambda o: (
+        _ftis_nodes(o)
+        * float(_opt(o, FTISConfig, "prompts_per_step"))
+        * float(_opt(o, FTISConfig, "num_generations"))
+        / max(1.0, float(_opt(o, FTISConfig, "n_support")))
+    ),
+    defaults={"skip_grpo_baseline": True, "eval_nodes": "0", "eval_every": 1_000_000_000},
+    check=_ftis_nodes_usable,
+)
 # FERA trains nothing: its rounds cost inference only, reported per row as passes per test example
 FERA = BenchAdapter(
     FIXED,
@@ -176,7 +226,7 @@ FERA = BenchAdapter(
 
 # Methods docs/methods.md describes that are not built yet: a bench config may name them; they are
 # listed as missing in the results, never silently skipped. A registered method whose registry line
-# names no adapter is listed the same way (corp.bench.sweep.plan), as F-TIS is (registered, no adapter).
+# names no adapter is listed the same way (corp.bench.sweep.plan), as fedcorp is (registered, no adapter).
 PLANNED: dict[str, str] = {}
 
 

@@ -266,6 +266,7 @@ METHODS: tuple[Method, ...] = (
         "truncated importance weights and a KL filter; vs on-policy GRPO per node.",
         smoke={**_SMALL, "steps": 2, "prompts_per_step": 2, "num_generations": 2, "learning_rate": 1e-3},
         summary=ftis_summary,
+        bench="corp.bench.adapters:FTIS",
     ),
     Method(
         "fera",
