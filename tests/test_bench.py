@@ -1186,3 +1186,19 @@ def test_an_iterative_run_stopped_by_max_units_has_not_reached_its_budget(tiny_d
     (path,) = (tmp_path / "results" / "tiny" / "cells").glob("*grpo*.json")
     rec = json.loads(path.read_text())
     assert rec["units"] == 2 and rec["budget_reached"] is False and rec["flops"] < 1e12
+
+
+def test_backend_agreement_reevaluates_the_bench_s_own_models_on_its_test_examples(swept, tmp_path):
+    """benchmarks/bench_backend_agreement.py on the tiny bench, re-evaluating with the same engine
+    (hf): the base and the saved models must reproduce every recorded test outcome (a script that
+    evaluated other examples, another model or other settings would not)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import bench_backend_agreement as agreement
+    finally:
+        sys.path.pop(0)
+    items = agreement.sample_cells(swept["root"] / "results" / "tiny", 2)
+    assert items[0]["row"] == "base" and len(items) == 3 and all(i["model"] for i in items[1:])
+    for item in items:
+        got = agreement.evaluate(item, "hf", tmp_path, threads=1)
+        assert got["n"] == 6 and got["agree"] == got["n"], got
