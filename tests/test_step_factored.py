@@ -105,7 +105,7 @@ def tiny_dir(tmp_path_factory):
     return d
 
 
-def _consolidate(model_dir, run, noise, monkeypatch, dense: bool):
+def _consolidate(model_dir, run, noise, monkeypatch, dense: bool, **more):
     """One `corp consolidate`; `dense`: the step search and gates on materialised weights (as before).
     Returns the report, the directions the Perturber applied and whether it built any merged M."""
     import corp.consolidate.run as run_mod
@@ -153,6 +153,7 @@ def _consolidate(model_dir, run, noise, monkeypatch, dense: bool):
                 top_k="1",
                 gate_z=-10.0,
                 run_dir=str(run),
+                **more,
             ),
         )
         report = run_mod.run_consolidate(cfg)
@@ -189,3 +190,16 @@ def test_full_rank_runs_keep_the_dense_path(tiny_dir, tmp_path, monkeypatch):
     assert built and len(applied) >= 16, "full-rank candidates are materialised as before"
     rows = [json.loads(line) for line in (tmp_path / "full" / "evals.jsonl").read_text().splitlines()]
     assert not any(r.get("scoring") == "factored" for r in rows)
+
+
+def test_stage2_rounds_on_a_low_rank_population_match_the_dense_path(tiny_dir, tmp_path, monkeypatch):
+    """Stage 2's candidates are centre + t m (two merged terms) and its local specialists centre + p
+    (plain components): the factored pass draws their factors per direction; rewards must match."""
+    more = dict(rounds=1, local_population=4, pcs=1)
+    factored, *_ = _consolidate(tiny_dir, tmp_path / "f", "lowrank:r=2", monkeypatch, dense=False, **more)
+    dense, *_ = _consolidate(tiny_dir, tmp_path / "d", "lowrank:r=2", monkeypatch, dense=True, **more)
+    rf, rd = factored["corp"]["stage2_rounds"], dense["corp"]["stage2_rounds"]
+    assert len(rf) == 1 and rf == rd
+    rows = [json.loads(line) for line in (tmp_path / "f" / "evals.jsonl").read_text().splitlines()]
+    local = [r for r in rows if r["split"] == "support_select" and r["kind"] == "direction"]
+    assert len(local) >= 4 + 4 and all(r.get("scoring") == "factored" for r in local)

@@ -88,7 +88,7 @@ class FactoredPopulation:
         self.group, self._scales = len(drawn), None
         for n in self.shapes:
             self._A[n] = torch.stack([d[n][0] for d in drawn]).to(self.device)
-            self._B[n] = (torch.stack([d[n][1] for d in drawn]) * coef).to(self.device)
+            self._B[n] = torch.stack([d[n][1] for d in drawn]).mul_(coef).to(self.device)  # in place: no 2nd copy
 
     def set_shared(self, unit: dict[str, tuple[torch.Tensor, torch.Tensor]], scales: Sequence[float]) -> None:
         """The next batches hold len(scales) row groups of ONE update at several scales: group j adds
