@@ -29,6 +29,12 @@ MERGE_RULES), this file (stage 1: weights per (q, beta) and rule, step search, g
 Each merged direction m is one merged term (`Direction.merged`): M is materialised once in fp32 and
 every step size evaluates W0 + alpha M (the Perturber keeps M), and the recipe names the same term,
 so `corp apply` rebuilds exactly the evaluated weights.
+On a low-rank population with the hf backend (`--noise lowrank:r=R`), `corp consolidate`'s scorer
+(RunScorer) evaluates candidates in the factored pass instead: m = sum_k c_k E_k is, per matrix, one
+factor pair of rank <= K R, every alpha scales it (the `prepare` hook hands search_step's alphas over
+together, as row groups of one batched pass), no M is built and no weight is written; only the
+deployed model is materialised, once, to be saved. Rewards equal the dense path's up to
+floating-point rounding of the generations (tests/test_step_factored.py).
 Stage 2 (re-centring rounds, `--rounds`, stage2.py) samples a local population around the accepted centre,
 mixing isotropic noise with noise along the top principal directions of the elite cloud (kernel
 PCA from the same Gram matrix, so directions stay seed combinations), scores it on a select half of

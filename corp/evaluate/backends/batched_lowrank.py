@@ -20,6 +20,16 @@ materialised weights W0 + sigma E up to floating-point rounding: the perturbatio
 to the layer output instead of to the weight, and rows are padded to other widths. Tolerance stated
 and tested (tests/test_lowrank_population.py): logits within 1e-4 relative on fp32, greedy answers
 agree on >= 99% of prompts (all of them on the tiny test model).
+
+Directions (CoRP's step search, `direction_generations`): a direction of seed components and merged
+terms is, per matrix, sum_k c_k A_k B_k^T / sqrt(R) = A B^T with A = [A_1 | ... | A_K] (m x KR) and
+B = [c_1 B_1 | ... | c_K B_K] / sqrt(R) (n x KR) (`direction_factors`, exact, one factor block per
+distinct seed). A step size t scales the whole update, so the candidates base + t m of one merged
+term share one factor pair: `set_shared` installs it once with a scale per row group, and the
+hooks add t_g (x B) A^T with one matmul over all groups. The cost moves into generation: the
+products cost K R (m + n) per token and matrix, against m n for the base product, so at large K R
+(a 576-wide model at K R = 512) the hooks double the forward pass (results/step-search).
+Same tolerance as for specialists (tests/test_step_factored.py).
 """
 
 from __future__ import annotations
