@@ -38,10 +38,14 @@ def test_factored_candidates_match_materialised_weights_at_every_step_size(tied)
     assert [s for _, s in found] == ALPHAS
     K = 3  # distinct seeds
     assert all(A.shape[1] == K * 2 and B.shape[1] == K * 2 for A, B in found[0][0].values())
+    # another rule's direction over the same elites (m1 beside m2): A is shared, only B's blocks rescale
+    m1 = Direction.merged([Component(101, 0.3, 0.2), Component(102, 0.3, 0.7), Component(103, 0.6, 0.1)])
+    unit1, _ = fp.direction_factors(m1)
+    assert all(unit1[n][0] is found[0][0][n][0] for n in unit1), "the same elites' factors are drawn once"
     other = Direction.merged([Component(7, 0.5)]) + M.scaled(2.0)  # two terms (stage 2's centre + t m)
     plain = Direction([Component(104, 0.4, 1.5), Component(105, 0.2, -1.0)])
     cases = [(M.scaled(a), found[0][0], a) for a in ALPHAS]
-    cases += [(d, *fp.direction_factors(d)) for d in (other, plain)]
+    cases += [(d, *fp.direction_factors(d)) for d in (m1.scaled(3.0), other, plain)]
     with torch.inference_mode():
         base = b.model(input_ids=ids).logits
         got = []

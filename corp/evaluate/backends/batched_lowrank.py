@@ -86,6 +86,7 @@ class FactoredPopulation:
         self._scales: torch.Tensor | None = None
         self.group = 0
         self._terms: OrderedDict[tuple, dict[str, tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+        self._raw: tuple[tuple[int, ...], dict[str, tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     def draw(self, seed: int, generator: torch.Generator | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """The factors of every perturbed matrix of specialist `seed` (CPU fp32): what its apply costs here."""
@@ -142,24 +143,27 @@ class FactoredPopulation:
         return unit, float(scale)
 
     def _build(self, components) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Unit factors of sum_c coef_c sigma_c E(seed_c) (direction_factors), per perturbed matrix."""
+        """Unit factors of sum_c coef_c sigma_c E(seed_c) (direction_factors), per perturbed matrix.
+        The factors of the last set of seeds are kept unscaled: a step search's rules (m1, m2) weight
+        the same elites, so the second direction only rescales B's blocks (and shares A)."""
         coefs: dict[int, float] = {}  # seed -> sum of coef * sigma: the noise depends on the seed only
         for c in components:
             coefs[c.seed] = coefs.get(c.seed, 0.0) + c.coef * c.sigma
         seeds = [(seed, f / self.rank**0.5) for seed, f in coefs.items() if f != 0.0]
-        gen = torch.Generator(device="cpu")
-        out = {}
-        for n, shape in self.shapes.items():
-            if not seeds:
-                out[n] = (torch.zeros(shape[0], 0), torch.zeros(shape[1], 0))
-                continue
-            As, Bs = [], []
-            for seed, f in seeds:
-                A, B = factors(seed, n, shape, self.scheme, gen)
-                As.append(A)
-                Bs.append(B.mul_(f))
-            out[n] = (torch.cat(As, 1), torch.cat(Bs, 1))
-        return out
+        key = tuple(seed for seed, _ in seeds)
+        if self._raw is None or self._raw[0] != key:
+            self._raw = None  # free the last set before drawing the next
+            gen = torch.Generator(device="cpu")
+            raw = {}
+            for n, shape in self.shapes.items():
+                drawn = [factors(seed, n, shape, self.scheme, gen) for seed, _ in seeds]
+                raw[n] = (
+                    torch.cat([A for A, _ in drawn], 1) if drawn else torch.zeros(shape[0], 0),
+                    torch.cat([B for _, B in drawn], 1) if drawn else torch.zeros(shape[1], 0),
+                )
+            self._raw = (key, raw)
+        f = torch.tensor([x for _, x in seeds], dtype=torch.float32).repeat_interleave(self.rank)
+        return {n: (A, B * f) for n, (A, B) in self._raw[1].items()}  # B's block k scaled by f_k
 
     def _grouped(self, t: torch.Tensor) -> torch.Tensor:
         if t.shape[0] % self.group:
