@@ -131,6 +131,11 @@ class RunScorer:
         """The ids of the examples `self(direction, split)` was computed on, in order (the gate checks both sides)."""
         return self(direction, split).example_ids
 
+    def release(self) -> None:
+        """Free what the factored pass keeps between evaluations (the last directions' factors)."""
+        if self.factored:
+            factored_for(self.ctx).release_factors()
+
     def cache_prefix(self, direction: Direction | None) -> None:
         # an optimisation of the dense path: a backend without a Perturber evaluates from scratch, and the factored
         # pass writes no weights, so a prefix would only cost a copy of the model
@@ -293,6 +298,7 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     # test split: base, RandOpt top-1 / K-vote, CoRP, each with per-example outcomes and paired comparisons
     results, _ = randopt_results(ctx, ranked, cfg.top_k, evals)
     corp_row = scorer.row(result.direction, "test")
+    scorer.release()
     corp_ledger = ctx.ledger().add_generation(corp_row["prompt_tokens"], corp_row["generated_tokens"])
     label = "corp" if result.accepted else "corp (abstained=base)"
     labelled = sum(len(ctx.splits[s]) for s in ("support", "probe", "validation"))

@@ -28,8 +28,9 @@ distinct seed). A step size t scales the whole update, so the candidates base + 
 term share one factor pair: `set_shared` installs it once with a scale per row group, and the
 hooks add t_g (x B) A^T with one matmul over all groups. The cost moves into generation: the
 products cost K R (m + n) per token and matrix, against m n for the base product, so at large K R
-(a 576-wide model at K R = 512) the hooks double the forward pass (results/step-search).
-Same tolerance as for specialists (tests/test_step_factored.py).
+generation slows (SmolLM2-135M at K R = 512: 1.5-2.2x plain generation, results/step-search/factored).
+Same tolerance as for specialists (tests/test_step_factored.py). The factors of the last two
+directions and of the last elite set stay cached until `release_factors`.
 """
 
 from __future__ import annotations
@@ -141,6 +142,11 @@ class FactoredPopulation:
         else:
             self._terms.move_to_end(key)
         return unit, float(scale)
+
+    def release_factors(self) -> None:
+        """Free the cached factors of directions (`direction_factors`); they are drawn again when asked."""
+        self._terms.clear()
+        self._raw = None
 
     def _build(self, components) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Unit factors of sum_c coef_c sigma_c E(seed_c) (direction_factors), per perturbed matrix.
