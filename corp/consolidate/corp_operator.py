@@ -29,6 +29,12 @@ MERGE_RULES), this file (stage 1: weights per (q, beta) and rule, step search, g
 Each merged direction m is one merged term (`Direction.merged`): M is materialised once in fp32 and
 every step size evaluates W0 + alpha M (the Perturber keeps M), and the recipe names the same term,
 so `corp apply` rebuilds exactly the evaluated weights.
+On a low-rank population with the hf backend (`--noise lowrank:r=R`), `corp consolidate`'s scorer
+(RunScorer) evaluates candidates in the factored pass instead: m = sum_k c_k E_k is, per matrix, one
+factor pair of rank <= K R, every alpha scales it (the `prepare` hook hands search_step's alphas over
+together, as row groups of one batched pass), no M is built and no weight is written; only the
+deployed model is materialised, once, to be saved. Rewards equal the dense path's up to
+floating-point rounding of the generations (tests/test_step_factored.py).
 Stage 2 (re-centring rounds, `--rounds`, stage2.py) samples a local population around the accepted centre,
 mixing isotropic noise with noise along the top principal directions of the elite cloud (kernel
 PCA from the same Gram matrix, so directions stay seed combinations), scores it on a select half of
@@ -68,7 +74,8 @@ __all__ = [
 
 ScoreFn = Callable[[Direction | None, str], list[float]]  # per-example scores of base + direction on a split
 """A ScoreFn may also have `example_ids(direction, split) -> ids` (the gates then check that both
-sides cover the same examples in the same order) and `cache_prefix(direction)` (stage 2)."""
+sides cover the same examples in the same order), `cache_prefix(direction)` (stage 2) and
+`prepare(directions, split)` (the step search hands it every step size of a direction first)."""
 
 
 @dataclass
@@ -215,19 +222,25 @@ def search_step(
     rule: str = "pass2",
     centre: Direction | None = None,
     project: Callable[[Direction], Direction] | None = None,
+    prepare: Callable[[Sequence[Direction], str], None] | None = None,
 ) -> list[Candidate]:
     """Score centre + alpha * m (m = the rule's merged direction) on the probe split for every alpha.
 
-    m is one merged term, so every alpha applies the same M (built once by the Perturber). `project`
-    (low-rank consolidation) maps m to its projection once; the projection is linear, so
-    P(alpha m) = alpha P(m) and the step search scales the projected direction."""
+    m is one merged term, so every alpha applies the same M (built once by the Perturber), or, in
+    the factored pass of a low-rank population, every alpha scales the same factors of m.
+    `prepare(directions, split)` (the score function's, when it has one) is handed every alpha's
+    candidate first, so it can evaluate them together. `project` (low-rank consolidation) maps m to
+    its projection once; the projection is linear, so P(alpha m) = alpha P(m) and the step search
+    scales the projected direction."""
     label = MERGE_RULES[rule].label
     m = stage.direction(perts, rule)
     if project is not None:
         m = project(m)
+    ds = [m.scaled(alpha) if centre is None else centre + m.scaled(alpha) for alpha in alphas]
+    if prepare is not None:
+        prepare(ds, probe)
     out = []
-    for alpha in alphas:
-        d = m.scaled(alpha) if centre is None else centre + m.scaled(alpha)
+    for alpha, d in zip(alphas, ds):
         out.append(
             Candidate(
                 f"{label} q={stage.q:g} beta={stage.beta:g} alpha={alpha:g}",
@@ -312,7 +325,9 @@ def merge_and_search(
     for g in range(0, len(todo), group):
         keep_together(keep, [st.direction(perts, rule) for st, rule in todo[g : g + group]])
         for st, rule in todo[g : g + group]:
-            cands[rule] += search_step(st, perts, cfg.alphas, counted, probe, rule, centre, project)
+            cands[rule] += search_step(
+                st, perts, cfg.alphas, counted, probe, rule, centre, project, getattr(score, "prepare", None)
+            )
         if keep is not None and (release or g + group < len(todo)):
             keep.release_merged()
     bar.close()

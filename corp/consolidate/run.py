@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+from collections.abc import Sequence
 
 from corp.consolidate.algebra import elite_set
 from corp.consolidate.corp_operator import ConsolidateConfig, consolidate_stage1, reward_scale
@@ -30,6 +31,7 @@ from corp.consolidate.lowrank import (
 from corp.consolidate.recipe import make_recipe, produced_weights, write_recipe
 from corp.consolidate.stage2 import consolidate_stage2
 from corp.evaluate.backends.base import MODEL, PERTURBER
+from corp.evaluate.batched import direction_key, direction_rows, factored_for
 from corp.evaluate.context import (
     EvalCache,
     RunContext,
@@ -85,14 +87,35 @@ def low_rank_line(lr: dict) -> str:
 
 class RunScorer:
     """score(direction, split) -> per-example rewards (a PerExample carrying the split's example ids),
-    cached in the run's evals.jsonl, keyed by what was evaluated and on exactly which examples (resume)."""
+    cached in the run's evals.jsonl, keyed by what was evaluated and on exactly which examples (resume).
+
+    On a low-rank population with the hf backend (`factored`), directions of seed components and
+    merged terms are evaluated in the factored pass (`corp.evaluate.batched.direction_rows`):
+    the base weights stay in place, each merged term's factors are drawn once and every step size
+    scales them, nothing is materialised (the saved model is, once). Same rows and keys as the dense
+    path, up to floating-point rounding of the generations. Full-rank runs take the dense path."""
 
     def __init__(self, ctx: RunContext, cache: EvalCache):
         self.ctx, self.cache = ctx, cache
         self.ledger = ctx.ledger()  # what this consolidation needs (probe, validation, support halves), cached or not
         self._counted: set[str] = set()
+        self.factored = factored_for(ctx) is not None
+
+    def prepare(self, directions: Sequence[Direction | None], split: str) -> None:
+        """Evaluate the uncached ones of `directions` on `split` together (factored pass only: the
+        step sizes of one merged term become row groups of one batched pass); a no-op otherwise."""
+        if not self.factored:
+            return
+        todo = {}
+        for d in directions:
+            if d is not None:
+                todo.setdefault(direction_key(self.ctx, d, split), d)
+        todo = [d for key, d in todo.items() if key not in self.cache]
+        for j, row in direction_rows(self.ctx, todo, split):
+            self.cache.put({**row, "n_components": len(todo[j].components)})
 
     def row(self, direction: Direction | None, split: str) -> dict:
+        self.prepare([direction], split)
         row = cached_eval(
             self.ctx, self.cache, split, direction, n_components=len(direction.components) if direction else 0
         )
@@ -108,8 +131,15 @@ class RunScorer:
         """The ids of the examples `self(direction, split)` was computed on, in order (the gate checks both sides)."""
         return self(direction, split).example_ids
 
+    def release(self) -> None:
+        """Free what the factored pass keeps between evaluations (the last directions' factors)."""
+        if self.factored:
+            factored_for(self.ctx).release_factors()
+
     def cache_prefix(self, direction: Direction | None) -> None:
-        if self.ctx.backend.supports(PERTURBER):  # an optimisation: a backend without one evaluates from scratch
+        # an optimisation of the dense path: a backend without a Perturber evaluates from scratch, and the factored
+        # pass writes no weights, so a prefix would only cost a copy of the model
+        if self.ctx.backend.supports(PERTURBER) and not self.factored:
             self.ctx.backend.perturber.cache_prefix(direction)
 
 
@@ -185,6 +215,8 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
         else None
     )
     scheme = ctx.backend.perturber.scheme  # the population's noise scheme: the Gram matrix regenerates its noise
+    # the Perturber builds the step search's merged M in advance for the dense path; the factored pass needs none
+    dense = None if scorer.factored else ctx.backend.perturber
     result = consolidate_stage1(
         [r["reward"] for r in population],
         [r["seed"] for r in population],
@@ -196,7 +228,7 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
         project=projector,
         gram_cache=ctx.run_dir,
         scheme=scheme,
-        perturber=ctx.backend.perturber,
+        perturber=dense,
     )
     if cfg.rounds > 0:
         result = consolidate_stage2(
@@ -208,7 +240,7 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
             progress=progress,
             gram_cache=ctx.run_dir,
             scheme=scheme,
-            perturber=ctx.backend.perturber,
+            perturber=dense,
         )
 
     # the deployed model: recipe + weights
@@ -266,6 +298,7 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     # test split: base, RandOpt top-1 / K-vote, CoRP, each with per-example outcomes and paired comparisons
     results, _ = randopt_results(ctx, ranked, cfg.top_k, evals)
     corp_row = scorer.row(result.direction, "test")
+    scorer.release()
     corp_ledger = ctx.ledger().add_generation(corp_row["prompt_tokens"], corp_row["generated_tokens"])
     label = "corp" if result.accepted else "corp (abstained=base)"
     labelled = sum(len(ctx.splits[s]) for s in ("support", "probe", "validation"))

@@ -9,6 +9,12 @@ floating-point rounding (the tolerance is stated in batched_lowrank). Rows are y
 group of specialists finishes, so a kill loses at most the group in flight. Rows carry
 `scoring: "factored"` (not part of the key) so a population says how it was scored. The base
 (seed None) is scored by `score_one`.
+
+`direction_rows` does the same for directions (CoRP's step-search candidates, gates and test row
+on a low-rank population): a direction of seed components and merged terms is, per matrix, one
+factor pair of rank <= K R (`FactoredPopulation.direction_factors`), and a step search's step sizes
+are that pair at several scales, generated as row groups of one pass; each row is the row
+`cached_eval` would make (same key), with `scoring: "factored"`.
 """
 
 from __future__ import annotations
@@ -18,8 +24,17 @@ import weakref
 from collections.abc import Iterator, Sequence
 
 from corp import CorpError
-from corp.evaluate.context import RunContext, eval_identity, result_row, score_generations, score_one, specialist_what
-from corp.perturb import lowrank_rank
+from corp.evaluate.context import (
+    RunContext,
+    direction_fingerprint,
+    eval_identity,
+    eval_key,
+    result_row,
+    score_generations,
+    score_one,
+    specialist_what,
+)
+from corp.perturb import Direction, lowrank_rank
 
 _factored: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # backend -> FactoredPopulation | None
 
@@ -76,3 +91,56 @@ def score_factored(
         yield result_row(
             identity, split, res, "specialist", seed=seed, sigma=sigma, apply_seconds=draw_s, scoring="factored"
         )
+
+
+def direction_key(ctx: RunContext, direction: Direction | None, split: str, context: dict | None = None) -> str:
+    """The key `cached_eval` gives the greedy evaluation of base + `direction` on `split`."""
+    ids = [e.id for e in ctx.splits[split]]
+    identity = eval_identity(context or ctx.eval_context(), direction_fingerprint(direction), ids, seed=ctx.cfg.seed)
+    return eval_key(identity)
+
+
+def direction_rows(
+    ctx: RunContext, directions: Sequence[Direction], split: str, context: dict | None = None, **extra
+) -> Iterator[tuple[int, dict]]:
+    """(index, row) of the greedy evaluation of base + each direction on `split` that the factored
+    pass can score (`factored_for(ctx)` answers and the direction is seed components or merged
+    terms); the others are left out (the caller evaluates them as before). Directions sharing one
+    update (the same merged term at several scales) are generated together. `extra`: row fields."""
+    import time
+
+    from corp.evaluate.backends.batched_lowrank import direction_generations
+
+    factored = factored_for(ctx)
+    if factored is None:
+        return
+    examples = ctx.splits[split]
+    context = context or ctx.eval_context()
+    ids = [e.id for e in examples]
+    groups: dict[int, tuple[dict, list[tuple[int, float]], float]] = {}  # id(unit factors) -> members
+    for j, d in enumerate(directions):
+        if d is None or d.is_zero() or direction_fingerprint(d) == "base":
+            continue
+        t0 = time.perf_counter()
+        found = factored.direction_factors(d)
+        if found is None:
+            continue
+        unit, scale = found
+        entry = groups.setdefault(id(unit), (unit, [], 0.0))
+        groups[id(unit)] = (unit, entry[1] + [(j, scale)], entry[2] + time.perf_counter() - t0)
+    for unit, members, build_s in groups.values():
+        gens = direction_generations(
+            ctx.backend,
+            factored,
+            unit,
+            [s for _, s in members],
+            [e.prompt for e in examples],
+            ctx.max_new_tokens,
+            ctx.task.stop or None,
+        )
+        for i, g, install_s in gens:
+            j = members[i][0]
+            identity = eval_identity(context, direction_fingerprint(directions[j]), ids, seed=ctx.cfg.seed)
+            res = score_generations(ctx, examples, g)
+            apply_s = install_s + build_s / len(members)
+            yield j, result_row(identity, split, res, "direction", apply_seconds=apply_s, scoring="factored", **extra)
