@@ -17,6 +17,9 @@ Each entry of E has unit variance and E has the Frobenius norm of full-rank nois
 A merged term's M (a step search's sum_k c_k E_k) is built by `merged_noise` a row block at a time
 from the elites' factors, with the bits of adding each dense E whole (tested), so no elite's E is
 held whole; it is still m x n work per elite and rank (not (m + n) K R), since the weights are.
+On the hf backend CoRP does not take this path for its step search, gates and test row: it scores
+each merged direction as its stacked factors (rank K R, corp.evaluate.backends.batched_lowrank) and
+materialises only the saved model; the dense build stays the reference and the path elsewhere.
 
 What gets noise (choices, stated):
 - 2-D tensors (every linear weight) get rank-R noise.
