@@ -236,3 +236,21 @@ def test_shared_eval_cache_serves_other_runs_only_for_the_same_weights(tmp_path)
     ctx, cache, calls = run("c", exclude="embed")
     cached_eval(ctx, cache, "test", spec)
     assert len(calls) == 1, "the same seed perturbing other parameters is other weights"
+
+
+def test_the_shared_eval_cache_never_asks_the_backend_for_a_perturber(tmp_path):
+    """Under `--backend auto` on vLLM, reading `backend.perturber` switches the run to hf; a run with
+    `--eval-cache` must stay on its engine, so the cache's salt takes the scheme from the config."""
+    from types import SimpleNamespace
+
+    from corp.evaluate.context import run_evals, shared_salt
+
+    class NoPerturber:
+        @property
+        def perturber(self):
+            raise AssertionError("backend.perturber was read")
+
+    cfg = SimpleNamespace(eval_cache=str(tmp_path / "shared.jsonl"), include=".*", exclude="", dtype=None, device="cpu")
+    ctx = SimpleNamespace(cfg=cfg, backend=NoPerturber(), noise_scheme="corp-lowrank-v1:r=4", run_dir=tmp_path)
+    assert '"scheme": "corp-lowrank-v1:r=4"' in shared_salt(ctx)
+    run_evals(ctx)

@@ -675,18 +675,17 @@ def _sigterm_as_interrupt(signum, frame):
 def run_evals(ctx: RunContext) -> EvalCache:
     """The run's cache of every evaluation that is not a population row."""
     shared = getattr(ctx.cfg, "eval_cache", None)
-    if shared and getattr(ctx.backend, "perturber", None) is None:
-        shared = None  # the noise scheme is not known here, so a shared row could mean other weights
     return EvalCache(ctx.run_dir / EVALS_FILE, shared=shared, salt=shared_salt(ctx) if shared else "")
 
 
 def shared_salt(ctx: RunContext) -> str:
     """What an evaluation row's key leaves implicit because a run fixes it, for rows shared between runs."""
-    cfg, backend = ctx.cfg, ctx.backend
-    perturber = getattr(backend, "perturber", None)
+    cfg = ctx.cfg
+    # the run's scheme (the one its backend materialises), read from the config rather than from
+    # `backend.perturber`, which a vLLM backend lacks (and `--backend auto` would switch to hf for)
     return json.dumps(
         {
-            "scheme": getattr(perturber, "scheme", None),
+            "scheme": ctx.noise_scheme,
             "include": getattr(cfg, "include", ".*"),
             "exclude": getattr(cfg, "exclude", ""),
             "dtype": cfg.dtype,
