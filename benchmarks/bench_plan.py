@@ -4,8 +4,9 @@ committed CPU bench (results/bench-cpu, hf backend, one thread per process, Smol
 task process (`corp bench --task T`), and the regime each method gets at the top budget.
 
 It plans the config's cells with corp's own planner (corp.bench.sweep.plan) and charges each:
-  - the shared population of a (task, setting, seed): the prefix the largest budget buys (the
-    bench scores no more), on that setting's support split;
+  - the shared population of a (task, setting, seed, noise scheme): the prefix the largest budget
+    buys (the bench scores no more), on that setting's support split; a sigma trial (from_sigmas)
+    of s of the bench's S scales needs S/s times as many scored (at most population x S);
   - a fixed cell: its test passes (self-consistency: max K sampled passes; the greedy base once per task);
   - a population cell: its method's own evaluations (CoRP: `--corp-passes` passes over probe +
     validation, measured 4.8 on the CPU bench with the pass-1 search, about 40% of it, now not run)
@@ -73,7 +74,8 @@ def estimate(path: str, corp_passes: float) -> dict:
     top = max(cfg.budgets)
     secs: dict[tuple, float] = collections.defaultdict(float)
     regime: dict[str, str] = {}
-    pops: set = set()
+    pops: dict[tuple, int] = {}  # specialists each shared population scores
+    pop_cost: dict[tuple, float] = {}
     base_done: set = set()
     for c in cells:
         tok = tokens_per_example(c.task)
@@ -91,11 +93,15 @@ def estimate(path: str, corp_passes: float) -> dict:
                 base_done.add((c.task, c.setting == "tune"))
                 secs[(cfg.label(c.task), "base")] += e_eval
         elif kind == POPULATION:
-            pop_key = (c.task, c.setting, c.seed, n_sup)
+            # one shared population per (task, setting, seed, noise scheme); a sigma trial of s of the
+            # bench's S scales needs S/s times the specialists scored (up to population x S)
+            pop_key = (c.task, c.setting, c.seed, n_sup, str(c.opts.get("noise", "full")))
             n_top = min(cfg.population, math.floor(top / spec_cost) + 1)
-            if pop_key not in pops:
-                pops.add(pop_key)
-                secs[(cfg.label(c.task), "population")] += n_top * spec_cost / RATES["support"]
+            chosen = c.opts.get("from_sigmas")
+            share = 1.0 if chosen is None else len(cfg.sigmas) / len(chosen)
+            need = min(cfg.population * len(cfg.sigmas), math.ceil(n_top * share))
+            pops[pop_key] = max(pops.get(pop_key, 0), need, n_top)
+            pop_cost[pop_key] = spec_cost
             if c.method == "consolidate":
                 own = corp_passes * per_ex * (cfg.n_probe + cfg.n_validation)
                 secs[key] += own / RATES["support"] + e_eval
@@ -139,6 +145,8 @@ def estimate(path: str, corp_passes: float) -> dict:
             if c.method == "es" and c.budget == top and c.setting != "tune":
                 it = float(c.opts.get("population", 8)) * spec_cost
                 regime[f"es ({c.setting}, {n_sup} support)"] = f"about {int(top // it)} iterations at the top budget"
+    for (task, *_), n in pops.items():
+        secs[(cfg.label(task), "population")] += n * pop_cost[(task, *_)] / RATES["support"]
     trials: dict[str, list] = {}  # the searched values each trial runs with (the search's fixed draw)
     for c in cells:
         if c.setting == "tune" and c.task == cfg.tasks[0]:
