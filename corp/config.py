@@ -93,6 +93,12 @@ def options_from(source: type, names: tuple[str, ...], defaults: dict | None = N
     return add
 
 
+def in_scales(sigma: float, scales) -> bool:
+    """Whether noise scale `sigma` is one of `scales` (compared as floats read back from JSON/YAML,
+    so up to rounding): how --from-sigmas and the bench's sigma trials select specialists."""
+    return any(math.isclose(float(sigma), float(s), rel_tol=1e-9) for s in scales)
+
+
 def parse_list(value: Any, cast, name: str) -> list:
     if value is None:
         return []

@@ -33,7 +33,7 @@ from corp.bench.adapters import FIXED, ITERATIVE, PLANNED, POPULATION, BenchAdap
 from corp.bench.budget import min_budget, prefix_that_fits
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig
 from corp.bench.search import choose, trial_options, trial_score
-from corp.config import PopulationConfig, check_types, load_config
+from corp.config import PopulationConfig, check_types, in_scales, load_config
 from corp.ledger import flops
 from corp.methods import REGISTRY, get_method
 from corp.runs import read_json, read_jsonl, write_json
@@ -318,7 +318,7 @@ def _validate_options(
                 )
             grid = [float(x) for x in (sigmas or [])]
             values = [float(x) for x in _values(chosen)]
-            odd = [x for x in values if not any(math.isclose(x, g, rel_tol=1e-9) for g in grid)]
+            odd = [x for x in values if not in_scales(x, grid)]
             if not values or odd:
                 raise CorpError(
                     f"from_sigmas {odd[0] if odd else '[]'} is not a scale of the bench's sigmas "
@@ -513,7 +513,7 @@ class Bench:
         chosen = cell.opts.get("from_sigmas")
 
         def mine(sigma: float) -> bool:
-            return chosen is None or any(math.isclose(sigma, c, rel_tol=1e-9) for c in chosen)
+            return chosen is None or in_scales(sigma, chosen)
 
         # the most specialists the shared run may need to score for this cell
         most = cfg.population if chosen is None else cfg.population * len(cfg.sigmas)

@@ -18,7 +18,6 @@ goes to `evals.jsonl` through the same cache (`EvalCache`, `cached_eval`).
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import warnings
@@ -28,7 +27,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.config import PopulationConfig
+from corp.config import PopulationConfig, in_scales
 from corp.evaluate.context import (
     META_FILE,
     META_FORMAT,
@@ -196,13 +195,13 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
         # a sub-grid of the population's noise scales (the bench's sigma search): the specialists of
         # those scales, still in population order, so --population counts only them
         have = sorted({float(r["sigma"]) for r in rows})
-        unknown = [s for s in wanted if not any(math.isclose(s, h, rel_tol=1e-9) for h in have)]
+        unknown = [s for s in wanted if not in_scales(s, have)]
         if unknown:
             raise CorpError(
                 f"--from-sigmas {unknown[0]:g} is not a noise scale of --from-run '{src}' "
                 f"(its scales: {', '.join(f'{h:g}' for h in have)}); pick from those"
             )
-        rows = [r for r in rows if any(math.isclose(float(r["sigma"]), s, rel_tol=1e-9) for s in wanted)]
+        rows = [r for r in rows if in_scales(r["sigma"], wanted)]
         rule = f"{rule}, sigma in {', '.join(f'{s:g}' for s in wanted)} (--from-sigmas)"
     available = len(rows)
     if available < n:
