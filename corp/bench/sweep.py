@@ -546,13 +546,13 @@ class Bench:
                 "target": max(target, len(rows)),
             }
             self.populations[key] = pop
-            own = [c for c, sg in zip(pop["costs"], pop["sigmas"]) if mine(sg)][: cfg.population]
+            take = [i for i, sg in enumerate(pop["sigmas"]) if mine(sg)][: cfg.population]  # the cell's specialists
+            own = [pop["costs"][i] for i in take]
             if len(rows) >= most or len(own) >= cfg.population or sum(own) > top or not own:
                 break
             # as many more of the cell's specialists as the largest budget buys, in population terms
             more = math.ceil((top - sum(own)) / (sum(own) / len(own)) * len(rows) / len(own))
             pop["target"] = min(most, len(rows) + more + 1)
-        take = [i for i, sg in enumerate(pop["sigmas"]) if mine(sg)][: cfg.population]
         return {
             "run_dir": pop["run_dir"],
             "costs": [pop["costs"][i] for i in take],
