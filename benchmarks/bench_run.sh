@@ -18,7 +18,8 @@
 # Two wrappers (one per task) may share a checkout: commits are serialised by a lock in .git.
 #
 # Environment: PYTHON (the interpreter that imports corp, default python), CORP_CMD (default:
-# "$PYTHON -m corp.cli"), BENCH_POLL seconds between commits while
+# "$PYTHON -m corp.cli"), BENCH_METHODS (passed as `--methods`: split one task's methods over
+# wrappers, whole noise schemes per wrapper, e.g. configs/bench-noise.yaml), BENCH_POLL seconds between commits while
 # running (default 120), BENCH_RETRY_WAIT seconds before a restart (default 60). The results
 # directory must be inside the checkout (the default results/NAME is).
 set -u
@@ -34,6 +35,8 @@ PY=${PYTHON:-python}
 CORP_CMD=${CORP_CMD:-$PY -m corp.cli}
 POLL=${BENCH_POLL:-120}
 RETRY_WAIT=${BENCH_RETRY_WAIT:-60}
+METHODS=()
+[ -n "${BENCH_METHODS:-}" ] && METHODS=(--methods "$BENCH_METHODS")
 
 cd "$(git rev-parse --show-toplevel)" || { echo "bench_run.sh: run it inside the corp git checkout" >&2; exit 2; }
 # the bench's results directory and the file-name prefix of this task's records, as corp computes them
@@ -87,9 +90,9 @@ trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait; commit_cells; exit 143' TE
 try=0
 while [ "$try" -lt "$TRIES" ]; do
   try=$((try + 1))
-  echo "bench_run.sh: start $try of $TRIES: $CORP_CMD bench --config $CONFIG --threads 1 --task $TASK"
+  echo "bench_run.sh: start $try of $TRIES: $CORP_CMD bench --config $CONFIG --threads 1 --task $TASK ${METHODS[*]}"
   # shellcheck disable=SC2086  # CORP_CMD is a command line
-  $CORP_CMD bench --config "$CONFIG" --threads 1 --task "$TASK" &
+  $CORP_CMD bench --config "$CONFIG" --threads 1 --task "$TASK" "${METHODS[@]}" &
   pid=$!
   waited=0
   while kill -0 "$pid" 2>/dev/null; do

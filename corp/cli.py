@@ -194,6 +194,15 @@ def bench_cmd(
             "bench); the outputs still cover every finished cell."
         ),
     ),
+    methods: Optional[str] = typer.Option(
+        None,
+        "--methods",
+        help=(
+            "Run only the cells of these methods, comma-separated (variant labels such as corp-r4, or registry "
+            "names); to split one task over processes, give each process whole noise schemes (a population is "
+            "scored by the first cell that needs it)."
+        ),
+    ),
     report_to: str = typer.Option(
         "none",
         "--report-to",
@@ -214,7 +223,8 @@ def bench_cmd(
         typer.echo(_run(section, cfg), nl=False)
         return
     command = "corp bench --config " + config + (f" --threads {threads}" if threads else "")
-    summary = _run(run_bench, cfg, command, True, not report_only, task)
+    only = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    summary = _run(run_bench, cfg, command, True, not report_only, task, only)
     typer.echo(
         f"{summary['cells']} cells ({summary['reused']} reused from earlier runs, {summary['not_run']} not run); wrote "
         f"{summary['results_dir']}/results.csv, table.md, {len(summary['plots'])} plots"

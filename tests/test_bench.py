@@ -1204,3 +1204,40 @@ def test_backend_agreement_reevaluates_the_bench_s_own_models_on_its_test_exampl
     for item in items:
         got = agreement.evaluate(item, "hf", tmp_path, threads=1)
         assert got["n"] == 6 and got["agree"] == got["n"], got
+
+
+def test_methods_filter_runs_only_the_named_methods_cells(tiny_dir, tmp_path):
+    """`corp bench --methods`: one process computes only its methods' cells (by variant label or
+    registry name) while the outputs still cover every finished cell; an unknown name is one line
+    before anything runs."""
+    from corp.bench.sweep import run_bench
+
+    over = dict(
+        budgets=[1e8],
+        settings=["paper"],
+        seeds=[1],
+        compare=[],
+        methods={
+            "self-consistency": {"options": {"k": [1]}},
+            "randopt": {"options": {"top_k": [1]}},
+            "es": {"skip": "not in this test"},
+            "grpo": {"skip": "not in this test"},
+            "consolidate": {"skip": "not in this test"},
+            "ftis": {"skip": "not in this test"},
+        },
+    )
+
+    def methods_done():
+        return {json.loads(p.read_text())["method"] for p in (tmp_path / "results" / "tiny" / "cells").glob("*.json")}
+
+    with pytest.raises(CorpError, match=r"--methods corp-r9: not a method of tiny; its methods \(variant labels\)"):
+        run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), only_methods=["corp-r9"])
+    assert not (tmp_path / "results" / "tiny" / "cells").exists()
+    summary = run_bench(
+        load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), only_methods=["randopt"]
+    )
+    assert methods_done() == {"randopt"} and summary["not_run"] > 0
+    run_bench(
+        load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), only_methods=["self-consistency"]
+    )
+    assert methods_done() == {"randopt", "self-consistency"}

@@ -24,6 +24,7 @@ FAKE = textwrap.dedent("""
     state = Path(os.environ["FAKE_STATE"])
     n = int(state.read_text()) + 1 if state.exists() else 1
     state.write_text(str(n))
+    Path(os.environ["FAKE_STATE"] + ".argv").write_text(" ".join(sys.argv[1:]))
     if os.environ.get("FAKE_MODE") == "bad":
         print("error: bench config: bad", file=sys.stderr); sys.exit(2)
     cells = Path("results/wrap/cells"); cells.mkdir(parents=True, exist_ok=True)
@@ -61,7 +62,7 @@ def repo(tmp_path):
     return repo
 
 
-def _wrap(repo: Path, mode: str = "ok") -> subprocess.CompletedProcess:
+def _wrap(repo: Path, mode: str = "ok", methods: str | None = None) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "PYTHON": sys.executable,
@@ -71,6 +72,7 @@ def _wrap(repo: Path, mode: str = "ok") -> subprocess.CompletedProcess:
         "BENCH_RETRY_WAIT": "0",
         "FAKE_STATE": str(repo.parent / "starts"),
         "FAKE_MODE": mode,
+        **({"BENCH_METHODS": methods} if methods else {}),
     }
     return subprocess.run(
         ["bash", str(SCRIPT), "wrap.yaml", "add", "3"],
@@ -102,6 +104,16 @@ def test_the_wrapper_restarts_the_bench_and_commits_only_its_finished_cells(repo
     assert not _git(
         repo, "status", "--porcelain", "--", "results/wrap/cells/add__paper__s0__base__fixed__0123456789.json"
     )
+
+
+def test_the_wrapper_passes_bench_methods_on(repo):
+    """BENCH_METHODS splits one task's methods over wrappers (`--methods`); without it no filter."""
+    assert _wrap(repo, methods="randopt-r4,corp-r4").returncode == 0
+    argv = (repo.parent / "starts.argv").read_text()
+    assert argv.endswith("--task add --methods randopt-r4,corp-r4"), argv
+    (repo.parent / "starts").unlink()
+    assert _wrap(repo).returncode == 0
+    assert "--methods" not in (repo.parent / "starts.argv").read_text()
 
 
 def test_the_wrapper_does_not_retry_bad_input(repo):

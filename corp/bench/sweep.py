@@ -865,11 +865,16 @@ def run_bench(
     load_model: bool = True,
     compute: bool = True,
     only_task: str | None = None,
+    only_methods: list[str] | None = None,
 ) -> dict:
     """Plan, check, run every cell (skipping finished ones), write the outputs; returns a summary.
     `compute=False`: write the outputs from the cells finished so far, running nothing (the table
     says how many cells are still to run). `only_task`: compute only that task's cells (the
-    others' finished records still go into the outputs), so one process per task can share a bench."""
+    others' finished records still go into the outputs), so one process per task can share a bench.
+    `only_methods`: compute only the cells of these methods (a variant's label, e.g. `corp-r4`, or a
+    registry name, which takes all its variants), so processes can split one task's methods: a
+    population is scored by the first cell that needs it, so split by noise scheme (every method of
+    one scheme in one process) or two processes score the same population."""
     from corp.bench.outputs import write_outputs
 
     cells, missing = plan(cfg)
@@ -877,8 +882,22 @@ def run_bench(
     only_task = by_label.get(only_task, only_task)  # --task takes a task's spec or its label
     if only_task is not None and only_task not in cfg.tasks:
         raise CorpError(f"--task {only_task!r} is not a task of {cfg.name}; its tasks (labels): {', '.join(by_label)}")
+    if only_methods:
+        known = {c.label for c in cells} | {c.method for c in cells}
+        unknown = [m for m in only_methods if m not in known]
+        if unknown:
+            raise CorpError(
+                f"--methods {','.join(unknown)}: not a method of {cfg.name}; its methods (variant labels): "
+                f"{', '.join(sorted({c.label for c in cells}))}"
+            )
     preflight(cfg, _with_every_trial(cells), load_model=load_model and compute)
     bench = Bench(cfg)
+
+    def mine(cell: Cell) -> bool:
+        return only_task in (None, cell.task) and (
+            not only_methods or bool({cell.label, cell.method} & set(only_methods))
+        )
+
     records = []
     done_before = sum(
         1 for c in cells if (r := bench.resolve(c, cells)) is not None and bench.load_record(r) is not None
@@ -913,7 +932,7 @@ def run_bench(
         )  # None: its trials have not all run (another task's process, --report-only)
         if cell is None:
             continue
-        rec = bench.run_cell(cell) if compute and only_task in (None, cell.task) else bench.load_record(cell)
+        rec = bench.run_cell(cell) if compute and mine(cell) else bench.load_record(cell)
         if rec is not None:
             records.append(rec)
     bar.close()
