@@ -184,6 +184,9 @@ def test_consolidate_on_a_low_rank_population_chooses_the_same_step_factored_and
     rows = [json.loads(line) for line in (tmp_path / "f" / "evals.jsonl").read_text().splitlines()]
     cands = [r for r in rows if r["kind"] == "direction" and r["split"] in ("probe", "validation")]
     assert len(cands) >= 16 and all(r.get("scoring") == "factored" for r in cands)
+    # RandOpt's rows of the report (the top specialists on test) are scored in the batched pass too
+    tops = [r for r in rows if r["kind"] == "specialist" and r["split"] == "test"]
+    assert tops and all(r.get("scoring") == "factored" for r in tops)
     d_rows = {r["key"]: r for r in map(json.loads, (tmp_path / "d" / "evals.jsonl").read_text().splitlines())}
     for r in cands:  # the same keys (and here the same answers) as the dense path's rows
         assert d_rows[r["key"]]["answers"] == r["answers"]
