@@ -6,7 +6,8 @@ task process (`corp bench --task T`), and the regime each method gets at the top
 It plans the config's cells with corp's own planner (corp.bench.sweep.plan) and charges each:
   - the shared population of a (task, setting, seed, noise scheme): the prefix the largest budget
     buys (the bench scores no more), on that setting's support split; a sigma trial (from_sigmas)
-    of s of the bench's S scales needs S/s times as many scored (at most population x S);
+    of s of the bench's S scales needs S/s times as many scored (at most population x S); a final
+    cell reads a population of its chosen scales only, so it costs the prefix it takes;
   - a fixed cell: its test passes (self-consistency: max K sampled passes; the greedy base once per task);
   - a population cell: its method's own evaluations (CoRP: `--corp-passes` passes over probe +
     validation, measured 4.8 on the CPU bench with the pass-1 search, about 40% of it, now not run)

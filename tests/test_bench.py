@@ -669,7 +669,7 @@ def test_a_budget_that_buys_fewer_specialists_than_top_k_does_not_fit(tmp_path, 
         BenchConfig, None, {"methods": {"randopt": None}, "results_dir": str(tmp_path), "work_dir": str(tmp_path / "w")}
     )
     bench = Bench(cfg)
-    pop = {"run_dir": "pop", "costs": [1.0] * 8, "seconds": [0.0] * 8, "wall": 0.0}
+    pop = {"run_dir": "pop", "scales": [1e-3], "costs": [1.0] * 8, "seconds": [0.0] * 8, "wall": 0.0}
     monkeypatch.setattr(bench, "population", lambda cell: pop)
     ran = []
     monkeypatch.setattr(bench, "_invoke", lambda method, opts: ran.append(opts) or ({}, 0.0))
@@ -992,9 +992,18 @@ def test_a_randopt_sigma_trial_takes_its_scales_from_the_one_shared_population(t
     recs = [json.loads(p.read_text()) for p in sorted((tmp_path / "results" / "tiny" / "cells").glob("*.json"))]
     trials = [r for r in recs if r["setting"] == "tune"]
     assert len(trials) == 3 and all(r["units"] for r in trials), [(r.get("units"), r.get("why")) for r in trials]
-    pops = {r["population_run"] for r in recs}
-    assert len(pops) == 1, pops  # one shared population for every trial and the final cell
+    pops = {r["population_run"] for r in trials}
+    assert len(pops) == 1, pops  # one shared population for every trial
     pop_dir = Path(pops.pop())
+    # the final cell reads a population of exactly the scales its search chose (the mix: the trials' one)
+    (final,) = [r for r in recs if r["setting"] != "tune"]
+    chosen = final["hyperparameters"]["from_sigmas"]
+    assert final["population_sigmas"] == chosen
+    final_rows = [
+        r for r in read_jsonl(Path(final["population_run"]) / "population.jsonl") if r.get("kind") == "specialist"
+    ]
+    assert {r["sigma"] for r in final_rows} == set(chosen)
+    assert (Path(final["population_run"]) == pop_dir) == (len(chosen) == 2)
     rows = sorted(
         (r for r in read_jsonl(pop_dir / "population.jsonl") if r.get("kind") == "specialist"), key=lambda r: r["index"]
     )

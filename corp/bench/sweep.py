@@ -503,14 +503,20 @@ class Bench:
         specialists cost more than the largest budget or `population` of them are scored (a
         one-scale trial of a three-scale grid may so score up to three times `population`).
         Specialist i is the same whatever the population size, so the prefix grows on resume.
-        Returns the run directory and, per specialist the cell may take (in population order),
-        its scoring FLOPs and seconds."""
+        A final cell whose search chose scales (`from_sigmas`) reads a population of exactly those
+        scales instead (the trials compared scales on one shared population; the chosen scales'
+        specialists are i.i.d. draws either way, and the final scores no specialist it cannot take).
+        Returns the run directory, the population's scales and, per specialist the cell may take (in
+        population order), its scoring FLOPs and seconds."""
         cfg = self.cfg
         pop_opts = {k: v for k, v in cell.opts.items() if k in POPULATION_OPTIONS}
         pop_opts["population"] = cfg.population
+        chosen = cell.opts.get("from_sigmas")
+        if chosen is not None and cell.setting != "tune":
+            pop_opts["sigmas"] = [float(v) for v in chosen]
+            chosen = None
         key = _hash({"population": {k: v for k, v in pop_opts.items() if k not in _NOT_IDENTITY}})
         run_dir = self.work / f"{_slug(cell.task)}__population__s{cell.seed}__{key[:12]}"
-        chosen = cell.opts.get("from_sigmas")
 
         def mine(sigma: float) -> bool:
             return chosen is None or in_scales(sigma, chosen)
@@ -555,6 +561,7 @@ class Bench:
             pop["target"] = min(most, len(rows) + more + 1)
         return {
             "run_dir": pop["run_dir"],
+            "scales": [float(v) for v in _values(pop_opts["sigmas"])],
             "costs": [pop["costs"][i] for i in take],
             "seconds": [pop["seconds"][i] for i in take],
             "wall": pop["wall"],
@@ -599,6 +606,7 @@ class Bench:
             n = smaller
         rec = self._record(cell, report, run_dir, wall, units=n, chosen=opts)
         rec["population_run"] = pop["run_dir"]
+        rec["population_sigmas"] = pop["scales"]
         rec["population_seconds"] = sum(pop["seconds"][:n])
         rec["tried"] = tried
         rec["budget_reached"] = n < len(pop["costs"]) or sum(pop["costs"]) >= cell.budget
