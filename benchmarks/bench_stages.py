@@ -7,14 +7,19 @@ each method's wall time into:
                by another cell and counts there);
   apply        setting a specialist or merged direction on the weights (`apply_seconds` of those rows);
   training     ES iterations and GRPO steps (metrics.jsonl `seconds`: their sampling, scoring and updates);
-  other        the rest of the cell's wall: model loading and hashing, CoRP's Gram matrix and merge
-               arithmetic, saving models, reports.
-The shared population of each seed (scored once by `corp score`, read by RandOpt and CoRP) is its
-own line. A stage that is not generation or training and takes more than 10% of its method's time
-is flagged. Iterative cells of one seed share one run directory across budgets, so a method's
-figures are per (task, setting, seed) and summed over seeds.
+  noise math   CoRP's Gram matrix and the building of its merged directions (the report's
+               corp.seconds `gram` + `merge`: regenerating every specialist's noise);
+  save         CoRP materialising and saving the consolidated model and its recipe (corp.seconds `save`);
+  other        the rest of the cell's wall: model loading and hashing, CoRP's arithmetic where its
+               report has no timings (runs made before they were recorded), reports.
+Every run directory counts once: the cells that share one (an iterative run continued across
+budgets, a fixed cell serving both data settings) contribute the largest wall any of them
+recorded (an iterative record's wall is cumulative). Trials (setting `tune`) and final cells are
+summed per method, with their counts. The shared population of each seed (scored once by `corp
+score`, read by RandOpt and CoRP) is its own line. A stage that is not generation or training and
+takes more than 10% of its method's time is flagged.
 
-    python benchmarks/bench_stages.py --results results/bench-cpu [--root DIR_THE_BENCH_RAN_IN]
+    python benchmarks/bench_stages.py --results results/bench-cpu-2 [--root DIR_THE_BENCH_RAN_IN]
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from corp.runs import read_jsonl
+
+STAGES = ("generation", "apply", "training", "noise math", "save")
+FLAGGED = ("apply", "noise math", "save", "other")
 
 
 def own_rows(path: Path) -> list[dict]:
@@ -41,11 +49,67 @@ def run_dir_stages(run_dir: Path) -> dict:
     training = sum(
         float(m.get("seconds", 0.0)) for m in {m.get("iteration", m.get("step")): m for m in metrics}.values()
     )
+    corp_seconds = {}
+    report = run_dir / "report.json"
+    if report.exists():
+        corp_seconds = (json.loads(report.read_text()).get("corp") or {}).get("seconds") or {}
     return {
         "generation": sum(float(r.get("seconds", 0.0)) for r in rows),
         "apply": sum(float(r.get("apply_seconds", 0.0)) for r in rows),
         "training": training,
+        "noise math": float(corp_seconds.get("gram", 0.0)) + float(corp_seconds.get("merge", 0.0)),
+        "save": float(corp_seconds.get("save", 0.0)),
     }
+
+
+def stage_table(records: list[dict], root: Path) -> list[str]:
+    """The markdown table's lines for these cell records (run directories relative to `root`)."""
+    walls: dict[tuple, dict[str, float]] = defaultdict(dict)  # (task, method) -> {run_dir: wall}
+    counts: dict[tuple, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    populations: dict[str, set] = defaultdict(set)
+    for rec in records:
+        if rec.get("status") != "done":
+            continue
+        key = (rec.get("task_label") or rec["task"][:24], rec["label"])
+        counts[key]["trials" if rec["setting"] == "tune" else "final"] += 1
+        d = rec["run_dir"]
+        walls[key][d] = max(walls[key].get(d, 0.0), float(rec["wall_seconds"]))
+        if rec.get("population_run"):
+            populations[key[0]].add(rec["population_run"])
+    lines = [
+        "| task | method | cells (trials + final) | wall s | generation | apply | training | noise math | save | other "
+        "| flagged (>10%, not generation/training) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+
+    def pct(x, w):
+        return f"{100 * x / w:.0f}%" if w > 0 else "-"
+
+    for key in sorted(walls):
+        st = defaultdict(float)
+        for d in walls[key]:
+            for k, v in run_dir_stages(root / d).items():
+                st[k] += v
+        wall = sum(walls[key].values())
+        st["other"] = max(0.0, wall - sum(st[k] for k in STAGES))
+        flags = [k for k in FLAGGED if wall > 0 and st[k] / wall > 0.10]
+        c = counts[key]
+        lines.append(
+            f"| {key[0]} | {key[1]} | {c['trials']} + {c['final']} | {wall:.0f} | "
+            + " | ".join(pct(st[k], wall) for k in (*STAGES, "other"))
+            + f" | {', '.join(flags)} |"
+        )
+    for task, dirs in sorted(populations.items()):
+        st = defaultdict(float)
+        for d in dirs:
+            for k, v in run_dir_stages(root / d).items():
+                st[k] += v
+        total = st["generation"] + st["apply"]
+        lines.append(
+            f"| {task} | population (shared, {len(dirs)} runs) | - | {total:.0f} | {pct(st['generation'], total)} | "
+            f"{pct(st['apply'], total)} | - | - | - | - | {'apply' if total and st['apply'] / total > 0.10 else ''} |"
+        )
+    return lines
 
 
 def main() -> None:
@@ -55,70 +119,20 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the table here (default: RESULTS/stages.md)")
     args = ap.parse_args()
     root, results = Path(args.root), Path(args.results)
-    records = [json.loads(p.read_text()) for p in sorted((results / "cells").glob("*.json"))]
-    walls: dict[tuple, float] = defaultdict(float)
-    dirs: dict[tuple, set] = defaultdict(set)
-    populations: set[str] = set()
-    iterative_wall: dict[tuple, float] = {}
-    for rec in records:
-        if rec.get("status") != "done":
-            continue
-        key = (rec["task"], rec["label"])
-        if rec["kind"] == "iterative":  # cumulative over budgets: the largest budget's record holds the whole run
-            k = (rec["task"], rec["label"], rec["setting"], rec["seed"])
-            iterative_wall[k] = max(iterative_wall.get(k, 0.0), float(rec["wall_seconds"]))
-        elif rec["kind"] == "fixed" and rec["setting"] != "paper":
-            continue  # the same run directory as the paper setting's (computed once)
-        else:
-            walls[key] += float(rec["wall_seconds"])
-        dirs[key].add(rec["run_dir"])
-        if rec.get("population_run"):
-            populations.add(rec["population_run"])
-    for (task, label, _setting, _seed), w in iterative_wall.items():
-        walls[(task, label)] += w
-    table = []
-    for key in sorted(walls):
-        st = defaultdict(float)
-        for d in dirs[key]:
-            for k, v in run_dir_stages(root / d).items():
-                st[k] += v
-        wall = walls[key]
-        st["other"] = max(0.0, wall - st["generation"] - st["apply"] - st["training"])
-        table.append((key[0], key[1], wall, st))
-    pop_by_task: dict[str, dict] = defaultdict(lambda: defaultdict(float))
-    for d in populations:
-        task = next((r["task"] for r in records if r.get("population_run") == d), "?")
-        for k, v in run_dir_stages(root / d).items():
-            pop_by_task[task][k] += v
-    lines = [
-        "| task | method | wall s | generation | apply | training | other | flagged (>10%, not generation/training) |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+    # a record's file name starts with its task's label (corp.bench.sweep.Cell.record_name)
+    records = [
+        {"task_label": p.name.split("__")[0], **json.loads(p.read_text())}
+        for p in sorted((results / "cells").glob("*.json"))
     ]
-
-    def pct(x, w):
-        return f"{100 * x / w:.0f}%" if w > 0 else "-"
-
-    for task, label, wall, st in table:
-        flags = [k for k in ("apply", "other") if wall > 0 and st[k] / wall > 0.10]
-        lines.append(
-            f"| {task[:24]} | {label} | {wall:.0f} | {pct(st['generation'], wall)} | {pct(st['apply'], wall)} | "
-            f"{pct(st['training'], wall)} | {pct(st['other'], wall)} | {', '.join(flags)} |"
-        )
-    for task, st in sorted(pop_by_task.items()):
-        total = st["generation"] + st["apply"]
-        lines.append(
-            f"| {task[:24]} | population (shared, {len([d for d in populations])} runs) | {total:.0f} | "
-            f"{pct(st['generation'], total)} | {pct(st['apply'], total)} | - | - | "
-            f"{'apply' if total and st['apply'] / total > 0.10 else ''} |"
-        )
-    text = "\n".join(lines) + "\n"
+    text = "\n".join(stage_table(records, root)) + "\n"
     out = Path(args.out) if args.out else results / "stages.md"
     out.write_text(
         f"# Where the time went: `{results.name}`\n\nMade by `python benchmarks/bench_stages.py --results "
         f"{args.results}` from the cells' run directories.\n"
-        "Per method, summed over seeds, settings and budgets; `other` is the "
-        "cell's wall minus the measured stages (model loading and hashing, "
-        "CoRP's Gram matrix and merge arithmetic, saving models, reports).\n\n" + text
+        "Per method, summed over trials, seeds, settings and budgets, each run directory once; `noise math` is "
+        "CoRP's Gram matrix and merged directions (regenerating its specialists' noise), `save` CoRP "
+        "materialising and saving its model, `other` the cell's wall minus the measured stages (model loading "
+        "and hashing, reports, and CoRP's arithmetic in runs whose report has no timings).\n\n" + text
     )
     print(text)
 

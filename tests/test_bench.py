@@ -1250,3 +1250,37 @@ def test_methods_filter_runs_only_the_named_methods_cells(tiny_dir, tmp_path):
         load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), only_methods=["self-consistency"]
     )
     assert methods_done() == {"randopt", "self-consistency"}
+
+
+def test_bench_stages_counts_each_run_directory_once_and_reads_corps_timings(swept):
+    """benchmarks/bench_stages.py: a method's wall is the sum over its run directories (cells that
+    share one, an iterative run across budgets, count it once, at the largest wall), and CoRP's
+    report times its Gram matrix, merged directions and save, so they are not lumped into `other`."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_stages", Path(__file__).parents[1] / "benchmarks" / "bench_stages.py"
+    )
+    stages = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stages)
+    cells = swept["root"] / "results" / "tiny" / "cells"
+    records = [json.loads(p.read_text()) for p in sorted(cells.glob("*.json"))]
+    corp = [r for r in records if r["label"] == "corp-stage1" and r["status"] == "done"]
+    assert corp
+    seconds = json.loads((Path(corp[0]["run_dir"]) / "report.json").read_text())["corp"]["seconds"]
+    assert {"population", "gram", "merge", "step_search", "gate", "save", "test"} <= set(seconds), seconds
+
+    def row(lines, label):
+        (line,) = [x for x in lines if f"| {label} |" in x]
+        return [c.strip() for c in line.strip("|").split("|")]
+
+    lines = stages.stage_table(records, Path("."))
+    es = [r for r in records if r["label"] == "es" and r["status"] == "done"]
+    es_dirs = {r["run_dir"] for r in es}
+    assert len(es) > len(es_dirs)  # the planted case: budgets share an ES run directory
+    by_dir = {d: max(float(r["wall_seconds"]) for r in es if r["run_dir"] == d) for d in es_dirs}
+    assert float(row(lines, "es")[3]) == pytest.approx(sum(by_dir.values()), abs=1)
+    measured = stages.run_dir_stages(Path(corp[0]["run_dir"]))
+    assert measured["noise math"] == pytest.approx(seconds["gram"] + seconds["merge"], abs=2e-3)
+    assert measured["save"] == pytest.approx(seconds["save"], abs=1e-3)
+    assert measured["noise math"] > 0 and measured["save"] > 0

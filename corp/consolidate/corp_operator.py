@@ -44,6 +44,7 @@ shrinks on rejection; it stops after two accepts or two consecutive rejects (doc
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -196,6 +197,8 @@ class ConsolidationResult:
     perts: list[Direction] = field(default_factory=list, repr=False)
     gram: np.ndarray | None = field(default=None, repr=False)
     best_stage: Stage1 | None = field(default=None, repr=False)
+    # wall seconds of stage 1's parts (gram, merge, step_search, gate), for where the time went
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def mean_score(xs: Sequence[float]) -> float:
@@ -272,6 +275,10 @@ def reward_scale(rewards: Sequence[float]) -> np.ndarray:
     return np.zeros_like(r) if spread <= 0 else (r - r.min()) / spread
 
 
+def _add(seconds: dict[str, float], part: str, since: float) -> None:
+    seconds[part] = seconds.get(part, 0.0) + time.perf_counter() - since
+
+
 def merge_and_search(
     rewards: Sequence[float],
     perts: Sequence[Direction],
@@ -286,6 +293,7 @@ def merge_and_search(
     scheme: str = SCHEME_VERSION,
     perturber: Perturber | None = None,
     release: bool = True,
+    seconds: dict[str, float] | None = None,
 ) -> tuple[list[Stage1], dict[str, list[Candidate]], np.ndarray]:
     """Stage-1 weights for every (q, beta), the probe score of centre + alpha * m for every
     configured rule's m, and the Gram matrix of the perturbations that was used (exact where computed).
@@ -294,12 +302,17 @@ def merge_and_search(
     cfg.merge_memory_gb (one fp32 model copy each), each group in one pass over the elites' noise,
     and freed after their alphas. Low-rank projection (`project`) materialises m itself, so then
     nothing is kept. `release=False`: the last group stays built (the caller gates some of them
-    next and frees them with perturber.release_merged)."""
+    next and frees them with perturber.release_merged). `seconds`: adds the wall seconds of the Gram
+    matrix (`gram`), of building merged directions (`merge`) and of the step search's scoring
+    (`step_search`, generation included)."""
+    timed = seconds if seconds is not None else {}
     r = reward_scale(rewards)
     widest = sorted(set().union(*(elite_set(r, q) for q in cfg.quantiles)))
+    t0 = time.perf_counter()
     Gp_exact, Gp_approx = perturbation_grams(
         perts, params, widest if cfg.compat == "exact" else None, cfg.gram_memory_gb, progress, gram_cache, scheme
     )
+    _add(timed, "gram", t0)
     stages = [stage1(r, q, b, Gp_exact, Gp_approx, cfg.merge_rules) for q in cfg.quantiles for b in cfg.betas]
     cands: dict[str, list[Candidate]] = {rule: [] for rule in cfg.merge_rules}
     bar = tqdm(
@@ -323,11 +336,15 @@ def merge_and_search(
         else max(1, len(todo))
     )
     for g in range(0, len(todo), group):
+        t0 = time.perf_counter()
         keep_together(keep, [st.direction(perts, rule) for st, rule in todo[g : g + group]])
+        _add(timed, "merge", t0)
+        t0 = time.perf_counter()
         for st, rule in todo[g : g + group]:
             cands[rule] += search_step(
                 st, perts, cfg.alphas, counted, probe, rule, centre, project, getattr(score, "prepare", None)
             )
+        _add(timed, "step_search", t0)
         if keep is not None and (release or g + group < len(todo)):
             keep.release_merged()
     bar.close()
@@ -360,8 +377,22 @@ def consolidate_stage1(
     probe and the gate judge what is deployed.
     """
     perts = [Direction.single(s, sg) for s, sg in zip(seeds, sigmas)]
+    seconds: dict[str, float] = {}
     stages, cands, Gp = merge_and_search(
-        rewards, perts, params, score, cfg, probe, None, progress, project, gram_cache, scheme, perturber, release=False
+        rewards,
+        perts,
+        params,
+        score,
+        cfg,
+        probe,
+        None,
+        progress,
+        project,
+        gram_cache,
+        scheme,
+        perturber,
+        release=False,
+        seconds=seconds,
     )
     bests = {rule: max(cs, key=lambda c: c.probe_score) for rule, cs in cands.items()}  # max keeps the first among ties
     deployed = cfg.merge_rules[0]
@@ -372,9 +403,11 @@ def consolidate_stage1(
         perturber.release_merged(keep=wanted if fits else ())
         if fits:
             keep_together(perturber, [b.direction for b in bests.values()])  # builds only those not kept
+    t0 = time.perf_counter()
     gates = {rule: gate_on(score, b.direction, None, validation, cfg.gate_z) for rule, b in bests.items()}
     if perturber is not None:
         perturber.release_merged()
+    _add(seconds, "gate", t0)
     gate = gates[deployed]
     table = [{"candidate": "base", "probe_score": mean_score(score(None, probe)), "pass": "base"}]
     for rule in reversed(cfg.merge_rules):  # pass 1 rows first, as the report always listed them
@@ -394,4 +427,5 @@ def consolidate_stage1(
         perts=list(perts),
         gram=Gp,
         best_stage=next(st for st in stages if st.q == best.params["q"] and st.beta == best.params["beta"]),
+        seconds=seconds,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import time
 from collections.abc import Sequence
 
 from corp.consolidate.algebra import elite_set
@@ -200,7 +201,9 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     progress = os.environ.get("CORP_NO_PROGRESS") != "1"
     rank_dir = str(cfg.rank_from or cfg.from_run or ctx.run_dir) if cfg.low_rank == "auto" else None
     analysed = read_analysis(rank_dir) if rank_dir else None  # before scoring: no analysis is a quick error
+    t0 = time.perf_counter()
     ranked = ensure_population(ctx, keep=_race_keep(cfg), need=lambda rows: _used_rows(cfg, rows))
+    seconds = {"population": time.perf_counter() - t0}  # where the time went (benchmarks/bench_stages.py)
     # order does not matter to CoRP up to float rounding; fix it as it always was (by "<seed>:<sigma>"), so results
     # reproduce
     population = sorted(ranked, key=lambda r: f"{int(r['seed'])}:{float(r['sigma'])!r}:support")
@@ -230,7 +233,9 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
         scheme=scheme,
         perturber=dense,
     )
+    seconds.update(result.seconds)
     if cfg.rounds > 0:
+        t0 = time.perf_counter()
         result = consolidate_stage2(
             result,
             params,
@@ -242,8 +247,10 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
             scheme=scheme,
             perturber=dense,
         )
+        seconds["stage2"] = time.perf_counter() - t0
 
     # the deployed model: recipe + weights
+    t0 = time.perf_counter()
     pf = ParamFilter(cfg.include, cfg.exclude)
     model_id = ctx.model_id
     made_by = {
@@ -273,6 +280,7 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
     )  # what apply must rebuild
     write_recipe(ctx.run_dir / "recipe.json", recipe)
     save_model(ctx.backend.model, ctx.backend.tokenizer, ctx.run_dir / "model")
+    seconds["save"] = time.perf_counter() - t0
     low_rank_report: dict = {"mode": cfg.low_rank}
     if projector is not None:
         low_rank_report.update(rank_from=rank_dir, **projector.summary(ctx.backend.perturber.n_selected))
@@ -296,9 +304,11 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
         low_rank_report["exact_lora"] = _export_exact_lora(cfg, ctx, result.direction, params, scheme)
 
     # test split: base, RandOpt top-1 / K-vote, CoRP, each with per-example outcomes and paired comparisons
+    t0 = time.perf_counter()
     results, _ = randopt_results(ctx, ranked, cfg.top_k, evals)
     corp_row = scorer.row(result.direction, "test")
     scorer.release()
+    seconds["test"] = time.perf_counter() - t0
     corp_ledger = ctx.ledger().add_generation(corp_row["prompt_tokens"], corp_row["generated_tokens"])
     label = "corp" if result.accepted else "corp (abstained=base)"
     labelled = sum(len(ctx.splits[s]) for s in ("support", "probe", "validation"))
@@ -343,6 +353,7 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
             "compat": cfg.compat,
             "low_rank": low_rank_report,
             "consolidation_ledger": consolidation_cost,
+            "seconds": {k: round(v, 3) for k, v in seconds.items()},
         },
     )
     g = result.gate
