@@ -228,7 +228,7 @@ def bench_cmd(
     typer.echo(
         f"{summary['cells']} cells ({summary['reused']} reused from earlier runs, {summary['not_run']} not run); wrote "
         f"{summary['results_dir']}/results.csv, table.md, {len(summary['plots'])} plots"
-        + (f"; missing (not built): {', '.join(summary['missing'])}" if summary["missing"] else "")
+        + (f"; missing (not run): {', '.join(summary['missing'])}" if summary["missing"] else "")
     )
     if report_to != "none":
         from pathlib import Path

@@ -268,7 +268,7 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
         ]
     if missing:
         lines += (
-            ["## Missing methods (not built, so not run)", ""]
+            ["## Missing methods (not run, with the reason)", ""]
             + [f"- {m['method']}: {m['reason']}" for m in missing]
             + [""]
         )

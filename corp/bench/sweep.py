@@ -155,7 +155,7 @@ def common_options(cfg: BenchConfig, task: str, seed: int) -> dict:
 
 
 def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
-    """Every cell of the sweep in run order, and the methods listed as missing (not built). Under
+    """Every cell of the sweep in run order, and the methods listed as missing (not built, or skipped with a reason). Under
     `hyperparameters: search` a task's trial cells (setting "tune") come before its other cells,
     whose searched options are filled in from them when they run (`Bench.resolve`)."""
     cells: list[Cell] = []
