@@ -1284,3 +1284,53 @@ def test_bench_stages_counts_each_run_directory_once_and_reads_corps_timings(swe
     assert measured["noise math"] == pytest.approx(seconds["gram"] + seconds["merge"], abs=2e-3)
     assert measured["save"] == pytest.approx(seconds["save"], abs=1e-3)
     assert measured["noise math"] > 0 and measured["save"] > 0
+
+
+def test_a_population_cells_first_try_is_sized_by_the_own_evaluations_last_measured(tmp_path, monkeypatch):
+    """CoRP's own evaluations (step search, gates) come on top of its prefix; every try at a prefix is
+    a whole consolidate. The first cell of a variant starts from the prefix scoring alone affords and
+    steps down; the next cell (here: another seed) starts from the prefix that fits beside the own
+    FLOPs just measured, so it runs once, and a process started afresh reads them from the record."""
+    from corp.bench.sweep import BENCH_PROTOCOL, Bench, Cell
+    from corp.methods import get_method
+
+    cfg = load_config(
+        BenchConfig,
+        None,
+        {"methods": {"consolidate": None}, "results_dir": str(tmp_path), "work_dir": str(tmp_path / "w")},
+    )
+    paths = len(get_method("consolidate").bench_adapter.flops)
+    pop = {"run_dir": "pop", "scales": [1e-3], "costs": [1.0] * 40, "seconds": [0.0] * 40, "wall": 0.0}
+    ran = []
+
+    def invoke(method, opts):
+        ran.append(opts["population"])
+        return {"flops": opts["population"] + 5.0}, 0.0  # own evaluations: 5 FLOPs whatever the prefix
+
+    def bench_with_fakes():
+        bench = Bench(cfg)
+        monkeypatch.setattr(bench, "population", lambda cell: pop)
+        monkeypatch.setattr(bench, "_invoke", invoke)
+        monkeypatch.setattr(bench, "_record", lambda cell, report, run_dir, wall, units, chosen: {"units": units})
+        return bench
+
+    monkeypatch.setattr("corp.bench.sweep.get_path", lambda report, path: report["flops"] / paths)
+    bench = bench_with_fakes()
+    first = bench._population_cell(Cell("arith", "paper", 0, "consolidate", "corp-stage1", 12.0, {}))
+    assert ran == [12, 7] and first["units"] == 7 and first["own_flops"] == 5.0 and first["own_estimate"] is None
+    ran.clear()
+    second = bench._population_cell(Cell("arith", "paper", 1, "consolidate", "corp-stage1", 20.0, {}))
+    assert ran == [15] and second["units"] == 15 and second["own_estimate"] == 5.0
+    # a fresh process: the estimate comes from a finished record of the same task, variant and setting
+    record = {
+        "task": "arith",
+        "label": "corp-stage1",
+        "setting": "paper",
+        "own_flops": 5.0,
+        "bench_protocol": BENCH_PROTOCOL,
+    }
+    (Bench(cfg).out / "cells").mkdir(parents=True, exist_ok=True)
+    (Bench(cfg).out / "cells" / "arith__x.json").write_text(json.dumps(record))
+    ran.clear()
+    bench_with_fakes()._population_cell(Cell("arith", "paper", 2, "consolidate", "corp-stage1", 12.0, {}))
+    assert ran == [7]

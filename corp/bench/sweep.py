@@ -451,6 +451,7 @@ class Bench:
         self.out = results_path(cfg)
         self.work = Path(cfg.work_dir) / cfg.name
         self.populations: dict[str, dict] = {}
+        self.own: dict[tuple, float] = {}  # the latest own-evaluation FLOPs per (task, variant, setting)
         self.calls = 0  # method invocations this process made (tests: a resumed bench makes none)
 
     def record_path(self, cell: Cell) -> Path:
@@ -567,15 +568,34 @@ class Bench:
             "wall": pop["wall"],
         }
 
+    def own_estimate(self, cell: Cell) -> float | None:
+        """The method's own-evaluation FLOPs last measured for this task, variant and setting (in
+        this process, else from a finished record's `own_flops`); None when none was measured."""
+        key = (cell.task, cell.label, cell.setting)
+        if key not in self.own:
+            cells_dir = self.out / "cells"
+            for path in sorted(cells_dir.glob("*.json")) if cells_dir.is_dir() else []:
+                rec = read_json(path)
+                if (rec.get("task"), rec.get("label"), rec.get("setting")) == key and "own_flops" in rec:
+                    if rec.get("bench_protocol") == BENCH_PROTOCOL:
+                        self.own[key] = float(rec["own_flops"])
+        return self.own.get(key)
+
     def _population_cell(self, cell: Cell) -> dict:
         """The largest prefix n whose scoring FLOPs plus the method's own evaluations on it (CoRP's
-        probe, step search and gates) fit the budget: start from the prefix that scoring alone
-        affords, and while prefix + own evaluations exceed the budget, take the prefix that fits
-        beside the own evaluations just measured (at most 4 tries). A method with no own
-        evaluations takes the first try. Nothing over the budget is recorded."""
+        probe, step search and gates) fit the budget: start from the prefix that fits beside the
+        own evaluations last measured for this task, variant and setting (`own_estimate`; the
+        prefix that scoring alone affords when none was), and while prefix + own evaluations exceed
+        the budget, take the prefix that fits beside the own evaluations just measured (at most 4
+        tries). A method with no own evaluations takes the first try. Nothing over the budget is
+        recorded. Every try is a whole run of the method, so the estimate saves the tries that a
+        start from scoring alone wastes (CoRP's own evaluations are most of a small budget)."""
         adapter = cell.adapter
         pop = self.population(cell)
         n = prefix_that_fits(pop["costs"], cell.budget)
+        guess = self.own_estimate(cell)
+        if guess:
+            n = min(n, max(_min_units(cell), prefix_that_fits(pop["costs"], cell.budget - guess)))
         if n < _min_units(cell):
             return self._empty(cell, f"budget buys {n} specialist(s); {cell.label} needs at least {_min_units(cell)}")
         if cell.opts.get("race", "off") != "off":
@@ -590,9 +610,10 @@ class Bench:
             wall += dt
             flops = sum(get_path(report, p) for p in adapter.flops)
             tried.append({"units": n, "flops": flops})
+            own = flops - sum(pop["costs"][:n])  # the method's own evaluations at this prefix
+            self.own[(cell.task, cell.label, cell.setting)] = own
             if flops <= cell.budget:
                 break
-            own = flops - sum(pop["costs"][:n])  # the method's own evaluations at this prefix
             smaller = min(n - 1, prefix_that_fits(pop["costs"], cell.budget - own))
             if smaller < _min_units(cell) or len(tried) >= 4:
                 return self._empty(
@@ -609,6 +630,8 @@ class Bench:
         rec["population_sigmas"] = pop["scales"]
         rec["population_seconds"] = sum(pop["seconds"][:n])
         rec["tried"] = tried
+        rec["own_flops"] = own
+        rec["own_estimate"] = guess  # what the first try was sized with (None: scoring alone)
         rec["budget_reached"] = n < len(pop["costs"]) or sum(pop["costs"]) >= cell.budget
         return rec
 
