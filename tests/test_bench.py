@@ -265,6 +265,10 @@ def test_readme_section_cites_intervals(swept):
 
     text = readme_section(swept["cfg"])
     assert text.startswith("## Results") and "corp bench --config tiny.yaml" in text and "accuracy_vs_flops" in text
+    # the front door gets the headline and the sentences; the per-task tables and protocol stay in table.md
+    assert "### Headline: best single model per method" in text and "/table.md)" in text
+    assert "Compute and data were matched like this" not in text and "\n## add, paper" not in text
+    assert text.count("![") == 1
     for line in text.splitlines():
         if " beats " in line:
             assert "95% CI" in line and "FLOPs" in line, line
