@@ -144,8 +144,12 @@ def estimate(path: str, corp_passes: float) -> dict:
                     + (f"; size unknown, charged as SmolLM2: {', '.join(unknown)}" if unknown else "")
                 )
             if c.method == "es" and c.budget == top and c.setting != "tune":
-                it = float(c.opts.get("population", 8)) * spec_cost
-                regime[f"es ({c.setting}, {n_sup} support)"] = f"about {int(top // it)} iterations at the top budget"
+                k = int(c.opts.get("prompts_per_iteration") or 0)
+                per_it = min(k, n_sup) if k else n_sup  # --prompts-per-iteration: a draw of K support examples
+                it = float(c.opts.get("population", 8)) * per_ex * per_it
+                regime[f"es ({c.setting}, {n_sup} support, {per_it} per iteration)"] = (
+                    f"about {int(top // it)} iterations at the top budget"
+                )
     for (task, *_), n in pops.items():
         secs[(cfg.label(task), "population")] += n * pop_cost[(task, *_)] / RATES["support"]
     trials: dict[str, list] = {}  # the searched values each trial runs with (the search's fixed draw)

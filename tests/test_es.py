@@ -118,7 +118,32 @@ def test_es_resume_gives_identical_weights(tmp_path):
     )
 
 
+def test_prompts_per_iteration_scores_every_member_on_one_fresh_draw(tmp_path):
+    """--prompts-per-iteration K: each iteration's members (and the centre) are scored on the same K
+    support examples, drawn afresh per iteration; the ledger charges only those; 0 or K >= the
+    split's size is the whole split, with the run's definition unchanged."""
+    from corp.runs import read_jsonl
+
+    report = run_es(tiny_es_cfg(tmp_path / "k2", prompts_per_iteration=2, iterations=3), fresh_backend())
+    rows = [r for r in read_jsonl(tmp_path / "k2" / "population.jsonl") if r.get("kind") == "es-specialist"]
+    by_iter: dict[int, set] = {}
+    for r in rows:
+        by_iter.setdefault(r["iteration"], set()).add(tuple(r["example_ids"]))
+    assert sorted(by_iter) == [0, 1, 2] and all(len(ids) == 1 for ids in by_iter.values()), by_iter
+    draws = [next(iter(ids)) for _, ids in sorted(by_iter.items())]
+    assert all(len(d) == 2 for d in draws) and len(set(draws)) > 1, draws  # planted: the draws differ
+    whole = run_es(tiny_es_cfg(tmp_path / "all", iterations=3), fresh_backend())
+    assert report["training_ledger"]["flops"] < whole["training_ledger"]["flops"] / 2
+    assert '"prompts_per_iteration": 2' in (tmp_path / "k2" / "population_meta.json").read_text()
+    assert "prompts_per_iteration" not in (tmp_path / "all" / "population_meta.json").read_text()
+    run_es(tiny_es_cfg(tmp_path / "k6", prompts_per_iteration=6, iterations=1), fresh_backend())
+    k6 = [r for r in read_jsonl(tmp_path / "k6" / "population.jsonl") if r.get("kind") == "es-specialist"]
+    assert k6 and all(r["n_examples"] == 6 and "example_ids" not in r for r in k6)
+
+
 def test_bad_es_options(tmp_path):
+    with pytest.raises(CorpError, match="--prompts-per-iteration must be >= 0"):
+        tiny_es_cfg(tmp_path, prompts_per_iteration=-1)
     with pytest.raises(CorpError, match="--antithetic"):
         tiny_es_cfg(tmp_path, population=5, antithetic=True)
     with pytest.raises(CorpError, match="--fitness"):

@@ -22,6 +22,11 @@ Where we depart from the paper, and why:
   of iterations; the paper's scale is a matter of flags.
 - The centre's own support reward is scored every iteration (`--skip-centre-eval` turns it off) for
   the metrics; it costs one more evaluation per iteration, counted in the ledger.
+- By default every member is scored on the whole support split. `--prompts-per-iteration K` scores
+  each iteration's members (and the centre) on K support examples drawn afresh per iteration, the
+  same K for every member, as the paper's trainer draws a batch of prompts per iteration: with a
+  large support split (the bench's equal-data setting, 144 examples) ES otherwise gets only a few
+  iterations for its FLOPs.
 - Noise (`--noise`): full-rank Gaussian eps (the paper's, the default) or low-rank (`--noise lowrank:r=R`,
   corp.perturb.lowrank_noise, EGGROLL's E = A B^T / sqrt(R) per weight matrix, none on 1-D
   parameters): member i's noise is E_i, the update (alpha / N) sum_i f_i E_i has rank at most N R per
@@ -79,6 +84,9 @@ class ESConfig(RunConfig):
     """Fitness shaping: zscore (paper) or rank (centred ranks in [-0.5, 0.5])."""
     skip_centre_eval: bool = False
     """Do not score the centre on the support split after every iteration (it is for the metrics only)."""
+    prompts_per_iteration: int = 0
+    """Support examples each iteration's members are scored on: 0 = the whole support split; K = K of them
+    drawn without replacement per iteration from (seed, iteration), the same K for every member."""
     include: str = ".*"
     """Regex of parameter names to perturb."""
     exclude: str = ""
@@ -100,6 +108,10 @@ class ESConfig(RunConfig):
             raise CorpError(f"--population must be even with --antithetic, got {self.population}")
         if not self.sigma > 0 or not self.alpha > 0:
             raise CorpError(f"--sigma and --alpha must be > 0, got sigma={self.sigma}, alpha={self.alpha}")
+        if self.prompts_per_iteration < 0:
+            raise CorpError(
+                f"--prompts-per-iteration must be >= 0 (0: the whole support split), got {self.prompts_per_iteration}"
+            )
         if self.fitness not in ("zscore", "rank"):
             raise CorpError(f"--fitness '{self.fitness}' is unknown; choose zscore or rank")
         return self
@@ -115,6 +127,16 @@ def specialists(cfg: ESConfig, iteration: int) -> list[tuple[int, int]]:
     if cfg.antithetic:
         return [(s, sign) for s in iteration_seeds(cfg.seed, iteration, cfg.population // 2) for sign in (1, -1)]
     return [(s, 1) for s in iteration_seeds(cfg.seed, iteration, cfg.population)]
+
+
+def iteration_batch(cfg: ESConfig, support: list, iteration: int) -> list | None:
+    """The support examples iteration t's members are scored on (in support order), or None for the
+    whole split (--prompts-per-iteration 0, or at least the split's size)."""
+    k = cfg.prompts_per_iteration
+    if not k or k >= len(support):
+        return None
+    rng = np.random.default_rng(derive_seeds("corp-es-batch", cfg.seed, iteration, n=1)[0])
+    return [support[i] for i in sorted(rng.choice(len(support), size=k, replace=False))]
 
 
 def fitness(rewards: np.ndarray, kind: str) -> np.ndarray:
@@ -171,6 +193,8 @@ def es_definition(cfg: ESConfig, task, splits, max_new_tokens: int) -> dict:
         population=cfg.population,
         antithetic=cfg.antithetic,
         fitness=cfg.fitness,
+        # only when set, so the runs made before the option keep their definition
+        **({"prompts_per_iteration": cfg.prompts_per_iteration} if cfg.prompts_per_iteration else {}),
     )
 
 
@@ -228,6 +252,8 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
         for t in range(done_iters, cfg.iterations):
             t0 = time.perf_counter()
             specs = specialists(cfg, t)
+            batch = iteration_batch(cfg, ctx.splits["support"], t)  # None: the whole support split
+            drawn = {"example_ids": [e.id for e in batch]} if batch is not None else {}  # which ones, in the row
             centre_fp = direction_fingerprint(Direction(components))
             rewards, rows = [], []
             for seed, sign in specs:
@@ -239,7 +265,9 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
                     "support",
                     Direction.single(seed, cfg.sigma, float(sign)),
                     what=what,
+                    examples=batch,
                     kind="es-specialist",
+                    **drawn,
                     seed=seed,
                     sigma=cfg.sigma,
                     iteration=t,
@@ -269,7 +297,9 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
                     "support",
                     what=f"es-centre|{direction_fingerprint(Direction(components))}",
                     current=True,
+                    examples=batch,
                     kind="es-centre",
+                    **drawn,
                     iteration=t + 1,
                 )
                 row["centre_reward"] = c["reward"]
