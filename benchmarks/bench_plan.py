@@ -7,7 +7,10 @@ It plans the config's cells with corp's own planner (corp.bench.sweep.plan) and 
   - the shared population of a (task, setting, seed, noise scheme): the prefix the largest budget
     buys (the bench scores no more), on that setting's support split; a sigma trial (from_sigmas)
     of s of the bench's S scales needs S/s times as many scored (at most population x S); a final
-    cell reads a population of its chosen scales only, so it costs the prefix it takes;
+    cell reads a population of its chosen scales only, so it costs the prefix it takes (the choice
+    is unknown before the trials run: a final that chose a subset scores a population of its own,
+    which this estimate charges as the shared one; trials are charged their own populations, which
+    the bench shares with the first seed's paper-setting cells, so the two errors partly cancel);
   - a fixed cell: its test passes (self-consistency: max K sampled passes; the greedy base once per task);
   - a population cell: its method's own evaluations (CoRP: `--corp-passes` passes over probe +
     validation, measured 4.8 on the CPU bench with the pass-1 search, about 40% of it, now not run)

@@ -12,7 +12,8 @@ each method's wall time into:
   save         CoRP materialising and saving the consolidated model and its recipe (corp.seconds `save`);
   other        the rest of the cell's wall: model loading and hashing, CoRP's arithmetic where its
                report has no timings (runs made before they were recorded), reports.
-Every run directory counts once: the cells that share one (an iterative run continued across
+Every run directory counts once, a population cell's tries over the budget included (each ran the
+method in a run directory of its own, listed in the record's `tried`): the cells that share one (an iterative run continued across
 budgets, a fixed cell serving both data settings) contribute the largest wall any of them
 recorded (an iterative record's wall is cumulative). Trials (setting `tune`) and final cells are
 summed per method, with their counts. The shared population of each seed (scored once by `corp
@@ -65,6 +66,7 @@ def run_dir_stages(run_dir: Path) -> dict:
 def stage_table(records: list[dict], root: Path) -> list[str]:
     """The markdown table's lines for these cell records (run directories relative to `root`)."""
     walls: dict[tuple, dict[str, float]] = defaultdict(dict)  # (task, method) -> {run_dir: wall}
+    stage_dirs: dict[tuple, set] = defaultdict(set)  # every run directory the walls paid for
     counts: dict[tuple, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     populations: dict[str, set] = defaultdict(set)
     for rec in records:
@@ -74,6 +76,8 @@ def stage_table(records: list[dict], root: Path) -> list[str]:
         counts[key]["trials" if rec["setting"] == "tune" else "final"] += 1
         d = rec["run_dir"]
         walls[key][d] = max(walls[key].get(d, 0.0), float(rec["wall_seconds"]))
+        # a population cell's wall includes its tries over the budget, each a run directory of its own
+        stage_dirs[key] |= {d} | {t["run_dir"] for t in rec.get("tried") or [] if t.get("run_dir")}
         if rec.get("population_run"):
             populations[key[0]].add(rec["population_run"])
     lines = [
@@ -87,7 +91,7 @@ def stage_table(records: list[dict], root: Path) -> list[str]:
 
     for key in sorted(walls):
         st = defaultdict(float)
-        for d in walls[key]:
+        for d in stage_dirs[key]:
             for k, v in run_dir_stages(root / d).items():
                 st[k] += v
         wall = sum(walls[key].values())

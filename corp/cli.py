@@ -223,7 +223,7 @@ def bench_cmd(
         typer.echo(_run(section, cfg), nl=False)
         return
     command = "corp bench --config " + config + (f" --threads {threads}" if threads else "")
-    only = [m.strip() for m in methods.split(",") if m.strip()] if methods else None
+    only = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
     summary = _run(run_bench, cfg, command, True, not report_only, task, only)
     typer.echo(
         f"{summary['cells']} cells ({summary['reused']} reused from earlier runs, {summary['not_run']} not run); wrote "

@@ -244,6 +244,9 @@ def append_jsonl(path: str | Path, row: dict) -> None:
     """
     text = (json.dumps(_jsonable(row)) + "\n").encode()
     with open(path, "ab+") as fh:
+        # two processes may append to one log (`corp bench --methods` splits a task's cells, which share
+        # the task's evaluation cache): one appender at a time, so none reads another's row in flight as torn
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)  # released when the file closes
         size = fh.seek(0, os.SEEK_END)
         if size > 0:
             fh.seek(-1, os.SEEK_END)

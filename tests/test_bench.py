@@ -1245,6 +1245,12 @@ def test_methods_filter_runs_only_the_named_methods_cells(tiny_dir, tmp_path):
 
     with pytest.raises(CorpError, match=r"--methods corp-r9: not a method of tiny; its methods \(variant labels\)"):
         run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), only_methods=["corp-r9"])
+    with pytest.raises(
+        CorpError, match=r"--methods es: tiny does not run it \(not run in this bench: not in this test\)"
+    ):
+        run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), only_methods=["es"])
+    with pytest.raises(CorpError, match="--methods names no method"):
+        run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), only_methods=[])
     assert not (tmp_path / "results" / "tiny" / "cells").exists()
     summary = run_bench(
         load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), only_methods=["randopt"]
@@ -1290,11 +1296,13 @@ def test_bench_stages_counts_each_run_directory_once_and_reads_corps_timings(swe
     assert measured["noise math"] > 0 and measured["save"] > 0
 
 
-def test_a_population_cells_first_try_is_sized_by_the_own_evaluations_last_measured(tmp_path, monkeypatch):
-    """CoRP's own evaluations (step search, gates) come on top of its prefix; every try at a prefix is
-    a whole consolidate. The first cell of a variant starts from the prefix scoring alone affords and
-    steps down; the next cell (here: another seed) starts from the prefix that fits beside the own
-    FLOPs just measured, so it runs once, and a process started afresh reads them from the record."""
+def test_a_population_cells_first_try_is_sized_by_its_predecessors_own_evaluations(tmp_path, monkeypatch):
+    """CoRP's own evaluations (step search, gates) come on top of its prefix, and every try at a
+    prefix is a whole consolidate. The first cell of a chain (task, variant, setting, budget) starts
+    from the prefix scoring alone affords and steps down; the next (another seed) starts from the
+    prefix that fits beside the own FLOPs in its predecessor's record, so it runs once; a first try
+    sized by an overestimate steps up again; and a fresh process sizes it the same way (the figure
+    is read from the record, never from what this process happened to run last)."""
     from corp.bench.sweep import BENCH_PROTOCOL, Bench, Cell
     from corp.methods import get_method
 
@@ -1304,7 +1312,8 @@ def test_a_population_cells_first_try_is_sized_by_the_own_evaluations_last_measu
         {"methods": {"consolidate": None}, "results_dir": str(tmp_path), "work_dir": str(tmp_path / "w")},
     )
     paths = len(get_method("consolidate").bench_adapter.flops)
-    pop = {"run_dir": "pop", "scales": [1e-3], "costs": [1.0] * 40, "seconds": [0.0] * 40, "wall": 0.0}
+    pop = {"run_dir": "w/pop", "scales": [1e-3], "costs": [1.0] * 40, "seconds": [0.0] * 40, "wall": 0.0}
+    cells = [Cell("arith", "paper", seed, "consolidate", "corp-stage1", 12.0, {}) for seed in range(3)]
     ran = []
 
     def invoke(method, opts):
@@ -1313,28 +1322,74 @@ def test_a_population_cells_first_try_is_sized_by_the_own_evaluations_last_measu
 
     def bench_with_fakes():
         bench = Bench(cfg)
+        bench.cells = cells
         monkeypatch.setattr(bench, "population", lambda cell: pop)
         monkeypatch.setattr(bench, "_invoke", invoke)
-        monkeypatch.setattr(bench, "_record", lambda cell, report, run_dir, wall, units, chosen: {"units": units})
+        monkeypatch.setattr(
+            bench,
+            "_record",
+            lambda cell, report, run_dir, wall, units, chosen: {
+                "units": units,
+                "status": "done",
+                "bench_protocol": BENCH_PROTOCOL,
+            },
+        )
         return bench
 
     monkeypatch.setattr("corp.bench.sweep.get_path", lambda report, path: report["flops"] / paths)
     bench = bench_with_fakes()
-    first = bench._population_cell(Cell("arith", "paper", 0, "consolidate", "corp-stage1", 12.0, {}))
+    first = bench.run_cell(cells[0])
     assert ran == [12, 7] and first["units"] == 7 and first["own_flops"] == 5.0 and first["own_estimate"] is None
     ran.clear()
-    second = bench._population_cell(Cell("arith", "paper", 1, "consolidate", "corp-stage1", 20.0, {}))
-    assert ran == [15] and second["units"] == 15 and second["own_estimate"] == 5.0
-    # a fresh process: the estimate comes from a finished record of the same task, variant and setting
-    record = {
+    second = bench.run_cell(cells[1])
+    assert ran == [7] and second["units"] == 7 and second["own_estimate"] == 5.0
+    # an overestimate in the predecessor's record: the first try fits with room to spare and steps up
+    rec = json.loads(bench.record_path(cells[1]).read_text())
+    bench.record_path(cells[1]).write_text(json.dumps({**rec, "own_flops": 8.0}))
+    ran.clear()
+    third = bench_with_fakes().run_cell(cells[2])
+    assert ran == [4, 7] and third["units"] == 7 and third["own_flops"] == 5.0
+    # a fresh process recomputing seed 1 sizes it as the uninterrupted run did (from seed 0's record)
+    bench.record_path(cells[1]).unlink()
+    ran.clear()
+    assert bench_with_fakes().run_cell(cells[1])["units"] == 7 and ran == [7]
+
+
+def test_es_unit_evals_count_only_the_drawn_examples():
+    """ES's lower bound on a run's cost (preflight's "too small for every method") charges
+    prompts_per_iteration of the support split per evaluation, not the whole split."""
+    from corp.bench.adapters import ES
+
+    base = {"population": 4, "skip_centre_eval": True, "n_support": 144}
+    assert ES.unit_evals(base) == 4.0
+    assert ES.unit_evals({**base, "prompts_per_iteration": 16}) == pytest.approx(4 * 16 / 144)
+    assert ES.unit_evals({**base, "prompts_per_iteration": 500}) == 4.0
+
+
+def test_bench_stages_reads_every_try_of_a_population_cell(tmp_path):
+    """A population cell's wall pays for its tries over the budget (each a run directory of its own,
+    listed in `tried`): their generation counts, not 'other'."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "bench_stages", Path(__file__).parents[1] / "benchmarks" / "bench_stages.py"
+    )
+    stages = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(stages)
+    for name in ("over", "fit"):
+        (tmp_path / name).mkdir()
+        row = {"key": name, "kind": "direction", "seconds": 10.0, "apply_seconds": 0.0}
+        (tmp_path / name / "evals.jsonl").write_text(json.dumps(row) + "\n")
+    rec = {
+        "status": "done",
         "task": "arith",
+        "task_label": "arith",
         "label": "corp-stage1",
         "setting": "paper",
-        "own_flops": 5.0,
-        "bench_protocol": BENCH_PROTOCOL,
+        "wall_seconds": 40.0,
+        "run_dir": "fit",
+        "tried": [{"units": 9, "run_dir": "over"}, {"units": 7, "run_dir": "fit"}],
     }
-    (Bench(cfg).out / "cells").mkdir(parents=True, exist_ok=True)
-    (Bench(cfg).out / "cells" / "arith__x.json").write_text(json.dumps(record))
-    ran.clear()
-    bench_with_fakes()._population_cell(Cell("arith", "paper", 2, "consolidate", "corp-stage1", 12.0, {}))
-    assert ran == [7]
+    (line,) = [x for x in stages.stage_table([rec], tmp_path) if "| corp-stage1 |" in x]
+    cols = [c.strip() for c in line.strip("|").split("|")]
+    assert cols[3] == "40" and cols[4] == "50%", cols  # 20 s of generation in 40 s: both tries read

@@ -97,3 +97,34 @@ def test_failed_run_is_removed_only_if_created_now_and_empty_of_results(tmp_path
     write_json(users / "splits.json", {})
     assert finish_run_dir(users, False, RuntimeError("x")) == "failed" and (users / "splits.json").exists()
     assert finish_run_dir(users, False, None) == "complete" and not (users / FAILED_FILE).exists()
+
+
+def _append_many(path, who: str, n: int, go) -> None:
+    from corp.runs import append_jsonl
+
+    go.wait()  # every appender starts at once
+    for i in range(n):
+        append_jsonl(path, {"key": f"{who}-{i}", "pad": "x" * 200_000})
+
+
+def test_appenders_in_several_processes_lose_no_row(tmp_path):
+    """Two bench processes split by `--methods` append to one task's evaluation cache. Rows large
+    enough to take several writes (200 kB) let an appender see another's row in flight as a torn
+    tail and cut it: every row must survive, each exactly once (without the lock in append_jsonl,
+    most runs of this test lose rows)."""
+    import multiprocessing as mp
+
+    from corp.runs import read_jsonl
+
+    path = tmp_path / "shared.jsonl"
+    ctx = mp.get_context("spawn")
+    go = ctx.Event()
+    procs = [ctx.Process(target=_append_many, args=(path, who, 150, go)) for who in "abcd"]
+    for p in procs:
+        p.start()
+    go.set()
+    for p in procs:
+        p.join(timeout=240)
+        assert p.exitcode == 0
+    rows = read_jsonl(path, key="key", repair=False)
+    assert sorted(r["key"] for r in rows) == sorted(f"{w}-{i}" for w in "abcd" for i in range(150))

@@ -114,7 +114,16 @@ CORP = BenchAdapter(
     clip=("top_k",),
     defaults={"top_k": [1], "merge_rules": ["pass2"]},
 )
-# one ES iteration scores `population` specialists and (unless skipped) the centre
+
+
+def _es_support_share(o) -> float:
+    """The share of a support pass one ES evaluation costs: prompts_per_iteration of n_support (0: all)."""
+    k, n = int(_opt(o, ESConfig, "prompts_per_iteration")), max(1, int(_opt(o, ESConfig, "n_support")))
+    return min(k, n) / n if k else 1.0
+
+
+# one ES iteration scores `population` specialists and (unless skipped) the centre, each on
+# prompts_per_iteration support examples (0: all of them)
 ES = BenchAdapter(
     ITERATIVE,
     r"es",
@@ -123,7 +132,8 @@ ES = BenchAdapter(
     unit="iterations",
     units_done="iterations",
     unit_evals=lambda o: (
-        float(_opt(o, ESConfig, "population")) + (0.0 if _opt(o, ESConfig, "skip_centre_eval") else 1.0)
+        (float(_opt(o, ESConfig, "population")) + (0.0 if _opt(o, ESConfig, "skip_centre_eval") else 1.0))
+        * _es_support_share(o)
     ),
 )
 # one GRPO step generates prompts_per_step * num_generations completions (a fraction of a support pass)

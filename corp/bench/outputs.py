@@ -614,10 +614,12 @@ def readme_section(cfg: BenchConfig) -> str:
     if headline:
         lines += ["#" + headline[0], *headline[1:], ""]
     if meta.get("beats"):
-        lines += [
-            "What the intervals say (95%, across seeds: a t interval with k - 1 df plus the test examples' term, paired on the same examples):",
-            "",
-        ]
+        how = (
+            "across seeds: a t interval with k - 1 df plus the test examples' term"
+            if len(cfg.seeds) > 1
+            else "one seed: a paired bootstrap over the test examples"
+        )
+        lines += [f"What the intervals say (95%, {how}, paired on the same examples):", ""]
         lines += [f"- {s}" for s in meta["beats"]] + [""]
     plots = meta.get("plots", [])
     if plots:
@@ -627,6 +629,7 @@ def readme_section(cfg: BenchConfig) -> str:
     lines.append(
         f"Every table (per task and setting), the comparisons with their per-seed differences and signs, "
         f"the protocol and {len(plots)} plot(s): [{out / 'table.md'}]({out / 'table.md'}); "
-        f"every row in `{out / 'results.csv'}`, every trial in `{out / 'tuning.csv'}`."
+        f"every row in `{out / 'results.csv'}`"
+        + (f", every trial in `{out / 'tuning.csv'}`." if (out / "tuning.csv").exists() else ".")
     )
     return "\n".join(lines) + "\n"

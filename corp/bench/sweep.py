@@ -3,9 +3,11 @@
 Every (task, data setting, seed, method variant, budget) is a cell. The sweep reads each method's
 `BenchAdapter` (corp.bench.adapters, named in its registry line) and never asks which method it
 runs: fixed cells run once per seed, population cells read the largest prefix of the seed's shared
-scored population that fits the budget with the method's own evaluations (one `corp score` run per seed and data setting serves
-RandOpt and every CoRP variant), iterative cells resume one training run per seed and grow it to
-its last checkpoint within each budget; no cell spends more than its budget. Each cell runs the registered method on its own run
+scored population that fits the budget with the method's own evaluations (one `corp score` run per
+seed, split sizes and noise scheme, mixing the bench's sigmas, serves every trial and every method
+on those splits; a final cell whose `from_sigmas` is set reads one of exactly those scales),
+iterative cells resume one training run per seed and grow it to its last checkpoint within each
+budget; no cell spends more than its budget. Each cell runs the registered method on its own run
 directory (WORK_DIR/NAME/...), so an interrupted cell resumes through the run layer's cache, and a
 finished cell leaves a record (RESULTS_DIR/NAME/cells/*.json: its rows, per-example test outcomes,
 FLOPs used, chosen options), so it is never rerun.
@@ -451,7 +453,7 @@ class Bench:
         self.out = results_path(cfg)
         self.work = Path(cfg.work_dir) / cfg.name
         self.populations: dict[str, dict] = {}
-        self.own: dict[tuple, float] = {}  # the latest own-evaluation FLOPs per (task, variant, setting)
+        self.cells: list[Cell] = []  # the plan (run_bench sets it): own_estimate finds a cell's predecessor in it
         self.calls = 0  # method invocations this process made (tests: a resumed bench makes none)
 
     def record_path(self, cell: Cell) -> Path:
@@ -504,9 +506,10 @@ class Bench:
         specialists cost more than the largest budget or `population` of them are scored (a
         one-scale trial of a three-scale grid may so score up to three times `population`).
         Specialist i is the same whatever the population size, so the prefix grows on resume.
-        A final cell whose search chose scales (`from_sigmas`) reads a population of exactly those
-        scales instead (the trials compared scales on one shared population; the chosen scales'
-        specialists are i.i.d. draws either way, and the final scores no specialist it cannot take).
+        A final cell whose `from_sigmas` is set (chosen by its search, or given in its options)
+        reads a population of exactly those scales instead (the trials compared scales on one shared
+        population; the chosen scales' specialists are i.i.d. draws either way, and the final scores
+        no specialist it cannot take).
         Returns the run directory, the population's scales and, per specialist the cell may take (in
         population order), its scoring FLOPs and seconds."""
         cfg = self.cfg
@@ -514,7 +517,7 @@ class Bench:
         pop_opts["population"] = cfg.population
         chosen = cell.opts.get("from_sigmas")
         if chosen is not None and cell.setting != "tune":
-            pop_opts["sigmas"] = [float(v) for v in chosen]
+            pop_opts["sigmas"] = [float(v) for v in _values(chosen)]
             chosen = None
         key = _hash({"population": {k: v for k, v in pop_opts.items() if k not in _NOT_IDENTITY}})
         run_dir = self.work / f"{_slug(cell.task)}__population__s{cell.seed}__{key[:12]}"
@@ -569,70 +572,87 @@ class Bench:
         }
 
     def own_estimate(self, cell: Cell) -> float | None:
-        """The method's own-evaluation FLOPs last measured for this task, variant and setting (in
-        this process, else from a finished record's `own_flops`); None when none was measured."""
-        key = (cell.task, cell.label, cell.setting)
-        if key not in self.own:
-            cells_dir = self.out / "cells"
-            for path in sorted(cells_dir.glob("*.json")) if cells_dir.is_dir() else []:
-                rec = read_json(path)
-                if (rec.get("task"), rec.get("label"), rec.get("setting")) == key and "own_flops" in rec:
-                    if rec.get("bench_protocol") == BENCH_PROTOCOL:
-                        self.own[key] = float(rec["own_flops"])
-        return self.own.get(key)
+        """The own-evaluation FLOPs (`own_flops`) in the record of this cell's predecessor in the
+        plan: the nearest earlier cell of the same task, variant, setting and budget (the previous
+        trial, or the previous seed). None for the first of each chain, or when the predecessor has
+        no such figure (it did not fit, or ran before the bench recorded it). Read from the record
+        in every case, so a resumed bench sizes its first try as an uninterrupted one does."""
+        same = (cell.task, cell.label, cell.setting, cell.budget)
+        chain = [c for c in self.cells if (c.task, c.label, c.setting, c.budget) == same]
+        at = next((i for i, c in enumerate(chain) if (c.seed, c.trial) == (cell.seed, cell.trial)), 0)
+        if at == 0:
+            return None
+        prev = self.resolve(chain[at - 1], self.cells)
+        rec = self.load_record(prev) if prev is not None else None
+        own = (rec or {}).get("own_flops") if (rec or {}).get("status") == "done" else None
+        return None if own is None else float(own)
 
     def _population_cell(self, cell: Cell) -> dict:
         """The largest prefix n whose scoring FLOPs plus the method's own evaluations on it (CoRP's
-        probe, step search and gates) fit the budget: start from the prefix that fits beside the
-        own evaluations last measured for this task, variant and setting (`own_estimate`; the
-        prefix that scoring alone affords when none was), and while prefix + own evaluations exceed
-        the budget, take the prefix that fits beside the own evaluations just measured (at most 4
-        tries). A method with no own evaluations takes the first try. Nothing over the budget is
-        recorded. Every try is a whole run of the method, so the estimate saves the tries that a
-        start from scoring alone wastes (CoRP's own evaluations are most of a small budget)."""
+        probe, step search and gates) fit the budget. Every try is a whole run of the method, so the
+        first is sized with the own evaluations its predecessor measured (`own_estimate`; the prefix
+        that scoring alone affords when there is none). Then, within 4 tries and never trying a
+        prefix twice: a try over the budget steps down to the prefix that fits beside the own
+        evaluations it measured; a try that fits steps up to that prefix when it is larger. The
+        record is the largest prefix that fitted, with every try (`tried`). A method with no own
+        evaluations fits at once. Nothing over the budget is recorded."""
         adapter = cell.adapter
         pop = self.population(cell)
-        n = prefix_that_fits(pop["costs"], cell.budget)
+        costs, budget = pop["costs"], cell.budget
+        full = prefix_that_fits(costs, budget)
         guess = self.own_estimate(cell)
-        if guess:
-            n = min(n, max(_min_units(cell), prefix_that_fits(pop["costs"], cell.budget - guess)))
-        if n < _min_units(cell):
-            return self._empty(cell, f"budget buys {n} specialist(s); {cell.label} needs at least {_min_units(cell)}")
+        n = full if not guess else min(full, max(_min_units(cell), prefix_that_fits(costs, budget - guess)))
+        if full < _min_units(cell):
+            return self._empty(
+                cell, f"budget buys {full} specialist(s); {cell.label} needs at least {_min_units(cell)}"
+            )
         if cell.opts.get("race", "off") != "off":
-            return self._raced_cell(cell, n)
+            return self._raced_cell(cell, full)
         tried: list[dict] = []
+        best: dict | None = None  # the largest prefix that fitted so far
         wall = 0.0
         while True:
             opts = {**cell.opts, "from_run": pop["run_dir"], adapter.unit: n}
             _clip(opts, adapter)
-            run_dir = self._run_dir(cell, _hash({"cell": cell.run_key(), "units": n}))
+            # the population is part of what the run computes (a final reads its chosen scales' own)
+            population = Path(pop["run_dir"]).name  # its name carries its key
+            run_dir = self._run_dir(cell, _hash({"cell": cell.run_key(), "units": n, "population": population}))
             report, dt = self._invoke(cell.method, {**opts, "run_dir": str(run_dir)})
             wall += dt
             flops = sum(get_path(report, p) for p in adapter.flops)
-            tried.append({"units": n, "flops": flops})
-            own = flops - sum(pop["costs"][:n])  # the method's own evaluations at this prefix
-            self.own[(cell.task, cell.label, cell.setting)] = own
-            if flops <= cell.budget:
-                break
-            smaller = min(n - 1, prefix_that_fits(pop["costs"], cell.budget - own))
-            if smaller < _min_units(cell) or len(tried) >= 4:
-                return self._empty(
-                    cell,
-                    f"{n} specialists plus {cell.label}'s own evaluations spent {flops:.3g} FLOPs, over the budget; "
-                    f"with {_min_units(cell)} it would not fit either"
-                    if smaller < _min_units(cell)
-                    else f"4 prefixes tried ({', '.join(str(t['units']) for t in tried)}), none within the budget",
-                    tried,
-                )
-            n = smaller
-        rec = self._record(cell, report, run_dir, wall, units=n, chosen=opts)
+            own = flops - sum(costs[:n])  # the method's own evaluations at this prefix
+            tried.append({"units": n, "flops": flops, "run_dir": str(run_dir)})
+            done = {t["units"] for t in tried}
+            room = prefix_that_fits(costs, budget - own)  # the prefix these own evaluations leave room for
+            if flops <= budget:
+                if best is None or n > best["units"]:
+                    best = {"units": n, "report": report, "run_dir": run_dir, "opts": opts, "own": own}
+                nxt = min(full, room)
+                if nxt <= n or nxt in done or len(tried) >= 4:
+                    break
+            else:
+                nxt = min(n - 1, room)
+                if best is not None and (nxt <= best["units"] or nxt in done or len(tried) >= 4):
+                    break
+                if best is None and (nxt < _min_units(cell) or len(tried) >= 4):
+                    return self._empty(
+                        cell,
+                        f"{n} specialists plus {cell.label}'s own evaluations spent {flops:.3g} FLOPs, over the "
+                        f"budget; with {_min_units(cell)} it would not fit either"
+                        if nxt < _min_units(cell)
+                        else f"4 prefixes tried ({', '.join(str(t['units']) for t in tried)}), none within the budget",
+                        tried,
+                    )
+            n = nxt
+        n = best["units"]
+        rec = self._record(cell, best["report"], best["run_dir"], wall, units=n, chosen=best["opts"])
         rec["population_run"] = pop["run_dir"]
         rec["population_sigmas"] = pop["scales"]
         rec["population_seconds"] = sum(pop["seconds"][:n])
         rec["tried"] = tried
-        rec["own_flops"] = own
+        rec["own_flops"] = best["own"]
         rec["own_estimate"] = guess  # what the first try was sized with (None: scoring alone)
-        rec["budget_reached"] = n < len(pop["costs"]) or sum(pop["costs"]) >= cell.budget
+        rec["budget_reached"] = n < len(costs) or sum(costs) >= budget
         return rec
 
     def _raced_cell(self, cell: Cell, n: int) -> dict:
@@ -913,8 +933,14 @@ def run_bench(
     only_task = by_label.get(only_task, only_task)  # --task takes a task's spec or its label
     if only_task is not None and only_task not in cfg.tasks:
         raise CorpError(f"--task {only_task!r} is not a task of {cfg.name}; its tasks (labels): {', '.join(by_label)}")
-    if only_methods:
+    if only_methods is not None:
         known = {c.label for c in cells} | {c.method for c in cells}
+        skipped = {m["method"]: m["reason"] for m in missing}
+        if not only_methods:
+            raise CorpError("--methods names no method; give variant labels or registry names, comma-separated")
+        if any(m in skipped for m in only_methods):
+            m = next(m for m in only_methods if m in skipped)
+            raise CorpError(f"--methods {m}: {cfg.name} does not run it ({skipped[m]})")
         unknown = [m for m in only_methods if m not in known]
         if unknown:
             raise CorpError(
@@ -923,6 +949,7 @@ def run_bench(
             )
     preflight(cfg, _with_every_trial(cells), load_model=load_model and compute)
     bench = Bench(cfg)
+    bench.cells = cells
 
     def mine(cell: Cell) -> bool:
         return only_task in (None, cell.task) and (
