@@ -291,6 +291,14 @@ def test_readme_section_cites_intervals(swept):
             "task label 'a' is used twice",
         ),
         (
+            {"tasks": [{"task": "arith", "label": "a"}, {"task": "arith:digits=2", "label": "b", "seeds": [1, 9]}]},
+            "task b's seeds [1, 9] must be a non-empty subset of seeds [1, 2]",
+        ),
+        (
+            {"tasks": [{"task": "arith", "label": "a"}, {"task": "arith:digits=2", "label": "b", "seeds": [2]}]},
+            "an across-seed interval needs at least 2 seeds",
+        ),
+        (
             {
                 "hyperparameters": "search",
                 "trials": 2,
@@ -1393,3 +1401,23 @@ def test_bench_stages_reads_every_try_of_a_population_cell(tmp_path):
     (line,) = [x for x in stages.stage_table([rec], tmp_path) if "| corp-stage1 |" in x]
     cols = [c.strip() for c in line.strip("|").split("|")]
     assert cols[3] == "40" and cols[4] == "50%", cols  # 20 s of generation in 40 s: both tries read
+
+
+def test_a_task_entry_may_run_fewer_seeds(tiny_dir, tmp_path):
+    """`{task, label, seeds}`: that task's final cells run only its seeds (the headline task keeps all
+    of them); trials still run on the bench's first seed, and the tables say which seeds each task has."""
+    from corp.bench.outputs import regime_text
+    from corp.bench.sweep import plan
+
+    opts = tiny_options(
+        tiny_dir,
+        tmp_path,
+        seeds=[1, 2, 3],
+        tasks=[{"task": "arith", "label": "a"}, {"task": "arith:digits=2", "label": "b", "seeds": [3, 1]}],
+    )
+    cfg = load_config(BenchConfig, None, opts)
+    cells, _ = plan(cfg)
+    seeds = {label: {c.seed for c in cells if c.task_label == label and c.setting != "tune"} for label in "ab"}
+    assert seeds == {"a": {1, 2, 3}, "b": {1, 3}}
+    assert cfg.seeds_of("arith:digits=2") == [1, 3]  # in the bench's order
+    assert "seeds 1, 2, 3 (b: 1, 3)" in regime_text(cfg)

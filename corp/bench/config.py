@@ -68,7 +68,8 @@ class BenchConfig:
     """Bench name: outputs go to RESULTS_DIR/NAME, run directories of its cells to WORK_DIR/NAME."""
     tasks: list[str | dict] = field(default_factory=lambda: ["arith"])
     """Tasks, comma-separated (each as `corp tasks` names them, options included); in YAML an entry may also be
-    {task: SPEC, label: SHORT}, SHORT naming the task in tables and file names (default: the spec)."""
+    {task: SPEC, label: SHORT, seeds: [...]}, SHORT naming the task in tables and file names (default: the spec)
+    and seeds the subset of `seeds` its final cells run (default: all; trials always run on the first seed)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     """Master seeds; every method runs once per seed (test examples are the same for every seed)."""
     budgets: list[float] = field(default_factory=lambda: [1e13, 3e13])
@@ -96,18 +97,22 @@ class BenchConfig:
     def validate(self) -> BenchConfig:
         entries = self.tasks if isinstance(self.tasks, list) else parse_list(self.tasks, str, "tasks")
         self.task_labels = {}
+        own_seeds: dict[str, list[int]] = {}
         tasks = []
         for e in entries:
             if isinstance(e, dict):
                 if (
-                    set(e) - {"task", "label"}
+                    set(e) - {"task", "label", "seeds"}
                     or not isinstance(e.get("task"), str)
                     or not str(e.get("label", e.get("task"))).strip()
                 ):
                     raise CorpError(
-                        f"bench config: a task entry is a task spec or {{task: SPEC, label: SHORT}}, got {e!r}"
+                        f"bench config: a task entry is a task spec or {{task: SPEC, label: SHORT, seeds: [...]}}, "
+                        f"got {e!r}"
                     )
                 spec, label = e["task"].strip(), str(e.get("label", e["task"])).strip()
+                if e.get("seeds") is not None:
+                    own_seeds[spec] = parse_list(e["seeds"], int, f"seeds of task {label}")
             else:
                 spec = label = str(e).strip()
             if label in self.task_labels.values():
@@ -118,6 +123,14 @@ class BenchConfig:
             self.task_labels[spec] = label
         self.tasks = tasks
         self.seeds = parse_list(self.seeds, int, "seeds")
+        for spec, seeds in own_seeds.items():
+            if not seeds or set(seeds) - set(self.seeds):
+                raise CorpError(
+                    f"bench config: task {self.task_labels[spec]}'s seeds {seeds} must be a non-empty subset of "
+                    f"seeds {self.seeds}"
+                )
+        # in the bench's seed order, so every task's first seed is the one trials run on when it is included
+        self.task_seeds = {t: [x for x in self.seeds if x in own_seeds.get(t, self.seeds)] for t in self.tasks}
         self.budgets = sorted(parse_list(self.budgets, float, "budgets"))
         self.settings = parse_list(self.settings, str, "settings")
         self.sigmas = parse_list(self.sigmas, float, "sigmas")
@@ -152,9 +165,10 @@ class BenchConfig:
         for pair in self.compare:
             if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
                 raise CorpError(f"bench config: compare entries are pairs [a, b], got {pair!r}")
-        if self.compare and len(self.seeds) < 2:
+        fewest = min((len(v) for v in self.task_seeds.values()), default=len(self.seeds))
+        if self.compare and fewest < 2:
             raise CorpError(
-                f"bench config: {len(self.compare)} comparison(s) with {len(self.seeds)} seed; an across-seed interval "
+                f"bench config: {len(self.compare)} comparison(s) with {fewest} seed; an across-seed interval "
                 "needs at least 2 seeds (add seeds or remove compare)"
             )
         if self.population < 1:
@@ -166,6 +180,10 @@ class BenchConfig:
         if self.name in ("", ".", "..") or "/" in self.name:
             raise CorpError(f"bench config: name '{self.name}' must be a plain directory name")
         return self
+
+    def seeds_of(self, task: str) -> list[int]:
+        """The seeds a task's final cells run (its entry's `seeds`, else the bench's)."""
+        return getattr(self, "task_seeds", {}).get(task, self.seeds)
 
     def label(self, task: str) -> str:
         """The task's short label (tables, file names)."""

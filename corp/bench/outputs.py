@@ -196,7 +196,7 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
     lines = [
         f"# Bench `{cfg.name}`: {cfg.model}",
         "",
-        f"Made by `{command}`. Test accuracy, mean ± sd over seeds {', '.join(map(str, cfg.seeds))} ({cfg.n_test} "
+        f"Made by `{command}`. Test accuracy, mean ± sd over seeds {seeds_text(cfg)} ({cfg.n_test} "
         "test examples, the same for every method and seed); columns are training/selection FLOP budgets.",
         "",
         "Compute and data were matched like this: every cell uses at most its FLOP budget from the compute ledger, "
@@ -312,9 +312,10 @@ def comparisons_table(comps: list[dict]) -> list[str]:
 def _spread(cfg: BenchConfig, got: list[dict]) -> str:
     """Mean ± sd over seeds; with fewer seeds than configured (an unfinished bench) says how many, never a bare ± 0."""
     m, sd = _mean_sd([g["accuracy"] for g in got])
-    if len(got) == len(cfg.seeds):
+    planned = len(cfg.seeds_of(got[0]["task"]))  # the task's own seeds
+    if len(got) == planned:
         return f"{m:.3f} ± {sd:.3f}"
-    return f"{m:.3f} ({len(got)} of {len(cfg.seeds)} seeds{'' if len(got) == 1 else f', sd {sd:.3f}'})"
+    return f"{m:.3f} ({len(got)} of {planned} seeds{'' if len(got) == 1 else f', sd {sd:.3f}'})"
 
 
 def headline_setting(cfg: BenchConfig) -> str:
@@ -372,11 +373,17 @@ def headline_table(cfg: BenchConfig, rows: list[dict]) -> list[str]:
     return lines + [""]
 
 
+def seeds_text(cfg: BenchConfig) -> str:
+    """The seeds, with the tasks that run a subset of them (a task entry's `seeds`)."""
+    own = [f"{cfg.label(t)}: {', '.join(map(str, cfg.seeds_of(t)))}" for t in cfg.tasks if cfg.seeds_of(t) != cfg.seeds]
+    return ", ".join(map(str, cfg.seeds)) + (f" ({'; '.join(own)})" if own else "")
+
+
 def regime_text(cfg: BenchConfig) -> str:
     """What regime the bench ran in, in plain words (the README section states it)."""
     return (
         f"Regime: {cfg.model}; tasks {', '.join(cfg.label(t) for t in cfg.tasks)}; seeds "
-        f"{', '.join(map(str, cfg.seeds))}; budgets {', '.join(_budget_text(b) for b in cfg.budgets)} FLOPs; shared "
+        f"{seeds_text(cfg)}; budgets {', '.join(_budget_text(b) for b in cfg.budgets)} FLOPs; shared "
         f"population {cfg.population} specialists (sigmas {', '.join(f'{x:g}' for x in cfg.sigmas)}); splits support "
         f"{cfg.n_support}, probe {cfg.n_probe}, validation {cfg.n_validation}, test {cfg.n_test}; data settings "
         f"{', '.join(cfg.settings)} (headline: {headline_setting(cfg)}); hyperparameters: {cfg.hyperparameters}"
@@ -560,6 +567,7 @@ def write_outputs(
             "model": cfg.model,
             "tasks": cfg.tasks,
             "seeds": cfg.seeds,
+            "task_seeds": {cfg.label(t): cfg.seeds_of(t) for t in cfg.tasks},
             "budgets": cfg.budgets,
             "settings": cfg.settings,
             "missing": missing,

@@ -229,7 +229,7 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
                             for b in budgets_of(name)
                         )
         for setting in cfg.settings:
-            for seed in cfg.seeds:
+            for seed in cfg.seeds_of(task):
                 for name, spec in runnable.items():
                     searched = tuple(sorted(spec.get("search") or {})) if cfg.hyperparameters == "search" else ()
                     for label, over in (spec.get("variants") or {name: {}}).items():
