@@ -15,7 +15,8 @@
 # committed too. Nothing else is added: the run directories (WORK_DIR/NAME/..., default
 # runs/bench/NAME, git-ignored, large) stay uncommitted, so a later session resumes from the
 # committed records (finished cells are never rerun) and recomputes only the unfinished cells.
-# Two wrappers (one per task) may share a checkout: commits are serialised by a lock in .git.
+# Several wrappers may share a checkout, one per task or more than one on a task (corp bench
+# claims each cell, so two processes never run the same one): commits are serialised by a lock in .git.
 #
 # Environment: PYTHON (the interpreter that imports corp, default python), CORP_CMD (default:
 # "$PYTHON -m corp.cli"), BENCH_METHODS (passed as `--methods`: split one task's methods over

@@ -94,6 +94,10 @@ def enclosing_run_dir(path: str | Path) -> Path | None:
     return None
 
 
+class RunBusy(CorpError):
+    """A run directory another corp process holds (RunLock): a bench process sharing a task defers the cell."""
+
+
 class RunLock:
     """An exclusive lock on a run directory (`flock` on `.corp.lock`, released when the process dies).
 
@@ -121,7 +125,7 @@ class RunLock:
             fh.seek(0)
             holder = fh.read().strip() or "unknown"
             fh.close()
-            raise CorpError(
+            raise RunBusy(
                 f"run directory '{self.path.parent}' is in use by another corp process "
                 f"(pid {holder}); wait for it to finish or pass another --run-dir"
             ) from None

@@ -1421,3 +1421,74 @@ def test_a_task_entry_may_run_fewer_seeds(tiny_dir, tmp_path):
     assert seeds == {"a": {1, 2, 3}, "b": {1, 3}}
     assert cfg.seeds_of("arith:digits=2") == [1, 3]  # in the bench's order
     assert "seeds 1, 2, 3 (b: 1, 3)" in regime_text(cfg)
+
+
+def _bench_process(opts: dict, out) -> None:
+    import os
+
+    os.environ["CORP_BENCH_WAIT"] = "0.5"
+    os.environ["CORP_NO_PROGRESS"] = "1"
+    from corp.bench.sweep import run_bench
+    from tests.test_methods import count_model_calls
+
+    with count_model_calls() as calls:
+        run_bench(load_config(BenchConfig, None, opts), "corp bench --config tiny.yaml")
+    out.put(calls["generate"])
+
+
+def test_two_processes_share_one_task_and_compute_what_one_would(tiny_dir, tmp_path):
+    """Two `corp bench` processes on the same task: each runs the cells no other holds (a claim per
+    cell; a run directory another process holds defers the cell), a final waits for trials the
+    other is running, and the records are those of one process alone, each cell computed once."""
+    import multiprocessing as mp
+
+    over = dict(
+        budgets=[1e8, 2e8],
+        settings=["paper"],
+        seeds=[1, 2],
+        compare=[],
+        hyperparameters="search",
+        trials=2,
+        methods={
+            "self-consistency": {"options": {"k": [1]}},
+            "randopt": {"options": {"top_k": [1]}, "search": {"from_sigmas": [[0.05], [0.05, 0.1]]}},
+            "consolidate": {
+                "options": {"alphas": [1, 2], "gate_z": -10.0},
+                "variants": {"corp-stage1": {"rounds": 0}},
+                "search": {"betas": [[1.0], [10.0]]},
+            },
+            "es": {"options": {"population": 2, "alpha": 0.05}, "search": {"sigma": [0.05, 0.1]}},
+            "grpo": {"skip": "not in this test"},
+            "ftis": {"skip": "not in this test"},
+        },
+        sigmas=[0.05, 0.1],
+    )
+    alone = tiny_options(tiny_dir, tmp_path / "alone", **over)
+    spawn = mp.get_context("spawn")
+    q = spawn.Queue()
+    p = spawn.Process(target=_bench_process, args=(alone, q))
+    p.start()
+    p.join(timeout=600)
+    assert p.exitcode == 0
+    calls_alone = q.get()
+    shared = tiny_options(tiny_dir, tmp_path / "shared", **over)
+    procs = [spawn.Process(target=_bench_process, args=(shared, q)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=600)
+        assert p.exitcode == 0
+    calls = [q.get(), q.get()]
+    assert all(c > 0 for c in calls), calls  # both computed cells
+
+    def records(root):
+        out = {}
+        for path in sorted((root / "results" / "tiny" / "cells").glob("*.json")):
+            rec = json.loads(path.read_text())
+            out[path.name] = (rec["status"], rec.get("units"), [(r["name"], r["accuracy"]) for r in rec["rows"]])
+        return out
+
+    assert records(tmp_path / "shared") == records(tmp_path / "alone")
+    # each cell once: the only generation both may do is a row of the task's shared evaluation cache
+    # (the base on a split) that both need at the same moment; without the claims this is about +30
+    assert sum(calls) <= calls_alone + 8, (calls, calls_alone)

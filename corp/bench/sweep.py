@@ -19,6 +19,7 @@ split sizes, budgets below a method's minimum, the results directory), one error
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import math
@@ -38,7 +39,7 @@ from corp.bench.search import choose, trial_options, trial_score
 from corp.config import PopulationConfig, check_types, in_scales, load_config
 from corp.ledger import flops
 from corp.methods import REGISTRY, get_method
-from corp.runs import read_json, read_jsonl, write_json
+from corp.runs import RunBusy, read_json, read_jsonl, write_json
 
 RECORD_FORMAT = 2
 # options that locate or speed up a cell without changing what it computes
@@ -484,6 +485,41 @@ class Bench:
         write_json(self.record_path(cell), rec)
         return rec
 
+    def _claim_path(self, cell: Cell) -> Path:
+        """A cell's claim file; an iterative cell's is its run's (every budget continues one training
+        run, so one process takes them all, in order)."""
+        name = self._run_dir(cell).name if cell.adapter.kind == ITERATIVE else cell.record_name()
+        return self.work / "claims" / f"{name}.lock"
+
+    def busy(self, cell: Cell) -> bool:
+        """Whether another process holds the cell's claim (it is computing it now)."""
+        path = self._claim_path(cell)
+        if not path.exists():
+            return False
+        with open(path, "a+") as fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return True
+        return False
+
+    def attempt(self, cell: Cell) -> dict | None:
+        """Run the cell unless another process holds it: its claim (an flock on a file per cell,
+        released when the process ends) or a run directory it needs (RunBusy, e.g. a shared
+        population being scored). None: deferred to a later pass. Several `corp bench` processes
+        may so share one task: each runs the cells no other holds."""
+        path = self._claim_path(cell)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a+") as fh:
+            try:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return None
+            try:
+                return self.run_cell(cell)  # re-reads the record first: another process may have finished it
+            except RunBusy:
+                return None
+
     def _run_dir(self, cell: Cell, key: str | None = None) -> Path:
         return self.work / f"{_slug(cell.task)}__{_slug(cell.label)}__s{cell.seed}__{(key or cell.run_key())[:12]}"
 
@@ -923,9 +959,9 @@ def run_bench(
     says how many cells are still to run). `only_task`: compute only that task's cells (the
     others' finished records still go into the outputs), so one process per task can share a bench.
     `only_methods`: compute only the cells of these methods (a variant's label, e.g. `corp-r4`, or a
-    registry name, which takes all its variants), so processes can split one task's methods: a
-    population is scored by the first cell that needs it, so split by noise scheme (every method of
-    one scheme in one process) or two processes score the same population."""
+    registry name, which takes all its variants), so processes can split one task's methods. Any
+    number of processes may also run the same cells: each claims a cell before running it
+    (`Bench.attempt`), skips the ones another holds and repeats its pass until none is held."""
     from corp.bench.outputs import write_outputs
 
     cells, missing = plan(cfg)
@@ -956,7 +992,6 @@ def run_bench(
             not only_methods or bool({cell.label, cell.method} & set(only_methods))
         )
 
-    records = []
     done_before = sum(
         1 for c in cells if (r := bench.resolve(c, cells)) is not None and bench.load_record(r) is not None
     )
@@ -972,28 +1007,46 @@ def run_bench(
             f"rerun the bench to compute protocol-{BENCH_PROTOCOL} cells beside them, "
             "or report with the commit that ran them"
         )
-    bar = tqdm(
-        cells,
-        desc=f"bench {cfg.name}",
-        unit="cell",
-        initial=0,
-        dynamic_ncols=True,
-        disable=_progress_disabled() or not compute,
-    )
-    for planned in bar:
-        bar.set_postfix_str(
-            f"{planned.task_label or planned.task} {planned.setting} s{planned.seed} {planned.label} "
-            f"{'' if planned.budget is None else f'{planned.budget:.2g}'}"
+    # Passes over the plan: a cell another process holds (its claim, or a run directory it needs) or
+    # a final whose trials another process is running is deferred, and the pass is repeated after
+    # CORP_BENCH_WAIT seconds until none is; one process alone runs everything in its first pass.
+    wait = float(os.environ.get("CORP_BENCH_WAIT", "30"))
+    done: dict[str, dict] = {}
+    n_pass = 0
+    while True:
+        n_pass += 1
+        deferred = 0
+        bar = tqdm(
+            cells,
+            desc=f"bench {cfg.name}" + (f" (pass {n_pass})" if n_pass > 1 else ""),
+            unit="cell",
+            initial=0,
+            dynamic_ncols=True,
+            disable=_progress_disabled() or not compute,
         )
-        cell = bench.resolve(
-            planned, cells
-        )  # None: its trials have not all run (another task's process, --report-only)
-        if cell is None:
-            continue
-        rec = bench.run_cell(cell) if compute and mine(cell) else bench.load_record(cell)
-        if rec is not None:
-            records.append(rec)
-    bar.close()
+        for planned in bar:
+            bar.set_postfix_str(
+                f"{planned.task_label or planned.task} {planned.setting} s{planned.seed} {planned.label} "
+                f"{'' if planned.budget is None else f'{planned.budget:.2g}'}"
+            )
+            cell = bench.resolve(planned, cells)  # None: its trials have not all run
+            if cell is None:
+                if compute and mine(planned) and any(bench.busy(t) for t in _trials_of(planned, cells)):
+                    deferred += 1
+                continue
+            name = cell.record_name()
+            if name in done:
+                continue
+            rec = bench.attempt(cell) if compute and mine(cell) else bench.load_record(cell)
+            if rec is not None:
+                done[name] = rec
+            elif compute and mine(cell):
+                deferred += 1
+        bar.close()
+        if not deferred:
+            break
+        time.sleep(wait)
+    records = list(done.values())
     tuning = [r for r in records if r["setting"] == "tune"]
     records = [r for r in records if r["setting"] != "tune"]
     n_final = sum(c.setting != "tune" for c in cells)
