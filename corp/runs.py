@@ -272,6 +272,23 @@ def append_jsonl(path: str | Path, row: dict) -> None:
         os.fsync(fh.fileno())
 
 
+def _cut_torn_tail(path: Path, good_bytes: int) -> None:
+    """Cut what follows the last good row, unless it has become whole rows meanwhile: an appender in
+    another process may have been mid-write (it holds the file's flock while writing, so this waits)."""
+    with open(path, "r+b") as fh:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)  # released when the file closes
+        fh.seek(good_bytes)
+        tail = fh.read()
+        try:
+            whole = tail.endswith(b"\n") and all(
+                isinstance(json.loads(line), dict) for line in tail.split(b"\n") if line.strip()
+            )
+        except ValueError:
+            whole = False
+        if not whole:
+            fh.truncate(good_bytes)
+
+
 def read_jsonl(path: str | Path, key: str | None = None, repair: bool = True, unique: bool = False) -> list[dict]:
     """Read a JSONL log written by `append_jsonl`.
 
@@ -300,8 +317,7 @@ def read_jsonl(path: str | Path, key: str | None = None, repair: bool = True, un
         except ValueError:
             if last:
                 if repair:
-                    with open(path, "r+b") as fh:
-                        fh.truncate(good_bytes)
+                    _cut_torn_tail(path, good_bytes)
                 break
             raise CorpError(
                 f"'{path}' line {i + 1} is not a valid row; the file is corrupt (move it away to start over)"

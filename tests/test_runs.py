@@ -128,3 +128,38 @@ def test_appenders_in_several_processes_lose_no_row(tmp_path):
         assert p.exitcode == 0
     rows = read_jsonl(path, key="key", repair=False)
     assert sorted(r["key"] for r in rows) == sorted(f"{w}-{i}" for w in "abcd" for i in range(150))
+
+
+def test_a_reader_never_cuts_a_row_another_process_is_appending(tmp_path):
+    """read_jsonl repairs a torn last line by cutting it; while an appender (here a thread standing in
+    for another process) is mid-write, holding the file's flock, the reader waits and then keeps the
+    now whole row instead of cutting it and leaving the rest of it as a corrupt line."""
+    import fcntl
+    import json
+    import threading
+    import time
+
+    from corp.runs import append_jsonl, read_jsonl
+
+    path = tmp_path / "log.jsonl"
+    append_jsonl(path, {"key": "a"})
+    row = (json.dumps({"key": "b", "pad": "x" * 1000}) + "\n").encode()
+    started = threading.Event()
+
+    def slow_append():
+        with open(path, "ab") as fh:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+            fh.write(row[:100])
+            fh.flush()
+            started.set()
+            time.sleep(0.5)
+            fh.write(row[100:])
+            fh.flush()
+
+    t = threading.Thread(target=slow_append)
+    t.start()
+    started.wait()
+    seen = read_jsonl(path, key="key")  # sees a torn tail; must not cut it from under the writer
+    t.join()
+    assert [r["key"] for r in seen] == ["a"]
+    assert [r["key"] for r in read_jsonl(path, key="key", repair=False)] == ["a", "b"]
