@@ -20,7 +20,9 @@ It plans the config's cells with corp's own planner (corp.bench.sweep.plan) and 
   - a trial (setting "tune"): the same, on the validation split instead of test.
 Rates (FLOP/s, measured from the first edition's records, results/bench-cpu/cells): support scoring of
 specialists 4.7e10 (8.8e12 FLOPs in 186 s, applies included), test evaluations 1.0e11 (batch 64),
-ES training 3.8e10, GRPO training 2.5e10 (ledger FLOPs per second, generation and backward).
+ES training 2.7e10 (bench-cpu-2's ES trials, metrics seconds: 2.7e13 FLOPs in 1025-1027 s on arith
+and letters; the first edition's 3.8e10 came from 4-member runs on 16 examples), GRPO training 2.5e10
+(ledger FLOPs per second, generation and backward).
 F-TIS has no measured rate: it is charged GRPO's (its step is GRPO's generation, one more forward
 for the logprobs and a backward on the mixed group, the same kinds of work), and its steps at the
 top budget come from its ledger per step, summed over its nodes at each model's size (Gemma 3
@@ -40,7 +42,7 @@ from corp.bench.adapters import FIXED, ITERATIVE, POPULATION
 from corp.bench.sweep import load_bench_config, plan, split_sizes
 
 N_PARAMS = 134_515_008  # SmolLM2-135M, as the committed records' ledgers say
-RATES = {"support": 4.7e10, "test": 1.0e11, "es": 3.8e10, "grpo": 2.5e10, "fgrpo": 2.5e10}
+RATES = {"support": 4.7e10, "test": 1.0e11, "es": 2.7e10, "grpo": 2.5e10, "fgrpo": 2.5e10}
 # parameters of the models a config can name (F-TIS's nodes); an unknown one is charged N_PARAMS, and said so
 MODEL_PARAMS = {"smollm2-135m": N_PARAMS, "default": N_PARAMS, "gemma3-270m": 268_000_000}
 # prompt + generated tokens per example, measured on the committed bench (test rows' tokens / 500)
