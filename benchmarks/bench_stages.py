@@ -20,7 +20,8 @@ summed per method, with their counts. The shared population of each seed (scored
 score`, read by RandOpt and CoRP) is its own line. A stage that is not generation or training and
 takes more than 10% of its method's time is flagged.
 
-    python benchmarks/bench_stages.py --results results/bench-cpu-2 [--root DIR_THE_BENCH_RAN_IN]
+    python benchmarks/bench_stages.py --results results/bench-cpu-2 [--config configs/bench-cpu-2.yaml]
+        [--root DIR_THE_BENCH_RAN_IN]
 """
 
 from __future__ import annotations
@@ -121,13 +122,25 @@ def main() -> None:
     ap.add_argument("--results", required=True, help="the bench's results directory (results/NAME)")
     ap.add_argument("--root", default=".", help="directory the bench ran in (its run directories are relative to it)")
     ap.add_argument("--out", default=None, help="write the table here (default: RESULTS/stages.md)")
+    ap.add_argument(
+        "--config",
+        default=None,
+        help="the bench's YAML: count only the records of its planned cells (not records a changed config left behind)",
+    )
     args = ap.parse_args()
     root, results = Path(args.root), Path(args.results)
+    paths = sorted((results / "cells").glob("*.json"))
+    if args.config:
+        from corp.bench.sweep import Bench, load_bench_config, plan
+
+        cfg = load_bench_config(args.config)
+        cells, _ = plan(cfg)
+        bench = Bench(cfg)
+        bench.cells = cells
+        planned = {r.record_name() for c in cells if (r := bench.resolve(c, cells)) is not None}
+        paths = [p for p in paths if p.name in planned]
     # a record's file name starts with its task's label (corp.bench.sweep.Cell.record_name)
-    records = [
-        {"task_label": p.name.split("__")[0], **json.loads(p.read_text())}
-        for p in sorted((results / "cells").glob("*.json"))
-    ]
+    records = [{"task_label": p.name.split("__")[0], **json.loads(p.read_text())} for p in paths]
     text = "\n".join(stage_table(records, root)) + "\n"
     out = Path(args.out) if args.out else results / "stages.md"
     out.write_text(

@@ -1492,3 +1492,34 @@ def test_two_processes_share_one_task_and_compute_what_one_would(tiny_dir, tmp_p
     # each cell once: the only generation both may do is a row of the task's shared evaluation cache
     # (the base on a split) that both need at the same moment; without the claims this is about +30
     assert sum(calls) <= calls_alone + 8, (calls, calls_alone)
+
+
+def test_bench_stages_with_the_config_counts_only_planned_records(swept, tmp_path, monkeypatch):
+    """`bench_stages.py --config`: a record a changed config left behind (another key) is not counted."""
+    import runpy
+    import shutil
+    import sys
+
+    import yaml
+
+    results = tmp_path / "results"
+    shutil.copytree(swept["root"] / "results" / "tiny", results)
+    es = sorted((results / "cells").glob("*__es__*.json"))
+    assert es
+    orphan = json.loads(es[0].read_text())
+    (results / "cells" / es[0].name.replace("__es__", "__es__old")).write_text(
+        json.dumps({**orphan, "wall_seconds": 1e6})
+    )
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_options(Path(swept["cfg"].model), swept["root"])))
+
+    def es_wall(*extra):
+        out = tmp_path / "stages.md"
+        argv = ["bench_stages.py", "--results", str(results), "--out", str(out), *extra]
+        monkeypatch.setattr(sys, "argv", argv)
+        runpy.run_path(str(Path(__file__).parents[1] / "benchmarks" / "bench_stages.py"), run_name="__main__")
+        (line,) = [x for x in out.read_text().splitlines() if "| es |" in x]
+        return float(line.split("|")[4])
+
+    assert es_wall() >= 1e6  # the orphan counts without --config
+    assert es_wall("--config", str(config)) < 1e6
