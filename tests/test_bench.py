@@ -1523,3 +1523,31 @@ def test_bench_stages_with_the_config_counts_only_planned_records(swept, tmp_pat
 
     assert es_wall() >= 1e6  # the orphan counts without --config
     assert es_wall("--config", str(config)) < 1e6
+
+
+def test_an_iterative_cell_grows_short_of_the_budget_so_a_dearer_unit_cannot_waste_it(tmp_path, monkeypatch):
+    """Units can cost more than any seen (a diverging GRPO run generates longer answers). Growing by
+    all the remaining budget at the dearest cost seen then crosses the budget and falls back to the
+    previous checkpoint, far below it (bench-cpu-2: 22 GRPO steps, 1.2e13 of 2.8e13); aiming at 90%
+    of what is left, the cell ends near the budget, and never over it."""
+    from corp.bench.sweep import Bench, Cell
+
+    cfg = load_config(
+        BenchConfig, None, {"methods": {"es": None}, "results_dir": str(tmp_path), "work_dir": str(tmp_path / "w")}
+    )
+    bench = Bench(cfg)
+
+    def cost(units):  # 1 FLOP per unit up to 10, 1.1 after
+        return min(units, 10) + 1.1 * max(0, units - 10)
+
+    grown = []
+
+    def invoke(method, opts):
+        grown.append(opts["iterations"])
+        return {"training_ledger": {"flops": cost(opts["iterations"])}, "iterations": opts["iterations"]}, 0.0
+
+    monkeypatch.setattr(bench, "_invoke", invoke)
+    monkeypatch.setattr(bench, "_record", lambda cell, report, run_dir, wall, units, chosen: {"units": units})
+    rec = bench._iterative(Cell("arith", "paper", 0, "es", "es", 30.0, {"iterations": 10}))
+    assert grown[0] == 1 and rec["units"] >= 26, (grown, rec)  # the old full step: 10 -> 30 (32 FLOPs) -> 10
+    assert cost(rec["units"]) <= 30.0 and rec["budget_reached"]

@@ -108,6 +108,9 @@ class Cell:
         )
 
 
+GROWTH_AIM = 0.9  # share of the remaining budget an iterative cell's next growth aims at
+
+
 def _hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -732,8 +735,9 @@ class Bench:
     # -- iterative cells: one training run per seed, grown to its last checkpoint within the budget
     def _iterative(self, cell: Cell) -> dict:
         """Train the seed's run (shared by every budget) while its ledger stays within the budget:
-        each growth adds as many units as the remaining budget buys at the dearest unit cost seen so
-        far; the cell is the last checkpoint at or below the budget. A growth that crosses it (a
+        each growth adds as many units as GROWTH_AIM (90%) of the remaining budget buys at the dearest
+        unit cost seen so far, until what is left buys none; the cell is the last checkpoint at or
+        below the budget. A growth that crosses it (a
         unit dearer than any before) leaves the run past the budget: the record is the previous
         checkpoint's, built when it was evaluated. The unit count recorded is the report's own: a run
         directory already trained past this budget (by a larger budget's cell, or a process stopped
@@ -783,7 +787,11 @@ class Bench:
                 stopped = "did not grow"
                 break
             dearest = max(dearest, (flops - prev["flops"]) / (done - prev["units"]))
-            more = int((cell.budget - flops) // dearest) if dearest > 0 else 1
+            # aim short of the budget (GROWTH_AIM of what is left): a unit can cost more than any seen
+            # (longer generations), and a growth past the budget falls back to the last checkpoint,
+            # which the old full-length step left far below it (bench-cpu-2's GRPO trial 1 on arith:
+            # 22 steps at 1.2e13 of 2.8e13); the steps after fill the rest
+            more = int(GROWTH_AIM * (cell.budget - flops) // dearest) if dearest > 0 else 1
             if done >= self.cfg.max_units:
                 stopped = "max_units"
                 break
