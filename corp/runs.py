@@ -94,6 +94,15 @@ def enclosing_run_dir(path: str | Path) -> Path | None:
     return None
 
 
+def try_flock(fh) -> bool:
+    """Take an exclusive flock on an open file without waiting (released when it closes); False if held."""
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
 class RunBusy(CorpError):
     """A run directory another corp process holds (RunLock): a bench process sharing a task defers the cell."""
 
@@ -119,9 +128,7 @@ class RunLock:
             self.held = True
             return self
         fh = open(self.path, "a+")
-        try:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        if not try_flock(fh):
             fh.seek(0)
             holder = fh.read().strip() or "unknown"
             fh.close()

@@ -46,6 +46,18 @@ def test_first_crossing_and_growth():
 # ----------------------------------------------------------------------------- the tiny sweep
 
 
+def _benchmark(name: str):
+    """A script of benchmarks/ loaded as a module (they are scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        name, Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    )
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def tiny_options(tiny_dir: Path, root: Path, **over) -> dict:
     opts = dict(
         name="tiny",
@@ -784,12 +796,8 @@ def test_the_second_cpu_bench_is_in_the_issue_s_regime_by_its_estimate():
     10 hours on one thread by the estimate (sized to about 8 h; with ES's rate measured on this run,
     2.7e10 FLOP/s, arith estimates 9.4 h: the run is measured, not assumed, and what was cut is in the
     config's header)."""
-    import importlib.util
-
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("bench_plan", root / "benchmarks" / "bench_plan.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _benchmark("bench_plan")
     est = mod.estimate(str(root / "configs" / "bench-cpu-2.yaml"), 3.0)
     cfg = load_config(BenchConfig, str(root / "configs" / "bench-cpu-2.yaml"), {})
     assert len(cfg.seeds) >= 5 and cfg.n_probe >= 64 and cfg.n_validation >= 64 and cfg.n_test >= 300
@@ -1274,13 +1282,7 @@ def test_bench_stages_counts_each_run_directory_once_and_reads_corps_timings(swe
     """benchmarks/bench_stages.py: a method's wall is the sum over its run directories (cells that
     share one, an iterative run across budgets, count it once, at the largest wall), and CoRP's
     report times its Gram matrix, merged directions and save, so they are not lumped into `other`."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_stages", Path(__file__).parents[1] / "benchmarks" / "bench_stages.py"
-    )
-    stages = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stages)
+    stages = _benchmark("bench_stages")
     cells = swept["root"] / "results" / "tiny" / "cells"
     records = [json.loads(p.read_text()) for p in sorted(cells.glob("*.json"))]
     corp = [r for r in records if r["label"] == "corp-stage1" and r["status"] == "done"]
@@ -1377,13 +1379,7 @@ def test_es_unit_evals_count_only_the_drawn_examples():
 def test_bench_stages_reads_every_try_of_a_population_cell(tmp_path):
     """A population cell's wall pays for its tries over the budget (each a run directory of its own,
     listed in `tried`): their generation counts, not 'other'."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "bench_stages", Path(__file__).parents[1] / "benchmarks" / "bench_stages.py"
-    )
-    stages = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(stages)
+    stages = _benchmark("bench_stages")
     for name in ("over", "fit"):
         (tmp_path / name).mkdir()
         row = {"key": name, "kind": "direction", "seconds": 10.0, "apply_seconds": 0.0}

@@ -19,7 +19,6 @@ split sizes, budgets below a method's minimum, the results directory), one error
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import math
@@ -39,7 +38,7 @@ from corp.bench.search import choose, trial_options, trial_score
 from corp.config import PopulationConfig, check_types, in_scales, load_config
 from corp.ledger import flops
 from corp.methods import REGISTRY, get_method
-from corp.runs import RunBusy, read_json, read_jsonl, write_json
+from corp.runs import RunBusy, read_json, read_jsonl, try_flock, write_json
 
 RECORD_FORMAT = 2
 # options that locate or speed up a cell without changing what it computes
@@ -500,11 +499,7 @@ class Bench:
         if not path.exists():
             return False
         with open(path, "a+") as fh:
-            try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
-                return True
-        return False
+            return not try_flock(fh)
 
     def attempt(self, cell: Cell) -> dict | None:
         """Run the cell unless another process holds it: its claim (an flock on a file per cell,
@@ -514,9 +509,7 @@ class Bench:
         path = self._claim_path(cell)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a+") as fh:
-            try:
-                fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:
+            if not try_flock(fh):
                 return None
             try:
                 return self.run_cell(cell)  # re-reads the record first: another process may have finished it
@@ -650,11 +643,11 @@ class Bench:
         tried: list[dict] = []
         best: dict | None = None  # the largest prefix that fitted so far
         wall = 0.0
+        # the population is part of what the run computes (a final reads its chosen scales' own)
+        population = Path(pop["run_dir"]).name  # its name carries its key
         while True:
             opts = {**cell.opts, "from_run": pop["run_dir"], adapter.unit: n}
             _clip(opts, adapter)
-            # the population is part of what the run computes (a final reads its chosen scales' own)
-            population = Path(pop["run_dir"]).name  # its name carries its key
             run_dir = self._run_dir(cell, _hash({"cell": cell.run_key(), "units": n, "population": population}))
             report, dt = self._invoke(cell.method, {**opts, "run_dir": str(run_dir)})
             wall += dt
@@ -982,9 +975,9 @@ def run_bench(
         skipped = {m["method"]: m["reason"] for m in missing}
         if not only_methods:
             raise CorpError("--methods names no method; give variant labels or registry names, comma-separated")
-        if any(m in skipped for m in only_methods):
-            m = next(m for m in only_methods if m in skipped)
-            raise CorpError(f"--methods {m}: {cfg.name} does not run it ({skipped[m]})")
+        named = [m for m in only_methods if m in skipped]
+        if named:
+            raise CorpError(f"--methods {named[0]}: {cfg.name} does not run it ({skipped[named[0]]})")
         unknown = [m for m in only_methods if m not in known]
         if unknown:
             raise CorpError(
@@ -1045,7 +1038,9 @@ def run_bench(
             name = cell.record_name()
             if name in done:
                 continue
-            rec = bench.attempt(cell) if compute and mine(cell) else bench.load_record(cell)
+            rec = bench.load_record(cell)  # a finished cell needs no claim
+            if rec is None and compute and mine(cell):
+                rec = bench.attempt(cell)
             if rec is not None:
                 done[name] = rec
             elif compute and mine(cell):
