@@ -251,9 +251,17 @@ def compare_paired(name_a: str, correct_a: Sequence[int | bool], name_b: str, co
 
 
 def sign_text(c: dict) -> str:
-    """Per-seed sign count, e.g. '4+ 1-' (seeds where a is above b, below it, level)."""
+    """Per-seed sign count, e.g. '3+ 1- 1=' (seeds where a is above b, below it, level; a tie is
+    written '=', since '20' for two ties reads as twenty)."""
     s = c.get("signs") or {}
-    return " ".join(f"{s[k]}{k}" for k in ("+", "-", "0") if s.get(k))
+    return " ".join(f"{s[k]}{'=' if k == '0' else k}" for k in ("+", "-", "0") if s.get(k))
+
+
+def examples_text(c: dict) -> str:
+    """The paired outcomes behind a comparison: 'n = 300', or '5 seeds x 300 test examples' (pooled
+    pairs are not independent examples)."""
+    k = c.get("n_seeds", 1)
+    return f"n = {c['n']}" if k <= 1 else f"{k} seeds x {c['n'] // k} test examples"
 
 
 def comparison_line(c: dict) -> str:
@@ -261,7 +269,7 @@ def comparison_line(c: dict) -> str:
         seeds = ", ".join(f"{p['difference']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]" for p in c["per_seed"])
         return (
             f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} across "
-            f"{c['n_seeds']} seeds, df {c['df']:.1f}; per seed {seeds}; signs {sign_text(c)}; n = {c['n']})"
+            f"{c['n_seeds']} seeds, df {c['df']:.1f}; per seed {seeds}; signs {sign_text(c)}; {examples_text(c)})"
         )
     return (
         f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (paired 95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}; "

@@ -1547,3 +1547,122 @@ def test_an_iterative_cell_grows_short_of_the_budget_so_a_dearer_unit_cannot_was
     rec = bench._iterative(Cell("arith", "paper", 0, "es", "es", 30.0, {"iterations": 10}))
     assert grown[0] == 1 and rec["units"] >= 26, (grown, rec)  # the old full step: 10 -> 30 (32 FLOPs) -> 10
     assert cost(rec["units"]) <= 30.0 and rec["budget_reached"]
+
+
+def _report_rows(cfg, outcomes: dict, unfit: dict | None = None) -> list[dict]:
+    """Rows as flat_rows makes them: outcomes[(cell, name, seed)] = per-example 0/1 list; unfit[(cell, seed)]."""
+    from corp.bench.outputs import flat_rows, headline_setting
+
+    recs: dict[tuple, dict] = {}
+    for (cell, name, seed), correct in outcomes.items():
+        rec = recs.setdefault(
+            (cell, seed),
+            {
+                "task": "arith",
+                "setting": headline_setting(cfg),
+                "label": cell,
+                "budget": 1e12,
+                "seed": seed,
+                "status": "done",
+                "flops": 9e11,
+                "wall_seconds": 1.0,
+                "example_ids": list(range(len(correct))),
+                "tuning": {"chosen": {"x": 1}} if cell != "base" else None,
+                "rows": [],
+            },
+        )
+        rec["rows"].append(
+            {
+                "name": name,
+                "accuracy": sum(correct) / len(correct),
+                "passes_per_example": 1,
+                "labelled_examples": 16,
+                "test_tokens": 1,
+                "test_flops": 1.0,
+                "correct": correct,
+            }
+        )
+    for (cell, seed), reason in (unfit or {}).items():
+        recs[(cell, seed)] = {
+            "task": "arith",
+            "setting": headline_setting(cfg),
+            "label": cell,
+            "budget": 1e12,
+            "seed": seed,
+            "status": "does not fit",
+            "reason": reason,
+            "flops": 0.0,
+            "wall_seconds": 1.0,
+            "rows": [],
+        }
+    return flat_rows(list(recs.values()))
+
+
+def test_a_comparison_with_one_seed_makes_no_claim_and_a_left_out_seed_is_named():
+    """Planted: randopt-top1 is far above the base in every seed where it ran, but it ran in one seed only
+    (the other does not fit). A within-seed interval excludes 0 there; the report must still make no
+    "beats" claim, and must name the left-out seed and why. With both seeds the same effect is a claim."""
+    from corp.bench.outputs import beats_sentences, comparisons, comparisons_table
+
+    cfg = load_config(
+        BenchConfig,
+        None,
+        {
+            "name": "c",
+            "tasks": ["arith"],
+            "seeds": [0, 1, 2],
+            "budgets": [1e12],
+            "methods": {"randopt": None},
+            "compare": [["randopt-top1", "base"]],
+        },
+    )
+    good, bad = [1] * 40 + [0] * 10, [0] * 40 + [1] * 10
+    one = _report_rows(
+        cfg,
+        {("randopt", "randopt-top1", 0): good, **{("base", "base", s): bad for s in (0, 1, 2)}},
+        unfit={("randopt", 1): "1 specialist spent 2e12 FLOPs"},
+    )
+    comps = comparisons(cfg, one)
+    assert len(comps) == 1 and comps[0]["ci95"][0] > 0, "the within-seed interval excludes 0: the case is planted"
+    (sentence,) = beats_sentences(comps)
+    assert " beats " not in sentence and "one seed only, no claim" in sentence, sentence
+    assert "seed 1: randopt-top1 does not fit" in sentence and "seed 2: randopt-top1 not run yet" in sentence, sentence
+    table = "\n".join(comparisons_table(comps))
+    assert "no claim" in table and "seed 1: randopt-top1 does not fit" in table
+    both = _report_rows(
+        cfg,
+        {
+            **{("randopt", "randopt-top1", s): good[5 * s :] + good[: 5 * s] for s in (0, 1, 2)},
+            **{("base", "base", s): bad for s in (0, 1, 2)},
+        },
+    )
+    (sentence,) = beats_sentences(comparisons(cfg, both))
+    assert sentence.startswith("randopt-top1 beats base") and "3 seeds x 50 test examples" in sentence, sentence
+    assert "n = 150" not in sentence, "pooled pairs are not independent examples"
+
+
+def test_ties_are_signed_with_an_equals_sign_and_tuned_rows_show_their_validation_labels():
+    from corp.bench.outputs import _labelled_text
+    from corp.stats import sign_text
+
+    assert sign_text({"signs": {"+": 2, "-": 1, "0": 2}}) == "2+ 1- 2=", "'20' would read as twenty ties"
+    cfg = load_config(
+        BenchConfig,
+        None,
+        {"name": "l", "tasks": ["arith"], "seeds": [0, 1], "budgets": [1e12], "methods": {"randopt": None}},
+    )
+    total = cfg.n_support + cfg.n_probe + cfg.n_validation
+    assert _labelled_text(cfg, {"labelled_examples": 0, "tuned": False}) == "0"
+    assert _labelled_text(cfg, {"labelled_examples": 0, "tuned": True}) == f"0 + {cfg.n_validation} val"
+    assert _labelled_text(cfg, {"labelled_examples": total, "tuned": True}) == f"{total} (tuned on val)"
+
+
+def test_trial_flops_count_each_trial_once_at_its_top_budget():
+    from corp.bench.outputs import trial_flops
+
+    recs = [
+        {"task": "a", "label": "es", "trial": t, "budget": b, "flops": f}
+        for t in (0, 1)
+        for b, f in ((1e12, 0.9e12), (2e12, 1.9e12))
+    ] + [{"task": "a", "label": "self-consistency", "trial": 0, "budget": None, "flops": 0.0}]
+    assert trial_flops(recs) == {"es": 3.8e12, "self-consistency": 0.0}

@@ -20,7 +20,7 @@ from pathlib import Path
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig
 from corp.ledger import FLOPS_FORMULA, LORA_CONVENTION
 from corp.runs import atomic_write_text, read_json, write_json
-from corp.stats import compare_paired_seeds, sign_text
+from corp.stats import compare_paired_seeds, examples_text, sign_text
 
 CSV_COLUMNS = [
     "task",
@@ -70,6 +70,7 @@ def flat_rows(records: list[dict]) -> list[dict]:
                     "hyperparameters": json.dumps(rec.get("hyperparameters", {}), sort_keys=True, default=str),
                     "correct": None,
                     "ids": None,
+                    "tuned": bool(rec.get("tuning")),
                 }
             )
         for r in rec["rows"]:
@@ -98,6 +99,8 @@ def flat_rows(records: list[dict]) -> list[dict]:
                     "hyperparameters": json.dumps(rec.get("hyperparameters", {}), sort_keys=True, default=str),
                     "correct": r.get("correct"),
                     "ids": rec.get("example_ids"),
+                    # the greedy base comes with self-consistency's cell and uses none of its tuned options
+                    "tuned": bool(rec.get("tuning")) and r["name"] != "base",
                 }
             )
     return out
@@ -121,7 +124,26 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def _seed_status(rows: list[dict], task: str, setting: str, budget, name: str, seed: int) -> str:
+    """Why row `name` has no outcome in one seed at one budget: its cell's status ('does not fit: ...'), or
+    'not run yet'. A row's cell is found through any row of that name (a RandOpt row's cell is 'randopt')."""
+    cells = {r["cell"] for r in rows if r["method"] == name and r["task"] == task} or {name}
+    for r in rows:
+        if (
+            r["task"] == task
+            and r["setting"] == setting
+            and r["seed"] == seed
+            and r["cell"] in cells
+            and (r["budget"] == budget or r["budget"] is None)
+            and r["accuracy"] is None
+        ):
+            return str(r["status"]).split(":")[0]
+    return "not run yet"
+
+
 def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
+    """The configured comparisons, on the seeds where both rows exist; every planned seed left out is named,
+    with why (a side that does not fit in a seed drops that seed, which must be said, not hidden)."""
     out = []
     for task in cfg.tasks:
         for setting in cfg.settings:
@@ -135,6 +157,15 @@ def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
                     seeds = sorted(set(sa) & set(sb))
                     if not seeds:
                         continue
+                    dropped = {
+                        s: "; ".join(
+                            f"{n} {_seed_status(rows, task, setting, budget, n, s)}"
+                            for n, have in ((a, sa), (b, sb))
+                            if s not in have
+                        )
+                        for s in cfg.seeds_of(task)
+                        if s not in seeds
+                    }
                     for s in seeds:  # the same test examples, in the same order, or no comparison
                         if sa[s]["ids"] != sb[s]["ids"]:
                             raise ValueError(f"{a} and {b} (seed {s}) were evaluated on different test examples")
@@ -147,6 +178,7 @@ def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
                         setting=setting,
                         budget=budget,
                         seeds=seeds,
+                        seeds_dropped=dropped,
                         flops_a=statistics.fmean(sa[s]["flops"] or 0.0 for s in seeds),
                         flops_b=statistics.fmean(sb[s]["flops"] or 0.0 for s in seeds),
                     )
@@ -165,19 +197,47 @@ def write_csv(path: Path, rows: list[dict], columns: list[str] = CSV_COLUMNS) ->
     atomic_write_text(path, buf.getvalue())
 
 
-def protocol_sentence(cfg: BenchConfig) -> str:
+def trial_flops(tuning: list[dict]) -> dict[str, float]:
+    """Per searched method (cell label), the FLOPs its trials' top-budget cells used, summed over trials and
+    tasks: a well-defined size of the tuning (an iterative trial's smaller budgets are checkpoints of that
+    run; a population trial's smaller budgets reuse its population and add their own evaluations)."""
+    top: dict[tuple, float] = {}
+    for rec in tuning:
+        key = (rec["task"], rec["label"], rec.get("trial", 0))
+        if rec.get("budget") is None or rec["budget"] >= top.get(key, (-1.0, 0.0))[0]:
+            top[key] = (rec.get("budget") or 0.0, rec.get("flops") or 0.0)
+    out: dict[str, float] = {}
+    for (_, label, _), (_, flops) in top.items():
+        out[label] = out.get(label, 0.0) + flops
+    return out
+
+
+def protocol_sentence(cfg: BenchConfig, tuning_flops: dict[str, float] | None = None) -> str:
     if cfg.hyperparameters != "search":
         return (
             "Hyperparameters: defaults (each method's options as given in the config, the same for every seed and "
             "budget, chosen without the test split; recorded per row in results.csv)."
         )
     searched = [n for n, spec in cfg.methods.items() if (spec or {}).get("search")]
+    settings = "both data settings" if len(cfg.settings) > 1 else f"the {cfg.settings[0]} setting"
+    spent = ""
+    if tuning_flops:
+        spent = (
+            " The trials' FLOPs are not charged to the final cells (every searched method got the same number "
+            "of trials, each within the same budgets; the base none); their top-budget cells used, over tasks, "
+            + ", ".join(f"{k} {v:.2g}" for k, v in sorted(tuning_flops.items()))
+            + " FLOPs."
+        )
     return (
         f"Hyperparameters: search. Each of {', '.join(searched)} got {cfg.trials} trials (grid points drawn "
-        f"by a fixed seed), run on seed {cfg.seeds[0]} in the paper setting and compared on the "
-        f"{cfg.n_validation}-example validation split, never on test; the best trial's options (results.csv) "
-        "were used for every seed and both settings, so these methods also used the validation labels to "
-        "choose them. Every trial is in tuning.csv. Other methods ran with the options given."
+        f"by a fixed seed), run on seed {cfg.seeds[0]} with the paper setting's splits (each method its own: "
+        f"RandOpt, ES and GRPO train on the {cfg.n_support} support examples there) and compared on the "
+        f"{cfg.n_validation}-example validation split, never on test (CoRP's gate also accepts on validation, "
+        "so its trial scores are optimistic; test is not affected); the best trial's options (results.csv) "
+        f"were used for every seed in {settings}, so these methods also used the {cfg.n_validation} validation "
+        "labels to choose them (the 'labelled' column says so: '+ val' where those labels are extra, 'tuned on "
+        "val' where they are among the method's own). Every trial is in tuning.csv. Other methods "
+        f"ran with the options given.{spent}"
     )
 
 
@@ -192,7 +252,28 @@ def tuning_rows(records: list[dict]) -> list[dict]:
     return out
 
 
-def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: list[dict], command: str) -> str:
+def _labelled_text(cfg: BenchConfig, row: dict) -> str:
+    """A row's labelled examples, with the validation labels its options were chosen on (a searched method):
+    '0 + 64 val' where they are labels the method does not otherwise see, '144 (tuned on val)' where the
+    validation split is among its own (splits are consecutive slices of one shuffle: equal-data's support
+    of 144 is support + probe + validation)."""
+    n = row["labelled_examples"]
+    if n is None:
+        return ""
+    if not row.get("tuned"):
+        return str(n)
+    inside = n >= cfg.n_support + cfg.n_probe + cfg.n_validation
+    return f"{n} (tuned on val)" if inside else f"{n} + {cfg.n_validation} val"
+
+
+def table_md(
+    cfg: BenchConfig,
+    rows: list[dict],
+    comps: list[dict],
+    missing: list[dict],
+    command: str,
+    tuning_flops: dict[str, float] | None = None,
+) -> str:
     lines = [
         f"# Bench `{cfg.name}`: {cfg.model}",
         "",
@@ -200,14 +281,21 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
         "test examples, the same for every method and seed); columns are training/selection FLOP budgets.",
         "",
         "Compute and data were matched like this: every cell uses at most its FLOP budget from the compute ledger, "
-        "every FLOP spent toward its output counted (population methods the largest prefix of one shared scored "
+        "every FLOP spent toward its output counted, the hyperparameter trials apart (below) (population methods the largest prefix of one shared scored "
         "population per seed such that the prefix plus the method's own evaluations, CoRP's probe, step search and "
         "gates, fit; ES, GRPO and FGRPO their last checkpoint at or below it; a method that cannot fit is 'does not "
         "fit', never an overshoot; evaluations that only feed a report are not run), each cell reports the FLOPs it "
-        "used, here and in results.csv, and every row states its labelled examples (paper: each method's own splits, "
-        f"CoRP support + probe + validation = {cfg.n_support + cfg.n_probe + cfg.n_validation}, RandOpt/ES/GRPO "
-        f"support = {cfg.n_support}; equal-data: RandOpt/ES/GRPO also use probe + validation). "
-        f"{protocol_sentence(cfg)} FLOPs: {FLOPS_FORMULA}. {LORA_CONVENTION}",
+        "used, here and in results.csv, and every row states its labelled examples ("
+        + "; ".join(
+            {
+                "paper": "paper: each method's own splits, CoRP support + probe + validation = "
+                f"{cfg.n_support + cfg.n_probe + cfg.n_validation}, RandOpt/ES/GRPO support = {cfg.n_support}",
+                "equal-data": "equal-data: every method that learns uses support + probe + validation = "
+                f"{cfg.n_support + cfg.n_probe + cfg.n_validation}",
+            }.get(s, s)
+            for s in cfg.settings
+        )
+        + f"). {protocol_sentence(cfg, tuning_flops)} FLOPs: {FLOPS_FORMULA}. {LORA_CONVENTION}",
         "",
     ]
     lines += headline_table(cfg, rows)
@@ -230,15 +318,16 @@ def table_md(cfg: BenchConfig, rows: list[dict], comps: list[dict], missing: lis
                 labelled = passes = ""
                 for b in cfg.budgets:
                     got = _at_budget(rows, task, setting, b).get(name, [])
+                    unfit = _unfit_seeds(rows, task, setting, b, name)
                     if not got:
-                        cells.append("—")
+                        cells.append("does not fit" if unfit else "—")
                         continue
-                    labelled, passes = got[0]["labelled_examples"], got[0]["passes_per_example"]
+                    labelled, passes = _labelled_text(cfg, got[0]), got[0]["passes_per_example"]
                     flops = statistics.fmean([g["flops"] for g in got])
                     note = "" if not flops else f" ({flops:.2g} F)"
                     flags = "*" if any("abstained" in g["status"] for g in got) else ""
-                    cells.append(f"{_spread(cfg, got)}{flags}{note}")
-                if labelled == "" and not any(c != "—" for c in cells):
+                    cells.append(f"{_spread(cfg, got, len(unfit))}{flags}{note}")
+                if labelled == "" and all(c == "—" for c in cells):
                     cells = [
                         next(
                             (
@@ -288,7 +377,9 @@ def comparisons_table(comps: list[dict]) -> list[str]:
         (
             "Same test examples in every seed. Interval: 95%, a t interval over the seeds' mean paired differences (k "
             "- 1 df) plus the test examples' sampling term; per seed: the difference and its paired bootstrap "
-            "interval; signs: seeds where the first row is above (+), below (-) or level with (0) the second."
+            "interval; signs: seeds where the first row is above (+), below (-) or level with (=) the second. "
+            "Seeds are those where both rows exist; a left-out seed is named with why. A comparison with one "
+            f"seed so far makes no claim. {MULTIPLE_NOTE}"
         ),
         "",
         "| pair | task | setting | budget | difference | 95% interval | per seed | signs | FLOPs (a / b) |",
@@ -299,7 +390,9 @@ def comparisons_table(comps: list[dict]) -> list[str]:
             per = "; ".join(f"{p['difference']:+.3f} [{p['ci95'][0]:+.3f}, {p['ci95'][1]:+.3f}]" for p in c["per_seed"])
             signs = sign_text(c)
         else:
-            per, signs = f"one seed (McNemar p = {c['mcnemar_p']:.3g})", "—"
+            per, signs = f"one seed only, no claim (McNemar p = {c['mcnemar_p']:.3g})", "—"
+        if c.get("seeds_dropped"):
+            per += "; left out: " + "; ".join(f"seed {s}: {why}" for s, why in c["seeds_dropped"].items())
         lines.append(
             f"| {c['a']} vs {c['b']} | {c['task']} | {c['setting']} | {_budget_text(c['budget'])} | "
             f"{c['difference']:+.3f} | {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} | {per} | {signs} | "
@@ -309,13 +402,32 @@ def comparisons_table(comps: list[dict]) -> list[str]:
     return lines
 
 
-def _spread(cfg: BenchConfig, got: list[dict]) -> str:
-    """Mean ± sd over seeds; with fewer seeds than configured (an unfinished bench) says how many, never a bare ± 0."""
+def _unfit_seeds(rows: list[dict], task: str, setting: str, budget, name: str) -> list[int]:
+    """The seeds in which row `name`'s cell does not fit `budget` (found through the row's cell label)."""
+    cells = {r["cell"] for r in rows if r["method"] == name and r["task"] == task} or {name}
+    return sorted(
+        {
+            r["seed"]
+            for r in rows
+            if r["task"] == task
+            and r["setting"] == setting
+            and r["budget"] == budget
+            and r["cell"] in cells
+            and r["accuracy"] is None
+            and str(r["status"]).startswith("does not fit")
+        }
+    )
+
+
+def _spread(cfg: BenchConfig, got: list[dict], unfit: int = 0) -> str:
+    """Mean ± sd over seeds; with fewer seeds than configured says how many, and how many of the others do
+    not fit the budget (the rest are not run yet), never a bare ± 0."""
     m, sd = _mean_sd([g["accuracy"] for g in got])
     planned = len(cfg.seeds_of(got[0]["task"]))  # the task's own seeds
     if len(got) == planned:
         return f"{m:.3f} ± {sd:.3f}"
-    return f"{m:.3f} ({len(got)} of {planned} seeds{'' if len(got) == 1 else f', sd {sd:.3f}'})"
+    why = f"; {unfit} do{'es' if unfit == 1 else ''} not fit" if unfit else ""
+    return f"{m:.3f} ({len(got)} of {planned} seeds{'' if len(got) == 1 else f', sd {sd:.3f}'}{why})"
 
 
 def headline_setting(cfg: BenchConfig) -> str:
@@ -363,8 +475,9 @@ def headline_table(cfg: BenchConfig, rows: list[dict]) -> list[str]:
                     )
                     cells.append("does not fit" if unfit else "—")
                     continue
-                labelled = got[0]["labelled_examples"]
-                cells.append(f"{_spread(cfg, got)} ({statistics.fmean(g['flops'] for g in got):.2g} F)")
+                labelled = _labelled_text(cfg, got[0])
+                unfit = _unfit_seeds(rows, task, setting, b, name)
+                cells.append(f"{_spread(cfg, got, len(unfit))} ({statistics.fmean(g['flops'] for g in got):.2g} F)")
             lines.append(
                 f"| {cfg.label(task)} | {name or cell_label} | {labelled} | {1 if name else ''} | "
                 + " | ".join(cells)
@@ -392,26 +505,40 @@ def regime_text(cfg: BenchConfig) -> str:
     )
 
 
+MULTIPLE_NOTE = (
+    "Each interval is 95% on its own, with no adjustment for the number of comparisons: among many "
+    "comparisons of equal rows about 1 in 20 would exclude 0 by chance."
+)
+
+
 def beats_sentences(comps: list[dict]) -> list[str]:
+    """One sentence per comparison; "beats" only where the across-seed interval (2 or more seeds) excludes 0."""
     out = []
     for c in comps:
         lo, hi = c["ci95"]
         where = f"on {c['task']} ({c['setting']}, budget {_budget_text(c['budget'])} FLOPs; {_flops_text(c)})"
-        seeds = f"{c['n_seeds']} seeds, signs {sign_text(c)}, " if c.get("n_seeds", 1) > 1 else ""
-        if lo > 0:
+        seeds = f"signs {sign_text(c)}, " if c.get("n_seeds", 1) > 1 else ""
+        seeds += examples_text(c)
+        if c.get("seeds_dropped"):
+            seeds += "; left out: " + "; ".join(f"seed {s}: {why}" for s, why in c["seeds_dropped"].items())
+        if c.get("n_seeds", 1) < 2:  # a within-seed interval says nothing about another seed: no claim
             out.append(
-                f"{c['a']} beats {c['b']} {where} by {c['difference']:+.3f} "
-                f"(95% CI {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']})."
+                f"{c['a']} vs {c['b']} {where}: one seed only, no claim ({c['difference']:+.3f}, "
+                f"within-seed 95% CI {lo:+.3f} to {hi:+.3f}, {seeds})."
+            )
+        elif lo > 0:
+            out.append(
+                f"{c['a']} beats {c['b']} {where} by {c['difference']:+.3f} (95% CI {lo:+.3f} to {hi:+.3f}, {seeds})."
             )
         elif hi < 0:
             out.append(
                 f"{c['b']} beats {c['a']} {where} by {-c['difference']:+.3f} (95% CI "
-                f"of {c['a']} - {c['b']}: {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']})."
+                f"of {c['a']} - {c['b']}: {lo:+.3f} to {hi:+.3f}, {seeds})."
             )
         else:
             out.append(
                 f"{c['a']} vs {c['b']} {where}: no difference shown ({c['difference']:+.3f}, "
-                f"95% CI {lo:+.3f} to {hi:+.3f}, {seeds}n = {c['n']})."
+                f"95% CI {lo:+.3f} to {hi:+.3f}, {seeds})."
             )
     return out
 
@@ -543,12 +670,12 @@ def write_outputs(
             r["task_label"] = cfg.label(r["task"])
         write_csv(out / "tuning.csv", trials, TUNING_COLUMNS)
     comps = comparisons(cfg, rows)
-    text = table_md(cfg, rows, comps, missing, command)
+    text = table_md(cfg, rows, comps, missing, command, trial_flops(tuning or []))
     if not_run:
         head, _, rest = text.partition("\n\n")
         text = (
             f"{head}\n\n**Incomplete: {not_run} of {not_run + len(records)} "
-            f"cells not run yet** (rerun the command to continue).\n\n{rest}"
+            f"final (non-trial) cells not run yet** (rerun the command to continue).\n\n{rest}"
         )
     if older:
         head, _, rest = text.partition("\n\n")
@@ -622,12 +749,12 @@ def readme_section(cfg: BenchConfig) -> str:
     if headline:
         lines += ["#" + headline[0], *headline[1:], ""]
     if meta.get("beats"):
-        how = (
-            "across seeds: a t interval with k - 1 df plus the test examples' term"
-            if len(cfg.seeds) > 1
-            else "one seed: a paired bootstrap over the test examples"
-        )
-        lines += [f"What the intervals say (95%, {how}, paired on the same examples):", ""]
+        lines += [
+            "What the intervals say (95%, across seeds: a t interval with k - 1 df over the seeds' paired "
+            "differences plus the test examples' term, paired on the same examples; a comparison with one "
+            f"seed so far makes no claim). {MULTIPLE_NOTE}",
+            "",
+        ]
         lines += [f"- {s}" for s in meta["beats"]] + [""]
     plots = meta.get("plots", [])
     if plots:
