@@ -1363,6 +1363,15 @@ def test_a_population_cells_first_try_is_sized_by_its_predecessors_own_evaluatio
     bench.record_path(cells[1]).unlink()
     ran.clear()
     assert bench_with_fakes().run_cell(cells[1])["units"] == 7 and ran == [7]
+    # the first final of a setting is sized by its variant's last trial at that budget (trials run first)
+    trial = Cell("arith", "tune", 0, "consolidate", "corp-stage1", 12.0, {}, trial=0)
+    final = Cell("arith", "equal-data", 0, "consolidate", "corp-stage1", 12.0, {})
+    cells[:] = [trial, final]
+    ran.clear()
+    bench = bench_with_fakes()
+    assert bench.run_cell(trial)["units"] == 7 and ran == [12, 7], "the first trial has no predecessor"
+    ran.clear()
+    assert bench.run_cell(final)["own_estimate"] == 5.0 and ran == [7], "sized from the trial: one try"
 
 
 def test_es_unit_evals_count_only_the_drawn_examples():

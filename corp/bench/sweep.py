@@ -606,15 +606,24 @@ class Bench:
     def own_estimate(self, cell: Cell) -> float | None:
         """The own-evaluation FLOPs (`own_flops`) in the record of this cell's predecessor in the
         plan: the nearest earlier cell of the same task, variant, setting and budget (the previous
-        trial, or the previous seed). None for the first of each chain, or when the predecessor has
-        no such figure (it did not fit, or ran before the bench recorded it). Read from the record
-        in every case, so a resumed bench sizes its first try as an uninterrupted one does."""
+        trial, or the previous seed); for the first final cell of a setting, the last trial of its
+        variant and budget (trials finish before finals; a CoRP trial evaluates on the same probe
+        and validation splits as its finals, so its own evaluations are the best guess there is,
+        and a first try sized without one wastes a whole consolidate). None for the first trial,
+        or when the predecessor has no such figure (it did not fit, or ran before the bench
+        recorded it). Read from the record in every case, so a resumed bench sizes its first try
+        as an uninterrupted one does."""
         same = (cell.task, cell.label, cell.setting, cell.budget)
         chain = [c for c in self.cells if (c.task, c.label, c.setting, c.budget) == same]
         at = next((i for i, c in enumerate(chain) if (c.seed, c.trial) == (cell.seed, cell.trial)), 0)
-        if at == 0:
-            return None
-        prev = self.resolve(chain[at - 1], self.cells)
+        if at > 0:
+            before = chain[at - 1]
+        else:
+            trials = [c for c in self.cells if (c.task, c.label, c.setting, c.budget) == (*same[:2], "tune", same[3])]
+            if cell.setting == "tune" or not trials:
+                return None
+            before = trials[-1]
+        prev = self.resolve(before, self.cells)
         rec = self.load_record(prev) if prev is not None else None
         own = (rec or {}).get("own_flops") if (rec or {}).get("status") == "done" else None
         return None if own is None else float(own)
