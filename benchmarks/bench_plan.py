@@ -20,9 +20,11 @@ It plans the config's cells with corp's own planner (corp.bench.sweep.plan) and 
   - a trial (setting "tune"): the same, on the validation split instead of test.
 Rates (FLOP/s, measured from the first edition's records, results/bench-cpu/cells): support scoring of
 specialists 4.7e10 (8.8e12 FLOPs in 186 s, applies included), test evaluations 1.0e11 (batch 64),
-ES training 2.7e10 (bench-cpu-2's ES trials, metrics seconds: 2.7e13 FLOPs in 1025-1027 s on arith
-and letters; the first edition's 3.8e10 came from 4-member runs on 16 examples), GRPO training 2.5e10
-(ledger FLOPs per second, generation and backward).
+ES training 1.7e10 and GRPO training 3.4e10 (bench-cpu-2's trials at the top budget, ledger FLOPs per
+wall second of the whole cell, its validation evaluations included, on the shared 2-core machine:
+ES the median of its six K = 16 trials, 1.3-2.4e10; GRPO the median of the five that reached the
+budget, 3.1-4.5e10; the first edition's ES 3.8e10 came from 4-member runs on 16 examples, its GRPO
+2.5e10 from runs of 2-6 steps).
 F-TIS has no measured rate: it is charged GRPO's (its step is GRPO's generation, one more forward
 for the logprobs and a backward on the mixed group, the same kinds of work), and its steps at the
 top budget come from its ledger per step, summed over its nodes at each model's size (Gemma 3
@@ -42,7 +44,7 @@ from corp.bench.adapters import FIXED, ITERATIVE, POPULATION
 from corp.bench.sweep import load_bench_config, plan, split_sizes
 
 N_PARAMS = 134_515_008  # SmolLM2-135M, as the committed records' ledgers say
-RATES = {"support": 4.7e10, "test": 1.0e11, "es": 2.7e10, "grpo": 2.5e10, "fgrpo": 2.5e10}
+RATES = {"support": 4.7e10, "test": 1.0e11, "es": 1.7e10, "grpo": 3.4e10, "fgrpo": 3.4e10}
 # parameters of the models a config can name (F-TIS's nodes); an unknown one is charged N_PARAMS, and said so
 MODEL_PARAMS = {"smollm2-135m": N_PARAMS, "default": N_PARAMS, "gemma3-270m": 268_000_000}
 # prompt + generated tokens per example, measured on the committed bench (test rows' tokens / 500)
