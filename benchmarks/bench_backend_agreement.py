@@ -36,16 +36,33 @@ KEEP = ("task", "split_seed", "n_support", "n_probe", "n_validation", "n_test", 
 
 def sample_cells(results: Path, n: int) -> list[dict]:
     """The base (one self-consistency cell) and up to n cells with a saved model, spread over methods
-    (round robin by label, lowest seed first)."""
+    (round robin by label, lowest seed first); of an iterative run, only its largest budget's record,
+    once the run is complete (the one whose checkpoint model/ holds)."""
     recs = [read_json(p) for p in sorted((results / "cells").glob("*.json"))]
     done = [r for r in recs if r.get("status") == "done" and r.get("setting") != "tune" and r.get("rows")]
     picked: list[dict] = []
     base = next((r for r in done if any(x["name"] == "base" for x in r["rows"])), None)
     if base is not None:
         picked.append({"record": base, "row": "base", "model": None})
+    # an iterative run (ES, GRPO) grows through the budgets in one run directory, whose model/ is its
+    # latest checkpoint: only the record of its largest budget holds that model, and only once the
+    # run is complete (a run still growing rewrites model/)
+    last: dict[str, float] = {}
+    for r in done:
+        if r.get("kind") == "iterative" and r.get("run_dir"):
+            last[r["run_dir"]] = max(last.get(r["run_dir"], 0.0), r["budget"] or 0.0)
+
+    def holds_its_model(r: dict) -> bool:
+        run = Path(r["run_dir"])
+        if r.get("kind") != "iterative":
+            return True
+        status = run / "run_status.json"
+        complete = status.exists() and read_json(status).get("status") == "complete"
+        return complete and (r["budget"] or 0.0) == last[r["run_dir"]]
+
     by_label: dict[str, list[dict]] = {}
     for r in sorted(done, key=lambda r: (r["seed"], r["label"], r["budget"] or 0.0)):
-        if r.get("run_dir") and (Path(r["run_dir"]) / "model").is_dir() and len(r["rows"]) == 1:
+        if r.get("run_dir") and (Path(r["run_dir"]) / "model").is_dir() and len(r["rows"]) == 1 and holds_its_model(r):
             by_label.setdefault(r["label"], []).append(r)
     while len(picked) < n + (base is not None) and any(by_label.values()):
         for label in list(by_label):

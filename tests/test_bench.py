@@ -1232,6 +1232,15 @@ def test_backend_agreement_reevaluates_the_bench_s_own_models_on_its_test_exampl
         sys.path.pop(0)
     items = agreement.sample_cells(swept["root"] / "results" / "tiny", 2)
     assert items[0]["row"] == "base" and len(items) == 3 and all(i["model"] for i in items[1:])
+    # an iterative run's model/ is its last checkpoint: a smaller budget's record of the same run would
+    # compare another model's outcomes with its own
+    every = agreement.sample_cells(swept["root"] / "results" / "tiny", 100)
+    iterative = [i["record"] for i in every if i["record"].get("kind") == "iterative"]
+    assert iterative, "the tiny bench has ES/GRPO cells: the planted case is there"
+    records = [json.loads(p.read_text()) for p in (swept["root"] / "results" / "tiny" / "cells").glob("*.json")]
+    for rec in iterative:
+        top = max(r["budget"] for r in records if r.get("run_dir") == rec["run_dir"])
+        assert rec["budget"] == top, (rec["label"], rec["budget"], top)
     for item in items:
         got = agreement.evaluate(item, "hf", tmp_path, threads=1)
         assert got["n"] == 6 and got["agree"] == got["n"], got
