@@ -41,9 +41,21 @@ def sample_cells(results: Path, n: int) -> list[dict]:
     recs = [read_json(p) for p in sorted((results / "cells").glob("*.json"))]
     done = [r for r in recs if r.get("status") == "done" and r.get("setting") != "tune" and r.get("rows")]
     picked: list[dict] = []
-    base = next((r for r in done if any(x["name"] == "base" for x in r["rows"])), None)
+
+    def has_config(r: dict) -> bool:
+        return bool(r.get("run_dir")) and (Path(r["run_dir"]) / "config.yaml").exists()
+
+    # the base's row: its cell's own run directory may be gone (run directories are not committed; a
+    # later session has only the records), so its task options may come from any run of that task
+    # with the same test split (evaluate checks the example ids)
+    base = next((r for r in done if any(x["name"] == "base" for x in r["rows"]) and has_config(r)), None)
+    base = base or next((r for r in done if any(x["name"] == "base" for x in r["rows"])), None)
     if base is not None:
-        picked.append({"record": base, "row": "base", "model": None})
+        donor = (
+            base if has_config(base) else next((r for r in done if r["task"] == base["task"] and has_config(r)), None)
+        )
+        if donor is not None:
+            picked.append({"record": base, "row": "base", "model": None, "config_dir": donor["run_dir"]})
     # an iterative run (ES, GRPO) grows through the budgets in one run directory, whose model/ is its
     # latest checkpoint: only the record of its largest budget holds that model, and only once the
     # run is complete (a run still growing rewrites model/)
@@ -74,10 +86,10 @@ def sample_cells(results: Path, n: int) -> list[dict]:
 
 def evaluate(item: dict, backend: str, out: Path, threads: int) -> dict:
     rec = item["record"]
-    run_dir = Path(rec["run_dir"])
+    run_dir = Path(item.get("config_dir") or rec["run_dir"])
     cell_cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     opts = {k: cell_cfg[k] for k in KEEP if cell_cfg.get(k) is not None}
-    model = item["model"] or cell_cfg["model"]
+    model = item["model"] or cell_cfg["model"]  # the base: the model every run of the bench starts from
     name = f"{rec['task'][:24]}__{rec['label']}__s{rec['seed']}__{rec['budget'] or 'fixed'}".replace("/", "-")
     cfg = load_config(
         EvalConfig,

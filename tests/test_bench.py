@@ -1241,6 +1241,18 @@ def test_backend_agreement_reevaluates_the_bench_s_own_models_on_its_test_exampl
     for rec in iterative:
         top = max(r["budget"] for r in records if r.get("run_dir") == rec["run_dir"])
         assert rec["budget"] == top, (rec["label"], rec["budget"], top)
+    # a later session has the committed records but not the base cell's run directory: the base is still
+    # re-evaluated, with the task options of another run of its task, on the same test examples
+    cells = tmp_path / "later" / "cells"
+    cells.mkdir(parents=True)
+    for rec in records:
+        if any(x["name"] == "base" for x in rec["rows"]):
+            rec = {**rec, "run_dir": str(tmp_path / "gone")}
+        (cells / f"{rec['label']}__{rec['setting']}__{rec['seed']}__{rec['budget']}.json").write_text(json.dumps(rec))
+    base = agreement.sample_cells(tmp_path / "later", 1)[0]
+    assert base["row"] == "base" and base["config_dir"] != base["record"]["run_dir"]
+    got = agreement.evaluate(base, "hf", tmp_path / "again", threads=1)
+    assert got["agree"] == got["n"] == 6, got
     for item in items:
         got = agreement.evaluate(item, "hf", tmp_path, threads=1)
         assert got["n"] == 6 and got["agree"] == got["n"], got
