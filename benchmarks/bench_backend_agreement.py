@@ -139,8 +139,10 @@ def main() -> None:
     items = sample_cells(Path(args.results), args.cells)
     if not items:
         raise SystemExit(f"{args.results}: no finished cell with test rows to re-evaluate yet")
-    rows = [evaluate(it, args.backend, out, args.threads) for it in items]
-    (out / "agreement.json").write_text(json.dumps({"results": args.results, "rows": rows}, indent=2) + "\n")
+    rows = []
+    for it in items:  # saved after each evaluation, so a failure later loses none of them
+        rows.append(evaluate(it, args.backend, out, args.threads))
+        (out / "agreement.json").write_text(json.dumps({"results": args.results, "rows": rows}, indent=2) + "\n")
     lines = [
         f"Re-evaluated with --backend {args.backend} (`{' '.join(['benchmarks/bench_backend_agreement.py'])}"
         f" --results {args.results} --backend {args.backend} --cells {args.cells}`):",
