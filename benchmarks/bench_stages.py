@@ -12,7 +12,8 @@ each method's wall time into:
   save         CoRP materialising and saving the consolidated model and its recipe (corp.seconds `save`);
   other        the rest of the cell's wall: model loading and hashing, CoRP's arithmetic where its
                report has no timings (runs made before they were recorded), reports.
-Every run directory counts once, a population cell's tries over the budget included (each ran the
+A record whose run directory is not there (run directories are not committed: an earlier session's
+cells) is left out and counted as such, since its wall would all read as 'other'. Every run directory counts once, a population cell's tries over the budget included (each ran the
 method in a run directory of its own, listed in the record's `tried`): the cells that share one (an iterative run continued across
 budgets, a fixed cell serving both data settings) contribute the largest wall any of them
 recorded (an iterative record's wall is cumulative). Trials (setting `tune`) and final cells are
@@ -74,8 +75,11 @@ def stage_table(records: list[dict], root: Path) -> list[str]:
         if rec.get("status") != "done":
             continue
         key = (rec.get("task_label") or rec["task"][:24], rec["label"])
-        counts[key]["trials" if rec["setting"] == "tune" else "final"] += 1
         d = rec["run_dir"]
+        if not (root / d).is_dir():  # an earlier session's cell: its record, not its run directory, is committed
+            counts[key]["absent"] += 1  # its wall would all read as 'other': left out, and said
+            continue
+        counts[key]["trials" if rec["setting"] == "tune" else "final"] += 1
         walls[key][d] = max(walls[key].get(d, 0.0), float(rec["wall_seconds"]))
         # a population cell's wall includes its tries over the budget, each a run directory of its own
         stage_dirs[key] |= {d} | {t["run_dir"] for t in rec.get("tried") or [] if t.get("run_dir")}
@@ -90,7 +94,12 @@ def stage_table(records: list[dict], root: Path) -> list[str]:
     def pct(x, w):
         return f"{100 * x / w:.0f}%" if w > 0 else "-"
 
-    for key in sorted(walls):
+    for key in sorted(counts):
+        if key not in walls:  # every record of the method was absent
+            lines.append(
+                f"| {key[0]} | {key[1]} | 0 + 0 ({counts[key]['absent']} without run directory) | - |" + " - |" * 7
+            )
+            continue
         st = defaultdict(float)
         for d in stage_dirs[key]:
             for k, v in run_dir_stages(root / d).items():
@@ -99,8 +108,9 @@ def stage_table(records: list[dict], root: Path) -> list[str]:
         st["other"] = max(0.0, wall - sum(st[k] for k in STAGES))
         flags = [k for k in FLAGGED if wall > 0 and st[k] / wall > 0.10]
         c = counts[key]
+        absent = f" ({c['absent']} without run directory, not counted)" if c["absent"] else ""
         lines.append(
-            f"| {key[0]} | {key[1]} | {c['trials']} + {c['final']} | {wall:.0f} | "
+            f"| {key[0]} | {key[1]} | {c['trials']} + {c['final']}{absent} | {wall:.0f} | "
             + " | ".join(pct(st[k], wall) for k in (*STAGES, "other"))
             + f" | {', '.join(flags)} |"
         )

@@ -1429,6 +1429,11 @@ def test_bench_stages_reads_every_try_of_a_population_cell(tmp_path):
     (line,) = [x for x in stages.stage_table([rec], tmp_path) if "| corp-stage1 |" in x]
     cols = [c.strip() for c in line.strip("|").split("|")]
     assert cols[3] == "40" and cols[4] == "50%", cols  # 20 s of generation in 40 s: both tries read
+    # an earlier session's record whose run directory is gone: its 400 s would all read as 'other'
+    gone = {**rec, "run_dir": "gone", "tried": [], "seed": 1, "wall_seconds": 400.0}
+    (line,) = [x for x in stages.stage_table([rec, gone], tmp_path) if "| corp-stage1 |" in x]
+    cols = [c.strip() for c in line.strip("|").split("|")]
+    assert cols[2] == "0 + 1 (1 without run directory, not counted)" and cols[3] == "40" and cols[4] == "50%", cols
 
 
 def test_a_task_entry_may_run_fewer_seeds(tiny_dir, tmp_path):
