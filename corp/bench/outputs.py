@@ -124,6 +124,14 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
+def dropped_text(c: dict) -> str:
+    """A comparison's left-out seeds, grouped by why: 'seeds 1, 2 not run yet; seed 3 corp-stage1 does not fit'."""
+    by: dict[str, list] = {}
+    for s, why in (c.get("seeds_dropped") or {}).items():
+        by.setdefault(why, []).append(str(s))
+    return "; ".join(f"seed{'s' if len(ss) > 1 else ''} {', '.join(ss)}: {why}" for why, ss in by.items())
+
+
 def _seed_status(rows: list[dict], task: str, setting: str, budget, name: str, seed: int) -> str:
     """Why row `name` has no outcome in one seed at one budget: its cell's status ('does not fit: ...'), or
     'not run yet'. A row's cell is found through any row of that name (a RandOpt row's cell is 'randopt')."""
@@ -157,15 +165,21 @@ def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
                     seeds = sorted(set(sa) & set(sb))
                     if not seeds:
                         continue
-                    dropped = {
-                        s: "; ".join(
-                            f"{n} {_seed_status(rows, task, setting, budget, n, s)}"
-                            for n, have in ((a, sa), (b, sb))
-                            if s not in have
+                    dropped = {}
+                    for s in cfg.seeds_of(task):
+                        if s in seeds:
+                            continue
+                        why = {
+                            n: _seed_status(rows, task, setting, budget, n, s)
+                            for n, h in ((a, sa), (b, sb))
+                            if s not in h
+                        }
+                        # a seed neither side has run in yet is just that; otherwise which side, and why
+                        dropped[s] = (
+                            "not run yet"
+                            if len(why) == 2 and set(why.values()) == {"not run yet"}
+                            else "; ".join(f"{n} {w}" for n, w in why.items())
                         )
-                        for s in cfg.seeds_of(task)
-                        if s not in seeds
-                    }
                     for s in seeds:  # the same test examples, in the same order, or no comparison
                         if sa[s]["ids"] != sb[s]["ids"]:
                             raise ValueError(f"{a} and {b} (seed {s}) were evaluated on different test examples")
@@ -392,7 +406,7 @@ def comparisons_table(comps: list[dict]) -> list[str]:
         else:
             per, signs = f"one seed only, no claim (McNemar p = {c['mcnemar_p']:.3g})", "—"
         if c.get("seeds_dropped"):
-            per += "; left out: " + "; ".join(f"seed {s}: {why}" for s, why in c["seeds_dropped"].items())
+            per += f"; left out: {dropped_text(c)}"
         lines.append(
             f"| {c['a']} vs {c['b']} | {c['task']} | {c['setting']} | {_budget_text(c['budget'])} | "
             f"{c['difference']:+.3f} | {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} | {per} | {signs} | "
@@ -520,7 +534,7 @@ def beats_sentences(comps: list[dict]) -> list[str]:
         seeds = f"signs {sign_text(c)}, " if c.get("n_seeds", 1) > 1 else ""
         seeds += examples_text(c)
         if c.get("seeds_dropped"):
-            seeds += "; left out: " + "; ".join(f"seed {s}: {why}" for s, why in c["seeds_dropped"].items())
+            seeds += f"; left out: {dropped_text(c)}"
         if c.get("n_seeds", 1) < 2:  # a within-seed interval says nothing about another seed: no claim
             out.append(
                 f"{c['a']} vs {c['b']} {where}: one seed only, no claim ({c['difference']:+.3f}, "
