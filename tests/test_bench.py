@@ -1703,3 +1703,44 @@ def test_trial_flops_count_each_trial_once_at_its_top_budget():
         for b, f in ((1e12, 0.9e12), (2e12, 1.9e12))
     ] + [{"task": "a", "label": "self-consistency", "trial": 0, "budget": None, "flops": 0.0}]
     assert trial_flops(recs) == {"es": 3.8e12, "self-consistency": 0.0}
+
+
+def test_the_label_prior_reference_scores_the_majority_answer_of_the_labelled_examples(monkeypatch):
+    """Planted: a task whose labelled examples are 80% '1' and whose test answers are 60% '1'. The
+    reference row answers '1' everywhere and must score 0.6 on test, with the task's own check, in
+    every seed; a method that only learned to say '1' would match it."""
+    from corp.bench.outputs import LABEL_PRIOR, headline_table, label_prior_rows
+    from corp.evaluate.tasks.base import Example, Task
+
+    class Prior(Task):
+        name = "prior"
+
+        def pools(self):
+            test = [Example(f"t{i}", "q", "1" if i < 6 else "2") for i in range(10)]
+            train = [Example(f"s{i}", "q", "1" if i % 5 else "3") for i in range(20)]
+            return {"train": train, "test": test}
+
+        def extract(self, completion):
+            return completion.strip()
+
+    monkeypatch.setattr("corp.evaluate.tasks.get_task", lambda spec, data=None: Prior())
+    cfg = load_config(
+        BenchConfig,
+        None,
+        {
+            "name": "p",
+            "tasks": ["arith"],
+            "seeds": [0, 1],
+            "budgets": [1e12],
+            "methods": {"randopt": None},
+            "n_support": 4,
+            "n_probe": 3,
+            "n_validation": 3,
+            "n_test": 10,
+        },
+    )
+    rows = label_prior_rows(cfg, ["arith"])
+    assert [r["seed"] for r in rows] == [0, 1] and {r["accuracy"] for r in rows} == {0.6}, rows
+    assert rows[0]["labelled_examples"] == 10 and "'1'" in rows[0]["status"] and rows[0]["flops"] == 0.0
+    line = next(x for x in headline_table(cfg, rows) if f"| {LABEL_PRIOR} |" in x)
+    assert "0.600 (reference)" in line and "| 10 | 0 |" in line, line

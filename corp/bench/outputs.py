@@ -106,6 +106,64 @@ def flat_rows(records: list[dict]) -> list[dict]:
     return out
 
 
+LABEL_PRIOR = "majority-answer"
+
+
+def label_prior_rows(cfg: BenchConfig, tasks: list[str]) -> list[dict]:
+    """A reference row per task, not a method: the most common gold answer among the labelled examples
+    (support + probe + validation, the equal-data 144), given to every test example and checked by the
+    task's own `check`. It is what learning only the label prior scores: on a task whose answers are
+    mostly one value (letter counting over 1-3 words: 78% of the test answers are '1') a method can gain
+    a lot by answering that value more often, and the table should show it. One row per seed (the value
+    is the same) so it reads as every other row; no model, 0 FLOPs. Skipped for tasks whose check runs
+    code, and for any task that cannot be loaded here (its package missing)."""
+    from corp.evaluate.tasks import SplitSizes, get_task, make_splits
+    from corp.evaluate.tasks.code import _CodeTask
+
+    out = []
+    for task in tasks:
+        try:
+            t = get_task(task, cfg.data)
+            if isinstance(t, _CodeTask):
+                continue
+            sp = make_splits(t, SplitSizes(cfg.n_support, cfg.n_probe, cfg.n_validation, cfg.n_test), cfg.split_seed)
+        except Exception:  # noqa: BLE001 - a reference row is optional; the cells' rows do not depend on it
+            continue
+        labelled = sp["support"] + sp["probe"] + sp["validation"]
+        if not labelled or not sp["test"]:
+            continue
+        counts: dict[str, int] = {}
+        for ex in labelled:
+            counts[ex.answer] = counts.get(ex.answer, 0) + 1
+        answer = max(counts, key=lambda a: (counts[a], -list(counts).index(a)))  # ties: the first seen
+        correct = [int(t.check(answer, ex)) for ex in sp["test"]]
+        for seed in cfg.seeds_of(task):
+            out.append(
+                {
+                    "task": task,
+                    "method": LABEL_PRIOR,
+                    "cell": LABEL_PRIOR,
+                    "setting": headline_setting(cfg),
+                    "budget": None,
+                    "seed": seed,
+                    "accuracy": sum(correct) / len(correct),
+                    "passes_per_example": 0,
+                    "labelled_examples": len(labelled),
+                    "test_tokens": 0,
+                    "test_flops": 0.0,
+                    "flops": 0.0,
+                    "wall_seconds": 0.0,
+                    "units": None,
+                    "status": f"reference: answer {answer!r} to every test example (no model)",
+                    "hyperparameters": "{}",
+                    "correct": correct,
+                    "ids": [ex.id for ex in sp["test"]],
+                    "tuned": False,
+                }
+            )
+    return out
+
+
 def _at_budget(rows: list[dict], task: str, setting: str, budget) -> dict[str, list[dict]]:
     """Rows of one (task, setting) that hold at `budget`: the budget's own cells and fixed cells."""
     out: dict[str, list[dict]] = {}
@@ -355,7 +413,9 @@ def table_md(
                 lines.append(f"| {name} | {labelled} | {passes} | " + " | ".join(cells) + " |")
             lines.append("")
     lines.append(
-        "`*`: CoRP abstained (its gate kept the base) in at least one seed. `(x F)`: mean FLOPs the cell actually used."
+        "`*`: CoRP abstained (its gate kept the base) in at least one seed. `(x F)`: mean FLOPs the cell actually used. "
+        f"`{LABEL_PRIOR}`: a reference, not a method: the most common answer among the labelled examples, given to "
+        "every test example (what learning only the label prior scores; results.csv says which answer)."
     )
     lines.append("")
     if comps:
@@ -437,6 +497,8 @@ def _spread(cfg: BenchConfig, got: list[dict], unfit: int = 0) -> str:
     """Mean ± sd over seeds; with fewer seeds than configured says how many, and how many of the others do
     not fit the budget (the rest are not run yet), never a bare ± 0."""
     m, sd = _mean_sd([g["accuracy"] for g in got])
+    if got[0]["method"] == LABEL_PRIOR:  # the same in every seed by construction: no spread to state
+        return f"{m:.3f} (reference)"
     planned = len(cfg.seeds_of(got[0]["task"]))  # the task's own seeds
     if len(got) == planned:
         return f"{m:.3f} ± {sd:.3f}"
@@ -470,12 +532,13 @@ def headline_table(cfg: BenchConfig, rows: list[dict]) -> list[str]:
                 continue
             if r["accuracy"] is None and str(r["status"]).startswith("does not fit"):
                 chosen.setdefault(r["cell"], "")
-            elif r["passes_per_example"] == 1 and r["accuracy"] is not None:
+            elif (r["passes_per_example"] == 1 or r["method"] == LABEL_PRIOR) and r["accuracy"] is not None:
                 key = "base" if r["method"] == "base" else r["cell"]  # the base is a row of its own
                 if not chosen.get(key):
                     chosen[key] = r["method"]
         for cell_label, name in chosen.items():
             cells, labelled = [], ""
+            passes = "" if not name else (0 if name == LABEL_PRIOR else 1)
             for b in cfg.budgets:
                 got = _at_budget(rows, task, setting, b).get(name, []) if name else []
                 if not got:
@@ -493,9 +556,7 @@ def headline_table(cfg: BenchConfig, rows: list[dict]) -> list[str]:
                 unfit = _unfit_seeds(rows, task, setting, b, name)
                 cells.append(f"{_spread(cfg, got, len(unfit))} ({statistics.fmean(g['flops'] for g in got):.2g} F)")
             lines.append(
-                f"| {cfg.label(task)} | {name or cell_label} | {labelled} | {1 if name else ''} | "
-                + " | ".join(cells)
-                + " |"
+                f"| {cfg.label(task)} | {name or cell_label} | {labelled} | {passes} | " + " | ".join(cells) + " |"
             )
     return lines + [""]
 
@@ -575,7 +636,9 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
                 mine = [r for r in sub if r["method"] == name]
                 if all(r["budget"] is None for r in mine):  # no training compute: a horizontal reference line
                     m, sd = _mean_sd([r["accuracy"] for r in mine])
-                    if name == "base" or mine[0]["passes_per_example"] == 1:
+                    if name == LABEL_PRIOR:
+                        ax.axhline(m, ls=":", lw=1, color="black", label=f"{name} (label prior, no model)")
+                    elif name == "base" or mine[0]["passes_per_example"] == 1:
                         ax.axhline(
                             m, ls="--", lw=1, color="grey" if name == "base" else None, label=f"{name} (no training)"
                         )
@@ -675,6 +738,7 @@ def write_outputs(
 
     out = Path(cfg.results_dir) / cfg.name
     rows = flat_rows(records)
+    rows += label_prior_rows(cfg, [t for t in cfg.tasks if any(r["task"] == t for r in rows)])
     for r in rows:
         r["task_label"] = cfg.label(r["task"])
     write_csv(out / "results.csv", rows)
