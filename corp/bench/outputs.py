@@ -190,10 +190,16 @@ def dropped_text(c: dict) -> str:
     return "; ".join(f"seed{'s' if len(ss) > 1 else ''} {', '.join(ss)}: {why}" for why, ss in by.items())
 
 
+def _cells_of(rows: list[dict], task: str, name: str) -> set[str]:
+    """The cell labels behind row `name` (a RandOpt row's cell is 'randopt'); a row that only ever
+    failed is named by its cell label, so the name itself then."""
+    return {r["cell"] for r in rows if r["method"] == name and r["task"] == task} or {name}
+
+
 def _seed_status(rows: list[dict], task: str, setting: str, budget, name: str, seed: int) -> str:
     """Why row `name` has no outcome in one seed at one budget: its cell's status ('does not fit: ...'), or
-    'not run yet'. A row's cell is found through any row of that name (a RandOpt row's cell is 'randopt')."""
-    cells = {r["cell"] for r in rows if r["method"] == name and r["task"] == task} or {name}
+    'not run yet'."""
+    cells = _cells_of(rows, task, name)
     for r in rows:
         if (
             r["task"] == task
@@ -273,7 +279,7 @@ def trial_flops(tuning: list[dict]) -> dict[str, float]:
     """Per searched method (cell label), the FLOPs its trials' top-budget cells used, summed over trials and
     tasks: a well-defined size of the tuning (an iterative trial's smaller budgets are checkpoints of that
     run; a population trial's smaller budgets reuse its population and add their own evaluations)."""
-    top: dict[tuple, float] = {}
+    top: dict[tuple, tuple[float, float]] = {}  # (task, label, trial) -> (its largest budget, that cell's FLOPs)
     for rec in tuning:
         key = (rec["task"], rec["label"], rec.get("trial", 0))
         if rec.get("budget") is None or rec["budget"] >= top.get(key, (-1.0, 0.0))[0]:
@@ -477,8 +483,8 @@ def comparisons_table(comps: list[dict]) -> list[str]:
 
 
 def _unfit_seeds(rows: list[dict], task: str, setting: str, budget, name: str) -> list[int]:
-    """The seeds in which row `name`'s cell does not fit `budget` (found through the row's cell label)."""
-    cells = {r["cell"] for r in rows if r["method"] == name and r["task"] == task} or {name}
+    """The seeds in which row `name`'s cell does not fit `budget`."""
+    cells = _cells_of(rows, task, name)
     return sorted(
         {
             r["seed"]
@@ -542,15 +548,7 @@ def headline_table(cfg: BenchConfig, rows: list[dict]) -> list[str]:
             for b in cfg.budgets:
                 got = _at_budget(rows, task, setting, b).get(name, []) if name else []
                 if not got:
-                    unfit = any(
-                        r["task"] == task
-                        and r["setting"] == setting
-                        and r["budget"] == b
-                        and r["cell"] == cell_label
-                        and str(r["status"]).startswith("does not fit")
-                        for r in rows
-                    )
-                    cells.append("does not fit" if unfit else "—")
+                    cells.append("does not fit" if _unfit_seeds(rows, task, setting, b, cell_label) else "—")
                     continue
                 labelled = _labelled_text(cfg, got[0])
                 unfit = _unfit_seeds(rows, task, setting, b, name)
