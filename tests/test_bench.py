@@ -1744,3 +1744,59 @@ def test_the_label_prior_reference_scores_the_majority_answer_of_the_labelled_ex
     assert rows[0]["labelled_examples"] == 10 and "'1'" in rows[0]["status"] and rows[0]["flops"] == 0.0
     line = next(x for x in headline_table(cfg, rows) if f"| {LABEL_PRIOR} |" in x)
     assert "0.600 (reference)" in line and "| 10 | 0 |" in line, line
+
+
+def test_the_reading_states_only_claims_the_intervals_allow_and_names_a_label_prior_above_every_model():
+    """Planted: randopt-top1 is far above the base in 3 seeds (a claim), es is level with randopt-top1 (no
+    claim), and the majority answer scores above every model. The plain-words reading must state the
+    claim in full (interval and FLOPs), list the level pair as showing no difference, and say that the
+    task's gains mostly measure its label prior; with the prior below the best model it must not."""
+    from corp.bench.outputs import LABEL_PRIOR, comparisons, reading_lines
+
+    cfg = load_config(
+        BenchConfig,
+        None,
+        {
+            "name": "r",
+            "tasks": ["arith"],
+            "seeds": [0, 1, 2],
+            "budgets": [1e12],
+            "methods": {"randopt": None, "es": None},
+            "compare": [["randopt-top1", "base"], ["es", "randopt-top1"]],
+        },
+    )
+    good, bad = [1] * 40 + [0] * 10, [0] * 40 + [1] * 10
+    rows = _report_rows(
+        cfg,
+        {
+            **{("randopt", "randopt-top1", s): good[5 * s :] + good[: 5 * s] for s in (0, 1, 2)},
+            **{("es", "es", s): good[3 * s + 1 :] + good[: 3 * s + 1] for s in (0, 1, 2)},
+            **{("base", "base", s): bad for s in (0, 1, 2)},
+        },
+    )
+
+    def prior(acc):
+        return [
+            {
+                **rows[0],
+                "method": LABEL_PRIOR,
+                "cell": LABEL_PRIOR,
+                "budget": None,
+                "seed": s,
+                "accuracy": acc,
+                "passes_per_example": 0,
+                "flops": 0.0,
+                "answer": "1",
+            }
+            for s in (0, 1, 2)
+        ]
+
+    comps = comparisons(cfg, rows)
+    text = "\n".join(reading_lines(cfg, rows + prior(0.9), comps))
+    claim = next(line for line in text.splitlines() if " beats " in line)
+    assert claim.startswith("- randopt-top1 beats base") and "95% CI" in claim and "FLOPs" in claim, claim
+    assert "No difference shown" in text and "es vs randopt-top1 (arith 1e+12)" in text, text
+    assert "es beats" not in text and "randopt-top1 beats es" not in text, text
+    assert "highest mean test accuracy of a single model is randopt-top1's 0.800 over 3 seeds (base 0.200)" in text
+    assert "The majority answer '1'" in text and "mostly measure" in text, text
+    assert "majority answer" not in "\n".join(reading_lines(cfg, rows + prior(0.3), comps)), "a weak prior is no caveat"

@@ -155,6 +155,7 @@ def label_prior_rows(cfg: BenchConfig, tasks: list[str]) -> list[dict]:
                     "wall_seconds": 0.0,
                     "units": None,
                     "status": f"reference: answer {answer!r} to every test example (no model)",
+                    "answer": answer,
                     "hyperparameters": "{}",
                     "correct": correct,
                     "ids": [ex.id for ex in sp["test"]],
@@ -377,6 +378,9 @@ def table_md(
         "",
     ]
     lines += headline_table(cfg, rows)
+    reading = reading_lines(cfg, rows, comps)
+    if reading:
+        lines += ["## What it shows", "", *reading, "", MULTIPLE_NOTE, ""]
     for task in cfg.tasks:
         for setting in cfg.settings:
             names: list[str] = []
@@ -616,6 +620,80 @@ def beats_sentences(comps: list[dict]) -> list[str]:
     return out
 
 
+def _is_claim(c: dict) -> bool:
+    lo, hi = c["ci95"]
+    return c.get("n_seeds", 1) >= 2 and (lo > 0 or hi < 0)
+
+
+def _pairs_text(comps: list[dict]) -> str:
+    """'a vs b (arith 1.2e+13, 2.8e+13; letters 2.8e+13); c vs d (...)': comparisons grouped by pair."""
+    by: dict[tuple[str, str], dict[str, list[str]]] = {}
+    for c in comps:
+        by.setdefault((c["a"], c["b"]), {}).setdefault(c["task_label"], []).append(_budget_text(c["budget"]))
+    return "; ".join(
+        f"{a} vs {b} (" + "; ".join(f"{t} " + ", ".join(bs) for t, bs in where.items()) + ")"
+        for (a, b), where in by.items()
+    )
+
+
+def reading_lines(cfg: BenchConfig, rows: list[dict], comps: list[dict]) -> list[str]:
+    """What the headline shows, in plain words, from the rows and comparisons alone (nothing typed in by
+    hand): per task, the highest single-model mean at the top budget beside the base and, where the
+    majority-answer reference is at or above it, that the task's gains mostly measure its label prior;
+    then the claims (only comparisons whose across-seed interval excludes 0, in full), and the
+    comparisons that show no difference or have one seed only, grouped by pair. A highest mean is a
+    description, not a claim: whether it beats the next row is said by the claims alone."""
+    setting = headline_setting(cfg)
+    top = cfg.budgets[-1]
+    out = []
+    for task in cfg.tasks:
+        by = _at_budget(rows, task, setting, top)
+        single = {
+            n: got for n, got in by.items() if n not in ("base", LABEL_PRIOR) and got[0]["passes_per_example"] == 1
+        }
+        if not single:
+            continue
+        means = {n: statistics.fmean(r["accuracy"] for r in got) for n, got in single.items()}
+        best = max(means, key=lambda n: means[n])
+        k = len({r["seed"] for r in single[best]})
+        text = (
+            f"On {cfg.label(task)} at {_budget_text(top)} FLOPs ({setting}), the highest mean test accuracy of a "
+            f"single model is {best}'s {means[best]:.3f} over {k} seed{'s' if k != 1 else ''}"
+        )
+        if by.get("base"):
+            text += f" (base {statistics.fmean(r['accuracy'] for r in by['base']):.3f})"
+        prior = by.get(LABEL_PRIOR)
+        if prior and prior[0]["accuracy"] >= means[best]:
+            text += (
+                f". The majority answer {prior[0].get('answer', '')!r} given to every example, with no model, scores "
+                f"{prior[0]['accuracy']:.3f}, at or above every single model: gains on {cfg.label(task)} mostly measure how "
+                "often a model gives that answer, not the task itself"
+            )
+        out += [text + ".", ""]
+    labelled = [dict(c, task_label=cfg.label(c["task"])) for c in comps]
+    claims = [s for s, c in zip(beats_sentences(comps), comps) if _is_claim(c)]
+    if claims:
+        out += ["Claims (the 95% across-seed interval excludes 0; FLOPs of both sides given):"]
+        out += [f"- {s}" for s in claims] + [""]
+    elif comps:
+        out += ["No comparison's across-seed interval excludes 0, so no claim is made.", ""]
+    level = [c for c in labelled if c.get("n_seeds", 1) >= 2 and not _is_claim(c)]
+    if level:
+        out += [
+            f"No difference shown (the interval includes 0 at {_seeds_range(level)} seeds): {_pairs_text(level)}.",
+            "",
+        ]
+    one = [c for c in labelled if c.get("n_seeds", 1) < 2]
+    if one:
+        out += [f"One seed only, no claim: {_pairs_text(one)}.", ""]
+    return out[:-1] if out else out  # markdown paragraphs: one blank line between, none at the end
+
+
+def _seeds_range(comps: list[dict]) -> str:
+    ks = sorted({c.get("n_seeds", 1) for c in comps})
+    return str(ks[0]) if len(ks) == 1 else f"{ks[0]}-{ks[-1]}"
+
+
 def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
     import matplotlib
 
@@ -777,6 +855,7 @@ def write_outputs(
             "plots": made,
             "comparisons": comps,
             "beats": beats_sentences(comps),
+            "reading": reading_lines(cfg, rows, comps),
             "bench_protocol": BENCH_PROTOCOL,
             "older_protocol_records": older,
         },
@@ -800,8 +879,9 @@ def _section(text: str, heading: str) -> list[str]:
 
 def readme_section(cfg: BenchConfig) -> str:
     """The README's results section, from the latest outputs of this bench (nothing recomputed):
-    the regime, the headline table, one sentence per comparison (a "beats" only where the
-    across-seed interval excludes 0), one plot, and a link to table.md for everything else."""
+    the regime, the headline table, what it shows in plain words (`reading_lines`: the claims in full,
+    a "beats" only where the across-seed interval excludes 0, the other comparisons grouped by pair),
+    one plot, and a link to table.md for everything else (each comparison's per-seed differences)."""
     from corp import CorpError
 
     out = Path(cfg.results_dir) / cfg.name
@@ -824,14 +904,15 @@ def readme_section(cfg: BenchConfig) -> str:
     ]
     if headline:
         lines += ["#" + headline[0], *headline[1:], ""]
-    if meta.get("beats"):
+    if meta.get("reading"):
         lines += [
-            "What the intervals say (95%, across seeds: a t interval with k - 1 df over the seeds' paired "
+            "What it shows (95% intervals across seeds: a t interval with k - 1 df over the seeds' paired "
             "differences plus the test examples' term, paired on the same examples; a comparison with one "
             f"seed so far makes no claim). {MULTIPLE_NOTE}",
             "",
+            *meta["reading"],
+            "",
         ]
-        lines += [f"- {s}" for s in meta["beats"]] + [""]
     plots = meta.get("plots", [])
     if plots:
         lines += [f"![{plots[0]}]({out / plots[0]})", ""]
