@@ -1800,3 +1800,37 @@ def test_the_reading_states_only_claims_the_intervals_allow_and_names_a_label_pr
     assert "highest mean test accuracy of a single model is randopt-top1's 0.800 over 3 seeds (base 0.200)" in text
     assert "The majority answer '1'" in text and "mostly measure" in text, text
     assert "majority answer" not in "\n".join(reading_lines(cfg, rows + prior(0.3), comps)), "a weak prior is no caveat"
+
+
+def test_time_per_method_adds_the_population_a_cell_read_and_takes_medians_over_seeds():
+    """Planted: RandOpt's cells spend 60 s of their own beside a population prefix that took 600 s to
+    score (11 min each), ES's cumulative wall is 2, 4 and 30 min over seeds (median 4), and one ES trial ran
+    two budgets (counted once, at its top one). A table that left out the population, or averaged the
+    outlier seed in, or summed a trial's budgets, would show other figures."""
+    from corp.bench.outputs import time_table
+
+    cfg = load_config(
+        BenchConfig,
+        None,
+        {"name": "t", "tasks": ["arith"], "seeds": [0, 1, 2], "budgets": [1e12, 2e12], "methods": {"randopt": None}},
+    )
+
+    def rec(label, budget, seed, wall, pop=None, setting="equal-data", trial=None):
+        return {
+            "task": "arith",
+            "label": label,
+            "budget": budget,
+            "seed": seed,
+            "setting": setting,
+            "trial": trial,
+            "status": "done",
+            "wall_seconds": wall,
+            "population_seconds": pop,
+        }
+
+    records = [rec("randopt", 2e12, s, 60.0, 600.0) for s in (0, 1, 2)]
+    records += [rec("es", 2e12, s, w) for s, w in ((0, 120.0), (1, 240.0), (2, 1800.0))]
+    tuning = [rec("es", b, 0, w, setting="tune", trial=0) for b, w in ((1e12, 60.0), (2e12, 180.0))]
+    text = "\n".join(time_table(cfg, records, tuning))
+    assert "| arith | randopt |  |  | 11.0 (3) |  |" in text, text
+    assert "| arith | es |  |  | 4.0 (3) | 3.0 (1) |" in text, text

@@ -36,6 +36,7 @@ CSV_COLUMNS = [
     "test_flops",
     "flops",
     "wall_seconds",
+    "population_seconds",
     "units",
     "status",
     "hyperparameters",
@@ -94,6 +95,7 @@ def flat_rows(records: list[dict]) -> list[dict]:
                     "test_flops": r["test_flops"],
                     "flops": rec["flops"],
                     "wall_seconds": rec["wall_seconds"],
+                    "population_seconds": rec.get("population_seconds"),
                     "units": rec.get("units"),
                     "status": status,
                     "hyperparameters": json.dumps(rec.get("hyperparameters", {}), sort_keys=True, default=str),
@@ -289,6 +291,63 @@ def trial_flops(tuning: list[dict]) -> dict[str, float]:
     for (_, label, _), (_, flops) in top.items():
         out[label] = out.get(label, 0.0) + flops
     return out
+
+
+def _cell_seconds(rec: dict) -> float:
+    """A cell's measured time toward its output: its own wall (an iterative cell's is cumulative over its
+    run, so the top budget includes the lower ones) plus, for a population method, the time it took to
+    score the population prefix it used (scored once per seed and read by several cells)."""
+    return float(rec.get("wall_seconds") or 0.0) + float(rec.get("population_seconds") or 0.0)
+
+
+def time_table(cfg: BenchConfig, records: list[dict], tuning: list[dict]) -> list[str]:
+    """Measured time per method: per task and cell label, the median over seeds of each final cell's
+    time at each budget (`_cell_seconds`, its test evaluation included), and its trials' total (each
+    trial once, at its top budget, as `trial_flops` counts them)."""
+    setting = headline_setting(cfg)
+    final: dict[tuple, list[float]] = {}
+    for rec in records:
+        if rec["setting"] == setting and rec.get("status") == "done":
+            final.setdefault((rec["task"], rec["label"], rec["budget"]), []).append(_cell_seconds(rec))
+    top: dict[tuple, tuple[float, float]] = {}
+    for rec in tuning:
+        key = (rec["task"], rec["label"], rec.get("trial", 0))
+        if rec.get("budget") is None or rec["budget"] >= top.get(key, (-1.0, 0.0))[0]:
+            top[key] = (rec.get("budget") or 0.0, _cell_seconds(rec))
+    trials: dict[tuple, list[float]] = {}
+    for (task, label, _), (_, sec) in top.items():
+        trials.setdefault((task, label), []).append(sec)
+    if not final and not trials:
+        return []
+    budgets = [None, *cfg.budgets]
+    lines = [
+        f"## Measured time per method ({setting}; minutes, median over seeds)",
+        "",
+        "| task | method | "
+        + " | ".join("fixed" if b is None else _budget_text(b) for b in budgets)
+        + " | trials (total) |",
+        "|---|---|" + "---:|" * (len(budgets) + 1),
+    ]
+    for task in cfg.tasks:
+        labels = list(dict.fromkeys(k[1] for k in [*final, *trials] if k[0] == task))
+        for label in labels:
+            cells = []
+            for b in budgets:
+                got = final.get((task, label, b))
+                cells.append(f"{statistics.median(got) / 60:.1f} ({len(got)})" if got else "")
+            t = trials.get((task, label))
+            cells.append(f"{sum(t) / 60:.1f} ({len(t)})" if t else "")
+            lines.append(f"| {cfg.label(task)} | {label} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Each cell's own wall time, its test evaluation included, plus for RandOpt and CoRP the time it took "
+        "to score the population prefix they used (a population is scored once and read by every cell that "
+        "uses its scales, RandOpt's and CoRP's of a seed, or several trials: each of them counts it, so "
+        "summing rows overcounts); an iterative cell at the top budget includes its run up to the lower one. `(k)`: seeds, or trials. The bench's processes ran with one thread each, as many as "
+        "the machine had cores, so these are one-thread times on a busy machine.",
+        "",
+    ]
+    return lines
 
 
 def protocol_sentence(cfg: BenchConfig, tuning_flops: dict[str, float] | None = None) -> str:
@@ -825,6 +884,10 @@ def write_outputs(
         write_csv(out / "tuning.csv", trials, TUNING_COLUMNS)
     comps = comparisons(cfg, rows)
     text = table_md(cfg, rows, comps, missing, command, trial_flops(tuning or []))
+    times = time_table(cfg, records, tuning or [])
+    if times:  # after the comparisons, before the missing methods
+        head, sep, rest = text.partition("## Missing methods")
+        text = head + "\n".join(times) + "\n" + sep + rest
     if not_run:
         head, _, rest = text.partition("\n\n")
         text = (
