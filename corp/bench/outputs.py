@@ -278,17 +278,23 @@ def write_csv(path: Path, rows: list[dict], columns: list[str] = CSV_COLUMNS) ->
     atomic_write_text(path, buf.getvalue())
 
 
-def trial_flops(tuning: list[dict]) -> dict[str, float]:
-    """Per searched method (cell label), the FLOPs its trials' top-budget cells used, summed over trials and
-    tasks: a well-defined size of the tuning (an iterative trial's smaller budgets are checkpoints of that
-    run; a population trial's smaller budgets reuse its population and add their own evaluations)."""
-    top: dict[tuple, tuple[float, float]] = {}  # (task, label, trial) -> (its largest budget, that cell's FLOPs)
+def _at_top_budget(tuning: list[dict], value) -> dict[tuple, float]:
+    """{(task, label, trial): value(record) of that trial's largest-budget record}: each trial counted once
+    (an iterative trial's smaller budgets are checkpoints of that run; a population trial's smaller
+    budgets reuse its population and add their own evaluations)."""
+    top: dict[tuple, tuple[float, float]] = {}  # (task, label, trial) -> (its largest budget, value there)
     for rec in tuning:
         key = (rec["task"], rec["label"], rec.get("trial", 0))
         if rec.get("budget") is None or rec["budget"] >= top.get(key, (-1.0, 0.0))[0]:
-            top[key] = (rec.get("budget") or 0.0, rec.get("flops") or 0.0)
+            top[key] = (rec.get("budget") or 0.0, value(rec))
+    return {key: v for key, (_, v) in top.items()}
+
+
+def trial_flops(tuning: list[dict]) -> dict[str, float]:
+    """Per searched method (cell label), the FLOPs its trials' top-budget cells used, summed over trials and
+    tasks: a well-defined size of the tuning (`_at_top_budget`)."""
     out: dict[str, float] = {}
-    for (_, label, _), (_, flops) in top.items():
+    for (_, label, _), flops in _at_top_budget(tuning, lambda r: r.get("flops") or 0.0).items():
         out[label] = out.get(label, 0.0) + flops
     return out
 
@@ -309,13 +315,8 @@ def time_table(cfg: BenchConfig, records: list[dict], tuning: list[dict]) -> lis
     for rec in records:
         if rec["setting"] == setting and rec.get("status") == "done":
             final.setdefault((rec["task"], rec["label"], rec["budget"]), []).append(_cell_seconds(rec))
-    top: dict[tuple, tuple[float, float]] = {}
-    for rec in tuning:
-        key = (rec["task"], rec["label"], rec.get("trial", 0))
-        if rec.get("budget") is None or rec["budget"] >= top.get(key, (-1.0, 0.0))[0]:
-            top[key] = (rec.get("budget") or 0.0, _cell_seconds(rec))
     trials: dict[tuple, list[float]] = {}
-    for (task, label, _), (_, sec) in top.items():
+    for (task, label, _), sec in _at_top_budget(tuning, _cell_seconds).items():
         trials.setdefault((task, label), []).append(sec)
     if not final and not trials:
         return []
@@ -411,6 +412,8 @@ def table_md(
     missing: list[dict],
     command: str,
     tuning_flops: dict[str, float] | None = None,
+    reading: list[str] | None = None,
+    times: list[str] | None = None,
 ) -> str:
     lines = [
         f"# Bench `{cfg.name}`: {cfg.model}",
@@ -437,7 +440,6 @@ def table_md(
         "",
     ]
     lines += headline_table(cfg, rows)
-    reading = reading_lines(cfg, rows, comps)
     if reading:
         lines += ["## What it shows", "", *reading, "", MULTIPLE_NOTE, ""]
     for task in cfg.tasks:
@@ -498,6 +500,7 @@ def table_md(
             + f" (rows: {', '.join(names)}).",
             "",
         ]
+    lines += times or []
     if missing:
         lines += (
             ["## Missing methods (not run, with the reason)", ""]
@@ -883,11 +886,9 @@ def write_outputs(
             r["task_label"] = cfg.label(r["task"])
         write_csv(out / "tuning.csv", trials, TUNING_COLUMNS)
     comps = comparisons(cfg, rows)
-    text = table_md(cfg, rows, comps, missing, command, trial_flops(tuning or []))
+    reading = reading_lines(cfg, rows, comps)
     times = time_table(cfg, records, tuning or [])
-    if times:  # after the comparisons, before the missing methods
-        head, sep, rest = text.partition("## Missing methods")
-        text = head + "\n".join(times) + "\n" + sep + rest
+    text = table_md(cfg, rows, comps, missing, command, trial_flops(tuning or []), reading, times)
     if not_run:
         head, _, rest = text.partition("\n\n")
         text = (
@@ -918,7 +919,7 @@ def write_outputs(
             "plots": made,
             "comparisons": comps,
             "beats": beats_sentences(comps),
-            "reading": reading_lines(cfg, rows, comps),
+            "reading": reading,
             "bench_protocol": BENCH_PROTOCOL,
             "older_protocol_records": older,
         },
