@@ -61,6 +61,29 @@ def make_tiny_llama(tokenizer, seed: int = 0, hidden: int = 32, layers: int = 2)
     return model
 
 
+def tiny_consolidate_config(model_dir, run_dir, **fields):
+    """A `ConsolidateConfig` for the tiny model saved at `model_dir`, with the sizes the consolidate tests
+    share (6 specialists at sigma 0.05; 6 support, 4 probe, validation and test examples; 8 new tokens;
+    top-1), any field overridden by `fields`."""
+    from corp.config import load_config
+    from corp.consolidate.corp_operator import ConsolidateConfig
+
+    shared = dict(
+        model=str(model_dir),
+        task="arith",
+        population=6,
+        sigmas="0.05",
+        n_support=6,
+        n_probe=4,
+        n_validation=4,
+        n_test=4,
+        max_new_tokens=8,
+        top_k="1",
+        run_dir=str(run_dir),
+    )
+    return load_config(ConsolidateConfig, None, {**shared, **fields})
+
+
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     """A tiny random Llama and its tokenizer saved as a Hugging Face directory (for code that loads

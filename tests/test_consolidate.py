@@ -8,13 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from corp.config import load_config
 from corp.consolidate.corp_operator import ConsolidateConfig, OperatorConfig, consolidate_stage1, gram_matrix, stage1
 from corp.consolidate.gate import paired_gate
 from corp.consolidate.merge_rules import MERGE_RULES
 from corp.consolidate.stage2 import consolidate_stage2
 from corp.perturb import SCHEME_VERSION, Direction, noise, specialist_seeds
-from tests.conftest import REPO
+from tests.conftest import REPO, tiny_consolidate_config
 
 
 class PlantedProblem:
@@ -168,25 +167,13 @@ def test_consolidate_pipeline_saves_a_loadable_model_and_apply_rebuilds_it_bit_e
     tiny_model.save_pretrained(model_dir)
     tiny_tokenizer.save_pretrained(model_dir)
     run = tmp_path / "run"
-    cfg = load_config(
-        ConsolidateConfig,
-        None,
-        dict(
-            model=str(model_dir),
-            task="arith",
-            reward="tests.test_consolidate:share_of_sevens",
-            population=6,
-            sigmas="0.05",
-            n_support=6,
-            n_probe=4,
-            n_validation=4,
-            n_test=4,
-            max_new_tokens=8,
-            alphas="1,2",
-            top_k="1,2",
-            gate_z=-10.0,  # force acceptance: this test is about what gets saved, not about the gate
-            run_dir=str(run),
-        ),
+    cfg = tiny_consolidate_config(
+        model_dir,
+        run,
+        reward="tests.test_consolidate:share_of_sevens",
+        alphas="1,2",
+        top_k="1,2",
+        gate_z=-10.0,  # force acceptance: this test is about what gets saved, not about the gate
     )
     report = run_consolidate(cfg)
     assert report["corp"]["accepted"], report["corp"]["reason"]
@@ -248,23 +235,8 @@ def test_consolidate_pipeline_abstains_when_nothing_beats_the_base(tmp_path, tin
     model_dir = tmp_path / "tiny"
     tiny_model.save_pretrained(model_dir)
     tiny_tokenizer.save_pretrained(model_dir)
-    cfg = load_config(
-        ConsolidateConfig,
-        None,
-        dict(
-            model=str(model_dir),
-            task="arith",
-            population=4,
-            sigmas="0.01",
-            n_support=4,
-            n_probe=4,
-            n_validation=4,
-            n_test=4,
-            max_new_tokens=4,
-            alphas="1",
-            top_k="1",
-            run_dir=str(tmp_path / "run"),
-        ),
+    cfg = tiny_consolidate_config(
+        model_dir, tmp_path / "run", population=4, sigmas="0.01", n_support=4, max_new_tokens=4, alphas="1"
     )
     report = run_consolidate(cfg)  # a random tiny model never solves arith: every candidate ties the base
     assert not report["corp"]["accepted"] and "abstaining" in report["corp"]["reason"]

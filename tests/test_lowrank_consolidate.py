@@ -18,7 +18,7 @@ from corp.consolidate.corp_operator import ConsolidateConfig
 from corp.consolidate.lowrank import FACTORS_FILE, LowRankDirection, LowRankProjector, resolve_ranks
 from corp.consolidate.run import direction_fingerprint
 from corp.perturb import Component, Direction, Perturber
-from tests.conftest import REPO, make_char_tokenizer, make_tiny_llama
+from tests.conftest import REPO, make_char_tokenizer, make_tiny_llama, tiny_consolidate_config
 
 Q0 = "model.layers.0.self_attn.q_proj.weight"
 O1 = "model.layers.1.self_attn.o_proj.weight"
@@ -48,29 +48,13 @@ def _load(path):
 
 
 def _cfg(model_dir, run, **kw):
-    return load_config(
-        ConsolidateConfig,
-        None,
-        {
-            **dict(
-                model=str(model_dir),
-                task="arith",
-                reward="tests.test_lowrank_consolidate:text_checksum",
-                population=6,
-                sigmas="0.05",
-                n_support=6,
-                n_probe=4,
-                n_validation=4,
-                n_test=4,
-                max_new_tokens=6,
-                alphas="2,4",
-                top_k="1",
-                gate_z=-10.0,  # force acceptance unless the candidate IS the base: this is about what gets saved
-                run_dir=str(run),
-            ),
-            **kw,
-        },
+    fields = dict(
+        reward="tests.test_lowrank_consolidate:text_checksum",
+        max_new_tokens=6,
+        alphas="2,4",
+        gate_z=-10.0,  # force acceptance unless the candidate IS the base: this is about what gets saved
     )
+    return tiny_consolidate_config(model_dir, run, **{**fields, **kw})
 
 
 def test_lowrank_direction_is_exact_and_fingerprinted_apart():

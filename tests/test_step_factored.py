@@ -14,6 +14,7 @@ import torch
 
 from corp.evaluate.backends.batched_lowrank import FactoredPopulation, direction_generations
 from corp.perturb import Component, Direction
+from tests.conftest import tiny_consolidate_config
 from tests.test_lowrank_population import R2, backend
 
 ALPHAS = [0.5, 1.0, 2.0, 4.0]
@@ -113,8 +114,6 @@ def _consolidate(model_dir, run, noise, monkeypatch, dense: bool, **more):
     """One `corp consolidate`; `dense`: the step search and gates on materialised weights (as before).
     Returns the report, the directions the Perturber applied and whether it built any merged M."""
     import corp.consolidate.run as run_mod
-    from corp.config import load_config
-    from corp.consolidate.corp_operator import ConsolidateConfig
     from corp.perturb import Perturber
     from corp.perturb.direction import Merged
 
@@ -136,29 +135,21 @@ def _consolidate(model_dir, run, noise, monkeypatch, dense: bool, **more):
         mp.setattr(Perturber, "keep_merged", keep)
         if dense:
             mp.setattr(run_mod, "factored_for", lambda ctx: None)
-        cfg = load_config(
-            ConsolidateConfig,
-            None,
-            dict(
-                model=str(model_dir),
-                task="arith",
-                reward="tests.test_step_factored:text_checksum",
-                noise=noise,
-                population=8,
-                sigmas="0.05,0.1",
-                n_support=6,
-                n_probe=6,
-                n_validation=6,
-                n_test=4,
-                max_new_tokens=6,
-                alphas="0.5,1,2,4",
-                quantiles="0.5",
-                betas="1,10",
-                top_k="1",
-                gate_z=-10.0,
-                run_dir=str(run),
-                **more,
-            ),
+        cfg = tiny_consolidate_config(
+            model_dir,
+            run,
+            reward="tests.test_step_factored:text_checksum",
+            noise=noise,
+            population=8,
+            sigmas="0.05,0.1",
+            n_probe=6,
+            n_validation=6,
+            max_new_tokens=6,
+            alphas="0.5,1,2,4",
+            quantiles="0.5",
+            betas="1,10",
+            gate_z=-10.0,
+            **more,
         )
         report = run_mod.run_consolidate(cfg)
     return report, applied, built
