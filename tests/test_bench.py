@@ -1834,3 +1834,57 @@ def test_time_per_method_adds_the_population_a_cell_read_and_takes_medians_over_
     text = "\n".join(time_table(cfg, records, tuning))
     assert "| arith | randopt |  |  | 11.0 (3) |  |" in text, text
     assert "| arith | es |  |  | 4.0 (3) | 3.0 (1) |" in text, text
+
+
+def test_noise_summary_pivots_schemes_and_shows_a_loss_only_where_the_interval_is_below_zero(tmp_path):
+    """benchmarks/bench_noise_summary.py: one column per noise scheme (whatever the variant is called),
+    a low-rank row 'is worse' only where its interval excludes 0, else the largest loss not excluded,
+    and seconds per specialist from each cell's population seconds / specialists."""
+    summ = _benchmark("bench_noise_summary")
+    cols = "task,task_label,method,setting,budget,seed,accuracy,passes_per_example,labelled_examples,test_tokens,test_flops,flops,wall_seconds,population_seconds,units,status,hyperparameters"
+    hp = lambda noise, sig: json.dumps({"noise": noise, "from_sigmas": sig})  # noqa: E731
+    lines = [cols]
+    for seed, (full, r4) in enumerate([(0.30, 0.20), (0.32, 0.21), (0.28, 0.19)]):
+        for name, a, noise, secs in (
+            ("randopt-full:randopt-top1", full, "full", 600.0),
+            ("randopt-lr-four:randopt-top1", r4, "lowrank:r=4", 300.0),  # the column comes from the noise, not the name
+            ("corp-full", full + 0.01, "full", 600.0),
+        ):
+            lines.append(
+                f"arith,arith,{name},paper,2.8e+13,{seed},{a},1,144,0,0,2.8e13,10,{secs},100,done,"
+                + '"'
+                + hp(noise, [0.001]).replace('"', '""')
+                + '"'
+            )
+        lines.append(f"arith,arith,base,paper,2.8e+13,{seed},0.1,1,0,0,0,0,1,,,done,")
+    (tmp_path / "results.csv").write_text("\n".join(lines) + "\n")
+    comps = [
+        dict(
+            a="randopt-lr-four:randopt-top1",
+            b="randopt-full:randopt-top1",
+            difference=-0.1,
+            ci95=[-0.12, -0.08],
+            n_seeds=3,
+            signs={"+": 0, "-": 3, "0": 0},
+            budget=2.8e13,
+        ),
+        dict(
+            a="corp-full",
+            b="base",
+            difference=0.05,
+            ci95=[-0.02, 0.12],
+            n_seeds=3,
+            signs={"+": 2, "-": 0, "0": 1},
+            budget=2.8e13,
+        ),
+    ]
+    (tmp_path / "bench.json").write_text(json.dumps({"budgets": [2.8e13], "comparisons": comps}))
+    text = summ.summary(tmp_path)
+    assert "| method | full | lowrank:r=4 |" in text
+    assert "| randopt-top1 | 0.300 ± 0.020 (3; σ 0.001) | 0.200 ± 0.010 (3; σ 0.001) |" in text
+    assert "| corp | 0.310 ± 0.020 (3; σ 0.001) | not run |" in text
+    assert "Base (greedy): 0.100." in text
+    assert "randopt-lr-four:randopt-top1 is worse" in text
+    assert "no difference shown; a loss larger than 0.020 is excluded" in text
+    assert "| lowrank:r=4 | 3.00 | 2.00x the specialists/hour |" in text
+    assert summ.main(["--results", str(tmp_path / "nothing")]) == 2

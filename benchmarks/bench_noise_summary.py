@@ -1,0 +1,136 @@
+"""Low-rank against full-rank specialists, from a finished noise-scheme bench (issue 26).
+
+Reads what `corp bench --config configs/bench-noise.yaml` wrote (RESULTS/results.csv and
+RESULTS/bench.json) and prints, as markdown, the three things its question needs side by side,
+every figure computed from those files:
+
+  1. test accuracy, mean ± sd over seeds, one row per method (RandOpt top-1, vote@K, CoRP) and one
+     column per noise scheme (full, lowrank:r=R), with the noise scales each scheme's search chose
+     on validation; the base's greedy row for reference;
+  2. each configured comparison (low-rank minus full-rank, or against the base) with its across-seed
+     95% interval and signs, and what it says: a loss is shown only where the interval lies below 0;
+     otherwise the interval's lower end is the largest loss the seeds do not exclude;
+  3. population scoring time per specialist under each scheme (the bench's own population files: the
+     median over seeds of population_seconds / specialists for the RandOpt cells, which read the same
+     prefix CoRP's do), one-thread figures from the bench's processes.
+
+    python benchmarks/bench_noise_summary.py --results results/bench-noise [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+
+def _scheme(row: dict) -> str:
+    return json.loads(row["hyperparameters"] or "{}").get("noise", "full")
+
+
+def _method(name: str) -> str | None:
+    """'randopt-r4:randopt-vote@4' -> 'randopt-vote@4'; 'corp-r4' -> 'corp'; rows of no scheme -> None."""
+    if ":" in name:
+        return name.split(":", 1)[1]
+    return "corp" if name.startswith("corp-") else None
+
+
+def _scheme_order(s: str) -> tuple[int, int]:
+    return (0, 0) if s == "full" else (1, -int(s.rsplit("=", 1)[1]))  # full, then rank high to low
+
+
+def summary(results: Path) -> str:
+    rows = [r for r in csv.DictReader((results / "results.csv").open()) if r["status"] == "done"]
+    bench = json.loads((results / "bench.json").read_text())
+    top = max(bench["budgets"])
+    rows = [r for r in rows if r["accuracy"] and float(r["budget"]) == top]
+    acc: dict[tuple[str, str], list[float]] = defaultdict(list)
+    scales: dict[tuple[str, str], set[str]] = defaultdict(set)
+    per_spec: dict[str, list[float]] = defaultdict(list)
+    base = [float(r["accuracy"]) for r in rows if r["method"] == "base"]
+    for r in rows:
+        m = _method(r["method"])
+        if m is None:
+            continue
+        s = _scheme(r)
+        acc[m, s].append(float(r["accuracy"]))
+        hp = json.loads(r["hyperparameters"] or "{}")
+        scales[m, s].add(",".join(f"{x:g}" for x in hp.get("from_sigmas") or hp.get("sigmas") or []))
+        if m == "randopt-top1" and r["population_seconds"] and r["units"]:
+            per_spec[s].append(float(r["population_seconds"]) / float(r["units"]))
+    if not acc:
+        return f"No final cell of a noise scheme at {top:.2g} FLOPs in {results} yet.\n"
+    schemes = sorted({s for _, s in acc}, key=_scheme_order)
+    methods = sorted({m for m, _ in acc}, key=lambda m: (m == "corp", m))
+    out = [
+        f"Test accuracy at {top:.2g} FLOPs, mean ± sd over seeds (k seeds); the noise scales chosen on validation:",
+        "",
+    ]
+    out += ["| method | " + " | ".join(schemes) + " |", "|---|" + "---:|" * len(schemes)]
+    for m in methods:
+        cells = []
+        for s in schemes:
+            got = acc.get((m, s), [])
+            if not got:
+                cells.append("not run")
+                continue
+            sd = statistics.stdev(got) if len(got) > 1 else 0.0
+            cells.append(f"{statistics.fmean(got):.3f} ± {sd:.3f} ({len(got)}; σ {'/'.join(sorted(scales[m, s]))})")
+        out.append(f"| {m} | " + " | ".join(cells) + " |")
+    if base:
+        out += ["", f"Base (greedy): {statistics.fmean(base):.3f}."]
+    out += ["", "| comparison | difference | 95% interval | signs | reading |", "|---|---:|---|---|---|"]
+    for c in bench["comparisons"]:
+        if float(c["budget"]) != top:
+            continue
+        lo, hi = c["ci95"]
+        k = c.get("n_seeds", 1)
+        signs = c.get("signs", {})
+        sign = f"{signs.get('+', 0)}+ {signs.get('-', 0)}- {signs.get('0', 0)}= of {k}"
+        if k < 2:
+            reading = "one seed: no claim"
+        elif hi < 0:
+            reading = f"{c['a']} is worse"
+        elif lo > 0:
+            reading = f"{c['a']} is better"
+        else:
+            reading = f"no difference shown; a loss larger than {-lo:.3f} is excluded"
+        out.append(f"| {c['a']} − {c['b']} | {c['difference']:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {sign} | {reading} |")
+    if per_spec:
+        out += ["", "Population scoring, seconds per specialist (median over seeds, one thread):", ""]
+        out += ["| scheme | s / specialist | against full |", "|---|---:|---:|"]
+        ref = statistics.median(per_spec["full"]) if per_spec.get("full") else None
+        for s in sorted(per_spec, key=_scheme_order):
+            med = statistics.median(per_spec[s])
+            ratio = f"{ref / med:.2f}x the specialists/hour" if ref else ""
+            out.append(f"| {s} | {med:.2f} | {ratio} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", type=Path, default=Path("results/bench-noise"), help="the bench's results directory")
+    ap.add_argument("--out", type=Path, help="write the markdown here (default: standard output)")
+    a = ap.parse_args(argv)
+    missing = [f for f in ("results.csv", "bench.json") if not (a.results / f).is_file()]
+    if missing:
+        print(
+            f"bench_noise_summary: {a.results} has no {', '.join(missing)}; run "
+            "`corp bench --config configs/bench-noise.yaml --report-only` first",
+            file=sys.stderr,
+        )
+        return 2
+    text = summary(a.results)
+    if a.out:
+        a.out.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
