@@ -28,10 +28,6 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def _scheme(row: dict) -> str:
-    return json.loads(row["hyperparameters"] or "{}").get("noise", "full")
-
-
 def _method(name: str) -> str | None:
     """'randopt-r4:randopt-vote@4' -> 'randopt-vote@4'; 'corp-r4' -> 'corp'; rows of no scheme -> None."""
     if ":" in name:
@@ -56,9 +52,9 @@ def summary(results: Path) -> str:
         m = _method(r["method"])
         if m is None:
             continue
-        s = _scheme(r)
-        acc[m, s].append(float(r["accuracy"]))
         hp = json.loads(r["hyperparameters"] or "{}")
+        s = hp.get("noise", "full")
+        acc[m, s].append(float(r["accuracy"]))
         scales[m, s].add(",".join(f"{x:g}" for x in hp.get("from_sigmas") or hp.get("sigmas") or []))
         if m == "randopt-top1" and r["population_seconds"] and r["units"]:
             per_spec[s].append(float(r["population_seconds"]) / float(r["units"]))
