@@ -12,9 +12,14 @@
 # record of that task (RESULTS_DIR/NAME/cells/SLUG__*.json, finished cells only: corp writes a
 # record atomically once its cell is done) is committed, alone, with a message naming the cells;
 # when the bench finishes, its outputs (table.md, results.csv, tuning.csv, bench.json, plots) are
-# committed too. Nothing else is added: the run directories (WORK_DIR/NAME/..., default
-# runs/bench/NAME, git-ignored, large) stay uncommitted, so a later session resumes from the
-# committed records (finished cells are never rerun) and recomputes only the unfinished cells.
+# committed too. So are this task's finished population runs (the `corp score` directories
+# WORK_DIR/NAME/TASK__population__*, default WORK_DIR runs/bench: the scored rows, meta, splits and
+# report, a few hundred KB each), copied to RESULTS_DIR/NAME/populations/ when no corp process holds
+# them; each start first copies every committed one back into WORK_DIR where there is no directory
+# of that name (a directory that is there is never overwritten), and the bench reuses it as it
+# reuses its own. Nothing else is added: the other run directories (models, training runs;
+# git-ignored, large) stay uncommitted, so a later session resumes from the committed records
+# (finished cells are never rerun) and populations, and recomputes only the unfinished cells.
 # Several wrappers may share a checkout, one per task or more than one on a task (corp bench
 # claims each cell, so two processes never run the same one): commits are serialised by a lock in .git.
 #
@@ -41,7 +46,7 @@ METHODS=()
 
 cd "$(git rev-parse --show-toplevel)" || { echo "bench_run.sh: run it inside the corp git checkout" >&2; exit 2; }
 # the bench's results directory and the file-name prefix of this task's records, as corp computes them
-read -r OUT SLUG < <("$PY" - "$CONFIG" "$TASK" <<'EOF'
+read -r OUT SLUG WORK TSLUG < <("$PY" - "$CONFIG" "$TASK" <<'EOF'
 import sys
 from corp.bench.sweep import _slug, load_bench_config, results_path
 cfg = load_bench_config(sys.argv[1])
@@ -49,7 +54,8 @@ by_label = {cfg.label(t): t for t in cfg.tasks}
 task = by_label.get(sys.argv[2], sys.argv[2])
 if task not in cfg.tasks:
     sys.exit(f"bench_run.sh: task {sys.argv[2]!r} is not a task of {cfg.name}; its tasks (labels): {', '.join(by_label)}")
-print(results_path(cfg), _slug(cfg.label(task)))  # record names start with the task's label
+# record names start with the task's label, population run directories with the task's own slug
+print(results_path(cfg), _slug(cfg.label(task)), f"{cfg.work_dir}/{cfg.name}", _slug(task))
 EOF
 ) || exit 2
 [ -n "${OUT:-}" ] || exit 2
@@ -78,6 +84,43 @@ commit_cells() {
   commit_paths "bench $(basename "$OUT") ($TASK): ${#files[@]} finished cell(s): $names" "${files[@]}"
 }
 
+save_populations() {  # copy each finished population run of this task that no process holds, and commit the copies
+  local d name f files=()
+  for d in "$WORK/${TSLUG}"__population__*/; do
+    [ -d "$d" ] || continue
+    name=$(basename "$d")
+    if [ -n "$(find "$d" -maxdepth 1 -type f -size +2M)" ]; then
+      echo "bench_run.sh: population run $name has a file over 2 MB; not committed (a later session rescores it)" >&2
+      continue
+    fi
+    (
+      flock -n 8 || exit 1  # a corp process has it open (scoring, or growing its prefix): next time
+      grep -q '"status": *"complete"' "$d/run_status.json" 2>/dev/null || exit 1
+      mkdir -p "$OUT/populations/$name" || exit 1
+      for f in "$d"*; do
+        [ -f "$f" ] && cp -p "$f" "$OUT/populations/$name/"
+      done
+      exit 0
+    ) 8>>"$d/.corp.lock" || continue
+  done
+  [ -d "$OUT/populations" ] || return 0
+  while IFS= read -r f; do
+    files+=("$f")
+  done < <(git status --porcelain --untracked-files=all -- "$OUT/populations" | sed 's/^...//' | grep -F "/populations/${TSLUG}__population__")
+  [ ${#files[@]} -gt 0 ] || return 0
+  commit_paths "bench $(basename "$OUT") ($TASK): finished population run(s), kept so a later session does not rescore them" "${files[@]}"
+}
+
+restore_populations() {  # committed population runs back into WORK_DIR, where it has no directory of that name
+  local d name
+  for d in "$OUT/populations/${TSLUG}"__population__*/; do
+    [ -d "$d" ] || continue
+    name=$(basename "$d")
+    [ -e "$WORK/$name" ] && continue
+    mkdir -p "$WORK" && cp -rp "$d" "$WORK/$name" && echo "bench_run.sh: restored population run $name"
+  done
+}
+
 commit_outputs() {
   local files=() f
   for f in "$OUT"/table.md "$OUT"/results.csv "$OUT"/tuning.csv "$OUT"/bench.json "$OUT"/*.png; do
@@ -87,7 +130,8 @@ commit_outputs() {
 }
 
 pid=
-trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait; commit_cells; exit 143' TERM INT  # stopping the wrapper stops its bench
+trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait; commit_cells; save_populations; exit 143' TERM INT  # stopping the wrapper stops its bench
+restore_populations
 try=0
 while [ "$try" -lt "$TRIES" ]; do
   try=$((try + 1))
@@ -101,12 +145,14 @@ while [ "$try" -lt "$TRIES" ]; do
     waited=$((waited + 1))
     if [ "$waited" -ge "$POLL" ]; then
       commit_cells
+      save_populations
       waited=0
     fi
   done
   wait "$pid"
   rc=$?
   commit_cells
+  save_populations
   if [ "$rc" -eq 0 ]; then
     commit_outputs
     echo "bench_run.sh: task $TASK finished"

@@ -5,7 +5,10 @@ a stand-in script here (a real bench is exercised by hand, see the script's head
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -27,6 +30,17 @@ FAKE = textwrap.dedent("""
     Path(os.environ["FAKE_STATE"] + ".argv").write_text(" ".join(sys.argv[1:]))
     if os.environ.get("FAKE_MODE") == "bad":
         print("error: bench config: bad", file=sys.stderr); sys.exit(2)
+    work = Path("runs/bench/wrap")
+    seen = sorted(p.name for p in work.glob("*__population__*")) if work.exists() else []
+    Path(os.environ["FAKE_STATE"] + f".seen{n}").write_text(" ".join(seen))  # what a start found there
+    if os.environ.get("FAKE_MODE") == "pop":
+        for name, status in (("arith__population__s0__aaa", "complete"), ("arith__population__s1__bbb", "running"),
+                             ("arith__population__s2__held", "complete"), ("letters__population__s0__ccc", "complete")):
+            d = work / name; d.mkdir(parents=True, exist_ok=True)
+            (d / "run_status.json").write_text(json.dumps({"status": status}))
+            (d / "population.jsonl").write_text(json.dumps({"kind": "specialist", "index": 0, "start": n}) + "\\n")
+            (d / ".corp.lock").write_text("123\\n")
+        sys.exit(0)
     cells = Path("results/wrap/cells"); cells.mkdir(parents=True, exist_ok=True)
     Path("runs/bench/wrap").mkdir(parents=True, exist_ok=True)
     Path("runs/bench/wrap/model.bin").write_bytes(b"x" * 1000)
@@ -134,3 +148,36 @@ def test_the_wrapper_refuses_a_task_the_config_does_not_have(repo):
         check=False,
     )
     assert proc.returncode == 2 and "task 'nope' is not a task of wrap" in proc.stderr
+
+
+def test_the_wrapper_keeps_finished_populations_and_restores_them_in_a_later_session(repo):
+    """A finished population run of its task that no process holds is committed under
+    RESULTS/populations (lock file left out); a running one, one a corp process holds and another
+    task's are not. A later start in a checkout without runs/ finds the committed ones restored
+    before the bench starts, and a run directory already there is never overwritten."""
+    work = repo / "runs" / "bench" / "wrap"
+    held = work / "arith__population__s2__held"
+    held.mkdir(parents=True)
+    with (held / ".corp.lock").open("a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a corp process has this run open
+        proc = _wrap(repo, "pop")
+    assert proc.returncode == 0, proc.stderr
+    tracked = set(_git(repo, "ls-files").split())
+    pops = {p for p in tracked if "/populations/" in p}
+    assert pops == {
+        "results/wrap/populations/arith__population__s0__aaa/run_status.json",
+        "results/wrap/populations/arith__population__s0__aaa/population.jsonl",
+    }, pops
+    assert "finished population run(s)" in _git(repo, "log", "--format=%s")
+
+    shutil.rmtree(repo / "runs")  # a later session: a fresh checkout has no run directories
+    (repo.parent / "starts").unlink()
+    assert _wrap(repo, "ok").returncode == 0
+    assert (repo.parent / "starts.seen1").read_text() == "arith__population__s0__aaa", "not restored before the start"
+    row = json.loads((work / "arith__population__s0__aaa" / "population.jsonl").read_text())
+    assert row["start"] == 1  # the committed copy
+
+    (work / "arith__population__s0__aaa" / "population.jsonl").write_text("mine\n")
+    (repo.parent / "starts").unlink()
+    assert _wrap(repo, "ok").returncode == 0
+    assert (work / "arith__population__s0__aaa" / "population.jsonl").read_text() == "mine\n"
