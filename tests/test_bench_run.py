@@ -1,6 +1,7 @@
 """benchmarks/bench_run.sh (issue 22): the long-run wrapper restarts a stopped bench and commits, to
-git, only the finished cell records of its own task (and, at the end, the bench's outputs), never
-the run directories or anything else in the checkout; bad input is not retried. The bench itself is
+git, only the finished cell records of its own task (and, at the end, the bench's outputs) and its
+finished population runs, which a later start restores; never the other run directories or anything
+else in the checkout; bad input is not retried. The bench itself is
 a stand-in script here (a real bench is exercised by hand, see the script's header)."""
 
 from __future__ import annotations
@@ -177,7 +178,10 @@ def test_the_wrapper_keeps_finished_populations_and_restores_them_in_a_later_ses
     row = json.loads((work / "arith__population__s0__aaa" / "population.jsonl").read_text())
     assert row["start"] == 1  # the committed copy
 
-    (work / "arith__population__s0__aaa" / "population.jsonl").write_text("mine\n")
+    mine = work / "arith__population__s0__aaa"
+    (mine / "population.jsonl").write_text("mine\n")
+    before = sorted(p.relative_to(mine) for p in mine.rglob("*"))
     (repo.parent / "starts").unlink()
     assert _wrap(repo, "ok").returncode == 0
-    assert (work / "arith__population__s0__aaa" / "population.jsonl").read_text() == "mine\n"
+    assert (mine / "population.jsonl").read_text() == "mine\n"
+    assert sorted(p.relative_to(mine) for p in mine.rglob("*")) == before, "something was copied into it"
