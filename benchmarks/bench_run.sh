@@ -12,10 +12,10 @@
 # record of that task (RESULTS_DIR/NAME/cells/SLUG__*.json, finished cells only: corp writes a
 # record atomically once its cell is done) is committed, alone, with a message naming the cells;
 # when the bench finishes, its outputs (table.md, results.csv, tuning.csv, bench.json, plots) are
-# committed too. So are this task's finished population runs (the `corp score` directories
+# committed too. So are this task's population runs (the `corp score` directories
 # WORK_DIR/NAME/TASK__population__*, default WORK_DIR runs/bench: the scored rows, meta, splits and
-# report, a few hundred KB each), copied to RESULTS_DIR/NAME/populations/ when no corp process holds
-# them; each start first copies every committed one back into WORK_DIR where there is no directory
+# report, a few hundred KB each), finished or interrupted (corp score resumes those), copied to
+# RESULTS_DIR/NAME/populations/ when no corp process holds them; each start first copies every committed one back into WORK_DIR where there is no directory
 # of that name (a directory that is there is never overwritten), and the bench reuses it as it
 # reuses its own. Nothing else is added: the other run directories (models, training runs;
 # git-ignored, large) stay uncommitted, so a later session resumes from the committed records
@@ -84,7 +84,7 @@ commit_cells() {
   commit_paths "bench $(basename "$OUT") ($TASK): ${#files[@]} finished cell(s): $names" "${files[@]}"
 }
 
-save_populations() {  # copy each finished population run of this task that no process holds, and commit the copies
+save_populations() {  # copy each finished or interrupted population run of this task that no process holds, and commit the copies
   local d name f files=()
   for d in "$WORK/${TSLUG}"__population__*/; do
     [ -d "$d" ] || continue
@@ -95,7 +95,8 @@ save_populations() {  # copy each finished population run of this task that no p
     fi
     (
       flock -n 8 || exit 1  # a corp process has it open (scoring, or growing its prefix): next time
-      grep -q '"status": *"complete"' "$d/run_status.json" 2>/dev/null || exit 1
+      # complete, or interrupted (its rows are saved and `corp score` resumes it); never a failed run
+      grep -Eq '"status": *"(complete|interrupted)"' "$d/run_status.json" 2>/dev/null || exit 1
       mkdir -p "$OUT/populations/$name" || exit 1
       for f in "$d"*; do
         [ -f "$f" ] && cp -p "$f" "$OUT/populations/$name/"
@@ -108,7 +109,7 @@ save_populations() {  # copy each finished population run of this task that no p
     files+=("$f")
   done < <(git status --porcelain --untracked-files=all -- "$OUT/populations" | sed 's/^...//' | grep -F "/populations/${TSLUG}__population__")
   [ ${#files[@]} -gt 0 ] || return 0
-  commit_paths "bench $(basename "$OUT") ($TASK): finished population run(s), kept so a later session does not rescore them" "${files[@]}"
+  commit_paths "bench $(basename "$OUT") ($TASK): population run(s), kept so a later session does not rescore them" "${files[@]}"
 }
 
 restore_populations() {  # committed population runs back into WORK_DIR, where it has no directory of that name

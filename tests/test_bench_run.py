@@ -36,7 +36,8 @@ FAKE = textwrap.dedent("""
     Path(os.environ["FAKE_STATE"] + f".seen{n}").write_text(" ".join(seen))  # what a start found there
     if os.environ.get("FAKE_MODE") == "pop":
         for name, status in (("arith__population__s0__aaa", "complete"), ("arith__population__s1__bbb", "running"),
-                             ("arith__population__s2__held", "complete"), ("letters__population__s0__ccc", "complete")):
+                             ("arith__population__s2__held", "complete"), ("letters__population__s0__ccc", "complete"),
+                             ("arith__population__s3__int", "interrupted"), ("arith__population__s4__bad", "failed")):
             d = work / name; d.mkdir(parents=True, exist_ok=True)
             (d / "run_status.json").write_text(json.dumps({"status": status}))
             (d / "population.jsonl").write_text(json.dumps({"kind": "specialist", "index": 0, "start": n}) + "\\n")
@@ -152,9 +153,9 @@ def test_the_wrapper_refuses_a_task_the_config_does_not_have(repo):
 
 
 def test_the_wrapper_keeps_finished_populations_and_restores_them_in_a_later_session(repo):
-    """A finished population run of its task that no process holds is committed under
-    RESULTS/populations (lock file left out); a running one, one a corp process holds and another
-    task's are not. A later start in a checkout without runs/ finds the committed ones restored
+    """A finished or interrupted population run of its task that no process holds is committed
+    under RESULTS/populations (lock file left out); a running or failed one, one a corp process
+    holds and another task's are not. A later start in a checkout without runs/ finds the committed ones restored
     before the bench starts, and a run directory already there is never overwritten."""
     work = repo / "runs" / "bench" / "wrap"
     held = work / "arith__population__s2__held"
@@ -168,13 +169,16 @@ def test_the_wrapper_keeps_finished_populations_and_restores_them_in_a_later_ses
     assert pops == {
         "results/wrap/populations/arith__population__s0__aaa/run_status.json",
         "results/wrap/populations/arith__population__s0__aaa/population.jsonl",
+        "results/wrap/populations/arith__population__s3__int/run_status.json",
+        "results/wrap/populations/arith__population__s3__int/population.jsonl",
     }, pops
-    assert "finished population run(s)" in _git(repo, "log", "--format=%s")
+    assert "population run(s), kept" in _git(repo, "log", "--format=%s")
 
     shutil.rmtree(repo / "runs")  # a later session: a fresh checkout has no run directories
     (repo.parent / "starts").unlink()
     assert _wrap(repo, "ok").returncode == 0
-    assert (repo.parent / "starts.seen1").read_text() == "arith__population__s0__aaa", "not restored before the start"
+    seen = (repo.parent / "starts.seen1").read_text()
+    assert seen == "arith__population__s0__aaa arith__population__s3__int", f"not restored before the start: {seen}"
     row = json.loads((work / "arith__population__s0__aaa" / "population.jsonl").read_text())
     assert row["start"] == 1  # the committed copy
 
