@@ -71,13 +71,17 @@ commit_paths() {  # commit_paths MESSAGE PATH...: add and commit exactly these p
   ) 9>"$LOCK"
 }
 
+changed_paths() {  # changed_paths DIR PREFIX: new or changed files under DIR whose path has DIR/PREFIX in it
+  git status --porcelain --untracked-files=all -- "$1" | sed 's/^...//' | grep -F "/$(basename "$1")/$2"
+}
+
 commit_cells() {
   local files=()
   local f
   [ -d "$OUT/cells" ] || return 0  # nothing finished yet
   while IFS= read -r f; do
     files+=("$f")
-  done < <(git status --porcelain --untracked-files=all -- "$OUT/cells" | sed 's/^...//' | grep -F "/cells/${SLUG}__" | grep '\.json$')
+  done < <(changed_paths "$OUT/cells" "${SLUG}__" | grep '\.json$')
   [ ${#files[@]} -gt 0 ] || return 0
   local names
   names=$(for f in "${files[@]}"; do basename "$f" .json | sed "s/^${SLUG}__//; s/__[0-9a-f]*$//"; done | paste -sd ';' - | sed 's/;/; /g')
@@ -107,7 +111,7 @@ save_populations() {  # copy each finished or interrupted population run of this
   [ -d "$OUT/populations" ] || return 0
   while IFS= read -r f; do
     files+=("$f")
-  done < <(git status --porcelain --untracked-files=all -- "$OUT/populations" | sed 's/^...//' | grep -F "/populations/${TSLUG}__population__")
+  done < <(changed_paths "$OUT/populations" "${TSLUG}__population__")
   [ ${#files[@]} -gt 0 ] || return 0
   commit_paths "bench $(basename "$OUT") ($TASK): population run(s), kept so a later session does not rescore them" "${files[@]}"
 }
