@@ -43,7 +43,8 @@ def summary(results: Path) -> str:
     rows = [r for r in csv.DictReader((results / "results.csv").open()) if r["status"] == "done"]
     bench = json.loads((results / "bench.json").read_text())
     top = max(bench["budgets"])
-    rows = [r for r in rows if r["accuracy"] and float(r["budget"]) == top]
+    # the base and the references have no budget (an empty cell): they stand beside every budget
+    rows = [r for r in rows if r["accuracy"] and (not r["budget"] or float(r["budget"]) == top)]
     acc: dict[tuple[str, str], list[float]] = defaultdict(list)
     scales: dict[tuple[str, str], set[str]] = defaultdict(set)
     per_spec: dict[str, list[float]] = defaultdict(list)
