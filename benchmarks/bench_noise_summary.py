@@ -14,7 +14,9 @@ every figure computed from those files:
      median over seeds of population_seconds / specialists for the RandOpt cells, which read the same
      prefix CoRP's do), one-thread figures from the bench's processes.
 
-    python benchmarks/bench_noise_summary.py --results results/bench-noise [--out FILE]
+    python benchmarks/bench_noise_summary.py --results results/bench-noise [--out FILE] [--plot PNG]
+
+`--plot` draws each low-rank − full-rank difference with its interval, one marker per method.
 """
 
 from __future__ import annotations
@@ -40,7 +42,13 @@ def _scheme_order(s: str) -> tuple[int, int]:
 
 
 def summary(results: Path) -> str:
-    rows = [r for r in csv.DictReader((results / "results.csv").open()) if r["status"] == "done"]
+    # a CoRP cell whose gate kept the base is 'abstained (= base)': the base is the model it returns, so
+    # its accuracy counts like any other seed's (the bench's comparisons count it too), and is flagged
+    rows = [
+        r
+        for r in csv.DictReader((results / "results.csv").open())
+        if r["status"] == "done" or r["status"].startswith("abstained")
+    ]
     bench = json.loads((results / "bench.json").read_text())
     top = max(bench["budgets"])
     # the base and the references have no budget (an empty cell): they stand beside every budget
@@ -48,6 +56,7 @@ def summary(results: Path) -> str:
     acc: dict[tuple[str, str], list[float]] = defaultdict(list)
     scales: dict[tuple[str, str], set[str]] = defaultdict(set)
     per_spec: dict[str, list[float]] = defaultdict(list)
+    abstained: dict[tuple[str, str], int] = defaultdict(int)
     base = [float(r["accuracy"]) for r in rows if r["method"] == "base"]
     for r in rows:
         m = _method(r["method"])
@@ -56,6 +65,7 @@ def summary(results: Path) -> str:
         hp = json.loads(r["hyperparameters"] or "{}")
         s = hp.get("noise", "full")
         acc[m, s].append(float(r["accuracy"]))
+        abstained[m, s] += r["status"].startswith("abstained")
         scales[m, s].add(",".join(f"{x:g}" for x in hp.get("from_sigmas") or hp.get("sigmas") or []))
         if m == "randopt-top1" and r["population_seconds"] and r["units"]:
             per_spec[s].append(float(r["population_seconds"]) / float(r["units"]))
@@ -76,7 +86,9 @@ def summary(results: Path) -> str:
                 cells.append("not run")
                 continue
             sd = statistics.stdev(got) if len(got) > 1 else 0.0
-            cells.append(f"{statistics.fmean(got):.3f} ± {sd:.3f} ({len(got)}; σ {'/'.join(sorted(scales[m, s]))})")
+            kept = f"; {abstained[m, s]} abstained (= base)" if abstained[m, s] else ""
+            sig = "/".join(sorted(scales[m, s]))
+            cells.append(f"{statistics.fmean(got):.3f} ± {sd:.3f} ({len(got)}{kept}; σ {sig})")
         out.append(f"| {m} | " + " | ".join(cells) + " |")
     if base:
         out += ["", f"Base (greedy): {statistics.fmean(base):.3f}."]
@@ -108,10 +120,54 @@ def summary(results: Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def plot(results: Path, out: Path) -> int:
+    """Each low-rank scheme minus full rank, per method, with the bench's 95% interval: the question
+    read at a glance (an interval wholly below 0 is a loss). Returns how many intervals it drew."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scheme = {}  # a method's row name -> its noise scheme, from results.csv
+    for r in csv.DictReader((results / "results.csv").open()):
+        if r["hyperparameters"]:
+            scheme[r["method"]] = json.loads(r["hyperparameters"]).get("noise", "full")
+    bench = json.loads((results / "bench.json").read_text())
+    top = max(bench["budgets"])
+    pts = defaultdict(list)  # method -> [(scheme, difference, lo, hi, k)]
+    for c in bench["comparisons"]:
+        sa, sb = scheme.get(c["a"]), scheme.get(c["b"])
+        same = _method(c["a"]) is not None and _method(c["a"]) == _method(c["b"])  # not "against the base"
+        if float(c["budget"]) != top or not same or sb != "full" or sa in (None, "full"):
+            continue
+        pts[_method(c["a"])].append((sa, c["difference"], *c["ci95"], c.get("n_seeds", 1)))
+    schemes = sorted({p[0] for v in pts.values() for p in v}, key=_scheme_order)
+    if not schemes:
+        return 0
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / max(len(pts), 1)
+    for i, (m, got) in enumerate(sorted(pts.items())):
+        xs = [schemes.index(g[0]) - 0.4 + width * (i + 0.5) for g in got]
+        ys = [g[1] for g in got]
+        err = [[g[1] - g[2] for g in got], [g[3] - g[1] for g in got]]
+        ax.errorbar(xs, ys, yerr=err, fmt="o", capsize=4, label=m)
+    ax.axhline(0, color="grey", lw=1, ls="--")
+    ax.set_xticks(range(len(schemes)), schemes)
+    k = sorted({g[4] for v in pts.values() for g in v})
+    ax.set_ylabel("test accuracy, low rank − full rank")
+    ax.set_title(f"{results.name}, {top:.2g} FLOPs: 95% interval over {'/'.join(map(str, k))} seeds", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return sum(len(v) for v in pts.values())
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=Path("results/bench-noise"), help="the bench's results directory")
     ap.add_argument("--out", type=Path, help="write the markdown here (default: standard output)")
+    ap.add_argument("--plot", type=Path, help="also draw each low-rank − full-rank difference with its interval (PNG)")
     a = ap.parse_args(argv)
     missing = [f for f in ("results.csv", "bench.json") if not (a.results / f).is_file()]
     if missing:
@@ -122,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     text = summary(a.results)
+    if a.plot:
+        plot(a.results, a.plot)
     if a.out:
         a.out.write_text(text)
     else:

@@ -1850,14 +1850,16 @@ def test_noise_summary_pivots_schemes_and_shows_a_loss_only_where_the_interval_i
             ("randopt-lr-four:randopt-top1", r4, "lowrank:r=4", 300.0),  # the column comes from the noise, not the name
             ("corp-full", full + 0.01, "full", 600.0),
         ):
+            # seed 2's CoRP gate kept the base: its row counts, as the model CoRP returned
+            status = "abstained (= base)" if (name, seed) == ("corp-full", 2) else "done"
             lines.append(
-                f"arith,arith,{name},paper,2.8e+13,{seed},{a},1,144,0,0,2.8e13,10,{secs},100,done,"
+                f"arith,arith,{name},paper,2.8e+13,{seed},{a},1,144,0,0,2.8e13,10,{secs},100,{status},"
                 + '"'
                 + hp(noise, [0.001]).replace('"', '""')
                 + '"'
             )
         # as the bench writes it: the base has no budget
-        lines.append(f"arith,arith,base,paper,,{seed},0.1,1,0,0,0,0,1,,,done,")
+        lines.append(f'arith,arith,base,paper,,{seed},0.1,1,0,0,0,0,1,,,done,"{{""k"": [1], ""n_test"": 300}}"')
     (tmp_path / "results.csv").write_text("\n".join(lines) + "\n")
     comps = [
         dict(
@@ -1867,6 +1869,15 @@ def test_noise_summary_pivots_schemes_and_shows_a_loss_only_where_the_interval_i
             ci95=[-0.12, -0.08],
             n_seeds=3,
             signs={"+": 0, "-": 3, "0": 0},
+            budget=2.8e13,
+        ),
+        dict(  # the base's row has no noise: read as "full", this must not be drawn as a scheme comparison
+            a="randopt-lr-four:randopt-top1",
+            b="base",
+            difference=0.1,
+            ci95=[0.08, 0.12],
+            n_seeds=3,
+            signs={"+": 3, "-": 0, "0": 0},
             budget=2.8e13,
         ),
         dict(
@@ -1883,9 +1894,12 @@ def test_noise_summary_pivots_schemes_and_shows_a_loss_only_where_the_interval_i
     text = summ.summary(tmp_path)
     assert "| method | full | lowrank:r=4 |" in text
     assert "| randopt-top1 | 0.300 ± 0.020 (3; σ 0.001) | 0.200 ± 0.010 (3; σ 0.001) |" in text
-    assert "| corp | 0.310 ± 0.020 (3; σ 0.001) | not run |" in text
+    assert "| corp | 0.310 ± 0.020 (3; 1 abstained (= base); σ 0.001) | not run |" in text
     assert "Base (greedy): 0.100." in text
     assert "randopt-lr-four:randopt-top1 is worse" in text
     assert "no difference shown; a loss larger than 0.020 is excluded" in text
     assert "| lowrank:r=4 | 3.00 | 2.00x the specialists/hour |" in text
     assert summ.main(["--results", str(tmp_path / "nothing")]) == 2
+    # the plot draws low-rank − full-rank only: a comparison against the base is no noise-scheme comparison
+    assert summ.plot(tmp_path, tmp_path / "d.png") == 1
+    assert (tmp_path / "d.png").stat().st_size > 0
