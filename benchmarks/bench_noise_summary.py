@@ -41,16 +41,17 @@ def _scheme_order(s: str) -> tuple[int, int]:
     return (0, 0) if s == "full" else (1, -int(s.rsplit("=", 1)[1]))  # full, then rank high to low
 
 
+def _read(results: Path) -> tuple[list[dict], dict, float]:
+    """results.csv's rows, bench.json, and the top budget, which both the summary and the plot read."""
+    bench = json.loads((results / "bench.json").read_text())
+    return list(csv.DictReader((results / "results.csv").open())), bench, max(bench["budgets"])
+
+
 def summary(results: Path) -> str:
+    rows, bench, top = _read(results)
     # a CoRP cell whose gate kept the base is 'abstained (= base)': the base is the model it returns, so
     # its accuracy counts like any other seed's (the bench's comparisons count it too), and is flagged
-    rows = [
-        r
-        for r in csv.DictReader((results / "results.csv").open())
-        if r["status"] == "done" or r["status"].startswith("abstained")
-    ]
-    bench = json.loads((results / "bench.json").read_text())
-    top = max(bench["budgets"])
+    rows = [r for r in rows if r["status"] == "done" or r["status"].startswith("abstained")]
     # the base and the references have no budget (an empty cell): they stand beside every budget
     rows = [r for r in rows if r["accuracy"] and (not r["budget"] or float(r["budget"]) == top)]
     acc: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -128,12 +129,11 @@ def plot(results: Path, out: Path) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    rows, bench, top = _read(results)
     scheme = {}  # a method's row name -> its noise scheme, from results.csv
-    for r in csv.DictReader((results / "results.csv").open()):
+    for r in rows:
         if r["hyperparameters"]:
             scheme[r["method"]] = json.loads(r["hyperparameters"]).get("noise", "full")
-    bench = json.loads((results / "bench.json").read_text())
-    top = max(bench["budgets"])
     pts = defaultdict(list)  # method -> [(scheme, difference, lo, hi, k)]
     for c in bench["comparisons"]:
         sa, sb = scheme.get(c["a"]), scheme.get(c["b"])

@@ -15,11 +15,12 @@
 # committed too. So are this task's population runs (the `corp score` directories
 # WORK_DIR/NAME/TASK__population__*, default WORK_DIR runs/bench: the scored rows, meta, splits and
 # report, a few hundred KB each), finished or interrupted (corp score resumes those), copied to
-# RESULTS_DIR/NAME/populations/ when no corp process holds them; each start first copies every committed one back into WORK_DIR where there is no directory
-# of that name (a directory that is there is never overwritten), and the bench reuses it as it
-# reuses its own. Nothing else is added: the other run directories (models, training runs;
-# git-ignored, large) stay uncommitted, so a later session resumes from the committed records
-# (finished cells are never rerun) and populations, and recomputes only the unfinished cells.
+# RESULTS_DIR/NAME/populations/ when no corp process holds them; each start first copies every
+# committed one back into WORK_DIR where there is no directory of that name (a directory that is
+# there is never overwritten), and the bench reuses it as it reuses its own. Nothing else is added:
+# the other run directories (models, training runs; git-ignored, large) stay uncommitted, so a later
+# session resumes from the committed records (finished cells are never rerun) and populations, and
+# recomputes only the unfinished cells.
 # Several wrappers may share a checkout, one per task or more than one on a task (corp bench
 # claims each cell, so two processes never run the same one): commits are serialised by a lock in .git.
 #
