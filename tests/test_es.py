@@ -86,18 +86,19 @@ def test_es_raises_planted_reward_and_recipe_is_exact(tmp_path):
 def test_centre_update_on_parallel_workers_has_the_bits_of_add_to(monkeypatch, workers):
     # the centre's update builds tensors on parallel workers: each must get add_to's bits
     import corp.perturb.direction as direction_module
-    from corp.baselines.es import Centre
     from corp.perturb import Component
 
     monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: workers)
     torch.manual_seed(0)
     pert = Perturber(make_tiny_llama(make_char_tokenizer()))
-    centre = Centre(pert)
     w0 = {n: b.clone() for n, b in pert.base.items()}
     comps = [Component(10 + i, 0.02, 0.5 - 0.25 * i) for i in range(12)]
-    centre.add(comps)
+    pert.move_base(comps[:5])  # ES moves the centre one iteration at a time: the bits of one add_to of all
+    pert.move_base(comps[5:])
     for name, base in pert.base.items():
         assert torch.equal(base, Direction(comps).add_to(w0[name].clone(), name)), name
+    for name, p in pert.params:  # the weights follow the moved base (no direction applied)
+        assert torch.equal(p.data, pert.base[name]), name
 
 
 def test_es_resume_gives_identical_weights(tmp_path):

@@ -75,7 +75,8 @@ def test_ray_two_workers_same_population_as_local(tmp_path, tiny_dir):
         ex = ctx.executor
         assert ex.name == "ray" and len(ex.actors) == 2
         assert len(set(ex.pids())) == 2, "two separate worker processes"
-        assert ctx.backend.__class__.__name__ == "RemoteBackend", "the driver loads no model of its own"
+        assert ctx.backend.__class__.__name__ == "RemoteBackend"
+        assert not ctx.backend.host_loaded, "scoring a population loads no model on the driver"
         # the backend contract on the driver: the workers' identity, log-probs forwarded, and one
         # line (not an AttributeError) for what lives only in the workers
         local_backend = setup_run(cfg_for(tmp_path / "local", tiny_dir), "randopt").backend
@@ -87,9 +88,9 @@ def test_ray_two_workers_same_population_as_local(tmp_path, tiny_dir):
         assert ctx.backend.logprobs(["1 + 2"], [[5, 6]])[0] == pytest.approx(
             local_backend.logprobs(["1 + 2"], [[5, 6]])[0], abs=1e-6
         )
-        for attr in ("perturber", "model"):
-            with pytest.raises(CorpError, match=r"the Ray driver .* run it with --executor local"):
-                getattr(ctx.backend, attr)
+        # direction algebra and the saved model run on the driver's host copy, loaded when first asked
+        assert [n for n, _ in ctx.backend.perturber.params] == [n for n, _ in local_backend.perturber.params]
+        assert ctx.backend.host_loaded and ctx.backend.model is not local_backend.model
     finally:
         ctx.executor.close()
     assert [r["key"] for r in rows] == [r["key"] for r in local], "same ranking"
@@ -154,3 +155,31 @@ def test_executor_options_are_checked(tmp_path, tiny_dir):
         cfg_for(tmp_path, tiny_dir, executor="ray", workers=0)
     with pytest.raises(CorpError, match="--ray-address needs"):
         cfg_for(tmp_path, tiny_dir, ray_address="auto")
+
+
+@pytest.mark.parametrize("name", ["score", "randopt", "consolidate", "analyze-rank", "fedcorp", "es", "grpo"])
+def test_every_method_runs_on_ray_with_the_rows_of_a_local_run_or_refuses_first(name, tmp_path, tiny_dir):
+    """Population methods score on 2 actors and give the local run's rows, recipe and model; a method
+    that runs in one process (ES, the GRPO family, eval, ...) refuses in one line before any work."""
+    from corp.methods import REGISTRY
+    from tests.test_engines import _outcome, _weights
+    from tests.test_methods import COMMON, STRONGER
+
+    m = REGISTRY[name]
+    options = {**m.smoke, **COMMON, **STRONGER.get(name, {}), "model": str(tiny_dir), "threads": 1}
+    if m.config_class.local_only:
+        with pytest.raises(CorpError, match=r"--executor ray: .*use --executor local"):
+            load_config(m.config_class, None, {**options, "executor": "ray", "run_dir": str(tmp_path / "ray")})
+        assert not (tmp_path / "ray").exists(), "refused before any work"
+        return
+    local = m(load_config(m.config_class, None, {**options, "run_dir": str(tmp_path / "local")}))
+    ray_before = ray.is_initialized()
+    remote = m(
+        load_config(
+            m.config_class, None, {**options, "run_dir": str(tmp_path / "ray"), "executor": "ray", "workers": 2}
+        )
+    )
+    assert _outcome(remote, tmp_path / "ray") == _outcome(local, tmp_path / "local")
+    if m.model:
+        assert _weights(tmp_path / "ray" / "model") == _weights(tmp_path / "local" / "model")
+    assert ray.is_initialized() == ray_before, "a local Ray that corp started is stopped at the end of the run"

@@ -8,10 +8,11 @@ Each iteration t scores N specialists centre_t + sigma eps(seed_i) (or +- pairs 
 centred ranks in [-0.5, 0.5]) and moves the centre by (alpha / N) sum_i f_i eps_i. An ES run is
 therefore a list of seed components: the centre is base + Direction(components so far), each
 component (seed_i, sigma, coef = alpha f_i / (N sigma)) contributes coef * sigma * eps = alpha f_i eps / N.
-The centre is kept as an fp32 master copy (the Perturber's pristine copy is replaced by it), and is
+The centre is the backend's base, moved with `backend.move_base(components)`: an fp32 master
 updated by adding components in order with `Direction.add_to`, the same floating-point operations
-`Perturber.apply(Direction(all components))` performs on the base: the saved recipe materialises
-the final model bit-exactly, and a resumed run rebuilds the centre from its checkpointed components.
+`Perturber.apply(Direction(all components))` performs on the base, in the engine and in corp's host
+copy alike (vLLM's worker moves its own base the same way): the saved recipe materialises the final
+model bit-exactly, and a resumed run rebuilds the centre from its checkpointed components.
 
 Where we depart from the paper, and why:
 - The step is alpha / N * sum f_i eps_i, as the paper's code does (1/sigma absorbed into alpha);
@@ -43,7 +44,6 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from tqdm.auto import tqdm
 
 from corp import CorpError
@@ -62,7 +62,6 @@ from corp.evaluate.context import (
 )
 from corp.evaluate.scorer import population_meta
 from corp.perturb import Component, Direction, ParamFilter
-from corp.perturb.direction import Scratch, ScratchPool, per_tensor
 from corp.perturb.noise import derive_seeds
 from corp.runs import ReportRow, append_jsonl, format_rows, read_json, read_jsonl, write_json, write_report
 from corp.stats import PerExample, zscore
@@ -158,27 +157,6 @@ def update_components(cfg: ESConfig, specs: list[tuple[int, int]], rewards: list
     return [Component(seed, cfg.sigma, c) for seed, c in coefs.items() if c != 0.0]
 
 
-class Centre:
-    """The fp32 master copy of the centre, installed as the backend Perturber's pristine base."""
-
-    def __init__(self, perturber):
-        self.perturber = perturber
-        # the run's noise scheme: the centre moves by the noise its members were scored with
-        self.scheme = perturber.scheme
-        perturber.base = {n: b.to(torch.float32, copy=True) for n, b in perturber.base.items()}
-        self._scratch = ScratchPool()
-
-    @torch.no_grad()
-    def add(self, components: list[Component]) -> None:
-        d, base = Direction(list(components)), self.perturber.base
-
-        def one(name: str, shape: torch.Size, scratch: Scratch) -> None:
-            d.add_to(base[name], name, scratch.gen, scratch.buffer("noise", shape.numel()), scheme=self.scheme)
-
-        for _ in per_tensor(one, [(n, b.shape) for n, b in base.items()], self._scratch):
-            pass
-
-
 def es_definition(cfg: ESConfig, task, splits, max_new_tokens: int) -> dict:
     """What defines an ES run's rows (kind "es": noise around a moving centre, never a population of
     perturbations of the base, so `--from-run` refuses it). --iterations may grow on resume."""
@@ -210,7 +188,7 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
 
     base_hash = ctx.weights_hash  # of the base, before the centre moves
     model_id = ctx.model_id
-    ctx.backend.require(PERTURBER, "corp es (its centre moves the Perturber's base)")
+    ctx.backend.require(PERTURBER, "corp es (its centre moves the base)")
     ctx.backend.require(MODEL, "corp es (it saves the final model)")
     perturber = ctx.backend.perturber
     if perturber.scheme != ctx.noise_scheme:  # an injected backend built for other noise: its rows would be mislabelled
@@ -233,9 +211,8 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
     if state.get("base_weights_hash") != base_hash:
         raise CorpError(f"'{state_path}' was made from other base weights; use another --run-dir")
     done_iters = int(state["iteration"])
-    centre = Centre(perturber)
     components = [Component(int(c["seed"]), float(c["sigma"]), float(c["coef"])) for c in state["components"]]
-    centre.add(components)  # resume: same additions, same bits
+    ctx.backend.move_base(components)  # the centre (resume: same additions, same bits)
 
     scored = EvalCache(pop_path)
     metrics_path = run_dir / "metrics.jsonl"
@@ -276,7 +253,7 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
                 rows.append(r)
                 rewards.append(r["reward"])
             new = update_components(cfg, specs, rewards)
-            centre.add(new)
+            ctx.backend.move_base(new)
             components += new
             ctx.backend.set_direction(None)  # weights := the new centre
             row = {

@@ -34,6 +34,7 @@ import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 
@@ -84,6 +85,8 @@ class FGRPOConfig(GRPOConfig):
     """Where clients run: local (built in this process, called in turn) or ray (one Ray actor, i.e. process, per client)."""
     ray_address: str | None = None
     """Join this Ray cluster instead of starting a local Ray (--executor ray)."""
+
+    local_only: ClassVar[str | None] = None  # its clients are Ray actors under --executor ray
 
     def validate(self) -> FGRPOConfig:
         super().validate()

@@ -297,6 +297,7 @@ class Node(GRPOTrainer):
     def rollouts(self, examples, n: int, seed: int) -> list[Rollout]:
         """n completions per example, prompt-major, with this node's logprobs of its own tokens."""
         self.policy.eval()
+        self.sync_engine()  # an engine with weights of its own (vLLM) generates with this step's weights
         gens = self.backend.generate(
             [e.prompt for e in examples],
             self.ctx.max_new_tokens,

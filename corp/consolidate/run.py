@@ -138,9 +138,10 @@ class RunScorer:
             factored_for(self.ctx).release_factors()
 
     def cache_prefix(self, direction: Direction | None) -> None:
-        # an optimisation of the dense path: a backend without a Perturber evaluates from scratch, and the factored
-        # pass writes no weights, so a prefix would only cost a copy of the model
-        if self.ctx.backend.supports(PERTURBER) and not self.factored:
+        # an optimisation of the dense path where the Perturber writes the engine's own weights (hf); an engine that
+        # keeps its weights elsewhere (vLLM, Ray) materialises every direction itself, and the factored pass writes
+        # no weights, so a prefix would only cost a copy of the model
+        if self.ctx.backend.shares_weights and not self.factored:
             self.ctx.backend.perturber.cache_prefix(direction)
 
 
@@ -218,8 +219,9 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
         else None
     )
     scheme = ctx.backend.perturber.scheme  # the population's noise scheme: the Gram matrix regenerates its noise
-    # the Perturber builds the step search's merged M in advance for the dense path; the factored pass needs none
-    dense = None if scorer.factored else ctx.backend.perturber
+    # the Perturber builds the step search's merged M in advance for the dense path where it writes the engine's
+    # weights; the factored pass needs none, and an engine with weights of its own (vLLM, Ray) builds them itself
+    dense = ctx.backend.perturber if ctx.backend.shares_weights and not scorer.factored else None
     result = consolidate_stage1(
         [r["reward"] for r in population],
         [r["seed"] for r in population],

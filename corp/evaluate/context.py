@@ -136,6 +136,7 @@ class RunContext:
                 self.cfg.batch_size,
                 pf,
                 self.noise_scheme,
+                engine_options(self.cfg),
             )
         return self._backend
 
@@ -464,13 +465,23 @@ def row_scores(row: dict, ids: Sequence[str], field_name: str = "rewards") -> Pe
 
 
 def score_one(
-    ctx: RunContext, seed: int | None, sigma: float | None, split: str, context: dict | None = None, **extra
+    ctx: RunContext,
+    seed: int | None,
+    sigma: float | None,
+    split: str,
+    context: dict | None = None,
+    following: tuple[int | None, float | None] | None = None,
+    **extra,
 ) -> dict:
     """Set the backend to specialist (seed, sigma) (None: the base), evaluate it on `split`, return
-    its row (not cached: the caller appends it). Every executor makes rows with this function."""
+    its row (not cached: the caller appends it). Every executor makes rows with this function.
+    `following`: the specialist scored next, whose weights the backend may start building while
+    this one generates (`Backend.prefetch`)."""
     t0 = time.perf_counter()
     ctx.backend.set_direction(None if seed is None else Direction.single(seed, sigma))
     apply_s = time.perf_counter() - t0
+    if following is not None and following[0] is not None:
+        ctx.backend.prefetch(Direction.single(following[0], following[1]))
     examples = ctx.splits[split]
     identity = eval_identity(context or ctx.eval_context(), specialist_what(seed, sigma), [e.id for e in examples])
     res = evaluate_current(ctx, examples)
@@ -678,6 +689,15 @@ def run_evals(ctx: RunContext) -> EvalCache:
     return EvalCache(ctx.run_dir / EVALS_FILE, shared=shared, salt=shared_salt(ctx) if shared else "")
 
 
+def engine_options(cfg) -> dict:
+    """The vLLM engine's options from a run's config (the hf backend takes none)."""
+    return {
+        "tensor_parallel_size": getattr(cfg, "tensor_parallel_size", 1),
+        "gpu_memory_utilization": getattr(cfg, "gpu_memory_utilization", None),
+        "enforce_eager": getattr(cfg, "enforce_eager", False) or None,
+    }
+
+
 def shared_salt(ctx: RunContext) -> str:
     """What an evaluation row's key leaves implicit because a run fixes it, for rows shared between runs."""
     cfg = ctx.cfg
@@ -690,6 +710,8 @@ def shared_salt(ctx: RunContext) -> str:
             "exclude": getattr(cfg, "exclude", ""),
             "dtype": cfg.dtype,
             "device": cfg.device,
+            # vLLM without graph compilation may round differently; only when set, so earlier keys stay
+            **({"enforce_eager": True} if getattr(cfg, "enforce_eager", False) else {}),
         },
         sort_keys=True,
     )

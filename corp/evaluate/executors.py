@@ -25,8 +25,8 @@ from collections.abc import Iterator, Sequence
 
 from corp import CorpError
 from corp.evaluate.backends import make_backend, resolve_backend_name
-from corp.evaluate.backends.base import LOGPROBS, Backend
-from corp.evaluate.context import RunContext, run_scheme, score_one
+from corp.evaluate.backends.host import HostCopy
+from corp.evaluate.context import RunContext, engine_options, run_scheme, score_one
 from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.tasks import get_task
 from corp.perturb import ParamFilter
@@ -44,8 +44,10 @@ class LocalExecutor:
         if specialists and factored_for(ctx) is not None:  # low-rank noise on hf: one batched pass, no weights written
             yield from score_factored(ctx, specialists, split)
             return
-        for seed, sigma in specialists:
-            yield score_one(ctx, seed, sigma, split)
+        specialists = list(specialists)
+        for i, (seed, sigma) in enumerate(specialists):
+            following = specialists[i + 1] if i + 1 < len(specialists) else None
+            yield score_one(ctx, seed, sigma, split, following=following)
 
     def close(self) -> None:
         pass
@@ -61,13 +63,16 @@ class _Worker:
             torch.set_num_threads(threads)
         task = get_task(cfg.task, cfg.data)
         pf = ParamFilter(getattr(cfg, "include", ".*"), getattr(cfg, "exclude", ""))
-        backend = make_backend(cfg.backend, cfg.model, cfg.device, cfg.dtype, cfg.batch_size, pf, run_scheme(cfg))
+        backend = make_backend(
+            cfg.backend, cfg.model, cfg.device, cfg.dtype, cfg.batch_size, pf, run_scheme(cfg), engine_options(cfg)
+        )
         self.ctx = RunContext(cfg, "worker", task, {}, None, resolve_reward(cfg.reward), backend)
 
     def info(self) -> dict:
         b = self.ctx.backend
         return {
             "pid": os.getpid(),
+            "model_path": str(getattr(b, "model_path", None) or "") or None,
             "model_id": self.ctx.model_id,
             "n_params": b.n_params,
             "weights_hash": self.ctx.weights_hash,
@@ -82,6 +87,9 @@ class _Worker:
     def set_direction(self, direction) -> None:
         self.ctx.backend.set_direction(direction)
 
+    def move_base(self, components) -> None:
+        self.ctx.backend.move_base(components)
+
     def generate(self, *args, **kwargs):
         return self.ctx.backend.generate(*args, **kwargs)
 
@@ -89,39 +97,40 @@ class _Worker:
         return self.ctx.backend.logprobs(*args, **kwargs)
 
 
-class RemoteBackend(Backend):
-    """`ctx.backend` on a Ray driver: forwards calls to the executor's first live actor. It keeps
-    the actor backend's name, model id, size and weights hash; of its capabilities only those that
-    cross a process boundary as plain data (log-probabilities): the Perturber and the model live in
-    the actor."""
+class RemoteBackend(HostCopy):
+    """`ctx.backend` on a Ray driver: generation goes to the executor's first live actor; direction
+    algebra, the saved model and log-probabilities run on corp's host copy of the weights on the
+    driver (`HostCopy`, loaded on first use: a run that only scores a population never loads it).
+    It keeps the actor backend's name, model id, size and weights hash."""
 
     instead = "run it with --executor local"
 
-    def __init__(self, executor: RayExecutor, info: dict):
+    def __init__(self, executor: RayExecutor, info: dict, host_spec: dict):
         self.executor = executor
         self.name = info["name"]
         self.model_id = info["model_id"]
         self.n_params = info["n_params"]
         self.weights_hash = info["weights_hash"]
-        self.capabilities = frozenset(info.get("capabilities", ())) & {LOGPROBS}
+        self.model_path = info.get("model_path")
+        self.host_spec = host_spec
 
     def describe(self) -> str:
-        return (
-            f"the Ray driver (--executor ray: the '{self.name}' backend runs in the workers; the driver holds no model)"
-        )
+        return f"the Ray driver (--executor ray: the '{self.name}' backend runs in the workers)"
 
-    def set_direction(self, direction) -> None:
+    def _engine_set_direction(self, direction) -> None:
         self.executor._call_first("set_direction", direction)
+
+    def _engine_move_base(self, components) -> None:
+        self.executor.move_base(components)
+
+    def _engine_set_base(self, state) -> None:
+        raise CorpError("--executor ray scores populations; a method that trains the model runs with --executor local")
 
     def generate(self, *args, **kwargs):
         return self.executor._call_first("generate", *args, **kwargs)
 
-    def logprobs(self, *args, **kwargs):
-        self.require(LOGPROBS, "`backend.logprobs`")
-        return self.executor._call_first("logprobs", *args, **kwargs)
-
     def close(self) -> None:
-        pass
+        HostCopy.close(self)
 
 
 class RayExecutor:
@@ -161,6 +170,7 @@ class RayExecutor:
         threads = cfg.threads or (None if address else max(1, (os.cpu_count() or 1) // workers))
         self._actor_cls = ray.remote(num_cpus=1, num_gpus=gpus, max_restarts=0)(_Worker)
         self._threads = threads
+        self.moved: list[list] = []  # every move_base so far, replayed by replacement actors
         self.actors = [self._new_actor() for _ in range(workers)]
         self.retried = 0  # specialists resubmitted after their actor died
         self.replaced = 0  # actors started to replace dead ones
@@ -171,7 +181,21 @@ class RayExecutor:
         self.info = info
 
     def _new_actor(self):
-        return self._actor_cls.remote(self.cfg, self._threads)
+        actor = self._actor_cls.remote(self.cfg, self._threads)
+        for comps in self.moved:  # a replacement starts from the base: it replays every move (same bits)
+            actor.move_base.remote(comps)
+        return actor
+
+    def move_base(self, components) -> None:
+        """Every actor's base moves by `components` (ES's centre), as the driver's host copy does."""
+        comps = list(components)
+        self.moved.append(comps)
+        for slot in range(len(self.actors)):
+            try:
+                self.ray.get(self.actors[slot].move_base.remote(comps))
+            except self.ray.exceptions.RayActorError:
+                self.actors[slot] = self._new_actor()  # replays this move too
+                self.replaced += 1
 
     def pids(self) -> list[int]:
         return [self.ray.get(a.info.remote())["pid"] for a in self.actors]
@@ -259,6 +283,19 @@ def resolve_backend_name_safe(name: str, resolve) -> str:
         return name
 
 
+def host_spec(cfg) -> dict:
+    """How the Ray driver loads corp's host copy of the weights (HostCopy): the run's model, dtype,
+    parameter filter and noise scheme, on the run's device."""
+    return {
+        "model": cfg.model,
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+        "batch_size": cfg.batch_size,
+        "param_filter": ParamFilter(getattr(cfg, "include", ".*"), getattr(cfg, "exclude", "")),
+        "scheme": run_scheme(cfg),
+    }
+
+
 def get_executor(ctx):
     """The run's executor (created once per run context); installs the Ray backend proxy on the driver."""
     ex = ctx.executor
@@ -271,7 +308,7 @@ def get_executor(ctx):
     elif kind == "ray":
         ex = RayExecutor(cfg, getattr(cfg, "workers", 2), getattr(cfg, "ray_address", None))
         if not ctx.has_backend():
-            ctx.set_backend(RemoteBackend(ex, ex.info))
+            ctx.set_backend(RemoteBackend(ex, ex.info, host_spec(cfg)))
     else:
         raise CorpError(f"unknown --executor '{kind}'; choose one of {', '.join(EXECUTORS)}")
     ctx.executor = ex

@@ -348,6 +348,9 @@ class Perturber:
         # Costs one fp32 copy of the selected weights per merged term of the current direction.
         self._kept: dict[tuple[Component, ...], dict[str, torch.Tensor]] = {}
         self._pinned: set[tuple[Component, ...]] = set()  # built by keep_merged: kept until release_merged
+        self._moved = False  # move_base has made the base an fp32 master (ES's centre)
+        self._prefetched = None  # (direction, future of its tensors, thread): prefetch
+        self._prefetch_scratch = ScratchPool()  # its own generators and buffers: it runs beside apply's
 
     @property
     def n_selected(self) -> int:
@@ -453,11 +456,59 @@ class Perturber:
                 Direction([t]).add_to(target, name, gen, buf, scheme=self.scheme)
         return target
 
+    def prefetch(self, direction: Direction | None) -> None:
+        """Start materialising W0 + direction (fp32, host) on a background thread, so that the next
+        specialist's noise is drawn while the current one generates; `apply(direction)` then only
+        copies. The same additions on the same base as `apply`: the same bits. Only plain seed
+        components (a population's specialists); costs one fp32 copy of the selected weights."""
+        self._drop_prefetch()
+        if direction is None or not direction.components or not direction.prefixable:
+            return
+        if any(not isinstance(t, Component) for t in direction.components):
+            return
+        base, scheme, shapes = self.base, self.scheme, self._shapes()
+
+        def build() -> dict[str, torch.Tensor]:
+            def one(name: str, shape: torch.Size, scratch: Scratch) -> tuple[str, torch.Tensor]:
+                acc = base[name].to("cpu", torch.float32, copy=True)
+                direction.add_to(acc, name, scratch.gen, scratch.buffer("noise", shape.numel()), scheme=scheme)
+                return name, acc
+
+            return dict(per_tensor(one, shapes, self._prefetch_scratch))
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix="corp-prefetch")
+        self._prefetched = (direction, pool.submit(build), pool)
+
+    def _drop_prefetch(self) -> None:
+        if self._prefetched is not None:
+            _, future, pool = self._prefetched
+            future.cancel()
+            pool.shutdown(wait=True)
+            self._prefetched = None
+
+    def _take_prefetched(self, direction: Direction) -> dict[str, torch.Tensor] | None:
+        if self._prefetched is None or self._prefetched[0] != direction:
+            self._drop_prefetch()
+            return None
+        _, future, pool = self._prefetched
+        self._prefetched = None
+        try:
+            return future.result()
+        finally:
+            pool.shutdown(wait=False)
+
     @torch.no_grad()
     def apply(self, direction: Direction | None) -> None:
         """Set the selected weights to W0 + direction (None means W0)."""
         if direction is None or direction.is_zero():
+            self._drop_prefetch()
             self.restore()
+            return
+        ready = self._take_prefetched(direction)
+        if ready is not None:
+            for name, param in self.params:
+                param.copy_(ready[name].to(param.device, param.dtype))
+            self.current = direction
             return
         start, rest = self.base, direction
         if self._prefix is not None and direction.prefixable:
@@ -485,6 +536,28 @@ class Perturber:
         for _ in per_tensor(set_one, self._shapes(), self._scratch):
             pass
         self.current = direction
+
+    @torch.no_grad()
+    def move_base(self, components: Iterable[Component]) -> None:
+        """The base moves by `components` (ES's centre): from the first move the pristine copy is an
+        fp32 master, and each move adds its components in order with `Direction.add_to`, the
+        operations `apply(Direction(all components so far))` performs on W0, so a recipe of every
+        component rebuilds the moved base bit-exactly. The current direction is re-applied on the
+        new base; cached prefixes and merged terms built on the old base are dropped."""
+        self._drop_prefetch()  # built on the old base
+        if not self._moved:
+            self.base = {n: b.to(torch.float32, copy=True) for n, b in self.base.items()}
+            self._moved = True
+        d = Direction(list(components))
+
+        def one(name: str, shape: torch.Size, scratch: Scratch) -> None:
+            d.add_to(self.base[name], name, scratch.gen, scratch.buffer("noise", shape.numel()), scheme=self.scheme)
+
+        for _ in per_tensor(one, self._shapes(), self._scratch):
+            pass
+        self._prefix = None
+        self.release_merged()
+        self.apply(self.current)
 
     @torch.no_grad()
     def restore(self) -> None:

@@ -264,6 +264,22 @@ def build_batch(tokenizer, prompt_ids: list[list[int]], completion_ids: list[lis
 # ---------------------------------------------------------------- the trainer
 
 
+@torch.no_grad()
+def lora_merged_state(policy) -> dict:
+    """A peft model's weights with every LoRA layer merged, W + delta, as new tensors under the base
+    model's Hugging Face names; the model is not changed."""
+    from corp.evaluate.backends.host import hf_state
+
+    base = policy.get_base_model()
+    state = hf_state(base)
+    for name, module in base.named_modules():
+        if hasattr(module, "get_delta_weight") and hasattr(module, "base_layer"):
+            weight = module.base_layer.weight
+            delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
+            state[f"{name}.weight"] = weight + delta.to(weight.dtype)
+    return state
+
+
 class GRPOTrainer:
     """Owns the policy (the backend's model, trained in place), optimizer, ledger and checkpoints.
 
@@ -315,6 +331,7 @@ class GRPOTrainer:
         self.ledger = Ledger(backend.n_params)
         self.step = 0
         self.ckpt_path = ctx.run_dir / "checkpoint.pt"
+        self._synced_step = 0  # the step whose weights the engine generates with (sync_engine)
 
     # -- checkpoints: trainable tensors + optimizer + step + ledger (+ extra_state), one file written atomically
     checkpoint_mismatch = "was made with other trainable parameters (LoRA vs full?); use another --run-dir"
@@ -361,9 +378,21 @@ class GRPOTrainer:
         self.ledger = Ledger(self.ledger.n_params, led["prompt_tokens"], led["generated_tokens"], led["trained_tokens"])
         self.load_extra_state(state)
 
+    def sync_engine(self) -> None:
+        """Where the engine keeps weights of its own (vLLM), it generates with the policy's weights as
+        they are now, pushed before the first generation after each optimizer step (TRL's vLLM
+        colocate mode). LoRA is merged for the push into new tensors, W + delta, as merge_and_unload
+        computes them; TRL merges into the model and unmerges after, which leaves W - delta + delta,
+        not W. The hf engine generates with the policy itself."""
+        if self.backend.shares_weights or self._synced_step == self.step:
+            return
+        self.backend.push_weights(lora_merged_state(self.policy) if self.cfg.lora_r > 0 else None)
+        self._synced_step = self.step
+
     # -- one step
     def sample(self) -> tuple[Batch, dict]:
         cfg, ctx = self.cfg, self.ctx
+        self.sync_engine()
         support = ctx.splits["support"]
         rng = random.Random(f"corp-grpo|{cfg.seed}|{self.step}")
         examples = rng.sample(support, min(cfg.prompts_per_step, len(support)))

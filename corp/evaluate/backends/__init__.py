@@ -6,11 +6,11 @@ vs 8.5-13.9 s for the same 64 prompts, `results/backend-throughput/`), else hf. 
 use vLLM falls back to hf and says so once (a warning), instead of failing:
 - the engine cannot be built for this model (no .safetensors, an architecture or a low-rank target
   vLLM does not handle): hf from the start;
-- the run asks for a capability only hf has (corp's Perturber, the in-process model, log-
-  probabilities: consolidate, es, fedcorp, grpo, `--uncertainty entropy`): `AutoBackend` swaps to
-  hf at that demand. Rows scored before it (e.g. consolidate's population) keep `backend: vllm` in
-  their key, rows after it say `hf`, so every cached row still names the engine that made it.
-`--backend vllm` never falls back: a run that needs hf then fails in one line, as asked.
+- a capability the engine lacks: none today. Direction algebra, the saved model and log-
+  probabilities run on corp's host copy of the weights (`host.HostCopy`), so every method runs on
+  vLLM; `AutoBackend` still swaps to hf at the demand of a capability a future engine lacks, and
+  every cached row names the engine that made it.
+`--backend vllm` never falls back: a run that cannot build the engine fails in one line, as asked.
 """
 
 from __future__ import annotations
@@ -48,18 +48,21 @@ def make_backend(
     batch_size: int = 64,
     param_filter=None,
     scheme: str | None = None,
+    engine: dict | None = None,
 ) -> Backend:
-    """`scheme`: the run's noise scheme (None: the current full-rank one)."""
+    """`scheme`: the run's noise scheme (None: the current full-rank one). `engine`: vLLM's engine
+    options (tensor_parallel_size, gpu_memory_utilization); the hf backend has none."""
     from corp.perturb import SCHEME_VERSION
 
     resolved = resolve_backend_name(name, device)
     scheme = scheme or SCHEME_VERSION
     args = (model, device, dtype, batch_size, param_filter, scheme)
+    engine = {k: v for k, v in (engine or {}).items() if v is not None}
     if resolved == "hf":
         return _hf(*args)
     if name == "auto":
         try:
-            inner = _vllm(*args)
+            inner = _vllm(*args, **engine)
         except Exception as exc:  # noqa: BLE001 -- auto must not fail where hf can run; the reason is said once
             _fallback_note(f"vLLM cannot run this model ({type(exc).__name__}: {str(exc).splitlines()[0]})")
             return _hf(*args)
@@ -67,7 +70,7 @@ def make_backend(
     from corp.extras import require
 
     require("vllm", "--backend vllm")  # a missing vLLM is one line; an ImportError inside vllm.py surfaces as itself
-    return _vllm(*args)
+    return _vllm(*args, **engine)
 
 
 def _hf(model, device, dtype, batch_size, param_filter, scheme) -> Backend:
@@ -78,11 +81,18 @@ def _hf(model, device, dtype, batch_size, param_filter, scheme) -> Backend:
     )
 
 
-def _vllm(model, device, dtype, batch_size, param_filter, scheme) -> Backend:
+def _vllm(model, device, dtype, batch_size, param_filter, scheme, **engine) -> Backend:
     from corp.evaluate.backends.vllm import VLLMBackend
 
     return VLLMBackend.from_model_name(
-        model, dtype=dtype, param_filter=param_filter, scheme=scheme, max_loras=max(1, min(batch_size, MAX_LORAS))
+        model,
+        dtype=dtype,
+        param_filter=param_filter,
+        scheme=scheme,
+        max_loras=max(1, min(batch_size, MAX_LORAS)),
+        device=device,
+        batch_size=batch_size,
+        **engine,
     )
 
 
@@ -111,6 +121,7 @@ class AutoBackend(Backend):
     n_params = property(lambda self: self._inner.n_params)
     weights_hash = property(lambda self: self._inner.weights_hash)
     instead = property(lambda self: self._inner.instead)
+    shares_weights = property(lambda self: self._inner.shares_weights)
 
     def _provided(capability: str, attr: str):  # noqa: N805 -- a helper run in the class body
         def get(self):
@@ -144,6 +155,15 @@ class AutoBackend(Backend):
 
     def set_direction(self, direction) -> None:
         self._inner.set_direction(direction)
+
+    def move_base(self, components) -> None:
+        self._inner.move_base(components)
+
+    def prefetch(self, direction) -> None:
+        self._inner.prefetch(direction)
+
+    def push_weights(self, state=None) -> None:
+        self._inner.push_weights(state)
 
     def close(self) -> None:
         self._inner.close()

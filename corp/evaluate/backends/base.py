@@ -6,6 +6,11 @@ Every backend has:
   `n_params` (all parameters, for the compute ledger) and `weights_hash` (sha256 of the base
   weights, `corp.perturb.weights_hash`; it keys populations and evaluations);
 - `set_direction(direction)`: weights := base + direction, exactly (None: the base);
+- `move_base(components)`: base := base + components, kept in fp32 and added in order (ES's
+  centre); `push_weights()`: the engine's base := the model's weights as they are now (after a
+  training step). `shares_weights`: whether `perturber` and `model` are the engine's own weights
+  (hf) or corp's host copy beside an engine that keeps them elsewhere (vLLM, a Ray driver;
+  `corp.evaluate.backends.host`), which follows the engine's direction when read;
 - `generate(prompts, max_new_tokens, temperature, top_p, n, seed, stop, seeds)`; sampling
   (temperature > 0) is seeded per completion (see "Seeded sampling" below);
 - `close()`.
@@ -13,7 +18,7 @@ Every backend has:
 What only some backends can do is a named capability (`CAPABILITIES`), asked with
 `backend.supports(name)` and demanded with `backend.require(name, "corp es")`, which raises one
 `CorpError` line naming the backend and what to pass instead:
-- `perturber`: corp's in-process `Perturber` on the backend's own weights (`backend.perturber`),
+- `perturber`: corp's in-process `Perturber` on the backend's weights or its host copy (`backend.perturber`),
   for direction algebra that reads or keeps weights (Gram matrices, merged directions kept across
   a step search, low-rank projection, ES's moving centre);
 - `model`: the in-process transformers model and tokenizer (`backend.model`, `backend.tokenizer`),
@@ -124,6 +129,7 @@ class Backend:
     model = _Provided(MODEL)  # transformers model
     tokenizer = _Provided(MODEL)  # its tokenizer
     instead = "pass --backend hf"  # what a missing capability's error tells the user to do
+    shares_weights = True  # `perturber`/`model` are the weights the engine generates with (module docstring)
 
     def describe(self) -> str:
         return f"the '{self.name}' backend"
@@ -162,6 +168,19 @@ class Backend:
     def set_direction(self, direction: Direction | None) -> None:
         """Weights := base + direction (None: the base)."""
         raise NotImplementedError
+
+    def prefetch(self, direction: Direction | None) -> None:
+        """A hint: `direction` is the next one to be set; an engine may start building its weights
+        now, while it generates with the current ones (hf: `Perturber.prefetch`). Changes no bits."""
+
+    def move_base(self, components) -> None:
+        """Base := base + components (fp32, in order: `Perturber.move_base`); the current direction stays applied."""
+        self.require(PERTURBER, "moving the base (ES's centre)")
+        self.perturber.move_base(components)
+
+    def push_weights(self, state: dict | None = None) -> None:
+        """The engine's base := `state` (HF-named tensors; default: the model's weights as they are
+        now). Nothing to do where the engine generates with the model itself (`shares_weights`)."""
 
     def logprobs(self, prompts: list[str], completions: list[list[int]], temperature: float = 1.0) -> list[list[float]]:
         """Capability `logprobs`: for each (prompt, completion token ids) pair, the log-probability

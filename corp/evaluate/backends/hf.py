@@ -16,6 +16,7 @@ the forward pass; the global RNG is never touched.
 
 from __future__ import annotations
 
+import os
 import time
 
 import torch
@@ -129,6 +130,10 @@ class HFBackend(Backend):
 
     def set_direction(self, direction: Direction | None) -> None:
         self.perturber.apply(direction)
+
+    def prefetch(self, direction: Direction | None) -> None:
+        if os.environ.get("CORP_PREFETCH", "1") != "0":  # 0: off, for measuring what it hides
+            self.perturber.prefetch(direction)
 
     @torch.inference_mode()
     def logprobs(self, prompts, completions, temperature=1.0) -> list[list[float]]:

