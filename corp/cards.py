@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -144,13 +145,13 @@ def _eval_command(task: str | None, config: dict | None, model_dir: Path) -> str
     options are in the spec), the test split (size and split seed; the other sizes too when the rows
     were reported on validation), the generation length, reward, batch size, dtype, backend and device."""
     cfg = config or {}
-    parts = ["corp eval --model .", f"--task {_portable(task or 'arith', model_dir)}"]
+    parts = ["corp eval --model .", f"--task {shlex.quote(str(_portable(task or 'arith', model_dir)))}"]
     if cfg.get("report_on") == "validation":
         parts += [f"--{k.replace('_', '-')} {cfg[k]}" for k in ("n_support", "n_probe", "n_validation") if k in cfg]
         parts.append("--report-on validation")
     for key in ("n_test", "split_seed", "max_new_tokens", "reward", "batch_size", "dtype", "device"):
         if cfg.get(key) is not None and cfg.get(key) != EVAL_DEFAULTS.get(key):
-            parts.append(f"--{key.replace('_', '-')} {_portable(cfg[key], model_dir)}")
+            parts.append(f"--{key.replace('_', '-')} {shlex.quote(str(_portable(cfg[key], model_dir)))}")
     if cfg.get("backend"):  # a run that saves a model scores it in-process: on hf, whatever auto would pick now
         parts.append(f"--backend {'hf' if cfg['backend'] == 'auto' else cfg['backend']}")
     return " ".join(parts)

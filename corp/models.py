@@ -34,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -289,7 +290,6 @@ def hub_offline(timeout: float = 3.0) -> bool:
     if _truthy(os.environ.get("HF_HUB_OFFLINE")) or _truthy(os.environ.get("TRANSFORMERS_OFFLINE")):
         return True
     import socket
-    import sys
     import threading
     from urllib.parse import urlsplit
 
@@ -333,8 +333,6 @@ _ANNOUNCED: set[str] = set()
 def _announce_alias(name: str, hub_id: str) -> None:
     """Say once per process what a hub alias stands for (an embedded alias names its build in `corp models`)."""
     if name != hub_id and name not in _ANNOUNCED:
-        import sys
-
         _ANNOUNCED.add(name)
         print(f"model: {name} is {hub_id}", file=sys.stderr)
 
