@@ -2,7 +2,7 @@
 
     python benchmarks/lm_eval_compare.py --model DIR --task arith --n-test 128 --out results/lm-eval-compare
 
-1. `corp eval --model DIR --task T --n-test N --pass-k ""` (the real command) scores greedy accuracy
+1. `corp eval --model DIR --task T --n-test N` (the real command) scores greedy accuracy
    on corp's test split and records per-example outcomes (test_outcomes.json).
 2. The same test examples are written as JSONL, each with the exact text corp's hf backend feeds
    the model (the chat template applied, as `corp.evaluate.backends.hf.format_prompt` does), and a
@@ -85,8 +85,6 @@ def main() -> None:
         args.task,
         "--n-test",
         str(args.n_test),
-        "--pass-k",
-        "",
         "--batch-size",
         str(args.batch_size),
         "--run-dir",

@@ -1,10 +1,13 @@
 """Model cards: every model directory corp writes carries a README.md made with `huggingface_hub.ModelCard`.
 
 The card says what the model is and how it was made, so the directory can be shared as people
-share models: the base (for an embedded build, the build and not just the hub id it was quantized
-from) with its weights hash, the method and its recipe, the labelled data the method used, the
-run's test results with their paired intervals, the license the base imposes, and the exact
-commands to load the model and to evaluate it with lm-evaluation-harness and with corp.
+share models: first what the weights are (consolidated, trained, or the base unchanged because the
+gate abstained) and which result row is theirs, then the base (for an embedded build, the build and
+not just the hub id it was quantized from) with its weights hash, the method and its recipe, the
+labelled data the method used, the run's test results with their paired intervals, the license the
+base imposes, and the commands to load the model, to evaluate it with lm-evaluation-harness (where
+the task has a counterpart there) and to reproduce its row with `corp eval`. Paths are relative to
+the model directory: a card names no absolute path of the machine that made it.
 
 Two writers, one format: `run_model_card` (the run layer calls it when a run that saved
 `RUN_DIR/model` completes; facts come from the run's report, recipe, config and splits) and
@@ -17,14 +20,19 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
 from corp.models import CARD_FILE, embedded_spec
 from corp.stats import comparison_line
 
-# corp tasks with a counterpart of the same name in lm-evaluation-harness
-LM_EVAL_TASKS = {"gsm8k": "gsm8k", "mbpp": "mbpp", "humaneval": "humaneval"}
+# corp tasks with a counterpart in lm-evaluation-harness (its own prompts and full test sets, so its
+# numbers are not the card's); the code tasks need its --confirm_run_unsafe_code
+LM_EVAL_TASKS = {"gsm8k": "gsm8k", "math500": "minerva_math500", "mbpp": "mbpp", "humaneval": "humaneval"}
+CODE_TASKS = ("mbpp", "humaneval")
+DATA_TASKS = ("gsm8k", "math500", "mbpp", "humaneval")  # read files from --data DIR / $CORP_DATA_DIR
+EVAL_DEFAULTS = {"batch_size": 64}  # corp eval's defaults the reproduce line leaves out
 LICENSES = {
     "apache-2.0": "Apache-2.0 (the base model's license)",
     "gemma": "Gemma Terms of Use (https://ai.google.dev/gemma/terms): they apply to this derivative of Gemma",
@@ -73,6 +81,82 @@ def _results_lines(report: dict | None) -> list[str]:
     return lines
 
 
+def _portable(value: Any, model_dir: Path) -> Any:
+    """A value for the card with no absolute path of the machine that made it: a path beside or
+    under the model directory's parent becomes relative to the model directory, any other absolute
+    path `.../NAME`; `jsonl:/abs/file`-style task specs keep their prefix."""
+    if isinstance(value, list):
+        return [_portable(v, model_dir) for v in value]
+    if not isinstance(value, str):
+        return value
+    prefix, _, rest = value.partition(":")
+    if rest and not os.path.isabs(value) and os.path.isabs(rest):
+        return f"{prefix}:{_portable(rest, model_dir)}"
+    if not os.path.isabs(value):
+        return value
+    path, home = Path(value).resolve(), model_dir.resolve()
+    if path == home or home.parent in path.parents or path == home.parent:
+        return os.path.relpath(path, home)
+    return f".../{path.name}"
+
+
+def _model_row(report: dict | None) -> dict | None:
+    """The report row of the saved model: every method that saves RUN_DIR/model reports it last."""
+    rows = (report or {}).get("rows") or []
+    return rows[-1] if rows and rows[-1].get("method") != "base" else None
+
+
+def _weights_lines(method: str, recipe: dict | None, report: dict | None) -> list[str]:
+    """The card's first lines: what these weights are, and which result row is theirs."""
+    made = (recipe or {}).get("made_by") or {}
+    if "accepted" in made and not made["accepted"]:
+        what = (
+            f"**These are the base model's weights, unchanged**: `{method}`'s gate abstained (no candidate's gain "
+            "on the validation split cleared its lower confidence bound), so the run returned the base."
+        )
+    elif "accepted" in made:
+        what = (
+            f"**These weights are the base consolidated by `{method}`**: the base plus the merged direction of "
+            f"candidate `{made.get('candidate')}`, which passed the validation gate."
+        )
+    elif made.get("method") == "es":
+        what = (
+            f"**These weights are the ES centre after {made.get('iterations')} iteration(s)**: the base plus the "
+            "seed combination the recipe records."
+        )
+    else:
+        steps = (report or {}).get("steps")
+        what = f"**These weights are the base trained by `{method}`**" + (f" for {steps} step(s)." if steps else ".")
+    lines = [what]
+    if made.get("reason"):
+        lines += ["", f"Gate: {made['reason']}."]
+    row = _model_row(report)
+    if row is not None:
+        lines += [
+            "",
+            f"Their test accuracy is row `{row.get('method')}` of the results below: "
+            f"{row.get('accuracy', float('nan')):.3f} (`corp eval` below reproduces it).",
+        ]
+    return lines
+
+
+def _eval_command(task: str | None, config: dict | None, model_dir: Path) -> str:
+    """`corp eval` on this directory with what fixes the card's test numbers: the task (its prompt
+    options are in the spec), the test split (size and split seed; the other sizes too when the rows
+    were reported on validation), the generation length, reward, batch size, dtype, backend and device."""
+    cfg = config or {}
+    parts = ["corp eval --model .", f"--task {shlex.quote(str(_portable(task or 'arith', model_dir)))}"]
+    if cfg.get("report_on") == "validation":
+        parts += [f"--{k.replace('_', '-')} {cfg[k]}" for k in ("n_support", "n_probe", "n_validation") if k in cfg]
+        parts.append("--report-on validation")
+    for key in ("n_test", "split_seed", "max_new_tokens", "reward", "batch_size", "dtype", "device"):
+        if cfg.get(key) is not None and cfg.get(key) != EVAL_DEFAULTS.get(key):
+            parts.append(f"--{key.replace('_', '-')} {shlex.quote(str(_portable(cfg[key], model_dir)))}")
+    if cfg.get("backend"):  # a run that saves a model scores it in-process: on hf, whatever auto would pick now
+        parts.append(f"--backend {'hf' if cfg['backend'] == 'auto' else cfg['backend']}")
+    return " ".join(parts)
+
+
 def _base_lines(base: dict) -> tuple[list[str], str | None, str | None]:
     """(card lines, hub base id for the metadata, license id) for the base model."""
     spec = embedded_spec(base.get("model_id")) or embedded_spec(base.get("model"))
@@ -89,8 +173,14 @@ def _base_lines(base: dict) -> tuple[list[str], str | None, str | None]:
         ]
         return lines, spec.hf_id, spec.license
     mid = base.get("model_id") or base.get("model")
-    lines = [f"- base: `{mid}`", f"- base weights sha256 (corp's hash over every tensor): `{h}`"]
-    hub = mid if mid and not os.path.isabs(str(mid)) and "/" in str(mid) else None
+    local = mid is not None and os.path.isabs(str(mid))
+    shown = (
+        f"a local directory named `{Path(str(mid)).name}` (its weights hash below identifies it)"
+        if local
+        else f"`{mid}`"
+    )
+    lines = [f"- base: {shown}", f"- base weights sha256 (corp's hash over every tensor): `{h}`"]
+    hub = mid if mid and not local and "/" in str(mid) else None
     return lines, hub, None
 
 
@@ -117,34 +207,49 @@ def build_card(
         tags=["corp", method, "weight-space" if recipe else "post-trained"],
         pipeline_tag="text-generation",
     )
-    path = str(model_dir.resolve())
-    lm_task = LM_EVAL_TASKS.get((task or "").split(":")[0])
-    lm_eval = (
-        f"lm_eval --model hf --model_args pretrained={path},dtype=float32 --tasks {lm_task} --batch_size 8"
-        if lm_task
-        else f"lm_eval --model hf --model_args pretrained={path},dtype=float32 --tasks gsm8k --batch_size 8"
-    )
-    lm_note = (
-        ""
-        if lm_task
-        else f"corp's task `{task}` has no lm-evaluation-harness counterpart; the line above evaluates the model on a "
-        "standard task, and a custom task YAML over your own JSONL works the same way (`--include_path DIR`)."
-    )
+    name = (task or "").split(":")[0]
+    lm_task = LM_EVAL_TASKS.get(name)
+    evaluate = ["```bash", "# in this directory"]
+    if lm_task:
+        evaluate.append(
+            f"lm_eval --model hf --model_args pretrained=.,dtype=float32 --tasks {lm_task} --batch_size 8"
+            + (" --confirm_run_unsafe_code" if name in CODE_TASKS else "")
+        )
+    evaluate += [_eval_command(task, config, model_dir), "```", ""]
+    if lm_task:
+        evaluate += [
+            f"lm-evaluation-harness's `{lm_task}` uses its own prompt and the whole test set, so its number is not "
+            "the card's; `corp eval` reproduces the card's row (the same test examples, prompt and generation length).",
+            "",
+        ]
+    else:
+        evaluate += [
+            f"corp's task `{task}` has no lm-evaluation-harness counterpart; `corp eval` reproduces the card's row "
+            "(the same test examples, prompt and generation length).",
+            "",
+        ]
+    if name in DATA_TASKS:
+        evaluate += [f"`{name}` reads its data files from `--data DIR` or `$CORP_DATA_DIR`, as the run did.", ""]
     recipe_lines = ["No recipe: this method's weights are not a seed combination (the weights here are the result)."]
     if recipe:
         comps = recipe.get("components") or recipe.get("direction", {}).get("components") or []
+        recipe_path = _portable(recipe.get("_path", "recipe.json"), model_dir)
         recipe_lines = [
             (
                 f"- recipe kind `{recipe.get('kind')}`, noise scheme `{recipe.get('noise_scheme')}`, "
                 f"parameter filter `{json.dumps(recipe.get('param_filter'))}`, {len(comps)} seed component(s)"
             ),
             (
-                f"- the recipe `{recipe.get('_path', 'recipe.json')}` (kilobytes) rebuilds these weights bit for bit "
-                f"from the base: `corp apply {recipe.get('_path', 'recipe.json')} --out DIR`"
+                f"- the recipe `{recipe_path}` (kilobytes) rebuilds these weights bit for bit "
+                f"from the base: `corp apply {recipe_path} --out DIR`"
             ),
         ]
     label_lines = [f"- {k}: {v} labelled example(s)" for k, v in (labelled or {}).items()] or ["- not recorded"]
-    cfg_lines = ["```yaml", *(f"{k}: {json.dumps(v, default=str)}" for k, v in sorted((config or {}).items())), "```"]
+    cfg_lines = [
+        "```yaml",
+        *(f"{k}: {json.dumps(_portable(v, model_dir), default=str)}" for k, v in sorted((config or {}).items())),
+        "```",
+    ]
     license_text = LICENSES.get(
         license_id or "", "The base model's license applies; corp adds no terms (corp itself is Apache-2.0)."
     )
@@ -155,6 +260,8 @@ def build_card(
             "---",
             "",
             f"# {title or model_dir.name}: `{method}` on `{task}`",
+            "",
+            *_weights_lines(method, recipe, report),
             "",
             (
                 f"Made by corp ({made_by}), a toolkit that post-trains language models in weight space. "
@@ -189,18 +296,14 @@ def build_card(
             "```python",
             "from transformers import AutoModelForCausalLM, AutoTokenizer",
             "",
-            f'model = AutoModelForCausalLM.from_pretrained("{path}")',
-            f'tokenizer = AutoTokenizer.from_pretrained("{path}")',
+            'path = "."  # this directory',
+            "model = AutoModelForCausalLM.from_pretrained(path)",
+            "tokenizer = AutoTokenizer.from_pretrained(path)",
             "```",
             "",
             "## Evaluate it",
             "",
-            "```bash",
-            lm_eval,
-            f"corp eval --model {path} --task {task or 'arith'}",
-            "```",
-            "",
-            *([lm_note, ""] if lm_note else []),
+            *evaluate,
             "## Configuration",
             "",
             *cfg_lines,
@@ -247,7 +350,7 @@ def run_model_card(
         report=report if isinstance(report, dict) else None,
         labelled=labelled,
         config=cfg,
-        made_by=f"run directory `{run_dir.resolve()}`",
+        made_by=f"run directory `{run_dir.name}`, which holds this directory",
         title=run_dir.name,
     )
     return write_card(model_dir, text)
@@ -280,6 +383,6 @@ def apply_model_card(out: Path, recipe_path: Path, recipe: dict, base_name: str)
         report=report if isinstance(report, dict) else None,
         labelled=labelled,
         config=cfg if isinstance(cfg, dict) else None,
-        made_by=f"`corp apply {recipe_path.resolve()}`",
+        made_by=f"`corp apply {_portable(str(recipe_path.resolve()), out)}`",
     )
     return write_card(out, text)

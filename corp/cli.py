@@ -56,6 +56,8 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    # help text as written: rich markup would read `[default: 64]` and `sigmas[i % len(sigmas)]` as tags and drop them
+    rich_markup_mode=None,
     help="Post-train language models in weight space without gradients.",
 )
 

@@ -299,18 +299,40 @@ class PopulationConfig(RunConfig):
         return self
 
 
+DEFAULT_TOP_K = [1, 4, 16]
+
+
+def fit_top_k(top_k, population: int) -> list[int]:
+    """`--top-k` as sorted distinct sizes that fit `population`. The default adapts: its values above
+    the population become the population, with one warning line. A value the user chose that is above
+    the population stays an error: a top-16 vote cannot be had from fewer specialists, and a row named
+    for another K than the one asked for would mislead."""
+    values = sorted(set(parse_list(top_k, int, "top_k")))
+    if not values or min(values) < 1:
+        raise CorpError(f"--top-k values must be >= 1, got {values}")
+    if max(values) <= population:
+        return values
+    if values == DEFAULT_TOP_K:
+        fitted = sorted({min(k, population) for k in values})
+        warnings.warn(
+            f"--top-k is {','.join(map(str, values))} by default; with --population {population} "
+            f"it is {','.join(map(str, fitted))}"
+        )
+        return fitted
+    raise CorpError(
+        f"--top-k {max(values)} is larger than --population {population}; K must be <= N "
+        "(lower --top-k or raise --population)"
+    )
+
+
 @dataclass
 class RandOptConfig(PopulationConfig):
-    top_k: list[int] = field(default_factory=lambda: [1, 4, 16])
-    """Ensemble sizes K to report (top-K specialists, majority vote), comma-separated."""
+    top_k: list[int] = field(default_factory=lambda: list(DEFAULT_TOP_K))
+    """Ensemble sizes K to report (top-K specialists, majority vote), comma-separated; the default's values above --population become --population."""
 
     def validate(self) -> RandOptConfig:
         super().validate()
-        self.top_k = sorted(set(parse_list(self.top_k, int, "top_k")))
-        if not self.top_k or min(self.top_k) < 1:
-            raise CorpError(f"--top-k values must be >= 1, got {self.top_k}")
-        if max(self.top_k) > self.population:
-            raise CorpError(f"--top-k {max(self.top_k)} is larger than --population {self.population}; K must be <= N")
+        self.top_k = fit_top_k(self.top_k, self.population)
         return self
 
 

@@ -7,7 +7,10 @@ the hub's bf16 weights, so it is named for what it is (`EmbeddedGGUF.build`, `co
 cards, PEFT adapters) and its numbers are not the published model's. transformers dequantises a GGUF but refuses to `save_pretrained` a GGUF-loaded
 model, so we build a fresh model from its config, load the state dict, and save that, once, into
 the cache (`$CORP_CACHE`, default `~/.cache/corp`). Nothing here ever waits on a network that
-is not there: hub ids are looked up locally first, and a missing model is one clear error.
+is not there: hub ids are looked up locally first, a download is tried only when the hub answers
+a 3 s connection check (`hub_offline`, which otherwise sets HF_HUB_OFFLINE=1 for the process), and
+a missing model is one clear error naming the hub id and how to fetch it (`check_model_reachable`
+raises it before a run directory is made).
 
 Every model directory corp writes carries a marker file (`corp_model.json`). `save_model` writes to
 a temporary sibling and renames it into place, and replaces an existing directory only when it
@@ -31,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -267,10 +271,78 @@ def check_model_dir(path: str | Path) -> None:
             )
 
 
+_HUB_ANSWERED: dict[str, bool] = {}
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def hub_offline(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub is out of reach: HF_HUB_OFFLINE is set, or its endpoint
+    (HF_ENDPOINT, default huggingface.co) takes no TCP connection within `timeout` seconds, name
+    lookup included (checked once per process). A hub that does not answer sets HF_HUB_OFFLINE=1
+    for the process, so the hub libraries fail at once instead of retrying with backoff."""
+    if _truthy(os.environ.get("HF_HUB_OFFLINE")) or _truthy(os.environ.get("TRANSFORMERS_OFFLINE")):
+        return True
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    endpoint = _endpoint()
+    if endpoint not in _HUB_ANSWERED:
+        url = urlsplit(endpoint)
+        host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+        answered: list[bool] = []
+
+        def probe() -> None:
+            try:
+                socket.create_connection((host, port), timeout=timeout).close()
+                answered.append(True)
+            except OSError:
+                answered.append(False)
+
+        thread = threading.Thread(target=probe, daemon=True)  # a name lookup ignores socket timeouts
+        thread.start()
+        thread.join(timeout)
+        _HUB_ANSWERED[endpoint] = bool(answered and answered[0])
+    if _HUB_ANSWERED[endpoint]:
+        return False
+    os.environ["HF_HUB_OFFLINE"] = "1"  # this process (and its workers) never waits on the hub again
+    for module in ("huggingface_hub.constants", "datasets.config"):
+        if module in sys.modules:
+            sys.modules[module].HF_HUB_OFFLINE = True
+    return True
+
+
+def fetch_hint(hub_id: str) -> str:
+    """How to get a hub model onto a machine, for an error line."""
+    return (
+        f"fetch it where the hub answers: `hf download {hub_id} --local-dir DIR`, then pass --model DIR "
+        f"(or `huggingface-cli download {hub_id}` into the Hugging Face cache, then rerun as is)"
+    )
+
+
+_ANNOUNCED: set[str] = set()
+
+
+def _announce_alias(name: str, hub_id: str) -> None:
+    """Say once per process what a hub alias stands for (an embedded alias names its build in `corp models`)."""
+    if name != hub_id and name not in _ANNOUNCED:
+        _ANNOUNCED.add(name)
+        print(f"model: {name} is {hub_id}", file=sys.stderr)
+
+
 def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
     """Return (canonical model id, local HF directory) for `--model`, converting an embedded GGUF once.
 
-    `download=False` never touches the network (used to try a recipe's candidate bases in turn)."""
+    `download=False` never touches the network (used to try a recipe's candidate bases in turn).
+    A hub model that is not in the cache is downloaded only when the hub answers (`hub_offline`);
+    otherwise, or when the download fails, one error line names the hub id and how to fetch it."""
     name = name or DEFAULT_MODEL
     spec = _alias(name)
     if isinstance(spec, EmbeddedGGUF):
@@ -298,32 +370,47 @@ def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
 
         path = snapshot_download(hub_id, local_files_only=True, allow_patterns=patterns)
         check_model_dir(path)
+        _announce_alias(name, hub_id)
         return hub_id, Path(path)
     except CorpError:
         raise
     except Exception:
         pass
-    if (
-        download
-        and os.environ.get("HF_HUB_OFFLINE", "0") not in ("1", "true", "True")
-        and os.environ.get("CORP_ALLOW_DOWNLOAD", "1") == "1"
-    ):
+    what = (
+        f"model '{name}' (alias of {hub_id}) not found: not"
+        if isinstance(spec, str)
+        else f"model '{name}' not found: not an alias ({', '.join(ALIASES)}), not a local directory, not"
+    )
+    if not download or os.environ.get("CORP_ALLOW_DOWNLOAD", "1") != "1":
+        reason = "downloads are off (CORP_ALLOW_DOWNLOAD=0)" if download else "this lookup does not download"
+    elif hub_offline():
+        silent = _HUB_ANSWERED.get(_endpoint()) is False
+        reason = f"the Hugging Face hub ({_endpoint()}) does not answer" if silent else "HF_HUB_OFFLINE is set"
+    else:
         try:
             from huggingface_hub import snapshot_download
 
             path = snapshot_download(hub_id, etag_timeout=10, allow_patterns=patterns)
             check_model_dir(path)
+            _announce_alias(name, hub_id)
             return hub_id, Path(path)
         except CorpError:
             raise
-        except Exception as exc:  # offline, unknown id, gated...
-            reason = type(exc).__name__
-    else:
-        reason = "offline"
-    raise CorpError(
-        f"model '{name}' not found: not an alias ({', '.join(ALIASES)}), not a local HF directory, "
-        f"not in the Hugging Face cache as '{hub_id}', and not downloadable ({reason})"
-    )
+        except Exception as exc:  # unknown id, gated, a network that fails halfway...
+            first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+            reason = f"downloading it failed ({type(exc).__name__}{': ' + first if first else ''})"
+    raise CorpError(f"{what} in the Hugging Face cache, and {reason}; {fetch_hint(hub_id)}")
+
+
+def check_model_reachable(name: str | None) -> None:
+    """Before a run directory is made: a hub model that is neither on this machine nor downloadable
+    is its one-line error now (an embedded alias or a local directory passes at once; while the hub
+    answers, fetching is left to the model load)."""
+    name = name or DEFAULT_MODEL
+    if isinstance(_alias(name), EmbeddedGGUF) or Path(name).expanduser().exists():
+        return
+    if os.environ.get("CORP_ALLOW_DOWNLOAD", "1") != "1" or hub_offline():
+        resolve_model(name)  # in the cache, or the error line
 
 
 # Floating dtypes a model can be loaded in; `--dtype` is checked against these before any load.

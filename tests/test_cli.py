@@ -3,6 +3,7 @@ warn in one line, and RandOpt / CoRP end to end on the embedded model."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -96,6 +97,57 @@ def test_help_lists_every_registered_method(tmp_path):
     for m in METHODS:
         assert m.name in res.stdout
     assert "--population-from" not in corp("randopt", "--help", cwd=tmp_path).stdout  # deprecated flags are hidden
+
+
+def _help_entries(text: str) -> dict[str, str]:
+    """{option: its help entry without whitespace (a long word may be wrapped anywhere)} from a rendered
+    `--help` (plain, or rich's boxes)."""
+    entries: dict[str, list[str]] = {}
+    current = None
+    for line in text.replace("\u2502", " ").splitlines():
+        m = re.match(r"^ {1,4}(--[a-z][\w-]*)", line)
+        if m:
+            current = m.group(1)
+            entries[current] = []
+        if current is not None:
+            entries[current].append(line)
+    return {k: "".join("".join(v).split()) for k, v in entries.items()}
+
+
+def test_help_shows_every_default():
+    """Every command's `--help` shows the default of every option that has one (rich markup used to
+    read `[default: 64]` as a tag and drop it)."""
+    import dataclasses
+
+    import click
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+    from corp.config import flag
+    from corp.methods import REGISTRY
+
+    commands = get_command(app).commands
+    for name, command in commands.items():
+        expected = {}
+        if name in REGISTRY:  # options generated from the config: the field defaults
+            for f in dataclasses.fields(REGISTRY[name].config_class):
+                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                shown = ",".join(map(str, default)) if isinstance(default, list) else default
+                if shown not in (None, ""):
+                    expected[flag(f.name)] = str(shown)
+        else:
+            for p in command.params:
+                if isinstance(p, click.Option) and not p.required and p.default not in (None, False, ""):
+                    expected[p.opts[0]] = str(p.default)
+        res = CliRunner().invoke(app, [name, "--help"])
+        assert res.exit_code == 0, res.output
+        entries = _help_entries(res.output)
+        for option, shown in expected.items():
+            assert f"[default:{''.join(shown.split())}]" in entries.get(option, ""), (name, option, entries.get(option))
+    assert len(commands) > 10 and "sigmas[i%len(sigmas)]" in _help_entries(
+        CliRunner().invoke(app, ["randopt", "--help"]).output
+    ).get("--sigmas", "")
 
 
 @pytest.mark.embedded

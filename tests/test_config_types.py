@@ -131,3 +131,27 @@ def test_bench_method_options_are_type_checked_before_they_are_clipped(tmp_path,
     lines = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
     assert res.exit_code == 2 and "Traceback" not in res.output and len(lines) == 1, res.output
     assert "--top-k is 'abc' (str); expected a list of integers" in lines[0]
+
+
+@pytest.mark.parametrize("command", ["randopt", "consolidate"])
+def test_default_top_k_adapts_to_a_small_population_and_an_explicit_one_does_not(command):
+    """--top-k's default (1,4,16) is clipped to --population with one warning line; a K the user gave
+    above --population is still the error naming both options."""
+    import warnings
+
+    from corp.methods import REGISTRY
+
+    cls = REGISTRY[command].config_class
+    for population, fitted in ((4, [1, 4]), (8, [1, 4, 8]), (16, [1, 4, 16])):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            cfg = load_config(cls, None, {"population": population})
+        assert cfg.top_k == fitted
+        notes = [str(w.message) for w in caught]
+        assert len(notes) == (population < 16) and all(
+            "--top-k" in n and f"--population {population}" in n for n in notes
+        )
+    with pytest.raises(
+        CorpError, match=r"--top-k 16 is larger than --population 4.*lower --top-k or raise --population"
+    ):
+        load_config(cls, None, {"population": 4, "top_k": "1,16"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from math import comb
 
@@ -65,3 +66,55 @@ def test_corp_eval_cli_on_saved_tiny_model(tmp_path):
     assert set(report["pass_at_k"]) == {"1", "2"} and 0 <= report["greedy_accuracy"] <= 1
     assert report["pass_at_k"]["1"] <= report["pass_at_k"]["2"]
     assert report["ledger"]["generated_tokens"] > 0
+
+
+def _eval(tmp_path, *args):
+    return CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            str(tmp_path / "m"),
+            "--task",
+            "arith",
+            "--n-test",
+            "4",
+            "--batch-size",
+            "2",
+            "--max-new-tokens",
+            "2",
+            "--run-dir",
+            str(tmp_path / "run"),
+            *args,
+        ],
+    )
+
+
+def test_corp_eval_is_greedy_accuracy_by_default_with_a_progress_bar(tmp_path, monkeypatch, capsys):
+    """No --pass-k: greedy accuracy only (one completion per problem, no sampling); a bar counts the
+    completions, batch by batch on hf, and is off under CORP_NO_PROGRESS=1."""
+    from transformers.generation.utils import GenerationMixin
+
+    from corp.evaluate import passk
+
+    tok = make_char_tokenizer()
+    make_tiny_llama(tok).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    assert load_config(EvalConfig).pass_k == []
+    calls = []
+    real = GenerationMixin.generate
+    monkeypatch.setattr(GenerationMixin, "generate", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    monkeypatch.delenv("CORP_NO_PROGRESS", raising=False)
+    monkeypatch.setattr(passk, "tqdm", functools.partial(passk.tqdm, mininterval=0))  # draw every update
+    res = _eval(tmp_path)
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report["pass_at_k"] == {} and "pass@" not in res.output and "greedy accuracy" in res.output
+    assert len(calls) == 2, "two greedy batches of 2 problems, nothing sampled"
+    shown = capsys.readouterr().err + res.output
+    assert "eval:  50%" in shown and "eval: 100%" in shown and "4/4" in shown
+    monkeypatch.setenv("CORP_NO_PROGRESS", "1")
+    res = _eval(tmp_path, "--pass-k", "1,2")  # asked for: sampled too (the greedy pass is reused)
+    assert res.exit_code == 0, res.output
+    assert "pass@2" in res.output and len(calls) == 2 + 4  # 4 problems x 2 samples, in batches of 2
+    assert "eval:" not in capsys.readouterr().err + res.output

@@ -293,20 +293,19 @@ def test_every_saved_model_has_a_card_and_loads_in_plain_transformers(tiny_dir, 
             assert f"| {row['method']} | {row['accuracy']:.3f} |" in text, (name, row["method"])
         if report["comparisons"]:
             assert "paired 95% CI" in text, name
-        assert (
-            "## License" in text
-            and f"lm_eval --model hf --model_args pretrained={(run_dir / 'model').resolve()}" in text
-        )
+        assert "## License" in text and "corp eval --model . --task arith" in text
+        assert "lm_eval" not in text, "arith has no lm-evaluation-harness task: no line that pretends it does"
+        assert text.split("\n# ", 1)[1].split("\n")[2].startswith("**These weights are"), "first: what they are"
+        assert str(runs_root) not in text and str(tiny_dir) not in text, "an absolute path of this machine"
         if (run_dir / "recipe.json").exists():
-            assert "corp apply" in text
+            assert "corp apply ../recipe.json" in text
         dirs.append(str(run_dir / "model"))
     rebuilt = apply_recipe(
         smoke_run("consolidate", tiny_dir, runs_root)["run_dir"] / "recipe.json", tmp_path / "applied"
     )
-    assert (
-        "corp apply" in (Path(rebuilt) / "README.md").read_text()
-        and "| corp |" in (Path(rebuilt) / "README.md").read_text()
-    )
+    text = (Path(rebuilt) / "README.md").read_text()
+    assert "corp apply" in text and "| corp |" in text
+    assert str(runs_root) not in text and str(tmp_path) not in text, "an absolute path of this machine"
     dirs.append(str(rebuilt))
     code = (
         "import sys, torch\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n"
@@ -351,3 +350,62 @@ def test_model_dir_without_a_card_is_one_note_and_still_evaluated(tiny_dir, tmp_
     assert res.exit_code == 0, res.output
     notes = [line for line in (res.output + capsys.readouterr().err).splitlines() if "has no model card" in line]
     assert len(notes) == 1 and str(tiny_dir) in notes[0], notes
+
+
+def test_the_cards_corp_eval_line_reproduces_its_row(tiny_dir, runs_root, monkeypatch, tmp_path):
+    """The `corp eval` line of a card, run as written (through the CLI, in the model directory), gives
+    the accuracy the card states for the model's row, from the same completions the run scored."""
+    import re
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    run_dir = smoke_run("consolidate", tiny_dir, runs_root)["run_dir"]
+    text = (run_dir / "model" / "README.md").read_text()
+    stated = re.search(r"Their test accuracy is row `([^`]+)` of the results below: ([0-9.]+)", text)
+    assert stated and stated.group(1) == "corp", text
+    line = next(ln for ln in text.splitlines() if ln.startswith("corp eval "))
+    monkeypatch.chdir(run_dir / "model")
+    res = CliRunner().invoke(app, [*shlex.split(line)[1:], "--run-dir", str(tmp_path / "ev")])
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "ev" / "report.json").read_text())
+    assert f"{report['greedy_accuracy']:.3f}" == stated.group(2)
+    # accuracy is 0 for a random model; the rewards (a checksum of the text) say the completions are the run's
+    ran = [json.loads(x) for x in (run_dir / "evals.jsonl").read_text().splitlines()]
+    deployed = next(r for r in ran if r["split"] == "test" and r["kind"] == "direction")
+    again = [json.loads(x) for x in (tmp_path / "ev" / "evals.jsonl").read_text().splitlines()]
+    assert [r["rewards"] for r in again if r["split"] == "test"] == [deployed["rewards"]]
+    assert len(set(deployed["rewards"])) > 1
+
+
+def test_card_says_when_the_gate_abstained_and_names_lm_eval_only_where_it_has_the_task(tmp_path):
+    from corp.cards import build_card
+
+    def card(task, accepted):
+        recipe = {"kind": "corp-direction", "components": [], "made_by": {"method": "corp", "accepted": accepted}}
+        report = {
+            "task": task,
+            "n_test": 2,
+            "rows": [{"method": "base", "accuracy": 0.5}, {"method": "corp", "accuracy": 0.5}],
+        }
+        return build_card(
+            tmp_path / "model",
+            method="consolidate",
+            base={"model": "Qwen/Qwen2.5-0.5B-Instruct"},
+            task=task,
+            recipe=recipe,
+            report=report,
+            labelled={"support": 2},
+            config={"task": task, "n_test": 2, "split_seed": 3, "model": str(tmp_path / "elsewhere" / "base")},
+            made_by="test",
+        )
+
+    first = card("gsm8k:mode=strict", False).split("\n# ", 1)[1].split("\n")[2]
+    assert "base model's weights, unchanged" in first and "abstained" in first
+    assert "consolidated" in card("gsm8k", True).split("\n# ", 1)[1].split("\n")[2]
+    text = card("gsm8k:mode=strict", True)
+    assert "--tasks gsm8k " in text and "corp eval --model . --task gsm8k:mode=strict --n-test 2 --split-seed 3" in text
+    assert "--tasks minerva_math500" in card("math500", True) and "--confirm_run_unsafe_code" in card("mbpp", True)
+    assert "lm_eval" not in card("arith", True) and str(tmp_path) not in card("arith", True)

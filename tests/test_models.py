@@ -330,3 +330,82 @@ def test_embedded_weights_hash_is_the_one_corp_names():
         pytest.skip("smollm2-135m is not converted in this cache yet (`corp models`; its first use converts it)")
     model, *_ = load_model("smollm2-135m")
     assert weights_hash(model) == spec.weights_sha256
+
+
+@pytest.fixture
+def silent_hub(monkeypatch):
+    """A hub endpoint that refuses connections (a bound port nobody listens on), an empty hub cache,
+    corp cache and no data directory; restores whatever `hub_offline` switches off for the process."""
+    import socket
+
+    import huggingface_hub.constants
+
+    from corp import models
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))  # bound, never listening: a connection is refused at once
+    endpoint = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # restored at teardown, whatever hub_offline sets it to
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.delenv("CORP_DATA_DIR", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(models, "_HUB_ANSWERED", {})
+    yield endpoint
+    sock.close()
+
+
+def test_missing_hub_model_offline_is_one_fast_line_naming_the_id_and_how_to_fetch(silent_hub, tmp_path):
+    """Offline, an alias whose model is not here: one error line within seconds (no retries), naming
+    the hub id the alias stands for and the download command, and no run directory announced or made."""
+    import time
+
+    env = {
+        **os.environ,
+        "HF_HOME": str(tmp_path / "hf"),
+        "CORP_CACHE": str(tmp_path / "corp"),
+        "OMP_NUM_THREADS": "1",
+    }
+    env.pop("CORP_NO_PROGRESS", None)  # the run-directory line is printed when progress is on
+    for task, fragments in (
+        ("arith", ("Qwen/Qwen2.5-1.5B-Instruct", "hf download Qwen/Qwen2.5-1.5B-Instruct", "--model DIR")),
+        ("gsm8k", ("gsm8k/train.jsonl", "--data DIR")),  # and benchmark data from the hub: the same
+    ):
+        res = subprocess.run(
+            [sys.executable, "-m", "corp.cli", "consolidate", "--model", "Qwen2.5-1.5B", "--task", task],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=300,
+        )
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), res.stderr[-3000:]
+        for f in fragments:
+            assert f in lines[0], lines[0]
+        assert "not an alias" not in lines[0], lines[0]
+        assert not (tmp_path / "runs").exists(), "a run directory was made for a run that cannot start"
+    t0 = time.perf_counter()
+    with pytest.raises(CorpError, match=r"alias of Qwen/Qwen2\.5-1\.5B-Instruct\) not found.*does not answer"):
+        resolve_model("Qwen2.5-1.5B")
+    assert time.perf_counter() - t0 < 5
+    assert os.environ["HF_HUB_OFFLINE"] == "1", "the hub libraries are told not to retry"
+
+
+def test_unknown_model_message_lists_the_aliases_it_is_not(silent_hub):
+    with pytest.raises(CorpError) as exc:
+        resolve_model("no-such/model-xyz")
+    assert "not an alias (" in str(exc.value) and "smollm2-135m" in str(exc.value)
+    assert "hf download no-such/model-xyz" in str(exc.value)
+
+
+def test_a_hub_alias_says_what_it_resolves_to(monkeypatch, model_dir, capsys):
+    import huggingface_hub
+
+    from corp import models
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: str(model_dir))  # "in the cache"
+    monkeypatch.setattr(models, "_ANNOUNCED", set())
+    assert resolve_model("Qwen2.5-1.5B") == ("Qwen/Qwen2.5-1.5B-Instruct", model_dir)
+    resolve_model("Qwen2.5-1.5B")
+    assert capsys.readouterr().err.splitlines() == ["model: Qwen2.5-1.5B is Qwen/Qwen2.5-1.5B-Instruct"]

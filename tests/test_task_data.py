@@ -181,6 +181,7 @@ def _fake_datasets(monkeypatch, calls, fail=False):
     mod.__spec__ = importlib.machinery.ModuleSpec("datasets", None)
     mod.load_dataset = load_dataset
     monkeypatch.setitem(sys.modules, "datasets", mod)
+    monkeypatch.setattr("corp.models.hub_offline", lambda: False)  # the fake stands in for a hub that answers
 
 
 def test_without_local_data_benchmark_files_come_from_the_hub_once_and_keep_their_fields(tmp_path, monkeypatch):
@@ -224,6 +225,24 @@ def test_hub_failure_or_missing_datasets_is_one_line_naming_both_ways(tmp_path, 
     with pytest.raises(CorpError) as exc:
         data_file("math500", "math500/test.jsonl")
     assert "pip install 'corp[hub]'" in str(exc.value) and "CORP_DATA_DIR" in str(exc.value)
+
+
+def test_hub_data_offline_is_one_line_without_asking_the_hub(tmp_path, monkeypatch):
+    """A hub that does not answer: one line naming the task's files and --data, and no load_dataset
+    call (whose retries printed 'Retrying in 8s' for half a minute)."""
+    from corp import CorpError
+    from corp.evaluate.tasks.data import data_file
+
+    monkeypatch.delenv("CORP_DATA_DIR", raising=False)
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
+    calls: list = []
+    _fake_datasets(monkeypatch, calls)
+    monkeypatch.setattr("corp.models.hub_offline", lambda: True)
+    with pytest.raises(CorpError) as exc:
+        data_file("gsm8k", "gsm8k/train.jsonl")
+    msg = str(exc.value)
+    assert "\n" not in msg and "gsm8k/train.jsonl and gsm8k/test.jsonl" in msg and "--data DIR" in msg
+    assert calls == []
 
 
 def test_a_given_data_directory_never_falls_back_to_the_hub(tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corp import CorpError
-from corp.config import PopulationConfig, parse_list
+from corp.config import DEFAULT_TOP_K, PopulationConfig, fit_top_k, parse_list
 from corp.consolidate.gate import MIN_PROBE, MIN_VALIDATION, confidence_level
 
 PAPER_PRESET = {
@@ -103,8 +103,8 @@ class OperatorConfig:
 class ConsolidateConfig(OperatorConfig, PopulationConfig):
     population: int = 64
     """N: number of specialists (distinct seeds) to score."""
-    top_k: list[int] = field(default_factory=lambda: [1, 4, 16])
-    """RandOpt ensemble sizes K reported beside CoRP, comma-separated."""
+    top_k: list[int] = field(default_factory=lambda: list(DEFAULT_TOP_K))
+    """RandOpt ensemble sizes K reported beside CoRP, comma-separated; the default's values above --population become --population."""
     low_rank: str = "off"
     """Low-rank consolidation (ours): off; auto (each matrix's block of m2 projected on its top-r* subspace, r* from `corp analyze-rank`; unanalysed parameters get no update); or an integer R (every 2-D matrix rank R, 1-D none)."""
     rank_from: str | None = None
@@ -119,9 +119,7 @@ class ConsolidateConfig(OperatorConfig, PopulationConfig):
     def validate(self) -> ConsolidateConfig:
         PopulationConfig.validate(self)
         OperatorConfig.validate(self)
-        self.top_k = sorted(set(parse_list(self.top_k, int, "top_k")))
-        if not self.top_k or min(self.top_k) < 1 or max(self.top_k) > self.population:
-            raise CorpError(f"--top-k values must be in 1..--population ({self.population}); got {self.top_k}")
+        self.top_k = fit_top_k(self.top_k, self.population)
         from corp.consolidate.lowrank import parse_low_rank
 
         self.low_rank = parse_low_rank(self.low_rank)

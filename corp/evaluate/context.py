@@ -54,6 +54,7 @@ from corp.evaluate.backends import Backend, make_backend
 from corp.evaluate.rewards import compute_rewards, resolve_reward
 from corp.evaluate.tasks import SPLITS, Example, SplitSizes, Task, get_task, make_splits
 from corp.ledger import Ledger
+from corp.models import check_model_reachable
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, scheme_from_flag
 from corp.runs import (
     RunLock,
@@ -585,6 +586,8 @@ def setup_run(
         defines = default_definition(cfg, task, splits, max_new)
     elif callable(defines):
         defines = defines(task, splits, max_new)
+    if backend is None:  # a model that cannot be had is its error line before any run directory is announced
+        check_model_reachable(cfg.model)
     run_dir, created = open_run_dir(cfg.run_dir, cfg.task, method, cfg.seed)
     lock = RunLock(run_dir)
     try:

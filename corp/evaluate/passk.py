@@ -1,13 +1,19 @@
-"""`corp eval`: the evaluation every method shares — greedy accuracy and pass@k on the test split.
+"""`corp eval`: the evaluation every method shares — greedy accuracy (and pass@k when asked) on the test split.
 
-Greedy accuracy: one greedy completion per test problem. pass@k: n sampled completions per problem
-(temperature `--temperature`), c of them correct, pass@k = mean over problems of
-1 - C(n - c, k) / C(n, k) (corp.evaluate.voting.pass_at_k, unbiased, Chen et al. 2021).
+Greedy accuracy: one greedy completion per test problem. pass@k (`--pass-k`, none by default): n
+sampled completions per problem (temperature `--temperature`), c of them correct, pass@k = mean
+over problems of 1 - C(n - c, k) / C(n, k) (corp.evaluate.voting.pass_at_k, unbiased, Chen et al. 2021).
+A progress bar counts the completions (off with CORP_NO_PROGRESS=1).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+from tqdm.auto import tqdm
 
 from corp import CorpError
 from corp.config import RunConfig, parse_list
@@ -19,8 +25,8 @@ from corp.stats import PerExample
 
 @dataclass
 class EvalConfig(RunConfig):
-    pass_k: list[int] = field(default_factory=lambda: [1, 8, 64])
-    """k values for pass@k, comma-separated."""
+    pass_k: list[int] = field(default_factory=list)
+    """k values for pass@k, comma-separated, e.g. 1,8,64 (default: none, greedy accuracy only; sampling n completions per problem costs n greedy passes)."""
     n_samples: int | None = None
     """n: sampled completions per problem for pass@k (default: the largest k)."""
     temperature: float = 1.0
@@ -50,19 +56,52 @@ def pass_at_k_table(correct: list[bool], n: int, ks: list[int]) -> dict[int, flo
     return {k: sum(pass_at_k(n, c, k) for c in counts) / len(counts) for k in ks}
 
 
+@contextmanager
+def completions_bar(backend, total: int) -> Iterator[tqdm]:
+    """A progress bar over `total` completions (off with CORP_NO_PROGRESS=1). A backend that generates
+    batch by batch through `generate_rows` (hf) moves it per batch; one that generates in one call
+    (vLLM) moves it when the caller says a pass is done (`bar.update`)."""
+    bar = tqdm(
+        total=total,
+        desc="eval",
+        unit="completion",
+        dynamic_ncols=True,
+        disable=os.environ.get("CORP_NO_PROGRESS") == "1",
+    )
+    step = getattr(type(backend), "generate_rows", None)
+    counted = callable(step) and not bar.disable
+    if counted:
+
+        def generate_rows(seqs, *args, **kwargs):
+            rows = step(backend, seqs, *args, **kwargs)
+            bar.update(min(len(seqs), bar.total - bar.n))
+            return rows
+
+        backend.generate_rows = generate_rows
+    try:
+        yield bar
+    finally:
+        if counted:
+            del backend.generate_rows
+        bar.close()
+
+
 def run_eval(cfg: EvalConfig, backend=None) -> dict:
     with open_run(cfg, "eval", backend, needs=("test",)) as ctx:
         test = ctx.splits["test"]
         evals = run_evals(
             ctx
         )  # cached: a rerun on the same --run-dir (same model, examples, settings) recomputes nothing
-        greedy = cached_eval(ctx, evals, "test", None)
-        led = ctx.ledger().add_generation(greedy["prompt_tokens"], greedy["generated_tokens"])
         passk: dict[int, float] = {}
-        if cfg.pass_k:
-            sampled = cached_eval(ctx, evals, "test", None, n=cfg.n_samples, temperature=cfg.temperature)
-            led.add_generation(sampled["prompt_tokens"], sampled["generated_tokens"])
-            passk = pass_at_k_table([bool(c) for c in sampled["correct"]], cfg.n_samples, cfg.pass_k)
+        with completions_bar(ctx.backend, len(test) * (1 + (cfg.n_samples if cfg.pass_k else 0))) as bar:
+            greedy = cached_eval(ctx, evals, "test", None)
+            bar.update(len(test) - bar.n)  # a cached pass, or a backend that does not count batches
+            led = ctx.ledger().add_generation(greedy["prompt_tokens"], greedy["generated_tokens"])
+            if cfg.pass_k:
+                sampled = cached_eval(ctx, evals, "test", None, n=cfg.n_samples, temperature=cfg.temperature)
+                bar.update(bar.total - bar.n)
+                led.add_generation(sampled["prompt_tokens"], sampled["generated_tokens"])
+                passk = pass_at_k_table([bool(c) for c in sampled["correct"]], cfg.n_samples, cfg.pass_k)
         row = ReportRow(
             "model",
             greedy["accuracy"],

@@ -189,7 +189,7 @@ METHODS: tuple[Method, ...] = (
         "eval",
         EvalConfig,
         run_eval,
-        "Evaluate a model on the test split: greedy accuracy and pass@k with n samples per problem.",
+        "Evaluate a model on the test split: greedy accuracy; pass@k from n samples per problem with --pass-k.",
         smoke={**_SMALL, "pass_k": "1,2", "n_samples": 2},
     ),
     Method(

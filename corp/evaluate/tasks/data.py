@@ -56,8 +56,17 @@ def hub_file(task: str, relative: str, looked: str) -> Path:
             f"task '{task}' needs data file '{relative}'; looked in {looked}. Pass --data DIR or set CORP_DATA_DIR, "
             "or install the hub extra (`pip install 'corp[hub]'`) to load it from Hugging Face"
         )
-    datasets = require("datasets", f"task '{task}' from the hub")
     name, config, splits, sort_key = HUB_SOURCES[relative]
+    from corp.models import hub_offline
+
+    if hub_offline():  # one line now, not the datasets library's retries with backoff
+        files = " and ".join(DATA_FILES.get(task, (relative,)))
+        raise CorpError(
+            f"task '{task}' needs {files}: neither --data nor $CORP_DATA_DIR is set, and the Hugging Face hub "
+            f"is out of reach (offline) to load '{name}' from; put the files in DIR (layout: docs/commands.md, "
+            "'--data DIR') and pass --data DIR or set CORP_DATA_DIR"
+        )
+    datasets = require("datasets", f"task '{task}' from the hub")
     try:
         rows = [dict(r) for split in splits for r in datasets.load_dataset(name, config, split=split)]
     except Exception as exc:  # offline, a renamed dataset, a hub error: one line, whatever the library raised
