@@ -74,7 +74,7 @@ def make_tiny_qwen2(tokenizer, seed: int = 0, hidden: int = 64, layers: int = 2)
         num_hidden_layers=layers,
         num_attention_heads=hidden // 32,
         num_key_value_heads=1,
-        max_position_embeddings=256,
+        max_position_embeddings=1024,  # a character per token: a GSM8K prompt is ~450
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=None,

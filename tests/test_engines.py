@@ -93,7 +93,8 @@ def _outcome(report: dict, run_dir: Path) -> dict:
     pop = run_dir / "population.jsonl"
     rows = [json.loads(x) for x in pop.read_text().splitlines() if x.strip()] if pop.exists() else []
     keep = ("seed", "sigma", "reward", "rewards", "correct", "answers", "generated_tokens")
-    return {"rows": _rows(report), "population": [{k: r.get(k) for k in keep} for r in rows]}
+    population = sorted(({k: r.get(k) for k in keep} for r in rows), key=lambda r: (str(r["seed"]), str(r["sigma"])))
+    return {"rows": _rows(report), "population": population}  # in specialist order: Ray writes rows as they finish
 
 
 def _weights(model_dir: Path) -> str:

@@ -177,7 +177,7 @@ class RayExecutor:
         try:
             info = ray.get(self.actors[0].info.remote())
         except ray.exceptions.RayActorError as exc:
-            raise CorpError(f"the Ray worker could not load the backend: {str(exc).splitlines()[0]}") from None
+            raise CorpError(f"the Ray worker could not load the backend: {actor_cause(exc)}") from None
         self.info = info
 
     def _new_actor(self):
@@ -259,6 +259,17 @@ class RayExecutor:
         self.actors = []
         if self.started_ray:
             self.ray.shutdown()
+
+
+def actor_cause(exc: BaseException) -> str:
+    """The line that says why an actor died: corp's own one-line error raised in the actor (Ray puts
+    it at the end of the creation task's traceback), else the exception's last line."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        for prefix in ("corp.CorpError: ", "CorpError: "):
+            if ln.startswith(prefix):
+                return ln[len(prefix) :]
+    return lines[-1] if lines else type(exc).__name__
 
 
 def _check_reachable(address: str) -> None:

@@ -388,7 +388,9 @@ class VLLMBackend(HostCopy):
             "param_filter": param_filter,
             "scheme": scheme or SCHEME_VERSION,
         }
-        return cls(llm, tokenizer, eos, n_params, whash, model_id, path, lora, host)
+        backend = cls(llm, tokenizer, eos, n_params, whash, model_id, path, lora, host)
+        backend.max_model_len = max_len
+        return backend
 
     @property
     def tokenizer(self):
@@ -421,9 +423,19 @@ class VLLMBackend(HostCopy):
     def read_linear(self, module_name: str) -> torch.Tensor:
         return self.llm.collective_rpc("corp_read_linear", args=(module_name,))[0]
 
+    max_model_len: int | None = None
+
     def _encode(self, prompts) -> list[list[int]]:
         tok = self.tokenizer
-        return [tok(format_prompt(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
+        encoded = [tok(format_prompt(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
+        longest = max((len(e) for e in encoded), default=0)
+        if self.max_model_len is not None and longest >= self.max_model_len:
+            raise CorpError(
+                f"a prompt of {longest} tokens does not fit this model's context of {self.max_model_len} tokens "
+                "(vLLM's max_model_len, from the model's max_position_embeddings); use a model with a longer "
+                "context or a task with shorter prompts"
+            )
+        return encoded
 
     def _sampling(self, n: int, temperature: float, top_p: float, max_new_tokens: int, seed: int | None, stop):
         from vllm import SamplingParams
