@@ -254,8 +254,8 @@ def apply_cmd(
         False,
         "--overwrite",
         help=(
-            "Replace --out even if it holds files corp did not write (never a "
-            "cache, the base model, a run directory or the current directory)."
+            "Replace --out even if it has no corp marker itself, when all it holds is models corp wrote "
+            "(never a file of yours, a run directory, a cache, the base model or the current directory)."
         ),
     ),
     allow_mismatch: bool = typer.Option(

@@ -11,7 +11,8 @@ is not there: hub ids are looked up locally first, and a missing model is one cl
 
 Every model directory corp writes carries a marker file (`corp_model.json`). `save_model` writes to
 a temporary sibling and renames it into place, and replaces an existing directory only when it
-carries the marker (or the caller says `overwrite`): corp never deletes what it did not write.
+carries the marker (or, with `overwrite`, holds nothing but such directories): a file of the user's
+or a run directory anywhere under the target is refused, so corp never deletes what it did not write.
 `check_output_dir` also refuses a file, the current directory or one of its parents, and any path
 the caller protects (`corp apply` protects the model caches and the base model's own directory).
 
@@ -415,7 +416,7 @@ def card_note(path: str | Path) -> str | None:
     return None
 
 
-# Marks a directory corp wrote: only such a directory is ever replaced without `overwrite`.
+# Marks a directory corp wrote: only such directories are ever replaced (check_output_dir).
 MARKER = "corp_model.json"
 
 
@@ -444,8 +445,9 @@ def check_output_dir(out: str | Path, overwrite: bool = False, protect: dict[str
     """Where a model may be written; one-line errors for a target that would destroy other files.
 
     Refused always: a file, a symbolic link, the current directory or one of its parents, and any
-    path in `protect` (label -> path), or one inside it or above it. Refused without `overwrite`: a
-    non-empty directory that has no corp marker. Returns the absolute target."""
+    path in `protect` (label -> path), or one inside it or above it, and a directory holding a run
+    directory or a file outside every corp model (`_not_a_corp_model`). Refused without `overwrite`:
+    a non-empty directory that has no corp marker itself. Returns the absolute target."""
     given = Path(out).expanduser()
     if given.is_symlink():
         raise CorpError(f"output '{out}' is a symbolic link; name a real directory")
@@ -468,12 +470,43 @@ def check_output_dir(out: str | Path, overwrite: bool = False, protect: dict[str
             raise CorpError(
                 f"output '{out}' overlaps {label} ('{path}'); writing there would replace it, so name another directory"
             )
-    if target.is_dir() and not overwrite and not is_corp_model(target) and any(target.iterdir()):
-        raise CorpError(
-            f"output '{out}' is a non-empty directory that corp did not write (no "
-            f"{MARKER}); name another directory, or pass --overwrite to replace it"
-        )
+    if target.is_dir():
+        foreign = _not_a_corp_model(target)
+        if foreign is not None:
+            what = "the run directory" if foreign[1] == "run" else "a file corp did not write"
+            raise CorpError(
+                f"output '{out}' holds {what} '{foreign[0]}' (corp replaces only model directories it wrote, "
+                f"marked by {MARKER}); nothing was deleted: name another directory or move it away"
+            )
+        if not overwrite and not is_corp_model(target) and any(target.iterdir()):
+            raise CorpError(
+                f"output '{out}' is a non-empty directory that corp did not write (no {MARKER}); "
+                "name another directory, or pass --overwrite to replace the corp models in it"
+            )
     return target
+
+
+def _not_a_corp_model(target: Path) -> tuple[Path, str] | None:
+    """(path, "run" | "file") of the first thing under `target` that is not part of a model directory
+    corp wrote: a run directory anywhere (even inside a corp model: a copied run), or a file or link
+    outside every directory with the marker. None when replacing `target` deletes only corp's models
+    (and empty directories); `--overwrite` never widens this."""
+    from corp.runs import LOCK_FILE, STATUS_FILE
+
+    unreadable: list[OSError] = []  # a directory it cannot list may hold anything: refused as unknown
+    for d, dirs, files in os.walk(target, onerror=unreadable.append):
+        if unreadable:
+            break
+        here = Path(d)
+        if STATUS_FILE in files or LOCK_FILE in files:
+            return here, "run"
+        rel = here.relative_to(target).parts
+        if any(is_corp_model(target.joinpath(*rel[:i])) for i in range(len(rel) + 1)):
+            continue  # corp's model: its files go with it; its subdirectories are still checked for runs
+        links = [n for n in dirs if (here / n).is_symlink()]
+        if files or links:
+            return here / sorted(files + links)[0], "file"
+    return (Path(unreadable[0].filename), "file") if unreadable else None
 
 
 PARTIAL = ".corp-partial"  # inside a save's temporary directory while it is being written: {"pid", "host"}
@@ -530,7 +563,7 @@ def save_model(
     """Save a normal HF directory (safetensors, config, tokenizer, `extra_files`, the corp marker).
 
     Written into a temporary sibling, then renamed into place; an existing target (a corp model,
-    or anything with `overwrite`, see `check_output_dir`) is moved aside first and deleted only once
+    or with `overwrite` a directory of corp models, see `check_output_dir`) is moved aside first and deleted only once
     the new one is in place, so an interrupted save leaves either the old or the new model."""
     import socket
 

@@ -227,16 +227,40 @@ def test_bad_targets_are_refused_and_user_files_survive(case, corp_recipe, tmp_p
     assert after == snapshot, f"files changed: {set(snapshot) ^ set(after)}"
 
 
-def test_overwrite_replaces_a_user_directory_only_when_asked(corp_recipe, tmp_path):
-    recipe, _, expected = corp_recipe
+@pytest.mark.parametrize("case", ["user-file", "copied-run-dir", "run-dir-in-a-corp-model"])
+def test_overwrite_never_deletes_what_corp_did_not_write(case, corp_recipe, tmp_path):
+    """--overwrite replaces only model directories corp wrote (issue 41): a user's file, or a run
+    directory anywhere under the target (even inside a corp model), is named in one line and kept.
+    On the old code --overwrite deleted both (rc 0)."""
+    recipe, _, _ = corp_recipe
+    out = tmp_path / "target"
+    if case == "user-file":
+        (out / "deep").mkdir(parents=True)
+        (out / "deep" / "notes.txt").write_text("the user's own")
+        named = out / "deep" / "notes.txt"
+    else:
+        if case == "run-dir-in-a-corp-model":
+            save_model(make_tiny_llama(make_char_tokenizer()), make_char_tokenizer(), out)
+        named = out / "copied-run"
+        named.mkdir(parents=True)
+        (named / "population.jsonl").write_text('{"key": "a", "reward": 0.5}\n')
+        (named / "run_status.json").write_text('{"status": "complete"}')
+    snapshot = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    one_error_line(apply_cli(recipe, "--out", out, "--overwrite"), str(named))
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == snapshot, "nothing is deleted"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_overwrite_replaces_a_directory_holding_only_corp_models(corp_recipe, tmp_path):
+    recipe, _, _ = corp_recipe
     out = tmp_path / "mine"
-    out.mkdir()
-    (out / "notes.txt").write_text("x")
+    tok = make_char_tokenizer()
+    save_model(make_tiny_llama(tok), tok, out / "older-model")
     with pytest.raises(CorpError, match="--overwrite"):
         apply_recipe(recipe, out)
-    assert (out / "notes.txt").read_text() == "x"
+    assert is_corp_model(out / "older-model")
     apply_recipe(recipe, out, overwrite=True)
-    assert not (out / "notes.txt").exists() and is_corp_model(out)
+    assert not (out / "older-model").exists() and is_corp_model(out)
     # an empty directory is fine without --overwrite
     (tmp_path / "empty").mkdir()
     apply_recipe(recipe, tmp_path / "empty")
