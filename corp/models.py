@@ -18,8 +18,8 @@ the caller protects (`corp apply` protects the model caches and the base model's
 
 A save that is killed (`kill -9`) leaves its temporary sibling `.<name>.tmp-<pid>-*` (holding the
 `.corp-partial` marker) or, killed between its two renames, the old model moved aside as
-`.<name>.old-<pid>-*`. The next `save_model` to the same target removes such leftovers of dead
-processes on this host (and puts a moved-aside old model back if the target is missing); a
+`.<name>.old-<pid>-*`. The next `save_model` into the same parent directory (to any name) removes
+such leftovers of dead processes on this host (and puts a moved-aside old model back if the target is missing); a
 leftover of a live process, another host's, or a directory corp did not name so is never touched.
 A save that fails (a full disk) is one error line, and the old model, if any, stays in place.
 """
@@ -523,18 +523,20 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove_stale_saves(target: Path) -> None:
-    """Leftovers of killed saves to `target` (module docstring)."""
+    """Leftovers of killed saves beside `target`, to any name (module docstring): a save killed while
+    writing `a` is cleaned up by the next save into the same directory, whatever it writes."""
     import socket
 
     host = socket.gethostname()
-    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(tmp|old)-(\d+)-[A-Za-z0-9_]+$")
+    pattern = re.compile(r"^\.(.+)\.(tmp|old)-(\d+)-[A-Za-z0-9_]+$")
     if not target.parent.is_dir():
         return
     for p in sorted(target.parent.iterdir()):
         m = pattern.match(p.name)
-        if not m or not p.is_dir() or p.is_symlink() or _pid_alive(int(m.group(2))) or int(m.group(2)) == os.getpid():
+        if not m or not p.is_dir() or p.is_symlink() or _pid_alive(int(m.group(3))) or int(m.group(3)) == os.getpid():
             continue
-        if m.group(1) == "tmp":
+        dest = target.parent / m.group(1)  # the model that save was writing
+        if m.group(2) == "tmp":
             if (p / PARTIAL).is_file():
                 try:
                     mark = json.loads((p / PARTIAL).read_text())
@@ -545,9 +547,9 @@ def _remove_stale_saves(target: Path) -> None:
                 ours = (p / MARKER).is_file()  # written in full, killed before the rename
             if ours:
                 shutil.rmtree(p, ignore_errors=True)
-        elif not target.exists():
-            os.replace(p, target)  # killed between moving the old model aside and putting the new one in place
-        elif is_corp_model(target):
+        elif not dest.exists():
+            os.replace(p, dest)  # killed between moving the old model aside and putting the new one in place
+        elif is_corp_model(dest):
             shutil.rmtree(p, ignore_errors=True)  # the new model is in place; the old one was to be deleted
 
 

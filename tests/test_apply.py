@@ -431,6 +431,25 @@ def test_leftovers_of_a_killed_apply_are_removed_by_the_next_and_nothing_else(co
     assert all(torch.equal(v, expected[k]) for k, v in state(tmp_path / "out").items())
 
 
+def test_a_killed_apply_is_cleaned_up_by_the_next_save_beside_it_whatever_its_target(corp_recipe, tmp_path):
+    """`kill -9` during `corp apply --out a` leaves `.a.tmp-PID-*`; the next corp writing into the
+    same directory removes it even when it writes `b` (issue 41; it looked only for `.b.*`), and
+    keeps the one of a live process."""
+    import socket
+
+    recipe, _, _ = corp_recipe
+    dead, live = _dead_pid(), os.getppid()
+    stale = tmp_path / f".a.tmp-{dead}-abc123xy"
+    stale.mkdir()
+    (stale / PARTIAL).write_text(json.dumps({"pid": dead, "host": socket.gethostname()}))
+    (stale / "model.safetensors").write_bytes(b"0" * 1000)
+    running = tmp_path / f".a.tmp-{live}-def456zz"
+    running.mkdir()
+    (running / PARTIAL).write_text(json.dumps({"pid": live, "host": socket.gethostname()}))
+    assert apply_recipe(recipe, tmp_path / "b")
+    assert not stale.exists() and running.exists()
+
+
 def test_an_old_model_moved_aside_by_a_killed_save_is_put_back(tmp_path):
     from corp.models import _remove_stale_saves
 
