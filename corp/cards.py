@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from corp.models import CARD_FILE, embedded_spec
+from corp.runs import naming
 from corp.stats import comparison_line
 
 # corp tasks with a counterpart of the same name in lm-evaluation-harness
@@ -214,8 +215,9 @@ def write_card(model_dir: Path, text: str) -> Path:
     """Write the card atomically into a model directory corp wrote."""
     target = model_dir / CARD_FILE
     tmp = model_dir / f".{CARD_FILE}.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, target)
+    with naming(target):  # a full disk names the card
+        tmp.write_text(text)
+        os.replace(tmp, target)
     return target
 
 

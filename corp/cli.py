@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 from corp import CorpError
 from corp.config import field_docs, flag, load_config, renamed_options
 from corp.methods import Method, methods
+from corp.runs import write_failure
 
 
 class _OneLineErrors(TyperGroup):
@@ -74,14 +75,17 @@ def _run(fn: Callable, *args):
     except CorpError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    except OSError as exc:
-        # the machine's state, not a bug: a full disk or quota, a read-only place, a name too long
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG):
+    except Exception as exc:
+        # the machine's state, not a bug: a full disk or quota, a read-only place (from any library:
+        # corp.runs.write_failure), a name too long
+        too_long = isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG
+        why = exc.strerror if too_long else write_failure(exc)
+        if why is None:
             raise
-        where = f" ('{exc.filename}')" if exc.filename else ""
+        name = getattr(exc, "filename", None)
+        where = f" ('{name}')" if name else ""
         typer.echo(
-            f"error: {exc.strerror}{where}; free some space or choose another location, "
-            "then rerun (the same --run-dir resumes)",
+            f"error: {why}{where}; free some space or choose another location, then rerun (the same --run-dir resumes)",
             err=True,
         )
         raise typer.Exit(2) from None

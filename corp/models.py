@@ -623,15 +623,24 @@ def save_model(
 
 
 def _is_write_error(exc: BaseException) -> bool:
-    """An OSError, or safetensors' own error for one (a full disk while serialising)."""
-    return isinstance(exc, OSError) or (
-        type(exc).__name__ == "SafetensorError" and ("Io" in str(exc) or "os error" in str(exc).lower())
+    """An OSError, safetensors' own error for one, or any library's full disk: the tokenizers library
+    raises a bare `Exception: No space left on device (os error 28)` (`corp.runs.write_failure`)."""
+    from corp.runs import write_failure
+
+    return (
+        isinstance(exc, OSError)
+        or write_failure(exc) is not None
+        or (type(exc).__name__ == "SafetensorError" and ("Io" in str(exc) or "os error" in str(exc).lower()))
     )
 
 
 def _first_line(exc: BaseException) -> str:
+    from corp.runs import write_failure
+
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
+    if write_failure(exc):
+        return write_failure(exc)
     m = re.search(
         r'message: "([^"]+)"', str(exc)
     )  # safetensors: IoError(Os { code: 28, ..., message: "No space left on device" })

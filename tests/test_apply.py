@@ -283,6 +283,25 @@ def test_a_failed_save_leaves_the_old_model_in_place(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["model"], "no temporary sibling is left behind"
 
 
+def test_a_tokenizer_save_on_a_full_disk_is_one_line_naming_out(corp_recipe, tmp_path, monkeypatch):
+    """The tokenizers library raises a bare `Exception: No space left on device (os error 28)`, not an
+    OSError: still one line naming --out, nothing there, no temporary sibling (issue 41: a traceback)."""
+    from transformers import PreTrainedTokenizerFast
+
+    recipe, _, _ = corp_recipe
+
+    def full(*a, **k):
+        raise Exception("No space left on device (os error 28)")
+
+    monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", full)
+    out = tmp_path / "out"
+    res = apply_cli(recipe, "--out", out)
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error")]
+    assert res.exit_code == 2 and len(lines) == 1 and "Traceback" not in res.output, res.output
+    assert str(out) in lines[0] and "No space left on device" in lines[0]
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
 def test_legacy_es_recipe_is_read_as_kind_es_with_the_offline_alias_first():
     recipe = load_recipe(REPO / "results" / "baselines-smollm2-arith" / "es-recipe.json")
     assert recipe["kind"] == "es" and recipe["base_model_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import json
 
 import pytest
 import typer
@@ -66,3 +67,75 @@ def test_a_full_disk_is_one_line_at_the_cli(capsys):
         and len(err) == 1
         and "No space left on device ('/runs/x/population.jsonl')" in err[0]
     )
+
+
+def _es_cli(model_dir, run_dir, *extra):
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    args = ["es", "--model", str(model_dir), "--task", "arith", "--iterations", "1", "--population", "2"]
+    args += ["--sigma", "0.05", "--n-support", "2", "--n-probe", "0", "--n-validation", "0", "--n-test", "2"]
+    args += ["--max-new-tokens", "2", "--run-dir", str(run_dir), *extra]
+    return CliRunner().invoke(app, args)
+
+
+@pytest.mark.parametrize("where", ["tokenizer", "card", "events"])
+def test_a_full_disk_in_any_library_is_one_line_naming_the_path_and_the_run_is_failed(
+    where, tiny_dir, tmp_path, monkeypatch
+):
+    """The tokenizers library raises a bare `Exception: ... (os error 28)` saving the tokenizer; a card
+    or an event file fails with an OSError that names no file. Each is one line naming the path, the
+    run is marked failed (not complete), and what was computed stays (issue 41: a traceback, or a
+    warning and a run marked complete)."""
+    from pathlib import Path
+
+    from transformers import PreTrainedTokenizerFast
+
+    pytest.importorskip("tensorboard")
+    run = tmp_path / "run"
+    if where == "tokenizer":
+
+        def full(*a, **k):
+            raise Exception("No space left on device (os error 28)")
+
+        monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", full)
+        named = run / "model"
+    elif where == "card":
+        write_text = Path.write_text
+
+        def full(self, *a, **k):
+            if self.name.startswith(".README.md"):
+                raise OSError(errno.ENOSPC, "No space left on device")  # from write(): no file named
+            return write_text(self, *a, **k)
+
+        monkeypatch.setattr(Path, "write_text", full)
+        named = run / "model" / "README.md"
+    else:
+
+        def full(*a, **k):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr("corp.tracking.Trackers.log", full)
+        named = run / "tensorboard"
+    res = _es_cli(tiny_dir, run, "--report-to", "tensorboard")
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error")]
+    assert res.exit_code == 2 and len(lines) == 1 and "Traceback" not in res.output, res.output
+    assert str(named) in lines[0] and "No space left on device" in lines[0], lines[0]
+    status = json.loads((run / "run_status.json").read_text())
+    assert status["status"] == "failed" and (run / FAILED_FILE).is_file(), status
+    assert (run / "metrics.jsonl").read_text().strip() and (run / "population.jsonl").is_file()
+
+
+def test_a_report_written_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
+    """write() and fsync() on an open file raise an OSError naming no file: the atomic writer names it."""
+    from corp.runs import append_jsonl, write_json
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("corp.runs.os.fsync", full)
+    for write, path in ((write_json, tmp_path / "report.json"), (append_jsonl, tmp_path / "evals.jsonl")):
+        with pytest.raises(OSError) as exc:
+            write(path, {"a": 1})
+        assert exc.value.filename == str(path)

@@ -63,6 +63,7 @@ from corp.runs import (
     read_json,
     read_jsonl,
     unique_rows,
+    write_failure,
     write_json,
     write_status,
     write_yaml,
@@ -625,19 +626,34 @@ def open_run(
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    exported = False
     try:
         yield ctx
+        # a full disk while writing the card or the event files fails the run like any other write
+        # (what was computed stays; a rerun with --run-dir writes them without recomputing)
+        _card(ctx)
+        exported = True
+        _report_to(ctx, fail_on_write=True)
     except BaseException as exc:
         finish_run_dir(ctx.run_dir, ctx.created, exc)
+        if not exported:
+            _report_to(ctx)  # a failed run's logged steps too; the run's own error is the one reported
         raise
     else:
-        _card(ctx)
         finish_run_dir(ctx.run_dir, ctx.created, None)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        _report_to(ctx)
         ctx.close()
+
+
+def _write_failed(what: str, where, exc: BaseException, ctx: RunContext) -> CorpError:
+    """One line for a write the machine refused (a full disk or quota, a read-only place), naming the path."""
+    path = getattr(exc, "filename", None) or where
+    return CorpError(
+        f"could not write {what} '{path}' ({write_failure(exc)}); free some space, then rerun with "
+        f"--run-dir {ctx.run_dir} (nothing computed is lost)"
+    )
 
 
 def _card(ctx: RunContext) -> None:
@@ -653,11 +669,13 @@ def _card(ctx: RunContext) -> None:
             ctx._weights_hash,
             ctx.splits,
         )
-    except Exception as exc:  # noqa: BLE001 -- model and report are written; a failing card must not fail the run
+    except Exception as exc:  # noqa: BLE001 -- model and report are written; only a full disk fails the run
+        if write_failure(exc) is not None:
+            raise _write_failed("the model card", ctx.run_dir / "model", exc, ctx) from None
         warnings.warn(f"model card for '{ctx.run_dir / 'model'}' not written: {type(exc).__name__}: {exc}")
 
 
-def _report_to(ctx: RunContext) -> None:
+def _report_to(ctx: RunContext, fail_on_write: bool = False) -> None:
     """--report-to: the run's logged steps to TensorBoard / W&B, whether it completed or not."""
     from corp.tracking import export_run_metrics
 
@@ -665,6 +683,8 @@ def _report_to(ctx: RunContext) -> None:
         config = {"method": ctx.method, **config_to_dict(ctx.cfg)}
         export_run_metrics(ctx.run_dir, getattr(ctx.cfg, "report_to", "none"), config)
     except Exception as exc:  # noqa: BLE001 -- the JSONL record is written; a failing tracker must not hide the outcome
+        if fail_on_write and write_failure(exc) is not None:
+            raise _write_failed(f"--report-to {ctx.cfg.report_to}'s files", ctx.run_dir, exc, ctx) from None
         warnings.warn(f"--report-to {ctx.cfg.report_to}: metrics not exported: {type(exc).__name__}: {exc}")
 
 
