@@ -485,3 +485,75 @@ def test_an_output_under_a_file_is_one_line(corp_recipe, tmp_path):
     (tmp_path / "afile").write_text("x")
     one_error_line(apply_cli(recipe, "--out", tmp_path / "afile" / "sub"), "which is a file")
     assert (tmp_path / "afile").read_text() == "x"
+
+
+def _card_run(tmp_path: Path, name: str, method: str, made: dict, accuracy: float, weights: str) -> tuple[Path, dict]:
+    """A finished run directory (report with one row, config, recipe) as a card reads it."""
+    run = tmp_path / name
+    run.mkdir()
+    recipe = {
+        "format": RECIPE_FORMAT,
+        "kind": "es" if made["method"] == "es" else "corp-direction",
+        "base_model": "base",
+        "base_weights_hash": "a" * 64,
+        "noise_scheme": SCHEME_VERSION,
+        "param_filter": {"include": ".*", "exclude": ""},
+        "components": [{"seed": 3, "sigma": 0.01, "coef": 1.0}],
+        "made_by": made,
+        "model_weights_hash": weights,
+    }
+    (run / "recipe.json").write_text(json.dumps(recipe))
+    report = {
+        "method": method,
+        "task": f"{method}-task",
+        "n_test": 4,
+        "rows": [{"method": made["method"], "accuracy": accuracy}],
+    }
+    (run / "report.json").write_text(json.dumps(report))
+    (run / "config.yaml").write_text(f"task: {method}-task\n")
+    return run, recipe
+
+
+def _card(tmp_path: Path, recipe_path: Path, recipe: dict, **kw) -> str:
+    from corp.cards import apply_model_card
+
+    out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
+    out.mkdir()
+    return apply_model_card(out, recipe_path, recipe, "base", **kw).read_text()
+
+
+def test_an_applied_models_card_takes_only_its_own_runs_report(tmp_path):
+    """A recipe copied into another run's directory (an ES recipe into a CoRP run) must not take that
+    run's rows or task (issue 41: the card printed the CoRP run's results for the ES weights)."""
+    corp_run, corp = _card_run(tmp_path, "corp-run", "consolidate", {"method": "corp"}, 0.625, "c" * 64)
+    es_run, es = _card_run(tmp_path, "es-run", "es", {"method": "es"}, 0.375, "e" * 64)
+    assert "| corp | 0.625 |" in _card(tmp_path, corp_run / "recipe.json", corp)  # its own run: the rows
+    assert "| es | 0.375 |" in _card(tmp_path, es_run / "recipe.json", es)
+    (corp_run / "es-recipe.json").write_text(json.dumps(es))  # copied in under another name
+    copied = tmp_path / "corp-run-copy"
+    copied.mkdir()
+    for f in ("report.json", "config.yaml"):
+        (copied / f).write_text((corp_run / f).read_text())
+    (copied / "recipe.json").write_text(json.dumps(es))  # copied over the run's own recipe
+    for where in (corp_run / "es-recipe.json", copied / "recipe.json"):
+        text = _card(tmp_path, where, es)
+        assert "0.625" not in text and "consolidate-task" not in text, where
+        assert "No test results were recorded" in text
+
+
+def test_a_card_after_allow_mismatch_says_so_first_and_borrows_nothing(tmp_path):
+    run, recipe = _card_run(tmp_path, "run", "consolidate", {"method": "corp"}, 0.625, "c" * 64)
+    mismatch = {"rebuilt": "d" * 64, "evaluated": "c" * 64}
+    text = _card(tmp_path, run / "recipe.json", recipe, mismatch=mismatch)
+    body = text.split("## Base model")
+    assert "--allow-mismatch" in body[0] and "dddddddddddd" in body[0], "the mismatch is stated up front"
+    assert "0.625" not in text and f"corp apply {(run / 'recipe.json').resolve()} --out" not in text
+
+
+def test_a_cards_seed_count_counts_each_seed_of_a_merged_term(tmp_path):
+    run, recipe = _card_run(tmp_path, "run", "consolidate", {"method": "corp"}, 0.625, "c" * 64)
+    recipe["components"] = [
+        {"merged": [{"seed": 3, "sigma": 0.01, "coef": 1.0}, {"seed": 4, "sigma": 0.01, "coef": 0.5}], "scale": 2.0}
+    ]
+    (run / "recipe.json").write_text(json.dumps(recipe))
+    assert "2 seed component(s)" in _card(tmp_path, run / "recipe.json", recipe)

@@ -329,5 +329,5 @@ def apply_recipe(
     target = save_model(base, tokenizer, out, overwrite=overwrite, protect=protect, source=source)
     from corp.cards import apply_model_card
 
-    apply_model_card(target, Path(path), recipe, name)
+    apply_model_card(target, Path(path), recipe, name, mismatch=source.get("mismatch"))
     return target
