@@ -47,6 +47,9 @@ def parse_report_to(value: str | None) -> list[str]:
             f"--report-to '{value}': unknown backend {', '.join(bad)}; "
             f"choose from {', '.join(BACKENDS)} (comma-separated)"
         )
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # two writers of one backend would write every event twice into one directory
+        raise CorpError(f"--report-to '{value}' names {', '.join(twice)} twice; name each backend once")
     return [n for n in names if n != "none"]
 
 

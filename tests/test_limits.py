@@ -139,3 +139,34 @@ def test_a_report_written_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
         with pytest.raises(OSError) as exc:
             write(path, {"a": 1})
         assert exc.value.filename == str(path)
+
+
+def _one_line(res, *fragments: str) -> str:
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error")]
+    assert res.exit_code == 2 and len(lines) == 1 and "Traceback" not in res.output, res.output
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+def test_silently_wrong_options_are_one_line(tmp_path):
+    """Each of these used to run and write nothing, or one thing twice (issue 41)."""
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    def cli(*args):
+        return CliRunner().invoke(app, list(args))
+
+    pytest.importorskip("tensorboard")
+    _one_line(cli("es", "--model", "no-such/model", "--report-to", "tensorboard,tensorboard"), "tensorboard twice")
+    # score logs no per-step metrics: refused before the model loads (no "model not found")
+    _one_line(cli("score", "--model", "no-such/model", "--report-to", "tensorboard"), "corp score", "--report-to")
+    (tmp_path / "c.yaml").write_text("max-new-tokens: 4\nmax_new_tokens: 8\n")
+    _one_line(
+        cli("randopt", "--model", "no-such/model", "--config", str(tmp_path / "c.yaml")),
+        "'max-new-tokens'",
+        "'max_new_tokens'",
+    )
+    (tmp_path / "b.yaml").write_text("name: b\nseeds: [0, 0]\nbudgets: [1e9]\nmethods: {randopt: {}}\n")
+    _one_line(cli("bench", "--config", str(tmp_path / "b.yaml")), "seeds [0, 0]", "repeat 0")

@@ -677,11 +677,16 @@ def _card(ctx: RunContext) -> None:
 
 def _report_to(ctx: RunContext, fail_on_write: bool = False) -> None:
     """--report-to: the run's logged steps to TensorBoard / W&B, whether it completed or not."""
-    from corp.tracking import export_run_metrics
+    from corp.tracking import export_run_metrics, parse_report_to
 
     try:
         config = {"method": ctx.method, **config_to_dict(ctx.cfg)}
-        export_run_metrics(ctx.run_dir, getattr(ctx.cfg, "report_to", "none"), config)
+        read = export_run_metrics(ctx.run_dir, getattr(ctx.cfg, "report_to", "none"), config)
+        if fail_on_write and not read and parse_report_to(getattr(ctx.cfg, "report_to", "none")):
+            warnings.warn(
+                f"--report-to {ctx.cfg.report_to}: corp {ctx.method} logged no per-step metrics, so nothing was "
+                "written (es, grpo, ftis, fgrpo and fera log them)"
+            )
     except Exception as exc:  # noqa: BLE001 -- the JSONL record is written; a failing tracker must not hide the outcome
         if fail_on_write and write_failure(exc) is not None:
             raise _write_failed(f"--report-to {ctx.cfg.report_to}'s files", ctx.run_dir, exc, ctx) from None
