@@ -609,7 +609,7 @@ def save_model(
             os.replace(target, old)  # onto an empty directory: allowed by rename(2)
         try:
             os.replace(tmp, target)
-        except OSError:
+        except BaseException:  # Ctrl-C too: the old model goes back, it is never deleted without a new one
             if old is not None:
                 os.replace(old, target)
                 old = None

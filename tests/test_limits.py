@@ -170,3 +170,65 @@ def test_silently_wrong_options_are_one_line(tmp_path):
     )
     (tmp_path / "b.yaml").write_text("name: b\nseeds: [0, 0]\nbudgets: [1e9]\nmethods: {randopt: {}}\n")
     _one_line(cli("bench", "--config", str(tmp_path / "b.yaml")), "seeds [0, 0]", "repeat 0")
+
+
+@pytest.mark.parametrize("command", ["apply", "self-consistency"])
+def test_ctrl_c_says_what_fits_the_command(command, tmp_path, monkeypatch):
+    """Ctrl-C printed the population message ("every specialist already scored...") for every command."""
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    if command == "apply":
+        monkeypatch.setattr("corp.consolidate.apply_recipe", interrupted)
+        args = ["apply", str(tmp_path / "recipe.json"), "--out", str(tmp_path / "out")]
+    else:
+        monkeypatch.setattr("corp.methods.Method.__call__", interrupted)
+        args = ["self-consistency", "--run-dir", str(tmp_path / "run")]
+    res = CliRunner().invoke(app, args)
+    said = [ln for ln in res.output.splitlines() if ln.startswith("interrupted")]
+    assert res.exit_code == 130 and len(said) == 1 and "specialist" not in said[0], res.output
+    assert ("--out" in said[0]) if command == "apply" else ("--run-dir" in said[0] and str(tmp_path) in said[0])
+
+
+def test_a_long_task_label_gives_bounded_plot_names():
+    from corp.bench.outputs import _file
+
+    a, b = _file("x" * 300 + "-a"), _file("x" * 300 + "-b")
+    assert len(a) <= 64 and len(b) <= 64 and a != b
+    assert _file("arith:digits=3") == "arith-digits-3"  # short labels keep their plots' names
+
+
+def test_a_reward_is_its_resolved_file_and_function(tmp_path, monkeypatch):
+    """`rw.py:f` and `/abs/rw.py:f` (and `rw:f` from the same directory) are one reward on resume."""
+    from corp.evaluate.rewards import reward_identity
+
+    (tmp_path / "rw.py").write_text("def f(completions, **kw):\n    return [0.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    same = {reward_identity(s) for s in ("rw.py:f", "./rw.py:f", f"{tmp_path}/rw.py:f", "rw:f")}
+    assert same == {f"{(tmp_path / 'rw.py').resolve()}:f"}, same
+    assert reward_identity("rw.py:g") != reward_identity("rw.py:f") and reward_identity(None) == "correct"
+
+
+def test_a_run_resumes_with_the_same_reward_named_another_way(tiny_dir, tmp_path, monkeypatch):
+    """A population scored with `--reward rw.py:f` resumes under `--reward /abs/rw.py:f` (the same
+    file and function) without being refused or rescored (issue 41: "was made with reward = rw.py:f")."""
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    (tmp_path / "rw.py").write_text("def f(completions, **kw):\n    return [len(c) / 10 for c in completions]\n")
+    monkeypatch.chdir(tmp_path)
+    args = ["score", "--model", str(tiny_dir), "--task", "arith", "--population", "2", "--sigmas", "0.05"]
+    args += ["--n-support", "2", "--n-probe", "0", "--n-validation", "0", "--n-test", "0", "--max-new-tokens", "2"]
+    args += ["--run-dir", str(tmp_path / "run")]
+    first = CliRunner().invoke(app, [*args, "--reward", "rw.py:f"])
+    assert first.exit_code == 0, first.output
+    rows = (tmp_path / "run" / "population.jsonl").read_text()
+    again = CliRunner().invoke(app, [*args, "--reward", f"{tmp_path}/rw.py:f"])
+    assert again.exit_code == 0, again.output
+    assert (tmp_path / "run" / "population.jsonl").read_text() == rows, "nothing rescored"

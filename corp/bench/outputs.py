@@ -19,7 +19,7 @@ from pathlib import Path
 
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig
 from corp.ledger import FLOPS_FORMULA, LORA_CONVENTION
-from corp.runs import atomic_write_text, naming, read_json, write_json
+from corp.runs import atomic_write_text, bounded_name, naming, read_json, write_json
 from corp.stats import compare_paired_seeds, examples_text, sign_text
 
 CSV_COLUMNS = [
@@ -848,7 +848,9 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
 
 
 def _file(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
+    """A file-name part from a task label, shortened as cell names are (a 300-character label
+    would make a name longer than a file system takes)."""
+    return bounded_name("".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text))
 
 
 TUNING_COLUMNS = [

@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 from corp import CorpError
 from corp.config import PopulationConfig, RunConfig, config_to_dict
 from corp.evaluate.backends import Backend, make_backend
-from corp.evaluate.rewards import compute_rewards, resolve_reward
+from corp.evaluate.rewards import compute_rewards, resolve_reward, reward_identity
 from corp.evaluate.tasks import SPLITS, Example, SplitSizes, Task, get_task, make_splits
 from corp.ledger import Ledger
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, scheme_from_flag
@@ -183,7 +183,7 @@ class RunContext:
             "weights_hash": self.weights_hash,
             "backend": self.backend.name,
             "task": self.task.signature(),
-            "reward": self.cfg.reward or "correct",
+            "reward": reward_identity(self.cfg.reward),
             "max_new_tokens": self.max_new_tokens,
             # another scheme's seeds are other weights; the full-rank default stays out of the key so
             # that rows cached before schemes were selectable keep their keys
@@ -495,7 +495,7 @@ def population_definition(cfg: RunConfig, task, splits, max_new_tokens: int, kin
         "kind": kind,  # population (RandOpt/CoRP: noise around the base) | es (noise around a moving centre)
         "model_name": cfg.model,
         "task": task.signature(),
-        "reward": cfg.reward or "correct",
+        "reward": reward_identity(cfg.reward),
         "split": "support",
         "example_ids": [e.id for e in splits["support"]],
         "max_new_tokens": max_new_tokens,
