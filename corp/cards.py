@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from corp.models import CARD_FILE, embedded_spec
+from corp.runs import naming
 from corp.stats import comparison_line
 
 # corp tasks with a counterpart in lm-evaluation-harness (its own prompts and full test sets, so its
@@ -196,6 +197,7 @@ def build_card(
     config: dict | None,
     made_by: str,
     title: str | None = None,
+    notice: str | None = None,
 ) -> str:
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -233,15 +235,17 @@ def build_card(
     recipe_lines = ["No recipe: this method's weights are not a seed combination (the weights here are the result)."]
     if recipe:
         comps = recipe.get("components") or recipe.get("direction", {}).get("components") or []
-        recipe_path = _portable(recipe.get("_path", "recipe.json"), model_dir)
+        where = _portable(recipe.get("_path", "recipe.json"), model_dir)
         recipe_lines = [
             (
                 f"- recipe kind `{recipe.get('kind')}`, noise scheme `{recipe.get('noise_scheme')}`, "
-                f"parameter filter `{json.dumps(recipe.get('param_filter'))}`, {len(comps)} seed component(s)"
+                f"parameter filter `{json.dumps(recipe.get('param_filter'))}`, {seed_count(comps)} seed component(s)"
             ),
             (
-                f"- the recipe `{recipe_path}` (kilobytes) rebuilds these weights bit for bit "
-                f"from the base: `corp apply {recipe_path} --out DIR`"
+                f"- the recipe `{where}` (kilobytes) rebuilds these weights bit for bit from the base: "
+                f"`corp apply {where} --out DIR`"
+                if not notice
+                else f"- the recipe `{where}` was edited after its run; these weights are what it gives now"
             ),
         ]
     label_lines = [f"- {k}: {v} labelled example(s)" for k, v in (labelled or {}).items()] or ["- not recorded"]
@@ -261,6 +265,7 @@ def build_card(
             "",
             f"# {title or model_dir.name}: `{method}` on `{task}`",
             "",
+            *([f"**{notice}**", ""] if notice else []),
             *_weights_lines(method, recipe, report),
             "",
             (
@@ -313,12 +318,18 @@ def build_card(
     return ModelCard(body).content
 
 
+def seed_count(components: list) -> int:
+    """Seeds in a recipe's components: a merged term (CoRP's deployed direction) counts each of its seeds."""
+    return sum(len(c["merged"]) if isinstance(c, dict) and isinstance(c.get("merged"), list) else 1 for c in components)
+
+
 def write_card(model_dir: Path, text: str) -> Path:
     """Write the card atomically into a model directory corp wrote."""
     target = model_dir / CARD_FILE
     tmp = model_dir / f".{CARD_FILE}.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, target)
+    with naming(target):  # a full disk names the card
+        tmp.write_text(text)
+        os.replace(tmp, target)
     return target
 
 
@@ -356,20 +367,49 @@ def run_model_card(
     return write_card(model_dir, text)
 
 
-def apply_model_card(out: Path, recipe_path: Path, recipe: dict, base_name: str) -> Path:
-    """The card of a model `corp apply` rebuilt: the recipe's facts and, if still there, its run's report."""
+# the report's method of a run whose recipe names another (`made_by.method`)
+_REPORT_METHOD = {"corp": "consolidate"}
+# what makes two recipes the same model (a copy of a run's recipe.json keeps all of them)
+_RECIPE_IDENTITY = ("base_weights_hash", "noise_scheme", "components", "low_rank", "model_weights_hash", "made_by")
+
+
+def recipe_run(recipe_path: Path, recipe: dict) -> Path | None:
+    """The run directory that made the recipe, if still there: beside it (a copied run directory) or
+    where it was made, only when that directory's own recipe.json is this recipe and its report is
+    of the recipe's method (an ES recipe copied into a CoRP run directory must not take its rows)."""
+    made = recipe.get("made_by") if isinstance(recipe.get("made_by"), dict) else {}
+    method = made.get("method")
+    for d in [recipe_path.parent] + ([Path(made["run_dir"])] if made.get("run_dir") else []):
+        own, report = _read(d / "recipe.json"), _read(d / "report.json")
+        if not (isinstance(own, dict) and isinstance(report, dict)):
+            continue
+        same = all(own.get(k) == recipe.get(k) for k in _RECIPE_IDENTITY)
+        if same and (method is None or report.get("method") in (None, method, _REPORT_METHOD.get(method))):
+            return d
+    return None
+
+
+def apply_model_card(out: Path, recipe_path: Path, recipe: dict, base_name: str, mismatch: dict | None = None) -> Path:
+    """The card of a model `corp apply` rebuilt: the recipe's facts and, if its run is still there
+    (`recipe_run`), that run's report. With `mismatch` (`--allow-mismatch`: the rebuilt weights are
+    not the ones the run evaluated) the card says so first and takes nothing from the run."""
     made = recipe.get("made_by") or {}
-    # the run that made the recipe: beside it (a copied run directory), else where it was made
-    candidates = [recipe_path.parent] + ([Path(made["run_dir"])] if made.get("run_dir") else [])
-    run_dir = next((d for d in candidates if (d / "report.json").is_file()), recipe_path.parent)
-    report = _read(run_dir / "report.json")
-    cfg = _read_yaml(run_dir / "config.yaml")
+    run_dir = None if mismatch else recipe_run(recipe_path, recipe)
+    report = _read(run_dir / "report.json") if run_dir else None
+    cfg = _read_yaml(run_dir / "config.yaml") if run_dir else {}
     recipe = {**recipe, "_path": str(recipe_path.resolve())}
     task = (report.get("task") if isinstance(report, dict) else None) or cfg.get("task")
-    splits = _read(run_dir / "splits.json") or {}
+    splits = (_read(run_dir / "splits.json") if run_dir else None) or {}
     labelled = {
         k: len(v) for k, v in splits.items() if k in ("support", "probe", "validation") and isinstance(v, list) and v
     }
+    notice = (
+        f"These weights (sha256 {mismatch['rebuilt'][:12]}...) are not the model the recipe's run evaluated "
+        f"({mismatch['evaluated'][:12]}...): the recipe was edited and applied with --allow-mismatch, so nothing "
+        "here has been evaluated."
+        if mismatch
+        else None
+    )
     text = build_card(
         out,
         method=str(made.get("method", recipe.get("kind"))),
@@ -384,5 +424,6 @@ def apply_model_card(out: Path, recipe_path: Path, recipe: dict, base_name: str)
         labelled=labelled,
         config=cfg if isinstance(cfg, dict) else None,
         made_by=f"`corp apply {_portable(str(recipe_path.resolve()), out)}`",
+        notice=notice,
     )
     return write_card(out, text)

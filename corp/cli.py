@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 from corp import CorpError
 from corp.config import field_docs, flag, load_config, renamed_options
 from corp.methods import Method, methods
+from corp.runs import write_failure
 
 
 class _OneLineErrors(TyperGroup):
@@ -69,32 +70,40 @@ def _one_line_warnings() -> None:
     warnings.showwarning = show
 
 
-def _run(fn: Callable, *args):
+# Ctrl-C: what is kept, per kind of command (a method's run directory; apply's old model; a bench's cells)
+INTERRUPTED = {
+    "run": "every evaluation already finished is saved; rerun with the same --run-dir to resume",
+    "apply": "--out holds the earlier model or the new one, never part of one (a model is written beside it and "
+    "renamed into place); run the same command again",
+    "bench": "every finished cell is saved; rerun the same command to go on",
+}
+
+
+def _run(fn: Callable, *args, interrupted: str = "run"):
     _one_line_warnings()
     try:
         return fn(*args)
     except CorpError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
-    except OSError as exc:
-        # the machine's state, not a bug: a full disk or quota, a read-only place, a name too long
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.ENAMETOOLONG):
+    except Exception as exc:
+        # the machine's state, not a bug: a full disk or quota, a read-only place (from any library:
+        # corp.runs.write_failure), a name too long
+        too_long = isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG
+        why = exc.strerror if too_long else write_failure(exc)
+        if why is None:
             raise
-        where = f" ('{exc.filename}')" if exc.filename else ""
+        name = getattr(exc, "filename", None)
+        where = f" ('{name}')" if name else ""
         typer.echo(
-            f"error: {exc.strerror}{where}; free some space or choose another location, "
-            "then rerun (the same --run-dir resumes)",
+            f"error: {why}{where}; free some space or choose another location, then rerun (the same --run-dir resumes)",
             err=True,
         )
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         cfg = args[0] if args else None
-        where = getattr(cfg, "run_dir", None)
-        typer.echo(
-            "\ninterrupted: every specialist already scored is saved; rerun with the same --run-dir to resume"
-            + (f" ({where})" if where else ""),
-            err=True,
-        )
+        where = getattr(cfg, "run_dir", None) if interrupted == "run" else None
+        typer.echo(f"\ninterrupted: {INTERRUPTED[interrupted]}" + (f" ({where})" if where else ""), err=True)
         raise typer.Exit(130) from None
 
 
@@ -143,7 +152,8 @@ def config_command(name: str, cls: type, help_text: str):
 
         def command(**kwargs):
             yaml_path = kwargs.pop("config")
-            _run(lambda: runner(load_config(cls, yaml_path, kwargs)))
+            cfg = _run(load_config, cls, yaml_path, kwargs)
+            _run(runner, cfg)  # the config as the argument: Ctrl-C names its --run-dir
 
         command.__signature__ = inspect.Signature(params)
         command.__doc__ = help_text
@@ -226,7 +236,7 @@ def bench_cmd(
         return
     command = "corp bench --config " + config + (f" --threads {threads}" if threads else "")
     only = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
-    summary = _run(run_bench, cfg, command, True, not report_only, task, only)
+    summary = _run(run_bench, cfg, command, True, not report_only, task, only, interrupted="bench")
     typer.echo(
         f"{summary['cells']} cells ({summary['reused']} reused from earlier runs, {summary['not_run']} not run); wrote "
         f"{summary['results_dir']}/results.csv, table.md, {len(summary['plots'])} plots"
@@ -256,8 +266,8 @@ def apply_cmd(
         False,
         "--overwrite",
         help=(
-            "Replace --out even if it holds files corp did not write (never a "
-            "cache, the base model, a run directory or the current directory)."
+            "Replace --out even if it has no corp marker itself, when all it holds is models corp wrote "
+            "(never a file of yours, a run directory, a cache, the base model or the current directory)."
         ),
     ),
     allow_mismatch: bool = typer.Option(
@@ -273,7 +283,7 @@ def apply_cmd(
     evaluated; never deletes files corp did not write."""
     from corp.consolidate import apply_recipe
 
-    path = _run(apply_recipe, recipe, out, model, overwrite, allow_mismatch)
+    path = _run(apply_recipe, recipe, out, model, overwrite, allow_mismatch, interrupted="apply")
     typer.echo(f"wrote {path}")
 
 

@@ -517,6 +517,12 @@ def load_config(cls: type, yaml_path: str | None = None, overrides: dict | None 
         bad_keys = [k for k in loaded if not isinstance(k, str)]
         if bad_keys:
             raise CorpError(f"--config '{path}': key {bad_keys[0]!r} is not an option name")
+        spelled: dict[str, str] = {}
+        for k in loaded:  # `max-new-tokens` and `max_new_tokens` are one option: given both, one would be lost
+            if spelled.setdefault(k.replace("-", "_"), k) != k:
+                raise CorpError(
+                    f"--config '{path}': keys '{spelled[k.replace('-', '_')]}' and '{k}' are the same option; keep one"
+                )
         loaded = _rename(cls, {k.replace("-", "_"): v for k, v in loaded.items()}, str(path))
         unknown = set(loaded) - names
         if unknown:

@@ -14,14 +14,15 @@ raises it before a run directory is made).
 
 Every model directory corp writes carries a marker file (`corp_model.json`). `save_model` writes to
 a temporary sibling and renames it into place, and replaces an existing directory only when it
-carries the marker (or the caller says `overwrite`): corp never deletes what it did not write.
+carries the marker (or, with `overwrite`, holds nothing but such directories): a file of the user's
+or a run directory anywhere under the target is refused, so corp never deletes what it did not write.
 `check_output_dir` also refuses a file, the current directory or one of its parents, and any path
 the caller protects (`corp apply` protects the model caches and the base model's own directory).
 
 A save that is killed (`kill -9`) leaves its temporary sibling `.<name>.tmp-<pid>-*` (holding the
 `.corp-partial` marker) or, killed between its two renames, the old model moved aside as
-`.<name>.old-<pid>-*`. The next `save_model` to the same target removes such leftovers of dead
-processes on this host (and puts a moved-aside old model back if the target is missing); a
+`.<name>.old-<pid>-*`. The next `save_model` into the same parent directory (to any name) removes
+such leftovers of dead processes on this host (and puts a moved-aside old model back if the target is missing); a
 leftover of a live process, another host's, or a directory corp did not name so is never touched.
 A save that fails (a full disk) is one error line, and the old model, if any, stays in place.
 """
@@ -520,7 +521,7 @@ def card_note(path: str | Path) -> str | None:
     return None
 
 
-# Marks a directory corp wrote: only such a directory is ever replaced without `overwrite`.
+# Marks a directory corp wrote: only such directories are ever replaced (check_output_dir).
 MARKER = "corp_model.json"
 
 
@@ -549,8 +550,9 @@ def check_output_dir(out: str | Path, overwrite: bool = False, protect: dict[str
     """Where a model may be written; one-line errors for a target that would destroy other files.
 
     Refused always: a file, a symbolic link, the current directory or one of its parents, and any
-    path in `protect` (label -> path), or one inside it or above it. Refused without `overwrite`: a
-    non-empty directory that has no corp marker. Returns the absolute target."""
+    path in `protect` (label -> path), or one inside it or above it, and a directory holding a run
+    directory or a file outside every corp model (`_not_a_corp_model`). Refused without `overwrite`:
+    a non-empty directory that has no corp marker itself. Returns the absolute target."""
     given = Path(out).expanduser()
     if given.is_symlink():
         raise CorpError(f"output '{out}' is a symbolic link; name a real directory")
@@ -573,12 +575,43 @@ def check_output_dir(out: str | Path, overwrite: bool = False, protect: dict[str
             raise CorpError(
                 f"output '{out}' overlaps {label} ('{path}'); writing there would replace it, so name another directory"
             )
-    if target.is_dir() and not overwrite and not is_corp_model(target) and any(target.iterdir()):
-        raise CorpError(
-            f"output '{out}' is a non-empty directory that corp did not write (no "
-            f"{MARKER}); name another directory, or pass --overwrite to replace it"
-        )
+    if target.is_dir():
+        foreign = _not_a_corp_model(target)
+        if foreign is not None:
+            what = "the run directory" if foreign[1] == "run" else "a file corp did not write"
+            raise CorpError(
+                f"output '{out}' holds {what} '{foreign[0]}' (corp replaces only model directories it wrote, "
+                f"marked by {MARKER}); nothing was deleted: name another directory or move it away"
+            )
+        if not overwrite and not is_corp_model(target) and any(target.iterdir()):
+            raise CorpError(
+                f"output '{out}' is a non-empty directory that corp did not write (no {MARKER}); "
+                "name another directory, or pass --overwrite to replace the corp models in it"
+            )
     return target
+
+
+def _not_a_corp_model(target: Path) -> tuple[Path, str] | None:
+    """(path, "run" | "file") of the first thing under `target` that is not part of a model directory
+    corp wrote: a run directory anywhere (even inside a corp model: a copied run), or a file or link
+    outside every directory with the marker. None when replacing `target` deletes only corp's models
+    (and empty directories); `--overwrite` never widens this."""
+    from corp.runs import LOCK_FILE, STATUS_FILE
+
+    unreadable: list[OSError] = []  # a directory it cannot list may hold anything: refused as unknown
+    for d, dirs, files in os.walk(target, onerror=unreadable.append):
+        if unreadable:
+            break
+        here = Path(d)
+        if STATUS_FILE in files or LOCK_FILE in files:
+            return here, "run"
+        rel = here.relative_to(target).parts
+        if any(is_corp_model(target.joinpath(*rel[:i])) for i in range(len(rel) + 1)):
+            continue  # corp's model: its files go with it; its subdirectories are still checked for runs
+        links = [n for n in dirs if (here / n).is_symlink()]
+        if files or links:
+            return here / sorted(files + links)[0], "file"
+    return (Path(unreadable[0].filename), "file") if unreadable else None
 
 
 PARTIAL = ".corp-partial"  # inside a save's temporary directory while it is being written: {"pid", "host"}
@@ -595,18 +628,20 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _remove_stale_saves(target: Path) -> None:
-    """Leftovers of killed saves to `target` (module docstring)."""
+    """Leftovers of killed saves beside `target`, to any name (module docstring): a save killed while
+    writing `a` is cleaned up by the next save into the same directory, whatever it writes."""
     import socket
 
     host = socket.gethostname()
-    pattern = re.compile(rf"^\.{re.escape(target.name)}\.(tmp|old)-(\d+)-[A-Za-z0-9_]+$")
+    pattern = re.compile(r"^\.(.+)\.(tmp|old)-(\d+)-[A-Za-z0-9_]+$")
     if not target.parent.is_dir():
         return
     for p in sorted(target.parent.iterdir()):
         m = pattern.match(p.name)
-        if not m or not p.is_dir() or p.is_symlink() or _pid_alive(int(m.group(2))) or int(m.group(2)) == os.getpid():
+        if not m or not p.is_dir() or p.is_symlink() or _pid_alive(int(m.group(3))) or int(m.group(3)) == os.getpid():
             continue
-        if m.group(1) == "tmp":
+        dest = target.parent / m.group(1)  # the model that save was writing
+        if m.group(2) == "tmp":
             if (p / PARTIAL).is_file():
                 try:
                     mark = json.loads((p / PARTIAL).read_text())
@@ -617,9 +652,9 @@ def _remove_stale_saves(target: Path) -> None:
                 ours = (p / MARKER).is_file()  # written in full, killed before the rename
             if ours:
                 shutil.rmtree(p, ignore_errors=True)
-        elif not target.exists():
-            os.replace(p, target)  # killed between moving the old model aside and putting the new one in place
-        elif is_corp_model(target):
+        elif not dest.exists():
+            os.replace(p, dest)  # killed between moving the old model aside and putting the new one in place
+        elif is_corp_model(dest):
             shutil.rmtree(p, ignore_errors=True)  # the new model is in place; the old one was to be deleted
 
 
@@ -635,7 +670,7 @@ def save_model(
     """Save a normal HF directory (safetensors, config, tokenizer, `extra_files`, the corp marker).
 
     Written into a temporary sibling, then renamed into place; an existing target (a corp model,
-    or anything with `overwrite`, see `check_output_dir`) is moved aside first and deleted only once
+    or with `overwrite` a directory of corp models, see `check_output_dir`) is moved aside first and deleted only once
     the new one is in place, so an interrupted save leaves either the old or the new model."""
     import socket
 
@@ -679,7 +714,7 @@ def save_model(
             os.replace(target, old)  # onto an empty directory: allowed by rename(2)
         try:
             os.replace(tmp, target)
-        except OSError:
+        except BaseException:  # Ctrl-C too: the old model goes back, it is never deleted without a new one
             if old is not None:
                 os.replace(old, target)
                 old = None
@@ -693,15 +728,24 @@ def save_model(
 
 
 def _is_write_error(exc: BaseException) -> bool:
-    """An OSError, or safetensors' own error for one (a full disk while serialising)."""
-    return isinstance(exc, OSError) or (
-        type(exc).__name__ == "SafetensorError" and ("Io" in str(exc) or "os error" in str(exc).lower())
+    """An OSError, safetensors' own error for one, or any library's full disk: the tokenizers library
+    raises a bare `Exception: No space left on device (os error 28)` (`corp.runs.write_failure`)."""
+    from corp.runs import write_failure
+
+    return (
+        isinstance(exc, OSError)
+        or write_failure(exc) is not None
+        or (type(exc).__name__ == "SafetensorError" and ("Io" in str(exc) or "os error" in str(exc).lower()))
     )
 
 
 def _first_line(exc: BaseException) -> str:
+    from corp.runs import write_failure
+
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
+    if write_failure(exc):
+        return write_failure(exc)
     m = re.search(
         r'message: "([^"]+)"', str(exc)
     )  # safetensors: IoError(Os { code: 28, ..., message: "No space left on device" })

@@ -16,16 +16,19 @@ looks complete. `write_report` is the one report writer (schema `corp-report/1`)
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,20 +215,50 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+# a write that failed because of the machine, not a bug: a full disk or quota, a read-only file system
+WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+# Rust libraries' I/O errors: tokenizers "No space left on device (os error 28)", safetensors "Os { code: 28, ..."
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)|Os \{ code: (\d+)")
+
+
+def write_failure(exc: BaseException) -> str | None:
+    """Why a write failed when the machine is to blame (WRITE_ERRNOS), from any library: an OSError's
+    errno, or the "(os error N)" of a bare Exception from a Rust library (the tokenizers library
+    raises `Exception: No space left on device (os error 28)`); None for anything else."""
+    if isinstance(exc, OSError):
+        return (exc.strerror or os.strerror(exc.errno)) if exc.errno in WRITE_ERRNOS else None
+    m = _RUST_OS_ERROR.search(str(exc))
+    code = int(m.group(1) or m.group(2)) if m else None
+    return os.strerror(code) if code in WRITE_ERRNOS else None
+
+
+@contextmanager
+def naming(path: str | Path):
+    """An OSError raised inside names `path` when it names no file (a failed write() or fsync() on an
+    open file does not), so the one error line says where the disk was full."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is None:
+            exc.filename = str(path)
+        raise
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with naming(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
 
 
 def write_json(path: str | Path, obj: Any) -> None:
@@ -254,7 +287,7 @@ def append_jsonl(path: str | Path, row: dict) -> None:
     or a torn write from a kill (cut, as `read_jsonl` would), so the new row is never glued to it.
     """
     text = (json.dumps(_jsonable(row)) + "\n").encode()
-    with open(path, "ab+") as fh:
+    with naming(path), open(path, "ab+") as fh:
         # two processes may append to one log (`corp bench --methods` splits a task's cells, which share
         # the task's evaluation cache): one appender at a time, so none reads another's row in flight as torn
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX)  # released when the file closes

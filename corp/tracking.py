@@ -29,6 +29,7 @@ from pathlib import Path
 
 from corp import CorpError
 from corp.extras import require
+from corp.runs import naming
 
 BACKENDS = ("none", "tensorboard", "wandb")
 METRIC_FILES = ("metrics.jsonl", "rounds.jsonl")
@@ -46,6 +47,9 @@ def parse_report_to(value: str | None) -> list[str]:
             f"--report-to '{value}': unknown backend {', '.join(bad)}; "
             f"choose from {', '.join(BACKENDS)} (comma-separated)"
         )
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # two writers of one backend would write every event twice into one directory
+        raise CorpError(f"--report-to '{value}' names {', '.join(twice)} twice; name each backend once")
     return [n for n in names if n != "none"]
 
 
@@ -127,15 +131,21 @@ def export_run_metrics(run_dir: Path, report_to: str | None, config: dict | None
     files = [run_dir / f for f in METRIC_FILES if (run_dir / f).is_file()]
     if not backends or not files:
         return []
-    trackers = Trackers(backends, run_dir, run_dir.name, config)
-    try:
-        for path in files:
-            for row in _rows(path):
-                step, values = scalars(row)
-                trackers.log(step, values)
-    finally:
-        trackers.close()
+    with naming(_written(run_dir, backends)):  # a full disk names where the events go
+        trackers = Trackers(backends, run_dir, run_dir.name, config)
+        try:
+            for path in files:
+                for row in _rows(path):
+                    step, values = scalars(row)
+                    trackers.log(step, values)
+        finally:
+            trackers.close()
     return [str(f) for f in files]
+
+
+def _written(where: Path, backends: list[str]) -> Path:
+    """Where the backends write (the TensorBoard directory, else W&B's files in `where`)."""
+    return where / TB_DIR if "tensorboard" in backends else where
 
 
 def export_bench_results(results_dir: Path, report_to: str | None) -> int:
@@ -151,15 +161,16 @@ def export_bench_results(results_dir: Path, report_to: str | None) -> int:
         return 0
     with path.open(newline="") as f:
         rows = [r for r in csv.DictReader(f) if r.get("status") == "done" and r.get("accuracy")]
-    trackers = Trackers(backends, results_dir, results_dir.name)
-    try:
-        for r in rows:
-            step = int(float(r["budget"])) if r.get("budget") else 0
-            tag = f"{r['task']}/{r['setting']}/{r['method']}/seed{r['seed']}"
-            values = {f"{tag}/accuracy": float(r["accuracy"])}
-            if r.get("flops"):
-                values[f"{tag}/flops"] = float(r["flops"])
-            trackers.log(step, values)
-    finally:
-        trackers.close()
+    with naming(_written(results_dir, backends)):
+        trackers = Trackers(backends, results_dir, results_dir.name)
+        try:
+            for r in rows:
+                step = int(float(r["budget"])) if r.get("budget") else 0
+                tag = f"{r['task']}/{r['setting']}/{r['method']}/seed{r['seed']}"
+                values = {f"{tag}/accuracy": float(r["accuracy"])}
+                if r.get("flops"):
+                    values[f"{tag}/flops"] = float(r["flops"])
+                trackers.log(step, values)
+        finally:
+            trackers.close()
     return len(rows)

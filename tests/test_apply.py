@@ -227,16 +227,40 @@ def test_bad_targets_are_refused_and_user_files_survive(case, corp_recipe, tmp_p
     assert after == snapshot, f"files changed: {set(snapshot) ^ set(after)}"
 
 
-def test_overwrite_replaces_a_user_directory_only_when_asked(corp_recipe, tmp_path):
-    recipe, _, expected = corp_recipe
+@pytest.mark.parametrize("case", ["user-file", "copied-run-dir", "run-dir-in-a-corp-model"])
+def test_overwrite_never_deletes_what_corp_did_not_write(case, corp_recipe, tmp_path):
+    """--overwrite replaces only model directories corp wrote (issue 41): a user's file, or a run
+    directory anywhere under the target (even inside a corp model), is named in one line and kept.
+    On the old code --overwrite deleted both (rc 0)."""
+    recipe, _, _ = corp_recipe
+    out = tmp_path / "target"
+    if case == "user-file":
+        (out / "deep").mkdir(parents=True)
+        (out / "deep" / "notes.txt").write_text("the user's own")
+        named = out / "deep" / "notes.txt"
+    else:
+        if case == "run-dir-in-a-corp-model":
+            save_model(make_tiny_llama(make_char_tokenizer()), make_char_tokenizer(), out)
+        named = out / "copied-run"
+        named.mkdir(parents=True)
+        (named / "population.jsonl").write_text('{"key": "a", "reward": 0.5}\n')
+        (named / "run_status.json").write_text('{"status": "complete"}')
+    snapshot = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    one_error_line(apply_cli(recipe, "--out", out, "--overwrite"), str(named))
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == snapshot, "nothing is deleted"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def test_overwrite_replaces_a_directory_holding_only_corp_models(corp_recipe, tmp_path):
+    recipe, _, _ = corp_recipe
     out = tmp_path / "mine"
-    out.mkdir()
-    (out / "notes.txt").write_text("x")
+    tok = make_char_tokenizer()
+    save_model(make_tiny_llama(tok), tok, out / "older-model")
     with pytest.raises(CorpError, match="--overwrite"):
         apply_recipe(recipe, out)
-    assert (out / "notes.txt").read_text() == "x"
+    assert is_corp_model(out / "older-model")
     apply_recipe(recipe, out, overwrite=True)
-    assert not (out / "notes.txt").exists() and is_corp_model(out)
+    assert not (out / "older-model").exists() and is_corp_model(out)
     # an empty directory is fine without --overwrite
     (tmp_path / "empty").mkdir()
     apply_recipe(recipe, tmp_path / "empty")
@@ -257,6 +281,25 @@ def test_a_failed_save_leaves_the_old_model_in_place(tmp_path):
         save_model(model, Broken(), tmp_path / "model")
     assert (out / "model.safetensors").read_bytes() == before and is_corp_model(out)
     assert [p.name for p in tmp_path.iterdir()] == ["model"], "no temporary sibling is left behind"
+
+
+def test_a_tokenizer_save_on_a_full_disk_is_one_line_naming_out(corp_recipe, tmp_path, monkeypatch):
+    """The tokenizers library raises a bare `Exception: No space left on device (os error 28)`, not an
+    OSError: still one line naming --out, nothing there, no temporary sibling (issue 41: a traceback)."""
+    from transformers import PreTrainedTokenizerFast
+
+    recipe, _, _ = corp_recipe
+
+    def full(*a, **k):
+        raise Exception("No space left on device (os error 28)")
+
+    monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", full)
+    out = tmp_path / "out"
+    res = apply_cli(recipe, "--out", out)
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error")]
+    assert res.exit_code == 2 and len(lines) == 1 and "Traceback" not in res.output, res.output
+    assert str(out) in lines[0] and "No space left on device" in lines[0]
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
 def test_legacy_es_recipe_is_read_as_kind_es_with_the_offline_alias_first():
@@ -407,6 +450,25 @@ def test_leftovers_of_a_killed_apply_are_removed_by_the_next_and_nothing_else(co
     assert all(torch.equal(v, expected[k]) for k, v in state(tmp_path / "out").items())
 
 
+def test_a_killed_apply_is_cleaned_up_by_the_next_save_beside_it_whatever_its_target(corp_recipe, tmp_path):
+    """`kill -9` during `corp apply --out a` leaves `.a.tmp-PID-*`; the next corp writing into the
+    same directory removes it even when it writes `b` (issue 41; it looked only for `.b.*`), and
+    keeps the one of a live process."""
+    import socket
+
+    recipe, _, _ = corp_recipe
+    dead, live = _dead_pid(), os.getppid()
+    stale = tmp_path / f".a.tmp-{dead}-abc123xy"
+    stale.mkdir()
+    (stale / PARTIAL).write_text(json.dumps({"pid": dead, "host": socket.gethostname()}))
+    (stale / "model.safetensors").write_bytes(b"0" * 1000)
+    running = tmp_path / f".a.tmp-{live}-def456zz"
+    running.mkdir()
+    (running / PARTIAL).write_text(json.dumps({"pid": live, "host": socket.gethostname()}))
+    assert apply_recipe(recipe, tmp_path / "b")
+    assert not stale.exists() and running.exists()
+
+
 def test_an_old_model_moved_aside_by_a_killed_save_is_put_back(tmp_path):
     from corp.models import _remove_stale_saves
 
@@ -423,3 +485,75 @@ def test_an_output_under_a_file_is_one_line(corp_recipe, tmp_path):
     (tmp_path / "afile").write_text("x")
     one_error_line(apply_cli(recipe, "--out", tmp_path / "afile" / "sub"), "which is a file")
     assert (tmp_path / "afile").read_text() == "x"
+
+
+def _card_run(tmp_path: Path, name: str, method: str, made: dict, accuracy: float, weights: str) -> tuple[Path, dict]:
+    """A finished run directory (report with one row, config, recipe) as a card reads it."""
+    run = tmp_path / name
+    run.mkdir()
+    recipe = {
+        "format": RECIPE_FORMAT,
+        "kind": "es" if made["method"] == "es" else "corp-direction",
+        "base_model": "base",
+        "base_weights_hash": "a" * 64,
+        "noise_scheme": SCHEME_VERSION,
+        "param_filter": {"include": ".*", "exclude": ""},
+        "components": [{"seed": 3, "sigma": 0.01, "coef": 1.0}],
+        "made_by": made,
+        "model_weights_hash": weights,
+    }
+    (run / "recipe.json").write_text(json.dumps(recipe))
+    report = {
+        "method": method,
+        "task": f"{method}-task",
+        "n_test": 4,
+        "rows": [{"method": made["method"], "accuracy": accuracy}],
+    }
+    (run / "report.json").write_text(json.dumps(report))
+    (run / "config.yaml").write_text(f"task: {method}-task\n")
+    return run, recipe
+
+
+def _card(tmp_path: Path, recipe_path: Path, recipe: dict, **kw) -> str:
+    from corp.cards import apply_model_card
+
+    out = tmp_path / f"out-{len(list(tmp_path.glob('out-*')))}"
+    out.mkdir()
+    return apply_model_card(out, recipe_path, recipe, "base", **kw).read_text()
+
+
+def test_an_applied_models_card_takes_only_its_own_runs_report(tmp_path):
+    """A recipe copied into another run's directory (an ES recipe into a CoRP run) must not take that
+    run's rows or task (issue 41: the card printed the CoRP run's results for the ES weights)."""
+    corp_run, corp = _card_run(tmp_path, "corp-run", "consolidate", {"method": "corp"}, 0.625, "c" * 64)
+    es_run, es = _card_run(tmp_path, "es-run", "es", {"method": "es"}, 0.375, "e" * 64)
+    assert "| corp | 0.625 |" in _card(tmp_path, corp_run / "recipe.json", corp)  # its own run: the rows
+    assert "| es | 0.375 |" in _card(tmp_path, es_run / "recipe.json", es)
+    (corp_run / "es-recipe.json").write_text(json.dumps(es))  # copied in under another name
+    copied = tmp_path / "corp-run-copy"
+    copied.mkdir()
+    for f in ("report.json", "config.yaml"):
+        (copied / f).write_text((corp_run / f).read_text())
+    (copied / "recipe.json").write_text(json.dumps(es))  # copied over the run's own recipe
+    for where in (corp_run / "es-recipe.json", copied / "recipe.json"):
+        text = _card(tmp_path, where, es)
+        assert "0.625" not in text and "consolidate-task" not in text, where
+        assert "No test results were recorded" in text
+
+
+def test_a_card_after_allow_mismatch_says_so_first_and_borrows_nothing(tmp_path):
+    run, recipe = _card_run(tmp_path, "run", "consolidate", {"method": "corp"}, 0.625, "c" * 64)
+    mismatch = {"rebuilt": "d" * 64, "evaluated": "c" * 64}
+    text = _card(tmp_path, run / "recipe.json", recipe, mismatch=mismatch)
+    body = text.split("## Base model")
+    assert "--allow-mismatch" in body[0] and "dddddddddddd" in body[0], "the mismatch is stated up front"
+    assert "0.625" not in text and f"corp apply {(run / 'recipe.json').resolve()} --out" not in text
+
+
+def test_a_cards_seed_count_counts_each_seed_of_a_merged_term(tmp_path):
+    run, recipe = _card_run(tmp_path, "run", "consolidate", {"method": "corp"}, 0.625, "c" * 64)
+    recipe["components"] = [
+        {"merged": [{"seed": 3, "sigma": 0.01, "coef": 1.0}, {"seed": 4, "sigma": 0.01, "coef": 0.5}], "scale": 2.0}
+    ]
+    (run / "recipe.json").write_text(json.dumps(recipe))
+    assert "2 seed component(s)" in _card(tmp_path, run / "recipe.json", recipe)

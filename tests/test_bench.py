@@ -378,11 +378,14 @@ def test_unreadable_results_directory_is_one_error(tiny_dir, tmp_path):
     (tmp_path / "results" / "tiny").write_text("not a directory")
     with pytest.raises(CorpError, match="results directory .* is a file"):
         run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path)))
+    # a damaged record is named, with what to do (issue 41: "fix its permissions")
     bad = tmp_path / "r2" / "tiny" / "cells"
     bad.mkdir(parents=True)
     (bad / "x.json").write_text("{torn")
-    with pytest.raises(CorpError, match="cannot be read"):
+    with pytest.raises(CorpError) as err:
         run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, results_dir=str(tmp_path / "r2"))))
+    assert str(bad / "x.json") in str(err.value) and "move it aside" in str(err.value), err.value
+    assert "permissions" not in str(err.value) and "\n" not in str(err.value)
 
 
 def test_cli_bad_config_is_one_line(tmp_path):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import errno
+import json
 
 import pytest
 import typer
@@ -66,3 +67,168 @@ def test_a_full_disk_is_one_line_at_the_cli(capsys):
         and len(err) == 1
         and "No space left on device ('/runs/x/population.jsonl')" in err[0]
     )
+
+
+def _es_cli(model_dir, run_dir, *extra):
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    args = ["es", "--model", str(model_dir), "--task", "arith", "--iterations", "1", "--population", "2"]
+    args += ["--sigma", "0.05", "--n-support", "2", "--n-probe", "0", "--n-validation", "0", "--n-test", "2"]
+    args += ["--max-new-tokens", "2", "--run-dir", str(run_dir), *extra]
+    return CliRunner().invoke(app, args)
+
+
+@pytest.mark.parametrize("where", ["tokenizer", "card", "events"])
+def test_a_full_disk_in_any_library_is_one_line_naming_the_path_and_the_run_is_failed(
+    where, tiny_dir, tmp_path, monkeypatch
+):
+    """The tokenizers library raises a bare `Exception: ... (os error 28)` saving the tokenizer; a card
+    or an event file fails with an OSError that names no file. Each is one line naming the path, the
+    run is marked failed (not complete), and what was computed stays (issue 41: a traceback, or a
+    warning and a run marked complete)."""
+    from pathlib import Path
+
+    from transformers import PreTrainedTokenizerFast
+
+    pytest.importorskip("tensorboard")
+    run = tmp_path / "run"
+    if where == "tokenizer":
+
+        def full(*a, **k):
+            raise Exception("No space left on device (os error 28)")
+
+        monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", full)
+        named = run / "model"
+    elif where == "card":
+        write_text = Path.write_text
+
+        def full(self, *a, **k):
+            if self.name.startswith(".README.md"):
+                raise OSError(errno.ENOSPC, "No space left on device")  # from write(): no file named
+            return write_text(self, *a, **k)
+
+        monkeypatch.setattr(Path, "write_text", full)
+        named = run / "model" / "README.md"
+    else:
+
+        def full(*a, **k):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr("corp.tracking.Trackers.log", full)
+        named = run / "tensorboard"
+    res = _es_cli(tiny_dir, run, "--report-to", "tensorboard")
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error")]
+    assert res.exit_code == 2 and len(lines) == 1 and "Traceback" not in res.output, res.output
+    assert str(named) in lines[0] and "No space left on device" in lines[0], lines[0]
+    status = json.loads((run / "run_status.json").read_text())
+    assert status["status"] == "failed" and (run / FAILED_FILE).is_file(), status
+    assert (run / "metrics.jsonl").read_text().strip() and (run / "population.jsonl").is_file()
+
+
+def test_a_report_written_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
+    """write() and fsync() on an open file raise an OSError naming no file: the atomic writer names it."""
+    from corp.runs import append_jsonl, write_json
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("corp.runs.os.fsync", full)
+    for write, path in ((write_json, tmp_path / "report.json"), (append_jsonl, tmp_path / "evals.jsonl")):
+        with pytest.raises(OSError) as exc:
+            write(path, {"a": 1})
+        assert exc.value.filename == str(path)
+
+
+def _one_line(res, *fragments: str) -> str:
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error")]
+    assert res.exit_code == 2 and len(lines) == 1 and "Traceback" not in res.output, res.output
+    for f in fragments:
+        assert f in lines[0], lines[0]
+    return lines[0]
+
+
+def test_silently_wrong_options_are_one_line(tmp_path):
+    """Each of these used to run and write nothing, or one thing twice (issue 41)."""
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    def cli(*args):
+        return CliRunner().invoke(app, list(args))
+
+    pytest.importorskip("tensorboard")
+    _one_line(cli("es", "--model", "no-such/model", "--report-to", "tensorboard,tensorboard"), "tensorboard twice")
+    # score logs no per-step metrics: refused before the model loads (no "model not found")
+    _one_line(cli("score", "--model", "no-such/model", "--report-to", "tensorboard"), "corp score", "--report-to")
+    (tmp_path / "c.yaml").write_text("max-new-tokens: 4\nmax_new_tokens: 8\n")
+    _one_line(
+        cli("randopt", "--model", "no-such/model", "--config", str(tmp_path / "c.yaml")),
+        "'max-new-tokens'",
+        "'max_new_tokens'",
+    )
+    (tmp_path / "b.yaml").write_text("name: b\nseeds: [0, 0]\nbudgets: [1e9]\nmethods: {randopt: {}}\n")
+    _one_line(cli("bench", "--config", str(tmp_path / "b.yaml")), "seeds [0, 0]", "repeat 0")
+
+
+@pytest.mark.parametrize("command", ["apply", "self-consistency"])
+def test_ctrl_c_says_what_fits_the_command(command, tmp_path, monkeypatch):
+    """Ctrl-C printed the population message ("every specialist already scored...") for every command."""
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    if command == "apply":
+        monkeypatch.setattr("corp.consolidate.apply_recipe", interrupted)
+        args = ["apply", str(tmp_path / "recipe.json"), "--out", str(tmp_path / "out")]
+    else:
+        monkeypatch.setattr("corp.methods.Method.__call__", interrupted)
+        args = ["self-consistency", "--run-dir", str(tmp_path / "run")]
+    res = CliRunner().invoke(app, args)
+    said = [ln for ln in res.output.splitlines() if ln.startswith("interrupted")]
+    assert res.exit_code == 130 and len(said) == 1 and "specialist" not in said[0], res.output
+    assert ("--out" in said[0]) if command == "apply" else ("--run-dir" in said[0] and str(tmp_path) in said[0])
+
+
+def test_a_long_task_label_gives_bounded_plot_names():
+    from corp.bench.outputs import _file
+
+    a, b = _file("x" * 300 + "-a"), _file("x" * 300 + "-b")
+    assert len(a) <= 64 and len(b) <= 64 and a != b
+    assert _file("arith:digits=3") == "arith-digits-3"  # short labels keep their plots' names
+
+
+def test_a_reward_is_its_resolved_file_and_function(tmp_path, monkeypatch):
+    """`rw.py:f` and `/abs/rw.py:f` (and `rw:f` from the same directory) are one reward on resume."""
+    from corp.evaluate.rewards import reward_identity
+
+    (tmp_path / "rw.py").write_text("def f(completions, **kw):\n    return [0.0] * len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    same = {reward_identity(s) for s in ("rw.py:f", "./rw.py:f", f"{tmp_path}/rw.py:f", "rw:f")}
+    assert same == {f"{(tmp_path / 'rw.py').resolve()}:f"}, same
+    assert reward_identity("rw.py:g") != reward_identity("rw.py:f") and reward_identity(None) == "correct"
+
+
+def test_a_run_resumes_with_the_same_reward_named_another_way(tiny_dir, tmp_path, monkeypatch):
+    """A population scored with `--reward rw.py:f` resumes under `--reward /abs/rw.py:f` (the same
+    file and function) without being refused or rescored (issue 41: "was made with reward = rw.py:f")."""
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    (tmp_path / "rw.py").write_text("def f(completions, **kw):\n    return [len(c) / 10 for c in completions]\n")
+    monkeypatch.chdir(tmp_path)
+    args = ["score", "--model", str(tiny_dir), "--task", "arith", "--population", "2", "--sigmas", "0.05"]
+    args += ["--n-support", "2", "--n-probe", "0", "--n-validation", "0", "--n-test", "0", "--max-new-tokens", "2"]
+    args += ["--run-dir", str(tmp_path / "run")]
+    first = CliRunner().invoke(app, [*args, "--reward", "rw.py:f"])
+    assert first.exit_code == 0, first.output
+    rows = (tmp_path / "run" / "population.jsonl").read_text()
+    again = CliRunner().invoke(app, [*args, "--reward", f"{tmp_path}/rw.py:f"])
+    assert again.exit_code == 0, again.output
+    assert (tmp_path / "run" / "population.jsonl").read_text() == rows, "nothing rescored"

@@ -472,3 +472,21 @@ def test_exact_lora_of_a_tied_model_and_merged_terms(tmp_path):
         got = lora(input_ids=ids).logits
     assert (want - base_logits).abs().max() > 1e-3
     assert torch.allclose(got, want, atol=5e-5, rtol=0), float((got - want).abs().max())
+
+
+def test_a_lora_rank_above_the_exact_rank_names_the_directory_and_its_real_rank(tiny_dir, tmp_path):
+    """--lora-rank 1000 on an update of rank K*R < 1000: the adapter written has rank K*R; the warning
+    names its directory and that rank, and the report records it (issue 41: it said rank 1000)."""
+    from corp.consolidate.run import low_rank_line, run_consolidate
+
+    model_dir, _ = tiny_dir
+    run = tmp_path / "run"
+    with pytest.warns(UserWarning, match="--lora-rank 1000") as caught:
+        report = run_consolidate(_cfg(model_dir, run, noise="lowrank:r=2", export_lora=True, lora_rank=1000))
+    ex = report["corp"]["low_rank"]["exact_lora"]
+    comp, where = ex["compressed"], run / "lora-rank-1000"
+    real = max(json.loads((where / "adapter_config.json").read_text())["rank_pattern"].values())
+    assert real == ex["max_rank"] < 1000 and comp["rank"] == real and comp["requested_rank"] == 1000
+    said = [str(w.message) for w in caught if "--lora-rank 1000" in str(w.message)]
+    assert len(said) == 1 and str(where) in said[0] and f"rank {real}" in said[0], said
+    assert f"rank-{real} SVD adapter" in low_rank_line(report["corp"]["low_rank"])

@@ -3,6 +3,7 @@ and the one-line refusals."""
 
 from __future__ import annotations
 
+import re
 import threading
 
 import numpy as np
@@ -45,15 +46,22 @@ def test_flags_name_schemes_and_bad_ranks_are_one_line():
         ("lowrank:r=0", ">= 1"),
         ("lowrank:r=-2", ">= 1"),
         ("lowrank:r=x", "not an integer"),
+        # one rank, one spelling (issue 41: int() took these, so a scheme string named a rank several ways)
+        ("lowrank:r=1_0", "r=1_0' is not an integer written plainly"),
+        ("lowrank:r=+4", "r=+4' is not an integer written plainly"),
+        ("lowrank:r= 4", "r= 4' is not an integer written plainly"),
+        ("corp-lowrank-v1:r=02", "r=02' is not an integer written plainly"),
         ("lowrank", "names no rank"),
         ("gaussian", "unknown --noise"),
         ("corp-lowrank-v9:r=4", "cannot generate"),
     ]:
-        with pytest.raises(CorpError, match=frag) as e:
+        with pytest.raises(CorpError, match=re.escape(frag)) as e:
             scheme_from_flag(bad)
         assert "\n" not in str(e.value)
     with pytest.raises(CorpError, match="recipe 'x'.*r=0"):
         check_scheme("corp-lowrank-v1:r=0", "recipe 'x'")
+    with pytest.raises(CorpError, match="recipe 'x'.*r=04"):
+        check_scheme("corp-lowrank-v1:r=04", "recipe 'x'")
 
 
 def test_noise_is_rank_r_unit_variance_and_1d_tensors_get_none():

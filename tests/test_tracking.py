@@ -105,3 +105,11 @@ def test_a_backend_that_is_not_there_is_one_line(value, expect, tmp_path, monkey
         lines = [line for line in res.output.strip().splitlines() if line.strip()]
         assert len(lines) == 1 and expect in lines[0], res.output
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_method_that_logs_no_steps_says_report_to_wrote_nothing(tiny_dir, tmp_path):
+    """randopt has no per-step metrics: --report-to tensorboard used to end with nothing written and
+    nothing said (issue 41; `corp score` refuses it up front)."""
+    with pytest.warns(UserWarning, match="--report-to tensorboard: corp randopt logged no per-step metrics"):
+        run("randopt", tiny_dir, tmp_path / "run", report_to="tensorboard")
+    assert not (tmp_path / "run" / "tensorboard").exists()

@@ -123,6 +123,12 @@ class BenchConfig:
             self.task_labels[spec] = label
         self.tasks = tasks
         self.seeds = parse_list(self.seeds, int, "seeds")
+        for what, seeds in [("seeds", self.seeds)] + [
+            (f"task {self.task_labels[t]}'s seeds", v) for t, v in own_seeds.items()
+        ]:
+            twice = sorted({x for x in seeds if seeds.count(x) > 1})
+            if twice:  # a repeated seed is the same run twice: it would count as two seeds in every interval
+                raise CorpError(f"bench config: {what} {seeds} repeat {twice[0]}; give each seed once")
         for spec, seeds in own_seeds.items():
             if not seeds or set(seeds) - set(self.seeds):
                 raise CorpError(

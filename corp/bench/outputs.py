@@ -19,7 +19,7 @@ from pathlib import Path
 
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig
 from corp.ledger import FLOPS_FORMULA, LORA_CONVENTION
-from corp.runs import atomic_write_text, read_json, write_json
+from corp.runs import atomic_write_text, bounded_name, naming, read_json, write_json
 from corp.stats import compare_paired_seeds, examples_text, sign_text
 
 CSV_COLUMNS = [
@@ -798,7 +798,8 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
             ax.legend(fontsize=7, loc="best")
             fig.tight_layout()
             name = f"accuracy_vs_flops__{_file(cfg.label(task))}__{setting}.png"
-            fig.savefig(out / name, dpi=110)
+            with naming(out / name):  # a full disk names the plot
+                fig.savefig(out / name, dpi=110)
             plt.close(fig)
             made.append(name)
 
@@ -839,14 +840,17 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
             ax.legend(fontsize=7, loc="best")
             fig.tight_layout()
             name = f"accuracy_vs_passes__{_file(cfg.label(task))}__{setting}.png"
-            fig.savefig(out / name, dpi=110)
+            with naming(out / name):  # a full disk names the plot
+                fig.savefig(out / name, dpi=110)
             plt.close(fig)
             made.append(name)
     return made
 
 
 def _file(text: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text)
+    """A file-name part from a task label, shortened as cell names are (a 300-character label
+    would make a name longer than a file system takes)."""
+    return bounded_name("".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text))
 
 
 TUNING_COLUMNS = [

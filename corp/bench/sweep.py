@@ -270,14 +270,26 @@ def check_results_dir(cfg: BenchConfig) -> Path:
         probe = out / ".corp-bench-write-test"
         probe.write_text("ok")
         probe.unlink()
-        for rec in (out / "cells").glob("*.json"):
-            json.loads(rec.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        for rec in sorted((out / "cells").glob("*.json")):
+            _check_record(rec)
+    except OSError as exc:
         raise CorpError(
             f"results directory '{out}' cannot be read or written ({type(exc).__name__}: "
             f"{exc}); fix its permissions or choose another results_dir"
         ) from None
     return out
+
+
+def _check_record(rec: Path) -> None:
+    """A cell record that does not parse (cut short by a full disk or a kill mid-copy) is damaged,
+    not a permissions problem: one line naming it and what to do."""
+    try:
+        json.loads(rec.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorpError(
+            f"bench record '{rec}' is damaged ({exc}); move it aside (e.g. to '{rec.name}.damaged') and rerun: "
+            "its cell runs again"
+        ) from None
 
 
 def possible_rows(cell: Cell) -> list[str]:

@@ -418,20 +418,24 @@ def exact_lora(direction: Direction, params: Sequence[tuple[str, Sequence[int]]]
 
 def compress(direction: LowRankDirection, rank: int) -> tuple[LowRankDirection, dict]:
     """The best rank-min(rank, r_i) approximation of each factored matrix (unit scale, the
-    direction's scale folded in) and {"rank", "relative_frobenius_error" (over all matrices),
-    "per_matrix" {name: error}}: ||D - D_r||_F / ||D||_F from the singular values of the core."""
+    direction's scale folded in) and {"rank" (the largest rank written), "relative_frobenius_error"
+    (over all matrices), "per_matrix" {name: error}, and "requested_rank" when `rank` is above every r_i}: ||D - D_r||_F / ||D||_F from the singular values of the core."""
     if rank < 1:
         raise CorpError(f"--lora-rank must be >= 1, got {rank}")
-    out, per, tail_all, total_all = {}, {}, 0.0, 0.0
+    out, per, tail_all, total_all, used = {}, {}, 0.0, 0.0, 0
     for name, (B, A) in direction.factors.items():
         Qb, Rb = torch.linalg.qr(B.double() * direction.scale)  # m x k, k x k
         Qa, Ra = torch.linalg.qr(A.double().t())  # n x k, k x k
         U, S, Vh = torch.linalg.svd(Rb @ Ra.t())
         r = min(rank, int(S.numel()))
+        used = max(used, r)
         out[name] = ((Qb @ U[:, :r] * S[:r]).float(), (Vh[:r] @ Qa.t()).float())
         total, tail = float((S**2).sum()), float((S[r:] ** 2).sum())
         per[name] = math.sqrt(tail / total) if total > 0 else 0.0
         tail_all, total_all = tail_all + tail, total_all + total
     err = math.sqrt(tail_all / total_all) if total_all > 0 else 0.0
-    report = {"rank": int(rank), "relative_frobenius_error": err, "per_matrix": per}
+    # the rank the adapter has: a `rank` above every matrix's own is not what was written
+    report = {"rank": used, "relative_frobenius_error": err, "per_matrix": per}
+    if used < rank:
+        report["requested_rank"] = int(rank)
     return LowRankDirection(out, 1.0, direction.components), report

@@ -262,8 +262,9 @@ def apply_recipe(
     """Rebuild the recipe's model from its base (or `model`, which must have the same weights) into `out`.
 
     `out` must not be a file, the current directory or a parent of it, a model cache, the base
-    model's own directory, or inside a run directory; a non-empty directory that corp did not
-    write is replaced only with `overwrite`. All of it, and every number of the recipe, is checked
+    model's own directory, or inside a run directory, nor hold a run directory or a file corp did
+    not write (`check_output_dir`); a directory without the corp marker that holds only corp models
+    is replaced only with `overwrite`. All of it, and every number of the recipe, is checked
     before the model loads. The rebuilt weights must be finite and hash to the recipe's
     `model_weights_hash` (else refused unless `allow_mismatch`; module docstring)."""
     from corp.models import check_output_dir, load_model, model_caches, save_model
@@ -328,5 +329,5 @@ def apply_recipe(
     target = save_model(base, tokenizer, out, overwrite=overwrite, protect=protect, source=source)
     from corp.cards import apply_model_card
 
-    apply_model_card(target, Path(path), recipe, name)
+    apply_model_card(target, Path(path), recipe, name, mismatch=source.get("mismatch"))
     return target

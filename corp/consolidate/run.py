@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Sequence
 
 from corp.consolidate.algebra import elite_set
@@ -67,6 +68,8 @@ def low_rank_line(lr: dict) -> str:
         if c:
             err = c["relative_frobenius_error"]
             line += f"; rank-{c['rank']} SVD adapter {c['lora_dir']} (relative Frobenius error {err:.3e})"
+            if c.get("requested_rank"):
+                line += f" (--lora-rank {c['requested_rank']} asked for more than its real rank {c['rank']})"
         return line
     if lr["mode"] == "off":
         return "low-rank: off (full-rank update)"
@@ -185,6 +188,11 @@ def _export_exact_lora(cfg: ConsolidateConfig, ctx: RunContext, direction: Direc
         where = ctx.run_dir / f"lora-rank-{cfg.lora_rank}"
         written = export_lora(small, ctx.backend.model, where, base)
         out["compressed"] = {"lora_dir": str(written), "lora_parameters": small.lora_parameters(), **err}
+        if "requested_rank" in err:
+            warnings.warn(
+                f"--lora-rank {cfg.lora_rank} is above the exact adapter's rank: '{written}' holds the update at its "
+                f"real rank {err['rank']}, uncompressed (relative Frobenius error {err['relative_frobenius_error']:.1e})"
+            )
     return out
 
 

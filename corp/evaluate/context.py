@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 from corp import CorpError
 from corp.config import PopulationConfig, RunConfig, config_to_dict
 from corp.evaluate.backends import Backend, make_backend
-from corp.evaluate.rewards import compute_rewards, resolve_reward
+from corp.evaluate.rewards import compute_rewards, resolve_reward, reward_identity
 from corp.evaluate.tasks import SPLITS, Example, SplitSizes, Task, get_task, make_splits
 from corp.ledger import Ledger
 from corp.models import check_model_reachable
@@ -64,6 +64,7 @@ from corp.runs import (
     read_json,
     read_jsonl,
     unique_rows,
+    write_failure,
     write_json,
     write_status,
     write_yaml,
@@ -184,7 +185,7 @@ class RunContext:
             "weights_hash": self.weights_hash,
             "backend": self.backend.name,
             "task": self.task.signature(),
-            "reward": self.cfg.reward or "correct",
+            "reward": reward_identity(self.cfg.reward),
             "max_new_tokens": self.max_new_tokens,
             # another scheme's seeds are other weights; the full-rank default stays out of the key so
             # that rows cached before schemes were selectable keep their keys
@@ -506,7 +507,7 @@ def population_definition(cfg: RunConfig, task, splits, max_new_tokens: int, kin
         "kind": kind,  # population (RandOpt/CoRP: noise around the base) | es (noise around a moving centre)
         "model_name": cfg.model,
         "task": task.signature(),
-        "reward": cfg.reward or "correct",
+        "reward": reward_identity(cfg.reward),
         "split": "support",
         "example_ids": [e.id for e in splits["support"]],
         "max_new_tokens": max_new_tokens,
@@ -639,19 +640,34 @@ def open_run(
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    exported = False
     try:
         yield ctx
+        # a full disk while writing the card or the event files fails the run like any other write
+        # (what was computed stays; a rerun with --run-dir writes them without recomputing)
+        _card(ctx)
+        exported = True
+        _report_to(ctx, fail_on_write=True)
     except BaseException as exc:
         finish_run_dir(ctx.run_dir, ctx.created, exc)
+        if not exported:
+            _report_to(ctx)  # a failed run's logged steps too; the run's own error is the one reported
         raise
     else:
-        _card(ctx)
         finish_run_dir(ctx.run_dir, ctx.created, None)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-        _report_to(ctx)
         ctx.close()
+
+
+def _write_failed(what: str, where, exc: BaseException, ctx: RunContext) -> CorpError:
+    """One line for a write the machine refused (a full disk or quota, a read-only place), naming the path."""
+    path = getattr(exc, "filename", None) or where
+    return CorpError(
+        f"could not write {what} '{path}' ({write_failure(exc)}); free some space, then rerun with "
+        f"--run-dir {ctx.run_dir} (nothing computed is lost)"
+    )
 
 
 def _card(ctx: RunContext) -> None:
@@ -667,18 +683,27 @@ def _card(ctx: RunContext) -> None:
             ctx._weights_hash,
             ctx.splits,
         )
-    except Exception as exc:  # noqa: BLE001 -- model and report are written; a failing card must not fail the run
+    except Exception as exc:  # noqa: BLE001 -- model and report are written; only a full disk fails the run
+        if write_failure(exc) is not None:
+            raise _write_failed("the model card", ctx.run_dir / "model", exc, ctx) from None
         warnings.warn(f"model card for '{ctx.run_dir / 'model'}' not written: {type(exc).__name__}: {exc}")
 
 
-def _report_to(ctx: RunContext) -> None:
+def _report_to(ctx: RunContext, fail_on_write: bool = False) -> None:
     """--report-to: the run's logged steps to TensorBoard / W&B, whether it completed or not."""
-    from corp.tracking import export_run_metrics
+    from corp.tracking import export_run_metrics, parse_report_to
 
     try:
         config = {"method": ctx.method, **config_to_dict(ctx.cfg)}
-        export_run_metrics(ctx.run_dir, getattr(ctx.cfg, "report_to", "none"), config)
+        read = export_run_metrics(ctx.run_dir, getattr(ctx.cfg, "report_to", "none"), config)
+        if fail_on_write and not read and parse_report_to(getattr(ctx.cfg, "report_to", "none")):
+            warnings.warn(
+                f"--report-to {ctx.cfg.report_to}: corp {ctx.method} logged no per-step metrics, so nothing was "
+                "written (es, grpo, ftis, fgrpo and fera log them)"
+            )
     except Exception as exc:  # noqa: BLE001 -- the JSONL record is written; a failing tracker must not hide the outcome
+        if fail_on_write and write_failure(exc) is not None:
+            raise _write_failed(f"--report-to {ctx.cfg.report_to}'s files", ctx.run_dir, exc, ctx) from None
         warnings.warn(f"--report-to {ctx.cfg.report_to}: metrics not exported: {type(exc).__name__}: {exc}")
 
 

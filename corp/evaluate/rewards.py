@@ -125,6 +125,25 @@ def resolve_reward(spec: str | None) -> RewardFunction | None:
     return RewardFunction(fn, spec)
 
 
+def reward_identity(spec) -> str:
+    """What a reward is, in cache keys and a resumed run's checks: 'correct', or its module's resolved
+    file and the function's name, so `rw.py:f`, `./rw.py:f`, `/abs/rw.py:f` and `rw:f` run from the
+    same place are one reward (the spec as given, when its module cannot be found)."""
+    if spec in (None, "", "correct"):
+        return "correct"
+    if not isinstance(spec, str):
+        return spec  # a function passed by a library caller: as before
+    module_name, _, attr = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
+    if module_name.endswith(".py") or os.sep in module_name or "/" in module_name:
+        return f"{Path(module_name).expanduser().resolve()}:{attr}"
+    try:
+        found = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError):
+        found = None
+    origin = getattr(found, "origin", None)
+    return f"{Path(origin).resolve()}:{attr}" if origin and os.path.isfile(origin) else spec
+
+
 def _columns(examples: Sequence[Example]) -> dict[str, list]:
     cols: dict[str, list] = {"prompt": [e.prompt for e in examples], "answer": [e.answer for e in examples]}
     keys = set().union(*(e.columns.keys() for e in examples)) if examples else set()

@@ -37,14 +37,20 @@ def lowrank_scheme(rank: int) -> str:
     return f"{LOWRANK_VERSION}:r={int(rank)}"
 
 
+_CANONICAL_RANK = re.compile(r"[1-9][0-9]*")  # ASCII digits, no sign, leading zero, underscore or space
+
+
 def _rank(text: str, source: str) -> int:
-    try:
-        rank = int(text)
-    except (TypeError, ValueError):
-        raise CorpError(f"{source}: low-rank noise rank 'r={text}' is not an integer; use e.g. lowrank:r=4") from None
-    if rank <= 0:
-        raise CorpError(f"{source}: low-rank noise rank must be >= 1, got r={rank}")
-    return rank
+    """A rank written canonically: `int()` would also take `1_0`, `02`, `+4` and ` 4`, and the
+    scheme string (a cache key, the recipe's) would then name one rank several ways."""
+    if _CANONICAL_RANK.fullmatch(text):
+        return int(text)
+    if re.fullmatch(r"-?[0-9]+", text) and int(text) <= 0:
+        raise CorpError(f"{source}: low-rank noise rank must be >= 1, got r={text}")
+    raise CorpError(
+        f"{source}: low-rank noise rank 'r={text}' is not an integer written plainly (decimal digits, no sign, "
+        "leading zero or underscore); use e.g. lowrank:r=4"
+    )
 
 
 def lowrank_rank(scheme: str | None, source: str = "noise scheme") -> int | None:
