@@ -6,9 +6,11 @@ executor scores them (`score_one`: set the direction, generate on M prompts), wi
 off (`CORP_PREFETCH=0`: built inside set_direction, while nothing generates). The two modes
 alternate in blocks (on, off, off, on, ...), so drift in the machine's load hits both alike.
 Reported: median seconds per specialist of each, their ratio, the median apply time of each (what
-set_direction costs the caller), and the noise draw rate (parameters per second while nothing else
-runs), from which the share of a 1.5B specialist it would hide on a 16-core GPU host is estimated
-on paper (stated as an estimate, with its assumptions).
+set_direction costs the caller), and the noise draw rate (parameters per second of a warm apply
+without prefetch), from which the draw of a 1.5B specialist on a 16-core GPU host is estimated on
+paper (stated as an estimate, with its assumptions). On a CPU the background draw competes with
+generation for the same cores, which is why the hf backend prefetches only when its model is on a
+GPU (CORP_PREFETCH=1 forces it on, 0 off; this script sets it per mode).
 
     python benchmarks/prefetch_noise.py --out results/prefetch-noise
     python benchmarks/prefetch_noise.py --tiny          # a tiny random model: checks the script only
@@ -94,7 +96,8 @@ def main() -> None:
             applies[on].append(applied)
     med = {on: statistics.median(walls[on]) for on in walls}
     med_apply = {on: statistics.median(applies[on]) for on in applies}
-    rate = n_sel / draw_s
+    # the draw rate: a warm apply without prefetch (draw + add + copy, nothing else running)
+    rate = n_sel / med_apply[False]
     # On paper: a 1.5B specialist's draw at this machine's per-core rate on 16 cores (one tensor per
     # core: corp draws tensors on parallel workers), against its generation on an H200.
     threads = torch.get_num_threads()

@@ -135,3 +135,19 @@ def test_every_method_gives_the_same_rows_on_an_engine_with_weights_of_its_own(n
         assert sum(s.engine_calls["move_base"] for s in split) > 0, "ES's centre never moved the engine's base"
     if name in ("grpo", "fgrpo"):
         assert sum(s.engine_calls["set_base"] for s in split) > 0, "training never pushed weights to the engine"
+
+
+def test_a_population_scored_with_prefetched_noise_has_the_rows_of_one_without(tiny_dir, tmp_path, monkeypatch):
+    """On a GPU the hf engine draws the next specialist's noise while the current one generates
+    (on by default there, off on a CPU); forced on here, the rows are the same as without it."""
+    from corp.perturb.direction import Perturber
+
+    used = []
+    real = Perturber._take_prefetched
+    monkeypatch.setattr(Perturber, "_take_prefetched", lambda self, d: used.append(r := real(self, d)) or r)
+    monkeypatch.setenv("CORP_PREFETCH", "1")
+    on = _run("score", tiny_dir, tmp_path / "on")
+    assert any(u is not None for u in used), "no specialist came from a prefetch: this test would prove nothing"
+    monkeypatch.setenv("CORP_PREFETCH", "0")
+    off = _run("score", tiny_dir, tmp_path / "off")
+    assert _outcome(on, tmp_path / "on") == _outcome(off, tmp_path / "off")

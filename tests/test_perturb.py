@@ -302,3 +302,40 @@ def test_recipe_of_an_older_scheme_loads_and_an_unknown_one_is_refused(tmp_path)
     (tmp_path / "bad.json").write_text(json.dumps({**recipe, "noise_scheme": "corp-noise-v9"}))
     with pytest.raises(CorpError, match=r"bad\.json.*corp-noise-v9"):
         load_recipe(tmp_path / "bad.json")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prefetched_specialist_has_the_bits_of_one_applied_from_scratch(tiny_model, dtype):
+    """Perturber.prefetch builds the next specialist while the current one generates; apply then
+    only copies. The weights must be those apply computes itself, and a prefetch of another
+    direction (or one made before the base moved) must never be used."""
+    model = tiny_model.to(dtype)
+    fresh = Perturber(model)
+    a, b, c = (Direction.single(s, 0.05) for s in (11, 12, 13))
+
+    def weights():
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    fresh.apply(b)
+    expected_b = weights()
+    fresh.apply(c)
+    expected_c = weights()
+    fresh.restore()
+
+    pert = Perturber(model)
+    pert.apply(a)
+    pert.prefetch(b)
+    pert.apply(b)
+    assert pert._prefetched is None, "the prefetched weights were not the ones used"
+    got = weights()
+    for n in expected_b:
+        assert torch.equal(got[n], expected_b[n]), n
+    pert.prefetch(b)  # prefetched b, but c is applied: c's own bits, not b's
+    pert.apply(c)
+    got = weights()
+    for n in expected_c:
+        assert torch.equal(got[n], expected_c[n]), n
+    pert.prefetch(b)
+    pert.move_base([Component(3, 0.05, 1.0)])  # the base moved: a prefetch built on the old one is dropped
+    assert pert._prefetched is None
+    pert.restore()
