@@ -1906,3 +1906,22 @@ def test_noise_summary_pivots_schemes_and_shows_a_loss_only_where_the_interval_i
     # the plot draws low-rank − full-rank only: a comparison against the base is no noise-scheme comparison
     assert summ.plot(tmp_path, tmp_path / "d.png") == 1
     assert (tmp_path / "d.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("name", ["bench-cpu-2", "bench-noise"])
+def test_report_only_regenerates_the_committed_bench_byte_for_byte(name, tmp_path):
+    """The committed cells still carry the keys this corp plans (a new option or a changed default in
+    a cell's options renames every record, and the bench would then find none and rerun them all),
+    and the tables regenerate exactly. Seen: `--device auto` as the new default renamed all 126."""
+    import shutil
+
+    from corp.bench.sweep import load_bench_config, run_bench
+
+    repo = Path(__file__).resolve().parents[1]
+    committed = repo / "results" / name
+    shutil.copytree(committed, tmp_path / name)
+    cfg = load_bench_config(str(repo / "configs" / f"{name}.yaml"), {"results_dir": str(tmp_path)})
+    summary = run_bench(cfg, f"corp bench --config configs/{name}.yaml", True, False)
+    assert summary["not_run"] == 0, f"{summary['not_run']} committed cells were not found under this corp's keys"
+    for f in ("results.csv", "table.md"):
+        assert (tmp_path / name / f).read_bytes() == (committed / f).read_bytes(), f

@@ -95,6 +95,10 @@ class BenchConfig:
     """Where the cells' run directories go (models and caches; not for committing)."""
 
     def validate(self) -> BenchConfig:
+        from corp.models import resolve_device
+
+        # `auto` is keyed as the device it means (cpu here): cells keep their keys, and a GPU run's differ
+        self.device = resolve_device(self.device)
         entries = self.tasks if isinstance(self.tasks, list) else parse_list(self.tasks, str, "tasks")
         self.task_labels = {}
         own_seeds: dict[str, list[int]] = {}
