@@ -63,13 +63,15 @@ elif fault == "ctrl-c":
 TINY = {
     "score": ["--population", "2", "--sigmas", "0.05"],
     "randopt": ["--population", "2", "--sigmas", "0.05", "--top-k", "1"],
-    "consolidate": ["--population", "2", "--sigmas", "0.05", "--top-k", "1", "--alphas", "1"],
+    "consolidate": ["--population", "2", "--sigmas", "0.05", "--top-k", "1", "--alphas", "1", "--n-probe", "2"]
+    + ["--n-validation", "2"],  # it needs a probe and a validation split
     "es": ["--iterations", "1", "--population", "2", "--sigma", "0.05"],
     "grpo": ["--steps", "1", "--prompts-per-step", "1", "--num-generations", "2", "--checkpoint-every", "1"]
     + ["--skip-test-eval"],
     "eval": [],
     "self-consistency": ["--k", "1,2"],
-    "fedcorp": ["--population", "2", "--sigmas", "0.05", "--clients", "2", "--split-by", "iid", "--alphas", "1"],
+    "fedcorp": ["--population", "2", "--sigmas", "0.05", "--clients", "2", "--split-by", "iid", "--alphas", "1"]
+    + ["--n-probe", "2", "--n-validation", "2"],
     "fgrpo": ["--rounds", "1", "--clients", "2", "--split-by", "iid", "--steps", "1", "--prompts-per-step", "1"]
     + ["--num-generations", "2", "--skip-test-eval"],
     "analyze-rank": ["--population", "4", "--sigmas", "0.05", "--splits", "1", "--permutations", "19"]
@@ -687,27 +689,23 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
         f"results_dir: {root / 'bench-results'}\nwork_dir: {root / 'bench-work'}\nmethods: {{randopt: {{}}}}\n"
     )
     good_bench = bench_yaml("good", ok_bench)
-    for name, body, frags in (
-        ("budgets: [-1]", ok_bench.replace("budgets: [1e9]", "budgets: [-1]"), ("budgets",)),
-        ("budgets: [.inf]", ok_bench.replace("budgets: [1e9]", "budgets: [.inf]"), ("budgets",)),
-        ("tasks: []", ok_bench.replace("tasks: [arith]", "tasks: []"), ("tasks",)),
-        ("methods: {}", ok_bench.replace("methods: {randopt: {}}", "methods: {}"), ("methods",)),
-        ("a method spec with a typo", ok_bench.replace("{randopt: {}}", "{randopt: {optons: {}}}"), ("randopt",)),
-        ("settings: [weird]", ok_bench + "settings: [weird]\n", ("weird",)),
-        ("hyperparameters: tuned", ok_bench + "hyperparameters: tuned\n", ("tuned",)),
-        ("name: ../escape", ok_bench.replace("name: probe-bench", "name: ../escape"), ("../escape",)),
-        ("population: 0", ok_bench + "population: 0\n", ("population",)),
-        ("an unknown key", ok_bench + "budget: 3\n", ("budget",)),
-        ("a YAML list", "- a\n- b\n", ()),
-        ("compare with one seed", ok_bench + "compare: [[randopt, es]]\n", ("seed",)),
-    ):
-        p.case(
-            "bench",
-            f"--config with {name}",
-            ["bench", "--config", bench_yaml(name.split(":")[0].replace(" ", "-").replace("/", "-"), body)],
-            "error",
-            *frags,
+    for i, (name, body, frags) in enumerate(
+        (
+            ("budgets: [-1]", ok_bench.replace("budgets: [1e9]", "budgets: [-1]"), ("budgets",)),
+            ("budgets: [.inf]", ok_bench.replace("budgets: [1e9]", "budgets: [.inf]"), ("budgets",)),
+            ("tasks: []", ok_bench.replace("tasks: [arith]", "tasks: []"), ("tasks",)),
+            ("methods: {}", ok_bench.replace("methods: {randopt: {}}", "methods: {}"), ("methods",)),
+            ("a method spec with a typo", ok_bench.replace("{randopt: {}}", "{randopt: {optons: {}}}"), ("randopt",)),
+            ("settings: [weird]", ok_bench + "settings: [weird]\n", ("weird",)),
+            ("hyperparameters: tuned", ok_bench + "hyperparameters: tuned\n", ("tuned",)),
+            ("name: ../escape", ok_bench.replace("name: probe-bench", "name: ../escape"), ("../escape",)),
+            ("population: 0", ok_bench + "population: 0\n", ("population",)),
+            ("an unknown key", ok_bench + "budget: 3\n", ("budget",)),
+            ("a YAML list", "- a\n- b\n", ()),
+            ("compare with one seed", ok_bench + "compare: [[randopt, es]]\n", ("seed",)),
         )
+    ):
+        p.case("bench", f"--config with {name}", ["bench", "--config", bench_yaml(f"b{i}", body)], "error", *frags)
     for name, argv, frags in (
         ("no --config", ["bench"], ("--config",)),
         ("--config missing.yaml", ["bench", "--config", missing_yaml], (str(missing_yaml),)),
@@ -862,7 +860,7 @@ def subprocess_cases(p: Probe, recipe: Path) -> None:
 
     # 9. kill -9 in the middle of a run, then the same command resumes and finishes
     run = root / "killed-es"
-    argv = es_args(p, run, "--iterations", "3")
+    argv = es_args(p, run, "--iterations", "40")
     env = {**os.environ, **ENV, "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "corp.cli", *map(str, argv)],
@@ -872,9 +870,8 @@ def subprocess_cases(p: Probe, recipe: Path) -> None:
         stderr=subprocess.DEVNULL,
     )
     deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None and not (run / "splits.json").exists():
-        time.sleep(0.2)
-    time.sleep(1.0)
+    while time.monotonic() < deadline and proc.poll() is None and not (run / "metrics.jsonl").exists():
+        time.sleep(0.05)  # the first iteration is logged: kill it in the middle of the others
     killed = proc.poll() is None
     if killed:
         proc.kill()

@@ -64,6 +64,11 @@ _NOT_POPULATION = {
     "race_ties",
     "race_keep",
     "report_to",
+    # where vLLM runs (GPUs per engine, its share of each): placement, not what the rows are; a row
+    # made without graph compilation says so in its own key (corp.evaluate.context.shared_salt)
+    "tensor_parallel_size",
+    "gpu_memory_utilization",
+    "enforce_eager",
 }
 POPULATION_OPTIONS = frozenset(f.name for f in dataclasses.fields(PopulationConfig)) - _NOT_POPULATION
 
