@@ -36,7 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {"CORP_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-CASE_LIMIT_S = 300  # an in-process case still running after this is a hang
+CASE_LIMIT_S = 180  # an in-process case still running after this is a hang
 
 SITECUSTOMIZE = """
 import os
@@ -100,15 +100,17 @@ def tiny_model(path: Path) -> None:
 
 
 class Probe:
-    def __init__(self, root: Path, only: str | None = None):
-        self.root, self.only = root, only
+    def __init__(self, root: Path, only: str | None = None, listing: bool = False):
+        self.root, self.only, self.listing = root, only, listing
         self.results: list[tuple[str, str, bool, str]] = []  # (command, case, passed, detail)
+        self.listed: list[tuple[str, str]] = []
         self.n = 0
         self._cli = None
         (root / "site").mkdir()
         (root / "site" / "sitecustomize.py").write_text(SITECUSTOMIZE)
         self.model = root / "tiny"
-        tiny_model(self.model)
+        if not listing:
+            tiny_model(self.model)
 
     # ------------------------------------------------------------ running corp
 
@@ -206,7 +208,11 @@ class Probe:
     ) -> Res | None:
         """Run `corp ARGV` in this process and check it. expect: error (one line naming every fragment),
         ok (exit 0), clean (exit 0 or one error line; never a traceback)."""
-        if self.only and self.only not in f"{command} {name}":
+        if self.only and not any(part in f"{command} {name}" for part in self.only.split("|")):
+            return None
+        if self.listing:
+            self.listed.append((command, name))
+            print(f"[{command}] {name}")
             return None
         res = self.inproc(*argv)
         shown = "$ corp " + " ".join(map(str, argv))
@@ -231,15 +237,27 @@ def es_args(p: Probe, run: Path, *extra) -> list:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--keep", help="work in this directory and keep it (default: a temporary one, removed)")
-    ap.add_argument("--only", help="run only the in-process cases whose '[command] name' contains this")
+    ap.add_argument(
+        "--only", help="run only the in-process cases whose 'command name' contains one of these, '|'-separated"
+    )
     ap.add_argument("--no-subprocess", action="store_true", help="skip the cases that start processes")
+    ap.add_argument("--list", action="store_true", help="list the in-process cases and run nothing")
     args = ap.parse_args()
     os.environ.update(ENV)
     started = time.monotonic()
+    print(f"machine: {os.cpu_count()} CPU cores, Python {sys.version.split()[0]}", flush=True)
     root = Path(args.keep or tempfile.mkdtemp(prefix="corp-probe-")).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    p = Probe(root, args.only)
+    p = Probe(root, args.only, listing=args.list)
     try:
+        if args.list:  # name the in-process cases; run nothing
+            (root / "es-run").mkdir()
+            (root / "es-run" / "recipe.json").write_text("{}")
+            in_process_cases(p, root / "es-run" / "recipe.json", root / "score-run")
+            print(
+                f"\n{len(p.listed)} in-process cases, per command: {dict(collections.Counter(c for c, _ in p.listed))}"
+            )
+            return 0
         recipe, score_run = setup(p)
         in_process_cases(p, recipe, score_run)
         if not args.no_subprocess and not args.only:
@@ -567,7 +585,7 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
         ("fgrpo", "--tau 0", ["--tau", "0"], ("--tau",)),
         ("fgrpo", "--ema 1", ["--ema", "1"], ("--ema",)),
         ("fgrpo", "--ema -0.1", ["--ema", "-0.1"], ("--ema",)),
-        ("fgrpo", "--executor dask", ["--executor", "dask"], ("--executor", "dask")),
+        ("fgrpo", "--executor ray --workers 0", ["--executor", "ray", "--workers", "0"], ("--workers",)),
         ("fgrpo", "--steps 0", ["--steps", "0"], ("--steps",)),
         ("ftis", "--n-nodes 1", ["--n-nodes", "1"], ("--n-nodes",)),
         ("ftis", "--nodes with one model", ["--nodes", p.model], ("--nodes",)),
@@ -623,7 +641,7 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
         ("analyze-rank", "--power-sims -1", ["--power-sims", "-1"], ("--power-sims",)),
         ("analyze-rank", "--power-rank 0", ["--power-rank", "0"], ("--power-rank",)),
         ("analyze-rank", "--memory-mb 0", ["--memory-mb", "0"], ("--memory-mb",)),
-        ("analyze-rank", "--executor dask", ["--executor", "dask"], ("--executor",)),
+        ("analyze-rank", "--splits abc", ["--splits", "abc"], ("--splits",)),
     ):
         p.case(m, name, p.tiny(m, *extra), "error", *frags)
 

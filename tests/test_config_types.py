@@ -155,3 +155,26 @@ def test_default_top_k_adapts_to_a_small_population_and_an_explicit_one_does_not
         CorpError, match=r"--top-k 16 is larger than --population 4.*lower --top-k or raise --population"
     ):
         load_config(cls, None, {"population": 4, "top_k": "1,16"})
+
+
+@pytest.mark.parametrize(
+    "method, option",
+    [
+        ("es", "sigma"),
+        ("es", "alpha"),
+        ("grpo", "temperature"),
+        ("grpo", "learning_rate"),
+        ("self-consistency", "temperature"),
+        ("fgrpo", "tau"),
+        ("fera", "sample_temperature"),
+    ],
+)
+def test_an_infinite_scale_is_one_line_naming_the_option(method, option):
+    """`--sigma inf` ran ES to the end with sigma saved as null and a recipe of nothing (found by
+    benchmarks/probe_reliability.py); every positive scale must also be finite."""
+    from corp import CorpError
+    from corp.methods import get_method
+
+    m = get_method(method)
+    with pytest.raises(CorpError, match="--" + option.replace("_", "-")):
+        load_config(m.config_class, None, {option: "inf"})

@@ -39,6 +39,7 @@ Where we depart from the paper, and why:
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -105,8 +106,8 @@ class ESConfig(RunConfig):
             raise CorpError(f"--population must be >= 2, got {self.population}")
         if self.antithetic and self.population % 2:
             raise CorpError(f"--population must be even with --antithetic, got {self.population}")
-        if not self.sigma > 0 or not self.alpha > 0:
-            raise CorpError(f"--sigma and --alpha must be > 0, got sigma={self.sigma}, alpha={self.alpha}")
+        if not 0 < self.sigma < math.inf or not 0 < self.alpha < math.inf:
+            raise CorpError(f"--sigma and --alpha must be > 0 and finite, got sigma={self.sigma}, alpha={self.alpha}")
         if self.prompts_per_iteration < 0:
             raise CorpError(
                 f"--prompts-per-iteration must be >= 0 (0: the whole support split), got {self.prompts_per_iteration}"

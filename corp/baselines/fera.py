@@ -75,8 +75,10 @@ class FERAConfig(RunConfig):
             raise CorpError(f"--uncertainty '{self.uncertainty}' is unknown; choose one of {', '.join(UNCERTAINTIES)}")
         if not (self.temperature_u > 0 and math.isfinite(self.temperature_u)):
             raise CorpError(f"--temperature-u must be > 0 and finite, got {self.temperature_u}")
-        if not self.sample_temperature > 0:
-            raise CorpError(f"--sample-temperature must be > 0 (clients sample), got {self.sample_temperature}")
+        if not 0 < self.sample_temperature < math.inf:
+            raise CorpError(
+                f"--sample-temperature must be > 0 and finite (clients sample), got {self.sample_temperature}"
+            )
         if self.uncertainty == "disagreement" and self.samples < 2:
             raise CorpError("--uncertainty disagreement needs --samples >= 2")
         return self

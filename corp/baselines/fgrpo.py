@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass
 from functools import partial
@@ -98,8 +99,8 @@ class FGRPOConfig(GRPOConfig):
             raise CorpError(f"--split-by '{self.split_by}' is unknown; choose one of {', '.join(SPLIT_RULES)}")
         if self.aggregation not in AGGREGATIONS:
             raise CorpError(f"--aggregation '{self.aggregation}' is unknown; choose one of {', '.join(AGGREGATIONS)}")
-        if not self.tau > 0:
-            raise CorpError(f"--tau must be > 0, got {self.tau}")
+        if not 0 < self.tau < math.inf:
+            raise CorpError(f"--tau must be > 0 and finite, got {self.tau}")
         if not 0.0 <= self.ema < 1.0:
             raise CorpError(f"--ema must be in [0, 1), got {self.ema}")
         if self.executor not in ("local", "ray"):

@@ -17,6 +17,7 @@ Where we depart from the paper, and why:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from corp import CorpError
@@ -35,8 +36,8 @@ class SelfConsistencyConfig(RunConfig):
         self.k = sorted(set(parse_list(self.k, int, "k")))
         if not self.k or min(self.k) < 1:
             raise CorpError(f"--k values must be >= 1, got {self.k}")
-        if not self.temperature > 0:
-            raise CorpError(f"--temperature must be > 0 for self-consistency, got {self.temperature}")
+        if not 0 < self.temperature < math.inf:
+            raise CorpError(f"--temperature must be > 0 and finite for self-consistency, got {self.temperature}")
         return self
 
 

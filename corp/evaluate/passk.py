@@ -8,6 +8,7 @@ A progress bar counts the completions (off with CORP_NO_PROGRESS=1).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,7 +43,7 @@ class EvalConfig(RunConfig):
             raise CorpError(
                 f"--n-samples {n} is smaller than the largest --pass-k {max(self.pass_k)}; pass@k needs k <= n"
             )
-        if self.pass_k and not self.temperature > 0:
+        if self.pass_k and not 0 < self.temperature < math.inf:
             raise CorpError(f"--temperature must be > 0 for pass@k sampling, got {self.temperature}")
         self.n_samples = n
         return self

@@ -110,10 +110,10 @@ class GRPOConfig(RunConfig):
         for name in ("steps", "prompts_per_step", "num_iterations", "grad_accum", "checkpoint_every"):
             if getattr(self, name) < 1:
                 raise CorpError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        if not self.temperature > 0:
-            raise CorpError(f"--temperature must be > 0 (GRPO samples), got {self.temperature}")
-        if not self.learning_rate > 0:
-            raise CorpError(f"--learning-rate must be > 0, got {self.learning_rate}")
+        if not 0 < self.temperature < math.inf:
+            raise CorpError(f"--temperature must be > 0 and finite (GRPO samples), got {self.temperature}")
+        if not 0 < self.learning_rate < math.inf:
+            raise CorpError(f"--learning-rate must be > 0 and finite, got {self.learning_rate}")
         if self.epsilon < 0 or (self.epsilon_high is not None and self.epsilon_high < 0):
             raise CorpError("--epsilon and --epsilon-high must be >= 0")
         if self.beta < 0:
