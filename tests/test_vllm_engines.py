@@ -23,6 +23,17 @@ from corp.methods import METHODS, REGISTRY  # noqa: E402
 from tests.test_engines import _outcome, _rows, _weights  # noqa: E402
 from tests.test_methods import COMMON, STRONGER  # noqa: E402
 
+
+@pytest.fixture(autouse=True)
+def _let_engines_go():
+    """Each method's engines are released when its backends are collected (corp.evaluate.backends.vllm):
+    collect after each test, so a long suite never holds more than one method's engines."""
+    yield
+    import gc
+
+    gc.collect()
+
+
 SAMPLED = {"grpo", "fgrpo", "ftis", "eval", "self-consistency", "fera"}
 
 

@@ -56,9 +56,17 @@ EXTENSION = "corp.evaluate.backends.vllm.CorpWorkerExtension"
 # In-process engines share vLLM's process-wide state (its parallel groups): tearing one down while
 # another still runs (fedcorp's local clients are dropped before the server's last evaluation) broke
 # the survivor ("pipeline model parallel group is not initialized"). Every engine of this process is
-# kept here until no backend over one is open (closed or collected), then all are let go together.
+# kept here until no backend over one is open (closed or garbage-collected), then all are let go
+# together. (Keeping them until a close() that never came held every engine of a long process:
+# the vLLM suite ran out of memory.)
 _ENGINES: list = []
-_OPEN: weakref.WeakSet = weakref.WeakSet()
+_OPEN = [0]  # backends over an engine that are neither closed nor collected
+
+
+def _released() -> None:
+    _OPEN[0] -= 1
+    if _OPEN[0] == 0:
+        _ENGINES.clear()
 
 
 def _checkpoint_tensors(model_path: str) -> dict[str, torch.Tensor]:
@@ -273,7 +281,8 @@ class VLLMBackend(HostCopy):
         self.current: Direction | None = None
         self.host_spec = host_spec or {"model": str(model_path)}
         _ENGINES.append(llm)
-        _OPEN.add(self)
+        _OPEN[0] += 1
+        self._release = weakref.finalize(self, _released)  # once: on close() or when collected
         self.last_apply_seconds = 0.0
         # LoRA engine (low-rank scheme): scheme, slots, the selected tensors' hf shapes, tied head, dtype
         lora = lora or {}
@@ -520,8 +529,6 @@ class VLLMBackend(HostCopy):
         if self._population is not None:
             self._population.close()
             self._population = None
-        _OPEN.discard(self)
-        if not _OPEN:
-            _ENGINES.clear()
         self.llm = None
+        self._release()
         super().close()
