@@ -156,11 +156,13 @@ def _rows(dataset, what: str) -> list[dict]:
 
 def _prompt_text(value, what: str, i: int, column: str) -> tuple[str, bool]:
     """(the prompt as corp's user message, whether it came in TRL's conversational format)."""
-    if isinstance(value, str):
+    if isinstance(value, str) and value.strip():
         return value, False
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], Mapping):
         if value[0].get("role") == "user" and isinstance(value[0].get("content"), str):
             return value[0]["content"], True
+    if isinstance(value, str):
+        raise CorpError(f"{what} row {i}: column '{column}' is empty; every example needs a prompt")
     roles = (
         [m.get("role") for m in value]
         if isinstance(value, list) and all(isinstance(m, Mapping) for m in value)

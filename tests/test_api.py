@@ -4,6 +4,7 @@ saved model; the rows equal the CLI's for the same options; bad input is one lin
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -36,6 +37,14 @@ def format_reward_func(completions, **kwargs):
     completion_contents = [completion[0]["content"] for completion in completions]
     matches = [re.match(pattern, content) for content in completion_contents]
     return [1.0 if match else 0.0 for match in matches]
+
+
+# "Example 5: Asynchronous reward functions", same page
+async def async_reward_func(prompts, completions, **kwargs):
+    # Simulate an I/O-bound call (e.g., HTTP request, database lookup)
+    await asyncio.sleep(0.01)
+    # Simple toy reward: 1.0 if the completion is non-empty, else 0.0
+    return [1.0 if completion else 0.0 for completion in completions]
 
 
 # end of TRL's examples
@@ -110,6 +119,12 @@ def test_reward_weights_sum_like_trl_and_a_none_is_left_out():
         register_reward([first, second], [1.0])
 
 
+def test_an_async_reward_is_awaited_as_trl_awaits_it():
+    spec, _, _ = task_for(ROWS)
+    fn = resolve_reward(register_reward([async_reward_func]))
+    assert compute_rewards(get_task(spec), ["x", ""], _examples(spec)[:2], fn) == ([1.0, 0.0], 0)
+
+
 def test_a_changed_function_is_another_reward_in_cache_keys():
     def f(completions, **kwargs):
         return [1.0] * len(completions)
@@ -149,6 +164,7 @@ def test_an_unknown_option_is_one_line_naming_the_valid_ones():
         ([{"question": "q"}], "no column 'prompt'.*question.*prompt_column"),
         ([{"prompt": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}], "roles.*system"),
         ([], "no rows"),
+        ([{"prompt": "  "}], "row 0.*empty"),
         ({"train": type("D", (), {"column_names": ["prompt"]})()}, "DatasetDict.*ds\\['train'\\]"),
     ],
 )

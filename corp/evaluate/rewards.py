@@ -37,6 +37,7 @@ rank-transforms fitness; GRPO divides advantages by the group's standard deviati
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import inspect
@@ -157,9 +158,10 @@ def _fingerprint(fn: Callable) -> str:
 
 class CombinedReward:
     """TRL's several reward functions as one batched reward: `sum(w_i * r_i)` over the functions
-    that gave a value (TRL's `reward_weights`; a None or non-finite value is left out, as TRL's
-    nansum); None, scored 0 and counted as an error, when none gave one. `conversational`: prompts
-    and completions reach the functions as TRL's conversational format (lists of message dicts)."""
+        that gave a value (TRL's `reward_weights`; a None or non-finite value is left out, as TRL's
+        nansum); None, scored 0 and counted as an error, when none gave one. An `async def` function is
+    awaited. `conversational`: prompts
+        and completions reach the functions as TRL's conversational format (lists of message dicts)."""
 
     def __init__(self, funcs: Sequence[RewardFunction], weights: Sequence[float], conversational: bool = False):
         self.funcs, self.weights, self.conversational = list(funcs), [float(w) for w in weights], conversational
@@ -171,12 +173,22 @@ class CombinedReward:
             columns = {**columns, "prompt": messages, "prompts": messages}
         total: list[float | None] = [None] * len(completions)
         for fn, w in zip(self.funcs, self.weights):
-            values = _one_per_completion(fn(completions, **columns), len(completions), fn.spec)
+            out = fn(completions, **columns)
+            if inspect.isawaitable(out):  # TRL's `async def` rewards; a thread of its own, as a notebook runs a loop
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(1) as pool:
+                    out = pool.submit(asyncio.run, _awaited(out)).result()
+            values = _one_per_completion(out, len(completions), fn.spec)
             for i, v in enumerate(values):
                 v = _clean(v)
                 if v is not None:
                     total[i] = (total[i] or 0.0) + w * v
         return total
+
+
+async def _awaited(awaitable):
+    return await awaitable
 
 
 def register_reward(
