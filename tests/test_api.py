@@ -138,6 +138,28 @@ def test_a_changed_function_is_another_reward_in_cache_keys():
     assert register_reward([f], [2.0]) != register_reward([f])
 
 
+def test_closures_over_other_values_are_other_rewards_and_an_unstable_value_is_refused():
+    """Two closures of one function over other values score differently, so they must key apart;
+    a carried object that prints a memory address cannot key a cache at all."""
+    import functools
+
+    def make(target):
+        def closeness(completions, **kw):
+            return [float(c == target) for c in completions]
+
+        return closeness
+
+    assert register_reward([make("1")]) != register_reward([make("2")])
+    assert register_reward([make("1")]) == register_reward([make("1")])
+
+    def scaled(completions, scale=1.0, **kw):
+        return [scale * len(c) for c in completions]
+
+    assert register_reward([functools.partial(scaled, scale=2.0)]) != register_reward([scaled])
+    with pytest.raises(CorpError, match="stable repr"):
+        register_reward([make(object())])
+
+
 def test_eval_dataset_is_the_test_pool():
     spec, _, n = task_for(ROWS[:10], ROWS[10:])
     assert n == 6 and ":test=" in spec

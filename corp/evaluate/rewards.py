@@ -38,6 +38,7 @@ rank-transforms fitness; GRPO divides advantages by the group's standard deviati
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -46,6 +47,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from corp import CorpError
@@ -146,14 +148,37 @@ _REGISTERED: dict[str, RewardFunction] = {}
 
 def _fingerprint(fn: Callable) -> str:
     """What a Python function is, for cache keys: its module, name and source text (its bytecode when
-    the source cannot be read). Two closures of one function over other values share it."""
-    fn = getattr(fn, "func", fn)  # functools.partial: the function it wraps (its arguments go in below)
+    the source cannot be read), and the values it carries: a partial's arguments, defaults, and the
+    contents of a closure's cells. A value whose repr names a memory address (an object without a
+    stable repr) cannot key a cache: one line asks for a function that does not capture it."""
+    parts = []
+    while hasattr(fn, "func"):  # functools.partial (nested ones too): its arguments are part of what it is
+        parts.append(f"partial{fn.args!r}{sorted(fn.keywords.items())!r}")
+        fn = fn.func
     try:
         body = inspect.getsource(fn)
     except (OSError, TypeError):
         code = getattr(fn, "__code__", None)
         body = code.co_code.hex() if code is not None else repr(fn)
-    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}\n{body}"
+    cells = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if _filled(c)]
+    parts += [repr(getattr(fn, "__defaults__", None)), repr(getattr(fn, "__kwdefaults__", None)), repr(cells)]
+    carried = "\n".join(parts)
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    if " at 0x" in carried:
+        raise CorpError(
+            f"reward function {name} carries a value without a stable repr (a closure cell, default or partial "
+            "argument), so corp cannot key its cache on it: pass such values as dataset columns or use a "
+            "module-level function of plain values"
+        )
+    return f"{name}\n{body}\n{carried}"
+
+
+def _filled(cell) -> bool:
+    try:
+        _ = cell.cell_contents
+    except ValueError:  # a cell not yet assigned (a recursive closure before its definition ran)
+        return False
+    return True
 
 
 class CombinedReward:
@@ -175,8 +200,6 @@ class CombinedReward:
         for fn, w in zip(self.funcs, self.weights):
             out = fn(completions, **columns)
             if inspect.isawaitable(out):  # TRL's `async def` rewards; a thread of its own, as a notebook runs a loop
-                from concurrent.futures import ThreadPoolExecutor
-
                 with ThreadPoolExecutor(1) as pool:
                     out = pool.submit(asyncio.run, _awaited(out)).result()
             values = _one_per_completion(out, len(completions), fn.spec)
@@ -197,8 +220,6 @@ def register_reward(
     """Python reward functions (TRL's form, or corp's per-completion form) as one `--reward` spec
     valid in this process: `python:NAMES@HASH`, the hash over each function's fingerprint, the
     weights and the format, so cached rows follow the code."""
-    import hashlib
-
     funcs = list(funcs)
     if not funcs:
         raise CorpError("reward_funcs is empty; give a function, a list of them, or None for the task's own check")
