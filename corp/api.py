@@ -41,7 +41,7 @@ from typing import Any
 from corp import CorpError
 from corp.config import load_config, renamed_options
 from corp.evaluate.rewards import register_reward
-from corp.methods import Method, get_method
+from corp.methods import Method, get_method, methods
 from corp.models import cache_dir
 from corp.runs import atomic_write_text, read_jsonl
 
@@ -96,8 +96,6 @@ def run(cfg, method: str | Method | None = None, backend=None) -> Result:
 
 
 def _method_of(cfg) -> str:
-    from corp.methods import methods
-
     for m in methods():
         if type(cfg) is m.config_class:
             return m.name
