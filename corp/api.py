@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from corp import CorpError
-from corp.config import load_config, renamed_options
+from corp.config import load_config, read_yaml_config, renamed_options
 from corp.evaluate.rewards import register_reward
 from corp.methods import Method, get_method, methods
 from corp.models import cache_dir
@@ -283,8 +283,6 @@ def train(
 
 
 def _yaml_keys(config: str | None) -> set[str]:
-    from corp.config import read_yaml_config
-
     return {str(k).replace("-", "_") for k in read_yaml_config(config)} if config else set()
 
 
