@@ -421,3 +421,45 @@ def test_a_changed_primary_after_the_third_edition_ran_is_refused(third):
     cfg = load_config(BenchConfig, None, tiny_options(third["tiny_dir"], third["root"], **over))
     with pytest.raises(CorpError, match="preregistration.json"):
         run_bench(cfg, "corp bench --config third.yaml", compute=False)
+
+
+def test_bench_plan_sizes_a_third_edition_config(tmp_path):
+    """Trials on two seeds cost twice the search of one (the final cells the same), a faster engine
+    shortens the hours, and a regime below its target is flagged."""
+    import yaml
+
+    from tests.test_bench import _benchmark
+
+    mod = _benchmark("bench_plan")
+    base = {
+        "name": "third",
+        "tasks": ["arith"],
+        "seeds": [0, 1, 2],
+        "budgets": [1.2e13, 2.8e13],
+        "settings": ["equal-data"],
+        "hyperparameters": "search",
+        "trials": 2,
+        "population": 128,
+        "n_support": 16,
+        "n_probe": 64,
+        "n_validation": 64,
+        "n_test": 300,
+        "methods": {
+            "randopt": {"options": {"top_k": [1, 4]}},
+            "grpo": {
+                "options": {"prompts_per_step": 2, "num_generations": 4},
+                "search": {"learning_rate": [1e-5, 5e-5]},
+            },
+        },
+    }
+    est = {}
+    for seeds in (1, 2):
+        path = tmp_path / f"c{seeds}.yaml"
+        path.write_text(yaml.safe_dump({**base, "tune_seeds": seeds}))
+        est[seeds] = mod.estimate(str(path), 3.0)
+    search = {k: v["flops"][("arith", "search")] for k, v in est.items()}
+    assert search[2] == pytest.approx(2 * search[1])
+    assert est[2]["flops"][("arith", "final")] == est[1]["flops"][("arith", "final")]
+    fast = mod.estimate(str(tmp_path / "c2.yaml"), 3.0, speedup=3.0)
+    assert fast["per_task"]["arith"] < est[2]["per_task"]["arith"]
+    assert any(k.startswith("randopt") and "units" in v for k, v in est[2]["short"].items()), est[2]["short"]

@@ -295,9 +295,9 @@ def _at_top_budget(tuning: list[dict], value) -> dict[tuple, float]:
     """{(task, label, trial): value(record) of that trial's largest-budget record}: each trial counted once
     (an iterative trial's smaller budgets are checkpoints of that run; a population trial's smaller
     budgets reuse its population and add their own evaluations)."""
-    top: dict[tuple, tuple[float, float]] = {}  # (task, label, trial) -> (its largest budget, value there)
+    top: dict[tuple, tuple[float, float]] = {}  # (task, label, trial, seed) -> (its largest budget, value there)
     for rec in tuning:
-        key = (rec["task"], rec["label"], rec.get("trial", 0))
+        key = (rec["task"], rec["label"], rec.get("trial", 0), rec.get("seed"))  # a trial on several seeds: each run
         if rec.get("budget") is None or rec["budget"] >= top.get(key, (-1.0, 0.0))[0]:
             top[key] = (rec.get("budget") or 0.0, value(rec))
     return {key: v for key, (_, v) in top.items()}
@@ -307,7 +307,7 @@ def trial_flops(tuning: list[dict]) -> dict[str, float]:
     """Per searched method (cell label), the FLOPs its trials' top-budget cells used, summed over trials and
     tasks: a well-defined size of the tuning (`_at_top_budget`)."""
     out: dict[str, float] = {}
-    for (_, label, _), flops in _at_top_budget(tuning, lambda r: r.get("flops") or 0.0).items():
+    for (_, label, *_), flops in _at_top_budget(tuning, lambda r: r.get("flops") or 0.0).items():
         out[label] = out.get(label, 0.0) + flops
     return out
 
@@ -329,7 +329,7 @@ def time_table(cfg: BenchConfig, records: list[dict], tuning: list[dict]) -> lis
         if rec["setting"] == setting and rec.get("status") == "done":
             final.setdefault((rec["task"], rec["label"], rec["budget"]), []).append(_cell_seconds(rec))
     trials: dict[tuple, list[float]] = {}
-    for (task, label, _), sec in _at_top_budget(tuning, _cell_seconds).items():
+    for (task, label, *_), sec in _at_top_budget(tuning, _cell_seconds).items():
         trials.setdefault((task, label), []).append(sec)
     if not final and not trials:
         return []
@@ -372,6 +372,16 @@ def protocol_sentence(cfg: BenchConfig, tuning_flops: dict[str, float] | None = 
         )
     searched = [n for n, spec in cfg.methods.items() if (spec or {}).get("search")]
     settings = "both data settings" if len(cfg.settings) > 1 else f"the {cfg.settings[0]} setting"
+    if tuned_apart(cfg):  # the third edition's protocol: its own sentence (the compute table counts the trials)
+        seeds = ", ".join(str(x) for x in cfg.seeds[: cfg.tune_seeds])
+        return (
+            f"Hyperparameters: search. Each of {', '.join(searched)} got {cfg.trials} trials (grid points drawn by a "
+            f"fixed seed), each run on seed{'s' if cfg.tune_seeds > 1 else ''} {seeds} with the {cfg.tune_setting} "
+            f"setting's splits and scored on the {tune_split_text(cfg)}, never on test; a trial's score is its mean over "
+            f"those seeds, and the best trial's options (results.csv) were used for every seed in {settings}. Every "
+            "trial is in tuning.csv; what the trials spent, their evaluations and discarded tries included, is in the "
+            "compute table, beside each method's final cells. Other methods ran with the options given."
+        )
     spent = ""
     if tuning_flops:
         spent = (
@@ -405,6 +415,17 @@ def tuning_rows(records: list[dict]) -> list[dict]:
     return out
 
 
+def tuned_apart(cfg: BenchConfig) -> bool:
+    """Whether the trials ran under the third edition's tuning fields (not the second edition's defaults)."""
+    return (cfg.tune_setting, cfg.tune_split, cfg.tune_seeds, cfg.tune_options) != ("paper", "validation", 1, {})
+
+
+def tune_split_text(cfg: BenchConfig) -> str:
+    """'64-example validation split', or 'dev split' (a size given in tune_options as n_dev is stated)."""
+    n = cfg.n_validation if cfg.tune_split == "validation" else cfg.tune_options.get(f"n_{cfg.tune_split}")
+    return f"{n}-example {cfg.tune_split} split" if n else f"{cfg.tune_split} split"
+
+
 def _labelled_text(cfg: BenchConfig, row: dict) -> str:
     """A row's labelled examples, with the validation labels its options were chosen on (a searched method):
     '0 + 64 val' where they are labels the method does not otherwise see, '144 (tuned on val)' where the
@@ -415,6 +436,9 @@ def _labelled_text(cfg: BenchConfig, row: dict) -> str:
         return ""
     if not row.get("tuned"):
         return str(n)
+    if cfg.tune_split != "validation":  # a split of its own (dev): never among a method's labelled examples
+        size = cfg.tune_options.get(f"n_{cfg.tune_split}")
+        return f"{n} + {size or ''}{' ' if size else ''}{cfg.tune_split}"
     inside = n >= cfg.n_support + cfg.n_probe + cfg.n_validation
     return f"{n} (tuned on val)" if inside else f"{n} + {cfg.n_validation} val"
 
@@ -730,7 +754,15 @@ def regime_text(cfg: BenchConfig) -> str:
         f"population {cfg.population} specialists (sigmas {', '.join(f'{x:g}' for x in cfg.sigmas)}); splits support "
         f"{cfg.n_support}, probe {cfg.n_probe}, validation {cfg.n_validation}, test {cfg.n_test}; data settings "
         f"{', '.join(cfg.settings)} (headline: {headline_setting(cfg)}); hyperparameters: {cfg.hyperparameters}"
-        + (f" ({cfg.trials} trials per searched method, on validation)" if cfg.hyperparameters == "search" else "")
+        + (
+            (
+                f" ({cfg.trials} trials per searched method, on {cfg.tune_split}"
+                + (f", {cfg.tune_seeds} seeds, {cfg.tune_setting} setting" if tuned_apart(cfg) else "")
+                + ")"
+            )
+            if cfg.hyperparameters == "search"
+            else ""
+        )
         + "."
     )
 
