@@ -82,7 +82,7 @@ class BenchConfig:
     tasks: list[str | dict] = field(default_factory=lambda: ["arith"])
     """Tasks, comma-separated (each as `corp tasks` names them, options included); in YAML an entry may also be
     {task: SPEC, label: SHORT, seeds: [...]}, SHORT naming the task in tables and file names (default: the spec)
-    and seeds the subset of `seeds` its final cells run (default: all; trials always run on the first seed)."""
+    and seeds the subset of `seeds` its final cells run (default: all; trials run on the bench's first `tune_seeds` seeds)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     """Master seeds; every method runs once per seed (test examples are the same for every seed)."""
     budgets: list[float] = field(default_factory=lambda: [1e13, 3e13])
@@ -115,7 +115,8 @@ class BenchConfig:
     """Under search: the data setting whose split sizes the trials use (paper; equal-data tunes in the
     final setting, which needs a `tune_split` outside the 144 labelled examples, e.g. a development split)."""
     tune_split: str = "validation"
-    """Under search: the split the trials are scored on (`report_on` of every trial; never test)."""
+    """Under search: the split the trials are scored on (`report_on` of every trial; never test): validation, or dev (a
+    task spec with heldout=START,dev=N has a development pool outside every split)."""
     tune_seeds: int = 1
     """Under search: how many of `seeds` (the first ones) every trial runs on; a trial's score is its mean over them."""
     tune_options: dict = field(default_factory=dict)

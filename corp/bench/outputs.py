@@ -372,7 +372,9 @@ def protocol_sentence(cfg: BenchConfig, tuning_flops: dict[str, float] | None = 
         )
     searched = [n for n, spec in cfg.methods.items() if (spec or {}).get("search")]
     settings = "both data settings" if len(cfg.settings) > 1 else f"the {cfg.settings[0]} setting"
-    if tuned_apart(cfg):  # the third edition's protocol: its own sentence (the compute table counts the trials)
+    if (
+        tuned_apart(cfg) or cfg.protocol_tables
+    ):  # the third edition's protocol: its own sentence (the compute table counts the trials)
         seeds = ", ".join(str(x) for x in cfg.seeds[: cfg.tune_seeds])
         return (
             f"Hyperparameters: search. Each of {', '.join(searched)} got {cfg.trials} trials (grid points drawn by a "
@@ -483,7 +485,7 @@ def table_md(
     ]
     lines += headline_table(cfg, rows)
     if reading:
-        lines += ["## What it shows", "", *reading, "", MULTIPLE_NOTE, ""]
+        lines += ["## What it shows", "", *reading, "", PRIMARY_NOTE if primary is not None else MULTIPLE_NOTE, ""]
     for task in cfg.tasks:
         for setting in cfg.settings:
             names: list[str] = []
@@ -767,6 +769,11 @@ def regime_text(cfg: BenchConfig) -> str:
     )
 
 
+PRIMARY_NOTE = (
+    "The primary comparisons were registered before any final cell ran and are corrected together (Holm); "
+    "every other interval is 95% on its own, with no adjustment for the number of comparisons: among many "
+    "comparisons of equal rows about 1 in 20 would exclude 0 by chance."
+)
 MULTIPLE_NOTE = (
     "Each interval is 95% on its own, with no adjustment for the number of comparisons: among many "
     "comparisons of equal rows about 1 in 20 would exclude 0 by chance."
@@ -942,7 +949,7 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
             for family, test in (
                 ("RandOpt K-vote", lambda n: n.startswith("randopt")),
                 ("self-consistency@K", lambda n: n.startswith("self-consistency")),
-                ("CoRP", lambda n: n.startswith("corp")),
+                ("CoRP", lambda n: n.startswith("corp") and "/" not in n),  # not RandOpt on CoRP's population
             ):
                 pts = {}
                 for n, got in by.items():
@@ -1132,7 +1139,7 @@ def readme_section(cfg: BenchConfig) -> str:
         lines += [
             "What it shows (95% intervals across seeds: a t interval with k - 1 df over the seeds' paired "
             "differences plus the test examples' term, paired on the same examples; a comparison with one "
-            f"seed so far makes no claim). {MULTIPLE_NOTE}",
+            f"seed so far makes no claim). {PRIMARY_NOTE if meta.get('primary') is not None else MULTIPLE_NOTE}",
             "",
             *meta["reading"],
             "",
