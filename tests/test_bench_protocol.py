@@ -463,3 +463,13 @@ def test_bench_plan_sizes_a_third_edition_config(tmp_path):
     fast = mod.estimate(str(tmp_path / "c2.yaml"), 3.0, speedup=3.0)
     assert fast["per_task"]["arith"] < est[2]["per_task"]["arith"]
     assert any(k.startswith("randopt") and "units" in v for k, v in est[2]["short"].items()), est[2]["short"]
+
+
+def test_randopt_rows_on_a_corp_trial_s_population_do_not_score_the_trial():
+    """Planted: CoRP trial 0 is worse than trial 1 on its own row but its population's RandOpt rows are
+    far better; the choice must follow CoRP's own row."""
+    from corp.bench.search import choose, trial_score
+
+    t0 = {"rows": [{"accuracy": 0.2}, {"accuracy": 0.9, "population_row": True}]}
+    t1 = {"rows": [{"accuracy": 0.3}, {"accuracy": 0.1, "population_row": True}]}
+    assert trial_score(t0) == 0.2 and choose([t0, t1]) == 1

@@ -730,7 +730,7 @@ class Bench:
         rec["tried"] = tried
         rec["own_flops"] = best["own"]
         rec["own_estimate"] = guess  # what the first try was sized with (None: scoring alone)
-        for row in rec["rows"]:  # RandOpt on CoRP's population: charged the prefix CoRP read, not its own evaluations
+        for row in rec.get("rows", []):  # RandOpt on CoRP's population: charged the prefix CoRP read, not its own evaluations
             if row.get("population_row"):
                 row["flops"] = sum(costs[:n])
         rec["budget_reached"] = n < len(costs) or sum(costs) >= budget
@@ -933,14 +933,14 @@ class Bench:
         if self.cfg.population_rows and adapter.population_rows is not None:
             other = re.compile(adapter.population_rows)
             theirs = [r for r in report.get("rows", []) if other.fullmatch(r["method"].split(" ")[0])]
-        for r in mine + theirs:
+        for r, on_population in [(r, False) for r in mine] + [(r, True) for r in theirs]:
             name = (
-                cell.label
+                f"{cell.label}/{r['method']}"
+                if on_population
+                else cell.label
                 if len(mine) == 1 and not listed
                 else (r["method"] if cell.label == cell.method else f"{cell.label}:{r['method']}")
             )
-            if r in theirs:
-                name = f"{cell.label}/{r['method']}"
             rows.append(
                 {
                     "name": name,
@@ -951,7 +951,7 @@ class Bench:
                     "test_tokens": r["ledger"]["prompt_tokens"] + r["ledger"]["generated_tokens"],
                     "test_flops": r["ledger"]["flops"],
                     "correct": outcomes["outcomes"].get(r["method"]),
-                    **({"population_row": True} if r in theirs else {}),
+                    **({"population_row": True} if on_population else {}),
                 }
             )
         chosen = {
