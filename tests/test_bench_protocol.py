@@ -473,3 +473,27 @@ def test_randopt_rows_on_a_corp_trial_s_population_do_not_score_the_trial():
     t0 = {"rows": [{"accuracy": 0.2}, {"accuracy": 0.9, "population_row": True}]}
     t1 = {"rows": [{"accuracy": 0.3}, {"accuracy": 0.1, "population_row": True}]}
     assert trial_score(t0) == 0.2 and choose([t0, t1]) == 1
+
+
+def test_a_primary_naming_a_row_no_cell_reports_is_one_line_naming_the_fix(tmp_path):
+    from corp.bench.sweep import run_bench
+
+    cfg = _cfg(
+        primary=["corp-stage1 vs corp-stage1/randopt-top1 @ top on add"],
+        test_set="v3",
+        results_dir=str(tmp_path),
+        work_dir=str(tmp_path / "w"),
+    )
+    with pytest.raises(CorpError) as err:
+        run_bench(cfg, "corp bench", compute=False)
+    msg = str(err.value)
+    assert "primary names 'corp-stage1/randopt-top1'" in msg and "population_rows: true" in msg, msg
+    assert not (tmp_path / "p" / "preregistration.json").exists(), "nothing is registered from a refused config"
+    cfg = _cfg(
+        primary=["corp-stage1 vs corp-stage1/randopt-top1 @ top on add"],
+        test_set="v3",
+        population_rows=True,
+        results_dir=str(tmp_path),
+        work_dir=str(tmp_path / "w"),
+    )
+    run_bench(cfg, "corp bench", compute=False)  # the row exists with population_rows: a report of no cells yet

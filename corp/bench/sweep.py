@@ -328,14 +328,20 @@ def check_compare(cfg: BenchConfig, cells: list[Cell]) -> None:
     """One error line for a comparison naming a row no planned cell can report (a typo, a variant
     label, a K not in the options), before compute: `compare`, `primary` and `ratio_compare` alike."""
     rows = sorted({n for c in cells if c.setting != "tune" for n in possible_rows(c, cfg.population_rows)})
-    pairs = [*cfg.compare, *([p["a"], p["b"]] for p in getattr(cfg, "primary_list", []))]
-    pairs += [[e["a"], e["b"]] for e in cfg.ratio_compare]
-    for pair in pairs:
+    pairs = [("compare", p) for p in cfg.compare]
+    pairs += [("primary", [p["a"], p["b"]]) for p in getattr(cfg, "primary_list", [])]
+    pairs += [("ratio_compare", [e["a"], e["b"]]) for e in cfg.ratio_compare]
+    for field_name, pair in pairs:
         for name in pair:
             if name not in rows:
+                hint = (
+                    ""
+                    if "/" not in name or cfg.population_rows
+                    else " (set population_rows: true for LABEL/randopt-* rows)"
+                )
                 raise CorpError(
-                    f"bench config: compare names '{name}', a row no method "
-                    f"in this bench can report; rows: {', '.join(rows)}"
+                    f"bench config: {field_name} names '{name}', a row no method "
+                    f"in this bench can report; rows: {', '.join(rows)}{hint}"
                 )
 
 
@@ -730,7 +736,9 @@ class Bench:
         rec["tried"] = tried
         rec["own_flops"] = best["own"]
         rec["own_estimate"] = guess  # what the first try was sized with (None: scoring alone)
-        for row in rec.get("rows", []):  # RandOpt on CoRP's population: charged the prefix CoRP read, not its own evaluations
+        for row in rec.get(
+            "rows", []
+        ):  # RandOpt on CoRP's population: charged the prefix CoRP read, not its own evaluations
             if row.get("population_row"):
                 row["flops"] = sum(costs[:n])
         rec["budget_reached"] = n < len(costs) or sum(costs) >= budget
