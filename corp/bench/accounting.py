@@ -156,14 +156,14 @@ def _regime_text(method: str, kind: str, got: dict) -> str:
     if kind == "fixed":
         return "no training"
     if method == "consolidate":
-        return f"{u:g} specialists on {got.get('n_support', '?')} support"
+        return f"{u:.3g} specialists on {got.get('n_support', '?')} support"
     if kind == "population":
-        return f"{u:g} specialists"
+        return f"{u:.3g} specialists"
     if method == "es":
-        return f"population {got.get('population', '?')} x {u:g} iterations"
+        return f"population {got.get('population', '?')} x {u:.3g} iterations"
     if method == "fgrpo":
-        return f"{u:g} rounds"
-    return f"{u:g} optimizer steps"
+        return f"{u:.3g} rounds"
+    return f"{u:.3g} optimizer steps"
 
 
 def _every_labelled(opts: dict, seed: int, units) -> int:
