@@ -5,7 +5,7 @@ here (the method registry: `from corp.baselines import run_es`), never from a su
 (tests/test_layers.py).
 """
 
-from corp.baselines.es import ESConfig, run_es
+from corp.baselines.es import ESConfig, iteration_batch, run_es
 from corp.baselines.fera import FERAConfig, run_fera
 from corp.baselines.fera import summary as fera_summary
 from corp.baselines.fgrpo import FGRPOConfig, run_fgrpo
@@ -23,6 +23,7 @@ __all__ = [
     "GRPOConfig",
     "SelfConsistencyConfig",
     "fera_summary",
+    "iteration_batch",
     "ftis_summary",
     "run_es",
     "run_fera",

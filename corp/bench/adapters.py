@@ -30,8 +30,17 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
-from corp.baselines import ESConfig, FERAConfig, FGRPOConfig, FTISConfig, GRPOConfig, SelfConsistencyConfig
+from corp.baselines import (
+    ESConfig,
+    FERAConfig,
+    FGRPOConfig,
+    FTISConfig,
+    GRPOConfig,
+    SelfConsistencyConfig,
+    iteration_batch,
+)
 from corp.config import RandOptConfig
 
 FIXED, POPULATION, ITERATIVE = "fixed", "population", "iterative"
@@ -105,10 +114,6 @@ def _grpo_draws(prefix: str, seed: int, steps: int, n: int, k: int) -> int:
 
 def _es_touched(o: dict, seed: int, units: int | None) -> int | None:
     """ES scores every member on its iteration's batch (corp.baselines.es.iteration_batch) or the whole support."""
-    from types import SimpleNamespace
-
-    from corp.baselines.es import iteration_batch
-
     n = int(o.get("n_support") or 0)
     k = int(_opt(o, ESConfig, "prompts_per_iteration"))
     if not k or k >= n or units is None:
