@@ -40,7 +40,12 @@ def main() -> None:
         task = get_task(spec)
         pools = task.pools()
         print(spec)
-        print(line(f"split seed 0, test, first {args.n}", label_prior(task, make_splits(task, SplitSizes(0, 0, 0, args.n), 0)["test"])))
+        print(
+            line(
+                f"split seed 0, test, first {args.n}",
+                label_prior(task, make_splits(task, SplitSizes(0, 0, 0, args.n), 0)["test"]),
+            )
+        )
         if "dev" in pools:
             print(line("development pool", label_prior(task, pools["dev"])))
             test = make_splits(task, SplitSizes(0, 0, 0, args.n_test), args.split_seed)["test"]

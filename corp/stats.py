@@ -115,7 +115,8 @@ def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float,
     p = successes / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # exact at the ends (the formula leaves rounding dust there)
+    return (0.0 if successes == 0 else max(0.0, centre - half)), (1.0 if successes == n else min(1.0, centre + half))
 
 
 def ratio_bootstrap_ci(
