@@ -152,7 +152,7 @@ class RunConfig:
     n_test: int = 128
     """Test split size: used only for reporting."""
     report_on: str = "test"
-    """Split the report's rows are evaluated on: test, or validation (corp bench's hyperparameter trials are compared there, so the test split is never looked at while choosing)."""
+    """Split the report's rows are evaluated on: test, validation (corp bench's hyperparameter trials are compared there, so the test split is never looked at while choosing), or dev (the task's development pool, all of it: a task spec with heldout=START,dev=N)."""
     split_seed: int = 0
     """Seed that fixes which examples land in which split."""
     seed: int = 0
@@ -205,8 +205,8 @@ class RunConfig:
                 raise CorpError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.batch_size < 1:
             raise CorpError(f"--batch-size must be >= 1, got {self.batch_size}")
-        if self.report_on not in ("test", "validation"):
-            raise CorpError(f"--report-on must be test or validation, got '{self.report_on}'")
+        if self.report_on not in ("test", "validation", "dev"):
+            raise CorpError(f"--report-on must be test, validation or dev, got '{self.report_on}'")
         if self.report_on == "validation" and self.n_validation < 1:
             raise CorpError("--report-on validation needs a validation split; set --n-validation >= 1")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:

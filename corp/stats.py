@@ -9,6 +9,9 @@ the run layer, ES, CoRP and the split-half analysis can all use the same definit
   terms and the analysis use this one function.
 - `paired_bootstrap_ci`: the percentile bootstrap 95% interval of mean(a) - mean(b) over examples
   resampled jointly (paired), with a fixed seed so a report is reproducible.
+- `wilson_interval`: Wilson's score interval of one proportion (an accuracy on n examples);
+  `ratio_bootstrap_ci`: the percentile bootstrap of a ratio of sums over units (bits per byte
+  over text chunks), alone or as a paired difference on the same units.
 - `mcnemar_exact`: the exact (binomial) two-sided McNemar test on paired 0/1 outcomes: under the
   null the discordant pairs split 50/50; p is `scipy.stats.binomtest(b, n, 0.5).pvalue` (summing
   binomial coefficients over 2**n overflowed a float from n = 1024 discordant pairs).
@@ -31,6 +34,7 @@ the run layer, ES, CoRP and the split-half analysis can all use the same definit
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -103,6 +107,42 @@ def paired_bootstrap_ci(
     idx = rng.integers(0, n, size=(samples, n))
     means = d[idx].mean(axis=1)
     lo, hi = np.quantile(means, [(1 - level) / 2, 1 - (1 - level) / 2])
+    return float(lo), float(hi)
+
+
+def wilson_interval(successes: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Wilson's score interval of a proportion (stays inside [0, 1] and is not empty at 0 or n successes)."""
+    if n <= 0:
+        return (float("nan"), float("nan"))
+    z = float(_scipy_stats.norm.ppf(1 - (1 - level) / 2))
+    p = successes / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    # exact at the ends (the formula leaves rounding dust there)
+    return (0.0 if successes == 0 else max(0.0, centre - half)), (1.0 if successes == n else min(1.0, centre + half))
+
+
+def ratio_bootstrap_ci(
+    num: Sequence[float],
+    den: Sequence[float],
+    base_num: Sequence[float] | None = None,
+    level: float = 0.95,
+    samples: int = BOOTSTRAP_SAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of sum(num) / sum(den) over units (e.g. text chunks: bits and
+    bytes) resampled with replacement; with `base_num`, of the paired difference
+    (sum(num) - sum(base_num)) / sum(den), the same units resampled for both."""
+    a = np.asarray(num, dtype=np.float64)
+    d = np.asarray(den, dtype=np.float64)
+    if base_num is not None:
+        a = a - np.asarray(base_num, dtype=np.float64)
+    if a.size == 0 or a.size != d.size:
+        return (float("nan"), float("nan"))
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, a.size, size=(samples, a.size))
+    ratios = a[idx].sum(axis=1) / d[idx].sum(axis=1)
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, 1 - (1 - level) / 2])
     return float(lo), float(hi)
 
 

@@ -52,7 +52,7 @@ from corp import CorpError
 from corp.config import PopulationConfig, RunConfig, config_to_dict
 from corp.evaluate.backends import Backend, make_backend
 from corp.evaluate.rewards import compute_rewards, resolve_reward, reward_identity
-from corp.evaluate.tasks import SPLITS, Example, SplitSizes, Task, get_task, make_splits
+from corp.evaluate.tasks import SPLITS, Example, SplitSizes, Task, dev_pool, get_task, make_splits
 from corp.ledger import Ledger
 from corp.models import check_model_reachable
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, scheme_from_flag
@@ -585,6 +585,10 @@ def setup_run(
         # a hyperparameter trial: every row a method reports on "test" is computed on validation
         # instead, and the test examples are not evaluated at all
         splits["test"] = list(splits["validation"])
+    elif cfg.report_on == "dev":
+        # a hyperparameter trial on the task's development pool (heldout=START,dev=N): disjoint from
+        # every selection split and from test, whatever the split sizes
+        splits["test"] = dev_pool(task, cfg.task)
     for split in needs:
         if not splits[split]:
             raise CorpError(f"the {split} split is empty but {method} needs it; set --n-{split} >= 1")

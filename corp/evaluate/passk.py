@@ -3,7 +3,8 @@
 Greedy accuracy: one greedy completion per test problem. pass@k (`--pass-k`, none by default): n
 sampled completions per problem (temperature `--temperature`), c of them correct, pass@k = mean
 over problems of 1 - C(n - c, k) / C(n, k) (corp.evaluate.voting.pass_at_k, unbiased, Chen et al. 2021).
-A progress bar counts the completions (off with CORP_NO_PROGRESS=1).
+A progress bar counts the completions (off with CORP_NO_PROGRESS=1). `--retention` also scores
+bits per byte on held-out text and accuracy on other tasks, beside a `--base` (corp.evaluate.retention).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tqdm.auto import tqdm
 from corp import CorpError
 from corp.config import RunConfig, parse_list
 from corp.evaluate.context import cached_eval, open_run, run_evals
+from corp.evaluate.retention import retention_lines, score_retention
 from corp.evaluate.voting import pass_at_k
 from corp.runs import ReportRow, write_report
 from corp.stats import PerExample
@@ -32,6 +34,12 @@ class EvalConfig(RunConfig):
     """n: sampled completions per problem for pass@k (default: the largest k)."""
     temperature: float = 1.0
     """Sampling temperature for pass@k."""
+    retention: bool = False
+    """Also score what training cost the model off its task (corp.evaluate.retention): bits per byte on held-out public-domain text and greedy accuracy on the test split of each of --retention-tasks; writes RUN_DIR/retention.json."""
+    retention_tasks: str = ""
+    """With --retention: task specs scored beside --task, separated by ';' (a spec may hold commas), e.g. 'arith;countdown:numbers=2'."""
+    base: str | None = None
+    """With --retention: a model scored the same way (the base the evaluated model was trained from); the report gives the change from it with paired intervals."""
 
     def validate(self) -> EvalConfig:
         super().validate()
@@ -46,6 +54,8 @@ class EvalConfig(RunConfig):
         if self.pass_k and not 0 < self.temperature < math.inf:
             raise CorpError(f"--temperature must be > 0 for pass@k sampling, got {self.temperature}")
         self.n_samples = n
+        if (self.retention_tasks or self.base) and not self.retention:
+            raise CorpError("--retention-tasks and --base are options of --retention; add --retention")
         return self
 
 
@@ -126,8 +136,12 @@ def run_eval(cfg: EvalConfig, backend=None) -> dict:
             pass_at_k={str(k): v for k, v in passk.items()},
             ledger=led.to_dict(),
         )
+        kept = score_retention(ctx, evals, cfg.retention_tasks, cfg.base) if cfg.retention else None
     lines = [f"{cfg.model} on {cfg.task}, {len(test)} test problems", f"greedy accuracy  {greedy['accuracy']:.3f}"]
     lines += [f"pass@{k:<10} {v:.3f}   (n={cfg.n_samples}, T={cfg.temperature})" for k, v in passk.items()]
+    if kept is not None:
+        report["retention"] = kept
+        lines += retention_lines(kept)
     lines.append(f"run directory: {ctx.run_dir}")
     report["table"] = "\n".join(lines)
     return report

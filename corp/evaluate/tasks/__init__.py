@@ -4,7 +4,9 @@
 Every task also takes two generation options (they travel with the task, so a run records them):
 `max_new_tokens=N` (its generation length; `--max-new-tokens` still overrides) and `stop=S1|S2`
 (generation stops at the first of these strings, which is cut from the completion; `\\n`, `\\t`
-and `\\|` are escapes, so `stop=\\n` stops at the end of the first line).
+and `\\|` are escapes, so `stop=\\n` stops at the end of the first line); and two pool options,
+`heldout=START,dev=N` (corp.evaluate.tasks.heldout: the pool past START is held out of selection,
+N of it a development pool, the rest the test pool).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from corp.evaluate.tasks.base import SPLITS, Example, SplitSizes, Task, make_spl
 from corp.evaluate.tasks.code import MBPP, HumanEval
 from corp.evaluate.tasks.countdown import Countdown
 from corp.evaluate.tasks.gsm8k import GSM8K
+from corp.evaluate.tasks.heldout import apply_pool_options, dev_pool
 from corp.evaluate.tasks.jsonl import JsonlTask
 from corp.evaluate.tasks.math500 import Math500
+from corp.evaluate.tasks.prior import label_prior
 from corp.evaluate.tasks.reorder import Reorder
 from corp.evaluate.tasks.rg import ReasoningGymTask, rg_datasets
 from corp.registry import Registry
@@ -81,7 +85,7 @@ def get_task(spec: str, data_dir: str | None = None) -> Task:
     `rg:NAME[:key=value,...]` or `reorder[:PATH][:key=value,...]`."""
     name, _, rest = spec.partition(":")
     task, gen = TASKS.lookup(name).from_spec(spec, rest, data_dir)
-    return _apply_generation_options(task, spec, gen)
+    return apply_pool_options(_apply_generation_options(task, spec, gen), spec, gen)
 
 
 def list_tasks() -> list[dict]:
@@ -96,7 +100,8 @@ def list_tasks() -> list[dict]:
     rows.append(
         {
             "task": "(any task)",
-            "description": "generation options: max_new_tokens=N, stop=S1|S2 (e.g. arith:max_new_tokens=12,stop=\\n)",
+            "description": "generation options: max_new_tokens=N, stop=S1|S2 (e.g. arith:max_new_tokens=12,stop=\\n); "
+            "held-out pools: heldout=START,dev=N (e.g. arith:pool=6000,heldout=4000,dev=400)",
         }
     )
     gym = rg_datasets()
@@ -115,4 +120,15 @@ def list_tasks() -> list[dict]:
     return rows
 
 
-__all__ = ["SPLITS", "Example", "SplitSizes", "Task", "TASKS", "get_task", "list_tasks", "make_splits"]
+__all__ = [
+    "SPLITS",
+    "Example",
+    "SplitSizes",
+    "Task",
+    "TASKS",
+    "dev_pool",
+    "get_task",
+    "label_prior",
+    "list_tasks",
+    "make_splits",
+]

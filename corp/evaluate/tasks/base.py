@@ -20,6 +20,9 @@ from corp import CorpError
 
 SPLITS = ("support", "probe", "validation", "test")
 GENERATION_OPTIONS = ("max_new_tokens", "stop")  # options every task takes (corp.evaluate.tasks applies them)
+# options every task takes that hold part of its pool out of selection (corp.evaluate.tasks applies them)
+POOL_OPTIONS = ("heldout", "dev")
+GENERIC_OPTIONS = GENERATION_OPTIONS + POOL_OPTIONS
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,8 @@ class Task:
     stop: tuple[str, ...] = ()  # generation stops at the first of these strings (which is cut from the text)
 
     def pools(self) -> dict[str, list[Example]]:
-        """{'train': [...], 'test': [...]}; a task without a separate test pool returns only 'train'."""
+        """{'train': [...], 'test': [...]}; a task without a separate test pool returns only 'train'.
+        A task with held-out options (`heldout=START,dev=N`) also has a 'dev' pool (tuning, never test)."""
         raise NotImplementedError
 
     def extract(self, completion: str) -> str | None:
@@ -67,7 +71,7 @@ class Task:
     @classmethod
     def from_options(cls, spec: str, kwargs: dict, data_dir: str | None = None) -> tuple[Task, dict]:
         name = spec.partition(":")[0]
-        gen = {k: kwargs.pop(k) for k in GENERATION_OPTIONS if k in kwargs}
+        gen = {k: kwargs.pop(k) for k in GENERIC_OPTIONS if k in kwargs}
         params = inspect.signature(cls.__init__).parameters
         if "data_dir" in params:
             kwargs.setdefault("data_dir", data_dir)

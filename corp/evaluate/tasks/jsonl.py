@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from corp import CorpError
-from corp.evaluate.tasks.base import GENERATION_OPTIONS, Example, Task, last_number, normalize_number, path_and_options
+from corp.evaluate.tasks.base import GENERIC_OPTIONS, Example, Task, last_number, normalize_number, path_and_options
 from corp.evaluate.tasks.data import file_sha256, read_records
 
 
@@ -56,12 +56,12 @@ class JsonlTask(Task):
         if not rest:
             raise CorpError(f"task '{name}' needs a path: --task jsonl:PATH (.jsonl, .csv or .parquet)")
         path, kwargs = path_and_options(spec, rest)
-        gen = {k: kwargs.pop(k) for k in GENERATION_OPTIONS if k in kwargs}
+        gen = {k: kwargs.pop(k) for k in GENERIC_OPTIONS if k in kwargs}
         unknown = set(kwargs) - {"prompt", "answer", "id", "test"}
         if unknown:
             raise CorpError(
                 f"task jsonl has no option(s) {', '.join(sorted(unknown))}; options: "
-                "prompt=FIELD, answer=FIELD, id=FIELD, test=PATH, max_new_tokens=N, stop=S"
+                "prompt=FIELD, answer=FIELD, id=FIELD, test=PATH, max_new_tokens=N, stop=S, heldout=START, dev=N"
             )
         return cls(path, **{k: str(v) for k, v in kwargs.items()}), gen
 

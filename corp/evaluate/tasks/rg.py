@@ -25,7 +25,7 @@ import importlib.metadata
 from collections.abc import Sequence
 
 from corp import CorpError
-from corp.evaluate.tasks.base import GENERATION_OPTIONS, Example, Task, last_number, normalize_number, parse_options
+from corp.evaluate.tasks.base import GENERIC_OPTIONS, Example, Task, last_number, normalize_number, parse_options
 
 INSTRUCTIONS = {"none": ""}  # filled from the gym's SYSTEM_PROMPTS when it is imported
 
@@ -88,7 +88,7 @@ class ReasoningGymTask(Task):
         if not dataset:
             raise CorpError("task 'rg' needs a dataset name: --task rg:NAME (`corp tasks` lists them)")
         kwargs = parse_options(spec, opts)
-        gen = {k: kwargs.pop(k) for k in GENERATION_OPTIONS if k in kwargs}
+        gen = {k: kwargs.pop(k) for k in GENERIC_OPTIONS if k in kwargs}
         return cls(dataset, **kwargs), gen
 
     def __init__(
@@ -131,7 +131,8 @@ class ReasoningGymTask(Task):
         if unknown:
             raise CorpError(
                 f"task rg:{dataset} has no option(s) {', '.join(sorted(unknown))}; its options: "
-                f"{', '.join(sorted(fields)) or 'none'}, seed, size, instruction, extract, max_new_tokens, stop"
+                f"{', '.join(sorted(fields)) or 'none'}, seed, size, instruction, extract, max_new_tokens, stop, "
+                "heldout, dev"
             )
         self.options = {k: _coerce_option(fields[k], v, dataset) for k, v in sorted(options.items())}
         try:
