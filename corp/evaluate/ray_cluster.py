@@ -120,8 +120,12 @@ def init_ray(ray, address: str | None, num_cpus: int | None = None, resources: d
         return False
     if address:
         _check_reachable(address)
+        # a cluster on this machine's loopback: keep Ray from turning 127.0.0.1 into the routable address
+        # (a remote one: the driver must give the cluster its routable address, so not then)
+        near = loopback() if _is_loopback_address(address) else contextlib.nullcontext()
         try:
-            ray.init(address=address, log_to_driver=False)
+            with near:
+                ray.init(address=address, log_to_driver=False)
         except Exception as exc:  # ConnectionError, auth errors and friends; their text is long
             raise CorpError(f"--ray-address '{address}': cannot join the Ray cluster ({join_cause(exc)})") from None
         return True
@@ -137,6 +141,16 @@ def init_ray(ray, address: str | None, num_cpus: int | None = None, resources: d
         )
     check_loopback(ray)
     return True
+
+
+def _is_loopback_address(address: str) -> bool:
+    host = address.split("://")[-1].rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return is_loopback(host)
+    except ValueError:
+        return False
 
 
 def join_cause(exc: BaseException) -> str:
