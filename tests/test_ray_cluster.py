@@ -31,11 +31,17 @@ ROOT = Path(__file__).resolve().parents[1]
 def loopback_cluster(head_cpus: int, worker_cpus: int):
     from ray.cluster_utils import Cluster
 
-    with ray_cluster.loopback():
-        cluster = Cluster()
-        cluster.add_node(num_cpus=head_cpus, node_ip_address="127.0.0.1", include_dashboard=False)
-        worker = cluster.add_node(num_cpus=worker_cpus, node_ip_address="127.0.0.1")
-    return cluster, worker
+    for attempt in range(3):  # Ray gives a node 30 s to register; on a loaded 2-core machine that can run out
+        with ray_cluster.loopback():
+            cluster = Cluster()
+            try:
+                cluster.add_node(num_cpus=head_cpus, node_ip_address="127.0.0.1", include_dashboard=False)
+                worker = cluster.add_node(num_cpus=worker_cpus, node_ip_address="127.0.0.1")
+                return cluster, worker
+            except Exception:
+                cluster.shutdown()
+                if attempt == 2:
+                    raise
 
 
 def wait_rows(path: Path, n: int, timeout: float = 300) -> None:
@@ -115,7 +121,8 @@ def test_a_lost_head_is_one_line_and_a_later_run_resumes_exactly(tmp_path, tiny_
         proc = corp_score(run_dir, tiny_dir, "--ray-address", cluster.address, "--workers", "2")
         wait_rows(run_dir / "population.jsonl", 2)
         assert proc.poll() is None, proc.communicate()
-        cluster.head_node.kill_gcs_server()
+        cluster.head_node.kill_gcs_server()  # the head machine goes: its GCS and its raylet
+        cluster.head_node.kill_raylet()
         try:
             _, err = proc.communicate(timeout=45)  # Ray alone would spin for 60 s, then end the process
         except subprocess.TimeoutExpired:

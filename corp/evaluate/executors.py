@@ -32,6 +32,7 @@ population (test-split evaluations, the weights hash that keys the population's 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator, Sequence
 
 from corp import CorpError
@@ -223,6 +224,7 @@ class RayExecutor:
         self._threads, bundle = actor_resources(cfg, workers, address)
         self.bundle = bundle
         self._restarting: dict[int, float] = {}  # slot -> since when Ray reports it RESTARTING
+        self._sent: dict[int, float] = {}  # slot -> when its shard in flight was sent
         self.started_ray = init_ray(ray, address, None if address else workers * self._threads)
         self.retried = 0  # shards Ray ran again on a restarted actor
         self.replaced = 0  # actor restarts seen (a shard answered by another process of the same actor)
@@ -357,6 +359,7 @@ class RayExecutor:
                         shard = queue.pop(0)
                         call = self.actors[slot].score.remote(shard, split, examples, self.moves_ref(), factored)
                         running[call] = (slot, shard)
+                        self._sent[slot] = time.monotonic()
                 ready, _ = ray.wait(list(running), num_returns=1, timeout=POLL_S)
                 if not ready:
                     self._check_head()
@@ -387,16 +390,18 @@ class RayExecutor:
         """Shards on actors Ray cannot place again (RESTARTING for STRANDED_S while the cluster has no
         room for one more: their node is gone): taken back, those actors leave the pool, and the
         live actors score the shards (Ray would wait for resources forever)."""
-        import time
-
         now = time.monotonic()
-        states = {slot: _actor_state(self.ray, self.actors[slot]) for slot, _ in running.values()}
-        for slot, state in states.items():
+        if not running or now - min(self._sent.get(slot, now) for slot, _ in running.values()) < STRANDED_S:
+            return []  # nothing has been in flight long enough to ask the GCS about
+        found = _bounded(lambda: {s: _actor_state(self.ray, self.actors[s]) for s, _ in running.values()})
+        free = _bounded(self.ray.available_resources)
+        if found is None or free is None:  # the GCS is slow or gone: the head check decides
+            return []
+        for slot, state in found.items():
             if state == "RESTARTING":
                 self._restarting.setdefault(slot, now)
             else:
                 self._restarting.pop(slot, None)
-        free = self.ray.available_resources()
         room = all(free.get(k, 0.0) + 1e-9 >= v for k, v in self.bundle.items() if v)
         stranded = []
         for ref, (slot, shard) in list(running.items()):
@@ -438,6 +443,18 @@ def _replace(cfg, changes: dict):
     import dataclasses
 
     return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def _bounded(fn, timeout_s: float = 2.0):
+    """fn() in a daemon thread, or None when it has not answered in `timeout_s`: a GCS call blocks
+    for as long as Ray retries when the head is gone, and the driver must stay free to say so."""
+    import threading
+
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    t.join(timeout_s)
+    return out[0] if out else None
 
 
 def _actor_state(ray, actor) -> str | None:

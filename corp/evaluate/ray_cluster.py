@@ -233,7 +233,15 @@ def check_nodes_have(ray, paths: list[str]) -> None:
         check.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(paths)
         for n in nodes
     ]
-    for found in ray.get(refs, timeout=120):
+    try:
+        answers = ray.get(refs, timeout=120)
+    except ray.exceptions.RayError as exc:  # e.g. corp not importable there: the last line says why
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        raise CorpError(
+            f"a Ray node could not run corp's path check ({lines[-1] if lines else type(exc).__name__}); "
+            "every node needs corp and its dependencies installed, as on the driver"
+        ) from None
+    for found in answers:
         if found["missing"]:
             raise CorpError(
                 f"Ray node {found['node']} ({found['node_id'][:8]}) has no '{found['missing'][0]}'; every node "
