@@ -103,9 +103,13 @@ def test_a_killed_node_leaves_the_run_complete_with_the_local_rows(tmp_path, tin
     assert len(read_jsonl(tmp_path / "ray" / "population.jsonl", key="key")) == len(local), "each row once"
 
 
+SCORE_OPTIONS = dict(task="arith", population=8, sigmas="0.05,0.1", n_support=16, max_new_tokens=16)
+
+
 def corp_score(run_dir: Path, model: Path, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    args = [sys.executable, "-m", "corp.cli", "score", "--model", str(model), "--task", "arith"]
-    args += ["--population", "8", "--sigmas", "0.05,0.1", "--n-support", "16", "--max-new-tokens", "16"]
+    args = [sys.executable, "-m", "corp.cli", "score", "--model", str(model)]
+    for k, v in SCORE_OPTIONS.items():
+        args += ["--" + k.replace("_", "-"), str(v)]
     args += ["--threads", "1", "--run-dir", str(run_dir), "--executor", "ray", *extra]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CORP_NO_PROGRESS": "1"}
     env.pop("RAY_ADDRESS", None)
@@ -113,8 +117,11 @@ def corp_score(run_dir: Path, model: Path, *extra: str, timeout: float = 600) ->
 
 
 def test_a_lost_head_is_one_line_and_a_later_run_resumes_exactly(tmp_path, tiny_dir):  # noqa: F811
-    kw = dict(n_support=16, max_new_tokens=16, population=8)
-    local = ensure_population(setup_run(cfg_for(tmp_path / "local", tiny_dir, **kw), "score"))
+    from corp.config import load_config
+    from corp.methods import REGISTRY
+
+    options = dict(SCORE_OPTIONS, model=str(tiny_dir), threads=1, run_dir=str(tmp_path / "local"))
+    local = ensure_population(setup_run(load_config(REGISTRY["score"].config_class, None, options), "score"))
     cluster, _worker = loopback_cluster(1, 1)
     run_dir = tmp_path / "ray"
     try:
