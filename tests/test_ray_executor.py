@@ -294,3 +294,25 @@ def test_a_lowrank_population_is_scored_factored_in_each_actor(tmp_path, tiny_di
     finally:
         ctx.close()
     assert strip_timing(rows) == strip_timing(local)
+
+
+def test_ray_address_from_the_environment_is_honoured_and_join_failures_name_their_cause(
+    tmp_path, tiny_dir, monkeypatch
+):
+    """RAY_ADDRESS without --ray-address joins that cluster (Ray's convention), so a head that is not
+    there is one line naming RAY_ADDRESS, not a ValueError; an auth failure names the token used."""
+    import socket
+
+    from corp.evaluate.executors import RayExecutor
+    from corp.evaluate.ray_cluster import join_cause
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    with pytest.raises(CorpError, match=rf"RAY_ADDRESS '127.0.0.1:{port}'.*unset RAY_ADDRESS"):
+        RayExecutor(cfg_for(tmp_path, tiny_dir, executor="ray"), 2)
+    assert not ray.is_initialized()
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    cause = join_cause(ConnectionError("RPC error: UNAUTHENTICATED: invalid authentication token"))
+    assert "auth_token" in cause and "RAY_AUTH_TOKEN" in cause, cause

@@ -219,13 +219,16 @@ class RayExecutor:
 
         ray = require("ray", "--executor ray")
         # RAY_ADDRESS is Ray's own way to name a cluster: honoured as --ray-address
+        origin = "--ray-address" if address else "RAY_ADDRESS"
         address = address or os.environ.get("RAY_ADDRESS") or None
         self.ray, self.workers, self.address = ray, workers, address
-        self._threads, bundle = actor_resources(cfg, workers, address)
-        self.bundle = bundle
+        self._threads, _ = actor_resources(cfg, workers, address)
         self._restarting: dict[int, float] = {}  # slot -> since when Ray reports it RESTARTING
         self._sent: dict[int, float] = {}  # slot -> when its shard in flight was sent
-        self.started_ray = init_ray(ray, address, None if address else workers * self._threads)
+        self.started_ray = init_ray(ray, address, None if address else workers * self._threads, origin)
+        gpu_name = os.environ.get(GPU_RESOURCE_ENV, "GPU")
+        _, bundle = actor_resources(cfg, workers, address, ray.cluster_resources().get(gpu_name, 0.0))
+        self.bundle = bundle
         self.retried = 0  # shards Ray ran again on a restarted actor
         self.replaced = 0  # actor restarts seen (a shard answered by another process of the same actor)
         self.moved: list[list] = []  # every move_base so far, replayed by restarted actors
@@ -471,18 +474,19 @@ def _gcs_address(ray) -> str | None:
     return getattr(node, "gcs_address", None)
 
 
-def actor_resources(cfg, workers: int, address: str | None) -> tuple[int, dict[str, float]]:
+def actor_resources(cfg, workers: int, address: str | None, cluster_gpus: float = 0.0) -> tuple[int, dict[str, float]]:
     """(torch threads per actor, what each actor asks Ray for). CPUs: `--threads`, else on a local Ray
     the machine's cores shared out, else 1 (threads = CPUs reserved). GPUs: 1 per hf actor on
-    CUDA; `--tensor-parallel-size` per vLLM engine when the cluster (or this machine) has GPUs.
+    CUDA; `--tensor-parallel-size` per vLLM engine on CUDA, or on `auto` when the cluster has GPUs.
     The GPU resource's name is `CORP_RAY_GPU_RESOURCE` (default GPU; tests stand a custom one in)."""
     threads = cfg.threads or (1 if address else max(1, (os.cpu_count() or 1) // workers))
     bundle: dict[str, float] = {"CPU": float(threads)}
     gpu_name = os.environ.get(GPU_RESOURCE_ENV, "GPU")
     backend = resolve_backend_name_safe(cfg.backend, resolve_backend_name)
-    if backend == "vllm" and (str(cfg.device).startswith("cuda") or gpu_name != "GPU"):
+    device = str(cfg.device)
+    if backend == "vllm" and (device.startswith("cuda") or (device != "cpu" and cluster_gpus > 0)):
         bundle[gpu_name] = float(getattr(cfg, "tensor_parallel_size", 1) or 1)
-    elif backend == "hf" and str(cfg.device).startswith("cuda"):
+    elif backend == "hf" and device.startswith("cuda"):
         bundle[gpu_name] = 1.0
     return threads, bundle
 

@@ -112,14 +112,14 @@ def check_loopback(ray) -> None:
         )
 
 
-def init_ray(ray, address: str | None, num_cpus: int | None = None, resources: dict | None = None) -> bool:
+def init_ray(ray, address: str | None, num_cpus: int | None = None, origin: str = "--ray-address") -> bool:
     """Join the Ray at `address`, or start a local one on loopback (none running yet); True when this
     call started or joined Ray (the caller shuts it down when done). A cluster that cannot be joined
     is one line naming the cause."""
     if ray.is_initialized():
         return False
     if address:
-        _check_reachable(address)
+        _check_reachable(address, origin)
         # a cluster on this machine's loopback: keep Ray from turning 127.0.0.1 into the routable address
         # (a remote one: the driver must give the cluster its routable address, so not then)
         near = loopback() if _is_loopback_address(address) else contextlib.nullcontext()
@@ -127,13 +127,12 @@ def init_ray(ray, address: str | None, num_cpus: int | None = None, resources: d
             with near:
                 ray.init(address=address, log_to_driver=False)
         except Exception as exc:  # ConnectionError, auth errors and friends; their text is long
-            raise CorpError(f"--ray-address '{address}': cannot join the Ray cluster ({join_cause(exc)})") from None
+            raise CorpError(f"{origin} '{address}': cannot join the Ray cluster ({join_cause(exc)})") from None
         return True
     with loopback():
         ray.init(
             address="local",  # never RAY_ADDRESS here: the caller decided (RayExecutor honours it as --ray-address)
             num_cpus=num_cpus,
-            resources=resources,
             include_dashboard=False,
             log_to_driver=False,
             object_store_memory=200 * 1024**2,
@@ -168,7 +167,7 @@ def join_cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {last}" if last else type(exc).__name__
 
 
-def _check_reachable(address: str) -> None:
+def _check_reachable(address: str, origin: str = "--ray-address") -> None:
     """A plain HOST:PORT that nothing answers on is one quick error (Ray itself retries for minutes)."""
     if address == "auto" or "://" in address or ":" not in address:
         return
@@ -177,7 +176,8 @@ def _check_reachable(address: str) -> None:
         socket.create_connection((host, int(port)), timeout=5).close()
     except (OSError, ValueError):
         raise CorpError(
-            f"--ray-address '{address}': no Ray head answers there (start one with `ray start --head`)"
+            f"{origin} '{address}': no Ray head answers there (start one with `ray start --head`"
+            + (", or unset RAY_ADDRESS for a local Ray)" if origin == "RAY_ADDRESS" else ")")
         ) from None
 
 
