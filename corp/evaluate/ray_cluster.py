@@ -263,9 +263,14 @@ def node_paths(cfg) -> tuple[dict, list[str]]:
     task = str(cfg.task or "")
     if task.startswith("jsonl:"):
         rest = task[len("jsonl:") :]
-        path, _ = path_and_options("jsonl", rest)
+        path, options = path_and_options("jsonl", rest)
         absolute = str(Path(path).expanduser().resolve())
-        changes["task"] = "jsonl:" + absolute + rest[len(path) :]
+        tail = rest[len(path) :]
+        if "test" in options:  # a second file (test=PATH2): absolute too
+            options["test"] = str(Path(str(options["test"])).expanduser().resolve())
+            paths.append(options["test"])
+            tail = ":" + ",".join(f"{k}={v}" for k, v in options.items())
+        changes["task"] = "jsonl:" + absolute + tail
         paths.append(absolute)
     reward = getattr(cfg, "reward", None)
     if isinstance(reward, str) and ":" in reward:
