@@ -57,7 +57,7 @@ def config(run_dir: Path, model: Path, specialists: int, **kw):
     options = dict(
         model=str(model),
         task="arith",
-        population=specialists // 2,
+        population=specialists,
         sigmas="0.05,0.1",
         n_support=12,
         n_validation=0,

@@ -152,20 +152,19 @@ class _Worker:
             rows = [score_one(self.ctx, seed, sigma, split) for seed, sigma in specialists]
         return os.getpid(), rows
 
-    def _follow(self, state) -> None:
+    def _follow(self, moves, version, direction) -> None:
         """Take the driver's state: its moves of the base and its current direction (by version)."""
-        moves, version, direction = state
         self._catch_up(moves)
         if version != self.version:
             self.ctx.backend.set_direction(direction)
             self.version = version
 
-    def generate(self, state, *args, **kwargs):
-        self._follow(state)
+    def generate(self, moves, version, direction, *args, **kwargs):
+        self._follow(moves, version, direction)
         return self.ctx.backend.generate(*args, **kwargs)
 
-    def logprobs(self, state, *args, **kwargs):
-        self._follow(state)
+    def logprobs(self, moves, version, direction, *args, **kwargs):
+        self._follow(moves, version, direction)
         return self.ctx.backend.logprobs(*args, **kwargs)
 
 
@@ -196,6 +195,7 @@ class RemoteBackend(HostCopy):
         self._engine_direction = direction
 
     def _state(self):
+        # (moves, version, direction): the moves' reference goes as a top-level argument, which Ray resolves
         return (self.executor.moves_ref(), self.version, getattr(self, "_engine_direction", None))
 
     def _engine_move_base(self, components) -> None:
@@ -205,7 +205,7 @@ class RemoteBackend(HostCopy):
         raise CorpError("--executor ray scores populations; a method that trains the model runs with --executor local")
 
     def generate(self, *args, **kwargs):
-        return self.executor.call_first("generate", self._state(), *args, **kwargs)
+        return self.executor.call_first("generate", *self._state(), *args, **kwargs)
 
     def close(self) -> None:
         HostCopy.close(self)
@@ -291,13 +291,15 @@ class RayExecutor:
         return [self.ray.get(self.actors[s].info.remote())["pid"] for s in self.alive]
 
     def stats(self) -> dict:
-        """What the report says about the executor: workers, restarts and retries seen."""
+        """What the report says about the executor: workers, Ray's restarts of its actors (from the
+        GCS; the restarts the driver saw when it does not answer) and the shards run again."""
+        counted = _bounded(lambda: sum(_actor_info(self.ray, a).get("NumRestarts", 0) for a in self.actors))
         return {
             "executor": "ray",
             "workers": self.workers,
             "workers_alive": len(self.alive),
             "threads_per_worker": self._threads,
-            "actor_restarts": self.replaced,
+            "actor_restarts": max(counted or 0, self.replaced),
             "retried_shards": self.retried,
         }
 
@@ -390,26 +392,27 @@ class RayExecutor:
                     pass
 
     def _stranded(self, running: dict) -> list[list]:
-        """Shards on actors Ray cannot place again (RESTARTING for STRANDED_S while the cluster has no
-        room for one more: their node is gone): taken back, those actors leave the pool, and the
-        live actors score the shards (Ray would wait for resources forever)."""
+        """Shards on actors Ray cannot place again: their node is gone and the nodes left hold fewer
+        actors than the pool has (Ray would keep them RESTARTING, waiting for resources, forever).
+        Actors RESTARTING for STRANDED_S beyond that capacity leave the pool; the others take their shards."""
         now = time.monotonic()
         if not running or now - min(self._sent.get(slot, now) for slot, _ in running.values()) < STRANDED_S:
             return []  # nothing has been in flight long enough to ask the GCS about
         found = _bounded(lambda: {s: _actor_state(self.ray, self.actors[s]) for s, _ in running.values()})
-        free = _bounded(self.ray.available_resources)
-        if found is None or free is None:  # the GCS is slow or gone: the head check decides
+        total = _bounded(self.ray.cluster_resources)  # alive nodes only
+        if found is None or total is None:  # the GCS is slow or gone: the head check decides
             return []
         for slot, state in found.items():
             if state == "RESTARTING":
                 self._restarting.setdefault(slot, now)
             else:
                 self._restarting.pop(slot, None)
-        room = all(free.get(k, 0.0) + 1e-9 >= v for k, v in self.bundle.items() if v)
+        capacity = min(int(total.get(k, 0.0) / v + 1e-9) for k, v in self.bundle.items() if v)
+        excess = len(self.alive) - max(capacity, 1)
         stranded = []
-        for ref, (slot, shard) in list(running.items()):
+        for ref, (slot, shard) in sorted(running.items(), key=lambda kv: self._restarting.get(kv[1][0], now)):
             since = self._restarting.get(slot)
-            if since is None or now - since < STRANDED_S or room or len(self.alive) < 2:
+            if excess <= 0 or since is None or now - since < STRANDED_S:
                 continue
             running.pop(ref)
             self.alive.remove(slot)
@@ -417,8 +420,8 @@ class RayExecutor:
                 self.ray.kill(self.actors[slot], no_restart=True)
             except Exception:
                 pass
-            self.replaced += 1
             self.retried += 1
+            excess -= 1
             stranded.append(shard)
         return stranded
 
@@ -460,13 +463,17 @@ def _bounded(fn, timeout_s: float = 2.0):
     return out[0] if out else None
 
 
-def _actor_state(ray, actor) -> str | None:
-    """An actor's state in the GCS (ALIVE, RESTARTING, DEAD, ...), without the dashboard."""
+def _actor_info(ray, actor) -> dict:
+    """An actor's entry in the GCS (State: ALIVE, RESTARTING, DEAD, ...; NumRestarts), without the dashboard."""
     try:
         info = ray._private.state.actors(actor._actor_id.hex())
     except Exception:
-        return None
-    return info.get("State") if isinstance(info, dict) else None
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _actor_state(ray, actor) -> str | None:
+    return _actor_info(ray, actor).get("State")
 
 
 def _gcs_address(ray) -> str | None:
