@@ -269,11 +269,12 @@ class RayExecutor:
                 opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=i)
             self.actors.append(cls.options(**opts).remote(self.cfg, self._threads, os.getcwd()))
         self.alive = list(range(self.workers))  # slots still in the pool
-        try:
-            self.info = ray.get(self.actors[0].info.remote())
+        try:  # every actor loaded: its first process is known, so a restart is seen even before its first shard
+            infos = ray.get([a.info.remote() for a in self.actors])
         except ray.exceptions.RayActorError as exc:
             raise CorpError(f"the Ray worker could not load the backend: {actor_cause(exc)}") from None
-        self.last_pid = {0: self.info["pid"]}
+        self.info = infos[0]
+        self.last_pid = {slot: info["pid"] for slot, info in enumerate(infos)}
         self.watch = HeadWatch(_gcs_address(ray))
 
     def moves_ref(self):
