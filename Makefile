@@ -79,7 +79,7 @@ format: setup
 	$(BIN)/ruff format corp tests benchmarks
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not embedded"
+	$(BIN)/python -m pytest -q -m "not embedded and not ray_cluster"
 
 # vLLM on plain CPUs (~3.5 GB) lives in its own venv so the main one stays small.
 VLLM_VENV ?= .venv-vllm

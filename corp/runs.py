@@ -180,7 +180,8 @@ def finish_run_dir(run_dir: str | Path, created: bool, error: BaseException | No
         (path / FAILED_FILE).unlink(missing_ok=True)
         write_status(path, "complete")
         return "complete"
-    interrupted = isinstance(error, KeyboardInterrupt)
+    # a lost Ray head (corp.evaluate.ray_cluster.HeadLost) is an interruption too: nothing is wrong with the run
+    interrupted = isinstance(error, KeyboardInterrupt) or getattr(error, "interrupted", False) is True
     what = "interrupted" if interrupted else "failed"
     message = f"{type(error).__name__}: {error}".strip().rstrip(":")
     entries = {p.name for p in path.iterdir()}

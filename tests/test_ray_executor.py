@@ -134,8 +134,10 @@ def test_killing_an_actor_mid_run_still_completes(tmp_path, tiny_dir):
     worker.join(300)
     try:
         assert "error" not in out, out.get("error")
-        assert ex.retried >= 1 and ex.replaced >= 1, "the killed actor's specialist was retried on a new actor"
+        assert ex.retried >= 1 and ex.replaced >= 1, "Ray restarted the killed actor and retried its shard"
         assert victim not in ex.pids()
+        counted = ctx.population_source["executor"]
+        assert counted["actor_restarts"] >= 1 and counted["retried_shards"] >= 1, "the report counts the retries"
     finally:
         ex.close()
     rows = out["rows"]
@@ -183,3 +185,134 @@ def test_every_method_runs_on_ray_with_the_rows_of_a_local_run_or_refuses_first(
     if m.model:
         assert _weights(tmp_path / "ray" / "model") == _weights(tmp_path / "local" / "model")
     assert ray.is_initialized() == ray_before, "a local Ray that corp started is stopped at the end of the run"
+
+
+def test_a_local_ray_listens_on_loopback_only(monkeypatch):
+    """Every listening socket of the Ray corp starts (GCS, raylet, agents, workers) is on loopback;
+    a Ray that would listen beyond it is refused in one line naming the setting."""
+    import contextlib
+
+    from corp.evaluate import ray_cluster
+
+    assert not ray.is_initialized()
+    # planted: Ray's own default (no single-node mode) listens on every interface: corp refuses
+    monkeypatch.setattr(ray_cluster, "loopback", contextlib.nullcontext)
+    with pytest.raises(CorpError, match=ray_cluster.LOOPBACK_ENV):
+        ray_cluster.init_ray(ray, None, 1)
+    assert not ray.is_initialized(), "the exposed Ray was stopped"
+    monkeypatch.undo()
+    assert ray_cluster.init_ray(ray, None, 1)
+    try:
+        actor = ray.remote(num_cpus=1)(type("Probe", (), {"pid": lambda self: os.getpid()})).remote()
+        worker_pid = ray.get(actor.pid.remote())
+        pids = ray_cluster.ray_pids(ray._private.worker._global_node)
+        assert worker_pid in pids, "the workers are among the processes checked"
+        import psutil
+
+        listening = [
+            (p, c.laddr.ip)
+            for p in pids
+            for c in psutil.Process(p).net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        ]
+        assert len({p for p, _ in listening}) >= 3, "GCS, raylet and a worker listen"
+        assert ray_cluster.exposed_sockets(pids) == [], listening
+        assert all(ray_cluster.is_loopback(ip) for _, ip in listening)
+    finally:
+        ray.shutdown()
+
+
+def test_resources_are_checked_before_any_work_and_threads_match_what_ray_reserved(tmp_path, tiny_dir, monkeypatch):
+    """More workers than free CPUs is one line before any actor starts; each actor's torch threads
+    are the CPUs Ray reserved for it; GPU engines sit in a placement group, tensor_parallel_size GPUs
+    per engine (its CPU form: a custom resource stands in for the GPU)."""
+    from types import SimpleNamespace
+
+    from corp.evaluate import ray_cluster
+    from corp.evaluate.executors import RayExecutor, actor_resources
+
+    with ray_cluster.loopback():
+        ray.init(num_cpus=2, resources={"fake_gpu": 4}, include_dashboard=False, log_to_driver=False)
+    try:
+        cfg = cfg_for(tmp_path / "r", tiny_dir, executor="ray", workers=3, threads=1)
+        with pytest.raises(CorpError, match=r"--workers 3 needs 3 CPU .* 2 free"):
+            RayExecutor(cfg, 3)
+        assert not [a for a in ray._private.state.actors().values() if a["State"] != "DEAD"], "no actor started"
+        ex = RayExecutor(cfg_for(tmp_path / "r", tiny_dir, executor="ray", workers=1, threads=2), 1)
+        try:
+            assert ex.info["threads"] == 2 and ex.bundle == {"CPU": 2.0}
+        finally:
+            ex.close()
+        deadline = time.time() + 60
+        while ray.available_resources().get("CPU", 0) < 2 and time.time() < deadline:
+            time.sleep(0.2)  # a killed actor's CPUs come back shortly after
+        # engines: hf on CUDA asks for one GPU; vLLM for tensor_parallel_size GPUs, in a placement group
+        monkeypatch.setenv(ray_cluster.GPU_RESOURCE_ENV, "fake_gpu")
+        hf = SimpleNamespace(threads=1, backend="hf", device="cuda", tensor_parallel_size=1)
+        assert actor_resources(hf, 2, "x")[1] == {"CPU": 1.0, "fake_gpu": 1.0}
+        vllm = SimpleNamespace(threads=1, backend="vllm", device="cuda", tensor_parallel_size=2)
+        threads, bundle = actor_resources(vllm, 2, "x")
+        assert bundle == {"CPU": 1.0, "fake_gpu": 2.0}
+        with pytest.raises(CorpError, match=r"--workers 3 needs 6 fake_gpu"):
+            ray_cluster.check_free(ray, 3, bundle)
+        ray_cluster.check_free(ray, 2, bundle)
+        pg = ray_cluster.placement_group(ray, 2, bundle)
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        probe = ray.remote(lambda: ray.get_runtime_context().get_assigned_resources())
+        got = ray.get(
+            [
+                probe.options(
+                    num_cpus=1,
+                    resources={"fake_gpu": 2},
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+                ).remote()
+                for i in range(2)
+            ]
+        )
+        assert [g.get("fake_gpu") for g in got] == [2.0, 2.0], "each engine holds its tensor-parallel GPUs"
+        ray.util.remove_placement_group(pg)
+    finally:
+        ray.shutdown()
+
+
+def test_a_lowrank_population_is_scored_factored_in_each_actor(tmp_path, tiny_dir):
+    """Low-rank noise on hf: each actor scores whole factored groups (the local executor's groups),
+    so the rows are the local factored rows, `scoring: "factored"` included."""
+    kw = dict(noise="lowrank:r=1", population=6, batch_size=8, n_support=4)
+    local = ensure_population(setup_run(cfg_for(tmp_path / "local", tiny_dir, **kw), "randopt"))
+    assert all(r.get("scoring") == "factored" for r in local if r["seed"] is not None)
+    ctx = setup_run(cfg_for(tmp_path / "ray", tiny_dir, executor="ray", workers=2, **kw), "randopt")
+    try:
+        from corp.evaluate.executors import get_executor
+
+        ex = get_executor(ctx)
+        examples = ray.put(list(ctx.splits["support"]))
+        shards, factored = ex._shards(ctx, [(s, 0.05) for s in range(6)], "support", examples)
+        assert factored and len(shards) == 3 and all(len(s) == 2 for s in shards), "groups of 8 // 4 prompts"
+        rows = ensure_population(ctx)
+    finally:
+        ctx.close()
+    assert strip_timing(rows) == strip_timing(local)
+
+
+def test_ray_address_from_the_environment_is_honoured_and_join_failures_name_their_cause(
+    tmp_path, tiny_dir, monkeypatch
+):
+    """RAY_ADDRESS without --ray-address joins that cluster (Ray's convention), so a head that is not
+    there is one line naming RAY_ADDRESS, not a ValueError; an auth failure names the token used."""
+    import socket
+
+    from corp.evaluate.executors import RayExecutor
+    from corp.evaluate.ray_cluster import join_cause
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("RAY_ADDRESS", f"127.0.0.1:{port}")
+    with pytest.raises(CorpError, match=rf"RAY_ADDRESS '127.0.0.1:{port}'.*unset RAY_ADDRESS"):
+        RayExecutor(cfg_for(tmp_path, tiny_dir, executor="ray"), 2)
+    assert not ray.is_initialized()
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    cause = join_cause(ConnectionError("RPC error: UNAUTHENTICATED: invalid authentication token"))
+    assert "auth_token" in cause and "RAY_AUTH_TOKEN" in cause, cause

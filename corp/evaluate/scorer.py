@@ -271,6 +271,9 @@ def ensure_population(
             rows = [scored[spec] for spec in specs]
         for i, r in enumerate(rows):
             r.setdefault("index", i)  # a row scored before a crash between scoring and indexing
+        stats = getattr(ctx.executor, "stats", dict)()
+        if stats:  # --executor ray: workers, actor restarts and retried shards (faults Ray recovered from)
+            how["executor"] = stats
     ctx.population_source = how
     ranked = sorted(rows, key=lambda r: (-r["reward"], r["index"]))
     if need is not None and racing.is_raced(ranked):
