@@ -177,3 +177,70 @@ def test_ray_outputs_are_the_local_outputs_apart_from_timing(both, tmp_path):
     _report_only(both["local"])
     for f in OUTPUTS:
         assert (tmp_path / "results" / "tiny" / f).read_bytes() == (local_root / "results" / "tiny" / f).read_bytes(), f
+
+
+def test_the_driver_keeps_the_order_records_depend_on(tmp_path):
+    """Planted: a cell that reads an earlier cell's record (a population cell's first try is sized by
+    the previous seed's, an iterative budget continues the run of the one below) is held back while
+    that cell is still to run; cells of other runs are not."""
+    from corp.bench.ray_cells import _blocked
+    from corp.bench.sweep import Bench, plan
+
+    cfg = load_config(BenchConfig, None, _options(Path("unused-model"), tmp_path))
+    cells, _ = plan(cfg)
+    bench = Bench(cfg)
+    bench.cells = cells
+
+    def cell(label, seed, budget, setting="paper"):
+        return next(c for c in cells if (c.label, c.seed, c.budget, c.setting) == (label, seed, budget, setting))
+
+    low, high = cfg.budgets
+    pending = list(cells)
+    # a population cell waits for the previous seed's record, never for another budget or variant
+    assert _blocked(bench, cell("corp-stage1", 2, low), cell("corp-stage1", 2, low), pending, {})
+    assert not _blocked(bench, cell("corp-stage1", 1, high), cell("corp-stage1", 1, high), pending, {})
+    # one training run's budgets one after another; another seed's run does not wait
+    assert _blocked(bench, cell("es", 1, high), cell("es", 1, high), pending, {})
+    assert not _blocked(bench, cell("es", 2, low), cell("es", 2, low), pending, {})
+    # a raced population races in one run directory over its budgets
+    assert _blocked(bench, cell("randopt-raced", 1, high), cell("randopt-raced", 1, high), pending, {})
+    # a fixed method whose split sizes are the same in both settings shares its run directory over them
+    sc = cell("self-consistency", 1, None, "equal-data")
+    assert _blocked(bench, sc, sc, pending, {})
+    # ... and once what it waits for is done (or running elsewhere finished), it goes
+    first = cell("corp-stage1", 1, low)
+    rest = [c for c in pending if c is not first]
+    assert not _blocked(bench, cell("corp-stage1", 2, low), cell("corp-stage1", 2, low), rest, {})
+    assert _blocked(bench, cell("corp-stage1", 2, low), cell("corp-stage1", 2, low), rest, {"ref": first})
+
+
+def test_a_cell_reserves_its_threads_and_bad_executor_settings_are_one_line(tmp_path, monkeypatch):
+    import os as _os
+
+    from corp import CorpError
+    from corp.bench.ray_cells import cell_threads
+
+    base = _options(Path("unused-model"), tmp_path)
+    monkeypatch.setattr(_os, "cpu_count", lambda: 8)
+    cfg = load_config(BenchConfig, None, {**base, "threads": None, "executor": "ray", "workers": 2})
+    assert cell_threads(cfg) == 4  # a local Ray: the cores over the cells at once
+    assert cell_threads(load_config(BenchConfig, None, {**base, "threads": 3, "executor": "ray"})) == 3
+    on_cluster = {**base, "threads": None, "executor": "ray", "ray_address": "auto"}
+    assert cell_threads(load_config(BenchConfig, None, on_cluster)) == 1
+    # a cell on CUDA reserves its engine's GPUs (one, or its vLLM tensor-parallel size); on the CPU none
+    from dataclasses import replace
+
+    from corp.bench.ray_cells import cell_gpus
+    from corp.bench.sweep import plan
+
+    some = plan(cfg)[0][0]
+    assert cell_gpus(replace(some, opts={**some.opts, "device": "cpu", "backend": "hf"})) == 0
+    assert cell_gpus(replace(some, opts={**some.opts, "device": "cuda", "backend": "hf"})) == 1
+    assert cell_gpus(replace(some, opts={**some.opts, "device": "cuda", "tensor_parallel_size": 2})) == 2
+    for over, names in [
+        ({"executor": "dask"}, "executor 'dask'"),
+        ({"executor": "ray", "workers": 0}, "workers"),
+        ({"ray_address": "auto"}, "executor ray"),
+    ]:
+        with pytest.raises(CorpError, match=names):
+            load_config(BenchConfig, None, {**base, **over})

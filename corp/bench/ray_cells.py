@@ -72,12 +72,11 @@ def lane(cell) -> tuple | None:
     return (cell.task, setting, cell.seed, cell.label, cell.trial)
 
 
-def _run_cell(cfg, cells, cell, threads: int, cwd: str):
-    """The Ray task: run one cell as the local path does (None: another process holds it)."""
+def _run_cell(bench_cls, cfg, cells, cell, threads: int, cwd: str):
+    """The Ray task: run one cell as the local path does (None: another process holds it). `bench_cls`
+    is corp.bench.sweep.Bench, passed in (sweep imports this module)."""
     import ray
     import torch
-
-    from corp.bench.sweep import Bench
 
     node = ray.util.get_node_ip_address()
     try:
@@ -87,7 +86,7 @@ def _run_cell(cfg, cells, cell, threads: int, cwd: str):
             f"node {node}: the driver's working directory '{cwd}' is not there; corp bench --executor ray "
             "needs it, WORK_DIR and RESULTS_DIR on a filesystem every node sees"
         ) from None
-    bench = Bench(cfg)
+    bench = bench_cls(cfg)
     bench.cells = cells
     if not (bench.out / "cells").is_dir():
         raise CorpError(
@@ -154,7 +153,9 @@ def run_cells_on_ray(bench, cells: list, mine) -> int:
                         f"cell {cell.record_name()} needs {threads} CPU(s) and {gpus} GPU(s); the Ray cluster has "
                         f"{have.get('CPU', 0):g} and {have.get('GPU', 0):g} (lower --threads)"
                     )
-                ref = task.options(num_cpus=threads, num_gpus=gpus).remote(cfg, shared, cell, threads, os.getcwd())
+                ref = task.options(num_cpus=threads, num_gpus=gpus).remote(
+                    type(bench), cfg, shared, cell, threads, os.getcwd()
+                )
                 running[ref] = planned
                 pending.remove(planned)
             if not running:
