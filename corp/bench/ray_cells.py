@@ -11,8 +11,9 @@ and its rerun resumes from its run directory's cache.
 The driver (this process) keeps the order the records depend on, so every cell sees what it sees in
 a local run:
 - a population cell waits for its predecessor (`Bench.predecessor`: its first try is sized by that
-  record), and a shared population is scored here, before the cells that read it run, through
-  corp's Ray executor (`corp score --executor ray`, `workers` actors);
+  record), and a shared population is scored here, before the cells that read it run and while no
+  cell task runs (its actors need the CPUs), through corp's Ray executor (`corp score --executor
+  ray`, `workers` actors);
 - the cells of one training run (an iterative method's budgets, a raced population, a fixed method's
   settings that share a run directory) run one after another, in plan order;
 - a final cell under `hyperparameters: search` runs once its trials have records (`Bench.resolve`).
@@ -113,6 +114,7 @@ def run_cells_on_ray(bench, cells: list, mine) -> int:
     pending = [c for c in cells if mine(c)]
     running: dict = {}  # ObjectRef -> planned cell
     not_before: dict[int, float] = {}  # planned cell -> when a deferred one may be submitted again
+    scored: set[int] = set()  # planned population cells whose shared population is scored as far as they need
     bench.score_on = {"executor": "ray", "workers": cfg.workers, "ray_address": cfg.ray_address}
     try:
         task = ray.remote(max_retries=CELL_RETRIES)(_run_cell)
@@ -138,14 +140,20 @@ def run_cells_on_ray(bench, cells: list, mine) -> int:
                     bar.update(1)
                 elif not _blocked(bench, planned, cell, pending, running):
                     ready.append((planned, cell))
-            # shared populations first, scored by Ray actors while no cell task holds the CPUs
-            for planned, cell in list(ready):
-                if cell.adapter.kind == POPULATION:
+            # shared populations first, scored by the Ray executor's actors while no cell task holds the
+            # CPUs they need (at the start: every population the plan can name yet; a tuned final's, once
+            # its trials chose its scales, when the cells in flight are done)
+            if not running:
+                for planned in pending:
+                    cell = bench.resolve(planned, cells)
+                    if cell is None or cell.adapter.kind != POPULATION or id(planned) in scored:
+                        continue
                     try:
                         bench.population(cell)
+                        scored.add(id(planned))
                     except RunBusy:  # another process is scoring it
                         not_before[id(planned)] = now + wait
-                        ready.remove((planned, cell))
+            ready = [(p, c) for p, c in ready if c.adapter.kind != POPULATION or id(p) in scored]
             for planned, cell in ready:
                 gpus = cell_gpus(cell)
                 if threads > have.get("CPU", 0) or gpus > have.get("GPU", 0):
