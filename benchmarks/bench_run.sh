@@ -84,9 +84,12 @@ commit_cells() {
     files+=("$f")
   done < <(changed_paths "$OUT/cells" "${SLUG}__" | grep '\.json$')
   [ ${#files[@]} -gt 0 ] || return 0
-  local names
+  local names reg=()
   names=$(for f in "${files[@]}"; do basename "$f" .json | sed "s/^${SLUG}__//; s/__[0-9a-f]*$//"; done | paste -sd ';' - | sed 's/;/; /g')
-  commit_paths "bench $(basename "$OUT") ($TASK): ${#files[@]} finished cell(s): $names" "${files[@]}"
+  # the pre-registration (corp.bench.protocol) goes with the first cells: a later session's run compares against it
+  f="$OUT/preregistration.json"
+  [ -f "$f" ] && [ -n "$(git status --porcelain -- "$f")" ] && reg=("$f")
+  commit_paths "bench $(basename "$OUT") ($TASK): ${#files[@]} finished cell(s): $names" "${files[@]}" ${reg[@]+"${reg[@]}"}
 }
 
 save_populations() {  # copy each finished or interrupted population run of this task that no process holds, and commit the copies

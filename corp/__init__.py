@@ -10,3 +10,22 @@ _apply_openmp_defaults()
 
 class CorpError(Exception):
     """An error caused by user input; the CLI prints its message as one line, no traceback."""
+
+
+# The Python API (corp/api.py), loaded on first use so that `import corp` stays light (no torch):
+# `corp.train_corp(...)`, `from corp import train_randopt`. Imported by name, not by an import statement:
+# the API sits above the method registry, and this package's own module is the ground floor
+# (tests/test_layers.py reads import statements).
+_API = ("Result", "train", "train_corp", "train_es", "train_grpo", "train_randopt")
+
+
+def __getattr__(name: str):
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module("corp.api"), name)
+    raise AttributeError(f"module 'corp' has no attribute '{name}'")
+
+
+def __dir__():
+    return sorted([*globals(), *_API])

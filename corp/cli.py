@@ -22,6 +22,7 @@ import typer
 from typer.core import TyperGroup
 
 from corp import CorpError
+from corp.api import run as run_config
 from corp.config import field_docs, flag, load_config, renamed_options
 from corp.methods import Method, methods
 from corp.runs import write_failure
@@ -168,7 +169,7 @@ def method_command(method: Method) -> None:
     """`corp NAME` for a registered method: build its config, run it, print its summary."""
 
     def runner(cfg) -> None:
-        report = method(cfg)
+        report = run_config(cfg, method).report  # the Python API's path (corp.api): the CLI only parses
         text = method.summarise(report)
         if text:
             typer.echo(text)

@@ -20,7 +20,10 @@ the run layer, ES, CoRP and the split-half analysis can all use the same definit
   degrees of freedom (conservative when the example term dominates; Welch-Satterthwaite's larger
   df undercovered at 3 seeds). With 3 seeds the seed-then-example percentile bootstrap
   (`clustered_bootstrap_ci`, kept for comparison) has 10 distinct seed resamples and cannot leave
-  the range of the seed means; benchmarks/interval_coverage.py measures both by simulation.
+  the range of the seed means; benchmarks/interval_coverage.py measures both by simulation. Its
+  two-sided p (the same t, k - 1 df) is what `holm` corrects for a pre-registered family.
+- `holm`: Holm's step-down adjustment of a family of p-values (strong control of the family-wise
+  error rate, no assumption about how the tests depend on each other).
 - `PerExample`: a list of per-example scores that remembers which example ids it was computed
   on, and `assert_same_examples`, which every paired comparison (the CoRP gate included) calls so
   that it can never subtract scores of different examples.
@@ -148,13 +151,37 @@ def seed_example_interval(
     if d.ndim != 2 or d.shape[0] < 2 or d.shape[1] < 2:
         raise ValueError(f"an across-seed interval needs >= 2 seeds on >= 2 shared examples, got shape {d.shape}")
     out = crossed_t_intervals(d[None], level)
+    mean, se, df = float(out["mean"][0]), float(out["se"][0]), float(out["df"][0])
+    # the interval's own test, two-sided: no spread at all makes any nonzero difference certain
+    p = (0.0 if mean else 1.0) if se == 0 else float(2 * _scipy_stats.t.sf(abs(mean) / se, df))
     return {
-        "mean": float(out["mean"][0]),
+        "mean": mean,
         "ci": (float(out["lo"][0]), float(out["hi"][0])),
-        "df": float(out["df"][0]),
-        "se": float(out["se"][0]),
+        "df": df,
+        "se": se,
+        "p": p,
         "seed_means": [float(x) for x in d.mean(axis=1)],
     }
+
+
+def holm(pvalues: Sequence[float | None], alpha: float = 0.05) -> list[dict]:
+    """Holm's step-down procedure over a family of m hypotheses: sort the p-values, multiply the i-th
+    smallest (i = 1..m) by m - i + 1, carry the running maximum (adjusted p-values never decrease
+    with rank) and cap at 1; a hypothesis is rejected when its adjusted p is <= alpha. A missing p
+    (None: a comparison not run yet) still counts in m and is never rejected, so a family with gaps
+    is corrected as registered, not as run. Returns, in input order, {p, p_holm, reject}."""
+    m = len(pvalues)
+    order = sorted(range(m), key=lambda i: (pvalues[i] is None, pvalues[i] if pvalues[i] is not None else 0.0))
+    out: list[dict] = [{} for _ in range(m)]
+    running = 0.0
+    for rank, i in enumerate(order):
+        p = pvalues[i]
+        if p is None:
+            out[i] = {"p": None, "p_holm": None, "reject": False}
+            continue
+        running = max(running, min(1.0, (m - rank) * float(p)))
+        out[i] = {"p": float(p), "p_holm": running, "reject": running <= alpha}
+    return out
 
 
 def crossed_t_intervals(d: np.ndarray, level: float = 0.95) -> dict:

@@ -47,6 +47,7 @@ FAKE = textwrap.dedent("""
     Path("runs/bench/wrap").mkdir(parents=True, exist_ok=True)
     Path("runs/bench/wrap/model.bin").write_bytes(b"x" * 1000)
     if n == 1:
+        Path("results/wrap/preregistration.json").write_text("{}")  # corp writes it before the first final cell
         (cells / "add__paper__s0__base__fixed__0123456789.json").write_text(json.dumps({"status": "done"}))
         (cells / "letters__paper__s0__base__fixed__0123456789.json").write_text("{}")  # the other task's process
         sys.exit(137)
@@ -112,6 +113,7 @@ def test_the_wrapper_restarts_the_bench_and_commits_only_its_finished_cells(repo
         "results/wrap/table.md",
         "results/wrap/results.csv",
         "results/wrap/bench.json",
+        "results/wrap/preregistration.json",  # a later session's run compares its config against it
     } <= tracked
     assert not any(p.startswith("runs/") or "letters" in p or p in ("notes.txt", "fake.py") for p in tracked), tracked
     log = _git(repo, "log", "--format=%s")

@@ -7,7 +7,7 @@ Floors, lowest first; a module imports only from its own floor or below:
 1. `evaluate` (tasks, rewards, backends, the run layer `evaluate/context.py`, population scoring)
 2. the algorithm packages `analysis`, `consolidate`, `baselines`, `federated`
 3. `methods` (the registry)
-4. `bench`
+4. `bench`, `api` (the Python API; `corp/__init__.py` loads it by name, on first use)
 5. `cli`
 
 What a "public" import of an algorithm package is: a name listed in that package's `__all__`
@@ -48,6 +48,7 @@ FLOORS = {
     **dict.fromkeys(("analysis", "consolidate", "baselines", "federated"), 2),
     "methods": 3,
     "bench": 4,
+    "api": 4,
     "cli": 5,
 }
 ALGORITHMS = {"analysis", "consolidate", "baselines", "federated"}

@@ -111,6 +111,30 @@ def test_seed_example_interval_by_hand():
     iv = seed_example_interval(a, b)
     assert iv["df"] == 2 and iv["mean"] == pytest.approx(d.mean())
     assert iv["ci"] == pytest.approx((d.mean() - t.ppf(0.975, 2) * se, d.mean() + t.ppf(0.975, 2) * se))
+    # its own two-sided test: the p at which the interval would just touch 0
+    assert iv["p"] == pytest.approx(2 * t.sf(abs(d.mean()) / se, 2))
+    lo_at_p = seed_example_interval(a, b, level=1 - iv["p"])["ci"]
+    assert min(abs(x) for x in lo_at_p) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_holm_by_hand():
+    """Hand-worked: p = (0.01, 0.04, 0.03, 0.005), m = 4. Sorted 0.005, 0.01, 0.03, 0.04, times 4, 3, 2, 1:
+    0.02, 0.03, 0.06, 0.04, then the running maximum: 0.02, 0.03, 0.06, 0.06. At 0.05 the first two are
+    rejected; uncorrected, all four would be (0.04 and 0.03 < 0.05)."""
+    from corp.stats import holm
+
+    out = holm([0.01, 0.04, 0.03, 0.005])
+    assert [o["p_holm"] for o in out] == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert [o["reject"] for o in out] == [True, False, False, True]
+    # Holm rejects where Bonferroni (each p x m) would not: 0.015 x 3 = 0.045 but 0.04 x 3 = 0.12, Holm 0.04
+    out = holm([0.012, 0.015, 0.04])
+    assert [o["p_holm"] for o in out] == pytest.approx([0.036, 0.036, 0.04])
+    assert all(o["reject"] for o in out)
+    # a comparison not run yet still counts in m, and is never rejected
+    out = holm([0.02, None])
+    assert out[0]["p_holm"] == pytest.approx(0.04) and out[0]["reject"]
+    assert out[1] == {"p": None, "p_holm": None, "reject": False}
+    assert [o["p_holm"] for o in holm([0.6, 0.9])] == pytest.approx([1.0, 1.0]), "capped at 1"
 
 
 def _coverage_script():

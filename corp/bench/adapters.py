@@ -78,6 +78,44 @@ class BenchAdapter:
     check: Callable[[object, dict], None] | None = field(default=None, compare=False)
     """A check of the cell's built config against its splits ({name: examples}) that needs no model
     (e.g. FGRPO: every client gets support examples); raises CorpError before any compute."""
+    population_rows: str | None = None
+    """Regex of the report rows that are RandOpt's on this method's own population (CoRP's report
+    computes them); the bench keeps them as LABEL/ROW under `population_rows: true`."""
+    touched: Callable[[dict, int, int | None], int | None] | None = field(default=None, compare=False)
+    """Distinct labelled examples a run touches, from (its options, seed, units): those it scored or
+    trained on (None: not known). Unset: every example of its splits but test (support + probe +
+    validation)."""
+
+
+def _labelled(o: dict) -> int:
+    return sum(int(o.get(k) or 0) for k in ("n_support", "n_probe", "n_validation"))
+
+
+def _grpo_draws(prefix: str, seed: int, steps: int, n: int, k: int) -> int:
+    """Distinct support positions drawn by `steps` steps of GRPO-style sampling:
+    random.Random(f"{prefix}|{seed}|{step}").sample(support, min(k, n)) at steps 0..steps-1 (GRPO's
+    `corp-grpo`, F-TIS's `corp-ftis`); random.sample picks positions by the list's length alone."""
+    import random
+
+    seen: set[int] = set()
+    for step in range(steps):
+        seen.update(random.Random(f"{prefix}|{seed}|{step}").sample(range(n), min(k, n)))
+    return len(seen)
+
+
+def _es_touched(o: dict, seed: int, units: int | None) -> int | None:
+    """ES scores every member on its iteration's batch (corp.baselines.es.iteration_batch) or the whole support."""
+    from types import SimpleNamespace
+
+    from corp.baselines.es import iteration_batch
+
+    n = int(o.get("n_support") or 0)
+    k = int(_opt(o, ESConfig, "prompts_per_iteration"))
+    if not k or k >= n or units is None:
+        return n
+    support = list(range(n))
+    c = SimpleNamespace(prompts_per_iteration=k, seed=seed)
+    return len({i for t in range(units) for i in iteration_batch(c, support, t)})
 
 
 def _ints(value) -> list[int]:
@@ -90,6 +128,7 @@ SELF_CONSISTENCY = BenchAdapter(
     FIXED,
     r"base|self-consistency@\d+",
     row_names=lambda o: ["base"] + [f"self-consistency@{k}" for k in _ints(_opt(o, SelfConsistencyConfig, "k"))],
+    touched=lambda o, seed, units: 0,
 )
 RANDOPT = BenchAdapter(
     POPULATION,
@@ -101,6 +140,7 @@ RANDOPT = BenchAdapter(
     row_names=lambda o: (
         ["randopt-top1"] + [f"randopt-vote@{k}" for k in _ints(_opt(o, RandOptConfig, "top_k")) if k != 1]
     ),
+    touched=lambda o, seed, units: int(o.get("n_support") or 0),  # every specialist scored on the whole support
 )
 # CoRP needs two elites to merge anything; its own probe/validation/support-half evaluations count
 # (probe, step search, gates: the cell's prefix is chosen so that population + these fit the budget);
@@ -113,6 +153,8 @@ CORP = BenchAdapter(
     min_units=2,
     clip=("top_k",),
     defaults={"top_k": [1], "merge_rules": ["pass2"]},
+    population_rows=r"randopt-top1|randopt-vote@\d+",
+    touched=lambda o, seed, units: _labelled(o),  # support (scoring), probe (step search), validation (gate)
 )
 
 
@@ -135,6 +177,7 @@ ES = BenchAdapter(
         (float(_opt(o, ESConfig, "population")) + (0.0 if _opt(o, ESConfig, "skip_centre_eval") else 1.0))
         * _es_support_share(o)
     ),
+    touched=_es_touched,
 )
 # one GRPO step generates prompts_per_step * num_generations completions (a fraction of a support pass)
 GRPO = BenchAdapter(
@@ -148,6 +191,13 @@ GRPO = BenchAdapter(
         float(_opt(o, GRPOConfig, "prompts_per_step"))
         * float(_opt(o, GRPOConfig, "num_generations"))
         / max(1.0, float(_opt(o, GRPOConfig, "n_support")))
+    ),
+    touched=lambda o, seed, units: (
+        None
+        if units is None
+        else _grpo_draws(
+            "corp-grpo", seed, units, int(o.get("n_support") or 0), int(_opt(o, GRPOConfig, "prompts_per_step"))
+        )
     ),
 )
 
@@ -174,6 +224,7 @@ FGRPO = BenchAdapter(
         / max(1.0, float(_opt(o, FGRPOConfig, "n_support")))
     ),
     check=_clients_get_support,
+    touched=lambda o, seed, units: None,  # each client samples its own share: not reconstructed here
 )
 
 
@@ -224,6 +275,13 @@ FTIS = BenchAdapter(
     ),
     defaults={"skip_grpo_baseline": True, "eval_nodes": "0", "eval_every": 1_000_000_000},
     check=_ftis_nodes_usable,
+    touched=lambda o, seed, units: (
+        None
+        if units is None
+        else _grpo_draws(
+            "corp-ftis", seed, units, int(o.get("n_support") or 0), int(_opt(o, FTISConfig, "prompts_per_step"))
+        )
+    ),
 )
 # FERA trains nothing: its rounds cost inference only, reported per row as passes per test example
 FERA = BenchAdapter(
@@ -232,6 +290,7 @@ FERA = BenchAdapter(
     row_names=lambda o: [
         f"{p}-round{r}" for r in range(1, int(_opt(o, FERAConfig, "rounds")) + 1) for p in ("fera", "plain-vote")
     ],
+    touched=lambda o, seed, units: None,
 )
 
 # Methods docs/methods.md describes that are not built yet: a bench config may name them; they are

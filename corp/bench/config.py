@@ -10,6 +10,19 @@ from corp.config import PopulationConfig, RunConfig, options_from, parse_list
 
 SETTINGS = ("paper", "equal-data")
 PROTOCOLS = ("defaults", "search")
+MAX_PRIMARY = 6  # the issue's "at most about 6": a larger family mostly buys a stricter correction
+# the regime each method should reach at the top budget (issue 39): RandOpt >= 50 specialists, CoRP
+# >= 200 on >= 64 support examples, ES a population and iteration count in its paper's range (30
+# members, hundreds of iterations; 100 is the floor taken here), GRPO (and F-TIS) >= 100 optimizer
+# steps. Keys: `units` (the adapter's unit at the top budget) or an option of the cell (n_support,
+# population). A config's `regime_targets` replaces a method's entry.
+REGIME_TARGETS = {
+    "randopt": {"units": 50},
+    "consolidate": {"units": 200, "n_support": 64},
+    "es": {"population": 30, "units": 100},
+    "grpo": {"units": 100},
+    "ftis": {"units": 100},
+}
 
 
 # The bench protocol: the rules that decide what a cell's row is, beyond its options. A record or
@@ -69,7 +82,7 @@ class BenchConfig:
     tasks: list[str | dict] = field(default_factory=lambda: ["arith"])
     """Tasks, comma-separated (each as `corp tasks` names them, options included); in YAML an entry may also be
     {task: SPEC, label: SHORT, seeds: [...]}, SHORT naming the task in tables and file names (default: the spec)
-    and seeds the subset of `seeds` its final cells run (default: all; trials always run on the first seed)."""
+    and seeds the subset of `seeds` its final cells run (default: all; trials run on the bench's first `tune_seeds` seeds)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     """Master seeds; every method runs once per seed (test examples are the same for every seed)."""
     budgets: list[float] = field(default_factory=lambda: [1e13, 3e13])
@@ -87,6 +100,43 @@ class BenchConfig:
     `skip: REASON` lists a method as not run, with the reason, instead of running it."""
     compare: list = field(default_factory=list)
     """Pairs [a, b] of result rows compared on the same test examples: per-seed paired differences with their within-seed intervals, a sign count, a t interval over the per-seed mean differences (k - 1 degrees of freedom) and McNemar; needs at least 2 seeds."""
+    primary: list = field(default_factory=list)
+    """Pre-registered primary comparisons (at most 6), named before any final cell runs: each
+    'A vs B @ BUDGET on TASK' (BUDGET one of `budgets` or `top`; append ' in SETTING' for another than
+    the headline setting) or {a, b, budget, task, setting}. The report shows them apart from the
+    exploratory ones (`compare`) and corrects them for multiplicity (Holm, over all of them). When
+    the first final cell is written their hash, with `test_set` and the test examples' ids, is
+    stored beside the cells (preregistration.json); a later run whose primary set or test set differs
+    is refused."""
+    test_set: str = ""
+    """The test set's name, registered with `primary` (required with it): e.g. the split edition the
+    tasks' test examples come from. The registration also hashes every task's test example ids."""
+    tune_setting: str = "paper"
+    """Under search: the data setting whose split sizes the trials use (paper; equal-data tunes in the
+    final setting, which needs a `tune_split` outside the 144 labelled examples, e.g. a development split)."""
+    tune_split: str = "validation"
+    """Under search: the split the trials are scored on (`report_on` of every trial; never test): validation, or dev (a
+    task spec with heldout=START,dev=N has a development pool outside every split)."""
+    tune_seeds: int = 1
+    """Under search: how many of `seeds` (the first ones) every trial runs on; a trial's score is its mean over them."""
+    tune_options: dict = field(default_factory=dict)
+    """Under search: options every trial cell gets on top of its method's (e.g. the size of a development split)."""
+    population_rows: bool = False
+    """Also report, from each CoRP cell, RandOpt top-1 and vote@K on CoRP's own population (rows
+    LABEL/randopt-top1, LABEL/randopt-vote@K; K from consolidate's top_k), charged the population
+    prefix CoRP read: the CoRP paper's comparison at the same population."""
+    ratio_compare: list = field(default_factory=list)
+    """Comparisons of a row at N units against another at RATIO x N (the CoRP paper's CoRP at N
+    vs RandOpt at 10N): entries {a: ROW, b: ROW, ratio: 10}; per task, setting and budget of a, b is
+    taken at the smallest budget where its mean units reach RATIO x a's (none: the report says so)."""
+    protocol_tables: bool = False
+    """Third-edition report sections: each method's total compute with its search and discarded
+    tries beside its final cells', the regime reached at the top budget against `regime_targets`
+    (with its curve over budgets when below), and the distinct labelled examples each method touched."""
+    regime_targets: dict = field(default_factory=dict)
+    """Per registry method, the regime it should reach at the top budget ({units: N, OPTION: N}),
+    replacing corp.bench.config.REGIME_TARGETS' entry (RandOpt 50 specialists, CoRP 200 on 64 support,
+    ES population 30 x 100 iterations, GRPO/F-TIS 100 steps)."""
     max_units: int = 10000
     """Most iterations/steps an iterative method may train while reaching a budget (a guard)."""
     results_dir: str = "results"
@@ -192,6 +242,9 @@ class BenchConfig:
             )
         if self.population < 1:
             raise CorpError(f"bench config: population must be >= 1, got {self.population}")
+        from corp.bench.protocol import check_protocol
+
+        check_protocol(self)
         if self.threads is not None and self.threads < 0:
             raise CorpError(
                 f"bench config: threads must be >= 1 (or 0 / unset for torch's default), got {self.threads}"

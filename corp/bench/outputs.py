@@ -17,10 +17,11 @@ import json
 import statistics
 from pathlib import Path
 
+from corp.bench.accounting import eval_flops
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig
 from corp.ledger import FLOPS_FORMULA, LORA_CONVENTION
 from corp.runs import atomic_write_text, bounded_name, naming, read_json, write_json
-from corp.stats import compare_paired_seeds, examples_text, sign_text
+from corp.stats import compare_paired_seeds, examples_text, seed_example_interval, sign_text
 
 CSV_COLUMNS = [
     "task",
@@ -93,7 +94,8 @@ def flat_rows(records: list[dict]) -> list[dict]:
                     "labelled_examples": r["labelled_examples"],
                     "test_tokens": r["test_tokens"],
                     "test_flops": r["test_flops"],
-                    "flops": rec["flops"],
+                    # a RandOpt row on CoRP's population is charged the prefix CoRP read (population_rows)
+                    "flops": r.get("flops", rec["flops"]),
                     "wall_seconds": rec["wall_seconds"],
                     "population_seconds": rec.get("population_seconds"),
                     "units": rec.get("units"),
@@ -220,11 +222,17 @@ def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
     """The configured comparisons, on the seeds where both rows exist; every planned seed left out is named,
     with why (a side that does not fit in a seed drops that seed, which must be said, not hidden)."""
     out = []
+    registered = getattr(cfg, "primary_list", [])
+    # a primary pair not also in `compare` is compared only where it is registered
+    only = [p for p in registered if [p["a"], p["b"]] not in [list(x) for x in cfg.compare]]
     for task in cfg.tasks:
         for setting in cfg.settings:
             for budget in cfg.budgets:
                 by = _at_budget(rows, task, setting, budget)
-                for a, b in cfg.compare:
+                here = [
+                    (p["a"], p["b"]) for p in only if (p["task"], p["setting"], p["budget"]) == (task, setting, budget)
+                ]
+                for a, b in [*cfg.compare, *here]:
                     if a not in by or b not in by:
                         continue
                     sa = {r["seed"]: r for r in by[a] if r["correct"] is not None}
@@ -263,6 +271,11 @@ def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
                         flops_a=statistics.fmean(sa[s]["flops"] or 0.0 for s in seeds),
                         flops_b=statistics.fmean(sb[s]["flops"] or 0.0 for s in seeds),
                     )
+                    if registered and len(seeds) > 1:  # the across-seed interval's own test, for Holm
+                        c["p"] = seed_example_interval(
+                            [[int(bool(x)) for x in sa[s]["correct"]] for s in seeds],
+                            [[int(bool(x)) for x in sb[s]["correct"]] for s in seeds],
+                        )["p"]
                     out.append(c)
     return out
 
@@ -282,9 +295,9 @@ def _at_top_budget(tuning: list[dict], value) -> dict[tuple, float]:
     """{(task, label, trial): value(record) of that trial's largest-budget record}: each trial counted once
     (an iterative trial's smaller budgets are checkpoints of that run; a population trial's smaller
     budgets reuse its population and add their own evaluations)."""
-    top: dict[tuple, tuple[float, float]] = {}  # (task, label, trial) -> (its largest budget, value there)
+    top: dict[tuple, tuple[float, float]] = {}  # (task, label, trial, seed) -> (its largest budget, value there)
     for rec in tuning:
-        key = (rec["task"], rec["label"], rec.get("trial", 0))
+        key = (rec["task"], rec["label"], rec.get("trial", 0), rec.get("seed"))  # a trial on several seeds: each run
         if rec.get("budget") is None or rec["budget"] >= top.get(key, (-1.0, 0.0))[0]:
             top[key] = (rec.get("budget") or 0.0, value(rec))
     return {key: v for key, (_, v) in top.items()}
@@ -294,7 +307,7 @@ def trial_flops(tuning: list[dict]) -> dict[str, float]:
     """Per searched method (cell label), the FLOPs its trials' top-budget cells used, summed over trials and
     tasks: a well-defined size of the tuning (`_at_top_budget`)."""
     out: dict[str, float] = {}
-    for (_, label, _), flops in _at_top_budget(tuning, lambda r: r.get("flops") or 0.0).items():
+    for (_, label, *_), flops in _at_top_budget(tuning, lambda r: r.get("flops") or 0.0).items():
         out[label] = out.get(label, 0.0) + flops
     return out
 
@@ -316,7 +329,7 @@ def time_table(cfg: BenchConfig, records: list[dict], tuning: list[dict]) -> lis
         if rec["setting"] == setting and rec.get("status") == "done":
             final.setdefault((rec["task"], rec["label"], rec["budget"]), []).append(_cell_seconds(rec))
     trials: dict[tuple, list[float]] = {}
-    for (task, label, _), sec in _at_top_budget(tuning, _cell_seconds).items():
+    for (task, label, *_), sec in _at_top_budget(tuning, _cell_seconds).items():
         trials.setdefault((task, label), []).append(sec)
     if not final and not trials:
         return []
@@ -359,6 +372,18 @@ def protocol_sentence(cfg: BenchConfig, tuning_flops: dict[str, float] | None = 
         )
     searched = [n for n, spec in cfg.methods.items() if (spec or {}).get("search")]
     settings = "both data settings" if len(cfg.settings) > 1 else f"the {cfg.settings[0]} setting"
+    if (
+        tuned_apart(cfg) or cfg.protocol_tables
+    ):  # the third edition's protocol: its own sentence (the compute table counts the trials)
+        seeds = ", ".join(str(x) for x in cfg.seeds[: cfg.tune_seeds])
+        return (
+            f"Hyperparameters: search. Each of {', '.join(searched)} got {cfg.trials} trials (grid points drawn by a "
+            f"fixed seed), each run on seed{'s' if cfg.tune_seeds > 1 else ''} {seeds} with the {cfg.tune_setting} "
+            f"setting's splits and scored on the {tune_split_text(cfg)}, never on test; a trial's score is its mean over "
+            f"those seeds, and the best trial's options (results.csv) were used for every seed in {settings}. Every "
+            "trial is in tuning.csv; what the trials spent, their evaluations and discarded tries included, is in the "
+            "compute table, beside each method's final cells. Other methods ran with the options given."
+        )
     spent = ""
     if tuning_flops:
         spent = (
@@ -386,9 +411,21 @@ def tuning_rows(records: list[dict]) -> list[dict]:
     for rec in sorted(records, key=lambda r: (r["task"], r["label"], r["budget"] or 0.0, r.get("trial", 0))):
         for row in flat_rows([rec]):
             row["trial"] = rec.get("trial")
+            row["evaluation_flops"] = eval_flops(rec)
             row["validation_accuracy"] = row.pop("accuracy")
             out.append(row)
     return out
+
+
+def tuned_apart(cfg: BenchConfig) -> bool:
+    """Whether the trials ran under the third edition's tuning fields (not the second edition's defaults)."""
+    return (cfg.tune_setting, cfg.tune_split, cfg.tune_seeds, cfg.tune_options) != ("paper", "validation", 1, {})
+
+
+def tune_split_text(cfg: BenchConfig) -> str:
+    """'64-example validation split', or 'dev split' (a size given in tune_options as n_dev is stated)."""
+    n = cfg.n_validation if cfg.tune_split == "validation" else cfg.tune_options.get(f"n_{cfg.tune_split}")
+    return f"{n}-example {cfg.tune_split} split" if n else f"{cfg.tune_split} split"
 
 
 def _labelled_text(cfg: BenchConfig, row: dict) -> str:
@@ -401,6 +438,9 @@ def _labelled_text(cfg: BenchConfig, row: dict) -> str:
         return ""
     if not row.get("tuned"):
         return str(n)
+    if cfg.tune_split != "validation":  # a split of its own (dev): never among a method's labelled examples
+        size = cfg.tune_options.get(f"n_{cfg.tune_split}")
+        return f"{n} + {size or ''}{' ' if size else ''}{cfg.tune_split}"
     inside = n >= cfg.n_support + cfg.n_probe + cfg.n_validation
     return f"{n} (tuned on val)" if inside else f"{n} + {cfg.n_validation} val"
 
@@ -414,7 +454,11 @@ def table_md(
     tuning_flops: dict[str, float] | None = None,
     reading: list[str] | None = None,
     times: list[str] | None = None,
+    primary: list[dict] | None = None,
+    extra: list[str] | None = None,
 ) -> str:
+    """`primary`: the registered comparisons with Holm's correction (corp.bench.protocol.mark_primary), shown
+    apart from the exploratory ones; `extra`: the third edition's sections (compute, regime, the papers' comparisons)."""
     lines = [
         f"# Bench `{cfg.name}`: {cfg.model}",
         "",
@@ -441,7 +485,7 @@ def table_md(
     ]
     lines += headline_table(cfg, rows)
     if reading:
-        lines += ["## What it shows", "", *reading, "", MULTIPLE_NOTE, ""]
+        lines += ["## What it shows", "", *reading, "", PRIMARY_NOTE if primary is not None else MULTIPLE_NOTE, ""]
     for task in cfg.tasks:
         for setting in cfg.settings:
             names: list[str] = []
@@ -489,7 +533,12 @@ def table_md(
         "every test example (what learning only the label prior scores; results.csv says which answer)."
     )
     lines.append("")
-    if comps:
+    if primary is not None:
+        lines += primary_table(primary)
+        exploratory = [c for c in comps if not c.get("primary")]
+        if exploratory:
+            lines += comparisons_table(exploratory, "Exploratory comparisons (not pre-registered, not corrected)")
+    elif comps:
         lines += comparisons_table(comps)
     unmatched = [f"{a} vs {b}" for a, b in cfg.compare if not any((c["a"], c["b"]) == (a, b) for c in comps)]
     if unmatched:  # a pair naming a row no cell reports (a typo, or a top_k clipped to one row) is said, not dropped
@@ -500,6 +549,7 @@ def table_md(
             + f" (rows: {', '.join(names)}).",
             "",
         ]
+    lines += extra or []
     lines += times or []
     if missing:
         lines += (
@@ -514,11 +564,78 @@ def _flops_text(c: dict) -> str:
     return f"{c['a']} {c.get('flops_a', 0.0):.2g} FLOPs, {c['b']} {c.get('flops_b', 0.0):.2g} FLOPs"
 
 
-def comparisons_table(comps: list[dict]) -> list[str]:
+def _p_text(p) -> str:
+    return "—" if p is None else f"{p:.3g}"
+
+
+def primary_table(primary: list[dict]) -> list[str]:
+    """The pre-registered comparisons, every one of them (a comparison not run yet says so): its
+    difference and across-seed interval, the interval's p, Holm's adjusted p over the whole family and
+    the decision at 0.05."""
+    from corp.bench.protocol import HOLM_ALPHA
+
+    lines = [
+        f"## Primary comparisons (pre-registered; Holm over all {len(primary)})",
+        "",
+        "Registered before any final cell ran (preregistration.json beside cells/). p: the across-seed interval's "
+        "two-sided t test (k - 1 df); Holm: the step-down adjusted p over every registered comparison, run or not; "
+        f"a primary claim needs Holm p <= {HOLM_ALPHA:g}.",
+        "",
+        "| pair | task | setting | budget | difference | 95% interval | signs | p | Holm p | decision |",
+        "|---|---|---|---:|---:|---|---|---:|---:|---|",
+    ]
+    for r in primary:
+        e, c = r["entry"], r["comparison"]
+        where = f"| {e['a']} vs {e['b']} | {e['task_label']} | {e['setting']} | {_budget_text(e['budget'])} |"
+        if c is None:
+            lines.append(f"{where} | | | | | | not run yet |")
+            continue
+        if c.get("n_seeds", 1) < 2:
+            lines.append(f"{where} {c['difference']:+.3f} | | | | | one seed only, no claim |")
+            continue
+        decision = (
+            "no difference shown"
+            if not r["reject"]
+            else (f"{e['a']} better" if c["difference"] > 0 else f"{e['b']} better")
+        )
+        lines.append(
+            f"{where} {c['difference']:+.3f} | {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} | {sign_text(c)} | "
+            f"{_p_text(r['p'])} | {_p_text(r['p_holm'])} | {decision} |"
+        )
+    return lines + [""]
+
+
+def primary_sentences(primary: list[dict]) -> list[str]:
+    """One sentence per registered comparison; 'beats' only where Holm's adjusted p is <= 0.05."""
+    out = []
+    for r in primary:
+        e, c = r["entry"], r["comparison"]
+        where = f"on {e['task_label']} ({e['setting']}, budget {_budget_text(e['budget'])} FLOPs"
+        if c is None:
+            out.append(f"{e['a']} vs {e['b']} {where}): not run yet.")
+            continue
+        where += f"; {_flops_text(c)})"
+        if c.get("n_seeds", 1) < 2:
+            out.append(f"{e['a']} vs {e['b']} {where}: one seed only, no claim ({c['difference']:+.3f}).")
+            continue
+        stat = (
+            f"95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}, p = {_p_text(r['p'])}, Holm p = "
+            f"{_p_text(r['p_holm'])}, signs {sign_text(c)}, {examples_text(c)}"
+        )
+        if r["reject"] and c["difference"] > 0:
+            out.append(f"{e['a']} beats {e['b']} {where} by {c['difference']:+.3f} ({stat}).")
+        elif r["reject"]:
+            out.append(f"{e['b']} beats {e['a']} {where} by {-c['difference']:+.3f} ({stat}).")
+        else:
+            out.append(f"{e['a']} vs {e['b']} {where}: no difference shown ({c['difference']:+.3f}, {stat}).")
+    return out
+
+
+def comparisons_table(comps: list[dict], heading: str = "Paired comparisons") -> list[str]:
     """The configured comparisons as one table: pair, where, difference, across-seed interval,
     per-seed differences with their within-seed intervals, sign count, each side's FLOPs."""
     lines = [
-        "## Paired comparisons",
+        f"## {heading}",
         "",
         (
             "Same test examples in every seed. Interval: 95%, a t interval over the seeds' mean paired differences (k "
@@ -639,11 +756,24 @@ def regime_text(cfg: BenchConfig) -> str:
         f"population {cfg.population} specialists (sigmas {', '.join(f'{x:g}' for x in cfg.sigmas)}); splits support "
         f"{cfg.n_support}, probe {cfg.n_probe}, validation {cfg.n_validation}, test {cfg.n_test}; data settings "
         f"{', '.join(cfg.settings)} (headline: {headline_setting(cfg)}); hyperparameters: {cfg.hyperparameters}"
-        + (f" ({cfg.trials} trials per searched method, on validation)" if cfg.hyperparameters == "search" else "")
+        + (
+            (
+                f" ({cfg.trials} trials per searched method, on {cfg.tune_split}"
+                + (f", {cfg.tune_seeds} seeds, {cfg.tune_setting} setting" if tuned_apart(cfg) else "")
+                + ")"
+            )
+            if cfg.hyperparameters == "search"
+            else ""
+        )
         + "."
     )
 
 
+PRIMARY_NOTE = (
+    "The primary comparisons were registered before any final cell ran and are corrected together (Holm); "
+    "every other interval is 95% on its own, with no adjustment for the number of comparisons: among many "
+    "comparisons of equal rows about 1 in 20 would exclude 0 by chance."
+)
 MULTIPLE_NOTE = (
     "Each interval is 95% on its own, with no adjustment for the number of comparisons: among many "
     "comparisons of equal rows about 1 in 20 would exclude 0 by chance."
@@ -698,7 +828,9 @@ def _pairs_text(comps: list[dict]) -> str:
     )
 
 
-def reading_lines(cfg: BenchConfig, rows: list[dict], comps: list[dict]) -> list[str]:
+def reading_lines(
+    cfg: BenchConfig, rows: list[dict], comps: list[dict], primary: list[dict] | None = None
+) -> list[str]:
     """What the headline shows, in plain words, from the rows and comparisons alone (nothing typed in by
     hand): per task, the highest single-model mean at the top budget beside the base and, where the
     majority-answer reference is at or above it, that the task's gains mostly measure its label prior;
@@ -732,9 +864,16 @@ def reading_lines(cfg: BenchConfig, rows: list[dict], comps: list[dict]) -> list
                 "often a model gives that answer, not the task itself"
             )
         out += [text + ".", ""]
+    if primary is not None:  # the registered family is the only source of claims; the rest are exploratory
+        out += [f"Primary comparisons (pre-registered, Holm over all {len(primary)}; a claim needs Holm p <= 0.05):"]
+        out += [f"- {s}" for s in primary_sentences(primary)] + [""]
+        comps = [c for c in comps if not c.get("primary")]
     labelled = [dict(c, task_label=cfg.label(c["task"])) for c in comps]
     claims = [s for s, c in zip(beats_sentences(comps), comps) if _is_claim(c)]
-    if claims:
+    if claims and primary is not None:
+        out += ["Exploratory (not pre-registered or corrected: the 95% interval excludes 0; a lead, not a claim):"]
+        out += [f"- {s}" for s in claims] + [""]
+    elif claims:
         out += ["Claims (the 95% across-seed interval excludes 0; FLOPs of both sides given):"]
         out += [f"- {s}" for s in claims] + [""]
     elif comps:
@@ -810,7 +949,7 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
             for family, test in (
                 ("RandOpt K-vote", lambda n: n.startswith("randopt")),
                 ("self-consistency@K", lambda n: n.startswith("self-consistency")),
-                ("CoRP", lambda n: n.startswith("corp")),
+                ("CoRP", lambda n: n.startswith("corp") and "/" not in n),  # not RandOpt on CoRP's population
             ):
                 pts = {}
                 for n, got in by.items():
@@ -888,11 +1027,23 @@ def write_outputs(
         trials = tuning_rows(tuning)
         for r in trials:
             r["task_label"] = cfg.label(r["task"])
-        write_csv(out / "tuning.csv", trials, TUNING_COLUMNS)
+        # the third edition's trials: which seed, and what evaluating them on the tuning split cost (search)
+        more = ["seed", "evaluation_flops"] if cfg.protocol_tables or cfg.tune_seeds > 1 else []
+        write_csv(out / "tuning.csv", trials, TUNING_COLUMNS + more)
     comps = comparisons(cfg, rows)
-    reading = reading_lines(cfg, rows, comps)
+    primary = None
+    if getattr(cfg, "primary_list", None):
+        from corp.bench.protocol import mark_primary
+
+        primary = mark_primary(cfg, comps)
+        for r in primary:
+            r["entry"] = {**r["entry"], "task_label": cfg.label(r["entry"]["task"])}
+    reading = reading_lines(cfg, rows, comps, primary)
     times = time_table(cfg, records, tuning or [])
-    text = table_md(cfg, rows, comps, missing, command, trial_flops(tuning or []), reading, times)
+    extra = protocol_sections(cfg, rows, records, tuning or [])
+    text = table_md(
+        cfg, rows, comps, missing, command, trial_flops(tuning or []), reading, times, primary=primary, extra=extra
+    )
     if not_run:
         head, _, rest = text.partition("\n\n")
         text = (
@@ -926,6 +1077,18 @@ def write_outputs(
             "reading": reading,
             "bench_protocol": BENCH_PROTOCOL,
             "older_protocol_records": older,
+            # the third edition's (absent from an older bench's bench.json)
+            **(
+                {
+                    "primary": [
+                        {k: r[k] for k in ("entry", "p", "p_holm", "reject")} | {"run": r["comparison"] is not None}
+                        for r in primary
+                    ],
+                    "preregistration": str(out / "preregistration.json"),
+                }
+                if primary is not None
+                else {}
+            ),
         },
     )
     return {
@@ -976,7 +1139,7 @@ def readme_section(cfg: BenchConfig) -> str:
         lines += [
             "What it shows (95% intervals across seeds: a t interval with k - 1 df over the seeds' paired "
             "differences plus the test examples' term, paired on the same examples; a comparison with one "
-            f"seed so far makes no claim). {MULTIPLE_NOTE}",
+            f"seed so far makes no claim). {PRIMARY_NOTE if meta.get('primary') is not None else MULTIPLE_NOTE}",
             "",
             *meta["reading"],
             "",
@@ -993,3 +1156,139 @@ def readme_section(cfg: BenchConfig) -> str:
         + (f", every trial in `{out / 'tuning.csv'}`." if (out / "tuning.csv").exists() else ".")
     )
     return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- the third edition's sections
+
+
+def ratio_comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
+    """`ratio_compare`: per task, setting and budget of row a (mean units N over its seeds), row b at the
+    smallest budget whose mean units reach RATIO x N, compared on the seeds both have (the same test
+    examples); where no budget of b reaches it, an entry saying how far b got."""
+    out = []
+    for entry in cfg.ratio_compare:
+        a, b, ratio = entry["a"], entry["b"], float(entry.get("ratio", 10))
+        for task in cfg.tasks:
+            for setting in cfg.settings:
+                for budget in cfg.budgets:
+                    ra = {r["seed"]: r for r in _at_budget(rows, task, setting, budget).get(a, []) if r["correct"]}
+                    if not ra:
+                        continue
+                    n_a = statistics.fmean(float(r["units"] or 0) for r in ra.values())
+                    found = None
+                    most = 0.0
+                    for bb in cfg.budgets:
+                        rb = {r["seed"]: r for r in _at_budget(rows, task, setting, bb).get(b, []) if r["correct"]}
+                        if not rb:
+                            continue
+                        n_b = statistics.fmean(float(r["units"] or 0) for r in rb.values())
+                        most = max(most, n_b)
+                        if n_b >= ratio * n_a:
+                            found = (bb, rb, n_b)
+                            break
+                    head = dict(
+                        a=a, b=b, ratio=ratio, task=cfg.label(task), setting=setting, budget=budget, units_a=n_a
+                    )
+                    if found is None:
+                        out.append({**head, "reached": False, "units_b": most})
+                        continue
+                    bb, rb, n_b = found
+                    seeds = sorted(set(ra) & set(rb))
+                    if not seeds:
+                        continue
+                    c = compare_paired_seeds(a, [ra[s]["correct"] for s in seeds], b, [rb[s]["correct"] for s in seeds])
+                    c.update(
+                        head,
+                        reached=True,
+                        budget_b=bb,
+                        units_b=n_b,
+                        seeds=seeds,
+                        flops_a=statistics.fmean(ra[s]["flops"] or 0.0 for s in seeds),
+                        flops_b=statistics.fmean(rb[s]["flops"] or 0.0 for s in seeds),
+                    )
+                    out.append(c)
+    return out
+
+
+def papers_section(cfg: BenchConfig, rows: list[dict]) -> list[str]:
+    """The CoRP paper's comparisons: per task, setting and budget, each CoRP row beside RandOpt top-1
+    and vote@K on its own population (population_rows) and the share of the vote's gain over top-1
+    CoRP recovers; then `ratio_compare` (CoRP at N against RandOpt at RATIO x N)."""
+    lines = []
+    if cfg.population_rows:
+        table = []
+        for task in cfg.tasks:
+            for setting in cfg.settings:
+                for budget in cfg.budgets:
+                    by = _at_budget(rows, task, setting, budget)
+                    for name in [n for n in by if f"{n}/randopt-top1" in by]:
+                        mean = {k: statistics.fmean(r["accuracy"] for r in v) for k, v in by.items()}
+                        votes = sorted(
+                            (n for n in by if n.startswith(f"{name}/randopt-vote@")), key=lambda n: int(n.split("@")[1])
+                        )
+                        top1 = mean[f"{name}/randopt-top1"]
+                        vote = votes[-1] if votes else None
+                        share = ""
+                        if vote and mean[vote] != top1:
+                            share = f"{(mean[name] - top1) / (mean[vote] - top1):+.2f}"
+                        flops = statistics.fmean(r["flops"] for r in by[name])
+                        pop = statistics.fmean(r["flops"] for r in by[f"{name}/randopt-top1"])
+                        table.append(
+                            f"| {cfg.label(task)} | {setting} | {_budget_text(budget)} | {name} {mean[name]:.3f} | "
+                            f"{top1:.3f} | {'' if vote is None else f'{vote.split(chr(47))[1]} {mean[vote]:.3f}'} | {share} | "
+                            f"{flops:.2g} / {pop:.2g} |"
+                        )
+        if table:
+            lines += [
+                "## The CoRP paper's comparisons: RandOpt on CoRP's own population",
+                "",
+                "| task | setting | budget | CoRP | RandOpt top-1 (same population) | RandOpt vote@K (same population) "
+                "| share of the vote's gain CoRP recovers | FLOPs: CoRP / the population it read |",
+                "|---|---|---:|---|---:|---|---:|---|",
+                *table,
+                "",
+                "RandOpt's rows here rank CoRP's own population prefix on support (CoRP's report computes them), so "
+                "they spent the population's FLOPs and none of CoRP's own evaluations; share: (CoRP - top-1) / "
+                "(vote@K - top-1), means over seeds (the CoRP paper's claim is above 0.5). Paired intervals: name the "
+                "rows (LABEL/randopt-top1) in compare or primary.",
+                "",
+            ]
+    ratios = ratio_comparisons(cfg, rows)
+    if ratios:
+        lines += [
+            "## At N against RATIO x N specialists",
+            "",
+            "| a (budget, units) | b (budget, units) | task | setting | difference | 95% interval | signs | FLOPs (a / b) |",
+            "|---|---|---|---|---:|---|---|---|",
+        ]
+        for c in ratios:
+            left = f"{c['a']} ({_budget_text(c['budget'])}, {c['units_a']:.3g})"
+            if not c["reached"]:
+                lines.append(
+                    f"| {left} | {c['b']}: no budget reaches {c['ratio']:g} x {c['units_a']:.3g} (at most {c['units_b']:.3g}) "
+                    f"| {c['task']} | {c['setting']} | | | | |"
+                )
+                continue
+            iv = f"{c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}"
+            signs = sign_text(c) if c.get("n_seeds", 1) > 1 else "one seed only, no claim"
+            lines.append(
+                f"| {left} | {c['b']} ({_budget_text(c['budget_b'])}, {c['units_b']:.3g}) | {c['task']} | {c['setting']} | "
+                f"{c['difference']:+.3f} | {iv} | {signs} | {c['flops_a']:.2g} / {c['flops_b']:.2g} |"
+            )
+        lines += [
+            "",
+            "Units: mean over seeds (specialists for population methods); b at the smallest budget reaching the ratio.",
+            "",
+        ]
+    return lines
+
+
+def protocol_sections(cfg: BenchConfig, rows: list[dict], records: list[dict], tuning: list[dict]) -> list[str]:
+    """The third edition's sections (each absent from an older config's table.md)."""
+    from corp.bench.accounting import compute_table, regime_table
+
+    lines = papers_section(cfg, rows)
+    if cfg.protocol_tables:
+        setting = headline_setting(cfg)
+        lines += compute_table(cfg, records, tuning, setting) + regime_table(cfg, records, setting)
+    return lines

@@ -12,6 +12,9 @@ Protocol (the issue's "each method gets the same number of trials, chosen on the
 - per (task, method variant, budget) the trial with the best validation accuracy (the mean over
   the method's rows, e.g. RandOpt's top-1 and K-vote; ties go to the earlier trial) is chosen, and
   its options are used for every seed and both data settings;
+- the third edition's fields move the trials (corp.bench.config): `tune_setting` (the final data
+  setting's split sizes), `tune_split` (a development split: `dev`), `tune_seeds` (a trial is then
+  one cell per seed, scored by its mean over them) and `tune_options`; the defaults are the above;
 - a method without a search space runs with its options as given (the results say 0 trials).
 
 In the equal-data setting the validation examples are also training data of RandOpt, ES and GRPO;
@@ -85,8 +88,11 @@ def check_search(cfg) -> None:
 
 
 def trial_score(record: dict) -> float | None:
-    """A trial's validation accuracy: the mean over its rows (None: it produced no row)."""
-    accs = [r["accuracy"] for r in record.get("rows", []) if r.get("accuracy") is not None]
+    """A trial's validation accuracy: the mean over its own rows (None: it produced no row). RandOpt's
+    rows on a CoRP trial's population (population_rows) are not CoRP's and do not score it."""
+    accs = [
+        r["accuracy"] for r in record.get("rows", []) if r.get("accuracy") is not None and not r.get("population_row")
+    ]
     return sum(accs) / len(accs) if accs else None
 
 

@@ -34,6 +34,7 @@ from corp import CorpError
 from corp.bench.adapters import FIXED, ITERATIVE, PLANNED, POPULATION, BenchAdapter, get_path
 from corp.bench.budget import min_budget, prefix_that_fits
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig
+from corp.bench.protocol import check_registration
 from corp.bench.search import choose, trial_options, trial_score
 from corp.config import PopulationConfig, check_types, in_scales, load_config
 from corp.ledger import flops
@@ -217,25 +218,29 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
                     continue
                 for label, over in (spec.get("variants") or {name: {}}).items():
                     for i, values in enumerate(trial_options(name, str(label), spec["search"], cfg.trials)):
-                        opts = {
-                            **options(task, "paper", cfg.seeds[0], name, spec, over),
-                            **values,
-                            "report_on": "validation",
-                        }
-                        cells.extend(
-                            Cell(
-                                task,
-                                "tune",
-                                cfg.seeds[0],
-                                name,
-                                str(label),
-                                b,
-                                dict(opts),
-                                trial=i,
-                                task_label=cfg.label(task),
+                        # the trials' data setting, seeds and scored split (search.py; by default the
+                        # paper setting on the first seed, scored on validation, as the second edition ran)
+                        for seed in cfg.seeds[: cfg.tune_seeds]:
+                            opts = {
+                                **options(task, cfg.tune_setting, seed, name, spec, over),
+                                **cfg.tune_options,
+                                **values,
+                                "report_on": cfg.tune_split,
+                            }
+                            cells.extend(
+                                Cell(
+                                    task,
+                                    "tune",
+                                    seed,
+                                    name,
+                                    str(label),
+                                    b,
+                                    dict(opts),
+                                    trial=i,
+                                    task_label=cfg.label(task),
+                                )
+                                for b in budgets_of(name)
                             )
-                            for b in budgets_of(name)
-                        )
         for setting in cfg.settings:
             for seed in cfg.seeds_of(task):
                 for name, spec in runnable.items():
@@ -297,26 +302,46 @@ def _check_record(rec: Path) -> None:
         ) from None
 
 
-def possible_rows(cell: Cell) -> list[str]:
-    """The row names a cell can report (as `Bench._record` names them), from its options."""
+def possible_rows(cell: Cell, population_rows: bool = False) -> list[str]:
+    """The row names a cell can report (as `Bench._record` names them), from its options; with
+    `population_rows`, also a CoRP cell's RandOpt rows on its own population (LABEL/randopt-top1, ...)."""
     adapter = cell.adapter
     names = adapter.row_names(cell.opts) if adapter.row_names else [cell.label]
-    listed = any(len(_values(cell.opts.get(k))) > 1 for k in adapter.clip)
+    extra = []
+    if population_rows and adapter.population_rows is not None:
+        ks = [int(k) for k in _values(cell.opts.get("top_k")) if int(k) != 1]
+        extra = [f"{cell.label}/randopt-top1"] + [f"{cell.label}/randopt-vote@{k}" for k in ks]
+    listed = _listed(cell.opts, adapter)
     if len(names) == 1 and not listed:
-        return [cell.label]
-    return names if cell.label == cell.method else [f"{cell.label}:{n}" for n in names]
+        return [cell.label, *extra]
+    return (names if cell.label == cell.method else [f"{cell.label}:{n}" for n in names]) + extra
+
+
+def _listed(opts: dict, adapter: BenchAdapter) -> bool:
+    """Whether a cell's rows come from a list option with several values (RandOpt's top_k: its rows
+    keep their own names). Only a method whose rows are named by its options (row_names) has such
+    rows: CoRP's top_k only adds RandOpt rows on its population, and its own row keeps the cell's label."""
+    return adapter.row_names is not None and any(len(_values(opts.get(k))) > 1 for k in adapter.clip)
 
 
 def check_compare(cfg: BenchConfig, cells: list[Cell]) -> None:
     """One error line for a comparison naming a row no planned cell can report (a typo, a variant
-    label, a K not in the options), before compute."""
-    rows = sorted({n for c in cells if c.setting != "tune" for n in possible_rows(c)})
-    for pair in cfg.compare:
+    label, a K not in the options), before compute: `compare`, `primary` and `ratio_compare` alike."""
+    rows = sorted({n for c in cells if c.setting != "tune" for n in possible_rows(c, cfg.population_rows)})
+    pairs = [("compare", p) for p in cfg.compare]
+    pairs += [("primary", [p["a"], p["b"]]) for p in getattr(cfg, "primary_list", [])]
+    pairs += [("ratio_compare", [e["a"], e["b"]]) for e in cfg.ratio_compare]
+    for field_name, pair in pairs:
         for name in pair:
             if name not in rows:
+                hint = (
+                    ""
+                    if "/" not in name or cfg.population_rows
+                    else " (set population_rows: true for LABEL/randopt-* rows)"
+                )
                 raise CorpError(
-                    f"bench config: compare names '{name}', a row no method "
-                    f"in this bench can report; rows: {', '.join(rows)}"
+                    f"bench config: {field_name} names '{name}', a row no method "
+                    f"in this bench can report; rows: {', '.join(rows)}{hint}"
                 )
 
 
@@ -687,7 +712,8 @@ class Bench:
             wall += dt
             flops = sum(get_path(report, p) for p in adapter.flops)
             own = flops - sum(costs[:n])  # the method's own evaluations at this prefix
-            tried.append({"units": n, "flops": flops, "run_dir": str(run_dir)})
+            # `own`: what this try's own evaluations cost, so a discarded try is counted (outputs: compute)
+            tried.append({"units": n, "flops": flops, "run_dir": str(run_dir), "own": own})
             done = {t["units"] for t in tried}
             room = prefix_that_fits(costs, budget - own)  # the prefix these own evaluations leave room for
             if flops <= budget:
@@ -718,6 +744,11 @@ class Bench:
         rec["tried"] = tried
         rec["own_flops"] = best["own"]
         rec["own_estimate"] = guess  # what the first try was sized with (None: scoring alone)
+        for row in rec.get(
+            "rows", []
+        ):  # RandOpt on CoRP's population: charged the prefix CoRP read, not its own evaluations
+            if row.get("population_row"):
+                row["flops"] = sum(costs[:n])
         rec["budget_reached"] = n < len(costs) or sum(costs) >= budget
         return rec
 
@@ -871,21 +902,30 @@ class Bench:
         records = [self.load_record(c) for c in trials]
         if not trials or any(r is None for r in records):
             return None
-        best = choose(records)
-        pick = trials[0] if best is None else trials[best]  # no trial fit the budget: the final cell says so too
+        # a trial run on several seeds (tune_seeds) is one candidate: its score is the mean over them
+        by_trial: dict[int, list[int]] = {}
+        for i, c in enumerate(trials):
+            by_trial.setdefault(c.trial, []).append(i)
+        merged = [_merge_seeds([records[i] for i in idx]) for idx in by_trial.values()]
+        firsts = [trials[idx[0]] for idx in by_trial.values()]
+        best = choose(merged)
+        pick = firsts[0] if best is None else firsts[best]  # no trial fit the budget: the final cell says so too
         values = {k: pick.opts[k] for k in cell.searched}
-        scores = [trial_score(rec) for rec in records]
+        scores = [trial_score(rec) for rec in merged]
+        cfg = self.cfg
+        tuned_on = {"seed": pick.seed, "setting": "paper", "split": "validation", "examples": cfg.n_validation}
+        if (cfg.tune_setting, cfg.tune_split, cfg.tune_seeds) != ("paper", "validation", 1):
+            tuned_on = {
+                "seeds": sorted({trials[i].seed for i in by_trial[pick.trial]}),
+                "setting": cfg.tune_setting,
+                "split": cfg.tune_split,
+            }
         tuning = {
-            "trials": len(trials),
+            "trials": len(by_trial),
             "chosen_trial": best,
             "chosen": values,
             "validation_accuracy": scores,
-            "tuned_on": {
-                "seed": pick.seed,
-                "setting": "paper",
-                "split": "validation",
-                "examples": self.cfg.n_validation,
-            },
+            "tuned_on": tuned_on,
         }
         return dataclasses.replace(cell, opts={**cell.opts, **values}, tuning=tuning)
 
@@ -903,11 +943,17 @@ class Bench:
         # a method with one row of its own (ES, a CoRP or GRPO variant) names it by the cell's label; one
         # whose rows come from a list option (RandOpt's top_k) keeps their names even when a small
         # budget clips that list to one value, so "randopt-top1" stays "randopt-top1"
-        listed = any(len(_values(cell.opts.get(k))) > 1 for k in adapter.clip)
+        listed = _listed(cell.opts, adapter)
         rows = []
-        for r in mine:
+        theirs = []  # RandOpt's rows on this CoRP cell's own population (config population_rows)
+        if self.cfg.population_rows and adapter.population_rows is not None:
+            other = re.compile(adapter.population_rows)
+            theirs = [r for r in report.get("rows", []) if other.fullmatch(r["method"].split(" ")[0])]
+        for r, on_population in [(r, False) for r in mine] + [(r, True) for r in theirs]:
             name = (
-                cell.label
+                f"{cell.label}/{r['method']}"
+                if on_population
+                else cell.label
                 if len(mine) == 1 and not listed
                 else (r["method"] if cell.label == cell.method else f"{cell.label}:{r['method']}")
             )
@@ -921,6 +967,7 @@ class Bench:
                     "test_tokens": r["ledger"]["prompt_tokens"] + r["ledger"]["generated_tokens"],
                     "test_flops": r["ledger"]["flops"],
                     "correct": outcomes["outcomes"].get(r["method"]),
+                    **({"population_row": True} if on_population else {}),
                 }
             )
         chosen = {
@@ -973,12 +1020,19 @@ def _with_every_trial(cells: list[Cell]) -> list[Cell]:
 
 
 def _trials_of(cell: Cell, cells: list[Cell]) -> list[Cell]:
-    """The hyperparameter trials (setting "tune") of a final cell's method variant and budget, in trial order."""
+    """The hyperparameter trials (setting "tune") of a final cell's method variant and budget, in trial
+    order (a trial on several seeds: one cell per seed, in seed order)."""
     key = (cell.task, cell.method, cell.label, cell.budget)
     return sorted(
         (c for c in cells if c.setting == "tune" and (c.task, c.method, c.label, c.budget) == key),
         key=lambda c: c.trial,
     )
+
+
+def _merge_seeds(records: list[dict]) -> dict:
+    """One trial's records over its seeds as one record for `choose`: the rows of every seed that
+    produced any (a seed whose cell did not fit has none; trial_score is then the mean over the rest)."""
+    return {"rows": [r for rec in records for r in rec.get("rows", [])]}
 
 
 def run_bench(
@@ -1021,6 +1075,8 @@ def run_bench(
                 f"{', '.join(sorted({c.label for c in cells}))}"
             )
     preflight(cfg, _with_every_trial(cells), load_model=load_model and compute)
+    # the pre-registration (corp.bench.protocol): stored before the first final cell, refused once changed after
+    check_registration(cfg, results_path(cfg), compute)
     bench = Bench(cfg)
     bench.cells = cells
 

@@ -16,6 +16,10 @@ Two forms, told apart by the name of the function's first parameter:
   `completions` gets it by keyword (so TRL's `(prompts, completions, **kw)` works); otherwise
   completions are the first positional argument.
 
+From Python (`corp.api`), functions are passed as objects: `register_reward` combines one or more
+of them (TRL's `reward_funcs` and `reward_weights`) into one batched reward known in this process by
+the spec `python:NAMES@HASH` (the hash covers the functions' source, so cached rows follow the code).
+
 A reward may be any finite float (TRL's convention); rewards are not clipped to [0, 1]. A value
 that is None, NaN, infinite or not a number, or an exception, scores 0 for that example and is
 counted in the row's `reward_errors`. A function that fails on every example of an evaluation
@@ -33,6 +37,8 @@ rank-transforms fitness; GRPO divides advantages by the group's standard deviati
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -41,6 +47,7 @@ import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from corp import CorpError
@@ -106,6 +113,14 @@ def resolve_reward(spec: str | None) -> RewardFunction | None:
         return None
     if isinstance(spec, RewardFunction):
         return spec
+    if isinstance(spec, str) and spec.startswith(IN_PROCESS):
+        if spec not in _REGISTERED:
+            raise CorpError(
+                f"reward '{spec}' is a Python function given to corp's Python API in another process; a run "
+                "resumed from the command line, a --config file or a Ray worker needs it by name: "
+                "--reward module:function or file.py:function"
+            )
+        return _REGISTERED[spec]
     if callable(spec):
         return RewardFunction(spec, getattr(spec, "__name__", repr(spec)))
     module_name, _, attr = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
@@ -125,6 +140,108 @@ def resolve_reward(spec: str | None) -> RewardFunction | None:
     return RewardFunction(fn, spec)
 
 
+# ---------------------------------------------------------------- functions given in Python (corp.api)
+
+IN_PROCESS = "python:"  # the prefix of a reward registered in this process (`register_reward`)
+_REGISTERED: dict[str, RewardFunction] = {}
+
+
+def _fingerprint(fn: Callable) -> str:
+    """What a Python function is, for cache keys: its module, name and source text (its bytecode when
+    the source cannot be read), and the values it carries: a partial's arguments, defaults, and the
+    contents of a closure's cells. A value whose repr names a memory address (an object without a
+    stable repr) cannot key a cache: one line asks for a function that does not capture it."""
+    parts = []
+    while hasattr(fn, "func"):  # functools.partial (nested ones too): its arguments are part of what it is
+        parts.append(f"partial{fn.args!r}{sorted(fn.keywords.items())!r}")
+        fn = fn.func
+    try:
+        body = inspect.getsource(fn)
+    except (OSError, TypeError):
+        code = getattr(fn, "__code__", None)
+        body = code.co_code.hex() if code is not None else repr(fn)
+    cells = [c.cell_contents for c in (getattr(fn, "__closure__", None) or ()) if _filled(c)]
+    parts += [repr(getattr(fn, "__defaults__", None)), repr(getattr(fn, "__kwdefaults__", None)), repr(cells)]
+    carried = "\n".join(parts)
+    name = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    if " at 0x" in carried:
+        raise CorpError(
+            f"reward function {name} carries a value without a stable repr (a closure cell, default or partial "
+            "argument), so corp cannot key its cache on it: pass such values as dataset columns or use a "
+            "module-level function of plain values"
+        )
+    return f"{name}\n{body}\n{carried}"
+
+
+def _filled(cell) -> bool:
+    try:
+        _ = cell.cell_contents
+    except ValueError:  # a cell not yet assigned (a recursive closure before its definition ran)
+        return False
+    return True
+
+
+class CombinedReward:
+    """TRL's several reward functions as one batched reward: `sum(w_i * r_i)` over the functions
+        that gave a value (TRL's `reward_weights`; a None or non-finite value is left out, as TRL's
+        nansum); None, scored 0 and counted as an error, when none gave one. An `async def` function is
+    awaited. `conversational`: prompts
+        and completions reach the functions as TRL's conversational format (lists of message dicts)."""
+
+    def __init__(self, funcs: Sequence[RewardFunction], weights: Sequence[float], conversational: bool = False):
+        self.funcs, self.weights, self.conversational = list(funcs), [float(w) for w in weights], conversational
+
+    def __call__(self, completions, **columns) -> list[float | None]:
+        if self.conversational:
+            completions = [[{"role": "assistant", "content": c}] for c in completions]
+            messages = [[{"role": "user", "content": p}] for p in columns.get("prompt") or []]
+            columns = {**columns, "prompt": messages, "prompts": messages}
+        total: list[float | None] = [None] * len(completions)
+        for fn, w in zip(self.funcs, self.weights):
+            out = fn(completions, **columns)
+            if inspect.isawaitable(out):  # TRL's `async def` rewards; a thread of its own, as a notebook runs a loop
+                with ThreadPoolExecutor(1) as pool:
+                    out = pool.submit(asyncio.run, _awaited(out)).result()
+            values = _one_per_completion(out, len(completions), fn.spec)
+            for i, v in enumerate(values):
+                v = _clean(v)
+                if v is not None:
+                    total[i] = (total[i] or 0.0) + w * v
+        return total
+
+
+async def _awaited(awaitable):
+    return await awaitable
+
+
+def register_reward(
+    funcs: Sequence[Callable], weights: Sequence[float] | None = None, conversational: bool = False
+) -> str:
+    """Python reward functions (TRL's form, or corp's per-completion form) as one `--reward` spec
+    valid in this process: `python:NAMES@HASH`, the hash over each function's fingerprint, the
+    weights and the format, so cached rows follow the code."""
+    funcs = list(funcs)
+    if not funcs:
+        raise CorpError("reward_funcs is empty; give a function, a list of them, or None for the task's own check")
+    weights = [1.0] * len(funcs) if weights is None else list(weights)
+    if len(weights) != len(funcs):
+        raise CorpError(f"reward_weights has {len(weights)} values for {len(funcs)} reward functions; give one each")
+    bad = [w for w in weights if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w)]
+    if bad:
+        raise CorpError(f"reward_weights must be finite numbers, got {bad[0]!r}")
+    resolved = [resolve_reward(f) for f in funcs]
+    if any(r is None for r in resolved):
+        raise CorpError("reward_funcs: 'correct' (the task's own check) cannot be combined with other functions")
+    names = "+".join(getattr(getattr(f, "fn", f), "__name__", "reward") for f in resolved)
+    h = hashlib.sha256(
+        "\n".join([*(_fingerprint(r.fn) for r in resolved), repr(weights), str(conversational)]).encode()
+    ).hexdigest()[:16]
+    spec = f"{IN_PROCESS}{names}@{h}"
+    if spec not in _REGISTERED:
+        _REGISTERED[spec] = RewardFunction(CombinedReward(resolved, weights, conversational), spec)
+    return spec
+
+
 def reward_identity(spec) -> str:
     """What a reward is, in cache keys and a resumed run's checks: 'correct', or its module's resolved
     file and the function's name, so `rw.py:f`, `./rw.py:f`, `/abs/rw.py:f` and `rw:f` run from the
@@ -133,6 +250,8 @@ def reward_identity(spec) -> str:
         return "correct"
     if not isinstance(spec, str):
         return spec  # a function passed by a library caller: as before
+    if spec.startswith(IN_PROCESS):
+        return spec  # `register_reward`'s spec carries the hash of the functions' code
     module_name, _, attr = spec.rpartition(":") if ":" in spec else spec.rpartition(".")
     if module_name.endswith(".py") or os.sep in module_name or "/" in module_name:
         return f"{Path(module_name).expanduser().resolve()}:{attr}"

@@ -1,0 +1,499 @@
+"""`corp bench`'s third-edition protocol (issue 39): pre-registered primary comparisons with Holm's
+correction and a registration refused once changed after a final cell exists; trials over several
+seeds in a chosen setting and split; every trial's compute and every discarded try counted; RandOpt
+on CoRP's own population and at RATIO x N; the regime reached and the labelled examples touched."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from corp import CorpError
+from corp.bench.config import BenchConfig
+from corp.config import load_config
+from tests.test_bench import _report_rows, tiny_options
+
+
+def _cfg(**over) -> BenchConfig:
+    opts = {
+        "name": "p",
+        "tasks": [{"task": "arith", "label": "add"}],
+        "seeds": [0, 1, 2],
+        "budgets": [1e12, 2e12],
+        "n_test": 50,
+        "methods": {"randopt": {"options": {"top_k": [1, 4]}}, "consolidate": {"variants": {"corp-stage1": {}}}},
+    }
+    return load_config(BenchConfig, None, {**opts, **over})
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_primary_entries_parse_in_both_forms_and_bad_ones_are_one_line():
+    cfg = _cfg(
+        primary=[
+            "corp-stage1 vs randopt-top1 @ top on add",
+            {"a": "corp-stage1", "b": "base", "budget": 1e12, "task": "arith", "setting": "paper"},
+        ],
+        test_set="fresh-v3",
+        settings=["paper", "equal-data"],
+    )
+    assert cfg.primary_list == [
+        {"a": "corp-stage1", "b": "randopt-top1", "task": "arith", "budget": 2e12, "setting": "equal-data"},
+        {"a": "corp-stage1", "b": "base", "task": "arith", "budget": 1e12, "setting": "paper"},
+    ]
+    bad = [
+        ({"primary": ["a vs b @ top on add"] * 1, "test_set": ""}, "test_set"),
+        ({"primary": [f"a{i} vs b @ top on add" for i in range(7)], "test_set": "x"}, "at most 6"),
+        ({"primary": ["a vs b @ 3e12 on add"], "test_set": "x"}, "3e+12"),
+        ({"primary": ["a vs b @ top on letters"], "test_set": "x"}, "letters"),
+        ({"primary": ["a against b"], "test_set": "x"}, "A vs B @ BUDGET on TASK"),
+        ({"primary": ["a vs b @ top on add"] * 2, "test_set": "x"}, "twice"),
+        ({"tune_seeds": 2}, "hyperparameters: search"),
+    ]
+    for over, needle in bad:
+        with pytest.raises(CorpError) as err:
+            _cfg(**over)
+        assert needle in str(err.value) and "\n" not in str(err.value), (over, str(err.value))
+    search = {
+        "hyperparameters": "search",
+        "trials": 2,
+        "methods": {"self-consistency": {"options": {"k": [1, 2]}, "search": {"temperature": [0.5, 1.0]}}},
+    }
+    for over, needle in [
+        ({"tune_setting": "equal-data"}, "tune_split: dev"),
+        ({"tune_split": "test"}, "never look at test"),
+        ({"tune_seeds": 4}, "tune_seeds"),
+    ]:
+        with pytest.raises(CorpError) as err:
+            _cfg(**search, **over)
+        assert needle in str(err.value), str(err.value)
+
+
+# ----------------------------------------------------------------------------- registration
+
+
+def _final_record(out: Path) -> None:
+    (out / "cells").mkdir(parents=True, exist_ok=True)
+    (out / "cells" / "add__paper__s0__randopt__1.000e+12__abc.json").write_text(
+        json.dumps({"bench_protocol": 2, "setting": "paper", "rows": []})
+    )
+
+
+def test_a_registration_changed_after_a_final_cell_exists_is_refused(tmp_path):
+    from corp.bench.protocol import REGISTRATION, check_registration
+
+    out = tmp_path / "p"
+    first = _cfg(primary=["corp-stage1 vs randopt-top1 @ top on add"], test_set="fresh-v3")
+    assert check_registration(_cfg(), out, compute=True) is None and not (out / REGISTRATION).exists(), (
+        "an older config registers nothing and writes nothing"
+    )
+    stored = check_registration(first, out, compute=True)
+    assert (out / REGISTRATION).exists() and stored["test_examples"]["add"]["n"] == 50
+    # before any final cell the primary set may still change (trials never look at test)
+    second = _cfg(primary=["corp-stage1 vs base @ top on add"], test_set="fresh-v3")
+    assert check_registration(second, out, compute=True)["primary"][0]["b"] == "base"
+    _final_record(out)
+    assert check_registration(second, out, compute=False)["primary"][0]["b"] == "base", "unchanged: accepted"
+    for changed, named in [
+        (first, "primary"),
+        (_cfg(primary=["corp-stage1 vs base @ top on add"], test_set="fresh-v4"), "test set"),
+        (_cfg(primary=["corp-stage1 vs base @ top on add"], test_set="fresh-v3", n_test=40), "test examples"),
+        (_cfg(), "primary"),
+    ]:
+        for compute in (True, False):  # --report-only is refused too: it would relabel the comparisons
+            with pytest.raises(CorpError) as err:
+                check_registration(changed, out, compute=compute)
+            msg = str(err.value)
+            assert named in msg and "1 final cell" in msg and REGISTRATION in msg and "\n" not in msg, msg
+    # registering only after final cells exist is refused: the primaries may have been chosen on test
+    late = tmp_path / "late"
+    _final_record(late)
+    with pytest.raises(CorpError, match="before any final cell"):
+        check_registration(first, late, compute=True)
+
+
+def test_run_bench_checks_the_registration_before_reporting(tmp_path):
+    from corp.bench.sweep import run_bench
+
+    opts = {
+        "results_dir": str(tmp_path / "results"),
+        "work_dir": str(tmp_path / "work"),
+        "primary": ["corp-stage1 vs randopt-top1 @ top on add"],
+        "test_set": "fresh-v3",
+    }
+    from corp.bench.protocol import check_registration
+
+    check_registration(_cfg(**opts), tmp_path / "results" / "p", compute=True)
+    _final_record(tmp_path / "results" / "p")
+    with pytest.raises(CorpError, match="differs"):
+        run_bench(
+            _cfg(**{**opts, "primary": ["corp-stage1 vs randopt-vote@4 @ top on add"]}), "corp bench", compute=False
+        )
+
+
+# ----------------------------------------------------------------------------- Holm in the report
+
+
+def test_primary_comparisons_are_holm_corrected_and_shown_apart_from_exploratory_ones():
+    """Planted: corp-stage1 is far above the base (a claim either way) and slightly above randopt-top1, by an
+    amount whose own interval excludes 0 (p 0.033) but whose Holm-adjusted p, in a family of 3 (the third
+    shows nothing: p 1), is 2 x 0.033: a primary claim for the first only, and the exploratory randopt-vote comparison is not a claim."""
+    from corp.bench.outputs import comparisons, reading_lines, table_md
+    from corp.bench.protocol import mark_primary
+
+    cfg = _cfg(
+        budgets=[1e12],
+        primary=[
+            "corp-stage1 vs base @ top on add",
+            "corp-stage1 vs randopt-top1 @ top on add",
+            "randopt-vote@4 vs randopt-top1 @ top on add",
+        ],
+        test_set="fresh-v3",
+        compare=[["corp-stage1", "randopt-vote@4"]],
+        settings=["paper"],
+    )
+    n = 600
+    rng = random.Random(0)
+    base = [int(rng.random() < 0.1) for _ in range(n)]
+    top1 = [int(rng.random() < 0.5) for _ in range(n)]
+    # corp: top-1's outcomes with 30, 28, 26 wrong examples made right in seeds 0, 1, 2 (about +0.047)
+    flips = [i for i in range(n) if not top1[i]][:30]
+    corp = {s: [1 if i in flips[: 30 - 2 * s] else x for i, x in enumerate(top1)] for s in (0, 1, 2)}
+    outcomes = {("base", "base", s): base for s in (0, 1, 2)}
+    outcomes |= {("corp-stage1", "corp-stage1", s): corp[s] for s in (0, 1, 2)}
+    outcomes |= {("randopt", "randopt-top1", s): top1 for s in (0, 1, 2)}
+    outcomes |= {("randopt", "randopt-vote@4", s): top1 for s in (0, 1, 2)}
+    rows = _report_rows(cfg, outcomes)
+    for r in rows:
+        r["task"] = "arith"
+    comps = comparisons(cfg, rows)
+    primary = mark_primary(cfg, comps)
+    for r in primary:
+        r["entry"]["task_label"] = "add"
+    big, small, _ = primary
+    assert big["reject"] and big["p_holm"] < 0.05
+    c = small["comparison"]
+    assert c["ci95"][0] > 0 and small["p"] < 0.05, "planted: the comparison's own interval excludes 0"
+    assert small["p_holm"] > 0.05 and not small["reject"], "Holm over 3 must not reject it"
+    text = table_md(
+        cfg, rows, comps, [], "corp bench", reading=reading_lines(cfg, rows, comps, primary), primary=primary
+    )
+    assert "## Primary comparisons (pre-registered; Holm over all 3)" in text
+    assert "## Exploratory comparisons" in text and "corp-stage1 vs randopt-vote@4" in text.split("## Exploratory")[1]
+    assert "corp-stage1 beats base" in text and "corp-stage1 beats randopt-top1" not in text
+    assert "Exploratory (not pre-registered" in text, "an exploratory interval excluding 0 is a lead, not a claim"
+    primary_part = text.split("## Primary comparisons")[1].split("## ")[0]
+    assert "corp-stage1 vs randopt-vote@4" not in primary_part
+
+
+# ----------------------------------------------------------------------------- trials in the protocol
+
+
+def test_trials_run_on_several_seeds_in_the_chosen_setting_and_are_chosen_on_their_mean(tmp_path):
+    """Planted: trial 0 is best on the first seed, trial 1 on the mean over both: the final takes trial 1."""
+    from corp.bench.sweep import Bench, plan
+    from corp.runs import write_json
+
+    cfg = _cfg(
+        hyperparameters="search",
+        trials=2,
+        tune_seeds=2,
+        tune_options={"max_new_tokens": 7},
+        settings=["paper"],
+        results_dir=str(tmp_path),
+        methods={"self-consistency": {"options": {"k": [1, 2]}, "search": {"temperature": [0.5, 1.0]}}},
+    )
+    cells, _ = plan(cfg)
+    trials = [c for c in cells if c.setting == "tune"]
+    assert sorted((c.trial, c.seed) for c in trials) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(c.opts["report_on"] == "validation" and c.opts["max_new_tokens"] == 7 for c in trials)
+    bench = Bench(cfg)
+    score = {(0, 0): 0.9, (0, 1): 0.1, (1, 0): 0.6, (1, 1): 0.6}
+    for c in trials:
+        write_json(
+            bench.record_path(c),
+            {
+                "bench_protocol": 2,
+                "setting": "tune",
+                "status": "done",
+                "rows": [{"accuracy": score[(c.trial, c.seed)]}],
+            },
+        )
+    final = next(c for c in cells if c.setting == "paper")
+    chosen = bench.resolve(final, cells)
+    assert chosen.tuning["chosen_trial"] == 1 and chosen.tuning["validation_accuracy"] == pytest.approx([0.5, 0.6])
+    assert chosen.tuning["tuned_on"] == {"seeds": [0, 1], "setting": "paper", "split": "validation"}
+    pick = next(c for c in trials if c.trial == 1)
+    assert chosen.opts["temperature"] == pick.opts["temperature"]
+
+
+# ----------------------------------------------------------------------------- compute accounting
+
+
+def test_compute_counts_every_trial_s_evaluation_and_every_discarded_try():
+    from corp.bench.accounting import eval_flops, run_compute
+
+    def row(name, f):
+        return {"name": name, "accuracy": 0.5, "test_flops": f}
+
+    # self-consistency's trial: nothing charged, but K samples per validation example (@1 is a share of them)
+    sc = {
+        "kind": "fixed",
+        "status": "done",
+        "flops": 0.0,
+        "rows": [row("base", 1.1e12), row("sc@1", 1.1e12), row("sc@4", 4.4e12)],
+    }
+    assert eval_flops(sc) == 4.4e12
+    assert run_compute([sc], trial=True) == {"charged": 0.0, "spent": 4.4e12, "discarded": 0.0, "evaluation": 4.4e12}
+    assert run_compute([sc], trial=False)["spent"] == 0.0, "a final cell's test evaluation is the measurement"
+    # a CoRP cell: prefix 43 over the budget, 16 over, 15 fits; each try reran its own evaluations (7e12)
+    corp = {
+        "kind": "population",
+        "status": "done",
+        "flops": 15 * 2e11 + 7e12,
+        "own_flops": 7e12,
+        "units": 15,
+        "rows": [row("corp", 1e12)],
+        "tried": [{"units": u, "flops": u * 2e11 + 7e12, "own": 7e12} for u in (43, 16, 15)],
+    }
+    got = run_compute([corp], trial=False)
+    assert got["discarded"] == pytest.approx(14e12) and got["spent"] == pytest.approx(15 * 2e11 + 21e12)
+    assert run_compute([corp], trial=True)["evaluation"] == pytest.approx(3e12), (
+        "each try evaluated on the tuning split"
+    )
+    # a record made before tries recorded their own: the chosen try's per-specialist cost recovers them
+    old = {**corp, "tried": [{k: v for k, v in t.items() if k != "own"} for t in corp["tried"]]}
+    assert run_compute([old], trial=False)["discarded"] == pytest.approx(14e12)
+    # neither: a line through the tries
+    older = {**old, "own_flops": None}
+    assert run_compute([older], trial=False)["discarded"] == pytest.approx(14e12)
+    # an iterative run grown past its top budget: the growth past it is discarded; one evaluation per checkpoint
+    lo = {
+        "kind": "iterative",
+        "status": "done",
+        "flops": 9e12,
+        "units": 9,
+        "rows": [row("es", 1e12)],
+        "grown": [{"units": 1, "flops": 1e12}, {"units": 9, "flops": 9e12}, {"units": 11, "flops": 11e12}],
+    }
+    hi = {
+        **lo,
+        "flops": 19e12,
+        "units": 19,
+        "grown": [{"units": 11, "flops": 11e12}, {"units": 19, "flops": 19e12}, {"units": 21, "flops": 21e12}],
+    }
+    got = run_compute([lo, hi], trial=True)
+    assert got["charged"] == 19e12 and got["discarded"] == pytest.approx(2e12)
+    assert got["evaluation"] == pytest.approx(5e12) and got["spent"] == pytest.approx(26e12)
+
+
+def test_labelled_examples_touched_follow_the_methods_own_draws():
+    """GRPO draws `prompts_per_step` support examples per step with random.Random('corp-grpo|SEED|STEP').sample;
+    ES scores each iteration's batch (corp.baselines.es.iteration_batch). The bench's count must be the union
+    of exactly those draws."""
+    from corp.baselines.es import ESConfig, iteration_batch
+    from corp.bench.adapters import ES, GRPO, RANDOPT
+
+    support = [object() for _ in range(144)]
+    picked = set()
+    for step in range(30):  # what GRPOTrainer.sample does, on the objects themselves
+        picked |= {id(e) for e in random.Random(f"corp-grpo|3|{step}").sample(support, 2)}
+    opts = {"n_support": 144, "prompts_per_step": 2}
+    assert GRPO.touched(opts, 3, 30) == len(picked) < 60
+    es = ESConfig(model="x", seed=1, prompts_per_iteration=16)
+    seen = {id(e) for t in range(5) for e in iteration_batch(es, support, t)}
+    assert ES.touched({"n_support": 144, "prompts_per_iteration": 16}, 1, 5) == len(seen) <= 80
+    assert ES.touched({"n_support": 144, "prompts_per_iteration": 0}, 1, 5) == 144
+    assert RANDOPT.touched({"n_support": 144}, 0, 3) == 144
+
+
+def test_the_regime_table_flags_a_method_below_its_target_and_shows_its_curve():
+    from corp.bench.accounting import regime_table
+
+    cfg = _cfg(settings=["paper"], regime_targets={"randopt": {"units": 10}})
+
+    def rec(method, label, budget, units, acc, **hp):
+        return {
+            "task": "arith",
+            "setting": "paper",
+            "seed": 0,
+            "method": method,
+            "label": label,
+            "budget": budget,
+            "kind": "population",
+            "status": "done",
+            "units": units,
+            "flops": budget,
+            "hyperparameters": {"n_support": 16, "n_probe": 64, "n_validation": 64, **hp},
+            "rows": [{"name": label, "accuracy": acc}],
+        }
+
+    records = [
+        rec("consolidate", "corp-stage1", 1e12, 15, 0.40),
+        rec("consolidate", "corp-stage1", 2e12, 73, 0.45),
+        rec("randopt", "randopt", 1e12, 6, 0.30),
+        rec("randopt", "randopt", 2e12, 11, 0.33),
+    ]
+    text = "\n".join(regime_table(cfg, records, "paper"))
+    corp = next(line for line in text.splitlines() if "| corp-stage1 |" in line)
+    assert "73 specialists on 16 support" in corp and "**below** (units, n_support)" in corp
+    assert "1e+12: 15, 0.400; 2e+12: 73, 0.450" in corp and "| 144 |" in corp
+    randopt = next(line for line in text.splitlines() if "| randopt |" in line)
+    assert "| yes |" in randopt and "units >= 10" in randopt, "the config's target replaces the default"
+
+
+# ----------------------------------------------------------------------------- end to end on a tiny model
+
+
+@pytest.fixture(scope="module")
+def third(tiny_dir, tmp_path_factory):
+    from corp.bench.sweep import run_bench
+
+    root = tmp_path_factory.mktemp("third")
+    over = dict(
+        budgets=[1e8, 3e8],
+        population=12,
+        hyperparameters="search",
+        trials=2,
+        tune_seeds=2,
+        population_rows=True,
+        protocol_tables=True,
+        methods={
+            "self-consistency": {"options": {"k": [1, 2]}, "search": {"temperature": [0.5, 1.0]}},
+            "randopt": {"options": {"top_k": [1, 2]}},
+            "consolidate": {
+                "options": {"alphas": [1, 2], "gate_z": -10.0, "top_k": [1, 2]},
+                "variants": {"corp-stage1": {"rounds": 0}},
+            },
+        },
+        compare=[["corp-stage1", "randopt-top1"]],
+        primary=["corp-stage1 vs corp-stage1/randopt-top1 @ top on add", "corp-stage1 vs base @ top on add"],
+        test_set="tiny-v1",
+        ratio_compare=[{"a": "corp-stage1", "b": "randopt-top1", "ratio": 1.5}],
+    )
+    cfg = load_config(BenchConfig, None, tiny_options(tiny_dir, root, **over))
+    summary = run_bench(cfg, "corp bench --config third.yaml")
+    return {"root": root, "over": over, "summary": summary, "tiny_dir": tiny_dir}
+
+
+def test_the_third_edition_report_end_to_end(third):
+    out = third["root"] / "results" / "tiny"
+    text = (out / "table.md").read_text()
+    reg = json.loads((out / "preregistration.json").read_text())
+    assert reg["test_set"] == "tiny-v1" and len(reg["primary"]) == 2 and reg["test_examples"]["add"]["n"] == 6
+    for heading in (
+        "## Primary comparisons (pre-registered; Holm over all 2)",
+        "## Exploratory comparisons",
+        "## The CoRP paper's comparisons: RandOpt on CoRP's own population",
+        "## At N against RATIO x N specialists",
+        "## Compute per method, search included",
+        "## Regime reached and labelled examples touched",
+    ):
+        assert heading in text, heading
+    records = [json.loads(p.read_text()) for p in (out / "cells").glob("*.json")]
+    corp = [r for r in records if r["label"] == "corp-stage1" and r["setting"] != "tune" and r["status"] == "done"]
+    assert corp, "a CoRP final cell ran"
+    for r in corp:
+        names = [x["name"] for x in r["rows"]]
+        assert names[0] == "corp-stage1" and "corp-stage1/randopt-top1" in names, names
+        pop = next(x for x in r["rows"] if x["name"] == "corp-stage1/randopt-top1")
+        assert pop["flops"] == pytest.approx(r["flops"] - r["own_flops"]), "charged the population prefix only"
+        assert all("own" in t for t in r["tried"])
+    trials = [r for r in records if r["setting"] == "tune"]
+    assert {r["seed"] for r in trials} == {1, 2}, "trials run on the first two seeds"
+    assert all(r["rows"] for r in trials if r["label"] == "self-consistency")
+    tuning = (out / "tuning.csv").read_text().splitlines()[0]
+    assert tuning.endswith("seed,evaluation_flops")
+    sc = next(line for line in text.splitlines() if line.startswith("| add | self-consistency | 0 |"))
+    assert "| 2 x 2 |" in sc and "| 0 |" in sc, sc
+    search = float(sc.split("|")[6])
+    assert search > 0, "self-consistency's trials are no longer 0 FLOPs"
+
+
+def test_a_changed_primary_after_the_third_edition_ran_is_refused(third):
+    from corp.bench.sweep import run_bench
+
+    over = {**third["over"], "primary": ["corp-stage1 vs base @ top on add"]}
+    cfg = load_config(BenchConfig, None, tiny_options(third["tiny_dir"], third["root"], **over))
+    with pytest.raises(CorpError, match="preregistration.json"):
+        run_bench(cfg, "corp bench --config third.yaml", compute=False)
+
+
+def test_bench_plan_sizes_a_third_edition_config(tmp_path):
+    """Trials on two seeds cost twice the search of one (the final cells the same), a faster engine
+    shortens the hours, and a regime below its target is flagged."""
+    import yaml
+
+    from tests.test_bench import _benchmark
+
+    mod = _benchmark("bench_plan")
+    base = {
+        "name": "third",
+        "tasks": ["arith"],
+        "seeds": [0, 1, 2],
+        "budgets": [1.2e13, 2.8e13],
+        "settings": ["equal-data"],
+        "hyperparameters": "search",
+        "trials": 2,
+        "population": 128,
+        "n_support": 16,
+        "n_probe": 64,
+        "n_validation": 64,
+        "n_test": 300,
+        "methods": {
+            "randopt": {"options": {"top_k": [1, 4]}},
+            "grpo": {
+                "options": {"prompts_per_step": 2, "num_generations": 4},
+                "search": {"learning_rate": [1e-5, 5e-5]},
+            },
+        },
+    }
+    est = {}
+    for seeds in (1, 2):
+        path = tmp_path / f"c{seeds}.yaml"
+        path.write_text(yaml.safe_dump({**base, "tune_seeds": seeds}))
+        est[seeds] = mod.estimate(str(path), 3.0)
+    search = {k: v["flops"][("arith", "search")] for k, v in est.items()}
+    assert search[2] == pytest.approx(2 * search[1])
+    assert est[2]["flops"][("arith", "final")] == est[1]["flops"][("arith", "final")]
+    fast = mod.estimate(str(tmp_path / "c2.yaml"), 3.0, speedup=3.0)
+    assert fast["per_task"]["arith"] < est[2]["per_task"]["arith"]
+    assert any(k.startswith("randopt") and "units" in v for k, v in est[2]["short"].items()), est[2]["short"]
+
+
+def test_randopt_rows_on_a_corp_trial_s_population_do_not_score_the_trial():
+    """Planted: CoRP trial 0 is worse than trial 1 on its own row but its population's RandOpt rows are
+    far better; the choice must follow CoRP's own row."""
+    from corp.bench.search import choose, trial_score
+
+    t0 = {"rows": [{"accuracy": 0.2}, {"accuracy": 0.9, "population_row": True}]}
+    t1 = {"rows": [{"accuracy": 0.3}, {"accuracy": 0.1, "population_row": True}]}
+    assert trial_score(t0) == 0.2 and choose([t0, t1]) == 1
+
+
+def test_a_primary_naming_a_row_no_cell_reports_is_one_line_naming_the_fix(tmp_path):
+    from corp.bench.sweep import run_bench
+
+    cfg = _cfg(
+        primary=["corp-stage1 vs corp-stage1/randopt-top1 @ top on add"],
+        test_set="v3",
+        results_dir=str(tmp_path),
+        work_dir=str(tmp_path / "w"),
+    )
+    with pytest.raises(CorpError) as err:
+        run_bench(cfg, "corp bench", compute=False)
+    msg = str(err.value)
+    assert "primary names 'corp-stage1/randopt-top1'" in msg and "population_rows: true" in msg, msg
+    assert not (tmp_path / "p" / "preregistration.json").exists(), "nothing is registered from a refused config"
+    cfg = _cfg(
+        primary=["corp-stage1 vs corp-stage1/randopt-top1 @ top on add"],
+        test_set="v3",
+        population_rows=True,
+        results_dir=str(tmp_path),
+        work_dir=str(tmp_path / "w"),
+    )
+    run_bench(cfg, "corp bench", compute=False)  # the row exists with population_rows: a report of no cells yet
