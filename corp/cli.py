@@ -216,6 +216,20 @@ def bench_cmd(
             "scored by the first cell that needs it)."
         ),
     ),
+    executor: Optional[str] = typer.Option(
+        None,
+        "--executor",
+        help=(
+            "Where cells run: local (this process) or ray (each cell a Ray task with its threads or GPU, shared "
+            "populations scored by Ray actors; the same outputs). Overrides the config."
+        ),
+    ),
+    workers: Optional[int] = typer.Option(
+        None, "--workers", help="--executor ray on a local Ray: cells at once, and actors per shared population."
+    ),
+    ray_address: Optional[str] = typer.Option(
+        None, "--ray-address", help="--executor ray: join this Ray cluster instead of starting a local one."
+    ),
     report_to: str = typer.Option(
         "none",
         "--report-to",
@@ -231,10 +245,13 @@ def bench_cmd(
     from corp.tracking import check_report_to, export_bench_results
 
     _run(check_report_to, report_to)  # a backend that is not installed: one line, before any cell runs
-    cfg = _run(load_bench_config, config, {"threads": threads})
+    where = {"executor": executor, "workers": workers, "ray_address": ray_address}
+    cfg = _run(load_bench_config, config, {"threads": threads, **where})
     if readme_section:
         typer.echo(_run(section, cfg), nl=False)
         return
+    # where the cells ran (--executor, --workers, --ray-address; like --task and --methods) is left out of the
+    # command the outputs cite: they are the same outputs, and --report-only rewrites them byte for byte
     command = "corp bench --config " + config + (f" --threads {threads}" if threads else "")
     only = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
     summary = _run(run_bench, cfg, command, True, not report_only, task, only, interrupted="bench")

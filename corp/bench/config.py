@@ -144,6 +144,15 @@ class BenchConfig:
     """Where RESULTS_DIR/NAME (results.csv, table.md, plots, cell records) goes."""
     work_dir: str = "runs/bench"
     """Where the cells' run directories go (models and caches; not for committing)."""
+    executor: str = "local"
+    """Where cells run: local (this process, cell after cell) or ray (each cell a Ray task reserving its threads, or a
+    GPU on CUDA, and the shared populations scored by Ray actors); the outputs are the same either way."""
+    workers: int = 2
+    """--executor ray on a local Ray: cells at once (each with threads cores/workers unless `threads` is set), and
+    the actors that score a shared population."""
+    ray_address: str | None = None
+    """--executor ray: join this Ray cluster (e.g. `auto`) instead of starting a local one on loopback; WORK_DIR and
+    RESULTS_DIR must then be on a filesystem every node sees."""
 
     def validate(self) -> BenchConfig:
         from corp.models import resolve_device
@@ -239,6 +248,12 @@ class BenchConfig:
             raise CorpError(
                 f"bench config: threads must be >= 1 (or 0 / unset for torch's default), got {self.threads}"
             )
+        if self.executor not in ("local", "ray"):
+            raise CorpError(f"bench config: unknown executor '{self.executor}'; choose local or ray")
+        if self.workers < 1:
+            raise CorpError(f"bench config: workers must be >= 1, got {self.workers}")
+        if self.ray_address and self.executor != "ray":
+            raise CorpError("bench config: ray_address needs executor ray (--executor ray)")
         if self.name in ("", ".", "..") or "/" in self.name:
             raise CorpError(f"bench config: name '{self.name}' must be a plain directory name")
         return self

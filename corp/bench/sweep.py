@@ -500,6 +500,9 @@ class Bench:
         self.populations: dict[str, dict] = {}
         self.cells: list[Cell] = []  # the plan (run_bench sets it): own_estimate finds a cell's predecessor in it
         self.calls = 0  # method invocations this process made (tests: a resumed bench makes none)
+        # options added to the shared populations' `corp score` runs: where they are scored (the Ray
+        # executor under `corp bench --executor ray`), never what (these options are not in their key)
+        self.score_on: dict = {}
 
     def record_path(self, cell: Cell) -> Path:
         return self.out / "cells" / cell.record_name()
@@ -609,7 +612,9 @@ class Bench:
             else:
                 report, target, wall = pop["report"], pop["target"], pop["wall"]
             if report is None or report.get("population", {}).get("n", 0) < target:
-                report, dt = self._invoke("score", {**pop_opts, "population": target, "run_dir": str(run_dir)})
+                report, dt = self._invoke(
+                    "score", {**pop_opts, **self.score_on, "population": target, "run_dir": str(run_dir)}
+                )
                 wall += dt
             rows = sorted(
                 (
@@ -655,20 +660,23 @@ class Bench:
         or when the predecessor has no such figure (it did not fit, or ran before the bench
         recorded it). Read from the record in every case, so a resumed bench sizes its first try
         as an uninterrupted one does."""
-        same = (cell.task, cell.label, cell.setting, cell.budget)
-        chain = [c for c in self.cells if (c.task, c.label, c.setting, c.budget) == same]
-        at = next((i for i, c in enumerate(chain) if (c.seed, c.trial) == (cell.seed, cell.trial)), 0)
-        if at > 0:
-            before = chain[at - 1]
-        else:
-            trials = [c for c in self.cells if (c.task, c.label, c.setting, c.budget) == (*same[:2], "tune", same[3])]
-            if cell.setting == "tune" or not trials:
-                return None
-            before = trials[-1]
+        before = self.predecessor(cell)
+        if before is None:
+            return None
         prev = self.resolve(before, self.cells)
         rec = self.load_record(prev) if prev is not None else None
         own = (rec or {}).get("own_flops") if (rec or {}).get("status") == "done" else None
         return None if own is None else float(own)
+
+    def predecessor(self, cell: Cell) -> Cell | None:
+        """The planned cell whose record `own_estimate` reads for `cell` (None: none)."""
+        same = (cell.task, cell.label, cell.setting, cell.budget)
+        chain = [c for c in self.cells if (c.task, c.label, c.setting, c.budget) == same]
+        at = next((i for i, c in enumerate(chain) if (c.seed, c.trial) == (cell.seed, cell.trial)), 0)
+        if at > 0:
+            return chain[at - 1]
+        trials = [c for c in self.cells if (c.task, c.label, c.setting, c.budget) == (*same[:2], "tune", same[3])]
+        return None if cell.setting == "tune" or not trials else trials[-1]
 
     def _population_cell(self, cell: Cell) -> dict:
         """The largest prefix n whose scoring FLOPs plus the method's own evaluations on it (CoRP's
@@ -1042,7 +1050,9 @@ def run_bench(
     `only_methods`: compute only the cells of these methods (a variant's label, e.g. `corp-r4`, or a
     registry name, which takes all its variants), so processes can split one task's methods. Any
     number of processes may also run the same cells: each claims a cell before running it
-    (`Bench.attempt`), skips the ones another holds and repeats its pass until none is held."""
+    (`Bench.attempt`), skips the ones another holds and repeats its pass until none is held.
+    `executor: ray` runs the cells as Ray tasks first (corp.bench.ray_cells); the passes then find
+    their records."""
     from corp.bench.outputs import write_outputs
 
     cells, missing = plan(cfg)
@@ -1090,6 +1100,16 @@ def run_bench(
             f"rerun the bench to compute protocol-{BENCH_PROTOCOL} cells beside them, "
             "or report with the commit that ran them"
         )
+    if compute and cfg.executor == "ray":  # every cell a Ray task; the passes below then find their records
+        from corp.bench.ray_cells import run_cells_on_ray
+
+        run_cells_on_ray(bench, cells, mine)
+    # Why several local processes still share a bench through claims (flocks) and passes, beside
+    # --executor ray, which is the parallel path: Ray is an optional extra, and the long CPU benches run
+    # as one `benchmarks/bench_run.sh` wrapper per task (a retry loop that commits each finished cell),
+    # where a core freed by a finished task joins a slower one with a second wrapper on that task. The
+    # claims are also what keeps a Ray bench and a local process on one results directory from running
+    # a cell twice (a Ray task claims its cell the same way).
     # Passes over the plan: a cell another process holds (its claim, or a run directory it needs) or
     # a final whose trials another process is running is deferred, and the pass is repeated after
     # CORP_BENCH_WAIT seconds until none is; one process alone runs everything in its first pass.
