@@ -543,7 +543,7 @@ def compare_meta(found: dict, expected: dict, where: Path, what: str, keys: Sequ
             was = found.get(key) if key != "example_ids" else f"{len(found.get(key) or [])} different ids"
             raise CorpError(
                 f"{what} in '{where}' was made with {key} = {was}, not "
-                f"{shown}; use another --run-dir (or matching options)"
+                f"{shown}; use another --output-dir (or matching options)"
             )
 
 
@@ -556,7 +556,7 @@ def check_meta(path: Path, expected: dict, what: str) -> None:
     if found.get("format") != expected.get("format"):
         raise CorpError(
             f"{what} in '{path.parent}' was written by an older corp "
-            "(rows not keyed by their examples); use another --run-dir"
+            "(rows not keyed by their examples); use another --output-dir"
         )
     compare_meta(found, expected, path.parent, what)
 
@@ -604,7 +604,7 @@ def setup_run(
             if found.get("format") != META_FORMAT:
                 raise CorpError(
                     f"the population in '{run_dir}' was written by an older corp "
-                    "(rows not keyed by their examples); use another --run-dir"
+                    "(rows not keyed by their examples); use another --output-dir"
                 )
             compare_meta(found, defines, run_dir, POPULATION_FILE)
         if os.environ.get("CORP_NO_PROGRESS") != "1":
@@ -650,7 +650,7 @@ def open_run(
     try:
         yield ctx
         # a full disk while writing the card or the event files fails the run like any other write
-        # (what was computed stays; a rerun with --run-dir writes them without recomputing)
+        # (what was computed stays; a rerun with --output-dir writes them without recomputing)
         _card(ctx)
         exported = True
         _report_to(ctx, fail_on_write=True)
@@ -672,7 +672,7 @@ def _write_failed(what: str, where, exc: BaseException, ctx: RunContext) -> Corp
     path = getattr(exc, "filename", None) or where
     return CorpError(
         f"could not write {what} '{path}' ({write_failure(exc)}); free some space, then rerun with "
-        f"--run-dir {ctx.run_dir} (nothing computed is lost)"
+        f"--output-dir {ctx.run_dir} (nothing computed is lost)"
     )
 
 
