@@ -126,6 +126,8 @@ def config_command(name: str, cls: type, help_text: str):
         names = option_names(cls)  # the flag of each field: its option name (corp.config, "Option names")
         params = []
         for f in dataclasses.fields(cls):
+            if f.name not in names:  # not an option of this command (the class's `not_options`)
+                continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
             shown = ",".join(map(str, default)) if isinstance(default, list) else default
             help_ = docs.get(f.name, "") + (f" [default: {shown}]" if shown not in (None, "") else "")

@@ -172,10 +172,13 @@ class RunConfig:
     threads: int | None = None
     """Torch CPU threads (unset or 0: torch's choice, all usable cores; corp makes idle threads sleep, not spin, so a busy machine costs a fair share)."""
     report_to: str = "none"
-    """Where per-step/per-round metrics also go (TRL's name): none, tensorboard (RUN_DIR/tensorboard), wandb, or a comma list; written from metrics.jsonl/rounds.jsonl when the run ends."""
+    """Where metrics also go, live as the run writes them (TRL's name): none, tensorboard (RUN_DIR/tensorboard), wandb, or a comma list; per specialist scored, per step or iteration, per round."""
 
     # option names that are not the field's (module docstring): TRL's names, where TRL has the concept
     options: ClassVar[dict[str, str]] = {"run_dir": "output_dir", "max_new_tokens": "max_completion_length"}
+    # fields a command does not offer as options (they keep their default): --report-to where the
+    # command writes no metrics rows to log (corp.tracking)
+    not_options: ClassVar[tuple[str, ...]] = ()
 
     # why this command runs in one process (None: --executor ray scores its population on Ray actors)
     local_only: ClassVar[str | None] = (
@@ -355,11 +358,13 @@ def flag(name: str, cls: type | object | None = None) -> str:
 
 
 def option_names(cls: type) -> dict[str, str]:
-    """{field name: option name} for every field of config class `cls` (module docstring)."""
+    """{field name: option name} for every field of config class `cls` that is an option (module
+    docstring; a field in the class's `not_options` is none)."""
     given: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         given.update(vars(klass).get("options", {}))
-    return {f.name: given.get(f.name, f.name) for f in fields(cls)}
+    hidden = set(getattr(cls, "not_options", ()))
+    return {f.name: given.get(f.name, f.name) for f in fields(cls) if f.name not in hidden}
 
 
 def renamed_options(cls: type) -> dict[str, str]:
@@ -557,7 +562,7 @@ def load_config(cls: type, yaml_path: str | None = None, overrides: dict | None 
     `overrides` are keyed by field or option name (the CLI maps its flags with `to_fields` first)."""
     values: dict[str, Any] = {}
     source: dict[str, str] = {}
-    names = {f.name for f in fields(cls)}
+    names = set(option_names(cls))  # fields that are options (not `not_options`)
     if yaml_path:
         path = Path(yaml_path)
         loaded = read_yaml_config(path)

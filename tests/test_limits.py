@@ -160,8 +160,8 @@ def test_silently_wrong_options_are_one_line(tmp_path):
 
     pytest.importorskip("tensorboard")
     _one_line(cli("es", "--model", "no-such/model", "--report-to", "tensorboard,tensorboard"), "tensorboard twice")
-    # score logs no per-step metrics: refused before the model loads (no "model not found")
-    _one_line(cli("score", "--model", "no-such/model", "--report-to", "tensorboard"), "corp score", "--report-to")
+    # eval logs nothing: the option is not eval's (before the model loads: no "model not found")
+    _one_line(cli("eval", "--model", "no-such/model", "--report-to", "tensorboard"), "--report-to")
     (tmp_path / "c.yaml").write_text("max-new-tokens: 4\nmax_new_tokens: 8\n")
     _one_line(
         cli("randopt", "--model", "no-such/model", "--config", str(tmp_path / "c.yaml")),

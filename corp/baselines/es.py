@@ -65,7 +65,7 @@ from corp.evaluate.context import (
 from corp.evaluate.scorer import population_meta
 from corp.perturb import Component, Direction, ParamFilter
 from corp.perturb.noise import derive_seeds
-from corp.runs import ReportRow, append_jsonl, format_rows, read_json, read_jsonl, write_json, write_report
+from corp.runs import ReportRow, format_rows, read_json, read_jsonl, write_json, write_report
 from corp.stats import PerExample, zscore
 
 
@@ -294,7 +294,7 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
                 {"iteration": t + 1, "components": Direction(components).to_json(), "base_weights_hash": base_hash},
             )
             if t + 1 not in logged:
-                append_jsonl(metrics_path, row)
+                ctx.log_row(metrics_path, row)  # also to --report-to, live
             bar.set_postfix(reward=f"{row['reward_mean']:.3f}", centre=f"{row.get('centre_reward', float('nan')):.3f}")
             bar.update(1)
     finally:

@@ -42,7 +42,7 @@ from typing import ClassVar
 from corp import CorpError
 from corp.config import RunConfig, config_to_dict, flag
 from corp.ledger import Ledger
-from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
+from corp.runs import ReportRow, format_rows, read_jsonl, write_report
 from corp.stats import PerExample
 
 UNCERTAINTIES = ("disagreement", "entropy")
@@ -231,7 +231,7 @@ def run_fera(cfg: FERAConfig, backend=None) -> dict:
             else:
                 row = _round(ctx, cfg, t, demos, test, synth, support, ledger)
                 row["run_as"] = run_as
-                append_jsonl(log, row)
+                ctx.log_row(log, row)  # also to --report-to, live
             synth, support = row["synthesis"], row["synthesis_support"]
             rounds.append(row)
         return _report(cfg, ctx, rounds, ids)

@@ -57,7 +57,7 @@ from corp.federated import (
 )
 from corp.ledger import Ledger
 from corp.perturb.noise import derive_seeds
-from corp.runs import ReportRow, append_jsonl, format_rows, write_report
+from corp.runs import ReportRow, format_rows, write_report
 from corp.stats import PerExample
 
 AGGREGATIONS = ("fgrpo", "fedavg")
@@ -298,7 +298,7 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
             tmp = state_path.with_suffix(".pt.tmp")
             torch.save(st, tmp)
             os.replace(tmp, state_path)
-            append_jsonl(ctx.run_dir / "rounds.jsonl", entry)
+            ctx.log_row(ctx.run_dir / "rounds.jsonl", entry)  # also to --report-to, live
             history.append(entry)
     finally:
         pool.close()

@@ -69,7 +69,7 @@ from corp.baselines.grpo.core import (
 from corp.config import RunConfig, config_to_dict, flag
 from corp.evaluate.rewards import compute_rewards
 from corp.ledger import Ledger
-from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
+from corp.runs import ReportRow, format_rows, read_jsonl, write_report
 from corp.stats import PerExample
 
 LOGRATIO_CLAMP = 50.0
@@ -481,7 +481,7 @@ def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trai
                 "seconds": time.perf_counter() - t0,
                 **{f"ledger_{k}": v for k, v in n.ledger.to_dict().items()},
             }
-            append_jsonl(metrics_path, row)
+            nodes[0].ctx.log_row(metrics_path, row)  # also to --report-to, live
             logged[(n.index, n.step)] = row
         if nodes[0].step % cfg.checkpoint_every == 0 or nodes[0].step == cfg.steps:
             for n in nodes:

@@ -32,6 +32,7 @@ class SelfConsistencyConfig(RunConfig):
     temperature: float = 0.7
     """Sampling temperature (> 0: K greedy samples would all be the same answer)."""
 
+    not_options: ClassVar[tuple[str, ...]] = ("report_to",)  # no metrics rows: nothing to log
     options: ClassVar[dict[str, str]] = {"k": "vote_k"}  # a bare k is also pass@k's and top-K's
 
     def validate(self) -> SelfConsistencyConfig:

@@ -125,6 +125,13 @@ class RunContext:
     lock: RunLock | None = None
     definition: dict | None = None  # what defines the population rows written here (population_definition)
     population_source: dict | None = None  # where the population came from and which rows were taken (for the report)
+    live: object | None = None  # corp.tracking.LiveLog under --report-to (open_run sets it)
+
+    def log_row(self, path: str | Path, row: dict) -> None:
+        """Append a metrics row (metrics.jsonl, rounds.jsonl) and hand it to `--report-to` live."""
+        append_jsonl(path, row)
+        if self.live is not None:
+            self.live.log(path, row)
 
     @property
     def backend(self) -> Backend:
@@ -643,6 +650,10 @@ def open_run(
     FAILED (or interrupted); the lock is released either way. A SIGTERM (a job scheduler, `timeout`)
     is turned into an interrupt while the run is open, so it is recorded like Ctrl-C (SIGKILL cannot be)."""
     ctx = setup_run(cfg, method, backend, needs, defines)
+    from corp.tracking import LiveLog, parse_report_to
+
+    if parse_report_to(getattr(cfg, "report_to", "none")):
+        ctx.live = LiveLog(ctx.run_dir, cfg.report_to, {"method": method, **config_to_dict(cfg)})
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
@@ -696,16 +707,24 @@ def _card(ctx: RunContext) -> None:
 
 
 def _report_to(ctx: RunContext, fail_on_write: bool = False) -> None:
-    """--report-to: the run's logged steps to TensorBoard / W&B, whether it completed or not."""
+    """--report-to at the end of a run, whether it completed or not: the live writers closed, or,
+    when no row went to them live (nothing new written, or a backend failed), the run's record
+    exported to TensorBoard / W&B."""
     from corp.tracking import export_run_metrics, parse_report_to
 
+    live, ctx.live = ctx.live, None
     try:
+        if live is not None and live.started:
+            live.close()
+            return
+        if live is not None:
+            live.close()
         config = {"method": ctx.method, **config_to_dict(ctx.cfg)}
         read = export_run_metrics(ctx.run_dir, getattr(ctx.cfg, "report_to", "none"), config)
         if fail_on_write and not read and parse_report_to(getattr(ctx.cfg, "report_to", "none")):
             warnings.warn(
-                f"--report-to {ctx.cfg.report_to}: corp {ctx.method} logged no per-step metrics, so nothing was "
-                "written (es, grpo, ftis, fgrpo and fera log them)"
+                f"--report-to {ctx.cfg.report_to}: corp {ctx.method} logged no metrics in this run, so nothing was "
+                "written (specialists scored here, es iterations, grpo and ftis steps, fgrpo and fera rounds are logged)"
             )
     except Exception as exc:  # noqa: BLE001 -- the JSONL record is written; a failing tracker must not hide the outcome
         if fail_on_write and write_failure(exc) is not None:

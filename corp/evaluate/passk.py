@@ -34,6 +34,7 @@ class EvalConfig(RunConfig):
     temperature: float = 1.0
     """Sampling temperature for pass@k."""
 
+    not_options: ClassVar[tuple[str, ...]] = ("report_to",)  # no metrics rows: nothing to log
     options: ClassVar[dict[str, str]] = {"n_samples": "num_generations"}  # TRL's name for completions per prompt
 
     def validate(self) -> EvalConfig:

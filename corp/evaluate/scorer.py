@@ -110,6 +110,8 @@ def score_specialists(
             if spec in index_of:
                 row["index"] = index_of[spec]
             cache.put(row)
+            if ctx.live is not None:  # --report-to: each specialist of the population as it is scored
+                ctx.live.log(cache.path, row)
             best = row["reward"] if best != best else max(best, row["reward"])
             if row["reward_errors"]:
                 warnings.warn(

@@ -31,6 +31,7 @@ import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
 from corp import CorpError
 from corp.config import PopulationConfig
@@ -64,6 +65,9 @@ class FedCorpConfig(OperatorConfig, PopulationConfig):
     """Share of answering clients that must accept the candidate on their own validation split (1: any veto abstains)."""
     executor: str = "local"
     """Where clients run: local (built in this process, called in turn) or ray (one Ray actor, i.e. process, per client; --workers is not used)."""
+
+    # the clients score in their own directories; the run itself writes no metrics rows to log
+    not_options: ClassVar[tuple[str, ...]] = ("report_to",)
 
     def validate(self) -> FedCorpConfig:
         PopulationConfig.validate(self)

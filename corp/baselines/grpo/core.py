@@ -562,7 +562,7 @@ class GRPOTrainer:
                 row = self.train_step()
                 if not all(math.isfinite(row[k]) for k in ("loss", "entropy")):
                     raise CorpError(f"step {row['step']}: the loss became non-finite; lower --learning-rate")
-                append_jsonl(metrics_path, row)
+                self.ctx.log_row(metrics_path, row)  # also to --report-to, live
                 rows.append(row)
                 bar.set_postfix(reward=f"{row['reward']:.3f}", kl=f"{row['kl']:.4f}", entropy=f"{row['entropy']:.3f}")
                 bar.update(1)
