@@ -395,8 +395,8 @@ def to_fields(cls: type, values: dict, yaml_path: str | None = None, user: bool 
         if key not in old_names:
             out[key] = value  # unknown: load_config names it
             continue
-        if value is None:
-            continue
+        if value is None and (user or key not in names):
+            continue  # an old flag not given (the CLI passes None for those)
         name = old_names[key]
         if user or key not in names:
             was, now = (
