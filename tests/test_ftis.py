@@ -273,12 +273,12 @@ def test_bad_options_are_one_line(tmp_path):
 def test_grpo_options_ftis_lacks_are_refused_not_ignored():
     """FTISConfig extends GRPOConfig: every inherited option F-TIS does not implement is one line, never a silent no-op."""
     from corp.baselines.ftis import UNSUPPORTED, FTISConfig
-    from corp.config import load_config
+    from corp.config import flag, load_config
 
     other = {"loss": "cov", "beta": 0.1, "num_iterations": 2, "lora_r": 8, "lora_alpha": 16, "lora_targets": "q_proj"}
     assert set(other) == set(UNSUPPORTED)
     for name, value in other.items():
-        with pytest.raises(CorpError, match=f"--{name.replace('_', '-')} {value}: corp ftis does not support it"):
+        with pytest.raises(CorpError, match=f"{flag(name, FTISConfig)} {value}: corp ftis does not support it"):
             load_config(FTISConfig, None, {name: value})
     load_config(FTISConfig, None, {"epsilon_high": 0.3, "scale_rewards": "none", "checkpoint_every": 2})  # these work
     with pytest.raises(CorpError, match="--num-generations must be >= 1"):
