@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from corp import CorpError
-from corp.config import RunConfig, field_docs, load_config
+from corp.config import RunConfig, field_docs, flag, load_config
 from corp.methods import METHODS, REGISTRY
 
 NAMES = [m.name for m in METHODS]
@@ -162,7 +162,7 @@ def test_from_run_through_the_cli_reuses_a_scored_population(tiny_dir, runs_root
 
     source = smoke_run("score", tiny_dir, runs_root)["run_dir"]
     options = {**REGISTRY["randopt"].smoke, **COMMON, "model": str(tiny_dir)}
-    flags = [x for k, v in options.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    flags = [x for k, v in options.items() for x in (flag(k, REGISTRY["randopt"].config_class), str(v))]
     for i, how in enumerate(["--from-run", "--population-from"]):
         run = tmp_path / f"r{i}"
         with count_model_calls() as calls:
