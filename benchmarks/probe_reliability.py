@@ -65,20 +65,20 @@ TINY = {
     "randopt": ["--population", "2", "--sigmas", "0.05", "--top-k", "1"],
     "consolidate": ["--population", "2", "--sigmas", "0.05", "--top-k", "1", "--alphas", "1", "--n-probe", "2"]
     + ["--n-validation", "2"],  # it needs a probe and a validation split
-    "es": ["--iterations", "1", "--population", "2", "--sigma", "0.05"],
-    "grpo": ["--steps", "1", "--prompts-per-step", "1", "--num-generations", "2", "--checkpoint-every", "1"]
+    "es": ["--iterations", "1", "--population-per-iteration", "2", "--sigma", "0.05"],
+    "grpo": ["--max-steps", "1", "--prompts-per-step", "1", "--num-generations", "2", "--save-steps", "1"]
     + ["--skip-test-eval"],
     "eval": [],
-    "self-consistency": ["--k", "1,2"],
+    "self-consistency": ["--vote-k", "1,2"],
     "fedcorp": ["--population", "2", "--sigmas", "0.05", "--clients", "2", "--split-by", "iid", "--alphas", "1"]
     + ["--n-probe", "2", "--n-validation", "2"],
-    "fgrpo": ["--rounds", "1", "--clients", "2", "--split-by", "iid", "--steps", "1", "--prompts-per-step", "1"]
+    "fgrpo": ["--rounds", "1", "--clients", "2", "--split-by", "iid", "--local-steps", "1", "--prompts-per-step", "1"]
     + ["--num-generations", "2", "--skip-test-eval"],
     "analyze-rank": ["--population", "4", "--sigmas", "0.05", "--splits", "1", "--permutations", "19"]
     + ["--skip-power", "--ranks", "1"],
-    "ftis": ["--steps", "1", "--prompts-per-step", "1", "--num-generations", "2", "--skip-test-eval"]
+    "ftis": ["--max-steps", "1", "--prompts-per-step", "1", "--num-generations", "2", "--skip-test-eval"]
     + ["--skip-grpo-baseline"],
-    "fera": ["--clients", "2", "--rounds", "1", "--samples", "2", "--shots", "1"],
+    "fera": ["--clients", "2", "--rounds", "1", "--num-generations", "2", "--shots", "1"],
 }
 METHODS = list(TINY)
 
@@ -197,7 +197,7 @@ class Probe:
             "0",
             "--n-validation",
             "0",
-        ] + ["--n-test", "2", "--max-new-tokens", "2", "--run-dir", run_dir]
+        ] + ["--n-test", "2", "--max-completion-length", "2", "--output-dir", run_dir]
 
     def tiny(self, command: str, *extra) -> list:
         """A tiny run of a method command, then `extra` (later flags win)."""
@@ -231,7 +231,7 @@ class Probe:
 
 
 def es_args(p: Probe, run: Path, *extra) -> list:
-    return ["es", *p.small(run), "--iterations", "1", "--population", "2", "--sigma", "0.05", *extra]
+    return ["es", *p.small(run), "--iterations", "1", "--population-per-iteration", "2", "--sigma", "0.05", *extra]
 
 
 def main() -> int:
@@ -347,8 +347,13 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
         ("eval", "--gpu-memory-utilization -0.5", ["--gpu-memory-utilization", "-0.5"], ("--gpu-memory-utilization",)),
         ("score", "--batch-size 0", ["--batch-size", "0"], ("--batch-size",)),
         ("fera", "--batch-size -4", ["--batch-size", "-4"], ("--batch-size",)),
-        ("eval", "--max-new-tokens 0", ["--max-new-tokens", "0"], ("--max-new-tokens",)),
-        ("self-consistency", "--max-new-tokens -1", ["--max-new-tokens", "-1"], ("--max-new-tokens",)),
+        ("eval", "--max-completion-length 0", ["--max-completion-length", "0"], ("--max-completion-length",)),
+        (
+            "self-consistency",
+            "--max-completion-length -1",
+            ["--max-completion-length", "-1"],
+            ("--max-completion-length",),
+        ),
         ("randopt", "--n-support -1", ["--n-support", "-1"], ("--n-support",)),
         ("consolidate", "--n-validation -3", ["--n-validation", "-3"], ("--n-validation",)),
         ("grpo", "--threads -2", ["--threads", "-2"], ("--threads",)),
@@ -379,7 +384,7 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
             "--executor local",
         )
 
-    # ---- files a new user gets wrong: --config, --run-dir, --model, --task, --reward
+    # ---- files a new user gets wrong: --config, --output-dir, --model, --task, --reward
     configs = [
         ("score", "--config that is a YAML list", files / "list.yaml", (str(files / "list.yaml"),)),
         ("randopt", "--config with an unknown key", files / "unknown-key.yaml", ("populaton",)),
@@ -399,20 +404,24 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
     p.case(
         "eval",
         "--config valid YAML (flags give the run directory)",
-        ["eval", "--config", files / "good.yaml", "--run-dir", p.run_dir()],
+        ["eval", "--config", files / "good.yaml", "--output-dir", p.run_dir()],
         "ok",
     )
     p.case("eval", "--config empty YAML, all options as flags", p.tiny("eval", "--config", files / "empty.yaml"), "ok")
 
     for m in ("score", "es", "grpo", "eval", "fedcorp", "fera"):
         argv = [m, *p.small(a_file), *TINY[m]]
-        p.case(m, "--run-dir that is a file", argv, "error", str(a_file))
+        p.case(m, "--output-dir that is a file", argv, "error", str(a_file))
     for m in ("randopt", "self-consistency", "ftis"):
         where = Path("/sys") / f"corp-probe-{m}"  # not writable even by root
-        p.case(m, "--run-dir where nothing can be written", [m, *p.small(where), *TINY[m]], "error", str(where))
+        p.case(m, "--output-dir where nothing can be written", [m, *p.small(where), *TINY[m]], "error", str(where))
     nested = a_file / "run"
     p.case(
-        "consolidate", "--run-dir inside a file", [*p.tiny("consolidate"), "--run-dir", nested], "error", str(a_file)
+        "consolidate",
+        "--output-dir inside a file",
+        [*p.tiny("consolidate"), "--output-dir", nested],
+        "error",
+        str(a_file),
     )
 
     no_model = root / "no-such-model"
@@ -518,7 +527,7 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
         ("consolidate", "--merge-rules pass1,pass1", ["--merge-rules", "pass1,pass1"], ("--merge-rules",)),
         ("consolidate", "--compat approx", ["--compat", "approx"], ("--compat", "approx")),
         ("consolidate", "--gate-z inf", ["--gate-z", "inf"], ("--gate-z",)),
-        ("consolidate", "--rounds -1", ["--rounds", "-1"], ("--rounds",)),
+        ("consolidate", "--stage2-rounds -1", ["--stage2-rounds", "-1"], ("--stage2-rounds",)),
         ("consolidate", "--pc-mix 2", ["--pc-mix", "2"], ("--pc-mix",)),
         ("consolidate", "--local-population 1", ["--local-population", "1"], ("--local-population",)),
         ("consolidate", "--gram-memory-gb 0", ["--gram-memory-gb", "0"], ("--gram-memory-gb",)),
@@ -527,12 +536,12 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
         ("consolidate", "--low-rank 0", ["--low-rank", "0"], ("--low-rank",)),
         (
             "consolidate",
-            "--low-rank auto with --rounds 1",
-            ["--low-rank", "auto", "--rounds", "1"],
-            ("--low-rank", "--rounds"),
+            "--low-rank auto with --stage2-rounds 1",
+            ["--low-rank", "auto", "--stage2-rounds", "1"],
+            ("--low-rank", "--stage2-rounds"),
         ),
         ("consolidate", "--export-lora without a low-rank update", ["--export-lora"], ("--export-lora",)),
-        ("consolidate", "--lora-rank -1", ["--lora-rank", "-1"], ("--lora-rank",)),
+        ("consolidate", "--lora-r -1", ["--lora-r", "-1"], ("--lora-r",)),
         ("consolidate", "--rank-from without --low-rank auto", ["--rank-from", score_run], ("--rank-from",)),
         (
             "consolidate",
@@ -549,11 +558,15 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
         ("--sigma 0", ["--sigma", "0"], ("--sigma",)),
         ("--sigma -0.1", ["--sigma", "-0.1"], ("--sigma",)),
         ("--sigma inf", ["--sigma", "inf"], ("--sigma",)),
-        ("--alpha nan", ["--alpha", "nan"], ("--alpha",)),
-        ("--alpha inf", ["--alpha", "inf"], ("--alpha",)),
+        ("--learning-rate nan", ["--learning-rate", "nan"], ("--learning-rate",)),
+        ("--learning-rate inf", ["--learning-rate", "inf"], ("--learning-rate",)),
         ("--iterations 0", ["--iterations", "0"], ("--iterations",)),
-        ("--population 1", ["--population", "1"], ("--population",)),
-        ("--antithetic with --population 3", ["--antithetic", "--population", "3"], ("--population",)),
+        ("--population-per-iteration 1", ["--population-per-iteration", "1"], ("--population-per-iteration",)),
+        (
+            "--antithetic with --population-per-iteration 3",
+            ["--antithetic", "--population-per-iteration", "3"],
+            ("--population-per-iteration",),
+        ),
         ("--fitness best", ["--fitness", "best"], ("--fitness", "best")),
         ("--prompts-per-iteration -1", ["--prompts-per-iteration", "-1"], ("--prompts-per-iteration",)),
         ("--noise lowrank:r=0", ["--noise", "lowrank:r=0"], ("--noise",)),
@@ -563,7 +576,7 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
 
     # ---- grpo (and the GRPO options fgrpo and ftis share)
     for m, name, extra, frags in (
-        ("grpo", "--steps 0", ["--steps", "0"], ("--steps",)),
+        ("grpo", "--max-steps 0", ["--max-steps", "0"], ("--max-steps",)),
         ("grpo", "--learning-rate 0", ["--learning-rate", "0"], ("--learning-rate",)),
         ("grpo", "--learning-rate nan", ["--learning-rate", "nan"], ("--learning-rate",)),
         ("grpo", "--temperature 0", ["--temperature", "0"], ("--temperature",)),
@@ -574,9 +587,14 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
         ("grpo", "--scale-rewards batch", ["--scale-rewards", "batch"], ("--scale-rewards", "batch")),
         ("grpo", "--lora-r -1", ["--lora-r", "-1"], ("--lora-r",)),
         ("grpo", "--num-generations 1", ["--num-generations", "1"], ("--num-generations",)),
-        ("grpo", "--grad-accum 3 not dividing 1 x 2", ["--grad-accum", "3"], ("--grad-accum",)),
+        (
+            "grpo",
+            "--gradient-accumulation-steps 3 not dividing 1 x 2",
+            ["--gradient-accumulation-steps", "3"],
+            ("--gradient-accumulation-steps",),
+        ),
         ("grpo", "--epsilon -0.1", ["--epsilon", "-0.1"], ("--epsilon",)),
-        ("grpo", "--checkpoint-every 0", ["--checkpoint-every", "0"], ("--checkpoint-every",)),
+        ("grpo", "--save-steps 0", ["--save-steps", "0"], ("--save-steps",)),
         ("grpo", "--num-iterations 0", ["--num-iterations", "0"], ("--num-iterations",)),
         ("fgrpo", "--rounds 0", ["--rounds", "0"], ("--rounds",)),
         ("fgrpo", "--clients 0", ["--clients", "0"], ("--clients",)),
@@ -586,7 +604,7 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
         ("fgrpo", "--ema 1", ["--ema", "1"], ("--ema",)),
         ("fgrpo", "--ema -0.1", ["--ema", "-0.1"], ("--ema",)),
         ("fgrpo", "--executor ray --workers 0", ["--executor", "ray", "--workers", "0"], ("--workers",)),
-        ("fgrpo", "--steps 0", ["--steps", "0"], ("--steps",)),
+        ("fgrpo", "--local-steps 0", ["--local-steps", "0"], ("--local-steps",)),
         ("ftis", "--n-nodes 1", ["--n-nodes", "1"], ("--n-nodes",)),
         ("ftis", "--nodes with one model", ["--nodes", p.model], ("--nodes",)),
         ("ftis", "--tis-cap 0", ["--tis-cap", "0"], ("--tis-cap",)),
@@ -602,12 +620,17 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
     # ---- eval, self-consistency
     for m, name, extra, frags in (
         ("eval", "--pass-k 0", ["--pass-k", "0"], ("--pass-k",)),
-        ("eval", "--pass-k 4 --n-samples 2", ["--pass-k", "4", "--n-samples", "2"], ("--n-samples", "--pass-k")),
+        (
+            "eval",
+            "--pass-k 4 --num-generations 2",
+            ["--pass-k", "4", "--num-generations", "2"],
+            ("--num-generations", "--pass-k"),
+        ),
         ("eval", "--pass-k 2 --temperature 0", ["--pass-k", "2", "--temperature", "0"], ("--temperature",)),
         ("eval", "--pass-k abc", ["--pass-k", "abc"], ("pass",)),
-        ("eval", "--n-samples x", ["--n-samples", "x"], ("--n-samples",)),
-        ("self-consistency", "--k 0", ["--k", "0"], ("--k",)),
-        ("self-consistency", "--k abc", ["--k", "abc"], ("k",)),
+        ("eval", "--num-generations x", ["--num-generations", "x"], ("--num-generations",)),
+        ("self-consistency", "--vote-k 0", ["--vote-k", "0"], ("--vote-k",)),
+        ("self-consistency", "--vote-k abc", ["--vote-k", "abc"], ("k",)),
         ("self-consistency", "--temperature 0", ["--temperature", "0"], ("--temperature",)),
         ("self-consistency", "--temperature -1", ["--temperature", "-1"], ("--temperature",)),
     ):
@@ -621,13 +644,13 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
         ("fedcorp", "--combine max", ["--combine", "max"], ("--combine", "max")),
         ("fedcorp", "--min-accept 0", ["--min-accept", "0"], ("--min-accept",)),
         ("fedcorp", "--min-accept 1.5", ["--min-accept", "1.5"], ("--min-accept",)),
-        ("fedcorp", "--rounds 1 (stage 2 is not federated)", ["--rounds", "1"], ("--rounds",)),
+        ("fedcorp", "--stage2-rounds 1 (stage 2 is not federated)", ["--stage2-rounds", "1"], ("--stage2-rounds",)),
         ("fedcorp", "--quantiles -0.5", ["--quantiles", "-0.5"], ("--quantiles",)),
         ("fedcorp", "--population 0", ["--population", "0"], ("--population",)),
         ("fera", "--clients 0", ["--clients", "0"], ("--clients",)),
         ("fera", "--shots 0", ["--shots", "0"], ("--shots",)),
         ("fera", "--rounds 0", ["--rounds", "0"], ("--rounds",)),
-        ("fera", "--samples 1 with disagreement", ["--samples", "1"], ("--samples",)),
+        ("fera", "--num-generations 1 with disagreement", ["--num-generations", "1"], ("--num-generations",)),
         ("fera", "--uncertainty vibes", ["--uncertainty", "vibes"], ("--uncertainty", "vibes")),
         ("fera", "--temperature-u 0", ["--temperature-u", "0"], ("--temperature-u",)),
         ("fera", "--temperature-u inf", ["--temperature-u", "inf"], ("--temperature-u",)),
@@ -821,7 +844,7 @@ def subprocess_cases(p: Probe, recipe: Path) -> None:
     # 5. silently wrong options
     cases = [
         (es_args(p, root / "x1", "--report-to", "tensorboard,tensorboard"), ("tensorboard twice",)),
-        (["score", *p.small(root / "x2"), "--report-to", "tensorboard"], ("corp score", "--report-to")),
+        (["eval", *p.small(root / "x2"), "--report-to", "tensorboard"], ("--report-to",)),  # eval logs nothing
         (["score", *p.small(root / "x3"), "--noise", "lowrank:r=1_0"], ("r=1_0",)),
         (["score", *p.small(root / "x4"), "--noise", "corp-lowrank-v1:r=02"], ("r=02",)),
     ]
@@ -862,13 +885,15 @@ def subprocess_cases(p: Probe, recipe: Path) -> None:
         first.stderr + again.stderr,
     )
 
-    # 7. Ctrl-C in a method: one `interrupted` line naming its --run-dir, exit 130
+    # 7. Ctrl-C in a method: one `interrupted` line naming its --output-dir, exit 130
     for m in ("es", "score", "grpo"):
         run = root / f"ctrl-c-{m}"
         res = p.corp(m, *p.small(run), *TINY[m], fault="ctrl-c")
         said = [ln for ln in res.stderr.splitlines() if ln.startswith("interrupted")]
         ok = res.returncode == 130 and len(said) == 1 and str(run) in said[0] and "Traceback" not in res.stderr
-        p.check(m, f"Ctrl-C in corp {m} is one line naming its --run-dir", ok, f"exit {res.returncode}; {res.stderr}")
+        p.check(
+            m, f"Ctrl-C in corp {m} is one line naming its --output-dir", ok, f"exit {res.returncode}; {res.stderr}"
+        )
 
     # 8. a full disk while grpo saves its model: one line naming the place, no traceback
     run = root / "grpo-full"
@@ -924,7 +949,7 @@ def subprocess_cases(p: Probe, recipe: Path) -> None:
     p.check("es", "resume in a read-only run directory: one line naming it", ok, why)
     res = p.corp("score", *p.small(locked / "new-run"), *TINY["score"], user=user)
     ok, why = p.one_line(res, str(locked / "new-run"))
-    p.check("score", "a new --run-dir inside a read-only directory: one line naming it", ok, why)
+    p.check("score", "a new --output-dir inside a read-only directory: one line naming it", ok, why)
     res = p.corp("apply", recipe, "--out", locked / "model", user=user)
     ok, why = p.one_line(res, str(locked))
     p.check("apply", "apply --out inside a read-only directory: one line naming it", ok, why)

@@ -24,6 +24,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from corp.config import RunConfig, flag
 from corp.models import CARD_FILE, embedded_spec
 from corp.runs import naming
 from corp.stats import comparison_line
@@ -152,7 +153,7 @@ def _eval_command(task: str | None, config: dict | None, model_dir: Path) -> str
         parts.append("--report-on validation")
     for key in ("n_test", "split_seed", "max_new_tokens", "reward", "batch_size", "dtype", "device"):
         if cfg.get(key) is not None and cfg.get(key) != EVAL_DEFAULTS.get(key):
-            parts.append(f"--{key.replace('_', '-')} {shlex.quote(str(_portable(cfg[key], model_dir)))}")
+            parts.append(f"{flag(key, RunConfig)} {shlex.quote(str(_portable(cfg[key], model_dir)))}")
     if cfg.get("backend"):  # a run that saves a model scores it in-process: on hf, whatever auto would pick now
         parts.append(f"--backend {'hf' if cfg['backend'] == 'auto' else cfg['backend']}")
     return " ".join(parts)

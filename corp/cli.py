@@ -23,7 +23,7 @@ from typer.core import TyperGroup
 
 from corp import CorpError
 from corp.api import run as run_config
-from corp.config import field_docs, flag, load_config, renamed_options
+from corp.config import field_docs, flag, load_config, option_names, renamed_options, to_fields
 from corp.methods import Method, methods
 from corp.runs import write_failure
 
@@ -73,7 +73,7 @@ def _one_line_warnings() -> None:
 
 # Ctrl-C: what is kept, per kind of command (a method's run directory; apply's old model; a bench's cells)
 INTERRUPTED = {
-    "run": "every evaluation already finished is saved; rerun with the same --run-dir to resume",
+    "run": "every evaluation already finished is saved; rerun with the same --output-dir to resume",
     "apply": "--out holds the earlier model or the new one, never part of one (a model is written beside it and "
     "renamed into place); run the same command again",
     "bench": "every finished cell is saved; rerun the same command to go on",
@@ -97,7 +97,7 @@ def _run(fn: Callable, *args, interrupted: str = "run"):
         name = getattr(exc, "filename", None)
         where = f" ('{name}')" if name else ""
         typer.echo(
-            f"error: {why}{where}; free some space or choose another location, then rerun (the same --run-dir resumes)",
+            f"error: {why}{where}; free some space or choose another location, then rerun (the same --output-dir resumes)",
             err=True,
         )
         raise typer.Exit(2) from None
@@ -124,19 +124,27 @@ def config_command(name: str, cls: type, help_text: str):
     def decorator(runner: Callable[[object], None]):
         hints = typing.get_type_hints(cls)
         docs = field_docs(cls)
+        names = option_names(cls)  # the flag of each field: its option name (corp.config, "Option names")
         params = []
         for f in dataclasses.fields(cls):
+            if f.name not in names:  # not an option of this command (the class's `not_options`)
+                continue
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
             shown = ",".join(map(str, default)) if isinstance(default, list) else default
             help_ = docs.get(f.name, "") + (f" [default: {shown}]" if shown not in (None, "") else "")
-            opt = typer.Option(None, flag(f.name), help=help_, show_default=False)
+            opt = typer.Option(None, flag(names[f.name]), help=help_, show_default=False)
             params.append(
                 inspect.Parameter(
-                    f.name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[_cli_type(hints[f.name])]
+                    names[f.name],
+                    inspect.Parameter.KEYWORD_ONLY,
+                    default=opt,
+                    annotation=Optional[_cli_type(hints[f.name])],
                 )
             )
         for old, new in renamed_options(cls).items():
-            opt = typer.Option(None, flag(old), help=f"Deprecated: use {flag(new)}.", hidden=True, show_default=False)
+            opt = typer.Option(
+                None, flag(old), help=f"Deprecated: use {flag(names[new])}.", hidden=True, show_default=False
+            )
             params.append(
                 inspect.Parameter(
                     old, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[_cli_type(hints[new])]
@@ -153,8 +161,9 @@ def config_command(name: str, cls: type, help_text: str):
 
         def command(**kwargs):
             yaml_path = kwargs.pop("config")
-            cfg = _run(load_config, cls, yaml_path, kwargs)
-            _run(runner, cfg)  # the config as the argument: Ctrl-C names its --run-dir
+            given = _run(to_fields, cls, kwargs)  # flags -> fields; an old flag: one deprecation line
+            cfg = _run(load_config, cls, yaml_path, given)
+            _run(runner, cfg)  # the config as the argument: Ctrl-C names its --output-dir
 
         command.__signature__ = inspect.Signature(params)
         command.__doc__ = help_text

@@ -17,9 +17,17 @@ of T, one T, or a comma-separated string of T; a `dict`
 field a mapping. A YAML `--config` must be a readable UTF-8 file holding a mapping without
 duplicate keys.
 
-Renamed options: a config class lists `renamed = {"old_name": "new_name"}` (a ClassVar, merged
-along the class hierarchy). `load_config` accepts the old name from YAML or the CLI with one
-warning line; the CLI adds the old flag as a hidden option.
+Option names (docs/commands.md, "Names"): a field's option name (its CLI flag and `--config` key)
+is the field name unless the class lists it in `options = {"field": "option"}` (a ClassVar, merged
+along the class hierarchy, a subclass's entry winning): GRPO's field `steps` is the option
+`max_steps`, TRL's name. The field keeps its name because run metadata, `config.yaml`, cache keys
+and bench cell keys are built from field names, and committed results must keep theirs; code, the
+bench's YAML and `load_config`'s overrides use field names (overrides take option names too).
+
+Renamed options: a config class lists `renamed = {"old_name": "field"}` (a ClassVar, merged
+along the class hierarchy); a field whose option name differs has its field name as an old name
+too. The CLI and `--config` accept an old name with one warning line (for one release); the CLI
+adds the old flag as a hidden option.
 """
 
 from __future__ import annotations
@@ -164,7 +172,13 @@ class RunConfig:
     threads: int | None = None
     """Torch CPU threads (unset or 0: torch's choice, all usable cores; corp makes idle threads sleep, not spin, so a busy machine costs a fair share)."""
     report_to: str = "none"
-    """Where per-step/per-round metrics also go (TRL's name): none, tensorboard (RUN_DIR/tensorboard), wandb, or a comma list; written from metrics.jsonl/rounds.jsonl when the run ends."""
+    """Where metrics also go, live as the run writes them (TRL's name): none, tensorboard (RUN_DIR/tensorboard), wandb, or a comma list; per specialist scored, per step or iteration, per round."""
+
+    # option names that are not the field's (module docstring): TRL's names, where TRL has the concept
+    options: ClassVar[dict[str, str]] = {"run_dir": "output_dir", "max_new_tokens": "max_completion_length"}
+    # fields a command does not offer as options (they keep their default): --report-to where the
+    # command writes no metrics rows to log (corp.tracking)
+    not_options: ClassVar[tuple[str, ...]] = ()
 
     # why this command runs in one process (None: --executor ray scores its population on Ray actors)
     local_only: ClassVar[str | None] = (
@@ -202,7 +216,7 @@ class RunConfig:
             )
         for name in ("n_support", "n_probe", "n_validation", "n_test"):
             if getattr(self, name) < 0:
-                raise CorpError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+                raise CorpError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
         if self.batch_size < 1:
             raise CorpError(f"--batch-size must be >= 1, got {self.batch_size}")
         if self.report_on not in ("test", "validation", "dev"):
@@ -210,7 +224,7 @@ class RunConfig:
         if self.report_on == "validation" and self.n_validation < 1:
             raise CorpError("--report-on validation needs a validation split; set --n-validation >= 1")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise CorpError(f"--max-new-tokens must be >= 1, got {self.max_new_tokens}")
+            raise CorpError(f"--max-completion-length must be >= 1, got {self.max_new_tokens}")
         from corp.models import check_device, check_dtype  # names checked here, before any model loads
         from corp.tracking import check_report_to
 
@@ -223,8 +237,8 @@ class RunConfig:
 
 @dataclass
 class PopulationConfig(RunConfig):
-    population: int = 32
-    """N: number of specialists (distinct seeds) to score."""
+    population: int = 64
+    """N: number of specialists (distinct seeds) to score, in all (the same default for every command that scores a population)."""
     sigmas: list[float] = field(default_factory=lambda: [5e-4, 1e-3, 2e-3])
     """Noise scales, comma-separated; specialist i gets sigmas[i % len(sigmas)] (RandOpt's grid)."""
     include: str = ".*"
@@ -336,33 +350,70 @@ class RandOptConfig(PopulationConfig):
         return self
 
 
-def flag(name: str) -> str:
+def flag(name: str, cls: type | object | None = None) -> str:
+    """`--option-name` of field `name`; with `cls` (a config class or instance), its option name."""
+    if cls is not None:
+        name = option_names(cls if isinstance(cls, type) else type(cls)).get(name, name)
     return "--" + name.replace("_", "-")
 
 
+def option_names(cls: type) -> dict[str, str]:
+    """{field name: option name} for every field of config class `cls` that is an option (module
+    docstring; a field in the class's `not_options` is none)."""
+    given: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        given.update(vars(klass).get("options", {}))
+    hidden = set(getattr(cls, "not_options", ()))
+    return {f.name: given.get(f.name, f.name) for f in fields(cls) if f.name not in hidden}
+
+
 def renamed_options(cls: type) -> dict[str, str]:
-    """{old option name: current field name} over cls and its bases (see the module docstring)."""
+    """{old option name: current field name} over cls and its bases (see the module docstring): the
+    `renamed` entries, and the field name of each field whose option name differs."""
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         out.update(vars(klass).get("renamed", {}))
-    names = {f.name for f in fields(cls)}
-    return {old: new for old, new in out.items() if new in names and old not in names}
+    names = option_names(cls)
+    out.update({name: name for name, option in names.items() if option != name})
+    options = set(names.values())
+    return {old: new for old, new in out.items() if new in names and old not in options}
 
 
-def _rename(cls: type, values: dict, yaml_path: str | None = None) -> dict:
-    """Map deprecated option names to the current ones, one warning each; both given is an error."""
-    out = dict(values)
-    for old, new in renamed_options(cls).items():
-        if out.get(old) is None:
-            out.pop(old, None)
+def to_fields(cls: type, values: dict, yaml_path: str | None = None, user: bool = True) -> dict:
+    """`values` keyed by field name. Option names map silently; old names (`renamed_options`) with one
+    warning each, except, when not `user` (code, the bench, the API: field names are their
+    contract), a field's own name. An old and a current name given with different values is an error."""
+    names = option_names(cls)
+    by_option = {option: name for name, option in names.items()}
+    old_names = renamed_options(cls)
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if key in by_option:
+            if value is not None or by_option[key] not in out:
+                out[by_option[key]] = value
             continue
-        value = out.pop(old)
-        was, now = (f"--config '{yaml_path}': key '{old}'", f"'{new}'") if yaml_path else (flag(old), flag(new))
-        if out.get(new) is not None and out[new] != value:
-            raise CorpError(f"{was} is the old name of {now}; give only {now}")
-        # FutureWarning, not DeprecationWarning: Python shows it to users by default
-        warnings.warn(f"{was} is deprecated; use {now}", FutureWarning, stacklevel=3)
-        out[new] = value
+        if key not in old_names:
+            out[key] = value  # unknown: load_config names it
+            continue
+        if value is None and (user or key not in names):
+            continue  # an old flag not given (the CLI passes None for those)
+        name = old_names[key]
+        if user or key not in names:
+            was, now = (
+                (f"--config '{yaml_path}': key '{key}'", f"'{names[name]}'")
+                if yaml_path
+                else (flag(key), flag(names[name]))
+            )
+            current = values.get(names[name])
+            if current is not None and current != value:
+                raise CorpError(f"{was} is the old name of {now}; give only {now}")
+            # FutureWarning, not DeprecationWarning: Python shows it to users by default
+            warnings.warn(
+                f"{was} is deprecated; use {now} (the old name is kept for one release)", FutureWarning, stacklevel=3
+            )
+            if current is not None:
+                continue
+        out[name] = value
     return out
 
 
@@ -499,7 +550,7 @@ def check_types(cls: type, values: dict, source: dict[str, str] | None = None) -
             out[name] = _coerce(value, tp)
         except TypeError:
             where = (source or {}).get(name)
-            label = f"{where}: key '{name}'" if where else flag(name)
+            label = f"{where}: key '{option_names(cls).get(name, name)}'" if where else flag(name, cls)
             shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
             raise CorpError(f"{label} is {shown} ({type(value).__name__}); expected {_describe(tp)}") from None
     return out
@@ -507,10 +558,11 @@ def check_types(cls: type, values: dict, source: dict[str, str] | None = None) -
 
 def load_config(cls: type, yaml_path: str | None = None, overrides: dict | None = None):
     """defaults <- YAML file <- explicit overrides; unknown keys are errors, renamed ones warn;
-    every value is checked against its field's type (`check_types`) before `validate()`."""
+    every value is checked against its field's type (`check_types`) before `validate()`.
+    `overrides` are keyed by field or option name (the CLI maps its flags with `to_fields` first)."""
     values: dict[str, Any] = {}
     source: dict[str, str] = {}
-    names = {f.name for f in fields(cls)}
+    names = set(option_names(cls))  # fields that are options (not `not_options`)
     if yaml_path:
         path = Path(yaml_path)
         loaded = read_yaml_config(path)
@@ -523,13 +575,13 @@ def load_config(cls: type, yaml_path: str | None = None, overrides: dict | None 
                 raise CorpError(
                     f"--config '{path}': keys '{spelled[k.replace('-', '_')]}' and '{k}' are the same option; keep one"
                 )
-        loaded = _rename(cls, {k.replace("-", "_"): v for k, v in loaded.items()}, str(path))
+        loaded = to_fields(cls, {k.replace("-", "_"): v for k, v in loaded.items()}, str(path))
         unknown = set(loaded) - names
         if unknown:
             raise CorpError(f"--config '{path}': unknown option(s) {', '.join(sorted(unknown))} for this command")
         values.update(loaded)
         source.update({k: f"--config '{path}'" for k in loaded})
-    given = {k: v for k, v in _rename(cls, overrides or {}).items() if v is not None}
+    given = {k: v for k, v in to_fields(cls, overrides or {}, user=False).items() if v is not None}
     values.update(given)
     for k in given:
         source.pop(k, None)

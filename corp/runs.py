@@ -69,7 +69,7 @@ def open_run_dir(
     whether this call made it (only then may a failed run remove it)."""
     path = Path(run_dir) if run_dir else Path(root) / run_name(task, method, seed)
     if path.exists() and not path.is_dir():
-        raise CorpError(f"--run-dir '{path}' is a file, not a directory; pass a directory")
+        raise CorpError(f"--output-dir '{path}' is a file, not a directory; pass a directory")
     created = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -77,7 +77,9 @@ def open_run_dir(
         probe.write_text("")
         probe.unlink()
     except OSError as exc:
-        raise CorpError(f"run directory '{path}' is not writable ({exc.strerror}); pass a writable --run-dir") from None
+        raise CorpError(
+            f"run directory '{path}' is not writable ({exc.strerror}); pass a writable --output-dir"
+        ) from None
     return path, created
 
 
@@ -137,7 +139,7 @@ class RunLock:
             fh.close()
             raise RunBusy(
                 f"run directory '{self.path.parent}' is in use by another corp process "
-                f"(pid {holder}); wait for it to finish or pass another --run-dir"
+                f"(pid {holder}); wait for it to finish or pass another --output-dir"
             ) from None
         fh.seek(0)
         fh.truncate()
@@ -192,7 +194,7 @@ def finish_run_dir(run_dir: str | Path, created: bool, error: BaseException | No
     try:  # FAILED first: on a nearly full disk the small file is the one that must get through
         atomic_write_text(
             path / FAILED_FILE,
-            f"this run {verb} and is not complete: {message}\nrerun the same command with --run-dir {path} to resume\n",
+            f"this run {verb} and is not complete: {message}\nrerun the same command with --output-dir {path} to resume\n",
         )
         write_status(path, what, error=message)
     except OSError as exc:  # the disk is full: say so, and let the run's own error be the one reported

@@ -1,12 +1,17 @@
 """`--report-to tensorboard|wandb|none` (TRL's option name): a run's per-step metrics where people read them.
 
 Methods log per-step or per-round metrics to JSON Lines in their run directory (`metrics.jsonl`:
-es, grpo, ftis; `rounds.jsonl`: fgrpo, fera), one row per step, flushed as they go. When the run
-ends (complete, failed or interrupted), the run layer (`open_run`) hands those rows to the chosen
-backends: every numeric field becomes a scalar at the row's step (`step`, `iteration` or `round`),
-under a prefix naming the row's arm, node or client when it has one. The JSONL files stay the
-record; the event files are rebuilt from them at every end, so a resumed run's events are whole
-and never doubled. Departure from TRL, which logs live: here the events appear when the run ends.
+es, grpo, ftis; `rounds.jsonl`: fgrpo, fera; `population.jsonl`: one row per scored specialist,
+score, randopt, consolidate, analyze-rank), one row per step, flushed as they go. Live, as TRL:
+each row the run writes (`RunContext.log_row`, the population scorer) goes to the chosen backends
+as it is written, and the writers are flushed, so the events are there while the run goes on
+(`LiveLog`). Every numeric field becomes a scalar at the row's step (`step`, `iteration` or
+`round`), under a prefix naming the row's arm, node or client when it has one; a specialist's
+reward, sigma, tokens and seconds are `population/...` at its index in population order. The
+JSONL files stay the record: the first live row starts the backends from the whole record (a
+resumed run's curves are complete, and steps a method redid after its last checkpoint are not
+doubled), and a run that wrote no new row (a finished run reopened) exports the record when it
+ends (complete, failed or interrupted).
 
 - `tensorboard`: event files in `RUN_DIR/tensorboard/` (torch's SummaryWriter; needs the
   `tensorboard` extra). `tensorboard --logdir runs/` shows every run.
@@ -24,6 +29,7 @@ import json
 import math
 import os
 import shutil
+import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -32,7 +38,9 @@ from corp.extras import require
 from corp.runs import naming
 
 BACKENDS = ("none", "tensorboard", "wandb")
-METRIC_FILES = ("metrics.jsonl", "rounds.jsonl")
+POPULATION_FILE = "population.jsonl"
+METRIC_FILES = ("metrics.jsonl", "rounds.jsonl", POPULATION_FILE)
+SPECIALIST_FIELDS = ("reward", "sigma", "generated_tokens", "seconds")
 STEP_KEYS = ("step", "iteration", "round")
 GROUP_KEYS = ("arm", "node", "client")
 TB_DIR = "tensorboard"
@@ -85,6 +93,24 @@ def scalars(row: dict) -> tuple[int | None, dict[str, float]]:
     return step, out
 
 
+def specialist_scalars(row: dict) -> tuple[int | None, dict[str, float]]:
+    """(index, {population/field: value}) of one population row; a raced row (scored on part of the
+    support split) or one without its population index gives nothing."""
+    if not isinstance(row.get("index"), int) or row.get("kind") == "raced":
+        return None, {}
+    out = {}
+    for k in SPECIALIST_FIELDS:
+        v = row.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            out[f"population/{k}"] = float(v)
+    return row["index"], out
+
+
+def row_scalars(file_name: str, row: dict) -> tuple[int | None, dict[str, float]]:
+    """(step, {tag: value}) of a row of one of METRIC_FILES."""
+    return specialist_scalars(row) if file_name == POPULATION_FILE else scalars(row)
+
+
 class Trackers:
     """The chosen backends for one run directory: `log(step, {tag: value})`, then `close()`."""
 
@@ -117,12 +143,67 @@ class Trackers:
         if self.run is not None and values:
             self.run.log(values, step=step)
 
+    def flush(self) -> None:
+        for w in self.writers:
+            w.flush()
+
     def close(self) -> None:
         for w in self.writers:
             w.flush()
             w.close()
         if self.run is not None:
             self.run.finish()
+
+
+class LiveLog:
+    """`--report-to` while the run goes on (module docstring): `log(path, row)` after each row is
+    appended to `path` (one of METRIC_FILES in the run directory). The first row starts the backends
+    and logs the whole record, that row included; later rows are logged as they come. A backend
+    that fails is said once and dropped (the JSONL record is written either way); the run layer
+    then exports the record when the run ends."""
+
+    def __init__(self, run_dir: Path, report_to: str | None, config: dict | None = None):
+        self.run_dir, self.report_to, self.config = Path(run_dir), report_to, config
+        self.backends = parse_report_to(report_to)
+        self.trackers: Trackers | None = None
+        self.failed = False
+        self.live = False  # a row went to the backends live
+
+    @property
+    def started(self) -> bool:
+        """Whether rows went to the backends live (else the run layer exports the record at the end)."""
+        return self.live and not self.failed
+
+    def log(self, path: str | Path, row: dict) -> None:
+        path = Path(path)
+        if not self.backends or self.failed or path.parent != self.run_dir or path.name not in METRIC_FILES:
+            return
+        try:
+            with naming(_written(self.run_dir, self.backends)):
+                if self.trackers is None:
+                    self.trackers = Trackers(self.backends, self.run_dir, self.run_dir.name, self.config)
+                    self.live = True
+                    for name in METRIC_FILES:  # the whole record, this row included (it is appended)
+                        for r in _rows(self.run_dir / name):
+                            self.trackers.log(*row_scalars(name, r))
+                else:
+                    self.trackers.log(*row_scalars(path.name, row))
+                self.trackers.flush()
+        except Exception as exc:  # noqa: BLE001 -- the row is in the JSONL record; the run goes on
+            self.failed = True
+            warnings.warn(
+                f"--report-to {self.report_to}: live logging stopped ({type(exc).__name__}: {exc}); "
+                "the record is exported when the run ends"
+            )
+
+    def close(self) -> None:
+        if self.trackers is not None:
+            trackers, self.trackers = self.trackers, None
+            try:
+                trackers.close()
+            except Exception:  # noqa: BLE001 -- a writer that failed live has said so already
+                if not self.failed:
+                    raise
 
 
 def export_run_metrics(run_dir: Path, report_to: str | None, config: dict | None = None) -> list[str]:
@@ -136,8 +217,7 @@ def export_run_metrics(run_dir: Path, report_to: str | None, config: dict | None
         try:
             for path in files:
                 for row in _rows(path):
-                    step, values = scalars(row)
-                    trackers.log(step, values)
+                    trackers.log(*row_scalars(path.name, row))
         finally:
             trackers.close()
     return [str(f) for f in files]

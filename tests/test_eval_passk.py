@@ -26,7 +26,7 @@ def test_pass_at_k_table_is_the_closed_form_mean():
 
 
 def test_eval_config_rejects_k_above_n():
-    with pytest.raises(CorpError, match="--n-samples"):
+    with pytest.raises(CorpError, match="--num-generations"):
         load_config(EvalConfig, None, {"pass_k": "1,8", "n_samples": 4})
 
 
@@ -53,11 +53,11 @@ def test_corp_eval_cli_on_saved_tiny_model(tmp_path):
             "0",
             "--pass-k",
             "1,2",
-            "--n-samples",
+            "--num-generations",
             "3",
-            "--max-new-tokens",
+            "--max-completion-length",
             "4",
-            "--run-dir",
+            "--output-dir",
             str(tmp_path / "run"),
         ],
     )
@@ -81,9 +81,9 @@ def _eval(tmp_path, *args):
             "4",
             "--batch-size",
             "2",
-            "--max-new-tokens",
+            "--max-completion-length",
             "2",
-            "--run-dir",
+            "--output-dir",
             str(tmp_path / "run"),
             *args,
         ],

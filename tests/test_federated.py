@@ -258,11 +258,11 @@ def test_fedcorp_cli_end_to_end_and_empty_share_error(tiny_dir, tmp_path):
         "4",
         "--n-test",
         "4",
-        "--max-new-tokens",
+        "--max-completion-length",
         "4",
         "--gate-z",
         "-10",
-        "--run-dir",
+        "--output-dir",
         str(run),
     ]
     res = CliRunner().invoke(app, args)
@@ -275,7 +275,7 @@ def test_fedcorp_cli_end_to_end_and_empty_share_error(tiny_dir, tmp_path):
     again = load_file(next(__import__("pathlib").Path(rebuilt).glob("*.safetensors")))
     assert all(torch.equal(saved[k], again[k]) for k in saved)
     # arith's default ops are '+' only: one operator group for 2 clients
-    bad = CliRunner().invoke(app, args[:-2] + ["--split-by", "op", "--run-dir", str(tmp_path / "bad")])
+    bad = CliRunner().invoke(app, args[:-2] + ["--split-by", "op", "--output-dir", str(tmp_path / "bad")])
     assert (
         bad.exit_code != 0
         and "error: client 1 gets no support examples" in bad.output

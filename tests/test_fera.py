@@ -133,7 +133,7 @@ def test_corp_fera_cli_end_to_end_with_entropy(tmp_path):
         "1",
         "--rounds",
         "2",
-        "--samples",
+        "--num-generations",
         "2",
         "--uncertainty",
         "entropy",
@@ -145,9 +145,9 @@ def test_corp_fera_cli_end_to_end_with_entropy(tmp_path):
         "0",
         "--n-test",
         "3",
-        "--max-new-tokens",
+        "--max-completion-length",
         "4",
-        "--run-dir",
+        "--output-dir",
         str(tmp_path / "run"),
     ]
     res = CliRunner().invoke(app, args)

@@ -132,7 +132,7 @@ def test_fgrpo_cli_end_to_end_and_empty_share_error(tiny_dir, tmp_path):
         "tests.test_methods:text_checksum",
         "--rounds",
         "1",
-        "--steps",
+        "--local-steps",
         "1",
         "--clients",
         "2",
@@ -154,16 +154,16 @@ def test_fgrpo_cli_end_to_end_and_empty_share_error(tiny_dir, tmp_path):
         "0",
         "--n-test",
         "2",
-        "--max-new-tokens",
+        "--max-completion-length",
         "4",
-        "--run-dir",
+        "--output-dir",
         str(run),
     ]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     report = json.loads((run / "report.json").read_text())
     assert report["method"] == "fgrpo" and len(report["rounds"]) == 1 and (run / "model" / "config.json").exists()
-    bad = CliRunner().invoke(app, args[:-2] + ["--split-by", "op", "--run-dir", str(tmp_path / "bad")])
+    bad = CliRunner().invoke(app, args[:-2] + ["--split-by", "op", "--output-dir", str(tmp_path / "bad")])
     assert (
         bad.exit_code != 0
         and "error: client 1 gets no support examples" in bad.output

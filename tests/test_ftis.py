@@ -158,7 +158,7 @@ def _save(model, tok, d):
 ARGS = [
     "--task",
     "arith",
-    "--steps",
+    "--max-steps",
     "2",
     "--prompts-per-step",
     "2",
@@ -174,7 +174,7 @@ ARGS = [
     "0",
     "--n-test",
     "3",
-    "--max-new-tokens",
+    "--max-completion-length",
     "4",
     "--reward",
     "tests.test_methods:text_checksum",
@@ -193,7 +193,7 @@ def test_corp_ftis_cli_end_to_end_heterogeneous(tmp_path):
     b = _save(b_model, b_tok, tmp_path / "b")
     run = tmp_path / "run"
     res = CliRunner().invoke(
-        app, ["ftis", "--nodes", f"{a},{b}", *ARGS, "--ood-task", "countdown", "--run-dir", str(run)]
+        app, ["ftis", "--nodes", f"{a},{b}", *ARGS, "--ood-task", "countdown", "--output-dir", str(run)]
     )
     assert res.exit_code == 0, res.output
     report = json.loads((run / "report.json").read_text())
@@ -221,7 +221,7 @@ def test_corp_ftis_cli_end_to_end_heterogeneous(tmp_path):
             *ARGS,
             "--no-retokenize",
             "--skip-grpo-baseline",
-            "--run-dir",
+            "--output-dir",
             str(tmp_path / "r2"),
         ],
     )
@@ -245,7 +245,7 @@ def test_node_that_cannot_be_loaded_is_one_line(tmp_path):
             "--nodes",
             f"{a},{tmp_path / 'missing-model'}",
             *ARGS,
-            "--run-dir",
+            "--output-dir",
             str(run),
         ],
         capture_output=True,
@@ -273,12 +273,12 @@ def test_bad_options_are_one_line(tmp_path):
 def test_grpo_options_ftis_lacks_are_refused_not_ignored():
     """FTISConfig extends GRPOConfig: every inherited option F-TIS does not implement is one line, never a silent no-op."""
     from corp.baselines.ftis import UNSUPPORTED, FTISConfig
-    from corp.config import load_config
+    from corp.config import flag, load_config
 
     other = {"loss": "cov", "beta": 0.1, "num_iterations": 2, "lora_r": 8, "lora_alpha": 16, "lora_targets": "q_proj"}
     assert set(other) == set(UNSUPPORTED)
     for name, value in other.items():
-        with pytest.raises(CorpError, match=f"--{name.replace('_', '-')} {value}: corp ftis does not support it"):
+        with pytest.raises(CorpError, match=f"{flag(name, FTISConfig)} {value}: corp ftis does not support it"):
             load_config(FTISConfig, None, {name: value})
     load_config(FTISConfig, None, {"epsilon_high": 0.3, "scale_rewards": "none", "checkpoint_every": 2})  # these work
     with pytest.raises(CorpError, match="--num-generations must be >= 1"):

@@ -323,7 +323,7 @@ def test_grpo_lora_trains_adapter_only(tmp_path):
 def test_bad_options_are_one_line_errors(tmp_path):
     with pytest.raises(CorpError, match="--loss"):
         tiny_grpo_cfg(tmp_path, loss="ppo")
-    with pytest.raises(CorpError, match="--grad-accum"):
+    with pytest.raises(CorpError, match="--gradient-accumulation-steps"):
         tiny_grpo_cfg(tmp_path, grad_accum=3)
     with pytest.raises(CorpError, match="--num-generations"):
         tiny_grpo_cfg(tmp_path, num_generations=1)
@@ -348,7 +348,7 @@ def test_corp_grpo_cli_end_to_end(tmp_path):
         "arith",
         "--loss",
         "cov",
-        "--steps",
+        "--max-steps",
         "2",
         "--prompts-per-step",
         "2",
@@ -362,9 +362,9 @@ def test_corp_grpo_cli_end_to_end(tmp_path):
         "0",
         "--n-test",
         "2",
-        "--max-new-tokens",
+        "--max-completion-length",
         "4",
-        "--run-dir",
+        "--output-dir",
         str(tmp_path / "run"),
     ]
     res = CliRunner().invoke(app, args)

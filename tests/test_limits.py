@@ -74,9 +74,9 @@ def _es_cli(model_dir, run_dir, *extra):
 
     from corp.cli import app
 
-    args = ["es", "--model", str(model_dir), "--task", "arith", "--iterations", "1", "--population", "2"]
+    args = ["es", "--model", str(model_dir), "--task", "arith", "--iterations", "1", "--population-per-iteration", "2"]
     args += ["--sigma", "0.05", "--n-support", "2", "--n-probe", "0", "--n-validation", "0", "--n-test", "2"]
-    args += ["--max-new-tokens", "2", "--run-dir", str(run_dir), *extra]
+    args += ["--max-completion-length", "2", "--output-dir", str(run_dir), *extra]
     return CliRunner().invoke(app, args)
 
 
@@ -160,8 +160,8 @@ def test_silently_wrong_options_are_one_line(tmp_path):
 
     pytest.importorskip("tensorboard")
     _one_line(cli("es", "--model", "no-such/model", "--report-to", "tensorboard,tensorboard"), "tensorboard twice")
-    # score logs no per-step metrics: refused before the model loads (no "model not found")
-    _one_line(cli("score", "--model", "no-such/model", "--report-to", "tensorboard"), "corp score", "--report-to")
+    # eval logs nothing: the option is not eval's (before the model loads: no "model not found")
+    _one_line(cli("eval", "--model", "no-such/model", "--report-to", "tensorboard"), "--report-to")
     (tmp_path / "c.yaml").write_text("max-new-tokens: 4\nmax_new_tokens: 8\n")
     _one_line(
         cli("randopt", "--model", "no-such/model", "--config", str(tmp_path / "c.yaml")),
@@ -187,11 +187,11 @@ def test_ctrl_c_says_what_fits_the_command(command, tmp_path, monkeypatch):
         args = ["apply", str(tmp_path / "recipe.json"), "--out", str(tmp_path / "out")]
     else:
         monkeypatch.setattr("corp.methods.Method.__call__", interrupted)
-        args = ["self-consistency", "--run-dir", str(tmp_path / "run")]
+        args = ["self-consistency", "--output-dir", str(tmp_path / "run")]
     res = CliRunner().invoke(app, args)
     said = [ln for ln in res.output.splitlines() if ln.startswith("interrupted")]
     assert res.exit_code == 130 and len(said) == 1 and "specialist" not in said[0], res.output
-    assert ("--out" in said[0]) if command == "apply" else ("--run-dir" in said[0] and str(tmp_path) in said[0])
+    assert ("--out" in said[0]) if command == "apply" else ("--output-dir" in said[0] and str(tmp_path) in said[0])
 
 
 def test_a_long_task_label_gives_bounded_plot_names():
@@ -224,8 +224,19 @@ def test_a_run_resumes_with_the_same_reward_named_another_way(tiny_dir, tmp_path
     (tmp_path / "rw.py").write_text("def f(completions, **kw):\n    return [len(c) / 10 for c in completions]\n")
     monkeypatch.chdir(tmp_path)
     args = ["score", "--model", str(tiny_dir), "--task", "arith", "--population", "2", "--sigmas", "0.05"]
-    args += ["--n-support", "2", "--n-probe", "0", "--n-validation", "0", "--n-test", "0", "--max-new-tokens", "2"]
-    args += ["--run-dir", str(tmp_path / "run")]
+    args += [
+        "--n-support",
+        "2",
+        "--n-probe",
+        "0",
+        "--n-validation",
+        "0",
+        "--n-test",
+        "0",
+        "--max-completion-length",
+        "2",
+    ]
+    args += ["--output-dir", str(tmp_path / "run")]
     first = CliRunner().invoke(app, [*args, "--reward", "rw.py:f"])
     assert first.exit_code == 0, first.output
     rows = (tmp_path / "run" / "population.jsonl").read_text()

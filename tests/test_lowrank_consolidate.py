@@ -279,12 +279,12 @@ def test_auto_takes_r_star_from_analyze_rank_and_rank_zero_stays_at_w0(tiny_dir,
     [
         ({"low_rank": "0"}, "--low-rank rank must be >= 1"),
         ({"low_rank": "full"}, "--low-rank must be 'off', 'auto' or a positive integer"),
-        ({"low_rank": "2", "rounds": 1}, "cannot be combined with --rounds"),
+        ({"low_rank": "2", "rounds": 1}, "cannot be combined with --stage2-rounds"),
         ({"export_lora": True}, "--export-lora needs a low-rank update"),
         ({"export_lora": True, "noise": "full"}, "or score a low-rank population (--noise lowrank:r=R)"),
-        ({"export_lora": True, "noise": "lowrank:r=2", "lora_rank": -1}, "--lora-rank must be >= 1"),
-        ({"noise": "lowrank:r=2", "lora_rank": 2}, "--lora-rank compresses the exact adapter"),
-        ({"export_lora": True, "low_rank": "2", "noise": "lowrank:r=2", "lora_rank": 2}, "--lora-rank compresses"),
+        ({"export_lora": True, "noise": "lowrank:r=2", "lora_rank": -1}, "--lora-r must be >= 1"),
+        ({"noise": "lowrank:r=2", "lora_rank": 2}, "--lora-r compresses the exact adapter"),
+        ({"export_lora": True, "low_rank": "2", "noise": "lowrank:r=2", "lora_rank": 2}, "--lora-r compresses"),
         ({"export_lora": True, "noise": "lowrank:r=0"}, "r=0"),
         ({"low_rank": "2", "rank_from": "/tmp"}, "--rank-from only applies to --low-rank auto"),
         ({"low_rank": "auto", "rank_from": "/nonexistent-ranks"}, "is not a directory"),
@@ -315,7 +315,7 @@ def test_auto_without_analysis_tells_the_user_to_run_analyze_rank(tiny_dir, tmp_
             "1",
             "--low-rank",
             "auto",
-            "--run-dir",
+            "--output-dir",
             str(tmp_path / "run"),
         ],
         capture_output=True,
@@ -475,18 +475,18 @@ def test_exact_lora_of_a_tied_model_and_merged_terms(tmp_path):
 
 
 def test_a_lora_rank_above_the_exact_rank_names_the_directory_and_its_real_rank(tiny_dir, tmp_path):
-    """--lora-rank 1000 on an update of rank K*R < 1000: the adapter written has rank K*R; the warning
+    """--lora-r 1000 on an update of rank K*R < 1000: the adapter written has rank K*R; the warning
     names its directory and that rank, and the report records it (issue 41: it said rank 1000)."""
     from corp.consolidate.run import low_rank_line, run_consolidate
 
     model_dir, _ = tiny_dir
     run = tmp_path / "run"
-    with pytest.warns(UserWarning, match="--lora-rank 1000") as caught:
+    with pytest.warns(UserWarning, match="--lora-r 1000") as caught:
         report = run_consolidate(_cfg(model_dir, run, noise="lowrank:r=2", export_lora=True, lora_rank=1000))
     ex = report["corp"]["low_rank"]["exact_lora"]
     comp, where = ex["compressed"], run / "lora-rank-1000"
     real = max(json.loads((where / "adapter_config.json").read_text())["rank_pattern"].values())
     assert real == ex["max_rank"] < 1000 and comp["rank"] == real and comp["requested_rank"] == 1000
-    said = [str(w.message) for w in caught if "--lora-rank 1000" in str(w.message)]
+    said = [str(w.message) for w in caught if "--lora-r 1000" in str(w.message)]
     assert len(said) == 1 and str(where) in said[0] and f"rank {real}" in said[0], said
     assert f"rank-{real} SVD adapter" in low_rank_line(report["corp"]["low_rank"])

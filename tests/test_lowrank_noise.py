@@ -290,7 +290,7 @@ def test_low_rank_rows_have_their_own_cache_keys(tmp_path):
 
 
 def test_bad_noise_flag_is_one_line_on_the_cli(tmp_path):
-    res = CliRunner().invoke(app, ["randopt", "--noise", "lowrank:r=0", "--run-dir", str(tmp_path / "x")])
+    res = CliRunner().invoke(app, ["randopt", "--noise", "lowrank:r=0", "--output-dir", str(tmp_path / "x")])
     assert res.exit_code == 2 and ">= 1" in res.output and "Traceback" not in res.output, res.output
     assert len(res.output.strip().splitlines()) == 1
     assert not (tmp_path / "x").exists()
@@ -300,7 +300,7 @@ def _score_args(model, run_dir, *more):
     return [
         "score", "--model", str(model), "--task", "arith", "--population", "2", "--sigmas", "0.05",
         "--n-support", "2", "--n-probe", "0", "--n-validation", "0", "--n-test", "0",
-        "--max-new-tokens", "3", "--run-dir", str(run_dir), *more,
+        "--max-completion-length", "3", "--output-dir", str(run_dir), *more,
     ]  # fmt: skip
 
 
@@ -343,7 +343,7 @@ def test_an_exact_lora_export_of_a_full_rank_run_is_refused_before_anything_is_w
     res = CliRunner().invoke(
         app,
         ["consolidate", "--model", str(tiny_dir), "--export-lora", "--population", "2", "--sigmas", "0.05", "--top-k", "1",
-         "--run-dir", str(tmp_path / "never")],
+         "--output-dir", str(tmp_path / "never")],
     )  # fmt: skip
     assert "--export-lora" in _one_error(res)
     assert not (tmp_path / "never").exists()

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from corp import CorpError
-from corp.config import RunConfig, field_docs, load_config
+from corp.config import RunConfig, field_docs, flag, load_config
 from corp.methods import METHODS, REGISTRY
 
 NAMES = [m.name for m in METHODS]
@@ -162,11 +162,11 @@ def test_from_run_through_the_cli_reuses_a_scored_population(tiny_dir, runs_root
 
     source = smoke_run("score", tiny_dir, runs_root)["run_dir"]
     options = {**REGISTRY["randopt"].smoke, **COMMON, "model": str(tiny_dir)}
-    flags = [x for k, v in options.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    flags = [x for k, v in options.items() for x in (flag(k, REGISTRY["randopt"].config_class), str(v))]
     for i, how in enumerate(["--from-run", "--population-from"]):
         run = tmp_path / f"r{i}"
         with count_model_calls() as calls:
-            res = CliRunner().invoke(app, ["randopt", *flags, how, str(source), "--run-dir", str(run)])
+            res = CliRunner().invoke(app, ["randopt", *flags, how, str(source), "--output-dir", str(run)])
         assert res.exit_code == 0, res.output
         assert "randopt-top1" in res.output and f"from {source}" in res.output
         assert not (run / "population.jsonl").exists()
@@ -341,9 +341,9 @@ def test_model_dir_without_a_card_is_one_note_and_still_evaluated(tiny_dir, tmp_
             "2",
             "--pass-k",
             "",
-            "--max-new-tokens",
+            "--max-completion-length",
             "2",
-            "--run-dir",
+            "--output-dir",
             str(tmp_path / "ev"),
         ],
     )
@@ -368,7 +368,7 @@ def test_the_cards_corp_eval_line_reproduces_its_row(tiny_dir, runs_root, monkey
     assert stated and stated.group(1) == "corp", text
     line = next(ln for ln in text.splitlines() if ln.startswith("corp eval "))
     monkeypatch.chdir(run_dir / "model")
-    res = CliRunner().invoke(app, [*shlex.split(line)[1:], "--run-dir", str(tmp_path / "ev")])
+    res = CliRunner().invoke(app, [*shlex.split(line)[1:], "--output-dir", str(tmp_path / "ev")])
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "ev" / "report.json").read_text())
     assert f"{report['greedy_accuracy']:.3f}" == stated.group(2)

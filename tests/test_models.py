@@ -43,7 +43,19 @@ def eval_cli(*args, cwd: Path):
     os.chdir(cwd)
     try:
         return CliRunner().invoke(
-            app, ["eval", "--task", "arith", "--n-test", "2", "--pass-k", "", "--max-new-tokens", "2", *map(str, args)]
+            app,
+            [
+                "eval",
+                "--task",
+                "arith",
+                "--n-test",
+                "2",
+                "--pass-k",
+                "",
+                "--max-completion-length",
+                "2",
+                *map(str, args),
+            ],
         )
     finally:
         os.chdir(old)
@@ -91,7 +103,7 @@ def test_broken_model_directory_is_one_line(damage, fragment, model_dir, tmp_pat
         )
     with pytest.raises(CorpError, match=fragment):
         check_model_dir(model_dir)
-    res = eval_cli("--model", model_dir, "--run-dir", tmp_path / "run", cwd=tmp_path)
+    res = eval_cli("--model", model_dir, "--output-dir", tmp_path / "run", cwd=tmp_path)
     one_error_line(res, fragment, str(model_dir))
 
 
@@ -276,11 +288,11 @@ def test_gemma3_270m_offline_end_to_end(tmp_path):
             "4",
             "--pass-k",
             "",
-            "--max-new-tokens",
+            "--max-completion-length",
             "8",
             "--threads",
             "1",
-            "--run-dir",
+            "--output-dir",
             str(tmp_path / "run"),
         ],
         capture_output=True,

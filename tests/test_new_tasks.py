@@ -215,7 +215,7 @@ def _two_specialists(task: str, tmp_path, *extra):
         "0",
         "--threads",
         "1",
-        "--run-dir",
+        "--output-dir",
         str(run),
         *extra,
         cwd=tmp_path,
@@ -281,7 +281,7 @@ def test_a_reward_that_always_raises_stops_corp_score_with_one_line(tmp_path):
         "arith:max_new_tokens=8",
         "--reward",
         "broken_reward:reward",
-        "--run-dir",
+        "--output-dir",
         str(tmp_path / "run"),
         cwd=tmp_path,
     )

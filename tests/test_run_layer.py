@@ -79,7 +79,7 @@ def test_resume_with_other_population_settings_is_refused_before_writing(tmp_pat
     ensure_population(ctx)
     ctx.close()
     before = snapshot(run)
-    with pytest.raises(CorpError, match="use another --run-dir"):
+    with pytest.raises(CorpError, match="use another --output-dir"):
         setup_run(tiny_cfg(run, **change), "randopt", fresh_backend())
     assert snapshot(run) == before, "config.yaml, splits.json and the rows are untouched"
     assert len(read_jsonl(run / "population.jsonl", key="key")) == 4

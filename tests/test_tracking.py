@@ -1,5 +1,7 @@
-"""`--report-to tensorboard`: a run's logged steps and rounds are in TensorBoard event files, read
-back here with tensorboard's own EventAccumulator; a backend that is not installed is one line."""
+"""`--report-to tensorboard`: a run's logged steps, rounds and specialists are in TensorBoard event
+files, there while the run goes on (live, as TRL), read back here with tensorboard's own
+EventAccumulator; a backend that is not installed is one line; a command with nothing to log does
+not take the option."""
 
 from __future__ import annotations
 
@@ -107,9 +109,56 @@ def test_a_backend_that_is_not_there_is_one_line(value, expect, tmp_path, monkey
     assert not (tmp_path / "runs").exists()
 
 
-def test_a_method_that_logs_no_steps_says_report_to_wrote_nothing(tiny_dir, tmp_path):
-    """randopt has no per-step metrics: --report-to tensorboard used to end with nothing written and
-    nothing said (issue 41; `corp score` refuses it up front)."""
-    with pytest.warns(UserWarning, match="--report-to tensorboard: corp randopt logged no per-step metrics"):
-        run("randopt", tiny_dir, tmp_path / "run", report_to="tensorboard")
+def test_a_run_that_logs_nothing_says_report_to_wrote_nothing(tiny_dir, tmp_path):
+    """randopt on a population scored elsewhere (--from-run) writes no row of its own: --report-to
+    tensorboard used to end with nothing written and nothing said (issue 41)."""
+    run("score", tiny_dir, tmp_path / "pop")
+    with pytest.warns(UserWarning, match="--report-to tensorboard: corp randopt logged no metrics in this run"):
+        run("randopt", tiny_dir, tmp_path / "run", report_to="tensorboard", from_run=str(tmp_path / "pop"))
     assert not (tmp_path / "run" / "tensorboard").exists()
+
+
+@pytest.mark.parametrize(
+    "name,log,step_key,tag",
+    [
+        ("es", "metrics.jsonl", "iteration", "reward_mean"),  # per iteration
+        ("grpo", "metrics.jsonl", "step", "reward"),  # per step
+        ("fera", "rounds.jsonl", "round", "bytes_up"),  # per round
+        ("randopt", "population.jsonl", "index", "population/reward"),  # per specialist
+    ],
+)
+def test_events_are_written_while_the_run_goes_on(name, log, step_key, tag, tiny_dir, tmp_path, monkeypatch):
+    """Issue 40: the event file holds the first row's metrics before the run's next row is written
+    (read back inside the run, right after each row went to the backends); it used to appear only
+    when the run ended."""
+    from corp.tracking import LiveLog
+
+    run_dir, seen = tmp_path / name, []
+    log_row = LiveLog.log
+
+    def log_and_read(self, path, row):
+        log_row(self, path, row)
+        if Path(path).name == log:
+            seen.append((row.get(step_key), events(run_dir / "tensorboard").get(tag, [])))
+
+    monkeypatch.setattr(LiveLog, "log", log_and_read)
+    run(name, tiny_dir, run_dir, report_to="tensorboard")
+    rows = [json.loads(line) for line in (run_dir / log).read_text().splitlines() if line.strip()]
+    assert len(seen) == len(rows) >= 2, (seen, rows)
+    key = tag.removeprefix("population/")
+    for i, (step, logged) in enumerate(seen):  # after row i: rows 0..i are there, and no later one
+        want = [(r[step_key], pytest.approx(float(r[key]), rel=1e-6, abs=1e-9)) for r in rows[: i + 1]]
+        assert sorted(logged) == sorted(want, key=lambda sv: sv[0]), (i, step, logged)
+    assert sorted(events(run_dir / "tensorboard")[tag]) == sorted(seen[-1][1])
+
+
+def test_commands_with_nothing_to_log_do_not_take_report_to():
+    """eval, self-consistency and fedcorp write no metrics rows of their own: the option is not theirs."""
+    from corp.config import option_names
+
+    for name in ("eval", "self-consistency", "fedcorp"):
+        assert "report_to" not in option_names(REGISTRY[name].config_class)
+        res = CliRunner().invoke(app, [name, "--report-to", "tensorboard"])
+        assert res.exit_code == 2 and "--report-to" in res.output, res.output
+    for name in ("score", "randopt", "consolidate", "analyze-rank", "es", "grpo", "ftis", "fgrpo", "fera"):
+        assert "report_to" in option_names(REGISTRY[name].config_class), name

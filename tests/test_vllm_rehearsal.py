@@ -31,7 +31,7 @@ TINY = [
     "--n-probe", "4",
     "--n-validation", "4",
     "--n-test", "4",
-    "--max-new-tokens", "8",
+    "--max-completion-length", "8",
     "--top-k", "1,2",
     "--sigmas", "0.05",  # the config's 5e-4..2e-3 do not move a random 64-wide model's text
     "--enforce-eager",
@@ -55,7 +55,7 @@ def test_the_gpu_config_runs_end_to_end_on_vllm_and_ray(tiny_qwen_dir, tmp_path)
     # accept a real update, so the adapter and the rebuild compare real weights
     on += ["--reward", "tests.test_methods:text_checksum"]
     full = tmp_path / "full"
-    corp("consolidate", *on, "--rounds", "1", "--gate-z", "-10", "--run-dir", str(full), cwd=tmp_path)
+    corp("consolidate", *on, "--stage2-rounds", "1", "--gate-z", "-10", "--output-dir", str(full), cwd=tmp_path)
     report = json.loads((full / "report.json").read_text())
     assert report["corp"]["accepted"] and report["corp"]["stage2_rounds"], "stage 2 ran on an accepted stage 1"
     rows = [json.loads(x) for x in (full / "population.jsonl").read_text().splitlines() if x.strip()]
@@ -65,9 +65,9 @@ def test_the_gpu_config_runs_end_to_end_on_vllm_and_ray(tiny_qwen_dir, tmp_path)
 
     low = tmp_path / "lowrank"
     corp(
-        "consolidate", *on, "--noise", "lowrank:r=2", "--export-lora", "--rounds", "0", "--gate-z", "-10",
+        "consolidate", *on, "--noise", "lowrank:r=2", "--export-lora", "--stage2-rounds", "0", "--gate-z", "-10",
         "--exclude", "embed_tokens",  # vLLM puts no LoRA on Qwen2's (tied) embedding: it says so in one line
-        "--run-dir", str(low), cwd=tmp_path,
+        "--output-dir", str(low), cwd=tmp_path,
     )  # fmt: skip
     assert (low / "lora" / "adapter_config.json").exists(), "the exact LoRA adapter of the low-rank update"
     rebuilt = tmp_path / "rebuilt"
@@ -75,6 +75,6 @@ def test_the_gpu_config_runs_end_to_end_on_vllm_and_ray(tiny_qwen_dir, tmp_path)
     assert _weights(rebuilt) == _weights(low / "model"), "corp apply rebuilds the saved model bit for bit"
     out = corp(
         "eval", "--model", str(rebuilt), "--task", "gsm8k", "--backend", "vllm", "--n-test", "4",
-        "--max-new-tokens", "8", "--pass-k", "", "--enforce-eager", "--run-dir", str(tmp_path / "eval"), cwd=tmp_path,
+        "--max-completion-length", "8", "--pass-k", "", "--enforce-eager", "--output-dir", str(tmp_path / "eval"), cwd=tmp_path,
     )  # fmt: skip
     assert (tmp_path / "eval" / "report.json").exists(), out.stdout

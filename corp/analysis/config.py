@@ -14,7 +14,7 @@ from corp.config import PopulationConfig, parse_list
 @dataclass
 class AnalyzeRankConfig(PopulationConfig):
     from_run: str | None = None
-    """Analyse the scored population of this run directory and write the analysis into it (into --run-dir if given)."""
+    """Analyse the scored population of this run directory and write the analysis into it (into --output-dir if given)."""
     ranks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     """Ranks r at which subspaces are compared, comma-separated."""
     splits: int = 10
@@ -40,13 +40,13 @@ class AnalyzeRankConfig(PopulationConfig):
     power_rank: int = 1
     """Rank of the planted signal in the power simulation."""
 
-    # --from-run (PopulationConfig) names the population; without --run-dir the analysis is written
+    # --from-run (PopulationConfig) names the population; without --output-dir the analysis is written
     # into that run, where `corp consolidate --from-run DIR --low-rank auto` finds it
     renamed: ClassVar[dict[str, str]] = {"run": "from_run", "alpha": "significance"}
 
     @property
     def run(self) -> str | None:
-        """The run analysed in place: --from-run, unless --run-dir names another directory."""
+        """The run analysed in place: --from-run, unless --output-dir names another directory."""
         if self.from_run and (self.run_dir is None or Path(self.run_dir).resolve() == Path(self.from_run).resolve()):
             return self.from_run
         return None

@@ -98,7 +98,7 @@ def load_run_population(run_dir: Path) -> tuple[list[dict], dict, dict]:
 
 def run_analyze_rank(cfg) -> dict:
     """`corp analyze-rank`: analyse a scored population and write the outputs into its run directory
-    (--from-run DIR in place; otherwise score, or take --from-run's population, into --run-dir)."""
+    (--from-run DIR in place; otherwise score, or take --from-run's population, into --output-dir)."""
     if cfg.run:
         run_dir = Path(cfg.run)
         rows, meta, run_cfg = load_run_population(run_dir)

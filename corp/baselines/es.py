@@ -43,6 +43,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -64,7 +65,7 @@ from corp.evaluate.context import (
 from corp.evaluate.scorer import population_meta
 from corp.perturb import Component, Direction, ParamFilter
 from corp.perturb.noise import derive_seeds
-from corp.runs import ReportRow, append_jsonl, format_rows, read_json, read_jsonl, write_json, write_report
+from corp.runs import ReportRow, format_rows, read_json, read_jsonl, write_json, write_report
 from corp.stats import PerExample, zscore
 
 
@@ -77,7 +78,7 @@ class ESConfig(RunConfig):
     sigma: float = 1e-3
     """Noise scale of the specialists."""
     alpha: float = 5e-4
-    """Step size: centre += alpha / N * sum_i f_i eps_i."""
+    """Learning rate alpha: centre += alpha / N * sum_i f_i eps_i."""
     antithetic: bool = False
     """Use antithetic pairs (+eps, -eps) per seed."""
     fitness: str = "zscore"
@@ -95,6 +96,9 @@ class ESConfig(RunConfig):
     """Noise scheme of the members: full (full-rank Gaussian) or lowrank:r=R (rank-R noise per weight matrix,
     E = A B^T / sqrt(R); 1-D parameters get none), so each update has rank <= population x R per matrix."""
 
+    # alpha is a learning rate (TRL's name); `--population` is every command's total number of specialists
+    options: ClassVar[dict[str, str]] = {"alpha": "learning_rate", "population": "population_per_iteration"}
+
     def validate(self) -> ESConfig:
         super().validate()
         from corp.perturb.lowrank_noise import scheme_from_flag
@@ -103,11 +107,13 @@ class ESConfig(RunConfig):
         if self.iterations < 1:
             raise CorpError(f"--iterations must be >= 1, got {self.iterations}")
         if self.population < 2:
-            raise CorpError(f"--population must be >= 2, got {self.population}")
+            raise CorpError(f"--population-per-iteration must be >= 2, got {self.population}")
         if self.antithetic and self.population % 2:
-            raise CorpError(f"--population must be even with --antithetic, got {self.population}")
+            raise CorpError(f"--population-per-iteration must be even with --antithetic, got {self.population}")
         if not 0 < self.sigma < math.inf or not 0 < self.alpha < math.inf:
-            raise CorpError(f"--sigma and --alpha must be > 0 and finite, got sigma={self.sigma}, alpha={self.alpha}")
+            raise CorpError(
+                f"--sigma and --learning-rate must be > 0 and finite, got sigma={self.sigma}, learning rate={self.alpha}"
+            )
         if self.prompts_per_iteration < 0:
             raise CorpError(
                 f"--prompts-per-iteration must be >= 0 (0: the whole support split), got {self.prompts_per_iteration}"
@@ -210,7 +216,7 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
         else {"iteration": 0, "components": [], "base_weights_hash": base_hash}
     )
     if state.get("base_weights_hash") != base_hash:
-        raise CorpError(f"'{state_path}' was made from other base weights; use another --run-dir")
+        raise CorpError(f"'{state_path}' was made from other base weights; use another --output-dir")
     done_iters = int(state["iteration"])
     components = [Component(int(c["seed"]), float(c["sigma"]), float(c["coef"])) for c in state["components"]]
     ctx.backend.move_base(components)  # the centre (resume: same additions, same bits)
@@ -288,7 +294,7 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
                 {"iteration": t + 1, "components": Direction(components).to_json(), "base_weights_hash": base_hash},
             )
             if t + 1 not in logged:
-                append_jsonl(metrics_path, row)
+                ctx.log_row(metrics_path, row)  # also to --report-to, live
             bar.set_postfix(reward=f"{row['reward_mean']:.3f}", centre=f"{row.get('centre_reward', float('nan')):.3f}")
             bar.update(1)
     finally:

@@ -14,7 +14,7 @@ One round t = 1..R (`corp fera`), for every test question:
   solved examples from c's share of the support split, dealt by `--split-by`: iid round-robin,
   or non-IID by arith operator / answer length, with the federated helpers' `split_clients`) answers with its
   demonstrations, the question, and from round 2 the server's previous synthesis as context;
-- it samples `--samples` completions and reports its answer (the most common extracted answer) and
+- it samples `--num-generations` completions and reports its answer (the most common extracted answer) and
   an uncertainty u_c: `disagreement` = 1 - (votes for that answer / samples), or `entropy` = the
   mean token entropy of its greedy completion (needs the in-process model; bits not nats is
   irrelevant: T absorbs the scale);
@@ -37,11 +37,12 @@ import json
 import math
 from collections import Counter
 from dataclasses import dataclass
+from typing import ClassVar
 
 from corp import CorpError
-from corp.config import RunConfig, config_to_dict
+from corp.config import RunConfig, config_to_dict, flag
 from corp.ledger import Ledger
-from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
+from corp.runs import ReportRow, format_rows, read_jsonl, write_report
 from corp.stats import PerExample
 
 UNCERTAINTIES = ("disagreement", "entropy")
@@ -66,11 +67,13 @@ class FERAConfig(RunConfig):
     temperature_u: float = 0.2
     """T in the server's client weights softmax(-u / T); small T trusts the most certain client more."""
 
+    options: ClassVar[dict[str, str]] = {"samples": "num_generations"}  # TRL's name for completions per prompt
+
     def validate(self) -> FERAConfig:
         super().validate()
         for name in ("clients", "shots", "rounds", "samples"):
             if getattr(self, name) < 1:
-                raise CorpError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise CorpError(f"{flag(name, self)} must be >= 1, got {getattr(self, name)}")
         if self.uncertainty not in UNCERTAINTIES:
             raise CorpError(f"--uncertainty '{self.uncertainty}' is unknown; choose one of {', '.join(UNCERTAINTIES)}")
         if not (self.temperature_u > 0 and math.isfinite(self.temperature_u)):
@@ -80,7 +83,7 @@ class FERAConfig(RunConfig):
                 f"--sample-temperature must be > 0 and finite (clients sample), got {self.sample_temperature}"
             )
         if self.uncertainty == "disagreement" and self.samples < 2:
-            raise CorpError("--uncertainty disagreement needs --samples >= 2")
+            raise CorpError("--uncertainty disagreement needs --num-generations >= 2")
         return self
 
 
@@ -228,7 +231,7 @@ def run_fera(cfg: FERAConfig, backend=None) -> dict:
             else:
                 row = _round(ctx, cfg, t, demos, test, synth, support, ledger)
                 row["run_as"] = run_as
-                append_jsonl(log, row)
+                ctx.log_row(log, row)  # also to --report-to, live
             synth, support = row["synthesis"], row["synthesis_support"]
             rounds.append(row)
         return _report(cfg, ctx, rounds, ids)

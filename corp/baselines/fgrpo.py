@@ -5,7 +5,7 @@ abstract and secondary notes (docs/methods.md, "FGRPO"); the paper's exact aggre
 schedule are not public. What runs here:
 - K clients, each with its own share of the support split (corp.federated.clients.split_clients:
   by arith operator, by answer length, or iid). Every round each client starts from the global
-  weights and runs E = --steps local GRPO steps with corp's GRPO trainer (corp/baselines/grpo/core.py,
+  weights and runs E = --local-steps local GRPO steps with corp's GRPO trainer (corp/baselines/grpo/core.py,
   GRPOTrainer.train_step, unchanged: same sampling, advantages, loss variants, LoRA), sending back
   its update Delta_k, its mean training reward R_k over the E steps, its share size and its token
   counts (nothing else: no text, no example ids).
@@ -57,7 +57,7 @@ from corp.federated import (
 )
 from corp.ledger import Ledger
 from corp.perturb.noise import derive_seeds
-from corp.runs import ReportRow, append_jsonl, format_rows, write_report
+from corp.runs import ReportRow, format_rows, write_report
 from corp.stats import PerExample
 
 AGGREGATIONS = ("fgrpo", "fedavg")
@@ -88,6 +88,7 @@ class FGRPOConfig(GRPOConfig):
     """Join this Ray cluster instead of starting a local Ray (--executor ray)."""
 
     local_only: ClassVar[str | None] = None  # its clients are Ray actors under --executor ray
+    options: ClassVar[dict[str, str]] = {"steps": "local_steps"}  # E per round, not a run's max_steps
 
     def validate(self) -> FGRPOConfig:
         super().validate()
@@ -216,7 +217,7 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
     if state_path.exists():
         st = torch.load(state_path, map_location="cpu", weights_only=True)
         if st["trained_as"] != trained_as:
-            raise CorpError(f"'{ctx.run_dir}' holds an FGRPO run with other settings; use another --run-dir")
+            raise CorpError(f"'{ctx.run_dir}' holds an FGRPO run with other settings; use another --output-dir")
     else:
         st = {
             "trained_as": trained_as,
@@ -297,7 +298,7 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
             tmp = state_path.with_suffix(".pt.tmp")
             torch.save(st, tmp)
             os.replace(tmp, state_path)
-            append_jsonl(ctx.run_dir / "rounds.jsonl", entry)
+            ctx.log_row(ctx.run_dir / "rounds.jsonl", entry)  # also to --report-to, live
             history.append(entry)
     finally:
         pool.close()

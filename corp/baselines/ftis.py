@@ -40,9 +40,9 @@ Choices of ours (the paper's are not public), each stated:
   and both ledgers are reported so the comparison at matched FLOPs can be read off.
 - Compute: `method_flops` is every node's ledger summed (each at its own model's size: generation,
   the logprob forward, training on the mixed group), the cost of F-TIS's models; `corp bench`
-  charges it to node 0's row (corp.bench.adapters.FTIS). A run resumed with more --steps continues
+  charges it to node 0's row (corp.bench.adapters.FTIS). A run resumed with more --max-steps continues
   from the per-node checkpoints (weights, AdamW state, ledgers, traffic) and equals one run for the
-  larger count (tests/test_bench_ftis.py); a checkpoint past --steps is reported at its own step.
+  larger count (tests/test_bench_ftis.py); a checkpoint past --max-steps is reported at its own step.
 """
 
 from __future__ import annotations
@@ -66,10 +66,10 @@ from corp.baselines.grpo.core import (
     per_token_loss,
     token_logps_and_entropy,
 )
-from corp.config import RunConfig, config_to_dict
+from corp.config import RunConfig, config_to_dict, flag
 from corp.evaluate.rewards import compute_rewards
 from corp.ledger import Ledger
-from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
+from corp.runs import ReportRow, format_rows, read_jsonl, write_report
 from corp.stats import PerExample
 
 LOGRATIO_CLAMP = 50.0
@@ -124,12 +124,12 @@ class FTISConfig(GRPOConfig):
         defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
         for name, why in UNSUPPORTED.items():  # before GRPO's checks: the first line says what F-TIS lacks
             if getattr(self, name) != defaults[name]:
-                flag = f"--{name.replace('_', '-')} {getattr(self, name)}"
-                raise CorpError(f"{flag}: corp ftis does not support it ({why}); drop it")
+                given = f"{flag(name, self)} {getattr(self, name)}"
+                raise CorpError(f"{given}: corp ftis does not support it ({why}); drop it")
         super().validate()
         for name in ("eval_every", "n_nodes"):
             if getattr(self, name) < 1:
-                raise CorpError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise CorpError(f"{flag(name, self)} must be >= 1, got {getattr(self, name)}")
         if len(self.node_models()) < 2:
             raise CorpError(
                 f"--nodes '{self.nodes}' names one model; F-TIS needs "
@@ -257,7 +257,7 @@ class Node(GRPOTrainer):
 
     @property
     def checkpoint_mismatch(self) -> str:
-        return f"was made for another model than node {self.index} ('{self.name}'); use another --run-dir"
+        return f"was made for another model than node {self.index} ('{self.name}'); use another --output-dir"
 
     def extra_state(self) -> dict:
         return {"bytes": [self.bytes_sent, self.bytes_received]}
@@ -406,7 +406,7 @@ def _examples_for(cfg: FTISConfig, support, step: int):
 
 def _eval_steps(cfg: FTISConfig, last: int | None = None) -> list[int]:
     """The steps evaluated: 0, every --eval-every, and the last one (`last`: the step the nodes
-    reached, which a run directory trained further than --steps holds: its model is evaluated, never
+    reached, which a run directory trained further than --max-steps holds: its model is evaluated, never
     a step it no longer has)."""
     last = cfg.steps if last is None else last
     return [s for s in range(last + 1) if s == 0 or (s <= cfg.steps and s % cfg.eval_every == 0) or s == last]
@@ -425,11 +425,11 @@ def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trai
         if len({n.step for n in nodes}) > 1:
             raise CorpError(
                 f"the {arm} checkpoints in '{run_dir}' are at different steps "
-                "(interrupted between two saves); use another --run-dir"
+                "(interrupted between two saves); use another --output-dir"
             )
     metrics_path = run_dir / "metrics.jsonl"
     done = nodes[0].step
-    last = max(cfg.steps, done)  # a checkpoint past --steps (trained further before) is reported as what it is
+    last = max(cfg.steps, done)  # a checkpoint past --max-steps (trained further before) is reported as what it is
     index = {n.index for n in nodes}
     logged = {
         (r["node"], r["step"]): r
@@ -481,7 +481,7 @@ def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trai
                 "seconds": time.perf_counter() - t0,
                 **{f"ledger_{k}": v for k, v in n.ledger.to_dict().items()},
             }
-            append_jsonl(metrics_path, row)
+            nodes[0].ctx.log_row(metrics_path, row)  # also to --report-to, live
             logged[(n.index, n.step)] = row
         if nodes[0].step % cfg.checkpoint_every == 0 or nodes[0].step == cfg.steps:
             for n in nodes:
@@ -633,7 +633,7 @@ def run_ftis(cfg: FTISConfig) -> dict:
         hashes = [c.weights_hash for c in node_ctxs]  # the bases' hashes, before training changes the weights
         nodes = [Node(k, names[k], c, cfg) for k, c in enumerate(node_ctxs)]
         rows = _train_arm("ftis", nodes, cfg, cfg.num_generations, evals, trained_as, ood)
-        reached = {"ftis": nodes[0].step}  # the steps the models hold (more than --steps if trained further before)
+        reached = {"ftis": nodes[0].step}  # the steps the models hold (more than --max-steps if trained further before)
         ledgers = {("ftis", n.index): n.ledger.to_dict() for n in nodes}
         traffic = {n.index: {"bytes_sent": n.bytes_sent, "bytes_received": n.bytes_received} for n in nodes}
         del nodes, node_ctxs  # free the trained models before the baseline reloads the bases

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from corp import CorpError
 from corp.config import RunConfig, parse_list
@@ -31,11 +32,14 @@ class SelfConsistencyConfig(RunConfig):
     temperature: float = 0.7
     """Sampling temperature (> 0: K greedy samples would all be the same answer)."""
 
+    not_options: ClassVar[tuple[str, ...]] = ("report_to",)  # no metrics rows: nothing to log
+    options: ClassVar[dict[str, str]] = {"k": "vote_k"}  # a bare k is also pass@k's and top-K's
+
     def validate(self) -> SelfConsistencyConfig:
         super().validate()
-        self.k = sorted(set(parse_list(self.k, int, "k")))
+        self.k = sorted(set(parse_list(self.k, int, "vote_k")))
         if not self.k or min(self.k) < 1:
-            raise CorpError(f"--k values must be >= 1, got {self.k}")
+            raise CorpError(f"--vote-k values must be >= 1, got {self.k}")
         if not 0 < self.temperature < math.inf:
             raise CorpError(f"--temperature must be > 0 and finite for self-consistency, got {self.temperature}")
         return self

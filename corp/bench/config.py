@@ -229,6 +229,7 @@ class BenchConfig:
                 )
             if spec and "skip" in spec and not (isinstance(spec["skip"], str) and spec["skip"].strip()):
                 raise CorpError(f"bench config: method '{name}': skip must say why the method is not run (a sentence)")
+        self._option_names_to_fields()
         from corp.bench.search import check_search
 
         check_search(self)
@@ -257,6 +258,26 @@ class BenchConfig:
         if self.name in ("", ".", "..") or "/" in self.name:
             raise CorpError(f"bench config: name '{self.name}' must be a plain directory name")
         return self
+
+    def _option_names_to_fields(self) -> None:
+        """A method's options, variants and search space may use option names (`max_steps`) or field
+        names (`steps`, what cell keys are built from): the former become the latter, so a cell's key
+        is the same either way (docs/commands.md, "Names")."""
+        from corp.config import to_fields
+        from corp.methods import REGISTRY
+
+        for name, spec in self.methods.items():
+            if not spec or name not in REGISTRY:
+                continue
+            cls = REGISTRY.lookup(name).config_class
+            for part in ("options", "search"):
+                if isinstance(spec.get(part), dict):
+                    spec[part] = to_fields(cls, spec[part], user=False)
+            if isinstance(spec.get("variants"), dict):
+                spec["variants"] = {
+                    label: to_fields(cls, over, user=False) if isinstance(over, dict) else over
+                    for label, over in spec["variants"].items()
+                }
 
     def seeds_of(self, task: str) -> list[int]:
         """The seeds a task's final cells run (its entry's `seeds`, else the bench's)."""

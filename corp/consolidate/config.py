@@ -11,6 +11,7 @@ import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from corp import CorpError
 from corp.config import DEFAULT_TOP_K, PopulationConfig, fit_top_k, parse_list
@@ -54,6 +55,9 @@ class OperatorConfig:
     merge_memory_gb: float = 4.0
     """Step search: memory for merged directions built together (one fp32 copy of the perturbed weights each); directions built together generate each elite's noise once."""
 
+    # `--stage2-rounds` is a federated command's communication rounds (fgrpo, fera); here they are stage 2's
+    options: ClassVar[dict[str, str]] = {"rounds": "stage2_rounds"}
+
     def validate(self) -> OperatorConfig:
         from corp.consolidate.merge_rules import MERGE_RULES
 
@@ -90,7 +94,7 @@ class OperatorConfig:
         if not math.isfinite(self.gate_z):
             raise CorpError(f"--gate-z must be a finite number, got {self.gate_z}")
         if self.rounds < 0 or self.local_population < 2 or self.pcs < 0 or not 0.0 <= self.pc_mix <= 1.0:
-            raise CorpError("need --rounds >= 0, --local-population >= 2, --pcs >= 0 and 0 <= --pc-mix <= 1")
+            raise CorpError("need --stage2-rounds >= 0, --local-population >= 2, --pcs >= 0 and 0 <= --pc-mix <= 1")
         return self
 
     @property
@@ -101,8 +105,6 @@ class OperatorConfig:
 
 @dataclass
 class ConsolidateConfig(OperatorConfig, PopulationConfig):
-    population: int = 64
-    """N: number of specialists (distinct seeds) to score."""
     top_k: list[int] = field(default_factory=lambda: list(DEFAULT_TOP_K))
     """RandOpt ensemble sizes K reported beside CoRP, comma-separated; the default's values above --population become --population."""
     low_rank: str = "off"
@@ -116,6 +118,9 @@ class ConsolidateConfig(OperatorConfig, PopulationConfig):
     """With --export-lora on a low-rank population (--low-rank off): also write an SVD-compressed adapter of this
     rank to RUN_DIR/lora-rank-R/ and report its relative Frobenius error (0: none)."""
 
+    # the rank of a LoRA adapter is `lora_r` (TRL's and PEFT's name), as grpo's
+    options: ClassVar[dict[str, str]] = {"lora_rank": "lora_r"}
+
     def validate(self) -> ConsolidateConfig:
         PopulationConfig.validate(self)
         OperatorConfig.validate(self)
@@ -125,8 +130,8 @@ class ConsolidateConfig(OperatorConfig, PopulationConfig):
         self.low_rank = parse_low_rank(self.low_rank)
         if self.low_rank != "off" and self.rounds > 0:
             raise CorpError(
-                f"--low-rank {self.low_rank} cannot be combined with --rounds "
-                f"{self.rounds}: stage-2 re-centring is full-rank; use --rounds 0"
+                f"--low-rank {self.low_rank} cannot be combined with --stage2-rounds "
+                f"{self.rounds}: stage-2 re-centring is full-rank; use --stage2-rounds 0"
             )
         from corp.perturb import lowrank_rank, scheme_from_flag
 
@@ -137,10 +142,10 @@ class ConsolidateConfig(OperatorConfig, PopulationConfig):
                 "or score a low-rank population (--noise lowrank:r=R)"
             )
         if self.lora_rank < 0:
-            raise CorpError(f"--lora-rank must be >= 1 (or 0 for none), got {self.lora_rank}")
+            raise CorpError(f"--lora-r must be >= 1 (or 0 for none), got {self.lora_rank}")
         if self.lora_rank and not (self.export_lora and self.low_rank == "off" and lowrank_population):
             raise CorpError(
-                "--lora-rank compresses the exact adapter of a low-rank population: "
+                "--lora-r compresses the exact adapter of a low-rank population: "
                 "it needs --export-lora and --noise lowrank:r=R with --low-rank off"
             )
         if self.rank_from is not None and self.low_rank != "auto":

@@ -35,7 +35,7 @@ factor pair of rank <= K R, every alpha scales it (the `prepare` hook hands sear
 together, as row groups of one batched pass), no M is built and no weight is written; only the
 deployed model is materialised, once, to be saved. Rewards equal the dense path's up to
 floating-point rounding of the generations (tests/test_step_factored.py).
-Stage 2 (re-centring rounds, `--rounds`, stage2.py) samples a local population around the accepted centre,
+Stage 2 (re-centring rounds, `--stage2-rounds`, stage2.py) samples a local population around the accepted centre,
 mixing isotropic noise with noise along the top principal directions of the elite cloud (kernel
 PCA from the same Gram matrix, so directions stay seed combinations), scores it on a select half of
 the support split, merges as in stage 1, and gates on the other half and on the probe; sigma

@@ -15,7 +15,7 @@ Choices and departures, each for a reason:
   skips), gets NO update, so the deployed update is exactly a LoRA adapter. An integer R gives every
   selected 2-D matrix its rank-min(R, m, n) projection and 1-D parameters none.
 - Stage 2 (re-centring) stays full-rank: its centres are sums of seed combinations, so
-  `--rounds > 0` with `--low-rank` is refused rather than silently mixed (a LowRankDirection cannot
+  `--stage2-rounds > 0` with `--low-rank` is refused rather than silently mixed (a LowRankDirection cannot
   be added to another direction).
 - Materialisation: `add_to` adds round_fp32(scale * (B @ A computed in fp64)) to the fp32 target.
   Computing the product in fp64 makes the rounded fp32 bits independent of BLAS kernel and thread
@@ -133,7 +133,7 @@ class LowRankDirection(Direction):
     def __add__(self, other):
         raise CorpError(
             "a low-rank direction cannot be added to another direction (stage "
-            "2 re-centring is full-rank; use --rounds 0 with --low-rank)"
+            "2 re-centring is full-rank; use --stage2-rounds 0 with --low-rank)"
         )
 
     __radd__ = __add__
@@ -421,7 +421,7 @@ def compress(direction: LowRankDirection, rank: int) -> tuple[LowRankDirection, 
     direction's scale folded in) and {"rank" (the largest rank written), "relative_frobenius_error"
     (over all matrices), "per_matrix" {name: error}, and "requested_rank" when `rank` is above every r_i}: ||D - D_r||_F / ||D||_F from the singular values of the core."""
     if rank < 1:
-        raise CorpError(f"--lora-rank must be >= 1, got {rank}")
+        raise CorpError(f"--lora-r must be >= 1, got {rank}")
     out, per, tail_all, total_all, used = {}, {}, 0.0, 0.0, 0
     for name, (B, A) in direction.factors.items():
         Qb, Rb = torch.linalg.qr(B.double() * direction.scale)  # m x k, k x k

@@ -69,7 +69,7 @@ def low_rank_line(lr: dict) -> str:
             err = c["relative_frobenius_error"]
             line += f"; rank-{c['rank']} SVD adapter {c['lora_dir']} (relative Frobenius error {err:.3e})"
             if c.get("requested_rank"):
-                line += f" (--lora-rank {c['requested_rank']} asked for more than its real rank {c['rank']})"
+                line += f" (--lora-r {c['requested_rank']} asked for more than its real rank {c['rank']})"
         return line
     if lr["mode"] == "off":
         return "low-rank: off (full-rank update)"
@@ -163,7 +163,7 @@ def _used_rows(cfg: ConsolidateConfig, rows: list[dict]) -> set[int]:
 
 def _export_exact_lora(cfg: ConsolidateConfig, ctx: RunContext, direction: Direction, params, scheme: str) -> dict:
     """CoRP's update of a low-rank population as a PEFT adapter in RUN_DIR/lora/, exactly (no
-    truncation), and with --lora-rank an SVD-compressed one in RUN_DIR/lora-rank-R/."""
+    truncation), and with --lora-r an SVD-compressed one in RUN_DIR/lora-rank-R/."""
     lora_dir = ctx.run_dir / "lora"
     shutil.rmtree(lora_dir, ignore_errors=True)
     for old in ctx.run_dir.glob("lora-rank-*"):  # corp's own earlier compressed adapters: stale now
@@ -190,7 +190,7 @@ def _export_exact_lora(cfg: ConsolidateConfig, ctx: RunContext, direction: Direc
         out["compressed"] = {"lora_dir": str(written), "lora_parameters": small.lora_parameters(), **err}
         if "requested_rank" in err:
             warnings.warn(
-                f"--lora-rank {cfg.lora_rank} is above the exact adapter's rank: '{written}' holds the update at its "
+                f"--lora-r {cfg.lora_rank} is above the exact adapter's rank: '{written}' holds the update at its "
                 f"real rank {err['rank']}, uncompressed (relative Frobenius error {err['relative_frobenius_error']:.1e})"
             )
     return out

@@ -125,6 +125,13 @@ class RunContext:
     lock: RunLock | None = None
     definition: dict | None = None  # what defines the population rows written here (population_definition)
     population_source: dict | None = None  # where the population came from and which rows were taken (for the report)
+    live: object | None = None  # corp.tracking.LiveLog under --report-to (open_run sets it)
+
+    def log_row(self, path: str | Path, row: dict) -> None:
+        """Append a metrics row (metrics.jsonl, rounds.jsonl) and hand it to `--report-to` live."""
+        append_jsonl(path, row)
+        if self.live is not None:
+            self.live.log(path, row)
 
     @property
     def backend(self) -> Backend:
@@ -543,7 +550,7 @@ def compare_meta(found: dict, expected: dict, where: Path, what: str, keys: Sequ
             was = found.get(key) if key != "example_ids" else f"{len(found.get(key) or [])} different ids"
             raise CorpError(
                 f"{what} in '{where}' was made with {key} = {was}, not "
-                f"{shown}; use another --run-dir (or matching options)"
+                f"{shown}; use another --output-dir (or matching options)"
             )
 
 
@@ -556,7 +563,7 @@ def check_meta(path: Path, expected: dict, what: str) -> None:
     if found.get("format") != expected.get("format"):
         raise CorpError(
             f"{what} in '{path.parent}' was written by an older corp "
-            "(rows not keyed by their examples); use another --run-dir"
+            "(rows not keyed by their examples); use another --output-dir"
         )
     compare_meta(found, expected, path.parent, what)
 
@@ -608,7 +615,7 @@ def setup_run(
             if found.get("format") != META_FORMAT:
                 raise CorpError(
                     f"the population in '{run_dir}' was written by an older corp "
-                    "(rows not keyed by their examples); use another --run-dir"
+                    "(rows not keyed by their examples); use another --output-dir"
                 )
             compare_meta(found, defines, run_dir, POPULATION_FILE)
         if os.environ.get("CORP_NO_PROGRESS") != "1":
@@ -647,6 +654,10 @@ def open_run(
     FAILED (or interrupted); the lock is released either way. A SIGTERM (a job scheduler, `timeout`)
     is turned into an interrupt while the run is open, so it is recorded like Ctrl-C (SIGKILL cannot be)."""
     ctx = setup_run(cfg, method, backend, needs, defines)
+    from corp.tracking import LiveLog, parse_report_to
+
+    if parse_report_to(getattr(cfg, "report_to", "none")):
+        ctx.live = LiveLog(ctx.run_dir, cfg.report_to, {"method": method, **config_to_dict(cfg)})
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
@@ -654,7 +665,7 @@ def open_run(
     try:
         yield ctx
         # a full disk while writing the card or the event files fails the run like any other write
-        # (what was computed stays; a rerun with --run-dir writes them without recomputing)
+        # (what was computed stays; a rerun with --output-dir writes them without recomputing)
         _card(ctx)
         exported = True
         _report_to(ctx, fail_on_write=True)
@@ -676,7 +687,7 @@ def _write_failed(what: str, where, exc: BaseException, ctx: RunContext) -> Corp
     path = getattr(exc, "filename", None) or where
     return CorpError(
         f"could not write {what} '{path}' ({write_failure(exc)}); free some space, then rerun with "
-        f"--run-dir {ctx.run_dir} (nothing computed is lost)"
+        f"--output-dir {ctx.run_dir} (nothing computed is lost)"
     )
 
 
@@ -700,16 +711,24 @@ def _card(ctx: RunContext) -> None:
 
 
 def _report_to(ctx: RunContext, fail_on_write: bool = False) -> None:
-    """--report-to: the run's logged steps to TensorBoard / W&B, whether it completed or not."""
+    """--report-to at the end of a run, whether it completed or not: the live writers closed, or,
+    when no row went to them live (nothing new written, or a backend failed), the run's record
+    exported to TensorBoard / W&B."""
     from corp.tracking import export_run_metrics, parse_report_to
 
+    live, ctx.live = ctx.live, None
     try:
+        if live is not None and live.started:
+            live.close()
+            return
+        if live is not None:
+            live.close()
         config = {"method": ctx.method, **config_to_dict(ctx.cfg)}
         read = export_run_metrics(ctx.run_dir, getattr(ctx.cfg, "report_to", "none"), config)
         if fail_on_write and not read and parse_report_to(getattr(ctx.cfg, "report_to", "none")):
             warnings.warn(
-                f"--report-to {ctx.cfg.report_to}: corp {ctx.method} logged no per-step metrics, so nothing was "
-                "written (es, grpo, ftis, fgrpo and fera log them)"
+                f"--report-to {ctx.cfg.report_to}: corp {ctx.method} logged no metrics in this run, so nothing was "
+                "written (specialists scored here, es iterations, grpo and ftis steps, fgrpo and fera rounds are logged)"
             )
     except Exception as exc:  # noqa: BLE001 -- the JSONL record is written; a failing tracker must not hide the outcome
         if fail_on_write and write_failure(exc) is not None:

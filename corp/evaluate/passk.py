@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from tqdm.auto import tqdm
 
@@ -41,6 +42,9 @@ class EvalConfig(RunConfig):
     base: str | None = None
     """With --retention: a model scored the same way (the base the evaluated model was trained from); the report gives the change from it with paired intervals."""
 
+    not_options: ClassVar[tuple[str, ...]] = ("report_to",)  # no metrics rows: nothing to log
+    options: ClassVar[dict[str, str]] = {"n_samples": "num_generations"}  # TRL's name for completions per prompt
+
     def validate(self) -> EvalConfig:
         super().validate()
         self.pass_k = sorted(set(parse_list(self.pass_k, int, "pass_k")))
@@ -49,7 +53,7 @@ class EvalConfig(RunConfig):
         n = self.n_samples if self.n_samples is not None else (max(self.pass_k) if self.pass_k else 0)
         if self.pass_k and n < max(self.pass_k):
             raise CorpError(
-                f"--n-samples {n} is smaller than the largest --pass-k {max(self.pass_k)}; pass@k needs k <= n"
+                f"--num-generations {n} is smaller than the largest --pass-k {max(self.pass_k)}; pass@k needs k <= n"
             )
         if self.pass_k and not 0 < self.temperature < math.inf:
             raise CorpError(f"--temperature must be > 0 for pass@k sampling, got {self.temperature}")
@@ -102,7 +106,7 @@ def run_eval(cfg: EvalConfig, backend=None) -> dict:
         test = ctx.splits["test"]
         evals = run_evals(
             ctx
-        )  # cached: a rerun on the same --run-dir (same model, examples, settings) recomputes nothing
+        )  # cached: a rerun on the same --output-dir (same model, examples, settings) recomputes nothing
         passk: dict[int, float] = {}
         with completions_bar(ctx.backend, len(test) * (1 + (cfg.n_samples if cfg.pass_k else 0))) as bar:
             greedy = cached_eval(ctx, evals, "test", None)

@@ -110,6 +110,9 @@ def score_specialists(
             if spec in index_of:
                 row["index"] = index_of[spec]
             cache.put(row)
+            live = getattr(ctx, "live", None)
+            if live is not None:  # --report-to: each specialist of the population as it is scored
+                live.log(cache.path, row)
             best = row["reward"] if best != best else max(best, row["reward"])
             if row["reward_errors"]:
                 warnings.warn(

@@ -13,7 +13,7 @@ mid-round (a Ray actor error, or `ClientLost` raised by a client) is dropped: th
 with the clients that answered, weights renormalised over them, and the dropped client is not
 called again in this run (the report lists it with its round). Not retried: a retry would run
 the same client from the same state and is the caller's decision (rerun with the same
---run-dir: finished rounds are not redone).
+--output-dir: finished rounds are not redone).
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ class ClientPool:
         if not replies and messages:
             raise CorpError(
                 f"{where}: every client was lost ({'; '.join(f'client {k}: {v}' for k, v in self.dropped.items())}); "
-                "rerun with the same --run-dir to resume"
+                "rerun with the same --output-dir to resume"
             )
         return replies, Traffic(down, up)
 

@@ -18,7 +18,7 @@ from the centralised CoRP (corp/consolidate/corp_operator.py), and why:
   returns accept/reject with (n, mean gain, lower bound): a veto is counted, never its data. The
   candidate is deployed iff at least --min-accept of the clients that answered accept (default 1:
   any veto abstains). Pooled validation is never formed.
-- Stage 2 (re-centring rounds) is not federated here (--rounds must be 0).
+- Stage 2 (re-centring rounds) is not federated here (--stage2-rounds must be 0).
 - Compute: the ledger counts every client's scoring, probe and gate tokens and the server's test
   evaluations; the server's Gram matrix (noise regenerated from seeds, no tokens) is not in it.
 Result: a corp-direction recipe (seeds and coefficients) that `corp apply` rebuilds, and the model.
@@ -31,6 +31,7 @@ import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
 from corp import CorpError
 from corp.config import PopulationConfig
@@ -65,6 +66,9 @@ class FedCorpConfig(OperatorConfig, PopulationConfig):
     executor: str = "local"
     """Where clients run: local (built in this process, called in turn) or ray (one Ray actor, i.e. process, per client; --workers is not used)."""
 
+    # the clients score in their own directories; the run itself writes no metrics rows to log
+    not_options: ClassVar[tuple[str, ...]] = ("report_to",)
+
     def validate(self) -> FedCorpConfig:
         PopulationConfig.validate(self)
         OperatorConfig.validate(self)
@@ -77,7 +81,9 @@ class FedCorpConfig(OperatorConfig, PopulationConfig):
         if not 0.0 < self.min_accept <= 1.0:
             raise CorpError(f"--min-accept must be in (0, 1], got {self.min_accept}")
         if self.rounds:
-            raise CorpError("--rounds (CoRP stage 2) is not federated; fedcorp runs stage 1 only: use --rounds 0")
+            raise CorpError(
+                "--stage2-rounds (CoRP stage 2) is not federated; fedcorp runs stage 1 only: use --stage2-rounds 0"
+            )
         if self.from_run:
             raise CorpError("--from-run takes a pooled population; fedcorp's clients score their own: drop --from-run")
         if self.executor == "ray":

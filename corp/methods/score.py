@@ -15,13 +15,7 @@ def run_score(cfg: PopulationConfig, backend=None) -> dict:
     from corp.evaluate.racing import RACED
     from corp.evaluate.scorer import ensure_population, rows_ledger
     from corp.runs import write_report
-    from corp.tracking import parse_report_to
 
-    if parse_report_to(cfg.report_to):  # refused before scoring: it would write nothing, silently
-        raise CorpError(
-            f"corp score logs no per-step metrics (es, grpo, ftis, fgrpo and fera do), so --report-to "
-            f"{cfg.report_to} has nothing to write; drop it"
-        )
     if cfg.race != "off" and cfg.race_keep < 1:
         raise CorpError(
             "corp score --race halving needs --race-keep: how many specialists the method that reads this population "

@@ -41,12 +41,13 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.config import RunConfig, config_to_dict
+from corp.config import RunConfig, config_to_dict, flag
 from corp.evaluate.backends.base import MODEL
 from corp.evaluate.context import cached_eval, eval_identity, eval_key, open_run, run_evals
 from corp.evaluate.rewards import compute_rewards
@@ -66,7 +67,7 @@ class GRPOConfig(RunConfig):
     steps: int = 10
     """Optimizer steps."""
     prompts_per_step: int = 4
-    """Distinct prompts per step (each gets --num-generations completions)."""
+    """Distinct prompts per step (each gets --num-generations completions). TRL counts completions instead: its per_device_train_batch_size x gradient_accumulation_steps is this x --num-generations."""
     num_generations: int = 8
     """G: completions per prompt."""
     temperature: float = 1.0
@@ -98,6 +99,14 @@ class GRPOConfig(RunConfig):
     skip_test_eval: bool = False
     """Do not evaluate greedy accuracy on the test split before and after training."""
 
+    # TRL's GRPOConfig names (max_steps, save_steps, gradient_accumulation_steps; lora_target_modules as TRL's ModelConfig)
+    options: ClassVar[dict[str, str]] = {
+        "steps": "max_steps",
+        "checkpoint_every": "save_steps",
+        "grad_accum": "gradient_accumulation_steps",
+        "lora_targets": "lora_target_modules",
+    }
+
     def validate(self) -> GRPOConfig:
         super().validate()
         from corp.baselines.grpo import get_loss
@@ -109,7 +118,7 @@ class GRPOConfig(RunConfig):
             raise CorpError(f"--loss-type '{self.loss_type}' is unknown; choose one of {', '.join(AGGREGATIONS)}")
         for name in ("steps", "prompts_per_step", "num_iterations", "grad_accum", "checkpoint_every"):
             if getattr(self, name) < 1:
-                raise CorpError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+                raise CorpError(f"{flag(name, self)} must be >= 1, got {getattr(self, name)}")
         if not 0 < self.temperature < math.inf:
             raise CorpError(f"--temperature must be > 0 and finite (GRPO samples), got {self.temperature}")
         if not 0 < self.learning_rate < math.inf:
@@ -132,7 +141,7 @@ class GRPOConfig(RunConfig):
             )
         if (self.prompts_per_step * self.num_generations) % self.grad_accum:
             raise CorpError(
-                f"--grad-accum {self.grad_accum} must divide prompts-per-step x num-generations = "
+                f"--gradient-accumulation-steps {self.grad_accum} must divide --prompts-per-step x --num-generations = "
                 f"{self.prompts_per_step * self.num_generations}"
             )
 
@@ -313,7 +322,7 @@ class GRPOTrainer:
             names = {n.split(".")[-1] for n, _ in model.named_modules()}
             missing = [t for t in targets if t not in names]
             if missing:
-                raise CorpError(f"--lora-targets: the model has no module named {missing[0]}")
+                raise CorpError(f"--lora-target-modules: the model has no module named {missing[0]}")
             self.policy = get_peft_model(
                 model,
                 LoraConfig(
@@ -334,7 +343,7 @@ class GRPOTrainer:
         self._synced_step = 0  # the step whose weights the engine generates with (sync_engine)
 
     # -- checkpoints: trainable tensors + optimizer + step + ledger (+ extra_state), one file written atomically
-    checkpoint_mismatch = "was made with other trainable parameters (LoRA vs full?); use another --run-dir"
+    checkpoint_mismatch = "was made with other trainable parameters (LoRA vs full?); use another --output-dir"
 
     def extra_state(self) -> dict:
         """A subclass's own entries of the checkpoint."""
@@ -500,7 +509,7 @@ class GRPOTrainer:
         }
 
     def micro_batch_step(self, batch: Batch, token_loss, with_entropy: bool = True) -> tuple[list[float], float]:
-        """One optimizer step on `batch`: zero the gradients; per micro-batch (--grad-accum of them; the
+        """One optimizer step on `batch`: zero the gradients; per micro-batch (--gradient-accumulation-steps of them; the
         last one shorter when they do not divide the batch), the forward pass, the per-token loss
         `token_loss(rows, micro_batch, logps, entropy, mask)` (B, T), TRL's aggregation, backward and the
         trained tokens; the gradient-norm clip; AdamW. Returns each micro-batch's loss and the grad norm
@@ -553,7 +562,7 @@ class GRPOTrainer:
                 row = self.train_step()
                 if not all(math.isfinite(row[k]) for k in ("loss", "entropy")):
                     raise CorpError(f"step {row['step']}: the loss became non-finite; lower --learning-rate")
-                append_jsonl(metrics_path, row)
+                self.ctx.log_row(metrics_path, row)  # also to --report-to, live
                 rows.append(row)
                 bar.set_postfix(reward=f"{row['reward']:.3f}", kl=f"{row['kl']:.4f}", entropy=f"{row['entropy']:.3f}")
                 bar.update(1)

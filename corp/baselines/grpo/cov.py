@@ -10,7 +10,7 @@ policy-gradient covariance) take smaller steps; the average step size stays GRPO
 hyperparameters. Policy entropy is logged every step by the core (all variants).
 
 Choices where the description leaves room:
-- "the batch" is the micro-batch the loss is computed on (with --grad-accum 1, the whole step);
+- "the batch" is the micro-batch the loss is computed on (with --gradient-accumulation-steps 1, the whole step);
 - logp_t is the current policy's logprob (detached; equal to the behaviour policy's on-policy);
 - sigma is the population standard deviation (divide by N); when it is 0 (every c_t equal, e.g.
   all advantages 0) the weights are all 1: plain GRPO.

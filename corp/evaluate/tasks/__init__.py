@@ -2,7 +2,7 @@
 `get_task('rg:chain_sum:max_terms=2')`, `get_task('reorder:story.txt')`, `list_tasks()`.
 
 Every task also takes two generation options (they travel with the task, so a run records them):
-`max_new_tokens=N` (its generation length; `--max-new-tokens` still overrides) and `stop=S1|S2`
+`max_new_tokens=N` (its generation length; `--max-completion-length` still overrides) and `stop=S1|S2`
 (generation stops at the first of these strings, which is cut from the completion; `\\n`, `\\t`
 and `\\|` are escapes, so `stop=\\n` stops at the end of the first line); and two pool options,
 `heldout=START,dev=N` (corp.evaluate.tasks.heldout: the pool past START is held out of selection,
