@@ -40,6 +40,7 @@ from typing import Any
 
 from corp import CorpError
 from corp.config import load_config, read_yaml_config, renamed_options
+from corp.config import option_names as config_option_names
 from corp.evaluate.rewards import register_reward
 from corp.methods import Method, get_method, methods
 from corp.models import cache_dir
@@ -106,15 +107,16 @@ def _method_of(cfg) -> str:
 
 
 def option_names(method: str) -> list[str]:
-    """The options `method` takes from Python: its config's field names (the CLI's flags, `_` for `-`)."""
-    return [f.name for f in fields(get_method(method).config_class)]
+    """The options `method` takes from Python: the CLI's flags with `_` for `-` (TRL's names where TRL
+    has the concept, `output_dir`, `max_steps`, ...). Field names and old names are taken too."""
+    return list(config_option_names(get_method(method).config_class).values())
 
 
 def make_config(method: str, config: str | None = None, **options):
     """The method's config from its YAML file (`config=`, as `--config`) and options by field name:
     the CLI's `load_config`. An unknown name is one line listing the valid ones."""
     cls = get_method(method).config_class
-    valid = set(option_names(method)) | set(renamed_options(cls))
+    valid = set(option_names(method)) | {f.name for f in fields(cls)} | set(renamed_options(cls))
     unknown = sorted(set(options) - valid)
     if unknown:
         near = difflib.get_close_matches(unknown[0], sorted(valid), n=1)

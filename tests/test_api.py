@@ -56,7 +56,7 @@ def text_checksum(completions, **_):
 
 
 ROWS = [{"prompt": f"Problem: what is {i} + {i}? Solution:", "ground_truth": str(2 * i)} for i in range(16)]
-SMALL = dict(n_support=4, n_probe=2, n_validation=2, n_test=4, max_new_tokens=4, batch_size=8, seed=1)
+SMALL = dict(n_support=4, n_probe=2, n_validation=2, n_test=4, max_completion_length=4, batch_size=8, seed=1)
 
 
 @pytest.fixture(autouse=True)
@@ -280,6 +280,6 @@ def test_es_and_grpo_from_python_save_a_model(name, tiny_dir, tmp_path):
 
     smoke = {k: v for k, v in REGISTRY[name].smoke.items() if k not in SMALL}
     train = {"es": corp.train_es, "grpo": corp.train_grpo}[name]
-    result = train(str(tiny_dir), ROWS, reward_func, run_dir=str(tmp_path / name), **SMALL, **smoke)
+    result = train(str(tiny_dir), ROWS, reward_func, output_dir=str(tmp_path / name), **SMALL, **smoke)
     assert result.method == name and result.model_path == tmp_path / name / "model"
     AutoModelForCausalLM.from_pretrained(result.model_path)
