@@ -70,6 +70,9 @@ def test_the_gpu_config_runs_end_to_end_on_vllm_and_ray(tiny_qwen_dir, tmp_path)
         "--output-dir", str(low), cwd=tmp_path,
     )  # fmt: skip
     assert (low / "lora" / "adapter_config.json").exists(), "the exact LoRA adapter of the low-rank update"
+    low_rows = [json.loads(x) for x in (low / "population.jsonl").read_text().splitlines() if x.strip()]
+    scored = {r.get("scoring") for r in low_rows if r.get("seed") is not None}
+    assert scored == {"lora"}, f"a low-rank population on vLLM actors goes out as multi-LoRA groups, got {scored}"
     rebuilt = tmp_path / "rebuilt"
     corp("apply", str(low / "recipe.json"), "--out", str(rebuilt), cwd=tmp_path)
     assert _weights(rebuilt) == _weights(low / "model"), "corp apply rebuilds the saved model bit for bit"

@@ -135,8 +135,10 @@ class _Worker:
         from corp.evaluate.batched import factored_for
 
         factored = factored_for(self.ctx)
-        if factored is None or hasattr(factored, "generations"):  # vLLM multi-LoRA: one at a time here
+        if factored is None:
             return None
+        if hasattr(factored, "generations"):  # vLLM multi-LoRA: a group fills the engine's adapter slots
+            return max(1, factored.group)
         return max(1, _layout(self.ctx.backend, [e.prompt for e in examples])[3])
 
     def score(self, specialists, split, examples, moves=None, factored=False) -> tuple[int, list[dict]]:
