@@ -36,9 +36,14 @@ def _options(tiny_dir, root, **over):
 @pytest.fixture(scope="module")
 def retained(tiny_dir, tmp_path_factory):
     pytest.importorskip("reasoning_gym")
+    import corp.evaluate.retention as ret
     from corp.bench.sweep import run_bench
 
     root = tmp_path_factory.mktemp("bench-ret")
+    text, info = ret.retention_text()
+    short = text[:2000]  # the story's first 2,000 characters: the same code on a fifteenth of the forward passes
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ret, "retention_text", lambda path=None: (short, {**info, "bytes": len(short.encode())}))
     run_bench(load_config(BenchConfig, None, _options(tiny_dir, root)), "corp bench --config ret.yaml")
     out = root / "results" / "ret"
     files = sorted((out / "retention").glob("*.json"))
@@ -46,6 +51,7 @@ def retained(tiny_dir, tmp_path_factory):
     table = (out / "table.md").read_text()
     with count_model_calls() as again:
         run_bench(load_config(BenchConfig, None, _options(tiny_dir, root)), "corp bench --config ret.yaml")
+    mp.undo()
     return {"root": root, "out": out, "files": files, "stamps": stamps, "again": dict(again), "table": table}
 
 
@@ -64,7 +70,7 @@ def test_every_finished_final_cell_gets_a_retention_record(retained):
     for rec in by["corp-stage1"] + by["es"]:
         row = rec["rows"][rec["label"]]
         assert row["status"] == "scored", row
-        assert math.isfinite(row["bpb"]["bpb"]) and row["bpb"]["bytes"] > 10_000
+        assert math.isfinite(row["bpb"]["bpb"]) and row["bpb"]["bytes"] == row["text"]["bytes"]
         assert list(row["tasks"]) == [OFF] and row["tasks"][OFF]["n"] == 6
         assert "public domain" in row["text"]["license"] and row["flops"] > 0
     for rec in by["randopt"]:
@@ -81,8 +87,9 @@ def test_the_base_scored_as_a_method_changes_by_exactly_zero(retained):
         assert row["status"] == "scored"
         assert row["bpb_change"]["delta"] == 0.0 and row["bpb_change"]["interval"] == [0.0, 0.0]
         assert row["tasks"][OFF]["change"] == 0.0 and row["tasks"][OFF]["correct"] == row["tasks"][OFF]["base_correct"]
-    assert "| add | base | +0.000 [+0.000, +0.000] | +0.0000 [+0.0000, +0.0000] | +0.000 [+0.000, +0.000] |" in (
-        retained["table"]
+    assert (
+        "| add | base | +0.000 [+0.000, +0.000] | +0.0000 [+0.0000, +0.0000] | +0.000 [+0.000, +0.000] |"
+        in (retained["table"])
     )
 
 
@@ -101,9 +108,30 @@ def test_the_table_and_the_plot_show_retention_and_report_only_regenerates_them(
     assert "retention__add__paper.png" in meta["plots"] and (out / "retention__add__paper.png").stat().st_size > 0
     assert {e["name"] for e in meta["retention"]} >= {"base", "corp-stage1", "es"}
     assert "## Equivalence (two one-sided tests" in table and "corp-stage1 vs base" in table
-    run_bench(load_config(BenchConfig, None, _options(tiny_dir, retained["root"])), "corp bench --config ret.yaml",
-              True, False)
+    run_bench(
+        load_config(BenchConfig, None, _options(tiny_dir, retained["root"])),
+        "corp bench --config ret.yaml",
+        True,
+        False,
+    )
     assert (out / "table.md").read_text() == table
+
+
+def test_only_a_row_that_is_one_model_of_this_budget_is_scored(tmp_path):
+    """An iterative run whose saved model was trained past the cell's budget is n/a, not scored as the cell."""
+    from corp.bench.retention import target
+
+    cfg = load_config(BenchConfig, None, {"name": "x", "model": "base-model", "methods": {"es": {}}})
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "report.json").write_text(json.dumps({"iterations": 5}))
+    rec = {"method": "es", "units": 3, "run_dir": str(run)}
+    model, why = target(cfg, rec, {"name": "es", "passes_per_example": 1})
+    assert model is None and "past this budget" in why and "5" in why and "3" in why
+    rec["units"] = 5
+    assert target(cfg, rec, {"name": "es", "passes_per_example": 1})[0] == str(run / "model")
+    assert target(cfg, rec, {"name": "base", "passes_per_example": 1})[0] == "base-model"
+    assert target(cfg, {"method": "randopt"}, {"name": "randopt-vote@4", "passes_per_example": 4})[0] is None
 
 
 def test_tost_by_hand():
