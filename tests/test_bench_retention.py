@@ -73,7 +73,9 @@ def test_every_finished_final_cell_gets_a_retention_record(retained):
         assert math.isfinite(row["bpb"]["bpb"]) and row["bpb"]["bytes"] == row["text"]["bytes"]
         assert list(row["tasks"]) == [OFF] and row["tasks"][OFF]["n"] == 6
         assert "public domain" in row["text"]["license"] and row["flops"] > 0
-    for rec in by["randopt"]:
+    for rec in by["randopt"]:  # its top-1 rebuilt from (seed, sigma): a model of its own, not the base
+        top1 = rec["rows"]["randopt-top1"]
+        assert top1["status"] == "scored" and "rebuilt" in top1["model"] and top1["bpb_change"]["delta"] != 0.0
         assert rec["rows"]["randopt-vote@2"]["status"] == "n/a"
         assert "not one model" in rec["rows"]["randopt-vote@2"]["reason"]
     for rec in by["self-consistency"]:

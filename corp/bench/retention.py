@@ -2,12 +2,11 @@
 
 After the cells run, every final cell at the top budget in the headline setting (and every fixed
 cell there, which holds the base) is scored off its task, one row at a time: a row that is one model
-(a saved RUN_DIR/model, or the base itself) gets bits per byte on the held-out public-domain text and
+(a saved RUN_DIR/model, the base itself, or RandOpt's top-1 rebuilt from its seed and sigma) gets bits per byte on the held-out public-domain text and
 greedy accuracy on the off-task tasks' bench test examples, beside the base, by `corp eval
 --retention`'s own code (corp.evaluate.retention.score_retention, in an eval run directory of its
 own under WORK_DIR/NAME/retention/). A row that is not one model says why: a vote or a sampling
-ensemble, RandOpt's rows (its top-1 is a specialist of the shared population, not rebuilt here), a
-method that saves no model, or an iterative run trained past the cell's budget (its saved model is
+ensemble, RandOpt's rows on CoRP's population, a method that saves no model, or an iterative run trained past the cell's budget (its saved model is
 a later checkpoint than the cell's). The record goes to RESULTS_DIR/NAME/retention/<the cell's
 record name>: a rerun, or `--report-only`, reads it instead of scoring again. Its FLOPs (the
 ledger's formula: 2 N per scored or generated token, for the model and the base) are reported and
@@ -24,6 +23,7 @@ from corp.runs import read_json, try_flock, write_json
 
 RETENTION_DIR = "retention"
 RECORD_FORMAT = 1
+REBUILD = "<rebuild randopt-top1>"  # `target`'s marker: the model is built from the cell's top-1 (seed, sigma)
 
 
 def off_tasks(cfg, task: str) -> list[str]:
@@ -58,8 +58,8 @@ def target(cfg, rec: dict, row: dict) -> tuple[str | None, str]:
     if rec["method"] == "self-consistency":
         return None, "sampling from the base model (its weights are the base's: see the base row)"
     if not method.model:
-        if rec["method"] == "randopt":
-            return None, "a specialist of the shared population (seed and sigma); not rebuilt here yet"
+        if name == "randopt-top1" and rec.get("population_run"):
+            return REBUILD, "its top-1 specialist, rebuilt from its seed and sigma"
         return None, "the method saves no model"
     run_dir = Path(rec.get("run_dir") or "")
     if not (run_dir / "model").is_dir():
@@ -79,6 +79,25 @@ def target(cfg, rec: dict, row: dict) -> tuple[str | None, str]:
                 f"{rec.get('units')}); the cell's checkpoint is not kept"
             )
     return str(run_dir / "model"), "the cell's saved model"
+
+
+def rebuild_top1(cfg, rec: dict, out: Path) -> str:
+    """RandOpt's top-1 specialist as a model directory: the base plus sigma * eps(seed) under the
+    shared population's noise scheme and parameter filter (its population_meta.json), the same
+    arithmetic the scorer evaluated; (seed, sigma) from the cell's report row. Built once."""
+    from corp.models import load_model, save_model
+    from corp.perturb.direction import Direction, ParamFilter, Perturber
+
+    if (out / "config.json").exists():
+        return str(out)
+    report = read_json(Path(rec["run_dir"]) / "report.json")
+    row = next(r for r in report["rows"] if r["method"] == "randopt-top1")
+    meta = read_json(Path(rec["population_run"]) / "population_meta.json")
+    model, tokenizer, _, _ = load_model(cfg.model, "cpu", cfg.dtype)
+    perturber = Perturber(model, ParamFilter(**meta["param_filter"]), scheme=meta["noise_scheme"])
+    perturber.apply(Direction.single(row["seed"], row["sigma"]))
+    save_model(model, tokenizer, out)
+    return str(out)
 
 
 def score_model(cfg, task: str, seed: int, model: str, run_dir: Path) -> dict:
@@ -177,6 +196,8 @@ def score_records(cfg, done: dict[str, dict], scorer=None) -> int:
                     rows[row["name"]] = {"status": "n/a", "reason": what}
                     continue
                 run_dir = work / f"{Path(name).stem}__{_slug(row['name'])}"
+                if model == REBUILD:
+                    model = rebuild_top1(cfg, rec, work / "models" / f"{Path(name).stem}__{_slug(row['name'])}")
                 rows[row["name"]] = {**compact(scorer(cfg, rec["task"], rec["seed"], model, run_dir)), "model": what}
             head = {k: rec.get(k) for k in ("task", "setting", "seed", "method", "label", "budget")}
             write_json(path, {"format": RECORD_FORMAT, "cell": name, **head, "rows": rows})
