@@ -25,6 +25,10 @@ the run layer, ES, CoRP and the split-half analysis can all use the same definit
   (`clustered_bootstrap_ci`, kept for comparison) has 10 distinct seed resamples and cannot leave
   the range of the seed means; benchmarks/interval_coverage.py measures both by simulation. Its
   two-sided p (the same t, k - 1 df) is what `holm` corrects for a pre-registered family.
+- `tost`: two one-sided tests of equivalence within a margin declared beforehand (Schuirmann 1987):
+  H0 is |difference| >= margin; each side is a one-sided t test, p = the larger of the two, and
+  equivalence at level alpha is the (1 - 2 alpha) interval lying inside (-margin, +margin).
+  `tost_from` takes a mean, its standard error and df (the across-seed interval's), `tost` a sample.
 - `holm`: Holm's step-down adjustment of a family of p-values (strong control of the family-wise
   error rate, no assumption about how the tests depend on each other).
 - `PerExample`: a list of per-example scores that remembers which example ids it was computed
@@ -202,6 +206,40 @@ def seed_example_interval(
         "p": p,
         "seed_means": [float(x) for x in d.mean(axis=1)],
     }
+
+
+def tost_from(mean: float, se: float, df: float, margin: float, alpha: float = 0.05) -> dict:
+    """Two one-sided t tests of |true difference| < margin from an estimate, its standard error and
+    df: {p_lower (H0: d <= -margin), p_upper (H0: d >= +margin), p (the larger), ci (the 1 - 2 alpha
+    interval), equivalent (p <= alpha)}. No spread (se 0) decides on the mean alone."""
+    if not margin > 0:
+        raise ValueError(f"an equivalence margin must be > 0, got {margin}")
+    if se == 0:
+        p_lo, p_hi = float(mean <= -margin), float(mean >= margin)
+        half = 0.0
+    else:
+        p_lo = float(_scipy_stats.t.sf((mean + margin) / se, df))
+        p_hi = float(_scipy_stats.t.sf((margin - mean) / se, df))
+        half = float(_scipy_stats.t.ppf(1 - alpha, df)) * se
+    p = max(p_lo, p_hi)
+    return {
+        "mean": float(mean),
+        "margin": float(margin),
+        "p_lower": p_lo,
+        "p_upper": p_hi,
+        "p": p,
+        "ci": (float(mean) - half, float(mean) + half),
+        "level": 1 - 2 * alpha,
+        "equivalent": p <= alpha,
+    }
+
+
+def tost(diffs: Sequence[float], margin: float, alpha: float = 0.05) -> dict:
+    """`tost_from` on a sample of differences (one per seed, say): mean, sd / sqrt(n), n - 1 df."""
+    d = np.asarray(diffs, dtype=np.float64)
+    if d.size < 2:
+        raise ValueError(f"two one-sided tests need >= 2 differences, got {d.size}")
+    return tost_from(float(d.mean()), float(d.std(ddof=1) / math.sqrt(d.size)), d.size - 1, margin, alpha)
 
 
 def holm(pvalues: Sequence[float | None], alpha: float = 0.05) -> list[dict]:

@@ -138,6 +138,18 @@ class BenchConfig:
     """Per registry method, the regime it should reach at the top budget ({units: N, OPTION: N}),
     replacing corp.bench.config.REGIME_TARGETS' entry (RandOpt 50 specialists, CoRP 200 on 64 support,
     ES population 30 x 100 iterations, GRPO/F-TIS 100 steps)."""
+    retention: bool = False
+    """Score what each final model costs off its task (corp.bench.retention, issue 39): after the cells run,
+    every final cell at the top budget in the headline setting whose row is one model (a saved model, the
+    base; not a vote or sampling ensemble) gets bits per byte on held-out public-domain text and greedy
+    accuracy on `retention_tasks`, beside the base, stored in RESULTS_DIR/NAME/retention/ (never redone);
+    its FLOPs are reported, not charged to the method's budget (evaluation, like test)."""
+    retention_tasks: list[str] = field(default_factory=list)
+    """Under `retention`: the tasks that count as off-task (specs as in `tasks`); default: the bench's other tasks."""
+    equivalence: list = field(default_factory=list)
+    """Equivalence tests declared before the run: entries {a: ROW, b: ROW, margin: M} (optionally task,
+    budget, setting); per task, setting and budget where both rows ran on >= 2 seeds, two one-sided
+    tests (corp.stats.tost) of |a - b| < M on the across-seed interval's t, reported in their own section."""
     max_units: int = 10000
     """Most iterations/steps an iterative method may train while reaching a budget (a guard)."""
     results_dir: str = "results"
@@ -381,6 +393,45 @@ def check_protocol(cfg) -> None:
         ratio = entry.get("ratio", 10) if ok else None
         if not ok or not isinstance(ratio, (int, float)) or not ratio > 1:
             raise CorpError(f"bench config: ratio_compare entries are {{a: ROW, b: ROW, ratio: R > 1}}, got {entry!r}")
+    if not isinstance(cfg.retention, bool):
+        raise CorpError(f"bench config: retention is true or false, got {cfg.retention!r}")
+    cfg.retention_tasks = parse_list(cfg.retention_tasks, str, "retention_tasks")
+    if cfg.retention_tasks and not cfg.retention:
+        raise CorpError("bench config: retention_tasks applies with retention: true; add it or remove retention_tasks")
+    cfg.equivalence_list = [parse_equivalence(cfg, e) for e in (cfg.equivalence or [])]
     for name, target in (cfg.regime_targets or {}).items():
         if not isinstance(target, dict) or any(not isinstance(v, (int, float)) for v in target.values()):
             raise CorpError(f"bench config: regime_targets of '{name}' must map units/options to numbers")
+
+
+def parse_equivalence(cfg, entry) -> dict:
+    """One `equivalence` entry as {a, b, margin, task (spec or None), budget (or None), setting (or None)}."""
+    keys = {"a", "b", "margin", "task", "budget", "setting"}
+    ok = isinstance(entry, dict) and {"a", "b", "margin"} <= set(entry) <= keys
+    margin = entry.get("margin") if ok else None
+    if not ok or isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 < margin < 1:
+        raise CorpError(
+            f"bench config: equivalence entries are {{a: ROW, b: ROW, margin: M}} with 0 < M < 1 (an accuracy "
+            f"difference; optional task, budget, setting), got {entry!r}"
+        )
+    where = f"equivalence {entry!r}"
+    task = entry.get("task")
+    if task is not None:
+        by_label = {cfg.label(t): t for t in cfg.tasks}
+        task = by_label.get(str(task), str(task))
+        if task not in cfg.tasks:
+            raise CorpError(f"bench config: {where}: task '{entry['task']}' is not a task of the bench")
+    budget = entry.get("budget")
+    if budget is not None:
+        budget = _budget(budget, cfg.budgets, where)
+    setting = entry.get("setting")
+    if setting is not None and setting not in cfg.settings:
+        raise CorpError(f"bench config: {where}: setting '{setting}' is not one of settings")
+    return {
+        "a": str(entry["a"]),
+        "b": str(entry["b"]),
+        "margin": float(margin),
+        "task": task,
+        "budget": budget,
+        "setting": setting,
+    }

@@ -1041,6 +1041,15 @@ def write_outputs(
     reading = reading_lines(cfg, rows, comps, primary)
     times = time_table(cfg, records, tuning or [])
     extra = protocol_sections(cfg, rows, records, tuning or [])
+    retained = None
+    if cfg.retention:  # absent from an older config's outputs
+        from corp.bench import retention
+
+        retained = retention.summarise(cfg, rows, retention.load_records(cfg, records))
+        extra += retention.section(cfg, retained)
+    equivalences = equivalence_tests(cfg, rows)
+    if getattr(cfg, "equivalence_list", None):
+        extra += equivalence_section(equivalences)
     text = table_md(
         cfg, rows, comps, missing, command, trial_flops(tuning or []), reading, times, primary=primary, extra=extra
     )
@@ -1058,6 +1067,10 @@ def write_outputs(
         )
     atomic_write_text(out / "table.md", text)
     made = plots(cfg, rows, out)
+    if retained is not None:
+        from corp.bench import retention
+
+        made += retention.plot(cfg, retained, out)
     write_json(
         out / "bench.json",
         {
@@ -1077,6 +1090,8 @@ def write_outputs(
             "reading": reading,
             "bench_protocol": BENCH_PROTOCOL,
             "older_protocol_records": older,
+            **({"retention": retained} if retained is not None else {}),
+            **({"equivalence": equivalences} if getattr(cfg, "equivalence_list", None) else {}),
             # the third edition's (absent from an older bench's bench.json)
             **(
                 {
@@ -1292,3 +1307,60 @@ def protocol_sections(cfg: BenchConfig, rows: list[dict], records: list[dict], t
         setting = headline_setting(cfg)
         lines += compute_table(cfg, records, tuning, setting) + regime_table(cfg, records, setting)
     return lines
+
+
+# ----------------------------------------------------------------------------- equivalence (two one-sided tests)
+
+
+def equivalence_tests(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
+    """`equivalence` entries: per task, setting and budget where both rows ran on the same >= 2 seeds,
+    two one-sided tests (corp.stats.tost_from) of |a - b| < margin on the across-seed interval's mean,
+    standard error and df (the comparisons' own t: seeds plus the test examples' term)."""
+    from corp.stats import seed_example_interval, tost_from
+
+    out = []
+    for e in getattr(cfg, "equivalence_list", []):
+        for task in [e["task"]] if e["task"] else cfg.tasks:
+            for setting in [e["setting"]] if e["setting"] else cfg.settings:
+                for budget in [e["budget"]] if e["budget"] is not None else cfg.budgets:
+                    by = _at_budget(rows, task, setting, budget)
+                    sa = {r["seed"]: r for r in by.get(e["a"], []) if r["correct"] is not None}
+                    sb = {r["seed"]: r for r in by.get(e["b"], []) if r["correct"] is not None}
+                    seeds = sorted(set(sa) & set(sb))
+                    head = {"a": e["a"], "b": e["b"], "margin": e["margin"], "task": cfg.label(task)}
+                    head.update(setting=setting, budget=budget, seeds=seeds)
+                    if len(seeds) < 2:
+                        if e["task"] or seeds:  # a pair that ran nowhere here is left out unless named
+                            out.append({**head, "test": None})
+                        continue
+                    iv = seed_example_interval(
+                        [[int(bool(x)) for x in sa[s]["correct"]] for s in seeds],
+                        [[int(bool(x)) for x in sb[s]["correct"]] for s in seeds],
+                    )
+                    out.append({**head, "test": tost_from(iv["mean"], iv["se"], iv["df"], e["margin"])})
+    return out
+
+
+def equivalence_section(tests: list[dict]) -> list[str]:
+    lines = [
+        "## Equivalence (two one-sided tests, margins declared in the config)",
+        "",
+        "H0: the accuracy difference a - b is at least the margin in either direction; both one-sided t tests "
+        "(the across-seed interval's t: k - 1 df, seeds plus the test examples' term) must reject at 0.05, i.e. "
+        "the 90% interval lies inside (-margin, +margin). 'Not shown' is no evidence of a difference: the "
+        "interval is wider than the margin allows.",
+        "",
+        "| pair | task | setting | budget | margin | difference | 90% interval | p (TOST) | decision |",
+        "|---|---|---|---:|---:|---:|---|---:|---|",
+    ]
+    for t in tests:
+        where = (
+            f"| {t['a']} vs {t['b']} | {t['task']} | {t['setting']} | {_budget_text(t['budget'])} | ±{t['margin']:g} |"
+        )
+        x = t["test"]
+        if x is None:
+            lines.append(f"{where} | | | fewer than 2 seeds with both rows |")
+            continue
+        decision = f"equivalent within ±{t['margin']:g}" if x["equivalent"] else "equivalence not shown"
+        lines.append(f"{where} {x['mean']:+.3f} | {x['ci'][0]:+.3f} to {x['ci'][1]:+.3f} | {x['p']:.3g} | {decision} |")
+    return lines + [""]

@@ -331,6 +331,7 @@ def check_compare(cfg: BenchConfig, cells: list[Cell]) -> None:
     pairs = [("compare", p) for p in cfg.compare]
     pairs += [("primary", [p["a"], p["b"]]) for p in getattr(cfg, "primary_list", [])]
     pairs += [("ratio_compare", [e["a"], e["b"]]) for e in cfg.ratio_compare]
+    pairs += [("equivalence", [e["a"], e["b"]]) for e in getattr(cfg, "equivalence_list", [])]
     for field_name, pair in pairs:
         for name in pair:
             if name not in rows:
@@ -1085,6 +1086,11 @@ def run_bench(
             not only_methods or bool({cell.label, cell.method} & set(only_methods))
         )
 
+    def mine_record(rec: dict) -> bool:
+        return only_task in (None, rec["task"]) and (
+            not only_methods or bool({rec["label"], rec["method"]} & set(only_methods))
+        )
+
     done_before = sum(
         1 for c in cells if (r := bench.resolve(c, cells)) is not None and bench.load_record(r) is not None
     )
@@ -1151,6 +1157,10 @@ def run_bench(
         if not deferred:
             break
         time.sleep(wait)
+    if cfg.retention and compute:  # off-task scoring of the finished final models (corp.bench.retention)
+        from corp.bench.retention import score_records
+
+        score_records(cfg, {n: r for n, r in done.items() if mine_record(r)})
     records = list(done.values())
     tuning = [r for r in records if r["setting"] == "tune"]
     records = [r for r in records if r["setting"] != "tune"]

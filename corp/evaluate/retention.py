@@ -167,9 +167,11 @@ def _bpb_of(ctx, text: str) -> dict:
     return bits_per_byte(model, tokenizer, text)
 
 
-def _task_scores(ctx, evals, specs: list[str]) -> dict:
-    """{spec: {'accuracy', 'interval', 'n', 'example_ids', 'correct'}}: greedy accuracy on each task's
-    test split (the run's own for --task; the first --n-test of another task's split seed)."""
+def _task_scores(ctx, evals, specs: list[str], sizes=None) -> dict:
+    """{spec: {'accuracy', 'interval', 'n', 'example_ids', 'correct', 'prompt_tokens', 'generated_tokens'}}:
+    greedy accuracy on each task's test split (the run's own for --task; another task's test split of
+    `sizes`, by default the first --n-test of its split seed; `corp bench` passes its own split sizes so
+    the examples are that task's bench test examples)."""
     import dataclasses
 
     from corp.evaluate.context import cached_eval
@@ -182,7 +184,7 @@ def _task_scores(ctx, evals, specs: list[str]) -> dict:
             sub = ctx
         else:
             task = get_task(spec, ctx.cfg.data)
-            test = make_splits(task, SplitSizes(0, 0, 0, ctx.cfg.n_test), ctx.cfg.split_seed)["test"]
+            test = make_splits(task, sizes or SplitSizes(0, 0, 0, ctx.cfg.n_test), ctx.cfg.split_seed)["test"]
             sub = dataclasses.replace(ctx, task=task, splits={**ctx.splits, "test": test})
         row = cached_eval(sub, evals, "test", None)
         correct = [int(bool(c)) for c in row["correct"]]
@@ -192,19 +194,25 @@ def _task_scores(ctx, evals, specs: list[str]) -> dict:
             "n": len(correct),
             "example_ids": sub.example_ids("test"),
             "correct": correct,
+            "prompt_tokens": int(row.get("prompt_tokens") or 0),
+            "generated_tokens": int(row.get("generated_tokens") or 0),
         }
     return out
 
 
-def score_retention(ctx, evals, retention_tasks: str = "", base: str | None = None) -> dict:
+def score_retention(
+    ctx, evals, retention_tasks: str = "", base: str | None = None, own_task: bool = True, sizes=None
+) -> dict:
     """Retention of the run's model (and of `base`, with the change from it): writes and returns
-    RUN_DIR/retention.json."""
+    RUN_DIR/retention.json. `own_task=False` scores only `retention_tasks` (the bench has the own
+    task's test outcomes already); `sizes` (a SplitSizes) places the other tasks' test splits."""
     import dataclasses
 
     from corp.runs import write_json
     from corp.stats import PerExample, compare_paired
 
-    specs = [ctx.cfg.task] + [s.strip() for s in retention_tasks.split(";") if s.strip() and s.strip() != ctx.cfg.task]
+    others = [s.strip() for s in retention_tasks.split(";") if s.strip() and s.strip() != ctx.cfg.task]
+    specs = ([ctx.cfg.task] if own_task else []) + others
     text, info = retention_text()
     report = {
         "format": 1,
@@ -224,7 +232,7 @@ def score_retention(ctx, evals, retention_tasks: str = "", base: str | None = No
             "model_id": c.model_id,
             "weights_hash": c.weights_hash,
             "bpb": _bpb_of(c, text),
-            "tasks": _task_scores(c, evals, specs),
+            "tasks": _task_scores(c, evals, specs, sizes),
         }
     if base:
         mine, theirs = report["models"]["model"], report["models"]["base"]

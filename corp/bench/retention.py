@@ -1,0 +1,364 @@
+"""Off-task retention of the bench's final models (issue 39), under `retention: true`.
+
+After the cells run, every final cell at the top budget in the headline setting (and every fixed
+cell there, which holds the base) is scored off its task, one row at a time: a row that is one model
+(a saved RUN_DIR/model, the base itself, or RandOpt's top-1 rebuilt from its seed and sigma) gets bits per byte on the held-out public-domain text and
+greedy accuracy on the off-task tasks' bench test examples, beside the base, by `corp eval
+--retention`'s own code (corp.evaluate.retention.score_retention, in an eval run directory of its
+own under WORK_DIR/NAME/retention/). A row that is not one model says why: a vote or a sampling
+ensemble, RandOpt's rows on CoRP's population, a method that saves no model, or an iterative run trained past the cell's budget (its saved model is
+a later checkpoint than the cell's). The record goes to RESULTS_DIR/NAME/retention/<the cell's
+record name>: a rerun, or `--report-only`, reads it instead of scoring again. Its FLOPs (the
+ledger's formula: 2 N per scored or generated token, for the model and the base) are reported and
+never charged to the method's budget: like test, this is evaluation.
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from corp.ledger import flops
+from corp.runs import read_json, try_flock, write_json
+
+RETENTION_DIR = "retention"
+RECORD_FORMAT = 1
+REBUILD = "<rebuild randopt-top1>"  # `target`'s marker: the model is built from the cell's top-1 (seed, sigma)
+
+
+def off_tasks(cfg, task: str) -> list[str]:
+    """The tasks that count as off-task for `task`: `retention_tasks`, else the bench's other tasks."""
+    return [t for t in (cfg.retention_tasks or cfg.tasks) if t != task]
+
+
+def in_scope(cfg, rec: dict) -> bool:
+    """Whether a final record is scored: done, in the headline setting, at the top budget (or fixed)."""
+    from corp.bench.outputs import headline_setting
+
+    return (
+        rec.get("status") == "done"
+        and rec["setting"] == headline_setting(cfg)
+        and rec.get("budget") in (None, max(cfg.budgets))
+    )
+
+
+def target(cfg, rec: dict, row: dict) -> tuple[str | None, str]:
+    """(the model to score, what it is) for one row of a record; (None, why not) when it is not one model."""
+    from corp.bench.adapters import ITERATIVE
+    from corp.methods import get_method
+
+    name = row["name"]
+    if name == "base":
+        return cfg.model, "the base itself"
+    if (row.get("passes_per_example") or 1) != 1:
+        return None, f"not one model ({row['passes_per_example']} passes per example: a vote or sampling ensemble)"
+    if row.get("population_row"):
+        return None, "RandOpt's row on CoRP's population: a specialist of that population, not rebuilt here"
+    method = get_method(rec["method"])
+    if rec["method"] == "self-consistency":
+        return None, "sampling from the base model (its weights are the base's: see the base row)"
+    if not method.model:
+        if name == "randopt-top1" and rec.get("population_run"):
+            return REBUILD, "its top-1 specialist, rebuilt from its seed and sigma"
+        return None, "the method saves no model"
+    run_dir = Path(rec.get("run_dir") or "")
+    if not (run_dir / "model").is_dir():
+        return None, f"no saved model in '{run_dir}' (its run directory was removed?)"
+    adapter = method.bench_adapter
+    if adapter is not None and adapter.kind == ITERATIVE and adapter.units_done:
+        report = read_json(run_dir / "report.json") if (run_dir / "report.json").exists() else {}
+        from corp.bench.sweep import _units_in
+
+        try:
+            saved = _units_in(report, adapter.units_done)
+        except Exception:  # noqa: BLE001 - no report: the saved model cannot be tied to the cell
+            saved = None
+        if saved != rec.get("units"):
+            return None, (
+                f"its run was trained past this budget ({saved} {adapter.unit}, the cell's model is at "
+                f"{rec.get('units')}); the cell's checkpoint is not kept"
+            )
+    return str(run_dir / "model"), "the cell's saved model"
+
+
+def rebuild_top1(cfg, rec: dict, out: Path) -> str:
+    """RandOpt's top-1 specialist as a model directory: the base plus sigma * eps(seed) under the
+    shared population's noise scheme and parameter filter (its population_meta.json), the same
+    arithmetic the scorer evaluated; (seed, sigma) from the cell's report row. Built once."""
+    from corp.models import load_model, save_model
+    from corp.perturb.direction import Direction, ParamFilter, Perturber
+
+    if (out / "config.json").exists():
+        return str(out)
+    report = read_json(Path(rec["run_dir"]) / "report.json")
+    row = next(r for r in report["rows"] if r["method"] == "randopt-top1")
+    meta = read_json(Path(rec["population_run"]) / "population_meta.json")
+    model, tokenizer, _, _ = load_model(cfg.model, "cpu", cfg.dtype)
+    perturber = Perturber(model, ParamFilter(**meta["param_filter"]), scheme=meta["noise_scheme"])
+    perturber.apply(Direction.single(row["seed"], row["sigma"]))
+    save_model(model, tokenizer, out)
+    return str(out)
+
+
+def score_model(cfg, task: str, seed: int, model: str, run_dir: Path) -> dict:
+    """`corp eval --retention`'s scoring of `model` beside the bench's base, off `task`: its report
+    (corp.evaluate.retention) plus the FLOPs it took."""
+    from corp.bench.sweep import common_options
+    from corp.config import load_config
+    from corp.evaluate.context import open_run, run_evals
+    from corp.evaluate.passk import EvalConfig
+    from corp.evaluate.retention import score_retention
+    from corp.evaluate.tasks import SplitSizes
+
+    off = off_tasks(cfg, task)
+    sizes = {"n_support": cfg.n_support, "n_probe": cfg.n_probe, "n_validation": cfg.n_validation, "n_test": cfg.n_test}
+    opts = {
+        **common_options(cfg, task, seed),
+        **sizes,
+        "model": model,
+        "retention": True,
+        "base": cfg.model,
+        "run_dir": str(run_dir),
+        # one cache for every retention run of the bench: the base's off-task evaluations run once
+        "eval_cache": str(Path(cfg.work_dir) / cfg.name / "retention__shared_evals.jsonl"),
+    }
+    if off:
+        opts["retention_tasks"] = ";".join(off)
+    ecfg = load_config(EvalConfig, None, opts)
+    with open_run(ecfg, "eval", None, needs=("test",)) as ctx:
+        n_params = int(ctx.backend.n_params)
+        report = score_retention(
+            ctx, run_evals(ctx), ";".join(off), cfg.model, own_task=False, sizes=SplitSizes(*sizes.values())
+        )
+    spent = 0.0
+    for m in report["models"].values():
+        spent += flops(n_params, m["bpb"]["tokens"] + m["bpb"]["windows"])  # one start token per window
+        spent += sum(flops(n_params, t["prompt_tokens"], t["generated_tokens"]) for t in m["tasks"].values())
+    return {"report": report, "flops": spent}
+
+
+def compact(scored: dict) -> dict:
+    """What the bench keeps of a retention report: per-window bits (for intervals across seeds), per-task outcomes."""
+    rep = scored["report"]
+    mine, base = rep["models"]["model"], rep["models"]["base"]
+    keep = ("bpb", "interval", "windows", "tokens", "bytes", "window_bits", "window_bytes")
+    return {
+        "status": "scored",
+        "bpb": {k: mine["bpb"][k] for k in keep},
+        "bpb_base": {k: base["bpb"][k] for k in keep},
+        "bpb_change": rep["change"]["bpb"],
+        "tasks": {
+            spec: {
+                "accuracy": t["accuracy"],
+                "base_accuracy": base["tasks"][spec]["accuracy"],
+                "n": t["n"],
+                "correct": t["correct"],
+                "base_correct": base["tasks"][spec]["correct"],
+                "change": rep["change"]["tasks"][spec]["difference"],
+                "ci95": rep["change"]["tasks"][spec]["ci95"],
+            }
+            for spec, t in mine["tasks"].items()
+        },
+        "flops": scored["flops"],
+        "text": {k: rep["text"][k] for k in ("title", "license", "source", "bytes", "sha256")},
+    }
+
+
+def retention_file(cfg, record_name: str) -> Path:
+    from corp.bench.sweep import results_path
+
+    return results_path(cfg) / RETENTION_DIR / record_name
+
+
+def score_records(cfg, done: dict[str, dict], scorer=None) -> int:
+    """Score every in-scope final record of `done` ({record name: record}) that has no retention record
+    yet (another process scoring one is skipped: it writes it); returns how many were scored."""
+    from corp.bench.sweep import _slug
+
+    scorer = scorer or score_model
+    work = Path(cfg.work_dir) / cfg.name / RETENTION_DIR
+    made = 0
+    for name, rec in done.items():
+        if rec.get("setting") == "tune" or not in_scope(cfg, rec):
+            continue
+        path = retention_file(cfg, name)
+        if path.exists():
+            continue
+        claim = work / "claims" / f"{name}.lock"
+        claim.parent.mkdir(parents=True, exist_ok=True)
+        with open(claim, "a+") as fh:
+            if not try_flock(fh) or path.exists():
+                continue
+            rows = {}
+            for row in rec["rows"]:
+                model, what = target(cfg, rec, row)
+                if model is None:
+                    rows[row["name"]] = {"status": "n/a", "reason": what}
+                    continue
+                run_dir = work / f"{Path(name).stem}__{_slug(row['name'])}"
+                if model == REBUILD:
+                    model = rebuild_top1(cfg, rec, work / "models" / f"{Path(name).stem}__{_slug(row['name'])}")
+                rows[row["name"]] = {**compact(scorer(cfg, rec["task"], rec["seed"], model, run_dir)), "model": what}
+            head = {k: rec.get(k) for k in ("task", "setting", "seed", "method", "label", "budget")}
+            write_json(path, {"format": RECORD_FORMAT, "cell": name, **head, "rows": rows})
+            made += 1
+    return made
+
+
+def load_records(cfg, records: list[dict]) -> list[dict]:
+    """The retention records of the reported final records (matched by task, setting, seed, label, budget)."""
+    from corp.bench.sweep import results_path
+
+    where = results_path(cfg) / RETENTION_DIR
+    if not where.is_dir():
+        return []
+    keys = {(r["task"], r["setting"], r["seed"], r["label"], r.get("budget")) for r in records}
+    out = []
+    for path in sorted(where.glob("*.json")):
+        ret = read_json(path)
+        if (ret["task"], ret["setting"], ret["seed"], ret["label"], ret.get("budget")) in keys:
+            out.append(ret)
+    return out
+
+
+# ----------------------------------------------------------------------------- statistics per method
+
+
+def summarise(cfg, rows: list[dict], rets: list[dict]) -> list[dict]:
+    """Per task and row name (in the headline setting, top budget): the on-task gain over the base,
+    the bits-per-byte change and each off-task accuracy change, means over seeds with 95% intervals
+    (across seeds when >= 2: `seed_example_interval` over windows / examples; one seed: its paired
+    bootstrap), or the reason the row has none."""
+    from corp.bench.outputs import _at_budget, headline_setting
+    from corp.stats import compare_paired_seeds, seed_example_interval
+
+    setting, top = headline_setting(cfg), max(cfg.budgets)
+    out = []
+    for task in cfg.tasks:
+        by = _at_budget(rows, task, setting, top)
+        per: dict[str, dict[int, dict]] = {}
+        for ret in rets:
+            if ret["task"] == task and ret["setting"] == setting:
+                for name, r in ret["rows"].items():
+                    per.setdefault(name, {})[ret["seed"]] = r
+        for name, seeds in per.items():
+            entry = {"task": task, "name": name, "seeds": sorted(seeds)}
+            scored = {s: r for s, r in seeds.items() if r["status"] == "scored"}
+            if not scored:
+                entry["na"] = next(iter(seeds.values()))["reason"]
+                out.append(entry)
+                continue
+            ks = sorted(scored)
+            entry["flops"] = statistics.fmean(r["flops"] for r in scored.values())
+            mine = {r["seed"]: r for r in by.get(name, []) if r["correct"] is not None}
+            base = {r["seed"]: r for r in by.get("base", []) if r["correct"] is not None}
+            both = [s for s in ks if s in mine and s in base]
+            if both:
+                c = compare_paired_seeds(
+                    name, [mine[s]["correct"] for s in both], "base", [base[s]["correct"] for s in both]
+                )
+                entry["gain"] = {"mean": c["difference"], "ci": list(c["ci95"]), "seeds": len(both)}
+            mean_bytes = statistics.fmean(scored[ks[0]]["bpb"]["window_bytes"])
+            if len(ks) > 1:
+                iv = seed_example_interval(
+                    [[b / mean_bytes for b in scored[s]["bpb"]["window_bits"]] for s in ks],
+                    [[b / mean_bytes for b in scored[s]["bpb_base"]["window_bits"]] for s in ks],
+                )
+                entry["bpb"] = {"mean": iv["mean"], "ci": list(iv["ci"]), "seeds": len(ks)}
+            else:
+                d = scored[ks[0]]["bpb_change"]
+                entry["bpb"] = {"mean": d["delta"], "ci": list(d["interval"]), "seeds": 1}
+            entry["base_bpb"] = scored[ks[0]]["bpb_base"]["bpb"]
+            entry["tasks"] = {}
+            for spec in scored[ks[0]]["tasks"]:
+                c = compare_paired_seeds(
+                    name,
+                    [scored[s]["tasks"][spec]["correct"] for s in ks],
+                    "base",
+                    [scored[s]["tasks"][spec]["base_correct"] for s in ks],
+                )
+                entry["tasks"][spec] = {"mean": c["difference"], "ci": list(c["ci95"]), "seeds": len(ks)}
+            out.append(entry)
+    return out
+
+
+def _iv(x: dict | None, digits: int = 3) -> str:
+    if not x:
+        return "—"
+    lo, hi = x["ci"]
+    seeds = "" if x.get("seeds", 1) > 1 else " (1 seed)"
+    return f"{x['mean']:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]{seeds}"
+
+
+def section(cfg, summary: list[dict]) -> list[str]:
+    """table.md's "Off-task retention" section."""
+    from corp.bench.outputs import _budget_text, headline_setting
+    from corp.evaluate.retention import TEXT_LICENSE, TEXT_TITLE
+
+    others = list(dict.fromkeys(spec for e in summary for spec in e.get("tasks", {})))
+    lines = [
+        f"## Off-task retention ({headline_setting(cfg)}, budget {_budget_text(max(cfg.budgets))} FLOPs)",
+        "",
+        f"Each method's final model scored off its task, as `corp eval --retention` scores a saved model: bits per "
+        f"byte on {TEXT_TITLE} ({TEXT_LICENSE}), lower is better, and greedy accuracy on the other tasks' bench "
+        "test examples; each as the change from the base on the same windows and examples, mean over seeds with "
+        "its 95% interval (>= 2 seeds: a t interval over seeds plus the windows' or examples' term; 1 seed: a "
+        "paired bootstrap). On-task gain: test accuracy minus the base's, paired the same way. Retention FLOPs "
+        "(the model's and the base's scoring) are evaluation, like test: not charged to the method's budget.",
+        "",
+        "| task | method | on-task gain | bits/byte change | "
+        + "".join(f"{cfg.label(t)} accuracy change | " for t in others)
+        + "retention FLOPs |",
+        "|---|---|---|---|" + "---|" * len(others) + "---:|",
+    ]
+    for e in summary:
+        where = f"| {cfg.label(e['task'])} | {e['name']} |"
+        if "na" in e:
+            lines.append(f"{where} n/a — {e['na']} |" + " |" * (len(others) + 2))
+            continue
+        accs = "".join(f" {_iv(e['tasks'].get(t))} |" for t in others)
+        lines.append(f"{where} {_iv(e.get('gain'))} | {_iv(e['bpb'], 4)} |{accs} {e['flops']:.2g} |")
+    return lines + [""]
+
+
+def plot(cfg, summary: list[dict], out: Path) -> list[str]:
+    """One plot per task: on-task gain against the bits-per-byte change, per method, with 95% error bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from corp.bench.outputs import _file, headline_setting
+    from corp.runs import naming
+
+    made = []
+    for task in cfg.tasks:
+        pts = [e for e in summary if e["task"] == task and "na" not in e and e.get("gain")]
+        if not pts:
+            continue
+        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        for e in pts:
+            x, y = e["bpb"], e["gain"]
+            ax.errorbar(
+                [x["mean"]],
+                [y["mean"]],
+                xerr=[[x["mean"] - x["ci"][0]], [x["ci"][1] - x["mean"]]],
+                yerr=[[y["mean"] - y["ci"][0]], [y["ci"][1] - y["mean"]]],
+                marker="o",
+                capsize=3,
+                ls="none",
+                label=e["name"],
+            )
+        ax.axhline(0, color="grey", lw=0.8)
+        ax.axvline(0, color="grey", lw=0.8)
+        ax.set_xlabel("off-task: bits per byte change from base (held-out text; > 0 is worse)")
+        ax.set_ylabel("on-task: test accuracy gain over base")
+        ax.set_title(f"{cfg.name}: {cfg.label(task)}, {headline_setting(cfg)}, top budget (95% intervals)")
+        ax.legend(fontsize=7, loc="best")
+        fig.tight_layout()
+        name = f"retention__{_file(cfg.label(task))}__{headline_setting(cfg)}.png"
+        with naming(out / name):
+            fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        made.append(name)
+    return made

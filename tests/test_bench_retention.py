@@ -1,0 +1,169 @@
+"""`corp bench` with `retention: true` (issue 39): each finished final model scored off its task once,
+kept beside the cell records, reported and plotted; `equivalence` entries as two one-sided tests."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from scipy import stats as sps
+
+from corp import CorpError
+from corp.bench.config import BenchConfig
+from corp.config import load_config
+from corp.stats import tost, tost_from
+from tests.test_bench import tiny_options
+from tests.test_methods import count_model_calls
+
+OFF = "countdown:numbers=2,max=20"
+
+
+def _options(tiny_dir, root, **over):
+    opts = tiny_options(tiny_dir, root, name="ret", budgets=[2e8], settings=["paper"])
+    opts["methods"] = {
+        "self-consistency": {"options": {"k": [1, 2]}},
+        "randopt": {"options": {"top_k": [1, 2]}},
+        "consolidate": {"options": {"alphas": [1, 2], "gate_z": -10.0}, "variants": {"corp-stage1": {"rounds": 0}}},
+        "es": {"options": {"population": 2, "sigma": 0.05, "alpha": 0.05}},
+    }
+    opts["compare"] = [["corp-stage1", "base"]]
+    opts.update(retention=True, retention_tasks=[OFF], equivalence=[{"a": "corp-stage1", "b": "base", "margin": 0.5}])
+    opts.update(over)
+    return opts
+
+
+@pytest.fixture(scope="module")
+def retained(tiny_dir, tmp_path_factory):
+    pytest.importorskip("reasoning_gym")
+    import corp.evaluate.retention as ret
+    from corp.bench.sweep import run_bench
+
+    root = tmp_path_factory.mktemp("bench-ret")
+    text, info = ret.retention_text()
+    short = text[:2000]  # the story's first 2,000 characters: the same code on a fifteenth of the forward passes
+    mp = pytest.MonkeyPatch()
+    mp.setattr(ret, "retention_text", lambda path=None: (short, {**info, "bytes": len(short.encode())}))
+    run_bench(load_config(BenchConfig, None, _options(tiny_dir, root)), "corp bench --config ret.yaml")
+    out = root / "results" / "ret"
+    files = sorted((out / "retention").glob("*.json"))
+    stamps = {f.name: f.stat().st_mtime_ns for f in files}
+    table = (out / "table.md").read_text()
+    with count_model_calls() as again:
+        run_bench(load_config(BenchConfig, None, _options(tiny_dir, root)), "corp bench --config ret.yaml")
+    mp.undo()
+    return {"root": root, "out": out, "files": files, "stamps": stamps, "again": dict(again), "table": table}
+
+
+def _by_label(retained) -> dict:
+    out = {}
+    for f in retained["files"]:
+        rec = json.loads(f.read_text())
+        out.setdefault(rec["label"], []).append(rec)
+    return out
+
+
+def test_every_finished_final_cell_gets_a_retention_record(retained):
+    by = _by_label(retained)
+    assert set(by) == {"self-consistency", "randopt", "corp-stage1", "es"}
+    assert all(len(v) == 2 for v in by.values())  # both seeds
+    for rec in by["corp-stage1"] + by["es"]:
+        row = rec["rows"][rec["label"]]
+        assert row["status"] == "scored", row
+        assert math.isfinite(row["bpb"]["bpb"]) and row["bpb"]["bytes"] == row["text"]["bytes"]
+        assert list(row["tasks"]) == [OFF] and row["tasks"][OFF]["n"] == 6
+        assert "public domain" in row["text"]["license"] and row["flops"] > 0
+    for rec in by["randopt"]:  # its top-1 rebuilt from (seed, sigma): a model of its own, not the base
+        top1 = rec["rows"]["randopt-top1"]
+        assert top1["status"] == "scored" and "rebuilt" in top1["model"] and top1["bpb_change"]["delta"] != 0.0
+        assert rec["rows"]["randopt-vote@2"]["status"] == "n/a"
+        assert "not one model" in rec["rows"]["randopt-vote@2"]["reason"]
+    for rec in by["self-consistency"]:
+        assert "not one model" in rec["rows"]["self-consistency@2"]["reason"]
+
+
+def test_the_base_scored_as_a_method_changes_by_exactly_zero(retained):
+    """The planted case: the base row's model is the base, so every change is exactly 0, not about 0."""
+    for rec in _by_label(retained)["self-consistency"]:
+        row = rec["rows"]["base"]
+        assert row["status"] == "scored"
+        assert row["bpb_change"]["delta"] == 0.0 and row["bpb_change"]["interval"] == [0.0, 0.0]
+        assert row["tasks"][OFF]["change"] == 0.0 and row["tasks"][OFF]["correct"] == row["tasks"][OFF]["base_correct"]
+    assert (
+        "| add | base | +0.000 [+0.000, +0.000] | +0.0000 [+0.0000, +0.0000] | +0.000 [+0.000, +0.000] |"
+        in (retained["table"])
+    )
+
+
+def test_a_rerun_scores_nothing_again(retained):
+    assert retained["again"] == {"generate": 0, "forward": 0}
+    assert {f.name: f.stat().st_mtime_ns for f in retained["files"]} == retained["stamps"]
+
+
+def test_the_table_and_the_plot_show_retention_and_report_only_regenerates_them(retained, tiny_dir):
+    from corp.bench.sweep import run_bench
+
+    out, table = retained["out"], retained["table"]
+    assert "## Off-task retention" in table and "bits/byte change" in table and f"{OFF} accuracy change" in table
+    assert "n/a — not one model" in table
+    meta = json.loads((out / "bench.json").read_text())
+    assert "retention__add__paper.png" in meta["plots"] and (out / "retention__add__paper.png").stat().st_size > 0
+    assert {e["name"] for e in meta["retention"]} >= {"base", "corp-stage1", "es"}
+    assert "## Equivalence (two one-sided tests" in table and "corp-stage1 vs base" in table
+    run_bench(
+        load_config(BenchConfig, None, _options(tiny_dir, retained["root"])),
+        "corp bench --config ret.yaml",
+        True,
+        False,
+    )
+    assert (out / "table.md").read_text() == table
+
+
+def test_only_a_row_that_is_one_model_of_this_budget_is_scored(tmp_path):
+    """An iterative run whose saved model was trained past the cell's budget is n/a, not scored as the cell."""
+    from corp.bench.retention import target
+
+    cfg = load_config(BenchConfig, None, {"name": "x", "model": "base-model", "methods": {"es": {}}})
+    run = tmp_path / "run"
+    (run / "model").mkdir(parents=True)
+    (run / "report.json").write_text(json.dumps({"iterations": 5}))
+    rec = {"method": "es", "units": 3, "run_dir": str(run)}
+    model, why = target(cfg, rec, {"name": "es", "passes_per_example": 1})
+    assert model is None and "past this budget" in why and "5" in why and "3" in why
+    rec["units"] = 5
+    assert target(cfg, rec, {"name": "es", "passes_per_example": 1})[0] == str(run / "model")
+    assert target(cfg, rec, {"name": "base", "passes_per_example": 1})[0] == "base-model"
+    assert target(cfg, {"method": "randopt"}, {"name": "randopt-vote@4", "passes_per_example": 4})[0] is None
+
+
+def test_tost_by_hand():
+    # diffs 0.01, 0.02, 0.03: mean 0.02, sd 0.01, se 0.01/sqrt(3), df 2; against +0.05 the t is
+    # 0.03 / se = 3 sqrt(3), and with 2 df the t tail is 0.5 (1 - t / sqrt(t^2 + 2)) = 0.5 (1 - 3 sqrt(3) / sqrt(29))
+    r = tost([0.01, 0.02, 0.03], 0.05)
+    assert r["p_upper"] == pytest.approx(0.5 * (1 - 3 * math.sqrt(3) / math.sqrt(29)), rel=1e-9)
+    t_low = 0.07 / (0.01 / math.sqrt(3))
+    assert r["p_lower"] == pytest.approx(0.5 * (1 - t_low / math.sqrt(t_low**2 + 2)), rel=1e-9)
+    assert r["p"] == r["p_upper"] and r["equivalent"]  # 0.0175 <= 0.05
+    half = sps.t.ppf(0.95, 2) * 0.01 / math.sqrt(3)
+    assert r["ci"] == pytest.approx((0.02 - half, 0.02 + half))
+    # a margin the 90% interval crosses is not shown equivalent; the test is symmetric in sign
+    assert not tost([0.01, 0.02, 0.03], 0.03)["equivalent"]
+    assert tost([-0.01, -0.02, -0.03], 0.05)["p"] == pytest.approx(r["p"])
+    assert tost_from(0.0, 0.0, 2, 0.03)["equivalent"] and not tost_from(0.04, 0.0, 2, 0.03)["equivalent"]
+    with pytest.raises(ValueError):
+        tost([0.1], 0.05)
+
+
+@pytest.mark.parametrize(
+    "over, names",
+    [
+        ({"equivalence": [{"a": "x", "b": "y", "margin": 2}]}, "margin"),
+        ({"equivalence": [{"a": "x", "b": "y"}]}, "margin"),
+        ({"retention_tasks": ["arith"]}, "retention: true"),
+        ({"retention": "yes"}, "retention"),
+    ],
+)
+def test_bad_retention_and_equivalence_fields_are_one_line(over, names, tmp_path):
+    opts = {"name": "x", "methods": {"randopt": {}}, **over}
+    with pytest.raises(CorpError, match=names):
+        load_config(BenchConfig, None, opts)
