@@ -316,3 +316,32 @@ def test_ray_address_from_the_environment_is_honoured_and_join_failures_name_the
     monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
     cause = join_cause(ConnectionError("RPC error: UNAUTHENTICATED: invalid authentication token"))
     assert "auth_token" in cause and "RAY_AUTH_TOKEN" in cause, cause
+
+
+def test_free_resources_that_lag_a_finished_task_are_waited_for_not_refused():
+    """Ray's view of free CPUs lags a task that has just ended (the bench scores a population right
+    after its cell tasks): where the cluster holds enough in total, check_free waits for them; where
+    it does not, it refuses at once. Before, the lag alone refused a run the cluster could hold."""
+    from corp.evaluate import ray_cluster
+
+    class Lagging:
+        def __init__(self, free_after: int):
+            self.calls, self.free_after = 0, free_after
+
+        def available_resources(self):
+            self.calls += 1
+            return {"CPU": 2.0 if self.calls > self.free_after else 1.0}
+
+        def cluster_resources(self):
+            return {"CPU": 2.0}
+
+    lag = Lagging(free_after=3)
+    ray_cluster.check_free(lag, 2, {"CPU": 1.0}, settle_s=10)
+    assert lag.calls == 4
+    small = Lagging(free_after=10**9)
+    t0 = time.monotonic()
+    with pytest.raises(CorpError, match=r"--workers 3 needs 3 CPU .* 1 free of 2"):
+        ray_cluster.check_free(small, 3, {"CPU": 1.0}, settle_s=10)
+    assert time.monotonic() - t0 < 1, "more than the cluster holds is refused without waiting"
+    with pytest.raises(CorpError, match=r"--workers 2 needs 2 CPU"):
+        ray_cluster.check_free(small, 2, {"CPU": 1.0}, settle_s=0.5)  # never freed: refused after the wait

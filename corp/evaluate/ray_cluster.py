@@ -22,6 +22,7 @@ import ipaddress
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -181,17 +182,33 @@ def _check_reachable(address: str, origin: str = "--ray-address") -> None:
         ) from None
 
 
-def check_free(ray, workers: int, per_actor: dict[str, float]) -> None:
+def check_free(ray, workers: int, per_actor: dict[str, float], settle_s: float = 10.0) -> None:
     """One line before any work when the cluster has not `workers` x `per_actor` free (Ray would
-    start what fits and leave the rest pending forever)."""
-    free = ray.available_resources()
-    for res, amount in sorted(per_actor.items(), key=lambda kv: kv[0] == "CPU"):  # GPUs first: the scarce ones
-        if amount and free.get(res, 0.0) + 1e-9 < workers * amount:
-            total = ray.cluster_resources().get(res, 0.0)
+    start what fits and leave the rest pending forever). Where the cluster holds enough in total,
+    wait up to `settle_s` for them to be free: Ray's view of free resources lags a task or actor
+    that has just ended (the bench scores a population right after its cell tasks finish)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        short = _short(ray.available_resources(), workers, per_actor)
+        if short is None:
+            return
+        res, free = short
+        total = ray.cluster_resources().get(res, 0.0)
+        if total + 1e-9 < workers * per_actor[res] or time.monotonic() >= deadline:
+            amount = per_actor[res]
             raise CorpError(
                 f"--workers {workers} needs {workers * amount:g} {res} ({amount:g} per worker) but the Ray cluster "
-                f"has {free.get(res, 0.0):g} free of {total:g}; lower --workers (or --threads) or add nodes"
+                f"has {free:g} free of {total:g}; lower --workers (or --threads) or add nodes"
             )
+        time.sleep(0.25)
+
+
+def _short(free: dict, workers: int, per_actor: dict[str, float]) -> tuple[str, float] | None:
+    """The first resource (GPUs first: the scarce ones) of which fewer than needed are free, or None."""
+    for res, amount in sorted(per_actor.items(), key=lambda kv: kv[0] == "CPU"):
+        if amount and free.get(res, 0.0) + 1e-9 < workers * amount:
+            return res, free.get(res, 0.0)
+    return None
 
 
 def placement_group(ray, workers: int, bundle: dict[str, float], timeout_s: float = 60.0):
