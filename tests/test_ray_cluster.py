@@ -9,8 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,13 @@ from corp.evaluate import ray_cluster  # noqa: E402
 from corp.evaluate.context import setup_run  # noqa: E402
 from corp.evaluate.scorer import ensure_population  # noqa: E402
 from corp.runs import read_jsonl  # noqa: E402
-from tests.test_ray_executor import cfg_for, strip_timing, tiny_dir  # noqa: E402, F401
+from tests.test_ray_executor import (  # noqa: E402, F401
+    cfg_for,
+    population_in_background,
+    strip_timing,
+    tiny_dir,
+    wait_rows,
+)
 
 pytestmark = pytest.mark.ray_cluster
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,12 +46,6 @@ def loopback_cluster(head_cpus: int, worker_cpus: int):
                 cluster.shutdown()
                 if attempt == 2:
                     raise
-
-
-def wait_rows(path: Path, n: int, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline and not (path.exists() and len(read_jsonl(path, key="key", repair=False)) >= n):
-        time.sleep(0.05)
 
 
 def test_relative_paths_are_made_absolute_for_the_nodes(tmp_path, monkeypatch, tiny_dir):  # noqa: F811
@@ -79,16 +77,7 @@ def test_a_killed_node_leaves_the_run_complete_with_the_local_rows(tmp_path, tin
         ex = get_executor(ctx)
         on_worker = [ray.get(ex.actors[s].info.remote())["node_id"] == worker.node_id for s in range(2)]
         assert sorted(on_worker) == [False, True], "one actor per node"
-        out: dict = {}
-
-        def run():
-            try:
-                out["rows"] = ensure_population(ctx)
-            except BaseException as exc:  # surfaced below
-                out["error"] = exc
-
-        t = threading.Thread(target=run)
-        t.start()
+        t, out = population_in_background(ctx)
         wait_rows(tmp_path / "ray" / "population.jsonl", 1)
         cluster.remove_node(worker, allow_graceful=False)  # its actor has no node left to restart on
         t.join(600)

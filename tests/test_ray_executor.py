@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -67,6 +68,28 @@ def local_population(tmp_path, tiny_dir):
     return ensure_population(setup_run(cfg_for(tmp_path / "local", tiny_dir), "randopt"))
 
 
+def population_in_background(ctx) -> tuple[threading.Thread, dict]:
+    """`ensure_population(ctx)` on a thread (a test kills something mid-run); `out` gets its rows or error."""
+    out: dict = {}
+
+    def run():
+        try:
+            out["rows"] = ensure_population(ctx)
+        except BaseException as exc:  # surfaced by the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, out
+
+
+def wait_rows(path: Path, n: int, timeout: float = 300) -> None:
+    """Until `path` holds `n` population rows (or `timeout` seconds)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and not (path.exists() and len(read_jsonl(path, key="key", repair=False)) >= n):
+        time.sleep(0.05)
+
+
 def test_ray_two_workers_same_population_as_local(tmp_path, tiny_dir):
     local = local_population(tmp_path, tiny_dir)
     ctx = setup_run(cfg_for(tmp_path / "ray", tiny_dir, executor="ray", workers=2), "randopt")
@@ -116,20 +139,9 @@ def test_killing_an_actor_mid_run_still_completes(tmp_path, tiny_dir):
 
     ex = get_executor(ctx)
     victim = ex.pids()[1]
-    out: dict = {}
-
-    def run():
-        try:
-            out["rows"] = ensure_population(ctx)
-        except BaseException as exc:  # surfaced below
-            out["error"] = exc
-
-    worker = threading.Thread(target=run)
-    worker.start()
+    worker, out = population_in_background(ctx)
     path = tmp_path / "ray" / "population.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (path.exists() and len(read_jsonl(path, key="key", repair=False)) >= 1):
-        time.sleep(0.05)
+    wait_rows(path, 1, timeout=120)
     os.kill(victim, signal.SIGKILL)  # actor 1 is busy with its next specialist: that one is lost
     worker.join(300)
     try:
