@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from corp import CorpError
 from corp.config import PopulationConfig, RunConfig, options_from, parse_list
+from corp.runs import bounded_name
 
 SETTINGS = ("paper", "equal-data")
 PROTOCOLS = ("defaults", "search")
@@ -435,3 +438,78 @@ def parse_equivalence(cfg, entry) -> dict:
         "budget": budget,
         "setting": setting,
     }
+
+
+# ---------------------------------------------------------------- helpers of the sweep, its outputs and
+# retention (here, below all three, so none of them imports another's internals)
+
+
+def _slug(text: str) -> str:
+    """A file-name part from user input, bounded in length (a hash of the whole keeps long ones apart)."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
+    return slug if len(slug) <= 64 else f"{slug[:51]}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def common_options(cfg: BenchConfig, task: str, seed: int) -> dict:
+    out = {
+        "model": cfg.model,
+        "task": task,
+        "seed": seed,
+        "split_seed": cfg.split_seed,
+        "backend": cfg.backend,
+        "device": cfg.device,
+        "batch_size": cfg.batch_size,
+        "threads": cfg.threads,
+        # one shared cache of greedy base/specialist evaluations per task: the base's test
+        # evaluation (the same test ids in every seed) and a specialist chosen by several cells run once
+        "eval_cache": str(Path(cfg.work_dir) / cfg.name / f"{_slug(task)}__shared_evals.jsonl"),
+    }
+    for key in ("max_new_tokens", "reward", "data", "dtype"):
+        if getattr(cfg, key) is not None:
+            out[key] = getattr(cfg, key)
+    return out
+
+
+def results_path(cfg: BenchConfig) -> Path:
+    return Path(cfg.results_dir) / cfg.name
+
+
+def _units_in(report: dict, dotted: str) -> int:
+    """The trained unit count a report states at `dotted`: a number, or a list of per-unit entries (FGRPO's rounds)."""
+    node = report
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    if isinstance(node, list):
+        return len(node)
+    if node is None:
+        raise CorpError(f"the report names no '{dotted}' (the units its model was trained for)")
+    return int(node)
+
+
+def _budget_text(b) -> str:
+    return "any" if b is None else f"{b:.2g}"
+
+
+def _at_budget(rows: list[dict], task: str, setting: str, budget) -> dict[str, list[dict]]:
+    """Rows of one (task, setting) that hold at `budget`: the budget's own cells and fixed cells."""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        if (
+            r["task"] == task
+            and r["setting"] == setting
+            and (r["budget"] == budget or r["budget"] is None)
+            and r["accuracy"] is not None
+        ):
+            out.setdefault(r["method"], []).append(r)
+    return out
+
+
+def headline_setting(cfg: BenchConfig) -> str:
+    """Equal data is the headline setting when it ran (every method then sees the same labelled examples)."""
+    return "equal-data" if "equal-data" in cfg.settings else cfg.settings[0]
+
+
+def _file(text: str) -> str:
+    """A file-name part from a task label, shortened as cell names are (a 300-character label
+    would make a name longer than a file system takes)."""
+    return bounded_name("".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text))

@@ -18,9 +18,9 @@ import statistics
 from pathlib import Path
 
 from corp.bench.accounting import eval_flops
-from corp.bench.config import BENCH_PROTOCOL, BenchConfig
+from corp.bench.config import BENCH_PROTOCOL, BenchConfig, _at_budget, _budget_text, _file, headline_setting
 from corp.ledger import FLOPS_FORMULA, LORA_CONVENTION
-from corp.runs import atomic_write_text, bounded_name, naming, read_json, write_json
+from corp.runs import atomic_write_text, naming, read_json, write_json
 from corp.stats import compare_paired_seeds, examples_text, seed_example_interval, sign_text
 
 CSV_COLUMNS = [
@@ -42,10 +42,6 @@ CSV_COLUMNS = [
     "status",
     "hyperparameters",
 ]
-
-
-def _budget_text(b) -> str:
-    return "any" if b is None else f"{b:.2g}"
 
 
 def flat_rows(records: list[dict]) -> list[dict]:
@@ -166,20 +162,6 @@ def label_prior_rows(cfg: BenchConfig, tasks: list[str]) -> list[dict]:
                     "tuned": False,
                 }
             )
-    return out
-
-
-def _at_budget(rows: list[dict], task: str, setting: str, budget) -> dict[str, list[dict]]:
-    """Rows of one (task, setting) that hold at `budget`: the budget's own cells and fixed cells."""
-    out: dict[str, list[dict]] = {}
-    for r in rows:
-        if (
-            r["task"] == task
-            and r["setting"] == setting
-            and (r["budget"] == budget or r["budget"] is None)
-            and r["accuracy"] is not None
-        ):
-            out.setdefault(r["method"], []).append(r)
     return out
 
 
@@ -695,11 +677,6 @@ def _spread(cfg: BenchConfig, got: list[dict], unfit: int = 0) -> str:
     return f"{m:.3f} ({len(got)} of {planned} seeds{'' if len(got) == 1 else f', sd {sd:.3f}'}{why})"
 
 
-def headline_setting(cfg: BenchConfig) -> str:
-    """Equal data is the headline setting when it ran (every method then sees the same labelled examples)."""
-    return "equal-data" if "equal-data" in cfg.settings else cfg.settings[0]
-
-
 def headline_table(cfg: BenchConfig, rows: list[dict]) -> list[str]:
     """One table: per task and method (cell label), its best single model at each budget, i.e. the
     row with one inference pass per example (RandOpt top-1, not its K-vote; self-consistency@1), in the
@@ -984,12 +961,6 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
             plt.close(fig)
             made.append(name)
     return made
-
-
-def _file(text: str) -> str:
-    """A file-name part from a task label, shortened as cell names are (a 300-character label
-    would make a name longer than a file system takes)."""
-    return bounded_name("".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text))
 
 
 TUNING_COLUMNS = [

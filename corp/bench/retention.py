@@ -18,6 +18,16 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from corp.bench.config import (
+    _at_budget,
+    _budget_text,
+    _file,
+    _slug,
+    _units_in,
+    common_options,
+    headline_setting,
+    results_path,
+)
 from corp.ledger import flops
 from corp.runs import read_json, try_flock, write_json
 
@@ -33,7 +43,6 @@ def off_tasks(cfg, task: str) -> list[str]:
 
 def in_scope(cfg, rec: dict) -> bool:
     """Whether a final record is scored: done, in the headline setting, at the top budget (or fixed)."""
-    from corp.bench.outputs import headline_setting
 
     return (
         rec.get("status") == "done"
@@ -67,7 +76,6 @@ def target(cfg, rec: dict, row: dict) -> tuple[str | None, str]:
     adapter = method.bench_adapter
     if adapter is not None and adapter.kind == ITERATIVE and adapter.units_done:
         report = read_json(run_dir / "report.json") if (run_dir / "report.json").exists() else {}
-        from corp.bench.sweep import _units_in
 
         try:
             saved = _units_in(report, adapter.units_done)
@@ -103,7 +111,6 @@ def rebuild_top1(cfg, rec: dict, out: Path) -> str:
 def score_model(cfg, task: str, seed: int, model: str, run_dir: Path) -> dict:
     """`corp eval --retention`'s scoring of `model` beside the bench's base, off `task`: its report
     (corp.evaluate.retention) plus the FLOPs it took."""
-    from corp.bench.sweep import common_options
     from corp.config import load_config
     from corp.evaluate.context import open_run, run_evals
     from corp.evaluate.passk import EvalConfig
@@ -165,7 +172,6 @@ def compact(scored: dict) -> dict:
 
 
 def retention_file(cfg, record_name: str) -> Path:
-    from corp.bench.sweep import results_path
 
     return results_path(cfg) / RETENTION_DIR / record_name
 
@@ -173,7 +179,6 @@ def retention_file(cfg, record_name: str) -> Path:
 def score_records(cfg, done: dict[str, dict], scorer=None) -> int:
     """Score every in-scope final record of `done` ({record name: record}) that has no retention record
     yet (another process scoring one is skipped: it writes it); returns how many were scored."""
-    from corp.bench.sweep import _slug
 
     scorer = scorer or score_model
     work = Path(cfg.work_dir) / cfg.name / RETENTION_DIR
@@ -207,7 +212,6 @@ def score_records(cfg, done: dict[str, dict], scorer=None) -> int:
 
 def load_records(cfg, records: list[dict]) -> list[dict]:
     """The retention records of the reported final records (matched by task, setting, seed, label, budget)."""
-    from corp.bench.sweep import results_path
 
     where = results_path(cfg) / RETENTION_DIR
     if not where.is_dir():
@@ -229,7 +233,6 @@ def summarise(cfg, rows: list[dict], rets: list[dict]) -> list[dict]:
     the bits-per-byte change and each off-task accuracy change, means over seeds with 95% intervals
     (across seeds when >= 2: `seed_example_interval` over windows / examples; one seed: its paired
     bootstrap), or the reason the row has none."""
-    from corp.bench.outputs import _at_budget, headline_setting
     from corp.stats import compare_paired_seeds, seed_example_interval
 
     setting, top = headline_setting(cfg), max(cfg.budgets)
@@ -292,7 +295,6 @@ def _iv(x: dict | None, digits: int = 3) -> str:
 
 def section(cfg, summary: list[dict]) -> list[str]:
     """table.md's "Off-task retention" section."""
-    from corp.bench.outputs import _budget_text, headline_setting
     from corp.evaluate.retention import TEXT_LICENSE, TEXT_TITLE
 
     others = list(dict.fromkeys(spec for e in summary for spec in e.get("tasks", {})))
@@ -328,7 +330,6 @@ def plot(cfg, summary: list[dict], out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from corp.bench.outputs import _file, headline_setting
     from corp.runs import naming
 
     made = []

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from corp import CorpError
 from corp.bench.adapters import FIXED, ITERATIVE, PLANNED, POPULATION, BenchAdapter, get_path
 from corp.bench.budget import min_budget, prefix_that_fits
-from corp.bench.config import BENCH_PROTOCOL, BenchConfig
+from corp.bench.config import BENCH_PROTOCOL, BenchConfig, _slug, _units_in, common_options, results_path
 from corp.bench.protocol import check_registration
 from corp.bench.search import choose, trial_options, trial_score
 from corp.config import PopulationConfig, check_types, in_scales, load_config
@@ -120,12 +120,6 @@ def _hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _slug(text: str) -> str:
-    """A file-name part from user input, bounded in length (a hash of the whole keeps long ones apart)."""
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
-    return slug if len(slug) <= 64 else f"{slug[:51]}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
-
-
 def _progress_disabled() -> bool:
     return os.environ.get("CORP_NO_PROGRESS") == "1"
 
@@ -143,26 +137,6 @@ def split_sizes(cfg: BenchConfig, setting: str, adapter: BenchAdapter) -> dict:
             "n_test": cfg.n_test,
         }
     return {"n_support": cfg.n_support, "n_probe": cfg.n_probe, "n_validation": cfg.n_validation, "n_test": cfg.n_test}
-
-
-def common_options(cfg: BenchConfig, task: str, seed: int) -> dict:
-    out = {
-        "model": cfg.model,
-        "task": task,
-        "seed": seed,
-        "split_seed": cfg.split_seed,
-        "backend": cfg.backend,
-        "device": cfg.device,
-        "batch_size": cfg.batch_size,
-        "threads": cfg.threads,
-        # one shared cache of greedy base/specialist evaluations per task: the base's test
-        # evaluation (the same test ids in every seed) and a specialist chosen by several cells run once
-        "eval_cache": str(Path(cfg.work_dir) / cfg.name / f"{_slug(task)}__shared_evals.jsonl"),
-    }
-    for key in ("max_new_tokens", "reward", "data", "dtype"):
-        if getattr(cfg, key) is not None:
-            out[key] = getattr(cfg, key)
-    return out
 
 
 def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
@@ -265,10 +239,6 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
 
 
 # ----------------------------------------------------------------------------- checks before compute
-
-
-def results_path(cfg: BenchConfig) -> Path:
-    return Path(cfg.results_dir) / cfg.name
 
 
 def check_results_dir(cfg: BenchConfig) -> Path:
@@ -991,18 +961,6 @@ class Bench:
             "run_dir": str(run_dir),
             **extra,
         }
-
-
-def _units_in(report: dict, dotted: str) -> int:
-    """The trained unit count a report states at `dotted`: a number, or a list of per-unit entries (FGRPO's rounds)."""
-    node = report
-    for part in dotted.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    if isinstance(node, list):
-        return len(node)
-    if node is None:
-        raise CorpError(f"the report names no '{dotted}' (the units its model was trained for)")
-    return int(node)
 
 
 def _with_every_trial(cells: list[Cell]) -> list[Cell]:
