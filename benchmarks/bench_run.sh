@@ -83,9 +83,15 @@ commit_cells() {
   while IFS= read -r f; do
     files+=("$f")
   done < <(changed_paths "$OUT/cells" "${SLUG}__" | grep '\.json$')
+  # their off-task retention records (retention: true), scored right after each final cell
+  if [ -d "$OUT/retention" ]; then
+    while IFS= read -r f; do
+      files+=("$f")
+    done < <(changed_paths "$OUT/retention" "${SLUG}__" | grep '\.json$')
+  fi
   [ ${#files[@]} -gt 0 ] || return 0
   local names reg=()
-  names=$(for f in "${files[@]}"; do basename "$f" .json | sed "s/^${SLUG}__//; s/__[0-9a-f]*$//"; done | paste -sd ';' - | sed 's/;/; /g')
+  names=$(for f in "${files[@]}"; do [[ $f == */retention/* ]] && continue; basename "$f" .json | sed "s/^${SLUG}__//; s/__[0-9a-f]*$//"; done | paste -sd ';' - | sed 's/;/; /g')
   # the pre-registration (corp.bench.protocol) goes with the first cells: a later session's run compares against it
   f="$OUT/preregistration.json"
   [ -f "$f" ] && [ -n "$(git status --porcelain -- "$f")" ] && reg=("$f")

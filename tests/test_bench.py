@@ -1205,9 +1205,13 @@ def test_the_headline_lists_a_method_that_fits_no_budget_and_only_its_own_misses
     assert "does not fit" not in lines["es"] and "—" in lines["es"]
 
 
-def test_an_iterative_run_stopped_by_max_units_has_not_reached_its_budget(tiny_dir, tmp_path):
+@pytest.mark.parametrize("where", ["bench", "method"])
+def test_an_iterative_run_stopped_by_max_units_has_not_reached_its_budget(tiny_dir, tmp_path, where):
+    """The cap from the bench's max_units, or from the method's own entry (ES's, whose member costs far
+    more time than its FLOPs say) with the bench's left at its default."""
     from corp.bench.sweep import run_bench
 
+    grpo = {"options": {"prompts_per_step": 2, "num_generations": 2}, "variants": {"grpo": {}}}
     opts = tiny_options(
         tiny_dir,
         tmp_path,
@@ -1215,8 +1219,8 @@ def test_an_iterative_run_stopped_by_max_units_has_not_reached_its_budget(tiny_d
         seeds=[1],
         settings=["paper"],
         compare=[],
-        max_units=2,
-        methods={"grpo": {"options": {"prompts_per_step": 2, "num_generations": 2}, "variants": {"grpo": {}}}},
+        **({"max_units": 2} if where == "bench" else {}),
+        methods={"grpo": {**grpo, **({"max_units": 2} if where == "method" else {})}},
     )
     run_bench(load_config(BenchConfig, None, opts))
     (path,) = (tmp_path / "results" / "tiny" / "cells").glob("*grpo*.json")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 from scipy import stats as sps
@@ -80,6 +81,39 @@ def test_every_finished_final_cell_gets_a_retention_record(retained):
         assert "not one model" in rec["rows"]["randopt-vote@2"]["reason"]
     for rec in by["self-consistency"]:
         assert "not one model" in rec["rows"]["self-consistency@2"]["reason"]
+
+
+def test_each_final_cell_is_scored_off_task_before_the_next_cell_runs(tiny_dir, tmp_path, monkeypatch):
+    """A long bench spans sessions, and a later session has none of an earlier one's run directories
+    (models are never committed): scoring every model after the last cell found them gone. The
+    planted case: the order of events; each final cell's retention must come right after it."""
+    import corp.bench.sweep as sweep
+    from corp.bench.sweep import run_bench
+
+    events = []
+    real_attempt = sweep.Bench.attempt
+
+    def attempt(self, cell):
+        rec = real_attempt(self, cell)
+        if rec is not None and cell.setting != "tune":
+            events.append(("cell", cell.record_name()))
+        return rec
+
+    def score(cfg, done, scorer=None):
+        for name, rec in done.items():
+            model = Path(rec.get("run_dir") or "") / "model"
+            events.append(("retention", name, rec["method"] != "es" or model.is_dir()))
+        return 0
+
+    monkeypatch.setattr(sweep.Bench, "attempt", attempt)
+    monkeypatch.setattr(sweep, "score_records", score)
+    opts = _options(tiny_dir, tmp_path, methods={"es": {"options": {"population": 2, "sigma": 0.05, "alpha": 0.05}}})
+    opts.update(compare=[], equivalence=[])
+    run_bench(load_config(BenchConfig, None, opts), "corp bench --config ret.yaml")
+    cells = [i for i, e in enumerate(events) if e[0] == "cell"]
+    assert len(cells) >= 2
+    for i in cells:
+        assert events[i + 1][:2] == ("retention", events[i][1]) and events[i + 1][2], events
 
 
 def test_the_base_scored_as_a_method_changes_by_exactly_zero(retained):

