@@ -10,7 +10,7 @@ from pathlib import Path
 
 from corp import CorpError
 from corp.config import PopulationConfig, RunConfig, options_from, parse_list
-from corp.runs import bounded_name
+from corp.runs import bounded_name, naming
 
 SETTINGS = ("paper", "equal-data")
 PROTOCOLS = ("defaults", "search")
@@ -523,3 +523,15 @@ def _file(text: str) -> str:
     """A file-name part from a task label, shortened as cell names are (a 300-character label
     would make a name longer than a file system takes)."""
     return bounded_name("".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text))
+
+
+def save_plot(fig, out: Path, name: str) -> str:
+    """Lay `fig` out, write it to out/name (PNG at the bench's 110 dpi) and close it; returns `name`.
+    A full disk names the file (corp.runs.naming). The caller drew it, so matplotlib is loaded."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    with naming(out / name):
+        fig.savefig(out / name, dpi=110)
+    plt.close(fig)
+    return name

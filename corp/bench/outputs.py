@@ -18,9 +18,17 @@ import statistics
 from pathlib import Path
 
 from corp.bench.accounting import eval_flops
-from corp.bench.config import BENCH_PROTOCOL, BenchConfig, _at_budget, _budget_text, _file, headline_setting
+from corp.bench.config import (
+    BENCH_PROTOCOL,
+    BenchConfig,
+    _at_budget,
+    _budget_text,
+    _file,
+    headline_setting,
+    save_plot,
+)
 from corp.ledger import FLOPS_FORMULA, LORA_CONVENTION
-from corp.runs import atomic_write_text, naming, read_json, write_json
+from corp.runs import atomic_write_text, read_json, write_json
 from corp.stats import compare_paired_seeds, examples_text, seed_example_interval, sign_text
 
 CSV_COLUMNS = [
@@ -912,12 +920,7 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
             ax.set_ylabel("test accuracy (mean ± sd over seeds)")
             ax.set_title(f"{cfg.name}: {cfg.label(task)}, {setting}")
             ax.legend(fontsize=7, loc="best")
-            fig.tight_layout()
-            name = f"accuracy_vs_flops__{_file(cfg.label(task))}__{setting}.png"
-            with naming(out / name):  # a full disk names the plot
-                fig.savefig(out / name, dpi=110)
-            plt.close(fig)
-            made.append(name)
+            made.append(save_plot(fig, out, f"accuracy_vs_flops__{_file(cfg.label(task))}__{setting}.png"))
 
             # inference passes per example: RandOpt K-vote and self-consistency@K (largest budget), CoRP at 1
             top = cfg.budgets[-1]
@@ -954,12 +957,7 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
             ax.set_ylabel("test accuracy (mean ± sd over seeds)")
             ax.set_title(f"{cfg.label(task)}, {setting}, budget {_budget_text(top)} FLOPs")
             ax.legend(fontsize=7, loc="best")
-            fig.tight_layout()
-            name = f"accuracy_vs_passes__{_file(cfg.label(task))}__{setting}.png"
-            with naming(out / name):  # a full disk names the plot
-                fig.savefig(out / name, dpi=110)
-            plt.close(fig)
-            made.append(name)
+            made.append(save_plot(fig, out, f"accuracy_vs_passes__{_file(cfg.label(task))}__{setting}.png"))
     return made
 
 

@@ -27,6 +27,7 @@ from corp.bench.config import (
     common_options,
     headline_setting,
     results_path,
+    save_plot,
 )
 from corp.ledger import flops
 from corp.runs import read_json, try_flock, write_json
@@ -330,8 +331,6 @@ def plot(cfg, summary: list[dict], out: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from corp.runs import naming
-
     made = []
     for task in cfg.tasks:
         pts = [e for e in summary if e["task"] == task and "na" not in e and e.get("gain")]
@@ -356,10 +355,5 @@ def plot(cfg, summary: list[dict], out: Path) -> list[str]:
         ax.set_ylabel("on-task: test accuracy gain over base")
         ax.set_title(f"{cfg.name}: {cfg.label(task)}, {headline_setting(cfg)}, top budget (95% intervals)")
         ax.legend(fontsize=7, loc="best")
-        fig.tight_layout()
-        name = f"retention__{_file(cfg.label(task))}__{headline_setting(cfg)}.png"
-        with naming(out / name):
-            fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        made.append(name)
+        made.append(save_plot(fig, out, f"retention__{_file(cfg.label(task))}__{headline_setting(cfg)}.png"))
     return made
