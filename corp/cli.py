@@ -34,6 +34,9 @@ class _OneLineErrors(TyperGroup):
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        args = sys.argv[1:] if args is None else list(args)
+        if not args:  # bare `corp`: the help, as `corp --help` prints it
+            args = ["--help"]
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.Abort:
@@ -43,9 +46,6 @@ class _OneLineErrors(TyperGroup):
             # click's (or typer's vendored click's) exceptions: a message and an exit code
             if not (hasattr(exc, "format_message") and hasattr(exc, "exit_code")):
                 raise
-            if type(exc).__name__ == "NoArgsIsHelpError":  # bare `corp`: the help, as `corp --help` prints it
-                typer.echo(exc.format_message())
-                sys.exit(0)
             ctx = getattr(exc, "ctx", None)
             hint = f" (see `{ctx.command_path} --help`)" if ctx is not None and exc.exit_code == 2 else ""
             typer.echo(f"error: {' '.join(exc.format_message().split())}{hint}", err=True)
@@ -56,7 +56,6 @@ class _OneLineErrors(TyperGroup):
 app = typer.Typer(
     cls=_OneLineErrors,
     add_completion=False,
-    no_args_is_help=True,
     pretty_exceptions_enable=False,
     # help text as written: rich markup would read `[default: 64]` and `sigmas[i % len(sigmas)]` as tags and drop them
     rich_markup_mode=None,

@@ -165,6 +165,17 @@ def test_help_shows_every_default():
     ).get("--sigmas", "")
 
 
+def test_bare_corp_prints_the_help_and_exits_0():
+    """`corp` alone: the same text as `corp --help`, status 0 (not a usage error, not an empty line)."""
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    bare, helped = CliRunner().invoke(app, []), CliRunner().invoke(app, ["--help"])
+    assert bare.exit_code == helped.exit_code == 0, bare.output
+    assert bare.output == helped.output and "consolidate" in bare.output
+
+
 @pytest.mark.embedded
 def test_randopt_end_to_end_on_embedded_model(tmp_path):
     run = tmp_path / "run"
