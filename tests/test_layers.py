@@ -3,8 +3,12 @@
 Floors, lowest first; a module imports only from its own floor or below:
 
 0. ground floor: `corp` itself, `perturb`, `models`, `stats`, `ledger`, `registry`, `runs`, `threads`,
-   `extras`, `config`
-1. `evaluate` (tasks, rewards, backends, the run layer `evaluate/context.py`, population scoring)
+   `extras`, `config`, `cards`, `tracking`, and what methods share that evaluates nothing: `recipe`
+   (the recipe), `lowrank` (low-rank factors, LowRankDirection and its factors file, the r* table),
+   `aggregation` (federated aggregation rules), `operator` (the CoRP operator: stage 1, merge rules,
+   Gram matrix, gate)
+1. `evaluate` (tasks, rewards, backends, the run layer `evaluate/context.py`, population scoring),
+   `clients` (the federated client split, messages and pool; it reads the tasks' examples)
 2. the algorithm packages `analysis`, `consolidate`, `baselines`, `federated`
 3. `methods` (the registry)
 4. `bench`, `api` (the Python API; `corp/__init__.py` loads it by name, on first use)
@@ -41,10 +45,15 @@ FLOORS = {
             "config",
             "cards",
             "tracking",
+            "recipe",
+            "lowrank",
+            "aggregation",
+            "operator",
         ),
         0,
     ),
     "evaluate": 1,
+    "clients": 1,
     **dict.fromkeys(("analysis", "consolidate", "baselines", "federated"), 2),
     "methods": 3,
     "bench": 4,
