@@ -49,13 +49,13 @@ if fault == "tokenizer-full":
 
     PreTrainedTokenizerFast.save_pretrained = _full
 elif fault == "ctrl-c":
-    import corp.consolidate as _c
+    import corp.recipe as _r
     import corp.methods as _m
 
     def _interrupt(*a, **k):
         raise KeyboardInterrupt
 
-    _c.apply_recipe = _interrupt
+    _r.apply_recipe = _interrupt
     _m.Method.__call__ = _interrupt
 """
 

@@ -183,8 +183,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from corp.config import PopulationConfig, load_config
-    from corp.consolidate.corp_operator import keep_together, stage1
-    from corp.consolidate.algebra import perturbation_grams
+    from corp.operator.corp_operator import keep_together, stage1
+    from corp.operator.algebra import perturbation_grams
     from corp.evaluate.context import evaluate_current, setup_run
     from corp.perturb import Direction, specialist_seeds
 

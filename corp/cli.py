@@ -307,7 +307,7 @@ def apply_cmd(
 ) -> None:
     """Rebuild a model from its recipe and the base model, bit-exactly, and check it is the model its run
     evaluated; never deletes files corp did not write."""
-    from corp.consolidate import apply_recipe
+    from corp.recipe import apply_recipe
 
     path = _run(apply_recipe, recipe, out, model, overwrite, allow_mismatch, interrupted="apply")
     typer.echo(f"wrote {path}")

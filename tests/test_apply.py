@@ -17,7 +17,9 @@ from typer.testing import CliRunner
 
 from corp import CorpError
 from corp.cli import app
-from corp.consolidate.recipe import (
+from corp.models import MARKER, PARTIAL, is_corp_model, save_model
+from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
+from corp.recipe import (
     RECIPE_FORMAT,
     apply_recipe,
     base_candidates,
@@ -26,8 +28,6 @@ from corp.consolidate.recipe import (
     produced_weights,
     write_recipe,
 )
-from corp.models import MARKER, PARTIAL, is_corp_model, save_model
-from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
 from tests.conftest import REPO, make_char_tokenizer, make_tiny_llama
 
 

@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from corp.consolidate.corp_operator import ConsolidateConfig, OperatorConfig, consolidate_stage1, gram_matrix, stage1
-from corp.consolidate.gate import paired_gate
-from corp.consolidate.merge_rules import MERGE_RULES
+from corp.consolidate.config import ConsolidateConfig
 from corp.consolidate.stage2 import consolidate_stage2
+from corp.operator.algebra import gram_matrix
+from corp.operator.config import OperatorConfig
+from corp.operator.corp_operator import consolidate_stage1, stage1
+from corp.operator.gate import paired_gate
+from corp.operator.merge_rules import MERGE_RULES
 from corp.perturb import SCHEME_VERSION, Direction, noise, specialist_seeds
 from tests.conftest import REPO, tiny_consolidate_config
 
@@ -247,7 +250,7 @@ def test_consolidate_pipeline_abstains_when_nothing_beats_the_base(tmp_path, tin
 
 def test_gate_states_its_one_sided_confidence_level():
     from corp.config import field_docs
-    from corp.consolidate.gate import confidence_level
+    from corp.operator.gate import confidence_level
 
     g = paired_gate([1, 1, 0, 1], [0, 1, 0, 0], z=1.0)
     assert abs(g.confidence - 0.8413) < 1e-4 and abs(confidence_level(1.645) - 0.95) < 1e-3
@@ -260,7 +263,7 @@ def test_gate_states_its_one_sided_confidence_level():
 
 def test_paired_gate_refuses_scores_of_different_examples():
     from corp import CorpError
-    from corp.consolidate.corp_operator import gate_on
+    from corp.operator.corp_operator import gate_on
 
     ids = ["e1", "e2", "e3", "e4"]
     assert paired_gate([1, 1, 0, 1], [0, 1, 0, 0], candidate_ids=ids, base_ids=list(ids)).accepted
@@ -286,7 +289,7 @@ def test_paired_gate_refuses_scores_of_different_examples():
 
 def test_merge_rules_are_a_registry_and_the_report_compares_pass1_with_pass2():
     from corp import CorpError
-    from corp.consolidate.merge_rules import MERGE_RULES
+    from corp.operator.merge_rules import MERGE_RULES
 
     assert {"pass1", "pass2"} <= set(MERGE_RULES)
     with pytest.raises(CorpError, match="registered rules"):
@@ -333,7 +336,7 @@ def test_committed_stage1_coefficients_recompute_from_population_and_recipe():
     with the exact Gram matrix (stored in tests/data, recomputed by the embedded test below) must
     match the recipe to fp64 rounding; the seed-orthogonal approximation must differ from it by exactly
     the L1 distance the report printed (7.9e-4), which pins that path too."""
-    from corp.consolidate.algebra import perturbation_grams
+    from corp.operator.algebra import perturbation_grams
 
     rows, recipe, report, q, beta, alpha = committed_stage1()
     r = np.array([x["reward"] for x in rows])
@@ -365,8 +368,8 @@ def test_committed_elite_gram_recomputes_from_the_embedded_models_noise():
     once by hand (notes)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from corp.consolidate.algebra import perturbation_grams
     from corp.models import resolve_model
+    from corp.operator.algebra import perturbation_grams
 
     stored = json.loads(ELITE_GRAM.read_text())
     with torch.device("meta"):
@@ -383,7 +386,7 @@ def test_committed_elite_gram_recomputes_from_the_embedded_models_noise():
 def test_a_new_merge_rule_is_one_registry_entry(tiny_model, monkeypatch):
     """A rule registered like pass1/pass2 is searched, gated and deployed when listed first, with no
     other change (here: plain mean of the elites, beta ignored)."""
-    from corp.consolidate.merge_rules import MERGE_RULES, MergeRule
+    from corp.operator.merge_rules import MERGE_RULES, MergeRule
 
     monkeypatch.setitem(
         MERGE_RULES, "uniform", MergeRule("uniform", "mu", lambda r, G, p: np.full(len(r), 1.0 / len(r)))
@@ -408,7 +411,7 @@ def test_reward_scale_keeps_unit_rewards_and_maps_other_scales_to_unit_range():
     must give the same softmax weights as the same ranking on [0, 1]; unit rewards are untouched."""
     import numpy as np
 
-    from corp.consolidate.corp_operator import reward_scale
+    from corp.operator.corp_operator import reward_scale
 
     unit = [0.25, 0.5, 0.75]
     assert reward_scale(unit).tolist() == unit  # built-in tasks: exactly as before
@@ -421,7 +424,7 @@ def test_reward_scale_keeps_unit_rewards_and_maps_other_scales_to_unit_range():
 def test_every_registered_merge_rule_weights_the_elites(rule):
     """Every entry of the merge-rule registry (a new rule is covered without editing this test): one
     finite weight per elite, the same weights for the same inputs, found under its own name."""
-    from corp.consolidate.merge_rules import MergeParams
+    from corp.operator.merge_rules import MergeParams
 
     g = np.random.default_rng(0)
     rewards = g.random(6)

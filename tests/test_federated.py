@@ -11,17 +11,10 @@ import pytest
 import torch
 
 from corp import CorpError
+from corp.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, softmax_weights, weighted_sum
+from corp.clients import ClientLost, check_signatures, decode, encode, split_clients
 from corp.evaluate.tasks import Example
-from corp.federated.aggregation import (
-    combine_client_rewards,
-    ema_update,
-    fedavg_weights,
-    fgrpo_weights,
-    relative_gains,
-    softmax_weights,
-    weighted_sum,
-)
-from corp.federated.clients import ClientLost, check_signatures, decode, encode, split_clients
+from corp.federated.combine import combine_client_rewards
 
 # ---------------------------------------------------------------- aggregation, by hand
 
@@ -229,7 +222,7 @@ def test_fedcorp_cli_end_to_end_and_empty_share_error(tiny_dir, tmp_path):
     from typer.testing import CliRunner
 
     from corp.cli import app
-    from corp.consolidate.recipe import apply_recipe
+    from corp.recipe import apply_recipe
 
     run = tmp_path / "run"
     args = [

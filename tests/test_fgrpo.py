@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from corp import CorpError
-from corp.federated.clients import ClientLost
+from corp.clients import ClientLost
 
 
 def _cfg(tiny_dir, run_dir, **kw):
@@ -53,8 +53,8 @@ def _record(log):
 
 @pytest.mark.parametrize("aggregation", ["fedavg", "fgrpo"])
 def test_clients_send_only_updates_and_scalars_and_the_server_aggregates_them(tiny_dir, tmp_path, aggregation):
+    from corp.aggregation import fgrpo_weights
     from corp.baselines.fgrpo import run_fgrpo
-    from corp.federated.aggregation import fgrpo_weights
 
     log = []
     # iid over 6 support examples with 2 clients would give equal sizes; 5 makes FedAvg's weights unequal (3 and 2)

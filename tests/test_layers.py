@@ -3,18 +3,26 @@
 Floors, lowest first; a module imports only from its own floor or below:
 
 0. ground floor: `corp` itself, `perturb`, `models`, `stats`, `ledger`, `registry`, `runs`, `threads`,
-   `extras`, `config`
-1. `evaluate` (tasks, rewards, backends, the run layer `evaluate/context.py`, population scoring)
+   `extras`, `config`, `cards`, `tracking`, and what methods share that evaluates nothing: `recipe`
+   (the recipe), `lowrank` (low-rank factors, LowRankDirection and its factors file, the r* table),
+   `aggregation` (federated aggregation rules), `operator` (the CoRP operator: stage 1, merge rules,
+   Gram matrix, gate)
+1. `evaluate` (tasks, rewards, backends, the run layer `evaluate/context.py`, population scoring),
+   `clients` (the federated client split, messages and pool; it reads the tasks' examples)
 2. the algorithm packages `analysis`, `consolidate`, `baselines`, `federated`
 3. `methods` (the registry)
 4. `bench`, `api` (the Python API; `corp/__init__.py` loads it by name, on first use)
 5. `cli`
 
+Floors 0-1 are the core. An algorithm package never imports another algorithm package, not even its
+public names: what two methods share lives in the core (issue 38), so `corp.baselines.es` takes the
+recipe from `corp.recipe`, not from `corp.consolidate`.
+
 What a "public" import of an algorithm package is: a name listed in that package's `__all__`
-(its `__init__.py`), imported from the package itself (`from corp.consolidate import make_recipe`).
-Code outside the package (a peer, `methods`, `bench`, `cli`) never imports one of its submodules
-(`corp.consolidate.recipe`): those are the package's internals and may move. The peers' public
-imports must not form a circle between packages, and no module import graph has a cycle.
+(its `__init__.py`), imported from the package itself (`from corp.consolidate import run_consolidate`).
+Code above the package (`methods`, `bench`, `api`, `cli`) never imports one of its submodules
+(`corp.consolidate.run`): those are the package's internals and may move. No module import graph
+has a cycle.
 
 Every import counts, also one inside a function (a lazy import is still a dependency).
 """
@@ -41,10 +49,15 @@ FLOORS = {
             "config",
             "cards",
             "tracking",
+            "recipe",
+            "lowrank",
+            "aggregation",
+            "operator",
         ),
         0,
     ),
     "evaluate": 1,
+    "clients": 1,
     **dict.fromkeys(("analysis", "consolidate", "baselines", "federated"), 2),
     "methods": 3,
     "bench": 4,
@@ -152,7 +165,6 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def violations(graph: dict[str, list[tuple[str, tuple[str, ...], int]]], exports: dict[str, set[str]]) -> list[str]:
     """Every break of the layer rules in an import graph (see the module docstring), one line each."""
     out = []
-    peers: dict[str, set[str]] = {p: set() for p in ALGORITHMS}
     for mod, edges in sorted(graph.items()):
         here = package_of(mod)
         if here not in FLOORS:
@@ -167,18 +179,19 @@ def violations(graph: dict[str, list[tuple[str, tuple[str, ...], int]]], exports
                 floors = f"{there}: {FLOORS[there]} > {here}: {FLOORS[here]}"
                 out.append(f"{mod}:{line} imports {target} from a higher floor ({floors})")
             if there in ALGORITHMS and there != here:
-                if target != f"corp.{there}":
+                if here in ALGORITHMS:
+                    out.append(
+                        f"{mod}:{line} imports {target}: algorithm packages never import each other "
+                        f"({here} -> {there}); what two methods share belongs in the core (floors 0-1)"
+                    )
+                elif target != f"corp.{there}":
                     out.append(f"{mod}:{line} imports internal module {target}; import from corp.{there} (its __all__)")
                 else:
                     private = sorted(set(names) - exports.get(there, set()))
                     if private:
                         out.append(f"{mod}:{line} imports {', '.join(private)} from corp.{there}, not in its __all__")
-                if here in ALGORITHMS:
-                    peers[here].add(there)
     for cycle in cycles({m: {t for t, _, _ in e} for m, e in graph.items()}):
         out.append("import cycle: " + " <-> ".join(cycle))
-    for cycle in cycles(peers):
-        out.append("algorithm packages import each other: " + " <-> ".join(cycle))
     return out
 
 
@@ -216,12 +229,15 @@ def test_a_clean_fake_tree_passes(tmp_path):
         tmp_path,
         {
             "ledger.py": "",
+            "recipe.py": "from corp.ledger import Ledger\n",  # core, ground floor
             "evaluate/__init__.py": "",
             "evaluate/context.py": "from corp.ledger import Ledger\n",
-            "consolidate/__init__.py": "from corp.consolidate.recipe import make_recipe\n__all__ = ['make_recipe']\n",
-            "consolidate/recipe.py": "from corp.evaluate.context import RunContext\n",
+            "clients.py": "from corp.evaluate.context import RunContext\n",  # core, floor 1
+            "consolidate/__init__.py": "from corp.consolidate.run import run_consolidate\n__all__ = ['run_consolidate']\n",
+            "consolidate/run.py": "from corp.evaluate.context import RunContext\nfrom corp.recipe import make_recipe\n",
             "baselines/__init__.py": "from .es import run_es\n__all__ = ['run_es']\n",
-            "baselines/es.py": "from corp.consolidate import make_recipe\n",
+            "baselines/es.py": "from corp.recipe import make_recipe\nfrom corp.clients import split_clients\n",  # shared: core
+            "methods/__init__.py": "from corp.baselines import run_es\nfrom corp.consolidate import run_consolidate\n",
             "cli.py": "def main():\n    from corp.baselines import run_es\n",
         },
     )
@@ -239,15 +255,19 @@ def test_planted_violations_are_caught(tmp_path):
             "evaluate/__init__.py": "",
             "evaluate/context.py": "from corp.consolidate import make_recipe\n",  # upward
             "consolidate/__init__.py": "from corp.consolidate.recipe import make_recipe\n__all__ = ['make_recipe']\n",
-            "consolidate/recipe.py": "from corp.baselines import run_es\n",
+            "consolidate/recipe.py": "from corp.baselines import run_es\n",  # a peer
             "consolidate/corp_operator.py": "_mean = 0\n",
             "baselines/__init__.py": "from corp.baselines.es import run_es\n__all__ = ['run_es']\n",
             "baselines/es.py": "from corp.consolidate.recipe import make_recipe\n"  # a peer's internal module
-            "from corp.consolidate import _mean\n",  # not in the peer's __all__
+            "from corp.consolidate import _mean\n",  # a peer, a name not in its __all__
             "bench/__init__.py": "",
             "bench/sweep.py": "",
             "federated/__init__.py": "",
             "federated/clients.py": "",
+            # a peer's public name, lazily, and no cycle: refused too (what two methods share is in the core)
+            "federated/fedcorp.py": "def run():\n    from corp.consolidate import make_recipe\n",
+            "methods/__init__.py": "from corp.consolidate.recipe import make_recipe\n"  # internals, from above
+            "from corp.consolidate import _mean\n",  # not in the package's __all__
             "bench/adapters.py": "from corp.federated.clients import split_clients\n",  # internals, from above
             "shiny/__init__.py": "",  # a package nobody gave a floor
         },
@@ -256,10 +276,14 @@ def test_planted_violations_are_caught(tmp_path):
     assert "corp.ledger:2 imports corp.bench.sweep from a higher floor" in found
     assert "corp.evaluate.context:1 imports corp.consolidate from a higher floor" in found
     assert "import cycle: corp.runs <-> corp.stats" in found
-    assert "corp.baselines.es:1 imports internal module corp.consolidate.recipe" in found
-    assert "corp.baselines.es:2 imports _mean from corp.consolidate, not in its __all__" in found
+    peer = "algorithm packages never import each other"
+    assert f"corp.federated.fedcorp:2 imports corp.consolidate: {peer} (federated -> consolidate)" in found
+    assert f"corp.baselines.es:1 imports corp.consolidate.recipe: {peer} (baselines -> consolidate)" in found
+    assert f"corp.baselines.es:2 imports corp.consolidate: {peer} (baselines -> consolidate)" in found
+    assert f"corp.consolidate.recipe:1 imports corp.baselines: {peer} (consolidate -> baselines)" in found
+    assert "corp.methods:1 imports internal module corp.consolidate.recipe" in found
+    assert "corp.methods:2 imports _mean from corp.consolidate, not in its __all__" in found
     assert "corp.bench.adapters:1 imports internal module corp.federated.clients" in found
-    assert "algorithm packages import each other: baselines <-> consolidate" in found
     cycle = " <-> ".join(("corp.baselines", "corp.baselines.es", "corp.consolidate", "corp.consolidate.recipe"))
     assert f"import cycle: {cycle}" in found
     assert "package 'shiny' has no floor" in found

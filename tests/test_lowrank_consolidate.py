@@ -14,9 +14,10 @@ import torch
 
 from corp import CorpError
 from corp.config import load_config
-from corp.consolidate.corp_operator import ConsolidateConfig
-from corp.consolidate.lowrank import FACTORS_FILE, LowRankDirection, LowRankProjector, resolve_ranks
+from corp.consolidate.config import ConsolidateConfig
+from corp.consolidate.lowrank import LowRankProjector, resolve_ranks
 from corp.consolidate.run import direction_fingerprint
+from corp.lowrank import FACTORS_FILE, LowRankDirection
 from corp.perturb import Component, Direction, Perturber
 from tests.conftest import REPO, make_char_tokenizer, make_tiny_llama, tiny_consolidate_config
 
@@ -101,7 +102,7 @@ def test_lowrank_direction_is_exact_and_fingerprinted_apart():
         d + full
 
     # the projector: B @ A is the best rank-r approximation of m's block; P(alpha m) = alpha P(m)
-    from corp.analysis.linalg import project_low_rank
+    from corp.lowrank import project_low_rank
 
     params = [(n, p.shape) for n, p in model.named_parameters()]
     m = Direction([Component(3, 0.02, 0.6), Component(4, 0.02, 0.4)])
@@ -210,7 +211,7 @@ def test_pipeline_rank2_recipe_rebuilds_bit_exactly_and_peft_adapter_matches(tin
     )
     assert res.returncode == 2 and res.stderr.count("error:") == 1 and "sha256" in res.stderr, res.stderr
     (run / FACTORS_FILE).unlink()
-    from corp.consolidate.recipe import apply_recipe
+    from corp.recipe import apply_recipe
 
     with pytest.raises(CorpError, match="missing"):
         apply_recipe(run / "recipe.json", tmp_path / "y")
@@ -221,9 +222,9 @@ def test_auto_takes_r_star_from_analyze_rank_and_rank_zero_stays_at_w0(tiny_dir,
     from safetensors.torch import load_file
 
     from corp.analysis.config import AnalyzeRankConfig
-    from corp.analysis.report import reproducible_ranks
     from corp.analysis.split_half import run_analyze_rank
     from corp.consolidate.run import run_consolidate
+    from corp.lowrank import reproducible_ranks
 
     model_dir, tok = tiny_dir
     base = _load(model_dir)

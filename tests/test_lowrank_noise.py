@@ -14,11 +14,10 @@ from typer.testing import CliRunner
 from corp import CorpError
 from corp.cli import app
 from corp.config import RandOptConfig, load_config
-from corp.consolidate.algebra import gram_matrix
-from corp.consolidate.recipe import apply_recipe, make_recipe, write_recipe
 from corp.evaluate.backends.hf import HFBackend
 from corp.evaluate.context import setup_run
 from corp.evaluate.scorer import ensure_population
+from corp.operator.algebra import gram_matrix
 from corp.perturb import (
     SCHEME_VERSION,
     Component,
@@ -31,6 +30,7 @@ from corp.perturb import (
     weights_hash,
 )
 from corp.perturb.lowrank_noise import dense, factors
+from corp.recipe import apply_recipe, make_recipe, write_recipe
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 R4 = "corp-lowrank-v1:r=4"

@@ -184,8 +184,8 @@ def test_every_population_method_runs_unchanged_with_low_rank_noise(name, tiny_d
     scheme, and its recipe rebuilds the saved model bit-exactly."""
     import json
 
-    from corp.consolidate.recipe import apply_recipe
     from corp.methods import REGISTRY
+    from corp.recipe import apply_recipe
     from tests.test_methods import COMMON, STRONGER, _tensors
 
     m = REGISTRY[name]

@@ -119,7 +119,7 @@ def _tensors(model_dir: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("name", [m.name for m in METHODS if m.recipes])
 def test_recipe_rebuilds_the_saved_model_bit_exactly(name, tiny_dir, runs_root, tmp_path):
-    from corp.consolidate.recipe import apply_recipe
+    from corp.recipe import apply_recipe
 
     m = REGISTRY[name]
     run_dir = smoke_run(name, tiny_dir, runs_root)["run_dir"]
@@ -146,7 +146,7 @@ def test_registry_entry_is_complete(name):
     assert callable(m.run_function)
     assert m.help and "\n" not in m.help
     assert (m.smoke is None) != (m.no_smoke is None)
-    from corp.consolidate.recipe import RECIPE_KINDS
+    from corp.recipe import RECIPE_KINDS
 
     assert set(m.recipes) <= set(RECIPE_KINDS), f"{name}: recipe kinds {m.recipes} that `corp apply` cannot rebuild"
     if m.smoke is not None:
@@ -270,7 +270,7 @@ def test_every_saved_model_has_a_card_and_loads_in_plain_transformers(tiny_dir, 
 
     from huggingface_hub import ModelCard
 
-    from corp.consolidate.recipe import apply_recipe
+    from corp.recipe import apply_recipe
 
     assert set(MODEL_METHODS) >= {"consolidate", "es", "grpo", "fedcorp", "fgrpo"}, MODEL_METHODS
     dirs = []

@@ -293,7 +293,7 @@ def test_perturber_materialises_under_its_scheme(tiny_model):
 def test_recipe_of_an_older_scheme_loads_and_an_unknown_one_is_refused(tmp_path):
     import json
 
-    from corp.consolidate.recipe import load_recipe
+    from corp.recipe import load_recipe
 
     recipe = json.loads((REPO / "results" / "consolidate-smollm2-arith" / "recipe.json").read_text())
     assert recipe["noise_scheme"] == V1  # the committed evidence run predates v2

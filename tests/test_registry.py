@@ -4,9 +4,9 @@ import pytest
 
 from corp import CorpError
 from corp.baselines.grpo import LOSS_VARIANTS
-from corp.consolidate.merge_rules import MERGE_RULES
 from corp.evaluate.tasks import TASKS
 from corp.methods import REGISTRY
+from corp.operator.merge_rules import MERGE_RULES
 from corp.registry import Registry
 
 

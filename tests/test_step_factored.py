@@ -72,7 +72,7 @@ def test_factored_candidates_match_materialised_weights_at_every_step_size(tied)
 
 
 def test_projected_directions_are_left_to_the_dense_path():
-    from corp.consolidate.lowrank import LowRankDirection
+    from corp.lowrank import LowRankDirection
 
     b = backend(False)
     fp = FactoredPopulation(b.model, b.perturber.params, R2)

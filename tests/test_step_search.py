@@ -9,11 +9,11 @@ import torch
 
 import corp.perturb.direction as direction_module
 from corp import CorpError
-from corp.consolidate.config import OperatorConfig
-from corp.consolidate.corp_operator import consolidate_stage1
-from corp.consolidate.recipe import apply_recipe, make_recipe, write_recipe
+from corp.operator.config import OperatorConfig
+from corp.operator.corp_operator import consolidate_stage1
 from corp.perturb import Component, Direction, ParamFilter, Perturber, specialist_seeds, weights_hash
 from corp.perturb.direction import Merged
+from corp.recipe import apply_recipe, make_recipe, write_recipe
 
 
 def weights_digest(model) -> str:

@@ -1,9 +1,10 @@
-"""Linear-algebra helpers shared by the split-half analysis and low-rank consolidation.
+"""Linear-algebra helpers of the split-half analysis.
 
 Plain numerical building blocks, no statistics and no run directories: the top-q singular
-triplets of a batch of matrices (exact for small sides, randomised otherwise), the subspace
-overlap of two bases, and the best rank-r approximation of an update (Eckart-Young) as LoRA
-factors. `corp.consolidate.lowrank` imports from here, not from the analysis command.
+triplets of a batch of matrices (exact for small sides, randomised otherwise) and the subspace
+overlap of two bases. The best rank-r approximation of an update as LoRA factors
+(`low_rank_factors`, `project_low_rank`), which low-rank consolidation uses too, is in the core
+module `corp/lowrank.py`.
 """
 
 from __future__ import annotations
@@ -11,8 +12,6 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
-
-from corp import CorpError
 
 EXACT_MAX = 160  # exact SVD (via the Gram matrix) when a matrix side is at most this
 
@@ -65,26 +64,3 @@ def subspace_overlap(U_A: torch.Tensor, U_B: torch.Tensor, r: int) -> float:
     """o_r = ||U_A[:, :r]^T U_B[:, :r]||_F^2 / r (1 = same subspace, r/m on average for random ones)."""
     M = U_A[:, :r].T @ U_B[:, :r]
     return float((M**2).sum() / r)
-
-
-def low_rank_factors(update: torch.Tensor, r: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, A) with B @ A the best rank-r approximation of `update` (m x n): B = U_r S_r (m x r), A = V_r^T (r x n).
-
-    This is the LoRA parametrisation (delta = B @ A); r = 0 gives empty factors (a zero update)."""
-    if update.dim() != 2:
-        raise CorpError(f"low-rank projection needs a 2-D matrix, got shape {tuple(update.shape)}")
-    if r < 0:
-        raise CorpError(f"rank must be >= 0, got {r}")
-    m, n = update.shape
-    x = update.detach().to(torch.float32)
-    r = min(r, m, n)
-    if r == 0:
-        return x.new_zeros(m, 0), x.new_zeros(0, n)
-    U, S, Vh = torch.linalg.svd(x, full_matrices=False)
-    return U[:, :r] * S[:r], Vh[:r].contiguous()
-
-
-def project_low_rank(update: torch.Tensor, r: int) -> torch.Tensor:
-    """Best rank-r approximation of a 2-D update (Eckart-Young, exact SVD), same dtype and shape."""
-    B, A = low_rank_factors(update, r)
-    return (B @ A).to(update.dtype)

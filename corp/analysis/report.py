@@ -1,5 +1,6 @@
 """Split-half low-rank analysis: the summary (per module, per layer, whole model), its printed
-text, the CSV table and plots, and `reproducible_ranks`, which low-rank consolidation reads.
+text, the CSV table and plots. `reproducible_ranks`, which reads the r* table back for low-rank
+consolidation, is in the core module `corp/lowrank.py`.
 
 No algorithm here: the statistics and the rule are in `corp.analysis.rank_stats` (see its
 docstring for the specification and its departures), the power simulation in `power`.
@@ -16,27 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from corp import CorpError
 from corp.analysis.power import power_lines, power_sentence
-from corp.runs import atomic_write_text, read_json, write_json
-
-
-def reproducible_ranks(run_dir: str | Path) -> dict[str, int]:
-    """{parameter name: r*} from a run's analyze-rank output (rank_summary.json, else rank_analysis.csv)."""
-    run_dir = Path(run_dir)
-    summary = run_dir / "rank_summary.json"
-    if summary.exists():
-        data = read_json(summary)
-        if not isinstance(data.get("r_star"), dict):
-            raise CorpError(f"'{summary}' has no r_star table; rerun corp analyze-rank")
-        return {k: int(v) for k, v in data["r_star"].items()}
-    table = run_dir / "rank_analysis.csv"
-    if table.exists():
-        with open(table, newline="") as fh:
-            return {row["matrix"]: int(row["r_star"]) for row in csv.DictReader(fh)}
-    raise CorpError(
-        f"'{run_dir}' has no rank_summary.json or rank_analysis.csv; run `corp analyze-rank --from-run {run_dir}` first"
-    )
+from corp.runs import atomic_write_text, write_json
 
 
 def _binom_sf(k: int, n: int, p: float) -> float:

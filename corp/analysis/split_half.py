@@ -5,10 +5,10 @@ without loading weights, runs the statistics (`corp.analysis.rank_stats`, whose 
 the specification, docs/methods.md "Split-half low-rank analysis", and where it departs) and the power
 simulation (`corp.analysis.power`), and writes the outputs (`corp.analysis.report`).
 
-The layers below it: `linalg` (SVD and low-rank helpers, shared with low-rank consolidation),
-`rank_stats` (statistics and the r* rule), `power`, `report`. The names other code imported from
-here before the split (`reproducible_ranks`, `project_low_rank`, `low_rank_factors`,
-`analyze_population`) are re-exported.
+The layers below it: `linalg` (SVD helpers), `rank_stats` (statistics and the r* rule), `power`,
+`report`. The low-rank helpers low-rank consolidation shares (`reproducible_ranks`,
+`project_low_rank`, `low_rank_factors`) are in the core module `corp/lowrank.py`; the others that
+other code imported from here before the split (`analyze_population`, ...) are re-exported.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from corp import CorpError
-from corp.analysis.linalg import low_rank_factors, project_low_rank, subspace_overlap, top_svd
+from corp.analysis.linalg import subspace_overlap, top_svd
 from corp.analysis.power import analysis_power
 from corp.analysis.rank_stats import Plan, analyze_population, pair_stats
-from corp.analysis.report import reproducible_ranks, summarise, summary_text, write_outputs
+from corp.analysis.report import summarise, summary_text, write_outputs
 from corp.perturb import ParamFilter
 from corp.perturb.noise import check_scheme
 from corp.runs import read_json, read_jsonl, write_json
@@ -30,11 +30,8 @@ from corp.runs import read_json, read_jsonl, write_json
 __all__ = [
     "Plan",
     "analyze_population",
-    "low_rank_factors",
     "model_shapes",
     "pair_stats",
-    "project_low_rank",
-    "reproducible_ranks",
     "run_analyze_rank",
     "subspace_overlap",
     "summarise",

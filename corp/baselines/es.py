@@ -50,7 +50,6 @@ from tqdm.auto import tqdm
 
 from corp import CorpError
 from corp.config import RunConfig
-from corp.consolidate import make_recipe, produced_weights, write_recipe
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.context import (
     POPULATION_FILE,
@@ -65,6 +64,7 @@ from corp.evaluate.context import (
 from corp.evaluate.scorer import population_meta
 from corp.perturb import Component, Direction, ParamFilter
 from corp.perturb.noise import derive_seeds
+from corp.recipe import make_recipe, produced_weights, write_recipe
 from corp.runs import ReportRow, format_rows, read_json, read_jsonl, write_json, write_report
 from corp.stats import PerExample, zscore
 

@@ -53,7 +53,7 @@ class FERAConfig(RunConfig):
     clients: int = 4
     """K: clients, each holding a private share of the support split."""
     split_by: str = "iid"
-    """How the support split is dealt to clients (corp.federated.clients): iid, op (arith operators) or answer-length."""
+    """How the support split is dealt to clients (corp.clients): iid, op (arith operators) or answer-length."""
     shots: int = 2
     """Demonstrations per client (solved examples from its share) in every prompt it writes."""
     rounds: int = 3
@@ -187,7 +187,7 @@ def run_fera(cfg: FERAConfig, backend=None) -> dict:
     from corp.evaluate.context import open_run
 
     with open_run(cfg, "fera", backend, needs=("support", "test"), defines=None) as ctx:
-        from corp.federated import split_clients
+        from corp.clients import split_clients
 
         shares = split_clients(
             ctx.splits["support"], cfg.clients, cfg.split_by

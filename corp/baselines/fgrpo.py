@@ -3,7 +3,7 @@
 Paper: "FGRPO" (arXiv 2606.03094), federated GRPO on non-IID client data. Reconstruction from the
 abstract and secondary notes (docs/methods.md, "FGRPO"); the paper's exact aggregation formula and
 schedule are not public. What runs here:
-- K clients, each with its own share of the support split (corp.federated.clients.split_clients:
+- K clients, each with its own share of the support split (corp.clients.split_clients:
   by arith operator, by answer length, or iid). Every round each client starts from the global
   weights and runs E = --local-steps local GRPO steps with corp's GRPO trainer (corp/baselines/grpo/core.py,
   GRPOTrainer.train_step, unchanged: same sampling, advantages, loss variants, LoRA), sending back
@@ -11,7 +11,7 @@ schedule are not public. What runs here:
   counts (nothing else: no text, no example ids).
 - Aggregation `fgrpo`: baseline b_k = EMA (--ema 0.9) of client k's past rewards, relative gain
   g_k = (R_k - b_k) / (|b_k| + eps), alpha_k = softmax(g_k / tau); `fedavg`: alpha_k = n_k / sum n.
-  global += sum_k alpha_k Delta_k (corp.federated.aggregation).
+  global += sum_k alpha_k Delta_k (corp.aggregation).
 Departures, and why:
 - A client's first round has no history: its gain is 0 (b_k starts at R_k).
 - With LoRA (--lora-r > 0, the default on CPU) the trained parameters are the LoRA factors A, B and
@@ -20,7 +20,7 @@ Departures, and why:
 - Each round a client's AdamW state starts fresh (FedAvg's usual choice; optimizer moments are not
   communicated).
 - A client that dies mid-round is dropped for the rest of the run; the round aggregates the
-  clients that answered, weights renormalised over them (corp/federated/clients.py).
+  clients that answered, weights renormalised over them (corp/clients.py).
 Per round: pooled greedy accuracy of the global model on the server's test split, the same split
 by each client's group (the client split's rule applied to the test examples), bytes each way.
 """
@@ -40,21 +40,10 @@ from typing import ClassVar
 import torch
 
 from corp import CorpError
+from corp.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, weighted_sum
 from corp.baselines.grpo.core import GRPOConfig, GRPOTrainer
+from corp.clients import SPLIT_RULES, ClientBase, ClientPool, check_signatures, partition_ids, split_clients
 from corp.config import config_to_dict
-from corp.federated import (
-    SPLIT_RULES,
-    ClientBase,
-    ClientPool,
-    check_signatures,
-    ema_update,
-    fedavg_weights,
-    fgrpo_weights,
-    partition_ids,
-    relative_gains,
-    split_clients,
-    weighted_sum,
-)
 from corp.ledger import Ledger
 from corp.perturb.noise import derive_seeds
 from corp.runs import ReportRow, format_rows, write_report

@@ -209,7 +209,7 @@ GRPO = BenchAdapter(
 
 # one FGRPO round: every client runs `steps` local GRPO steps of prompts_per_step * num_generations completions
 def _clients_get_support(cfg, splits: dict) -> None:
-    from corp.federated import split_clients
+    from corp.clients import split_clients
 
     split_clients(splits["support"], cfg.clients, cfg.split_by, "support")
 

@@ -4,10 +4,14 @@ What it implements: docs/methods.md, "Low-rank consolidation (ours)". This is OU
 CoRP paper's (arXiv 2605.31494 reports low-rank structure but publishes no low-rank consolidation).
 Per (q, beta) stage, the merged update m2 (and m1, so the pass-1 report compares like with like)
 is materialised matrix by matrix and each selected matrix's block is replaced by its best rank-r
-approximation B @ A (exact SVD, `corp.analysis.linalg.low_rank_factors`). The projection is
+approximation B @ A (exact SVD, `corp.lowrank.low_rank_factors`). The projection is
 linear in the step, P(alpha m) = alpha P(m), so the factors are computed once per m and the step
 search only scales them; the probe search and the validation gate then see the projected
 candidates, exactly as they see full-rank ones.
+`LowRankDirection`, its factors file (`write_factors`, `load_factors`), the SVD helper
+`low_rank_factors` and `reproducible_ranks` are in `corp/lowrank.py`, the core module the recipe
+and the analysis share; this module is consolidation's own: which ranks, the projector, the PEFT
+export, the exact LoRA of a low-rank population and its compression.
 
 Choices and departures, each for a reason:
 - `auto`: r per matrix is the reproducible rank r* of `corp analyze-rank`. A matrix with r* = 0,
@@ -46,7 +50,6 @@ factors and an SVD of a (KR x KR) core, with its relative Frobenius error, witho
 
 from __future__ import annotations
 
-import hashlib
 import math
 import warnings
 from collections.abc import Sequence
@@ -55,12 +58,10 @@ from pathlib import Path
 import torch
 
 from corp import CorpError
-from corp.perturb import Component, Direction
+from corp.lowrank import LowRankDirection, low_rank_factors, reproducible_ranks
+from corp.perturb import Direction
 from corp.perturb.lowrank_noise import factors as noise_factors
 from corp.perturb.lowrank_noise import lowrank_rank
-
-FACTORS_FILE = "lowrank_factors.safetensors"
-_ROW_BLOCK = 4096  # rows of B @ A materialised at a time (bounds the fp64 temporary)
 
 
 def parse_low_rank(value) -> str:
@@ -75,103 +76,6 @@ def parse_low_rank(value) -> str:
     if r < 1:
         raise CorpError(f"--low-rank rank must be >= 1, got {r}")
     return str(r)
-
-
-class LowRankDirection(Direction):
-    """scale * B @ A on the factored matrices, nothing elsewhere.
-
-    `factors` maps canonical parameter names to (B (m x r), A (r x n)) at unit scale; `components`
-    records the full-rank direction the factors were projected from (already scaled), for reports
-    and recipes only: they are never materialised.
-    """
-
-    prefixable = False  # Perturber.cache_prefix works on seed components; these are not that
-
-    def __init__(
-        self,
-        factors: dict[str, tuple[torch.Tensor, torch.Tensor]],
-        scale: float = 1.0,
-        components: Sequence[Component] = (),
-        _digest: str | None = None,
-    ):
-        super().__init__(list(components))
-        self.factors: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        for name, (B, A) in factors.items():
-            if B.dim() != 2 or A.dim() != 2 or B.shape[1] != A.shape[0]:
-                raise CorpError(
-                    f"low-rank factors of '{name}' have shapes {tuple(B.shape)} "
-                    f"and {tuple(A.shape)}; need B (m x r) and A (r x n)"
-                )
-            if B.shape[1] > 0:
-                self.factors[name] = (
-                    B.detach().to(torch.float32).contiguous(),
-                    A.detach().to(torch.float32).contiguous(),
-                )
-        self.scale = float(scale)
-        self._digest = _digest
-
-    @property
-    def ranks(self) -> dict[str, int]:
-        return {n: int(B.shape[1]) for n, (B, _) in self.factors.items()}
-
-    def digest(self) -> str:
-        """sha256 of the unit-scale factors (names, shapes, bytes): identifies the low-rank update."""
-        if self._digest is None:
-            h = hashlib.sha256()
-            for name in sorted(self.factors):
-                for t in self.factors[name]:
-                    h.update(name.encode())
-                    h.update(str(tuple(t.shape)).encode())
-                    h.update(t.numpy().tobytes())
-            self._digest = h.hexdigest()
-        return self._digest
-
-    def scaled(self, alpha: float) -> LowRankDirection:
-        comps = Direction(self.components).scaled(alpha).components  # plain or merged source terms
-        return LowRankDirection(self.factors, self.scale * alpha, comps, self._digest)
-
-    def __add__(self, other):
-        raise CorpError(
-            "a low-rank direction cannot be added to another direction (stage "
-            "2 re-centring is full-rank; use --stage2-rounds 0 with --low-rank)"
-        )
-
-    __radd__ = __add__
-
-    def to_json(self) -> list[dict]:
-        """A list whose first entry pins the factors and scale, so caches keyed by it tell low-rank
-        candidates from full-rank ones with the same components."""
-        return [{"low_rank": {"factors_sha256": self.digest(), "scale": self.scale}}] + super().to_json()
-
-    def is_zero(self) -> bool:
-        return not self.factors or self.scale == 0.0
-
-    def add_to(
-        self,
-        target: torch.Tensor,
-        name: str,
-        generator: torch.Generator | None = None,
-        buffer: torch.Tensor | None = None,
-        scheme: str | None = None,
-    ) -> torch.Tensor:
-        """target += round_fp32(scale * (B @ A in fp64)) if `name` is factored; else nothing
-        (`scheme` is ignored: the factors hold no seeded noise)."""
-        f = self.factors.get(name)
-        if f is None or self.scale == 0.0:
-            return target
-        B, A = f
-        if tuple(target.shape) != (B.shape[0], A.shape[1]):
-            raise CorpError(
-                f"low-rank factors of '{name}' give shape "
-                f"{(B.shape[0], A.shape[1])}, the parameter has {tuple(target.shape)}"
-            )
-        A64 = A.double()
-        for i in range(0, B.shape[0], _ROW_BLOCK):
-            target[i : i + _ROW_BLOCK].add_((B[i : i + _ROW_BLOCK].double() @ A64).mul_(self.scale).to(torch.float32))
-        return target
-
-    def lora_parameters(self) -> int:
-        return sum(int(B.numel() + A.numel()) for B, A in self.factors.values())
 
 
 # ---------------------------------------------------------------- which ranks
@@ -205,8 +109,6 @@ def resolve_ranks(
 
 
 def read_analysis(rank_dir: str | Path) -> dict[str, int]:
-    from corp.analysis import reproducible_ranks
-
     if not Path(rank_dir).is_dir():
         raise CorpError(f"--rank-from '{rank_dir}' is not a directory")
     return reproducible_ranks(rank_dir)
@@ -223,8 +125,6 @@ class LowRankProjector:
 
     def __call__(self, m: Direction) -> LowRankDirection:
         from tqdm.auto import tqdm
-
-        from corp.analysis import low_rank_factors
 
         if isinstance(m, LowRankDirection):
             raise CorpError("direction is already low-rank")
@@ -251,71 +151,6 @@ class LowRankProjector:
             "full_parameters": int(n_selected),
             "ranks": dict(sorted(self.ranks.items())),
         }
-
-
-# ---------------------------------------------------------------- factors file (recipe)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def write_factors(direction: LowRankDirection, out_dir: str | Path) -> dict:
-    """Unit-scale factors to out_dir/lowrank_factors.safetensors; returns the recipe's low_rank entry."""
-    from safetensors.torch import save_file
-
-    out_dir = Path(out_dir)
-    path = out_dir / FACTORS_FILE
-    tensors = {}
-    for name in sorted(direction.factors):
-        B, A = direction.factors[name]
-        tensors[f"{name}.B"], tensors[f"{name}.A"] = B, A
-    tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata={"format": "pt", "corp": "lowrank-factors-v1"})
-    tmp.replace(path)
-    return {
-        "factors_file": FACTORS_FILE,
-        "factors_sha256": _sha256_file(path),
-        "scale": direction.scale,
-        "ranks": dict(sorted(direction.ranks.items())),
-        "projected_from": Direction(direction.components).to_json(),
-    }
-
-
-def load_factors(recipe_dir: str | Path, entry: dict) -> LowRankDirection:
-    """The recipe's low-rank direction; a missing or altered factors file is a one-line error."""
-    from safetensors.torch import load_file
-
-    try:
-        path = Path(recipe_dir) / entry["factors_file"]
-        want_sha, scale, ranks = entry["factors_sha256"], float(entry["scale"]), entry["ranks"]
-    except (KeyError, TypeError, ValueError):
-        raise CorpError(
-            "recipe's low_rank entry is incomplete (needs factors_file, factors_sha256, scale, ranks)"
-        ) from None
-    if not path.exists():
-        raise CorpError(
-            f"low-rank recipe needs its factors file '{path}', which is missing (copy it beside recipe.json)"
-        )
-    found = _sha256_file(path)
-    if found != want_sha:
-        raise CorpError(
-            f"low-rank factors file '{path}' has sha256 {found[:12]}..., the recipe "
-            f"expects {want_sha[:12]}...; it is not the file this recipe was made with"
-        )
-    raw = load_file(str(path))
-    factors = {}
-    for name, r in ranks.items():
-        B, A = raw.get(f"{name}.B"), raw.get(f"{name}.A")
-        if B is None or A is None or B.shape[1] != int(r):
-            raise CorpError(f"low-rank factors file '{path}' lacks rank-{r} factors for '{name}'")
-        factors[name] = (B, A)
-    comps = Direction.from_json(entry.get("projected_from", [])).components
-    return LowRankDirection(factors, scale, comps)
 
 
 # ---------------------------------------------------------------- PEFT LoRA export

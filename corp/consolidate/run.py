@@ -17,20 +17,15 @@ import time
 import warnings
 from collections.abc import Sequence
 
-from corp.consolidate.algebra import elite_set
-from corp.consolidate.corp_operator import ConsolidateConfig, consolidate_stage1, reward_scale
+from corp.consolidate.config import ConsolidateConfig
 from corp.consolidate.lowrank import (
-    FACTORS_FILE,
-    LowRankDirection,
     LowRankProjector,
     compress,
     exact_lora,
     export_lora,
     read_analysis,
     resolve_ranks,
-    write_factors,
 )
-from corp.consolidate.recipe import make_recipe, produced_weights, write_recipe
 from corp.consolidate.stage2 import consolidate_stage2
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.batched import direction_key, direction_rows, factored_for
@@ -45,8 +40,12 @@ from corp.evaluate.context import (
 )
 from corp.evaluate.population import population_line, population_summary, randopt_results
 from corp.evaluate.scorer import ensure_population
+from corp.lowrank import FACTORS_FILE, LowRankDirection, write_factors
 from corp.models import adapter_base, save_model
+from corp.operator.algebra import elite_set
+from corp.operator.corp_operator import consolidate_stage1, reward_scale
 from corp.perturb import Direction, ParamFilter, lowrank_rank
+from corp.recipe import make_recipe, produced_weights, write_recipe
 from corp.runs import ReportRow, format_rows, write_report
 from corp.stats import PerExample
 

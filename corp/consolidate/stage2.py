@@ -21,9 +21,9 @@ import torch
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.consolidate.algebra import combine, principal_directions
-from corp.consolidate.config import OperatorConfig
-from corp.consolidate.corp_operator import ConsolidationResult, ScoreFn, gate_on, mean_score, merge_and_search
+from corp.operator.algebra import combine, principal_directions
+from corp.operator.config import OperatorConfig
+from corp.operator.corp_operator import ConsolidationResult, ScoreFn, gate_on, mean_score, merge_and_search
 from corp.perturb import SCHEME_VERSION, Direction, specialist_seeds
 
 

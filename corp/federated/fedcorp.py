@@ -1,20 +1,20 @@
 """Federated weight space (`corp fedcorp`): CoRP stage 1 across K clients that never share data.
 
 Ours (docs/methods.md, "Federated weight space"; issue 14), not a published method. Where it departs
-from the centralised CoRP (corp/consolidate/corp_operator.py), and why:
+from the centralised CoRP (the operator, corp/operator/corp_operator.py), and why:
 - Population: the server broadcasts N (seed, sigma) pairs; every client rebuilds each specialist
   from its seed and scores it on its private support share; only (seed-indexed) mean rewards, the
   client's base-model mean reward, its share size and its token counts go back.
 - Combined rewards (`--combine`): `mean` (default) is the data-weighted mean of the clients' mean
   rewards, which is exactly the specialist's mean reward on the pooled support examples, so stage 1
   sees what centralised CoRP would; `gain` weights each client's relative gain over its own base
-  reward (FGRPO's normalisation, corp.federated.aggregation.combine_client_rewards).
+  reward (FGRPO's normalisation, corp.federated.combine.combine_client_rewards).
 - Step search: stage-1 weights and merged directions come from the same operator
   (`merge_and_search`, one OperatorConfig). The probe stays federated: the server sends each
   candidate (seeds, coefficients, alpha: a few hundred bytes) and every client returns its mean
   probe reward on its private probe share; the candidate's probe score is the same combination.
 - Gate: the best candidate goes to every client, which gates it against the base on its own
-  validation share with the usual paired lower bound (corp.consolidate.gate.paired_gate) and
+  validation share with the usual paired lower bound (corp.operator.gate.paired_gate) and
   returns accept/reject with (n, mean gain, lower bound): a veto is counted, never its data. The
   candidate is deployed iff at least --min-accept of the clients that answered accept (default 1:
   any veto abstains). Pooled validation is never formed.
@@ -34,10 +34,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from corp import CorpError
-from corp.config import PopulationConfig
-from corp.consolidate import OperatorConfig, make_recipe, merge_and_search, paired_gate, produced_weights, write_recipe
-from corp.federated.aggregation import COMBINE_RULES, combine_client_rewards
-from corp.federated.clients import (
+from corp.clients import (
     SPLIT_RULES,
     ClientBase,
     ClientPool,
@@ -46,7 +43,13 @@ from corp.federated.clients import (
     partition_ids,
     split_clients,
 )
+from corp.config import PopulationConfig
+from corp.federated.combine import COMBINE_RULES, combine_client_rewards
+from corp.operator.config import OperatorConfig
+from corp.operator.corp_operator import merge_and_search
+from corp.operator.gate import paired_gate
 from corp.perturb import Direction, ParamFilter
+from corp.recipe import make_recipe, produced_weights, write_recipe
 from corp.runs import ReportRow, format_rows, write_report
 from corp.stats import PerExample
 

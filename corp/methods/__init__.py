@@ -68,7 +68,7 @@ class Method:
     """The file in the run directory its report goes to: report.json (schema corp.runs.REPORT_SCHEMA),
     except for an analysis that writes into the run it analyses, beside that run's own report."""
     recipes: tuple[str, ...] = ()
-    """Kinds of recipe.json it may write (`corp.consolidate.recipe.RECIPE_KINDS`; `corp apply` rebuilds the model from it); () for none."""
+    """Kinds of recipe.json it may write (`corp.recipe.RECIPE_KINDS`; `corp apply` rebuilds the model from it); () for none."""
     model: bool = False
     """Whether it saves a model directory (RUN_DIR/model, a Hugging Face model)."""
     smoke: dict[str, Any] | None = field(default=None, hash=False)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from corp.consolidate.algebra import softmax
-from corp.consolidate.merge_rules.base import MergeParams, MergeRule
+from corp.operator.algebra import softmax
+from corp.operator.merge_rules.base import MergeParams, MergeRule
 
 
 def weights(rewards: np.ndarray, gram: np.ndarray, params: MergeParams) -> np.ndarray:

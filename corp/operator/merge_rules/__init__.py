@@ -3,8 +3,8 @@
 file here plus one registry line below; `--merge-rules` then searches and gates it beside the others.
 """
 
-from corp.consolidate.merge_rules import pass1, pass2
-from corp.consolidate.merge_rules.base import MergeParams, MergeRule
+from corp.operator.merge_rules import pass1, pass2
+from corp.operator.merge_rules.base import MergeParams, MergeRule
 from corp.registry import Registry
 
 MERGE_RULES: Registry[MergeRule] = Registry(

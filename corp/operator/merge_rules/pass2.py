@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from corp.consolidate.algebra import compat_terms, softmax
-from corp.consolidate.merge_rules import pass1
-from corp.consolidate.merge_rules.base import MergeParams, MergeRule
+from corp.operator.algebra import compat_terms, softmax
+from corp.operator.merge_rules import pass1
+from corp.operator.merge_rules.base import MergeParams, MergeRule
 from corp.stats import zscore
 
 

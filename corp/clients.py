@@ -14,6 +14,10 @@ with the clients that answered, weights renormalised over them, and the dropped 
 called again in this run (the report lists it with its round). Not retried: a retry would run
 the same client from the same state and is the caller's decision (rerun with the same
 --output-dir: finished rounds are not redone).
+
+In the core (floor 1: it reads the tasks' examples) because several methods use it: `corp fedcorp`
+(corp/federated/), `corp fgrpo` and `corp fera` (corp/baselines/), and the bench, which checks a
+federated cell's client split before the cell runs (corp/bench/adapters.py).
 """
 
 from __future__ import annotations

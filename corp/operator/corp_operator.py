@@ -23,9 +23,12 @@ Where we depart from the paper's public code, and why (docs/methods.md lists the
   are small grids, `--preset paper` gives the paper's ranges.
 Low-rank consolidation (`--low-rank auto|R`, ours, not the paper's; corp/consolidate/lowrank.py)
 projects m1 and m2 per (q, beta) before the step search, via the `project` hook.
-Code layout: config.py (ConsolidateConfig, OperatorConfig), algebra.py (Gram matrix, combinations,
-compatibility terms, kernel PCA), merge_rules/ (pass 1, pass 2: one file per rule, registered in
-MERGE_RULES), this file (stage 1: weights per (q, beta) and rule, step search, gate), stage2.py.
+Code layout: the operator is the core package corp/operator/, which `corp consolidate`
+(corp/consolidate/) and `corp fedcorp` (corp/federated/fedcorp.py) both import: config.py
+(OperatorConfig), algebra.py (Gram matrix, combinations, compatibility terms, kernel PCA),
+merge_rules/ (pass 1, pass 2: one file per rule, registered in MERGE_RULES), gate.py (the paired
+gate), this file (stage 1: weights per (q, beta) and rule, step search, gate). Stage 2, which only
+`corp consolidate` runs, is corp/consolidate/stage2.py; ConsolidateConfig is corp/consolidate/config.py.
 Each merged direction m is one merged term (`Direction.merged`): M is materialised once in fp32 and
 every step size evaluates W0 + alpha M (the Perturber keeps M), and the recipe names the same term,
 so `corp apply` rebuilds exactly the evaluated weights.
@@ -35,7 +38,7 @@ factor pair of rank <= K R, every alpha scales it (the `prepare` hook hands sear
 together, as row groups of one batched pass), no M is built and no weight is written; only the
 deployed model is materialised, once, to be saved. Rewards equal the dense path's up to
 floating-point rounding of the generations (tests/test_step_factored.py).
-Stage 2 (re-centring rounds, `--stage2-rounds`, stage2.py) samples a local population around the accepted centre,
+Stage 2 (re-centring rounds, `--stage2-rounds`, corp/consolidate/stage2.py) samples a local population around the accepted centre,
 mixing isotropic noise with noise along the top principal directions of the elite cloud (kernel
 PCA from the same Gram matrix, so directions stay seed combinations), scores it on a select half of
 the support split, merges as in stage 1, and gates on the other half and on the probe; sigma
@@ -52,22 +55,18 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from corp.consolidate.algebra import compat_terms, elite_set, gram_matrix, merge, perturbation_grams
-from corp.consolidate.config import PAPER_PRESET, ConsolidateConfig, OperatorConfig
-from corp.consolidate.gate import GateResult, paired_gate
-from corp.consolidate.merge_rules import MERGE_RULES, MergeParams
+from corp.operator.algebra import compat_terms, elite_set, merge, perturbation_grams
+from corp.operator.config import OperatorConfig
+from corp.operator.gate import GateResult, paired_gate
+from corp.operator.merge_rules import MERGE_RULES, MergeParams
 from corp.perturb import SCHEME_VERSION, Direction, Perturber
 from corp.perturb.direction import Merged
 
 __all__ = [
-    "PAPER_PRESET",
-    "ConsolidateConfig",
-    "OperatorConfig",
     "Stage1",
     "Candidate",
     "ConsolidationResult",
     "stage1",
-    "gram_matrix",
     "merge_and_search",
     "consolidate_stage1",
     "gate_on",

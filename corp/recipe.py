@@ -74,7 +74,7 @@ def _seed_direction(recipe: dict, where: Path) -> Direction:
 
 
 def _low_rank_direction(recipe: dict, where: Path) -> Direction:
-    from corp.consolidate.lowrank import load_factors
+    from corp.lowrank import load_factors
 
     if not isinstance(recipe.get("low_rank"), dict):
         raise CorpError(f"recipe in '{where}' is of kind low-rank but has no low_rank entry")
@@ -109,7 +109,7 @@ def make_recipe(
     `kind`: default `low-rank` with a factors entry, else `corp-direction`.
     `scheme`: the noise scheme the run's Perturber materialised the direction under.
     `produced`: `produced_weights(model)` of the evaluated model (what apply must rebuild)."""
-    from corp.consolidate.lowrank import LowRankDirection
+    from corp.lowrank import LowRankDirection
 
     if isinstance(direction, LowRankDirection) != (low_rank is not None):
         raise CorpError("a low-rank direction needs its factors entry (lowrank.write_factors), and only a low-rank one")
