@@ -140,9 +140,16 @@ def test_stage2_rounds_are_gated_and_keep_the_stage1_result_unless_better(tiny_m
     cfg = OperatorConfig(rounds=2, local_population=8, pcs=2, alphas="1,2,4").validate()
     first = consolidate_stage1(rewards, seeds, sigmas, problem.params, problem, cfg, progress=False)
     res = consolidate_stage2(first, problem.params, problem, cfg, progress=False)
-    assert 1 <= len(res.rounds) <= 2
+    # rounds=2 runs both (the stop rules, two accepts or two rejects in a row, need a third)
+    assert [r["round"] for r in res.rounds] == [1, 2]
     for r in res.rounds:
-        assert r["pcs"] == 2 and "gate_probe" in r and "gate_support_half" in r
+        assert r["pcs"] == 2 and r["n_local"] == 8
+        assert r["accepted"] == (r["gate_support_half"]["accepted"] and r["gate_probe"]["accepted"])
+    # a rejected round halves the local noise scale for the next one; an accepted one keeps it
+    r1 = res.rounds[0]
+    assert res.rounds[1]["sigma"] == (r1["sigma"] if r1["accepted"] else r1["sigma"] * 0.5)
+    if not any(r["accepted"] for r in res.rounds):  # no round moved the centre: stage 1's result stands
+        assert res.direction is first.direction and res.accepted == first.accepted
     if res.accepted:
         assert np.mean(problem(res.direction, "validation")) > np.mean(problem(None, "validation"))
 

@@ -143,14 +143,24 @@ def test_registry_entry_is_complete(name):
     docs = field_docs(cls)
     undocumented = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
     assert not undocumented, f"{name}: fields without a docstring (the CLI help): {undocumented}"
-    assert callable(m.run_function)
     assert m.help and "\n" not in m.help
-    assert (m.smoke is None) != (m.no_smoke is None)
     from corp.recipe import RECIPE_KINDS
 
     assert set(m.recipes) <= set(RECIPE_KINDS), f"{name}: recipe kinds {m.recipes} that `corp apply` cannot rebuild"
     if m.smoke is not None:
         load_config(cls, None, {**m.smoke, **COMMON})  # the smoke options are valid options
+
+
+def test_a_method_with_both_or_neither_smoke_and_no_smoke_is_refused_where_it_is_made():
+    """Planted: the two entries a registry line could get wrong; an entry that names neither would be
+    skipped silently by every smoke test, one that names both would say it cannot run and run."""
+    from corp.methods import Method
+
+    ok = Method(name="toy", config=RunConfig, run=lambda cfg: {}, help="a toy", smoke={"n_test": 2})
+    assert ok.smoke == {"n_test": 2}
+    for smoke, no_smoke in [(None, None), ({"n_test": 2}, "needs a GPU")]:
+        with pytest.raises(ValueError, match="toy"):
+            Method(name="toy", config=RunConfig, run=lambda cfg: {}, help="a toy", smoke=smoke, no_smoke=no_smoke)
 
 
 def test_from_run_through_the_cli_reuses_a_scored_population(tiny_dir, runs_root, tmp_path):
@@ -176,14 +186,31 @@ def test_from_run_through_the_cli_reuses_a_scored_population(tiny_dir, runs_root
         assert report["population"]["source"]["from"] == str(source) and report["population"]["n"] == 3
 
 
-def test_cli_has_one_command_per_method():
-    from typer.main import get_command
+def test_a_method_given_to_the_cli_is_a_command_that_runs_it_with_its_options(monkeypatch):
+    """A method is one registry line: corp.cli builds each command from the method's entry. A toy
+    method (not one the CLI could list by hand) gets a command whose options are its config's fields,
+    with their defaults in --help, and running it calls its run with the parsed values."""
+    from typer.testing import CliRunner
 
-    from corp.cli import app
+    import corp.cli as cli
+    from corp.methods import Method
 
-    commands = get_command(app).commands
-    assert set(NAMES) <= set(commands)
-    assert {"apply", "models", "tasks"} <= set(commands)
+    seen = {}
+
+    def run(cfg):
+        seen.update(n_test=cfg.n_test, seed=cfg.seed)
+        return {"method": "toy-cli"}
+
+    toy = Method(
+        name="toy-cli", config=RunConfig, run=run, help="a toy", no_smoke="a test double", summary=lambda r: "toy ran"
+    )
+    monkeypatch.setattr(cli.app, "registered_commands", list(cli.app.registered_commands))
+    cli.method_command(toy)
+    helped = CliRunner().invoke(cli.app, ["toy-cli", "--help"])
+    assert helped.exit_code == 0 and "--n-test" in helped.output and "a toy" in cli.app.registered_commands[-1].help
+    res = CliRunner().invoke(cli.app, ["toy-cli", "--n-test", "3", "--seed", "7"])
+    assert res.exit_code == 0, res.output
+    assert seen == {"n_test": 3, "seed": 7} and "toy ran" in res.output
 
 
 def test_renamed_options_warn_and_map_to_the_new_field(tmp_path):
