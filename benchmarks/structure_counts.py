@@ -108,7 +108,7 @@ class _Walker(ast.NodeVisitor):
     visit_FunctionDef = visit_AsyncFunctionDef = _function
 
 
-def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     """The strongly connected components of a graph (Tarjan), each sorted; every node is in one."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
@@ -142,7 +142,7 @@ def _strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
 def floors(graph: dict[str, set[str]]) -> tuple[int, list[list[str]], list[list[str]]]:
     """(floors, one longest chain of components, the cycles) of a graph whose nodes are all its keys.
     The chain runs from the importer down to what it imports; a cycle is one component (one floor)."""
-    components = _strongly_connected(graph)
+    components = strongly_connected(graph)
     where = {v: i for i, comp in enumerate(components) for v in comp}
     below = {i: {where[w] for v in comp for w in graph[v]} - {i} for i, comp in enumerate(components)}
     # Tarjan emits a component only after every component it reaches, so one pass in that order is enough

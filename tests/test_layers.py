@@ -30,9 +30,12 @@ Every import counts, also one inside a function (a lazy import is still a depend
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import corp
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FLOORS = {
     **dict.fromkeys(
@@ -128,38 +131,12 @@ def exported(root: Path, package: str) -> set[str]:
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """One cycle per strongly connected component with more than one node or a self-loop (Tarjan)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    found: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(graph.get(v, ())):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1 or v in graph.get(v, ()):
-                found.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return found
+    """One cycle per strongly connected component with more than one node or a self-loop (Tarjan's
+    components, from benchmarks/structure_counts.py, which counts the floors on the same graph)."""
+    spec = importlib.util.spec_from_file_location("structure_counts", ROOT / "benchmarks" / "structure_counts.py")
+    counts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(counts)
+    return [c for c in counts.strongly_connected(graph) if len(c) > 1 or c[0] in graph.get(c[0], ())]
 
 
 def violations(graph: dict[str, list[tuple[str, tuple[str, ...], int]]], exports: dict[str, set[str]]) -> list[str]:
