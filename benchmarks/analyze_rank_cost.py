@@ -27,7 +27,7 @@ def child(spec: dict) -> None:
     import numpy as np
 
     sys.path.insert(0, spec["repo"])
-    from corp.analysis.rank_stats import analyze_population
+    from corp.methods.analyze_rank.rank_stats import analyze_population
 
     if spec["model"] == "tiny":
         from tests.conftest import make_char_tokenizer, make_tiny_llama
@@ -36,15 +36,15 @@ def child(spec: dict) -> None:
         m = make_tiny_llama(tok, hidden=64, layers=2)
         named, vocab, regex = [(k, tuple(p.shape)) for k, p in m.named_parameters()], len(tok), ".*"
     else:
-        from corp.analysis.split_half import model_shapes
+        from corp.methods.analyze_rank.split_half import model_shapes
 
         _, named, vocab = model_shapes(spec["model"])
         regex = r"layers\.(" + "|".join(map(str, spec["layers"])) + r")\."
     n = spec["n"]
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if spec.get("power_sims"):  # the power simulation alone, on the shapes of the analysed matrices
-        from corp.analysis.power import analysis_power
-        from corp.analysis.rank_stats import analysis_targets
+        from corp.methods.analyze_rank.power import analysis_power
+        from corp.methods.analyze_rank.rank_stats import analysis_targets
 
         targets, _ = analysis_targets(named, vocab, False, regex)
         sigmas = [(5e-4, 1e-3, 2e-3)[i % 3] for i in range(n)]

@@ -54,7 +54,7 @@ import argparse
 import collections
 import math
 
-from corp.bench.adapters import FIXED, ITERATIVE, POPULATION
+from corp.method import FIXED, ITERATIVE, POPULATION
 from corp.bench.config import REGIME_TARGETS
 from corp.bench.sweep import load_bench_config, plan, split_sizes
 
@@ -74,10 +74,10 @@ def tokens_per_example(task: str) -> float:
 
 
 def ftis_step_flops(opts: dict, tok: float) -> tuple[float, list[str]]:
-    """Ledger FLOPs of one F-TIS step (corp.baselines.ftis), summed over its nodes: node k generates
+    """Ledger FLOPs of one F-TIS step (corp.methods.ftis), summed over its nodes: node k generates
     P x G completions (2 N_k per token), recomputes their logprobs (2 N_k) and trains on the mixed
     group of K x P x G (6 N_k per token). Returns (FLOPs, models charged at N_PARAMS for want of a size)."""
-    from corp.baselines.ftis import FTISConfig
+    from corp.methods.ftis import FTISConfig
 
     defaults = FTISConfig()
     nodes = opts.get("nodes") or defaults.nodes

@@ -41,10 +41,10 @@ def main() -> None:
         shutil.copy(opts["eval_cache"], dst / "shared_evals.jsonl")
         opts["eval_cache"] = str(dst / "shared_evals.jsonl")
     method = get_method("consolidate")
-    known = {f.name for f in dataclasses.fields(method.config_class)}
+    known = {f.name for f in dataclasses.fields(method.config)}
     # an older corp lacks newer options (racing's): drop the ones it does not know
     opts = {k: v for k, v in opts.items() if k in known}
-    cfg = load_config(method.config_class, None, {**opts, "run_dir": str(dst)})
+    cfg = load_config(method.config, None, {**opts, "run_dir": str(dst)})
     t0, c0 = time.perf_counter(), time.process_time()
     report = method(cfg)
     print(

@@ -11,8 +11,8 @@ functions they call:
                        building the merged directions (keep_together) + one probe evaluation per
                        candidate (apply + generate)
   gates                the rest of consolidate_stage1: validation gates and the base's probe score
-  analysis             corp.analysis.rank_stats.analyze_population (split-half, S splits x P permutations)
-  power                corp.analysis.power.analysis_power (analyze-rank's default power simulation)
+  analysis             corp.methods.analyze_rank.rank_stats.analyze_population (split-half, S splits x P permutations)
+  power                corp.methods.analyze_rank.power.analysis_power (analyze-rank's default power simulation)
 Every figure is CPU seconds of this process (time.process_time, one torch thread, OMP_NUM_THREADS=1):
 the machine this was written on is shared, so wall seconds (also recorded) are not comparable
 between runs. Rewards come from `digit_share` below (share of digits in the completion), so a
@@ -110,12 +110,12 @@ def tiny_model_dir() -> tuple[str, int]:
 
 def measure_n(model_dir: str, n: int, args) -> dict:
     """One `corp consolidate` + `corp analyze-rank --from-run` on the tiny model, phases timed."""
-    import corp.analysis.split_half as split_half
+    import corp.methods.analyze_rank.split_half as split_half
     import corp.operator.corp_operator as op
-    import corp.consolidate.run as crun
-    from corp.analysis.config import AnalyzeRankConfig
+    import corp.methods.consolidate.run as crun
+    from corp.methods.analyze_rank.config import AnalyzeRankConfig
     from corp.config import load_config
-    from corp.consolidate.config import ConsolidateConfig
+    from corp.methods.consolidate.config import ConsolidateConfig
 
     clock = Clock()
     restore = []
@@ -238,7 +238,7 @@ def anchor(args) -> dict:
     """Per-unit costs on the embedded model (one thread), each through the function corp runs."""
     import torch
 
-    from corp.analysis.rank_stats import analyze_population
+    from corp.methods.analyze_rank.rank_stats import analyze_population
     from corp.config import PopulationConfig, load_config
     from corp.operator.algebra import gram_matrix, perturbation_grams
     from corp.operator.corp_operator import keep_together, stage1
@@ -332,8 +332,8 @@ def anchor(args) -> dict:
     # split-half analysis of layer 0 at two N (analyze_population), and per matrix the cost per
     # specialist of forming the aggregates with the noise stacked (N numel 4 <= --memory-mb) or
     # streamed (above it: one rank-1 update per specialist), both through NoiseStack
-    from corp.analysis.rank_stats import NoiseStack, Plan, analysis_targets
-    from corp.analysis.split_half import model_shapes
+    from corp.methods.analyze_rank.rank_stats import NoiseStack, Plan, analysis_targets
+    from corp.methods.analyze_rank.split_half import model_shapes
 
     _, named, vocab = model_shapes(args.anchor_model)
     targets, _ = analysis_targets(named, vocab, False, r"layers\.0\.")

@@ -84,8 +84,8 @@ def main() -> None:
     import trl
     from transformers import TrainerCallback
 
-    from corp.baselines.grpo.core import GRPOConfig as OurConfig
-    from corp.baselines.grpo.core import GRPOTrainer as OurTrainer
+    from corp.grpo.trainer import GRPOConfig as OurConfig
+    from corp.grpo.trainer import GRPOTrainer as OurTrainer
     from corp.config import load_config
     from corp.evaluate.rewards import compute_rewards
     from corp.evaluate.context import setup_run

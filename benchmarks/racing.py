@@ -21,12 +21,12 @@ import json
 import time
 from pathlib import Path
 
-from corp.baselines.randopt import randopt_results
+from corp.methods.randopt import randopt_results
 from corp.config import load_config
 from corp.operator.algebra import elite_set
-from corp.consolidate.config import ConsolidateConfig
+from corp.methods.consolidate.config import ConsolidateConfig
 from corp.operator.corp_operator import reward_scale
-from corp.consolidate.run import _race_keep, _used_rows
+from corp.methods.consolidate.run import _race_keep, _used_rows
 from corp.evaluate.context import open_run, run_evals
 from corp.evaluate.scorer import ensure_population, rows_ledger
 from corp.stats import compare_paired

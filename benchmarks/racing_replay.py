@@ -35,7 +35,7 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
-from corp.consolidate.run import _race_keep, _used_rows
+from corp.methods.consolidate.run import _race_keep, _used_rows
 from corp.evaluate import racing
 from corp.evaluate.context import EvalCache, RunContext, specialist_what
 from corp.runs import read_json, read_jsonl
@@ -119,7 +119,7 @@ def _context(run_dir: Path, rows: list[dict]) -> RunContext:
 
 def used(rows: list[dict], top_k: int, quantiles: list[float], who: str) -> set[int]:
     """Specialist indices a method uses from a ranking: RandOpt its top K; CoRP also every elite set
-    (corp.consolidate.run._used_rows, which the real race's completion rule reads)."""
+    (corp.methods.consolidate.run._used_rows, which the real race's completion rule reads)."""
     if who == "randopt":
         return {r["index"] for r in rows[:top_k]}
     return {rows[j]["index"] for j in _used_rows(_corp(top_k, quantiles, len(rows)), rows)}

@@ -1,6 +1,6 @@
 """Aggregation rules for federated rounds: FGRPO's relative-gain softmax and FedAvg. In the core
 because more than one method uses them (`corp fgrpo`, and `corp fedcorp`'s reward combination,
-`corp/federated/combine.py`, weights clients by FedAvg's data sizes).
+`corp/methods/fedcorp/combine.py`, weights clients by FedAvg's data sizes).
 
 FGRPO (arXiv 2606.03094) — reconstruction from the abstract and secondary notes (docs/methods.md,
 "FGRPO"): the paper's exact formula is not public. Ours: client k's baseline b_k is an EMA (decay

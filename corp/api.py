@@ -6,7 +6,7 @@ with TRL-style reward functions.
     result.model_path   # RUN_DIR/model, a Hugging Face model directory
 
 `train(method, ...)` runs any registered method; `train_randopt`, `train_corp` (CoRP, the `consolidate`
-command; `corp.consolidate` is the algorithm's package), `train_es` and `train_grpo` are it for one.
+command; `corp.methods.consolidate` is the algorithm's package), `train_es` and `train_grpo` are it for one.
 
 One path with the CLI: options are the fields of the method's config dataclass (the CLI's flags with
 `_` for `-`), built by `corp.config.load_config` as the CLI builds them, and run by `run(cfg)`, the
@@ -98,7 +98,7 @@ def run(cfg, method: str | Method | None = None, backend=None) -> Result:
 
 def _method_of(cfg) -> str:
     for m in methods():
-        if type(cfg) is m.config_class:
+        if type(cfg) is m.config:
             return m.name
     raise CorpError(f"no registered method takes a {type(cfg).__name__}; pass method='NAME'")
 
@@ -109,13 +109,13 @@ def _method_of(cfg) -> str:
 def option_names(method: str) -> list[str]:
     """The options `method` takes from Python: the CLI's flags with `_` for `-` (TRL's names where TRL
     has the concept, `output_dir`, `max_steps`, ...). Field names and old names are taken too."""
-    return list(config_option_names(get_method(method).config_class).values())
+    return list(config_option_names(get_method(method).config).values())
 
 
 def make_config(method: str, config: str | None = None, **options):
     """The method's config from its YAML file (`config=`, as `--config`) and options by field name:
     the CLI's `load_config`. An unknown name is one line listing the valid ones."""
-    cls = get_method(method).config_class
+    cls = get_method(method).config
     valid = set(option_names(method)) | {f.name for f in fields(cls)} | set(renamed_options(cls))
     unknown = sorted(set(options) - valid)
     if unknown:
@@ -300,7 +300,7 @@ def _method_function(name: str, label: str) -> Callable[..., Result]:
     return method_fn
 
 
-# `train_corp`, not `consolidate`: `corp.consolidate` is the package of the algorithm
+# `train_corp`, not `consolidate`: `corp.methods.consolidate` is the package of the algorithm
 train_randopt = _method_function("randopt", "RandOpt (top-K vote over scored specialists)")
 train_corp = _method_function("consolidate", "CoRP (one gated model from a population; `corp consolidate`)")
 train_es = _method_function("es", "ES (OpenES around a moving centre)")

@@ -182,7 +182,7 @@ def method_command(method: Method) -> None:
         if text:
             typer.echo(text)
 
-    config_command(method.name, method.config_class, method.help)(runner)
+    config_command(method.name, method.config, method.help)(runner)
 
 
 for _method in methods():

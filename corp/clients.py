@@ -16,8 +16,8 @@ the same client from the same state and is the caller's decision (rerun with the
 --output-dir: finished rounds are not redone).
 
 In the core (floor 1: it reads the tasks' examples) because several methods use it: `corp fedcorp`
-(corp/federated/), `corp fgrpo` and `corp fera` (corp/baselines/), and the bench, which checks a
-federated cell's client split before the cell runs (corp/bench/adapters.py).
+(corp/methods/fedcorp/), `corp fgrpo` and `corp fera` (corp/methods/), and the bench, which checks a
+federated cell's client split before the cell runs (the FGRPO method's bench adapter, corp/methods/fgrpo.py).
 """
 
 from __future__ import annotations

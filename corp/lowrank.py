@@ -3,14 +3,14 @@
 What lives here is what more than one part of corp reads or writes, so that no algorithm package
 imports another (docs/architecture.md, "Layers"):
 - `low_rank_factors` / `project_low_rank`: the best rank-r approximation of an update (Eckart-Young,
-  exact SVD) as LoRA factors B @ A; low-rank consolidation (`corp/consolidate/lowrank.py`) projects
+  exact SVD) as LoRA factors B @ A; low-rank consolidation (`corp/methods/consolidate/lowrank.py`) projects
   its merged updates with them.
 - `reproducible_ranks`: the r* table `corp analyze-rank` writes (rank_summary.json, else
   rank_analysis.csv), which `--low-rank auto` reads.
 - `LowRankDirection` (scale * B @ A on the factored matrices) and its factors file
   (`write_factors` / `load_factors`, `lowrank_factors.safetensors` pinned by its sha256): a
   low-rank recipe (`corp/recipe.py`) is rebuilt from them. Why the product is computed in fp64 and
-  why the factors travel in a file: `corp/consolidate/lowrank.py`'s docstring.
+  why the factors travel in a file: `corp/methods/consolidate/lowrank.py`'s docstring.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def tiny_consolidate_config(model_dir, run_dir, **fields):
     share (6 specialists at sigma 0.05; 6 support, 4 probe, validation and test examples; 8 new tokens;
     top-1), any field overridden by `fields`."""
     from corp.config import load_config
-    from corp.consolidate.config import ConsolidateConfig
+    from corp.methods.consolidate.config import ConsolidateConfig
 
     shared = dict(
         model=str(model_dir),

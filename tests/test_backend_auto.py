@@ -127,7 +127,7 @@ def test_auto_falls_back_to_hf_when_vllm_cannot_build_this_model(monkeypatch, ti
 def test_a_run_that_needs_hf_completes_under_auto(fake_vllm, tiny_dir, tmp_path):
     """corp es demands the Perturber: under auto it runs to the end on hf, with one warning (it
     used to stop with 'pass --backend hf' on any backend without one)."""
-    from corp.baselines.es import run_es
+    from corp.methods.es import run_es
     from tests.test_es import tiny_es_cfg
 
     cfg = tiny_es_cfg(tmp_path / "es", model=str(tiny_dir), backend="auto", iterations=1, population=2)

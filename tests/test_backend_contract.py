@@ -113,8 +113,8 @@ def test_logprobs_match_an_unpadded_forward_and_follow_the_direction(tiny_backen
 def test_methods_that_need_a_capability_stop_with_one_line(tmp_path, tiny_backend):
     """consolidate once died with an AttributeError on a backend without a Perturber (only
     --low-rank was checked); es and grpo checked by hand. All three now ask the contract."""
-    from corp.baselines.es import ESConfig, run_es
-    from corp.consolidate.run import ConsolidateConfig, run_consolidate
+    from corp.methods.consolidate.run import ConsolidateConfig, run_consolidate
+    from corp.methods.es import ESConfig, run_es
 
     common = dict(task="arith", n_support=4, n_test=2, max_new_tokens=4)
     cfg = load_config(

@@ -745,8 +745,12 @@ def test_population_options_come_from_population_config():
 
 
 def test_unit_costs_read_unset_options_from_the_methods_defaults():
-    from corp.baselines import ESConfig, FGRPOConfig, GRPOConfig
-    from corp.bench.adapters import ES, FGRPO, GRPO
+    from corp.grpo import GRPOConfig
+    from corp.methods import get_method
+    from corp.methods.es import ESConfig
+    from corp.methods.fgrpo import FGRPOConfig
+
+    ES, GRPO, FGRPO = (get_method(n).bench for n in ("es", "grpo", "fgrpo"))
 
     es, grpo, fgrpo = ESConfig(), GRPOConfig(), FGRPOConfig()
     assert ES.unit_evals({}) == es.population + 1.0
@@ -1351,7 +1355,7 @@ def test_a_population_cells_first_try_is_sized_by_its_predecessors_own_evaluatio
         None,
         {"methods": {"consolidate": None}, "results_dir": str(tmp_path), "work_dir": str(tmp_path / "w")},
     )
-    paths = len(get_method("consolidate").bench_adapter.flops)
+    paths = len(get_method("consolidate").bench.flops)
     pop = {"run_dir": "w/pop", "scales": [1e-3], "costs": [1.0] * 40, "seconds": [0.0] * 40, "wall": 0.0}
     cells = [Cell("arith", "paper", seed, "consolidate", "corp-stage1", 12.0, {}) for seed in range(3)]
     ran = []
@@ -1407,8 +1411,9 @@ def test_a_population_cells_first_try_is_sized_by_its_predecessors_own_evaluatio
 def test_es_unit_evals_count_only_the_drawn_examples():
     """ES's lower bound on a run's cost (preflight's "too small for every method") charges
     prompts_per_iteration of the support split per evaluation, not the whole split."""
-    from corp.bench.adapters import ES
+    from corp.methods import get_method
 
+    ES = get_method("es").bench
     base = {"population": 4, "skip_centre_eval": True, "n_support": 144}
     assert ES.unit_evals(base) == 4.0
     assert ES.unit_evals({**base, "prompts_per_iteration": 16}) == pytest.approx(4 * 16 / 144)

@@ -177,7 +177,7 @@ def test_nodes_are_checked_before_compute(nodes, message, two_models, tmp_path):
 
 
 def _ftis_cfg(a: str, b: str, run_dir: Path, steps: int):
-    from corp.baselines.ftis import FTISConfig
+    from corp.methods.ftis import FTISConfig
 
     return load_config(
         FTISConfig,
@@ -225,8 +225,8 @@ def test_resumed_run_equals_an_uninterrupted_one(two_models, tmp_path, monkeypat
     """2 steps then resumed to 3 on the same run directory (as the bench grows a cell) = 3 steps at
     once: the same weights bit for bit, ledgers and per-step metrics. Planted: a resume that
     restarts AdamW's moments instead of loading them gives other weights, and this check says so."""
-    from corp.baselines.ftis import run_ftis
-    from corp.baselines.grpo.core import GRPOTrainer
+    from corp.grpo.trainer import GRPOTrainer
+    from corp.methods.ftis import run_ftis
 
     a, b = two_models
     run_ftis(_ftis_cfg(a, b, tmp_path / "whole", 3))
@@ -250,7 +250,7 @@ def test_resumed_run_equals_an_uninterrupted_one(two_models, tmp_path, monkeypat
 def test_a_run_trained_past_steps_reports_what_it_holds(two_models, tmp_path):
     """Asked for fewer steps than its checkpoint holds, F-TIS reports the checkpoint's steps, FLOPs and
     model (the bench then trains a run of its own), never the smaller count."""
-    from corp.baselines.ftis import run_ftis
+    from corp.methods.ftis import run_ftis
 
     a, b = two_models
     three = run_ftis(_ftis_cfg(a, b, tmp_path / "r", 3))

@@ -293,10 +293,12 @@ def test_compute_counts_every_trial_s_evaluation_and_every_discarded_try():
 
 def test_labelled_examples_touched_follow_the_methods_own_draws():
     """GRPO draws `prompts_per_step` support examples per step with random.Random('corp-grpo|SEED|STEP').sample;
-    ES scores each iteration's batch (corp.baselines.es.iteration_batch). The bench's count must be the union
+    ES scores each iteration's batch (corp.methods.es.iteration_batch). The bench's count must be the union
     of exactly those draws."""
-    from corp.baselines.es import ESConfig, iteration_batch
-    from corp.bench.adapters import ES, GRPO, RANDOPT
+    from corp.methods import get_method
+    from corp.methods.es import ESConfig, iteration_batch
+
+    ES, GRPO, RANDOPT = (get_method(n).bench for n in ("es", "grpo", "randopt"))
 
     support = [object() for _ in range(144)]
     picked = set()

@@ -143,14 +143,14 @@ def test_help_shows_every_default():
     for name, command in commands.items():
         expected = {}
         if name in REGISTRY:  # options generated from the config: the field defaults
-            cls = REGISTRY[name].config_class
+            cls = REGISTRY[name].config
             for f in dataclasses.fields(cls):
                 if f.name not in option_names(cls):
                     continue
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
                 shown = ",".join(map(str, default)) if isinstance(default, list) else default
                 if shown not in (None, ""):
-                    expected[flag(f.name, REGISTRY[name].config_class)] = str(shown)
+                    expected[flag(f.name, REGISTRY[name].config)] = str(shown)
         else:
             for p in command.params:
                 if isinstance(p, click.Option) and not p.required and p.default not in (None, False, ""):

@@ -39,7 +39,7 @@ def _wrong_values(tp) -> list:
 
 
 def _cases():
-    classes = {m.config_class for m in methods()} | {BenchConfig}
+    classes = {m.config for m in methods()} | {BenchConfig}
     for cls in sorted(classes, key=lambda c: c.__name__):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
@@ -59,7 +59,7 @@ def test_every_field_of_every_config_refuses_a_wrong_type(cls, name, value):
 
 def test_every_registered_config_field_has_a_type_the_checker_knows():
     known = {int, float, str, bool, dict, list}
-    for cls in {m.config_class for m in methods()} | {BenchConfig}:
+    for cls in {m.config for m in methods()} | {BenchConfig}:
         for name, tp in typing.get_type_hints(cls).items():
             if typing.get_origin(tp) is typing.ClassVar:  # class settings (renamed, local_only), not options
                 continue
@@ -143,7 +143,7 @@ def test_default_top_k_adapts_to_a_small_population_and_an_explicit_one_does_not
 
     from corp.methods import REGISTRY
 
-    cls = REGISTRY[command].config_class
+    cls = REGISTRY[command].config
     for population, fitted in ((4, [1, 4]), (8, [1, 4, 8]), (16, [1, 4, 16])):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -178,5 +178,5 @@ def test_an_infinite_scale_is_one_line_naming_the_option(method, option):
     from corp.methods import get_method
 
     m = get_method(method)
-    with pytest.raises(CorpError, match=flag(option, m.config_class)):
-        load_config(m.config_class, None, {option: "inf"})
+    with pytest.raises(CorpError, match=flag(option, m.config)):
+        load_config(m.config, None, {option: "inf"})

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from corp.consolidate.config import ConsolidateConfig
-from corp.consolidate.stage2 import consolidate_stage2
+from corp.methods.consolidate.config import ConsolidateConfig
+from corp.methods.consolidate.stage2 import consolidate_stage2
 from corp.operator.algebra import gram_matrix
 from corp.operator.config import OperatorConfig
 from corp.operator.corp_operator import consolidate_stage1, stage1
@@ -169,7 +169,7 @@ def test_consolidate_pipeline_saves_a_loadable_model_and_apply_rebuilds_it_bit_e
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from corp.consolidate.run import run_consolidate
+    from corp.methods.consolidate.run import run_consolidate
     from corp.perturb import Perturber
     from tests.conftest import REPO, make_tiny_llama
 
@@ -240,7 +240,7 @@ def test_consolidate_pipeline_saves_a_loadable_model_and_apply_rebuilds_it_bit_e
 def test_consolidate_pipeline_abstains_when_nothing_beats_the_base(tmp_path, tiny_model, tiny_tokenizer):
     from safetensors.torch import load_file
 
-    from corp.consolidate.run import run_consolidate
+    from corp.methods.consolidate.run import run_consolidate
 
     model_dir = tmp_path / "tiny"
     tiny_model.save_pretrained(model_dir)

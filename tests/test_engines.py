@@ -78,7 +78,7 @@ def _run(name: str, tiny_dir: Path, run_dir: Path) -> dict:
 
     m = REGISTRY[name]
     options = {**m.smoke, **COMMON, **STRONGER.get(name, {}), "model": str(tiny_dir), "run_dir": str(run_dir)}
-    return m(load_config(m.config_class, None, options))
+    return m(load_config(m.config, None, options))
 
 
 def _rows(report: dict) -> list[dict]:

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from corp import CorpError
-from corp.baselines.es import ESConfig, fitness, run_es, specialists, update_components
 from corp.config import load_config
 from corp.evaluate.backends.hf import HFBackend
+from corp.methods.es import ESConfig, fitness, run_es, specialists, update_components
 from corp.perturb import SCHEME_VERSION, Direction, Perturber
 from corp.runs import read_json
 from tests.conftest import make_char_tokenizer, make_tiny_llama

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from corp import CorpError
-from corp.baselines.es import ESConfig, run_es
 from corp.config import load_config
 from corp.evaluate.backends.hf import HFBackend
+from corp.methods.es import ESConfig, run_es
 from corp.perturb import Direction, Perturber, scheme_from_flag
 from corp.runs import read_json
 from tests.conftest import make_char_tokenizer, make_tiny_llama

@@ -14,7 +14,7 @@ from corp import CorpError
 from corp.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, softmax_weights, weighted_sum
 from corp.clients import ClientLost, check_signatures, decode, encode, split_clients
 from corp.evaluate.tasks import Example
-from corp.federated.combine import combine_client_rewards
+from corp.methods.fedcorp.combine import combine_client_rewards
 
 # ---------------------------------------------------------------- aggregation, by hand
 
@@ -100,7 +100,7 @@ def test_messages_round_trip_and_tensor_messages_load_without_pickled_code():
 
 def _cfg(tiny_dir, run_dir, **kw):
     from corp.config import load_config
-    from corp.federated.fedcorp import FedCorpConfig
+    from corp.methods.fedcorp.run import FedCorpConfig
 
     opts = {
         "model": str(tiny_dir),
@@ -142,7 +142,7 @@ def _scalars_only(obj):
 
 
 def test_fedcorp_clients_send_only_rewards_and_verdicts(tiny_dir, tmp_path):
-    from corp.federated.fedcorp import run_fedcorp
+    from corp.methods.fedcorp.run import run_fedcorp
 
     log = []
     report = run_fedcorp(_cfg(tiny_dir, tmp_path / "run"), log=lambda k, d, m: log.append((k, d, m)))
@@ -175,7 +175,7 @@ def test_fedcorp_clients_send_only_rewards_and_verdicts(tiny_dir, tmp_path):
 
 
 def test_fedcorp_a_client_lost_mid_round_is_dropped_and_the_round_completes(tiny_dir, tmp_path, monkeypatch):
-    from corp.federated import fedcorp
+    from corp.methods.fedcorp import fedcorp
 
     real = fedcorp.CorpClient.op_probe
 
@@ -192,7 +192,7 @@ def test_fedcorp_a_client_lost_mid_round_is_dropped_and_the_round_completes(tiny
 
 
 def test_fedcorp_every_client_lost_is_one_error(tiny_dir, tmp_path, monkeypatch):
-    from corp.federated import fedcorp
+    from corp.methods.fedcorp import fedcorp
 
     def dies(self, msg):
         raise ClientLost("gone")
@@ -203,7 +203,7 @@ def test_fedcorp_every_client_lost_is_one_error(tiny_dir, tmp_path, monkeypatch)
 
 
 def test_fedcorp_a_client_with_another_task_is_refused(tiny_dir, tmp_path, monkeypatch):
-    from corp.federated import fedcorp
+    from corp.methods.fedcorp import fedcorp
 
     real = fedcorp.CorpClient.op_hello
 

@@ -1,4 +1,4 @@
-"""FERA (corp/baselines/fera.py): the server's uncertainty weights and vote, a scripted fake model
+"""FERA (corp/methods/fera.py): the server's uncertainty weights and vote, a scripted fake model
 where the confident client must win a conflict the plain vote loses, and the command end to end."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import math
 import pytest
 
 from corp import CorpError
-from corp.baselines.fera import FERAConfig, client_answer, client_weights, plain_vote, run_fera, synthesise
 from corp.config import load_config
 from corp.evaluate.backends.base import Backend, Generations
+from corp.methods.fera import FERAConfig, client_answer, client_weights, plain_vote, run_fera, synthesise
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 

@@ -14,8 +14,8 @@ from corp.clients import ClientLost
 
 
 def _cfg(tiny_dir, run_dir, **kw):
-    from corp.baselines.fgrpo import FGRPOConfig
     from corp.config import load_config
+    from corp.methods.fgrpo import FGRPOConfig
 
     opts = {
         "model": str(tiny_dir),
@@ -54,7 +54,7 @@ def _record(log):
 @pytest.mark.parametrize("aggregation", ["fedavg", "fgrpo"])
 def test_clients_send_only_updates_and_scalars_and_the_server_aggregates_them(tiny_dir, tmp_path, aggregation):
     from corp.aggregation import fgrpo_weights
-    from corp.baselines.fgrpo import run_fgrpo
+    from corp.methods.fgrpo import run_fgrpo
 
     log = []
     # iid over 6 support examples with 2 clients would give equal sizes; 5 makes FedAvg's weights unequal (3 and 2)
@@ -93,7 +93,7 @@ def test_clients_send_only_updates_and_scalars_and_the_server_aggregates_them(ti
 
 
 def test_a_client_lost_mid_round_is_dropped_and_the_round_completes(tiny_dir, tmp_path, monkeypatch):
-    from corp.baselines import fgrpo
+    from corp.methods import fgrpo
 
     real = fgrpo.FGRPOClient.op_round
 

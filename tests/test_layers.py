@@ -1,28 +1,25 @@
-"""The layer order, checked from the imports of every corp module (parsed with ast, nothing imported).
+"""The tiers, checked from the imports of every corp module (parsed with ast, nothing imported).
 
-Floors, lowest first; a module imports only from its own floor or below:
+Four tiers, lowest first; a module imports only from its own tier or below (issue 38):
 
-0. ground floor: `corp` itself, `perturb`, `models`, `stats`, `ledger`, `registry`, `runs`, `threads`,
-   `extras`, `config`, `cards`, `tracking`, and what methods share that evaluates nothing: `recipe`
-   (the recipe), `lowrank` (low-rank factors, LowRankDirection and its factors file, the r* table),
+1. the core, itself in two floors: (0) `corp` itself, `perturb`, `models`, `stats`, `ledger`,
+   `registry`, `runs`, `threads`, `extras`, `config`, `cards`, `tracking`, `method` (what a method is:
+   `Method`, `BenchAdapter`), and what methods share that evaluates nothing: `recipe`, `lowrank`,
    `aggregation` (federated aggregation rules), `operator` (the CoRP operator: stage 1, merge rules,
-   Gram matrix, gate)
-1. `evaluate` (tasks, rewards, backends, the run layer `evaluate/context.py`, population scoring),
-   `clients` (the federated client split, messages and pool; it reads the tasks' examples)
-2. the algorithm packages `analysis`, `consolidate`, `baselines`, `federated`
-3. `methods` (the registry)
-4. `bench`, `api` (the Python API; `corp/__init__.py` loads it by name, on first use)
-5. `cli`
+   Gram matrix, gate); (1) `evaluate` (tasks, rewards, backends, the run layer, population scoring),
+   `clients` (the federated client split, messages and pool), `grpo` (the GRPO trainer and its loss
+   variants, which GRPO, F-TIS, FGRPO and FERA use);
+2. `methods`: one module or package per method (`corp/methods/es.py`, `corp/methods/consolidate/`),
+   and the registry (`corp/methods/__init__.py`), which imports each method's `METHOD`;
+3. `bench`, and `api` (the Python API; `corp/__init__.py` loads it by name, on first use);
+4. `cli`.
 
-Floors 0-1 are the core. An algorithm package never imports another algorithm package, not even its
-public names: what two methods share lives in the core (issue 38), so `corp.baselines.es` takes the
-recipe from `corp.recipe`, not from `corp.consolidate`.
-
-What a "public" import of an algorithm package is: a name listed in that package's `__all__`
-(its `__init__.py`), imported from the package itself (`from corp.consolidate import run_consolidate`).
-Code above the package (`methods`, `bench`, `api`, `cli`) never imports one of its submodules
-(`corp.consolidate.run`): those are the package's internals and may move. No module import graph
-has a cycle.
+Methods never import one another, not even public names: what two methods share is in the core.
+A method module never imports the registry either (the registry imports it). Code above the methods
+(`bench`, `api`, `cli`) imports the registry or a method's own module or package
+(`from corp.methods.consolidate import ConsolidateConfig`), never a submodule of a method package
+(`corp.methods.consolidate.run`: its internals, which may move), and from a package only names in
+its `__all__`. No module import graph has a cycle.
 
 Every import counts, also one inside a function (a lazy import is still a dependency).
 """
@@ -37,37 +34,34 @@ import corp
 
 ROOT = Path(__file__).resolve().parents[1]
 
+CORE_GROUND = (
+    "",
+    "perturb",
+    "models",
+    "stats",
+    "ledger",
+    "registry",
+    "runs",
+    "threads",
+    "extras",
+    "config",
+    "cards",
+    "tracking",
+    "method",
+    "recipe",
+    "lowrank",
+    "aggregation",
+    "operator",
+)
 FLOORS = {
-    **dict.fromkeys(
-        (
-            "",
-            "perturb",
-            "models",
-            "stats",
-            "ledger",
-            "registry",
-            "runs",
-            "threads",
-            "extras",
-            "config",
-            "cards",
-            "tracking",
-            "recipe",
-            "lowrank",
-            "aggregation",
-            "operator",
-        ),
-        0,
-    ),
-    "evaluate": 1,
-    "clients": 1,
-    **dict.fromkeys(("analysis", "consolidate", "baselines", "federated"), 2),
-    "methods": 3,
-    "bench": 4,
-    "api": 4,
-    "cli": 5,
+    **dict.fromkeys(CORE_GROUND, 0),
+    **dict.fromkeys(("evaluate", "clients", "grpo"), 1),
+    "methods": 2,
+    "bench": 3,
+    "api": 3,
+    "cli": 4,
 }
-ALGORITHMS = {"analysis", "consolidate", "baselines", "federated"}
+TIERS = {"core": (0, 1), "methods": (2,), "bench": (3,), "cli": (4,)}
 
 
 def module_files(root: Path) -> dict[str, Path]:
@@ -119,15 +113,23 @@ def package_of(mod: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
-def exported(root: Path, package: str) -> set[str]:
-    """The names in `__all__` of corp.<package>'s __init__.py (none when it has no __all__)."""
-    init = root / package / "__init__.py"
+def method_of(mod: str) -> str | None:
+    """The method a module belongs to (corp.methods.es -> 'es', corp.methods.consolidate.run ->
+    'consolidate'); None outside corp/methods/ and for the registry (corp.methods itself)."""
+    parts = mod.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "methods" else None
+
+
+def exported(root: Path, module: str) -> set[str] | None:
+    """The names in `__all__` of a method package's __init__.py (corp.methods.X); None for a one-file
+    method or a package without `__all__` (every name of a one-file method is its surface)."""
+    init = root / Path(*module.split(".")[1:]) / "__init__.py"
     if not init.exists():
-        return set()
+        return None
     for node in ast.parse(init.read_text()).body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
             return set(ast.literal_eval(node.value))
-    return set()
+    return None
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -139,34 +141,39 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return [c for c in counts.strongly_connected(graph) if len(c) > 1 or c[0] in graph.get(c[0], ())]
 
 
-def violations(graph: dict[str, list[tuple[str, tuple[str, ...], int]]], exports: dict[str, set[str]]) -> list[str]:
-    """Every break of the layer rules in an import graph (see the module docstring), one line each."""
+def violations(graph: dict[str, list[tuple[str, tuple[str, ...], int]]], root: Path) -> list[str]:
+    """Every break of the tier rules in an import graph (see the module docstring), one line each."""
     out = []
     for mod, edges in sorted(graph.items()):
         here = package_of(mod)
         if here not in FLOORS:
             out.append(f"{mod}: package '{here}' has no floor in tests/test_layers.py FLOORS")
             continue
+        mine = method_of(mod)
         for target, names, line in edges:
             there = package_of(target)
             if there not in FLOORS:
                 out.append(f"{mod}:{line} imports {target}, whose package has no floor")
                 continue
             if FLOORS[there] > FLOORS[here]:
-                floors = f"{there}: {FLOORS[there]} > {here}: {FLOORS[here]}"
+                floors = f"{there}: {FLOORS[there]} > {here or 'corp'}: {FLOORS[here]}"
                 out.append(f"{mod}:{line} imports {target} from a higher floor ({floors})")
-            if there in ALGORITHMS and there != here:
-                if here in ALGORITHMS:
-                    out.append(
-                        f"{mod}:{line} imports {target}: algorithm packages never import each other "
-                        f"({here} -> {there}); what two methods share belongs in the core (floors 0-1)"
-                    )
-                elif target != f"corp.{there}":
-                    out.append(f"{mod}:{line} imports internal module {target}; import from corp.{there} (its __all__)")
+            theirs = method_of(target)
+            if mine is not None and there == "methods" and theirs != mine:
+                other = f"method '{theirs}'" if theirs else "the registry"
+                out.append(
+                    f"{mod}:{line} imports {target}: method '{mine}' imports {other}; methods never import one "
+                    "another (what two methods share belongs in the core)"
+                )
+            elif mine is None and here != "methods" and theirs is not None:
+                surface = f"corp.methods.{theirs}"
+                if target != surface:
+                    out.append(f"{mod}:{line} imports internal module {target}; import from {surface}")
                 else:
-                    private = sorted(set(names) - exports.get(there, set()))
+                    public = exported(root, surface)
+                    private = sorted(set(names) - public) if public is not None else []
                     if private:
-                        out.append(f"{mod}:{line} imports {', '.join(private)} from corp.{there}, not in its __all__")
+                        out.append(f"{mod}:{line} imports {', '.join(private)} from {surface}, not in its __all__")
     for cycle in cycles({m: {t for t, _, _ in e} for m, e in graph.items()}):
         out.append("import cycle: " + " <-> ".join(cycle))
     return out
@@ -174,18 +181,31 @@ def violations(graph: dict[str, list[tuple[str, tuple[str, ...], int]]], exports
 
 def _corp_graph():
     root = Path(corp.__file__).parent
-    return import_graph(root), {p: exported(root, p) for p in ALGORITHMS}
+    return import_graph(root), root
 
 
-def test_corp_keeps_its_layer_order():
-    graph, exports = _corp_graph()
+def test_corp_keeps_its_tiers():
+    graph, root = _corp_graph()
     assert len(graph) > 50  # every module was read
-    assert violations(graph, exports) == []
+    assert violations(graph, root) == []
 
 
 def test_every_corp_package_has_a_floor():
     graph, _ = _corp_graph()
     assert {package_of(m) for m in graph} <= set(FLOORS)
+
+
+def test_the_tiers_are_the_folders():
+    """The four tiers are what the tree shows: every method lives under corp/methods/, no method
+    folder is left at corp's top level, and every floor belongs to one tier."""
+    root = Path(corp.__file__).parent
+    assert {f for fs in TIERS.values() for f in fs} == set(FLOORS.values())
+    for old in ("baselines", "federated", "analysis", "consolidate"):
+        assert not (root / old).exists(), f"corp/{old}/ is a method folder outside corp/methods/"
+    from corp.methods import METHODS
+
+    for m in METHODS:
+        assert m.run.__module__.startswith("corp.methods.") or m.run.__module__.startswith("corp.evaluate."), m.name
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -198,7 +218,7 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def _check(root: Path) -> list[str]:
-    return violations(import_graph(root), {p: exported(root, p) for p in ALGORITHMS})
+    return violations(import_graph(root), root)
 
 
 def test_a_clean_fake_tree_passes(tmp_path):
@@ -207,15 +227,16 @@ def test_a_clean_fake_tree_passes(tmp_path):
         {
             "ledger.py": "",
             "recipe.py": "from corp.ledger import Ledger\n",  # core, ground floor
+            "method.py": "from corp.ledger import Ledger\n",
             "evaluate/__init__.py": "",
             "evaluate/context.py": "from corp.ledger import Ledger\n",
             "clients.py": "from corp.evaluate.context import RunContext\n",  # core, floor 1
-            "consolidate/__init__.py": "from corp.consolidate.run import run_consolidate\n__all__ = ['run_consolidate']\n",
-            "consolidate/run.py": "from corp.evaluate.context import RunContext\nfrom corp.recipe import make_recipe\n",
-            "baselines/__init__.py": "from .es import run_es\n__all__ = ['run_es']\n",
-            "baselines/es.py": "from corp.recipe import make_recipe\nfrom corp.clients import split_clients\n",  # shared: core
-            "methods/__init__.py": "from corp.baselines import run_es\nfrom corp.consolidate import run_consolidate\n",
-            "cli.py": "def main():\n    from corp.baselines import run_es\n",
+            "methods/__init__.py": "from corp.methods import es\nfrom corp.methods.consolidate import METHOD\n",
+            "methods/consolidate/__init__.py": "from corp.methods.consolidate.run import METHOD\n__all__ = ['METHOD']\n",
+            "methods/consolidate/run.py": "from corp.evaluate.context import RunContext\nfrom corp.method import M\n",
+            "methods/es.py": "from corp.recipe import make_recipe\nfrom corp.clients import split_clients\n",  # shared: core
+            "bench/__init__.py": "from corp.methods import get_method\nfrom corp.methods.es import ESConfig\n",
+            "cli.py": "def main():\n    from corp.methods.consolidate import METHOD\n",
         },
     )
     assert _check(root) == []
@@ -230,37 +251,40 @@ def test_planted_violations_are_caught(tmp_path):
             "runs.py": "from corp import stats\n",
             "stats.py": "from . import runs\n",  # a cycle, one side relative
             "evaluate/__init__.py": "",
-            "evaluate/context.py": "from corp.consolidate import make_recipe\n",  # upward
-            "consolidate/__init__.py": "from corp.consolidate.recipe import make_recipe\n__all__ = ['make_recipe']\n",
-            "consolidate/recipe.py": "from corp.baselines import run_es\n",  # a peer
-            "consolidate/corp_operator.py": "_mean = 0\n",
-            "baselines/__init__.py": "from corp.baselines.es import run_es\n__all__ = ['run_es']\n",
-            "baselines/es.py": "from corp.consolidate.recipe import make_recipe\n"  # a peer's internal module
-            "from corp.consolidate import _mean\n",  # a peer, a name not in its __all__
+            "evaluate/context.py": "from corp.methods.consolidate import make_recipe\n",  # upward
+            "methods/__init__.py": "from corp.methods import es\n",
+            "methods/consolidate/__init__.py": "from corp.methods.consolidate.recipe import make_recipe\n"
+            "__all__ = ['make_recipe']\n",
+            "methods/consolidate/recipe.py": "from corp.methods import es\n",  # another method
+            "methods/consolidate/corp_operator.py": "_mean = 0\n",
+            "methods/es.py": "from corp.methods.consolidate.recipe import make_recipe\n"  # another method's internals
+            "from corp.methods.consolidate import make_recipe\n",  # another method's public name
+            "methods/fedcorp/__init__.py": "",
+            # another method's name, lazily, and no cycle: refused too (what two methods share is in the core)
+            "methods/fedcorp/run.py": "def run():\n    from corp.methods.es import run_es\n",
+            "methods/fera.py": "from corp.methods import get_method\n",  # the registry, from a method
             "bench/__init__.py": "",
-            "bench/sweep.py": "",
-            "federated/__init__.py": "",
-            "federated/clients.py": "",
-            # a peer's public name, lazily, and no cycle: refused too (what two methods share is in the core)
-            "federated/fedcorp.py": "def run():\n    from corp.consolidate import make_recipe\n",
-            "methods/__init__.py": "from corp.consolidate.recipe import make_recipe\n"  # internals, from above
-            "from corp.consolidate import _mean\n",  # not in the package's __all__
-            "bench/adapters.py": "from corp.federated.clients import split_clients\n",  # internals, from above
+            "bench/sweep.py": "from corp.methods.consolidate.recipe import make_recipe\n"  # internals, from above
+            "from corp.methods.consolidate import _mean\n",  # not in the package's __all__
             "shiny/__init__.py": "",  # a package nobody gave a floor
         },
     )
     found = "\n".join(_check(root))
     assert "corp.ledger:2 imports corp.bench.sweep from a higher floor" in found
-    assert "corp.evaluate.context:1 imports corp.consolidate from a higher floor" in found
+    assert "corp.evaluate.context:1 imports corp.methods.consolidate from a higher floor" in found
     assert "import cycle: corp.runs <-> corp.stats" in found
-    peer = "algorithm packages never import each other"
-    assert f"corp.federated.fedcorp:2 imports corp.consolidate: {peer} (federated -> consolidate)" in found
-    assert f"corp.baselines.es:1 imports corp.consolidate.recipe: {peer} (baselines -> consolidate)" in found
-    assert f"corp.baselines.es:2 imports corp.consolidate: {peer} (baselines -> consolidate)" in found
-    assert f"corp.consolidate.recipe:1 imports corp.baselines: {peer} (consolidate -> baselines)" in found
-    assert "corp.methods:1 imports internal module corp.consolidate.recipe" in found
-    assert "corp.methods:2 imports _mean from corp.consolidate, not in its __all__" in found
-    assert "corp.bench.adapters:1 imports internal module corp.federated.clients" in found
-    cycle = " <-> ".join(("corp.baselines", "corp.baselines.es", "corp.consolidate", "corp.consolidate.recipe"))
+    peer = "methods never import one another"
+    assert f"corp.methods.fedcorp.run:2 imports corp.methods.es: method 'fedcorp' imports method 'es'; {peer}" in found
+    assert (
+        "corp.methods.es:1 imports corp.methods.consolidate.recipe: method 'es' imports method 'consolidate'" in found
+    )
+    assert "corp.methods.es:2 imports corp.methods.consolidate: method 'es' imports method 'consolidate'" in found
+    assert (
+        "corp.methods.consolidate.recipe:1 imports corp.methods.es: method 'consolidate' imports method 'es'" in found
+    )
+    assert "corp.methods.fera:1 imports corp.methods: method 'fera' imports the registry" in found
+    assert "corp.bench.sweep:1 imports internal module corp.methods.consolidate.recipe" in found
+    assert "corp.bench.sweep:2 imports _mean from corp.methods.consolidate, not in its __all__" in found
+    cycle = " <-> ".join(("corp.methods.consolidate", "corp.methods.consolidate.recipe", "corp.methods.es"))
     assert f"import cycle: {cycle}" in found
     assert "package 'shiny' has no floor" in found

@@ -14,10 +14,10 @@ import torch
 
 from corp import CorpError
 from corp.config import load_config
-from corp.consolidate.config import ConsolidateConfig
-from corp.consolidate.lowrank import LowRankProjector, resolve_ranks
-from corp.consolidate.run import direction_fingerprint
 from corp.lowrank import FACTORS_FILE, LowRankDirection
+from corp.methods.consolidate.config import ConsolidateConfig
+from corp.methods.consolidate.lowrank import LowRankProjector, resolve_ranks
+from corp.methods.consolidate.run import direction_fingerprint
 from corp.perturb import Component, Direction, Perturber
 from tests.conftest import REPO, make_char_tokenizer, make_tiny_llama, tiny_consolidate_config
 
@@ -118,7 +118,7 @@ def test_pipeline_rank2_recipe_rebuilds_bit_exactly_and_peft_adapter_matches(tin
     import peft
     from safetensors.torch import load_file
 
-    from corp.consolidate.run import run_consolidate
+    from corp.methods.consolidate.run import run_consolidate
 
     model_dir, tok = tiny_dir
     run = tmp_path / "run"
@@ -221,10 +221,10 @@ def test_auto_takes_r_star_from_analyze_rank_and_rank_zero_stays_at_w0(tiny_dir,
     import peft
     from safetensors.torch import load_file
 
-    from corp.analysis.config import AnalyzeRankConfig
-    from corp.analysis.split_half import run_analyze_rank
-    from corp.consolidate.run import run_consolidate
     from corp.lowrank import reproducible_ranks
+    from corp.methods.analyze_rank.config import AnalyzeRankConfig
+    from corp.methods.analyze_rank.split_half import run_analyze_rank
+    from corp.methods.consolidate.run import run_consolidate
 
     model_dir, tok = tiny_dir
     base = _load(model_dir)
@@ -352,8 +352,8 @@ def test_lowrank_population_exports_corp_exactly_as_lora(tiny_dir, tmp_path):
     rank-3 SVD adapter's stated error is the dense update's."""
     from safetensors.torch import load_file
 
-    from corp.consolidate.lowrank import compress, exact_lora
-    from corp.consolidate.run import run_consolidate
+    from corp.methods.consolidate.lowrank import compress, exact_lora
+    from corp.methods.consolidate.run import run_consolidate
 
     model_dir, tok = tiny_dir
     run = tmp_path / "run"
@@ -394,7 +394,7 @@ def test_lowrank_population_exports_corp_exactly_as_lora(tiny_dir, tmp_path):
     # planted bugs: a wrong scale, a dropped elite
     params = [(n, p.shape) for n, p in base.named_parameters()]
     exact = exact_lora(direction, params, R2)
-    from corp.consolidate.lowrank import export_lora
+    from corp.methods.consolidate.lowrank import export_lora
 
     dropped = exact_lora(Direction(direction.seed_components()[:-1]), params, R2)
     for label, bad in [("scale", exact.scaled(1.1)), ("dropped elite", dropped)]:
@@ -425,7 +425,7 @@ def test_exact_lora_of_a_tied_model_and_merged_terms(tmp_path):
     import peft
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from corp.consolidate.lowrank import exact_lora, export_lora
+    from corp.methods.consolidate.lowrank import exact_lora, export_lora
     from corp.perturb.direction import Merged
 
     tok = make_char_tokenizer()
@@ -478,7 +478,7 @@ def test_exact_lora_of_a_tied_model_and_merged_terms(tmp_path):
 def test_a_lora_rank_above_the_exact_rank_names_the_directory_and_its_real_rank(tiny_dir, tmp_path):
     """--lora-r 1000 on an update of rank K*R < 1000: the adapter written has rank K*R; the warning
     names its directory and that rank, and the report records it (issue 41: it said rank 1000)."""
-    from corp.consolidate.run import low_rank_line, run_consolidate
+    from corp.methods.consolidate.run import low_rank_line, run_consolidate
 
     model_dir, _ = tiny_dir
     run = tmp_path / "run"

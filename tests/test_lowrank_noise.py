@@ -352,9 +352,9 @@ def test_an_exact_lora_export_of_a_full_rank_run_is_refused_before_anything_is_w
 def test_analyze_rank_on_a_low_rank_population_regenerates_the_low_rank_noise(tiny_dir, tmp_path, monkeypatch):
     """The split-half analysis rebuilds every specialist's noise per matrix: on a low-rank population it
     must be the scheme's rank-R E (full-rank noise there would analyse perturbations nobody scored)."""
-    import corp.analysis.rank_stats as rank_stats
-    from corp.analysis.config import AnalyzeRankConfig
-    from corp.analysis.split_half import run_analyze_rank
+    import corp.methods.analyze_rank.rank_stats as rank_stats
+    from corp.methods.analyze_rank.config import AnalyzeRankConfig
+    from corp.methods.analyze_rank.split_half import run_analyze_rank
 
     run = tmp_path / "lr"
     res = CliRunner().invoke(

@@ -175,7 +175,7 @@ def _population_methods():
 
     from corp.methods import METHODS
 
-    return [m.name for m in METHODS if m.smoke is not None and "noise" in {f.name for f in fields(m.config_class)}]
+    return [m.name for m in METHODS if m.smoke is not None and "noise" in {f.name for f in fields(m.config)}]
 
 
 @pytest.mark.parametrize("name", _population_methods())
@@ -198,7 +198,7 @@ def test_every_population_method_runs_unchanged_with_low_rank_noise(name, tiny_d
         "run_dir": str(run_dir),
         "noise": "lowrank:r=2",
     }
-    m(load_config(m.config_class, None, options))
+    m(load_config(m.config, None, options))
     meta = run_dir / "population_meta.json"
     if meta.exists():
         assert json.loads(meta.read_text())["noise_scheme"] == R2

@@ -70,9 +70,9 @@ def smoke_run(name: str, tiny_dir: Path, root: Path) -> dict:
     run_dir = root / name
     options = {**m.smoke, **COMMON, **STRONGER.get(name, {}), "model": str(tiny_dir), "run_dir": str(run_dir)}
     with count_model_calls() as first:
-        report = m(load_config(m.config_class, None, options))
+        report = m(load_config(m.config, None, options))
     with count_model_calls() as second:
-        again = m(load_config(m.config_class, None, options))
+        again = m(load_config(m.config, None, options))
     _RUNS[name] = {"run_dir": run_dir, "report": report, "again": again, "first": dict(first), "second": dict(second)}
     return _RUNS[name]
 
@@ -138,7 +138,7 @@ def test_recipe_rebuilds_the_saved_model_bit_exactly(name, tiny_dir, runs_root, 
 @pytest.mark.parametrize("name", NAMES)
 def test_registry_entry_is_complete(name):
     m = REGISTRY[name]
-    cls = m.config_class
+    cls = m.config
     assert dataclasses.is_dataclass(cls) and issubclass(cls, RunConfig)
     docs = field_docs(cls)
     undocumented = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
@@ -172,7 +172,7 @@ def test_from_run_through_the_cli_reuses_a_scored_population(tiny_dir, runs_root
 
     source = smoke_run("score", tiny_dir, runs_root)["run_dir"]
     options = {**REGISTRY["randopt"].smoke, **COMMON, "model": str(tiny_dir)}
-    flags = [x for k, v in options.items() for x in (flag(k, REGISTRY["randopt"].config_class), str(v))]
+    flags = [x for k, v in options.items() for x in (flag(k, REGISTRY["randopt"].config), str(v))]
     for i, how in enumerate(["--from-run", "--population-from"]):
         run = tmp_path / f"r{i}"
         with count_model_calls() as calls:
@@ -186,36 +186,52 @@ def test_from_run_through_the_cli_reuses_a_scored_population(tiny_dir, runs_root
         assert report["population"]["source"]["from"] == str(source) and report["population"]["n"] == 3
 
 
-def test_a_method_given_to_the_cli_is_a_command_that_runs_it_with_its_options(monkeypatch):
-    """A method is one registry line: corp.cli builds each command from the method's entry. A toy
-    method (not one the CLI could list by hand) gets a command whose options are its config's fields,
-    with their defaults in --help, and running it calls its run with the parsed values."""
+def test_a_method_added_as_the_docs_say_runs_through_the_cli_and_the_bench(tiny_dir, tmp_path, monkeypatch):
+    """docs/development.md: a method is one module plus one registry line. tests/toy_method.py is such
+    a module (its config, its run, its METHOD with a bench adapter; no method the CLI or the bench could
+    list by hand). Registered as the registry line would register it, it becomes `corp toy`, whose
+    options are its config's fields with their defaults in --help and whose run gets the parsed values,
+    and `corp bench` runs it as its adapter says: a fixed cell whose row reaches the results."""
+    import csv
+
     from typer.testing import CliRunner
 
     import corp.cli as cli
-    from corp.methods import Method
+    from corp.bench.config import BenchConfig
+    from corp.bench.sweep import run_bench
+    from corp.methods import REGISTRY
+    from tests import toy_method
+    from tests.test_bench import tiny_options
 
-    seen = {}
-
-    def run(cfg):
-        seen.update(n_test=cfg.n_test, seed=cfg.seed)
-        return {"method": "toy-cli"}
-
-    toy = Method(
-        name="toy-cli", config=RunConfig, run=run, help="a toy", no_smoke="a test double", summary=lambda r: "toy ran"
-    )
+    toy = toy_method.METHOD
+    monkeypatch.setitem(REGISTRY, toy.name, toy)  # what its line in corp/methods/__init__.py does
     monkeypatch.setattr(cli.app, "registered_commands", list(cli.app.registered_commands))
-    cli.method_command(toy)
-    helped = CliRunner().invoke(cli.app, ["toy-cli", "--help"])
-    assert helped.exit_code == 0 and "--n-test" in helped.output and "a toy" in cli.app.registered_commands[-1].help
-    res = CliRunner().invoke(cli.app, ["toy-cli", "--n-test", "3", "--seed", "7"])
+    cli.method_command(toy)  # what corp.cli does for every registered method at import
+    helped = CliRunner().invoke(cli.app, ["toy", "--help"])
+    assert helped.exit_code == 0, helped.output
+    assert "--passes" in helped.output and "[default: 1]" in helped.output
+
+    options = {**toy.smoke, **COMMON, "model": str(tiny_dir), "passes": 2}
+    flags = [x for k, v in options.items() for x in (flag(k, toy.config), str(v))]
+    res = CliRunner().invoke(cli.app, ["toy", *flags, "--output-dir", str(tmp_path / "cli")])
     assert res.exit_code == 0, res.output
-    assert seen == {"n_test": 3, "seed": 7} and "toy ran" in res.output
+    assert "toy ran" in res.output  # its own summary
+    report = json.loads((tmp_path / "cli" / "report.json").read_text())
+    assert report["method"] == "toy" and report["passes"] == 2 and report["n_test"] == 4
+    bad = CliRunner().invoke(cli.app, ["toy", *flags, "--passes", "0", "--output-dir", str(tmp_path / "bad")])
+    assert bad.exit_code != 0 and "--passes" in bad.output  # its validate(): one error line naming the option
+
+    over = dict(budgets=[1e8], settings=["paper"], compare=[], seeds=[1], methods={"toy": {"options": {"passes": 2}}})
+    summary = run_bench(load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path, **over)), "corp bench (toy)")
+    assert "toy" not in summary["missing"]
+    rows = list(csv.DictReader(open(tmp_path / "results" / "tiny" / "results.csv")))
+    toy_rows = [r for r in rows if r["method"] == "toy"]
+    assert toy_rows and all(int(r["passes_per_example"]) == 2 for r in toy_rows), rows
 
 
 def test_renamed_options_warn_and_map_to_the_new_field(tmp_path):
-    from corp.analysis.config import AnalyzeRankConfig
     from corp.config import RandOptConfig
+    from corp.methods.analyze_rank.config import AnalyzeRankConfig
 
     pop = tmp_path / "pop"
     pop.mkdir()

@@ -34,9 +34,9 @@ def _names_table() -> list[tuple[str, list[str], list[str]]]:
 
 def test_every_option_name_is_unique_and_old_names_are_no_current_option():
     for m in METHODS:
-        names = option_names(m.config_class)
+        names = option_names(m.config)
         assert len(set(names.values())) == len(names), m.name
-        assert not set(renamed_options(m.config_class)) & set(names.values()), m.name
+        assert not set(renamed_options(m.config)) & set(names.values()), m.name
 
 
 def test_the_docs_table_names_every_rename_of_every_command():
@@ -45,22 +45,22 @@ def test_the_docs_table_names_every_rename_of_every_command():
     documented = set()
     for option, olds, commands in table:
         targets = [REGISTRY[c] for c in commands if c in REGISTRY] or [
-            m for m in METHODS if option.removeprefix("--").replace("-", "_") in option_names(m.config_class).values()
+            m for m in METHODS if option.removeprefix("--").replace("-", "_") in option_names(m.config).values()
         ]
         for m in targets:
-            names, renamed = option_names(m.config_class), renamed_options(m.config_class)
+            names, renamed = option_names(m.config), renamed_options(m.config)
             field = next(f for f, o in names.items() if "--" + o.replace("_", "-") == option)
             for old in olds:
                 key = old.removeprefix("--").replace("-", "_")
                 if key in renamed and renamed[key] == field:
                     documented.add((m.name, key))
     for m in METHODS:  # every old name a command accepts is in the table
-        for old in renamed_options(m.config_class):
+        for old in renamed_options(m.config):
             assert (m.name, old) in documented, (m.name, old)
 
 
 def test_old_names_map_to_the_same_field_with_one_warning_and_new_ones_silently():
-    from corp.baselines import GRPOConfig
+    from corp.grpo import GRPOConfig
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -79,7 +79,7 @@ def test_old_names_map_to_the_same_field_with_one_warning_and_new_ones_silently(
 
 
 def test_a_yaml_config_takes_new_and_old_keys(tmp_path):
-    from corp.baselines import ESConfig
+    from corp.methods.es import ESConfig
 
     (tmp_path / "new.yaml").write_text("learning_rate: 0.002\npopulation-per-iteration: 6\nmax_completion_length: 8\n")
     (tmp_path / "old.yaml").write_text("alpha: 0.002\npopulation: 6\nmax_new_tokens: 8\n")
@@ -92,21 +92,21 @@ def test_a_yaml_config_takes_new_and_old_keys(tmp_path):
 
 def test_stored_names_are_the_field_names():
     """config.yaml and every key built from a config use field names: a renamed option changes none of them."""
-    from corp.baselines import GRPOConfig
+    from corp.grpo import GRPOConfig
 
     cfg = load_config(GRPOConfig, None, {"max_steps": 3, "max_completion_length": 5})
     stored = dataclasses.asdict(cfg)
     assert stored["steps"] == 3 and stored["max_new_tokens"] == 5
     assert not {"max_steps", "max_completion_length", "output_dir", "save_steps"} & set(stored)
     for m in METHODS:  # the stored keys of every command are its fields, whatever the option names
-        assert set(dataclasses.asdict(m.config_class())) == {f.name for f in dataclasses.fields(m.config_class)}
+        assert set(dataclasses.asdict(m.config())) == {f.name for f in dataclasses.fields(m.config)}
 
 
 def test_one_default_population():
-    defaults = {m.name: m.config_class().population for m in METHODS if issubclass(m.config_class, PopulationConfig)}
+    defaults = {m.name: m.config().population for m in METHODS if issubclass(m.config, PopulationConfig)}
     assert set(defaults) >= {"score", "randopt", "consolidate", "analyze-rank", "fedcorp"}
     assert set(defaults.values()) == {64}, defaults
-    from corp.baselines import ESConfig
+    from corp.methods.es import ESConfig
 
     assert option_names(ESConfig)["population"] == "population_per_iteration"  # es counts per iteration
 

@@ -173,7 +173,7 @@ def test_the_replay_benchmark_races_as_a_real_run_does(tmp_path):
 
 
 def test_randopt_and_score_with_racing_through_the_registry(tmp_path):
-    from corp.baselines.randopt import run_randopt
+    from corp.methods.randopt import run_randopt
     from corp.methods.score import run_score
 
     report = run_randopt(cfg(tmp_path, "r", race="halving", race_first=2), backend=fresh_backend())
@@ -183,7 +183,7 @@ def test_randopt_and_score_with_racing_through_the_registry(tmp_path):
 
 
 def test_analysis_refuses_a_raced_population(tmp_path):
-    from corp.analysis.split_half import load_run_population
+    from corp.methods.analyze_rank.split_half import load_run_population
     from corp.methods.score import run_score
 
     run_score(cfg(tmp_path, "s", race="halving", race_first=2, race_keep=1), backend=fresh_backend())

@@ -110,7 +110,7 @@ def test_a_lost_head_is_one_line_and_a_later_run_resumes_exactly(tmp_path, tiny_
     from corp.methods import REGISTRY
 
     options = dict(SCORE_OPTIONS, model=str(tiny_dir), threads=1, run_dir=str(tmp_path / "local"))
-    local = ensure_population(setup_run(load_config(REGISTRY["score"].config_class, None, options), "score"))
+    local = ensure_population(setup_run(load_config(REGISTRY["score"].config, None, options), "score"))
     cluster, _worker = loopback_cluster(1, 1)
     run_dir = tmp_path / "ray"
     try:

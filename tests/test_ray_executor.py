@@ -181,17 +181,15 @@ def test_every_method_runs_on_ray_with_the_rows_of_a_local_run_or_refuses_first(
 
     m = REGISTRY[name]
     options = {**m.smoke, **COMMON, **STRONGER.get(name, {}), "model": str(tiny_dir), "threads": 1}
-    if m.config_class.local_only:
+    if m.config.local_only:
         with pytest.raises(CorpError, match=r"--executor ray: .*use --executor local"):
-            load_config(m.config_class, None, {**options, "executor": "ray", "run_dir": str(tmp_path / "ray")})
+            load_config(m.config, None, {**options, "executor": "ray", "run_dir": str(tmp_path / "ray")})
         assert not (tmp_path / "ray").exists(), "refused before any work"
         return
-    local = m(load_config(m.config_class, None, {**options, "run_dir": str(tmp_path / "local")}))
+    local = m(load_config(m.config, None, {**options, "run_dir": str(tmp_path / "local")}))
     ray_before = ray.is_initialized()
     remote = m(
-        load_config(
-            m.config_class, None, {**options, "run_dir": str(tmp_path / "ray"), "executor": "ray", "workers": 2}
-        )
+        load_config(m.config, None, {**options, "run_dir": str(tmp_path / "ray"), "executor": "ray", "workers": 2})
     )
     assert _outcome(remote, tmp_path / "ray") == _outcome(local, tmp_path / "local")
     if m.model:

@@ -3,8 +3,8 @@
 import pytest
 
 from corp import CorpError
-from corp.baselines.grpo import LOSS_VARIANTS
 from corp.evaluate.tasks import TASKS
+from corp.grpo import LOSS_VARIANTS
 from corp.methods import REGISTRY
 from corp.operator.merge_rules import MERGE_RULES
 from corp.registry import Registry

@@ -24,7 +24,7 @@ def counting(backend):
 def test_validation_base_row_is_not_reused_for_other_validation_examples(tmp_path):
     """Issue 10, defect 1: another --n-probe keeps support/test ids but changes every validation
     example; the cached validation|base row must not be paired with the new examples."""
-    from corp.consolidate.run import RunScorer
+    from corp.methods.consolidate.run import RunScorer
 
     cfg1 = tiny_cfg(tmp_path, n_probe=2, n_validation=3)
     ctx1 = setup_run(cfg1, "consolidate", fresh_backend(), needs=("support", "validation"))
@@ -113,7 +113,7 @@ def test_from_run_takes_the_first_n_in_population_order(tmp_path):
 
 
 def test_from_run_refuses_an_es_run(tmp_path):
-    from corp.baselines.es import run_es
+    from corp.methods.es import run_es
     from tests.test_es import tiny_es_cfg
 
     run_es(tiny_es_cfg(tmp_path / "es", iterations=1, population=2, reward=None), fresh_backend())
@@ -138,14 +138,14 @@ def test_failed_run_after_scoring_is_marked_and_resumes(tmp_path):
             raise RuntimeError("disk full")
     assert "disk full" in (run / "FAILED").read_text()
     assert json.loads((run / "run_status.json").read_text())["status"] == "failed"
-    from corp.baselines.randopt import run_randopt
+    from corp.methods.randopt import run_randopt
 
     run_randopt(tiny_cfg(run), fresh_backend())
     assert not (run / "FAILED").exists() and json.loads((run / "run_status.json").read_text())["status"] == "complete"
 
 
 def test_randopt_report_has_paired_comparisons_outcomes_and_labelled_counts(tmp_path):
-    from corp.baselines.randopt import run_randopt
+    from corp.methods.randopt import run_randopt
 
     report = run_randopt(tiny_cfg(tmp_path / "r"), fresh_backend())
     rows = {r["method"]: r for r in report["rows"]}
@@ -165,7 +165,7 @@ def test_randopt_report_has_paired_comparisons_outcomes_and_labelled_counts(tmp_
 
 
 def test_es_report_compares_with_base_and_counts_support(tmp_path):
-    from corp.baselines.es import run_es
+    from corp.methods.es import run_es
     from tests.test_es import tiny_es_cfg
 
     report = run_es(tiny_es_cfg(tmp_path / "es", iterations=1, population=2), fresh_backend())

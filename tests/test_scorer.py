@@ -73,8 +73,8 @@ def test_population_from_other_task_is_refused(tmp_path):
 
 
 def test_randopt_report_on_tiny_model(tmp_path):
-    from corp.baselines.randopt import report_dict
     from corp.evaluate.population import randopt_results
+    from corp.methods.randopt import report_dict
 
     ctx = setup_run(tiny_cfg(tmp_path / "r"), "randopt", fresh_backend())
     ranked = ensure_population(ctx)

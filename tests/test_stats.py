@@ -55,7 +55,7 @@ def test_assert_same_examples_needs_the_same_order():
 
 
 def test_zscore_is_zero_when_all_equal_and_used_by_es():
-    from corp.baselines.es import fitness
+    from corp.methods.es import fitness
 
     assert not zscore([0.3, 0.3, 0.3]).any()
     assert not zscore([1e6 + 0.1] * 4).any(), "rounding noise of a large equal value is not a signal"

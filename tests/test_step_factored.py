@@ -113,7 +113,7 @@ def tiny_dir(tmp_path_factory):
 def _consolidate(model_dir, run, noise, monkeypatch, dense: bool, **more):
     """One `corp consolidate`; `dense`: the step search and gates on materialised weights (as before).
     Returns the report, the directions the Perturber applied and whether it built any merged M."""
-    import corp.consolidate.run as run_mod
+    import corp.methods.consolidate.run as run_mod
     from corp.perturb import Perturber
     from corp.perturb.direction import Merged
 

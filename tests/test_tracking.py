@@ -32,9 +32,7 @@ def events(logdir: Path) -> dict[str, list[tuple[int, float]]]:
 def run(name: str, tiny_dir: Path, run_dir: Path, **extra) -> dict:
     m = REGISTRY[name]
     return m(
-        load_config(
-            m.config_class, None, {**m.smoke, **COMMON, "model": str(tiny_dir), "run_dir": str(run_dir), **extra}
-        )
+        load_config(m.config, None, {**m.smoke, **COMMON, "model": str(tiny_dir), "run_dir": str(run_dir), **extra})
     )
 
 
@@ -157,8 +155,8 @@ def test_commands_with_nothing_to_log_do_not_take_report_to():
     from corp.config import option_names
 
     for name in ("eval", "self-consistency", "fedcorp"):
-        assert "report_to" not in option_names(REGISTRY[name].config_class)
+        assert "report_to" not in option_names(REGISTRY[name].config)
         res = CliRunner().invoke(app, [name, "--report-to", "tensorboard"])
         assert res.exit_code == 2 and "--report-to" in res.output, res.output
     for name in ("score", "randopt", "consolidate", "analyze-rank", "es", "grpo", "ftis", "fgrpo", "fera"):
-        assert "report_to" in option_names(REGISTRY[name].config_class), name
+        assert "report_to" in option_names(REGISTRY[name].config), name

@@ -49,7 +49,7 @@ def _run(name, model_dir, run_dir, backend):
     }
     if backend == "vllm":
         options["enforce_eager"] = True  # seconds to start instead of a minute; same kernels for these sizes
-    return m(load_config(m.config_class, None, options))
+    return m(load_config(m.config, None, options))
 
 
 @pytest.mark.parametrize("name", [m.name for m in METHODS if m.smoke is not None])

@@ -194,7 +194,7 @@ def regime_table(cfg, records: list[dict], setting: str) -> list[str]:
         if not at_top:
             lines.append(f"| {cfg.label(task)} | {label} | not at the top budget | | | | |")
             continue
-        adapter = get_method(method).bench_adapter
+        adapter = get_method(method).bench
         kind = at_top[0].get("kind", adapter.kind)
         got = regime_of(at_top[0])
         if kind != "fixed":

@@ -289,7 +289,7 @@ class BenchConfig:
         for name, spec in self.methods.items():
             if not spec or name not in REGISTRY:
                 continue
-            cls = REGISTRY.lookup(name).config_class
+            cls = REGISTRY.lookup(name).config
             for part in ("options", "search"):
                 if isinstance(spec.get(part), dict):
                     spec[part] = to_fields(cls, spec[part], user=False)

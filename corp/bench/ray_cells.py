@@ -30,7 +30,7 @@ import time
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.bench.adapters import POPULATION
+from corp.method import POPULATION
 from corp.runs import RunBusy
 
 CELL_RETRIES = 3  # Ray reruns a cell task whose worker process died this many times

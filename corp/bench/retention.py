@@ -54,7 +54,7 @@ def in_scope(cfg, rec: dict) -> bool:
 
 def target(cfg, rec: dict, row: dict) -> tuple[str | None, str]:
     """(the model to score, what it is) for one row of a record; (None, why not) when it is not one model."""
-    from corp.bench.adapters import ITERATIVE
+    from corp.method import ITERATIVE
     from corp.methods import get_method
 
     name = row["name"]
@@ -74,7 +74,7 @@ def target(cfg, rec: dict, row: dict) -> tuple[str | None, str]:
     run_dir = Path(rec.get("run_dir") or "")
     if not (run_dir / "model").is_dir():
         return None, f"no saved model in '{run_dir}' (its run directory was removed?)"
-    adapter = method.bench_adapter
+    adapter = method.bench
     if adapter is not None and adapter.kind == ITERATIVE and adapter.units_done:
         report = read_json(run_dir / "report.json") if (run_dir / "report.json").exists() else {}
 

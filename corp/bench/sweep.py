@@ -1,7 +1,7 @@
 """`corp bench`: the matched-compute sweep over the method registry.
 
 Every (task, data setting, seed, method variant, budget) is a cell. The sweep reads each method's
-`BenchAdapter` (corp.bench.adapters, named in its registry line) and never asks which method it
+`BenchAdapter` (corp.method; its `Method.bench`, in the method's own module) and never asks which method it
 runs: fixed cells run once per seed, population cells read the largest prefix of the seed's shared
 scored population that fits the budget with the method's own evaluations (one `corp score` run per
 seed, split sizes and noise scheme, mixing the bench's sigmas, serves every trial and every method
@@ -31,7 +31,6 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.bench.adapters import FIXED, ITERATIVE, PLANNED, POPULATION, BenchAdapter, get_path
 from corp.bench.budget import min_budget, prefix_that_fits
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig, _slug, _units_in, common_options, results_path
 from corp.bench.protocol import check_registration
@@ -39,6 +38,7 @@ from corp.bench.retention import score_records
 from corp.bench.search import choose, trial_options, trial_score
 from corp.config import PopulationConfig, check_types, in_scales, load_config
 from corp.ledger import flops
+from corp.method import FIXED, ITERATIVE, POPULATION, BenchAdapter, get_path
 from corp.methods import REGISTRY, get_method
 from corp.runs import RunBusy, read_json, read_jsonl, try_flock, write_json
 
@@ -91,7 +91,7 @@ class Cell:
 
     @property
     def adapter(self) -> BenchAdapter:
-        return get_method(self.method).bench_adapter
+        return get_method(self.method).bench
 
     def run_key(self) -> str:
         """Identity of the cell's run directory: its options (for iterative cells without the unit,
@@ -150,28 +150,25 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
         if (spec or {}).get("skip"):  # not run in this bench, by the config's choice: listed with its reason
             missing.append({"method": name, "reason": f"not run in this bench: {spec['skip']}"})
             continue
-        if name not in REGISTRY and name in PLANNED:
-            missing.append({"method": name, "reason": PLANNED[name]})
-            continue
         method = get_method(name)  # an unknown name is one error line
-        if method.bench_adapter is None:  # registered, but it has not said how to run at a budget: listed, not skipped
+        if method.bench is None:  # registered, but it has not said how to run at a budget: listed, not skipped
             missing.append(
                 {
                     "method": name,
                     "reason": (
-                        "registered, but its registry line names no bench adapter "
-                        "(corp.bench.adapters), so the bench cannot run it at a budget"
+                        "registered, but its Method names no bench adapter "
+                        "(METHOD.bench), so the bench cannot run it at a budget"
                     ),
                 }
             )
     runnable = {
         n: (s or {})
         for n, s in cfg.methods.items()
-        if n in REGISTRY and get_method(n).bench_adapter is not None and not (s or {}).get("skip")
+        if n in REGISTRY and get_method(n).bench is not None and not (s or {}).get("skip")
     }  # others: `missing`
 
     def options(task: str, setting: str, seed: int, name: str, spec: dict, over: dict | None) -> dict:
-        adapter = get_method(name).bench_adapter
+        adapter = get_method(name).bench
         opts = {
             **common_options(cfg, task, seed),
             **split_sizes(cfg, setting, adapter),
@@ -184,7 +181,7 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
         return opts
 
     def budgets_of(name: str) -> list:
-        return [None] if get_method(name).bench_adapter.kind == FIXED else cfg.budgets
+        return [None] if get_method(name).bench.kind == FIXED else cfg.budgets
 
     for task in cfg.tasks:
         if cfg.hyperparameters == "search":
@@ -327,7 +324,7 @@ def _validate_options(
     method, adapter = get_method(cell.method), cell.adapter
     opts = {k: v for k, v in cell.opts.items() if k not in ("from_run", "from_sigmas")}
     try:
-        opts = check_types(method.config_class, opts)  # before the clipping below reads them as numbers
+        opts = check_types(method.config, opts)  # before the clipping below reads them as numbers
         chosen = cell.opts.get("from_sigmas")
         if chosen is not None:
             if adapter.kind != POPULATION or opts.get("race", "off") != "off":
@@ -355,7 +352,7 @@ def _validate_options(
         if adapter.unit:
             opts[adapter.unit] = max(_min_units(cell), int(opts.get(adapter.unit) or _min_units(cell)))
             _clip(opts, adapter)
-        built = load_config(method.config_class, None, opts)
+        built = load_config(method.config, None, opts)
         if adapter.check is not None and splits is not None:
             adapter.check(built, splits)
     except CorpError as exc:
@@ -450,7 +447,7 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
 
 def _call(method_name: str, opts: dict) -> tuple[dict, float]:
     method = get_method(method_name)
-    cfg = load_config(method.config_class, None, opts)
+    cfg = load_config(method.config, None, opts)
     t0 = time.perf_counter()
     report = method(cfg)
     return report, time.perf_counter() - t0

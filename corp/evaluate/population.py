@@ -2,7 +2,7 @@
 
 RandOpt's rows (base, top-1, top-K majority vote; Gan & Isola, arXiv 2603.12228) are computed
 here, below the algorithm packages, because CoRP's report carries them beside its own row
-(corp.consolidate.run) and peers do not import each other's internals.
+(corp.methods.consolidate.run) and peers do not import each other's internals.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ read with `--from-run`; scoring it alone lets one expensive pass serve all of th
 from __future__ import annotations
 
 from corp.config import PopulationConfig
+from corp.method import SMALL, Method, num
 
 
 def run_score(cfg: PopulationConfig, backend=None) -> dict:
@@ -35,3 +36,24 @@ def run_score(cfg: PopulationConfig, backend=None) -> dict:
             "selection_ledger": rows_ledger(ctx, ranked).to_dict(),
         }
         return write_report(ctx.run_dir, "score", cfg.model, cfg.task, [], population=population)
+
+
+def summary(report: dict) -> str:
+    pop = report.get("population") or {}
+    return "\n".join(
+        [
+            f"{pop.get('n')} specialists; support reward best {num(pop.get('reward_best'))}, median "
+            f"{num(pop.get('reward_median'))}, worst {num(pop.get('reward_worst'))}",
+            f"run directory: {report.get('run_dir')}",
+        ]
+    )
+
+
+METHOD = Method(
+    "score",
+    PopulationConfig,
+    run_score,
+    "Score a population of perturbed specialists on the support split (population.jsonl).",
+    smoke={**SMALL, "population": 3, "sigmas": "0.05"},
+    summary=summary,
+)

@@ -2,8 +2,8 @@
 
 `OperatorConfig` is everything stage 1 and stage 2 of the operator read (grids, merge rules,
 compatibility mode, gate, re-centring rounds). The commands that run the operator add their own
-options by subclassing it: `ConsolidateConfig` (`corp/consolidate/config.py`) and `FedCorpConfig`
-(`corp/federated/fedcorp.py`).
+options by subclassing it: `ConsolidateConfig` (`corp/methods/consolidate/config.py`) and `FedCorpConfig`
+(`corp/methods/fedcorp/run.py`).
 """
 
 from __future__ import annotations

@@ -21,14 +21,14 @@ Where we depart from the paper's public code, and why (docs/methods.md lists the
 - The consolidated weights are saved as a normal HF model, with a recipe that rebuilds them.
 - Hyper-parameters (q, beta, alpha) are searched on the probe split over grids; the CPU defaults
   are small grids, `--preset paper` gives the paper's ranges.
-Low-rank consolidation (`--low-rank auto|R`, ours, not the paper's; corp/consolidate/lowrank.py)
+Low-rank consolidation (`--low-rank auto|R`, ours, not the paper's; corp/methods/consolidate/lowrank.py)
 projects m1 and m2 per (q, beta) before the step search, via the `project` hook.
 Code layout: the operator is the core package corp/operator/, which `corp consolidate`
-(corp/consolidate/) and `corp fedcorp` (corp/federated/fedcorp.py) both import: config.py
+(corp/methods/consolidate/) and `corp fedcorp` (corp/methods/fedcorp/run.py) both import: config.py
 (OperatorConfig), algebra.py (Gram matrix, combinations, compatibility terms, kernel PCA),
 merge_rules/ (pass 1, pass 2: one file per rule, registered in MERGE_RULES), gate.py (the paired
 gate), this file (stage 1: weights per (q, beta) and rule, step search, gate). Stage 2, which only
-`corp consolidate` runs, is corp/consolidate/stage2.py; ConsolidateConfig is corp/consolidate/config.py.
+`corp consolidate` runs, is corp/methods/consolidate/stage2.py; ConsolidateConfig is corp/methods/consolidate/config.py.
 Each merged direction m is one merged term (`Direction.merged`): M is materialised once in fp32 and
 every step size evaluates W0 + alpha M (the Perturber keeps M), and the recipe names the same term,
 so `corp apply` rebuilds exactly the evaluated weights.
@@ -38,7 +38,7 @@ factor pair of rank <= K R, every alpha scales it (the `prepare` hook hands sear
 together, as row groups of one batched pass), no M is built and no weight is written; only the
 deployed model is materialised, once, to be saved. Rewards equal the dense path's up to
 floating-point rounding of the generations (tests/test_step_factored.py).
-Stage 2 (re-centring rounds, `--stage2-rounds`, corp/consolidate/stage2.py) samples a local population around the accepted centre,
+Stage 2 (re-centring rounds, `--stage2-rounds`, corp/methods/consolidate/stage2.py) samples a local population around the accepted centre,
 mixing isotropic noise with noise along the top principal directions of the elite cloud (kernel
 PCA from the same Gram matrix, so directions stay seed combinations), scores it on a select half of
 the support split, merges as in stage 1, and gates on the other half and on the probe; sigma
@@ -372,7 +372,7 @@ def consolidate_stage1(
     deterministic. `scheme`: the noise scheme of the population (the Gram matrix regenerates its
     noise). `perturber`: the backend's, to build merged directions together (merge_and_search). The first of cfg.merge_rules is deployed (pass 2 by default); every other rule
     is searched and gated too, for the report. `project` (low-rank consolidation,
-    corp/consolidate/lowrank.py) replaces each m by its projection before the step search, so the
+    corp/methods/consolidate/lowrank.py) replaces each m by its projection before the step search, so the
     probe and the gate judge what is deployed.
     """
     perts = [Direction.single(s, sg) for s, sg in zip(seeds, sigmas)]

@@ -5,7 +5,7 @@ abstract and secondary notes (docs/methods.md, "FGRPO"); the paper's exact aggre
 schedule are not public. What runs here:
 - K clients, each with its own share of the support split (corp.clients.split_clients:
   by arith operator, by answer length, or iid). Every round each client starts from the global
-  weights and runs E = --local-steps local GRPO steps with corp's GRPO trainer (corp/baselines/grpo/core.py,
+  weights and runs E = --local-steps local GRPO steps with corp's GRPO trainer (corp/grpo/trainer.py,
   GRPOTrainer.train_step, unchanged: same sampling, advantages, loss variants, LoRA), sending back
   its update Delta_k, its mean training reward R_k over the E steps, its share size and its token
   counts (nothing else: no text, no example ids).
@@ -41,10 +41,11 @@ import torch
 
 from corp import CorpError
 from corp.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, weighted_sum
-from corp.baselines.grpo.core import GRPOConfig, GRPOTrainer
 from corp.clients import SPLIT_RULES, ClientBase, ClientPool, check_signatures, partition_ids, split_clients
 from corp.config import config_to_dict
+from corp.grpo.trainer import GRPOConfig, GRPOTrainer
 from corp.ledger import Ledger
+from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, opt
 from corp.perturb.noise import derive_seeds
 from corp.runs import ReportRow, format_rows, write_report
 from corp.stats import PerExample
@@ -364,3 +365,47 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
             + f"\ncommunication: {total_bytes} bytes in all; client compute {training.flops:.3e} FLOPs"
         )
     return report
+
+
+def _clients_get_support(cfg, splits: dict) -> None:
+    """Before compute: every client gets support examples (the split refuses one that would not)."""
+    split_clients(splits["support"], cfg.clients, cfg.split_by, "support")
+
+
+METHOD = Method(
+    "fgrpo",
+    FGRPOConfig,
+    run_fgrpo,
+    "FGRPO: K clients run E local GRPO steps per round on private non-IID "
+    "shares; the server aggregates updates by relative reward gain (or FedAvg).",
+    model=True,
+    smoke={
+        **SMALL,
+        "rounds": 2,
+        "steps": 1,
+        "clients": 2,
+        "split_by": "iid",
+        "prompts_per_step": 2,
+        "num_generations": 2,
+        "lora_r": 2,
+        "learning_rate": 1e-3,
+    },
+    # one round: every client runs `steps` local GRPO steps of prompts_per_step * num_generations completions
+    bench=BenchAdapter(
+        ITERATIVE,
+        r"fgrpo",
+        flops=("method_flops",),
+        equal_data=True,
+        unit="rounds",
+        units_done="rounds",
+        unit_evals=lambda o: (
+            float(opt(o, FGRPOConfig, "clients"))
+            * float(opt(o, FGRPOConfig, "steps"))
+            * float(opt(o, FGRPOConfig, "prompts_per_step"))
+            * float(opt(o, FGRPOConfig, "num_generations"))
+            / max(1.0, float(opt(o, FGRPOConfig, "n_support")))
+        ),
+        check=_clients_get_support,
+        touched=lambda o, seed, units: None,  # each client samples its own share: not reconstructed here
+    ),
+)

@@ -8,7 +8,7 @@ from the centralised CoRP (the operator, corp/operator/corp_operator.py), and wh
 - Combined rewards (`--combine`): `mean` (default) is the data-weighted mean of the clients' mean
   rewards, which is exactly the specialist's mean reward on the pooled support examples, so stage 1
   sees what centralised CoRP would; `gain` weights each client's relative gain over its own base
-  reward (FGRPO's normalisation, corp.federated.combine.combine_client_rewards).
+  reward (FGRPO's normalisation, corp.methods.fedcorp.combine.combine_client_rewards).
 - Step search: stage-1 weights and merged directions come from the same operator
   (`merge_and_search`, one OperatorConfig). The probe stays federated: the server sends each
   candidate (seeds, coefficients, alpha: a few hundred bytes) and every client returns its mean
@@ -44,7 +44,7 @@ from corp.clients import (
     split_clients,
 )
 from corp.config import PopulationConfig
-from corp.federated.combine import COMBINE_RULES, combine_client_rewards
+from corp.methods.fedcorp.combine import COMBINE_RULES, combine_client_rewards
 from corp.operator.config import OperatorConfig
 from corp.operator.corp_operator import merge_and_search
 from corp.operator.gate import paired_gate

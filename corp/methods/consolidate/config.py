@@ -39,7 +39,7 @@ class ConsolidateConfig(OperatorConfig, PopulationConfig):
         PopulationConfig.validate(self)
         OperatorConfig.validate(self)
         self.top_k = fit_top_k(self.top_k, self.population)
-        from corp.consolidate.lowrank import parse_low_rank
+        from corp.methods.consolidate.lowrank import parse_low_rank
 
         self.low_rank = parse_low_rank(self.low_rank)
         if self.low_rank != "off" and self.rounds > 0:

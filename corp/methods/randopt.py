@@ -20,6 +20,7 @@ from corp.config import RandOptConfig
 from corp.evaluate.context import RunContext, open_run
 from corp.evaluate.population import population_line, population_summary, randopt_results
 from corp.evaluate.scorer import ensure_population
+from corp.method import POPULATION, SMALL, BenchAdapter, Method, ints, opt
 from corp.runs import ReportRow, format_rows, write_report
 
 
@@ -67,3 +68,24 @@ def run_randopt(cfg: RandOptConfig, backend=None) -> dict:
         if x
     )
     return report
+
+
+METHOD = Method(
+    "randopt",
+    RandOptConfig,
+    run_randopt,
+    "RandOpt: score N perturbed specialists, report base, top-1 and top-K vote on the test split.",
+    smoke={**SMALL, "population": 3, "sigmas": "0.05", "top_k": "1,2"},
+    bench=BenchAdapter(
+        POPULATION,
+        r"randopt-top1|randopt-vote@\d+",
+        flops=("population.selection_ledger.flops",),
+        equal_data=True,
+        unit="population",
+        clip=("top_k",),
+        row_names=lambda o: (
+            ["randopt-top1"] + [f"randopt-vote@{k}" for k in ints(opt(o, RandOptConfig, "top_k")) if k != 1]
+        ),
+        touched=lambda o, seed, units: int(o.get("n_support") or 0),  # every specialist scored on the whole support
+    ),
+)

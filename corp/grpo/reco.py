@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from corp.baselines.grpo.base import LossVariant, register_loss, valid_mean
+from corp.grpo.base import LossVariant, register_loss, valid_mean
 
 V_MAX = 4.0  # docs/methods.md: the clip of the normalised variance weight
 

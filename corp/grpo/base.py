@@ -14,7 +14,7 @@ the variant wants logged for the last micro-batch.
 
 Adding a variant is one new file in this package plus one registry line: decorate the class with
 `@register_loss` (its `name` is what `--loss` takes) and add the module to the import line in
-`corp/baselines/grpo/__init__.py`.
+`corp/grpo/__init__.py`.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from typing import ClassVar
 
 from corp import CorpError
 from corp.config import RunConfig, parse_list
+from corp.method import FIXED, SMALL, BenchAdapter, Method, ints, opt
 
 
 @dataclass
@@ -103,3 +104,19 @@ def run_self_consistency(cfg: SelfConsistencyConfig, backend=None) -> dict:
         )
     report["table"] = format_rows(rows, report["comparisons"])
     return report
+
+
+METHOD = Method(
+    "self-consistency",
+    SelfConsistencyConfig,
+    run_self_consistency,
+    "Self-consistency@K: sample the base model K times per question "
+    "(temperature 0.7), majority vote; greedy base beside it.",
+    smoke={**SMALL, "k": "1,2"},
+    bench=BenchAdapter(
+        FIXED,
+        r"base|self-consistency@\d+",
+        row_names=lambda o: ["base"] + [f"self-consistency@{k}" for k in ints(opt(o, SelfConsistencyConfig, "k"))],
+        touched=lambda o, seed, units: 0,
+    ),
+)

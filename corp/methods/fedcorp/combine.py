@@ -1,6 +1,6 @@
 """Federated CoRP's combination of per-client rewards (`corp fedcorp --combine mean|gain`).
 
-Only `corp fedcorp` uses it, so it stays in corp/federated/; the aggregation rules it builds on
+Only `corp fedcorp` uses it, so it stays in corp/methods/fedcorp/; the aggregation rules it builds on
 (FedAvg's data-size weights) are in the core module `corp/aggregation.py`.
 """
 

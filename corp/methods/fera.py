@@ -42,6 +42,7 @@ from typing import ClassVar
 from corp import CorpError
 from corp.config import RunConfig, config_to_dict, flag
 from corp.ledger import Ledger
+from corp.method import FIXED, SMALL, BenchAdapter, Method, opt
 from corp.runs import ReportRow, format_rows, read_jsonl, write_report
 from corp.stats import PerExample
 
@@ -155,9 +156,9 @@ def _mean_entropy(backend, prompts: list[str], completions: list[list[int]]) -> 
     """Mean token entropy of each completion under the in-process model (logits at temperature 1)."""
     import torch
 
-    from corp.baselines.grpo.core import build_batch, token_logps_and_entropy
     from corp.evaluate.backends.base import MODEL
     from corp.evaluate.backends.hf import format_prompt
+    from corp.grpo.trainer import build_batch, token_logps_and_entropy
 
     backend.require(MODEL, "--uncertainty entropy")
     tok = backend.tokenizer
@@ -327,7 +328,7 @@ def _report(cfg: FERAConfig, ctx, rounds: list[dict], ids: list[str]) -> dict:
         ids,
         reconstruction=(
             "FERA, arXiv 2605.10082: a reconstruction from docs/methods.md; "
-            "the cheap uncertainty-weighted vote (see corp/baselines/fera.py)"
+            "the cheap uncertainty-weighted vote (see corp/methods/fera.py)"
         ),
         rounds=[
             {
@@ -363,3 +364,23 @@ def summary(report: dict) -> str:
         lines.append(f"{r['round']:>5} {r['accuracy']:>8.3f} {r['plain_vote_accuracy']:>10.3f}  {clients}")
     lines += [report.get("table", ""), f"run directory: {report['run_dir']}"]
     return "\n".join(lines)
+
+
+METHOD = Method(
+    "fera",
+    FERAConfig,
+    run_fera,
+    "FERA (reconstruction, cheap variant): training-free rounds; clients answer with private demonstrations + the "
+    "server's synthesis; uncertainty-weighted vote.",
+    smoke={**SMALL, "clients": 2, "shots": 1, "rounds": 2, "samples": 2},
+    summary=summary,
+    # FERA trains nothing: its rounds cost inference only, reported per row as passes per test example
+    bench=BenchAdapter(
+        FIXED,
+        r"fera-round\d+|plain-vote-round\d+",
+        row_names=lambda o: [
+            f"{p}-round{r}" for r in range(1, int(opt(o, FERAConfig, "rounds")) + 1) for p in ("fera", "plain-vote")
+        ],
+        touched=lambda o, seed, units: None,
+    ),
+)

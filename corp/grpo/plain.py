@@ -2,7 +2,7 @@
 GRPOTrainer computes it. No departures: no reweighting; the loss equals TRL's on identical inputs
 (tests/test_grpo.py)."""
 
-from corp.baselines.grpo.base import LossVariant, register_loss
+from corp.grpo.base import LossVariant, register_loss
 
 
 @register_loss

@@ -3,7 +3,7 @@
 The report table puts CoRP beside the base and RandOpt (top-1 and K-vote) on the same test split,
 each with passes per test example, tokens and FLOPs from the compute ledger; the selection cost
 (population scoring, plus CoRP's probe/validation evaluations) is reported separately.
-With `--low-rank auto|R` (ours, corp/consolidate/lowrank.py) the candidates are the low-rank
+With `--low-rank auto|R` (ours, corp/methods/consolidate/lowrank.py) the candidates are the low-rank
 projections of m1/m2, the recipe carries the factors file, `--export-lora` writes a PEFT adapter,
 and the report states the mode, how many matrices got a rank and LoRA vs full parameter counts.
 """
@@ -17,16 +17,6 @@ import time
 import warnings
 from collections.abc import Sequence
 
-from corp.consolidate.config import ConsolidateConfig
-from corp.consolidate.lowrank import (
-    LowRankProjector,
-    compress,
-    exact_lora,
-    export_lora,
-    read_analysis,
-    resolve_ranks,
-)
-from corp.consolidate.stage2 import consolidate_stage2
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.batched import direction_key, direction_rows, factored_for
 from corp.evaluate.context import (
@@ -41,6 +31,16 @@ from corp.evaluate.context import (
 from corp.evaluate.population import population_line, population_summary, randopt_results
 from corp.evaluate.scorer import ensure_population
 from corp.lowrank import FACTORS_FILE, LowRankDirection, write_factors
+from corp.methods.consolidate.config import ConsolidateConfig
+from corp.methods.consolidate.lowrank import (
+    LowRankProjector,
+    compress,
+    exact_lora,
+    export_lora,
+    read_analysis,
+    resolve_ranks,
+)
+from corp.methods.consolidate.stage2 import consolidate_stage2
 from corp.models import adapter_base, save_model
 from corp.operator.algebra import elite_set
 from corp.operator.corp_operator import consolidate_stage1, reward_scale

@@ -46,8 +46,8 @@ import numpy as np
 import torch
 
 from corp import CorpError
-from corp.analysis.linalg import one_thread
-from corp.analysis.rank_stats import (
+from corp.methods.analyze_rank.linalg import one_thread
+from corp.methods.analyze_rank.rank_stats import (
     TIE,
     NoiseStack,
     Plan,

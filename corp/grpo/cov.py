@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from corp.baselines.grpo.base import LossVariant, register_loss, valid_mean
+from corp.grpo.base import LossVariant, register_loss, valid_mean
 
 
 def covariance_weights(adv: torch.Tensor, logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

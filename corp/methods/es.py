@@ -43,6 +43,7 @@ import math
 import os
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import ClassVar
 
 import numpy as np
@@ -62,6 +63,7 @@ from corp.evaluate.context import (
     run_evals,
 )
 from corp.evaluate.scorer import population_meta
+from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, num, opt
 from corp.perturb import Component, Direction, ParamFilter
 from corp.perturb.noise import derive_seeds
 from corp.recipe import make_recipe, produced_weights, write_recipe
@@ -383,3 +385,64 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
         ]
     )
     return report
+
+
+def summary(report: dict) -> str:
+    lines = [
+        f"iteration {m['iteration']}: population reward {num(m.get('reward_mean'))} (max "
+        f"{num(m.get('reward_max'))}), centre {num(m.get('centre_reward'))}"
+        for m in report.get("metrics") or []
+    ]
+    led = report.get("training_ledger") or {}
+    if report.get("table"):
+        lines.append(report["table"])
+    lines.append(
+        f"test accuracy: base {num(report.get('test_accuracy_before'))} -> es "
+        f"{num(report.get('test_accuracy_after'))}  (training {num(led.get('flops'), '.3e')} FLOPs)"
+    )
+    lines.append(f"run directory: {report.get('run_dir')}")
+    return "\n".join(lines)
+
+
+def _support_share(o: dict) -> float:
+    """The share of a support pass one ES evaluation costs: prompts_per_iteration of n_support (0: all)."""
+    k, n = int(opt(o, ESConfig, "prompts_per_iteration")), max(1, int(opt(o, ESConfig, "n_support")))
+    return min(k, n) / n if k else 1.0
+
+
+def _touched(o: dict, seed: int, units: int | None) -> int | None:
+    """ES scores every member on its iteration's batch (iteration_batch) or the whole support."""
+    n = int(o.get("n_support") or 0)
+    k = int(opt(o, ESConfig, "prompts_per_iteration"))
+    if not k or k >= n or units is None:
+        return n
+    support = list(range(n))
+    c = SimpleNamespace(prompts_per_iteration=k, seed=seed)
+    return len({i for t in range(units) for i in iteration_batch(c, support, t)})
+
+
+METHOD = Method(
+    "es",
+    ESConfig,
+    run_es,
+    "ES: iterative OpenES around a moving centre; saves the model and its seed recipe, reports test accuracy.",
+    recipes=("es",),
+    model=True,
+    smoke={**SMALL, "iterations": 2, "population": 4, "sigma": 0.05, "alpha": 0.05},
+    summary=summary,
+    # one ES iteration scores `population` specialists and (unless skipped) the centre, each on
+    # prompts_per_iteration support examples (0: all of them)
+    bench=BenchAdapter(
+        ITERATIVE,
+        r"es",
+        flops=("training_ledger.flops",),
+        equal_data=True,
+        unit="iterations",
+        units_done="iterations",
+        unit_evals=lambda o: (
+            (float(opt(o, ESConfig, "population")) + (0.0 if opt(o, ESConfig, "skip_centre_eval") else 1.0))
+            * _support_share(o)
+        ),
+        touched=_touched,
+    ),
+)

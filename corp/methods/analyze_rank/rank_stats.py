@@ -44,7 +44,7 @@ low-rank analysis", with these departures, each for a reason:
    to sampling, because a fixed combination of iid Gaussian noise tensors is an iid Gaussian
    matrix.
 6. Added (not in docs/methods.md): the power of the rule at the population size and matrix shapes of
-   the run (`corp.analysis.power`), because "no reproducible structure" means little without it.
+   the run (`corp.methods.analyze_rank.power`), because "no reproducible structure" means little without it.
 
 Efficiency (the point of the design): per matrix, every specialist's noise is generated ONCE and
 stacked, E (N x m*n, rows sigma_i eps_i); every split's and every permutation's aggregates are
@@ -54,7 +54,7 @@ not fit the memory budget (--memory-mb) the noise is streamed instead: for a chu
 coefficient rows, each specialist's tensor is regenerated and accumulated (then a specialist's
 noise is drawn once per chunk, counted in `noise_draws`). Top-r subspaces come from
 `torch.svd_lowrank` (q = max rank + 8, 2 power iterations), or are exact (eigendecomposition of
-the Gram matrix) when a matrix side is <= 160 (`corp.analysis.linalg.top_svd`); the observed
+the Gram matrix) when a matrix side is <= 160 (`corp.methods.analyze_rank.linalg.top_svd`); the observed
 statistic and its null use the same estimator, so approximation error does not bias the test.
 Memory: E, one chunk of aggregates and their factors, never N models.
 """
@@ -72,7 +72,7 @@ import torch
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.analysis.linalg import one_thread, top_svd
+from corp.methods.analyze_rank.linalg import one_thread, top_svd
 from corp.perturb import noise
 from corp.perturb.noise import SCHEME_VERSION
 from corp.stats import zscore

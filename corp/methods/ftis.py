@@ -25,7 +25,7 @@ Choices of ours (the paper's are not public), each stated:
   per-token logprobs do not align with local tokens, defines mu per LOCAL token as the sender's
   reported sequence log-probability spread evenly: log mu_t = log mu(text) / T_local. The product
   of the per-token ratios is then exactly pi_old(text) / mu(text); per token it is an approximation.
-- Built on corp grpo (corp.baselines.grpo.core): FTISConfig extends GRPOConfig and a node is a
+- Built on corp grpo (corp.grpo.trainer): FTISConfig extends GRPOConfig and a node is a
   GRPOTrainer (optimizer set-up, checkpoint, micro-batch step) whose per-token loss is F-TIS's.
   num_iterations = 1 (pi_old = the current weights, detached), no KL penalty to a reference, no
   LoRA, no loss variant (those GRPO options are refused, UNSUPPORTED): the policy-gradient part is
@@ -40,7 +40,7 @@ Choices of ours (the paper's are not public), each stated:
   and both ledgers are reported so the comparison at matched FLOPs can be read off.
 - Compute: `method_flops` is every node's ledger summed (each at its own model's size: generation,
   the logprob forward, training on the mixed group), the cost of F-TIS's models; `corp bench`
-  charges it to node 0's row (corp.bench.adapters.FTIS). A run resumed with more --max-steps continues
+  charges it to node 0's row (its bench adapter, METHOD below). A run resumed with more --max-steps continues
   from the per-node checkpoints (weights, AdamW state, ledgers, traffic) and equals one run for the
   larger count (tests/test_bench_ftis.py); a checkpoint past --max-steps is reported at its own step.
 """
@@ -58,17 +58,20 @@ from dataclasses import dataclass
 import torch
 
 from corp import CorpError
-from corp.baselines.grpo.core import (
+from corp.config import RunConfig, config_to_dict, flag
+from corp.evaluate.rewards import compute_rewards
+from corp.grpo.trainer import (
     GRPOConfig,
     GRPOTrainer,
     build_batch,
+    drawn_positions,
     group_advantages,
     per_token_loss,
     token_logps_and_entropy,
 )
-from corp.config import RunConfig, config_to_dict, flag
-from corp.evaluate.rewards import compute_rewards
 from corp.ledger import Ledger
+from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, opt, option_default
+from corp.models import resolve_model
 from corp.runs import ReportRow, format_rows, read_jsonl, write_report
 from corp.stats import PerExample
 
@@ -196,7 +199,7 @@ def ftis_token_loss(
 ):
     """F-TIS per-token loss (B, T) before aggregation, and (weights, keep, kl) for logging.
 
-    GRPO's clipped per-token loss (corp.baselines.grpo.core.per_token_loss, no KL term) times the
+    GRPO's clipped per-token loss (corp.grpo.trainer.per_token_loss, no KL term) times the
     detached truncated importance weight, with filtered completions weighted 0."""
     old = old_logps.detach()
     w = tis_weights(old, mu_logps, off_policy, cap)
@@ -603,7 +606,6 @@ def run_ftis(cfg: FTISConfig) -> dict:
     """Train every node with F-TIS (and, unless --skip-grpo-baseline, on-policy GRPO per node alone), evaluate per step, write the report."""
     from corp.evaluate.context import open_run, run_evals
     from corp.evaluate.tasks import SplitSizes, get_task, make_splits
-    from corp.models import resolve_model
 
     names = cfg.node_models()
     for k, name in enumerate(names):  # before the run directory exists: a missing model is one line, nothing written
@@ -701,7 +703,7 @@ def _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> dict:
         compare,
         ids if report_rows else None,
         reconstruction=(
-            "F-TIS, arXiv 2605.22537: a reconstruction from docs/methods.md (choices stated in corp/baselines/ftis.py)"
+            "F-TIS, arXiv 2605.22537: a reconstruction from docs/methods.md (choices stated in corp/methods/ftis.py)"
         ),
         steps=reached["ftis"],
         # every party's compute toward F-TIS's models: the sum over nodes, each at its own model's size
@@ -780,3 +782,66 @@ def summary(report: dict) -> str:
         lines.append(report["table"])
     lines.append(f"run directory: {report['run_dir']}")
     return "\n".join(lines)
+
+
+# In the bench, node 0 (the bench's model) learns beside the other nodes (e.g. Gemma 3 270M); one step = every
+# node generates prompts_per_step * num_generations completions, computes their logprobs, and trains on
+# the mixed group. The cell's FLOPs are every node's (`method_flops`, each at its own model's size);
+# the row is node 0's model. Node 0 alone is evaluated on test, and the GRPO comparison arm (GRPO has
+# its own cells) is not run: both would only feed F-TIS's own report.
+def _n_nodes(o: dict) -> int:
+    nodes = o.get("nodes", option_default(FTISConfig, "nodes"))
+    names = [n for n in (nodes if isinstance(nodes, (list, tuple)) else str(nodes).split(",")) if str(n).strip()]
+    return len(names) or int(opt(o, FTISConfig, "n_nodes"))
+
+
+def _nodes_usable(cfg, splits: dict) -> None:
+    """Before compute: node 0 is the bench's model (F-TIS's row is node 0's), and every node's model
+    resolves (a partner that is not installed, e.g. gemma3-270m without `make gemma`, is one line
+    here instead of a failure at the first F-TIS cell)."""
+    names = cfg.node_models()
+    if names[0] != cfg.model:
+        raise CorpError(
+            f"--nodes '{cfg.nodes}' starts with '{names[0]}', but the bench's model is '{cfg.model}' and F-TIS's "
+            "row is node 0's model; put the bench's model first"
+        )
+    for k, name in enumerate(names):
+        try:
+            resolve_model(name)  # converts an embedded model once; later calls only find it
+        except CorpError as exc:
+            raise CorpError(f"node {k} ('{name}'): {exc}") from None
+
+
+METHOD = Method(
+    "ftis",
+    FTISConfig,
+    run_ftis,
+    "F-TIS (reconstruction): nodes with their own models share rollouts + logprobs; GRPO on the mixed group with "
+    "truncated importance weights and a KL filter; vs on-policy GRPO per node.",
+    smoke={**SMALL, "steps": 2, "prompts_per_step": 2, "num_generations": 2, "learning_rate": 1e-3},
+    summary=summary,
+    bench=BenchAdapter(
+        ITERATIVE,
+        r"node0-ftis",
+        flops=("method_flops",),
+        equal_data=True,
+        unit="steps",
+        units_done="steps",
+        # a lower bound at the bench model's size: every node generates its completions on a share of support
+        unit_evals=lambda o: (
+            _n_nodes(o)
+            * float(opt(o, FTISConfig, "prompts_per_step"))
+            * float(opt(o, FTISConfig, "num_generations"))
+            / max(1.0, float(opt(o, FTISConfig, "n_support")))
+        ),
+        defaults={"skip_grpo_baseline": True, "eval_nodes": "0", "eval_every": 1_000_000_000},
+        check=_nodes_usable,
+        touched=lambda o, seed, units: (
+            None
+            if units is None
+            else drawn_positions(
+                "corp-ftis", seed, units, int(o.get("n_support") or 0), int(opt(o, FTISConfig, "prompts_per_step"))
+            )
+        ),
+    ),
+)

@@ -19,7 +19,7 @@ With `--num-iterations 1` logp_old is logp detached (TRL skips its computation),
 the clip is inactive; with mu > 1 the batch is reused mu times against logp_old computed once.
 
 Loss variants (`--loss`) are small registered classes, one file each (interface and registry:
-corp/baselines/grpo/base.py): per-response and per-token weights (detached, >= 0) on the clipped
+corp/grpo/base.py): per-response and per-token weights (detached, >= 0) on the clipped
 per-token loss; the ratio and the clip are GRPO's for every variant.
 
 Where we depart from TRL, and why:
@@ -34,8 +34,6 @@ Where we depart from TRL, and why:
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import math
 import os
 import random
@@ -47,13 +45,12 @@ import torch
 from tqdm.auto import tqdm
 
 from corp import CorpError
-from corp.config import RunConfig, config_to_dict, flag
+from corp.config import RunConfig, flag
 from corp.evaluate.backends.base import MODEL
-from corp.evaluate.context import cached_eval, eval_identity, eval_key, open_run, run_evals
 from corp.evaluate.rewards import compute_rewards
+from corp.grpo.base import get_loss
 from corp.ledger import Ledger
-from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
-from corp.stats import PerExample
+from corp.runs import append_jsonl, read_jsonl
 
 AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 
@@ -61,7 +58,7 @@ AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 @dataclass
 class GRPOConfig(RunConfig):
     loss: str = "grpo"
-    """Loss variant, a registered name (corp/baselines/grpo/): grpo (plain), cov (covariance-weighted), reco (coverage reweighting)."""
+    """Loss variant, a registered name (corp/grpo/): grpo (plain), cov (covariance-weighted), reco (coverage reweighting)."""
     loss_type: str = "dapo"
     """Aggregation, as TRL's loss_type: grpo (per-sequence mean), dapo (token mean, TRL's default), dr_grpo (batch x max length)."""
     steps: int = 10
@@ -109,8 +106,6 @@ class GRPOConfig(RunConfig):
 
     def validate(self) -> GRPOConfig:
         super().validate()
-        from corp.baselines.grpo import get_loss
-
         get_loss(self.loss)  # an unknown name is refused here, listing the registered ones
         if self.scale_rewards not in ("group", "none"):
             raise CorpError(f"--scale-rewards '{self.scale_rewards}' is unknown; choose group or none")
@@ -299,7 +294,6 @@ class GRPOTrainer:
     purpose = "corp grpo (it trains the model in process)"  # named in the error when the backend holds no model
 
     def __init__(self, ctx, cfg: GRPOConfig):
-        from corp.baselines.grpo import get_loss
         from corp.evaluate.backends.hf import format_prompt
 
         self.ctx, self.cfg = ctx, cfg
@@ -582,76 +576,12 @@ class GRPOTrainer:
         return self.policy
 
 
-def run_grpo(cfg: GRPOConfig, backend=None) -> dict:
-    """Train with GRPO (or a variant), evaluate before/after on the test split, save model + report."""
-    from corp.models import save_model
-
-    needs = ("support",) if cfg.skip_test_eval else ("support", "test")
-    with open_run(cfg, f"grpo-{cfg.loss}", backend, needs=needs) as ctx:
-        _ = ctx.weights_hash  # the base's hash, taken before training (or a resumed checkpoint) changes the weights
-        evals = run_evals(ctx)  # the shared evaluation cache (keyed by weights, examples and settings)
-        trained_as = hashlib.sha256(
-            json.dumps(
-                {k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to")},
-                sort_keys=True,
-                default=str,
-            ).encode()
-        ).hexdigest()[:16]
-
-        def test_eval(key: str) -> dict | None:
-            if cfg.skip_test_eval:
-                return None
-            # the weights as they are (never set_direction: it restores the base); named by what made them
-            what = "base" if key == "base:test" else f"grpo|{key}|config={trained_as}|step={trainer.step}"
-            return cached_eval(ctx, evals, "test", what=what, current=True, kind="checkpoint")
-
-        trainer = GRPOTrainer(ctx, cfg)
-        if not trainer.ckpt_path.exists():
-            before = test_eval("base:test")
-        else:
-            before = (
-                evals.get(eval_key(eval_identity(ctx.eval_context(), "base", ctx.example_ids("test"))))
-                if not cfg.skip_test_eval
-                else None
-            )
-        trainer.train()
-        model = trainer.merged_model()
-        trainer.backend.model = model
-        after = test_eval("final:test")
-        save_model(model, trainer.tokenizer, ctx.run_dir / "model")
-        ids = ctx.example_ids("test")
-        rows = [
-            ReportRow(
-                name,
-                r["accuracy"],
-                1,
-                Ledger(trainer.ledger.n_params).add_generation(r["prompt_tokens"], r["generated_tokens"]),
-                labelled,
-                PerExample(r["correct"], ids),
-            )
-            for name, r, labelled in (("base", before, 0), (ctx.method, after, len(ctx.splits["support"])))
-            if r is not None
-        ]
-        report = write_report(
-            ctx.run_dir,
-            ctx.method,
-            cfg.model,
-            cfg.task,
-            rows,
-            [(ctx.method, "base")],
-            ids if rows else None,
-            steps=trainer.step,
-            lora_r=cfg.lora_r,
-            trainable_params=sum(p.numel() for _, p in trainer.trainable),
-            test_accuracy_before=before["accuracy"] if before else None,
-            test_accuracy_after=after["accuracy"] if after else None,
-            training_ledger=trainer.ledger.to_dict(),
-            trained_tokens_note=(
-                "prompt + completion tokens of every sequence in a "
-                "training forward/backward; 6N per token also for LoRA"
-            ),
-            model_dir=str(ctx.run_dir / "model"),
-        )
-        if rows:
-            report["table"] = format_rows(rows, report["comparisons"])
-        return report
+def drawn_positions(prefix: str, seed: int, steps: int, n: int, k: int) -> int:
+    """Distinct support positions drawn by `steps` steps of GRPO-style sampling:
+    random.Random(f"{prefix}|{seed}|{step}").sample(support, min(k, n)) at steps 0..steps-1 (GRPO's
+    `corp-grpo` in GRPOTrainer, F-TIS's `corp-ftis`); random.sample picks positions by the list's
+    length alone. The bench counts the labelled examples a run touched with it."""
+    seen: set[int] = set()
+    for step in range(steps):
+        seen.update(random.Random(f"{prefix}|{seed}|{step}").sample(range(n), min(k, n)))
+    return len(seen)

@@ -1,9 +1,9 @@
 """`corp analyze-rank`: the split-half low-rank analysis of a scored population, as a command.
 
 This module only wires the command: it reads the run (or scores one), finds the matrix shapes
-without loading weights, runs the statistics (`corp.analysis.rank_stats`, whose docstring holds
+without loading weights, runs the statistics (`corp.methods.analyze_rank.rank_stats`, whose docstring holds
 the specification, docs/methods.md "Split-half low-rank analysis", and where it departs) and the power
-simulation (`corp.analysis.power`), and writes the outputs (`corp.analysis.report`).
+simulation (`corp.methods.analyze_rank.power`), and writes the outputs (`corp.methods.analyze_rank.report`).
 
 The layers below it: `linalg` (SVD helpers), `rank_stats` (statistics and the r* rule), `power`,
 `report`. The low-rank helpers low-rank consolidation shares (`reproducible_ranks`,
@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from corp import CorpError
-from corp.analysis.linalg import subspace_overlap, top_svd
-from corp.analysis.power import analysis_power
-from corp.analysis.rank_stats import Plan, analyze_population, pair_stats
-from corp.analysis.report import summarise, summary_text, write_outputs
+from corp.methods.analyze_rank.linalg import subspace_overlap, top_svd
+from corp.methods.analyze_rank.power import analysis_power
+from corp.methods.analyze_rank.rank_stats import Plan, analyze_population, pair_stats
+from corp.methods.analyze_rank.report import summarise, summary_text, write_outputs
 from corp.perturb import ParamFilter
 from corp.perturb.noise import check_scheme
 from corp.runs import read_json, read_jsonl, write_json
@@ -248,13 +248,13 @@ def add_power(
 
 
 if __name__ == "__main__":
-    # python -m corp.analysis.split_half DIR [--power-sims N]: add the power block to an existing analysis
+    # python -m corp.methods.analyze_rank.split_half DIR [--power-sims N]: add the power block to an existing analysis
     import argparse
 
-    from corp.analysis.power import power_lines, power_sentence
+    from corp.methods.analyze_rank.power import power_lines, power_sentence
 
     ap = argparse.ArgumentParser(
-        prog="python -m corp.analysis.split_half",
+        prog="python -m corp.methods.analyze_rank.split_half",
         description="Add the power simulation to an analysis already in DIR (rank_summary.json).",
     )
     ap.add_argument("dir")

@@ -2,7 +2,7 @@
 text, the CSV table and plots. `reproducible_ranks`, which reads the r* table back for low-rank
 consolidation, is in the core module `corp/lowrank.py`.
 
-No algorithm here: the statistics and the rule are in `corp.analysis.rank_stats` (see its
+No algorithm here: the statistics and the rule are in `corp.methods.analyze_rank.rank_stats` (see its
 docstring for the specification and its departures), the power simulation in `power`.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from corp.analysis.power import power_lines, power_sentence
+from corp.methods.analyze_rank.power import power_lines, power_sentence
 from corp.runs import atomic_write_text, write_json
 
 
