@@ -6,7 +6,7 @@ Four tiers, lowest first; a module imports only from its own tier or below (issu
    `registry`, `runs`, `threads`, `extras`, `config`, `cards`, `tracking`, `method` (what a method is:
    `Method`, `BenchAdapter`), and what methods share that evaluates nothing: `recipe`, `lowrank`,
    `aggregation` (federated aggregation rules), `operator` (the CoRP operator: stage 1, merge rules,
-   Gram matrix, gate); (1) `evaluate` (tasks, rewards, backends, the run layer, population scoring),
+   Gram matrix, gate), `sandbox` (runs untrusted programs for the code rewards); (1) `evaluate` (tasks, rewards, backends, the run layer, population scoring),
    `clients` (the federated client split, messages and pool), `grpo` (the GRPO trainer and its loss
    variants, which GRPO, F-TIS, FGRPO and FERA use);
 2. `methods`: one module or package per method (`corp/methods/es.py`, `corp/methods/consolidate/`),
@@ -52,6 +52,7 @@ CORE_GROUND = (
     "lowrank",
     "aggregation",
     "operator",
+    "sandbox",
 )
 FLOORS = {
     **dict.fromkeys(CORE_GROUND, 0),

@@ -1,4 +1,4 @@
-"""Adversarial programs through `corp.evaluate.sandbox`: each must be contained and scored 0.
+"""Adversarial programs through `corp.sandbox`: each must be contained and scored 0.
 
 Every test checks the harm itself (a planted file, a listening socket, a secret, this process),
 not only the status, so that none can pass vacuously; where it can, a test also runs the attack
@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 
 from corp import CorpError
-from corp.evaluate import sandbox
-from corp.evaluate.sandbox import STATUSES, Status, Tests, run_many, run_program, status_counts
-from corp.evaluate.sandbox_wrapper import decode, encode
+from corp.sandbox import STATUSES, Status, Tests, run_many, run_program, status_counts
+from corp.sandbox import runner as sandbox
+from corp.sandbox.wrapper import decode, encode
 
 REPO = Path(__file__).resolve().parents[1]
 

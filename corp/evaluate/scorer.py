@@ -7,7 +7,7 @@ specialist (the row schema of `corp.evaluate.context.result_row`, kind "speciali
 specialist in flight and a rerun on the same run directory skips what is done.
 `population_meta.json` records everything that defines the rows: the population kind, model id and
 weights hash, backend, task signature, reward, support ids, generation length, noise scheme,
-parameter filter, master seed and sigmas (which fix the population order). `setup_run` (context.py) compares
+parameter filter, master seed and sigmas (which fix the population order). `setup_run` (corp/evaluate/context/lifecycle.py) compares
 the part known from the config before it writes anything (a refused resume leaves config.yaml and
 splits.json as they were); the rest is compared once the model is loaded, before any row is
 written. Reusing a run directory under another definition is an error, never a silent mix.

@@ -1,6 +1,6 @@
 """`mbpp` and `humaneval`: write a Python function; reward 1 when all the problem's tests pass.
 
-Every program runs in `corp.evaluate.sandbox` (own namespaces, no network, a private root without
+Every program runs in `corp.sandbox` (own namespaces, no network, a private root without
 the data directory, the repository or home, wall/CPU/memory/process/file limits), and its tests
 run in a separate tester process that the program cannot see or patch: values come back as plain
 data and the tester compares them itself. `reward` runs all completions of a call in parallel
@@ -53,7 +53,9 @@ import sys
 from collections.abc import Sequence
 
 from corp import CorpError
-from corp.evaluate.sandbox import (
+from corp.evaluate.tasks.base import Example, Task
+from corp.evaluate.tasks.data import data_file, data_signature, read_records
+from corp.sandbox import (
     STATUSES,
     UNSAFE_ENV,
     SandboxResult,
@@ -65,8 +67,6 @@ from corp.evaluate.sandbox import (
     status_counts,
     unsafe_allowed,
 )
-from corp.evaluate.tasks.base import Example, Task
-from corp.evaluate.tasks.data import data_file, data_signature, read_records
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n(.*?)```", re.DOTALL)
 _OPEN_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+.-]*)[^\n]*\n")

@@ -5,8 +5,8 @@
 `run_many(jobs)` runs many with bounded concurrency, results in input order. `isolation_level()`
 says which isolation this machine gives (see below) without running untrusted code.
 
-The process inside is `corp/evaluate/sandbox_wrapper.py`, a module of its own started as
-`python -I -S sandbox_wrapper.py CONFIG` (see its docstring for the process tree): it enters new
+The process inside is `corp/sandbox/wrapper.py`, a module of its own started as
+`python -I -S wrapper.py CONFIG` (see its docstring for the process tree): it enters new
 net, pid, mount and ipc namespaces, swaps in a private root that shows only the read-only system
 directories and the interpreter (no data directory, repository or home), forks a throwaway init
 (pid 1: when it dies the kernel kills every process in the namespace, fork bombs and daemons
@@ -130,7 +130,7 @@ def _give_uid(uid: int) -> None:
         _uids_in_use.discard(uid)
 
 
-WRAPPER = str(Path(__file__).with_name("sandbox_wrapper.py"))
+WRAPPER = str(Path(__file__).with_name("wrapper.py"))
 ISOLATED_LEVELS = ("namespaces+uid", "user-namespaces")
 UNSAFE_ENV = "CORP_UNSAFE_NO_ISOLATION"
 MINIMAL_ENV = {

@@ -1,6 +1,6 @@
 """The sandbox's inner program: isolates itself, then runs one untrusted program (and its tests).
 
-`corp.evaluate.sandbox` starts this file as `python -I -S sandbox_wrapper.py CONFIG_JSON` with the
+`corp.sandbox` (runner.py) starts this file as `python -I -S wrapper.py CONFIG_JSON` with the
 program on stdin, the tests (if any) in a memfd, and a status pipe; it reports JSON events on that
 pipe. It imports only the standard library (it runs under `-I`, with no `corp` on its path) and
 is importable for linters, type checkers and the codec tests: `main()` runs only as a script.

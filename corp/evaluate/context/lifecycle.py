@@ -1,0 +1,142 @@
+"""A run's lifecycle: `setup_run` (resolve task, splits and reward, lock the run directory, refuse a
+directory made under another definition before writing anything) and `open_run` (the same for the
+length of a method's run: marked complete, failed or interrupted, the lock released either way)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+
+from tqdm.auto import tqdm
+
+from corp import CorpError
+from corp.config import RunConfig, config_to_dict
+from corp.evaluate.backends import Backend
+from corp.evaluate.context.finish import export_report_to, write_run_card
+from corp.evaluate.context.meta import META_FILE, META_FORMAT, POPULATION_FILE, compare_meta, default_definition
+from corp.evaluate.context.run_context import RunContext
+from corp.evaluate.rewards import resolve_reward
+from corp.evaluate.tasks import SPLITS, SplitSizes, dev_pool, get_task, make_splits
+from corp.models import check_model_reachable
+from corp.runs import RunLock, finish_run_dir, open_run_dir, read_json, write_json, write_status, write_yaml
+from corp.tracking import LiveLog, parse_report_to
+
+
+def setup_run(
+    cfg: RunConfig,
+    method: str,
+    backend: Backend | None = None,
+    needs: Sequence[str] = ("support", "test"),
+    defines: dict | None | str | Callable = "auto",
+) -> RunContext:
+    """Resolve task, splits, reward and run directory; lock the directory; check that a reused
+    directory was made under the same definition (`defines`: what the rows written here mean, or a
+    function (task, splits, max_new_tokens) -> that; "auto": a population's definition for
+    population configs) BEFORE writing anything; then write
+    config.yaml and splits.json. `backend` injects a ready backend (tests, reuse)."""
+    if cfg.threads:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
+    task = get_task(cfg.task, cfg.data)
+    reward_fn = resolve_reward(cfg.reward)
+    sizes = SplitSizes(cfg.n_support, cfg.n_probe, cfg.n_validation, cfg.n_test)
+    splits = make_splits(task, sizes, cfg.split_seed)
+    if cfg.report_on == "validation":
+        # a hyperparameter trial: every row a method reports on "test" is computed on validation
+        # instead, and the test examples are not evaluated at all
+        splits["test"] = list(splits["validation"])
+    elif cfg.report_on == "dev":
+        # a hyperparameter trial on the task's development pool (heldout=START,dev=N): disjoint from
+        # every selection split and from test, whatever the split sizes
+        splits["test"] = dev_pool(task, cfg.task)
+    for split in needs:
+        if not splits[split]:
+            raise CorpError(f"the {split} split is empty but {method} needs it; set --n-{split} >= 1")
+    max_new = cfg.max_new_tokens or task.max_new_tokens
+    if defines == "auto":
+        defines = default_definition(cfg, task, splits, max_new)
+    elif callable(defines):
+        defines = defines(task, splits, max_new)
+    if backend is None:  # a model that cannot be had is its error line before any run directory is announced
+        check_model_reachable(cfg.model)
+    run_dir, created = open_run_dir(cfg.run_dir, cfg.task, method, cfg.seed)
+    lock = RunLock(run_dir)
+    try:
+        lock.acquire()
+        if defines is not None and (run_dir / META_FILE).exists():
+            found = read_json(run_dir / META_FILE)
+            if found.get("format") != META_FORMAT:
+                raise CorpError(
+                    f"the population in '{run_dir}' was written by an older corp "
+                    "(rows not keyed by their examples); use another --output-dir"
+                )
+            compare_meta(found, defines, run_dir, POPULATION_FILE)
+        if os.environ.get("CORP_NO_PROGRESS") != "1":
+            tqdm.write(f"run directory: {run_dir}", file=sys.stderr)
+        # inside the try: a full disk here leaves no half-set-up directory this call created
+        write_yaml(run_dir / "config.yaml", {"method": method, **config_to_dict(cfg)})
+        write_json(
+            run_dir / "splits.json",
+            {
+                "split_seed": cfg.split_seed,
+                "report_on": cfg.report_on,
+                **{s: [e.id for e in splits[s]] for s in SPLITS},
+            },
+        )
+        write_status(run_dir, "running", method=method)
+    except BaseException as exc:
+        lock.release()
+        if created:
+            finish_run_dir(run_dir, created, exc if isinstance(exc, OSError) else RuntimeError("refused"))
+        raise
+    return RunContext(
+        cfg, method, task, splits, run_dir, reward_fn, backend, created=created, lock=lock, definition=defines
+    )
+
+
+@contextmanager
+def open_run(
+    cfg: RunConfig,
+    method: str,
+    backend: Backend | None = None,
+    needs: Sequence[str] = ("support", "test"),
+    defines: dict | None | str | Callable = "auto",
+) -> Iterator[RunContext]:
+    """`setup_run` for the length of a method's run: on success the run is marked complete; on an
+    error a directory this call created that holds nothing computed is removed, any other is marked
+    FAILED (or interrupted); the lock is released either way. A SIGTERM (a job scheduler, `timeout`)
+    is turned into an interrupt while the run is open, so it is recorded like Ctrl-C (SIGKILL cannot be)."""
+    ctx = setup_run(cfg, method, backend, needs, defines)
+    if parse_report_to(getattr(cfg, "report_to", "none")):
+        ctx.live = LiveLog(ctx.run_dir, cfg.report_to, {"method": method, **config_to_dict(cfg)})
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    exported = False
+    try:
+        yield ctx
+        # a full disk while writing the card or the event files fails the run like any other write
+        # (what was computed stays; a rerun with --output-dir writes them without recomputing)
+        write_run_card(ctx)
+        exported = True
+        export_report_to(ctx, fail_on_write=True)
+    except BaseException as exc:
+        finish_run_dir(ctx.run_dir, ctx.created, exc)
+        if not exported:
+            export_report_to(ctx)  # a failed run's logged steps too; the run's own error is the one reported
+        raise
+    else:
+        finish_run_dir(ctx.run_dir, ctx.created, None)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        ctx.close()
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt("terminated (SIGTERM)")

@@ -1,0 +1,85 @@
+"""What defines the rows written into a run directory (`population_definition`), and the check that
+refuses to reuse a directory written under another definition (`check_meta`, `compare_meta`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from corp import CorpError
+from corp.config import PopulationConfig, RunConfig
+from corp.evaluate.rewards import reward_identity
+from corp.perturb import scheme_from_flag
+from corp.runs import read_json, write_json
+
+POPULATION_FILE = "population.jsonl"
+
+
+META_FILE = "population_meta.json"
+
+
+META_FORMAT = 2
+
+
+POPULATION_ORDER = "specialist i = (specialist_seeds(seed)[i], sigmas[i % len(sigmas)])"
+
+
+def run_scheme(cfg) -> str:
+    """The noise scheme a config's `--noise` names (the current full-rank scheme without one)."""
+    return scheme_from_flag(getattr(cfg, "noise", None))
+
+
+def population_definition(cfg: RunConfig, task, splits, max_new_tokens: int, kind: str = "population", **more) -> dict:
+    """What defines the rows of a population, as far as the config tells (the model's weights hash
+    and id are added once it is loaded)."""
+    return {
+        "format": META_FORMAT,
+        "kind": kind,  # population (RandOpt/CoRP: noise around the base) | es (noise around a moving centre)
+        "model_name": cfg.model,
+        "task": task.signature(),
+        "reward": reward_identity(cfg.reward),
+        "split": "support",
+        "example_ids": [e.id for e in splits["support"]],
+        "max_new_tokens": max_new_tokens,
+        "noise_scheme": run_scheme(cfg),
+        "param_filter": {"include": getattr(cfg, "include", ".*"), "exclude": getattr(cfg, "exclude", "")},
+        "seed": cfg.seed,
+        **more,
+    }
+
+
+def default_definition(cfg: RunConfig, task, splits, max_new_tokens: int) -> dict | None:
+    if isinstance(cfg, PopulationConfig) and not cfg.from_run:
+        return population_definition(
+            cfg, task, splits, max_new_tokens, sigmas=[float(s) for s in cfg.sigmas], order=POPULATION_ORDER
+        )
+    return None
+
+
+def compare_meta(found: dict, expected: dict, where: Path, what: str, keys: Sequence[str] | None = None) -> None:
+    """Refuse when `found` (a stored meta) disagrees with `expected` on any of `keys` (default: all of expected)."""
+    for key in keys if keys is not None else expected:
+        if key not in expected:
+            continue
+        value = expected[key]
+        if found.get(key) != value:
+            shown = value if key != "example_ids" else f"{len(value)} ids"
+            was = found.get(key) if key != "example_ids" else f"{len(found.get(key) or [])} different ids"
+            raise CorpError(
+                f"{what} in '{where}' was made with {key} = {was}, not "
+                f"{shown}; use another --output-dir (or matching options)"
+            )
+
+
+def check_meta(path: Path, expected: dict, what: str) -> None:
+    """Refuse to reuse rows written under a different definition; write the meta if there is none."""
+    if not path.exists():
+        write_json(path, expected)
+        return
+    found = read_json(path)
+    if found.get("format") != expected.get("format"):
+        raise CorpError(
+            f"{what} in '{path.parent}' was written by an older corp "
+            "(rows not keyed by their examples); use another --output-dir"
+        )
+    compare_meta(found, expected, path.parent, what)

@@ -1,0 +1,133 @@
+"""`RunContext`: a run's resolved config, task, splits, run directory, reward and (built on first
+use) backend, with what every evaluation key of the run shares (`eval_context`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from corp.config import RunConfig
+from corp.evaluate.backends import Backend, make_backend
+from corp.evaluate.context.meta import run_scheme
+from corp.evaluate.rewards import reward_identity
+from corp.evaluate.tasks import Example, Task
+from corp.ledger import Ledger
+from corp.perturb import SCHEME_VERSION, ParamFilter
+from corp.runs import RunLock, append_jsonl
+
+
+@dataclass
+class RunContext:
+    """Everything a command needs: resolved config, task, splits, backend, reward, run directory.
+
+    The backend is built on first use from the config unless one is given (`set_backend`);
+    `release_backend` drops it (e.g. to free memory). `executor` is where population scoring runs
+    (corp.evaluate.executors.get_executor sets it). `close()` releases the run-directory lock.
+    """
+
+    cfg: RunConfig
+    method: str
+    task: Task
+    splits: dict[str, list[Example]]
+    run_dir: Path | None
+    reward_fn: Callable | None
+    _backend: Backend | None = None
+    _weights_hash: str | None = None
+    executor: object | None = None
+    created: bool = False  # this invocation created run_dir (a failure that computed nothing removes it)
+    lock: RunLock | None = None
+    definition: dict | None = None  # what defines the population rows written here (population_definition)
+    population_source: dict | None = None  # where the population came from and which rows were taken (for the report)
+    live: object | None = None  # corp.tracking.LiveLog under --report-to (open_run sets it)
+
+    def log_row(self, path: str | Path, row: dict) -> None:
+        """Append a metrics row (metrics.jsonl, rounds.jsonl) and hand it to `--report-to` live."""
+        append_jsonl(path, row)
+        if self.live is not None:
+            self.live.log(path, row)
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            pf = ParamFilter(getattr(self.cfg, "include", ".*"), getattr(self.cfg, "exclude", ""))
+            self._backend = make_backend(
+                self.cfg.backend,
+                self.cfg.model,
+                self.cfg.device,
+                self.cfg.dtype,
+                self.cfg.batch_size,
+                pf,
+                self.noise_scheme,
+                engine_options(self.cfg),
+            )
+        return self._backend
+
+    @property
+    def noise_scheme(self) -> str:
+        """The run's noise scheme (`--noise`; full-rank when the config has none)."""
+        return run_scheme(self.cfg)
+
+    def has_backend(self) -> bool:
+        return self._backend is not None
+
+    def set_backend(self, backend: Backend) -> None:
+        """Use this backend (a ready one, or a proxy such as the Ray executor's) from now on."""
+        self._backend = backend
+
+    def release_backend(self) -> None:
+        """Drop the backend (the next use builds a new one)."""
+        self._backend = None
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self.cfg.max_new_tokens or self.task.max_new_tokens
+
+    @property
+    def model_id(self) -> str:
+        return self.backend.model_id or self.cfg.model  # None: an in-memory model, named by --model
+
+    @property
+    def weights_hash(self) -> str:
+        if self._weights_hash is None:
+            self._weights_hash = self.backend.weights_hash
+        return self._weights_hash
+
+    def example_ids(self, split: str) -> list[str]:
+        return [e.id for e in self.splits[split]]
+
+    def ledger(self) -> Ledger:
+        return Ledger(self.backend.n_params)
+
+    def eval_context(self) -> dict:
+        """The parts of an evaluation's identity that are the same for every row of this run."""
+        return {
+            "model": self.model_id,
+            "weights_hash": self.weights_hash,
+            "backend": self.backend.name,
+            "task": self.task.signature(),
+            "reward": reward_identity(self.cfg.reward),
+            "max_new_tokens": self.max_new_tokens,
+            # another scheme's seeds are other weights; the full-rank default stays out of the key so
+            # that rows cached before schemes were selectable keep their keys
+            **({"noise_scheme": self.noise_scheme} if self.noise_scheme != SCHEME_VERSION else {}),
+        }
+
+    def close(self) -> None:
+        ex, self.executor = self.executor, None
+        if ex is not None:  # a Ray executor stops the actors and the local Ray it started
+            if getattr(self._backend, "executor", None) is ex:
+                self._backend.close()  # the driver's proxy to those actors (and its host copy)
+                self._backend = None
+            ex.close()
+        if self.lock is not None:
+            self.lock.release()
+
+
+def engine_options(cfg) -> dict:
+    """The vLLM engine's options from a run's config (the hf backend takes none)."""
+    return {
+        "tensor_parallel_size": getattr(cfg, "tensor_parallel_size", 1),
+        "gpu_memory_utilization": getattr(cfg, "gpu_memory_utilization", None),
+        "enforce_eager": getattr(cfg, "enforce_eager", False) or None,
+    }
