@@ -1,4 +1,4 @@
-"""F-TIS (corp/methods/ftis.py): the truncated importance weight, the KL filter, equality with
+"""F-TIS (corp/methods/ftis/): the truncated importance weight, the KL filter, equality with
 plain GRPO (and TRL) on on-policy data, sharing across tokenizers, and the command end to end."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from corp import CorpError
 from corp.grpo.trainer import aggregate, per_token_loss
-from corp.methods.ftis import Node, Rollout, ftis_token_loss, generator_kl, keep_mask, tis_weights
+from corp.methods.ftis.node import Node, Rollout, ftis_token_loss, generator_kl, keep_mask, tis_weights
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 
@@ -273,7 +273,7 @@ def test_bad_options_are_one_line(tmp_path):
 def test_grpo_options_ftis_lacks_are_refused_not_ignored():
     """FTISConfig extends GRPOConfig: every inherited option F-TIS does not implement is one line, never a silent no-op."""
     from corp.config import flag, load_config
-    from corp.methods.ftis import UNSUPPORTED, FTISConfig
+    from corp.methods.ftis.config import UNSUPPORTED, FTISConfig
 
     other = {"loss": "cov", "beta": 0.1, "num_iterations": 2, "lora_r": 8, "lora_alpha": 16, "lora_targets": "q_proj"}
     assert set(other) == set(UNSUPPORTED)
@@ -292,7 +292,8 @@ def test_trained_as_key_of_a_run_from_before_the_grpo_config():
     """The evaluation-cache key of F-TIS's trained weights is the one it had before FTISConfig extended GRPOConfig
     (the inherited options at their defaults do not enter it); an inherited option that works changes it."""
     from corp.config import config_to_dict, load_config
-    from corp.methods.ftis import FTISConfig, _trained_as
+    from corp.methods.ftis import FTISConfig
+    from corp.methods.ftis.run import _trained_as
 
     cfg = load_config(FTISConfig, None, {"steps": 2, "tis_cap": 1.5})
     before = (

@@ -1,0 +1,407 @@
+"""`corp ftis`: train every node with F-TIS (and on-policy GRPO per node as the comparison arm),
+evaluate per step, write the report."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import random
+import time
+
+from corp import CorpError
+from corp.config import RunConfig, config_to_dict
+from corp.evaluate.rewards import compute_rewards
+from corp.grpo.trainer import (
+    GRPOConfig,
+)
+from corp.ledger import Ledger
+from corp.methods.ftis.config import FTISConfig
+from corp.methods.ftis.node import Node, Rollout, same_tokenizer
+from corp.models import resolve_model
+from corp.runs import ReportRow, format_rows, read_jsonl, write_report
+from corp.stats import PerExample
+
+# ---------------------------------------------------------------- one arm: F-TIS over all nodes, or GRPO on one
+
+
+def _examples_for(cfg: FTISConfig, support, step: int):
+    rng = random.Random(f"corp-ftis|{cfg.seed}|{step}")  # shared by every node: prompts are never sent
+    return rng.sample(support, min(cfg.prompts_per_step, len(support)))
+
+
+def _eval_steps(cfg: FTISConfig, last: int | None = None) -> list[int]:
+    """The steps evaluated: 0, every --eval-every, and the last one (`last`: the step the nodes
+    reached, which a run directory trained further than --max-steps holds: its model is evaluated, never
+    a step it no longer has)."""
+    last = cfg.steps if last is None else last
+    return [s for s in range(last + 1) if s == 0 or (s <= cfg.steps and s % cfg.eval_every == 0) or s == last]
+
+
+def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trained_as: str, ood) -> list[dict]:
+    """Train `nodes` together (F-TIS; a single node is on-policy GRPO) for cfg.steps steps, resumable
+    from per-node checkpoints; evaluate at the steps `_eval_steps` names. Returns metric rows (one
+    per node per step) and evaluation rows."""
+    run_dir = nodes[0].ctx.run_dir
+    for n in nodes:
+        n.ckpt_path = run_dir / f"{arm}-node{n.index}.pt"
+    if all(n.ckpt_path.exists() for n in nodes):
+        for n in nodes:
+            n.load_checkpoint()
+        if len({n.step for n in nodes}) > 1:
+            raise CorpError(
+                f"the {arm} checkpoints in '{run_dir}' are at different steps "
+                "(interrupted between two saves); use another --output-dir"
+            )
+    metrics_path = run_dir / "metrics.jsonl"
+    done = nodes[0].step
+    last = max(cfg.steps, done)  # a checkpoint past --max-steps (trained further before) is reported as what it is
+    index = {n.index for n in nodes}
+    logged = {
+        (r["node"], r["step"]): r
+        for r in read_jsonl(metrics_path, key="step")
+        if r.get("arm") == arm and r["node"] in index and r["step"] <= done
+    }
+    tokenizers = {n.index: n.tokenizer for n in nodes}
+    for n in nodes:  # the weights as they are now (base, or the checkpoint's step)
+        _evaluate(arm, n, n.step, evals, trained_as, ood, compute=n.step in _eval_steps(cfg, last))
+    while nodes[0].step < cfg.steps:
+        t0 = time.perf_counter()
+        step = nodes[0].step
+        examples = _examples_for(cfg, nodes[0].ctx.splits["support"], step)
+        rollouts: list[Rollout] = []
+        for n in nodes:
+            rollouts.extend(n.rollouts(examples, G, seed=cfg.seed * 1_000_003 + 7919 * n.index + step))
+        rollouts.sort(key=lambda r: (r.prompt_index, r.sender))  # prompt-major: each prompt's mixed group together
+        ctx = nodes[0].ctx
+        rewards, errors = compute_rewards(
+            ctx.task, [r.text for r in rollouts], [examples[r.prompt_index] for r in rollouts], ctx.reward_fn
+        )
+        # every node computes the same rewards from the text and its own copy of the prompts: rewards are never sent
+        sent = {
+            n.index: sum(
+                r.wire_bytes(not same_tokenizer(n.tokenizer, m.tokenizer))
+                for r in rollouts
+                if r.sender == n.index
+                for m in nodes
+                if m is not n
+            )
+            for n in nodes
+        }
+        for n in nodes:
+            received_before = n.bytes_received
+            n.bytes_sent += sent[n.index]
+            stats = n.train_on(examples, rollouts, rewards, tokenizers, G * len(nodes))
+            own = [x for x, r in zip(rewards, rollouts) if r.sender == n.index]
+            row = {
+                "arm": arm,
+                "node": n.index,
+                "model": n.name,
+                "step": n.step,
+                "reward": sum(rewards) / len(rewards),
+                "own_reward": sum(own) / len(own),
+                "reward_errors": errors,
+                **stats,
+                "bytes_sent": sent[n.index],
+                "bytes_received": n.bytes_received - received_before,
+                "seconds": time.perf_counter() - t0,
+                **{f"ledger_{k}": v for k, v in n.ledger.to_dict().items()},
+            }
+            nodes[0].ctx.log_row(metrics_path, row)  # also to --report-to, live
+            logged[(n.index, n.step)] = row
+        if nodes[0].step % cfg.checkpoint_every == 0 or nodes[0].step == cfg.steps:
+            for n in nodes:
+                n.save_checkpoint()
+        for n in nodes:
+            _evaluate(arm, n, n.step, evals, trained_as, ood, compute=n.step in _eval_steps(cfg, last))
+    rows = [logged[k] for k in sorted(logged)]
+    # every evaluation of the arm, read from the cache (each was computed when the node was at that step)
+    for n in nodes:
+        for s in _eval_steps(cfg, last):
+            rows.extend(_evaluate(arm, n, s, evals, trained_as, ood, compute=False))
+    return rows
+
+
+def _what(arm: str, n: Node, step: int, trained_as: str) -> str:
+    return "base" if step == 0 else f"ftis|{arm}|node{n.index}|config={trained_as}|step={step}"
+
+
+def _evaluate(arm: str, n: Node, step: int, evals, trained_as: str, ood, compute: bool) -> list[dict]:
+    """Greedy test accuracy (and, at step 0 and the last step, OOD accuracy) of node n at `step`,
+    through the run's evaluation cache. `compute`: evaluate the current weights if not cached
+    (they must be the weights of `step`); else only read the cache."""
+    from corp.evaluate.context import cached_eval, eval_identity, eval_key
+
+    cfg = n.cfg
+    if cfg.skip_test_eval or n.index not in cfg.evaluated_nodes():
+        return []
+    targets = [("test", n.ctx)]
+    if ood is not None and (step == 0 or step >= cfg.steps):
+        targets.append(
+            (
+                "ood",
+                dataclasses.replace(
+                    n.ctx,
+                    task=ood[0],
+                    splits={**n.ctx.splits, "test": ood[1]},
+                    _weights_hash=n.ctx.weights_hash,
+                    lock=None,
+                ),
+            )
+        )
+    out = []
+    what = _what(arm, n, step, trained_as)
+    for split, c in targets:
+        if compute:
+            row = cached_eval(c, evals, "test", what=what, current=True, kind="checkpoint" if step else "base")
+        else:
+            row = evals.get(eval_key(eval_identity(c.eval_context(), what, c.example_ids("test"))))
+            if row is None:
+                continue
+        out.append(
+            {
+                "kind": "eval",
+                "arm": arm,
+                "node": n.index,
+                "step": step,
+                "split": split,
+                "accuracy": row["accuracy"],
+                "row": row,
+            }
+        )
+    return out
+
+
+# ---------------------------------------------------------------- the command
+
+
+def _node_context(cfg: FTISConfig, ctx, k: int, name: str):
+    """Node k's run context: the run's, with its own model, backend and weights hash. A model that
+    cannot be loaded is one line naming the node."""
+    from corp.evaluate.backends import make_backend
+    from corp.perturb import ParamFilter
+
+    try:
+        b = make_backend(cfg.backend, name, cfg.device, cfg.dtype, cfg.batch_size, ParamFilter(".*", ""))
+    except CorpError as exc:
+        raise CorpError(f"node {k} ('{name}'): {exc}") from None
+    return dataclasses.replace(ctx, cfg=dataclasses.replace(cfg, model=name), _backend=b, _weights_hash=None, lock=None)
+
+
+# not part of what trained the weights
+_NOT_TRAINING = (
+    "run_dir",
+    "threads",
+    "report_to",
+    "eval_every",
+    "ood_task",
+    "skip_grpo_baseline",
+    "skip_test_eval",
+    "checkpoint_every",
+    "eval_nodes",
+)
+
+
+def _trained_as(cfg: FTISConfig) -> str:
+    """The key of the trained weights in the evaluation cache. Options that came with GRPOConfig enter it
+    only away from their defaults, so a run keyed before F-TIS extended GRPOConfig keeps its key."""
+    defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+    had = {
+        "steps",
+        "prompts_per_step",
+        "num_generations",
+        "temperature",
+        "learning_rate",
+        "epsilon",
+        "loss_type",
+        "grad_accum",
+        "max_grad_norm",
+        "skip_test_eval",
+    }  # F-TIS's own fields before it extended GRPOConfig
+    new = set(defaults) - had - {f.name for f in dataclasses.fields(RunConfig)}
+    identity = {
+        k: v for k, v in config_to_dict(cfg).items() if k not in _NOT_TRAINING and not (k in new and v == defaults[k])
+    }
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_ftis(cfg: FTISConfig) -> dict:
+    """Train every node with F-TIS (and, unless --skip-grpo-baseline, on-policy GRPO per node alone), evaluate per step, write the report."""
+    from corp.evaluate.context import open_run, run_evals
+    from corp.evaluate.tasks import SplitSizes, get_task, make_splits
+
+    names = cfg.node_models()
+    for k, name in enumerate(names):  # before the run directory exists: a missing model is one line, nothing written
+        try:
+            resolve_model(name)
+        except CorpError as exc:
+            raise CorpError(f"node {k} ('{name}'): {exc}") from None
+    needs = ("support",) if cfg.skip_test_eval else ("support", "test")
+    ood = None
+    if cfg.ood_task and not cfg.skip_test_eval:
+        otask = get_task(cfg.ood_task, cfg.data)
+        ood = (otask, make_splits(otask, SplitSizes(0, 0, 0, cfg.n_test), cfg.split_seed)["test"])
+        if not ood[1]:
+            raise CorpError(f"--ood-task '{cfg.ood_task}' has no test examples")
+    with open_run(cfg, "ftis", None, needs=needs, defines=None) as ctx:
+        evals = run_evals(ctx)
+        trained_as = _trained_as(cfg)
+        node_ctxs = [_node_context(cfg, ctx, k, name) for k, name in enumerate(names)]
+        if cfg.no_retokenize:  # before anything is computed: the run directory is removed, not left half-written
+            toks = [c.backend.tokenizer for c in node_ctxs]
+            for k, t in enumerate(toks[1:], 1):
+                if not same_tokenizer(toks[0], t):
+                    raise CorpError(
+                        f"node 0 ('{names[0]}') and node {k} ('{names[k]}') use different tokenizers and "
+                        "--no-retokenize forbids sharing text; use nodes with one tokenizer or drop --no-retokenize"
+                    )
+        hashes = [c.weights_hash for c in node_ctxs]  # the bases' hashes, before training changes the weights
+        nodes = [Node(k, names[k], c, cfg) for k, c in enumerate(node_ctxs)]
+        rows = _train_arm("ftis", nodes, cfg, cfg.num_generations, evals, trained_as, ood)
+        reached = {"ftis": nodes[0].step}  # the steps the models hold (more than --max-steps if trained further before)
+        ledgers = {("ftis", n.index): n.ledger.to_dict() for n in nodes}
+        traffic = {n.index: {"bytes_sent": n.bytes_sent, "bytes_received": n.bytes_received} for n in nodes}
+        del nodes, node_ctxs  # free the trained models before the baseline reloads the bases
+        if not cfg.skip_grpo_baseline:
+            for k, name in enumerate(names):  # each node alone, from its base weights (reloaded and checked)
+                c = _node_context(cfg, ctx, k, name)
+                if c.weights_hash != hashes[k]:
+                    raise CorpError(
+                        f"node {k} ('{name}') reloaded with other weights "
+                        "than at the start of the run; its files changed"
+                    )
+                node = Node(k, name, c, cfg)
+                rows += _train_arm("grpo", [node], cfg, cfg.num_generations * len(names), evals, trained_as, ood)
+                reached[("grpo", k)] = node.step
+                ledgers[("grpo", k)] = node.ledger.to_dict()
+                del node, c
+        return _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached)
+
+
+def _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> dict:
+    """report.json: per node, rows base / ftis / grpo on the test split (each row's ledger: its test
+    generation; the training ledgers are under `nodes`), accuracy per step, OOD accuracy, bytes."""
+    ids = ctx.example_ids("test") if not cfg.skip_test_eval else None
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    report_rows, compare = [], []
+    for k, name in enumerate(names):
+
+        def at(arm, step, split="test", k=k):  # k bound here: `at` is called within this iteration only
+            return next(
+                (r for r in evals if r["arm"] == arm and r["node"] == k and r["split"] == split and r["step"] == step),
+                None,
+            )
+
+        for label, r, trained in (
+            (f"node{k}-base", at("ftis", 0), False),
+            (f"node{k}-ftis", at("ftis", reached["ftis"]), True),
+            (f"node{k}-grpo", at("grpo", reached.get(("grpo", k), cfg.steps)), True),
+        ):
+            if r is None:
+                continue
+            ev = r["row"]
+            led = Ledger(ledgers[("ftis", k)]["n_params"]).add_generation(ev["prompt_tokens"], ev["generated_tokens"])
+            report_rows.append(
+                ReportRow(
+                    label,
+                    ev["accuracy"],
+                    1,
+                    led,
+                    len(ctx.splits["support"]) if trained else 0,
+                    PerExample(ev["correct"], ids),
+                    detail={"model": name, "step": r["step"]},
+                )
+            )
+        compare += [(f"node{k}-ftis", f"node{k}-grpo"), (f"node{k}-ftis", f"node{k}-base")]
+    per_step: dict[str, dict[int, float]] = {}
+    for r in evals:
+        per_step.setdefault(f"node{r['node']}-{r['arm']}-{r['split']}", {})[r["step"]] = r["accuracy"]
+    step_rows = [r for r in rows if r.get("kind") != "eval"]
+    report = write_report(
+        ctx.run_dir,
+        "ftis",
+        cfg.nodes or cfg.model,
+        cfg.task,
+        report_rows,
+        compare,
+        ids if report_rows else None,
+        reconstruction=(
+            "F-TIS, arXiv 2605.22537: a reconstruction from docs/methods.md (choices stated in corp/methods/ftis/)"
+        ),
+        steps=reached["ftis"],
+        # every party's compute toward F-TIS's models: the sum over nodes, each at its own model's size
+        # (corp bench charges a cell this; the per-node ledgers are under `nodes`)
+        method_flops=sum(ledgers[("ftis", k)]["flops"] for k in range(len(names))),
+        method_ledger_parties=[
+            {
+                "node": k,
+                "model": n,
+                "n_params": ledgers[("ftis", k)]["n_params"],
+                "flops": ledgers[("ftis", k)]["flops"],
+            }
+            for k, n in enumerate(names)
+        ],
+        method_ledger_note=(
+            "F-TIS, all nodes: each node's generation of its rollouts and the forward pass for their logprobs (2N per "
+            "token) and its training on the mixed group (6N per prompt + completion token), N its own model's size; "
+            "test evaluations and the GRPO comparison arm not included"
+        ),
+        nodes=[
+            {
+                "node": k,
+                "model": n,
+                "weights_hash": hashes[k],
+                "training_ledger": ledgers.get(("ftis", k)),
+                "grpo_training_ledger": ledgers.get(("grpo", k)),
+                **traffic.get(k, {}),
+            }
+            for k, n in enumerate(names)
+        ],
+        accuracy_per_step=per_step,
+        per_step=step_rows,
+        settings={
+            "tis_cap": cfg.tis_cap,
+            "kl_filter": cfg.kl_filter,
+            "num_generations_per_node": cfg.num_generations,
+            "mixed_group": cfg.num_generations * len(names),
+            "learning_rate": cfg.learning_rate,
+            "epsilon": cfg.epsilon,
+            "ood_task": cfg.ood_task,
+            "temperature": cfg.temperature,
+            **{
+                k: getattr(cfg, k)
+                for k in ("epsilon_high", "scale_rewards")
+                if getattr(cfg, k) != GRPOConfig.__dataclass_fields__[k].default
+            },
+        },
+        matching_note=(
+            "nodeK-grpo: node K alone from its base, same steps and prompts, K x G own completions per prompt (same "
+            "number of local updates and of trained sequences per update); its FLOPs are in "
+            "nodes[].grpo_training_ledger beside F-TIS's training_ledger"
+        ),
+        bytes_note=(
+            "ids + float32 logprobs (8 B/token) to a node with the same tokenizer; UTF-8 text + float32 sequence "
+            "logprob + 1 B finished flag otherwise; prompts and rewards are never sent"
+        ),
+    )
+    if report_rows:
+        report["table"] = format_rows(report_rows, report["comparisons"])
+    return report
+
+
+def summary(report: dict) -> str:
+    """Terminal text: per node accuracy per step and traffic, then the table."""
+    lines = []
+    for key, acc in sorted(report.get("accuracy_per_step", {}).items()):
+        lines.append(
+            f"{key:<24} " + "  ".join(f"step {s}: {a:.3f}" for s, a in sorted(acc.items(), key=lambda t: int(t[0])))
+        )
+    for n in report.get("nodes", []):
+        lines.append(
+            f"node{n['node']} ({n['model']}): sent {n.get('bytes_sent', 0)} "
+            f"B, received {n.get('bytes_received', 0)} B over the run"
+        )
+    if report.get("table"):
+        lines.append(report["table"])
+    lines.append(f"run directory: {report['run_dir']}")
+    return "\n".join(lines)
