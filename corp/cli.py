@@ -248,7 +248,7 @@ def bench_cmd(
     ),
 ) -> None:
     """The matched-compute sweep: every registered bench method at each FLOP budget, seed and data setting; resumable."""
-    from corp.bench.outputs import readme_section as section
+    from corp.bench.report import readme_section as section
     from corp.bench.sweep import load_bench_config, run_bench
     from corp.tracking import check_report_to, export_bench_results
 

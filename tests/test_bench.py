@@ -273,7 +273,7 @@ def test_raced_cells_race_more_specialists_within_the_same_budget(swept):
 
 
 def test_readme_section_cites_intervals(swept):
-    from corp.bench.outputs import readme_section
+    from corp.bench.report import readme_section
 
     text = readme_section(swept["cfg"])
     assert text.startswith("## Results") and "corp bench --config tiny.yaml" in text and "accuracy_vs_flops" in text
@@ -951,7 +951,7 @@ def test_the_second_cpu_bench_s_grpo_search_tries_the_regime_where_grpo_works():
 def test_the_bench_table_states_the_ledger_s_lora_convention(tmp_path):
     """The FLOPs note of table.md (and so of the README section) says how LoRA training is charged:
     6 N per trained token, an overcharge, so a conservative charge against GRPO-LoRA."""
-    from corp.bench.outputs import table_md
+    from corp.bench.report import table_md
 
     cfg = load_config(BenchConfig, None, {"methods": {"self-consistency": None}, "results_dir": str(tmp_path)})
     text = table_md(cfg, [], [], [], "corp bench")
@@ -1173,7 +1173,8 @@ def test_the_headline_lists_a_method_that_fits_no_budget_and_only_its_own_misses
     """Planted: GRPO fits neither budget, ES misses only the small one (no record there, e.g. not
     run yet), RandOpt fits both. GRPO must be listed with 'does not fit' at both; ES's missing
     cell must not be called 'does not fit' because another method did not fit there."""
-    from corp.bench.outputs import headline_setting, headline_table
+    from corp.bench.config import headline_setting
+    from corp.bench.report import headline_table
 
     cfg = load_config(
         BenchConfig,
@@ -1451,7 +1452,7 @@ def test_bench_stages_reads_every_try_of_a_population_cell(tmp_path):
 def test_a_task_entry_may_run_fewer_seeds(tiny_dir, tmp_path):
     """`{task, label, seeds}`: that task's final cells run only its seeds (the headline task keeps all
     of them); trials still run on the bench's first seed, and the tables say which seeds each task has."""
-    from corp.bench.outputs import regime_text
+    from corp.bench.report import regime_text
     from corp.bench.sweep import plan
 
     opts = tiny_options(
@@ -1600,7 +1601,8 @@ def test_an_iterative_cell_grows_short_of_the_budget_so_a_dearer_unit_cannot_was
 
 def _report_rows(cfg, outcomes: dict, unfit: dict | None = None) -> list[dict]:
     """Rows as flat_rows makes them: outcomes[(cell, name, seed)] = per-example 0/1 list; unfit[(cell, seed)]."""
-    from corp.bench.outputs import flat_rows, headline_setting
+    from corp.bench.config import headline_setting
+    from corp.bench.report import flat_rows
 
     recs: dict[tuple, dict] = {}
     for (cell, name, seed), correct in outcomes.items():
@@ -1651,7 +1653,7 @@ def test_a_comparison_with_one_seed_makes_no_claim_and_a_left_out_seed_is_named(
     """Planted: randopt-top1 is far above the base in every seed where it ran, but it ran in one seed only
     (the other does not fit). A within-seed interval excludes 0 there; the report must still make no
     "beats" claim, and must name the left-out seed and why. With both seeds the same effect is a claim."""
-    from corp.bench.outputs import beats_sentences, comparisons, comparisons_table
+    from corp.bench.report import beats_sentences, comparisons, comparisons_table
 
     cfg = load_config(
         BenchConfig,
@@ -1691,7 +1693,7 @@ def test_a_comparison_with_one_seed_makes_no_claim_and_a_left_out_seed_is_named(
 
 
 def test_ties_are_signed_with_an_equals_sign_and_tuned_rows_show_their_validation_labels():
-    from corp.bench.outputs import _labelled_text
+    from corp.bench.report.prose import _labelled_text
     from corp.stats import sign_text
 
     assert sign_text({"signs": {"+": 2, "-": 1, "0": 2}}) == "2+ 1- 2=", "'20' would read as twenty ties"
@@ -1707,7 +1709,7 @@ def test_ties_are_signed_with_an_equals_sign_and_tuned_rows_show_their_validatio
 
 
 def test_trial_flops_count_each_trial_once_at_its_top_budget():
-    from corp.bench.outputs import trial_flops
+    from corp.bench.report import trial_flops
 
     recs = [
         {"task": "a", "label": "es", "trial": t, "budget": b, "flops": f}
@@ -1721,7 +1723,7 @@ def test_the_label_prior_reference_scores_the_majority_answer_of_the_labelled_ex
     """Planted: a task whose labelled examples are 80% '1' and whose test answers are 60% '1'. The
     reference row answers '1' everywhere and must score 0.6 on test, with the task's own check, in
     every seed; a method that only learned to say '1' would match it."""
-    from corp.bench.outputs import LABEL_PRIOR, headline_table, label_prior_rows
+    from corp.bench.report import LABEL_PRIOR, headline_table, label_prior_rows
     from corp.evaluate.tasks.base import Example, Task
 
     class Prior(Task):
@@ -1763,7 +1765,7 @@ def test_the_reading_states_only_claims_the_intervals_allow_and_names_a_label_pr
     claim), and the majority answer scores above every model. The plain-words reading must state the
     claim in full (interval and FLOPs), list the level pair as showing no difference, and say that the
     task's gains mostly measure its label prior; with the prior below the best model it must not."""
-    from corp.bench.outputs import LABEL_PRIOR, comparisons, reading_lines
+    from corp.bench.report import LABEL_PRIOR, comparisons, reading_lines
 
     cfg = load_config(
         BenchConfig,
@@ -1819,7 +1821,7 @@ def test_time_per_method_adds_the_population_a_cell_read_and_takes_medians_over_
     score (11 min each), ES's cumulative wall is 2, 4 and 30 min over seeds (median 4), and one ES trial ran
     two budgets (counted once, at its top one). A table that left out the population, or averaged the
     outlier seed in, or summed a trial's budgets, would show other figures."""
-    from corp.bench.outputs import time_table
+    from corp.bench.report import time_table
 
     cfg = load_config(
         BenchConfig,

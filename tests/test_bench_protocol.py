@@ -142,8 +142,8 @@ def test_primary_comparisons_are_holm_corrected_and_shown_apart_from_exploratory
     """Planted: corp-stage1 is far above the base (a claim either way) and slightly above randopt-top1, by an
     amount whose own interval excludes 0 (p 0.033) but whose Holm-adjusted p, in a family of 3 (the third
     shows nothing: p 1), is 2 x 0.033: a primary claim for the first only, and the exploratory randopt-vote comparison is not a claim."""
-    from corp.bench.outputs import comparisons, reading_lines, table_md
     from corp.bench.protocol import mark_primary
+    from corp.bench.report import comparisons, reading_lines, table_md
 
     cfg = _cfg(
         budgets=[1e12],

@@ -195,7 +195,7 @@ def test_ctrl_c_says_what_fits_the_command(command, tmp_path, monkeypatch):
 
 
 def test_a_long_task_label_gives_bounded_plot_names():
-    from corp.bench.outputs import _file
+    from corp.bench.config import _file
 
     a, b = _file("x" * 300 + "-a"), _file("x" * 300 + "-b")
     assert len(a) <= 64 and len(b) <= 64 and a != b

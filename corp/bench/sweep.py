@@ -1010,7 +1010,7 @@ def run_bench(
     (`Bench.attempt`), skips the ones another holds and repeats its pass until none is held.
     `executor: ray` runs the cells as Ray tasks first (corp.bench.ray_cells); the passes then find
     their records."""
-    from corp.bench.outputs import write_outputs
+    from corp.bench.report import write_outputs
 
     cells, missing = plan(cfg)
     by_label = {cfg.label(t): t for t in cfg.tasks}

@@ -1,0 +1,96 @@
+"""The bench's plot: accuracy against FLOPs per task and setting, each method's curve over the budgets."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+from corp.bench.config import (
+    BenchConfig,
+    _at_budget,
+    _budget_text,
+    _file,
+    save_plot,
+)
+from corp.bench.report.rows import LABEL_PRIOR, _mean_sd
+
+
+def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    for task in cfg.tasks:
+        for setting in cfg.settings:
+            sub = [r for r in rows if r["task"] == task and r["setting"] == setting and r["accuracy"] is not None]
+            if not sub:
+                continue
+            fig, ax = plt.subplots(figsize=(7, 4.5))
+            names = list(dict.fromkeys(r["method"] for r in sub))
+            for name in names:
+                mine = [r for r in sub if r["method"] == name]
+                if all(r["budget"] is None for r in mine):  # no training compute: a horizontal reference line
+                    m, sd = _mean_sd([r["accuracy"] for r in mine])
+                    if name == LABEL_PRIOR:
+                        ax.axhline(m, ls=":", lw=1, color="black", label=f"{name} (label prior, no model)")
+                    elif name == "base" or mine[0]["passes_per_example"] == 1:
+                        ax.axhline(
+                            m, ls="--", lw=1, color="grey" if name == "base" else None, label=f"{name} (no training)"
+                        )
+                    continue
+                xs, ys, es = [], [], []
+                for b in cfg.budgets:
+                    got = [r for r in mine if r["budget"] == b]
+                    if got:
+                        xs.append(statistics.fmean([g["flops"] for g in got]))
+                        m, sd = _mean_sd([g["accuracy"] for g in got])
+                        ys.append(m)
+                        es.append(sd)
+                if xs:
+                    ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=name)
+            ax.set_xscale("log")
+            ax.set_xlabel("training / selection FLOPs actually used (mean over seeds)")
+            ax.set_ylabel("test accuracy (mean ± sd over seeds)")
+            ax.set_title(f"{cfg.name}: {cfg.label(task)}, {setting}")
+            ax.legend(fontsize=7, loc="best")
+            made.append(save_plot(fig, out, f"accuracy_vs_flops__{_file(cfg.label(task))}__{setting}.png"))
+
+            # inference passes per example: RandOpt K-vote and self-consistency@K (largest budget), CoRP at 1
+            top = cfg.budgets[-1]
+            by = _at_budget(rows, task, setting, top)
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for family, test in (
+                ("RandOpt K-vote", lambda n: n.startswith("randopt")),
+                ("self-consistency@K", lambda n: n.startswith("self-consistency")),
+                ("CoRP", lambda n: n.startswith("corp") and "/" not in n),  # not RandOpt on CoRP's population
+            ):
+                pts = {}
+                for n, got in by.items():
+                    if test(n):
+                        pts.setdefault(got[0]["passes_per_example"], []).append(
+                            (n, _mean_sd([g["accuracy"] for g in got]))
+                        )
+                if not pts:
+                    continue
+                if family == "CoRP":
+                    for n, (m, sd) in pts.get(1, []):
+                        ax.errorbar([1], [m], yerr=[sd], marker="*", ms=10, capsize=3, ls="none", label=n)
+                    continue
+                ks = sorted(pts)
+                ax.errorbar(
+                    ks,
+                    [pts[k][0][1][0] for k in ks],
+                    yerr=[pts[k][0][1][1] for k in ks],
+                    marker="o",
+                    capsize=3,
+                    label=family,
+                )
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("inference passes per test example")
+            ax.set_ylabel("test accuracy (mean ± sd over seeds)")
+            ax.set_title(f"{cfg.label(task)}, {setting}, budget {_budget_text(top)} FLOPs")
+            ax.legend(fontsize=7, loc="best")
+            made.append(save_plot(fig, out, f"accuracy_vs_passes__{_file(cfg.label(task))}__{setting}.png"))
+    return made

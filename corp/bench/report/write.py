@@ -1,0 +1,192 @@
+"""Writing the outputs (results.csv, tuning.csv, table.md, bench.json, plots) and the README results
+section from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from corp.bench.config import (
+    BENCH_PROTOCOL,
+    BenchConfig,
+)
+from corp.bench.report.plots import plots
+from corp.bench.report.prose import MULTIPLE_NOTE, PRIMARY_NOTE, beats_sentences, reading_lines, regime_text
+from corp.bench.report.rows import (
+    TUNING_COLUMNS,
+    comparisons,
+    equivalence_tests,
+    flat_rows,
+    label_prior_rows,
+    trial_flops,
+    tuning_rows,
+    write_csv,
+)
+from corp.bench.report.tables import equivalence_section, protocol_sections, table_md, time_table
+from corp.runs import atomic_write_text, read_json, write_json
+
+
+def write_outputs(
+    cfg: BenchConfig,
+    records: list[dict],
+    missing: list[dict],
+    command: str,
+    not_run: int = 0,
+    tuning: list[dict] | None = None,
+    older: int = 0,
+) -> dict:
+    """`older`: cell records of an older bench protocol in the cells directory (kept, not reported; the tables say so)."""
+
+    out = Path(cfg.results_dir) / cfg.name
+    rows = flat_rows(records)
+    rows += label_prior_rows(cfg, [t for t in cfg.tasks if any(r["task"] == t for r in rows)])
+    for r in rows:
+        r["task_label"] = cfg.label(r["task"])
+    write_csv(out / "results.csv", rows)
+    if tuning:
+        trials = tuning_rows(tuning)
+        for r in trials:
+            r["task_label"] = cfg.label(r["task"])
+        # the third edition's trials: which seed, and what evaluating them on the tuning split cost (search)
+        more = ["seed", "evaluation_flops"] if cfg.protocol_tables or cfg.tune_seeds > 1 else []
+        write_csv(out / "tuning.csv", trials, TUNING_COLUMNS + more)
+    comps = comparisons(cfg, rows)
+    primary = None
+    if getattr(cfg, "primary_list", None):
+        from corp.bench.protocol import mark_primary
+
+        primary = mark_primary(cfg, comps)
+        for r in primary:
+            r["entry"] = {**r["entry"], "task_label": cfg.label(r["entry"]["task"])}
+    reading = reading_lines(cfg, rows, comps, primary)
+    times = time_table(cfg, records, tuning or [])
+    extra = protocol_sections(cfg, rows, records, tuning or [])
+    retained = None
+    if cfg.retention:  # absent from an older config's outputs
+        from corp.bench import retention
+
+        retained = retention.summarise(cfg, rows, retention.load_records(cfg, records))
+        extra += retention.section(cfg, retained)
+    equivalences = equivalence_tests(cfg, rows)
+    if getattr(cfg, "equivalence_list", None):
+        extra += equivalence_section(equivalences)
+    text = table_md(
+        cfg, rows, comps, missing, command, trial_flops(tuning or []), reading, times, primary=primary, extra=extra
+    )
+    if not_run:
+        head, _, rest = text.partition("\n\n")
+        text = (
+            f"{head}\n\n**Incomplete: {not_run} of {not_run + len(records)} "
+            f"final (non-trial) cells not run yet** (rerun the command to continue).\n\n{rest}"
+        )
+    if older:
+        head, _, rest = text.partition("\n\n")
+        text = (
+            f"{head}\n\n{older} cell record(s) of an older bench protocol are kept in cells/ and not used here "
+            f"(their rows were made under other budget rules).\n\n{rest}"
+        )
+    atomic_write_text(out / "table.md", text)
+    made = plots(cfg, rows, out)
+    if retained is not None:
+        from corp.bench import retention
+
+        made += retention.plot(cfg, retained, out)
+    write_json(
+        out / "bench.json",
+        {
+            "name": cfg.name,
+            "command": command,
+            "cells_not_run": not_run,
+            "model": cfg.model,
+            "tasks": cfg.tasks,
+            "seeds": cfg.seeds,
+            "task_seeds": {cfg.label(t): cfg.seeds_of(t) for t in cfg.tasks},
+            "budgets": cfg.budgets,
+            "settings": cfg.settings,
+            "missing": missing,
+            "plots": made,
+            "comparisons": comps,
+            "beats": beats_sentences(comps),
+            "reading": reading,
+            "bench_protocol": BENCH_PROTOCOL,
+            "older_protocol_records": older,
+            **({"retention": retained} if retained is not None else {}),
+            **({"equivalence": equivalences} if getattr(cfg, "equivalence_list", None) else {}),
+            # the third edition's (absent from an older bench's bench.json)
+            **(
+                {
+                    "primary": [
+                        {k: r[k] for k in ("entry", "p", "p_holm", "reject")} | {"run": r["comparison"] is not None}
+                        for r in primary
+                    ],
+                    "preregistration": str(out / "preregistration.json"),
+                }
+                if primary is not None
+                else {}
+            ),
+        },
+    )
+    return {
+        "results_dir": str(out),
+        "rows": len(rows),
+        "plots": made,
+        "comparisons": len(comps),
+        "missing": [m["method"] for m in missing],
+    }
+
+
+def _section(text: str, heading: str) -> list[str]:
+    """The lines of table.md's `## {heading}...` section (its heading line included), else []."""
+    for part in ("\n" + text).split("\n## ")[1:]:
+        if part.startswith(heading):
+            return ("## " + part).rstrip().splitlines()
+    return []
+
+
+def readme_section(cfg: BenchConfig) -> str:
+    """The README's results section, from the latest outputs of this bench (nothing recomputed):
+    the regime, the headline table, what it shows in plain words (`reading_lines`: the claims in full,
+    a "beats" only where the across-seed interval excludes 0, the other comparisons grouped by pair),
+    one plot, and a link to table.md for everything else (each comparison's per-seed differences)."""
+    from corp import CorpError
+
+    out = Path(cfg.results_dir) / cfg.name
+    if not (out / "bench.json").exists() or not (out / "table.md").exists():
+        raise CorpError(f"no finished bench in '{out}'; run `corp bench --config ...` first")
+    meta = read_json(out / "bench.json")
+    table = (out / "table.md").read_text()
+    headline = _section(table, "Headline")
+    missing = _section(table, "Missing methods")
+    incomplete = [line for line in table.splitlines() if line.startswith("**Incomplete")]
+    lines = [
+        f"## Results: `corp bench` ({cfg.name})",
+        "",
+        f"Generated by `corp bench --config ... --readme-section` from `{out}` (command: `{meta['command']}`).",
+        "",
+        regime_text(cfg),
+        "",
+        *incomplete,
+        *([""] if incomplete else []),
+    ]
+    if headline:
+        lines += ["#" + headline[0], *headline[1:], ""]
+    if meta.get("reading"):
+        lines += [
+            "What it shows (95% intervals across seeds: a t interval with k - 1 df over the seeds' paired "
+            "differences plus the test examples' term, paired on the same examples; a comparison with one "
+            f"seed so far makes no claim). {PRIMARY_NOTE if meta.get('primary') is not None else MULTIPLE_NOTE}",
+            "",
+            *meta["reading"],
+            "",
+        ]
+    plots = meta.get("plots", [])
+    if plots:
+        lines += [f"![{plots[0]}]({out / plots[0]})", ""]
+    if missing:
+        lines += ["Not run: " + "; ".join(m[2:] for m in missing[1:] if m.startswith("- ")) + ".", ""]
+    lines.append(
+        f"Every table (per task and setting), the comparisons with their per-seed differences and signs, "
+        f"the protocol and {len(plots)} plot(s): [{out / 'table.md'}]({out / 'table.md'}); "
+        f"every row in `{out / 'results.csv'}`"
+        + (f", every trial in `{out / 'tuning.csv'}`." if (out / "tuning.csv").exists() else ".")
+    )
+    return "\n".join(lines) + "\n"
