@@ -56,7 +56,8 @@ import math
 
 from corp.method import FIXED, ITERATIVE, POPULATION
 from corp.bench.config import REGIME_TARGETS
-from corp.bench.sweep import load_bench_config, plan, split_sizes
+from corp.bench.plan import plan, split_sizes
+from corp.bench.sweep import load_bench_config
 
 N_PARAMS = 134_515_008  # SmolLM2-135M, as the committed records' ledgers say
 _RATES = {"support": 4.7e10, "test": 1.0e11, "es": 1.7e10, "grpo": 3.4e10, "fgrpo": 3.4e10}

@@ -49,7 +49,8 @@ cd "$(git rev-parse --show-toplevel)" || { echo "bench_run.sh: run it inside the
 # the bench's results directory and the file-name prefix of this task's records, as corp computes them
 read -r OUT SLUG WORK TSLUG < <("$PY" - "$CONFIG" "$TASK" <<'EOF'
 import sys
-from corp.bench.sweep import _slug, load_bench_config, results_path
+from corp.bench.config import _slug, results_path
+from corp.bench.sweep import load_bench_config
 cfg = load_bench_config(sys.argv[1])
 by_label = {cfg.label(t): t for t in cfg.tasks}
 task = by_label.get(sys.argv[2], sys.argv[2])

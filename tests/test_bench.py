@@ -704,7 +704,7 @@ def test_a_budget_that_buys_fewer_specialists_than_top_k_does_not_fit(tmp_path, 
     assert rec["status"] == "does not fit" and rec["reason"] == "budget buys 3 specialist(s); randopt needs at least 5"
     assert not ran and rec["rows"] == []
     monkeypatch.setattr(bench, "_record", lambda cell, report, run_dir, wall, units, chosen: {"units": units})
-    monkeypatch.setattr("corp.bench.sweep.get_path", lambda report, path: 0.0)
+    monkeypatch.setattr("corp.bench.cells.get_path", lambda report, path: 0.0)
     rec = bench._population_cell(Cell("arith", "paper", 0, "randopt", "randopt", 3.0, {"top_k": [1, 5]}))
     assert rec["units"] == 3 and ran[-1]["top_k"] == [1]
 
@@ -715,7 +715,7 @@ def test_population_options_come_from_population_config():
     (a new config field) is one decision made here, not a silent change of every key."""
     import dataclasses
 
-    from corp.bench.sweep import POPULATION_OPTIONS
+    from corp.bench.plan import POPULATION_OPTIONS
     from corp.config import PopulationConfig
 
     assert POPULATION_OPTIONS <= {f.name for f in dataclasses.fields(PopulationConfig)}
@@ -1381,7 +1381,7 @@ def test_a_population_cells_first_try_is_sized_by_its_predecessors_own_evaluatio
         )
         return bench
 
-    monkeypatch.setattr("corp.bench.sweep.get_path", lambda report, path: report["flops"] / paths)
+    monkeypatch.setattr("corp.bench.cells.get_path", lambda report, path: report["flops"] / paths)
     bench = bench_with_fakes()
     first = bench.run_cell(cells[0])
     assert ran == [12, 7] and first["units"] == 7 and first["own_flops"] == 5.0 and first["own_estimate"] is None

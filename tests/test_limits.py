@@ -24,7 +24,7 @@ def test_a_long_task_name_gives_a_bounded_unique_run_directory(tmp_path):
 
 
 def test_bench_record_names_are_bounded():
-    from corp.bench.sweep import _slug
+    from corp.bench.config import _slug
 
     a, b = _slug("jsonl:" + "x" * 300 + "/a.jsonl"), _slug("jsonl:" + "x" * 300 + "/b.jsonl")
     assert len(a) <= 64 and len(b) <= 64 and a != b

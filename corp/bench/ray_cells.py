@@ -75,7 +75,7 @@ def lane(cell) -> tuple | None:
 
 def _run_cell(bench_cls, cfg, cells, cell, threads: int, cwd: str):
     """The Ray task: run one cell as the local path does (None: another process holds it). `bench_cls`
-    is corp.bench.sweep.Bench, passed in (sweep imports this module)."""
+    is corp.bench.cells.Bench, passed in (corp.bench.sweep imports this module)."""
     import ray
     import torch
 

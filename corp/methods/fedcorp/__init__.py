@@ -14,7 +14,7 @@ here (`from corp.methods.fedcorp import run_fedcorp`), never from a submodule (t
 from corp.method import SMALL, Method
 from corp.methods.fedcorp.run import FedCorpConfig, run_fedcorp
 
-# registered, no bench adapter: the bench lists it as not run at a budget (corp.bench.sweep.plan)
+# registered, no bench adapter: the bench lists it as not run at a budget (corp.bench.plan.plan)
 METHOD = Method(
     "fedcorp",
     FedCorpConfig,
