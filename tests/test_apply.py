@@ -470,7 +470,7 @@ def test_a_killed_apply_is_cleaned_up_by_the_next_save_beside_it_whatever_its_ta
 
 
 def test_an_old_model_moved_aside_by_a_killed_save_is_put_back(tmp_path):
-    from corp.models import _remove_stale_saves
+    from corp.models.save import _remove_stale_saves
 
     tok = make_char_tokenizer()
     out = save_model(make_tiny_llama(tok), tok, tmp_path / "model")

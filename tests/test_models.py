@@ -208,7 +208,7 @@ def test_chunked_gguf_is_assembled_into_the_corp_cache_and_removed_after_convers
         tok = make_char_tokenizer()
         models.save_model(make_tiny_llama(tok), tok, out)
 
-    monkeypatch.setattr(models, "_convert_gguf", fake_convert)
+    monkeypatch.setattr(models.resolve, "_convert_gguf", fake_convert)
     model_id, path = resolve_model("fake-x")
     assert calls == [tmp_path / "cache" / "gguf" / "x.gguf"] and path == tmp_path / "cache" / "models" / "fake-x"
     assert not calls[0].exists(), "the assembled GGUF is deleted once converted"
@@ -334,7 +334,7 @@ def test_the_embedded_builds_are_named_for_what_they_are(tmp_path):
 
 @pytest.mark.embedded
 def test_embedded_weights_hash_is_the_one_corp_names():
-    from corp.models import _converted, _embedded_dir
+    from corp.models.embedded import _converted, _embedded_dir
     from corp.perturb.direction import weights_hash
 
     spec = ALIASES["smollm2-135m"]
@@ -362,7 +362,7 @@ def silent_hub(monkeypatch):
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
     monkeypatch.delenv("CORP_DATA_DIR", raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(models, "_HUB_ANSWERED", {})
+    monkeypatch.setattr(models.resolve, "_HUB_ANSWERED", {})
     yield endpoint
     sock.close()
 
@@ -417,7 +417,7 @@ def test_a_hub_alias_says_what_it_resolves_to(monkeypatch, model_dir, capsys):
     from corp import models
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: str(model_dir))  # "in the cache"
-    monkeypatch.setattr(models, "_ANNOUNCED", set())
+    monkeypatch.setattr(models.resolve, "_ANNOUNCED", set())
     assert resolve_model("Qwen2.5-1.5B") == ("Qwen/Qwen2.5-1.5B-Instruct", model_dir)
     resolve_model("Qwen2.5-1.5B")
     assert capsys.readouterr().err.splitlines() == ["model: Qwen2.5-1.5B is Qwen/Qwen2.5-1.5B-Instruct"]

@@ -1,0 +1,208 @@
+"""`--model` to a loadable directory (`resolve_model`): an alias, a local directory or a hub id, never
+waiting on a hub that is not there (`hub_offline`); a missing model is one line (`check_model_reachable`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from corp import CorpError
+from corp.models.cache import DEFAULT_MODEL
+from corp.models.embedded import (
+    ALIASES,
+    EmbeddedGGUF,
+    _alias,
+    _alias_name,
+    _convert_gguf,
+    _converted,
+    _embedded_dir,
+    _embedded_gguf_path,
+)
+
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def check_model_dir(path: str | Path) -> None:
+    """One-line error, before any weights load, for a directory whose config.json is not a model
+    config or whose weights are missing (transformers would raise a traceback deep inside)."""
+    path = Path(path)
+    config_path = path / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise CorpError(
+            f"model directory '{path}' has no config.json; point --model at a Hugging Face model directory"
+        ) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CorpError(
+            f"model directory '{path}': config.json is not valid JSON ({exc}); restore it or point --model elsewhere"
+        ) from None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise CorpError(
+            f"model directory '{path}': config.json has no 'model_type'; it is not a Hugging Face model config"
+        )
+    names = [n for n in _WEIGHT_FILES if (path / n).is_file()]
+    if not names and not any(path.glob("*.safetensors")):
+        raise CorpError(
+            f"model directory '{path}' has no weights (model.safetensors, "
+            "pytorch_model.bin or shards); copy them in or point --model elsewhere"
+        )
+    for index in (n for n in names if n.endswith(".index.json")):
+        try:
+            shards = set(json.loads((path / index).read_text())["weight_map"].values())
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+            raise CorpError(f"model directory '{path}': {index} is not a valid weight index") from None
+        missing = sorted(s for s in shards if not (path / s).is_file())
+        if missing:
+            raise CorpError(
+                f"model directory '{path}' is missing weight shard(s) {', '.join(missing[:3])} named in {index}"
+            )
+
+
+_HUB_ANSWERED: dict[str, bool] = {}
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _endpoint() -> str:
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def hub_offline(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face hub is out of reach: HF_HUB_OFFLINE is set, or its endpoint
+    (HF_ENDPOINT, default huggingface.co) takes no TCP connection within `timeout` seconds, name
+    lookup included (checked once per process). A hub that does not answer sets HF_HUB_OFFLINE=1
+    for the process, so the hub libraries fail at once instead of retrying with backoff."""
+    if _truthy(os.environ.get("HF_HUB_OFFLINE")) or _truthy(os.environ.get("TRANSFORMERS_OFFLINE")):
+        return True
+    import socket
+    import threading
+    from urllib.parse import urlsplit
+
+    endpoint = _endpoint()
+    if endpoint not in _HUB_ANSWERED:
+        url = urlsplit(endpoint)
+        host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+        answered: list[bool] = []
+
+        def probe() -> None:
+            try:
+                socket.create_connection((host, port), timeout=timeout).close()
+                answered.append(True)
+            except OSError:
+                answered.append(False)
+
+        thread = threading.Thread(target=probe, daemon=True)  # a name lookup ignores socket timeouts
+        thread.start()
+        thread.join(timeout)
+        _HUB_ANSWERED[endpoint] = bool(answered and answered[0])
+    if _HUB_ANSWERED[endpoint]:
+        return False
+    os.environ["HF_HUB_OFFLINE"] = "1"  # this process (and its workers) never waits on the hub again
+    for module in ("huggingface_hub.constants", "datasets.config"):
+        if module in sys.modules:
+            sys.modules[module].HF_HUB_OFFLINE = True
+    return True
+
+
+def fetch_hint(hub_id: str) -> str:
+    """How to get a hub model onto a machine, for an error line."""
+    return (
+        f"fetch it where the hub answers: `hf download {hub_id} --local-dir DIR`, then pass --model DIR "
+        f"(or `huggingface-cli download {hub_id}` into the Hugging Face cache, then rerun as is)"
+    )
+
+
+_ANNOUNCED: set[str] = set()
+
+
+def _announce_alias(name: str, hub_id: str) -> None:
+    """Say once per process what a hub alias stands for (an embedded alias names its build in `corp models`)."""
+    if name != hub_id and name not in _ANNOUNCED:
+        _ANNOUNCED.add(name)
+        print(f"model: {name} is {hub_id}", file=sys.stderr)
+
+
+def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
+    """Return (canonical model id, local HF directory) for `--model`, converting an embedded GGUF once.
+
+    `download=False` never touches the network (used to try a recipe's candidate bases in turn).
+    A hub model that is not in the cache is downloaded only when the hub answers (`hub_offline`);
+    otherwise, or when the download fails, one error line names the hub id and how to fetch it."""
+    name = name or DEFAULT_MODEL
+    spec = _alias(name)
+    if isinstance(spec, EmbeddedGGUF):
+        out = _embedded_dir(_alias_name(spec))
+        if not _converted(spec, out):
+            gguf, assembled = _embedded_gguf_path(spec)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            _convert_gguf(gguf, out)
+            if assembled:
+                gguf.unlink(missing_ok=True)  # corp wrote it; the converted directory is all that is needed now
+        return spec.hf_id, out
+    hub_id = spec if isinstance(spec, str) else name
+    local = Path(name).expanduser()
+    if local.exists():
+        if not local.is_dir():
+            raise CorpError(
+                f"--model '{local}' is a file; point it at a Hugging "
+                "Face model directory (or use an alias, `corp models`)"
+            )
+        check_model_dir(local)
+        return str(local.resolve()), local.resolve()
+    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(hub_id, local_files_only=True, allow_patterns=patterns)
+        check_model_dir(path)
+        _announce_alias(name, hub_id)
+        return hub_id, Path(path)
+    except CorpError:
+        raise
+    except Exception:
+        pass
+    what = (
+        f"model '{name}' (alias of {hub_id}) not found: not"
+        if isinstance(spec, str)
+        else f"model '{name}' not found: not an alias ({', '.join(ALIASES)}), not a local directory, not"
+    )
+    if not download or os.environ.get("CORP_ALLOW_DOWNLOAD", "1") != "1":
+        reason = "downloads are off (CORP_ALLOW_DOWNLOAD=0)" if download else "this lookup does not download"
+    elif hub_offline():
+        silent = _HUB_ANSWERED.get(_endpoint()) is False
+        reason = f"the Hugging Face hub ({_endpoint()}) does not answer" if silent else "HF_HUB_OFFLINE is set"
+    else:
+        try:
+            from huggingface_hub import snapshot_download
+
+            path = snapshot_download(hub_id, etag_timeout=10, allow_patterns=patterns)
+            check_model_dir(path)
+            _announce_alias(name, hub_id)
+            return hub_id, Path(path)
+        except CorpError:
+            raise
+        except Exception as exc:  # unknown id, gated, a network that fails halfway...
+            first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+            reason = f"downloading it failed ({type(exc).__name__}{': ' + first if first else ''})"
+    raise CorpError(f"{what} in the Hugging Face cache, and {reason}; {fetch_hint(hub_id)}")
+
+
+def check_model_reachable(name: str | None) -> None:
+    """Before a run directory is made: a hub model that is neither on this machine nor downloadable
+    is its one-line error now (an embedded alias or a local directory passes at once; while the hub
+    answers, fetching is left to the model load)."""
+    name = name or DEFAULT_MODEL
+    if isinstance(_alias(name), EmbeddedGGUF) or Path(name).expanduser().exists():
+        return
+    if os.environ.get("CORP_ALLOW_DOWNLOAD", "1") != "1" or hub_offline():
+        resolve_model(name)  # in the cache, or the error line
