@@ -175,7 +175,7 @@ def test_fedcorp_clients_send_only_rewards_and_verdicts(tiny_dir, tmp_path):
 
 
 def test_fedcorp_a_client_lost_mid_round_is_dropped_and_the_round_completes(tiny_dir, tmp_path, monkeypatch):
-    from corp.methods.fedcorp import fedcorp
+    from corp.methods.fedcorp import run as fedcorp
 
     real = fedcorp.CorpClient.op_probe
 
@@ -192,7 +192,7 @@ def test_fedcorp_a_client_lost_mid_round_is_dropped_and_the_round_completes(tiny
 
 
 def test_fedcorp_every_client_lost_is_one_error(tiny_dir, tmp_path, monkeypatch):
-    from corp.methods.fedcorp import fedcorp
+    from corp.methods.fedcorp import run as fedcorp
 
     def dies(self, msg):
         raise ClientLost("gone")
@@ -203,7 +203,7 @@ def test_fedcorp_every_client_lost_is_one_error(tiny_dir, tmp_path, monkeypatch)
 
 
 def test_fedcorp_a_client_with_another_task_is_refused(tiny_dir, tmp_path, monkeypatch):
-    from corp.methods.fedcorp import fedcorp
+    from corp.methods.fedcorp import run as fedcorp
 
     real = fedcorp.CorpClient.op_hello
 
