@@ -8,6 +8,7 @@ evaluate (exactly, with fractions) to the target. Options: `--task countdown:num
 from __future__ import annotations
 
 import ast
+import functools
 import random
 import re
 from fractions import Fraction
@@ -63,6 +64,46 @@ def verify(expr: str | None, numbers: list[int], target: int) -> bool:
     return sorted(literals) == sorted(numbers) and value == target
 
 
+@functools.lru_cache(maxsize=8)
+def _pool(n_numbers: int, max_value: int, pool_size: int) -> tuple[Example, ...]:
+    """The task's examples, a pure function of its options. Cached per process: a small space
+    (numbers=2, max=20 has fewer distinct instances than the pool asks for) spins through all
+    pool_size * 100 attempts, about 25 s, and retention scoring builds the task once per final model."""
+    rng = random.Random(f"countdown|{n_numbers}|{max_value}")
+    seen, examples = set(), []
+    attempts = 0
+    while len(examples) < pool_size and attempts < pool_size * 100:
+        attempts += 1
+        nums = [rng.randint(1, max_value) for _ in range(n_numbers)]
+        order = nums[:]
+        rng.shuffle(order)
+        expr = str(order[0])
+        for x in order[1:]:
+            op = rng.choice("+-*/")
+            expr = f"({expr} {op} {x})" if rng.random() < 0.5 else f"({x} {op} {expr})"
+        res = evaluate_expression(expr)
+        if res is None or res[0].denominator != 1 or res[0] <= 0:
+            continue
+        target = int(res[0])
+        key = (tuple(sorted(nums)), target)
+        if key in seen:
+            continue
+        seen.add(key)
+        prompt = (
+            f"Using the numbers {nums}, each exactly once, and the operations + - * / with parentheses, "
+            f"write an expression that equals {target}. Put the expression alone on the last line after 'Answer:'."
+        )
+        examples.append(
+            Example(
+                id=f"countdown-{len(examples)}",
+                prompt=prompt,
+                answer=expr,
+                columns={"numbers": nums, "target": target},
+            )
+        )
+    return tuple(examples)
+
+
 class Countdown(Task):
     name = "countdown"
     description = "reach the target with the given numbers, each once (options: numbers=3, max=50, pool=4000)"
@@ -77,39 +118,7 @@ class Countdown(Task):
         return {"name": self.name, "numbers": self.n_numbers, "max": self.max_value, "pool": self.pool_size}
 
     def pools(self) -> dict[str, list[Example]]:
-        rng = random.Random(f"countdown|{self.n_numbers}|{self.max_value}")
-        seen, examples = set(), []
-        attempts = 0
-        while len(examples) < self.pool_size and attempts < self.pool_size * 100:
-            attempts += 1
-            nums = [rng.randint(1, self.max_value) for _ in range(self.n_numbers)]
-            order = nums[:]
-            rng.shuffle(order)
-            expr = str(order[0])
-            for x in order[1:]:
-                op = rng.choice("+-*/")
-                expr = f"({expr} {op} {x})" if rng.random() < 0.5 else f"({x} {op} {expr})"
-            res = evaluate_expression(expr)
-            if res is None or res[0].denominator != 1 or res[0] <= 0:
-                continue
-            target = int(res[0])
-            key = (tuple(sorted(nums)), target)
-            if key in seen:
-                continue
-            seen.add(key)
-            prompt = (
-                f"Using the numbers {nums}, each exactly once, and the operations + - * / with parentheses, "
-                f"write an expression that equals {target}. Put the expression alone on the last line after 'Answer:'."
-            )
-            examples.append(
-                Example(
-                    id=f"countdown-{len(examples)}",
-                    prompt=prompt,
-                    answer=expr,
-                    columns={"numbers": nums, "target": target},
-                )
-            )
-        return {"train": examples}
+        return {"train": list(_pool(self.n_numbers, self.max_value, self.pool_size))}
 
     def extract(self, completion: str) -> str | None:
         m = re.findall(r"<answer>(.*?)</answer>", completion, flags=re.S)
