@@ -2,6 +2,11 @@
 cells, rows, populations, make-run, reports) names one of its examples, and its development pool
 is disjoint from it.
 
+The third edition's own directory (results/bench-cpu-3) is where those examples are meant to
+appear as its run goes on: its tuning cells name development examples and never a test example,
+and only its final cells and its split records (splits.json) may name test examples. Everything
+else under results/ names neither.
+
 Committed files name examples by id (cell records' `example_ids`, splits.json, population rows,
 test_outcomes.json, lm-eval-compare's examples.jsonl, ...); every text file under results/ is
 scanned for anything shaped like an id (`NAME-123`), so a new kind of file is covered without
@@ -11,7 +16,9 @@ against the task's own selection pool.
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -22,24 +29,30 @@ from corp.evaluate.tasks import SplitSizes, dev_pool, get_task, make_splits
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "bench-cpu-3.yaml"
+OWN = REPO / "results" / "bench-cpu-3"  # the third edition's own results
 ID = re.compile(r"(?<![\w-])[a-z][a-z0-9_]*(?:-[a-z][a-z0-9_]*)*-\d+(?![\w-])")
 
 
-@cache
-def committed() -> tuple[frozenset[str], str]:
-    """(every id-shaped string in a committed text file under results/, all that text joined)."""
-    ids: set[str] = set()
-    texts = []
-    for path in sorted((REPO / "results").rglob("*")):
-        if not path.is_file():
+def texts(root: Path, skip: Path | None = None) -> dict[Path, str]:
+    """Every committed text file under root (outside skip), by path."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or (skip is not None and path.is_relative_to(skip)):
             continue
         data = path.read_bytes()
         if b"\0" in data[:4096]:  # images and other binary files name no examples
             continue
-        text = data.decode("utf-8", errors="replace")
-        ids.update(ID.findall(text))
-        texts.append(text)
-    return frozenset(ids), "\n".join(texts)
+        out[path] = data.decode("utf-8", errors="replace")
+    return out
+
+
+@cache
+def committed() -> tuple[frozenset[str], str]:
+    """(every id-shaped string in a committed text file under results/ outside the third edition's
+    own directory, all that text joined)."""
+    found = texts(REPO / "results", skip=OWN)
+    ids = {i for text in found.values() for i in ID.findall(text)}
+    return frozenset(ids), "\n".join(found.values())
 
 
 def touched(ids) -> list[str]:
@@ -90,3 +103,51 @@ def test_fresh_test_and_dev_are_untouched_and_disjoint(spec):
     assert {e.id for e in test}.isdisjoint(e.id for e in task.pools()["train"])
     assert {e.prompt for e in test}.isdisjoint(e.prompt for e in dev + task.pools()["train"])
     assert {e.id for e in dev}.isdisjoint(e.id for e in selection)
+
+
+def kind_of(path: Path, text: str) -> str:
+    """'tune', 'final' (a bench cell's kind), 'splits' (a run's split record) or 'other'."""
+    if path.name == "splits.json":
+        return "splits"
+    if path.parent.name == "cells" and path.suffix == ".json":
+        return json.loads(text)["kind"]
+    return "other"
+
+
+@pytest.mark.parametrize("spec", list(third_edition()))
+def test_the_third_edition_tunes_on_development_examples_only(spec):
+    task, splits, dev, cfg = third_edition()[spec]
+    test = {e.id for e in task.pools()["test"]}
+    dev_ids = {e.id for e in dev}
+    kinds = {}
+    for path, text in texts(OWN).items():
+        ids = set(ID.findall(text))
+        kind = kind_of(path, text)
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if kind != "final" and kind != "splits":
+            # a tuning cell, a population's rows, a report: never a test example
+            assert not ids & test, f"{path.relative_to(REPO)} names test examples"
+            assert [e.id for e in splits["test"] if question(e.prompt) in text] == [], path
+        if kind == "tune":
+            # and a tuning cell's examples are development examples of this task
+            named = {i for i in ids if i.split("-")[0] == next(iter(test)).split("-")[0]}
+            assert named and named <= dev_ids, f"{path.relative_to(REPO)} tunes outside the development pool"
+    if not kinds:
+        pytest.skip("the third edition has committed nothing yet")
+
+
+def test_the_own_directory_check_can_fail(tmp_path, monkeypatch):
+    # plant a tuning cell that names a test example: the check above must flag it
+    task, splits, dev, cfg = next(iter(third_edition().values()))
+    cells = tmp_path / "cells"
+    cells.mkdir()
+    cell = {"kind": "tune", "example_ids": [dev[0].id, splits["test"][0].id]}
+    (cells / "planted.json").write_text(json.dumps(cell))
+    monkeypatch.setattr(sys.modules[__name__], "OWN", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    with pytest.raises(AssertionError, match="names test examples"):
+        test_the_third_edition_tunes_on_development_examples_only(next(iter(third_edition())))
+    cell["example_ids"] = [task.pools()["train"][0].id]
+    (cells / "planted.json").write_text(json.dumps(cell))
+    with pytest.raises(AssertionError, match="outside the development pool"):
+        test_the_third_edition_tunes_on_development_examples_only(next(iter(third_edition())))
