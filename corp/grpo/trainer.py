@@ -42,15 +42,14 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from tqdm.auto import tqdm
 
 from corp import CorpError
 from corp.config import RunConfig, flag
+from corp.driver import Steps, run_steps
 from corp.evaluate.backends.base import MODEL
 from corp.evaluate.rewards import compute_rewards
 from corp.grpo.base import get_loss
 from corp.ledger import Ledger
-from corp.runs import append_jsonl, read_jsonl
 
 AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 
@@ -535,35 +534,8 @@ class GRPOTrainer:
         return losses, grad_norm
 
     def train(self) -> list[dict]:
-        cfg = self.cfg
-        self.maybe_resume()
-        metrics_path = self.ctx.run_dir / "metrics.jsonl"
-        rows = [r for r in read_jsonl(metrics_path, key="step") if r["step"] <= self.step]
-        if rows != read_jsonl(metrics_path, key="step"):  # steps logged after the last checkpoint are redone
-            metrics_path.write_text("")
-            for r in rows:
-                append_jsonl(metrics_path, r)
-        bar = tqdm(
-            total=cfg.steps,
-            initial=self.step,
-            desc=f"grpo[{cfg.loss}]",
-            unit="step",
-            dynamic_ncols=True,
-            disable=os.environ.get("CORP_NO_PROGRESS") == "1",
-        )
-        try:
-            while self.step < cfg.steps:
-                row = self.train_step()
-                if not all(math.isfinite(row[k]) for k in ("loss", "entropy")):
-                    raise CorpError(f"step {row['step']}: the loss became non-finite; lower --learning-rate")
-                self.ctx.log_row(metrics_path, row)  # also to --report-to, live
-                rows.append(row)
-                bar.set_postfix(reward=f"{row['reward']:.3f}", kl=f"{row['kl']:.4f}", entropy=f"{row['entropy']:.3f}")
-                bar.update(1)
-                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
-                    self.save_checkpoint()
-        finally:
-            bar.close()
+        """Train to cfg.steps from the checkpoint, if any, through the shared loop; the metrics rows."""
+        rows = run_steps(self.ctx, _TrainerSteps(self))
         self.policy.eval()
         return rows
 
@@ -574,6 +546,35 @@ class GRPOTrainer:
             self.policy.save_pretrained(adapter_dir)
             return self.policy.merge_and_unload()
         return self.policy
+
+
+class _TrainerSteps(Steps):
+    """The trainer's loop for the shared driver: a step is one optimizer step; the state is the
+    checkpoint (trainable weights, optimizer, ledger), saved every --save-steps steps."""
+
+    unit = key = "step"
+    finite = ("loss", "entropy")
+    finite_hint = "lower --learning-rate"
+
+    def __init__(self, trainer: GRPOTrainer):
+        self.trainer = trainer
+        self.desc = f"grpo[{trainer.cfg.loss}]"
+        self.metrics_path = trainer.ctx.run_dir / "metrics.jsonl"
+        self.total = trainer.cfg.steps
+        self.checkpoint_every = trainer.cfg.checkpoint_every
+
+    def resume(self) -> int:
+        self.trainer.maybe_resume()
+        return self.trainer.step
+
+    def step(self, t: int) -> dict:
+        return self.trainer.train_step()
+
+    def save(self) -> None:
+        self.trainer.save_checkpoint()
+
+    def postfix(self, row: dict) -> dict:
+        return {"reward": f"{row['reward']:.3f}", "kl": f"{row['kl']:.4f}", "entropy": f"{row['entropy']:.3f}"}
 
 
 def drawn_positions(prefix: str, seed: int, steps: int, n: int, k: int) -> int:
