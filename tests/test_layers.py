@@ -8,7 +8,7 @@ Four tiers, lowest first; a module imports only from its own tier or below (issu
    `aggregation` (federated aggregation rules), `operator` (the CoRP operator: stage 1, merge rules,
    Gram matrix, gate), `sandbox` (runs untrusted programs for the code rewards); (1) `evaluate` (tasks, rewards, backends, the run layer, population scoring),
    `clients` (the federated client split, messages and pool), `grpo` (the GRPO trainer and its loss
-   variants, which GRPO, F-TIS, FGRPO and FERA use), `driver` (the loop iterative methods share);
+   variants, which GRPO, F-TIS, FGRPO and FERA use), `loop` (the loop iterative methods share);
 2. `methods`: one module or package per method (`corp/methods/es.py`, `corp/methods/consolidate/`),
    and the registry (`corp/methods/__init__.py`), which imports each method's `METHOD`;
 3. `bench`, and `api` (the Python API; `corp/__init__.py` loads it by name, on first use);
@@ -56,7 +56,7 @@ CORE_GROUND = (
 )
 FLOORS = {
     **dict.fromkeys(CORE_GROUND, 0),
-    **dict.fromkeys(("evaluate", "clients", "grpo", "driver"), 1),
+    **dict.fromkeys(("evaluate", "clients", "grpo", "loop"), 1),
     "methods": 2,
     "bench": 3,
     "api": 3,

@@ -45,11 +45,11 @@ import torch
 
 from corp import CorpError
 from corp.config import RunConfig, flag
-from corp.driver import Steps, run_steps
 from corp.evaluate.backends.base import MODEL
 from corp.evaluate.rewards import compute_rewards
 from corp.grpo.base import get_loss
 from corp.ledger import Ledger
+from corp.loop import Steps, run_steps
 
 AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 

@@ -49,7 +49,6 @@ import numpy as np
 
 from corp import CorpError
 from corp.config import RunConfig
-from corp.driver import Steps, method_rows, run_steps
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.context import (
     POPULATION_FILE,
@@ -62,6 +61,7 @@ from corp.evaluate.context import (
     run_evals,
 )
 from corp.evaluate.scorer import population_meta
+from corp.loop import Steps, method_rows, run_steps
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, num, opt
 from corp.models import save_model
 from corp.perturb import Component, Direction, ParamFilter

@@ -41,8 +41,8 @@ from typing import ClassVar
 
 from corp import CorpError
 from corp.config import RunConfig, config_to_dict, flag
-from corp.driver import Steps, run_steps
 from corp.ledger import Ledger
+from corp.loop import Steps, run_steps
 from corp.method import FIXED, SMALL, BenchAdapter, Method, opt
 from corp.runs import ReportRow, format_rows, read_jsonl, write_report
 from corp.stats import PerExample

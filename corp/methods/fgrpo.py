@@ -43,10 +43,10 @@ from corp import CorpError
 from corp.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, weighted_sum
 from corp.clients import SPLIT_RULES, ClientBase, ClientPool, check_signatures, partition_ids, split_clients
 from corp.config import config_to_dict
-from corp.driver import Steps, method_rows, run_steps
 from corp.evaluate.context import cached_eval, open_run, run_evals
 from corp.grpo.trainer import GRPOConfig, GRPOTrainer
 from corp.ledger import Ledger
+from corp.loop import Steps, method_rows, run_steps
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, opt
 from corp.models import save_model
 from corp.perturb.noise import derive_seeds

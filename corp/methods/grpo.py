@@ -11,9 +11,9 @@ import hashlib
 import json
 
 from corp.config import config_to_dict
-from corp.driver import method_rows
 from corp.evaluate.context import cached_eval, eval_identity, eval_key, open_run, run_evals
 from corp.grpo.trainer import GRPOConfig, GRPOTrainer, drawn_positions
+from corp.loop import method_rows
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, num, opt
 from corp.models import save_model
 from corp.runs import format_rows, write_report

@@ -44,10 +44,10 @@ from corp.clients import (
     split_clients,
 )
 from corp.config import PopulationConfig
-from corp.driver import method_rows
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.context import cached_eval, open_run, run_evals
 from corp.evaluate.scorer import specialists_for
+from corp.loop import method_rows
 from corp.methods.fedcorp.combine import COMBINE_RULES, combine_client_rewards
 from corp.models import save_model
 from corp.operator.config import OperatorConfig

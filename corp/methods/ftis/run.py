@@ -11,12 +11,12 @@ import time
 
 from corp import CorpError
 from corp.config import RunConfig, config_to_dict
-from corp.driver import Steps, run_steps
 from corp.evaluate.rewards import compute_rewards
 from corp.grpo.trainer import (
     GRPOConfig,
 )
 from corp.ledger import Ledger
+from corp.loop import Steps, run_steps
 from corp.methods.ftis.config import FTISConfig
 from corp.methods.ftis.node import Node, Rollout, same_tokenizer
 from corp.models import resolve_model

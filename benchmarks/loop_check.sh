@@ -5,7 +5,7 @@
 # compared without wall-clock fields: every metrics row (metrics.jsonl, rounds.jsonl), the report's
 # rows, comparisons and its method-specific fields, the recipe's components, and the saved model's
 # weights (sha256 of model/model.safetensors). Exits 1 if any differs. About 10 minutes on 2 cores.
-#   PYTHON=.venv/bin/python benchmarks/driver_check.sh BEFORE_TREE AFTER_TREE OUT [SIDES]
+#   PYTHON=.venv/bin/python benchmarks/loop_check.sh BEFORE_TREE AFTER_TREE OUT [SIDES]
 #   (BEFORE_TREE from `git worktree add /tmp/before REV`; SIDES "before after" by default: run one
 #   side alone, then both compare, to overlap the runs with other work; RUNS="es grpo fgrpo ftis fera" by
 #   default, a subset reruns only those)

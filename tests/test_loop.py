@@ -1,4 +1,4 @@
-"""The loop iterative methods share (corp/driver.py): resume, checkpoints, the metrics log, a
+"""The loop iterative methods share (corp/loop.py): resume, checkpoints, the metrics log, a
 non-finite metric, other loops' rows in the same log. A toy method: a counter whose state is saved
 to a JSON file, its step adds t + 1."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from corp import CorpError
-from corp.driver import Steps, method_rows, run_steps
+from corp.loop import Steps, method_rows, run_steps
 from corp.runs import append_jsonl, read_jsonl
 
 

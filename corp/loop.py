@@ -60,7 +60,7 @@ class Steps(ABC):
 
     def mine(self, row: dict) -> bool:
         """Whether a logged row is this loop's (a log may hold other arms' or settings' rows, which
-        the driver leaves as they are)."""
+        the loop leaves as they are)."""
         return True
 
 
