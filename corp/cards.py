@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from corp.config import RunConfig, flag
-from corp.models import CARD_FILE, embedded_spec
+from corp.models import CARD_FILE, MARKER, embedded_spec
 from corp.runs import naming
 from corp.stats import comparison_line
 
@@ -338,7 +338,6 @@ def run_model_card(
     run_dir: Path, method: str, cfg: dict, model_id: str | None, weights_hash: str | None, splits: dict | None
 ) -> Path | None:
     """The card of `RUN_DIR/model`, from what the run recorded; None when the run saved no model."""
-    from corp.models import MARKER
 
     model_dir = run_dir / "model"
     if not (model_dir / MARKER).is_file():

@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corp import CorpError
-from corp.config import PopulationConfig, RunConfig, options_from, parse_list
+from corp.bench.search import check_search
+from corp.config import PopulationConfig, RunConfig, options_from, parse_list, to_fields
+from corp.methods import REGISTRY
+from corp.models import resolve_device
 from corp.runs import bounded_name, naming
 
 SETTINGS = ("paper", "equal-data")
@@ -171,7 +174,6 @@ class BenchConfig:
     RESULTS_DIR must then be on a filesystem every node sees."""
 
     def validate(self) -> BenchConfig:
-        from corp.models import resolve_device
 
         # `auto` is keyed as the device it means (cpu here): cells keep their keys, and a GPU run's differ
         self.device = resolve_device(self.device)
@@ -250,7 +252,6 @@ class BenchConfig:
             if spec and "skip" in spec and not (isinstance(spec["skip"], str) and spec["skip"].strip()):
                 raise CorpError(f"bench config: method '{name}': skip must say why the method is not run (a sentence)")
         self._option_names_to_fields()
-        from corp.bench.search import check_search
 
         check_search(self)
         for pair in self.compare:
@@ -283,8 +284,6 @@ class BenchConfig:
         """A method's options, variants and search space may use option names (`max_steps`) or field
         names (`steps`, what cell keys are built from): the former become the latter, so a cell's key
         is the same either way (docs/commands.md, "Names")."""
-        from corp.config import to_fields
-        from corp.methods import REGISTRY
 
         for name, spec in self.methods.items():
             if not spec or name not in REGISTRY:

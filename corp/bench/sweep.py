@@ -29,6 +29,8 @@ from corp.bench.config import BENCH_PROTOCOL, BenchConfig, results_path
 from corp.bench.plan import Cell, _trials_of, _with_every_trial, plan
 from corp.bench.preflight import preflight
 from corp.bench.protocol import check_registration
+from corp.bench.ray_cells import run_cells_on_ray
+from corp.bench.report import write_outputs
 from corp.bench.retention import score_records
 from corp.config import load_config
 from corp.runs import read_json
@@ -56,7 +58,6 @@ def run_bench(
     (`Bench.attempt`), skips the ones another holds and repeats its pass until none is held.
     `executor: ray` runs the cells as Ray tasks first (corp.bench.ray_cells); the passes then find
     their records."""
-    from corp.bench.report import write_outputs
 
     cells, missing = plan(cfg)
     by_label = {cfg.label(t): t for t in cfg.tasks}
@@ -109,8 +110,6 @@ def run_bench(
             "or report with the commit that ran them"
         )
     if compute and cfg.executor == "ray":  # every cell a Ray task; the passes below then find their records
-        from corp.bench.ray_cells import run_cells_on_ray
-
         run_cells_on_ray(bench, cells, mine)
     # Why several local processes still share a bench through claims (flocks) and passes, beside
     # --executor ray, which is the parallel path: Ray is an optional extra, and the long CPU benches run

@@ -46,7 +46,9 @@ import torch
 from corp import CorpError
 from corp.config import RunConfig, flag
 from corp.evaluate.backends.base import MODEL
+from corp.evaluate.backends.host import hf_state
 from corp.evaluate.rewards import compute_rewards
+from corp.extras import require
 from corp.grpo.base import get_loss
 from corp.ledger import Ledger
 from corp.loop import Steps, run_steps
@@ -271,7 +273,6 @@ def build_batch(tokenizer, prompt_ids: list[list[int]], completion_ids: list[lis
 def lora_merged_state(policy) -> dict:
     """A peft model's weights with every LoRA layer merged, W + delta, as new tensors under the base
     model's Hugging Face names; the model is not changed."""
-    from corp.evaluate.backends.host import hf_state
 
     base = policy.get_base_model()
     state = hf_state(base)
@@ -307,8 +308,6 @@ class GRPOTrainer:
             p.data = p.data.float() if p.dtype != torch.float32 else p.data  # fp32 master weights for training
         self.ref_model = None
         if cfg.lora_r > 0:
-            from corp.extras import require
-
             peft = require("peft", "--lora-r")
             LoraConfig, get_peft_model = peft.LoraConfig, peft.get_peft_model
             targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]

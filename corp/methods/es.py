@@ -65,6 +65,7 @@ from corp.loop import Steps, method_rows, run_steps
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, num, opt
 from corp.models import save_model
 from corp.perturb import Component, Direction, ParamFilter
+from corp.perturb.lowrank_noise import scheme_from_flag
 from corp.perturb.noise import derive_seeds
 from corp.recipe import make_recipe, produced_weights, write_recipe
 from corp.runs import format_rows, read_json, write_json, write_report
@@ -103,7 +104,6 @@ class ESConfig(RunConfig):
 
     def validate(self) -> ESConfig:
         super().validate()
-        from corp.perturb.lowrank_noise import scheme_from_flag
 
         scheme_from_flag(self.noise)  # a bad --noise is one line before any model loads
         if self.iterations < 1:

@@ -40,7 +40,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from corp import CorpError
+from corp.clients import split_clients
 from corp.config import RunConfig, config_to_dict, flag
+from corp.evaluate.backends.base import MODEL
+from corp.evaluate.context import open_run
+from corp.grpo.trainer import build_batch, token_logps_and_entropy
 from corp.ledger import Ledger
 from corp.loop import Steps, run_steps
 from corp.method import FIXED, SMALL, BenchAdapter, Method, opt
@@ -157,9 +161,7 @@ def _mean_entropy(backend, prompts: list[str], completions: list[list[int]]) -> 
     """Mean token entropy of each completion under the in-process model (logits at temperature 1)."""
     import torch
 
-    from corp.evaluate.backends.base import MODEL
     from corp.evaluate.backends.hf import format_prompt
-    from corp.grpo.trainer import build_batch, token_logps_and_entropy
 
     backend.require(MODEL, "--uncertainty entropy")
     tok = backend.tokenizer
@@ -186,11 +188,8 @@ def backend_batch(backend) -> int:
 
 def run_fera(cfg: FERAConfig, backend=None) -> dict:
     """R rounds of FERA's uncertainty-weighted vote on the test split; accuracy per round."""
-    from corp.evaluate.context import open_run
 
     with open_run(cfg, "fera", backend, needs=("support", "test"), defines=None) as ctx:
-        from corp.clients import split_clients
-
         shares = split_clients(
             ctx.splits["support"], cfg.clients, cfg.split_by
         )  # the federated helpers' split: one line for an empty share

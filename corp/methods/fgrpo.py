@@ -43,7 +43,10 @@ from corp import CorpError
 from corp.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, weighted_sum
 from corp.clients import SPLIT_RULES, ClientBase, ClientPool, check_signatures, partition_ids, split_clients
 from corp.config import config_to_dict
-from corp.evaluate.context import cached_eval, open_run, run_evals
+from corp.evaluate.context import RunContext, cached_eval, open_run, run_evals
+from corp.evaluate.rewards import resolve_reward
+from corp.evaluate.tasks import get_task
+from corp.extras import require
 from corp.grpo.trainer import GRPOConfig, GRPOTrainer
 from corp.ledger import Ledger
 from corp.loop import Steps, method_rows, run_steps
@@ -99,8 +102,6 @@ class FGRPOConfig(GRPOConfig):
         if self.executor not in ("local", "ray"):
             raise CorpError(f"unknown --executor '{self.executor}'; choose one of local, ray")
         if self.executor == "ray":
-            from corp.extras import require
-
             require(
                 "ray", "--executor ray"
             )  # before anything is computed: a missing Ray is one line, no run directory left
@@ -121,10 +122,6 @@ class FGRPOClient(ClientBase):
 
     def trainer(self) -> GRPOTrainer:
         if self._trainer is None:
-            from corp.evaluate.context import RunContext
-            from corp.evaluate.rewards import resolve_reward
-            from corp.evaluate.tasks import get_task
-
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ctx = RunContext(
                 self.cfg,
@@ -138,7 +135,6 @@ class FGRPOClient(ClientBase):
         return self._trainer
 
     def op_hello(self, msg: dict) -> dict:
-        from corp.evaluate.tasks import get_task
 
         return {"signature": get_task(self.cfg.task, self.cfg.data).signature(), "n_support": len(self.support)}
 

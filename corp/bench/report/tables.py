@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import statistics
 
+from corp.bench.accounting import compute_table, regime_table
 from corp.bench.config import (
     BenchConfig,
     _at_budget,
     _budget_text,
     headline_setting,
 )
+from corp.bench.protocol import HOLM_ALPHA
 from corp.bench.report.prose import (
     MULTIPLE_NOTE,
     PRIMARY_NOTE,
@@ -190,7 +192,6 @@ def primary_table(primary: list[dict]) -> list[str]:
     """The pre-registered comparisons, every one of them (a comparison not run yet says so): its
     difference and across-seed interval, the interval's p, Holm's adjusted p over the whole family and
     the decision at 0.05."""
-    from corp.bench.protocol import HOLM_ALPHA
 
     lines = [
         f"## Primary comparisons (pre-registered; Holm over all {len(primary)})",
@@ -374,7 +375,6 @@ def papers_section(cfg: BenchConfig, rows: list[dict]) -> list[str]:
 
 def protocol_sections(cfg: BenchConfig, rows: list[dict], records: list[dict], tuning: list[dict]) -> list[str]:
     """The third edition's sections (each absent from an older config's table.md)."""
-    from corp.bench.accounting import compute_table, regime_table
 
     lines = papers_section(cfg, rows)
     if cfg.protocol_tables:

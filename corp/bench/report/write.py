@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from corp import CorpError
+from corp.bench import retention
 from corp.bench.config import (
     BENCH_PROTOCOL,
     BenchConfig,
 )
+from corp.bench.protocol import mark_primary
 from corp.bench.report.plots import plots
 from corp.bench.report.prose import MULTIPLE_NOTE, PRIMARY_NOTE, beats_sentences, reading_lines, regime_text
 from corp.bench.report.rows import (
@@ -52,8 +55,6 @@ def write_outputs(
     comps = comparisons(cfg, rows)
     primary = None
     if getattr(cfg, "primary_list", None):
-        from corp.bench.protocol import mark_primary
-
         primary = mark_primary(cfg, comps)
         for r in primary:
             r["entry"] = {**r["entry"], "task_label": cfg.label(r["entry"]["task"])}
@@ -62,8 +63,6 @@ def write_outputs(
     extra = protocol_sections(cfg, rows, records, tuning or [])
     retained = None
     if cfg.retention:  # absent from an older config's outputs
-        from corp.bench import retention
-
         retained = retention.summarise(cfg, rows, retention.load_records(cfg, records))
         extra += retention.section(cfg, retained)
     equivalences = equivalence_tests(cfg, rows)
@@ -87,8 +86,6 @@ def write_outputs(
     atomic_write_text(out / "table.md", text)
     made = plots(cfg, rows, out)
     if retained is not None:
-        from corp.bench import retention
-
         made += retention.plot(cfg, retained, out)
     write_json(
         out / "bench.json",
@@ -147,7 +144,6 @@ def readme_section(cfg: BenchConfig) -> str:
     the regime, the headline table, what it shows in plain words (`reading_lines`: the claims in full,
     a "beats" only where the across-seed interval excludes 0, the other comparisons grouped by pair),
     one plot, and a link to table.md for everything else (each comparison's per-seed differences)."""
-    from corp import CorpError
 
     out = Path(cfg.results_dir) / cfg.name
     if not (out / "bench.json").exists() or not (out / "table.md").exists():

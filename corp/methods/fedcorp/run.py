@@ -45,8 +45,11 @@ from corp.clients import (
 )
 from corp.config import PopulationConfig
 from corp.evaluate.backends.base import MODEL, PERTURBER
-from corp.evaluate.context import cached_eval, open_run, run_evals
+from corp.evaluate.context import EvalCache, RunContext, cached_eval, direction_fingerprint, open_run, run_evals
+from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.scorer import specialists_for
+from corp.evaluate.tasks import get_task
+from corp.extras import require
 from corp.loop import method_rows
 from corp.methods.fedcorp.combine import COMBINE_RULES, combine_client_rewards
 from corp.models import save_model
@@ -94,8 +97,6 @@ class FedCorpConfig(OperatorConfig, PopulationConfig):
         if self.from_run:
             raise CorpError("--from-run takes a pooled population; fedcorp's clients score their own: drop --from-run")
         if self.executor == "ray":
-            from corp.extras import require
-
             require(
                 "ray", "--executor ray"
             )  # before anything is computed: a missing Ray is one line, no run directory left
@@ -114,10 +115,6 @@ class CorpClient(ClientBase):
 
     def _context(self):
         if self._ctx is None:
-            from corp.evaluate.context import EvalCache, RunContext
-            from corp.evaluate.rewards import resolve_reward
-            from corp.evaluate.tasks import get_task
-
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._ctx = RunContext(
                 self.cfg,
@@ -131,8 +128,6 @@ class CorpClient(ClientBase):
         return self._ctx, self._cache
 
     def _eval(self, direction, split):
-        from corp.evaluate.context import cached_eval
-
         ctx, cache = self._context()
         return cached_eval(ctx, cache, split, direction)
 
@@ -144,7 +139,6 @@ class CorpClient(ClientBase):
         }
 
     def op_hello(self, msg: dict) -> dict:
-        from corp.evaluate.tasks import get_task
 
         return {
             "signature": get_task(self.cfg.task, self.cfg.data).signature(),
@@ -225,7 +219,6 @@ class FederatedProbe:
     def __call__(self, direction, split):
         if split != "probe":
             raise CorpError(f"federated CoRP scores candidates on the clients' probe shares only, not on '{split}'")
-        from corp.evaluate.context import direction_fingerprint
 
         key = direction_fingerprint(direction)
         if key not in self.memo:

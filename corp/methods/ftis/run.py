@@ -11,7 +11,10 @@ import time
 
 from corp import CorpError
 from corp.config import RunConfig, config_to_dict
+from corp.evaluate.backends import make_backend
+from corp.evaluate.context import cached_eval, eval_identity, eval_key, open_run, run_evals
 from corp.evaluate.rewards import compute_rewards
+from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 from corp.grpo.trainer import (
     GRPOConfig,
 )
@@ -20,6 +23,7 @@ from corp.loop import Steps, run_steps
 from corp.methods.ftis.config import FTISConfig
 from corp.methods.ftis.node import Node, Rollout, same_tokenizer
 from corp.models import resolve_model
+from corp.perturb import ParamFilter
 from corp.runs import ReportRow, format_rows, write_report
 from corp.stats import PerExample
 
@@ -163,7 +167,6 @@ def _evaluate(arm: str, n: Node, step: int, evals, trained_as: str, ood, compute
     """Greedy test accuracy (and, at step 0 and the last step, OOD accuracy) of node n at `step`,
     through the run's evaluation cache. `compute`: evaluate the current weights if not cached
     (they must be the weights of `step`); else only read the cache."""
-    from corp.evaluate.context import cached_eval, eval_identity, eval_key
 
     cfg = n.cfg
     if cfg.skip_test_eval or n.index not in cfg.evaluated_nodes():
@@ -211,8 +214,6 @@ def _evaluate(arm: str, n: Node, step: int, evals, trained_as: str, ood, compute
 def _node_context(cfg: FTISConfig, ctx, k: int, name: str):
     """Node k's run context: the run's, with its own model, backend and weights hash. A model that
     cannot be loaded is one line naming the node."""
-    from corp.evaluate.backends import make_backend
-    from corp.perturb import ParamFilter
 
     try:
         b = make_backend(cfg.backend, name, cfg.device, cfg.dtype, cfg.batch_size, ParamFilter(".*", ""))
@@ -260,8 +261,6 @@ def _trained_as(cfg: FTISConfig) -> str:
 
 def run_ftis(cfg: FTISConfig) -> dict:
     """Train every node with F-TIS (and, unless --skip-grpo-baseline, on-policy GRPO per node alone), evaluate per step, write the report."""
-    from corp.evaluate.context import open_run, run_evals
-    from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 
     names = cfg.node_models()
     for k, name in enumerate(names):  # before the run directory exists: a missing model is one line, nothing written
