@@ -13,6 +13,8 @@ set -eu
 before=$1; after=$2; out=$3; sides=${4:-before after}
 py=${PYTHON:-python}
 runs=${RUNS:-es grpo fgrpo ftis fera}
+# a reward that varies (benchmarks/loop_check_reward.py), so that every method's weights move
+reward="$(cd "$(dirname "$0")" && pwd)/loop_check_reward.py:digit_share"
 common=(--n-support 8 --n-probe 4 --n-validation 4 --n-test 8 --max-completion-length 12 --seed 3 --threads 1)
 for side in $sides; do
   tree=$([ "$side" = before ] && echo "$before" || echo "$after")
@@ -22,9 +24,9 @@ for side in $sides; do
     rm -rf "${out:?}/$side/$m"
     for n in 1 2; do
       case $m in
-        es) run es --iterations $n --population-per-iteration 4 --sigma 0.05 --learning-rate 0.05 --output-dir "$out/$side/es" ;;
-        grpo) run grpo --max-steps $n --prompts-per-step 2 --num-generations 2 --lora-r 4 --output-dir "$out/$side/grpo" ;;
-        fgrpo) run fgrpo --rounds $n --clients 2 --split-by iid --local-steps 1 --prompts-per-step 2 --num-generations 2 \
+        es) run es --iterations $n --reward "$reward" --population-per-iteration 4 --sigma 0.05 --learning-rate 0.05 --output-dir "$out/$side/es" ;;
+        grpo) run grpo --max-steps $n --reward "$reward" --prompts-per-step 2 --num-generations 2 --lora-r 4 --output-dir "$out/$side/grpo" ;;
+        fgrpo) run fgrpo --rounds $n --reward "$reward" --clients 2 --split-by iid --local-steps 1 --prompts-per-step 2 --num-generations 2 \
                  --lora-r 4 --output-dir "$out/$side/fgrpo" ;;
         ftis) run ftis --n-nodes 2 --max-steps $n --prompts-per-step 2 --num-generations 2 --output-dir "$out/$side/ftis" ;;
         fera) run fera --rounds $n --clients 2 --shots 1 --num-generations 2 --output-dir "$out/$side/fera" ;;
@@ -64,5 +66,10 @@ for run, log in (("es", "metrics.jsonl"), ("grpo", "metrics.jsonl"), ("fgrpo", "
         ok3 &= a.get("components") == b.get("components")
         print(f"{run}/recipe.json components identical: {a.get('components') == b.get('components')}")
     same &= ok and ok2 and ok3
-sys.exit(0 if same else 1)
+# the weights must have moved, or the comparison above proves nothing about training
+hashes = {run: hashlib.sha256((out / "after" / run / "model" / "model.safetensors").read_bytes()).hexdigest()
+          for run in ("es", "grpo", "fgrpo") if (out / "after" / run / "model").exists()}
+moved = len(set(hashes.values())) == len(hashes)
+print(f"the saved models differ from one another (training moved the weights): {moved}")
+sys.exit(0 if same and moved else 1)
 PY

@@ -174,9 +174,24 @@ class BenchConfig:
     RESULTS_DIR must then be on a filesystem every node sees."""
 
     def validate(self) -> BenchConfig:
-
         # `auto` is keyed as the device it means (cpu here): cells keep their keys, and a GPU run's differ
         self.device = resolve_device(self.device)
+        own_seeds = self._parse_tasks()
+        self._check_seeds(own_seeds)
+        self._check_grid()
+        self._check_methods()
+        self._option_names_to_fields()
+        check_search(self)
+        self._check_compare()
+        if self.population < 1:
+            raise CorpError(f"bench config: population must be >= 1, got {self.population}")
+        check_protocol(self)
+        self._check_run()
+        return self
+
+    def _parse_tasks(self) -> dict[str, list[int]]:
+        """Task entries (a spec, or {task, label, seeds}) -> self.tasks and self.task_labels; returns
+        the seeds a task entry names for itself."""
         entries = self.tasks if isinstance(self.tasks, list) else parse_list(self.tasks, str, "tasks")
         self.task_labels = {}
         own_seeds: dict[str, list[int]] = {}
@@ -204,6 +219,10 @@ class BenchConfig:
             tasks.append(spec)
             self.task_labels[spec] = label
         self.tasks = tasks
+        return own_seeds
+
+    def _check_seeds(self, own_seeds: dict[str, list[int]]) -> None:
+        """seeds, each once; a task's own seeds a subset of them; self.task_seeds in the bench's order."""
         self.seeds = parse_list(self.seeds, int, "seeds")
         for what, seeds in [("seeds", self.seeds)] + [
             (f"task {self.task_labels[t]}'s seeds", v) for t, v in own_seeds.items()
@@ -219,6 +238,9 @@ class BenchConfig:
                 )
         # in the bench's seed order, so every task's first seed is the one trials run on when it is included
         self.task_seeds = {t: [x for x in self.seeds if x in own_seeds.get(t, self.seeds)] for t in self.tasks}
+
+    def _check_grid(self) -> None:
+        """budgets, settings, sigmas and the hyperparameter protocol."""
         self.budgets = sorted(parse_list(self.budgets, float, "budgets"))
         self.settings = parse_list(self.settings, str, "settings")
         self.sigmas = parse_list(self.sigmas, float, "sigmas")
@@ -235,6 +257,9 @@ class BenchConfig:
                 "bench config: unknown hyperparameter protocol "
                 f"'{self.hyperparameters}'; use one of {', '.join(PROTOCOLS)}"
             )
+
+    def _check_methods(self) -> None:
+        """methods: a mapping of names to {options, variants, search, trials, max_units, skip}."""
         if not isinstance(self.methods, dict) or not self.methods:
             raise CorpError("bench config: 'methods' must map method names to {options, variants, search}")
         for name, spec in self.methods.items():
@@ -251,9 +276,9 @@ class BenchConfig:
                 raise CorpError(f"bench config: method '{name}': max_units is a positive whole number, got {cap!r}")
             if spec and "skip" in spec and not (isinstance(spec["skip"], str) and spec["skip"].strip()):
                 raise CorpError(f"bench config: method '{name}': skip must say why the method is not run (a sentence)")
-        self._option_names_to_fields()
 
-        check_search(self)
+    def _check_compare(self) -> None:
+        """compare: pairs, and seeds enough for an across-seed interval."""
         for pair in self.compare:
             if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
                 raise CorpError(f"bench config: compare entries are pairs [a, b], got {pair!r}")
@@ -263,9 +288,9 @@ class BenchConfig:
                 f"bench config: {len(self.compare)} comparison(s) with {fewest} seed; an across-seed interval "
                 "needs at least 2 seeds (add seeds or remove compare)"
             )
-        if self.population < 1:
-            raise CorpError(f"bench config: population must be >= 1, got {self.population}")
-        check_protocol(self)
+
+    def _check_run(self) -> None:
+        """threads, executor, workers, ray_address and the bench's name."""
         if self.threads is not None and self.threads < 0:
             raise CorpError(
                 f"bench config: threads must be >= 1 (or 0 / unset for torch's default), got {self.threads}"
@@ -278,7 +303,6 @@ class BenchConfig:
             raise CorpError("bench config: ray_address needs executor ray (--executor ray)")
         if self.name in ("", ".", "..") or "/" in self.name:
             raise CorpError(f"bench config: name '{self.name}' must be a plain directory name")
-        return self
 
     def _option_names_to_fields(self) -> None:
         """A method's options, variants and search space may use option names (`max_steps`) or field
