@@ -385,6 +385,26 @@ def parse_primary(cfg, entry) -> dict:
 
 def check_protocol(cfg) -> None:
     """The third edition's fields, checked before compute (each absent from an older config)."""
+    _check_primary(cfg)
+    _check_tuning(cfg)
+    for entry in cfg.ratio_compare:
+        ok = isinstance(entry, dict) and {"a", "b"} <= set(entry) <= {"a", "b", "ratio"}
+        ratio = entry.get("ratio", 10) if ok else None
+        if not ok or not isinstance(ratio, (int, float)) or not ratio > 1:
+            raise CorpError(f"bench config: ratio_compare entries are {{a: ROW, b: ROW, ratio: R > 1}}, got {entry!r}")
+    if not isinstance(cfg.retention, bool):
+        raise CorpError(f"bench config: retention is true or false, got {cfg.retention!r}")
+    cfg.retention_tasks = parse_list(cfg.retention_tasks, str, "retention_tasks")
+    if cfg.retention_tasks and not cfg.retention:
+        raise CorpError("bench config: retention_tasks applies with retention: true; add it or remove retention_tasks")
+    cfg.equivalence_list = [parse_equivalence(cfg, e) for e in (cfg.equivalence or [])]
+    for name, target in (cfg.regime_targets or {}).items():
+        if not isinstance(target, dict) or any(not isinstance(v, (int, float)) for v in target.values()):
+            raise CorpError(f"bench config: regime_targets of '{name}' must map units/options to numbers")
+
+
+def _check_primary(cfg) -> None:
+    """primary: at most MAX_PRIMARY distinct comparisons, with a named test set and 2 seeds per task."""
     if not isinstance(cfg.primary, list):
         raise CorpError("bench config: primary must be a list of 'A vs B @ BUDGET on TASK' entries")
     if len(cfg.primary) > MAX_PRIMARY:
@@ -404,6 +424,10 @@ def check_protocol(cfg) -> None:
     fewest = min((len(cfg.seeds_of(p["task"])) for p in cfg.primary_list), default=2)
     if fewest < 2:
         raise CorpError(f"bench config: primary comparisons need at least 2 seeds per task, got {fewest}")
+
+
+def _check_tuning(cfg) -> None:
+    """tune_*: only under hyperparameters: search, never on test, on seeds the bench has."""
     defaults = {"tune_setting": "paper", "tune_split": "validation", "tune_seeds": 1, "tune_options": {}}
     if cfg.hyperparameters != "search":
         changed = [k for k, v in defaults.items() if getattr(cfg, k) != v]
@@ -424,20 +448,6 @@ def check_protocol(cfg) -> None:
         )
     if not isinstance(cfg.tune_options, dict):
         raise CorpError("bench config: tune_options must map option names to values")
-    for entry in cfg.ratio_compare:
-        ok = isinstance(entry, dict) and {"a", "b"} <= set(entry) <= {"a", "b", "ratio"}
-        ratio = entry.get("ratio", 10) if ok else None
-        if not ok or not isinstance(ratio, (int, float)) or not ratio > 1:
-            raise CorpError(f"bench config: ratio_compare entries are {{a: ROW, b: ROW, ratio: R > 1}}, got {entry!r}")
-    if not isinstance(cfg.retention, bool):
-        raise CorpError(f"bench config: retention is true or false, got {cfg.retention!r}")
-    cfg.retention_tasks = parse_list(cfg.retention_tasks, str, "retention_tasks")
-    if cfg.retention_tasks and not cfg.retention:
-        raise CorpError("bench config: retention_tasks applies with retention: true; add it or remove retention_tasks")
-    cfg.equivalence_list = [parse_equivalence(cfg, e) for e in (cfg.equivalence or [])]
-    for name, target in (cfg.regime_targets or {}).items():
-        if not isinstance(target, dict) or any(not isinstance(v, (int, float)) for v in target.values()):
-            raise CorpError(f"bench config: regime_targets of '{name}' must map units/options to numbers")
 
 
 def parse_equivalence(cfg, entry) -> dict:
