@@ -315,6 +315,10 @@ class GRPOTrainer:
             missing = [t for t in targets if t not in names]
             if missing:
                 raise CorpError(f"--lora-target-modules: the model has no module named {missing[0]}")
+            # LoRA's A is drawn at random; torch's default seed differs in every process, so unseeded the
+            # same command trained from other adapters each time (B = 0: the first loss agrees, the
+            # gradients do not). Seeded from --seed, a run reproduces, resumed or not.
+            torch.manual_seed(cfg.seed)
             self.policy = get_peft_model(
                 model,
                 LoraConfig(
