@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from corp.config import RunConfig, flag
-from corp.models import CARD_FILE, embedded_spec
+from corp.models import CARD_FILE, MARKER, embedded_spec
 from corp.runs import naming
 from corp.stats import comparison_line
 
@@ -186,6 +186,55 @@ def _base_lines(base: dict) -> tuple[list[str], str | None, str | None]:
     return lines, hub, None
 
 
+def _evaluate_lines(task: str | None, config: dict | None, model_dir: Path) -> list[str]:
+    """The card's "Evaluate it": lm-evaluation-harness where the task has a counterpart, and `corp eval`."""
+    name = (task or "").split(":")[0]
+    lm_task = LM_EVAL_TASKS.get(name)
+    evaluate = ["```bash", "# in this directory"]
+    if lm_task:
+        evaluate.append(
+            f"lm_eval --model hf --model_args pretrained=.,dtype=float32 --tasks {lm_task} --batch_size 8"
+            + (" --confirm_run_unsafe_code" if name in CODE_TASKS else "")
+        )
+    evaluate += [_eval_command(task, config, model_dir), "```", ""]
+    if lm_task:
+        evaluate += [
+            f"lm-evaluation-harness's `{lm_task}` uses its own prompt and the whole test set, so its number is not "
+            "the card's; `corp eval` reproduces the card's row (the same test examples, prompt and generation length).",
+            "",
+        ]
+    else:
+        evaluate += [
+            f"corp's task `{task}` has no lm-evaluation-harness counterpart; `corp eval` reproduces the card's row "
+            "(the same test examples, prompt and generation length).",
+            "",
+        ]
+    if name in DATA_TASKS:
+        evaluate += [f"`{name}` reads its data files from `--data DIR` or `$CORP_DATA_DIR`, as the run did.", ""]
+    return evaluate
+
+
+def _recipe_lines(recipe: dict | None, model_dir: Path, notice: str | None) -> list[str]:
+    """The recipe's kind, noise scheme, filter and seed count, and how to rebuild the weights from it."""
+    recipe_lines = ["No recipe: this method's weights are not a seed combination (the weights here are the result)."]
+    if recipe:
+        comps = recipe.get("components") or recipe.get("direction", {}).get("components") or []
+        where = _portable(recipe.get("_path", "recipe.json"), model_dir)
+        recipe_lines = [
+            (
+                f"- recipe kind `{recipe.get('kind')}`, noise scheme `{recipe.get('noise_scheme')}`, "
+                f"parameter filter `{json.dumps(recipe.get('param_filter'))}`, {seed_count(comps)} seed component(s)"
+            ),
+            (
+                f"- the recipe `{where}` (kilobytes) rebuilds these weights bit for bit from the base: "
+                f"`corp apply {where} --out DIR`"
+                if not notice
+                else f"- the recipe `{where}` was edited after its run; these weights are what it gives now"
+            ),
+        ]
+    return recipe_lines
+
+
 def build_card(
     model_dir: Path,
     *,
@@ -210,45 +259,8 @@ def build_card(
         tags=["corp", method, "weight-space" if recipe else "post-trained"],
         pipeline_tag="text-generation",
     )
-    name = (task or "").split(":")[0]
-    lm_task = LM_EVAL_TASKS.get(name)
-    evaluate = ["```bash", "# in this directory"]
-    if lm_task:
-        evaluate.append(
-            f"lm_eval --model hf --model_args pretrained=.,dtype=float32 --tasks {lm_task} --batch_size 8"
-            + (" --confirm_run_unsafe_code" if name in CODE_TASKS else "")
-        )
-    evaluate += [_eval_command(task, config, model_dir), "```", ""]
-    if lm_task:
-        evaluate += [
-            f"lm-evaluation-harness's `{lm_task}` uses its own prompt and the whole test set, so its number is not "
-            "the card's; `corp eval` reproduces the card's row (the same test examples, prompt and generation length).",
-            "",
-        ]
-    else:
-        evaluate += [
-            f"corp's task `{task}` has no lm-evaluation-harness counterpart; `corp eval` reproduces the card's row "
-            "(the same test examples, prompt and generation length).",
-            "",
-        ]
-    if name in DATA_TASKS:
-        evaluate += [f"`{name}` reads its data files from `--data DIR` or `$CORP_DATA_DIR`, as the run did.", ""]
-    recipe_lines = ["No recipe: this method's weights are not a seed combination (the weights here are the result)."]
-    if recipe:
-        comps = recipe.get("components") or recipe.get("direction", {}).get("components") or []
-        where = _portable(recipe.get("_path", "recipe.json"), model_dir)
-        recipe_lines = [
-            (
-                f"- recipe kind `{recipe.get('kind')}`, noise scheme `{recipe.get('noise_scheme')}`, "
-                f"parameter filter `{json.dumps(recipe.get('param_filter'))}`, {seed_count(comps)} seed component(s)"
-            ),
-            (
-                f"- the recipe `{where}` (kilobytes) rebuilds these weights bit for bit from the base: "
-                f"`corp apply {where} --out DIR`"
-                if not notice
-                else f"- the recipe `{where}` was edited after its run; these weights are what it gives now"
-            ),
-        ]
+    evaluate = _evaluate_lines(task, config, model_dir)
+    recipe_lines = _recipe_lines(recipe, model_dir, notice)
     label_lines = [f"- {k}: {v} labelled example(s)" for k, v in (labelled or {}).items()] or ["- not recorded"]
     cfg_lines = [
         "```yaml",
@@ -338,7 +350,6 @@ def run_model_card(
     run_dir: Path, method: str, cfg: dict, model_id: str | None, weights_hash: str | None, splits: dict | None
 ) -> Path | None:
     """The card of `RUN_DIR/model`, from what the run recorded; None when the run saved no model."""
-    from corp.models import MARKER
 
     model_dir = run_dir / "model"
     if not (model_dir / MARKER).is_file():

@@ -23,9 +23,15 @@ from typer.core import TyperGroup
 
 from corp import CorpError
 from corp.api import run as run_config
+from corp.bench.report import readme_section as section
+from corp.bench.sweep import load_bench_config, run_bench
 from corp.config import field_docs, flag, load_config, option_names, renamed_options, to_fields
+from corp.evaluate.tasks import list_tasks
 from corp.methods import Method, methods
+from corp.models import list_models
+from corp.recipe import apply_recipe
 from corp.runs import write_failure
+from corp.tracking import check_report_to, export_bench_results
 
 
 class _OneLineErrors(TyperGroup):
@@ -248,9 +254,6 @@ def bench_cmd(
     ),
 ) -> None:
     """The matched-compute sweep: every registered bench method at each FLOP budget, seed and data setting; resumable."""
-    from corp.bench.report import readme_section as section
-    from corp.bench.sweep import load_bench_config, run_bench
-    from corp.tracking import check_report_to, export_bench_results
 
     _run(check_report_to, report_to)  # a backend that is not installed: one line, before any cell runs
     where = {"executor": executor, "workers": workers, "ray_address": ray_address}
@@ -307,7 +310,6 @@ def apply_cmd(
 ) -> None:
     """Rebuild a model from its recipe and the base model, bit-exactly, and check it is the model its run
     evaluated; never deletes files corp did not write."""
-    from corp.recipe import apply_recipe
 
     path = _run(apply_recipe, recipe, out, model, overwrite, allow_mismatch, interrupted="apply")
     typer.echo(f"wrote {path}")
@@ -316,7 +318,6 @@ def apply_cmd(
 @app.command("models")
 def models_cmd() -> None:
     """List model aliases and what is available on this machine."""
-    from corp.models import list_models
 
     for row in list_models():
         typer.echo(f"{row['alias']:<14} {row['model']:<38} {row['status']}")
@@ -327,7 +328,6 @@ def models_cmd() -> None:
 @app.command("tasks")
 def tasks_cmd() -> None:
     """List tasks and their options."""
-    from corp.evaluate.tasks import list_tasks
 
     for row in list_tasks():
         typer.echo(f"{row['task']:<12} {row['description']}")

@@ -31,7 +31,9 @@ from typing import Any
 import torch
 
 from corp import CorpError
+from corp.evaluate.executors import init_ray
 from corp.evaluate.tasks import Example
+from corp.extras import require
 
 SPLIT_RULES = ("op", "answer-length", "iid")
 
@@ -216,9 +218,6 @@ class ClientPool:
         if k not in self.clients:
             if self.executor == "ray":
                 if self._ray is None:
-                    from corp.evaluate.executors import init_ray
-                    from corp.extras import require
-
                     self._ray = require("ray", "--executor ray")
                     self._started_ray = init_ray(self._ray, self.ray_address, len(self.factories))
                 actor = self._ray.remote(_RayClient)

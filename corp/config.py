@@ -47,6 +47,9 @@ from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from corp import CorpError
+from corp.models import check_device, check_dtype, cuda_count
+from corp.perturb.lowrank_noise import scheme_from_flag
+from corp.tracking import check_report_to
 
 
 @cache
@@ -199,8 +202,6 @@ class RunConfig:
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise CorpError(f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.tensor_parallel_size > 1 and self.executor == "local":
-            from corp.models import cuda_count
-
             if cuda_count() < self.tensor_parallel_size:
                 raise CorpError(
                     f"--tensor-parallel-size {self.tensor_parallel_size} needs that many CUDA GPUs; "
@@ -225,8 +226,6 @@ class RunConfig:
             raise CorpError("--report-on validation needs a validation split; set --n-validation >= 1")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise CorpError(f"--max-completion-length must be >= 1, got {self.max_new_tokens}")
-        from corp.models import check_device, check_dtype  # names checked here, before any model loads
-        from corp.tracking import check_report_to
 
         check_report_to(self.report_to)  # a backend that is not installed: one line, before anything runs
 
@@ -274,7 +273,6 @@ class PopulationConfig(RunConfig):
     def validate(self) -> PopulationConfig:
         super().validate()
         self.sigmas = parse_list(self.sigmas, float, "sigmas")
-        from corp.perturb.lowrank_noise import scheme_from_flag
 
         scheme_from_flag(self.noise)  # a bad --noise is one line before any model loads
         if self.population < 1:

@@ -47,6 +47,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from corp import CorpError
+from corp.cards import apply_model_card
+from corp.lowrank import LowRankDirection, load_factors
+from corp.models import ALIASES, EmbeddedGGUF, check_output_dir, load_model, model_caches, resolve_model, save_model
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, check_scheme, weights_hash
 from corp.runs import enclosing_run_dir, read_json, write_json
 
@@ -74,7 +77,6 @@ def _seed_direction(recipe: dict, where: Path) -> Direction:
 
 
 def _low_rank_direction(recipe: dict, where: Path) -> Direction:
-    from corp.lowrank import load_factors
 
     if not isinstance(recipe.get("low_rank"), dict):
         raise CorpError(f"recipe in '{where}' is of kind low-rank but has no low_rank entry")
@@ -109,7 +111,6 @@ def make_recipe(
     `kind`: default `low-rank` with a factors entry, else `corp-direction`.
     `scheme`: the noise scheme the run's Perturber materialised the direction under.
     `produced`: `produced_weights(model)` of the evaluated model (what apply must rebuild)."""
-    from corp.lowrank import LowRankDirection
 
     if isinstance(direction, LowRankDirection) != (low_rank is not None):
         raise CorpError("a low-rank direction needs its factors entry (lowrank.write_factors), and only a low-rank one")
@@ -232,7 +233,6 @@ def check_numbers(recipe: dict, path) -> None:
 
 def base_candidates(recipe: dict) -> list[str]:
     """Names to try for the recipe's base, in order (see the module docstring)."""
-    from corp.models import ALIASES, EmbeddedGGUF
 
     names = [recipe["base_model"]]
     model_id = recipe.get("base_model_id") or recipe["base_model"]
@@ -243,7 +243,6 @@ def base_candidates(recipe: dict) -> list[str]:
 
 def resolve_base(recipe: dict, model: str | None) -> tuple[str, Path]:
     """(name, local directory) of the base to apply `recipe` to; never downloads before trying local ones."""
-    from corp.models import resolve_model
 
     if model:
         return model, resolve_model(model)[1]
@@ -267,7 +266,6 @@ def apply_recipe(
     is replaced only with `overwrite`. All of it, and every number of the recipe, is checked
     before the model loads. The rebuilt weights must be finite and hash to the recipe's
     `model_weights_hash` (else refused unless `allow_mismatch`; module docstring)."""
-    from corp.models import check_output_dir, load_model, model_caches, save_model
 
     if Path(path).is_dir():
         raise CorpError(f"recipe '{path}' is a directory; pass the recipe.json file in it")
@@ -327,7 +325,6 @@ def apply_recipe(
             source["mismatch"] = {"rebuilt": rebuilt, "evaluated": expected}
         source["checked"] = rebuilt == expected
     target = save_model(base, tokenizer, out, overwrite=overwrite, protect=protect, source=source)
-    from corp.cards import apply_model_card
 
     apply_model_card(target, Path(path), recipe, name, mismatch=source.get("mismatch"))
     return target

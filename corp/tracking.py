@@ -35,7 +35,7 @@ from pathlib import Path
 
 from corp import CorpError
 from corp.extras import require
-from corp.runs import naming
+from corp.runs import naming, read_jsonl
 
 BACKENDS = ("none", "tensorboard", "wandb")
 POPULATION_FILE = "population.jsonl"
@@ -73,7 +73,6 @@ def check_report_to(value: str | None) -> list[str]:
 
 
 def _rows(path: Path) -> list[dict]:
-    from corp.runs import read_jsonl
 
     return [r for r in read_jsonl(path) if isinstance(r, dict)] if path.is_file() else []
 

@@ -117,9 +117,7 @@ def test_auto_falls_back_to_hf_when_vllm_cannot_build_this_model(monkeypatch, ti
     with pytest.warns(UserWarning, match=r"--backend auto: vLLM cannot run this model \(CorpError: model directory"):
         b = make_backend("auto", str(tiny_dir), batch_size=4)
     assert type(b) is HFBackend
-    from corp import extras
-
-    monkeypatch.setattr(extras, "require", lambda package, feature: None)  # vLLM "installed"
+    monkeypatch.setattr(backends, "require", lambda package, feature: None)  # vLLM "installed"
     with pytest.raises(CorpError, match="no .safetensors"):  # asked for by name, vLLM is not replaced
         make_backend("vllm", str(tiny_dir), batch_size=4)
 

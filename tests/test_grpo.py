@@ -321,6 +321,21 @@ def test_grpo_lora_trains_adapter_only(tmp_path):
     assert (tmp_path / "lora" / "model" / "config.json").exists() and (tmp_path / "lora" / "adapter").exists()
 
 
+def test_grpo_lora_reproduces_whatever_the_process_drew_before(tmp_path):
+    """LoRA's A matrices are random: two runs of one config must start from the same adapters even
+    when the process's RNG stood elsewhere (torch's default seed differs in every process)."""
+    pytest.importorskip("peft")
+    weights = []
+    for i, draws in enumerate((0, 5)):
+        backend = fresh_backend()
+        torch.rand(draws)  # what other code (or another process) took from the global generator first
+        run_grpo(tiny_grpo_cfg(tmp_path / f"run{i}", steps=2, lora_r=4, learning_rate=1e-2), backend)
+        weights.append({n: t.clone() for n, t in backend.model.state_dict().items()})
+    assert weights[0].keys() == weights[1].keys()
+    for n in weights[0]:
+        assert torch.equal(weights[0][n], weights[1][n]), n
+
+
 def test_bad_options_are_one_line_errors(tmp_path):
     with pytest.raises(CorpError, match="--loss"):
         tiny_grpo_cfg(tmp_path, loss="ppo")

@@ -8,7 +8,7 @@ Four tiers, lowest first; a module imports only from its own tier or below (issu
    `aggregation` (federated aggregation rules), `operator` (the CoRP operator: stage 1, merge rules,
    Gram matrix, gate), `sandbox` (runs untrusted programs for the code rewards); (1) `evaluate` (tasks, rewards, backends, the run layer, population scoring),
    `clients` (the federated client split, messages and pool), `grpo` (the GRPO trainer and its loss
-   variants, which GRPO, F-TIS, FGRPO and FERA use);
+   variants, which GRPO, F-TIS, FGRPO and FERA use), `loop` (the loop iterative methods share);
 2. `methods`: one module or package per method (`corp/methods/es.py`, `corp/methods/consolidate/`),
    and the registry (`corp/methods/__init__.py`), which imports each method's `METHOD`;
 3. `bench`, and `api` (the Python API; `corp/__init__.py` loads it by name, on first use);
@@ -56,7 +56,7 @@ CORE_GROUND = (
 )
 FLOORS = {
     **dict.fromkeys(CORE_GROUND, 0),
-    **dict.fromkeys(("evaluate", "clients", "grpo"), 1),
+    **dict.fromkeys(("evaluate", "clients", "grpo", "loop"), 1),
     "methods": 2,
     "bench": 3,
     "api": 3,
@@ -289,3 +289,57 @@ def test_planted_violations_are_caught(tmp_path):
     cycle = " <-> ".join(("corp.methods.consolidate", "corp.methods.consolidate.recipe", "corp.methods.es"))
     assert f"import cycle: {cycle}" in found
     assert "package 'shiny' has no floor" in found
+
+
+# The engine modules load their engines (transformers' generation stack, vLLM) when a backend is
+# built, not when corp is imported: `corp --help` and every command that never generates stay fast.
+# Every other import of corp's own modules sits at the top of its file.
+LAZY_MODULES = ("corp.evaluate.backends.hf", "corp.evaluate.backends.vllm")
+
+
+def imports_inside_functions(root: Path) -> list[str]:
+    """'module:line target' for every import of the package's own modules inside a function body,
+    except of LAZY_MODULES (relative imports resolved as import_graph does)."""
+    top = root.name
+    out = []
+    for mod, path in module_files(root).items():
+        tree = ast.parse(path.read_text(), str(path))
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom):
+                    if node.level:
+                        base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                        targets = [".".join(base + ([node.module] if node.module else []))]
+                    else:
+                        targets = [node.module or ""]
+                    targets = [
+                        f"{targets[0]}.{a.name}" if f"{targets[0]}.{a.name}" in LAZY_MODULES else targets[0]
+                        for a in node.names
+                    ]
+                elif isinstance(node, ast.Import):
+                    targets = [a.name for a in node.names]
+                else:
+                    continue
+                for target in targets:
+                    if target.split(".")[0] == top and target not in LAZY_MODULES:
+                        out.append(f"{mod}:{node.lineno} {target}")
+    return sorted(set(out))
+
+
+def test_corp_imports_its_own_modules_at_the_top_of_files():
+    assert imports_inside_functions(ROOT / "corp") == []
+
+
+def test_an_import_inside_a_function_is_caught(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "evaluate/backends/hf.py": "",
+            "evaluate/backends/__init__.py": "def make():\n    from corp.evaluate.backends.hf import X\n",
+            "stats.py": "def f():\n    from corp import runs\n    from . import ledger\n    import corp.models\n",
+        },
+    )
+    assert imports_inside_functions(root) == ["corp.stats:2 corp", "corp.stats:3 corp", "corp.stats:4 corp.models"]

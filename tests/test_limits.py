@@ -183,7 +183,7 @@ def test_ctrl_c_says_what_fits_the_command(command, tmp_path, monkeypatch):
         raise KeyboardInterrupt
 
     if command == "apply":
-        monkeypatch.setattr("corp.recipe.apply_recipe", interrupted)
+        monkeypatch.setattr("corp.cli.apply_recipe", interrupted)
         args = ["apply", str(tmp_path / "recipe.json"), "--out", str(tmp_path / "out")]
     else:
         monkeypatch.setattr("corp.methods.Method.__call__", interrupted)

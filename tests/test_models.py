@@ -229,6 +229,47 @@ def test_chunked_gguf_is_assembled_into_the_corp_cache_and_removed_after_convers
         resolve_model("fake-y")
 
 
+def test_two_processes_starting_together_convert_an_embedded_model_once(tmp_path, monkeypatch):
+    """Two corp processes on a fresh machine (corp bench's two task processes) resolve the embedded
+    model at once: one converts, the other waits and loads the finished directory."""
+    import multiprocessing
+    import time
+
+    import corp.models as models
+
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "x.gguf"
+    gguf.write_bytes(b"GGUF")
+    spec = EmbeddedGGUF(package="json", filename="x.gguf", hf_id="fake/x", install="make fake")
+    monkeypatch.setitem(ALIASES, "fake-x", spec)
+    monkeypatch.setattr(models.resolve, "_embedded_gguf_path", lambda spec: (gguf, False))
+
+    def slow_convert(gguf, out):
+        with open(tmp_path / "conversions", "a") as fh:
+            fh.write("x")
+        time.sleep(1.0)  # long enough for the other process to look while this one writes
+        tok = make_char_tokenizer()
+        models.save_model(make_tiny_llama(tok), tok, out)
+
+    monkeypatch.setattr(models.resolve, "_convert_gguf", slow_convert)
+
+    def resolve_and_load(results):
+        _, path = resolve_model("fake-x")
+        results.put((path / "model.safetensors").stat().st_size)
+
+    fork = multiprocessing.get_context("fork")
+    results = fork.Queue()
+    procs = [fork.Process(target=resolve_and_load, args=(results,)) for _ in range(2)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+    assert [proc.exitcode for proc in procs] == [0, 0]
+    assert (tmp_path / "conversions").read_text() == "x", "converted once"
+    sizes = [results.get(timeout=5) for _ in procs]
+    assert sizes[0] == sizes[1] > 0  # both saw the whole directory
+
+
 def bos_tokenizer(add_bos: bool):
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast

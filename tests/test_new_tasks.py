@@ -179,9 +179,9 @@ def test_rg_options_and_errors():
 
 
 def test_corp_tasks_says_how_to_install_the_gym_when_missing(monkeypatch):
-    import corp.extras
+    import corp.evaluate.tasks.rg
 
-    monkeypatch.setattr(corp.extras, "available", lambda package: package != "reasoning-gym")
+    monkeypatch.setattr(corp.evaluate.tasks.rg, "available", lambda package: package != "reasoning-gym")
     rows = {r["task"]: r["description"] for r in list_tasks()}
     assert "pip install 'corp[reasoning-gym]'" in rows["rg:NAME"]
     assert not [t for t in rows if t.startswith("rg:") and t != "rg:NAME"]

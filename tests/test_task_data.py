@@ -181,7 +181,9 @@ def _fake_datasets(monkeypatch, calls, fail=False):
     mod.__spec__ = importlib.machinery.ModuleSpec("datasets", None)
     mod.load_dataset = load_dataset
     monkeypatch.setitem(sys.modules, "datasets", mod)
-    monkeypatch.setattr("corp.models.hub_offline", lambda: False)  # the fake stands in for a hub that answers
+    monkeypatch.setattr(
+        "corp.evaluate.tasks.data.hub_offline", lambda: False
+    )  # the fake stands in for a hub that answers
 
 
 def test_without_local_data_benchmark_files_come_from_the_hub_once_and_keep_their_fields(tmp_path, monkeypatch):
@@ -237,7 +239,7 @@ def test_hub_data_offline_is_one_line_without_asking_the_hub(tmp_path, monkeypat
     monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
     calls: list = []
     _fake_datasets(monkeypatch, calls)
-    monkeypatch.setattr("corp.models.hub_offline", lambda: True)
+    monkeypatch.setattr("corp.evaluate.tasks.data.hub_offline", lambda: True)
     with pytest.raises(CorpError) as exc:
         data_file("gsm8k", "gsm8k/train.jsonl")
     msg = str(exc.value)

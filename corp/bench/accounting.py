@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 
 from corp.bench.config import REGIME_TARGETS
+from corp.methods import get_method
 
 
 def eval_flops(rec: dict) -> float:
@@ -174,7 +175,6 @@ def regime_table(cfg, records: list[dict], setting: str) -> list[str]:
     """Per task and method variant, at the top budget: the regime reached (mean over seeds), its target,
     and the distinct labelled examples touched; below target, its curve over budgets (units and
     accuracy of its first row at each budget)."""
-    from corp.methods import get_method
 
     top = max(cfg.budgets)
     final = [r for r in records if r["setting"] == setting and r.get("status") == "done"]

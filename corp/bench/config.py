@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corp import CorpError
-from corp.config import PopulationConfig, RunConfig, options_from, parse_list
+from corp.bench.search import check_search
+from corp.config import PopulationConfig, RunConfig, options_from, parse_list, to_fields
+from corp.methods import REGISTRY
+from corp.models import resolve_device
 from corp.runs import bounded_name, naming
 
 SETTINGS = ("paper", "equal-data")
@@ -171,10 +174,24 @@ class BenchConfig:
     RESULTS_DIR must then be on a filesystem every node sees."""
 
     def validate(self) -> BenchConfig:
-        from corp.models import resolve_device
-
         # `auto` is keyed as the device it means (cpu here): cells keep their keys, and a GPU run's differ
         self.device = resolve_device(self.device)
+        own_seeds = self._parse_tasks()
+        self._check_seeds(own_seeds)
+        self._check_grid()
+        self._check_methods()
+        self._option_names_to_fields()
+        check_search(self)
+        self._check_compare()
+        if self.population < 1:
+            raise CorpError(f"bench config: population must be >= 1, got {self.population}")
+        check_protocol(self)
+        self._check_run()
+        return self
+
+    def _parse_tasks(self) -> dict[str, list[int]]:
+        """Task entries (a spec, or {task, label, seeds}) -> self.tasks and self.task_labels; returns
+        the seeds a task entry names for itself."""
         entries = self.tasks if isinstance(self.tasks, list) else parse_list(self.tasks, str, "tasks")
         self.task_labels = {}
         own_seeds: dict[str, list[int]] = {}
@@ -202,6 +219,10 @@ class BenchConfig:
             tasks.append(spec)
             self.task_labels[spec] = label
         self.tasks = tasks
+        return own_seeds
+
+    def _check_seeds(self, own_seeds: dict[str, list[int]]) -> None:
+        """seeds, each once; a task's own seeds a subset of them; self.task_seeds in the bench's order."""
         self.seeds = parse_list(self.seeds, int, "seeds")
         for what, seeds in [("seeds", self.seeds)] + [
             (f"task {self.task_labels[t]}'s seeds", v) for t, v in own_seeds.items()
@@ -217,6 +238,9 @@ class BenchConfig:
                 )
         # in the bench's seed order, so every task's first seed is the one trials run on when it is included
         self.task_seeds = {t: [x for x in self.seeds if x in own_seeds.get(t, self.seeds)] for t in self.tasks}
+
+    def _check_grid(self) -> None:
+        """budgets, settings, sigmas and the hyperparameter protocol."""
         self.budgets = sorted(parse_list(self.budgets, float, "budgets"))
         self.settings = parse_list(self.settings, str, "settings")
         self.sigmas = parse_list(self.sigmas, float, "sigmas")
@@ -233,6 +257,9 @@ class BenchConfig:
                 "bench config: unknown hyperparameter protocol "
                 f"'{self.hyperparameters}'; use one of {', '.join(PROTOCOLS)}"
             )
+
+    def _check_methods(self) -> None:
+        """methods: a mapping of names to {options, variants, search, trials, max_units, skip}."""
         if not isinstance(self.methods, dict) or not self.methods:
             raise CorpError("bench config: 'methods' must map method names to {options, variants, search}")
         for name, spec in self.methods.items():
@@ -249,10 +276,9 @@ class BenchConfig:
                 raise CorpError(f"bench config: method '{name}': max_units is a positive whole number, got {cap!r}")
             if spec and "skip" in spec and not (isinstance(spec["skip"], str) and spec["skip"].strip()):
                 raise CorpError(f"bench config: method '{name}': skip must say why the method is not run (a sentence)")
-        self._option_names_to_fields()
-        from corp.bench.search import check_search
 
-        check_search(self)
+    def _check_compare(self) -> None:
+        """compare: pairs, and seeds enough for an across-seed interval."""
         for pair in self.compare:
             if not (isinstance(pair, (list, tuple)) and len(pair) == 2):
                 raise CorpError(f"bench config: compare entries are pairs [a, b], got {pair!r}")
@@ -262,9 +288,9 @@ class BenchConfig:
                 f"bench config: {len(self.compare)} comparison(s) with {fewest} seed; an across-seed interval "
                 "needs at least 2 seeds (add seeds or remove compare)"
             )
-        if self.population < 1:
-            raise CorpError(f"bench config: population must be >= 1, got {self.population}")
-        check_protocol(self)
+
+    def _check_run(self) -> None:
+        """threads, executor, workers, ray_address and the bench's name."""
         if self.threads is not None and self.threads < 0:
             raise CorpError(
                 f"bench config: threads must be >= 1 (or 0 / unset for torch's default), got {self.threads}"
@@ -277,14 +303,11 @@ class BenchConfig:
             raise CorpError("bench config: ray_address needs executor ray (--executor ray)")
         if self.name in ("", ".", "..") or "/" in self.name:
             raise CorpError(f"bench config: name '{self.name}' must be a plain directory name")
-        return self
 
     def _option_names_to_fields(self) -> None:
         """A method's options, variants and search space may use option names (`max_steps`) or field
         names (`steps`, what cell keys are built from): the former become the latter, so a cell's key
         is the same either way (docs/commands.md, "Names")."""
-        from corp.config import to_fields
-        from corp.methods import REGISTRY
 
         for name, spec in self.methods.items():
             if not spec or name not in REGISTRY:
@@ -362,6 +385,26 @@ def parse_primary(cfg, entry) -> dict:
 
 def check_protocol(cfg) -> None:
     """The third edition's fields, checked before compute (each absent from an older config)."""
+    _check_primary(cfg)
+    _check_tuning(cfg)
+    for entry in cfg.ratio_compare:
+        ok = isinstance(entry, dict) and {"a", "b"} <= set(entry) <= {"a", "b", "ratio"}
+        ratio = entry.get("ratio", 10) if ok else None
+        if not ok or not isinstance(ratio, (int, float)) or not ratio > 1:
+            raise CorpError(f"bench config: ratio_compare entries are {{a: ROW, b: ROW, ratio: R > 1}}, got {entry!r}")
+    if not isinstance(cfg.retention, bool):
+        raise CorpError(f"bench config: retention is true or false, got {cfg.retention!r}")
+    cfg.retention_tasks = parse_list(cfg.retention_tasks, str, "retention_tasks")
+    if cfg.retention_tasks and not cfg.retention:
+        raise CorpError("bench config: retention_tasks applies with retention: true; add it or remove retention_tasks")
+    cfg.equivalence_list = [parse_equivalence(cfg, e) for e in (cfg.equivalence or [])]
+    for name, target in (cfg.regime_targets or {}).items():
+        if not isinstance(target, dict) or any(not isinstance(v, (int, float)) for v in target.values()):
+            raise CorpError(f"bench config: regime_targets of '{name}' must map units/options to numbers")
+
+
+def _check_primary(cfg) -> None:
+    """primary: at most MAX_PRIMARY distinct comparisons, with a named test set and 2 seeds per task."""
     if not isinstance(cfg.primary, list):
         raise CorpError("bench config: primary must be a list of 'A vs B @ BUDGET on TASK' entries")
     if len(cfg.primary) > MAX_PRIMARY:
@@ -381,6 +424,10 @@ def check_protocol(cfg) -> None:
     fewest = min((len(cfg.seeds_of(p["task"])) for p in cfg.primary_list), default=2)
     if fewest < 2:
         raise CorpError(f"bench config: primary comparisons need at least 2 seeds per task, got {fewest}")
+
+
+def _check_tuning(cfg) -> None:
+    """tune_*: only under hyperparameters: search, never on test, on seeds the bench has."""
     defaults = {"tune_setting": "paper", "tune_split": "validation", "tune_seeds": 1, "tune_options": {}}
     if cfg.hyperparameters != "search":
         changed = [k for k, v in defaults.items() if getattr(cfg, k) != v]
@@ -401,20 +448,6 @@ def check_protocol(cfg) -> None:
         )
     if not isinstance(cfg.tune_options, dict):
         raise CorpError("bench config: tune_options must map option names to values")
-    for entry in cfg.ratio_compare:
-        ok = isinstance(entry, dict) and {"a", "b"} <= set(entry) <= {"a", "b", "ratio"}
-        ratio = entry.get("ratio", 10) if ok else None
-        if not ok or not isinstance(ratio, (int, float)) or not ratio > 1:
-            raise CorpError(f"bench config: ratio_compare entries are {{a: ROW, b: ROW, ratio: R > 1}}, got {entry!r}")
-    if not isinstance(cfg.retention, bool):
-        raise CorpError(f"bench config: retention is true or false, got {cfg.retention!r}")
-    cfg.retention_tasks = parse_list(cfg.retention_tasks, str, "retention_tasks")
-    if cfg.retention_tasks and not cfg.retention:
-        raise CorpError("bench config: retention_tasks applies with retention: true; add it or remove retention_tasks")
-    cfg.equivalence_list = [parse_equivalence(cfg, e) for e in (cfg.equivalence or [])]
-    for name, target in (cfg.regime_targets or {}).items():
-        if not isinstance(target, dict) or any(not isinstance(v, (int, float)) for v in target.values()):
-            raise CorpError(f"bench config: regime_targets of '{name}' must map units/options to numbers")
 
 
 def parse_equivalence(cfg, entry) -> dict:

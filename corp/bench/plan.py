@@ -114,7 +114,23 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
     """Every cell of the sweep in run order, and the methods listed as missing (not built, or skipped with a reason). Under
     `hyperparameters: search` a task's trial cells (setting "tune") come before its other cells,
     whose searched options are filled in from them when they run (`Bench.resolve`)."""
+    runnable = {
+        n: (s or {})
+        for n, s in cfg.methods.items()
+        if n in REGISTRY and get_method(n).bench is not None and not (s or {}).get("skip")
+    }  # others: `missing`
+    missing = _missing(cfg)
     cells: list[Cell] = []
+    for task in cfg.tasks:
+        if cfg.hyperparameters == "search":
+            cells += _trial_cells(cfg, task, runnable)
+        cells += _final_cells(cfg, task, runnable)
+    return cells, missing
+
+
+def _missing(cfg: BenchConfig) -> list[dict]:
+    """The methods the bench lists as not run: skipped by the config (with its reason) or without a
+    bench adapter; an unknown name is one error line."""
     missing: list[dict] = []
     for name, spec in cfg.methods.items():
         if (spec or {}).get("skip"):  # not run in this bench, by the config's choice: listed with its reason
@@ -131,79 +147,77 @@ def plan(cfg: BenchConfig) -> tuple[list[Cell], list[dict]]:
                     ),
                 }
             )
-    runnable = {
-        n: (s or {})
-        for n, s in cfg.methods.items()
-        if n in REGISTRY and get_method(n).bench is not None and not (s or {}).get("skip")
-    }  # others: `missing`
+    return missing
 
-    def options(task: str, setting: str, seed: int, name: str, spec: dict, over: dict | None) -> dict:
-        adapter = get_method(name).bench
-        opts = {
-            **common_options(cfg, task, seed),
-            **split_sizes(cfg, setting, adapter),
-            **adapter.defaults,
-            **(spec.get("options") or {}),
-            **(over or {}),
-        }
-        if adapter.kind == POPULATION:
-            opts["sigmas"] = cfg.sigmas
-        return opts
 
-    def budgets_of(name: str) -> list:
-        return [None] if get_method(name).bench.kind == FIXED else cfg.budgets
+def _options(cfg: BenchConfig, task: str, setting: str, seed: int, name: str, spec: dict, over: dict | None) -> dict:
+    """A cell's options: the bench's common ones, the setting's split sizes, the adapter's defaults,
+    the method's options and the variant's."""
+    adapter = get_method(name).bench
+    opts = {
+        **common_options(cfg, task, seed),
+        **split_sizes(cfg, setting, adapter),
+        **adapter.defaults,
+        **(spec.get("options") or {}),
+        **(over or {}),
+    }
+    if adapter.kind == POPULATION:
+        opts["sigmas"] = cfg.sigmas
+    return opts
 
-    for task in cfg.tasks:
-        if cfg.hyperparameters == "search":
+
+def _budgets_of(cfg: BenchConfig, name: str) -> list:
+    return [None] if get_method(name).bench.kind == FIXED else cfg.budgets
+
+
+def _trial_cells(cfg: BenchConfig, task: str, runnable: dict) -> list[Cell]:
+    """A task's hyperparameter trials (setting "tune"), for every method with a search space."""
+    cells: list[Cell] = []
+    for name, spec in runnable.items():
+        if not spec.get("search"):
+            continue
+        for label, over in (spec.get("variants") or {name: {}}).items():
+            for i, values in enumerate(trial_options(name, str(label), spec["search"], cfg.trials)):
+                # the trials' data setting, seeds and scored split (search.py; by default the
+                # paper setting on the first seed, scored on validation, as the second edition ran)
+                for seed in cfg.seeds[: cfg.tune_seeds]:
+                    opts = {
+                        **_options(cfg, task, cfg.tune_setting, seed, name, spec, over),
+                        **cfg.tune_options,
+                        **values,
+                        "report_on": cfg.tune_split,
+                    }
+                    cells.extend(
+                        Cell(task, "tune", seed, name, str(label), b, dict(opts), trial=i, task_label=cfg.label(task))
+                        for b in _budgets_of(cfg, name)
+                    )
+    return cells
+
+
+def _final_cells(cfg: BenchConfig, task: str, runnable: dict) -> list[Cell]:
+    """A task's cells in every setting, seed, method variant and budget."""
+    cells: list[Cell] = []
+    for setting in cfg.settings:
+        for seed in cfg.seeds_of(task):
             for name, spec in runnable.items():
-                if not spec.get("search"):
-                    continue
+                searched = tuple(sorted(spec.get("search") or {})) if cfg.hyperparameters == "search" else ()
                 for label, over in (spec.get("variants") or {name: {}}).items():
-                    for i, values in enumerate(trial_options(name, str(label), spec["search"], cfg.trials)):
-                        # the trials' data setting, seeds and scored split (search.py; by default the
-                        # paper setting on the first seed, scored on validation, as the second edition ran)
-                        for seed in cfg.seeds[: cfg.tune_seeds]:
-                            opts = {
-                                **options(task, cfg.tune_setting, seed, name, spec, over),
-                                **cfg.tune_options,
-                                **values,
-                                "report_on": cfg.tune_split,
-                            }
-                            cells.extend(
-                                Cell(
-                                    task,
-                                    "tune",
-                                    seed,
-                                    name,
-                                    str(label),
-                                    b,
-                                    dict(opts),
-                                    trial=i,
-                                    task_label=cfg.label(task),
-                                )
-                                for b in budgets_of(name)
-                            )
-        for setting in cfg.settings:
-            for seed in cfg.seeds_of(task):
-                for name, spec in runnable.items():
-                    searched = tuple(sorted(spec.get("search") or {})) if cfg.hyperparameters == "search" else ()
-                    for label, over in (spec.get("variants") or {name: {}}).items():
-                        opts = options(task, setting, seed, name, spec, over)
-                        cells.extend(
-                            Cell(
-                                task,
-                                setting,
-                                seed,
-                                name,
-                                str(label),
-                                b,
-                                dict(opts),
-                                searched=searched,
-                                task_label=cfg.label(task),
-                            )
-                            for b in budgets_of(name)
+                    opts = _options(cfg, task, setting, seed, name, spec, over)
+                    cells.extend(
+                        Cell(
+                            task,
+                            setting,
+                            seed,
+                            name,
+                            str(label),
+                            b,
+                            dict(opts),
+                            searched=searched,
+                            task_label=cfg.label(task),
                         )
-    return cells, missing
+                        for b in _budgets_of(cfg, name)
+                    )
+    return cells
 
 
 def possible_rows(cell: Cell, population_rows: bool = False) -> list[str]:

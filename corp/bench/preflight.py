@@ -12,6 +12,8 @@ from corp.bench.budget import min_budget
 from corp.bench.config import BenchConfig, results_path
 from corp.bench.plan import Cell, _clip, _min_units, _values, check_compare
 from corp.config import check_types, in_scales, load_config
+from corp.evaluate.backends import make_backend
+from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 from corp.method import FIXED, POPULATION
 from corp.methods import get_method
 
@@ -94,7 +96,6 @@ def _validate_options(
 
 def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> dict:
     """Every check that needs no generation. Returns {(task, setting-of-sizes): min FLOPs info}."""
-    from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 
     check_results_dir(cfg)
     splits_of: dict[tuple, dict] = {}
@@ -116,7 +117,6 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
     budgeted = [c for c in cells if c.adapter.kind != FIXED]
     if not (load_model and budgeted):
         return {}
-    from corp.evaluate.backends import make_backend
 
     backend = make_backend(cfg.backend, cfg.model, cfg.device, cfg.dtype, cfg.batch_size)
     tok = backend.tokenizer  # hf and vllm both tokenise on the host (the backend contract)

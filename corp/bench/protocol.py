@@ -20,6 +20,9 @@ from pathlib import Path
 
 from corp import CorpError
 from corp.bench.config import BENCH_PROTOCOL
+from corp.evaluate.tasks import SplitSizes, get_task, make_splits
+from corp.runs import write_json
+from corp.stats import holm
 
 HOLM_ALPHA = 0.05
 REGISTRATION = "preregistration.json"
@@ -34,7 +37,6 @@ def mark_primary(cfg, comps: list[dict]) -> list[dict]:
     """Tag each comparison primary or not, and correct the primary family with Holm over every
     registered entry (a missing one counts). Returns one row per registered entry, in config order:
     the entry and its comparison (None: not run yet) with {p, p_holm, reject}."""
-    from corp.stats import holm
 
     spec_of = {cfg.label(t): t for t in cfg.tasks}
     found = {key_of(c, spec_of): c for c in comps}
@@ -63,7 +65,6 @@ def _sha(obj) -> str:
 
 def held_out_identity(cfg) -> dict:
     """Per task label, the test split's size and a hash of its example ids (in order)."""
-    from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 
     out = {}
     for task in cfg.tasks:
@@ -105,7 +106,6 @@ def check_registration(cfg, out: Path, compute: bool) -> dict | None:
     """Compare the config's registration with the stored one. Before any final cell exists a
     computing run (re)writes it; after, a difference is refused in one line. Returns the stored
     registration (None: nothing registered)."""
-    from corp.runs import write_json
 
     reg = registration(cfg)
     path = out / REGISTRATION

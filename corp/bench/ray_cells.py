@@ -30,7 +30,11 @@ import time
 from tqdm.auto import tqdm
 
 from corp import CorpError
+from corp.evaluate.backends import resolve_backend_name
+from corp.evaluate.executors import actor_cause, init_ray
+from corp.extras import require
 from corp.method import POPULATION
+from corp.models import cuda_count
 from corp.runs import RunBusy
 
 CELL_RETRIES = 3  # Ray reruns a cell task whose worker process died this many times
@@ -46,7 +50,6 @@ def cell_threads(cfg) -> int:
 
 def cell_gpus(cell) -> int:
     """GPUs a cell reserves: one engine's (its vLLM tensor-parallel size) when it runs on CUDA, else none."""
-    from corp.evaluate.backends import resolve_backend_name
 
     device = str(cell.opts.get("device") or "cpu")
     try:
@@ -58,7 +61,6 @@ def cell_gpus(cell) -> int:
 
 
 def _cuda() -> bool:
-    from corp.models import cuda_count
 
     return cuda_count() > 0
 
@@ -101,8 +103,6 @@ def _run_cell(bench_cls, cfg, cells, cell, threads: int, cwd: str):
 
 def run_cells_on_ray(bench, cells: list, mine) -> int:
     """Run every planned cell `mine` accepts that has no record, as Ray tasks; returns how many ran."""
-    from corp.evaluate.executors import actor_cause, init_ray
-    from corp.extras import require
 
     ray = require("ray", "corp bench --executor ray")
     cfg = bench.cfg

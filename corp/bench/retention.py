@@ -29,8 +29,18 @@ from corp.bench.config import (
     results_path,
     save_plot,
 )
+from corp.config import load_config
+from corp.evaluate.context import open_run, run_evals
+from corp.evaluate.passk import EvalConfig
+from corp.evaluate.retention import TEXT_LICENSE, TEXT_TITLE, score_retention
+from corp.evaluate.tasks import SplitSizes
 from corp.ledger import flops
+from corp.method import ITERATIVE
+from corp.methods import get_method
+from corp.models import load_model, save_model
+from corp.perturb.direction import Direction, ParamFilter, Perturber
 from corp.runs import read_json, try_flock, write_json
+from corp.stats import compare_paired_seeds, seed_example_interval
 
 RETENTION_DIR = "retention"
 RECORD_FORMAT = 1
@@ -54,8 +64,6 @@ def in_scope(cfg, rec: dict) -> bool:
 
 def target(cfg, rec: dict, row: dict) -> tuple[str | None, str]:
     """(the model to score, what it is) for one row of a record; (None, why not) when it is not one model."""
-    from corp.method import ITERATIVE
-    from corp.methods import get_method
 
     name = row["name"]
     if name == "base":
@@ -94,8 +102,6 @@ def rebuild_top1(cfg, rec: dict, out: Path) -> str:
     """RandOpt's top-1 specialist as a model directory: the base plus sigma * eps(seed) under the
     shared population's noise scheme and parameter filter (its population_meta.json), the same
     arithmetic the scorer evaluated; (seed, sigma) from the cell's report row. Built once."""
-    from corp.models import load_model, save_model
-    from corp.perturb.direction import Direction, ParamFilter, Perturber
 
     if (out / "config.json").exists():
         return str(out)
@@ -112,11 +118,6 @@ def rebuild_top1(cfg, rec: dict, out: Path) -> str:
 def score_model(cfg, task: str, seed: int, model: str, run_dir: Path) -> dict:
     """`corp eval --retention`'s scoring of `model` beside the bench's base, off `task`: its report
     (corp.evaluate.retention) plus the FLOPs it took."""
-    from corp.config import load_config
-    from corp.evaluate.context import open_run, run_evals
-    from corp.evaluate.passk import EvalConfig
-    from corp.evaluate.retention import score_retention
-    from corp.evaluate.tasks import SplitSizes
 
     off = off_tasks(cfg, task)
     sizes = {"n_support": cfg.n_support, "n_probe": cfg.n_probe, "n_validation": cfg.n_validation, "n_test": cfg.n_test}
@@ -234,7 +235,6 @@ def summarise(cfg, rows: list[dict], rets: list[dict]) -> list[dict]:
     the bits-per-byte change and each off-task accuracy change, means over seeds with 95% intervals
     (across seeds when >= 2: `seed_example_interval` over windows / examples; one seed: its paired
     bootstrap), or the reason the row has none."""
-    from corp.stats import compare_paired_seeds, seed_example_interval
 
     setting, top = headline_setting(cfg), max(cfg.budgets)
     out = []
@@ -296,7 +296,6 @@ def _iv(x: dict | None, digits: int = 3) -> str:
 
 def section(cfg, summary: list[dict]) -> list[str]:
     """table.md's "Off-task retention" section."""
-    from corp.evaluate.retention import TEXT_LICENSE, TEXT_TITLE
 
     others = list(dict.fromkeys(spec for e in summary for spec in e.get("tasks", {})))
     lines = [

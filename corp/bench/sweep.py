@@ -29,6 +29,8 @@ from corp.bench.config import BENCH_PROTOCOL, BenchConfig, results_path
 from corp.bench.plan import Cell, _trials_of, _with_every_trial, plan
 from corp.bench.preflight import preflight
 from corp.bench.protocol import check_registration
+from corp.bench.ray_cells import run_cells_on_ray
+from corp.bench.report import write_outputs
 from corp.bench.retention import score_records
 from corp.config import load_config
 from corp.runs import read_json
@@ -56,27 +58,9 @@ def run_bench(
     (`Bench.attempt`), skips the ones another holds and repeats its pass until none is held.
     `executor: ray` runs the cells as Ray tasks first (corp.bench.ray_cells); the passes then find
     their records."""
-    from corp.bench.report import write_outputs
 
     cells, missing = plan(cfg)
-    by_label = {cfg.label(t): t for t in cfg.tasks}
-    only_task = by_label.get(only_task, only_task)  # --task takes a task's spec or its label
-    if only_task is not None and only_task not in cfg.tasks:
-        raise CorpError(f"--task {only_task!r} is not a task of {cfg.name}; its tasks (labels): {', '.join(by_label)}")
-    if only_methods is not None:
-        known = {c.label for c in cells} | {c.method for c in cells}
-        skipped = {m["method"]: m["reason"] for m in missing}
-        if not only_methods:
-            raise CorpError("--methods names no method; give variant labels or registry names, comma-separated")
-        named = [m for m in only_methods if m in skipped]
-        if named:
-            raise CorpError(f"--methods {named[0]}: {cfg.name} does not run it ({skipped[named[0]]})")
-        unknown = [m for m in only_methods if m not in known]
-        if unknown:
-            raise CorpError(
-                f"--methods {','.join(unknown)}: not a method of {cfg.name}; its methods (variant labels): "
-                f"{', '.join(sorted({c.label for c in cells}))}"
-            )
+    only_task = _check_selection(cfg, cells, missing, only_task, only_methods)
     preflight(cfg, _with_every_trial(cells), load_model=load_model and compute)
     # the pre-registration (corp.bench.protocol): stored before the first final cell, refused once changed after
     check_registration(cfg, results_path(cfg), compute)
@@ -109,9 +93,48 @@ def run_bench(
             "or report with the commit that ran them"
         )
     if compute and cfg.executor == "ray":  # every cell a Ray task; the passes below then find their records
-        from corp.bench.ray_cells import run_cells_on_ray
-
         run_cells_on_ray(bench, cells, mine)
+    done = _passes(cfg, bench, cells, compute, mine)
+    if cfg.retention and compute:  # the rest: cells another process finished, or Ray's (corp.bench.retention)
+        score_records(cfg, {n: r for n, r in done.items() if mine_record(r)})
+    records = list(done.values())
+    tuning = [r for r in records if r["setting"] == "tune"]
+    records = [r for r in records if r["setting"] != "tune"]
+    n_final = sum(c.setting != "tune" for c in cells)
+    summary = write_outputs(
+        cfg, records, missing, command, not_run=n_final - len(records), tuning=tuning, older=len(older)
+    )
+    summary.update(
+        cells=len(cells), reused=done_before, method_calls=bench.calls, not_run=len(cells) - len(records) - len(tuning)
+    )
+    return summary
+
+
+def _check_selection(cfg: BenchConfig, cells: list[Cell], missing: list[dict], only_task, only_methods):
+    """--task and --methods checked against the plan; --task's label resolved to its spec."""
+    by_label = {cfg.label(t): t for t in cfg.tasks}
+    only_task = by_label.get(only_task, only_task)  # --task takes a task's spec or its label
+    if only_task is not None and only_task not in cfg.tasks:
+        raise CorpError(f"--task {only_task!r} is not a task of {cfg.name}; its tasks (labels): {', '.join(by_label)}")
+    if only_methods is not None:
+        known = {c.label for c in cells} | {c.method for c in cells}
+        skipped = {m["method"]: m["reason"] for m in missing}
+        if not only_methods:
+            raise CorpError("--methods names no method; give variant labels or registry names, comma-separated")
+        named = [m for m in only_methods if m in skipped]
+        if named:
+            raise CorpError(f"--methods {named[0]}: {cfg.name} does not run it ({skipped[named[0]]})")
+        unknown = [m for m in only_methods if m not in known]
+        if unknown:
+            raise CorpError(
+                f"--methods {','.join(unknown)}: not a method of {cfg.name}; its methods (variant labels): "
+                f"{', '.join(sorted({c.label for c in cells}))}"
+            )
+    return only_task
+
+
+def _passes(cfg: BenchConfig, bench: Bench, cells: list[Cell], compute: bool, mine) -> dict[str, dict]:
+    """Every cell's record, by record name: finished ones read, this process's own (`mine`) run."""
     # Why several local processes still share a bench through claims (flocks) and passes, beside
     # --executor ray, which is the parallel path: Ray is an optional extra, and the long CPU benches run
     # as one `benchmarks/bench_run.sh` wrapper per task (a retry loop that commits each finished cell),
@@ -163,19 +186,7 @@ def run_bench(
         if not deferred:
             break
         time.sleep(wait)
-    if cfg.retention and compute:  # the rest: cells another process finished, or Ray's (corp.bench.retention)
-        score_records(cfg, {n: r for n, r in done.items() if mine_record(r)})
-    records = list(done.values())
-    tuning = [r for r in records if r["setting"] == "tune"]
-    records = [r for r in records if r["setting"] != "tune"]
-    n_final = sum(c.setting != "tune" for c in cells)
-    summary = write_outputs(
-        cfg, records, missing, command, not_run=n_final - len(records), tuning=tuning, older=len(older)
-    )
-    summary.update(
-        cells=len(cells), reused=done_before, method_calls=bench.calls, not_run=len(cells) - len(records) - len(tuning)
-    )
-    return summary
+    return done
 
 
 def old_protocol_records(cfg: BenchConfig) -> dict[str, str]:

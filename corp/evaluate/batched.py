@@ -25,6 +25,7 @@ import weakref
 from collections.abc import Iterator, Sequence
 
 from corp import CorpError
+from corp.evaluate.backends.batched_lowrank import FactoredPopulation, direction_generations, population_generations
 from corp.evaluate.context import (
     RunContext,
     direction_fingerprint,
@@ -59,8 +60,6 @@ def factored_for(ctx: RunContext):
             f"this run's is {ctx.noise_scheme}; build it with scheme={ctx.noise_scheme}"
         )
     if backend not in _factored:
-        from corp.evaluate.backends.batched_lowrank import FactoredPopulation
-
         try:
             _factored[backend] = FactoredPopulation(backend.model, backend.perturber.params, ctx.noise_scheme)
         except CorpError as exc:
@@ -74,7 +73,6 @@ def score_factored(
 ) -> Iterator[dict]:
     """Rows of `specialists` on `split` (as `score_one` makes them), the specialists generated in
     batched groups. The caller has checked `factored_for(ctx)`."""
-    from corp.evaluate.backends.batched_lowrank import population_generations
 
     factored = factored_for(ctx)
     examples = ctx.splits[split]
@@ -116,8 +114,6 @@ def direction_rows(
     terms); the others are left out (the caller evaluates them as before). Directions sharing one
     update (the same merged term at several scales) are generated together. `extra`: row fields."""
     import time
-
-    from corp.evaluate.backends.batched_lowrank import direction_generations
 
     factored = factored_for(ctx)
     if factored is None:

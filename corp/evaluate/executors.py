@@ -37,7 +37,9 @@ from collections.abc import Iterator, Sequence
 
 from corp import CorpError
 from corp.evaluate.backends import make_backend, resolve_backend_name
+from corp.evaluate.backends.batched_lowrank import _layout
 from corp.evaluate.backends.host import HostCopy
+from corp.evaluate.batched import factored_for, score_factored
 from corp.evaluate.context import RunContext, engine_options, run_scheme, score_one
 from corp.evaluate.ray_cluster import (
     GPU_RESOURCE_ENV,
@@ -52,6 +54,7 @@ from corp.evaluate.ray_cluster import (
 )
 from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.tasks import get_task
+from corp.extras import require
 from corp.perturb import ParamFilter
 
 EXECUTORS = ("local", "ray")
@@ -65,7 +68,6 @@ class LocalExecutor:
     name = "local"
 
     def map(self, ctx, specialists: Sequence[tuple[int | None, float | None]], split: str) -> Iterator[dict]:
-        from corp.evaluate.batched import factored_for, score_factored
 
         if specialists and factored_for(ctx) is not None:  # low-rank noise on hf: one batched pass, no weights written
             yield from score_factored(ctx, specialists, split)
@@ -131,8 +133,6 @@ class _Worker:
     def factored_group(self, split, examples) -> int | None:
         """Specialists per factored group on `split` (the local executor's grouping), None when this
         run's population is scored one specialist at a time."""
-        from corp.evaluate.backends.batched_lowrank import _layout
-        from corp.evaluate.batched import factored_for
 
         factored = factored_for(self.ctx)
         if factored is None:
@@ -143,7 +143,6 @@ class _Worker:
 
     def score(self, specialists, split, examples, moves=None, factored=False) -> tuple[int, list[dict]]:
         """(this process's pid, the rows of `specialists` on `split`)."""
-        from corp.evaluate.batched import score_factored
 
         self._catch_up(moves)
         self.version = -1  # scoring leaves some specialist's weights in place
@@ -217,7 +216,6 @@ class RayExecutor:
     name = "ray"
 
     def __init__(self, cfg, workers: int, address: str | None = None):
-        from corp.extras import require
 
         ray = require("ray", "--executor ray")
         # RAY_ADDRESS is Ray's own way to name a cluster: honoured as --ray-address

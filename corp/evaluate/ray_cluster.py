@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from corp import CorpError
+from corp.evaluate.tasks.base import path_and_options
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's single-node mode, every socket on 127.0.0.1
 GPU_RESOURCE_ENV = "CORP_RAY_GPU_RESOURCE"  # the Ray resource that stands for one GPU (tests: a custom one)
@@ -270,7 +271,6 @@ def node_paths(cfg) -> tuple[dict, list[str]]:
     """(config fields to replace, absolute paths every node must have): a relative `--model DIR`,
     `--task jsonl:FILE`, `--reward FILE.py:fn` and `--data DIR` made absolute on the driver (each
     names the same thing it named here, so row keys do not change: they use resolved paths)."""
-    from corp.evaluate.tasks.base import path_and_options
 
     changes, paths = {}, []
     model = Path(str(cfg.model)).expanduser() if cfg.model else None

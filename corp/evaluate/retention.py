@@ -28,7 +28,12 @@ import time
 from pathlib import Path
 
 from corp import CorpError
-from corp.stats import ratio_bootstrap_ci
+from corp.evaluate.context import cached_eval
+from corp.evaluate.tasks import SplitSizes, get_task, make_splits
+from corp.evaluate.tasks.reorder import default_text, strip_gutenberg
+from corp.models import load_model
+from corp.runs import write_json
+from corp.stats import PerExample, compare_paired, ratio_bootstrap_ci, wilson_interval
 
 TEXT_SOURCE = "reasoning_gym/data/in_the_year_2889.txt"
 TEXT_TITLE = 'Jules and Michel Verne, "In the Year 2889" (1889)'
@@ -40,14 +45,12 @@ WINDOW = 512  # tokens per scored window (fewer when the model's context is shor
 
 
 def text_path() -> Path:
-    from corp.evaluate.tasks.reorder import default_text
 
     return default_text()
 
 
 def clean_text(raw: str) -> str:
     """The scored text from the Gutenberg file (module docstring)."""
-    from corp.evaluate.tasks.reorder import strip_gutenberg
 
     text = strip_gutenberg(raw)
     text = re.sub(r"^\s*Produced by .*$", "", text, flags=re.MULTILINE)
@@ -161,7 +164,6 @@ def _bpb_of(ctx, text: str) -> dict:
     if backend.supports("model"):
         backend.set_direction(None)
         return bits_per_byte(backend.model, backend.tokenizer, text)
-    from corp.models import load_model
 
     model, tokenizer, _, _ = load_model(ctx.cfg.model, ctx.cfg.device, ctx.cfg.dtype)
     return bits_per_byte(model, tokenizer, text)
@@ -173,10 +175,6 @@ def _task_scores(ctx, evals, specs: list[str], sizes=None) -> dict:
     `sizes`, by default the first --n-test of its split seed; `corp bench` passes its own split sizes so
     the examples are that task's bench test examples)."""
     import dataclasses
-
-    from corp.evaluate.context import cached_eval
-    from corp.evaluate.tasks import SplitSizes, get_task, make_splits
-    from corp.stats import wilson_interval
 
     out = {}
     for spec in specs:
@@ -207,9 +205,6 @@ def score_retention(
     RUN_DIR/retention.json. `own_task=False` scores only `retention_tasks` (the bench has the own
     task's test outcomes already); `sizes` (a SplitSizes) places the other tasks' test splits."""
     import dataclasses
-
-    from corp.runs import write_json
-    from corp.stats import PerExample, compare_paired
 
     others = [s.strip() for s in retention_tasks.split(";") if s.strip() and s.strip() != ctx.cfg.task]
     specs = ([ctx.cfg.task] if own_task else []) + others

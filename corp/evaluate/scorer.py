@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from corp import CorpError
 from corp.config import PopulationConfig, in_scales
+from corp.evaluate import racing
 from corp.evaluate.context import (
     META_FILE,
     META_FORMAT,
@@ -42,6 +43,7 @@ from corp.evaluate.context import (
     specialist_what,
 )
 from corp.evaluate.executors import get_executor
+from corp.evaluate.racing import RACED, latest_rows
 from corp.ledger import Ledger
 from corp.perturb import specialist_seeds
 from corp.runs import read_json, read_jsonl, unique_rows
@@ -158,7 +160,6 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
     rows = read_jsonl(src / POPULATION_FILE, key="key", repair=False)
     if found.get("format") == META_FORMAT:
         compare_meta(found, expected, src, what)
-        from corp.evaluate.racing import RACED, latest_rows
 
         rows = latest_rows(
             r for r in rows if r.get("kind") in ("specialist", RACED) and r.get("split") == "support"
@@ -237,7 +238,6 @@ def ensure_population(
     must score in full at least; `need(rows)`: the positions, in the ranked rows, of the
     specialists the caller will use; any of them the race stopped is scored on the rest of the
     support split first, so every row the caller uses is a full-support row."""
-    from corp.evaluate import racing
 
     cfg = ctx.cfg
     race = getattr(cfg, "race", "off")

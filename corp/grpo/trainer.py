@@ -42,15 +42,16 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from tqdm.auto import tqdm
 
 from corp import CorpError
 from corp.config import RunConfig, flag
 from corp.evaluate.backends.base import MODEL
+from corp.evaluate.backends.host import hf_state
 from corp.evaluate.rewards import compute_rewards
+from corp.extras import require
 from corp.grpo.base import get_loss
 from corp.ledger import Ledger
-from corp.runs import append_jsonl, read_jsonl
+from corp.loop import Steps, run_steps
 
 AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 
@@ -272,7 +273,6 @@ def build_batch(tokenizer, prompt_ids: list[list[int]], completion_ids: list[lis
 def lora_merged_state(policy) -> dict:
     """A peft model's weights with every LoRA layer merged, W + delta, as new tensors under the base
     model's Hugging Face names; the model is not changed."""
-    from corp.evaluate.backends.host import hf_state
 
     base = policy.get_base_model()
     state = hf_state(base)
@@ -308,8 +308,6 @@ class GRPOTrainer:
             p.data = p.data.float() if p.dtype != torch.float32 else p.data  # fp32 master weights for training
         self.ref_model = None
         if cfg.lora_r > 0:
-            from corp.extras import require
-
             peft = require("peft", "--lora-r")
             LoraConfig, get_peft_model = peft.LoraConfig, peft.get_peft_model
             targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
@@ -317,6 +315,10 @@ class GRPOTrainer:
             missing = [t for t in targets if t not in names]
             if missing:
                 raise CorpError(f"--lora-target-modules: the model has no module named {missing[0]}")
+            # LoRA's A is drawn at random; torch's default seed differs in every process, so unseeded the
+            # same command trained from other adapters each time (B = 0: the first loss agrees, the
+            # gradients do not). Seeded from --seed, a run reproduces, resumed or not.
+            torch.manual_seed(cfg.seed)
             self.policy = get_peft_model(
                 model,
                 LoraConfig(
@@ -535,35 +537,8 @@ class GRPOTrainer:
         return losses, grad_norm
 
     def train(self) -> list[dict]:
-        cfg = self.cfg
-        self.maybe_resume()
-        metrics_path = self.ctx.run_dir / "metrics.jsonl"
-        rows = [r for r in read_jsonl(metrics_path, key="step") if r["step"] <= self.step]
-        if rows != read_jsonl(metrics_path, key="step"):  # steps logged after the last checkpoint are redone
-            metrics_path.write_text("")
-            for r in rows:
-                append_jsonl(metrics_path, r)
-        bar = tqdm(
-            total=cfg.steps,
-            initial=self.step,
-            desc=f"grpo[{cfg.loss}]",
-            unit="step",
-            dynamic_ncols=True,
-            disable=os.environ.get("CORP_NO_PROGRESS") == "1",
-        )
-        try:
-            while self.step < cfg.steps:
-                row = self.train_step()
-                if not all(math.isfinite(row[k]) for k in ("loss", "entropy")):
-                    raise CorpError(f"step {row['step']}: the loss became non-finite; lower --learning-rate")
-                self.ctx.log_row(metrics_path, row)  # also to --report-to, live
-                rows.append(row)
-                bar.set_postfix(reward=f"{row['reward']:.3f}", kl=f"{row['kl']:.4f}", entropy=f"{row['entropy']:.3f}")
-                bar.update(1)
-                if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
-                    self.save_checkpoint()
-        finally:
-            bar.close()
+        """Train to cfg.steps from the checkpoint, if any, through the shared loop; the metrics rows."""
+        rows = run_steps(self.ctx, _TrainerSteps(self))
         self.policy.eval()
         return rows
 
@@ -574,6 +549,35 @@ class GRPOTrainer:
             self.policy.save_pretrained(adapter_dir)
             return self.policy.merge_and_unload()
         return self.policy
+
+
+class _TrainerSteps(Steps):
+    """The trainer's loop for the shared driver: a step is one optimizer step; the state is the
+    checkpoint (trainable weights, optimizer, ledger), saved every --save-steps steps."""
+
+    unit = key = "step"
+    finite = ("loss", "entropy")
+    finite_hint = "lower --learning-rate"
+
+    def __init__(self, trainer: GRPOTrainer):
+        self.trainer = trainer
+        self.desc = f"grpo[{trainer.cfg.loss}]"
+        self.metrics_path = trainer.ctx.run_dir / "metrics.jsonl"
+        self.total = trainer.cfg.steps
+        self.checkpoint_every = trainer.cfg.checkpoint_every
+
+    def resume(self) -> int:
+        self.trainer.maybe_resume()
+        return self.trainer.step
+
+    def step(self, t: int) -> dict:
+        return self.trainer.train_step()
+
+    def save(self) -> None:
+        self.trainer.save_checkpoint()
+
+    def postfix(self, row: dict) -> dict:
+        return {"reward": f"{row['reward']:.3f}", "kl": f"{row['kl']:.4f}", "entropy": f"{row['entropy']:.3f}"}
 
 
 def drawn_positions(prefix: str, seed: int, steps: int, n: int, k: int) -> int:

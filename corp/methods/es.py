@@ -40,14 +40,12 @@ Where we depart from the paper, and why:
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import ClassVar
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from corp import CorpError
 from corp.config import RunConfig
@@ -63,12 +61,15 @@ from corp.evaluate.context import (
     run_evals,
 )
 from corp.evaluate.scorer import population_meta
+from corp.loop import Steps, method_rows, run_steps
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, num, opt
+from corp.models import save_model
 from corp.perturb import Component, Direction, ParamFilter
+from corp.perturb.lowrank_noise import scheme_from_flag
 from corp.perturb.noise import derive_seeds
 from corp.recipe import make_recipe, produced_weights, write_recipe
-from corp.runs import ReportRow, format_rows, read_json, read_jsonl, write_json, write_report
-from corp.stats import PerExample, zscore
+from corp.runs import format_rows, read_json, write_json, write_report
+from corp.stats import zscore
 
 
 @dataclass
@@ -103,7 +104,6 @@ class ESConfig(RunConfig):
 
     def validate(self) -> ESConfig:
         super().validate()
-        from corp.perturb.lowrank_noise import scheme_from_flag
 
         scheme_from_flag(self.noise)  # a bad --noise is one line before any model loads
         if self.iterations < 1:
@@ -192,11 +192,106 @@ def run_es(cfg: ESConfig, backend=None) -> dict:
         return _run_es(cfg, ctx)
 
 
-def _run_es(cfg: ESConfig, ctx) -> dict:
-    from corp.models import save_model
+class ESSteps(Steps):
+    """ES's loop for the shared driver: the state is the centre's seed components (`es_state.json`);
+    a step scores the iteration's specialists around the centre and moves it."""
 
+    desc, unit, key = "es", "iter", "iteration"
+
+    def __init__(self, cfg: ESConfig, ctx, scored: EvalCache, base_hash: str):
+        self.cfg, self.ctx, self.scored, self.base_hash = cfg, ctx, scored, base_hash
+        self.state_path = ctx.run_dir / "es_state.json"
+        self.metrics_path = ctx.run_dir / "metrics.jsonl"
+        self.total = cfg.iterations
+        self.components: list[Component] = []
+        self.done = 0
+
+    def resume(self) -> int:
+        state = (
+            read_json(self.state_path)
+            if self.state_path.exists()
+            else {"iteration": 0, "components": [], "base_weights_hash": self.base_hash}
+        )
+        if state.get("base_weights_hash") != self.base_hash:
+            raise CorpError(f"'{self.state_path}' was made from other base weights; use another --output-dir")
+        self.done = int(state["iteration"])
+        self.components = [Component(int(c["seed"]), float(c["sigma"]), float(c["coef"])) for c in state["components"]]
+        self.ctx.backend.move_base(self.components)  # the centre (resume: same additions, same bits)
+        return self.done
+
+    def step(self, t: int) -> dict:
+        cfg, ctx = self.cfg, self.ctx
+        t0 = time.perf_counter()
+        specs = specialists(cfg, t)
+        batch = iteration_batch(cfg, ctx.splits["support"], t)  # None: the whole support split
+        drawn = {"example_ids": [e.id for e in batch]} if batch is not None else {}  # which ones, in the row
+        centre_fp = direction_fingerprint(Direction(self.components))
+        rewards, rows = [], []
+        for seed, sign in specs:
+            # a specialist is centre + sign * sigma * eps(seed): keyed by the centre's components, not by t
+            what = f"es-specialist|centre={centre_fp}|seed={seed}|sign={sign}|sigma={float(cfg.sigma)!r}"
+            r = cached_eval(
+                ctx,
+                self.scored,
+                "support",
+                Direction.single(seed, cfg.sigma, float(sign)),
+                what=what,
+                examples=batch,
+                kind="es-specialist",
+                **drawn,
+                seed=seed,
+                sigma=cfg.sigma,
+                iteration=t,
+                sign=sign,
+            )
+            rows.append(r)
+            rewards.append(r["reward"])
+        new = update_components(cfg, specs, rewards)
+        ctx.backend.move_base(new)
+        self.components += new
+        self.done = t + 1
+        ctx.backend.set_direction(None)  # weights := the new centre
+        row = {
+            "iteration": t + 1,
+            "reward_mean": float(np.mean(rewards)),
+            "reward_max": float(np.max(rewards)),
+            "reward_min": float(np.min(rewards)),
+            "components": len(self.components),
+        }
+        if not cfg.skip_centre_eval:
+            c = cached_eval(
+                ctx,
+                self.scored,
+                "support",
+                what=f"es-centre|{direction_fingerprint(Direction(self.components))}",
+                current=True,
+                examples=batch,
+                kind="es-centre",
+                **drawn,
+                iteration=t + 1,
+            )
+            row["centre_reward"] = c["reward"]
+        row["seconds"] = time.perf_counter() - t0
+        row["prompt_tokens"] = sum(r["prompt_tokens"] for r in rows)
+        row["generated_tokens"] = sum(r["generated_tokens"] for r in rows)
+        return row
+
+    def save(self) -> None:
+        write_json(
+            self.state_path,
+            {
+                "iteration": self.done,
+                "components": Direction(self.components).to_json(),
+                "base_weights_hash": self.base_hash,
+            },
+        )
+
+    def postfix(self, row: dict) -> dict:
+        return {"reward": f"{row['reward_mean']:.3f}", "centre": f"{row.get('centre_reward', float('nan')):.3f}"}
+
+
+def _run_es(cfg: ESConfig, ctx) -> dict:
     base_hash = ctx.weights_hash  # of the base, before the centre moves
-    model_id = ctx.model_id
     ctx.backend.require(PERTURBER, "corp es (its centre moves the base)")
     ctx.backend.require(MODEL, "corp es (it saves the final model)")
     perturber = ctx.backend.perturber
@@ -206,111 +301,18 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
             f"build it with scheme={ctx.noise_scheme}"
         )
     run_dir = ctx.run_dir
-    state_path = run_dir / "es_state.json"
-    pop_path = run_dir / POPULATION_FILE
     check_meta(run_dir / "population_meta.json", population_meta(ctx), POPULATION_FILE)
     evals = run_evals(ctx)
     base_test = cached_eval(ctx, evals, "test", None)  # the base, before the centre moves (cached on resume)
 
-    state = (
-        read_json(state_path)
-        if state_path.exists()
-        else {"iteration": 0, "components": [], "base_weights_hash": base_hash}
-    )
-    if state.get("base_weights_hash") != base_hash:
-        raise CorpError(f"'{state_path}' was made from other base weights; use another --output-dir")
-    done_iters = int(state["iteration"])
-    components = [Component(int(c["seed"]), float(c["sigma"]), float(c["coef"])) for c in state["components"]]
-    ctx.backend.move_base(components)  # the centre (resume: same additions, same bits)
-
-    scored = EvalCache(pop_path)
-    metrics_path = run_dir / "metrics.jsonl"
-    logged = {r["iteration"] for r in read_jsonl(metrics_path, key="iteration", unique=True)}
-    bar = tqdm(
-        total=cfg.iterations,
-        initial=done_iters,
-        desc="es",
-        unit="iter",
-        dynamic_ncols=True,
-        disable=os.environ.get("CORP_NO_PROGRESS") == "1",
-    )
-    try:
-        for t in range(done_iters, cfg.iterations):
-            t0 = time.perf_counter()
-            specs = specialists(cfg, t)
-            batch = iteration_batch(cfg, ctx.splits["support"], t)  # None: the whole support split
-            drawn = {"example_ids": [e.id for e in batch]} if batch is not None else {}  # which ones, in the row
-            centre_fp = direction_fingerprint(Direction(components))
-            rewards, rows = [], []
-            for seed, sign in specs:
-                # a specialist is centre + sign * sigma * eps(seed): keyed by the centre's components, not by t
-                what = f"es-specialist|centre={centre_fp}|seed={seed}|sign={sign}|sigma={float(cfg.sigma)!r}"
-                r = cached_eval(
-                    ctx,
-                    scored,
-                    "support",
-                    Direction.single(seed, cfg.sigma, float(sign)),
-                    what=what,
-                    examples=batch,
-                    kind="es-specialist",
-                    **drawn,
-                    seed=seed,
-                    sigma=cfg.sigma,
-                    iteration=t,
-                    sign=sign,
-                )
-                rows.append(r)
-                rewards.append(r["reward"])
-            new = update_components(cfg, specs, rewards)
-            ctx.backend.move_base(new)
-            components += new
-            ctx.backend.set_direction(None)  # weights := the new centre
-            row = {
-                "iteration": t + 1,
-                "reward_mean": float(np.mean(rewards)),
-                "reward_max": float(np.max(rewards)),
-                "reward_min": float(np.min(rewards)),
-                "components": len(components),
-            }
-            led_tokens = {
-                "prompt_tokens": sum(r["prompt_tokens"] for r in rows),
-                "generated_tokens": sum(r["generated_tokens"] for r in rows),
-            }
-            if not cfg.skip_centre_eval:
-                c = cached_eval(
-                    ctx,
-                    scored,
-                    "support",
-                    what=f"es-centre|{direction_fingerprint(Direction(components))}",
-                    current=True,
-                    examples=batch,
-                    kind="es-centre",
-                    **drawn,
-                    iteration=t + 1,
-                )
-                row["centre_reward"] = c["reward"]
-            row["seconds"] = time.perf_counter() - t0
-            row.update(led_tokens)
-            write_json(
-                state_path,
-                {"iteration": t + 1, "components": Direction(components).to_json(), "base_weights_hash": base_hash},
-            )
-            if t + 1 not in logged:
-                ctx.log_row(metrics_path, row)  # also to --report-to, live
-            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", centre=f"{row.get('centre_reward', float('nan')):.3f}")
-            bar.update(1)
-    finally:
-        bar.close()
-
+    scored = EvalCache(run_dir / POPULATION_FILE)
+    loop = ESSteps(cfg, ctx, scored, base_hash)
+    metrics = run_steps(ctx, loop)
+    centre = Direction(loop.components)
     ctx.backend.set_direction(None)  # the final centre
     # keyed by the centre's components, so a longer resumed run re-evaluates
     final = cached_eval(
-        ctx,
-        evals,
-        "test",
-        what=f"es-centre|{direction_fingerprint(Direction(components))}",
-        current=True,
-        kind="es-centre",
+        ctx, evals, "test", what=f"es-centre|{direction_fingerprint(centre)}", current=True, kind="es-centre"
     )
     # the shared recipe writer: kind es, base named as the user gave it (an alias works offline) and as resolved
     made_by = {
@@ -322,44 +324,22 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
         "antithetic": cfg.antithetic,
         "fitness": cfg.fitness,
     }
-    write_recipe(
-        run_dir / "recipe.json",
-        make_recipe(
-            cfg.model,
-            model_id,
-            base_hash,
-            ParamFilter(cfg.include, cfg.exclude),
-            Direction(components),
-            made_by,
-            kind="es",
-            scheme=perturber.scheme,
-            produced=produced_weights(ctx.backend.model),
-        ),
+    pf = ParamFilter(cfg.include, cfg.exclude)
+    produced = produced_weights(ctx.backend.model)
+    recipe = make_recipe(
+        cfg.model, ctx.model_id, base_hash, pf, centre, made_by, kind="es", scheme=perturber.scheme, produced=produced
     )
+    write_recipe(run_dir / "recipe.json", recipe)
     save_model(ctx.backend.model, ctx.backend.tokenizer, run_dir / "model")
     sel = ctx.ledger()
     for r in scored.rows.values():
         sel.add_generation(r["prompt_tokens"], r["generated_tokens"])
     ids = ctx.example_ids("test")
-    rows = [
-        ReportRow(
-            "base",
-            base_test["accuracy"],
-            1,
-            ctx.ledger().add_generation(base_test["prompt_tokens"], base_test["generated_tokens"]),
-            0,
-            PerExample(base_test["correct"], ids),
-        ),
-        ReportRow(
-            "es",
-            final["accuracy"],
-            1,
-            ctx.ledger().add_generation(final["prompt_tokens"], final["generated_tokens"]),
-            len(ctx.splits["support"]),
-            PerExample(final["correct"], ids),
-            {"iterations": int(read_json(state_path)["iteration"])},
-        ),
-    ]
+    held = int(
+        read_json(loop.state_path)["iteration"]
+    )  # what the centre holds (a run trained further than asked says so)
+    n_support = len(ctx.splits["support"])
+    rows = method_rows(ctx.backend.n_params, "es", base_test, final, n_support, ids, {"iterations": held})
     report = write_report(
         run_dir,
         "es",
@@ -368,13 +348,11 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
         rows,
         [("es", "base")],
         ids,
-        iterations=int(
-            read_json(state_path)["iteration"]
-        ),  # what the centre holds (a run trained further than asked says so)
+        iterations=held,
         test_accuracy_before=base_test["accuracy"],
         test_accuracy_after=final["accuracy"],
         training_ledger=sel.to_dict(),
-        metrics=read_jsonl(metrics_path, key="iteration", unique=True),
+        metrics=metrics,
         recipe=str(run_dir / "recipe.json"),
         model_dir=str(run_dir / "model"),
     )

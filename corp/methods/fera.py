@@ -40,8 +40,13 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from corp import CorpError
+from corp.clients import split_clients
 from corp.config import RunConfig, config_to_dict, flag
+from corp.evaluate.backends.base import MODEL
+from corp.evaluate.context import open_run
+from corp.grpo.trainer import build_batch, token_logps_and_entropy
 from corp.ledger import Ledger
+from corp.loop import Steps, run_steps
 from corp.method import FIXED, SMALL, BenchAdapter, Method, opt
 from corp.runs import ReportRow, format_rows, read_jsonl, write_report
 from corp.stats import PerExample
@@ -156,9 +161,7 @@ def _mean_entropy(backend, prompts: list[str], completions: list[list[int]]) -> 
     """Mean token entropy of each completion under the in-process model (logits at temperature 1)."""
     import torch
 
-    from corp.evaluate.backends.base import MODEL
     from corp.evaluate.backends.hf import format_prompt
-    from corp.grpo.trainer import build_batch, token_logps_and_entropy
 
     backend.require(MODEL, "--uncertainty entropy")
     tok = backend.tokenizer
@@ -185,11 +188,8 @@ def backend_batch(backend) -> int:
 
 def run_fera(cfg: FERAConfig, backend=None) -> dict:
     """R rounds of FERA's uncertainty-weighted vote on the test split; accuracy per round."""
-    from corp.evaluate.context import open_run
 
     with open_run(cfg, "fera", backend, needs=("support", "test"), defines=None) as ctx:
-        from corp.clients import split_clients
-
         shares = split_clients(
             ctx.splits["support"], cfg.clients, cfg.split_by
         )  # the federated helpers' split: one line for an empty share
@@ -217,25 +217,46 @@ def run_fera(cfg: FERAConfig, backend=None) -> dict:
                 default=str,
             ).encode()
         ).hexdigest()[:16]
-        log = ctx.run_dir / "rounds.jsonl"
-        done = {r["round"]: r for r in read_jsonl(log, key="round") if r.get("run_as") == run_as}
-        ledger = ctx.ledger()
-        for r in done.values():  # resumed: the ledger goes on from the last round done
-            if r["round"] == max(done):
-                ledger = Ledger(r["ledger"]["n_params"], r["ledger"]["prompt_tokens"], r["ledger"]["generated_tokens"])
-        synth: list[str | None] = [None] * len(test)
-        support: list[float | None] = [None] * len(test)
-        rounds = []
-        for t in range(1, cfg.rounds + 1):
-            if t in done:
-                row = done[t]
-            else:
-                row = _round(ctx, cfg, t, demos, test, synth, support, ledger)
-                row["run_as"] = run_as
-                ctx.log_row(log, row)  # also to --report-to, live
-            synth, support = row["synthesis"], row["synthesis_support"]
-            rounds.append(row)
+        rounds = run_steps(ctx, FERARounds(cfg, ctx, demos, test, run_as))
         return _report(cfg, ctx, rounds, ids)
+
+
+class FERARounds(Steps):
+    """FERA's rounds for the shared driver. The state is the log itself: a round's row holds the
+    synthesis and support the next round sends, and the ledger so far (rows of other settings in
+    the same log, told apart by `run_as`, are left alone)."""
+
+    desc, unit, key = "fera", "round", "round"
+
+    def __init__(self, cfg: FERAConfig, ctx, demos, test, run_as: str):
+        self.cfg, self.ctx, self.demos, self.test, self.run_as = cfg, ctx, demos, test, run_as
+        self.metrics_path = ctx.run_dir / "rounds.jsonl"
+        self.total = cfg.rounds
+        self.synth: list[str | None] = [None] * len(test)
+        self.support: list[float | None] = [None] * len(test)
+        self.ledger = ctx.ledger()
+
+    def mine(self, row: dict) -> bool:
+        return row.get("run_as") == self.run_as
+
+    def resume(self) -> int:
+        done = {r["round"]: r for r in read_jsonl(self.metrics_path, key="round") if self.mine(r)}
+        t = 0
+        while t + 1 in done:  # resumed: synthesis, support and ledger go on from the last round done
+            t += 1
+            self.synth, self.support = done[t]["synthesis"], done[t]["synthesis_support"]
+            led = done[t]["ledger"]
+            self.ledger = Ledger(led["n_params"], led["prompt_tokens"], led["generated_tokens"])
+        return t
+
+    def step(self, t: int) -> dict:
+        row = _round(self.ctx, self.cfg, t + 1, self.demos, self.test, self.synth, self.support, self.ledger)
+        row["run_as"] = self.run_as
+        self.synth, self.support = row["synthesis"], row["synthesis_support"]
+        return row
+
+    def save(self) -> None:
+        """Nothing beyond the row: the logged round is the state."""
 
 
 def _round(ctx, cfg: FERAConfig, t: int, demos, test, synth, support, ledger) -> dict:

@@ -43,12 +43,17 @@ from corp import CorpError
 from corp.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, weighted_sum
 from corp.clients import SPLIT_RULES, ClientBase, ClientPool, check_signatures, partition_ids, split_clients
 from corp.config import config_to_dict
+from corp.evaluate.context import RunContext, cached_eval, open_run, run_evals
+from corp.evaluate.rewards import resolve_reward
+from corp.evaluate.tasks import get_task
+from corp.extras import require
 from corp.grpo.trainer import GRPOConfig, GRPOTrainer
 from corp.ledger import Ledger
+from corp.loop import Steps, method_rows, run_steps
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, opt
+from corp.models import save_model
 from corp.perturb.noise import derive_seeds
-from corp.runs import ReportRow, format_rows, write_report
-from corp.stats import PerExample
+from corp.runs import format_rows, write_report
 
 AGGREGATIONS = ("fgrpo", "fedavg")
 STATE_FILE = "fgrpo_state.pt"
@@ -97,8 +102,6 @@ class FGRPOConfig(GRPOConfig):
         if self.executor not in ("local", "ray"):
             raise CorpError(f"unknown --executor '{self.executor}'; choose one of local, ray")
         if self.executor == "ray":
-            from corp.extras import require
-
             require(
                 "ray", "--executor ray"
             )  # before anything is computed: a missing Ray is one line, no run directory left
@@ -119,10 +122,6 @@ class FGRPOClient(ClientBase):
 
     def trainer(self) -> GRPOTrainer:
         if self._trainer is None:
-            from corp.evaluate.context import RunContext
-            from corp.evaluate.rewards import resolve_reward
-            from corp.evaluate.tasks import get_task
-
             self.run_dir.mkdir(parents=True, exist_ok=True)
             ctx = RunContext(
                 self.cfg,
@@ -136,7 +135,6 @@ class FGRPOClient(ClientBase):
         return self._trainer
 
     def op_hello(self, msg: dict) -> dict:
-        from corp.evaluate.tasks import get_task
 
         return {"signature": get_task(self.cfg.task, self.cfg.data).signature(), "n_support": len(self.support)}
 
@@ -172,56 +170,115 @@ class FGRPOClient(ClientBase):
 
 def run_fgrpo(cfg: FGRPOConfig, backend=None, log=None) -> dict:
     """`log(client, 'down'|'up', message)` sees every message (tests)."""
-    from corp.evaluate.context import open_run
-
     needs = ("support",) if cfg.skip_test_eval else ("support", "test")
     with open_run(cfg, "fgrpo", backend, needs=needs, defines=None) as ctx:
         return _fgrpo(cfg, ctx, log)
 
 
-def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
-    from corp.evaluate.context import cached_eval, run_evals
-    from corp.models import save_model
-    from corp.runs import read_jsonl
+class FGRPOServer(Steps):
+    """The server's loop for the shared driver: a step is one communication round (every client
+    trains from the global weights, the server aggregates their updates); the state is the global
+    trainable weights, each client's reward baseline and the dropped clients (fgrpo_state.pt)."""
 
+    desc, unit, key = "fgrpo", "round", "round"
+
+    def __init__(self, cfg: FGRPOConfig, ctx, trained_as: str, test_eval, parts: list):
+        self.cfg, self.ctx, self.trained_as, self.test_eval, self.parts = cfg, ctx, trained_as, test_eval, parts
+        self.metrics_path = ctx.run_dir / "rounds.jsonl"
+        self.state_path = ctx.run_dir / STATE_FILE
+        self.total = cfg.rounds
+        torch.manual_seed(cfg.seed)  # the global LoRA initialisation (the server's), the same on resume
+        self.server = GRPOTrainer(ctx, cfg)  # holds the global weights; never trains
+        self.pool: ClientPool | None = None
+        if self.state_path.exists():
+            self.st = torch.load(self.state_path, map_location="cpu", weights_only=True)
+            if self.st["trained_as"] != trained_as:
+                raise CorpError(f"'{ctx.run_dir}' holds an FGRPO run with other settings; use another --output-dir")
+        else:
+            self.st = {
+                "trained_as": trained_as,
+                "round": 0,
+                "global": {n: p.detach().clone() for n, p in self.server.trainable},
+                "baselines": [None] * cfg.clients,
+                "dropped": {},
+            }
+
+    def load_global(self) -> None:
+        with torch.no_grad():
+            for n, p in self.server.trainable:
+                p.copy_(self.st["global"][n])
+
+    def resume(self) -> int:
+        return self.st["round"]  # loaded when the server was built (before the base was evaluated)
+
+    def step(self, r: int) -> dict:
+        st, pool, cfg = self.st, self.pool, self.cfg
+        replies, traffic = pool.call(
+            {k: {"op": "round", "round": r, "state": st["global"]} for k in pool.alive}, f"round {r + 1}"
+        )
+        ks = sorted(replies)
+        R = [float(replies[k]["reward"]) for k in ks]
+        b = [st["baselines"][k] for k in ks]
+        if cfg.aggregation == "fgrpo":
+            weights = fgrpo_weights(R, b, cfg.tau)
+        else:
+            weights = fedavg_weights([int(replies[k]["n_examples"]) for k in ks])
+        update = weighted_sum([replies[k]["delta"] for k in ks], weights)
+        st["global"] = {n: (st["global"][n].float() + update[n]).to(st["global"][n].dtype) for n in st["global"]}
+        for k, rk in zip(ks, R):
+            st["baselines"][k] = ema_update(st["baselines"][k], rk, cfg.ema)
+        st["round"] = r + 1
+        st["dropped"] = {str(k): v for k, v in pool.dropped.items()}
+        self.load_global()
+        row = self.test_eval(f"round={r + 1}")
+        tokens = {
+            t: sum(int(replies[k]["tokens"][t]) for k in ks)
+            for t in ("prompt_tokens", "generated_tokens", "trained_tokens")
+        }
+        n_params = self.ctx.backend.n_params
+        return {
+            "round": r + 1,
+            "clients": ks,
+            "rewards": R,
+            "baselines_before": b,
+            "gains": relative_gains(R, b),
+            "weights": weights,
+            "aggregation": cfg.aggregation,
+            "communication": traffic.to_dict(),
+            "client_tokens": tokens,
+            "client_flops": Ledger(
+                n_params, tokens["prompt_tokens"], tokens["generated_tokens"], tokens["trained_tokens"]
+            ).flops,
+            "dropped": dict(st["dropped"]),
+            "pooled_test_accuracy": None if row is None else row["accuracy"],
+            "client_test_accuracy": None
+            if row is None
+            else [sum(int(row["correct"][i]) for i in p) / len(p) if p else None for p in self.parts],
+        }
+
+    def save(self) -> None:
+        tmp = self.state_path.with_suffix(".pt.tmp")
+        torch.save(self.st, tmp)
+        os.replace(tmp, self.state_path)
+
+    def postfix(self, row: dict) -> dict:
+        acc = row["pooled_test_accuracy"]
+        return {
+            "reward": f"{sum(row['rewards']) / len(row['rewards']):.3f}",
+            **({"test": f"{acc:.3f}"} if acc is not None else {}),
+        }
+
+
+def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
     K = cfg.clients
     shares = split_clients(ctx.splits["support"], K, cfg.split_by, "support")
     _ = ctx.weights_hash  # the base's hash, before the server's copy gets adapters
     evals = run_evals(ctx)
     # `rounds` is left out: round r's state does not depend on how many rounds follow, so a rerun
     # with more --rounds continues this run (as corp bench grows it) instead of being refused
-    trained_as = hashlib.sha256(
-        json.dumps(
-            {
-                k: v
-                for k, v in config_to_dict(cfg).items()
-                if k not in ("run_dir", "threads", "report_to", "executor", "ray_address", "rounds")
-            },
-            sort_keys=True,
-            default=str,
-        ).encode()
-    ).hexdigest()[:16]
-    torch.manual_seed(cfg.seed)  # the global LoRA initialisation (the server's), the same on resume
-    server = GRPOTrainer(ctx, cfg)  # holds the global weights; never trains
-    state_path = ctx.run_dir / STATE_FILE
-    if state_path.exists():
-        st = torch.load(state_path, map_location="cpu", weights_only=True)
-        if st["trained_as"] != trained_as:
-            raise CorpError(f"'{ctx.run_dir}' holds an FGRPO run with other settings; use another --output-dir")
-    else:
-        st = {
-            "trained_as": trained_as,
-            "round": 0,
-            "global": {n: p.detach().clone() for n, p in server.trainable},
-            "baselines": [None] * K,
-            "dropped": {},
-        }
-    history = [r for r in read_jsonl(ctx.run_dir / "rounds.jsonl", key="round") if r["round"] <= st["round"]]
-
-    def load_global():
-        with torch.no_grad():
-            for n, p in server.trainable:
-                p.copy_(st["global"][n])
+    skip = ("run_dir", "threads", "report_to", "executor", "ray_address", "rounds")
+    settings = {k: v for k, v in config_to_dict(cfg).items() if k not in skip}
+    trained_as = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def test_eval(label: str):
         if cfg.skip_test_eval:
@@ -230,100 +287,42 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
             ctx, evals, "test", what=f"fgrpo|config={trained_as}|{label}", current=True, kind="checkpoint"
         )
 
-    load_global()
+    parts = partition_ids(ctx.splits["test"], K, cfg.split_by) if not cfg.skip_test_eval else []
+    loop = FGRPOServer(cfg, ctx, trained_as, test_eval, parts)
+    loop.load_global()
     base = (
         None if cfg.skip_test_eval else cached_eval(ctx, evals, "test", what="base", current=True, kind="checkpoint")
     )  # LoRA B = 0: the base
-    parts = partition_ids(ctx.splits["test"], K, cfg.split_by) if not cfg.skip_test_eval else []
     factories = [partial(FGRPOClient, cfg, k, shares[k], str(ctx.run_dir / "clients" / str(k))) for k in range(K)]
-    pool = ClientPool(factories, cfg.executor, log=log, ray_address=cfg.ray_address)
-    pool.dropped = {int(k): v for k, v in st["dropped"].items()}
+    loop.pool = pool = ClientPool(factories, cfg.executor, log=log, ray_address=cfg.ray_address)
+    pool.dropped = {int(k): v for k, v in loop.st["dropped"].items()}
     try:
-        if st["round"] < cfg.rounds:
+        if loop.st["round"] < cfg.rounds:
             replies, _ = pool.call({k: {"op": "hello"} for k in pool.alive}, "hello")
             check_signatures([ctx.task.signature()] + [replies[k]["signature"] for k in sorted(replies)])
-        while st["round"] < cfg.rounds:
-            r = st["round"]
-            replies, traffic = pool.call(
-                {k: {"op": "round", "round": r, "state": st["global"]} for k in pool.alive}, f"round {r + 1}"
-            )
-            ks = sorted(replies)
-            R = [float(replies[k]["reward"]) for k in ks]
-            b = [st["baselines"][k] for k in ks]
-            if cfg.aggregation == "fgrpo":
-                weights = fgrpo_weights(R, b, cfg.tau)
-            else:
-                weights = fedavg_weights([int(replies[k]["n_examples"]) for k in ks])
-            update = weighted_sum([replies[k]["delta"] for k in ks], weights)
-            st["global"] = {n: (st["global"][n].float() + update[n]).to(st["global"][n].dtype) for n in st["global"]}
-            for k, rk in zip(ks, R):
-                st["baselines"][k] = ema_update(st["baselines"][k], rk, cfg.ema)
-            st["round"] = r + 1
-            st["dropped"] = {str(k): v for k, v in pool.dropped.items()}
-            load_global()
-            row = test_eval(f"round={r + 1}")
-            tokens = {
-                t: sum(int(replies[k]["tokens"][t]) for k in ks)
-                for t in ("prompt_tokens", "generated_tokens", "trained_tokens")
-            }
-            entry = {
-                "round": r + 1,
-                "clients": ks,
-                "rewards": R,
-                "baselines_before": b,
-                "gains": relative_gains(R, b),
-                "weights": weights,
-                "aggregation": cfg.aggregation,
-                "communication": traffic.to_dict(),
-                "client_tokens": tokens,
-                "client_flops": Ledger(
-                    ctx.backend.n_params, tokens["prompt_tokens"], tokens["generated_tokens"], tokens["trained_tokens"]
-                ).flops,
-                "dropped": dict(st["dropped"]),
-                "pooled_test_accuracy": None if row is None else row["accuracy"],
-                "client_test_accuracy": None
-                if row is None
-                else [sum(int(row["correct"][i]) for i in p) / len(p) if p else None for p in parts],
-            }
-            tmp = state_path.with_suffix(".pt.tmp")
-            torch.save(st, tmp)
-            os.replace(tmp, state_path)
-            ctx.log_row(ctx.run_dir / "rounds.jsonl", entry)  # also to --report-to, live
-            history.append(entry)
+        history = run_steps(ctx, loop)
     finally:
         pool.close()
 
-    load_global()
+    st, server = loop.st, loop.server
+    loop.load_global()
     final = test_eval(f"round={st['round']}")
     model = server.merged_model()
     server.backend.model = model
     save_model(model, server.tokenizer, ctx.run_dir / "model")
+    return _fgrpo_report(cfg, ctx, loop, history, base, final, shares)
+
+
+def _fgrpo_report(cfg: FGRPOConfig, ctx, loop: FGRPOServer, history: list[dict], base, final, shares) -> dict:
+    """The report: base and final global model on test, every round's row, bytes and client compute."""
+    st, server, K = loop.st, loop.server, cfg.clients
     n_params = ctx.backend.n_params
     total = {
         t: sum(h["client_tokens"][t] for h in history) for t in ("prompt_tokens", "generated_tokens", "trained_tokens")
     }
     training = Ledger(n_params, total["prompt_tokens"], total["generated_tokens"], total["trained_tokens"])
     ids = ctx.example_ids("test") if not cfg.skip_test_eval else None
-    rows = []
-    if base is not None:
-        rows = [
-            ReportRow(
-                "base",
-                base["accuracy"],
-                1,
-                Ledger(n_params).add_generation(base["prompt_tokens"], base["generated_tokens"]),
-                0,
-                PerExample(base["correct"], ids),
-            ),
-            ReportRow(
-                "fgrpo",
-                final["accuracy"],
-                1,
-                Ledger(n_params).add_generation(final["prompt_tokens"], final["generated_tokens"]),
-                len(ctx.splits["support"]),
-                PerExample(final["correct"], ids),
-            ),
-        ]
+    rows = [] if base is None else method_rows(n_params, "fgrpo", base, final, len(ctx.splits["support"]), ids)
     total_bytes = sum(h["communication"]["total_bytes"] for h in history)
     report = write_report(
         ctx.run_dir,

@@ -13,11 +13,10 @@ import json
 from corp.config import config_to_dict
 from corp.evaluate.context import cached_eval, eval_identity, eval_key, open_run, run_evals
 from corp.grpo.trainer import GRPOConfig, GRPOTrainer, drawn_positions
-from corp.ledger import Ledger
+from corp.loop import method_rows
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, num, opt
 from corp.models import save_model
-from corp.runs import ReportRow, format_rows, write_report
-from corp.stats import PerExample
+from corp.runs import format_rows, write_report
 
 
 def run_grpo(cfg: GRPOConfig, backend=None) -> dict:
@@ -56,18 +55,7 @@ def run_grpo(cfg: GRPOConfig, backend=None) -> dict:
         after = test_eval("final:test")
         save_model(model, trainer.tokenizer, ctx.run_dir / "model")
         ids = ctx.example_ids("test")
-        rows = [
-            ReportRow(
-                name,
-                r["accuracy"],
-                1,
-                Ledger(trainer.ledger.n_params).add_generation(r["prompt_tokens"], r["generated_tokens"]),
-                labelled,
-                PerExample(r["correct"], ids),
-            )
-            for name, r, labelled in (("base", before, 0), (ctx.method, after, len(ctx.splits["support"])))
-            if r is not None
-        ]
+        rows = method_rows(trainer.ledger.n_params, ctx.method, before, after, len(ctx.splits["support"]), ids)
         report = write_report(
             ctx.run_dir,
             ctx.method,

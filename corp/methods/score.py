@@ -6,16 +6,16 @@ read with `--from-run`; scoring it alone lets one expensive pass serve all of th
 
 from __future__ import annotations
 
+from corp import CorpError
 from corp.config import PopulationConfig
+from corp.evaluate.context import open_run
+from corp.evaluate.racing import RACED
+from corp.evaluate.scorer import ensure_population, rows_ledger
 from corp.method import SMALL, Method, num
+from corp.runs import write_report
 
 
 def run_score(cfg: PopulationConfig, backend=None) -> dict:
-    from corp import CorpError
-    from corp.evaluate.context import open_run
-    from corp.evaluate.racing import RACED
-    from corp.evaluate.scorer import ensure_population, rows_ledger
-    from corp.runs import write_report
 
     if cfg.race != "off" and cfg.race_keep < 1:
         raise CorpError(

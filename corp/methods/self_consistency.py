@@ -23,7 +23,11 @@ from typing import ClassVar
 
 from corp import CorpError
 from corp.config import RunConfig, parse_list
+from corp.evaluate.context import cached_eval, open_run, run_evals
+from corp.evaluate.voting import majority_vote
 from corp.method import FIXED, SMALL, BenchAdapter, Method, ints, opt
+from corp.runs import ReportRow, format_rows, write_report
+from corp.stats import PerExample
 
 
 @dataclass
@@ -47,10 +51,6 @@ class SelfConsistencyConfig(RunConfig):
 
 
 def run_self_consistency(cfg: SelfConsistencyConfig, backend=None) -> dict:
-    from corp.evaluate.context import cached_eval, open_run, run_evals
-    from corp.evaluate.voting import majority_vote
-    from corp.runs import ReportRow, format_rows, write_report
-    from corp.stats import PerExample
 
     with open_run(cfg, "self-consistency", backend, needs=("test",), defines=None) as ctx:
         evals = run_evals(ctx)  # the run's evaluation cache: a rerun recomputes nothing

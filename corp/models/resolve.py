@@ -3,6 +3,7 @@ waiting on a hub that is not there (`hub_offline`); a missing model is one line 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
@@ -142,12 +143,17 @@ def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
     spec = _alias(name)
     if isinstance(spec, EmbeddedGGUF):
         out = _embedded_dir(_alias_name(spec))
-        if not _converted(spec, out):
-            gguf, assembled = _embedded_gguf_path(spec)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            _convert_gguf(gguf, out)
-            if assembled:
-                gguf.unlink(missing_ok=True)  # corp wrote it; the converted directory is all that is needed now
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # one converter at a time (two processes started together on a fresh machine, `corp bench`'s
+        # two task processes or two test workers, would write one directory at once); the check is
+        # under the lock too, so nobody loads a directory another process is still writing
+        with open(out.parent / f".{out.name}.lock", "a") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes
+            if not _converted(spec, out):
+                gguf, assembled = _embedded_gguf_path(spec)
+                _convert_gguf(gguf, out)
+                if assembled:
+                    gguf.unlink(missing_ok=True)  # corp wrote it; the converted directory is all that is needed now
         return spec.hf_id, out
     hub_id = spec if isinstance(spec, str) else name
     local = Path(name).expanduser()

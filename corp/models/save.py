@@ -11,8 +11,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import corp
 from corp import CorpError
 from corp.models.cache import MARKER, is_corp_model
+from corp.runs import LOCK_FILE, STATUS_FILE, write_failure
 
 
 def _overlaps(a: Path, b: Path) -> bool:
@@ -69,7 +71,6 @@ def _not_a_corp_model(target: Path) -> tuple[Path, str] | None:
     corp wrote: a run directory anywhere (even inside a corp model: a copied run), or a file or link
     outside every directory with the marker. None when replacing `target` deletes only corp's models
     (and empty directories); `--overwrite` never widens this."""
-    from corp.runs import LOCK_FILE, STATUS_FILE
 
     unreadable: list[OSError] = []  # a directory it cannot list may hold anything: refused as unknown
     for d, dirs, files in os.walk(target, onerror=unreadable.append):
@@ -147,8 +148,6 @@ def save_model(
     the new one is in place, so an interrupted save leaves either the old or the new model."""
     import socket
 
-    import corp
-
     target = check_output_dir(out, overwrite, protect)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -203,7 +202,6 @@ def save_model(
 def _is_write_error(exc: BaseException) -> bool:
     """An OSError, safetensors' own error for one, or any library's full disk: the tokenizers library
     raises a bare `Exception: No space left on device (os error 28)` (`corp.runs.write_failure`)."""
-    from corp.runs import write_failure
 
     return (
         isinstance(exc, OSError)
@@ -213,7 +211,6 @@ def _is_write_error(exc: BaseException) -> bool:
 
 
 def _first_line(exc: BaseException) -> str:
-    from corp.runs import write_failure
 
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror

@@ -15,6 +15,7 @@ from typing import ClassVar
 from corp import CorpError
 from corp.config import parse_list
 from corp.operator.gate import confidence_level
+from corp.operator.merge_rules import MERGE_RULES
 
 PAPER_PRESET = {
     "quantiles": [0.5, 0.7, 0.9],
@@ -58,7 +59,6 @@ class OperatorConfig:
     options: ClassVar[dict[str, str]] = {"rounds": "stage2_rounds"}
 
     def validate(self) -> OperatorConfig:
-        from corp.operator.merge_rules import MERGE_RULES
 
         if self.preset not in (None, "", "paper"):
             raise CorpError(f"--preset '{self.preset}' is unknown; the only preset is 'paper'")

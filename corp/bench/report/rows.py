@@ -16,8 +16,10 @@ from corp.bench.config import (
     _at_budget,
     headline_setting,
 )
+from corp.evaluate.tasks import SplitSizes, get_task, make_splits
+from corp.evaluate.tasks.code import _CodeTask
 from corp.runs import atomic_write_text
-from corp.stats import compare_paired_seeds, seed_example_interval
+from corp.stats import compare_paired_seeds, seed_example_interval, tost_from
 
 CSV_COLUMNS = [
     "task",
@@ -113,8 +115,6 @@ def label_prior_rows(cfg: BenchConfig, tasks: list[str]) -> list[dict]:
     a lot by answering that value more often, and the table should show it. One row per seed (the value
     is the same) so it reads as every other row; no model, 0 FLOPs. Skipped for tasks whose check runs
     code, and for any task that cannot be loaded here (its package missing)."""
-    from corp.evaluate.tasks import SplitSizes, get_task, make_splits
-    from corp.evaluate.tasks.code import _CodeTask
 
     out = []
     for task in tasks:
@@ -385,8 +385,6 @@ def equivalence_tests(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
     """`equivalence` entries: per task, setting and budget where both rows ran on the same >= 2 seeds,
     two one-sided tests (corp.stats.tost_from) of |a - b| < margin on the across-seed interval's mean,
     standard error and df (the comparisons' own t: seeds plus the test examples' term)."""
-    from corp.stats import seed_example_interval, tost_from
-
     out = []
     for e in getattr(cfg, "equivalence_list", []):
         for task in [e["task"]] if e["task"] else cfg.tasks:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import statistics
 
+from corp.bench.accounting import compute_table, regime_table
 from corp.bench.config import (
     BenchConfig,
     _at_budget,
     _budget_text,
     headline_setting,
 )
+from corp.bench.protocol import HOLM_ALPHA
 from corp.bench.report.prose import (
     MULTIPLE_NOTE,
     PRIMARY_NOTE,
@@ -71,6 +73,74 @@ def time_table(cfg: BenchConfig, records: list[dict], tuning: list[dict]) -> lis
     return lines
 
 
+def _budget_table(cfg: BenchConfig, rows: list[dict], task: str, setting: str) -> list[str]:
+    """One task and setting: a row per method, a column per budget (mean ± sd over seeds, FLOPs used)."""
+    lines: list[str] = []
+    names: list[str] = []
+    for r in rows:
+        if r["task"] == task and r["setting"] == setting and r["method"] not in names:
+            names.append(r["method"])
+    if not names:
+        return []
+    lines += [
+        f"## {cfg.label(task)}, {setting}",
+        "",
+        "| method | labelled | passes/ex | " + " | ".join(_budget_text(b) for b in cfg.budgets) + " |",
+        "|---|---:|---:|" + "---:|" * len(cfg.budgets),
+    ]
+    for name in names:
+        cells = []
+        labelled = passes = ""
+        for b in cfg.budgets:
+            got = _at_budget(rows, task, setting, b).get(name, [])
+            unfit = _unfit_seeds(rows, task, setting, b, name)
+            if not got:
+                cells.append("does not fit" if unfit else "—")
+                continue
+            labelled, passes = _labelled_text(cfg, got[0]), got[0]["passes_per_example"]
+            flops = statistics.fmean([g["flops"] for g in got])
+            note = "" if not flops else f" ({flops:.2g} F)"
+            flags = "*" if any("abstained" in g["status"] for g in got) else ""
+            cells.append(f"{_spread(cfg, got, len(unfit))}{flags}{note}")
+        if labelled == "" and all(c == "—" for c in cells):
+            cells = [
+                next(
+                    (
+                        f"({r['status']})"
+                        for r in rows
+                        if r["method"] == name and r["task"] == task and r["setting"] == setting
+                    ),
+                    "—",
+                )
+            ] + cells[1:]
+        lines.append(f"| {name} | {labelled} | {passes} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
+def _comparison_sections(cfg: BenchConfig, rows: list[dict], comps: list[dict], primary) -> list[str]:
+    """The primary comparisons (Holm-corrected) apart from the exploratory ones, or all of them; and
+    the configured pairs no two rows could answer."""
+    lines: list[str] = []
+    if primary is not None:
+        lines += primary_table(primary)
+        exploratory = [c for c in comps if not c.get("primary")]
+        if exploratory:
+            lines += comparisons_table(exploratory, "Exploratory comparisons (not pre-registered, not corrected)")
+    elif comps:
+        lines += comparisons_table(comps)
+    unmatched = [f"{a} vs {b}" for a, b in cfg.compare if not any((c["a"], c["b"]) == (a, b) for c in comps)]
+    if unmatched:  # a pair naming a row no cell reports (a typo, or a top_k clipped to one row) is said, not dropped
+        names = sorted({r["method"] for r in rows})
+        lines += [
+            "Configured comparisons with no pair of rows to compare: "
+            + "; ".join(unmatched)
+            + f" (rows: {', '.join(names)}).",
+            "",
+        ]
+    return lines
+
+
 def table_md(
     cfg: BenchConfig,
     rows: list[dict],
@@ -114,67 +184,14 @@ def table_md(
         lines += ["## What it shows", "", *reading, "", PRIMARY_NOTE if primary is not None else MULTIPLE_NOTE, ""]
     for task in cfg.tasks:
         for setting in cfg.settings:
-            names: list[str] = []
-            for r in rows:
-                if r["task"] == task and r["setting"] == setting and r["method"] not in names:
-                    names.append(r["method"])
-            if not names:
-                continue
-            lines += [
-                f"## {cfg.label(task)}, {setting}",
-                "",
-                "| method | labelled | passes/ex | " + " | ".join(_budget_text(b) for b in cfg.budgets) + " |",
-                "|---|---:|---:|" + "---:|" * len(cfg.budgets),
-            ]
-            for name in names:
-                cells = []
-                labelled = passes = ""
-                for b in cfg.budgets:
-                    got = _at_budget(rows, task, setting, b).get(name, [])
-                    unfit = _unfit_seeds(rows, task, setting, b, name)
-                    if not got:
-                        cells.append("does not fit" if unfit else "—")
-                        continue
-                    labelled, passes = _labelled_text(cfg, got[0]), got[0]["passes_per_example"]
-                    flops = statistics.fmean([g["flops"] for g in got])
-                    note = "" if not flops else f" ({flops:.2g} F)"
-                    flags = "*" if any("abstained" in g["status"] for g in got) else ""
-                    cells.append(f"{_spread(cfg, got, len(unfit))}{flags}{note}")
-                if labelled == "" and all(c == "—" for c in cells):
-                    cells = [
-                        next(
-                            (
-                                f"({r['status']})"
-                                for r in rows
-                                if r["method"] == name and r["task"] == task and r["setting"] == setting
-                            ),
-                            "—",
-                        )
-                    ] + cells[1:]
-                lines.append(f"| {name} | {labelled} | {passes} | " + " | ".join(cells) + " |")
-            lines.append("")
+            lines += _budget_table(cfg, rows, task, setting)
     lines.append(
         "`*`: CoRP abstained (its gate kept the base) in at least one seed. `(x F)`: mean FLOPs the cell actually used. "
         f"`{LABEL_PRIOR}`: a reference, not a method: the most common answer among the labelled examples, given to "
         "every test example (what learning only the label prior scores; results.csv says which answer)."
     )
     lines.append("")
-    if primary is not None:
-        lines += primary_table(primary)
-        exploratory = [c for c in comps if not c.get("primary")]
-        if exploratory:
-            lines += comparisons_table(exploratory, "Exploratory comparisons (not pre-registered, not corrected)")
-    elif comps:
-        lines += comparisons_table(comps)
-    unmatched = [f"{a} vs {b}" for a, b in cfg.compare if not any((c["a"], c["b"]) == (a, b) for c in comps)]
-    if unmatched:  # a pair naming a row no cell reports (a typo, or a top_k clipped to one row) is said, not dropped
-        names = sorted({r["method"] for r in rows})
-        lines += [
-            "Configured comparisons with no pair of rows to compare: "
-            + "; ".join(unmatched)
-            + f" (rows: {', '.join(names)}).",
-            "",
-        ]
+    lines += _comparison_sections(cfg, rows, comps, primary)
     lines += extra or []
     lines += times or []
     if missing:
@@ -190,7 +207,6 @@ def primary_table(primary: list[dict]) -> list[str]:
     """The pre-registered comparisons, every one of them (a comparison not run yet says so): its
     difference and across-seed interval, the interval's p, Holm's adjusted p over the whole family and
     the decision at 0.05."""
-    from corp.bench.protocol import HOLM_ALPHA
 
     lines = [
         f"## Primary comparisons (pre-registered; Holm over all {len(primary)})",
@@ -374,7 +390,6 @@ def papers_section(cfg: BenchConfig, rows: list[dict]) -> list[str]:
 
 def protocol_sections(cfg: BenchConfig, rows: list[dict], records: list[dict], tuning: list[dict]) -> list[str]:
     """The third edition's sections (each absent from an older config's table.md)."""
-    from corp.bench.accounting import compute_table, regime_table
 
     lines = papers_section(cfg, rows)
     if cfg.protocol_tables:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from corp import CorpError
+from corp.bench import retention
 from corp.bench.config import (
     BENCH_PROTOCOL,
     BenchConfig,
 )
+from corp.bench.protocol import mark_primary
 from corp.bench.report.plots import plots
 from corp.bench.report.prose import MULTIPLE_NOTE, PRIMARY_NOTE, beats_sentences, reading_lines, regime_text
 from corp.bench.report.rows import (
@@ -25,18 +28,8 @@ from corp.bench.report.tables import equivalence_section, protocol_sections, tab
 from corp.runs import atomic_write_text, read_json, write_json
 
 
-def write_outputs(
-    cfg: BenchConfig,
-    records: list[dict],
-    missing: list[dict],
-    command: str,
-    not_run: int = 0,
-    tuning: list[dict] | None = None,
-    older: int = 0,
-) -> dict:
-    """`older`: cell records of an older bench protocol in the cells directory (kept, not reported; the tables say so)."""
-
-    out = Path(cfg.results_dir) / cfg.name
+def _write_csvs(cfg: BenchConfig, records: list[dict], tuning: list[dict] | None, out: Path) -> list[dict]:
+    """results.csv (every row, with the tasks' label priors) and tuning.csv (the trials); the rows."""
     rows = flat_rows(records)
     rows += label_prior_rows(cfg, [t for t in cfg.tasks if any(r["task"] == t for r in rows)])
     for r in rows:
@@ -49,33 +42,15 @@ def write_outputs(
         # the third edition's trials: which seed, and what evaluating them on the tuning split cost (search)
         more = ["seed", "evaluation_flops"] if cfg.protocol_tables or cfg.tune_seeds > 1 else []
         write_csv(out / "tuning.csv", trials, TUNING_COLUMNS + more)
-    comps = comparisons(cfg, rows)
-    primary = None
-    if getattr(cfg, "primary_list", None):
-        from corp.bench.protocol import mark_primary
+    return rows
 
-        primary = mark_primary(cfg, comps)
-        for r in primary:
-            r["entry"] = {**r["entry"], "task_label": cfg.label(r["entry"]["task"])}
-    reading = reading_lines(cfg, rows, comps, primary)
-    times = time_table(cfg, records, tuning or [])
-    extra = protocol_sections(cfg, rows, records, tuning or [])
-    retained = None
-    if cfg.retention:  # absent from an older config's outputs
-        from corp.bench import retention
 
-        retained = retention.summarise(cfg, rows, retention.load_records(cfg, records))
-        extra += retention.section(cfg, retained)
-    equivalences = equivalence_tests(cfg, rows)
-    if getattr(cfg, "equivalence_list", None):
-        extra += equivalence_section(equivalences)
-    text = table_md(
-        cfg, rows, comps, missing, command, trial_flops(tuning or []), reading, times, primary=primary, extra=extra
-    )
+def _notes(text: str, not_run: int, n_records: int, older: int) -> str:
+    """table.md with what is not in it yet said under its heading: unrun final cells, older records."""
     if not_run:
         head, _, rest = text.partition("\n\n")
         text = (
-            f"{head}\n\n**Incomplete: {not_run} of {not_run + len(records)} "
+            f"{head}\n\n**Incomplete: {not_run} of {not_run + n_records} "
             f"final (non-trial) cells not run yet** (rerun the command to continue).\n\n{rest}"
         )
     if older:
@@ -84,46 +59,87 @@ def write_outputs(
             f"{head}\n\n{older} cell record(s) of an older bench protocol are kept in cells/ and not used here "
             f"(their rows were made under other budget rules).\n\n{rest}"
         )
+    return text
+
+
+def _bench_json(
+    cfg, command, not_run, missing, made, comps, reading, older, retained, equivalences, primary, out
+) -> dict:
+    """bench.json: the bench's settings, its comparisons and what each part of the report holds."""
+    return {
+        "name": cfg.name,
+        "command": command,
+        "cells_not_run": not_run,
+        "model": cfg.model,
+        "tasks": cfg.tasks,
+        "seeds": cfg.seeds,
+        "task_seeds": {cfg.label(t): cfg.seeds_of(t) for t in cfg.tasks},
+        "budgets": cfg.budgets,
+        "settings": cfg.settings,
+        "missing": missing,
+        "plots": made,
+        "comparisons": comps,
+        "beats": beats_sentences(comps),
+        "reading": reading,
+        "bench_protocol": BENCH_PROTOCOL,
+        "older_protocol_records": older,
+        **({"retention": retained} if retained is not None else {}),
+        **({"equivalence": equivalences} if getattr(cfg, "equivalence_list", None) else {}),
+        # the third edition's (absent from an older bench's bench.json)
+        **(
+            {
+                "primary": [
+                    {k: r[k] for k in ("entry", "p", "p_holm", "reject")} | {"run": r["comparison"] is not None}
+                    for r in primary
+                ],
+                "preregistration": str(out / "preregistration.json"),
+            }
+            if primary is not None
+            else {}
+        ),
+    }
+
+
+def write_outputs(
+    cfg: BenchConfig,
+    records: list[dict],
+    missing: list[dict],
+    command: str,
+    not_run: int = 0,
+    tuning: list[dict] | None = None,
+    older: int = 0,
+) -> dict:
+    """`older`: cell records of an older bench protocol in the cells directory (kept, not reported; the tables say so)."""
+
+    out = Path(cfg.results_dir) / cfg.name
+    rows = _write_csvs(cfg, records, tuning, out)
+    comps = comparisons(cfg, rows)
+    primary = None
+    if getattr(cfg, "primary_list", None):
+        primary = mark_primary(cfg, comps)
+        for r in primary:
+            r["entry"] = {**r["entry"], "task_label": cfg.label(r["entry"]["task"])}
+    reading = reading_lines(cfg, rows, comps, primary)
+    times = time_table(cfg, records, tuning or [])
+    extra = protocol_sections(cfg, rows, records, tuning or [])
+    retained = None
+    if cfg.retention:  # absent from an older config's outputs
+        retained = retention.summarise(cfg, rows, retention.load_records(cfg, records))
+        extra += retention.section(cfg, retained)
+    equivalences = equivalence_tests(cfg, rows)
+    if getattr(cfg, "equivalence_list", None):
+        extra += equivalence_section(equivalences)
+    text = table_md(
+        cfg, rows, comps, missing, command, trial_flops(tuning or []), reading, times, primary=primary, extra=extra
+    )
+    text = _notes(text, not_run, len(records), older)
     atomic_write_text(out / "table.md", text)
     made = plots(cfg, rows, out)
     if retained is not None:
-        from corp.bench import retention
-
         made += retention.plot(cfg, retained, out)
     write_json(
         out / "bench.json",
-        {
-            "name": cfg.name,
-            "command": command,
-            "cells_not_run": not_run,
-            "model": cfg.model,
-            "tasks": cfg.tasks,
-            "seeds": cfg.seeds,
-            "task_seeds": {cfg.label(t): cfg.seeds_of(t) for t in cfg.tasks},
-            "budgets": cfg.budgets,
-            "settings": cfg.settings,
-            "missing": missing,
-            "plots": made,
-            "comparisons": comps,
-            "beats": beats_sentences(comps),
-            "reading": reading,
-            "bench_protocol": BENCH_PROTOCOL,
-            "older_protocol_records": older,
-            **({"retention": retained} if retained is not None else {}),
-            **({"equivalence": equivalences} if getattr(cfg, "equivalence_list", None) else {}),
-            # the third edition's (absent from an older bench's bench.json)
-            **(
-                {
-                    "primary": [
-                        {k: r[k] for k in ("entry", "p", "p_holm", "reject")} | {"run": r["comparison"] is not None}
-                        for r in primary
-                    ],
-                    "preregistration": str(out / "preregistration.json"),
-                }
-                if primary is not None
-                else {}
-            ),
-        },
+        _bench_json(cfg, command, not_run, missing, made, comps, reading, older, retained, equivalences, primary, out),
     )
     return {
         "results_dir": str(out),
@@ -147,7 +163,6 @@ def readme_section(cfg: BenchConfig) -> str:
     the regime, the headline table, what it shows in plain words (`reading_lines`: the claims in full,
     a "beats" only where the across-seed interval excludes 0, the other comparisons grouped by pair),
     one plot, and a link to table.md for everything else (each comparison's per-seed differences)."""
-    from corp import CorpError
 
     out = Path(cfg.results_dir) / cfg.name
     if not (out / "bench.json").exists() or not (out / "table.md").exists():

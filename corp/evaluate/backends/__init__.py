@@ -19,6 +19,8 @@ import warnings
 
 from corp import CorpError
 from corp.evaluate.backends.base import CAPABILITIES, LOGPROBS, MODEL, PERTURBER, Backend, Generations
+from corp.extras import available, require
+from corp.perturb import SCHEME_VERSION
 
 BACKENDS = ("auto", "hf", "vllm")
 MAX_LORAS = 16  # adapter slots of a LoRA-enabled vLLM engine: the most specialists in one generate call
@@ -30,8 +32,6 @@ def resolve_backend_name(name: str, device: str = "cpu") -> str:
     if name not in BACKENDS:
         raise CorpError(f"unknown --backend '{name}'; choose one of {', '.join(BACKENDS)}")
     if name == "auto":
-        from corp.extras import available
-
         return "vllm" if device in ("cpu", "cuda") and available("vllm") else "hf"
     return name
 
@@ -52,7 +52,6 @@ def make_backend(
 ) -> Backend:
     """`scheme`: the run's noise scheme (None: the current full-rank one). `engine`: vLLM's engine
     options (tensor_parallel_size, gpu_memory_utilization); the hf backend has none."""
-    from corp.perturb import SCHEME_VERSION
 
     resolved = resolve_backend_name(name, device)
     scheme = scheme or SCHEME_VERSION
@@ -67,7 +66,6 @@ def make_backend(
             _fallback_note(f"vLLM cannot run this model ({type(exc).__name__}: {str(exc).splitlines()[0]})")
             return _hf(*args)
         return AutoBackend(inner, lambda: _hf(*args))
-    from corp.extras import require
 
     require("vllm", "--backend vllm")  # a missing vLLM is one line; an ImportError inside vllm.py surfaces as itself
     return _vllm(*args, **engine)

@@ -50,6 +50,7 @@ import torch
 
 from corp import CorpError
 from corp.evaluate.backends.base import Generations
+from corp.perturb.direction import Component, Merged
 from corp.perturb.lowrank_noise import factors, lowrank_rank
 
 _KEEP_TERMS = 2  # unit factors kept by direction_factors: a step search's direction and the centre or the last one
@@ -130,7 +131,6 @@ class FactoredPopulation:
         coef * sigma over seed k's components) / sqrt(R): exact, rank <= K R. A direction that is one
         merged term scale * M gives M's factors and `scale`, so every step size of a step search
         shares one factor pair (cached: the last few terms, each drawn once)."""
-        from corp.perturb.direction import Component, Merged
 
         terms = list(direction.components)
         if not terms or not all(isinstance(t, (Component, Merged)) for t in terms) or not direction.prefixable:

@@ -32,6 +32,7 @@ from corp.evaluate.backends.base import (
     cut_at_stop,
     resolve_seeds,
 )
+from corp.models import load_model
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
 
 
@@ -109,7 +110,6 @@ class HFBackend(Backend):
 
     @classmethod
     def from_model_name(cls, name: str | None, device: str = "cpu", dtype: str | None = None, **kwargs) -> HFBackend:
-        from corp.models import load_model
 
         model, tokenizer, model_id, path = load_model(name, device=device, dtype=dtype)
         return cls(model, tokenizer, model_id=model_id, model_path=path, **kwargs)

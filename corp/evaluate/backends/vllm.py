@@ -49,8 +49,11 @@ from corp import CorpError
 from corp.evaluate.backends.base import Generations, completion_seed, cut_at_stop, resolve_seeds
 from corp.evaluate.backends.hf import format_prompt
 from corp.evaluate.backends.host import HostCopy
-from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, lowrank_rank
+from corp.evaluate.backends.vllm_lora import LoRAPopulation, check_targets, install_grouped_cpu_ops, lora_slot_rank
+from corp.models import resolve_model
+from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, lowrank_rank, selected_parameters, weights_hash
 from corp.perturb.direction import Scratch, ScratchPool, per_tensor
+from corp.perturb.lowrank_noise import check_shapes
 
 EXTENSION = "corp.evaluate.backends.vllm.CorpWorkerExtension"
 # In-process engines share vLLM's process-wide state (its parallel groups): tearing one down while
@@ -108,8 +111,6 @@ class CorpWorkerExtension:
             and not torch.cuda.is_available()
             and os.environ.get("CORP_VLLM_LORA_OPS", "grouped") != "vllm"
         ):
-            from corp.evaluate.backends.vllm_lora import install_grouped_cpu_ops
-
             grouped = install_grouped_cpu_ops()
         return {"n_tensors": len(self._corp_base), "dtype": str(dtype), "grouped_lora_ops": grouped}
 
@@ -323,9 +324,6 @@ class VLLMBackend(HostCopy):
         from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
         from vllm import LLM
 
-        from corp.models import resolve_model
-        from corp.perturb import selected_parameters, weights_hash
-
         model_id, path = resolve_model(name)
         # The HF model, once, on the host: the canonical tensor names (as the hf backend perturbs
         # them, tied weights once), the weights hash that keys populations, and the dtype.
@@ -335,9 +333,6 @@ class VLLMBackend(HostCopy):
         rank = lowrank_rank(scheme) if scheme else None
         lora = None
         if rank is not None:
-            from corp.evaluate.backends.vllm_lora import lora_slot_rank
-            from corp.perturb.lowrank_noise import check_shapes
-
             check_shapes(scheme, [(n, p.shape) for n, p in selected])
             embed = hf.get_input_embeddings().weight
             head = hf.get_output_embeddings()
@@ -395,7 +390,6 @@ class VLLMBackend(HostCopy):
         info = llm.collective_rpc("corp_init_base", args=(names, scheme))[0]
         if lora is not None:
             lora["grouped_ops"] = info["grouped_lora_ops"]
-            from corp.evaluate.backends.vllm_lora import check_targets
 
             supported = set(llm.collective_rpc("corp_lora_modules")[0])
             check_targets(names, lora["shapes"], supported, lora["tied_head"])
@@ -421,8 +415,6 @@ class VLLMBackend(HostCopy):
         if self.lora_scheme is None:
             return None
         if self._population is None:
-            from corp.evaluate.backends.vllm_lora import LoRAPopulation
-
             self._population = LoRAPopulation(self, self.lora_scheme)
         return self._population
 

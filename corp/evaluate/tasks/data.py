@@ -13,6 +13,9 @@ import os
 from pathlib import Path
 
 from corp import CorpError
+from corp.extras import available, require
+from corp.models import cache_dir, hub_offline
+from corp.runs import atomic_write_text
 
 
 def data_file(task: str, relative: str, data_dir: str | Path | None = None) -> Path:
@@ -44,10 +47,6 @@ def hub_file(task: str, relative: str, looked: str) -> Path:
     """The data file from the Hugging Face hub, cached as JSONL under corp's cache (fetched once)."""
     import json
 
-    from corp.extras import available, require
-    from corp.models import cache_dir
-    from corp.runs import atomic_write_text
-
     out = cache_dir() / "data" / relative
     if out.is_file():
         return out
@@ -57,7 +56,6 @@ def hub_file(task: str, relative: str, looked: str) -> Path:
             "or install the hub extra (`pip install 'corp[hub]'`) to load it from Hugging Face"
         )
     name, config, splits, sort_key = HUB_SOURCES[relative]
-    from corp.models import hub_offline
 
     if hub_offline():  # one line now, not the datasets library's retries with backoff
         files = " and ".join(DATA_FILES.get(task, (relative,)))
@@ -191,7 +189,6 @@ def _read_csv(path: Path, texts: list[str], delimiter: str) -> list[tuple[int, d
 
 
 def _read_parquet(path: Path) -> list[tuple[int, dict]]:
-    from corp.extras import require
 
     require("pyarrow", f"reading '{path}' (Parquet; or convert it to .jsonl or .csv)")
     import pyarrow.parquet as pq

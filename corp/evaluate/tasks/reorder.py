@@ -37,6 +37,7 @@ from pathlib import Path
 from corp import CorpError
 from corp.evaluate.tasks.base import Example, Task, path_and_options
 from corp.evaluate.tasks.data import file_sha256
+from corp.extras import require
 
 LABELS = "ABCDE"
 _ABBREV = re.compile(r"(?:\b(?:Mr|Mrs|Ms|Dr|St|Prof|Messrs|Mme|Mlle|vs|etc|i\.e|e\.g|No|Vol|Ch)\.|\b[A-Z]\.)$")
@@ -48,8 +49,6 @@ _SEPARATOR = re.compile(r"^[\s,;.>\-()\[\]→]*$")
 
 def default_text() -> Path:
     from importlib.resources import files
-
-    from corp.extras import require
 
     require(
         "reasoning-gym",

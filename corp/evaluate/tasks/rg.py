@@ -26,19 +26,18 @@ from collections.abc import Sequence
 
 from corp import CorpError
 from corp.evaluate.tasks.base import GENERIC_OPTIONS, Example, Task, last_number, normalize_number, parse_options
+from corp.extras import available, require
 
 INSTRUCTIONS = {"none": ""}  # filled from the gym's SYSTEM_PROMPTS when it is imported
 
 
 def _gym(feature: str):
-    from corp.extras import require
 
     return require("reasoning-gym", feature)
 
 
 def rg_datasets() -> dict[str, str]:
     """{dataset name: one-line description} of the installed reasoning-gym, {} when it is not installed."""
-    from corp.extras import available
 
     if not available("reasoning-gym"):
         return {}

@@ -19,10 +19,14 @@ from pathlib import Path
 import torch
 
 from corp import CorpError
+from corp.evaluate.context import open_run
+from corp.evaluate.racing import is_raced
+from corp.evaluate.scorer import ensure_population
 from corp.methods.analyze_rank.linalg import subspace_overlap, top_svd
 from corp.methods.analyze_rank.power import analysis_power
 from corp.methods.analyze_rank.rank_stats import Plan, analyze_population, pair_stats
 from corp.methods.analyze_rank.report import summarise, summary_text, write_outputs
+from corp.models import ALIASES, resolve_model
 from corp.perturb import ParamFilter
 from corp.perturb.noise import check_scheme
 from corp.runs import read_json, read_jsonl, write_json
@@ -45,8 +49,6 @@ def model_shapes(model_name: str) -> tuple[str, list[tuple[str, tuple[int, ...]]
     """(model id, [(canonical name, shape)], vocab size) without loading weights (meta device)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from corp.models import resolve_model
-
     model_id, path = resolve_model(model_name)
     config = AutoConfig.from_pretrained(path)
     with torch.device("meta"):
@@ -58,8 +60,6 @@ def model_shapes(model_name: str) -> tuple[str, list[tuple[str, tuple[int, ...]]
 
 def load_run_population(run_dir: Path) -> tuple[list[dict], dict, dict]:
     import yaml
-
-    from corp.evaluate.racing import is_raced
 
     every = read_jsonl(run_dir / "population.jsonl", key="key", repair=False)
     if is_raced(every):
@@ -107,9 +107,6 @@ def run_analyze_rank(cfg) -> dict:
         # a population written before the scheme was recorded predates corp-noise-v2
         scheme = check_scheme(meta.get("noise_scheme", "corp-noise-v1"), f"'{run_dir}/population_meta.json'")
         return _analyze(cfg, run_dir, rows, model_name, pf, scheme, meta.get("model"))
-    from corp.evaluate.context import open_run
-    from corp.evaluate.racing import is_raced
-    from corp.evaluate.scorer import ensure_population
 
     if getattr(cfg, "race", "off") != "off":
         raise CorpError("analyze-rank needs every specialist scored on the whole support split; drop --race")
@@ -195,7 +192,6 @@ def _analyze(
 
 def _alias_of(model_id: str) -> str:
     """The corp alias whose model is `model_id` (summaries name the hub id, which may not resolve offline)."""
-    from corp.models import ALIASES
 
     for alias, spec in ALIASES.items():
         if getattr(spec, "hf_id", spec) == model_id:

@@ -13,8 +13,10 @@ from typing import ClassVar
 
 from corp import CorpError
 from corp.config import DEFAULT_TOP_K, PopulationConfig, fit_top_k
+from corp.methods.consolidate.lowrank import parse_low_rank
 from corp.operator.config import OperatorConfig
 from corp.operator.gate import MIN_PROBE, MIN_VALIDATION
+from corp.perturb import lowrank_rank, scheme_from_flag
 
 
 @dataclass
@@ -39,7 +41,6 @@ class ConsolidateConfig(OperatorConfig, PopulationConfig):
         PopulationConfig.validate(self)
         OperatorConfig.validate(self)
         self.top_k = fit_top_k(self.top_k, self.population)
-        from corp.methods.consolidate.lowrank import parse_low_rank
 
         self.low_rank = parse_low_rank(self.low_rank)
         if self.low_rank != "off" and self.rounds > 0:
@@ -47,7 +48,6 @@ class ConsolidateConfig(OperatorConfig, PopulationConfig):
                 f"--low-rank {self.low_rank} cannot be combined with --stage2-rounds "
                 f"{self.rounds}: stage-2 re-centring is full-rank; use --stage2-rounds 0"
             )
-        from corp.perturb import lowrank_rank, scheme_from_flag
 
         lowrank_population = lowrank_rank(scheme_from_flag(self.noise)) is not None
         if self.export_lora and self.low_rank == "off" and not lowrank_population:

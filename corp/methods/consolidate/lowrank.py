@@ -58,6 +58,7 @@ from pathlib import Path
 import torch
 
 from corp import CorpError
+from corp.extras import require
 from corp.lowrank import LowRankDirection, low_rank_factors, reproducible_ranks
 from corp.perturb import Direction
 from corp.perturb.lowrank_noise import factors as noise_factors
@@ -160,7 +161,6 @@ def export_lora(
     direction: LowRankDirection, model: torch.nn.Module, out_dir: str | Path, base_model: str | None = None
 ) -> Path:
     """Write a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) equal to `direction`."""
-    from corp.extras import require
 
     LoraConfig = require("peft", "--export-lora").LoraConfig
     from safetensors.torch import save_file

@@ -258,6 +258,13 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
         )
         seconds["stage2"] = time.perf_counter() - t0
 
+    low_rank_report = _deploy(cfg, ctx, result, projector, params, scheme, rank_dir, seconds)
+    return _consolidate_report(cfg, ctx, result, ranked, population, evals, scorer, low_rank_report, seconds)
+
+
+def _deploy(cfg: ConsolidateConfig, ctx: RunContext, result, projector, params, scheme: str, rank_dir, seconds) -> dict:
+    """The deployed model: the recipe, the weights, and the LoRA export where asked; the low-rank
+    part of the report."""
     # the deployed model: recipe + weights
     t0 = time.perf_counter()
     pf = ParamFilter(cfg.include, cfg.exclude)
@@ -311,7 +318,14 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
                 )
     elif cfg.export_lora:
         low_rank_report["exact_lora"] = _export_exact_lora(cfg, ctx, result.direction, params, scheme)
+    return low_rank_report
 
+
+def _consolidate_report(
+    cfg: ConsolidateConfig, ctx: RunContext, result, ranked, population, evals, scorer, low_rank_report, seconds
+) -> dict:
+    """The test split: base, RandOpt top-1 / K-vote and CoRP, each with per-example outcomes and
+    paired comparisons; the report and its table."""
     # test split: base, RandOpt top-1 / K-vote, CoRP, each with per-example outcomes and paired comparisons
     t0 = time.perf_counter()
     results, _ = randopt_results(ctx, ranked, cfg.top_k, evals)

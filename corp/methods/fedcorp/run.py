@@ -44,14 +44,21 @@ from corp.clients import (
     split_clients,
 )
 from corp.config import PopulationConfig
+from corp.evaluate.backends.base import MODEL, PERTURBER
+from corp.evaluate.context import EvalCache, RunContext, cached_eval, direction_fingerprint, open_run, run_evals
+from corp.evaluate.rewards import resolve_reward
+from corp.evaluate.scorer import specialists_for
+from corp.evaluate.tasks import get_task
+from corp.extras import require
+from corp.loop import method_rows
 from corp.methods.fedcorp.combine import COMBINE_RULES, combine_client_rewards
+from corp.models import save_model
 from corp.operator.config import OperatorConfig
 from corp.operator.corp_operator import merge_and_search
 from corp.operator.gate import paired_gate
 from corp.perturb import Direction, ParamFilter
 from corp.recipe import make_recipe, produced_weights, write_recipe
-from corp.runs import ReportRow, format_rows, write_report
-from corp.stats import PerExample
+from corp.runs import format_rows, write_report
 
 CLIENT_SPLITS = ("support", "probe", "validation")
 
@@ -90,8 +97,6 @@ class FedCorpConfig(OperatorConfig, PopulationConfig):
         if self.from_run:
             raise CorpError("--from-run takes a pooled population; fedcorp's clients score their own: drop --from-run")
         if self.executor == "ray":
-            from corp.extras import require
-
             require(
                 "ray", "--executor ray"
             )  # before anything is computed: a missing Ray is one line, no run directory left
@@ -110,10 +115,6 @@ class CorpClient(ClientBase):
 
     def _context(self):
         if self._ctx is None:
-            from corp.evaluate.context import EvalCache, RunContext
-            from corp.evaluate.rewards import resolve_reward
-            from corp.evaluate.tasks import get_task
-
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._ctx = RunContext(
                 self.cfg,
@@ -127,8 +128,6 @@ class CorpClient(ClientBase):
         return self._ctx, self._cache
 
     def _eval(self, direction, split):
-        from corp.evaluate.context import cached_eval
-
         ctx, cache = self._context()
         return cached_eval(ctx, cache, split, direction)
 
@@ -140,7 +139,6 @@ class CorpClient(ClientBase):
         }
 
     def op_hello(self, msg: dict) -> dict:
-        from corp.evaluate.tasks import get_task
 
         return {
             "signature": get_task(self.cfg.task, self.cfg.data).signature(),
@@ -221,7 +219,6 @@ class FederatedProbe:
     def __call__(self, direction, split):
         if split != "probe":
             raise CorpError(f"federated CoRP scores candidates on the clients' probe shares only, not on '{split}'")
-        from corp.evaluate.context import direction_fingerprint
 
         key = direction_fingerprint(direction)
         if key not in self.memo:
@@ -243,18 +240,27 @@ class FederatedProbe:
 
 def run_fedcorp(cfg: FedCorpConfig, backend=None, log=None) -> dict:
     """`log(client, 'down'|'up', message)` sees every message (tests)."""
-    from corp.evaluate.context import open_run
-
     with open_run(cfg, "fedcorp", backend, needs=("support", "probe", "validation", "test"), defines=None) as ctx:
         return _fedcorp(cfg, ctx, log)
 
 
-def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
-    from corp.evaluate.backends.base import MODEL, PERTURBER
-    from corp.evaluate.context import cached_eval, run_evals
-    from corp.evaluate.scorer import specialists_for
-    from corp.models import save_model
+@dataclass
+class _Outcome:
+    """What the clients' one round decided: the population's rewards, the candidates and the gate."""
 
+    client_rewards: dict
+    rewards: list
+    perts: list
+    base_probe: float
+    stages: list
+    cands: dict
+    best: object
+    verdicts: dict
+    accepted: bool
+    reason: str
+
+
+def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
     K = cfg.clients
     shares = {s: split_clients(ctx.splits[s], K, cfg.split_by, s) for s in CLIENT_SPLITS}
     factories = [
@@ -262,112 +268,94 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
         for k in range(K)
     ]
     pool = ClientPool(factories, cfg.executor, log=log, ray_address=cfg.ray_address)
-    progress = os.environ.get("CORP_NO_PROGRESS") != "1"
     phases = {p: _Phase() for p in ("hello", "population", "probe", "gate")}
     try:
-        replies, traffic = pool.call({k: {"op": "hello"} for k in range(K)}, "hello")
-        phases["hello"].add(traffic, {k: {"tokens": {"prompt_tokens": 0, "generated_tokens": 0}} for k in replies})
-        check_signatures([ctx.task.signature()] + [replies[k]["signature"] for k in sorted(replies)])
-
-        specialists = specialists_for(cfg)
-        seeds, sigmas = [s for s, _ in specialists], [float(sg) for _, sg in specialists]
-        replies, traffic = pool.call(
-            {k: {"op": "score", "seeds": seeds, "sigmas": sigmas} for k in pool.alive}, "population"
-        )
-        phases["population"].add(traffic, replies)
-        ks = sorted(replies)
-        client_rewards = {k: replies[k]["rewards"] for k in ks}
-        rewards = combine_client_rewards(
-            [client_rewards[k] for k in ks],
-            [replies[k]["n"] for k in ks],
-            [replies[k]["base"] for k in ks],
-            cfg.combine,
-        )
-
-        ctx.backend.require(PERTURBER, "corp fedcorp (Gram matrix, merged directions)")
-        ctx.backend.require(MODEL, "corp fedcorp (it saves the consolidated model)")
-        params = [(n, p.shape) for n, p in ctx.backend.perturber.params]
-        scheme = ctx.backend.perturber.scheme
-        perts = [Direction.single(s, sg) for s, sg in zip(seeds, sigmas)]
-        probe = FederatedProbe(pool, cfg, phases["probe"])
-        base_probe = probe(None, "probe")[0]
-        stages, cands, _ = merge_and_search(
-            rewards, perts, params, probe, cfg, "probe", None, progress, None, ctx.run_dir, scheme, None
-        )
-        deployed_rule = cfg.merge_rules[0]
-        best = max(
-            cands[deployed_rule], key=lambda c: c.probe_score
-        )  # max keeps the first among ties (smaller q, beta, alpha)
-
-        replies, traffic = pool.call(
-            {k: {"op": "gate", "direction": best.direction.to_json(), "z": cfg.gate_z} for k in pool.alive}, "gate"
-        )
-        phases["gate"].add(traffic, replies)
-        verdicts = {k: {key: replies[k][key] for key in ("accept", "n", "mean_gain", "lcb")} for k in sorted(replies)}
-        accepts = sum(v["accept"] for v in verdicts.values())
-        needed = math.ceil(cfg.min_accept * len(verdicts) - 1e-9)
-        accepted = accepts >= needed
-        reason = (
-            f"candidate '{best.name}': {accepts} of {len(verdicts)} clients accept on their own validation shares "
-            f"({len(verdicts) - accepts} veto(es)); deploy needs {needed}"
-        ) + ("" if accepted else "; abstaining: the output is the base model")
+        out = _client_round(cfg, ctx, pool, phases)
     finally:
         pool.close()
 
-    direction = best.direction if accepted else Direction()
-    pf = ParamFilter(cfg.include, cfg.exclude)
+    direction = out.best.direction if out.accepted else Direction()
     made_by = {
         "method": "fedcorp",
-        "accepted": accepted,
-        "reason": reason,
-        "candidate": best.name,
+        "accepted": out.accepted,
+        "reason": out.reason,
+        "candidate": out.best.name,
         "clients": K,
         "combine": cfg.combine,
-        "verdicts": verdicts,
+        "verdicts": out.verdicts,
     }
     ctx.backend.set_direction(direction)
-    write_recipe(
-        ctx.run_dir / "recipe.json",
-        make_recipe(
-            cfg.model,
-            ctx.model_id,
-            ctx.weights_hash,
-            pf,
-            direction,
-            made_by,
-            scheme=scheme,
-            produced=produced_weights(ctx.backend.model),
-        ),
+    pf = ParamFilter(cfg.include, cfg.exclude)
+    produced = produced_weights(ctx.backend.model)
+    scheme = ctx.backend.perturber.scheme
+    recipe = make_recipe(
+        cfg.model, ctx.model_id, ctx.weights_hash, pf, direction, made_by, scheme=scheme, produced=produced
     )
+    write_recipe(ctx.run_dir / "recipe.json", recipe)
     save_model(ctx.backend.model, ctx.backend.tokenizer, ctx.run_dir / "model")
+    return _fedcorp_report(cfg, ctx, out, direction, shares, phases, pool)
 
+
+def _client_round(cfg: FedCorpConfig, ctx, pool: ClientPool, phases: dict) -> _Outcome:
+    """Hello, the population scored by every client, the federated step search, the clients' gate."""
+    progress = os.environ.get("CORP_NO_PROGRESS") != "1"
+    replies, traffic = pool.call({k: {"op": "hello"} for k in range(cfg.clients)}, "hello")
+    phases["hello"].add(traffic, {k: {"tokens": {"prompt_tokens": 0, "generated_tokens": 0}} for k in replies})
+    check_signatures([ctx.task.signature()] + [replies[k]["signature"] for k in sorted(replies)])
+
+    specialists = specialists_for(cfg)
+    seeds, sigmas = [s for s, _ in specialists], [float(sg) for _, sg in specialists]
+    replies, traffic = pool.call(
+        {k: {"op": "score", "seeds": seeds, "sigmas": sigmas} for k in pool.alive}, "population"
+    )
+    phases["population"].add(traffic, replies)
+    ks = sorted(replies)
+    client_rewards = {k: replies[k]["rewards"] for k in ks}
+    rewards = combine_client_rewards(
+        [client_rewards[k] for k in ks], [replies[k]["n"] for k in ks], [replies[k]["base"] for k in ks], cfg.combine
+    )
+
+    ctx.backend.require(PERTURBER, "corp fedcorp (Gram matrix, merged directions)")
+    ctx.backend.require(MODEL, "corp fedcorp (it saves the consolidated model)")
+    params = [(n, p.shape) for n, p in ctx.backend.perturber.params]
+    scheme = ctx.backend.perturber.scheme
+    perts = [Direction.single(s, sg) for s, sg in zip(seeds, sigmas)]
+    probe = FederatedProbe(pool, cfg, phases["probe"])
+    base_probe = probe(None, "probe")[0]
+    stages, cands, _ = merge_and_search(
+        rewards, perts, params, probe, cfg, "probe", None, progress, None, ctx.run_dir, scheme, None
+    )
+    best = max(
+        cands[cfg.merge_rules[0]], key=lambda c: c.probe_score
+    )  # max keeps the first among ties (smaller q, beta, alpha)
+
+    replies, traffic = pool.call(
+        {k: {"op": "gate", "direction": best.direction.to_json(), "z": cfg.gate_z} for k in pool.alive}, "gate"
+    )
+    phases["gate"].add(traffic, replies)
+    verdicts = {k: {key: replies[k][key] for key in ("accept", "n", "mean_gain", "lcb")} for k in sorted(replies)}
+    accepts = sum(v["accept"] for v in verdicts.values())
+    needed = math.ceil(cfg.min_accept * len(verdicts) - 1e-9)
+    accepted = accepts >= needed
+    reason = (
+        f"candidate '{best.name}': {accepts} of {len(verdicts)} clients accept on their own validation shares "
+        f"({len(verdicts) - accepts} veto(es)); deploy needs {needed}"
+    ) + ("" if accepted else "; abstaining: the output is the base model")
+    return _Outcome(client_rewards, rewards, perts, base_probe, stages, cands, best, verdicts, accepted, reason)
+
+
+def _fedcorp_report(cfg: FedCorpConfig, ctx, out: _Outcome, direction, shares, phases, pool) -> dict:
+    """Base and the deployed model on test (pooled and per client group), the probe table, bytes."""
     evals = run_evals(ctx)
     ids = ctx.example_ids("test")
     base_row, fed_row = cached_eval(ctx, evals, "test", None), cached_eval(ctx, evals, "test", direction)
     client_tokens = {t: sum(p.tokens[t] for p in phases.values()) for t in ("prompt_tokens", "generated_tokens")}
     method_ledger = ctx.ledger().add_generation(client_tokens["prompt_tokens"], client_tokens["generated_tokens"])
     labelled = sum(len(ctx.splits[s]) for s in CLIENT_SPLITS)
-    label = "fedcorp" if accepted else "fedcorp (abstained=base)"
-    rows = [
-        ReportRow(
-            "base",
-            base_row["accuracy"],
-            1,
-            ctx.ledger().add_generation(base_row["prompt_tokens"], base_row["generated_tokens"]),
-            0,
-            PerExample(base_row["correct"], ids),
-        ),
-        ReportRow(
-            label,
-            fed_row["accuracy"],
-            1,
-            ctx.ledger().add_generation(fed_row["prompt_tokens"], fed_row["generated_tokens"]),
-            labelled,
-            PerExample(fed_row["correct"], ids),
-        ),
-    ]
+    label = "fedcorp" if out.accepted else "fedcorp (abstained=base)"
+    rows = method_rows(ctx.backend.n_params, label, base_row, fed_row, labelled, ids)
     per_client = _per_client_accuracy(
-        ctx.splits["test"], K, cfg.split_by, {"base": base_row["correct"], label: fed_row["correct"]}
+        ctx.splits["test"], cfg.clients, cfg.split_by, {"base": base_row["correct"], label: fed_row["correct"]}
     )
     communication = {p: ph.to_dict() for p, ph in phases.items()}
     total_bytes = sum(c["total_bytes"] for c in communication.values())
@@ -380,20 +368,24 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
         rows,
         [(label, "base")],
         ids,
-        accepted=accepted,
-        reason=reason,
-        candidate=best.name,
-        verdicts={str(k): v for k, v in verdicts.items()},
-        clients=K,
+        accepted=out.accepted,
+        reason=out.reason,
+        candidate=out.best.name,
+        verdicts={str(k): v for k, v in out.verdicts.items()},
+        clients=cfg.clients,
         split_by=cfg.split_by,
         combine=cfg.combine,
         client_shares={s: [len(x) for x in shares[s]] for s in CLIENT_SPLITS},
-        client_rewards={str(k): v for k, v in client_rewards.items()},
-        combined_rewards=rewards,
-        probe_base=base_probe,
-        probe_table=[{"candidate": "base", "probe_score": base_probe}]
-        + [{"candidate": c.name, "probe_score": c.probe_score, **c.params} for r in cfg.merge_rules for c in cands[r]],
-        stage1=[st.to_dict(perts) for st in stages],
+        client_rewards={str(k): v for k, v in out.client_rewards.items()},
+        combined_rewards=out.rewards,
+        probe_base=out.base_probe,
+        probe_table=[{"candidate": "base", "probe_score": out.base_probe}]
+        + [
+            {"candidate": c.name, "probe_score": c.probe_score, **c.params}
+            for r in cfg.merge_rules
+            for c in out.cands[r]
+        ],
+        stage1=[st.to_dict(out.perts) for st in out.stages],
         per_client_test_accuracy=per_client,
         dropped_clients={str(k): v for k, v in pool.dropped.items()},
         communication=communication,
@@ -412,7 +404,7 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
     report["table"] = (
         format_rows(rows, report["comparisons"])
         + "\n"
-        + reason
+        + out.reason
         + f"\ncommunication: {total_bytes} bytes in all ({phase_bytes}); recipe {recipe_bytes} bytes"
     )
     return report

@@ -11,15 +11,20 @@ import time
 
 from corp import CorpError
 from corp.config import RunConfig, config_to_dict
+from corp.evaluate.backends import make_backend
+from corp.evaluate.context import cached_eval, eval_identity, eval_key, open_run, run_evals
 from corp.evaluate.rewards import compute_rewards
+from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 from corp.grpo.trainer import (
     GRPOConfig,
 )
 from corp.ledger import Ledger
+from corp.loop import Steps, run_steps
 from corp.methods.ftis.config import FTISConfig
 from corp.methods.ftis.node import Node, Rollout, same_tokenizer
 from corp.models import resolve_model
-from corp.runs import ReportRow, format_rows, read_jsonl, write_report
+from corp.perturb import ParamFilter
+from corp.runs import ReportRow, format_rows, write_report
 from corp.stats import PerExample
 
 # ---------------------------------------------------------------- one arm: F-TIS over all nodes, or GRPO on one
@@ -38,42 +43,60 @@ def _eval_steps(cfg: FTISConfig, last: int | None = None) -> list[int]:
     return [s for s in range(last + 1) if s == 0 or (s <= cfg.steps and s % cfg.eval_every == 0) or s == last]
 
 
-def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trained_as: str, ood) -> list[dict]:
-    """Train `nodes` together (F-TIS; a single node is on-policy GRPO) for cfg.steps steps, resumable
-    from per-node checkpoints; evaluate at the steps `_eval_steps` names. Returns metric rows (one
-    per node per step) and evaluation rows."""
-    run_dir = nodes[0].ctx.run_dir
-    for n in nodes:
-        n.ckpt_path = run_dir / f"{arm}-node{n.index}.pt"
-    if all(n.ckpt_path.exists() for n in nodes):
-        for n in nodes:
-            n.load_checkpoint()
-        if len({n.step for n in nodes}) > 1:
-            raise CorpError(
-                f"the {arm} checkpoints in '{run_dir}' are at different steps "
-                "(interrupted between two saves); use another --output-dir"
-            )
-    metrics_path = run_dir / "metrics.jsonl"
-    done = nodes[0].step
-    last = max(cfg.steps, done)  # a checkpoint past --max-steps (trained further before) is reported as what it is
-    index = {n.index for n in nodes}
-    logged = {
-        (r["node"], r["step"]): r
-        for r in read_jsonl(metrics_path, key="step")
-        if r.get("arm") == arm and r["node"] in index and r["step"] <= done
-    }
-    tokenizers = {n.index: n.tokenizer for n in nodes}
-    for n in nodes:  # the weights as they are now (base, or the checkpoint's step)
-        _evaluate(arm, n, n.step, evals, trained_as, ood, compute=n.step in _eval_steps(cfg, last))
-    while nodes[0].step < cfg.steps:
+class _Arm(Steps):
+    """One arm's loop for the shared driver: a step trains every node of the arm on the same prompts
+    (each node's rollouts go to every other node) and logs one row per node; the state is each
+    node's checkpoint (`ARM-nodeK.pt`), saved every --save-steps steps and after the last."""
+
+    unit = key = "step"
+
+    def __init__(self, arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trained_as: str, ood):
+        self.arm, self.nodes, self.cfg, self.G = arm, nodes, cfg, G
+        self.evals, self.trained_as, self.ood = evals, trained_as, ood
+        self.desc = arm
+        self.last = (
+            cfg.steps
+        )  # the last step evaluated; a checkpoint past --max-steps (trained further before) is reported as what it is
+        self.metrics_path = nodes[0].ctx.run_dir / "metrics.jsonl"
+        self.total = cfg.steps
+        self.checkpoint_every = cfg.checkpoint_every
+        self.index = {n.index for n in nodes}
+        self.tokenizers = {n.index: n.tokenizer for n in nodes}
+
+    def mine(self, row: dict) -> bool:
+        return row.get("arm") == self.arm and row["node"] in self.index
+
+    def resume(self) -> int:
+        run_dir = self.nodes[0].ctx.run_dir
+        for n in self.nodes:
+            n.ckpt_path = run_dir / f"{self.arm}-node{n.index}.pt"
+        if all(n.ckpt_path.exists() for n in self.nodes):
+            for n in self.nodes:
+                n.load_checkpoint()
+            if len({n.step for n in self.nodes}) > 1:
+                raise CorpError(
+                    f"the {self.arm} checkpoints in '{run_dir}' are at different steps "
+                    "(interrupted between two saves); use another --output-dir"
+                )
+        self.last = max(self.cfg.steps, self.nodes[0].step)
+        for n in self.nodes:  # the weights as they are now (base, or the checkpoint's step)
+            self.evaluate(n)
+        return self.nodes[0].step
+
+    def evaluate(self, n: Node) -> None:
+        """Evaluate node n where it is now, when its step is one `_eval_steps` names."""
+        compute = n.step in _eval_steps(self.cfg, self.last)
+        _evaluate(self.arm, n, n.step, self.evals, self.trained_as, self.ood, compute=compute)
+
+    def step(self, t: int) -> list[dict]:
+        nodes, cfg = self.nodes, self.cfg
         t0 = time.perf_counter()
-        step = nodes[0].step
-        examples = _examples_for(cfg, nodes[0].ctx.splits["support"], step)
+        ctx = nodes[0].ctx
+        examples = _examples_for(cfg, ctx.splits["support"], t)
         rollouts: list[Rollout] = []
         for n in nodes:
-            rollouts.extend(n.rollouts(examples, G, seed=cfg.seed * 1_000_003 + 7919 * n.index + step))
+            rollouts.extend(n.rollouts(examples, self.G, seed=cfg.seed * 1_000_003 + 7919 * n.index + t))
         rollouts.sort(key=lambda r: (r.prompt_index, r.sender))  # prompt-major: each prompt's mixed group together
-        ctx = nodes[0].ctx
         rewards, errors = compute_rewards(
             ctx.task, [r.text for r in rollouts], [examples[r.prompt_index] for r in rollouts], ctx.reward_fn
         )
@@ -88,36 +111,50 @@ def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trai
             )
             for n in nodes
         }
+        rows = []
         for n in nodes:
             received_before = n.bytes_received
             n.bytes_sent += sent[n.index]
-            stats = n.train_on(examples, rollouts, rewards, tokenizers, G * len(nodes))
+            stats = n.train_on(examples, rollouts, rewards, self.tokenizers, self.G * len(nodes))
             own = [x for x, r in zip(rewards, rollouts) if r.sender == n.index]
-            row = {
-                "arm": arm,
-                "node": n.index,
-                "model": n.name,
-                "step": n.step,
-                "reward": sum(rewards) / len(rewards),
-                "own_reward": sum(own) / len(own),
-                "reward_errors": errors,
-                **stats,
-                "bytes_sent": sent[n.index],
-                "bytes_received": n.bytes_received - received_before,
-                "seconds": time.perf_counter() - t0,
-                **{f"ledger_{k}": v for k, v in n.ledger.to_dict().items()},
-            }
-            nodes[0].ctx.log_row(metrics_path, row)  # also to --report-to, live
-            logged[(n.index, n.step)] = row
-        if nodes[0].step % cfg.checkpoint_every == 0 or nodes[0].step == cfg.steps:
-            for n in nodes:
-                n.save_checkpoint()
+            rows.append(
+                {
+                    "arm": self.arm,
+                    "node": n.index,
+                    "model": n.name,
+                    "step": n.step,
+                    "reward": sum(rewards) / len(rewards),
+                    "own_reward": sum(own) / len(own),
+                    "reward_errors": errors,
+                    **stats,
+                    "bytes_sent": sent[n.index],
+                    "bytes_received": n.bytes_received - received_before,
+                    "seconds": time.perf_counter() - t0,
+                    **{f"ledger_{k}": v for k, v in n.ledger.to_dict().items()},
+                }
+            )
         for n in nodes:
-            _evaluate(arm, n, n.step, evals, trained_as, ood, compute=n.step in _eval_steps(cfg, last))
-    rows = [logged[k] for k in sorted(logged)]
+            self.evaluate(n)
+        return rows
+
+    def save(self) -> None:
+        for n in self.nodes:
+            n.save_checkpoint()
+
+    def postfix(self, row: dict) -> dict:
+        return {"reward": f"{row['reward']:.3f}"}
+
+
+def _train_arm(arm: str, nodes: list[Node], cfg: FTISConfig, G: int, evals, trained_as: str, ood) -> list[dict]:
+    """Train `nodes` together (F-TIS; a single node is on-policy GRPO) for cfg.steps steps, resumable
+    from per-node checkpoints; evaluate at the steps `_eval_steps` names. Returns metric rows (one
+    per node per step) and evaluation rows."""
+    loop = _Arm(arm, nodes, cfg, G, evals, trained_as, ood)
+    logged = run_steps(nodes[0].ctx, loop)
+    rows = sorted(logged, key=lambda r: (r["node"], r["step"]))
     # every evaluation of the arm, read from the cache (each was computed when the node was at that step)
     for n in nodes:
-        for s in _eval_steps(cfg, last):
+        for s in _eval_steps(cfg, loop.last):
             rows.extend(_evaluate(arm, n, s, evals, trained_as, ood, compute=False))
     return rows
 
@@ -130,7 +167,6 @@ def _evaluate(arm: str, n: Node, step: int, evals, trained_as: str, ood, compute
     """Greedy test accuracy (and, at step 0 and the last step, OOD accuracy) of node n at `step`,
     through the run's evaluation cache. `compute`: evaluate the current weights if not cached
     (they must be the weights of `step`); else only read the cache."""
-    from corp.evaluate.context import cached_eval, eval_identity, eval_key
 
     cfg = n.cfg
     if cfg.skip_test_eval or n.index not in cfg.evaluated_nodes():
@@ -178,8 +214,6 @@ def _evaluate(arm: str, n: Node, step: int, evals, trained_as: str, ood, compute
 def _node_context(cfg: FTISConfig, ctx, k: int, name: str):
     """Node k's run context: the run's, with its own model, backend and weights hash. A model that
     cannot be loaded is one line naming the node."""
-    from corp.evaluate.backends import make_backend
-    from corp.perturb import ParamFilter
 
     try:
         b = make_backend(cfg.backend, name, cfg.device, cfg.dtype, cfg.batch_size, ParamFilter(".*", ""))
@@ -227,8 +261,6 @@ def _trained_as(cfg: FTISConfig) -> str:
 
 def run_ftis(cfg: FTISConfig) -> dict:
     """Train every node with F-TIS (and, unless --skip-grpo-baseline, on-policy GRPO per node alone), evaluate per step, write the report."""
-    from corp.evaluate.context import open_run, run_evals
-    from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 
     names = cfg.node_models()
     for k, name in enumerate(names):  # before the run directory exists: a missing model is one line, nothing written
@@ -278,11 +310,8 @@ def run_ftis(cfg: FTISConfig) -> dict:
         return _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached)
 
 
-def _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> dict:
-    """report.json: per node, rows base / ftis / grpo on the test split (each row's ledger: its test
-    generation; the training ledgers are under `nodes`), accuracy per step, OOD accuracy, bytes."""
-    ids = ctx.example_ids("test") if not cfg.skip_test_eval else None
-    evals = [r for r in rows if r.get("kind") == "eval"]
+def _node_rows(cfg, ctx, names, evals, ledgers, reached, ids) -> tuple[list[ReportRow], list[tuple[str, str]]]:
+    """Per node: base, F-TIS and GRPO on the test split, and the comparisons between them."""
     report_rows, compare = [], []
     for k, name in enumerate(names):
 
@@ -313,6 +342,15 @@ def _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> dict:
                 )
             )
         compare += [(f"node{k}-ftis", f"node{k}-grpo"), (f"node{k}-ftis", f"node{k}-base")]
+    return report_rows, compare
+
+
+def _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> dict:
+    """report.json: per node, rows base / ftis / grpo on the test split (each row's ledger: its test
+    generation; the training ledgers are under `nodes`), accuracy per step, OOD accuracy, bytes."""
+    ids = ctx.example_ids("test") if not cfg.skip_test_eval else None
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    report_rows, compare = _node_rows(cfg, ctx, names, evals, ledgers, reached, ids)
     per_step: dict[str, dict[int, float]] = {}
     for r in evals:
         per_step.setdefault(f"node{r['node']}-{r['arm']}-{r['split']}", {})[r["step"]] = r["accuracy"]

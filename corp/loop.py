@@ -1,0 +1,126 @@
+"""The loop that iterative methods share (issue 38): ES, GRPO and its variants, FGRPO.
+
+evosax's split, for a run that must resume: a method supplies its math as a `Steps` object (resume
+its state, take one step, save its state); `run_steps` owns the rest of the loop: which step comes
+next, when the state is saved, the metrics log (`metrics.jsonl`, `rounds.jsonl`) and `--report-to`,
+the progress bar, and a non-finite metric. `method_rows` builds the two report rows every such
+method ends with (the base and the trained model on the test split).
+
+Resume rule, the same for every method: a step's row is logged before its state is saved, and on
+resume the rows past the saved state are dropped and their steps redone. So a kill between the two
+writes, or a checkpoint every N steps, never leaves a row the state does not hold, and never loses
+one it does (the redone step's evaluations come from the run's caches, its training from the saved
+state and its seed).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from corp import CorpError
+from corp.ledger import Ledger
+from corp.runs import ReportRow, append_jsonl, read_jsonl
+from corp.stats import PerExample
+
+
+class Steps(ABC):
+    """One iterative method's loop, as `run_steps` drives it. The method keeps its state on the
+    object (a tensor dict, a list of seed components) in whatever format its checkpoint has."""
+
+    desc: str  # the progress bar's label ("es", "grpo[grpo]", "fgrpo")
+    unit: str = "step"  # the progress bar's unit ("iter", "round")
+    key: str = "step"  # the counter field of a metrics row: the step it ends (1 for the first)
+    metrics_path: Path  # the metrics log the rows go to
+    total: int  # the steps asked for
+    checkpoint_every: int = 1  # save the state every N steps (and after the last)
+    finite: tuple[str, ...] = ()  # metrics that must stay finite (a loss); else one line, the run stops
+    finite_hint: str = ""  # what to do when one does not (for the error line)
+
+    @abstractmethod
+    def resume(self) -> int:
+        """Load the saved state if there is one, else start; return the steps it holds."""
+
+    @abstractmethod
+    def step(self, t: int) -> dict | list[dict]:
+        """Take step t (0-based) and return its metrics row (`row[self.key] == t + 1`), or its rows
+        (one per node, for a method that trains several models together)."""
+
+    @abstractmethod
+    def save(self) -> None:
+        """Write the state (atomically: a kill leaves the old state or the new one)."""
+
+    def postfix(self, row: dict) -> dict:
+        """What the progress bar shows after a step (its last row)."""
+        return {}
+
+    def mine(self, row: dict) -> bool:
+        """Whether a logged row is this loop's (a log may hold other arms' or settings' rows, which
+        the loop leaves as they are)."""
+        return True
+
+
+def run_steps(ctx, steps: Steps) -> list[dict]:
+    """Run `steps` from its saved state to `steps.total`; return every metrics row the state holds
+    (a resumed run's earlier rows first). `ctx` is the run's context (`ctx.log_row` writes a row and
+    hands it to --report-to live)."""
+    done = steps.resume()
+    path = steps.metrics_path
+    found = read_jsonl(path, key=steps.key)
+    keep = [r for r in found if not steps.mine(r) or r[steps.key] <= done]
+    if len(keep) != len(found):  # rows logged past the saved state: their steps are redone
+        path.write_text("")
+        for r in keep:
+            append_jsonl(path, r)
+    # this loop's rows, a row repeated by a crash between a write and its bookkeeping counted once
+    first: dict[tuple, dict] = {}
+    for r in keep:
+        if steps.mine(r):
+            first.setdefault((r.get("node"), r[steps.key]), r)
+    rows = list(first.values())
+    bar = tqdm(
+        total=steps.total,
+        initial=min(done, steps.total),
+        desc=steps.desc,
+        unit=steps.unit,
+        dynamic_ncols=True,
+        disable=os.environ.get("CORP_NO_PROGRESS") == "1",
+    )
+    try:
+        for t in range(done, steps.total):
+            new = steps.step(t)
+            new = [new] if isinstance(new, dict) else new
+            for row in new:
+                bad = [k for k in steps.finite if not math.isfinite(row[k])]
+                if bad:
+                    raise CorpError(
+                        f"{steps.key} {row[steps.key]}: the {bad[0]} became non-finite; {steps.finite_hint}"
+                    )
+            for row in new:
+                ctx.log_row(path, row)  # also to --report-to, live
+                rows.append(row)
+            if (t + 1) % steps.checkpoint_every == 0 or t + 1 == steps.total:
+                steps.save()
+            bar.set_postfix(**steps.postfix(row))
+            bar.update(1)
+    finally:
+        bar.close()
+    return rows
+
+
+def method_rows(
+    n_params: int, label: str, before: dict | None, after: dict | None, labelled: int, ids, extra: dict | None = None
+) -> list[ReportRow]:
+    """The report rows an iterative method ends with: "base" (`before`, the base on the test split)
+    and `label` (`after`, the trained model), each charged its own test generation; a row whose
+    evaluation was skipped (None) is left out. `labelled`: the labelled examples the method used."""
+    out = []
+    for name, r, used, more in (("base", before, 0, None), (label, after, labelled, extra)):
+        if r is not None:
+            spent = Ledger(n_params).add_generation(r["prompt_tokens"], r["generated_tokens"])
+            out.append(ReportRow(name, r["accuracy"], 1, spent, used, PerExample(r["correct"], ids), dict(more or {})))
+    return out
