@@ -1737,7 +1737,7 @@ def test_the_label_prior_reference_scores_the_majority_answer_of_the_labelled_ex
         def extract(self, completion):
             return completion.strip()
 
-    monkeypatch.setattr("corp.evaluate.tasks.get_task", lambda spec, data=None: Prior())
+    monkeypatch.setattr("corp.bench.report.rows.get_task", lambda spec, data=None: Prior())
     cfg = load_config(
         BenchConfig,
         None,
