@@ -1348,7 +1348,7 @@ def test_a_population_cells_first_try_is_sized_by_its_predecessors_own_evaluatio
     prefix that fits beside the own FLOPs in its predecessor's record, so it runs once; a first try
     sized by an overestimate steps up again; and a fresh process sizes it the same way (the figure
     is read from the record, never from what this process happened to run last)."""
-    from corp.bench.sweep import BENCH_PROTOCOL, Bench, Cell
+    from corp.bench.sweep import Bench, Cell
     from corp.methods import get_method
 
     cfg = load_config(
@@ -1374,9 +1374,12 @@ def test_a_population_cells_first_try_is_sized_by_its_predecessors_own_evaluatio
             bench,
             "_record",
             lambda cell, report, run_dir, wall, units, chosen: {
+                **bench._head(cell),  # a whole record: the bench checks what it writes (corp.bench.records)
                 "units": units,
                 "status": "done",
-                "bench_protocol": BENCH_PROTOCOL,
+                "rows": [],
+                "flops": 0.0,
+                "wall_seconds": 0.0,
             },
         )
         return bench
@@ -1737,7 +1740,7 @@ def test_the_label_prior_reference_scores_the_majority_answer_of_the_labelled_ex
         def extract(self, completion):
             return completion.strip()
 
-    monkeypatch.setattr("corp.evaluate.tasks.get_task", lambda spec, data=None: Prior())
+    monkeypatch.setattr("corp.bench.report.rows.get_task", lambda spec, data=None: Prior())
     cfg = load_config(
         BenchConfig,
         None,

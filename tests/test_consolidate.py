@@ -118,6 +118,26 @@ def test_gram_matrix_blockwise_equals_direct():
     )
 
 
+def test_gram_fp64_chunks_stay_within_the_memory_budget_and_keep_g():
+    from corp.operator.algebra import fp64_chunk
+
+    budget = 2 * 2**30  # the default 2 GB
+    assert fp64_chunk(8, 8, budget) == 1 << 20  # small blocks: the chunk it always was (same bits)
+    assert fp64_chunk(64, 64, budget) == 1 << 20
+    for rows in (500, 5000):  # CoRP's regime and the mission's populations
+        chunk = fp64_chunk(rows, rows, budget)
+        assert 2 * rows * chunk * 8 <= budget // 2 < 2 * rows * (1 << 20) * 8  # bounded where it was not
+    # G is the same sum in other chunks: a budget that forces small chunks on 600-element rows
+    seeds = specialist_seeds(5, 5)
+    params = [("a", (30, 20)), ("b", (7,))]
+    direct = np.zeros((5, 5))
+    for n, s in params:
+        E = torch.stack([noise(x, n, s).flatten().double() for x in seeds])
+        direct += (E @ E.T).numpy()
+    tiny = 1120 / 2**30  # 1120 bytes: row blocks of 1 specialist, chunks of (1120 // 2) // (8 * 2) = 35 elements
+    assert np.allclose(gram_matrix(params, seeds, memory_gb=tiny, progress=False), direct)
+
+
 def test_gram_matrix_has_the_same_bits_on_parallel_workers(monkeypatch):
     # tensors are computed on workers, largest first, but must be added to G in parameter order:
     # G has the bits of the plain loop whatever the number of workers (a recipe's weights come from it)

@@ -24,6 +24,7 @@ from corp.bench.plan import (
     _trials_of,
     _values,
 )
+from corp.bench.records import CellRecord, check_record
 from corp.bench.search import choose, trial_score
 from corp.config import in_scales, load_config
 from corp.ledger import flops
@@ -65,7 +66,7 @@ class Bench:
     def record_path(self, cell: Cell) -> Path:
         return self.out / "cells" / cell.record_name()
 
-    def load_record(self, cell: Cell) -> dict | None:
+    def load_record(self, cell: Cell) -> CellRecord | None:
         """The cell's finished record; None when there is none, when it was made under another bench
         protocol (kept as it is, never reused; its name differs too, through `run_key`), or when it is
         a population cell whose prefix the `population` cap bound under another cap (rerun)."""
@@ -81,12 +82,13 @@ class Bench:
                 return None
         return rec
 
-    def run_cell(self, cell: Cell) -> dict:
+    def run_cell(self, cell: Cell) -> CellRecord:
         rec = self.load_record(cell)
         if rec is not None:
             return rec
         kind = cell.adapter.kind
         rec = {FIXED: self._fixed, POPULATION: self._population_cell, ITERATIVE: self._iterative}[kind](cell)
+        check_record(rec, where=f"cell {cell.record_name()}")  # the format later sessions read back
         write_json(self.record_path(cell), rec)
         return rec
 
@@ -126,7 +128,7 @@ class Bench:
         self.calls += 1
         return _call(method, opts)
 
-    def _fixed(self, cell: Cell) -> dict:
+    def _fixed(self, cell: Cell) -> CellRecord:
         run_dir = self._run_dir(cell)
         report, wall = self._invoke(cell.method, {**cell.opts, "run_dir": str(run_dir)})
         return self._record(cell, report, run_dir, wall, units=None)
@@ -236,7 +238,7 @@ class Bench:
         trials = [c for c in self.cells if (c.task, c.label, c.setting, c.budget) == (*same[:2], "tune", same[3])]
         return None if cell.setting == "tune" or not trials else trials[-1]
 
-    def _population_cell(self, cell: Cell) -> dict:
+    def _population_cell(self, cell: Cell) -> CellRecord:
         """The largest prefix n whose scoring FLOPs plus the method's own evaluations on it (CoRP's
         probe, step search and gates) fit the budget. Every try is a whole run of the method, so the
         first is sized with the own evaluations its predecessor measured (`own_estimate`; the prefix
@@ -349,7 +351,7 @@ class Bench:
         return rec
 
     # -- iterative cells: one training run per seed, grown to its last checkpoint within the budget
-    def _iterative(self, cell: Cell) -> dict:
+    def _iterative(self, cell: Cell) -> CellRecord:
         """Train the seed's run (shared by every budget) while its ledger stays within the budget:
         each growth adds as many units as GROWTH_AIM (90%) of the remaining budget buys at the dearest
         unit cost seen so far, until what is left buys none; the cell is the last checkpoint at or
@@ -417,7 +419,7 @@ class Bench:
         return best, seen, wall, stopped
 
     # -- records
-    def _empty(self, cell: Cell, why: str, tried: list | None = None) -> dict:
+    def _empty(self, cell: Cell, why: str, tried: list | None = None) -> CellRecord:
         """A cell whose method cannot fit the budget: 'does not fit', with what was tried (never an overshoot)."""
         rec = {
             **self._head(cell),
@@ -489,7 +491,7 @@ class Bench:
 
     def _record(
         self, cell: Cell, report: dict, run_dir: Path, wall: float, units: int | None, chosen: dict | None = None
-    ) -> dict:
+    ) -> CellRecord:
         adapter = cell.adapter
         pattern = re.compile(adapter.rows)
         mine = [r for r in report.get("rows", []) if pattern.fullmatch(r["method"].split(" ")[0])]

@@ -134,22 +134,7 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
     after checking it was made for this run's model, task, support examples and generation settings.
     Returns (rows, how: a dict for the report saying what was taken)."""
     src = Path(src_dir)
-    meta_path = src / META_FILE
-    if not (src / POPULATION_FILE).exists():
-        raise CorpError(f"--from-run '{src}' has no {POPULATION_FILE}")
-    if not meta_path.exists():
-        raise CorpError(
-            f"--from-run '{src}' has no {META_FILE}, so what its rows mean "
-            "cannot be checked; score the population again with this corp"
-        )
-    found = read_json(meta_path)
-    what = f"--from-run {src / POPULATION_FILE}"
-    kind = found.get("kind", "population")
-    if kind != "population":
-        raise CorpError(
-            f"--from-run '{src}' holds rows of kind '{kind}', not a population of perturbations of the base (ES rows "
-            "are noise around a moving centre); take a population from `corp score`, `randopt` or `consolidate`"
-        )
+    found, what = _check_source(src)
     expected = {
         **ctx.eval_context(),
         "example_ids": ctx.example_ids("support"),
@@ -166,47 +151,12 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
         )  # latest_rows drops duplicate keys
         rule = "first in population order (specialist index)"
     else:
-        # a population written before rows were keyed by their examples: its meta names the support ids
-        # and the model, not the seed; local scoring wrote rows in population order
-        compare_meta(
-            found,
-            {k: v for k, v in expected.items() if k not in ("backend",)},
-            src,
-            what,
-            [
-                "model",
-                "weights_hash",
-                "task",
-                "reward",
-                "split",
-                "example_ids",
-                "noise_scheme",
-                "param_filter",
-                "max_new_tokens",
-            ],
-        )
-        rows = [
-            r for r in unique_rows(rows).values() if _LEGACY_KEY.match(str(r.get("key"))) and r.get("seed") is not None
-        ]
-        for i, r in enumerate(rows):
-            r.setdefault("index", i)
-        rule = "first in file order (an older population without specialist indices)"
-        warnings.warn(f"{what} was written by an older corp; its rows are taken in file order")
+        rows, rule = _legacy_rows(rows, found, expected, src, what)
     if not rows:
         raise CorpError(f"--from-run '{src}' has no scored specialists")
     wanted = getattr(ctx.cfg, "from_sigmas", None)
     if wanted is not None:
-        # a sub-grid of the population's noise scales (the bench's sigma search): the specialists of
-        # those scales, still in population order, so --population counts only them
-        have = sorted({float(r["sigma"]) for r in rows})
-        unknown = [s for s in wanted if not in_scales(s, have)]
-        if unknown:
-            raise CorpError(
-                f"--from-sigmas {unknown[0]:g} is not a noise scale of --from-run '{src}' "
-                f"(its scales: {', '.join(f'{h:g}' for h in have)}); pick from those"
-            )
-        rows = [r for r in rows if in_scales(r["sigma"], wanted)]
-        rule = f"{rule}, sigma in {', '.join(f'{s:g}' for s in wanted)} (--from-sigmas)"
+        rows, rule = _of_sigmas(rows, wanted, src, rule)
     available = len(rows)
     if available < n:
         warnings.warn(f"--from-run has {available} specialists, fewer than --population {n}; using them all")
@@ -224,6 +174,72 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
     if wanted is not None:
         how["from_sigmas"] = wanted
     return used, how
+
+
+def _check_source(src: Path) -> tuple[dict, str]:
+    """--from-run's directory holds a population with its meta, of kind population: (meta, what)."""
+    meta_path = src / META_FILE
+    if not (src / POPULATION_FILE).exists():
+        raise CorpError(f"--from-run '{src}' has no {POPULATION_FILE}")
+    if not meta_path.exists():
+        raise CorpError(
+            f"--from-run '{src}' has no {META_FILE}, so what its rows mean "
+            "cannot be checked; score the population again with this corp"
+        )
+    found = read_json(meta_path)
+    what = f"--from-run {src / POPULATION_FILE}"
+    kind = found.get("kind", "population")
+    if kind != "population":
+        raise CorpError(
+            f"--from-run '{src}' holds rows of kind '{kind}', not a population of perturbations of the base (ES rows "
+            "are noise around a moving centre); take a population from `corp score`, `randopt` or `consolidate`"
+        )
+    return found, what
+
+
+def _legacy_rows(rows: list[dict], found: dict, expected: dict, src: Path, what: str) -> tuple[list[dict], str]:
+    """The rows of a population written before rows were keyed by their examples, in file order."""
+    # a population written before rows were keyed by their examples: its meta names the support ids
+    # and the model, not the seed; local scoring wrote rows in population order
+    compare_meta(
+        found,
+        {k: v for k, v in expected.items() if k not in ("backend",)},
+        src,
+        what,
+        [
+            "model",
+            "weights_hash",
+            "task",
+            "reward",
+            "split",
+            "example_ids",
+            "noise_scheme",
+            "param_filter",
+            "max_new_tokens",
+        ],
+    )
+    rows = [r for r in unique_rows(rows).values() if _LEGACY_KEY.match(str(r.get("key"))) and r.get("seed") is not None]
+    for i, r in enumerate(rows):
+        r.setdefault("index", i)
+    rule = "first in file order (an older population without specialist indices)"
+    warnings.warn(f"{what} was written by an older corp; its rows are taken in file order")
+    return rows, rule
+
+
+def _of_sigmas(rows: list[dict], wanted, src: Path, rule: str) -> tuple[list[dict], str]:
+    """The specialists of the noise scales --from-sigmas names, still in population order."""
+    # a sub-grid of the population's noise scales (the bench's sigma search): the specialists of
+    # those scales, still in population order, so --population counts only them
+    have = sorted({float(r["sigma"]) for r in rows})
+    unknown = [s for s in wanted if not in_scales(s, have)]
+    if unknown:
+        raise CorpError(
+            f"--from-sigmas {unknown[0]:g} is not a noise scale of --from-run '{src}' "
+            f"(its scales: {', '.join(f'{h:g}' for h in have)}); pick from those"
+        )
+    rows = [r for r in rows if in_scales(r["sigma"], wanted)]
+    rule = f"{rule}, sigma in {', '.join(f'{s:g}' for s in wanted)} (--from-sigmas)"
+    return rows, rule
 
 
 def ensure_population(

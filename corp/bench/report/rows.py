@@ -16,6 +16,7 @@ from corp.bench.config import (
     _at_budget,
     headline_setting,
 )
+from corp.bench.records import CellRecord, Comparison
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 from corp.evaluate.tasks.code import _CodeTask
 from corp.runs import atomic_write_text
@@ -42,7 +43,7 @@ CSV_COLUMNS = [
 ]
 
 
-def flat_rows(records: list[dict]) -> list[dict]:
+def flat_rows(records: list[CellRecord]) -> list[dict]:
     out = []
     for rec in records:
         if not rec["rows"]:
@@ -188,7 +189,7 @@ def _seed_status(rows: list[dict], task: str, setting: str, budget, name: str, s
     return "not run yet"
 
 
-def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
+def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[Comparison]:
     """The configured comparisons, on the seeds where both rows exist; every planned seed left out is named,
     with why (a side that does not fit in a seed drops that seed, which must be said, not hidden)."""
     out = []
