@@ -105,13 +105,19 @@ def test_exact_vs_seed_orthogonal_compat_close_for_large_tensors_and_reported():
     assert out["small"]["max_abs_alignment_diff"] > out["large"]["max_abs_alignment_diff"]
 
 
-def test_gram_matrix_blockwise_equals_direct():
+def _small_gram():
+    """Five seeds, two tensors, and their Gram matrix summed directly in fp64."""
     seeds = specialist_seeds(5, 5)
     params = [("a", (30, 20)), ("b", (7,))]
     direct = np.zeros((5, 5))
     for n, s in params:
         E = torch.stack([noise(x, n, s).flatten().double() for x in seeds])
         direct += (E @ E.T).numpy()
+    return seeds, params, direct
+
+
+def test_gram_matrix_blockwise_equals_direct():
+    seeds, params, direct = _small_gram()
     assert np.allclose(gram_matrix(params, seeds, progress=False), direct)
     assert np.allclose(gram_matrix(params, seeds, memory_gb=2 * 600 * 4 / 2**30, progress=False), direct), (
         "row blocks of 2"
@@ -128,12 +134,7 @@ def test_gram_fp64_chunks_stay_within_the_memory_budget_and_keep_g():
         chunk = fp64_chunk(rows, rows, budget)
         assert 2 * rows * chunk * 8 <= budget // 2 < 2 * rows * (1 << 20) * 8  # bounded where it was not
     # G is the same sum in other chunks: a budget that forces small chunks on 600-element rows
-    seeds = specialist_seeds(5, 5)
-    params = [("a", (30, 20)), ("b", (7,))]
-    direct = np.zeros((5, 5))
-    for n, s in params:
-        E = torch.stack([noise(x, n, s).flatten().double() for x in seeds])
-        direct += (E @ E.T).numpy()
+    seeds, params, direct = _small_gram()
     tiny = 1120 / 2**30  # 1120 bytes: row blocks of 1 specialist, chunks of (1120 // 2) // (8 * 2) = 35 elements
     assert np.allclose(gram_matrix(params, seeds, memory_gb=tiny, progress=False), direct)
 
