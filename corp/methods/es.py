@@ -335,9 +335,7 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
     for r in scored.rows.values():
         sel.add_generation(r["prompt_tokens"], r["generated_tokens"])
     ids = ctx.example_ids("test")
-    held = int(
-        read_json(loop.state_path)["iteration"]
-    )  # what the centre holds (a run trained further than asked says so)
+    held = loop.done  # what the centre holds (a run trained further than asked says so), as saved
     n_support = len(ctx.splits["support"])
     rows = method_rows(ctx.backend.n_params, "es", base_test, final, n_support, ids, {"iterations": held})
     report = write_report(
