@@ -247,7 +247,6 @@ class Bench:
         evaluations it measured; a try that fits steps up to that prefix when it is larger. The
         record is the largest prefix that fitted, with every try (`tried`). A method with no own
         evaluations fits at once. Nothing over the budget is recorded."""
-        adapter = cell.adapter
         pop = self.population(cell)
         costs, budget = pop["costs"], cell.budget
         full = prefix_that_fits(costs, budget)
@@ -259,6 +258,29 @@ class Bench:
             )
         if cell.opts.get("race", "off") != "off":
             return self._raced_cell(cell, full)
+        best, tried, wall, empty = self._search_prefix(cell, pop, n, full)
+        if empty is not None:  # no prefix fitted
+            return empty
+        n = best["units"]
+        rec = self._record(cell, best["report"], best["run_dir"], wall, units=n, chosen=best["opts"])
+        rec["population_run"] = pop["run_dir"]
+        rec["population_sigmas"] = pop["scales"]
+        rec["population_seconds"] = sum(pop["seconds"][:n])
+        rec["tried"] = tried
+        rec["own_flops"] = best["own"]
+        rec["own_estimate"] = guess  # what the first try was sized with (None: scoring alone)
+        # RandOpt on CoRP's population: charged the prefix CoRP read, not its own evaluations
+        for row in rec.get("rows", []):
+            if row.get("population_row"):
+                row["flops"] = sum(costs[:n])
+        rec["budget_reached"] = n < len(costs) or sum(costs) >= budget
+        return rec
+
+    def _search_prefix(self, cell: Cell, pop: dict, n: int, full: int):
+        """The prefix search `_population_cell` describes, from a first try at n. Returns (the largest
+        prefix that fitted with its report, every try, the seconds they took, None), or, when none
+        fitted, (None, every try, None, the cell's empty record)."""
+        adapter, costs, budget = cell.adapter, pop["costs"], cell.budget
         tried: list[dict] = []
         best: dict | None = None  # the largest prefix that fitted so far
         wall = 0.0
@@ -280,37 +302,26 @@ class Bench:
                 if best is None or n > best["units"]:
                     best = {"units": n, "report": report, "run_dir": run_dir, "opts": opts, "own": own}
                 nxt = min(full, room)
-                if nxt <= n or nxt in done or len(tried) >= 4:
-                    break
+                stop = nxt <= n or nxt in done or len(tried) >= 4
             else:
                 nxt = min(n - 1, room)
-                if best is not None and (nxt <= best["units"] or nxt in done or len(tried) >= 4):
-                    break
                 if best is None and (nxt < _min_units(cell) or len(tried) >= 4):
-                    return self._empty(
-                        cell,
-                        f"{n} specialists plus {cell.label}'s own evaluations spent {flops:.3g} FLOPs, over the "
-                        f"budget; with {_min_units(cell)} it would not fit either"
-                        if nxt < _min_units(cell)
-                        else f"4 prefixes tried ({', '.join(str(t['units']) for t in tried)}), none within the budget",
-                        tried,
-                    )
+                    return None, tried, None, self._none_fitted(cell, n, flops, nxt, tried)
+                stop = best is not None and (nxt <= best["units"] or nxt in done or len(tried) >= 4)
+            if stop:
+                return best, tried, wall, None
             n = nxt
-        n = best["units"]
-        rec = self._record(cell, best["report"], best["run_dir"], wall, units=n, chosen=best["opts"])
-        rec["population_run"] = pop["run_dir"]
-        rec["population_sigmas"] = pop["scales"]
-        rec["population_seconds"] = sum(pop["seconds"][:n])
-        rec["tried"] = tried
-        rec["own_flops"] = best["own"]
-        rec["own_estimate"] = guess  # what the first try was sized with (None: scoring alone)
-        for row in rec.get(
-            "rows", []
-        ):  # RandOpt on CoRP's population: charged the prefix CoRP read, not its own evaluations
-            if row.get("population_row"):
-                row["flops"] = sum(costs[:n])
-        rec["budget_reached"] = n < len(costs) or sum(costs) >= budget
-        return rec
+
+    def _none_fitted(self, cell: Cell, n: int, flops: float, nxt: int, tried: list[dict]) -> CellRecord:
+        """The empty record of a population cell no prefix of which fitted beside its own evaluations."""
+        return self._empty(
+            cell,
+            f"{n} specialists plus {cell.label}'s own evaluations spent {flops:.3g} FLOPs, over the "
+            f"budget; with {_min_units(cell)} it would not fit either"
+            if nxt < _min_units(cell)
+            else f"4 prefixes tried ({', '.join(str(t['units']) for t in tried)}), none within the budget",
+            tried,
+        )
 
     def _raced_cell(self, cell: Cell, n: int) -> dict:
         """A population cell with racing on (`race: halving`): a raced specialist costs less, so at
