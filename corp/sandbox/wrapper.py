@@ -2,8 +2,29 @@
 
 `corp.sandbox` (runner.py) starts this file as `python -I -S wrapper.py CONFIG_JSON` with the
 program on stdin, the tests (if any) in a memfd, and a status pipe; it reports JSON events on that
-pipe. It imports only the standard library (it runs under `-I`, with no `corp` on its path) and
-is importable for linters, type checkers and the codec tests: `main()` runs only as a script.
+pipe. It imports only the standard library and its two siblings below (it runs under `-I`, with no
+`corp` on its path) and is importable for linters, type checkers and the codec tests: `main()` runs
+only as a script.
+
+Where each part lives:
+- wrapper.py (this file): the process tree below (`main`, `run_init`, `supervise`), the program's
+  side (`Wrapper.program`, `serve`) and the tester (`run_tester`, `tester`).
+- isolation.py: the namespaces (`Isolation.unshare`), the private root (`Isolation.build_root`),
+  the rlimits, capabilities and uid of the program and the tester (`Isolation.limit`), the libc
+  calls they need, and the status pipe (`Isolation.report`, `Isolation.fail`).
+- codec.py: the plain-data codec (`encode`/`decode`) and the pipe protocol over it (`Channel`,
+  `Remote`).
+
+Run as a script, this file loads its siblings by their file paths next to it
+(`importlib.util.spec_from_file_location`), not through `sys.path`: the path stays what `-I -S`
+made it (the standard library, then the site-packages that `main` appends), the program sees that
+same path, and nothing is added to `sys.modules` under a name an `import` in the program could
+pick up. They are read at start-up, before any isolation and with the caller's rights, from this
+file's own directory: the same trust as this file. Imported as `corp.sandbox.wrapper`, it imports
+them as `corp.sandbox.codec` and `corp.sandbox.isolation`. The untrusted program runs in a child
+forked after isolation, so it holds in memory whatever the wrapper had loaded, as it did when all
+of this was one file; what it sends to the tester still crosses only as plain data, which `decode`
+(the trust boundary, in the tester's process) turns into builtins.
 
 Process tree (pid numbers as seen inside the new pid namespace):
 
@@ -40,11 +61,8 @@ the same uid) and ignores catchable signals; killing it only loses the verdict, 
 from __future__ import annotations
 
 import builtins
-import ctypes
 import json
-import math
 import os
-import resource
 import select
 import signal
 import sys
@@ -52,477 +70,34 @@ import time
 import traceback
 import types
 
-# ---------------------------------------------------------------- plain-data codec
-#
-# The program's side encodes whatever its functions return; the tester's side decodes. Only the
-# decoder is a trust boundary: whatever bytes the program sends, `decode` builds builtins (or
-# opaque handles to objects that stay in the program's process), never an object of the program's
-# classes. Tags: {"L": list}, {"T": tuple}, {"S": set}, {"F": frozenset}, {"D": [[k, v], ...]},
-# {"B": hex bytes}, {"A": hex bytearray}, {"C": [re, im]}, {"X": "nan"|"inf"|"-inf"},
-# {"Y": name} (a builtin type such as `int`, as MBPP's `remove_datatype(t, int)` passes),
-# {"O": handle} (an object kept in the program's process), {"N": name} (a name in the program's
-# globals; sent by the tester only). None, bool, int, finite float and str are JSON scalars.
-# Subclasses of the builtins (Counter, defaultdict, namedtuple, IntEnum, ...) travel as their
-# builtin base, which they compare equal to.
 
-MAX_DEPTH = 200
-MAX_MESSAGE = 32 << 20  # bytes per message; a larger reply fails the call
+def _sibling(name: str):
+    """The module in `name`.py next to this file, loaded by its path (see the module docstring).
+    It is named `__main__`, as its code was when it was part of this file, so that a traceback
+    names its exceptions (RemoteError, Unencodable) as it did then."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
+    spec = importlib.util.spec_from_file_location("__main__", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-class Unencodable(TypeError):
-    pass
+if __package__:  # imported as corp.sandbox.wrapper (linters, type checkers, the codec's tests)
+    from corp.sandbox import codec, isolation
+else:  # run as a script: nothing of corp on the path
+    codec, isolation = _sibling("codec"), _sibling("isolation")
 
-
-def encode(v, handles: dict | None = None, depth: int = 0):
-    """JSON-able form of `v`; objects that are not plain data become handles when `handles` is given."""
-    if depth > MAX_DEPTH:
-        raise Unencodable("value nested too deeply")
-    t = type(v)
-    if v is None or t is bool or t is str or t is int:
-        return v
-    if t is float:
-        return v if math.isfinite(v) else {"X": repr(v)}
-    d = depth + 1
-    if isinstance(v, bool):
-        return bool(v)
-    if isinstance(v, int):
-        return int.__int__(v)
-    if isinstance(v, float):
-        return encode(float.__float__(v), None, d)
-    if isinstance(v, str):
-        return str.__str__(v)
-    if isinstance(v, list):
-        return {"L": [encode(x, handles, d) for x in list.__iter__(v)]}
-    if isinstance(v, tuple):
-        return {"T": [encode(x, handles, d) for x in tuple.__iter__(v)]}
-    if isinstance(v, frozenset):
-        return {"F": [encode(x, handles, d) for x in frozenset.__iter__(v)]}
-    if isinstance(v, set):
-        return {"S": [encode(x, handles, d) for x in set.__iter__(v)]}
-    if isinstance(v, dict):
-        return {"D": [[encode(k, handles, d), encode(x, handles, d)] for k, x in dict.items(v)]}
-    if isinstance(v, bytes):
-        return {"B": bytes.hex(v)}
-    if isinstance(v, bytearray):
-        return {"A": bytearray.hex(v)}
-    if isinstance(v, complex):
-        return {"C": [encode(complex.real.__get__(v), None, d), encode(complex.imag.__get__(v), None, d)]}
-    if t is type and getattr(builtins, v.__name__, None) is v:
-        return {"Y": v.__name__}
-    if isinstance(v, Remote):
-        return v._corp_ref()
-    if handles is None:
-        raise Unencodable(f"cannot pass a {t.__name__} between the program and its tests")
-    h = len(handles)
-    handles[h] = v
-    return {"O": h}
-
-
-def decode(x, resolve=None, depth: int = 0):
-    """Builtins (or `Remote` handles) from `encode`'s form; `resolve(tag, key)` maps handles/names."""
-    if depth > MAX_DEPTH:
-        raise ValueError("value nested too deeply")
-    t = type(x)
-    if x is None or t is bool or t is str or t is int or t is float:
-        return x
-    if t is not dict or len(x) != 1:
-        raise ValueError("malformed value from the other side")
-    ((tag, body),) = x.items()
-    d = depth + 1
-    if tag == "L":
-        return [decode(e, resolve, d) for e in _list(body)]
-    if tag == "T":
-        return tuple(decode(e, resolve, d) for e in _list(body))
-    if tag == "S":
-        return {decode(e, resolve, d) for e in _list(body)}
-    if tag == "F":
-        return frozenset(decode(e, resolve, d) for e in _list(body))
-    if tag == "D":
-        out = {}
-        for pair in _list(body):
-            if type(pair) is not list or len(pair) != 2:
-                raise ValueError("malformed dict item")
-            out[decode(pair[0], resolve, d)] = decode(pair[1], resolve, d)
-        return out
-    if tag == "B" and type(body) is str:
-        return bytes.fromhex(body)
-    if tag == "A" and type(body) is str:
-        return bytearray.fromhex(body)
-    if tag == "C" and type(body) is list and len(body) == 2:
-        re_, im = (decode(e, None, d) for e in body)
-        if type(re_) not in (int, float) or type(im) not in (int, float):
-            raise ValueError("malformed complex")
-        return complex(re_, im)
-    if tag == "X" and body in ("nan", "inf", "-inf"):
-        return float(body)
-    if tag == "Y" and type(body) is str and type(getattr(builtins, body, None)) is type:
-        return getattr(builtins, body)
-    if tag in ("O", "N") and resolve is not None:
-        return resolve(tag, body)
-    raise ValueError(f"unknown value tag {tag!r}")
-
-
-def _list(body):
-    if type(body) is not list:
-        raise ValueError("malformed sequence")
-    return body
-
-
-# ---------------------------------------------------------------- tester-side proxies
-
-
-class Remote:
-    """Something that lives in the program's process; the tester holds only its name or handle."""
-
-    __slots__ = ("_corp_chan", "_corp_key")
-
-    def __init__(self, chan, key):
-        object.__setattr__(self, "_corp_chan", chan)
-        object.__setattr__(self, "_corp_key", key)
-
-    def _corp_ref(self):
-        return dict([self._corp_key])
-
-    def __call__(self, *args, **kwargs):
-        return self._corp_chan.request(
-            {"op": "call", "ref": self._corp_ref(), "args": encode(list(args)), "kwargs": encode(kwargs)}
-        )
-
-    def __iter__(self):
-        return iter(self._corp_chan.request({"op": "list", "ref": self._corp_ref()}))
-
-    def __len__(self):
-        return self._corp_chan.request({"op": "len", "ref": self._corp_ref()})
-
-    def __repr__(self):
-        return f"<object in the program: {self._corp_key[1]!r}>"
-
-
-class RemoteError(RuntimeError):
-    pass
-
-
-class Channel:
-    """Request/reply over two pipes, one JSON line each way."""
-
-    def __init__(self, rfd: int, wfd: int):
-        self.rfd, self.wfd, self.buf = rfd, wfd, bytearray()
-
-    def send(self, msg) -> None:
-        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
-        view = memoryview(data)
-        while view:
-            n = os.write(self.wfd, view)
-            view = view[n:]
-
-    def recv(self):
-        while True:
-            i = self.buf.find(b"\n")
-            if i >= 0:
-                line = bytes(self.buf[:i])
-                del self.buf[: i + 1]
-                return json.loads(line)
-            if len(self.buf) > MAX_MESSAGE:
-                raise RemoteError("the program sent a message over the size limit")
-            chunk = os.read(self.rfd, 1 << 20)
-            if not chunk:
-                raise EOFError
-            self.buf += chunk
-
-    def request(self, msg):
-        self.send(msg)
-        try:
-            rep = self.recv()
-        except EOFError:
-            raise RemoteError("the program exited before answering") from None
-        if type(rep) is dict and "ok" in rep:
-            return decode(rep["ok"], self._resolve)
-        if type(rep) is dict and type(rep.get("E")) is list and len(rep["E"]) == 2:
-            name, text = (str(s)[:2000] for s in rep["E"])
-            cls = getattr(builtins, name, None)
-            if isinstance(cls, type) and issubclass(cls, Exception) and not issubclass(cls, RemoteError):
-                raise cls(text)
-            raise RemoteError(f"{name}: {text}")
-        raise RemoteError("malformed reply from the program")
-
-    def _resolve(self, tag, key):
-        if tag == "O" and type(key) is int:
-            return Remote(self, ("O", key))
-        raise ValueError("the program may not send names")
-
-
-def _names_used(code: types.CodeType) -> set[str]:
-    out = set(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            out |= _names_used(c)
-    return out
-
-
-# ---------------------------------------------------------------- kernel helpers
-
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = (
-    0x20000,
-    0x10000000,
-    0x8000000,
-    0x20000000,
-    0x40000000,
-)
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_MOVE, MS_REC, MS_PRIVATE = (
-    1,
-    2,
-    4,
-    8,
-    32,
-    4096,
-    8192,
-    16384,
-    1 << 18,
-)
-MS_NOATIME, MS_NODIRATIME, MS_RELATIME = 1024, 2048, 1 << 21
-MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_CAP_AMBIENT = 1, 4, 24, 38, 47
-SYS_PIVOT_ROOT = {
-    "x86_64": 155,
-    "aarch64": 41,
-    "riscv64": 41,
-    "ppc64le": 203,
-    "ppc64": 203,
-    "s390x": 217,
-    "i686": 217,
-    "armv7l": 218,
-}
-# Host directories a Python program needs to run (read-only); everything else stays out of view.
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
-DEVICES = ("null", "zero", "full", "random", "urandom")
-
-libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _check(rc: int, what: str) -> None:
-    if rc != 0:
-        e = ctypes.get_errno()
-        raise OSError(e, f"{what}: {os.strerror(e)}")
-
-
-def _b(s):
-    return None if s is None else (s if isinstance(s, bytes) else s.encode())
-
-
-def mount(source, target, fstype, flags, data=None) -> None:
-    _check(libc.mount(_b(source), _b(target), _b(fstype), ctypes.c_ulong(flags), _b(data)), f"mount {target}")
-
-
-def bind_readonly(source, target: str, extra: int = 0) -> None:
-    """Bind `source` on `target` read-only, keeping the flags the kernel locks (nosuid, nodev, ...)."""
-    mount(source, target, None, MS_BIND | MS_REC)
-    f = os.statvfs(target).f_flag
-    keep = (f & (MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_NOATIME | MS_NODIRATIME)) | (MS_RELATIME if f & 4096 else 0)
-    mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | keep | extra)
-
-
-def drop_bounding_set() -> None:
-    """No capability can ever be gained again, not even by executing a file as uid 0."""
-    for cap in range(64):
-        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            break  # EINVAL past the last capability this kernel knows
-    libc.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0)  # PR_CAP_AMBIENT_CLEAR_ALL
-
-
-def drop_capabilities() -> None:
-    """Empty the permitted, effective and inheritable sets (the bounding set first)."""
-    drop_bounding_set()
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
-    data = (ctypes.c_uint32 * 6)()
-    _check(libc.capset(header, data), "capset")
-
-
-def _write(path: str, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
+Channel, Remote, decode, encode = codec.Channel, codec.Remote, codec.decode, codec.encode
+PR_SET_DUMPABLE, libc = isolation.PR_SET_DUMPABLE, isolation.libc
 
 
 # ---------------------------------------------------------------- the wrapper
 
 
-class Wrapper:
-    def __init__(self, cfg: dict):
-        self.cfg = cfg
-        self.sfd = cfg["status_fd"]
-        self.iso = {
-            "level": "none",
-            "netns": False,
-            "pidns": False,
-            "mountns": False,
-            "userns": False,
-            "private_root": False,
-            "proc": False,
-            "uid": None,
-            "capabilities": "kept",
-            "rlimits": True,
-            "clean_env": True,
-            "new_session": True,
-        }
-        self.mode = None  # "root" | "userns" | None
-
-    def report(self, **d) -> None:
-        try:
-            os.write(self.sfd, (json.dumps(d) + "\n").encode())
-        except OSError:
-            pass
-
-    def fail(self, msg: str, code: int = 70):
-        self.report(event="error", msg=msg)
-        os._exit(code)
-
-    # ---------------- namespaces
-
-    def unshare(self) -> str:
-        """Enter new namespaces; returns why not when none could be made."""
-        why = []
-        base = CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID | CLONE_NEWNET
-        if os.geteuid() == 0:
-            if libc.unshare(base) == 0:
-                self.mode = "root"
-                return ""
-            why.append("unshare as root: " + os.strerror(ctypes.get_errno()))
-        uid, gid = os.getuid(), os.getgid()
-        if libc.unshare(CLONE_NEWUSER | base) == 0:
-            try:
-                _write("/proc/self/setgroups", "deny")
-                _write("/proc/self/uid_map", f"{uid} {uid} 1")
-                _write("/proc/self/gid_map", f"{gid} {gid} 1")
-            except OSError as exc:
-                self.fail(f"user namespace made but not mapped: {exc}")
-            self.mode = "userns"
-            self.iso["userns"] = True
-            try:  # no nested user namespaces for the program (it could regain capabilities there)
-                _write("/proc/sys/user/max_user_namespaces", "0")
-                self.iso["nested_userns"] = False
-            except OSError:
-                self.iso["nested_userns"] = True
-            return ""
-        e = ctypes.get_errno()
-        why.append("unprivileged user namespace: " + os.strerror(e))
-        return "; ".join(why)
-
-    def build_root(self, fds: dict) -> str:
-        """Private root: see the module docstring. Returns the working directory."""
-        cfg = self.cfg
-        mount(None, "/", None, MS_REC | MS_PRIVATE)
-        self.iso["mountns"] = True
-        new = next(d for d in ("/tmp", "/mnt", "/media", "/srv", "/opt", "/var") if os.path.isdir(d))
-        mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-        dev = new + "/dev"
-        os.mkdir(dev, 0o755)
-        mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
-        for name in DEVICES:
-            if os.path.exists("/dev/" + name):
-                open(f"{dev}/{name}", "w").close()
-                mount("/dev/" + name, f"{dev}/{name}", None, MS_BIND)
-        for name, to in (
-            ("fd", "/proc/self/fd"),
-            ("stdin", "/proc/self/fd/0"),
-            ("stdout", "/proc/self/fd/1"),
-            ("stderr", "/proc/self/fd/2"),
-        ):
-            os.symlink(to, f"{dev}/{name}")
-        tmp_opts = f"size={int(cfg['tmp_mb'])}m,mode=1777"
-        os.mkdir(dev + "/shm")
-        mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, tmp_opts)
-        os.mkdir(new + "/tmp")
-        mount("tmpfs", new + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, tmp_opts)
-        os.mkdir(new + "/proc", 0o755)
-        if self.iso["pidns"]:
-            try:
-                mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-                self.iso["proc"] = True
-            except OSError:
-                pass  # a container that masks parts of /proc refuses a fresh one: run without
-        bound = []
-        for d, (kind, ref) in fds.items():  # system directories first, then prefixes (sorted by length)
-            if any(d == b or d.startswith(b + "/") for b in bound):
-                continue
-            target = new + d
-            if kind == "link":
-                os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
-                os.symlink(ref, target)
-                continue
-            os.makedirs(target, 0o755, exist_ok=True)
-            bind_readonly(f"/proc/self/fd/{ref}", target, MS_NOSUID | MS_NODEV)
-            bound.append(d)
-        for _, ref in fds.values():
-            if isinstance(ref, int):
-                os.close(ref)
-        work = new + "/tmp/work"
-        os.mkdir(work, 0o700)
-        if self.mode == "root":
-            os.chown(work, cfg["uid"], cfg["uid"])
-        os.chdir(new)
-        nr = SYS_PIVOT_ROOT.get(os.uname().machine)
-        if nr is not None and libc.syscall(nr, b".", b".") == 0:
-            _check(libc.umount2(b".", MNT_DETACH), "detach the old root")
-            self.iso["root_switch"] = "pivot_root"
-        else:  # unknown architecture: move the new root over / (the program cannot chroot back out)
-            mount(new, "/", None, MS_MOVE)
-            os.chroot(".")
-            self.iso["root_switch"] = "move+chroot"
-        os.chdir("/")
-        try:
-            mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-        except OSError:
-            pass
-        self.iso["private_root"] = True
-        return "/tmp/work"
-
-    def open_sources(self) -> dict:
-        """O_PATH handles on what the private root shows, taken before any mount covers them
-        (inside the new mount namespace: a handle from the old one cannot be bound)."""
-        out = {}
-        paths = list(SYSTEM_DIRS) + sorted(self.cfg["expose"], key=len)
-        for p in paths:
-            if p in out:
-                continue
-            if os.path.islink(p) and p in SYSTEM_DIRS:
-                out[p] = ("link", os.readlink(p))
-            elif os.path.isdir(p):
-                try:
-                    out[p] = ("dir", os.open(p, os.O_PATH | os.O_DIRECTORY))
-                except OSError:
-                    pass
-        return out
-
-    # ---------------- child setup
-
-    def limit(self, is_program: bool) -> None:
-        cfg, R = self.cfg, resource
-        mem = cfg["memory_mb"] * 1024 * 1024
-        cpu = cfg["cpu_s"]
-        for lim, val in (
-            (R.RLIMIT_AS, (mem, mem)),
-            (R.RLIMIT_CPU, (cpu, cpu + 1)),
-            (R.RLIMIT_NOFILE, (cfg["nofile"], cfg["nofile"])),
-            (R.RLIMIT_FSIZE, (cfg["fsize_mb"] * 1048576,) * 2),
-            (R.RLIMIT_CORE, (0, 0)),
-        ):
-            R.setrlimit(lim, val)
-        if self.mode == "userns":
-            # counted per (user namespace, uid) since Linux 5.14: wrapper, init, program, tester
-            R.setrlimit(R.RLIMIT_NPROC, (cfg["nproc"] + 4, cfg["nproc"] + 4))
-            drop_capabilities()
-        elif os.geteuid() == 0:
-            # counted per uid: the program and the tester share this slot's uid
-            R.setrlimit(R.RLIMIT_NPROC, (cfg["nproc"] + 1, cfg["nproc"] + 1))
-            drop_bounding_set()
-            os.setgroups([])
-            os.setresgid(cfg["uid"], cfg["uid"], cfg["uid"])
-            os.setresuid(cfg["uid"], cfg["uid"], cfg["uid"])  # clears the permitted and effective sets
-        libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # after the uid change, which clears it
-        libc.prctl(PR_SET_DUMPABLE, 1 if is_program else 0, 0, 0, 0)
+class Wrapper(isolation.Isolation):
+    """The wrapper: its state and isolation (`isolation.Isolation`), and the program it runs."""
 
     # ---------------- the program
 
@@ -650,6 +225,14 @@ def serve(chan: Channel, g: dict) -> None:
             chan.send(reply)
         except OSError:
             return
+
+
+def _names_used(code: types.CodeType) -> set[str]:
+    out = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            out |= _names_used(c)
+    return out
 
 
 def tester(chan: Channel, tests: dict) -> tuple[bool, str]:
