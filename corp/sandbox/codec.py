@@ -46,30 +46,9 @@ def encode(v, handles: dict | None = None, depth: int = 0):
     if t is float:
         return v if math.isfinite(v) else {"X": repr(v)}
     d = depth + 1
-    if isinstance(v, bool):
-        return bool(v)
-    if isinstance(v, int):
-        return int.__int__(v)
-    if isinstance(v, float):
-        return encode(float.__float__(v), None, d)
-    if isinstance(v, str):
-        return str.__str__(v)
-    if isinstance(v, list):
-        return {"L": [encode(x, handles, d) for x in list.__iter__(v)]}
-    if isinstance(v, tuple):
-        return {"T": [encode(x, handles, d) for x in tuple.__iter__(v)]}
-    if isinstance(v, frozenset):
-        return {"F": [encode(x, handles, d) for x in frozenset.__iter__(v)]}
-    if isinstance(v, set):
-        return {"S": [encode(x, handles, d) for x in set.__iter__(v)]}
-    if isinstance(v, dict):
-        return {"D": [[encode(k, handles, d), encode(x, handles, d)] for k, x in dict.items(v)]}
-    if isinstance(v, bytes):
-        return {"B": bytes.hex(v)}
-    if isinstance(v, bytearray):
-        return {"A": bytearray.hex(v)}
-    if isinstance(v, complex):
-        return {"C": [encode(complex.real.__get__(v), None, d), encode(complex.imag.__get__(v), None, d)]}
+    for base, form in _BUILTIN_FORMS:
+        if isinstance(v, base):
+            return form(v, handles, d)
     if t is type and getattr(builtins, v.__name__, None) is v:
         return {"Y": v.__name__}
     if isinstance(v, Remote):
@@ -79,6 +58,29 @@ def encode(v, handles: dict | None = None, depth: int = 0):
     h = len(handles)
     handles[h] = v
     return {"O": h}
+
+
+# The builtins (and their subclasses, read through the base's own methods so that an override
+# cannot change what travels) in the order `encode` tests them: (base, form(v, handles, depth)).
+_BUILTIN_FORMS = (
+    (bool, lambda v, handles, d: bool(v)),
+    (int, lambda v, handles, d: int.__int__(v)),
+    (float, lambda v, handles, d: encode(float.__float__(v), None, d)),
+    (str, lambda v, handles, d: str.__str__(v)),
+    (list, lambda v, handles, d: {"L": [encode(x, handles, d) for x in list.__iter__(v)]}),
+    (tuple, lambda v, handles, d: {"T": [encode(x, handles, d) for x in tuple.__iter__(v)]}),
+    (frozenset, lambda v, handles, d: {"F": [encode(x, handles, d) for x in frozenset.__iter__(v)]}),
+    (set, lambda v, handles, d: {"S": [encode(x, handles, d) for x in set.__iter__(v)]}),
+    (dict, lambda v, handles, d: {"D": [[encode(k, handles, d), encode(x, handles, d)] for k, x in dict.items(v)]}),
+    (bytes, lambda v, handles, d: {"B": bytes.hex(v)}),
+    (bytearray, lambda v, handles, d: {"A": bytearray.hex(v)}),
+    (
+        complex,
+        lambda v, handles, d: {
+            "C": [encode(complex.real.__get__(v), None, d), encode(complex.imag.__get__(v), None, d)]
+        },
+    ),
+)
 
 
 def decode(x, resolve=None, depth: int = 0):
@@ -101,12 +103,23 @@ def decode(x, resolve=None, depth: int = 0):
     if tag == "F":
         return frozenset(decode(e, resolve, d) for e in _list(body))
     if tag == "D":
-        out = {}
-        for pair in _list(body):
-            if type(pair) is not list or len(pair) != 2:
-                raise ValueError("malformed dict item")
-            out[decode(pair[0], resolve, d)] = decode(pair[1], resolve, d)
-        return out
+        return _decode_dict(body, resolve, d)
+    return _decode_atom(tag, body, resolve, d)
+
+
+def _decode_dict(body, resolve, d) -> dict:
+    """A {"D": ...} body: [[key, value], ...] pairs, each checked for its shape."""
+    out = {}
+    for pair in _list(body):
+        if type(pair) is not list or len(pair) != 2:
+            raise ValueError("malformed dict item")
+        out[decode(pair[0], resolve, d)] = decode(pair[1], resolve, d)
+    return out
+
+
+def _decode_atom(tag, body, resolve, d):
+    """The tags that hold no nested values (bytes, complex, special floats, builtin types), the
+    handles and names that only `resolve` may turn into objects, or the refusal of any other tag."""
     if tag == "B" and type(body) is str:
         return bytes.fromhex(body)
     if tag == "A" and type(body) is str:
