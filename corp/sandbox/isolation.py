@@ -101,6 +101,44 @@ def _write(path: str, text: str) -> None:
         os.close(fd)
 
 
+def _make_dev(dev: str) -> None:
+    """The private root's minimal /dev: a small tmpfs with binds of the harmless devices and the
+    usual links to the process's own descriptors."""
+    os.mkdir(dev, 0o755)
+    mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
+    for name in DEVICES:
+        if os.path.exists("/dev/" + name):
+            open(f"{dev}/{name}", "w").close()
+            mount("/dev/" + name, f"{dev}/{name}", None, MS_BIND)
+    for name, to in (
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ):
+        os.symlink(to, f"{dev}/{name}")
+
+
+def _bind_sources(new: str, fds: dict) -> None:
+    """Show what `Isolation.open_sources` opened under `new`, read-only (a directory already shown
+    through a parent is skipped), then close those handles."""
+    bound = []
+    for d, (kind, ref) in fds.items():  # system directories first, then prefixes (sorted by length)
+        if any(d == b or d.startswith(b + "/") for b in bound):
+            continue
+        target = new + d
+        if kind == "link":
+            os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
+            os.symlink(ref, target)
+            continue
+        os.makedirs(target, 0o755, exist_ok=True)
+        bind_readonly(f"/proc/self/fd/{ref}", target, MS_NOSUID | MS_NODEV)
+        bound.append(d)
+    for _, ref in fds.values():
+        if isinstance(ref, int):
+            os.close(ref)
+
+
 # ---------------------------------------------------------------- the wrapper's isolation
 
 
@@ -176,19 +214,7 @@ class Isolation:
         new = next(d for d in ("/tmp", "/mnt", "/media", "/srv", "/opt", "/var") if os.path.isdir(d))
         mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
         dev = new + "/dev"
-        os.mkdir(dev, 0o755)
-        mount("tmpfs", dev, "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
-        for name in DEVICES:
-            if os.path.exists("/dev/" + name):
-                open(f"{dev}/{name}", "w").close()
-                mount("/dev/" + name, f"{dev}/{name}", None, MS_BIND)
-        for name, to in (
-            ("fd", "/proc/self/fd"),
-            ("stdin", "/proc/self/fd/0"),
-            ("stdout", "/proc/self/fd/1"),
-            ("stderr", "/proc/self/fd/2"),
-        ):
-            os.symlink(to, f"{dev}/{name}")
+        _make_dev(dev)
         tmp_opts = f"size={int(cfg['tmp_mb'])}m,mode=1777"
         os.mkdir(dev + "/shm")
         mount("tmpfs", dev + "/shm", "tmpfs", MS_NOSUID | MS_NODEV, tmp_opts)
@@ -201,26 +227,23 @@ class Isolation:
                 self.iso["proc"] = True
             except OSError:
                 pass  # a container that masks parts of /proc refuses a fresh one: run without
-        bound = []
-        for d, (kind, ref) in fds.items():  # system directories first, then prefixes (sorted by length)
-            if any(d == b or d.startswith(b + "/") for b in bound):
-                continue
-            target = new + d
-            if kind == "link":
-                os.makedirs(os.path.dirname(target), 0o755, exist_ok=True)
-                os.symlink(ref, target)
-                continue
-            os.makedirs(target, 0o755, exist_ok=True)
-            bind_readonly(f"/proc/self/fd/{ref}", target, MS_NOSUID | MS_NODEV)
-            bound.append(d)
-        for _, ref in fds.values():
-            if isinstance(ref, int):
-                os.close(ref)
+        _bind_sources(new, fds)
         work = new + "/tmp/work"
         os.mkdir(work, 0o700)
         if self.mode == "root":
             os.chown(work, cfg["uid"], cfg["uid"])
         os.chdir(new)
+        self._switch_root(new)
+        os.chdir("/")
+        try:
+            mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
+        except OSError:
+            pass
+        self.iso["private_root"] = True
+        return "/tmp/work"
+
+    def _switch_root(self, new: str) -> None:
+        """Make `new` (the working directory) the root and detach the host's tree from view."""
         nr = SYS_PIVOT_ROOT.get(os.uname().machine)
         if nr is not None and libc.syscall(nr, b".", b".") == 0:
             _check(libc.umount2(b".", MNT_DETACH), "detach the old root")
@@ -229,13 +252,6 @@ class Isolation:
             mount(new, "/", None, MS_MOVE)
             os.chroot(".")
             self.iso["root_switch"] = "move+chroot"
-        os.chdir("/")
-        try:
-            mount(None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
-        except OSError:
-            pass
-        self.iso["private_root"] = True
-        return "/tmp/work"
 
     def open_sources(self) -> dict:
         """O_PATH handles on what the private root shows, taken before any mount covers them
