@@ -187,15 +187,7 @@ def _run_code(src: str, filename: str, g: dict) -> tuple[int, bool]:
 
 def serve(chan: Channel, g: dict) -> None:
     """The program's side of the tests: report its names, then answer calls until the tester leaves."""
-    names = {}
-    for k, v in list(g.items()):
-        if k.startswith("__"):
-            continue
-        if isinstance(v, types.ModuleType):
-            names[k] = "module:" + getattr(v, "__name__", "")
-        else:
-            names[k] = "callable" if callable(v) else "value"
-    chan.send({"names": names})
+    chan.send({"names": _names_offered(g)})
     handles: dict = {}
 
     def resolve(tag, key):
@@ -225,6 +217,20 @@ def serve(chan: Channel, g: dict) -> None:
             chan.send(reply)
         except OSError:
             return
+
+
+def _names_offered(g: dict) -> dict:
+    """What the program defines, by kind only (a module by its name): all the tester learns of it
+    before it asks for a value."""
+    names = {}
+    for k, v in list(g.items()):
+        if k.startswith("__"):
+            continue
+        if isinstance(v, types.ModuleType):
+            names[k] = "module:" + getattr(v, "__name__", "")
+        else:
+            names[k] = "callable" if callable(v) else "value"
+    return names
 
 
 def _names_used(code: types.CodeType) -> set[str]:
@@ -258,19 +264,25 @@ def tester(chan: Channel, tests: dict) -> tuple[bool, str]:
                 continue
         elif name in ns or hasattr(builtins, name) or kind is None:
             continue  # the tests' own names and the builtins are never the program's
-        if type(kind) is str and kind.startswith("module:"):
-            mod = kind[len("module:") :]
-            try:
-                value = __import__(mod)  # the tester's own copy, never the program's
-                for part in mod.split(".")[1:]:
-                    value = getattr(value, part)
-                ns[name] = value
-            except Exception:
-                pass
-        else:
-            ns[name] = Remote(chan, ("N", name))
+        _bind_program_name(ns, name, kind, chan)
     exec(code, ns)
     return True, ""
+
+
+def _bind_program_name(ns: dict, name: str, kind, chan: Channel) -> None:
+    """Give the tests the program's `name`: a module it imported as the tester's own copy (left
+    out if the tester cannot import it), anything else as a proxy that asks the program."""
+    if type(kind) is str and kind.startswith("module:"):
+        mod = kind[len("module:") :]
+        try:
+            value = __import__(mod)  # the tester's own copy, never the program's
+            for part in mod.split(".")[1:]:
+                value = getattr(value, part)
+            ns[name] = value
+        except Exception:
+            pass
+    else:
+        ns[name] = Remote(chan, ("N", name))
 
 
 def _ignore_signals() -> None:
@@ -331,19 +343,68 @@ def main() -> None:
     else:
         w.iso.update(level="namespaces+uid" if w.mode == "root" else "user-namespaces", netns=True, pidns=True)
     tests_fd = cfg.get("tests_fd")
-    try:
-        init = os.fork()
-    except OSError as exc:
-        w.fail(f"fork failed: {exc}")
+    init = _fork(w)
     if init == 0:
         run_init(w, job, tests_fd)
     supervise(w, init)
 
 
+def _fork(w: Wrapper) -> int:
+    """os.fork(), or the error event and the end of this process: nothing can run without the child."""
+    try:
+        return os.fork()
+    except OSError as exc:
+        w.fail(f"fork failed: {exc}")
+
+
 def run_init(w: Wrapper, job: dict, tests_fd: int | None) -> None:
-    """pid 1 of the new namespace (or a plain child without): set up, run, report, exit."""
-    cfg = w.cfg
+    """pid 1 of the new namespace (or a plain child without): set up, run, report, exit.
+
+    The program and the tester are forked here and enter `Wrapper.program` and `run_tester` from
+    this frame, so the stack their code starts on is as deep as it always was."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)  # pid 1 then gets no signal from inside
+    work = _init_setup(w)
+    w.report(event="isolation", isolation=w.iso)
+    checked = tests_fd is not None
+    marker_r = marker_w = None
+    if checked:
+        req_r, req_w = os.pipe()  # tester -> program
+        rep_r, rep_w = os.pipe()  # program -> tester
+    else:
+        marker_r, marker_w = os.pipe()
+    prog = _fork(w)
+    if prog == 0:
+        if checked:
+            w.program(work, job["code"], job.get("setup", ""), (req_r, rep_w), None, Channel(req_r, rep_w))
+        w.program(work, job["code"], job.get("setup", ""), (marker_w,), marker_w, None)
+    tester_pid = None
+    if checked:
+        os.close(req_r)
+        os.close(rep_w)
+        tester_pid = _fork(w)
+        if tester_pid == 0:
+            run_tester(w, work, tests_fd, Channel(rep_r, req_w))
+        for fd in (tests_fd, rep_r, req_w):
+            os.close(fd)
+    else:
+        os.close(marker_w)
+    res = {"event": "exit"}
+    if checked:
+        res.update(_tests_ended(tester_pid, prog))
+    else:
+        res["program"] = _program_ended(prog, marker_r)
+    w.report(**res)
+    if w.mode is None:
+        import shutil
+
+        shutil.rmtree(work, ignore_errors=True)
+    os._exit(0)
+
+
+def _init_setup(w: Wrapper) -> str:
+    """init's working directory: the private root's (or, without namespaces, a temporary one),
+    with what is then in force recorded in `w.iso`; a failure ends init with an error event."""
+    cfg = w.cfg
     try:
         if w.mode is not None:
             work = w.build_root(w.open_sources())
@@ -365,61 +426,35 @@ def run_init(w: Wrapper, job: dict, tests_fd: int | None) -> None:
                 "kernel.apparmor_restrict_unprivileged_userns=1 does that)"
             )
         w.fail(f"init setup: {exc}{hint}")
-    w.report(event="isolation", isolation=w.iso)
-    checked = tests_fd is not None
-    marker_r = marker_w = None
-    if checked:
-        req_r, req_w = os.pipe()  # tester -> program
-        rep_r, rep_w = os.pipe()  # program -> tester
-    else:
-        marker_r, marker_w = os.pipe()
-    try:
-        prog = os.fork()
-    except OSError as exc:
-        w.fail(f"fork failed: {exc}")
-    if prog == 0:
-        if checked:
-            w.program(work, job["code"], job.get("setup", ""), (req_r, rep_w), None, Channel(req_r, rep_w))
-        w.program(work, job["code"], job.get("setup", ""), (marker_w,), marker_w, None)
-    tester_pid = None
-    if checked:
-        os.close(req_r)
-        os.close(rep_w)
-        try:
-            tester_pid = os.fork()
-        except OSError as exc:
-            w.fail(f"fork failed: {exc}")
-        if tester_pid == 0:
-            run_tester(w, work, tests_fd, Channel(rep_r, req_w))
-        for fd in (tests_fd, rep_r, req_w):
-            os.close(fd)
-    else:
-        os.close(marker_w)
-    res = {"event": "exit"}
-    if checked:
-        r = _wait(tester_pid)
-        res["tester"] = _how(*(r[1:] if r else (None, None)))
-        r = _wait(prog, os.WNOHANG)
-        if r is not None and r[0] == 0:  # still serving: the tests are over, end it
-            os.kill(prog, signal.SIGKILL)
-            r = _wait(prog)
-            res["program"] = _how(*(r[1:] if r else (None, None)), ended_by_init=True)
-        else:
-            res["program"] = _how(*(r[1:] if r else (None, None)), ended_by_init=False)
-    else:
-        r = _wait(prog)
-        res["program"] = _how(*(r[1:] if r else (None, None)), ended_by_init=False)
-        os.set_blocking(marker_r, False)
-        try:
-            res["program"]["reached_end"] = os.read(marker_r, 16) == b"end"
-        except OSError:
-            res["program"]["reached_end"] = False
-    w.report(**res)
-    if w.mode is None:
-        import shutil
+    return work
 
-        shutil.rmtree(work, ignore_errors=True)
-    os._exit(0)
+
+def _tests_ended(tester_pid: int, prog: int) -> dict:
+    """How the tester and then the program ended, once the tester is done; a program still serving
+    calls then is ended here."""
+    res = {}
+    r = _wait(tester_pid)
+    res["tester"] = _how(*(r[1:] if r else (None, None)))
+    r = _wait(prog, os.WNOHANG)
+    if r is not None and r[0] == 0:  # still serving: the tests are over, end it
+        os.kill(prog, signal.SIGKILL)
+        r = _wait(prog)
+        res["program"] = _how(*(r[1:] if r else (None, None)), ended_by_init=True)
+    else:
+        res["program"] = _how(*(r[1:] if r else (None, None)), ended_by_init=False)
+    return res
+
+
+def _program_ended(prog: int, marker_r: int) -> dict:
+    """How a program without tests ended, and whether it reached its last line (its marker)."""
+    r = _wait(prog)
+    how = _how(*(r[1:] if r else (None, None)), ended_by_init=False)
+    os.set_blocking(marker_r, False)
+    try:
+        how["reached_end"] = os.read(marker_r, 16) == b"end"
+    except OSError:
+        how["reached_end"] = False
+    return how
 
 
 def run_tester(w: Wrapper, work: str, tests_fd: int, chan: Channel) -> None:
@@ -462,6 +497,26 @@ def supervise(w: Wrapper, init: int) -> None:
     cfg = w.cfg
     w.report(event="started", init_pid=init)
     deadline = time.monotonic() + cfg["timeout"]
+    if _outlived(init, deadline):
+        try:
+            os.kill(init, signal.SIGKILL)  # pid 1 of the namespace: the kernel kills everything in it
+        except ProcessLookupError:
+            pass
+        w.report(event="timeout")
+        if w.mode is None:
+            try:
+                os.killpg(0, signal.SIGKILL)  # no pid namespace: the process group is all we can reach
+            except OSError:
+                pass
+    try:
+        os.waitpid(init, 0)
+    except ChildProcessError:
+        pass
+    sys.exit(0)
+
+
+def _outlived(init: int, deadline: float) -> bool:
+    """Wait for init to end (on its pidfd, else by polling waitpid); True when the deadline came first."""
     try:
         pfd = os.pidfd_open(init)
     except (OSError, AttributeError):
@@ -486,22 +541,7 @@ def supervise(w: Wrapper, init: int) -> None:
                 timed_out = True
                 break
             time.sleep(0.005)
-    if timed_out:
-        try:
-            os.kill(init, signal.SIGKILL)  # pid 1 of the namespace: the kernel kills everything in it
-        except ProcessLookupError:
-            pass
-        w.report(event="timeout")
-        if w.mode is None:
-            try:
-                os.killpg(0, signal.SIGKILL)  # no pid namespace: the process group is all we can reach
-            except OSError:
-                pass
-    try:
-        os.waitpid(init, 0)
-    except ChildProcessError:
-        pass
-    sys.exit(0)
+    return timed_out
 
 
 if __name__ == "__main__":
