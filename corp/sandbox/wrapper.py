@@ -18,8 +18,9 @@ Where each part lives:
 Run as a script, this file loads its siblings by their file paths next to it
 (`importlib.util.spec_from_file_location`), not through `sys.path`: the path stays what `-I -S`
 made it (the standard library, then the site-packages that `main` appends), the program sees that
-same path, and nothing is added to `sys.modules` under a name an `import` in the program could
-pick up. They are read at start-up, before any isolation and with the caller's rights, from this
+same path, and the siblings are not entered in `sys.modules`, where an `import` in the program
+could pick them up (only `importlib.util`, which loads them, and the few standard modules it needs
+are new there). They are read at start-up, before any isolation and with the caller's rights, from this
 file's own directory: the same trust as this file. Imported as `corp.sandbox.wrapper`, it imports
 them as `corp.sandbox.codec` and `corp.sandbox.isolation`. The untrusted program runs in a child
 forked after isolation, so it holds in memory whatever the wrapper had loaded, as it did when all
@@ -29,7 +30,7 @@ of this was one file; what it sends to the tester still crosses only as plain da
 Process tree (pid numbers as seen inside the new pid namespace):
 
     wrapper  --unshare(user?, mount, pid, net, ipc)--fork-->  init (pid 1)
-        init: private root (see `build_root`), then
+        init: private root (see `Isolation.build_root`), then
             fork --> program  (the untrusted code; rlimits, no capabilities, own uid as root)
             fork --> tester   (only with tests: runs the tests, asks the program for values)
 
@@ -318,7 +319,7 @@ def _how(st, ru, **extra) -> dict:
 
 def main() -> None:
     cfg = json.loads(sys.argv[1])
-    sys.path += [p for p in cfg.get("site_packages", ()) if p not in sys.path]  # started with -S: see sandbox.py
+    sys.path += [p for p in cfg.get("site_packages", ()) if p not in sys.path]  # started with -S: see runner.py
     import _sitebuiltins  # what `site` would have added to the builtins: programs call exit() and help()
 
     builtins.exit = _sitebuiltins.Quitter("exit", "Ctrl-D (i.e. EOF)")
