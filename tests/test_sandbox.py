@@ -429,6 +429,9 @@ def test_plain_data_codec_builds_only_builtins():
         {(1, 2): [None]},
         int,
     ]
+    from corp.sandbox import codec
+
+    assert encode is codec.encode and decode is codec.decode  # the wrapper's own are the codec module's
     for v in values:
         assert decode(json.loads(json.dumps(encode(v)))) == v
     assert type(decode(encode(Liar(5)))) is int and decode(encode(Liar(5))) != 6  # a subclass travels as its base
@@ -551,10 +554,12 @@ def test_sandbox_hides_the_data_directory_the_repository_and_home():
     try:
         src = prog(
             f"""
-            import os
+            import os, sys
             for p in {[str(p) for p in secret]!r}:
                 if os.path.exists(p):
                     print('visible', p)
+            print('path', [p for p in sys.path if p == {str(REPO)!r} or p.startswith({str(REPO / "corp")!r})])
+            print('modules', [m for m in ('codec', 'isolation', 'corp') if m in sys.modules])
             print('listing', sorted(os.listdir('/')))
             """
         )
@@ -564,6 +569,8 @@ def test_sandbox_hides_the_data_directory_the_repository_and_home():
             assert f"visible {planted / 'marker'}" in old_way.stdout, old_way.stdout
         r = run_program(src, timeout=5)
         assert r.passed and "visible" not in r.stdout, r.stdout
+        # the wrapper loads its sibling modules by their paths: nothing of corp on the program's path
+        assert "path []\nmodules []\n" in r.stdout, r.stdout
         listing = r.stdout.split("listing ", 1)[1]
         for top in ("home", "srv", "mnt", "media", "opt", "var", "run", "boot"):
             assert f"'{top}'" not in listing
