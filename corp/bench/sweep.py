@@ -163,30 +163,39 @@ def _passes(cfg: BenchConfig, bench: Bench, cells: list[Cell], compute: bool, mi
                 f"{planned.task_label or planned.task} {planned.setting} s{planned.seed} {planned.label} "
                 f"{'' if planned.budget is None else f'{planned.budget:.2g}'}"
             )
-            cell = bench.resolve(planned, cells)  # None: its trials have not all run
-            if cell is None:
-                if compute and mine(planned) and any(bench.busy(t) for t in _trials_of(planned, cells)):
-                    deferred += 1
-                continue
-            name = cell.record_name()
-            if name in done:
-                continue
-            rec = bench.load_record(cell)  # a finished cell needs no claim
-            if rec is None and compute and mine(cell):
-                rec = bench.attempt(cell)
-                if rec is not None and cfg.retention and rec.get("setting") != "tune":
-                    # scored now, while the cell's saved model is on disk: a long bench spans sessions
-                    # whose run directories (git-ignored) are gone when a later one resumes
-                    score_records(cfg, {name: rec})
-            if rec is not None:
-                done[name] = rec
-            elif compute and mine(cell):
-                deferred += 1
+            deferred += _pass_cell(cfg, bench, cells, planned, compute, mine, done)
         bar.close()
         if not deferred:
             break
         time.sleep(wait)
     return done
+
+
+def _pass_cell(
+    cfg: BenchConfig, bench: Bench, cells: list[Cell], planned: Cell, compute: bool, mine, done: dict
+) -> int:
+    """One planned cell in a pass of `_passes`: its record read, or run if it is this process's own, into
+    `done`; returns 1 when it is deferred (another process holds it or its trials), else 0."""
+    cell = bench.resolve(planned, cells)  # None: its trials have not all run
+    if cell is None:
+        if compute and mine(planned) and any(bench.busy(t) for t in _trials_of(planned, cells)):
+            return 1
+        return 0
+    name = cell.record_name()
+    if name in done:
+        return 0
+    rec = bench.load_record(cell)  # a finished cell needs no claim
+    if rec is None and compute and mine(cell):
+        rec = bench.attempt(cell)
+        if rec is not None and cfg.retention and rec.get("setting") != "tune":
+            # scored now, while the cell's saved model is on disk: a long bench spans sessions
+            # whose run directories (git-ignored) are gone when a later one resumes
+            score_records(cfg, {name: rec})
+    if rec is not None:
+        done[name] = rec
+    elif compute and mine(cell):
+        return 1
+    return 0
 
 
 def old_protocol_records(cfg: BenchConfig) -> dict[str, str]:
