@@ -1,5 +1,6 @@
-"""Running cells (`Bench`): claiming a cell, the shared scored population of a seed and the prefix a
-budget buys, growing an iterative run to its last checkpoint within a budget, and the cell record."""
+"""Running cells (`Bench`): the shared scored population of a seed and the prefix a budget buys,
+growing an iterative run to its last checkpoint within a budget, and the cell record. Which process
+runs a cell, and when, is the scheduler's (corp.bench.schedule)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from corp.config import in_scales, load_config
 from corp.ledger import flops
 from corp.method import FIXED, ITERATIVE, POPULATION, get_path
 from corp.methods import get_method
-from corp.runs import RunBusy, read_json, read_jsonl, try_flock, write_json
+from corp.runs import read_json, read_jsonl, write_json
 
 GROWTH_AIM = 0.9  # share of the remaining budget an iterative cell's next growth aims at
 
@@ -91,35 +92,6 @@ class Bench:
         check_record(rec, where=f"cell {cell.record_name()}")  # the format later sessions read back
         write_json(self.record_path(cell), rec)
         return rec
-
-    def _claim_path(self, cell: Cell) -> Path:
-        """A cell's claim file; an iterative cell's is its run's (every budget continues one training
-        run, so one process takes them all, in order)."""
-        name = self._run_dir(cell).name if cell.adapter.kind == ITERATIVE else cell.record_name()
-        return self.work / "claims" / f"{name}.lock"
-
-    def busy(self, cell: Cell) -> bool:
-        """Whether another process holds the cell's claim (it is computing it now)."""
-        path = self._claim_path(cell)
-        if not path.exists():
-            return False
-        with open(path, "a+") as fh:
-            return not try_flock(fh)
-
-    def attempt(self, cell: Cell) -> dict | None:
-        """Run the cell unless another process holds it: its claim (an flock on a file per cell,
-        released when the process ends) or a run directory it needs (RunBusy, e.g. a shared
-        population being scored). None: deferred to a later pass. Several `corp bench` processes
-        may so share one task: each runs the cells no other holds."""
-        path = self._claim_path(cell)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a+") as fh:
-            if not try_flock(fh):
-                return None
-            try:
-                return self.run_cell(cell)  # re-reads the record first: another process may have finished it
-            except RunBusy:
-                return None
 
     def _run_dir(self, cell: Cell, key: str | None = None) -> Path:
         return self.work / f"{_slug(cell.task)}__{_slug(cell.label)}__s{cell.seed}__{(key or cell.run_key())[:12]}"

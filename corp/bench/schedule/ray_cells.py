@@ -2,7 +2,7 @@
 
 Each cell is one Ray task reserving what it uses: `threads` CPUs (its torch threads are set to that
 number) and, on CUDA, a GPU (as many as its vLLM tensor-parallel size). The task runs the cell exactly
-as the local path does (`Bench.attempt`: the cell's claim, its run directory, its record written
+as the local path does (`attempt`: the cell's claim, its run directory, its record written
 atomically by `write_json`), so the cell records, and the outputs written from them, are the local
 run's apart from timing fields (wall_seconds, wall_seconds_increment, population_seconds). A task
 whose worker dies is rerun by Ray (`max_retries`, CELL_RETRIES); a killed cell never leaves a record,
@@ -30,6 +30,7 @@ import time
 from tqdm.auto import tqdm
 
 from corp import CorpError
+from corp.bench.schedule.claims import attempt
 from corp.evaluate.backends import resolve_backend_name
 from corp.evaluate.executors import actor_cause, init_ray
 from corp.extras import require
@@ -77,7 +78,7 @@ def lane(cell) -> tuple | None:
 
 def _run_cell(bench_cls, cfg, cells, cell, threads: int, cwd: str):
     """The Ray task: run one cell as the local path does (None: another process holds it). `bench_cls`
-    is corp.bench.cells.Bench, passed in (corp.bench.sweep imports this module)."""
+    is the driver's (type(bench)), so the task runs the class the driver runs."""
     import ray
     import torch
 
@@ -98,7 +99,7 @@ def _run_cell(bench_cls, cfg, cells, cell, threads: int, cwd: str):
         )
     torch.set_num_threads(threads)
     # threads is not part of a cell's key or record: the cell uses what Ray reserved for it
-    return bench.attempt(dataclasses.replace(cell, opts={**cell.opts, "threads": threads}))
+    return attempt(bench, dataclasses.replace(cell, opts={**cell.opts, "threads": threads}))
 
 
 def run_cells_on_ray(bench, cells: list, mine) -> int:
