@@ -39,6 +39,7 @@ import math
 import textwrap
 import types
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from functools import cache
 from pathlib import Path
@@ -477,59 +478,77 @@ def _coerce(value, tp):
     """`value` as a value of type `tp` (module docstring, "Types"), or raise TypeError."""
     origin, args = get_origin(tp), get_args(tp)
     if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a)
-            except TypeError:
-                continue
-        raise TypeError
+        return _coerce_union(value, args)
     if origin is list or tp is list:
-        elem = args[0] if args else None
-        if isinstance(value, str):  # a comma-separated list (how flags give one)
-            parts = [v.strip() for v in value.split(",") if v.strip()]
-            try:
-                return [elem(v) if elem in (int, float, str) else v for v in parts]
-            except ValueError:
-                raise TypeError from None
-        if isinstance(value, (list, tuple)):
-            items = list(value)
-        elif elem is not None and not isinstance(value, dict):
-            items = [value]  # one item
-        else:
-            raise TypeError
-        return [_coerce(v, elem) if elem is not None else v for v in items]
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise TypeError
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise TypeError
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError
-        return value
-    if tp is float:
-        if isinstance(value, bool):
-            raise TypeError
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                raise TypeError from None
+        return _coerce_list(value, args[0] if args else None)
+    coerce = _COERCE.get(origin or tp)  # dict[K, V] by its origin: any mapping, as for a bare dict
+    return value if coerce is None else coerce(value)  # a type this checker does not know: validate() is its check
+
+
+def _coerce_union(value, args: tuple):
+    """`X | Y | None`: null where the union allows it, else the first member type that takes the value."""
+    if value is None and type(None) in args:
+        return None
+    for a in args:
+        if a is type(None):
+            continue
+        try:
+            return _coerce(value, a)
+        except TypeError:
+            continue
+    raise TypeError
+
+
+def _coerce_list(value, elem):
+    """`list[elem]` (`elem` None: a bare `list`): a list or tuple, one item, or a comma-separated string."""
+    if isinstance(value, str):  # a comma-separated list (how flags give one)
+        parts = [v.strip() for v in value.split(",") if v.strip()]
+        try:
+            return [elem(v) if elem in (int, float, str) else v for v in parts]
+        except ValueError:
+            raise TypeError from None
+    if isinstance(value, (list, tuple)):
+        items = list(value)
+    elif elem is not None and not isinstance(value, dict):
+        items = [value]  # one item
+    else:
         raise TypeError
-    if tp is str:
-        if not isinstance(value, str):
+    return [_coerce(v, elem) if elem is not None else v for v in items]
+
+
+def _as_float(value) -> float:
+    """A float field takes a number (not a bool) or a numeric string: YAML 1.1 reads `1e-3` as one."""
+    if isinstance(value, bool):
+        raise TypeError
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise TypeError from None
+    raise TypeError
+
+
+def _only(ok: Callable[[Any], bool]) -> Callable[[Any], Any]:
+    """A coercer that takes a value unchanged where `ok(value)` and refuses any other (no conversion)."""
+
+    def coerce(value):
+        if not ok(value):
             raise TypeError
         return value
-    return value  # a type this checker does not know: validate() is its check
+
+    return coerce
+
+
+# how `_coerce` takes a value of each plain type it knows (a bool is an int to Python, not to a config)
+_COERCE: dict[type, Callable[[Any], Any]] = {
+    bool: _only(lambda v: isinstance(v, bool)),
+    int: _only(lambda v: isinstance(v, int) and not isinstance(v, bool)),
+    float: _as_float,
+    str: _only(lambda v: isinstance(v, str)),
+    dict: _only(lambda v: isinstance(v, dict)),
+}
 
 
 def check_types(cls: type, values: dict, source: dict[str, str] | None = None) -> dict:
