@@ -190,6 +190,26 @@ class RunConfig:
     )
 
     def validate(self) -> RunConfig:
+        self._check_executor()
+        self._check_gpus()
+        if self.threads is not None and self.threads < 0:
+            raise CorpError(
+                f"--threads must be >= 1 (or 0 / unset for torch's default, all usable cores), got {self.threads}"
+            )
+        if self.eval_cache and Path(self.eval_cache).is_dir():
+            raise CorpError(
+                f"--eval-cache '{self.eval_cache}' is a directory; name a JSONL file (it is created if missing)"
+            )
+        self._check_evaluation()
+
+        check_report_to(self.report_to)  # a backend that is not installed: one line, before anything runs
+
+        self.dtype = check_dtype(self.dtype)
+        self.device = check_device(self.device)
+        return self
+
+    def _check_executor(self) -> None:
+        """Where the run's specialists are scored (--executor, --workers, --ray-address)."""
         if self.executor not in ("local", "ray"):
             raise CorpError(f"unknown --executor '{self.executor}'; choose one of local, ray")
         if self.executor == "ray" and self.local_only:
@@ -198,6 +218,9 @@ class RunConfig:
             raise CorpError(f"--workers must be >= 1, got {self.workers}")
         if self.ray_address and self.executor != "ray":
             raise CorpError("--ray-address needs --executor ray")
+
+    def _check_gpus(self) -> None:
+        """What vLLM takes of the GPUs (--tensor-parallel-size, --gpu-memory-utilization)."""
         if self.tensor_parallel_size < 1:
             raise CorpError(f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
@@ -208,14 +231,9 @@ class RunConfig:
                     f"--tensor-parallel-size {self.tensor_parallel_size} needs that many CUDA GPUs; "
                     f"this machine has {cuda_count()}"
                 )
-        if self.threads is not None and self.threads < 0:
-            raise CorpError(
-                f"--threads must be >= 1 (or 0 / unset for torch's default, all usable cores), got {self.threads}"
-            )
-        if self.eval_cache and Path(self.eval_cache).is_dir():
-            raise CorpError(
-                f"--eval-cache '{self.eval_cache}' is a directory; name a JSONL file (it is created if missing)"
-            )
+
+    def _check_evaluation(self) -> None:
+        """What is evaluated and how: split sizes, batches, the split reported on, generation length."""
         for name in ("n_support", "n_probe", "n_validation", "n_test"):
             if getattr(self, name) < 0:
                 raise CorpError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
@@ -227,12 +245,6 @@ class RunConfig:
             raise CorpError("--report-on validation needs a validation split; set --n-validation >= 1")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise CorpError(f"--max-completion-length must be >= 1, got {self.max_new_tokens}")
-
-        check_report_to(self.report_to)  # a backend that is not installed: one line, before anything runs
-
-        self.dtype = check_dtype(self.dtype)
-        self.device = check_device(self.device)
-        return self
 
 
 @dataclass
@@ -276,6 +288,13 @@ class PopulationConfig(RunConfig):
         self.sigmas = parse_list(self.sigmas, float, "sigmas")
 
         scheme_from_flag(self.noise)  # a bad --noise is one line before any model loads
+        self._check_population()
+        self._check_racing()
+        self._check_from_run()
+        return self
+
+    def _check_population(self) -> None:
+        """The population to score: its size and noise scales."""
         if self.population < 1:
             raise CorpError(f"--population must be >= 1, got {self.population}")
         if not self.sigmas:
@@ -285,6 +304,9 @@ class PopulationConfig(RunConfig):
         ]  # inf would be saved as null and mean no model
         if bad:
             raise CorpError(f"--sigmas must all be > 0 and finite, got {bad[0]}")
+
+    def _check_racing(self) -> None:
+        """--race and its knobs (read only when racing is on)."""
         if self.race not in ("off", "halving"):
             raise CorpError(f"unknown --race '{self.race}'; choose off or halving")
         if self.race != "off":
@@ -297,6 +319,9 @@ class PopulationConfig(RunConfig):
                     "racing needs --race-first >= 1, --race-eta >= 2 and --race-keep "
                     f">= 0; got {self.race_first}, {self.race_eta}, {self.race_keep}"
                 )
+
+    def _check_from_run(self) -> None:
+        """A population taken from another run (--from-run, --from-sigmas) instead of scored here."""
         if self.from_sigmas is not None:
             self.from_sigmas = parse_list(self.from_sigmas, float, "from_sigmas")
             if not self.from_run:
@@ -309,7 +334,6 @@ class PopulationConfig(RunConfig):
             raise CorpError(
                 f"--from-run '{self.from_run}' has no population.jsonl; score one first (corp score) or drop --from-run"
             )
-        return self
 
 
 DEFAULT_TOP_K = [1, 4, 16]
