@@ -15,13 +15,13 @@ Where each part lives:
 - codec.py: the plain-data codec (`encode`/`decode`) and the pipe protocol over it (`Channel`,
   `Remote`).
 
-Run as a script, this file loads its siblings by their file paths next to it
-(`importlib.util.spec_from_file_location`), not through `sys.path`: the path stays what `-I -S`
-made it (the standard library, then the site-packages that `main` appends), the program sees that
-same path, and the siblings are not entered in `sys.modules`, where an `import` in the program
-could pick them up (only `importlib.util`, which loads them, and the few standard modules it needs
-are new there). They are read at start-up, before any isolation and with the caller's rights, from this
-file's own directory: the same trust as this file. Imported as `corp.sandbox.wrapper`, it imports
+Run as a script, this file reads its siblings' source from their file paths next to it and
+compiles it (`_sibling`), as Python compiles a script: not through `sys.path` or the import
+system, so the path stays what `-I -S` made it (the standard library, then the site-packages that
+`main` appends), the program sees that same path, no module joins `sys.modules` (where an `import`
+in the program could pick it up), and no bytecode is written to or read from `__pycache__` (a
+`.pyc` there would run before isolation). They are read at start-up, before any isolation and
+with the caller's rights, from this file's own directory: the same trust as this file. Imported as `corp.sandbox.wrapper`, it imports
 them as `corp.sandbox.codec` and `corp.sandbox.isolation`. The untrusted program runs in a child
 forked after isolation, so it holds in memory whatever the wrapper had loaded, as it did when all
 of this was one file; what it sends to the tester still crosses only as plain data, which `decode`
@@ -73,15 +73,15 @@ import types
 
 
 def _sibling(name: str):
-    """The module in `name`.py next to this file, loaded by its path (see the module docstring).
-    It is named `__main__`, as its code was when it was part of this file, so that a traceback
-    names its exceptions (RemoteError, Unencodable) as it did then."""
-    import importlib.util
-
+    """The module in `name`.py next to this file, compiled from its source (see the module
+    docstring). It is named `__main__`, as its code was when it was part of this file, so that a
+    traceback names its exceptions (RemoteError, Unencodable) as it did then."""
     path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name + ".py")
-    spec = importlib.util.spec_from_file_location("__main__", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = types.ModuleType("__main__")
+    module.__file__ = path
+    with open(path, encoding="utf-8") as fh:
+        source = fh.read()
+    exec(compile(source, path, "exec"), module.__dict__)  # no importlib: no .pyc, nothing in sys.modules
     return module
 
 
