@@ -580,7 +580,6 @@ def test_sandbox_hides_the_data_directory_the_repository_and_home():
         shutil.rmtree(planted)
 
 
-
 def test_the_wrapper_writes_and_reads_no_bytecode(tmp_path, monkeypatch):
     """The wrapper's siblings (codec.py, isolation.py) run before isolation, with the caller's rights:
     loading them through the import system would write .pyc files into __pycache__ on the first run
@@ -592,6 +591,7 @@ def test_the_wrapper_writes_and_reads_no_bytecode(tmp_path, monkeypatch):
     r = run_program("def f():\n    return [1, 2]\nprint(6 * 7)\n", timeout=10, tests=Tests("assert f() == [1, 2]"))
     assert not (tmp_path / "__pycache__").exists(), sorted(p.name for p in (tmp_path / "__pycache__").iterdir())
     assert r.passed and "42" in r.stdout, (r.status, r.detail, r.stdout)
+
 
 # ---------------------------------------------------------------- as an ordinary user (CI runs as root)
 
