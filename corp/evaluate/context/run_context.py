@@ -75,8 +75,9 @@ class RunContext:
         return self._backend is not None
 
     def set_backend(self, backend: Backend) -> None:
-        """Use this backend (a ready one, or a proxy such as the Ray executor's) from now on."""
-        self._backend = backend
+        """Use this backend (a ready one, or a proxy such as the Ray executor's) from now on; it is
+        its giver's to close (the Ray executor's proxy: `close`, with the executor)."""
+        self._backend, self.built_backend = backend, False
 
     def release_backend(self) -> None:
         """Drop the backend (the next use builds a new one)."""
