@@ -29,9 +29,6 @@ def run_passes(cfg: BenchConfig, bench: Bench, cells: list[Cell], compute: bool,
     # where a core freed by a finished task joins a slower one with a second wrapper on that task. The
     # claims are also what keeps a Ray bench and a local process on one results directory from running
     # a cell twice (a Ray task claims its cell the same way).
-    # Passes over the plan: a cell another process holds (its claim, or a run directory it needs) or
-    # a final whose trials another process is running is deferred, and the pass is repeated after
-    # CORP_BENCH_WAIT seconds until none is; one process alone runs everything in its first pass.
     wait = float(os.environ.get("CORP_BENCH_WAIT", "30"))
     done: dict[str, dict] = {}
     n_pass = 0
