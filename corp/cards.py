@@ -235,6 +235,42 @@ def _recipe_lines(recipe: dict | None, model_dir: Path, notice: str | None) -> l
     return recipe_lines
 
 
+LOAD_LINES = [
+    "## Load it",
+    "",
+    "```python",
+    "from transformers import AutoModelForCausalLM, AutoTokenizer",
+    "",
+    'path = "."  # this directory',
+    "model = AutoModelForCausalLM.from_pretrained(path)",
+    "tokenizer = AutoTokenizer.from_pretrained(path)",
+    "```",
+    "",
+]
+
+
+def _metadata(method: str, recipe: dict | None, hub_base: str | None, license_id: str | None) -> str:
+    """The card's YAML header, as the Hub reads it (library, license, base model, tags)."""
+    from huggingface_hub import ModelCardData
+
+    return ModelCardData(
+        library_name="transformers",
+        license=license_id or "other",
+        base_model=hub_base,
+        tags=["corp", method, "weight-space" if recipe else "post-trained"],
+        pipeline_tag="text-generation",
+    ).to_yaml()
+
+
+def _config_lines(config: dict | None, model_dir: Path) -> list[str]:
+    """The run's configuration as a YAML block, paths made relative to the model where they can be."""
+    return [
+        "```yaml",
+        *(f"{k}: {json.dumps(_portable(v, model_dir), default=str)}" for k, v in sorted((config or {}).items())),
+        "```",
+    ]
+
+
 def build_card(
     model_dir: Path,
     *,
@@ -249,31 +285,19 @@ def build_card(
     title: str | None = None,
     notice: str | None = None,
 ) -> str:
-    from huggingface_hub import ModelCard, ModelCardData
+    from huggingface_hub import ModelCard
 
     base_lines, hub_base, license_id = _base_lines(base)
-    data = ModelCardData(
-        library_name="transformers",
-        license=license_id or "other",
-        base_model=hub_base,
-        tags=["corp", method, "weight-space" if recipe else "post-trained"],
-        pipeline_tag="text-generation",
-    )
     evaluate = _evaluate_lines(task, config, model_dir)
     recipe_lines = _recipe_lines(recipe, model_dir, notice)
     label_lines = [f"- {k}: {v} labelled example(s)" for k, v in (labelled or {}).items()] or ["- not recorded"]
-    cfg_lines = [
-        "```yaml",
-        *(f"{k}: {json.dumps(_portable(v, model_dir), default=str)}" for k, v in sorted((config or {}).items())),
-        "```",
-    ]
     license_text = LICENSES.get(
         license_id or "", "The base model's license applies; corp adds no terms (corp itself is Apache-2.0)."
     )
     body = "\n".join(
         [
             "---",
-            data.to_yaml(),
+            _metadata(method, recipe, hub_base, license_id),
             "---",
             "",
             f"# {title or model_dir.name}: `{method}` on `{task}`",
@@ -309,22 +333,13 @@ def build_card(
             "",
             license_text,
             "",
-            "## Load it",
-            "",
-            "```python",
-            "from transformers import AutoModelForCausalLM, AutoTokenizer",
-            "",
-            'path = "."  # this directory',
-            "model = AutoModelForCausalLM.from_pretrained(path)",
-            "tokenizer = AutoTokenizer.from_pretrained(path)",
-            "```",
-            "",
+            *LOAD_LINES,
             "## Evaluate it",
             "",
             *evaluate,
             "## Configuration",
             "",
-            *cfg_lines,
+            *_config_lines(config, model_dir),
             "",
         ]
     )

@@ -261,11 +261,22 @@ def bench_cmd(
     if readme_section:
         typer.echo(_run(section, cfg), nl=False)
         return
+    summary = _bench_sweep(cfg, config, threads, report_only, task, methods)
+    _echo_bench_summary(summary, report_to)
+
+
+def _bench_sweep(cfg, config: str, threads: int | None, report_only: bool, task: str | None, methods: str | None):
+    """`corp bench` but --readme-section: run the cells the flags select (none with --report-only) and
+    write the outputs; returns run_bench's summary."""
     # where the cells ran (--executor, --workers, --ray-address; like --task and --methods) is left out of the
     # command the outputs cite: they are the same outputs, and --report-only rewrites them byte for byte
     command = "corp bench --config " + config + (f" --threads {threads}" if threads else "")
     only = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
-    summary = _run(run_bench, cfg, command, True, not report_only, task, only, interrupted="bench")
+    return _run(run_bench, cfg, command, True, not report_only, task, only, interrupted="bench")
+
+
+def _echo_bench_summary(summary: dict, report_to: str) -> None:
+    """What `corp bench` wrote (cells, outputs, what is missing), then its cells logged to --report-to."""
     typer.echo(
         f"{summary['cells']} cells ({summary['reused']} reused from earlier runs, {summary['not_run']} not run); wrote "
         f"{summary['results_dir']}/results.csv, table.md, {len(summary['plots'])} plots"

@@ -37,16 +37,16 @@ import dataclasses
 import inspect
 import math
 import textwrap
-import types
 import warnings
 from dataclasses import dataclass, field, fields
 from functools import cache
 from pathlib import Path
-from typing import Any, ClassVar, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, get_type_hints
 
 import yaml
 
 from corp import CorpError
+from corp.config_types import coerce, describe_type
 from corp.models import check_device, check_dtype, cuda_count
 from corp.perturb.lowrank_noise import scheme_from_flag
 from corp.tracking import check_report_to
@@ -189,6 +189,26 @@ class RunConfig:
     )
 
     def validate(self) -> RunConfig:
+        self._check_executor()
+        self._check_gpus()
+        if self.threads is not None and self.threads < 0:
+            raise CorpError(
+                f"--threads must be >= 1 (or 0 / unset for torch's default, all usable cores), got {self.threads}"
+            )
+        if self.eval_cache and Path(self.eval_cache).is_dir():
+            raise CorpError(
+                f"--eval-cache '{self.eval_cache}' is a directory; name a JSONL file (it is created if missing)"
+            )
+        self._check_evaluation()
+
+        check_report_to(self.report_to)  # a backend that is not installed: one line, before anything runs
+
+        self.dtype = check_dtype(self.dtype)
+        self.device = check_device(self.device)
+        return self
+
+    def _check_executor(self) -> None:
+        """Where the run's specialists are scored (--executor, --workers, --ray-address)."""
         if self.executor not in ("local", "ray"):
             raise CorpError(f"unknown --executor '{self.executor}'; choose one of local, ray")
         if self.executor == "ray" and self.local_only:
@@ -197,6 +217,9 @@ class RunConfig:
             raise CorpError(f"--workers must be >= 1, got {self.workers}")
         if self.ray_address and self.executor != "ray":
             raise CorpError("--ray-address needs --executor ray")
+
+    def _check_gpus(self) -> None:
+        """What vLLM takes of the GPUs (--tensor-parallel-size, --gpu-memory-utilization)."""
         if self.tensor_parallel_size < 1:
             raise CorpError(f"--tensor-parallel-size must be >= 1, got {self.tensor_parallel_size}")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
@@ -207,14 +230,9 @@ class RunConfig:
                     f"--tensor-parallel-size {self.tensor_parallel_size} needs that many CUDA GPUs; "
                     f"this machine has {cuda_count()}"
                 )
-        if self.threads is not None and self.threads < 0:
-            raise CorpError(
-                f"--threads must be >= 1 (or 0 / unset for torch's default, all usable cores), got {self.threads}"
-            )
-        if self.eval_cache and Path(self.eval_cache).is_dir():
-            raise CorpError(
-                f"--eval-cache '{self.eval_cache}' is a directory; name a JSONL file (it is created if missing)"
-            )
+
+    def _check_evaluation(self) -> None:
+        """What is evaluated and how: split sizes, batches, the split reported on, generation length."""
         for name in ("n_support", "n_probe", "n_validation", "n_test"):
             if getattr(self, name) < 0:
                 raise CorpError(f"{flag(name)} must be >= 0, got {getattr(self, name)}")
@@ -226,12 +244,6 @@ class RunConfig:
             raise CorpError("--report-on validation needs a validation split; set --n-validation >= 1")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise CorpError(f"--max-completion-length must be >= 1, got {self.max_new_tokens}")
-
-        check_report_to(self.report_to)  # a backend that is not installed: one line, before anything runs
-
-        self.dtype = check_dtype(self.dtype)
-        self.device = check_device(self.device)
-        return self
 
 
 @dataclass
@@ -275,6 +287,13 @@ class PopulationConfig(RunConfig):
         self.sigmas = parse_list(self.sigmas, float, "sigmas")
 
         scheme_from_flag(self.noise)  # a bad --noise is one line before any model loads
+        self._check_population()
+        self._check_racing()
+        self._check_from_run()
+        return self
+
+    def _check_population(self) -> None:
+        """The population to score: its size and noise scales."""
         if self.population < 1:
             raise CorpError(f"--population must be >= 1, got {self.population}")
         if not self.sigmas:
@@ -284,6 +303,9 @@ class PopulationConfig(RunConfig):
         ]  # inf would be saved as null and mean no model
         if bad:
             raise CorpError(f"--sigmas must all be > 0 and finite, got {bad[0]}")
+
+    def _check_racing(self) -> None:
+        """--race and its knobs (read only when racing is on)."""
         if self.race not in ("off", "halving"):
             raise CorpError(f"unknown --race '{self.race}'; choose off or halving")
         if self.race != "off":
@@ -296,6 +318,9 @@ class PopulationConfig(RunConfig):
                     "racing needs --race-first >= 1, --race-eta >= 2 and --race-keep "
                     f">= 0; got {self.race_first}, {self.race_eta}, {self.race_keep}"
                 )
+
+    def _check_from_run(self) -> None:
+        """A population taken from another run (--from-run, --from-sigmas) instead of scored here."""
         if self.from_sigmas is not None:
             self.from_sigmas = parse_list(self.from_sigmas, float, "from_sigmas")
             if not self.from_run:
@@ -308,7 +333,6 @@ class PopulationConfig(RunConfig):
             raise CorpError(
                 f"--from-run '{self.from_run}' has no population.jsonl; score one first (corp score) or drop --from-run"
             )
-        return self
 
 
 DEFAULT_TOP_K = [1, 4, 16]
@@ -452,86 +476,6 @@ def read_yaml_config(yaml_path: str | Path) -> dict:
     return loaded
 
 
-_SCALARS = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
-
-
-def _describe(tp) -> str:
-    origin, args = get_origin(tp), get_args(tp)
-    if origin in (Union, types.UnionType):
-        inner = [a for a in args if a is not type(None)]
-        return " or ".join(_describe(a) for a in inner) + (" or null" if len(inner) < len(args) else "")
-    if origin is list or tp is list:
-        return f"a list of {_plural(args[0])}" if args else "a list"
-    if origin is dict or tp is dict:
-        return "a mapping"
-    return _SCALARS.get(tp, getattr(tp, "__name__", str(tp)))
-
-
-def _plural(tp) -> str:
-    if get_origin(tp) in (Union, types.UnionType):
-        return " or ".join(_plural(a) for a in get_args(tp) if a is not type(None))
-    return _describe(tp).removeprefix("an ").removeprefix("a ") + "s"
-
-
-def _coerce(value, tp):
-    """`value` as a value of type `tp` (module docstring, "Types"), or raise TypeError."""
-    origin, args = get_origin(tp), get_args(tp)
-    if origin in (Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for a in args:
-            if a is type(None):
-                continue
-            try:
-                return _coerce(value, a)
-            except TypeError:
-                continue
-        raise TypeError
-    if origin is list or tp is list:
-        elem = args[0] if args else None
-        if isinstance(value, str):  # a comma-separated list (how flags give one)
-            parts = [v.strip() for v in value.split(",") if v.strip()]
-            try:
-                return [elem(v) if elem in (int, float, str) else v for v in parts]
-            except ValueError:
-                raise TypeError from None
-        if isinstance(value, (list, tuple)):
-            items = list(value)
-        elif elem is not None and not isinstance(value, dict):
-            items = [value]  # one item
-        else:
-            raise TypeError
-        return [_coerce(v, elem) if elem is not None else v for v in items]
-    if origin is dict or tp is dict:
-        if not isinstance(value, dict):
-            raise TypeError
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise TypeError
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError
-        return value
-    if tp is float:
-        if isinstance(value, bool):
-            raise TypeError
-        if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                raise TypeError from None
-        raise TypeError
-    if tp is str:
-        if not isinstance(value, str):
-            raise TypeError
-        return value
-    return value  # a type this checker does not know: validate() is its check
-
-
 def check_types(cls: type, values: dict, source: dict[str, str] | None = None) -> dict:
     """`values` checked against the field types of dataclass `cls` (module docstring, "Types"):
     returns them converted (numeric strings of float fields, one item of a list field), or raises
@@ -545,12 +489,12 @@ def check_types(cls: type, values: dict, source: dict[str, str] | None = None) -
             out[name] = value
             continue
         try:
-            out[name] = _coerce(value, tp)
+            out[name] = coerce(value, tp)
         except TypeError:
             where = (source or {}).get(name)
             label = f"{where}: key '{option_names(cls).get(name, name)}'" if where else flag(name, cls)
             shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-            raise CorpError(f"{label} is {shown} ({type(value).__name__}); expected {_describe(tp)}") from None
+            raise CorpError(f"{label} is {shown} ({type(value).__name__}); expected {describe_type(tp)}") from None
     return out
 
 

@@ -190,45 +190,53 @@ def _bad_number(x, low: float, high: float, positive: bool = False) -> bool:
     return (x <= 0 if positive else x < low) or x > high
 
 
+def _refuse(path, where: str, value, expected: str):
+    """The one line of `check_numbers` for a value that is not what a recipe holds there."""
+    raise CorpError(
+        f"recipe '{path}': {where} is {value!r}, expected {expected}; "
+        "the recipe was edited or corrupted, so it cannot be rebuilt"
+    )
+
+
+def _check_component(c, where: str, path) -> None:
+    """A plain component: an object with a non-negative integer seed, a sigma and a coef in range."""
+    if not isinstance(c, dict):
+        _refuse(path, where, c, "an object {seed, sigma, coef}")
+    seed = c.get("seed")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        _refuse(path, f"{where} seed", seed, "a non-negative integer")
+    if _bad_number(c.get("sigma"), 0.0, MAX_SIGMA, positive=True):
+        _refuse(path, f"{where} sigma", c.get("sigma"), f"a finite number in (0, {MAX_SIGMA:g}]")
+    if _bad_number(c.get("coef", 1.0), -MAX_COEF, MAX_COEF):
+        _refuse(path, f"{where} coef", c.get("coef"), f"a finite number of size at most {MAX_COEF:g}")
+
+
+def _check_merged(c: dict, i: int, path) -> None:
+    """A merged term (component `i`): its scale in range and a list of plain components."""
+    if _bad_number(c.get("scale"), -MAX_COEF, MAX_COEF):
+        _refuse(path, f"component {i} scale", c.get("scale"), f"a finite number of size at most {MAX_COEF:g}")
+    if not isinstance(c["merged"], list):
+        _refuse(path, f"component {i} merged", c["merged"], "a list")
+    for j, m in enumerate(c["merged"]):
+        _check_component(m, f"component {i}.{j}", path)
+
+
 def check_numbers(recipe: dict, path) -> None:
     """One line for the first number of `recipe` that is not finite or not in range (module docstring)."""
-
-    def bad(where: str, value, expected: str):
-        raise CorpError(
-            f"recipe '{path}': {where} is {value!r}, expected {expected}; "
-            "the recipe was edited or corrupted, so it cannot be rebuilt"
-        )
-
-    def component(c, where: str):
-        if not isinstance(c, dict):
-            bad(where, c, "an object {seed, sigma, coef}")
-        seed = c.get("seed")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            bad(f"{where} seed", seed, "a non-negative integer")
-        if _bad_number(c.get("sigma"), 0.0, MAX_SIGMA, positive=True):
-            bad(f"{where} sigma", c.get("sigma"), f"a finite number in (0, {MAX_SIGMA:g}]")
-        if _bad_number(c.get("coef", 1.0), -MAX_COEF, MAX_COEF):
-            bad(f"{where} coef", c.get("coef"), f"a finite number of size at most {MAX_COEF:g}")
-
     comps = recipe.get("components", [])
     if not isinstance(comps, list):
-        bad("components", comps, "a list")
+        _refuse(path, "components", comps, "a list")
     for i, c in enumerate(comps):
         if isinstance(c, dict) and "merged" in c:
-            if _bad_number(c.get("scale"), -MAX_COEF, MAX_COEF):
-                bad(f"component {i} scale", c.get("scale"), f"a finite number of size at most {MAX_COEF:g}")
-            if not isinstance(c["merged"], list):
-                bad(f"component {i} merged", c["merged"], "a list")
-            for j, m in enumerate(c["merged"]):
-                component(m, f"component {i}.{j}")
+            _check_merged(c, i, path)
         else:
-            component(c, f"component {i}")
+            _check_component(c, f"component {i}", path)
     low = recipe.get("low_rank")
     if isinstance(low, dict) and "scale" in low and _bad_number(low["scale"], -MAX_COEF, MAX_COEF):
-        bad("low_rank scale", low["scale"], f"a finite number of size at most {MAX_COEF:g}")
+        _refuse(path, "low_rank scale", low["scale"], f"a finite number of size at most {MAX_COEF:g}")
     h = recipe.get("model_weights_hash")
     if h is not None and not (isinstance(h, str) and _SHA256.match(h)):
-        bad("model_weights_hash", h, "a sha256 hex digest")
+        _refuse(path, "model_weights_hash", h, "a sha256 hex digest")
 
 
 def base_candidates(recipe: dict) -> list[str]:

@@ -183,7 +183,7 @@ def test_the_driver_keeps_the_order_records_depend_on(tmp_path):
     """Planted: a cell that reads an earlier cell's record (a population cell's first try is sized by
     the previous seed's, an iterative budget continues the run of the one below) is held back while
     that cell is still to run; cells of other runs are not."""
-    from corp.bench.ray_cells import _blocked
+    from corp.bench.schedule.ray_cells import _blocked
     from corp.bench.sweep import Bench, plan
 
     cfg = load_config(BenchConfig, None, _options(Path("unused-model"), tmp_path))
@@ -218,7 +218,7 @@ def test_a_cell_reserves_its_threads_and_bad_executor_settings_are_one_line(tmp_
     import os as _os
 
     from corp import CorpError
-    from corp.bench.ray_cells import cell_threads
+    from corp.bench.schedule.ray_cells import cell_threads
 
     base = _options(Path("unused-model"), tmp_path)
     monkeypatch.setattr(_os, "cpu_count", lambda: 8)
@@ -230,7 +230,7 @@ def test_a_cell_reserves_its_threads_and_bad_executor_settings_are_one_line(tmp_
     # a cell on CUDA reserves its engine's GPUs (one, or its vLLM tensor-parallel size); on the CPU none
     from dataclasses import replace
 
-    from corp.bench.ray_cells import cell_gpus
+    from corp.bench.schedule.ray_cells import cell_gpus
     from corp.bench.sweep import plan
 
     some = plan(cfg)[0][0]

@@ -87,14 +87,15 @@ def test_each_final_cell_is_scored_off_task_before_the_next_cell_runs(tiny_dir, 
     """A long bench spans sessions, and a later session has none of an earlier one's run directories
     (models are never committed): scoring every model after the last cell found them gone. The
     planted case: the order of events; each final cell's retention must come right after it."""
+    import corp.bench.schedule.passes as passes
     import corp.bench.sweep as sweep
     from corp.bench.sweep import run_bench
 
     events = []
-    real_attempt = sweep.Bench.attempt
+    real_attempt = passes.attempt
 
-    def attempt(self, cell):
-        rec = real_attempt(self, cell)
+    def attempt(bench, cell):
+        rec = real_attempt(bench, cell)
         if rec is not None and cell.setting != "tune":
             events.append(("cell", cell.record_name()))
         return rec
@@ -105,8 +106,9 @@ def test_each_final_cell_is_scored_off_task_before_the_next_cell_runs(tiny_dir, 
             events.append(("retention", name, rec["method"] != "es" or model.is_dir()))
         return 0
 
-    monkeypatch.setattr(sweep.Bench, "attempt", attempt)
-    monkeypatch.setattr(sweep, "score_records", score)
+    monkeypatch.setattr(passes, "attempt", attempt)
+    monkeypatch.setattr(passes, "score_records", score)  # each cell's, as it finishes
+    monkeypatch.setattr(sweep, "score_records", score)  # the rest, after the passes
     opts = _options(tiny_dir, tmp_path, methods={"es": {"options": {"population": 2, "sigma": 0.05, "alpha": 0.05}}})
     opts.update(compare=[], equivalence=[])
     run_bench(load_config(BenchConfig, None, opts), "corp bench --config ret.yaml")

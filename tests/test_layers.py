@@ -45,6 +45,7 @@ CORE_GROUND = (
     "threads",
     "extras",
     "config",
+    "config_types",
     "cards",
     "tracking",
     "method",

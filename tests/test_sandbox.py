@@ -429,6 +429,9 @@ def test_plain_data_codec_builds_only_builtins():
         {(1, 2): [None]},
         int,
     ]
+    from corp.sandbox import codec
+
+    assert encode is codec.encode and decode is codec.decode  # the wrapper's own are the codec module's
     for v in values:
         assert decode(json.loads(json.dumps(encode(v)))) == v
     assert type(decode(encode(Liar(5)))) is int and decode(encode(Liar(5))) != 6  # a subclass travels as its base
@@ -551,10 +554,12 @@ def test_sandbox_hides_the_data_directory_the_repository_and_home():
     try:
         src = prog(
             f"""
-            import os
+            import os, sys
             for p in {[str(p) for p in secret]!r}:
                 if os.path.exists(p):
                     print('visible', p)
+            print('path', [p for p in sys.path if p == {str(REPO)!r} or p.startswith({str(REPO / "corp")!r})])
+            print('modules', [m for m in ('codec', 'isolation', 'corp', 'importlib.util') if m in sys.modules])
             print('listing', sorted(os.listdir('/')))
             """
         )
@@ -564,11 +569,28 @@ def test_sandbox_hides_the_data_directory_the_repository_and_home():
             assert f"visible {planted / 'marker'}" in old_way.stdout, old_way.stdout
         r = run_program(src, timeout=5)
         assert r.passed and "visible" not in r.stdout, r.stdout
+        # the wrapper compiles its sibling modules from their files: nothing of corp on the program's
+        # path, and no import machinery (importlib.util would also read and write __pycache__ bytecode,
+        # which then runs before isolation)
+        assert "path []\nmodules []\n" in r.stdout, r.stdout
         listing = r.stdout.split("listing ", 1)[1]
         for top in ("home", "srv", "mnt", "media", "opt", "var", "run", "boot"):
             assert f"'{top}'" not in listing
     finally:
         shutil.rmtree(planted)
+
+
+def test_the_wrapper_writes_and_reads_no_bytecode(tmp_path, monkeypatch):
+    """The wrapper's siblings (codec.py, isolation.py) run before isolation, with the caller's rights:
+    loading them through the import system would write .pyc files into __pycache__ on the first run
+    and execute whatever .pyc is there on later ones. The planted case: a fresh copy of the sandbox's
+    files, a program run from it, and then no __pycache__ beside them."""
+    for f in ("wrapper.py", "codec.py", "isolation.py"):
+        shutil.copy(Path(sandbox.__file__).with_name(f), tmp_path / f)
+    monkeypatch.setattr(sandbox, "WRAPPER", str(tmp_path / "wrapper.py"))
+    r = run_program("def f():\n    return [1, 2]\nprint(6 * 7)\n", timeout=10, tests=Tests("assert f() == [1, 2]"))
+    assert not (tmp_path / "__pycache__").exists(), sorted(p.name for p in (tmp_path / "__pycache__").iterdir())
+    assert r.passed and "42" in r.stdout, (r.status, r.detail, r.stdout)
 
 
 # ---------------------------------------------------------------- as an ordinary user (CI runs as root)

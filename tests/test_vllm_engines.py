@@ -73,3 +73,34 @@ def test_every_method_runs_on_vllm_with_the_rows_of_hf(name, tiny_qwen_dir, tmp_
             r.get("made_by", {}).pop("run_dir", None)
             r.pop("created", None)
         assert a == b
+
+
+def test_a_finished_runs_engine_is_freed(tiny_qwen_dir, tmp_path):
+    """A process that runs one method after another (`corp bench`: every cell; the Python API) must
+    not keep the engines of the runs that ended: the bench was killed for memory at its fourth cell
+    with 20.9 GB resident. The planted case: a run on vLLM with the engine compiled (as users run it,
+    not --enforce-eager), then no engine and no backend of it left once it is collected.
+    `from_model_name`'s frame outlived the call with the engine in its locals."""
+    import gc
+    import weakref
+
+    import corp.evaluate.backends.vllm as vllm_backend
+
+    built = []
+    real = vllm_backend.VLLMBackend.__init__
+
+    def spy(self, llm, *args, **kwargs):
+        real(self, llm, *args, **kwargs)
+        built.append((weakref.ref(self), weakref.ref(llm)))
+
+    m = REGISTRY["score"]
+    options = {**m.smoke, **COMMON, "model": str(tiny_qwen_dir), "run_dir": str(tmp_path / "r"), "backend": "vllm"}
+    vllm_backend.VLLMBackend.__init__ = spy
+    try:
+        m(load_config(m.config, None, options))
+    finally:
+        vllm_backend.VLLMBackend.__init__ = real
+    gc.collect()
+    assert built, "the run built no vLLM backend"
+    assert [b() is None and e() is None for b, e in built] == [True] * len(built), "a finished run's engine is alive"
+    assert not vllm_backend._ENGINES

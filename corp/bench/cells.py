@@ -1,5 +1,6 @@
-"""Running cells (`Bench`): claiming a cell, the shared scored population of a seed and the prefix a
-budget buys, growing an iterative run to its last checkpoint within a budget, and the cell record."""
+"""Running cells (`Bench`): the shared scored population of a seed and the prefix a budget buys,
+growing an iterative run to its last checkpoint within a budget, and the cell record. Which process
+runs a cell, and when, is the scheduler's (corp.bench.schedule)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from corp.config import in_scales, load_config
 from corp.ledger import flops
 from corp.method import FIXED, ITERATIVE, POPULATION, get_path
 from corp.methods import get_method
-from corp.runs import RunBusy, read_json, read_jsonl, try_flock, write_json
+from corp.runs import read_json, read_jsonl, write_json
 
 GROWTH_AIM = 0.9  # share of the remaining budget an iterative cell's next growth aims at
 
@@ -91,35 +92,6 @@ class Bench:
         check_record(rec, where=f"cell {cell.record_name()}")  # the format later sessions read back
         write_json(self.record_path(cell), rec)
         return rec
-
-    def _claim_path(self, cell: Cell) -> Path:
-        """A cell's claim file; an iterative cell's is its run's (every budget continues one training
-        run, so one process takes them all, in order)."""
-        name = self._run_dir(cell).name if cell.adapter.kind == ITERATIVE else cell.record_name()
-        return self.work / "claims" / f"{name}.lock"
-
-    def busy(self, cell: Cell) -> bool:
-        """Whether another process holds the cell's claim (it is computing it now)."""
-        path = self._claim_path(cell)
-        if not path.exists():
-            return False
-        with open(path, "a+") as fh:
-            return not try_flock(fh)
-
-    def attempt(self, cell: Cell) -> dict | None:
-        """Run the cell unless another process holds it: its claim (an flock on a file per cell,
-        released when the process ends) or a run directory it needs (RunBusy, e.g. a shared
-        population being scored). None: deferred to a later pass. Several `corp bench` processes
-        may so share one task: each runs the cells no other holds."""
-        path = self._claim_path(cell)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path, "a+") as fh:
-            if not try_flock(fh):
-                return None
-            try:
-                return self.run_cell(cell)  # re-reads the record first: another process may have finished it
-            except RunBusy:
-                return None
 
     def _run_dir(self, cell: Cell, key: str | None = None) -> Path:
         return self.work / f"{_slug(cell.task)}__{_slug(cell.label)}__s{cell.seed}__{(key or cell.run_key())[:12]}"
@@ -247,7 +219,6 @@ class Bench:
         evaluations it measured; a try that fits steps up to that prefix when it is larger. The
         record is the largest prefix that fitted, with every try (`tried`). A method with no own
         evaluations fits at once. Nothing over the budget is recorded."""
-        adapter = cell.adapter
         pop = self.population(cell)
         costs, budget = pop["costs"], cell.budget
         full = prefix_that_fits(costs, budget)
@@ -259,6 +230,29 @@ class Bench:
             )
         if cell.opts.get("race", "off") != "off":
             return self._raced_cell(cell, full)
+        best, tried, wall, empty = self._search_prefix(cell, pop, n, full)
+        if empty is not None:  # no prefix fitted
+            return empty
+        n = best["units"]
+        rec = self._record(cell, best["report"], best["run_dir"], wall, units=n, chosen=best["opts"])
+        rec["population_run"] = pop["run_dir"]
+        rec["population_sigmas"] = pop["scales"]
+        rec["population_seconds"] = sum(pop["seconds"][:n])
+        rec["tried"] = tried
+        rec["own_flops"] = best["own"]
+        rec["own_estimate"] = guess  # what the first try was sized with (None: scoring alone)
+        # RandOpt on CoRP's population: charged the prefix CoRP read, not its own evaluations
+        for row in rec.get("rows", []):
+            if row.get("population_row"):
+                row["flops"] = sum(costs[:n])
+        rec["budget_reached"] = n < len(costs) or sum(costs) >= budget
+        return rec
+
+    def _search_prefix(self, cell: Cell, pop: dict, n: int, full: int):
+        """The prefix search `_population_cell` describes, from a first try at n. Returns (the largest
+        prefix that fitted with its report, every try, the seconds they took, None), or, when none
+        fitted, (None, every try, None, the cell's empty record)."""
+        adapter, costs, budget = cell.adapter, pop["costs"], cell.budget
         tried: list[dict] = []
         best: dict | None = None  # the largest prefix that fitted so far
         wall = 0.0
@@ -280,37 +274,26 @@ class Bench:
                 if best is None or n > best["units"]:
                     best = {"units": n, "report": report, "run_dir": run_dir, "opts": opts, "own": own}
                 nxt = min(full, room)
-                if nxt <= n or nxt in done or len(tried) >= 4:
-                    break
+                stop = nxt <= n or nxt in done or len(tried) >= 4
             else:
                 nxt = min(n - 1, room)
-                if best is not None and (nxt <= best["units"] or nxt in done or len(tried) >= 4):
-                    break
                 if best is None and (nxt < _min_units(cell) or len(tried) >= 4):
-                    return self._empty(
-                        cell,
-                        f"{n} specialists plus {cell.label}'s own evaluations spent {flops:.3g} FLOPs, over the "
-                        f"budget; with {_min_units(cell)} it would not fit either"
-                        if nxt < _min_units(cell)
-                        else f"4 prefixes tried ({', '.join(str(t['units']) for t in tried)}), none within the budget",
-                        tried,
-                    )
+                    return None, tried, None, self._none_fitted(cell, n, flops, nxt, tried)
+                stop = best is not None and (nxt <= best["units"] or nxt in done or len(tried) >= 4)
+            if stop:
+                return best, tried, wall, None
             n = nxt
-        n = best["units"]
-        rec = self._record(cell, best["report"], best["run_dir"], wall, units=n, chosen=best["opts"])
-        rec["population_run"] = pop["run_dir"]
-        rec["population_sigmas"] = pop["scales"]
-        rec["population_seconds"] = sum(pop["seconds"][:n])
-        rec["tried"] = tried
-        rec["own_flops"] = best["own"]
-        rec["own_estimate"] = guess  # what the first try was sized with (None: scoring alone)
-        for row in rec.get(
-            "rows", []
-        ):  # RandOpt on CoRP's population: charged the prefix CoRP read, not its own evaluations
-            if row.get("population_row"):
-                row["flops"] = sum(costs[:n])
-        rec["budget_reached"] = n < len(costs) or sum(costs) >= budget
-        return rec
+
+    def _none_fitted(self, cell: Cell, n: int, flops: float, nxt: int, tried: list[dict]) -> CellRecord:
+        """The empty record of a population cell no prefix of which fitted beside its own evaluations."""
+        return self._empty(
+            cell,
+            f"{n} specialists plus {cell.label}'s own evaluations spent {flops:.3g} FLOPs, over the "
+            f"budget; with {_min_units(cell)} it would not fit either"
+            if nxt < _min_units(cell)
+            else f"4 prefixes tried ({', '.join(str(t['units']) for t in tried)}), none within the budget",
+            tried,
+        )
 
     def _raced_cell(self, cell: Cell, n: int) -> dict:
         """A population cell with racing on (`race: halving`): a raced specialist costs less, so at

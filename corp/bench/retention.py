@@ -79,10 +79,15 @@ def target(cfg, rec: dict, row: dict) -> tuple[str | None, str]:
         if name == "randopt-top1" and rec.get("population_run"):
             return REBUILD, "its top-1 specialist, rebuilt from its seed and sigma"
         return None, "the method saves no model"
+    return _saved_model(rec, method.bench)
+
+
+def _saved_model(rec: dict, adapter) -> tuple[str | None, str]:
+    """`target` for a method that saves a model: the cell's run directory's, unless it is gone or is a later
+    checkpoint than the cell's (an iterative run trained past the cell's budget)."""
     run_dir = Path(rec.get("run_dir") or "")
     if not (run_dir / "model").is_dir():
         return None, f"no saved model in '{run_dir}' (its run directory was removed?)"
-    adapter = method.bench
     if adapter is not None and adapter.kind == ITERATIVE and adapter.units_done:
         report = read_json(run_dir / "report.json") if (run_dir / "report.json").exists() else {}
 

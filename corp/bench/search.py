@@ -67,24 +67,27 @@ def check_search(cfg) -> None:
                 "every method gets the same number (remove its trials or set it to the same)"
             )
     for name, space in spaces.items():
-        if not isinstance(space, dict) or not space or any(not isinstance(v, list) or not v for v in space.values()):
-            raise CorpError(f"bench config: method '{name}': search must map each option to a non-empty list of values")
-        spec = cfg.methods[name] or {}
-        fixed = set(spec.get("options") or {}) | {
-            k for over in (spec.get("variants") or {}).values() for k in (over or {})
-        }
-        both = sorted(fixed & set(space))
-        if both:
-            raise CorpError(
-                f"bench config: method '{name}': option '{both[0]}' is "
-                "both fixed (options/variants) and searched; remove one"
-            )
-        n = len(grid(space))
-        if n < cfg.trials:
-            raise CorpError(
-                f"bench config: method '{name}': its search space has {n} combination(s), fewer than trials = "
-                f"{cfg.trials}; add values or lower trials (every method gets the same number)"
-            )
+        _check_space(cfg, name, space)
+
+
+def _check_space(cfg, name: str, space) -> None:
+    """`check_search` for one method's search space: a grid of non-empty lists, no option both fixed and
+    searched, at least `trials` points."""
+    if not isinstance(space, dict) or not space or any(not isinstance(v, list) or not v for v in space.values()):
+        raise CorpError(f"bench config: method '{name}': search must map each option to a non-empty list of values")
+    spec = cfg.methods[name] or {}
+    fixed = set(spec.get("options") or {}) | {k for over in (spec.get("variants") or {}).values() for k in (over or {})}
+    both = sorted(fixed & set(space))
+    if both:
+        raise CorpError(
+            f"bench config: method '{name}': option '{both[0]}' is both fixed (options/variants) and searched; remove one"
+        )
+    n = len(grid(space))
+    if n < cfg.trials:
+        raise CorpError(
+            f"bench config: method '{name}': its search space has {n} combination(s), fewer than trials = "
+            f"{cfg.trials}; add values or lower trials (every method gets the same number)"
+        )
 
 
 def trial_score(record: dict) -> float | None:

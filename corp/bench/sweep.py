@@ -18,26 +18,18 @@ split sizes, budgets below a method's minimum, the results directory), one error
 
 from __future__ import annotations
 
-import os
-import time
-
-from tqdm.auto import tqdm
-
 from corp import CorpError
 from corp.bench.cells import Bench
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig, results_path
-from corp.bench.plan import Cell, _trials_of, _with_every_trial, plan
+from corp.bench.plan import Cell, _with_every_trial, plan
 from corp.bench.preflight import preflight
 from corp.bench.protocol import check_registration
-from corp.bench.ray_cells import run_cells_on_ray
 from corp.bench.report import write_outputs
 from corp.bench.retention import score_records
+from corp.bench.schedule.passes import run_passes
+from corp.bench.schedule.ray_cells import run_cells_on_ray
 from corp.config import load_config
 from corp.runs import read_json
-
-
-def _progress_disabled() -> bool:
-    return os.environ.get("CORP_NO_PROGRESS") == "1"
 
 
 def run_bench(
@@ -55,9 +47,9 @@ def run_bench(
     `only_methods`: compute only the cells of these methods (a variant's label, e.g. `corp-r4`, or a
     registry name, which takes all its variants), so processes can split one task's methods. Any
     number of processes may also run the same cells: each claims a cell before running it
-    (`Bench.attempt`), skips the ones another holds and repeats its pass until none is held.
-    `executor: ray` runs the cells as Ray tasks first (corp.bench.ray_cells); the passes then find
-    their records."""
+    (corp.bench.schedule), skips the ones another holds and repeats its pass until none is held.
+    `executor: ray` runs the cells as Ray tasks first (corp.bench.schedule.ray_cells); the passes
+    then find their records."""
 
     cells, missing = plan(cfg)
     only_task = _check_selection(cfg, cells, missing, only_task, only_methods)
@@ -94,7 +86,7 @@ def run_bench(
         )
     if compute and cfg.executor == "ray":  # every cell a Ray task; the passes below then find their records
         run_cells_on_ray(bench, cells, mine)
-    done = _passes(cfg, bench, cells, compute, mine)
+    done = run_passes(cfg, bench, cells, compute, mine)
     if cfg.retention and compute:  # the rest: cells another process finished, or Ray's (corp.bench.retention)
         score_records(cfg, {n: r for n, r in done.items() if mine_record(r)})
     records = list(done.values())
@@ -131,62 +123,6 @@ def _check_selection(cfg: BenchConfig, cells: list[Cell], missing: list[dict], o
                 f"{', '.join(sorted({c.label for c in cells}))}"
             )
     return only_task
-
-
-def _passes(cfg: BenchConfig, bench: Bench, cells: list[Cell], compute: bool, mine) -> dict[str, dict]:
-    """Every cell's record, by record name: finished ones read, this process's own (`mine`) run."""
-    # Why several local processes still share a bench through claims (flocks) and passes, beside
-    # --executor ray, which is the parallel path: Ray is an optional extra, and the long CPU benches run
-    # as one `benchmarks/bench_run.sh` wrapper per task (a retry loop that commits each finished cell),
-    # where a core freed by a finished task joins a slower one with a second wrapper on that task. The
-    # claims are also what keeps a Ray bench and a local process on one results directory from running
-    # a cell twice (a Ray task claims its cell the same way).
-    # Passes over the plan: a cell another process holds (its claim, or a run directory it needs) or
-    # a final whose trials another process is running is deferred, and the pass is repeated after
-    # CORP_BENCH_WAIT seconds until none is; one process alone runs everything in its first pass.
-    wait = float(os.environ.get("CORP_BENCH_WAIT", "30"))
-    done: dict[str, dict] = {}
-    n_pass = 0
-    while True:
-        n_pass += 1
-        deferred = 0
-        bar = tqdm(
-            cells,
-            desc=f"bench {cfg.name}" + (f" (pass {n_pass})" if n_pass > 1 else ""),
-            unit="cell",
-            initial=0,
-            dynamic_ncols=True,
-            disable=_progress_disabled() or not compute,
-        )
-        for planned in bar:
-            bar.set_postfix_str(
-                f"{planned.task_label or planned.task} {planned.setting} s{planned.seed} {planned.label} "
-                f"{'' if planned.budget is None else f'{planned.budget:.2g}'}"
-            )
-            cell = bench.resolve(planned, cells)  # None: its trials have not all run
-            if cell is None:
-                if compute and mine(planned) and any(bench.busy(t) for t in _trials_of(planned, cells)):
-                    deferred += 1
-                continue
-            name = cell.record_name()
-            if name in done:
-                continue
-            rec = bench.load_record(cell)  # a finished cell needs no claim
-            if rec is None and compute and mine(cell):
-                rec = bench.attempt(cell)
-                if rec is not None and cfg.retention and rec.get("setting") != "tune":
-                    # scored now, while the cell's saved model is on disk: a long bench spans sessions
-                    # whose run directories (git-ignored) are gone when a later one resumes
-                    score_records(cfg, {name: rec})
-            if rec is not None:
-                done[name] = rec
-            elif compute and mine(cell):
-                deferred += 1
-        bar.close()
-        if not deferred:
-            break
-        time.sleep(wait)
-    return done
 
 
 def old_protocol_records(cfg: BenchConfig) -> dict[str, str]:

@@ -97,6 +97,28 @@ def _join(ctx: RunContext, parts: Sequence[dict], upto: int, kind: str, key_what
     return row
 
 
+def _final_rows(
+    ctx: RunContext,
+    specs: Sequence[tuple[int, float]],
+    cache: EvalCache,
+    done: dict[int, dict],
+    stopped: dict[int, dict],
+    parts: dict[int, list[dict]],
+    n: int,
+) -> list[dict]:
+    """The race's outcome in population order: each specialist's earlier full row, its raced row, or
+    its survivor row assembled from its chunks; the new rows are cached in that order."""
+    rows: list[dict] = []
+    for i in range(len(specs)):
+        if i in done:
+            rows.append({**done[i], "index": i})
+        elif i in stopped:
+            rows.append(cache.put(stopped[i]))
+        else:
+            rows.append(cache.put(_join(ctx, parts[i], n, "specialist", specialist_what(*specs[i]), i)))
+    return rows
+
+
 def race_population(
     ctx: RunContext,
     specs: Sequence[tuple[int, float]],
@@ -141,14 +163,7 @@ def race_population(
                 stopped[i] = _join(ctx, parts[i], hi, RACED, specialist_what(*specs[i]) + "|raced", i)
         alive = [i for i in alive if i in keep_now]
         lo = hi
-    rows: list[dict] = []
-    for i in range(len(specs)):
-        if i in done:
-            rows.append({**done[i], "index": i})
-        elif i in stopped:
-            rows.append(cache.put(stopped[i]))
-        else:
-            rows.append(cache.put(_join(ctx, parts[i], n, "specialist", specialist_what(*specs[i]), i)))
+    rows = _final_rows(ctx, specs, cache, done, stopped, parts, n)
     summary = {
         "rule": "successive halving",
         "first": first,

@@ -229,6 +229,8 @@ def score_retention(
             "bpb": _bpb_of(c, text),
             "tasks": _task_scores(c, evals, specs, sizes),
         }
+        if c is not ctx:
+            c.close_built_backend()  # the base's engine, built for this; the run's own is its run's to close
     if base:
         mine, theirs = report["models"]["model"], report["models"]["base"]
         report["change"] = {

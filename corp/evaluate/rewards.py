@@ -307,6 +307,81 @@ def _one_per_completion(out, n: int, name: str) -> list:
     return raw
 
 
+def _call_reward(task: Task, reward_fn: RewardFunction | None, comps: list[str], exs: Sequence[Example]):
+    """One call of the reward in use: the task's own check, or the user's function given the columns."""
+    if reward_fn is None:
+        return task.reward(comps, exs)
+    return reward_fn(comps, **_columns(exs))
+
+
+def _isolate_failures(
+    call: Callable, completions: list[str], examples: Sequence[Example], batch_exc: Exception, first_problem: list[str]
+) -> list:
+    """After the batched call raised: call once per example, so only the example(s) that fail score
+    None; the first failure (or the batch's own error) is noted for the messages."""
+    raw = []
+    for c, e in zip(completions, examples):
+        try:
+            out = list(call([c], [e]))
+            if len(out) != 1:
+                raise ValueError(f"returned {len(out)} values for 1 completion")
+            raw.append(out[0])
+        except CorpError:
+            raise
+        except Exception as exc:
+            if not first_problem:
+                first_problem.append(f"on example '{e.id}': {type(exc).__name__}: {exc}")
+            raw.append(None)
+    if not first_problem and len(completions) > 1:
+        first_problem.append(f"{type(batch_exc).__name__}: {batch_exc}")
+    return raw
+
+
+def _score_values(raw: list, first_problem: list[str]) -> tuple[list[float], int]:
+    """Raw values as rewards: a value that is not a finite number scores 0 and is counted."""
+    rewards, errors = [], 0
+    for v in raw:
+        cleaned = _clean(v)
+        if cleaned is None:
+            errors += 1
+            if not first_problem:
+                first_problem.append(f"returned {_describe(v)}, not a finite number")
+            cleaned = 0.0
+        rewards.append(cleaned)
+    return rewards, errors
+
+
+def _check_sum(rewards: list[float], name: str) -> None:
+    """GRPO and ES average rewards in float32: a sum it cannot hold stops the run."""
+    if not abs(sum(rewards)) <= _FLOAT32_MAX:  # a float64 overflow gives inf, also refused
+        raise CorpError(
+            f"reward {name}: its {len(rewards)} values (largest {max(rewards, key=abs):g}) sum to more than float32 "
+            "holds, so their mean is not a finite reward; return rewards on a smaller scale"
+        )
+
+
+def _record_outcome(state, name: str, n: int, errors: int, first_problem: list[str]) -> None:
+    """A function that fails on a whole first evaluation is broken (one line); once it has worked,
+    failures are per example: remembered as success on `state`, warned about and scored 0."""
+    succeeded_before = getattr(state, "ever_succeeded", False)
+    if n and errors == n and not succeeded_before:
+        raise CorpError(
+            f"reward {name} failed on all {n} examples of its first "
+            f"evaluation; first error: {first_problem[0]}. A reward is `(completions, "
+            "**columns) -> list[float]` or `(completion, answer, **columns) -> float`"
+        )
+    if errors < n:
+        try:
+            state.ever_succeeded = True
+        except AttributeError:
+            pass
+    if errors:
+        warnings.warn(
+            f"reward {name} failed on {errors} of {n} example(s) (first: "
+            f"{first_problem[0] if first_problem else '?'}); scored 0 and counted"
+        )
+
+
 def compute_rewards(
     task: Task, completions: list[str], examples: Sequence[Example], reward_fn: Callable | None = None
 ) -> tuple[list[float], int]:
@@ -320,62 +395,18 @@ def compute_rewards(
     first_problem: list[str] = []
 
     def call(comps: list[str], exs: Sequence[Example]):
-        if reward_fn is None:
-            return task.reward(comps, exs)
-        return reward_fn(comps, **_columns(exs))
+        return _call_reward(task, reward_fn, comps, exs)
 
     try:
         out = call(completions, examples)
     except CorpError:
         raise
     except Exception as batch_exc:
-        raw = []  # isolate the example(s) that fail
-        for c, e in zip(completions, examples):
-            try:
-                out = list(call([c], [e]))
-                if len(out) != 1:
-                    raise ValueError(f"returned {len(out)} values for 1 completion")
-                raw.append(out[0])
-            except CorpError:
-                raise
-            except Exception as exc:
-                if not first_problem:
-                    first_problem.append(f"on example '{e.id}': {type(exc).__name__}: {exc}")
-                raw.append(None)
-        if not first_problem and len(completions) > 1:
-            first_problem.append(f"{type(batch_exc).__name__}: {batch_exc}")
+        raw = _isolate_failures(call, completions, examples, batch_exc, first_problem)
     else:
         raw = _one_per_completion(out, len(completions), name)
-    rewards, errors = [], 0
-    for v in raw:
-        cleaned = _clean(v)
-        if cleaned is None:
-            errors += 1
-            if not first_problem:
-                first_problem.append(f"returned {_describe(v)}, not a finite number")
-            cleaned = 0.0
-        rewards.append(cleaned)
-    if not abs(sum(rewards)) <= _FLOAT32_MAX:  # a float64 overflow gives inf, also refused
-        raise CorpError(
-            f"reward {name}: its {len(rewards)} values (largest {max(rewards, key=abs):g}) sum to more than float32 "
-            "holds, so their mean is not a finite reward; return rewards on a smaller scale"
-        )
+    rewards, errors = _score_values(raw, first_problem)
+    _check_sum(rewards, name)
     state = reward_fn if reward_fn is not None else task
-    succeeded_before = getattr(state, "ever_succeeded", False)
-    if completions and errors == len(completions) and not succeeded_before:
-        raise CorpError(
-            f"reward {name} failed on all {len(completions)} examples of its first "
-            f"evaluation; first error: {first_problem[0]}. A reward is `(completions, "
-            "**columns) -> list[float]` or `(completion, answer, **columns) -> float`"
-        )
-    if errors < len(completions):
-        try:
-            state.ever_succeeded = True
-        except AttributeError:
-            pass
-    if errors:
-        warnings.warn(
-            f"reward {name} failed on {errors} of {len(completions)} example(s) (first: "
-            f"{first_problem[0] if first_problem else '?'}); scored 0 and counted"
-        )
+    _record_outcome(state, name, len(completions), errors, first_problem)
     return rewards, errors

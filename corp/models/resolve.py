@@ -133,6 +133,78 @@ def _announce_alias(name: str, hub_id: str) -> None:
         print(f"model: {name} is {hub_id}", file=sys.stderr)
 
 
+def _embedded_model(spec: EmbeddedGGUF) -> tuple[str, Path]:
+    """An embedded alias: its converted HF directory, converting the GGUF the first time."""
+    out = _embedded_dir(_alias_name(spec))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # one converter at a time (two processes started together on a fresh machine, `corp bench`'s
+    # two task processes or two test workers, would write one directory at once); the check is
+    # under the lock too, so nobody loads a directory another process is still writing
+    with open(out.parent / f".{out.name}.lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes
+        if not _converted(spec, out):
+            gguf, assembled = _embedded_gguf_path(spec)
+            _convert_gguf(gguf, out)
+            if assembled:
+                gguf.unlink(missing_ok=True)  # corp wrote it; the converted directory is all that is needed now
+    return spec.hf_id, out
+
+
+def _local_model(local: Path) -> tuple[str, Path]:
+    """A path that exists: it must be a model directory."""
+    if not local.is_dir():
+        raise CorpError(
+            f"--model '{local}' is a file; point it at a Hugging Face model directory (or use an alias, `corp models`)"
+        )
+    check_model_dir(local)
+    return str(local.resolve()), local.resolve()
+
+
+# the files of a hub snapshot a model load reads
+_HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
+
+
+def _cached_snapshot(name: str, hub_id: str) -> tuple[str, Path] | None:
+    """The hub model from the Hugging Face cache, without the network; None when it is not there."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(hub_id, local_files_only=True, allow_patterns=list(_HUB_PATTERNS))
+        check_model_dir(path)
+        _announce_alias(name, hub_id)
+        return hub_id, Path(path)
+    except CorpError:
+        raise
+    except Exception:
+        return None
+
+
+def _no_download_reason(download: bool) -> str | None:
+    """Why a model missing from the cache is not downloaded (for the error line); None if it may be."""
+    if not download or os.environ.get("CORP_ALLOW_DOWNLOAD", "1") != "1":
+        return "downloads are off (CORP_ALLOW_DOWNLOAD=0)" if download else "this lookup does not download"
+    if hub_offline():
+        silent = _HUB_ANSWERED.get(_endpoint()) is False
+        return f"the Hugging Face hub ({_endpoint()}) does not answer" if silent else "HF_HUB_OFFLINE is set"
+    return None
+
+
+def _download_snapshot(name: str, hub_id: str) -> tuple[tuple[str, Path] | None, str | None]:
+    """(the downloaded model, None), or (None, why the download failed) for the error line."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        path = snapshot_download(hub_id, etag_timeout=10, allow_patterns=list(_HUB_PATTERNS))
+        check_model_dir(path)
+        _announce_alias(name, hub_id)
+        return (hub_id, Path(path)), None
+    except CorpError:
+        raise
+    except Exception as exc:  # unknown id, gated, a network that fails halfway...
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
+        return None, f"downloading it failed ({type(exc).__name__}{': ' + first if first else ''})"
+
+
 def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
     """Return (canonical model id, local HF directory) for `--model`, converting an embedded GGUF once.
 
@@ -142,64 +214,24 @@ def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
     name = name or DEFAULT_MODEL
     spec = _alias(name)
     if isinstance(spec, EmbeddedGGUF):
-        out = _embedded_dir(_alias_name(spec))
-        out.parent.mkdir(parents=True, exist_ok=True)
-        # one converter at a time (two processes started together on a fresh machine, `corp bench`'s
-        # two task processes or two test workers, would write one directory at once); the check is
-        # under the lock too, so nobody loads a directory another process is still writing
-        with open(out.parent / f".{out.name}.lock", "a") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes
-            if not _converted(spec, out):
-                gguf, assembled = _embedded_gguf_path(spec)
-                _convert_gguf(gguf, out)
-                if assembled:
-                    gguf.unlink(missing_ok=True)  # corp wrote it; the converted directory is all that is needed now
-        return spec.hf_id, out
+        return _embedded_model(spec)
     hub_id = spec if isinstance(spec, str) else name
     local = Path(name).expanduser()
     if local.exists():
-        if not local.is_dir():
-            raise CorpError(
-                f"--model '{local}' is a file; point it at a Hugging "
-                "Face model directory (or use an alias, `corp models`)"
-            )
-        check_model_dir(local)
-        return str(local.resolve()), local.resolve()
-    patterns = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]
-    try:
-        from huggingface_hub import snapshot_download
-
-        path = snapshot_download(hub_id, local_files_only=True, allow_patterns=patterns)
-        check_model_dir(path)
-        _announce_alias(name, hub_id)
-        return hub_id, Path(path)
-    except CorpError:
-        raise
-    except Exception:
-        pass
+        return _local_model(local)
+    found = _cached_snapshot(name, hub_id)
+    if found is not None:
+        return found
     what = (
         f"model '{name}' (alias of {hub_id}) not found: not"
         if isinstance(spec, str)
         else f"model '{name}' not found: not an alias ({', '.join(ALIASES)}), not a local directory, not"
     )
-    if not download or os.environ.get("CORP_ALLOW_DOWNLOAD", "1") != "1":
-        reason = "downloads are off (CORP_ALLOW_DOWNLOAD=0)" if download else "this lookup does not download"
-    elif hub_offline():
-        silent = _HUB_ANSWERED.get(_endpoint()) is False
-        reason = f"the Hugging Face hub ({_endpoint()}) does not answer" if silent else "HF_HUB_OFFLINE is set"
-    else:
-        try:
-            from huggingface_hub import snapshot_download
-
-            path = snapshot_download(hub_id, etag_timeout=10, allow_patterns=patterns)
-            check_model_dir(path)
-            _announce_alias(name, hub_id)
-            return hub_id, Path(path)
-        except CorpError:
-            raise
-        except Exception as exc:  # unknown id, gated, a network that fails halfway...
-            first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else ""
-            reason = f"downloading it failed ({type(exc).__name__}{': ' + first if first else ''})"
+    reason = _no_download_reason(download)
+    if reason is None:
+        found, reason = _download_snapshot(name, hub_id)
+        if found is not None:
+            return found
     raise CorpError(f"{what} in the Hugging Face cache, and {reason}; {fetch_hint(hub_id)}")
 
 

@@ -132,6 +132,50 @@ def _remove_stale_saves(target: Path) -> None:
             shutil.rmtree(p, ignore_errors=True)  # the new model is in place; the old one was to be deleted
 
 
+def _temporary_dir(target: Path) -> Path:
+    """The empty sibling a save writes into (after cleaning up killed saves beside it); an unwritable
+    location is one line."""
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CorpError(
+            f"cannot create the directory '{target.parent}' for the model ({exc.strerror}); name a writable location"
+        ) from None
+    _remove_stale_saves(target)
+    try:
+        return Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-{os.getpid()}-"))
+    except OSError as exc:
+        raise CorpError(
+            f"cannot write the model next to '{target}' ({exc.strerror}); name a writable location"
+        ) from None
+
+
+def _write_model(
+    tmp: Path, target: Path, model, tokenizer, extra_files: dict[str, str] | None, source: dict | None
+) -> None:
+    """Everything the model directory holds, into `tmp` (marked partial until complete); a full disk
+    or another write error is one line, with nothing replaced."""
+    import socket
+
+    try:
+        (tmp / PARTIAL).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        (tmp / MARKER).write_text(
+            json.dumps({"written_by": "corp", "corp_version": corp.__version__, **(source or {})}, indent=2) + "\n"
+        )
+        (tmp / PARTIAL).unlink()
+    except Exception as exc:
+        if not _is_write_error(exc):
+            raise
+        raise CorpError(
+            f"could not write the model to '{target}': {_first_line(exc)}; "
+            "nothing was replaced (free some space and run it again)"
+        ) from None
+
+
 def save_model(
     model,
     tokenizer,
@@ -146,41 +190,11 @@ def save_model(
     Written into a temporary sibling, then renamed into place; an existing target (a corp model,
     or with `overwrite` a directory of corp models, see `check_output_dir`) is moved aside first and deleted only once
     the new one is in place, so an interrupted save leaves either the old or the new model."""
-    import socket
-
     target = check_output_dir(out, overwrite, protect)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise CorpError(
-            f"cannot create the directory '{target.parent}' for the model ({exc.strerror}); name a writable location"
-        ) from None
-    _remove_stale_saves(target)
-    try:
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.tmp-{os.getpid()}-"))
-    except OSError as exc:
-        raise CorpError(
-            f"cannot write the model next to '{target}' ({exc.strerror}); name a writable location"
-        ) from None
+    tmp = _temporary_dir(target)
     old: Path | None = None
     try:
-        try:
-            (tmp / PARTIAL).write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
-            model.save_pretrained(tmp, safe_serialization=True)
-            tokenizer.save_pretrained(tmp)
-            for name, text in (extra_files or {}).items():
-                (tmp / name).write_text(text)
-            (tmp / MARKER).write_text(
-                json.dumps({"written_by": "corp", "corp_version": corp.__version__, **(source or {})}, indent=2) + "\n"
-            )
-            (tmp / PARTIAL).unlink()
-        except Exception as exc:
-            if not _is_write_error(exc):
-                raise
-            raise CorpError(
-                f"could not write the model to '{target}': {_first_line(exc)}; "
-                "nothing was replaced (free some space and run it again)"
-            ) from None
+        _write_model(tmp, target, model, tokenizer, extra_files, source)
         if target.exists():
             old = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-{os.getpid()}-"))
             os.replace(target, old)  # onto an empty directory: allowed by rename(2)

@@ -41,64 +41,101 @@ def gram_matrix(
     resumed run does not pay for it twice.
     """
     if cache_dir is not None:
-        key = hashlib.sha1(
-            repr((scheme, [(n, tuple(s)) for n, s in params], [int(x) for x in seeds])).encode()
-        ).hexdigest()[:16]
-        path = Path(cache_dir) / f"gram-{key}.npy"
-        if path.exists():
-            return np.load(path)
-        G = gram_matrix(params, seeds, memory_gb, progress, None, scheme)
-        tmp = path.with_suffix(".tmp.npy")
-        np.save(tmp, G)
-        tmp.replace(path)
-        return G
+        return _cached_gram(params, seeds, memory_gb, progress, cache_dir, scheme)
     k = len(seeds)
     G = torch.zeros((k, k), dtype=torch.float64)
     # The budget is per worker (each stacks its own tensor's noise) so that the row blocks, and
     # with them the bits of G, do not depend on how many workers ran.
     budget = max(1, int(memory_gb * 2**30))
 
-    def stack(idx: Sequence[int], name: str, shape, gen: torch.Generator) -> torch.Tensor:
-        n = int(np.prod(shape))
-        out = torch.empty((len(idx), n), dtype=torch.float32)
-        for r, i in enumerate(idx):
-            noise(seeds[i], name, shape, gen, out=out[r].view(shape), scheme=scheme)
-        return out
-
     def partial(name: str, shape, scratch: Scratch) -> tuple[str, torch.Tensor]:
         """This tensor's part of G, on a worker (`scratch.gen` is its own generator)."""
-        gen = scratch.gen
-        n = int(np.prod(shape))
-        part = torch.zeros((k, k), dtype=torch.float64)
-        rows = max(1, min(k, budget // (4 * n)))
-        blocks = [list(range(s, min(s + rows, k))) for s in range(0, k, rows)]
-        for bi, I in enumerate(blocks):  # noqa: E741  (I, J: the block index sets of the notation)
-            SI = stack(I, name, shape, gen)
-            for J in blocks[bi:]:
-                SJ = SI if J is I else stack(J, name, shape, gen)
-                acc = torch.zeros((len(I), len(J)), dtype=torch.float64)
-                chunk = fp64_chunk(len(I), len(J), budget)
-                for c in range(0, n, chunk):
-                    acc += SI[:, c : c + chunk].double() @ SJ[:, c : c + chunk].double().T
-                part[np.ix_(I, J)] = acc
-                if J is not I:
-                    part[np.ix_(J, I)] = acc.T
-        return name, part
+        return name, _tensor_gram(seeds, name, shape, scratch.gen, budget, scheme)
 
-    # Tensors are computed on parallel workers (largest first) but added to G in `params` order,
-    # so G has the same bits whatever the number of workers.
+    parts = per_tensor(partial, [(name, torch.Size(shape)) for name, shape in params])
+    _add_in_order(G, params, parts, progress)
+    return G.numpy()
+
+
+def _cached_gram(
+    params: Sequence[tuple[str, torch.Size]],
+    seeds: Sequence[int],
+    memory_gb: float,
+    progress: bool,
+    cache_dir,
+    scheme: str,
+) -> np.ndarray:
+    """`gram_matrix` through its file cache in `cache_dir`: computed once, written atomically."""
+    key = hashlib.sha1(
+        repr((scheme, [(n, tuple(s)) for n, s in params], [int(x) for x in seeds])).encode()
+    ).hexdigest()[:16]
+    path = Path(cache_dir) / f"gram-{key}.npy"
+    if path.exists():
+        return np.load(path)
+    G = gram_matrix(params, seeds, memory_gb, progress, None, scheme)
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, G)
+    tmp.replace(path)
+    return G
+
+
+def _stack_noise(
+    seeds: Sequence[int], idx: Sequence[int], name: str, shape, gen: torch.Generator, scheme: str
+) -> torch.Tensor:
+    """The noise of tensor `name` for the seeds at `idx`, one flat fp32 row each."""
+    n = int(np.prod(shape))
+    out = torch.empty((len(idx), n), dtype=torch.float32)
+    for r, i in enumerate(idx):
+        noise(seeds[i], name, shape, gen, out=out[r].view(shape), scheme=scheme)
+    return out
+
+
+def _tensor_gram(
+    seeds: Sequence[int], name: str, shape, gen: torch.Generator, budget: int, scheme: str
+) -> torch.Tensor:
+    """One tensor's part of G, in row blocks that fit the per-worker memory budget."""
+    k = len(seeds)
+    n = int(np.prod(shape))
+    part = torch.zeros((k, k), dtype=torch.float64)
+    rows = max(1, min(k, budget // (4 * n)))
+    blocks = [list(range(s, min(s + rows, k))) for s in range(0, k, rows)]
+    for bi, I in enumerate(blocks):  # noqa: E741  (I, J: the block index sets of the notation)
+        SI = _stack_noise(seeds, I, name, shape, gen, scheme)
+        for J in blocks[bi:]:
+            SJ = SI if J is I else _stack_noise(seeds, J, name, shape, gen, scheme)
+            acc = _block_product(SI, SJ, I, J, n, budget)
+            part[np.ix_(I, J)] = acc
+            if J is not I:
+                part[np.ix_(J, I)] = acc.T
+    return part
+
+
+def _block_product(
+    SI: torch.Tensor, SJ: torch.Tensor, block_i: Sequence[int], block_j: Sequence[int], n: int, budget: int
+) -> torch.Tensor:
+    """SI @ SJ.T (the block pair I, J) in fp64, summed over column chunks (`fp64_chunk`) so the
+    fp64 copies fit the budget."""
+    acc = torch.zeros((len(block_i), len(block_j)), dtype=torch.float64)
+    chunk = fp64_chunk(len(block_i), len(block_j), budget)
+    for c in range(0, n, chunk):
+        acc += SI[:, c : c + chunk].double() @ SJ[:, c : c + chunk].double().T
+    return acc
+
+
+def _add_in_order(G: torch.Tensor, params: Sequence[tuple[str, torch.Size]], parts, progress: bool) -> None:
+    """Add the tensors' parts (arriving in any order from the workers) to G in `params` order, so G
+    has the same bits whatever the number of workers."""
     position = {name: i for i, (name, _) in enumerate(params)}
     waiting: dict[int, torch.Tensor] = {}
     added = 0
     bar = tqdm(total=len(params), desc="gram (exact compat)", unit="tensor", disable=not progress, dynamic_ncols=True)
-    for name, part in per_tensor(partial, [(name, torch.Size(shape)) for name, shape in params]):
+    for name, part in parts:
         waiting[position[name]] = part
         while added in waiting:
             G += waiting.pop(added)
             added += 1
         bar.update(1)
     bar.close()
-    return G.numpy()
 
 
 def fp64_chunk(rows_i: int, rows_j: int, budget: int) -> int:

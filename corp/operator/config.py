@@ -68,16 +68,7 @@ class OperatorConfig:
         self.betas = parse_list(self.betas, float, "betas")
         self.alphas = parse_list(self.alphas, float, "alphas")
         self.merge_rules = [r.strip() for r in parse_list(self.merge_rules, str, "merge_rules")]
-        for name, values, ok, rule in (
-            ("quantiles", self.quantiles, lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
-            ("betas", self.betas, lambda v: v >= 0 and math.isfinite(v), ">= 0"),
-            ("alphas", self.alphas, lambda v: v > 0 and math.isfinite(v), "> 0"),
-        ):
-            valid = [v for v in values if ok(v)]
-            if not valid:
-                raise CorpError(f"--{name} has no valid value (each must be {rule}); got {values}")
-            if len(valid) < len(values):
-                raise CorpError(f"--{name} value(s) {[v for v in values if not ok(v)]} are not {rule}")
+        self._check_grids()
         unknown = [r for r in self.merge_rules if r not in MERGE_RULES]
         if not self.merge_rules or unknown or len(set(self.merge_rules)) < len(self.merge_rules):
             raise CorpError(
@@ -95,6 +86,19 @@ class OperatorConfig:
         if self.rounds < 0 or self.local_population < 2 or self.pcs < 0 or not 0.0 <= self.pc_mix <= 1.0:
             raise CorpError("need --stage2-rounds >= 0, --local-population >= 2, --pcs >= 0 and 0 <= --pc-mix <= 1")
         return self
+
+    def _check_grids(self) -> None:
+        """The searched grids (--quantiles, --betas, --alphas): each value in its range, none dropped silently."""
+        for name, values, ok, rule in (
+            ("quantiles", self.quantiles, lambda v: 0.0 <= v < 1.0, "in [0, 1)"),
+            ("betas", self.betas, lambda v: v >= 0 and math.isfinite(v), ">= 0"),
+            ("alphas", self.alphas, lambda v: v > 0 and math.isfinite(v), "> 0"),
+        ):
+            valid = [v for v in values if ok(v)]
+            if not valid:
+                raise CorpError(f"--{name} has no valid value (each must be {rule}); got {values}")
+            if len(valid) < len(values):
+                raise CorpError(f"--{name} value(s) {[v for v in values if not ok(v)]} are not {rule}")
 
     @property
     def gate_confidence(self) -> float:

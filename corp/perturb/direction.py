@@ -321,6 +321,61 @@ def weights_hash(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+def _shared_order(terms: list[Merged]) -> tuple[dict[tuple[int, float], int], list[Merged], list[Merged]]:
+    """For `Perturber.keep_merged`: the (seed, sigma) order of first appearance over `terms`, and the
+    terms whose components follow it (built in the shared pass) apart from those that do not (built
+    on their own), so every M gets its components in its own order."""
+    order: dict[tuple[int, float], int] = {}
+    for t in terms:
+        for c in t.components:
+            order.setdefault((c.seed, c.sigma), len(order))
+    shared, alone = [], []
+    for t in terms:
+        pos = [order[(c.seed, c.sigma)] for c in t.components]
+        (shared if all(a < b for a, b in zip(pos, pos[1:])) else alone).append(t)
+    return order, shared, alone
+
+
+def _noise_users(
+    shared: list[Merged], order: dict[tuple[int, float], int]
+) -> tuple[dict[tuple[int, float], list[tuple[int, float]]], list[tuple[int, float]]]:
+    """For the shared pass: per (seed, sigma), the (term position, coef * sigma) of every shared term
+    that uses it with a nonzero coefficient, and those noises in the shared order."""
+    users: dict[tuple[int, float], list[tuple[int, float]]] = {}
+    for j, t in enumerate(shared):
+        for c in t.components:
+            if c.coef != 0.0:
+                users.setdefault((c.seed, c.sigma), []).append((j, c.coef * c.sigma))
+    sequence = sorted(users, key=order.__getitem__)  # the shared order: each term gets its components in its own order
+    return users, sequence
+
+
+def _build_merged(
+    name: str,
+    shape: torch.Size,
+    scratch: Scratch,
+    scheme: str,
+    shared: list[Merged],
+    alone: list[Merged],
+    users: dict[tuple[int, float], list[tuple[int, float]]],
+    sequence: list[tuple[int, float]],
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """One tensor's M for every term of `Perturber.keep_merged` (the shared ones, then those built
+    alone), with this worker's own generator and buffers."""
+    n = shape.numel()
+    gen, buf, tmp = scratch.gen, scratch.buffer("noise", n), scratch.buffer("tmp", n)
+    if lowrank_rank(scheme) is not None:  # same bits from the factors, a block of E at a time
+        terms = [(seed, users[(seed, sigma)]) for seed, sigma in sequence]
+        Ms = merged_noise(terms, len(shared), name, shape, scheme, gen)
+        return Ms, [materialise(t.components, name, shape, gen, buf, scheme) for t in alone]
+    Ms = [torch.zeros(tuple(shape), dtype=torch.float32) for _ in shared]
+    for seed, sigma in sequence:
+        eps = noise(seed, name, shape, gen, out=buf[:n].view(shape), scheme=scheme)
+        for j, f in users[(seed, sigma)]:
+            Ms[j].add_(torch.mul(eps, f, out=tmp[:n].view(shape)))
+    return Ms, [materialise(t.components, name, shape, gen, buf, scheme) for t in alone]
+
+
 class Perturber:
     """Apply directions to a model in place, always starting from a pristine copy of the base."""
 
@@ -388,40 +443,15 @@ class Perturber:
         own component order, starting from zeros. That needs one shared order in which every term's
         components appear in their own order; a term that does not fit it is built on its own."""
         terms = list(dict.fromkeys(t for t in terms if t.components not in self._kept))
-        order: dict[tuple[int, float], int] = {}
-        for t in terms:
-            for c in t.components:
-                order.setdefault((c.seed, c.sigma), len(order))
-        shared, alone = [], []
-        for t in terms:
-            pos = [order[(c.seed, c.sigma)] for c in t.components]
-            (shared if all(a < b for a, b in zip(pos, pos[1:])) else alone).append(t)
-        users: dict[tuple[int, float], list[tuple[int, float]]] = {}
-        for j, t in enumerate(shared):
-            for c in t.components:
-                if c.coef != 0.0:
-                    users.setdefault((c.seed, c.sigma), []).append((j, c.coef * c.sigma))
-        sequence = sorted(
-            users, key=order.__getitem__
-        )  # the shared order: each term gets its components in its own order
+        order, shared, alone = _shared_order(terms)
+        users, sequence = _noise_users(shared, order)
         for t in shared + alone:
             self._kept[t.components] = {}
             self._pinned.add(t.components)
+        scheme = self.scheme
 
         def build(name: str, shape: torch.Size, scratch: Scratch) -> tuple[str, list[torch.Tensor], list[torch.Tensor]]:
-            # one tensor's M for every term, with this worker's own generator and buffers
-            n = shape.numel()
-            gen, buf, tmp = scratch.gen, scratch.buffer("noise", n), scratch.buffer("tmp", n)
-            if lowrank_rank(self.scheme) is not None:  # same bits from the factors, a block of E at a time
-                terms = [(seed, users[(seed, sigma)]) for seed, sigma in sequence]
-                Ms = merged_noise(terms, len(shared), name, shape, self.scheme, gen)
-                return name, Ms, [materialise(t.components, name, shape, gen, buf, self.scheme) for t in alone]
-            Ms = [torch.zeros(tuple(shape), dtype=torch.float32) for _ in shared]
-            for seed, sigma in sequence:
-                eps = noise(seed, name, shape, gen, out=buf[:n].view(shape), scheme=self.scheme)
-                for j, f in users[(seed, sigma)]:
-                    Ms[j].add_(torch.mul(eps, f, out=tmp[:n].view(shape)))
-            return name, Ms, [materialise(t.components, name, shape, gen, buf, self.scheme) for t in alone]
+            return name, *_build_merged(name, shape, scratch, scheme, shared, alone, users, sequence)
 
         # Tensors are independent (each has its own noise stream) and torch draws one tensor's
         # normals on one core, which is most of the work: building tensors on parallel workers uses

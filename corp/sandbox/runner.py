@@ -249,35 +249,16 @@ def run_program(
         raise CorpError(f"sandbox: tests must be a Tests, got {type(tests).__name__}")
     _validate(timeout, memory_mb, max_processes, max_open_files, max_output_bytes)
     uid = _take_uid()
-    cfg = {
-        "timeout": float(timeout),
-        "memory_mb": memory_mb,
-        "cpu_s": int(timeout) + 1,
-        "nproc": max_processes,
-        "nofile": max_open_files,
-        "fsize_mb": max_file_mb,
-        "tmp_mb": tmp_mb,
-        "uid": uid,
-        "namespaces": bool(namespaces),
-        "allow_unisolated": unsafe_allowed(allow_unisolated),
-        "expose": _EXPOSE,
-        "site_packages": _SITE_PACKAGES,
-    }
+    cfg = _wrapper_config(
+        timeout, memory_mb, max_processes, max_open_files, max_file_mb, tmp_mb, uid, namespaces, allow_unisolated
+    )
     job = {"code": code, "setup": tests.setup if tests is not None else ""}
     status_r, status_w = os.pipe()
     cfg["status_fd"] = status_w
     pass_fds = [status_w]
     tests_fd = None
     if tests is not None:
-        # A memfd, not a pipe or a file: only the tester reads it, after the program was forked
-        # and had closed its copy; nothing on disk, and no writer that could block.
-        tests_fd = os.memfd_create("corp-tests", os.MFD_CLOEXEC)
-        os.write(
-            tests_fd,
-            json.dumps({"source": tests.source, "prelude": tests.prelude, "remote": list(tests.remote)}).encode(
-                "utf-8", "surrogatepass"
-            ),
-        )
+        tests_fd = _tests_memfd(tests)
         cfg["tests_fd"] = tests_fd
         pass_fds.append(tests_fd)
     t0 = time.monotonic()
@@ -313,6 +294,40 @@ def run_program(
     finally:
         _give_uid(uid)
     return _classify(out, err, status_text, truncated, overstayed, proc.returncode, wall, timeout, tests is not None)
+
+
+def _wrapper_config(
+    timeout, memory_mb, max_processes, max_open_files, max_file_mb, tmp_mb, uid, namespaces, allow_unisolated
+) -> dict:
+    """The wrapper's configuration (its command-line argument) for one program, without the fds."""
+    return {
+        "timeout": float(timeout),
+        "memory_mb": memory_mb,
+        "cpu_s": int(timeout) + 1,
+        "nproc": max_processes,
+        "nofile": max_open_files,
+        "fsize_mb": max_file_mb,
+        "tmp_mb": tmp_mb,
+        "uid": uid,
+        "namespaces": bool(namespaces),
+        "allow_unisolated": unsafe_allowed(allow_unisolated),
+        "expose": _EXPOSE,
+        "site_packages": _SITE_PACKAGES,
+    }
+
+
+def _tests_memfd(tests: Tests) -> int:
+    """The tests for the tester, in a memfd: not a pipe or a file, since only the tester reads it,
+    after the program was forked and had closed its copy; nothing on disk, and no writer that
+    could block."""
+    tests_fd = os.memfd_create("corp-tests", os.MFD_CLOEXEC)
+    os.write(
+        tests_fd,
+        json.dumps({"source": tests.source, "prelude": tests.prelude, "remote": list(tests.remote)}).encode(
+            "utf-8", "surrogatepass"
+        ),
+    )
+    return tests_fd
 
 
 def _collect(proc: subprocess.Popen, status_r: int, limit: float, cap: int):
@@ -377,23 +392,8 @@ def _classify(out, err, status_text, truncated, overstayed, wrapper_rc, wall, ti
             events.append(json.loads(line))
         except ValueError:
             pass
-    isolation: dict = {}
-    exit_ev = timeout_ev = error_ev = verdict = refused = None
-    for ev in events:
-        kind = ev.get("event")
-        if kind == "isolation":
-            isolation = ev.get("isolation", {})
-        elif kind == "exit":
-            exit_ev = ev
-        elif kind == "timeout":
-            timeout_ev = ev
-        elif kind == "error":
-            error_ev = ev
-        elif kind == "verdict":
-            verdict = ev
-        elif kind == "refused":
-            refused = ev
-            isolation = ev.get("isolation", {})
+    isolation, last = _last_events(events)
+    exit_ev, verdict = last.get("exit"), last.get("verdict")
     r = SandboxResult(
         Status.SANDBOX_ERROR, stdout=out, stderr=err, truncated=truncated, wall_s=wall, isolation=isolation
     )
@@ -401,26 +401,7 @@ def _classify(out, err, status_text, truncated, overstayed, wrapper_rc, wall, ti
     r.cpu_s = prog.get("cpu_s")
     if prog.get("max_rss_kb") is not None:
         r.max_rss_mb = prog["max_rss_kb"] / 1024
-    if refused is not None:
-        r.detail = (
-            refused.get("msg", "refused: no isolation")
-            + f"; set {UNSAFE_ENV}=1 (or allow_unisolated=True) to run it anyway"
-        )
-        return r
-    if error_ev is not None:
-        r.detail = error_ev.get("msg", "setup error")
-        return r
-    if checked and verdict is not None and verdict.get("passed") is True:
-        r.status = Status.PASS
-        return r
-    if timeout_ev is not None or (overstayed and exit_ev is None):
-        r.status, r.detail = (
-            Status.TIMEOUT,
-            f"wall-clock limit {timeout:g} s" + (" (wrapper overstayed; process group killed)" if overstayed else ""),
-        )
-        return r
-    if exit_ev is None:
-        r.detail = f"sandbox wrapper exited with {wrapper_rc} without a result; stderr: {err[-300:]!r}"
+    if _decided_before_exit(r, last, overstayed, wrapper_rc, err, timeout, checked):
         return r
     how = prog.get("how")
     if how == "signaled" and not prog.get("ended_by_init"):
@@ -428,25 +409,80 @@ def _classify(out, err, status_text, truncated, overstayed, wrapper_rc, wall, ti
     if how == "exited":
         r.returncode = prog.get("code")
     if checked:
-        tester = exit_ev.get("tester") or {}
-        r.status = Status.FAIL
-        if verdict is not None:
-            r.detail = "tests failed" + (f": {verdict.get('why')}" if verdict.get("why") else "")
-        elif tester.get("how") == "signaled":
-            r.detail = f"the tests did not finish (tester killed by signal {tester.get('signal')})"
-        else:
-            r.detail = "the tests did not finish"
-        return r
+        return _tests_status(r, exit_ev, verdict)
     if how == "exited":
-        rc = r.returncode
-        if rc == 0 and prog.get("reached_end"):
-            r.status = Status.PASS
-        elif rc == 0:
-            r.status, r.detail = Status.FAIL, "exited 0 before reaching the end of the program"
-        else:
-            r.status, r.detail = Status.FAIL, f"exit status {rc}"
-        return r
+        return _exit_status(r, prog)
     r.detail = f"lost the program's exit status ({how})"
+    return r
+
+
+_LAST_OF = ("exit", "timeout", "error", "verdict", "refused")  # the events _classify reads, by kind
+
+
+def _last_events(events: list) -> tuple[dict, dict]:
+    """The isolation reported (by the last "isolation" or "refused" event) and the last event of
+    each kind in `_LAST_OF`."""
+    isolation: dict = {}
+    last: dict = {}
+    for ev in events:
+        kind = ev.get("event")
+        if kind == "isolation" or kind == "refused":
+            isolation = ev.get("isolation", {})
+        if kind in _LAST_OF:
+            last[kind] = ev
+    return isolation, last
+
+
+def _decided_before_exit(r: SandboxResult, last: dict, overstayed, wrapper_rc, err, timeout, checked) -> bool:
+    """Set `r` where the events settle it before the program's exit is read (refusal, set-up
+    error, the tests' verdict, a timeout, no exit at all); True when they did."""
+    exit_ev, timeout_ev, error_ev, verdict, refused = (last.get(k) for k in _LAST_OF)
+    if refused is not None:
+        r.detail = (
+            refused.get("msg", "refused: no isolation")
+            + f"; set {UNSAFE_ENV}=1 (or allow_unisolated=True) to run it anyway"
+        )
+        return True
+    if error_ev is not None:
+        r.detail = error_ev.get("msg", "setup error")
+        return True
+    if checked and verdict is not None and verdict.get("passed") is True:
+        r.status = Status.PASS
+        return True
+    if timeout_ev is not None or (overstayed and exit_ev is None):
+        r.status, r.detail = (
+            Status.TIMEOUT,
+            f"wall-clock limit {timeout:g} s" + (" (wrapper overstayed; process group killed)" if overstayed else ""),
+        )
+        return True
+    if exit_ev is None:
+        r.detail = f"sandbox wrapper exited with {wrapper_rc} without a result; stderr: {err[-300:]!r}"
+        return True
+    return False
+
+
+def _tests_status(r: SandboxResult, exit_ev: dict, verdict: dict | None) -> SandboxResult:
+    """With tests and no passing verdict: a fail, and why the tests did not pass."""
+    tester = exit_ev.get("tester") or {}
+    r.status = Status.FAIL
+    if verdict is not None:
+        r.detail = "tests failed" + (f": {verdict.get('why')}" if verdict.get("why") else "")
+    elif tester.get("how") == "signaled":
+        r.detail = f"the tests did not finish (tester killed by signal {tester.get('signal')})"
+    else:
+        r.detail = "the tests did not finish"
+    return r
+
+
+def _exit_status(r: SandboxResult, prog: dict) -> SandboxResult:
+    """Without tests: pass only when the program ran to its last line and exited 0."""
+    rc = r.returncode
+    if rc == 0 and prog.get("reached_end"):
+        r.status = Status.PASS
+    elif rc == 0:
+        r.status, r.detail = Status.FAIL, "exited 0 before reaching the end of the program"
+    else:
+        r.status, r.detail = Status.FAIL, f"exit status {rc}"
     return r
 
 

@@ -27,70 +27,87 @@ def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
             sub = [r for r in rows if r["task"] == task and r["setting"] == setting and r["accuracy"] is not None]
             if not sub:
                 continue
-            fig, ax = plt.subplots(figsize=(7, 4.5))
-            names = list(dict.fromkeys(r["method"] for r in sub))
-            for name in names:
-                mine = [r for r in sub if r["method"] == name]
-                if all(r["budget"] is None for r in mine):  # no training compute: a horizontal reference line
-                    m, sd = _mean_sd([r["accuracy"] for r in mine])
-                    if name == LABEL_PRIOR:
-                        ax.axhline(m, ls=":", lw=1, color="black", label=f"{name} (label prior, no model)")
-                    elif name == "base" or mine[0]["passes_per_example"] == 1:
-                        ax.axhline(
-                            m, ls="--", lw=1, color="grey" if name == "base" else None, label=f"{name} (no training)"
-                        )
-                    continue
-                xs, ys, es = [], [], []
-                for b in cfg.budgets:
-                    got = [r for r in mine if r["budget"] == b]
-                    if got:
-                        xs.append(statistics.fmean([g["flops"] for g in got]))
-                        m, sd = _mean_sd([g["accuracy"] for g in got])
-                        ys.append(m)
-                        es.append(sd)
-                if xs:
-                    ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=name)
-            ax.set_xscale("log")
-            ax.set_xlabel("training / selection FLOPs actually used (mean over seeds)")
-            ax.set_ylabel("test accuracy (mean ± sd over seeds)")
-            ax.set_title(f"{cfg.name}: {cfg.label(task)}, {setting}")
-            ax.legend(fontsize=7, loc="best")
-            made.append(save_plot(fig, out, f"accuracy_vs_flops__{_file(cfg.label(task))}__{setting}.png"))
-
-            # inference passes per example: RandOpt K-vote and self-consistency@K (largest budget), CoRP at 1
-            top = cfg.budgets[-1]
-            by = _at_budget(rows, task, setting, top)
-            fig, ax = plt.subplots(figsize=(6, 4))
-            for family, test in (
-                ("RandOpt K-vote", lambda n: n.startswith("randopt")),
-                ("self-consistency@K", lambda n: n.startswith("self-consistency")),
-                ("CoRP", lambda n: n.startswith("corp") and "/" not in n),  # not RandOpt on CoRP's population
-            ):
-                pts = {}
-                for n, got in by.items():
-                    if test(n):
-                        pts.setdefault(got[0]["passes_per_example"], []).append(
-                            (n, _mean_sd([g["accuracy"] for g in got]))
-                        )
-                if not pts:
-                    continue
-                if family == "CoRP":
-                    for n, (m, sd) in pts.get(1, []):
-                        ax.errorbar([1], [m], yerr=[sd], marker="*", ms=10, capsize=3, ls="none", label=n)
-                    continue
-                ks = sorted(pts)
-                ax.errorbar(
-                    ks,
-                    [pts[k][0][1][0] for k in ks],
-                    yerr=[pts[k][0][1][1] for k in ks],
-                    marker="o",
-                    capsize=3,
-                    label=family,
-                )
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("inference passes per test example")
-            ax.set_ylabel("test accuracy (mean ± sd over seeds)")
-            ax.set_title(f"{cfg.label(task)}, {setting}, budget {_budget_text(top)} FLOPs")
-            ax.legend(fontsize=7, loc="best")
-            made.append(save_plot(fig, out, f"accuracy_vs_passes__{_file(cfg.label(task))}__{setting}.png"))
+            made.append(_flops_plot(plt, cfg, sub, out, task, setting))
+            made.append(_passes_plot(plt, cfg, rows, out, task, setting))
     return made
+
+
+def _flops_plot(plt, cfg: BenchConfig, sub: list[dict], out: Path, task: str, setting: str) -> str:
+    """Accuracy against FLOPs for one task and setting: each method's curve over the budgets."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = list(dict.fromkeys(r["method"] for r in sub))
+    for name in names:
+        _method_curve(ax, cfg, name, [r for r in sub if r["method"] == name])
+    ax.set_xscale("log")
+    ax.set_xlabel("training / selection FLOPs actually used (mean over seeds)")
+    ax.set_ylabel("test accuracy (mean ± sd over seeds)")
+    ax.set_title(f"{cfg.name}: {cfg.label(task)}, {setting}")
+    ax.legend(fontsize=7, loc="best")
+    return save_plot(fig, out, f"accuracy_vs_flops__{_file(cfg.label(task))}__{setting}.png")
+
+
+def _method_curve(ax, cfg: BenchConfig, name: str, mine: list[dict]) -> None:
+    """One method's rows on the FLOPs plot: a curve over the budgets, or a horizontal line without training."""
+    if all(r["budget"] is None for r in mine):  # no training compute: a horizontal reference line
+        m, sd = _mean_sd([r["accuracy"] for r in mine])
+        if name == LABEL_PRIOR:
+            ax.axhline(m, ls=":", lw=1, color="black", label=f"{name} (label prior, no model)")
+        elif name == "base" or mine[0]["passes_per_example"] == 1:
+            ax.axhline(m, ls="--", lw=1, color="grey" if name == "base" else None, label=f"{name} (no training)")
+        return
+    xs, ys, es = [], [], []
+    for b in cfg.budgets:
+        got = [r for r in mine if r["budget"] == b]
+        if got:
+            xs.append(statistics.fmean([g["flops"] for g in got]))
+            m, sd = _mean_sd([g["accuracy"] for g in got])
+            ys.append(m)
+            es.append(sd)
+    if xs:
+        ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=name)
+
+
+# the families of the passes plot, by row name: RandOpt K-vote and self-consistency@K, CoRP at 1
+PASS_FAMILIES = (
+    ("RandOpt K-vote", lambda n: n.startswith("randopt")),
+    ("self-consistency@K", lambda n: n.startswith("self-consistency")),
+    ("CoRP", lambda n: n.startswith("corp") and "/" not in n),  # not RandOpt on CoRP's population
+)
+
+
+def _passes_plot(plt, cfg: BenchConfig, rows: list[dict], out: Path, task: str, setting: str) -> str:
+    """Accuracy against inference passes per example at the largest budget, one curve per family."""
+    top = cfg.budgets[-1]
+    by = _at_budget(rows, task, setting, top)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for family, test in PASS_FAMILIES:
+        _family_points(ax, family, test, by)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("inference passes per test example")
+    ax.set_ylabel("test accuracy (mean ± sd over seeds)")
+    ax.set_title(f"{cfg.label(task)}, {setting}, budget {_budget_text(top)} FLOPs")
+    ax.legend(fontsize=7, loc="best")
+    return save_plot(fig, out, f"accuracy_vs_passes__{_file(cfg.label(task))}__{setting}.png")
+
+
+def _family_points(ax, family: str, test, by: dict) -> None:
+    """One family's rows on the passes plot: a curve over K, or CoRP's single-pass rows as stars."""
+    pts = {}
+    for n, got in by.items():
+        if test(n):
+            pts.setdefault(got[0]["passes_per_example"], []).append((n, _mean_sd([g["accuracy"] for g in got])))
+    if not pts:
+        return
+    if family == "CoRP":
+        for n, (m, sd) in pts.get(1, []):
+            ax.errorbar([1], [m], yerr=[sd], marker="*", ms=10, capsize=3, ls="none", label=n)
+        return
+    ks = sorted(pts)
+    ax.errorbar(
+        ks,
+        [pts[k][0][1][0] for k in ks],
+        yerr=[pts[k][0][1][1] for k in ks],
+        marker="o",
+        capsize=3,
+        label=family,
+    )

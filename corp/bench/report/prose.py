@@ -241,28 +241,9 @@ def reading_lines(
     top = cfg.budgets[-1]
     out = []
     for task in cfg.tasks:
-        by = _at_budget(rows, task, setting, top)
-        single = {
-            n: got for n, got in by.items() if n not in ("base", LABEL_PRIOR) and got[0]["passes_per_example"] == 1
-        }
-        if not single:
+        text = _highest_text(cfg, rows, task, setting, top)
+        if text is None:
             continue
-        means = {n: statistics.fmean(r["accuracy"] for r in got) for n, got in single.items()}
-        best = max(means, key=lambda n: means[n])
-        k = len({r["seed"] for r in single[best]})
-        text = (
-            f"On {cfg.label(task)} at {_budget_text(top)} FLOPs ({setting}), the highest mean test accuracy of a "
-            f"single model is {best}'s {means[best]:.3f} over {k} seed{'s' if k != 1 else ''}"
-        )
-        if by.get("base"):
-            text += f" (base {statistics.fmean(r['accuracy'] for r in by['base']):.3f})"
-        prior = by.get(LABEL_PRIOR)
-        if prior and prior[0]["accuracy"] >= means[best]:
-            text += (
-                f". The majority answer {prior[0].get('answer', '')!r} given to every example, with no model, scores "
-                f"{prior[0]['accuracy']:.3f}, at or above every single model: gains on {cfg.label(task)} mostly measure how "
-                "often a model gives that answer, not the task itself"
-            )
         out += [text + ".", ""]
     if primary is not None:  # the registered family is the only source of claims; the rest are exploratory
         out += [f"Primary comparisons (pre-registered, Holm over all {len(primary)}; a claim needs Holm p <= 0.05):"]
@@ -288,6 +269,32 @@ def reading_lines(
     if one:
         out += [f"One seed only, no claim: {_pairs_text(one)}.", ""]
     return out[:-1] if out else out  # markdown paragraphs: one blank line between, none at the end
+
+
+def _highest_text(cfg: BenchConfig, rows: list[dict], task: str, setting: str, top) -> str | None:
+    """`reading_lines`' sentence for one task: its highest single-model mean at the top budget, beside the base,
+    and the label prior where that is at or above it (None: the task has no single-model row there)."""
+    by = _at_budget(rows, task, setting, top)
+    single = {n: got for n, got in by.items() if n not in ("base", LABEL_PRIOR) and got[0]["passes_per_example"] == 1}
+    if not single:
+        return None
+    means = {n: statistics.fmean(r["accuracy"] for r in got) for n, got in single.items()}
+    best = max(means, key=lambda n: means[n])
+    k = len({r["seed"] for r in single[best]})
+    text = (
+        f"On {cfg.label(task)} at {_budget_text(top)} FLOPs ({setting}), the highest mean test accuracy of a "
+        f"single model is {best}'s {means[best]:.3f} over {k} seed{'s' if k != 1 else ''}"
+    )
+    if by.get("base"):
+        text += f" (base {statistics.fmean(r['accuracy'] for r in by['base']):.3f})"
+    prior = by.get(LABEL_PRIOR)
+    if prior and prior[0]["accuracy"] >= means[best]:
+        text += (
+            f". The majority answer {prior[0].get('answer', '')!r} given to every example, with no model, scores "
+            f"{prior[0]['accuracy']:.3f}, at or above every single model: gains on {cfg.label(task)} mostly measure how "
+            "often a model gives that answer, not the task itself"
+        )
+    return text
 
 
 def _seeds_range(comps: list[dict]) -> str:

@@ -204,51 +204,63 @@ def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[Comparison]:
                     (p["a"], p["b"]) for p in only if (p["task"], p["setting"], p["budget"]) == (task, setting, budget)
                 ]
                 for a, b in [*cfg.compare, *here]:
-                    if a not in by or b not in by:
-                        continue
-                    sa = {r["seed"]: r for r in by[a] if r["correct"] is not None}
-                    sb = {r["seed"]: r for r in by[b] if r["correct"] is not None}
-                    seeds = sorted(set(sa) & set(sb))
-                    if not seeds:
-                        continue
-                    dropped = {}
-                    for s in cfg.seeds_of(task):
-                        if s in seeds:
-                            continue
-                        why = {
-                            n: _seed_status(rows, task, setting, budget, n, s)
-                            for n, h in ((a, sa), (b, sb))
-                            if s not in h
-                        }
-                        # a seed neither side has run in yet is just that; otherwise which side, and why
-                        dropped[s] = (
-                            "not run yet"
-                            if len(why) == 2 and set(why.values()) == {"not run yet"}
-                            else "; ".join(f"{n} {w}" for n, w in why.items())
-                        )
-                    for s in seeds:  # the same test examples, in the same order, or no comparison
-                        if sa[s]["ids"] != sb[s]["ids"]:
-                            raise ValueError(f"{a} and {b} (seed {s}) were evaluated on different test examples")
-                    # seeds are clusters: a t interval over the seeds' mean paired differences plus the examples' term
-                    c = compare_paired_seeds(a, [sa[s]["correct"] for s in seeds], b, [sb[s]["correct"] for s in seeds])
-                    # both sides' training/selection FLOPs (mean over the compared seeds): a comparison states what
-                    # each spent
-                    c.update(
-                        task=cfg.label(task),
-                        setting=setting,
-                        budget=budget,
-                        seeds=seeds,
-                        seeds_dropped=dropped,
-                        flops_a=statistics.fmean(sa[s]["flops"] or 0.0 for s in seeds),
-                        flops_b=statistics.fmean(sb[s]["flops"] or 0.0 for s in seeds),
-                    )
-                    if registered and len(seeds) > 1:  # the across-seed interval's own test, for Holm
-                        c["p"] = seed_example_interval(
-                            [[int(bool(x)) for x in sa[s]["correct"]] for s in seeds],
-                            [[int(bool(x)) for x in sb[s]["correct"]] for s in seeds],
-                        )["p"]
-                    out.append(c)
+                    c = _compare_pair(cfg, rows, task, setting, budget, by, a, b, registered)
+                    if c is not None:
+                        out.append(c)
     return out
+
+
+def _compare_pair(
+    cfg: BenchConfig, rows: list[dict], task: str, setting: str, budget, by: dict, a: str, b: str, registered: list
+) -> Comparison | None:
+    """One configured comparison of `comparisons` at one task, setting and budget (None: a side has no row
+    there, or the two share no seed)."""
+    if a not in by or b not in by:
+        return None
+    sa = {r["seed"]: r for r in by[a] if r["correct"] is not None}
+    sb = {r["seed"]: r for r in by[b] if r["correct"] is not None}
+    seeds = sorted(set(sa) & set(sb))
+    if not seeds:
+        return None
+    dropped = _dropped_seeds(cfg, rows, task, setting, budget, seeds, ((a, sa), (b, sb)))
+    for s in seeds:  # the same test examples, in the same order, or no comparison
+        if sa[s]["ids"] != sb[s]["ids"]:
+            raise ValueError(f"{a} and {b} (seed {s}) were evaluated on different test examples")
+    # seeds are clusters: a t interval over the seeds' mean paired differences plus the examples' term
+    c = compare_paired_seeds(a, [sa[s]["correct"] for s in seeds], b, [sb[s]["correct"] for s in seeds])
+    # both sides' training/selection FLOPs (mean over the compared seeds): a comparison states what
+    # each spent
+    c.update(
+        task=cfg.label(task),
+        setting=setting,
+        budget=budget,
+        seeds=seeds,
+        seeds_dropped=dropped,
+        flops_a=statistics.fmean(sa[s]["flops"] or 0.0 for s in seeds),
+        flops_b=statistics.fmean(sb[s]["flops"] or 0.0 for s in seeds),
+    )
+    if registered and len(seeds) > 1:  # the across-seed interval's own test, for Holm
+        c["p"] = seed_example_interval(
+            [[int(bool(x)) for x in sa[s]["correct"]] for s in seeds],
+            [[int(bool(x)) for x in sb[s]["correct"]] for s in seeds],
+        )["p"]
+    return c
+
+
+def _dropped_seeds(cfg: BenchConfig, rows: list[dict], task: str, setting: str, budget, seeds: list, sides) -> dict:
+    """{planned seed left out of a comparison: why}; `sides` is ((a, a's rows by seed), (b, b's rows by seed))."""
+    dropped = {}
+    for s in cfg.seeds_of(task):
+        if s in seeds:
+            continue
+        why = {n: _seed_status(rows, task, setting, budget, n, s) for n, h in sides if s not in h}
+        # a seed neither side has run in yet is just that; otherwise which side, and why
+        dropped[s] = (
+            "not run yet"
+            if len(why) == 2 and set(why.values()) == {"not run yet"}
+            else "; ".join(f"{n} {w}" for n, w in why.items())
+        )
+    return dropped
 
 
 def write_csv(path: Path, rows: list[dict], columns: list[str] = CSV_COLUMNS) -> None:
@@ -347,17 +359,7 @@ def ratio_comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
                     if not ra:
                         continue
                     n_a = statistics.fmean(float(r["units"] or 0) for r in ra.values())
-                    found = None
-                    most = 0.0
-                    for bb in cfg.budgets:
-                        rb = {r["seed"]: r for r in _at_budget(rows, task, setting, bb).get(b, []) if r["correct"]}
-                        if not rb:
-                            continue
-                        n_b = statistics.fmean(float(r["units"] or 0) for r in rb.values())
-                        most = max(most, n_b)
-                        if n_b >= ratio * n_a:
-                            found = (bb, rb, n_b)
-                            break
+                    found, most = _ratio_reach(cfg, rows, task, setting, b, ratio * n_a)
                     head = dict(
                         a=a, b=b, ratio=ratio, task=cfg.label(task), setting=setting, budget=budget, units_a=n_a
                     )
@@ -380,6 +382,23 @@ def ratio_comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
                     )
                     out.append(c)
     return out
+
+
+def _ratio_reach(cfg: BenchConfig, rows: list[dict], task: str, setting: str, b: str, need: float):
+    """Row b at the smallest budget whose mean units reach `need` ((budget, rows by seed, mean units), else
+    None), and the most mean units any budget of b reached."""
+    found = None
+    most = 0.0
+    for bb in cfg.budgets:
+        rb = {r["seed"]: r for r in _at_budget(rows, task, setting, bb).get(b, []) if r["correct"]}
+        if not rb:
+            continue
+        n_b = statistics.fmean(float(r["units"] or 0) for r in rb.values())
+        most = max(most, n_b)
+        if n_b >= need:
+            found = (bb, rb, n_b)
+            break
+    return found, most
 
 
 def equivalence_tests(cfg: BenchConfig, rows: list[dict]) -> list[dict]:

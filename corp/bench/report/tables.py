@@ -321,43 +321,58 @@ def papers_section(cfg: BenchConfig, rows: list[dict]) -> list[str]:
     CoRP recovers; then `ratio_compare` (CoRP at N against RandOpt at RATIO x N)."""
     lines = []
     if cfg.population_rows:
-        table = []
-        for task in cfg.tasks:
-            for setting in cfg.settings:
-                for budget in cfg.budgets:
-                    by = _at_budget(rows, task, setting, budget)
-                    for name in [n for n in by if f"{n}/randopt-top1" in by]:
-                        mean = {k: statistics.fmean(r["accuracy"] for r in v) for k, v in by.items()}
-                        votes = sorted(
-                            (n for n in by if n.startswith(f"{name}/randopt-vote@")), key=lambda n: int(n.split("@")[1])
-                        )
-                        top1 = mean[f"{name}/randopt-top1"]
-                        vote = votes[-1] if votes else None
-                        share = ""
-                        if vote and mean[vote] != top1:
-                            share = f"{(mean[name] - top1) / (mean[vote] - top1):+.2f}"
-                        flops = statistics.fmean(r["flops"] for r in by[name])
-                        pop = statistics.fmean(r["flops"] for r in by[f"{name}/randopt-top1"])
-                        table.append(
-                            f"| {cfg.label(task)} | {setting} | {_budget_text(budget)} | {name} {mean[name]:.3f} | "
-                            f"{top1:.3f} | {'' if vote is None else f'{vote.split(chr(47))[1]} {mean[vote]:.3f}'} | {share} | "
-                            f"{flops:.2g} / {pop:.2g} |"
-                        )
-        if table:
-            lines += [
-                "## The CoRP paper's comparisons: RandOpt on CoRP's own population",
-                "",
-                "| task | setting | budget | CoRP | RandOpt top-1 (same population) | RandOpt vote@K (same population) "
-                "| share of the vote's gain CoRP recovers | FLOPs: CoRP / the population it read |",
-                "|---|---|---:|---|---:|---|---:|---|",
-                *table,
-                "",
-                "RandOpt's rows here rank CoRP's own population prefix on support (CoRP's report computes them), so "
-                "they spent the population's FLOPs and none of CoRP's own evaluations; share: (CoRP - top-1) / "
-                "(vote@K - top-1), means over seeds (the CoRP paper's claim is above 0.5). Paired intervals: name the "
-                "rows (LABEL/randopt-top1) in compare or primary.",
-                "",
-            ]
+        lines += _population_section(cfg, rows)
+    return lines + _ratio_section(cfg, rows)
+
+
+def _population_section(cfg: BenchConfig, rows: list[dict]) -> list[str]:
+    """`papers_section`'s table of RandOpt on CoRP's own population (empty: no such rows)."""
+    table = []
+    for task in cfg.tasks:
+        for setting in cfg.settings:
+            for budget in cfg.budgets:
+                by = _at_budget(rows, task, setting, budget)
+                for name in [n for n in by if f"{n}/randopt-top1" in by]:
+                    table.append(_population_line(cfg, task, setting, budget, by, name))
+    if not table:
+        return []
+    return [
+        "## The CoRP paper's comparisons: RandOpt on CoRP's own population",
+        "",
+        "| task | setting | budget | CoRP | RandOpt top-1 (same population) | RandOpt vote@K (same population) "
+        "| share of the vote's gain CoRP recovers | FLOPs: CoRP / the population it read |",
+        "|---|---|---:|---|---:|---|---:|---|",
+        *table,
+        "",
+        "RandOpt's rows here rank CoRP's own population prefix on support (CoRP's report computes them), so "
+        "they spent the population's FLOPs and none of CoRP's own evaluations; share: (CoRP - top-1) / "
+        "(vote@K - top-1), means over seeds (the CoRP paper's claim is above 0.5). Paired intervals: name the "
+        "rows (LABEL/randopt-top1) in compare or primary.",
+        "",
+    ]
+
+
+def _population_line(cfg: BenchConfig, task: str, setting: str, budget, by: dict, name: str) -> str:
+    """One CoRP row beside RandOpt top-1 and its largest vote@K on the same population."""
+    mean = {k: statistics.fmean(r["accuracy"] for r in v) for k, v in by.items()}
+    votes = sorted((n for n in by if n.startswith(f"{name}/randopt-vote@")), key=lambda n: int(n.split("@")[1]))
+    top1 = mean[f"{name}/randopt-top1"]
+    vote = votes[-1] if votes else None
+    share = ""
+    if vote and mean[vote] != top1:
+        share = f"{(mean[name] - top1) / (mean[vote] - top1):+.2f}"
+    flops = statistics.fmean(r["flops"] for r in by[name])
+    pop = statistics.fmean(r["flops"] for r in by[f"{name}/randopt-top1"])
+    return (
+        f"| {cfg.label(task)} | {setting} | {_budget_text(budget)} | {name} {mean[name]:.3f} | "
+        f"{top1:.3f} | {'' if vote is None else f'{vote.split(chr(47))[1]} {mean[vote]:.3f}'} | {share} | "
+        f"{flops:.2g} / {pop:.2g} |"
+    )
+
+
+def _ratio_section(cfg: BenchConfig, rows: list[dict]) -> list[str]:
+    """`papers_section`'s table of `ratio_compare` (empty: none configured or none computed)."""
+    lines = []
     ratios = ratio_comparisons(cfg, rows)
     if ratios:
         lines += [

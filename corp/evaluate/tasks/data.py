@@ -127,8 +127,6 @@ def read_records(path: str | Path) -> list[tuple[int, dict]]:
     """(line number, record) for each record of a user data file, by extension: `.csv` (header row;
     line numbers count the header as line 1), `.parquet` (row numbers from 1), anything else JSON
     Lines. Every problem is one CorpError naming the file and, where there is one, the line."""
-    import json
-
     path = Path(path)
     if not path.exists():
         raise CorpError(f"data file '{path}' does not exist")
@@ -137,7 +135,15 @@ def read_records(path: str | Path) -> list[tuple[int, dict]]:
     suffix = path.suffix.lower()
     if suffix == ".parquet":
         return _read_parquet(path)
-    raw = path.read_bytes()
+    texts = _decode_lines(path, path.read_bytes())
+    if suffix in (".csv", ".tsv"):
+        return _read_csv(path, texts, "\t" if suffix == ".tsv" else ",")
+    return _read_jsonl(path, texts)
+
+
+def _decode_lines(path: Path, raw: bytes) -> list[str]:
+    """The text lines of a CSV or JSON Lines file (a BOM on line 1 dropped); a line that is not
+    UTF-8 is one CorpError naming its line, byte and column."""
     lines = raw.split(b"\n")
     texts = []
     for lineno, line in enumerate(lines, 1):
@@ -148,8 +154,13 @@ def read_records(path: str | Path) -> list[tuple[int, dict]]:
                 f"'{path}' line {lineno} is not UTF-8 text (byte {line[exc.start]:#04x} "
                 f"at column {exc.start + 1}); save the file as UTF-8"
             ) from None
-    if suffix in (".csv", ".tsv"):
-        return _read_csv(path, texts, "\t" if suffix == ".tsv" else ",")
+    return texts
+
+
+def _read_jsonl(path: Path, texts: list[str]) -> list[tuple[int, dict]]:
+    """One JSON object per non-blank line, with its line number."""
+    import json
+
     out = []
     for lineno, line in enumerate(texts, 1):
         if not line.strip():

@@ -326,7 +326,6 @@ def _consolidate_report(
 ) -> dict:
     """The test split: base, RandOpt top-1 / K-vote and CoRP, each with per-example outcomes and
     paired comparisons; the report and its table."""
-    # test split: base, RandOpt top-1 / K-vote, CoRP, each with per-example outcomes and paired comparisons
     t0 = time.perf_counter()
     results, _ = randopt_results(ctx, ranked, cfg.top_k, evals)
     corp_row = scorer.row(result.direction, "test")
@@ -363,22 +362,37 @@ def _consolidate_report(
             f"+ probe {len(ctx.splits['probe'])} + validation "
             f"{len(ctx.splits['validation'])}); RandOpt used the support split only"
         ),
-        corp={
-            "accepted": result.accepted,
-            "reason": result.reason,
-            "candidate": result.best.name,
-            "n_components": len(result.direction.components),
-            "gate_validation": result.gate.to_dict(),
-            "pass1_gate_validation": result.pass1_gate.to_dict() if result.pass1_gate else None,
-            "probe_table": result.probe_table,
-            "stage1": result.stage1,
-            "stage2_rounds": result.rounds,
-            "compat": cfg.compat,
-            "low_rank": low_rank_report,
-            "consolidation_ledger": consolidation_cost,
-            "seconds": {k: round(v, 3) for k, v in seconds.items()},
-        },
+        corp=_corp_section(cfg, result, low_rank_report, consolidation_cost, seconds),
     )
+    report["table"] = _table(cfg, ctx, result, results, report, consolidation_cost, low_rank_report)
+    return report
+
+
+def _corp_section(cfg: ConsolidateConfig, result, low_rank_report, consolidation_cost, seconds) -> dict:
+    """report.json's `corp`: the gate's decision and everything behind it (probe table, stages, costs)."""
+    return {
+        "accepted": result.accepted,
+        "reason": result.reason,
+        "candidate": result.best.name,
+        "n_components": len(result.direction.components),
+        "gate_validation": result.gate.to_dict(),
+        "pass1_gate_validation": result.pass1_gate.to_dict() if result.pass1_gate else None,
+        "probe_table": result.probe_table,
+        "stage1": result.stage1,
+        "stage2_rounds": result.rounds,
+        "compat": cfg.compat,
+        "low_rank": low_rank_report,
+        "consolidation_ledger": consolidation_cost,
+        "seconds": {k: round(v, 3) for k, v in seconds.items()},
+    }
+
+
+def _table(
+    cfg: ConsolidateConfig, ctx: RunContext, result, results, report, consolidation_cost, low_rank_report
+) -> str:
+    """The terminal table: the rows, then one line each for the population, CoRP's own evaluations,
+    the gate, the labelled data, the compatibility check of the chosen (q, beta) and the low-rank
+    analysis (lines with nothing to say are left out)."""
     g = result.gate
     chosen = next(
         (st for st in result.stage1 if st["q"] == result.best.params["q"] and st["beta"] == result.best.params["beta"]),
@@ -391,7 +405,7 @@ def _consolidate_report(
         if chosen
         else ""
     )
-    report["table"] = "\n".join(
+    return "\n".join(
         x
         for x in [
             format_rows(results, report["comparisons"], report["population"]["selection_ledger"]["flops"]),
@@ -406,4 +420,3 @@ def _consolidate_report(
         ]
         if x
     )
-    return report

@@ -81,38 +81,14 @@ def consolidate_stage2(
     scale = float(np.median([p.seed_components()[0].sigma for p in first.perts]))
     accepts = rejects_in_a_row = 0
     rounds: list[dict] = []
+    halves = (select, gate_half, probe)  # where a round scores its population, gates on the support half, on probe
+    search = (progress, gram_cache, scheme, perturber)  # passed through to merge_and_search
     for t in range(cfg.rounds):
         if accepts >= 2 or rejects_in_a_row >= 2:
             break
-        seeds = specialist_seeds(seed * 1000 + 1 + t, cfg.local_population)
-        rng = np.random.default_rng([seed, 2, t])
-        local = local_population(seeds, scale, pcs, cfg.pc_mix, dim, rng)
-        if hasattr(score, "cache_prefix"):
-            score.cache_prefix(centre)
-        bar = tqdm(local, desc=f"stage 2 round {t + 1}", unit="spec", disable=not progress, dynamic_ncols=True)
-        rewards = [mean_score(score(centre + p, select)) for p in bar]
-        bar.close()
-        _, cands, _ = merge_and_search(
-            rewards, local, params, score, cfg, select, centre, progress, None, gram_cache, scheme, perturber
-        )
-        best = max(cands[cfg.merge_rules[0]], key=lambda c: c.probe_score)
-        g_half = gate_on(score, best.direction, centre, gate_half, cfg.gate_z)
-        g_probe = gate_on(score, best.direction, centre, probe, cfg.gate_z)
-        ok = g_half.accepted and g_probe.accepted
-        rounds.append(
-            {
-                "round": t + 1,
-                "sigma": scale,
-                "n_local": len(local),
-                "pcs": len(pcs),
-                "reward_best": max(rewards),
-                "reward_mean": mean_score(rewards),
-                "candidate": best.name,
-                "gate_support_half": g_half.to_dict(),
-                "gate_probe": g_probe.to_dict(),
-                "accepted": ok,
-            }
-        )
+        best, record = _round(t, centre, scale, pcs, dim, params, score, cfg, seed, halves, search)
+        ok = record["accepted"]
+        rounds.append(record)
         if ok:
             centre, accepts, rejects_in_a_row = best.direction, accepts + 1, 0
         else:
@@ -122,7 +98,48 @@ def consolidate_stage2(
     result = ConsolidationResult(**{**first.__dict__, "rounds": rounds})
     if accepts == 0:
         return result
-    final = gate_on(score, centre, None, validation, cfg.gate_z)
+    _final_gate(result, first, centre, accepts, score, validation, cfg.gate_z)
+    return result
+
+
+def _round(t, centre, scale, pcs, dim, params, score, cfg, seed, halves, search):
+    """Round t: a local population around the centre, scored on `select`, merged and searched as in
+    stage 1; its best candidate must pass the gate on the support half and on the probe split.
+    Returns (that candidate, the round's record)."""
+    select, gate_half, probe = halves
+    progress, gram_cache, scheme, perturber = search
+    seeds = specialist_seeds(seed * 1000 + 1 + t, cfg.local_population)
+    rng = np.random.default_rng([seed, 2, t])
+    local = local_population(seeds, scale, pcs, cfg.pc_mix, dim, rng)
+    if hasattr(score, "cache_prefix"):
+        score.cache_prefix(centre)
+    bar = tqdm(local, desc=f"stage 2 round {t + 1}", unit="spec", disable=not progress, dynamic_ncols=True)
+    rewards = [mean_score(score(centre + p, select)) for p in bar]
+    bar.close()
+    _, cands, _ = merge_and_search(
+        rewards, local, params, score, cfg, select, centre, progress, None, gram_cache, scheme, perturber
+    )
+    best = max(cands[cfg.merge_rules[0]], key=lambda c: c.probe_score)
+    g_half = gate_on(score, best.direction, centre, gate_half, cfg.gate_z)
+    g_probe = gate_on(score, best.direction, centre, probe, cfg.gate_z)
+    ok = g_half.accepted and g_probe.accepted
+    return best, {
+        "round": t + 1,
+        "sigma": scale,
+        "n_local": len(local),
+        "pcs": len(pcs),
+        "reward_best": max(rewards),
+        "reward_mean": mean_score(rewards),
+        "candidate": best.name,
+        "gate_support_half": g_half.to_dict(),
+        "gate_probe": g_probe.to_dict(),
+        "accepted": ok,
+    }
+
+
+def _final_gate(result: ConsolidationResult, first: ConsolidationResult, centre, accepts, score, validation, z) -> None:
+    """The moved centre replaces stage 1's result only if it passes the validation gate against base."""
+    final = gate_on(score, centre, None, validation, z)
     if final.accepted:
         result.direction, result.accepted, result.gate = centre, True, final
         result.reason = f"stage 2 moved the centre in {accepts} round(s); final validation gate {final.reason}"
@@ -131,4 +148,3 @@ def consolidate_stage2(
             first.reason
             + f"; stage 2's centre failed the final validation gate ({final.reason}), so the stage-1 result stands"
         )
-    return result

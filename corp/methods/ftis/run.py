@@ -263,30 +263,15 @@ def run_ftis(cfg: FTISConfig) -> dict:
     """Train every node with F-TIS (and, unless --skip-grpo-baseline, on-policy GRPO per node alone), evaluate per step, write the report."""
 
     names = cfg.node_models()
-    for k, name in enumerate(names):  # before the run directory exists: a missing model is one line, nothing written
-        try:
-            resolve_model(name)
-        except CorpError as exc:
-            raise CorpError(f"node {k} ('{name}'): {exc}") from None
+    _check_models(names)
     needs = ("support",) if cfg.skip_test_eval else ("support", "test")
-    ood = None
-    if cfg.ood_task and not cfg.skip_test_eval:
-        otask = get_task(cfg.ood_task, cfg.data)
-        ood = (otask, make_splits(otask, SplitSizes(0, 0, 0, cfg.n_test), cfg.split_seed)["test"])
-        if not ood[1]:
-            raise CorpError(f"--ood-task '{cfg.ood_task}' has no test examples")
+    ood = _ood_split(cfg)
     with open_run(cfg, "ftis", None, needs=needs, defines=None) as ctx:
         evals = run_evals(ctx)
         trained_as = _trained_as(cfg)
         node_ctxs = [_node_context(cfg, ctx, k, name) for k, name in enumerate(names)]
         if cfg.no_retokenize:  # before anything is computed: the run directory is removed, not left half-written
-            toks = [c.backend.tokenizer for c in node_ctxs]
-            for k, t in enumerate(toks[1:], 1):
-                if not same_tokenizer(toks[0], t):
-                    raise CorpError(
-                        f"node 0 ('{names[0]}') and node {k} ('{names[k]}') use different tokenizers and "
-                        "--no-retokenize forbids sharing text; use nodes with one tokenizer or drop --no-retokenize"
-                    )
+            _check_one_tokenizer(names, node_ctxs)
         hashes = [c.weights_hash for c in node_ctxs]  # the bases' hashes, before training changes the weights
         nodes = [Node(k, names[k], c, cfg) for k, c in enumerate(node_ctxs)]
         rows = _train_arm("ftis", nodes, cfg, cfg.num_generations, evals, trained_as, ood)
@@ -295,19 +280,57 @@ def run_ftis(cfg: FTISConfig) -> dict:
         traffic = {n.index: {"bytes_sent": n.bytes_sent, "bytes_received": n.bytes_received} for n in nodes}
         del nodes, node_ctxs  # free the trained models before the baseline reloads the bases
         if not cfg.skip_grpo_baseline:
-            for k, name in enumerate(names):  # each node alone, from its base weights (reloaded and checked)
-                c = _node_context(cfg, ctx, k, name)
-                if c.weights_hash != hashes[k]:
-                    raise CorpError(
-                        f"node {k} ('{name}') reloaded with other weights "
-                        "than at the start of the run; its files changed"
-                    )
-                node = Node(k, name, c, cfg)
-                rows += _train_arm("grpo", [node], cfg, cfg.num_generations * len(names), evals, trained_as, ood)
-                reached[("grpo", k)] = node.step
-                ledgers[("grpo", k)] = node.ledger.to_dict()
-                del node, c
+            rows += _grpo_baseline(cfg, ctx, names, hashes, evals, trained_as, ood, reached, ledgers)
         return _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached)
+
+
+def _check_models(names: list[str]) -> None:
+    """Before the run directory exists: a missing model is one line, nothing written."""
+    for k, name in enumerate(names):
+        try:
+            resolve_model(name)
+        except CorpError as exc:
+            raise CorpError(f"node {k} ('{name}'): {exc}") from None
+
+
+def _ood_split(cfg: FTISConfig):
+    """(task, test examples) of --ood-task, or None when there is none or test evaluation is off."""
+    if not (cfg.ood_task and not cfg.skip_test_eval):
+        return None
+    otask = get_task(cfg.ood_task, cfg.data)
+    ood = (otask, make_splits(otask, SplitSizes(0, 0, 0, cfg.n_test), cfg.split_seed)["test"])
+    if not ood[1]:
+        raise CorpError(f"--ood-task '{cfg.ood_task}' has no test examples")
+    return ood
+
+
+def _check_one_tokenizer(names: list[str], node_ctxs) -> None:
+    """--no-retokenize: every node must share node 0's tokenizer (ids are sent as they are)."""
+    toks = [c.backend.tokenizer for c in node_ctxs]
+    for k, t in enumerate(toks[1:], 1):
+        if not same_tokenizer(toks[0], t):
+            raise CorpError(
+                f"node 0 ('{names[0]}') and node {k} ('{names[k]}') use different tokenizers and "
+                "--no-retokenize forbids sharing text; use nodes with one tokenizer or drop --no-retokenize"
+            )
+
+
+def _grpo_baseline(cfg, ctx, names, hashes, evals, trained_as, ood, reached, ledgers) -> list[dict]:
+    """The comparison arm: each node alone, from its base weights (reloaded and checked against the
+    hash taken at the start), with K x G own completions per prompt. Fills `reached` and `ledgers`."""
+    rows = []
+    for k, name in enumerate(names):
+        c = _node_context(cfg, ctx, k, name)
+        if c.weights_hash != hashes[k]:
+            raise CorpError(
+                f"node {k} ('{name}') reloaded with other weights than at the start of the run; its files changed"
+            )
+        node = Node(k, name, c, cfg)
+        rows += _train_arm("grpo", [node], cfg, cfg.num_generations * len(names), evals, trained_as, ood)
+        reached[("grpo", k)] = node.step
+        ledgers[("grpo", k)] = node.ledger.to_dict()
+        del node, c
+    return rows
 
 
 def _node_rows(cfg, ctx, names, evals, ledgers, reached, ids) -> tuple[list[ReportRow], list[tuple[str, str]]]:
@@ -370,48 +393,16 @@ def _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> dict:
         # every party's compute toward F-TIS's models: the sum over nodes, each at its own model's size
         # (corp bench charges a cell this; the per-node ledgers are under `nodes`)
         method_flops=sum(ledgers[("ftis", k)]["flops"] for k in range(len(names))),
-        method_ledger_parties=[
-            {
-                "node": k,
-                "model": n,
-                "n_params": ledgers[("ftis", k)]["n_params"],
-                "flops": ledgers[("ftis", k)]["flops"],
-            }
-            for k, n in enumerate(names)
-        ],
+        method_ledger_parties=_parties(names, ledgers),
         method_ledger_note=(
             "F-TIS, all nodes: each node's generation of its rollouts and the forward pass for their logprobs (2N per "
             "token) and its training on the mixed group (6N per prompt + completion token), N its own model's size; "
             "test evaluations and the GRPO comparison arm not included"
         ),
-        nodes=[
-            {
-                "node": k,
-                "model": n,
-                "weights_hash": hashes[k],
-                "training_ledger": ledgers.get(("ftis", k)),
-                "grpo_training_ledger": ledgers.get(("grpo", k)),
-                **traffic.get(k, {}),
-            }
-            for k, n in enumerate(names)
-        ],
+        nodes=_nodes(names, hashes, ledgers, traffic),
         accuracy_per_step=per_step,
         per_step=step_rows,
-        settings={
-            "tis_cap": cfg.tis_cap,
-            "kl_filter": cfg.kl_filter,
-            "num_generations_per_node": cfg.num_generations,
-            "mixed_group": cfg.num_generations * len(names),
-            "learning_rate": cfg.learning_rate,
-            "epsilon": cfg.epsilon,
-            "ood_task": cfg.ood_task,
-            "temperature": cfg.temperature,
-            **{
-                k: getattr(cfg, k)
-                for k in ("epsilon_high", "scale_rewards")
-                if getattr(cfg, k) != GRPOConfig.__dataclass_fields__[k].default
-            },
-        },
+        settings=_settings(cfg, len(names)),
         matching_note=(
             "nodeK-grpo: node K alone from its base, same steps and prompts, K x G own completions per prompt (same "
             "number of local updates and of trained sequences per update); its FLOPs are in "
@@ -425,6 +416,53 @@ def _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> dict:
     if report_rows:
         report["table"] = format_rows(report_rows, report["comparisons"])
     return report
+
+
+def _parties(names, ledgers) -> list[dict]:
+    """Each node's share of F-TIS's compute, at its own model's size."""
+    return [
+        {
+            "node": k,
+            "model": n,
+            "n_params": ledgers[("ftis", k)]["n_params"],
+            "flops": ledgers[("ftis", k)]["flops"],
+        }
+        for k, n in enumerate(names)
+    ]
+
+
+def _nodes(names, hashes, ledgers, traffic) -> list[dict]:
+    """Per node: its base's hash, the training ledgers of both arms and the bytes it exchanged."""
+    return [
+        {
+            "node": k,
+            "model": n,
+            "weights_hash": hashes[k],
+            "training_ledger": ledgers.get(("ftis", k)),
+            "grpo_training_ledger": ledgers.get(("grpo", k)),
+            **traffic.get(k, {}),
+        }
+        for k, n in enumerate(names)
+    ]
+
+
+def _settings(cfg, n_nodes: int) -> dict:
+    """The run's F-TIS settings, and GRPO's clipping and reward scaling where they are not the defaults."""
+    return {
+        "tis_cap": cfg.tis_cap,
+        "kl_filter": cfg.kl_filter,
+        "num_generations_per_node": cfg.num_generations,
+        "mixed_group": cfg.num_generations * n_nodes,
+        "learning_rate": cfg.learning_rate,
+        "epsilon": cfg.epsilon,
+        "ood_task": cfg.ood_task,
+        "temperature": cfg.temperature,
+        **{
+            k: getattr(cfg, k)
+            for k in ("epsilon_high", "scale_rewards")
+            if getattr(cfg, k) != GRPOConfig.__dataclass_fields__[k].default
+        },
+    }
 
 
 def summary(report: dict) -> str:

@@ -2,7 +2,7 @@
 
 Each cell is one Ray task reserving what it uses: `threads` CPUs (its torch threads are set to that
 number) and, on CUDA, a GPU (as many as its vLLM tensor-parallel size). The task runs the cell exactly
-as the local path does (`Bench.attempt`: the cell's claim, its run directory, its record written
+as the local path does (`attempt`: the cell's claim, its run directory, its record written
 atomically by `write_json`), so the cell records, and the outputs written from them, are the local
 run's apart from timing fields (wall_seconds, wall_seconds_increment, population_seconds). A task
 whose worker dies is rerun by Ray (`max_retries`, CELL_RETRIES); a killed cell never leaves a record,
@@ -30,6 +30,7 @@ import time
 from tqdm.auto import tqdm
 
 from corp import CorpError
+from corp.bench.schedule.claims import attempt
 from corp.evaluate.backends import resolve_backend_name
 from corp.evaluate.executors import actor_cause, init_ray
 from corp.extras import require
@@ -77,7 +78,7 @@ def lane(cell) -> tuple | None:
 
 def _run_cell(bench_cls, cfg, cells, cell, threads: int, cwd: str):
     """The Ray task: run one cell as the local path does (None: another process holds it). `bench_cls`
-    is corp.bench.cells.Bench, passed in (corp.bench.sweep imports this module)."""
+    is the driver's (type(bench)), so the task runs the class the driver runs."""
     import ray
     import torch
 
@@ -98,7 +99,7 @@ def _run_cell(bench_cls, cfg, cells, cell, threads: int, cwd: str):
         )
     torch.set_num_threads(threads)
     # threads is not part of a cell's key or record: the cell uses what Ray reserved for it
-    return bench.attempt(dataclasses.replace(cell, opts={**cell.opts, "threads": threads}))
+    return attempt(bench, dataclasses.replace(cell, opts={**cell.opts, "threads": threads}))
 
 
 def run_cells_on_ray(bench, cells: list, mine) -> int:
@@ -111,95 +112,149 @@ def run_cells_on_ray(bench, cells: list, mine) -> int:
     started = init_ray(ray, cfg.ray_address, None if cfg.ray_address else cfg.workers * threads)
     wait = float(os.environ.get("CORP_BENCH_WAIT", "30"))
     order = {id(c): i for i, c in enumerate(cells)}
-    pending = [c for c in cells if mine(c)]
-    running: dict = {}  # ObjectRef -> planned cell
-    not_before: dict[int, float] = {}  # planned cell -> when a deferred one may be submitted again
-    scored: set[int] = set()  # planned population cells whose shared population is scored as far as they need
+    driver = _Driver(ray, bench, cells, threads, wait, order, pending=[c for c in cells if mine(c)])
     bench.score_on = {"executor": "ray", "workers": cfg.workers, "ray_address": cfg.ray_address}
     try:
-        task = ray.remote(max_retries=CELL_RETRIES)(_run_cell)
-        have = ray.cluster_resources()
-        shared = ray.put(cells)
-        bar = tqdm(
-            total=len(pending),
-            desc=f"bench {cfg.name} (ray)",
-            unit="cell",
-            dynamic_ncols=True,
-            disable=os.environ.get("CORP_NO_PROGRESS") == "1",
-        )
-        ran = 0
-        while pending or running:
-            now = time.monotonic()
-            ready = []
-            for planned in list(pending):
-                cell = bench.resolve(planned, cells)  # None: its trials have not all run
-                if cell is None or not_before.get(id(planned), 0.0) > now:
-                    continue
-                if bench.load_record(cell) is not None:
-                    pending.remove(planned)
-                    bar.update(1)
-                elif not _blocked(bench, planned, cell, pending, running):
-                    ready.append((planned, cell))
-            # shared populations first, scored by the Ray executor's actors while no cell task holds the
-            # CPUs they need (at the start: every population the plan can name yet; a tuned final's, once
-            # its trials chose its scales, when the cells in flight are done)
-            if not running:
-                for planned in pending:
-                    cell = bench.resolve(planned, cells)
-                    if cell is None or cell.adapter.kind != POPULATION or id(planned) in scored:
-                        continue
-                    try:
-                        bench.population(cell)
-                        scored.add(id(planned))
-                    except RunBusy:  # another process is scoring it
-                        not_before[id(planned)] = now + wait
-            ready = [(p, c) for p, c in ready if c.adapter.kind != POPULATION or id(p) in scored]
-            for planned, cell in ready:
-                gpus = cell_gpus(cell)
-                if threads > have.get("CPU", 0) or gpus > have.get("GPU", 0):
-                    raise CorpError(
-                        f"cell {cell.record_name()} needs {threads} CPU(s) and {gpus} GPU(s); the Ray cluster has "
-                        f"{have.get('CPU', 0):g} and {have.get('GPU', 0):g} (lower --threads)"
-                    )
-                ref = task.options(num_cpus=threads, num_gpus=gpus).remote(
-                    type(bench), cfg, shared, cell, threads, os.getcwd()
-                )
-                running[ref] = planned
-                pending.remove(planned)
-            if not running:
-                if not any(t > time.monotonic() for t in not_before.values()):
-                    break  # what is left waits on cells this process does not run
-                time.sleep(min(wait, 1.0))
-                continue
-            done, _ = ray.wait(list(running), num_returns=1, timeout=wait)
-            for ref in done:
-                planned = running.pop(ref)
-                try:
-                    rec = ray.get(ref)
-                except ray.exceptions.RayTaskError as exc:  # the cell itself failed (corp's own error: its line)
-                    raise CorpError(f"bench cell {planned.record_name()}: {actor_cause(exc)}") from None
-                except ray.exceptions.RayError as exc:
-                    raise CorpError(
-                        f"bench cell {planned.record_name()}: its Ray worker died {CELL_RETRIES + 1} times "
-                        f"({type(exc).__name__}); see the Ray logs"
-                    ) from None
-                if rec is None:  # another process holds it: again later, in plan order
-                    not_before[id(planned)] = time.monotonic() + wait
-                    pending.append(planned)
-                    pending.sort(key=lambda c: order[id(c)])
-                else:
-                    ran += 1
-                    bar.update(1)
-        bar.close()
-        return ran
+        driver.start()
+        return driver.run()
     finally:
-        for ref in running:  # interrupted: what is in flight leaves no record (its run directory resumes)
+        for ref in driver.running:  # interrupted: what is in flight leaves no record (its run directory resumes)
             try:
                 ray.cancel(ref, force=True)
             except Exception:
                 pass
         if started:
             ray.shutdown()
+
+
+@dataclasses.dataclass
+class _Driver:
+    """The driver's loop of `run_cells_on_ray`, split by job (which cells are ready, the shared populations,
+    submitting, collecting); its state is the loop's, kept between those steps."""
+
+    ray: object
+    bench: object
+    cells: list
+    threads: int
+    wait: float
+    order: dict
+    pending: list
+    running: dict = dataclasses.field(default_factory=dict)  # ObjectRef -> planned cell
+    # planned cell -> when a deferred one may be submitted again
+    not_before: dict[int, float] = dataclasses.field(default_factory=dict)
+    # planned population cells whose shared population is scored as far as they need
+    scored: set[int] = dataclasses.field(default_factory=set)
+    task: object = None
+    have: dict | None = None
+    shared: object = None
+    bar: object = None
+
+    def start(self) -> None:
+        """The Ray task, the cluster's resources, the plan in Ray's object store and the progress bar."""
+        self.task = self.ray.remote(max_retries=CELL_RETRIES)(_run_cell)
+        self.have = self.ray.cluster_resources()
+        self.shared = self.ray.put(self.cells)
+        self.bar = tqdm(
+            total=len(self.pending),
+            desc=f"bench {self.bench.cfg.name} (ray)",
+            unit="cell",
+            dynamic_ncols=True,
+            disable=os.environ.get("CORP_NO_PROGRESS") == "1",
+        )
+
+    def run(self) -> int:
+        """Submit and collect until every cell ran or what is left waits on other processes."""
+        ran = 0
+        while self.pending or self.running:
+            now = time.monotonic()
+            ready = self._ready(now)
+            # shared populations first, scored by the Ray executor's actors while no cell task holds the
+            # CPUs they need (at the start: every population the plan can name yet; a tuned final's, once
+            # its trials chose its scales, when the cells in flight are done)
+            if not self.running:
+                self._score_populations(now)
+            ready = [(p, c) for p, c in ready if c.adapter.kind != POPULATION or id(p) in self.scored]
+            for planned, cell in ready:
+                self._submit(planned, cell)
+            if not self.running:
+                if not any(t > time.monotonic() for t in self.not_before.values()):
+                    break  # what is left waits on cells this process does not run
+                time.sleep(min(self.wait, 1.0))
+                continue
+            ran += self._collect()
+        self.bar.close()
+        return ran
+
+    def _ready(self, now: float) -> list[tuple]:
+        """(planned, resolved) cells that may be submitted now; those already recorded leave `pending`."""
+        ready = []
+        for planned in list(self.pending):
+            cell = self.bench.resolve(planned, self.cells)  # None: its trials have not all run
+            if cell is None or self.not_before.get(id(planned), 0.0) > now:
+                continue
+            if self.bench.load_record(cell) is not None:
+                self.pending.remove(planned)
+                self.bar.update(1)
+            elif not _blocked(self.bench, planned, cell, self.pending, self.running):
+                ready.append((planned, cell))
+        return ready
+
+    def _score_populations(self, now: float) -> None:
+        """Score here the shared population of every pending population cell the plan can name yet."""
+        for planned in self.pending:
+            cell = self.bench.resolve(planned, self.cells)
+            if cell is None or cell.adapter.kind != POPULATION or id(planned) in self.scored:
+                continue
+            try:
+                self.bench.population(cell)
+                self.scored.add(id(planned))
+            except RunBusy:  # another process is scoring it
+                self.not_before[id(planned)] = now + self.wait
+
+    def _submit(self, planned, cell) -> None:
+        """One cell as a Ray task reserving its CPUs and GPUs (refused when the cluster has too few)."""
+        threads, have = self.threads, self.have
+        gpus = cell_gpus(cell)
+        if threads > have.get("CPU", 0) or gpus > have.get("GPU", 0):
+            raise CorpError(
+                f"cell {cell.record_name()} needs {threads} CPU(s) and {gpus} GPU(s); the Ray cluster has "
+                f"{have.get('CPU', 0):g} and {have.get('GPU', 0):g} (lower --threads)"
+            )
+        ref = self.task.options(num_cpus=threads, num_gpus=gpus).remote(
+            type(self.bench), self.bench.cfg, self.shared, cell, threads, os.getcwd()
+        )
+        self.running[ref] = planned
+        self.pending.remove(planned)
+
+    def _collect(self) -> int:
+        """Wait for one task (at most `wait` seconds); returns how many cells finished. A cell another
+        process holds goes back to `pending`, again later, in plan order."""
+        ran = 0
+        done, _ = self.ray.wait(list(self.running), num_returns=1, timeout=self.wait)
+        for ref in done:
+            planned = self.running.pop(ref)
+            rec = _result(self.ray, ref, planned)
+            if rec is None:  # another process holds it: again later, in plan order
+                self.not_before[id(planned)] = time.monotonic() + self.wait
+                self.pending.append(planned)
+                self.pending.sort(key=lambda c: self.order[id(c)])
+            else:
+                ran += 1
+                self.bar.update(1)
+        return ran
+
+
+def _result(ray, ref, planned):
+    """A finished cell task's record (None: another process holds the cell); its failure as one error line."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:  # the cell itself failed (corp's own error: its line)
+        raise CorpError(f"bench cell {planned.record_name()}: {actor_cause(exc)}") from None
+    except ray.exceptions.RayError as exc:
+        raise CorpError(
+            f"bench cell {planned.record_name()}: its Ray worker died {CELL_RETRIES + 1} times "
+            f"({type(exc).__name__}); see the Ray logs"
+        ) from None
 
 
 def _blocked(bench, planned, cell, pending: list, running: dict) -> bool:

@@ -1,0 +1,86 @@
+"""The local schedule: passes over the plan. A cell another process holds (its claim, or a run
+directory it needs) or a final whose trials another process is running is deferred, and the pass is
+repeated after CORP_BENCH_WAIT seconds until none is; one process alone runs everything in its
+first pass."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from tqdm.auto import tqdm
+
+from corp.bench.cells import Bench
+from corp.bench.config import BenchConfig
+from corp.bench.plan import Cell, _trials_of
+from corp.bench.retention import score_records
+from corp.bench.schedule.claims import attempt, busy
+
+
+def _progress_disabled() -> bool:
+    return os.environ.get("CORP_NO_PROGRESS") == "1"
+
+
+def run_passes(cfg: BenchConfig, bench: Bench, cells: list[Cell], compute: bool, mine) -> dict[str, dict]:
+    """Every cell's record, by record name: finished ones read, this process's own (`mine`) run."""
+    # Why several local processes still share a bench through claims (flocks) and passes, beside
+    # --executor ray, which is the parallel path: Ray is an optional extra, and the long CPU benches run
+    # as one `benchmarks/bench_run.sh` wrapper per task (a retry loop that commits each finished cell),
+    # where a core freed by a finished task joins a slower one with a second wrapper on that task. The
+    # claims are also what keeps a Ray bench and a local process on one results directory from running
+    # a cell twice (a Ray task claims its cell the same way).
+    # Passes over the plan: a cell another process holds (its claim, or a run directory it needs) or
+    # a final whose trials another process is running is deferred, and the pass is repeated after
+    # CORP_BENCH_WAIT seconds until none is; one process alone runs everything in its first pass.
+    wait = float(os.environ.get("CORP_BENCH_WAIT", "30"))
+    done: dict[str, dict] = {}
+    n_pass = 0
+    while True:
+        n_pass += 1
+        deferred = 0
+        bar = tqdm(
+            cells,
+            desc=f"bench {cfg.name}" + (f" (pass {n_pass})" if n_pass > 1 else ""),
+            unit="cell",
+            initial=0,
+            dynamic_ncols=True,
+            disable=_progress_disabled() or not compute,
+        )
+        for planned in bar:
+            bar.set_postfix_str(
+                f"{planned.task_label or planned.task} {planned.setting} s{planned.seed} {planned.label} "
+                f"{'' if planned.budget is None else f'{planned.budget:.2g}'}"
+            )
+            deferred += _pass_cell(cfg, bench, cells, planned, compute, mine, done)
+        bar.close()
+        if not deferred:
+            break
+        time.sleep(wait)
+    return done
+
+
+def _pass_cell(
+    cfg: BenchConfig, bench: Bench, cells: list[Cell], planned: Cell, compute: bool, mine, done: dict
+) -> int:
+    """One planned cell in a pass of `run_passes`: its record read, or run if it is this process's own, into
+    `done`; returns 1 when it is deferred (another process holds it or its trials), else 0."""
+    cell = bench.resolve(planned, cells)  # None: its trials have not all run
+    if cell is None:
+        if compute and mine(planned) and any(busy(bench, t) for t in _trials_of(planned, cells)):
+            return 1
+        return 0
+    name = cell.record_name()
+    if name in done:
+        return 0
+    rec = bench.load_record(cell)  # a finished cell needs no claim
+    if rec is None and compute and mine(cell):
+        rec = attempt(bench, cell)
+        if rec is not None and cfg.retention and rec.get("setting") != "tune":
+            # scored now, while the cell's saved model is on disk: a long bench spans sessions
+            # whose run directories (git-ignored) are gone when a later one resumes
+            score_records(cfg, {name: rec})
+    if rec is not None:
+        done[name] = rec
+    elif compute and mine(cell):
+        return 1
+    return 0
