@@ -2,6 +2,8 @@
 
 __version__ = "0.1.0"
 
+import os as _os
+
 from corp.threads import apply_openmp_defaults as _apply_openmp_defaults
 
 # before anything imports torch: OpenMP reads its wait policy once, when it starts (corp/threads.py says why)
@@ -17,6 +19,11 @@ class CorpError(Exception):
 # the API sits above the method registry, and this package's own module is the ground floor
 # (tests/test_layers.py reads import statements).
 _API = ("Result", "train", "train_corp", "train_es", "train_grpo", "train_randopt")
+
+
+def progress_disabled() -> bool:
+    """Whether progress bars are off (CORP_NO_PROGRESS=1: tests, logs, the bench's processes)."""
+    return _os.environ.get("CORP_NO_PROGRESS") == "1"
 
 
 def __getattr__(name: str):

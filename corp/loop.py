@@ -16,13 +16,12 @@ state and its seed).
 from __future__ import annotations
 
 import math
-import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from corp import CorpError
+from corp import CorpError, progress_disabled
 from corp.ledger import Ledger
 from corp.runs import ReportRow, append_jsonl, read_jsonl
 from corp.stats import PerExample
@@ -88,7 +87,7 @@ def run_steps(ctx, steps: Steps) -> list[dict]:
         desc=steps.desc,
         unit=steps.unit,
         dynamic_ncols=True,
-        disable=os.environ.get("CORP_NO_PROGRESS") == "1",
+        disable=progress_disabled(),
     )
     try:
         for t in range(done, steps.total):

@@ -10,7 +10,6 @@ bits per byte on held-out text and accuracy on other tasks, beside a `--base` (c
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -18,7 +17,7 @@ from typing import ClassVar
 
 from tqdm.auto import tqdm
 
-from corp import CorpError
+from corp import CorpError, progress_disabled
 from corp.config import RunConfig, parse_list
 from corp.evaluate.context import cached_eval, open_run, run_evals
 from corp.evaluate.retention import retention_lines, score_retention
@@ -81,7 +80,7 @@ def completions_bar(backend, total: int) -> Iterator[tqdm]:
         desc="eval",
         unit="completion",
         dynamic_ncols=True,
-        disable=os.environ.get("CORP_NO_PROGRESS") == "1",
+        disable=progress_disabled(),
     )
     step = getattr(type(backend), "generate_rows", None)
     counted = callable(step) and not bar.disable

@@ -18,7 +18,6 @@ goes to `evals.jsonl` through the same cache (`EvalCache`, `cached_eval`).
 
 from __future__ import annotations
 
-import os
 import re
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -26,7 +25,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from corp import CorpError
+from corp import CorpError, progress_disabled
 from corp.config import PopulationConfig, in_scales
 from corp.evaluate import racing
 from corp.evaluate.context import (
@@ -64,10 +63,6 @@ def population_meta(ctx: RunContext) -> dict:
     return {**base, **ctx.eval_context()}
 
 
-def _progress_disabled() -> bool:
-    return os.environ.get("CORP_NO_PROGRESS") == "1"
-
-
 def score_specialists(
     ctx: RunContext,
     specialists: Sequence[tuple[int | None, float | None]],
@@ -98,7 +93,7 @@ def score_specialists(
         desc=desc,
         unit="spec",
         dynamic_ncols=True,
-        disable=_progress_disabled(),
+        disable=progress_disabled(),
     )
     bar.set_postfix(best=f"{best:.3f}")
     try:

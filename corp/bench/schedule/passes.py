@@ -10,15 +10,12 @@ import time
 
 from tqdm.auto import tqdm
 
+from corp import progress_disabled
 from corp.bench.cells import Bench
 from corp.bench.config import BenchConfig
 from corp.bench.plan import Cell, _trials_of
 from corp.bench.retention import score_records
 from corp.bench.schedule.claims import attempt, busy
-
-
-def _progress_disabled() -> bool:
-    return os.environ.get("CORP_NO_PROGRESS") == "1"
 
 
 def run_passes(cfg: BenchConfig, bench: Bench, cells: list[Cell], compute: bool, mine) -> dict[str, dict]:
@@ -41,7 +38,7 @@ def run_passes(cfg: BenchConfig, bench: Bench, cells: list[Cell], compute: bool,
             unit="cell",
             initial=0,
             dynamic_ncols=True,
-            disable=_progress_disabled() or not compute,
+            disable=progress_disabled() or not compute,
         )
         for planned in bar:
             bar.set_postfix_str(

@@ -29,7 +29,7 @@ import time
 
 from tqdm.auto import tqdm
 
-from corp import CorpError
+from corp import CorpError, progress_disabled
 from corp.bench.schedule.claims import attempt
 from corp.evaluate.backends import resolve_backend_name
 from corp.evaluate.executors import actor_cause, init_ray
@@ -159,7 +159,7 @@ class _Driver:
             desc=f"bench {self.bench.cfg.name} (ray)",
             unit="cell",
             dynamic_ncols=True,
-            disable=os.environ.get("CORP_NO_PROGRESS") == "1",
+            disable=progress_disabled(),
         )
 
     def run(self) -> int:

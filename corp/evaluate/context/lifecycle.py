@@ -4,7 +4,6 @@ length of a method's run: marked complete, failed or interrupted, the lock relea
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import threading
@@ -13,7 +12,7 @@ from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
-from corp import CorpError
+from corp import CorpError, progress_disabled
 from corp.config import RunConfig, config_to_dict
 from corp.evaluate.backends import Backend
 from corp.evaluate.context.finish import export_report_to, write_run_card
@@ -54,7 +53,7 @@ def setup_run(
     try:
         lock.acquire()
         _check_definition(run_dir, defines)
-        if os.environ.get("CORP_NO_PROGRESS") != "1":
+        if not progress_disabled():
             tqdm.write(f"run directory: {run_dir}", file=sys.stderr)
         # inside the try: a full disk here leaves no half-set-up directory this call created
         write_yaml(run_dir / "config.yaml", {"method": method, **config_to_dict(cfg)})

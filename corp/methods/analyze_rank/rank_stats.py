@@ -61,7 +61,6 @@ Memory: E, one chunk of aggregates and their factors, never N models.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from collections.abc import Sequence
@@ -71,7 +70,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from corp import CorpError
+from corp import CorpError, progress_disabled
 from corp.methods.analyze_rank.linalg import one_thread, top_svd
 from corp.perturb import noise
 from corp.perturb.noise import SCHEME_VERSION
@@ -459,7 +458,7 @@ def analyze_population(
             desc="analyze-rank",
             unit="matrix",
             dynamic_ncols=True,
-            disable=not progress or os.environ.get("CORP_NO_PROGRESS") == "1",
+            disable=not progress or progress_disabled(),
         )
         for name, shape in bar:
             bar.set_postfix_str(name[-32:])

@@ -11,12 +11,12 @@ and the report states the mode, how many matrices got a rank and LoRA vs full pa
 from __future__ import annotations
 
 import math
-import os
 import shutil
 import time
 import warnings
 from collections.abc import Sequence
 
+from corp import progress_disabled
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.batched import direction_key, direction_rows, factored_for
 from corp.evaluate.context import (
@@ -206,7 +206,7 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
         support[: len(support) // 2],
         support[len(support) // 2 :],
     )
-    progress = os.environ.get("CORP_NO_PROGRESS") != "1"
+    progress = not progress_disabled()
     rank_dir = str(cfg.rank_from or cfg.from_run or ctx.run_dir) if cfg.low_rank == "auto" else None
     analysed = read_analysis(rank_dir) if rank_dir else None  # before scoring: no analysis is a quick error
     t0 = time.perf_counter()

@@ -27,13 +27,12 @@ Result: a corp-direction recipe (seeds and coefficients) that `corp apply` rebui
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
-from corp import CorpError
+from corp import CorpError, progress_disabled
 from corp.clients import (
     SPLIT_RULES,
     ClientBase,
@@ -298,7 +297,7 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
 
 def _client_round(cfg: FedCorpConfig, ctx, pool: ClientPool, phases: dict) -> _Outcome:
     """Hello, the population scored by every client, the federated step search, the clients' gate."""
-    progress = os.environ.get("CORP_NO_PROGRESS") != "1"
+    progress = not progress_disabled()
     replies, traffic = pool.call({k: {"op": "hello"} for k in range(cfg.clients)}, "hello")
     phases["hello"].add(traffic, {k: {"tokens": {"prompt_tokens": 0, "generated_tokens": 0}} for k in replies})
     check_signatures([ctx.task.signature()] + [replies[k]["signature"] for k in sorted(replies)])
