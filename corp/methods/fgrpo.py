@@ -31,7 +31,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -52,6 +51,7 @@ from corp.ledger import Ledger
 from corp.loop import Outputs, Steps, finish, method_rows, run_steps
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, opt
 from corp.perturb.noise import derive_seeds
+from corp.runs import atomic_write_with
 
 AGGREGATIONS = ("fgrpo", "fedavg")
 STATE_FILE = "fgrpo_state.pt"
@@ -255,9 +255,7 @@ class FGRPOServer(Steps):
         }
 
     def save(self) -> None:
-        tmp = self.state_path.with_suffix(".pt.tmp")
-        torch.save(self.st, tmp)
-        os.replace(tmp, self.state_path)
+        atomic_write_with(self.state_path, lambda f: torch.save(self.st, f))
 
     def postfix(self, row: dict) -> dict:
         acc = row["pooled_test_accuracy"]
