@@ -102,7 +102,12 @@ commit_cells() {
   # the pre-registration (corp.bench.protocol) goes with the first cells: a later session's run compares against it
   f="$OUT/preregistration.json"
   [ -f "$f" ] && [ -n "$(git status --porcelain -- "$f")" ] && reg=("$f")
-  commit_paths "bench $(basename "$OUT") ($TASK): ${#files[@]} finished cell(s): $names" "${files[@]}" ${reg[@]+"${reg[@]}"}
+  local cells=0 scored=0 msg
+  for f in "${files[@]}"; do if [[ $f == */retention/* ]]; then scored=$((scored + 1)); else cells=$((cells + 1)); fi; done
+  msg="bench $(basename "$OUT") ($TASK):"
+  [ "$cells" -gt 0 ] && msg="$msg $cells finished cell(s): $names"
+  [ "$scored" -gt 0 ] && msg="$msg$([ "$cells" -gt 0 ] && echo ";") retention of $scored finished cell(s)"
+  commit_paths "$msg" "${files[@]}" ${reg[@]+"${reg[@]}"}
 }
 
 save_populations() {  # copy each finished or interrupted population run of this task that no process holds, and commit the copies

@@ -52,6 +52,8 @@ FAKE = textwrap.dedent("""
         (cells / "letters__paper__s0__base__fixed__0123456789.json").write_text("{}")  # the other task's process
         sys.exit(137)
     (cells / "add__paper__s1__grpo__1.000e+12__abcdef0123.json").write_text(json.dumps({"status": "done"}))
+    retention = Path("results/wrap/retention"); retention.mkdir(parents=True, exist_ok=True)
+    (retention / "add__paper__s0__base__fixed__0123456789.json").write_text("{}")  # scored off-task once finished
     for name in ("table.md", "results.csv", "bench.json"):
         Path("results/wrap", name).write_text("out")
 """)
@@ -119,6 +121,8 @@ def test_the_wrapper_restarts_the_bench_and_commits_only_its_finished_cells(repo
     log = _git(repo, "log", "--format=%s")
     assert "1 finished cell(s): paper__s0__base__fixed" in log and "paper__s1__grpo__1.000e+12" in log, log
     assert "outputs after task add finished" in log
+    # a retention record is named as one, not counted as a finished cell (it was "2 finished cell(s)")
+    assert "1 finished cell(s): paper__s1__grpo__1.000e+12; retention of 1 finished cell(s)" in log, log
     assert not _git(
         repo, "status", "--porcelain", "--", "results/wrap/cells/add__paper__s0__base__fixed__0123456789.json"
     )
