@@ -1,10 +1,14 @@
-"""The loop that iterative methods share (issue 38): ES, GRPO and its variants, FGRPO.
+"""The driver iterative methods share (issue 38): ES, GRPO and its variants, FGRPO, F-TIS, FERA,
+and fedcorp's ending.
 
 evosax's split, for a run that must resume: a method supplies its math as a `Steps` object (resume
 its state, take one step, save its state); `run_steps` owns the rest of the loop: which step comes
 next, when the state is saved, the metrics log (`metrics.jsonl`, `rounds.jsonl`) and `--report-to`,
-the progress bar, and a non-finite metric. `method_rows` builds the two report rows every such
-method ends with (the base and the trained model on the test split).
+the progress bar, and a non-finite metric. At the end the method states what it produced as
+`Outputs` (its report rows and fields, its training ledger, its model, its recipe) and `finish`
+writes them, the same way for every method: the recipe, then the saved model, then the report that
+names both, with the ledger and the table. `method_rows` builds the two report rows most such
+methods end with (the base and the trained model on the test split).
 
 Resume rule, the same for every method: a step's row is logged before its state is saved, and on
 resume the rows past the saved state are dropped and their steps redone. So a kill between the two
@@ -17,13 +21,17 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm.auto import tqdm
 
 from corp import CorpError, progress_disabled
 from corp.ledger import Ledger
-from corp.runs import ReportRow, append_jsonl, read_jsonl
+from corp.models import save_model
+from corp.recipe import write_recipe
+from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
 from corp.stats import PerExample
 
 
@@ -123,3 +131,54 @@ def method_rows(
             spent = Ledger(n_params).add_generation(r["prompt_tokens"], r["generated_tokens"])
             out.append(ReportRow(name, r["accuracy"], 1, spent, used, PerExample(r["correct"], ids), dict(more or {})))
     return out
+
+
+LEDGER_FIELDS = ("training_ledger", "method_ledger")
+
+
+@dataclass
+class Outputs:
+    """What an iterative method produced, for `finish` to write. The method computes; it writes
+    nothing of its own beyond its state and metrics log."""
+
+    rows: list[ReportRow]  # the report rows on the test split (empty: the test evaluation was skipped)
+    compare: list[tuple[str, str]]  # pairs (a, b) whose difference a - b the report states, with its interval
+    ids: list[str] | None  # the test examples' ids, in the rows' order (None: no test evaluation)
+    fields: dict = field(default_factory=dict)  # the method's own report fields (settings, per-round rows, notes)
+    ledger: Ledger | None = None  # the compute toward the output (training or the clients'), in the report
+    # its field: "training_ledger" (ES, GRPO), or "method_ledger" with "method_flops" beside it (the
+    # federated methods, whose ledger sums the clients' compute; corp bench reads method_flops)
+    ledger_field: str = "training_ledger"
+    model: tuple | None = None  # (model, tokenizer): saved as a normal HF directory, run_dir/model
+    recipe: dict | None = None  # corp.recipe.make_recipe's record: written to run_dir/recipe.json
+    notes: Callable[[dict], list[str]] | None = None  # lines under the rows' table, from the written report
+    model_name: str | None = None  # the report's model (the config's --model if None)
+
+
+def finish(ctx, out: Outputs) -> dict:
+    """Write what `out` holds: the recipe, then the model (so the report never names a file that is
+    not there), then report.json and test_outcomes.json; return the report with its table."""
+    fields = dict(out.fields)
+    if out.ledger is not None:
+        if out.ledger_field not in LEDGER_FIELDS:
+            raise ValueError(f"ledger_field must be one of {LEDGER_FIELDS}, not {out.ledger_field!r}")
+        fields[out.ledger_field] = out.ledger.to_dict()
+        if out.ledger_field == "method_ledger":
+            fields["method_flops"] = out.ledger.flops
+    run_dir = ctx.run_dir
+    if out.recipe is not None:
+        write_recipe(run_dir / "recipe.json", out.recipe)
+        fields["recipe"] = str(run_dir / "recipe.json")
+        fields["recipe_bytes"] = (run_dir / "recipe.json").stat().st_size
+    if out.model is not None:
+        model, tokenizer = out.model
+        save_model(model, tokenizer, run_dir / "model")
+        fields["model_dir"] = str(run_dir / "model")
+    cfg = ctx.cfg
+    report = write_report(
+        run_dir, ctx.method, out.model_name or cfg.model, cfg.task, out.rows, out.compare, out.ids, **fields
+    )
+    if out.rows:
+        notes = out.notes(report) if out.notes else []
+        report["table"] = "\n".join([format_rows(out.rows, report["comparisons"]), *notes])
+    return report

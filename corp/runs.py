@@ -264,6 +264,56 @@ def atomic_write_text(path: str | Path, text: str) -> None:
             raise
 
 
+class _WriteRecorder:
+    """A binary file whose failed write is remembered: a library that wraps the OSError in its own
+    error (torch.save turns a full disk into RuntimeError "unexpected pos") loses its errno, and with
+    it the one line that says the disk is full."""
+
+    def __init__(self, fh):
+        self.fh, self.error = fh, None
+
+    def write(self, data) -> int:
+        try:
+            return self.fh.write(data)
+        except OSError as exc:
+            self.error = exc
+            raise
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def save_through(fh, write) -> None:
+    """`write(file)` into the open binary file `fh`, then flush it to disk; a write the machine
+    refused raises its own OSError, whatever error the library raised around it."""
+    rec = _WriteRecorder(fh)
+    try:
+        write(rec)
+        fh.flush()
+        os.fsync(fh.fileno())
+    except OSError:
+        raise
+    except Exception:
+        if rec.error is not None:
+            raise rec.error from None
+        raise
+
+
+def atomic_write_with(path: str | Path, write) -> None:
+    """Write `path` atomically (temp + rename) through `write(file)`, e.g. `lambda f: torch.save(state, f)`:
+    a full disk is an OSError naming `path` (one line at the CLI), and leaves the old file as it was."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with naming(path):
+        try:
+            with open(tmp, "wb") as fh:
+                save_through(fh, write)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
 def write_json(path: str | Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(_jsonable(obj), indent=2) + "\n")
 

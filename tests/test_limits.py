@@ -243,3 +243,78 @@ def test_a_run_resumes_with_the_same_reward_named_another_way(tiny_dir, tmp_path
     again = CliRunner().invoke(app, [*args, "--reward", f"{tmp_path}/rw.py:f"])
     assert again.exit_code == 0, again.output
     assert (tmp_path / "run" / "population.jsonl").read_text() == rows, "nothing rescored"
+
+
+def _to_dev_full(monkeypatch, suffix: str):
+    """Files corp.runs opens whose name ends with `suffix` are /dev/full: every write fails ENOSPC."""
+    import builtins
+    import os
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    real = builtins.open
+
+    def fake(path, *a, **k):
+        return real("/dev/full", *a, **k) if str(path).endswith(suffix) else real(path, *a, **k)
+
+    monkeypatch.setattr("corp.runs.open", fake, raising=False)
+
+
+class _FillsUp:
+    """A binary file on a disk that fills up after `room` bytes: its write raises ENOSPC, as a
+    buffered file's does when its buffer cannot be flushed."""
+
+    def __init__(self, room: int):
+        self.room = room
+
+    def write(self, data) -> int:
+        self.room -= len(data)
+        if self.room < 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def fileno(self) -> int:
+        raise AssertionError("not reached: the write fails first")
+
+
+def test_torch_save_on_a_full_disk_raises_the_disk_error_not_torchs(tmp_path, monkeypatch):
+    """torch.save wraps a write's ENOSPC in RuntimeError "unexpected pos" (the errno lost: a traceback
+    at the CLI, and corp bench stopped on it); through corp's writer it is the OSError, which names
+    the file, and the old file is kept."""
+    import torch
+
+    from corp.runs import atomic_write_with, save_through
+
+    state = {"x": torch.zeros(100_000)}
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        torch.save(state, _FillsUp(1000))  # what torch alone does: the planted case
+    with pytest.raises(OSError) as exc:
+        save_through(_FillsUp(1000), lambda f: torch.save(state, f))
+    assert exc.value.errno == errno.ENOSPC
+    path = tmp_path / "state.pt"
+    atomic_write_with(path, lambda f: torch.save({"x": torch.ones(3)}, f))
+    _to_dev_full(monkeypatch, ".pt.tmp")
+    with pytest.raises(OSError) as exc:
+        atomic_write_with(path, lambda f: torch.save(state, f))
+    assert exc.value.errno == errno.ENOSPC and exc.value.filename == str(path)
+    assert torch.load(path)["x"].tolist() == [1.0, 1.0, 1.0] and not (tmp_path / "state.pt.tmp").exists()
+
+
+def test_a_grpo_checkpoint_on_a_full_disk_is_one_line_and_the_run_is_failed(tiny_dir, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    _to_dev_full(monkeypatch, ".pt.tmp")
+    run = tmp_path / "run"
+    args = ["grpo", "--model", str(tiny_dir), "--task", "arith", "--max-steps", "1", "--prompts-per-step", "1"]
+    args += ["--num-generations", "2", "--n-support", "2", "--n-probe", "0", "--n-validation", "0", "--n-test", "2"]
+    args += ["--max-completion-length", "2", "--lora-r", "0", "--output-dir", str(run)]
+    res = CliRunner().invoke(app, args)
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error")]
+    assert res.exit_code == 2 and len(lines) == 1 and "Traceback" not in res.output, res.output
+    assert "No space left on device" in lines[0] and str(run / "checkpoint.pt") in lines[0], lines[0]
+    assert json.loads((run / "run_status.json").read_text())["status"] == "failed"

@@ -116,3 +116,81 @@ def test_method_rows_leave_out_a_skipped_evaluation_and_charge_each_its_own_toke
     ]
     assert rows[0].ledger.flops == 2 * 100 * 15
     assert [x.method for x in method_rows(100, "grpo", None, r, 8, ["a-1", "a-2"])] == ["grpo"]
+
+
+# ---------------------------------------------------------------- finish: what every iterative method writes
+
+
+class RunCtx:
+    """What `finish` needs of a run's context: its directory, the command's name and its config."""
+
+    def __init__(self, run_dir):
+        from types import SimpleNamespace
+
+        self.run_dir, self.method = run_dir, "toy"
+        self.cfg = SimpleNamespace(model="tiny", task="arith")
+
+
+def _outputs(**kw):
+    from corp.ledger import Ledger
+    from corp.loop import Outputs
+
+    r = {"accuracy": 0.5, "prompt_tokens": 10, "generated_tokens": 5, "correct": [1, 0]}
+    rows = method_rows(100, "toy", r, dict(r, accuracy=1.0, correct=[1, 1]), 8, ["a-1", "a-2"])
+    return Outputs(rows, [("toy", "base")], ["a-1", "a-2"], {"steps": 2}, Ledger(100, 40, 20, 30), **kw)
+
+
+def _recipe():
+    from corp.perturb import Component, Direction, ParamFilter
+    from corp.recipe import make_recipe
+
+    direction = Direction([Component(3, 0.5)])
+    return make_recipe("tiny", "tiny-id", "0" * 16, ParamFilter(".*", ""), direction, {"method": "toy"})
+
+
+def test_finish_writes_recipe_model_and_a_report_naming_both(tmp_path):
+    from corp.loop import finish
+    from tests.conftest import make_char_tokenizer, make_tiny_llama
+
+    tok = make_char_tokenizer()
+    seen = {}
+
+    def notes(report):  # sees the report as written, the recipe's measured size in it
+        seen.update(report)
+        return ["a note"]
+
+    rep = finish(RunCtx(tmp_path), _outputs(model=(make_tiny_llama(tok), tok), recipe=_recipe(), notes=notes))
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert on_disk["model_dir"] == str(tmp_path / "model") and (tmp_path / "model" / "config.json").exists()
+    assert on_disk["recipe"] == str(tmp_path / "recipe.json")
+    assert on_disk["recipe_bytes"] == (tmp_path / "recipe.json").stat().st_size == seen["recipe_bytes"] > 0
+    assert json.loads((tmp_path / "recipe.json").read_text())["components"] == [{"seed": 3, "sigma": 0.5, "coef": 1.0}]
+    assert on_disk["training_ledger"]["flops"] == rep["training_ledger"]["flops"] > 0
+    assert [c["a"] + "-" + c["b"] for c in on_disk["comparisons"]] == ["toy-base"]
+    assert rep["table"].splitlines()[-1] == "a note" and "toy" in rep["table"]
+
+
+def test_finish_writes_no_report_when_the_model_could_not_be_saved(tmp_path, monkeypatch):
+    """The report comes last: a run stopped while saving its model leaves no report naming it."""
+    import corp.loop
+    from corp.loop import finish
+
+    def full_disk(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(corp.loop, "save_model", full_disk)
+    with pytest.raises(OSError):
+        finish(RunCtx(tmp_path), _outputs(model=(object(), object()), recipe=_recipe()))
+    assert (tmp_path / "recipe.json").exists() and not (tmp_path / "report.json").exists()
+
+
+def test_finish_a_federated_ledger_states_its_flops_beside_it_and_a_run_without_test_rows_has_no_table(tmp_path):
+    from corp.loop import finish
+
+    out = _outputs(ledger_field="method_ledger")
+    out.rows, out.compare, out.ids = [], [], None
+    rep = finish(RunCtx(tmp_path), out)
+    assert rep["method_flops"] == rep["method_ledger"]["flops"] > 0 and "training_ledger" not in rep
+    assert "table" not in rep and "model_dir" not in rep and "recipe" not in rep
+    with pytest.raises(ValueError, match="ledger_field"):
+        finish(RunCtx(tmp_path), _outputs(ledger_field="ledger"))

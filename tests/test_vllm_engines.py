@@ -104,3 +104,29 @@ def test_a_finished_runs_engine_is_freed(tiny_qwen_dir, tmp_path):
     assert built, "the run built no vLLM backend"
     assert [b() is None and e() is None for b, e in built] == [True] * len(built), "a finished run's engine is alive"
     assert not vllm_backend._ENGINES
+
+
+def test_the_first_engine_start_keeps_no_callers_frame(tiny_qwen_dir):
+    """vLLM keeps a missing optional dependency's exception at module level (torchcodec, in
+    vllm/multimodal/media/audio.py, imported lazily by the first engine start of a process); its
+    traceback held every caller's frame up to the run function, and their locals (in corp bench, the
+    first cell's model and optimizer) for the life of the process. In a fresh interpreter: with
+    corp's fix turned off the caller's local outlives the call (the planted case), with it, it does not."""
+    import subprocess
+    import sys
+
+    def first_engine(*flags):
+        out = subprocess.run(
+            [sys.executable, "-m", "tests.vllm_first_engine", str(tiny_qwen_dir), *flags],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    fixed = first_engine()
+    if fixed["tracebacks"] == 0:
+        pytest.skip("this vLLM install keeps no module-level exception (torchcodec importable?)")
+    assert first_engine("--keep-tracebacks")["kept"], "the planted case did not keep the frame"
+    assert not fixed["kept"], "the first engine start kept its caller's frame"

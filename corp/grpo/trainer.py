@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import random
 import time
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from corp.extras import require
 from corp.grpo.base import get_loss
 from corp.ledger import Ledger
 from corp.loop import Steps, run_steps
+from corp.runs import atomic_write_with
 
 AGGREGATIONS = ("grpo", "dapo", "dr_grpo")
 
@@ -356,9 +356,7 @@ class GRPOTrainer:
             "ledger": self.ledger.to_dict(),
             **self.extra_state(),
         }
-        tmp = self.ckpt_path.with_suffix(".pt.tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, self.ckpt_path)
+        atomic_write_with(self.ckpt_path, lambda f: torch.save(state, f))
 
     def maybe_resume(self) -> None:
         if self.ckpt_path.exists():

@@ -61,14 +61,13 @@ from corp.evaluate.context import (
     run_evals,
 )
 from corp.evaluate.scorer import population_meta
-from corp.loop import Steps, method_rows, run_steps
+from corp.loop import Outputs, Steps, finish, method_rows, run_steps
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, num, opt
-from corp.models import save_model
 from corp.perturb import Component, Direction, ParamFilter
 from corp.perturb.lowrank_noise import scheme_from_flag
 from corp.perturb.noise import derive_seeds
-from corp.recipe import make_recipe, produced_weights, write_recipe
-from corp.runs import format_rows, read_json, write_json, write_report
+from corp.recipe import make_recipe, produced_weights
+from corp.runs import read_json, write_json
 from corp.stats import zscore
 
 
@@ -329,8 +328,6 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
     recipe = make_recipe(
         cfg.model, ctx.model_id, base_hash, pf, centre, made_by, kind="es", scheme=perturber.scheme, produced=produced
     )
-    write_recipe(run_dir / "recipe.json", recipe)
-    save_model(ctx.backend.model, ctx.backend.tokenizer, run_dir / "model")
     sel = ctx.ledger()
     for r in scored.rows.values():
         sel.add_generation(r["prompt_tokens"], r["generated_tokens"])
@@ -338,29 +335,27 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
     held = loop.done  # what the centre holds (a run trained further than asked says so), as saved
     n_support = len(ctx.splits["support"])
     rows = method_rows(ctx.backend.n_params, "es", base_test, final, n_support, ids, {"iterations": held})
-    report = write_report(
-        run_dir,
-        "es",
-        cfg.model,
-        cfg.task,
-        rows,
-        [("es", "base")],
-        ids,
-        iterations=held,
-        test_accuracy_before=base_test["accuracy"],
-        test_accuracy_after=final["accuracy"],
-        training_ledger=sel.to_dict(),
-        metrics=metrics,
-        recipe=str(run_dir / "recipe.json"),
-        model_dir=str(run_dir / "model"),
+    fields = {
+        "iterations": held,
+        "test_accuracy_before": base_test["accuracy"],
+        "test_accuracy_after": final["accuracy"],
+        "metrics": metrics,
+    }
+    return finish(
+        ctx,
+        Outputs(
+            rows,
+            [("es", "base")],
+            ids,
+            fields,
+            ledger=sel,
+            model=(ctx.backend.model, ctx.backend.tokenizer),
+            recipe=recipe,
+            notes=lambda _: [
+                f"ES training (population and centre evaluations on the support split): {sel.flops:.3e} FLOPs"
+            ],
+        ),
     )
-    report["table"] = "\n".join(
-        [
-            format_rows(rows, report["comparisons"]),
-            f"ES training (population and centre evaluations on the support split): {sel.flops:.3e} FLOPs",
-        ]
-    )
-    return report
 
 
 def summary(report: dict) -> str:

@@ -46,9 +46,9 @@ from corp.evaluate.backends.base import MODEL
 from corp.evaluate.context import open_run
 from corp.grpo.trainer import build_batch, token_logps_and_entropy
 from corp.ledger import Ledger
-from corp.loop import Steps, run_steps
+from corp.loop import Outputs, Steps, finish, run_steps
 from corp.method import FIXED, SMALL, BenchAdapter, Method, opt
-from corp.runs import ReportRow, format_rows, read_jsonl, write_report
+from corp.runs import ReportRow, read_jsonl
 from corp.stats import PerExample
 
 UNCERTAINTIES = ("disagreement", "entropy")
@@ -218,7 +218,7 @@ def run_fera(cfg: FERAConfig, backend=None) -> dict:
             ).encode()
         ).hexdigest()[:16]
         rounds = run_steps(ctx, FERARounds(cfg, ctx, demos, test, run_as))
-        return _report(cfg, ctx, rounds, ids)
+        return _finish(cfg, ctx, rounds, ids)
 
 
 class FERARounds(Steps):
@@ -313,7 +313,7 @@ def _round(ctx, cfg: FERAConfig, t: int, demos, test, synth, support, ledger) ->
     }
 
 
-def _report(cfg: FERAConfig, ctx, rounds: list[dict], ids: list[str]) -> dict:
+def _finish(cfg: FERAConfig, ctx, rounds: list[dict], ids: list[str]) -> dict:
     acc = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
     per_pass = cfg.clients * cfg.samples * (2 if cfg.uncertainty == "entropy" else 1)
     rows = []
@@ -339,14 +339,7 @@ def _report(cfg: FERAConfig, ctx, rounds: list[dict], ids: list[str]) -> dict:
         if last > 1
         else [("fera-round1", "plain-vote-round1")]
     )
-    report = write_report(
-        ctx.run_dir,
-        "fera",
-        cfg.model,
-        cfg.task,
-        rows,
-        compare,
-        ids,
+    fields = dict(
         reconstruction=(
             "FERA, arXiv 2605.10082: a reconstruction from docs/methods.md; "
             "the cheap uncertainty-weighted vote (see corp/methods/fera.py)"
@@ -374,8 +367,7 @@ def _report(cfg: FERAConfig, ctx, rounds: list[dict], ids: list[str]) -> dict:
         },
         passes_note="passes/ex: completions per test question up to that round, all clients together",
     )
-    report["table"] = format_rows(rows, report["comparisons"])
-    return report
+    return finish(ctx, Outputs(rows, compare, ids, fields))
 
 
 def summary(report: dict) -> str:

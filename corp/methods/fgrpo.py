@@ -31,7 +31,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -49,11 +48,10 @@ from corp.evaluate.tasks import get_task
 from corp.extras import require
 from corp.grpo.trainer import GRPOConfig, GRPOTrainer
 from corp.ledger import Ledger
-from corp.loop import Steps, method_rows, run_steps
+from corp.loop import Outputs, Steps, finish, method_rows, run_steps
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, opt
-from corp.models import save_model
 from corp.perturb.noise import derive_seeds
-from corp.runs import format_rows, write_report
+from corp.runs import atomic_write_with
 
 AGGREGATIONS = ("fgrpo", "fedavg")
 STATE_FILE = "fgrpo_state.pt"
@@ -257,9 +255,7 @@ class FGRPOServer(Steps):
         }
 
     def save(self) -> None:
-        tmp = self.state_path.with_suffix(".pt.tmp")
-        torch.save(self.st, tmp)
-        os.replace(tmp, self.state_path)
+        atomic_write_with(self.state_path, lambda f: torch.save(self.st, f))
 
     def postfix(self, row: dict) -> dict:
         acc = row["pooled_test_accuracy"]
@@ -309,11 +305,12 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
     final = test_eval(f"round={st['round']}")
     model = server.merged_model()
     server.backend.model = model
-    save_model(model, server.tokenizer, ctx.run_dir / "model")
-    return _fgrpo_report(cfg, ctx, loop, history, base, final, shares)
+    return finish(ctx, _fgrpo_outputs(cfg, ctx, loop, history, base, final, shares, (model, server.tokenizer)))
 
 
-def _fgrpo_report(cfg: FGRPOConfig, ctx, loop: FGRPOServer, history: list[dict], base, final, shares) -> dict:
+def _fgrpo_outputs(
+    cfg: FGRPOConfig, ctx, loop: FGRPOServer, history: list[dict], base, final, shares, model
+) -> Outputs:
     """The report: base and final global model on test, every round's row, bytes and client compute."""
     st, server, K = loop.st, loop.server, cfg.clients
     n_params = ctx.backend.n_params
@@ -324,46 +321,33 @@ def _fgrpo_report(cfg: FGRPOConfig, ctx, loop: FGRPOServer, history: list[dict],
     ids = ctx.example_ids("test") if not cfg.skip_test_eval else None
     rows = [] if base is None else method_rows(n_params, "fgrpo", base, final, len(ctx.splits["support"]), ids)
     total_bytes = sum(h["communication"]["total_bytes"] for h in history)
-    report = write_report(
-        ctx.run_dir,
-        "fgrpo",
-        cfg.model,
-        cfg.task,
-        rows,
-        [("fgrpo", "base")] if rows else [],
-        ids,
-        rounds=history,
-        aggregation=cfg.aggregation,
-        clients=K,
-        split_by=cfg.split_by,
-        client_shares=[len(s) for s in shares],
-        dropped_clients=st["dropped"],
-        lora_r=cfg.lora_r,
-        trainable_params=sum(p.numel() for _, p in server.trainable),
-        total_bytes=total_bytes,
-        bytes_per_round=[h["communication"]["total_bytes"] for h in history],
-        method_ledger=training.to_dict(),
-        method_flops=training.flops,
-        method_ledger_note=(
+    fields = {
+        "rounds": history,
+        "aggregation": cfg.aggregation,
+        "clients": K,
+        "split_by": cfg.split_by,
+        "client_shares": [len(s) for s in shares],
+        "dropped_clients": st["dropped"],
+        "lora_r": cfg.lora_r,
+        "trainable_params": sum(p.numel() for _, p in server.trainable),
+        "total_bytes": total_bytes,
+        "bytes_per_round": [h["communication"]["total_bytes"] for h in history],
+        "method_ledger_note": (
             "all clients' generation (2N per token) and training tokens (6N per "
             "token, also for LoRA); the server's test evaluations not included"
         ),
-        model_dir=str(ctx.run_dir / "model"),
-    )
-    if rows:
-        lines = [
+    }
+
+    def notes(_: dict) -> list[str]:
+        return [
             f"round {h['round']}: pooled test accuracy {h['pooled_test_accuracy']:.3f}; per client "
             f"{h['client_test_accuracy']}; weights {[round(w, 3) for w in h['weights']]}; "
             f"{h['communication']['total_bytes']} bytes"
             for h in history
-        ]
-        report["table"] = (
-            format_rows(rows, report["comparisons"])
-            + "\n"
-            + "\n".join(lines)
-            + f"\ncommunication: {total_bytes} bytes in all; client compute {training.flops:.3e} FLOPs"
-        )
-    return report
+        ] + [f"communication: {total_bytes} bytes in all; client compute {training.flops:.3e} FLOPs"]
+
+    compare = [("fgrpo", "base")] if rows else []
+    return Outputs(rows, compare, ids, fields, training, "method_ledger", model=model, notes=notes)
 
 
 def _clients_get_support(cfg, splits: dict) -> None:

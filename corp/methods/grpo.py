@@ -13,10 +13,8 @@ import json
 from corp.config import config_to_dict
 from corp.evaluate.context import cached_eval, eval_identity, eval_key, open_run, run_evals
 from corp.grpo.trainer import GRPOConfig, GRPOTrainer, drawn_positions
-from corp.loop import method_rows
+from corp.loop import Outputs, finish, method_rows
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, num, opt
-from corp.models import save_model
-from corp.runs import format_rows, write_report
 
 
 def run_grpo(cfg: GRPOConfig, backend=None) -> dict:
@@ -53,32 +51,27 @@ def run_grpo(cfg: GRPOConfig, backend=None) -> dict:
         model = trainer.merged_model()
         trainer.backend.model = model
         after = test_eval("final:test")
-        save_model(model, trainer.tokenizer, ctx.run_dir / "model")
         ids = ctx.example_ids("test")
         rows = method_rows(trainer.ledger.n_params, ctx.method, before, after, len(ctx.splits["support"]), ids)
-        report = write_report(
-            ctx.run_dir,
-            ctx.method,
-            cfg.model,
-            cfg.task,
+        fields = {
+            "steps": trainer.step,
+            "lora_r": cfg.lora_r,
+            "trainable_params": sum(p.numel() for _, p in trainer.trainable),
+            "test_accuracy_before": before["accuracy"] if before else None,
+            "test_accuracy_after": after["accuracy"] if after else None,
+            "trained_tokens_note": (
+                "prompt + completion tokens of every sequence in a training forward/backward; 6N per token also for LoRA"
+            ),
+        }
+        out = Outputs(
             rows,
             [(ctx.method, "base")],
             ids if rows else None,
-            steps=trainer.step,
-            lora_r=cfg.lora_r,
-            trainable_params=sum(p.numel() for _, p in trainer.trainable),
-            test_accuracy_before=before["accuracy"] if before else None,
-            test_accuracy_after=after["accuracy"] if after else None,
-            training_ledger=trainer.ledger.to_dict(),
-            trained_tokens_note=(
-                "prompt + completion tokens of every sequence in a "
-                "training forward/backward; 6N per token also for LoRA"
-            ),
-            model_dir=str(ctx.run_dir / "model"),
+            fields,
+            trainer.ledger,
+            model=(model, trainer.tokenizer),
         )
-        if rows:
-            report["table"] = format_rows(rows, report["comparisons"])
-        return report
+        return finish(ctx, out)
 
 
 def summary(report: dict) -> str:

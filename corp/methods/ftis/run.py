@@ -19,12 +19,12 @@ from corp.grpo.trainer import (
     GRPOConfig,
 )
 from corp.ledger import Ledger
-from corp.loop import Steps, run_steps
+from corp.loop import Outputs, Steps, finish, run_steps
 from corp.methods.ftis.config import FTISConfig
 from corp.methods.ftis.node import Node, Rollout, same_tokenizer
 from corp.models import resolve_model
 from corp.perturb import ParamFilter
-from corp.runs import ReportRow, format_rows, write_report
+from corp.runs import ReportRow
 from corp.stats import PerExample
 
 # ---------------------------------------------------------------- one arm: F-TIS over all nodes, or GRPO on one
@@ -281,7 +281,7 @@ def run_ftis(cfg: FTISConfig) -> dict:
         del nodes, node_ctxs  # free the trained models before the baseline reloads the bases
         if not cfg.skip_grpo_baseline:
             rows += _grpo_baseline(cfg, ctx, names, hashes, evals, trained_as, ood, reached, ledgers)
-        return _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached)
+        return _finish(cfg, ctx, names, rows, ledgers, traffic, hashes, reached)
 
 
 def _check_models(names: list[str]) -> None:
@@ -368,7 +368,7 @@ def _node_rows(cfg, ctx, names, evals, ledgers, reached, ids) -> tuple[list[Repo
     return report_rows, compare
 
 
-def _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> dict:
+def _finish(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> dict:
     """report.json: per node, rows base / ftis / grpo on the test split (each row's ledger: its test
     generation; the training ledgers are under `nodes`), accuracy per step, OOD accuracy, bytes."""
     ids = ctx.example_ids("test") if not cfg.skip_test_eval else None
@@ -378,14 +378,7 @@ def _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> dict:
     for r in evals:
         per_step.setdefault(f"node{r['node']}-{r['arm']}-{r['split']}", {})[r["step"]] = r["accuracy"]
     step_rows = [r for r in rows if r.get("kind") != "eval"]
-    report = write_report(
-        ctx.run_dir,
-        "ftis",
-        cfg.nodes or cfg.model,
-        cfg.task,
-        report_rows,
-        compare,
-        ids if report_rows else None,
+    fields = dict(
         reconstruction=(
             "F-TIS, arXiv 2605.22537: a reconstruction from docs/methods.md (choices stated in corp/methods/ftis/)"
         ),
@@ -413,9 +406,9 @@ def _report(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> dict:
             "logprob + 1 B finished flag otherwise; prompts and rewards are never sent"
         ),
     )
-    if report_rows:
-        report["table"] = format_rows(report_rows, report["comparisons"])
-    return report
+    return finish(
+        ctx, Outputs(report_rows, compare, ids if report_rows else None, fields, model_name=cfg.nodes or cfg.model)
+    )
 
 
 def _parties(names, ledgers) -> list[dict]:
