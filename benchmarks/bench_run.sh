@@ -30,6 +30,11 @@
 # running (default 120), BENCH_RETRY_WAIT seconds before a restart (default 60). The results
 # directory must be inside the checkout (the default results/NAME is).
 set -u
+# glibc gives each thread that allocates its own malloc arena and rarely returns their freed memory;
+# vLLM's and torch's threads made one GRPO cell of bench-cpu-3 peak at 20.7 GB resident (seed 0,
+# 2.4e14 FLOPs; the machine has 23), the same cell at seed 1 with 2 arenas at 13.95 GB
+# (results/engine-release/README.md). Set it to change it.
+export MALLOC_ARENA_MAX=${MALLOC_ARENA_MAX:-2}
 
 if [ $# -lt 2 ]; then
   echo "usage: benchmarks/bench_run.sh CONFIG TASK [TRIES]" >&2

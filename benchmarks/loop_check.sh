@@ -32,7 +32,7 @@ for side in $sides; do
         ftis) run ftis --n-nodes 2 --max-steps $n --prompts-per-step 2 --num-generations 2 --output-dir "$out/$side/ftis" ;;
         fera) run fera --rounds $n --clients 2 --shots 1 --num-generations 2 --output-dir "$out/$side/fera" ;;
         fedcorp) if [ $n = 2 ]; then run fedcorp --reward "$reward" --population 4 --sigmas 0.05 --alphas 1,2 --clients 2 \
-                 --split-by iid --gate-z -10 --output-dir "$out/$side/fedcorp"; fi ;;
+                 --split-by iid --gate-z -10 --min-accept 0.5 --output-dir "$out/$side/fedcorp"; fi ;;
       esac
     done
   done

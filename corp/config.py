@@ -129,7 +129,7 @@ class RunConfig:
     task: str = "arith"
     """Task: a name with optional options (`arith:digits=3`), or `jsonl:PATH` (`corp tasks`)."""
     reward: str | None = None
-    """Reward function: 'correct' (the task's check) or a dotted path `module:function`."""
+    """Reward function: 'correct' (the task's check; also when unset) or a dotted path `module:function`."""
     data: str | None = None
     """Directory with benchmark data files (default: $CORP_DATA_DIR)."""
     backend: str = "auto"
@@ -171,7 +171,7 @@ class RunConfig:
     run_dir: str | None = None
     """Run directory; reuse one to resume (default: runs/<task>__<method>__<seed>__<time>)."""
     eval_cache: str | None = None
-    """A JSONL file of greedy base and specialist evaluations shared between runs (corp bench keeps one per task); rows are keyed by everything that defines them and copied into the run directory."""
+    """A JSONL file of greedy base and specialist evaluations shared between runs (corp bench keeps one per task); rows are keyed by everything that defines them and copied into the run directory (unset: the run directory's own cache only)."""
     threads: int | None = None
     """Torch CPU threads (unset or 0: torch's choice, all usable cores; corp makes idle threads sleep, not spin, so a busy machine costs a fair share)."""
     report_to: str = "none"
@@ -255,7 +255,7 @@ class PopulationConfig(RunConfig):
     include: str = ".*"
     """Regex of parameter names to perturb."""
     exclude: str = ""
-    """Regex of parameter names not to perturb."""
+    """Regex of parameter names not to perturb (empty: none excluded)."""
     noise: str = "full"
     """Noise scheme of the specialists: full (full-rank Gaussian) or lowrank:r=R (rank-R noise per weight matrix, E = A B^T / sqrt(R); 1-D parameters get none; on the hf backend a population is scored in one batched factored pass)."""
     from_run: str | None = None

@@ -388,6 +388,20 @@ def test_unreadable_results_directory_is_one_error(tiny_dir, tmp_path):
     assert "permissions" not in str(err.value) and "\n" not in str(err.value)
 
 
+def test_checking_the_results_directory_leaves_another_processs_check_alone(tiny_dir, tmp_path):
+    """Two bench processes on one task check the results directory at the same moment: one must not
+    remove the other's write-test file (with one shared name, the second process's check failed with
+    'cannot be read or written' while the first had removed its file)."""
+    from corp.bench.preflight import check_results_dir
+
+    cfg = load_config(BenchConfig, None, tiny_options(tiny_dir, tmp_path))
+    out = check_results_dir(cfg)
+    theirs = out / ".corp-bench-write-test"  # the other process's file, between its write and its removal
+    theirs.write_text("ok")
+    assert check_results_dir(cfg) == out
+    assert theirs.read_text() == "ok" and sorted(p.name for p in out.iterdir()) == [".corp-bench-write-test", "cells"]
+
+
 def test_cli_bad_config_is_one_line(tmp_path):
     cfg = tmp_path / "bad.yaml"
     cfg.write_text("name: x\nmethods: {randopt: null}\nbudgets: [-1]\n")

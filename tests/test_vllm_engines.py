@@ -80,12 +80,17 @@ def test_a_finished_runs_engine_is_freed(tiny_qwen_dir, tmp_path):
     not keep the engines of the runs that ended: the bench was killed for memory at its fourth cell
     with 20.9 GB resident. The planted case: a run on vLLM with the engine compiled (as users run it,
     not --enforce-eager), then no engine and no backend of it left once it is collected.
-    `from_model_name`'s frame outlived the call with the engine in its locals."""
+    `from_model_name`'s frame outlived the call with the engine in its locals; later, each engine's
+    layers outlived it through vLLM's reload bookkeeping."""
     import gc
     import weakref
 
+    from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+
     import corp.evaluate.backends.vllm as vllm_backend
 
+    gc.collect()
+    entries = len(LAYERWISE_INFO)  # earlier tests' engines
     built = []
     real = vllm_backend.VLLMBackend.__init__
 
@@ -104,6 +109,11 @@ def test_a_finished_runs_engine_is_freed(tiny_qwen_dir, tmp_path):
     assert built, "the run built no vLLM backend"
     assert [b() is None and e() is None for b, e in built] == [True] * len(built), "a finished run's engine is alive"
     assert not vllm_backend._ENGINES
+    # vLLM's reload bookkeeping (a process-wide WeakKeyDictionary whose entries reference their
+    # layers) kept the model of every engine whose weights were reloaded: corp_release drops them
+    assert len(LAYERWISE_INFO) == entries, (
+        f"{len(LAYERWISE_INFO) - entries} layers of a finished run's engine are alive"
+    )
 
 
 def test_the_first_engine_start_keeps_no_callers_frame(tiny_qwen_dir):

@@ -5,6 +5,8 @@ comparisons naming a row no cell can report."""
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from pathlib import Path
 
 from corp import CorpError
@@ -24,9 +26,14 @@ def check_results_dir(cfg: BenchConfig) -> Path:
         raise CorpError(f"results directory '{out}' is a file; set results_dir/name to a directory")
     try:
         (out / "cells").mkdir(parents=True, exist_ok=True)
-        probe = out / ".corp-bench-write-test"
-        probe.write_text("ok")
-        probe.unlink()
+        # a name of this process's own: two bench processes on one task check the same directory at
+        # once, and with one shared name the first to finish removed the other's file under it
+        fd, probe = tempfile.mkstemp(dir=out, prefix=".corp-bench-write-test.")
+        try:
+            os.write(fd, b"ok")
+        finally:
+            os.close(fd)
+            os.unlink(probe)
         for rec in sorted((out / "cells").glob("*.json")):
             _check_record(rec)
     except OSError as exc:

@@ -40,6 +40,7 @@ import hashlib
 import os
 import sys
 import time
+import warnings
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -114,6 +115,23 @@ class CorpWorkerExtension:
         ):
             grouped = install_grouped_cpu_ops()
         return {"n_tensors": len(self._corp_base), "dtype": str(dtype), "grouped_lora_ops": grouped}
+
+    def corp_release(self) -> int:
+        """What this worker holds for corp, let go when its backend closes: the pristine base, and
+        vLLM's reload bookkeeping for its layers; returns how many layers' entries were dropped.
+
+        vLLM keeps that bookkeeping in a process-wide WeakKeyDictionary keyed by layer
+        (vllm/model_executor/model_loader/reload/layerwise.py, LAYERWISE_INFO, filled by
+        `reload_weights`), and the entries reference their layer, so a key never dies: an in-process
+        engine whose weights were reloaded (every corp population, GRPO's weight pushes) kept its
+        whole model after it was let go (measured: 19 layers' entries per run of a tiny Qwen2; in
+        corp bench, GB per GRPO cell)."""
+        self._corp_base, self._corp_scratch = {}, ScratchPool()
+        try:
+            from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+        except ImportError:  # a vLLM without it keeps no such entries
+            return 0
+        return sum(LAYERWISE_INFO.pop(m, None) is not None for m in self.model_runner.get_model().modules())
 
     def _corp_weights(self, direction: Direction | None):
         """(name, tensor) of base + direction, largest tensors first, built on parallel workers
@@ -368,6 +386,7 @@ class VLLMBackend(HostCopy):
         _OPEN[0] += 1
         self._release = weakref.finalize(self, _released)  # once: on close() or when collected
         self.last_apply_seconds = 0.0
+        self.released_layers = 0  # the engine's layers whose vLLM reload entries close() dropped (corp_release)
         # LoRA engine (low-rank scheme): scheme, slots, the selected tensors' hf shapes, tied head, dtype
         lora = lora or {}
         self.lora_scheme: str | None = lora.get("scheme")
@@ -581,6 +600,13 @@ class VLLMBackend(HostCopy):
         if self._population is not None:
             self._population.close()
             self._population = None
+        if self.llm is not None:
+            try:
+                self.released_layers = self.llm.collective_rpc("corp_release")[0]
+            except Exception as exc:  # noqa: BLE001 -- closing after a failure: the run's own error is the one to show
+                warnings.warn(
+                    f"vLLM engine not released ({type(exc).__name__}: {exc}); its memory stays until the process ends"
+                )
         self.llm = None
         self._release()
         super().close()
