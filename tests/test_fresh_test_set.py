@@ -106,11 +106,13 @@ def test_fresh_test_and_dev_are_untouched_and_disjoint(spec):
 
 
 def kind_of(path: Path, text: str) -> str:
-    """'tune', 'final' (a bench cell's kind), 'splits' (a run's split record) or 'other'."""
+    """'tune' (a trial's cell, on development examples), 'final' (a final cell, on the test set),
+    'splits' (a run's split record) or 'other'. A cell's `setting` says which (its `kind` is the
+    method's adapter kind: fixed, population, iterative)."""
     if path.name == "splits.json":
         return "splits"
     if path.parent.name == "cells" and path.suffix == ".json":
-        return json.loads(text)["kind"]
+        return "tune" if json.loads(text)["setting"] == "tune" else "final"
     return "other"
 
 
@@ -141,7 +143,7 @@ def test_the_own_directory_check_can_fail(tmp_path, monkeypatch):
     task, splits, dev, cfg = next(iter(third_edition().values()))
     cells = tmp_path / "cells"
     cells.mkdir()
-    cell = {"kind": "tune", "example_ids": [dev[0].id, splits["test"][0].id]}
+    cell = {"setting": "tune", "kind": "population", "example_ids": [dev[0].id, splits["test"][0].id]}
     (cells / "planted.json").write_text(json.dumps(cell))
     monkeypatch.setattr(sys.modules[__name__], "OWN", tmp_path)
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
@@ -151,3 +153,8 @@ def test_the_own_directory_check_can_fail(tmp_path, monkeypatch):
     (cells / "planted.json").write_text(json.dumps(cell))
     with pytest.raises(AssertionError, match="outside the development pool"):
         test_the_third_edition_tunes_on_development_examples_only(next(iter(third_edition())))
+    # a final cell is scored on the test set: it names test examples, and that is not flagged (a cell's
+    # `kind` is its adapter's, fixed here, and was once read as tune/final: the first final cell failed)
+    final = {"setting": "equal-data", "kind": "fixed", "example_ids": [e.id for e in splits["test"][:3]]}
+    (cells / "planted.json").write_text(json.dumps(final))
+    test_the_third_edition_tunes_on_development_examples_only(next(iter(third_edition())))
