@@ -248,20 +248,7 @@ def naming(path: str | Path):
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
-    path = Path(path)
-    with naming(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+    atomic_write_with(path, lambda f: f.write(text.encode()))
 
 
 class _WriteRecorder:
@@ -291,26 +278,27 @@ def save_through(fh, write) -> None:
         write(rec)
         fh.flush()
         os.fsync(fh.fileno())
-    except OSError:
-        raise
-    except Exception:
-        if rec.error is not None:
+    except Exception as exc:
+        if rec.error is not None and rec.error is not exc:
             raise rec.error from None
         raise
 
 
 def atomic_write_with(path: str | Path, write) -> None:
-    """Write `path` atomically (temp + rename) through `write(file)`, e.g. `lambda f: torch.save(state, f)`:
-    a full disk is an OSError naming `path` (one line at the CLI), and leaves the old file as it was."""
+    """Write `path` atomically (a temporary sibling of this process's own, fsync, rename) through
+    `write(file)` on a binary file, e.g. `lambda f: torch.save(state, f)`: a full disk is an OSError
+    naming `path` (one line at the CLI), and leaves the old file as it was."""
     path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
     with naming(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            with open(tmp, "wb") as fh:
+            with os.fdopen(fd, "wb") as fh:
                 save_through(fh, write)
             os.replace(tmp, path)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            if os.path.exists(tmp):
+                os.unlink(tmp)
             raise
 
 

@@ -245,19 +245,22 @@ def test_a_run_resumes_with_the_same_reward_named_another_way(tiny_dir, tmp_path
     assert (tmp_path / "run" / "population.jsonl").read_text() == rows, "nothing rescored"
 
 
-def _to_dev_full(monkeypatch, suffix: str):
-    """Files corp.runs opens whose name ends with `suffix` are /dev/full: every write fails ENOSPC."""
-    import builtins
+def _to_dev_full(monkeypatch, name: str):
+    """The temporary files corp.runs writes for targets named `name` are /dev/full: every write
+    fails ENOSPC."""
     import os
+    import tempfile
 
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")
-    real = builtins.open
+    real = tempfile.mkstemp
 
-    def fake(path, *a, **k):
-        return real("/dev/full", *a, **k) if str(path).endswith(suffix) else real(path, *a, **k)
+    def fake(*a, dir=None, prefix=None, suffix=None, **k):
+        if prefix == f".{name}.":
+            return os.open("/dev/full", os.O_WRONLY), os.path.join(dir, f"{prefix}full{suffix}")
+        return real(*a, dir=dir, prefix=prefix, suffix=suffix, **k)
 
-    monkeypatch.setattr("corp.runs.open", fake, raising=False)
+    monkeypatch.setattr("corp.runs.tempfile.mkstemp", fake)
 
 
 class _FillsUp:
@@ -296,11 +299,11 @@ def test_torch_save_on_a_full_disk_raises_the_disk_error_not_torchs(tmp_path, mo
     assert exc.value.errno == errno.ENOSPC
     path = tmp_path / "state.pt"
     atomic_write_with(path, lambda f: torch.save({"x": torch.ones(3)}, f))
-    _to_dev_full(monkeypatch, ".pt.tmp")
+    _to_dev_full(monkeypatch, "state.pt")
     with pytest.raises(OSError) as exc:
         atomic_write_with(path, lambda f: torch.save(state, f))
     assert exc.value.errno == errno.ENOSPC and exc.value.filename == str(path)
-    assert torch.load(path)["x"].tolist() == [1.0, 1.0, 1.0] and not (tmp_path / "state.pt.tmp").exists()
+    assert torch.load(path)["x"].tolist() == [1.0, 1.0, 1.0] and not list(tmp_path.glob(".state.pt.*"))
 
 
 def test_a_grpo_checkpoint_on_a_full_disk_is_one_line_and_the_run_is_failed(tiny_dir, tmp_path, monkeypatch):
@@ -308,7 +311,7 @@ def test_a_grpo_checkpoint_on_a_full_disk_is_one_line_and_the_run_is_failed(tiny
 
     from corp.cli import app
 
-    _to_dev_full(monkeypatch, ".pt.tmp")
+    _to_dev_full(monkeypatch, "checkpoint.pt")
     run = tmp_path / "run"
     args = ["grpo", "--model", str(tiny_dir), "--task", "arith", "--max-steps", "1", "--prompts-per-step", "1"]
     args += ["--num-generations", "2", "--n-support", "2", "--n-probe", "0", "--n-validation", "0", "--n-test", "2"]
