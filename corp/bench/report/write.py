@@ -124,8 +124,9 @@ def write_outputs(
     extra = protocol_sections(cfg, rows, records, tuning or [])
     retained = None
     if cfg.retention:  # absent from an older config's outputs
-        retained = retention.summarise(cfg, rows, retention.load_records(cfg, records))
-        extra += retention.section(cfg, retained)
+        rets = retention.load_records(cfg, records)
+        retained = retention.summarise(cfg, rows, rets)
+        extra += retention.section(cfg, retained, retention.unscored(cfg, records, rets))
     equivalences = equivalence_tests(cfg, rows)
     if getattr(cfg, "equivalence_list", None):
         extra += equivalence_section(equivalences)
