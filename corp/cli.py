@@ -16,7 +16,7 @@ import types
 import typing
 import warnings
 from collections.abc import Callable
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 from typer.core import TyperGroup
@@ -24,6 +24,7 @@ from typer.core import TyperGroup
 from corp import CorpError
 from corp.api import run as run_config
 from corp.bench.report import readme_section as section
+from corp.bench.report import write_into
 from corp.bench.sweep import load_bench_config, run_bench
 from corp.config import field_docs, flag, load_config, option_names, renamed_options, to_fields
 from corp.evaluate.tasks import list_tasks
@@ -205,6 +206,19 @@ def bench_cmd(
         "--readme-section",
         help="Print the README results section from this bench's latest outputs (computes nothing).",
     ),
+    # Annotated: a list default may not be a call (B008); typer reads the option from the annotation
+    write_into_files: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            "--write-into",
+            metavar="FILE",
+            help=(
+                "Fill this file's `<!-- corp bench readme -->` / `<!-- corp bench protocol -->` blocks (each closed "
+                "by `<!-- /corp bench PART -->`) from this bench's latest outputs, computing nothing; repeatable "
+                "(README.md, docs/bench.md). Unset: no file is written."
+            ),
+        ),
+    ] = None,
     threads: Optional[int] = typer.Option(
         None, "--threads", help="Torch CPU threads of every cell (overrides the config)."
     ),
@@ -260,6 +274,11 @@ def bench_cmd(
     cfg = _run(load_bench_config, config, {"threads": threads, **where})
     if readme_section:
         typer.echo(_run(section, cfg), nl=False)
+        return
+    if write_into_files:
+        for path in write_into_files:
+            parts = _run(write_into, cfg, path)
+            typer.echo(f"{path}: wrote the {', '.join(parts)} block(s) from {cfg.results_dir}/{cfg.name}")
         return
     summary = _bench_sweep(cfg, config, threads, report_only, task, methods)
     _echo_bench_summary(summary, report_to)

@@ -286,6 +286,43 @@ def test_readme_section_cites_intervals(swept):
             assert "95% CI" in line and "FLOPs" in line, line
 
 
+def test_write_into_fills_the_marked_blocks_and_keeps_everything_else(swept, tmp_path):
+    """`corp bench --write-into FILE`: each marked block is replaced by this bench's part, with links that
+    resolve from FILE's folder (a doc in docs/ needs ../); the file's own text stays; a second write changes
+    nothing; a file with no block, or a block naming an unknown part, is one line and writes nothing."""
+    import re
+
+    from corp.bench.report import write_into
+
+    doc = tmp_path / "docs" / "bench.md"
+    doc.parent.mkdir()
+    own = ["# Mine", "kept above", "kept between", "kept below"]
+    doc.write_text(
+        f"{own[0]}\n\n{own[1]}\n\n<!-- corp bench readme -->\nstale text\n<!-- /corp bench readme -->\n\n{own[2]}\n"
+        f"<!-- corp bench protocol -->\n<!-- /corp bench protocol -->\n{own[3]}\n"
+    )
+    assert write_into(swept["cfg"], doc) == ["readme", "protocol"]
+    text = doc.read_text()
+    assert "stale text" not in text and all(line in text.splitlines() for line in own)
+    readme = text.split("<!-- corp bench readme -->")[1].split("<!-- /corp bench readme -->")[0]
+    assert "### Headline: best single model per method" in readme and "--write-into bench.md" in readme
+    assert "### The protocol's tables (tiny)" in text.split("<!-- corp bench protocol -->")[1]
+    links = re.findall(r"\]\(([^)]+)\)", text)
+    assert links and all((doc.parent / link).exists() for link in links), links
+    assert any(link.startswith("../") for link in links), "links are relative to the doc's folder"
+    write_into(swept["cfg"], doc)
+    assert doc.read_text() == text, "a second write changes nothing"
+    for body, message in [
+        ("no block here\n", "has no block"),
+        ("<!-- corp bench x -->\n<!-- /corp bench x -->\n", "unknown"),
+    ]:
+        bad = tmp_path / "bad.md"
+        bad.write_text(body)
+        with pytest.raises(CorpError, match=message) as err:
+            write_into(swept["cfg"], bad)
+        assert "\n" not in str(err.value) and bad.read_text() == body
+
+
 # ----------------------------------------------------------------------------- bad input, before any compute
 
 

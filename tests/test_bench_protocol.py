@@ -84,7 +84,7 @@ def _final_record(out: Path) -> None:
 
 
 def test_a_registration_changed_after_a_final_cell_exists_is_refused(tmp_path):
-    from corp.bench.protocol import REGISTRATION, check_registration
+    from corp.bench.protocol import REGISTRATION, _sha, check_registration
 
     out = tmp_path / "p"
     first = _cfg(primary=["corp-stage1 vs randopt-top1 @ top on add"], test_set="fresh-v3")
@@ -109,6 +109,26 @@ def test_a_registration_changed_after_a_final_cell_exists_is_refused(tmp_path):
                 check_registration(changed, out, compute=compute)
             msg = str(err.value)
             assert named in msg and "1 final cell" in msg and REGISTRATION in msg and "\n" not in msg, msg
+    # the final seeds and the equivalence margins are registered too: more seeds, or a wider margin, after
+    # seeing test outcomes would turn a result into one chosen on test
+    reg = ["corp-stage1 vs base @ top on add"]
+    for changed, named in [
+        (_cfg(primary=reg, test_set="fresh-v3", seeds=[0, 1, 2, 3]), "seeds"),
+        (
+            _cfg(primary=reg, test_set="fresh-v3", equivalence=[{"a": "corp-stage1", "b": "base", "margin": 0.05}]),
+            "equivalence",
+        ),
+    ]:
+        with pytest.raises(CorpError, match=named):
+            check_registration(changed, out, compute=False)
+    # a registration stored before seeds and margins were registered holds neither: it is compared on what it
+    # holds (bench-cpu-3's), so other seeds are accepted there and a changed primary still is not
+    older = {k: v for k, v in stored.items() if k not in ("seeds", "equivalence", "hash")}
+    older["primary"] = [{**older["primary"][0], "b": "base"}]
+    (out / REGISTRATION).write_text(json.dumps({"hash": _sha(older), **older}))
+    assert check_registration(_cfg(primary=reg, test_set="fresh-v3", seeds=[0, 1, 2, 3]), out, compute=False)
+    with pytest.raises(CorpError, match="primary"):
+        check_registration(first, out, compute=False)
     # registering only after final cells exist is refused: the primaries may have been chosen on test
     late = tmp_path / "late"
     _final_record(late)
@@ -188,6 +208,83 @@ def test_primary_comparisons_are_holm_corrected_and_shown_apart_from_exploratory
     assert "Exploratory (not pre-registered" in text, "an exploratory interval excluding 0 is a lead, not a claim"
     primary_part = text.split("## Primary comparisons")[1].split("## ")[0]
     assert "corp-stage1 vs randopt-vote@4" not in primary_part
+
+
+def test_the_primary_table_states_what_each_side_spent_and_names_a_side_far_below_its_budget():
+    """Planted: randopt's cells used a tenth of the budget (as a method stopped by its cap does), and one
+    registered pair has not run: each row states both sides' FLOPs with their share of the budget, the
+    note under the table names randopt-top1 (not the base, which spends nothing, nor corp-stage1, at 90%),
+    and every row has the header's number of columns (a not-run row once had one too many)."""
+    from corp.bench.protocol import mark_primary
+    from corp.bench.report.tables import primary_table
+
+    cfg = _cfg(
+        budgets=[1e12],
+        primary=[
+            "corp-stage1 vs base @ top on add",
+            "corp-stage1 vs randopt-top1 @ top on add",
+            "randopt-vote@4 vs base @ top on add",
+        ],
+        test_set="fresh-v3",
+        settings=["paper"],
+    )
+    rng = random.Random(1)
+    outcomes = {}
+    for s in (0, 1, 2):
+        outcomes[("base", "base", s)] = [int(rng.random() < 0.2) for _ in range(60)]
+        outcomes[("corp-stage1", "corp-stage1", s)] = [int(rng.random() < 0.4) for _ in range(60)]
+        outcomes[("randopt", "randopt-top1", s)] = [int(rng.random() < 0.3) for _ in range(60)]
+    rows = _report_rows(cfg, outcomes)
+    for r in rows:
+        r["task"] = "arith"
+        if r["method"] == "randopt-top1":
+            r["flops"] = 1e11
+        if r["method"] == "base":
+            r["flops"] = 0.0
+    primary = mark_primary(cfg, comparisons_of(cfg, rows))
+    for r in primary:
+        r["entry"]["task_label"] = "add"
+    lines = primary_table(primary)
+    table = [line for line in lines if line.startswith("|")]
+    assert len({line.count("|") for line in table}) == 1, table
+    by_pair = {line.split("|")[1].strip(): line for line in table[2:]}
+    assert "9e+11 (90%) / 1e+11 (10%)" in by_pair["corp-stage1 vs randopt-top1"]
+    assert "9e+11 (90%) / 0 |" in by_pair["corp-stage1 vs base"]
+    assert "not run yet" in by_pair["randopt-vote@4 vs base"]
+    note = [line for line in lines if line.startswith("Spent under 90% of the budget")]
+    assert note and note[0].startswith("Spent under 90% of the budget: randopt-top1."), note
+
+
+def test_the_ratio_table_says_where_corp_abstained_and_so_compares_the_base():
+    """Planted: CoRP at N = 5 abstained (its gate kept the base) in 2 of 3 seeds; RandOpt reaches 10 N at the
+    second budget. The row is computed, and its left side says `* (2 of 3 seeds)`; with no abstention it
+    carries no mark."""
+    from corp.bench.report.tables import _ratio_section
+
+    cfg = _cfg(budgets=[1e12, 2e12], ratio_compare=[{"a": "corp-stage1", "b": "randopt-top1", "ratio": 10}])
+    rng = random.Random(2)
+    outcomes = {
+        (c, n, s): [int(rng.random() < 0.3) for _ in range(40)]
+        for c, n in [("corp-stage1", "corp-stage1"), ("randopt", "randopt-top1")]
+        for s in (0, 1, 2)
+    }
+    for abstaining, mark in (({0, 1}, "corp-stage1 (1e+12, 5) * (2 of 3 seeds)"), (set(), "corp-stage1 (1e+12, 5) |")):
+        rows = _report_rows(cfg, outcomes)
+        for r in rows:
+            r["task"] = "arith"
+            r["units"] = 5 if r["method"] == "corp-stage1" else 60
+            if r["method"] == "randopt-top1":
+                r["budget"] = 2e12
+            if r["method"] == "corp-stage1" and r["seed"] in abstaining:
+                r["status"] = "abstained (= base)"
+        line = next(x for x in _ratio_section(cfg, rows) if x.startswith("| corp-stage1"))
+        assert mark in line and "randopt-top1 (2e+12, 60)" in line, line
+
+
+def comparisons_of(cfg, rows):
+    from corp.bench.report import comparisons
+
+    return comparisons(cfg, rows)
 
 
 # ----------------------------------------------------------------------------- trials in the protocol
@@ -572,3 +669,28 @@ def test_the_third_cpu_bench_is_sized_as_its_header_says_by_its_estimate():
     assert {m["method"] for m in est["missing"]} == {"fgrpo", "ftis"}, "every other method runs"
     # ES charged per member: the same config at ES's FLOP rate would look cheaper than it runs
     assert mod.estimate(path, 3.0, speedup=1.17, corp_tries=2.0)["per_task"]["arith"] < est["per_task"]["arith"]
+
+
+def test_the_protocol_sentence_states_the_dev_splits_size():
+    """Trials score the task's whole development pool (`dev=N`): the report says how many examples that is
+    (it once said only 'dev split'); tasks with different pools give no single number."""
+    from corp.bench.report.prose import tune_split_text
+
+    over = dict(
+        tune_split="dev",
+        tune_setting="equal-data",
+        settings=["equal-data"],
+        hyperparameters="search",
+        trials=2,
+        methods={"consolidate": {"variants": {"corp-stage1": {}}, "search": {"betas": [[10.0], [30.0]]}}},
+    )
+    one = _cfg(tasks=[{"task": "arith:pool=6000,heldout=4000,dev=400", "label": "add"}], **over)
+    assert tune_split_text(one) == "400-example dev split"
+    two = _cfg(
+        tasks=[
+            {"task": "arith:pool=6000,heldout=4000,dev=400", "label": "add"},
+            {"task": "arith:digits=3,pool=6000,heldout=4000,dev=300", "label": "add3"},
+        ],
+        **over,
+    )
+    assert tune_split_text(two) == "dev split"

@@ -118,6 +118,49 @@ def test_each_final_cell_is_scored_off_task_before_the_next_cell_runs(tiny_dir, 
         assert events[i + 1][:2] == ("retention", events[i][1]) and events[i + 1][2], events
 
 
+def test_a_cell_whose_run_is_on_another_machine_is_left_unscored_not_marked_na(tmp_path):
+    """A later session's fresh checkout resumes a bench whose last cell ended before its retention was
+    scored: the cell's run directory (git-ignored) is on the machine that ran it. Planted: a CoRP record and
+    a RandOpt record whose run and population directories are not here. Neither may get a record (an n/a
+    written then would stand for good); the report counts both as not scored yet. A run directory that is
+    here but holds no model is still an n/a record (the control)."""
+    from corp.bench import retention
+
+    cfg = load_config(BenchConfig, None, _options(tmp_path / "model", tmp_path))
+    head = {"task": cfg.tasks[0], "setting": "paper", "seed": 1, "budget": 2e8, "status": "done"}
+    gone = tmp_path / "elsewhere"
+    records = {
+        "corp.json": {
+            **head,
+            "method": "consolidate",
+            "label": "corp-stage1",
+            "run_dir": str(gone / "corp"),
+            "rows": [{"name": "corp-stage1", "passes_per_example": 1}],
+        },
+        "randopt.json": {
+            **head,
+            "method": "randopt",
+            "label": "randopt",
+            "run_dir": str(gone / "r"),
+            "population_run": str(gone / "pop"),
+            "rows": [{"name": "randopt-top1", "passes_per_example": 1}],
+        },
+    }
+    with pytest.warns(UserWarning, match="not on this machine") as caught:
+        assert retention.score_records(cfg, records, scorer=lambda *a: pytest.fail("nothing may be scored")) == 0
+    assert len(caught) == 2 and all("\n" not in str(w.message) for w in caught)
+    assert not (Path(cfg.results_dir) / cfg.name / "retention").exists()
+    assert retention.unscored(cfg, list(records.values()), []) == 2
+    text = "\n".join(retention.section(cfg, [], 2))
+    assert "Not scored yet: 2 final cell(s)" in text
+    here = tmp_path / "here"
+    here.mkdir()
+    control = {**records["corp.json"], "run_dir": str(here)}
+    assert retention.score_records(cfg, {"control.json": control}) == 1
+    rec = json.loads((Path(cfg.results_dir) / cfg.name / "retention" / "control.json").read_text())
+    assert rec["rows"]["corp-stage1"] == {"status": "n/a", "reason": f"no saved model in '{here}'"}
+
+
 def test_the_base_scored_as_a_method_changes_by_exactly_zero(retained):
     """The planted case: the base row's model is the base, so every change is exactly 0, not about 0."""
     for rec in _by_label(retained)["self-consistency"]:

@@ -1,6 +1,7 @@
 """The third edition's test set is fresh (issue 39): no committed result under results/ (any edition's
 cells, rows, populations, make-run, reports) names one of its examples, and its development pool
-is disjoint from it.
+is disjoint from it. That holds for its tasks (`tasks`, whose cells run) and for its retention tasks
+(`retention_tasks`, off-task only: every final model's accuracy on their test examples).
 
 The third edition's own directory (results/bench-cpu-3) is where those examples are meant to
 appear as its run goes on: its tuning cells name development examples and never a test example,
@@ -11,7 +12,9 @@ Committed files name examples by id (cell records' `example_ids`, splits.json, p
 test_outcomes.json, lm-eval-compare's examples.jsonl, ...); every text file under results/ is
 scanned for anything shaped like an id (`NAME-123`), so a new kind of file is covered without
 knowing its layout. The questions themselves are checked too, against every committed file and
-against the task's own selection pool.
+against the task's own selection pool. The question is what tells two variants of one task apart:
+add3 (`arith:digits=3,...`) names its examples arith-N like arith does, and its 600 test examples
+have arith's test ids, with other questions.
 """
 
 from __future__ import annotations
@@ -66,14 +69,21 @@ def question(prompt: str) -> str:
 
 @cache
 def third_edition() -> dict:
+    """Per task spec (the config's tasks, then its retention tasks): (task, splits, development pool, config)."""
     cfg = yaml.safe_load(CONFIG.read_text())
     out = {}
-    for entry in cfg["tasks"]:
+    for entry in cfg["tasks"] + retention_tasks():
         spec = entry["task"] if isinstance(entry, dict) else entry
         task = get_task(spec)
         sizes = SplitSizes(cfg["n_support"], cfg["n_probe"], cfg["n_validation"], cfg["n_test"])
         out[spec] = (task, make_splits(task, sizes, cfg["split_seed"]), dev_pool(task, spec), cfg)
     return out
+
+
+@cache
+def retention_tasks() -> list[str]:
+    """The retention tasks' specs: no cells, no trials; their test examples are scored on each final model."""
+    return list(yaml.safe_load(CONFIG.read_text()).get("retention_tasks") or [])
 
 
 def test_the_scan_finds_what_earlier_editions_used():
@@ -94,9 +104,11 @@ def test_fresh_test_and_dev_are_untouched_and_disjoint(spec):
     assert len(test) == cfg["n_test"] >= 600
     held_out = task.pools()["test"] + dev
     # no committed result names a held-out example (test pool and development pool), by id or by question
-    assert touched(e.id for e in held_out) == []
+    assert touched(e.id for e in held_out) == [], "a committed result names a held-out example by id"
     _, text = committed()
-    assert [e.id for e in held_out if question(e.prompt) in text] == []
+    assert [e.id for e in held_out if question(e.prompt) in text] == [], (
+        "a committed result names a held-out example by question"
+    )
     # test, development and selection never share an example, by id or by question
     selection = splits["support"] + splits["probe"] + splits["validation"]
     assert {e.id for e in test}.isdisjoint(e.id for e in dev)
@@ -130,8 +142,9 @@ def test_the_third_edition_tunes_on_development_examples_only(spec):
             # a tuning cell, a population's rows, a report: never a test example
             assert not ids & test, f"{path.relative_to(REPO)} names test examples"
             assert [e.id for e in splits["test"] if question(e.prompt) in text] == [], path
-        if kind == "tune":
-            # and a tuning cell's examples are development examples of this task
+        if kind == "tune" and spec not in retention_tasks():
+            # and a tuning cell's examples are development examples of this task (a retention task has
+            # no trials, and add3's ids are arith's: its development ids are no evidence either way)
             named = {i for i in ids if i.split("-")[0] == next(iter(test)).split("-")[0]}
             assert named and named <= dev_ids, f"{path.relative_to(REPO)} tunes outside the development pool"
     if not kinds:
@@ -158,3 +171,35 @@ def test_the_own_directory_check_can_fail(tmp_path, monkeypatch):
     final = {"setting": "equal-data", "kind": "fixed", "example_ids": [e.id for e in splits["test"][:3]]}
     (cells / "planted.json").write_text(json.dumps(final))
     test_the_third_edition_tunes_on_development_examples_only(next(iter(third_edition())))
+
+
+def test_the_retention_tasks_are_checked_and_the_check_can_fail(tmp_path, monkeypatch):
+    # add3 is checked like arith; a committed result that names one of its test examples is flagged, by
+    # id and by its question alone, and arith's example of the same id is not taken for add3's
+    assert retention_tasks() and set(retention_tasks()) <= set(third_edition())
+    arith, add3 = next(iter(third_edition())), retention_tasks()[0]
+    example = third_edition()[add3][1]["test"][0]
+    twin = next(e for e in third_edition()[arith][1]["test"] if e.id == example.id)
+    assert question(twin.prompt) != question(example.prompt)  # same id, another question
+    planted = tmp_path / "results" / "planted" / "rows.jsonl"
+    planted.parent.mkdir(parents=True)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "OWN", tmp_path / "results" / "bench-cpu-3")
+    committed.cache_clear()
+    try:
+        for row, flagged in (
+            ({"id": example.id, "prompt": example.prompt}, "by id"),
+            ({"prompt": example.prompt}, "by question"),
+        ):
+            planted.write_text(json.dumps(row) + "\n")
+            committed.cache_clear()
+            with pytest.raises(AssertionError, match=flagged):
+                test_fresh_test_and_dev_are_untouched_and_disjoint(add3)
+        # arith's example of the same id, by its question: arith's check flags it, add3's does not
+        planted.write_text(json.dumps({"prompt": twin.prompt}) + "\n")
+        committed.cache_clear()
+        test_fresh_test_and_dev_are_untouched_and_disjoint(add3)
+        with pytest.raises(AssertionError, match="by question"):
+            test_fresh_test_and_dev_are_untouched_and_disjoint(arith)
+    finally:
+        committed.cache_clear()  # the other tests read the real results/

@@ -5,11 +5,13 @@ correction, the registration stored beside the cells, and the config checks of t
   validation); a comparison of the report is primary when its pair, task, setting and budget match
   one (`mark_primary`), and the primary family is corrected with `corp.stats.holm` over every
   registered entry, run or not (a missing one counts in m and is never rejected).
-- The registration (`registration`): the primary set, the named test set and a hash of every task's
-  test example ids. A computing run stores it as RESULTS_DIR/NAME/preregistration.json while no
-  final cell exists (trials may run before: they never touch test), and every later run, `--report-only`
-  included, compares it: once a final cell exists, a different primary set or test set is refused in
-  one line (`check_registration`), since a primary chosen after seeing test outcomes is exploratory.
+- The registration (`registration`): the primary set, the named test set, a hash of every task's
+  test example ids, each task's final seeds and the equivalence margins. A computing run stores it as
+  RESULTS_DIR/NAME/preregistration.json while no final cell exists (trials may run before: they never
+  touch test), and every later run, `--report-only` included, compares it: once a final cell exists,
+  a change to any of them is refused in one line (`check_registration`), since a primary, a seed
+  count or a margin chosen after seeing test outcomes is exploratory. A registration stored before
+  seeds and margins were registered (bench-cpu-3's) is compared on the fields it holds.
 """
 
 from __future__ import annotations
@@ -79,8 +81,22 @@ def registration(cfg) -> dict | None:
     if not cfg.primary_list and not str(cfg.test_set).strip():
         return None
     primary = [{**p, "task": cfg.label(p["task"])} for p in cfg.primary_list]
-    reg = {"primary": primary, "test_set": str(cfg.test_set), "test_examples": held_out_identity(cfg)}
+    margins = [{**e, "task": e["task"] and cfg.label(e["task"])} for e in getattr(cfg, "equivalence_list", [])]
+    reg = {
+        "primary": primary,
+        "test_set": str(cfg.test_set),
+        "test_examples": held_out_identity(cfg),
+        "seeds": {cfg.label(t): list(cfg.seeds_of(t)) for t in cfg.tasks},
+        "equivalence": margins,
+    }
     return {"hash": _sha(reg), **reg}
+
+
+def _as_stored(reg: dict, stored: dict) -> dict:
+    """REG on the fields STORED registered, with their hash: an older registration (without seeds and
+    margins) registered only what it holds, so only that can differ from it."""
+    fields = {k: v for k, v in reg.items() if k != "hash" and k in stored}
+    return {"hash": _sha(fields), **fields}
 
 
 def final_records(out: Path) -> list[str]:
@@ -98,7 +114,8 @@ def final_records(out: Path) -> list[str]:
 
 def _differs(stored: dict | None, reg: dict | None) -> str:
     stored, reg = stored or {}, reg or {}
-    what = [k.replace("_", " ") for k in ("primary", "test_set", "test_examples") if stored.get(k) != reg.get(k)]
+    keys = ("primary", "test_set", "test_examples", "seeds", "equivalence")
+    what = [k.replace("_", " ") for k in keys if k in stored and stored.get(k) != reg.get(k)]
     return ", ".join(what) or "hash"
 
 
@@ -112,7 +129,7 @@ def check_registration(cfg, out: Path, compute: bool) -> dict | None:
     stored = json.loads(path.read_text()) if path.exists() else None
     if stored is None and reg is None:
         return None
-    if stored is not None and reg is not None and stored.get("hash") == reg["hash"]:
+    if stored is not None and reg is not None and stored.get("hash") == _as_stored(reg, stored)["hash"]:
         return stored
     finals = final_records(out)
     if finals:
@@ -124,8 +141,8 @@ def check_registration(cfg, out: Path, compute: bool) -> dict | None:
             )
         raise CorpError(
             f"bench {cfg.name}: the config's pre-registration differs from {path} ({_differs(stored, reg)}) and "
-            f"{len(finals)} final cell(s) exist; restore primary/test_set as registered there, or start a bench "
-            "under a new name"
+            f"{len(finals)} final cell(s) exist; restore what is registered there (primary, test_set, seeds, "
+            "equivalence), or start a bench under a new name"
         )
     if compute:
         if reg is None:

@@ -16,6 +16,7 @@ never charged to the method's budget: like test, this is evaluation.
 from __future__ import annotations
 
 import statistics
+import warnings
 from pathlib import Path
 
 from corp.bench.config import (
@@ -45,6 +46,8 @@ from corp.stats import compare_paired_seeds, seed_example_interval
 RETENTION_DIR = "retention"
 RECORD_FORMAT = 1
 REBUILD = "<rebuild randopt-top1>"  # `target`'s marker: the model is built from the cell's top-1 (seed, sigma)
+# `target`'s marker: the model exists, but not on this machine (a later session's fresh checkout)
+ELSEWHERE = "<run directory not here>"
 
 
 def off_tasks(cfg, task: str) -> list[str]:
@@ -77,6 +80,10 @@ def target(cfg, rec: dict, row: dict) -> tuple[str | None, str]:
         return None, "sampling from the base model (its weights are the base's: see the base row)"
     if not method.model:
         if name == "randopt-top1" and rec.get("population_run"):
+            needs = [Path(rec["run_dir"]) / "report.json", Path(rec["population_run"]) / "population_meta.json"]
+            gone = [str(p) for p in needs if not p.exists()]
+            if gone:
+                return ELSEWHERE, f"its seed and sigma are in {' and '.join(gone)}, not on this machine"
             return REBUILD, "its top-1 specialist, rebuilt from its seed and sigma"
         return None, "the method saves no model"
     return _saved_model(rec, method.bench)
@@ -86,8 +93,10 @@ def _saved_model(rec: dict, adapter) -> tuple[str | None, str]:
     """`target` for a method that saves a model: the cell's run directory's, unless it is gone or is a later
     checkpoint than the cell's (an iterative run trained past the cell's budget)."""
     run_dir = Path(rec.get("run_dir") or "")
+    if not run_dir.is_dir():
+        return ELSEWHERE, f"its run directory '{run_dir}' is not on this machine"
     if not (run_dir / "model").is_dir():
-        return None, f"no saved model in '{run_dir}' (its run directory was removed?)"
+        return None, f"no saved model in '{run_dir}'"
     if adapter is not None and adapter.kind == ITERATIVE and adapter.units_done:
         report = read_json(run_dir / "report.json") if (run_dir / "report.json").exists() else {}
 
@@ -201,9 +210,20 @@ def score_records(cfg, done: dict[str, dict], scorer=None) -> int:
         with open(claim, "a+") as fh:
             if not try_flock(fh) or path.exists():
                 continue
+            targets = {row["name"]: target(cfg, rec, row) for row in rec["rows"]}
+            away = [what for model, what in targets.values() if model == ELSEWHERE]
+            if away:
+                # no record: an "n/a" written now would stand for good, though the checkout that ran the cell
+                # can still score it; the report counts the cell as not scored yet
+                warnings.warn(
+                    f"retention of {name} not scored: {away[0]}; run the bench again from the checkout whose "
+                    f"work directory ({cfg.work_dir}) holds it",
+                    stacklevel=2,
+                )
+                continue
             rows = {}
             for row in rec["rows"]:
-                model, what = target(cfg, rec, row)
+                model, what = targets[row["name"]]
                 if model is None:
                     rows[row["name"]] = {"status": "n/a", "reason": what}
                     continue
@@ -230,6 +250,20 @@ def load_records(cfg, records: list[dict]) -> list[dict]:
         if (ret["task"], ret["setting"], ret["seed"], ret["label"], ret.get("budget")) in keys:
             out.append(ret)
     return out
+
+
+def unscored(cfg, records: list[dict], rets: list[dict]) -> int:
+    """How many in-scope final records have no retention record (not scored yet: their run ended before
+    scoring, and their run directories are not on this machine)."""
+
+    have = {(r["task"], r["setting"], r["seed"], r["label"], r.get("budget")) for r in rets}
+    return sum(
+        1
+        for r in records
+        if r.get("setting") != "tune"
+        and in_scope(cfg, r)
+        and (r["task"], r["setting"], r["seed"], r["label"], r.get("budget")) not in have
+    )
 
 
 # ----------------------------------------------------------------------------- statistics per method
@@ -299,8 +333,8 @@ def _iv(x: dict | None, digits: int = 3) -> str:
     return f"{x['mean']:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]{seeds}"
 
 
-def section(cfg, summary: list[dict]) -> list[str]:
-    """table.md's "Off-task retention" section."""
+def section(cfg, summary: list[dict], missing: int = 0) -> list[str]:
+    """table.md's "Off-task retention" section; `missing`: in-scope final cells not scored yet (`unscored`)."""
 
     others = list(dict.fromkeys(spec for e in summary for spec in e.get("tasks", {})))
     lines = [
@@ -325,6 +359,12 @@ def section(cfg, summary: list[dict]) -> list[str]:
             continue
         accs = "".join(f" {_iv(e['tasks'].get(t))} |" for t in others)
         lines.append(f"{where} {_iv(e.get('gain'))} | {_iv(e['bpb'], 4)} |{accs} {e['flops']:.2g} |")
+    if missing:
+        lines += [
+            "",
+            f"Not scored yet: {missing} final cell(s) in scope have no retention record (their models are in "
+            f"run directories under {cfg.work_dir} on the machine that ran them; a bench run there scores them).",
+        ]
     return lines + [""]
 
 

@@ -4,6 +4,7 @@ that excludes zero) and which are not."""
 
 from __future__ import annotations
 
+import re
 import statistics
 
 from corp.bench.config import (
@@ -71,8 +72,12 @@ def tuned_apart(cfg: BenchConfig) -> bool:
 
 
 def tune_split_text(cfg: BenchConfig) -> str:
-    """'64-example validation split', or 'dev split' (a size given in tune_options as n_dev is stated)."""
+    """'64-example validation split', '400-example dev split' (the tasks' `dev=N`, the development pool a
+    trial scores whole), or 'dev split' where the tasks' sizes differ or are not given."""
     n = cfg.n_validation if cfg.tune_split == "validation" else cfg.tune_options.get(f"n_{cfg.tune_split}")
+    if not n and cfg.tune_split == "dev":
+        sizes = {m.group(1) if (m := re.search(r"\bdev=(\d+)", t)) else None for t in cfg.tasks}
+        n = sizes.pop() if len(sizes) == 1 else None
     return f"{n}-example {cfg.tune_split} split" if n else f"{cfg.tune_split} split"
 
 

