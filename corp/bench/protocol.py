@@ -114,8 +114,7 @@ def final_records(out: Path) -> list[str]:
 
 def _differs(stored: dict | None, reg: dict | None) -> str:
     stored, reg = stored or {}, reg or {}
-    keys = ("primary", "test_set", "test_examples", "seeds", "equivalence")
-    what = [k.replace("_", " ") for k in keys if k in stored and stored.get(k) != reg.get(k)]
+    what = [k.replace("_", " ") for k in stored if k != "hash" and stored[k] != reg.get(k)]
     return ", ".join(what) or "hash"
 
 

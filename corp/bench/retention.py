@@ -243,11 +243,11 @@ def load_records(cfg, records: list[dict]) -> list[dict]:
     where = results_path(cfg) / RETENTION_DIR
     if not where.is_dir():
         return []
-    keys = {(r["task"], r["setting"], r["seed"], r["label"], r.get("budget")) for r in records}
+    keys = {_cell(r) for r in records}
     out = []
     for path in sorted(where.glob("*.json")):
         ret = read_json(path)
-        if (ret["task"], ret["setting"], ret["seed"], ret["label"], ret.get("budget")) in keys:
+        if _cell(ret) in keys:
             out.append(ret)
     return out
 
@@ -256,14 +256,13 @@ def unscored(cfg, records: list[dict], rets: list[dict]) -> int:
     """How many in-scope final records have no retention record (not scored yet: their run ended before
     scoring, and their run directories are not on this machine)."""
 
-    have = {(r["task"], r["setting"], r["seed"], r["label"], r.get("budget")) for r in rets}
-    return sum(
-        1
-        for r in records
-        if r.get("setting") != "tune"
-        and in_scope(cfg, r)
-        and (r["task"], r["setting"], r["seed"], r["label"], r.get("budget")) not in have
-    )
+    have = {_cell(r) for r in rets}
+    return sum(1 for r in records if in_scope(cfg, r) and _cell(r) not in have)  # in_scope: never a trial
+
+
+def _cell(rec: dict) -> tuple:
+    """What ties a retention record to its cell record."""
+    return rec["task"], rec["setting"], rec["seed"], rec["label"], rec.get("budget")
 
 
 # ----------------------------------------------------------------------------- statistics per method

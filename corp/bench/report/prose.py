@@ -4,7 +4,6 @@ that excludes zero) and which are not."""
 
 from __future__ import annotations
 
-import re
 import statistics
 
 from corp.bench.config import (
@@ -14,6 +13,7 @@ from corp.bench.config import (
     headline_setting,
 )
 from corp.bench.report.rows import LABEL_PRIOR, _mean_sd
+from corp.evaluate.tasks import get_task
 from corp.stats import examples_text, sign_text
 
 
@@ -76,7 +76,7 @@ def tune_split_text(cfg: BenchConfig) -> str:
     trial scores whole), or 'dev split' where the tasks' sizes differ or are not given."""
     n = cfg.n_validation if cfg.tune_split == "validation" else cfg.tune_options.get(f"n_{cfg.tune_split}")
     if not n and cfg.tune_split == "dev":
-        sizes = {m.group(1) if (m := re.search(r"\bdev=(\d+)", t)) else None for t in cfg.tasks}
+        sizes = {get_task(t, cfg.data).signature().get("dev") for t in cfg.tasks}  # the task's own dev=N
         n = sizes.pop() if len(sizes) == 1 else None
     return f"{n}-example {cfg.tune_split} split" if n else f"{cfg.tune_split} split"
 
