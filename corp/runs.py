@@ -73,14 +73,24 @@ def open_run_dir(
     created = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-test"
-        probe.write_text("")
-        probe.unlink()
+        check_writable(path, ".write-test.")
     except OSError as exc:
         raise CorpError(
             f"run directory '{path}' is not writable ({exc.strerror}); pass a writable --output-dir"
         ) from None
     return path, created
+
+
+def check_writable(folder: Path, prefix: str) -> None:
+    """Write and remove a probe file in FOLDER (an OSError if it cannot be). The probe's name is this
+    call's own (mkstemp): two processes check one folder at once (two bench processes, a population run
+    both open), and with one shared name the first to finish removed the other's probe under it."""
+    fd, probe = tempfile.mkstemp(dir=folder, prefix=prefix)
+    try:
+        os.write(fd, b"ok")
+    finally:
+        os.close(fd)
+        os.unlink(probe)
 
 
 LOCK_FILE = ".corp.lock"

@@ -321,3 +321,18 @@ def test_a_grpo_checkpoint_on_a_full_disk_is_one_line_and_the_run_is_failed(tiny
     assert res.exit_code == 2 and len(lines) == 1 and "Traceback" not in res.output, res.output
     assert "No space left on device" in lines[0] and str(run / "checkpoint.pt") in lines[0], lines[0]
     assert json.loads((run / "run_status.json").read_text())["status"] == "failed"
+
+
+def test_opening_a_run_directory_leaves_another_processs_write_probe_alone(tmp_path):
+    """Two bench processes open one shared population run at once; with one shared probe name the first to
+    finish removed the other's probe under it, and the other stopped with 'not writable (No such file or
+    directory)' (seen in `make test`: test_two_processes_share_one_task_...). Planted: the other process's
+    probe, present mid-check, must still be there afterwards."""
+    from corp.runs import open_run_dir
+
+    run = tmp_path / "run"
+    run.mkdir()
+    theirs = run / ".write-test"
+    theirs.write_text("theirs")
+    assert open_run_dir(run, "arith", "score", 0) == (run, False)
+    assert theirs.read_text() == "theirs" and sorted(p.name for p in run.iterdir()) == [".write-test"]

@@ -5,8 +5,6 @@ comparisons naming a row no cell can report."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from corp import CorpError
@@ -18,6 +16,7 @@ from corp.evaluate.backends import make_backend
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 from corp.method import FIXED, POPULATION
 from corp.methods import get_method
+from corp.runs import check_writable
 
 
 def check_results_dir(cfg: BenchConfig) -> Path:
@@ -26,14 +25,7 @@ def check_results_dir(cfg: BenchConfig) -> Path:
         raise CorpError(f"results directory '{out}' is a file; set results_dir/name to a directory")
     try:
         (out / "cells").mkdir(parents=True, exist_ok=True)
-        # a name of this process's own: two bench processes on one task check the same directory at
-        # once, and with one shared name the first to finish removed the other's file under it
-        fd, probe = tempfile.mkstemp(dir=out, prefix=".corp-bench-write-test.")
-        try:
-            os.write(fd, b"ok")
-        finally:
-            os.close(fd)
-            os.unlink(probe)
+        check_writable(out, ".corp-bench-write-test.")
         for rec in sorted((out / "cells").glob("*.json")):
             _check_record(rec)
     except OSError as exc:
