@@ -118,6 +118,51 @@ def test_each_final_cell_is_scored_off_task_before_the_next_cell_runs(tiny_dir, 
         assert events[i + 1][:2] == ("retention", events[i][1]) and events[i + 1][2], events
 
 
+def test_a_cell_an_earlier_start_left_unscored_is_scored_when_first_seen(tiny_dir, tmp_path, monkeypatch):
+    """A start that stops (SIGTERM at a session's end) right after a cell's record is written leaves it
+    unscored; the next start scored it only after all its passes, which a session that stops again never
+    reaches, so the cell's model could outlive every session's chance to score it. Planted: a first start
+    that scores nothing, then one final record removed so the second start has a cell to run; every
+    finished cell must be scored before that cell runs."""
+    import corp.bench.schedule.passes as passes
+    import corp.bench.sweep as sweep
+    from corp.bench.sweep import run_bench
+
+    opts = _options(tiny_dir, tmp_path, methods={"randopt": {"options": {"top_k": [1]}}})
+    opts.update(compare=[], equivalence=[])
+    cfg = load_config(BenchConfig, None, opts)
+    monkeypatch.setattr(passes, "score_records", lambda *a, **k: 0)  # the first start scores nothing
+    monkeypatch.setattr(sweep, "score_records", lambda *a, **k: 0)
+    run_bench(cfg, "corp bench --config ret.yaml")
+    cells_dir = tmp_path / "results" / "ret" / "cells"
+    finals = sorted(f for f in cells_dir.glob("*.json") if json.loads(f.read_text())["setting"] != "tune")
+    assert len(finals) >= 2, finals
+    last = max(finals, key=lambda f: f.stat().st_mtime_ns)  # the plan's last final: the others come before it
+    last.unlink()
+
+    events = []
+    real_attempt = passes.attempt
+
+    def attempt(bench, cell):
+        rec = real_attempt(bench, cell)
+        if rec is not None and cell.setting != "tune":
+            events.append(("cell", cell.record_name()))
+        return rec
+
+    def score(cfg, done, scorer=None):
+        events.extend(("retention", name) for name in done)
+        return 0
+
+    monkeypatch.setattr(passes, "attempt", attempt)
+    monkeypatch.setattr(passes, "score_records", score)
+    monkeypatch.setattr(sweep, "score_records", score)
+    run_bench(cfg, "corp bench --config ret.yaml")
+    ran = [i for i, e in enumerate(events) if e[0] == "cell"]
+    assert [events[i][1] for i in ran] == [last.name], events
+    before = {e[1] for e in events[: ran[0]]}
+    assert {f.name for f in finals if f != last} <= before, events
+
+
 def test_a_cell_whose_run_is_on_another_machine_is_left_unscored_not_marked_na(tmp_path):
     """A later session's fresh checkout resumes a bench whose last cell ended before its retention was
     scored: the cell's run directory (git-ignored) is on the machine that ran it. Planted: a CoRP record and

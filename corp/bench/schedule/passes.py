@@ -69,10 +69,12 @@ def _pass_cell(
     rec = bench.load_record(cell)  # a finished cell needs no claim
     if rec is None and compute and mine(cell):
         rec = attempt(bench, cell)
-        if rec is not None and cfg.retention and rec.get("setting") != "tune":
-            # scored now, while the cell's saved model is on disk: a long bench spans sessions
-            # whose run directories (git-ignored) are gone when a later one resumes
-            score_records(cfg, {name: rec})
+    if rec is not None and compute and mine(cell) and cfg.retention and rec.get("setting") != "tune":
+        # scored now, while the cell's saved model is on disk: a long bench spans sessions whose run
+        # directories (git-ignored) are gone when a later one resumes. That holds for a cell finished
+        # by an earlier start that stopped before scoring it too: scored when first seen, not after
+        # the passes, which a session may not reach (a record already scored costs one stat)
+        score_records(cfg, {name: rec})
     if rec is not None:
         done[name] = rec
     elif compute and mine(cell):
