@@ -83,13 +83,11 @@ def test_every_finished_final_cell_gets_a_retention_record(retained):
         assert "not one model" in rec["rows"]["self-consistency@2"]["reason"]
 
 
-def test_each_final_cell_is_scored_off_task_before_the_next_cell_runs(tiny_dir, tmp_path, monkeypatch):
-    """A long bench spans sessions, and a later session has none of an earlier one's run directories
-    (models are never committed): scoring every model after the last cell found them gone. The
-    planted case: the order of events; each final cell's retention must come right after it."""
+def _watch(monkeypatch, event) -> list:
+    """The bench's order of events, as a list it fills: ("cell", record name) as a final cell finishes, and
+    event(name, record) for each record handed to retention scoring (which then scores nothing)."""
     import corp.bench.schedule.passes as passes
     import corp.bench.sweep as sweep
-    from corp.bench.sweep import run_bench
 
     events = []
     real_attempt = passes.attempt
@@ -101,14 +99,25 @@ def test_each_final_cell_is_scored_off_task_before_the_next_cell_runs(tiny_dir, 
         return rec
 
     def score(cfg, done, scorer=None):
-        for name, rec in done.items():
-            model = Path(rec.get("run_dir") or "") / "model"
-            events.append(("retention", name, rec["method"] != "es" or model.is_dir()))
+        events.extend(event(name, rec) for name, rec in done.items())
         return 0
 
     monkeypatch.setattr(passes, "attempt", attempt)
-    monkeypatch.setattr(passes, "score_records", score)  # each cell's, as it finishes
+    monkeypatch.setattr(passes, "score_records", score)  # each cell's, as a pass sees it
     monkeypatch.setattr(sweep, "score_records", score)  # the rest, after the passes
+    return events
+
+
+def test_each_final_cell_is_scored_off_task_before_the_next_cell_runs(tiny_dir, tmp_path, monkeypatch):
+    """A long bench spans sessions, and a later session has none of an earlier one's run directories
+    (models are never committed): scoring every model after the last cell found them gone. The
+    planted case: the order of events; each final cell's retention must come right after it."""
+    from corp.bench.sweep import run_bench
+
+    def model_there(name, rec):
+        return ("retention", name, rec["method"] != "es" or (Path(rec.get("run_dir") or "") / "model").is_dir())
+
+    events = _watch(monkeypatch, model_there)
     opts = _options(tiny_dir, tmp_path, methods={"es": {"options": {"population": 2, "sigma": 0.05, "alpha": 0.05}}})
     opts.update(compare=[], equivalence=[])
     run_bench(load_config(BenchConfig, None, opts), "corp bench --config ret.yaml")
@@ -140,22 +149,7 @@ def test_a_cell_an_earlier_start_left_unscored_is_scored_when_first_seen(tiny_di
     last = max(finals, key=lambda f: f.stat().st_mtime_ns)  # the plan's last final: the others come before it
     last.unlink()
 
-    events = []
-    real_attempt = passes.attempt
-
-    def attempt(bench, cell):
-        rec = real_attempt(bench, cell)
-        if rec is not None and cell.setting != "tune":
-            events.append(("cell", cell.record_name()))
-        return rec
-
-    def score(cfg, done, scorer=None):
-        events.extend(("retention", name) for name in done)
-        return 0
-
-    monkeypatch.setattr(passes, "attempt", attempt)
-    monkeypatch.setattr(passes, "score_records", score)
-    monkeypatch.setattr(sweep, "score_records", score)
+    events = _watch(monkeypatch, lambda name, rec: ("retention", name))
     run_bench(cfg, "corp bench --config ret.yaml")
     ran = [i for i, e in enumerate(events) if e[0] == "cell"]
     assert [events[i][1] for i in ran] == [last.name], events
