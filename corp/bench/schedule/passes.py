@@ -66,10 +66,11 @@ def _pass_cell(
     name = cell.record_name()
     if name in done:
         return 0
+    own = compute and mine(cell)
     rec = bench.load_record(cell)  # a finished cell needs no claim
-    if rec is None and compute and mine(cell):
+    if rec is None and own:
         rec = attempt(bench, cell)
-    if rec is not None and compute and mine(cell) and cfg.retention and rec.get("setting") != "tune":
+    if rec is not None and own and cfg.retention and rec.get("setting") != "tune":
         # scored now, while the cell's saved model is on disk: a long bench spans sessions whose run
         # directories (git-ignored) are gone when a later one resumes. That holds for a cell finished
         # by an earlier start that stopped before scoring it too: scored when first seen, not after
@@ -77,6 +78,6 @@ def _pass_cell(
         score_records(cfg, {name: rec})
     if rec is not None:
         done[name] = rec
-    elif compute and mine(cell):
+    elif own:
         return 1
     return 0
