@@ -27,8 +27,10 @@
 # Environment: PYTHON (the interpreter that imports corp, default python), CORP_CMD (default:
 # "$PYTHON -m corp.cli"), BENCH_METHODS (passed as `--methods`: split one task's methods over
 # wrappers, whole noise schemes per wrapper, e.g. configs/bench-noise.yaml), BENCH_POLL seconds between commits while
-# running (default 120), BENCH_RETRY_WAIT seconds before a restart (default 60). The results
-# directory must be inside the checkout (the default results/NAME is).
+# running (default 120), BENCH_RETRY_WAIT seconds before a restart (default 60), BENCH_BARREN
+# (default 3): stop after that many starts in a row that failed and committed nothing (no cell,
+# retention record or population run): a failure that repeats the same way would otherwise burn
+# every remaining start. The results directory must be inside the checkout (the default results/NAME is).
 set -u
 # glibc gives each thread that allocates its own malloc arena and rarely returns their freed memory
 # to the system; vLLM and torch allocate from many threads. Two arenas: a bench-cpu-3 GRPO cell
@@ -48,6 +50,8 @@ PY=${PYTHON:-python}
 CORP_CMD=${CORP_CMD:-$PY -m corp.cli}
 POLL=${BENCH_POLL:-120}
 RETRY_WAIT=${BENCH_RETRY_WAIT:-60}
+BARREN=${BENCH_BARREN:-3}
+COMMITTED=0  # commits this wrapper made: a start that moved it made progress
 METHODS=()
 [ -n "${BENCH_METHODS:-}" ] && METHODS=(--methods "$BENCH_METHODS")
 
@@ -76,7 +80,7 @@ commit_paths() {  # commit_paths MESSAGE PATH...: add and commit exactly these p
   (
     flock 9
     git add -- "$@" && git commit -q -m "$msg" -- "$@" && echo "bench_run.sh: committed $# file(s): $msg"
-  ) 9>"$LOCK"
+  ) 9>"$LOCK" && COMMITTED=$((COMMITTED + 1))
 }
 
 changed_paths() {  # changed_paths DIR PREFIX: new or changed files under DIR whose path has DIR/PREFIX in it
@@ -160,8 +164,10 @@ pid=
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait; commit_cells; save_populations; exit 143' TERM INT  # stopping the wrapper stops its bench
 restore_populations
 try=0
+barren=0
 while [ "$try" -lt "$TRIES" ]; do
   try=$((try + 1))
+  before=$COMMITTED
   echo "bench_run.sh: start $try of $TRIES: $CORP_CMD bench --config $CONFIG --threads 1 --task $TASK ${METHODS[*]}"
   # shellcheck disable=SC2086  # CORP_CMD is a command line
   $CORP_CMD bench --config "$CONFIG" --threads 1 --task "$TASK" "${METHODS[@]}" &
@@ -188,6 +194,11 @@ while [ "$try" -lt "$TRIES" ]; do
   if [ "$rc" -eq 2 ]; then
     echo "bench_run.sh: corp bench refused its input (status 2); not retrying" >&2
     exit 2
+  fi
+  if [ "$COMMITTED" -eq "$before" ]; then barren=$((barren + 1)); else barren=0; fi
+  if [ "$barren" -ge "$BARREN" ]; then
+    echo "bench_run.sh: $barren starts in a row stopped with status $rc and finished nothing; the same failure would repeat: read the error above, fix it, and start the wrapper again (finished cells are kept)" >&2
+    exit 1
   fi
   echo "bench_run.sh: corp bench stopped with status $rc; restarting in ${RETRY_WAIT}s (finished cells are kept)" >&2
   sleep "$RETRY_WAIT"

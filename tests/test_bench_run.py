@@ -31,6 +31,8 @@ FAKE = textwrap.dedent("""
     Path(os.environ["FAKE_STATE"] + ".argv").write_text(" ".join(sys.argv[1:]))
     if os.environ.get("FAKE_MODE") == "bad":
         print("error: bench config: bad", file=sys.stderr); sys.exit(2)
+    if os.environ.get("FAKE_MODE") == "crash":  # the same bug on every start, before any cell finishes
+        print("AttributeError: planted", file=sys.stderr); sys.exit(1)
     work = Path("runs/bench/wrap")
     seen = sorted(p.name for p in work.glob("*__population__*")) if work.exists() else []
     Path(os.environ["FAKE_STATE"] + f".seen{n}").write_text(" ".join(seen))  # what a start found there
@@ -81,7 +83,7 @@ def repo(tmp_path):
     return repo
 
 
-def _wrap(repo: Path, mode: str = "ok", methods: str | None = None) -> subprocess.CompletedProcess:
+def _wrap(repo: Path, mode: str = "ok", methods: str | None = None, tries: int = 3) -> subprocess.CompletedProcess:
     env = {
         **os.environ,
         "PYTHON": sys.executable,
@@ -94,7 +96,7 @@ def _wrap(repo: Path, mode: str = "ok", methods: str | None = None) -> subproces
         **({"BENCH_METHODS": methods} if methods else {}),
     }
     return subprocess.run(
-        ["bash", str(SCRIPT), "wrap.yaml", "add", "3"],
+        ["bash", str(SCRIPT), "wrap.yaml", "add", str(tries)],
         cwd=repo,
         env=env,
         capture_output=True,
@@ -142,6 +144,17 @@ def test_the_wrapper_does_not_retry_bad_input(repo):
     proc = _wrap(repo, "bad")
     assert proc.returncode == 2 and (repo.parent / "starts").read_text() == "1"
     assert "not retrying" in proc.stderr
+
+
+def test_the_wrapper_stops_after_three_starts_in_a_row_that_finish_nothing(repo):
+    """A bench that fails the same way on every start (bench-noise-3's first corp-r4 cell: 19 starts of
+    two wrappers, each loading an engine and stopping in the same step search) is stopped after 3 such
+    starts, not TRIES (20 by default), in one line saying what to do; a start that committed a cell
+    resets the count (the restart test above: start 1 finishes a cell and dies, start 2 finishes)."""
+    proc = _wrap(repo, "crash", tries=20)
+    assert proc.returncode == 1 and (repo.parent / "starts").read_text() == "3", proc.stderr
+    assert "3 starts in a row stopped with status 1 and finished nothing" in proc.stderr
+    assert "fix it, and start the wrapper again" in proc.stderr
 
 
 def test_the_wrapper_refuses_a_task_the_config_does_not_have(repo):
