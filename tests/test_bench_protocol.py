@@ -513,6 +513,27 @@ def test_the_third_edition_report_end_to_end(third):
     assert search > 0, "self-consistency's trials are no longer 0 FLOPs"
 
 
+def test_the_readme_section_shows_the_primary_comparisons_once_and_names_a_method_below_its_regime(third):
+    """The README's section shows the registered comparisons as a table, so the same comparisons as sentences
+    (a second copy of every number) are left out, while the exploratory sentences stay; and a method the
+    regime table marks below its target at the top budget is named with what it reached and the target
+    (the tiny bench's randopt and CoRP read 12 specialists, far below 50 and 200)."""
+    from corp.bench.report import readme_section
+
+    cfg = load_config(BenchConfig, None, tiny_options(third["tiny_dir"], third["root"], **third["over"]))
+    text = readme_section(cfg)
+    assert "### Primary comparisons (pre-registered; Holm over all 2)" in text
+    assert "Primary comparisons (pre-registered, Holm" not in text, "the registered sentences repeat the table"
+    meta = json.loads((third["root"] / "results" / "tiny" / "bench.json").read_text())
+    kept = [
+        line for line in meta["reading"] if line and not line.startswith(("Primary comparisons", "- corp-stage1 vs"))
+    ]
+    assert kept and all(line in text for line in kept), "every other sentence of the reading stays"
+    below = next(line for line in text.splitlines() if line.startswith("Below its regime target"))
+    for label in ("randopt", "corp-stage1"):
+        assert f"{label} on add:" in below and "units >= " in below, below
+
+
 def test_a_changed_primary_after_the_third_edition_ran_is_refused(third):
     from corp.bench.sweep import run_bench
 

@@ -237,6 +237,22 @@ def test_the_table_and_the_plot_show_retention_and_report_only_regenerates_them(
     assert (out / "table.md").read_text() == table
 
 
+def test_the_readme_section_states_what_each_model_costs_off_its_task(retained, tiny_dir):
+    """The README's section carries the retention table's numbers for every scored single model (not the
+    base, not a vote): its bits-per-byte change and its accuracy change on the other task, with intervals."""
+    from corp.bench.report import readme_section
+    from corp.bench.retention import _iv
+
+    cfg = load_config(BenchConfig, None, _options(tiny_dir, retained["root"]))
+    para = next(line for line in readme_section(cfg).splitlines() if line.startswith("Off its task"))
+    meta = json.loads((retained["out"] / "bench.json").read_text())
+    scored = [e for e in meta["retention"] if "na" not in e and e["name"] != "base"]
+    assert {e["name"] for e in scored} >= {"corp-stage1", "es"}
+    for e in scored:
+        assert f"{e['name']} on add: bits/byte {_iv(e['bpb'], 4)}, {OFF} accuracy {_iv(e['tasks'][OFF])}" in para
+    assert "base on add" not in para and "@2 on add" not in para
+
+
 def test_only_a_row_that_is_one_model_of_this_budget_is_scored(tmp_path):
     """An iterative run whose saved model was trained past the cell's budget is n/a, not scored as the cell."""
     from corp.bench.retention import target

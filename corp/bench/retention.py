@@ -367,6 +367,31 @@ def section(cfg, summary: list[dict], missing: int = 0) -> list[str]:
     return lines + [""]
 
 
+def readme_lines(cfg, summary: list[dict]) -> list[str]:
+    """The README's paragraph on what each single model costs off its task, from bench.json's `retention`
+    (the section's rows with numbers, the base left out: it changes by 0), and which bits-per-byte
+    intervals lie above 0 (worse than the base); [] where nothing was scored."""
+
+    got = [e for e in summary if "na" not in e and e["name"] != "base" and e.get("bpb")]
+    if not got:
+        return []
+    parts = []
+    for e in got:
+        others = "".join(f", {cfg.label(t)} accuracy {_iv(x)}" for t, x in e.get("tasks", {}).items())
+        parts.append(f"{e['name']} on {cfg.label(e['task'])}: bits/byte {_iv(e['bpb'], 4)}{others}")
+    worse = [e["name"] for e in got if e["bpb"]["ci"][0] > 0]
+    verdict = (
+        f"Bits per byte worse than the base (the interval above 0): {', '.join(worse)}."
+        if worse
+        else "No bits-per-byte interval lies above 0: no off-task cost shown at these seeds."
+    )
+    return [
+        f"Off its task (top budget, {headline_setting(cfg)}; change from the base, mean over seeds with its 95% "
+        f"interval; bits per byte on {TEXT_TITLE}, lower is better, and greedy accuracy on the other tasks' test "
+        "examples): " + "; ".join(parts) + ". " + verdict
+    ]
+
+
 def plot(cfg, summary: list[dict], out: Path) -> list[str]:
     """One plot per task: on-task gain against the bits-per-byte change, per method, with 95% error bars."""
     import matplotlib

@@ -179,6 +179,10 @@ PRIMARY_NOTE = (
 )
 
 
+# the first words of reading_lines' paragraph of primary sentences (the README shows them as a table instead)
+PRIMARY_READING = "Primary comparisons (pre-registered"
+
+
 MULTIPLE_NOTE = (
     "Each interval is 95% on its own, with no adjustment for the number of comparisons: among many "
     "comparisons of equal rows about 1 in 20 would exclude 0 by chance."
@@ -251,7 +255,7 @@ def reading_lines(
             continue
         out += [text + ".", ""]
     if primary is not None:  # the registered family is the only source of claims; the rest are exploratory
-        out += [f"Primary comparisons (pre-registered, Holm over all {len(primary)}; a claim needs Holm p <= 0.05):"]
+        out += [f"{PRIMARY_READING}, Holm over all {len(primary)}; a claim needs Holm p <= 0.05):"]
         out += [f"- {s}" for s in primary_sentences(primary)] + [""]
         comps = [c for c in comps if not c.get("primary")]
     labelled = [dict(c, task_label=cfg.label(c["task"])) for c in comps]

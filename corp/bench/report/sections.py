@@ -16,7 +16,8 @@ from pathlib import Path
 
 from corp import CorpError
 from corp.bench.config import BenchConfig
-from corp.bench.report.prose import MULTIPLE_NOTE, PRIMARY_NOTE, regime_text
+from corp.bench.report.prose import MULTIPLE_NOTE, PRIMARY_NOTE, PRIMARY_READING, regime_text
+from corp.bench.retention import readme_lines as retention_lines
 from corp.runs import atomic_write_text, read_json
 
 # table.md's sections that make up the protocol part, in the order they are shown
@@ -90,9 +91,12 @@ def readme_section(cfg: BenchConfig, links_from: Path | None = None, how: str = 
             "differences plus the test examples' term, paired on the same examples; a comparison with one "
             f"seed so far makes no claim). {PRIMARY_NOTE if meta.get('primary') is not None else MULTIPLE_NOTE}",
             "",
-            *meta["reading"],
+            *_without_paragraph(meta["reading"], PRIMARY_READING if primary else None),
             "",
         ]
+    for para in (_below_regime(table), *retention_lines(cfg, meta.get("retention") or [])):
+        if para:
+            lines += [para, ""]
     plots = meta.get("plots", [])
     if plots:
         lines += [f"![{plots[0]}]({_link(out, plots[0], links_from)})", ""]
@@ -106,6 +110,40 @@ def readme_section(cfg: BenchConfig, links_from: Path | None = None, how: str = 
         + (f", every trial in `{out / 'tuning.csv'}`." if (out / "tuning.csv").exists() else ".")
     )
     return "\n".join(lines) + "\n"
+
+
+def _without_paragraph(reading: list[str], starts: str | None) -> list[str]:
+    """READING without the paragraph whose first line starts with STARTS (the primary comparisons' sentences,
+    where the section already shows them as a table), and without the blank line that ended it."""
+    if starts is None:
+        return reading
+    out, skip = [], False
+    for line in reading:
+        if line.startswith(starts):
+            skip = True
+        elif skip and not line:
+            skip = False
+        elif not skip:
+            out.append(line)
+    while out and not out[-1]:
+        out.pop()
+    return out
+
+
+def _below_regime(table: str) -> str:
+    """One sentence naming each method table.md's regime table marks below its target at the top budget,
+    with what it reached and the target ("" where every method reached it, or there is no such table)."""
+    below = []
+    for row in _section(table, "Regime reached"):
+        cells = [c.strip() for c in row.split("|")[1:-1]]
+        if len(cells) >= 5 and cells[4].startswith("**below**"):
+            below.append(f"{cells[1]} on {cells[0]}: {cells[2]} (target {cells[3]})")
+    if not below:
+        return ""
+    return (
+        "Below its regime target at the top budget, so its rows are the method as this bench could afford it, "
+        "not in its regime: " + "; ".join(below) + "."
+    )
 
 
 def protocol_section(cfg: BenchConfig, links_from: Path | None = None, how: str = "--write-into") -> str:
