@@ -134,7 +134,7 @@ def _consolidate(model_dir, run, noise, monkeypatch, dense: bool, **more):
         mp.setattr(Perturber, "apply", apply)
         mp.setattr(Perturber, "keep_merged", keep)
         if dense:
-            mp.setattr(run_mod, "factored_for", lambda ctx: None)
+            mp.setattr(run_mod, "direction_factored_for", lambda ctx: None)
         cfg = tiny_consolidate_config(
             model_dir,
             run,

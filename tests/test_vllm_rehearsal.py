@@ -81,3 +81,21 @@ def test_the_gpu_config_runs_end_to_end_on_vllm_and_ray(tiny_qwen_dir, tmp_path)
         "--max-completion-length", "8", "--pass-k", "", "--enforce-eager", "--output-dir", str(tmp_path / "eval"), cwd=tmp_path,
     )  # fmt: skip
     assert (tmp_path / "eval" / "report.json").exists(), out.stdout
+
+
+def test_consolidate_on_a_low_rank_population_with_the_local_vllm_engine(tiny_qwen_dir, tmp_path):
+    """The bench's path (bench-noise-3's corp-r4 cells): one in-process vLLM engine, low-rank noise. Its
+    specialists go out as multi-LoRA requests, but a merged direction has rank up to K x R, beyond the
+    engine's LoRA slot, so CoRP's step search, gate and test rows take the dense path (the engine
+    materialises the direction in its weights); the multi-LoRA population has no `direction_factors`,
+    and asking it for them stopped the run in the step search."""
+    out = tmp_path / "local"
+    corp(
+        "consolidate", "--model", str(tiny_qwen_dir), "--task", "arith", "--backend", "vllm", *TINY,
+        "--noise", "lowrank:r=2", "--exclude", "embed_tokens", "--stage2-rounds", "0", "--gate-z", "-10",
+        "--reward", "tests.test_methods:text_checksum", "--output-dir", str(out), cwd=tmp_path,
+    )  # fmt: skip
+    report = json.loads((out / "report.json").read_text())
+    assert report["corp"]["accepted"], "the forced-open gate accepts the step-searched update"
+    rows = [json.loads(x) for x in (out / "population.jsonl").read_text().splitlines() if x.strip()]
+    assert {r.get("scoring") for r in rows if r.get("seed") is not None} == {"lora"}

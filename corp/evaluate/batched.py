@@ -68,6 +68,15 @@ def factored_for(ctx: RunContext):
     return _factored[backend]
 
 
+def direction_factored_for(ctx: RunContext):
+    """`factored_for(ctx)` where it can also score directions (hf's FactoredPopulation), else None. The
+    vllm backend's multi-LoRA population scores specialists only: a merged direction of K components has
+    rank up to K R, beyond the engine's LoRA slot rank (chosen for one specialist's R), so directions take
+    the dense path there (the engine materialises them in its weights)."""
+    factored = factored_for(ctx)
+    return factored if hasattr(factored, "direction_factors") else None
+
+
 def score_factored(
     ctx: RunContext, specialists: Sequence[tuple[int | None, float | None]], split: str, context: dict | None = None
 ) -> Iterator[dict]:
@@ -110,12 +119,12 @@ def direction_rows(
     ctx: RunContext, directions: Sequence[Direction], split: str, context: dict | None = None, **extra
 ) -> Iterator[tuple[int, dict]]:
     """(index, row) of the greedy evaluation of base + each direction on `split` that the factored
-    pass can score (`factored_for(ctx)` answers and the direction is seed components or merged
+    pass can score (`direction_factored_for(ctx)` answers and the direction is seed components or merged
     terms); the others are left out (the caller evaluates them as before). Directions sharing one
     update (the same merged term at several scales) are generated together. `extra`: row fields."""
     import time
 
-    factored = factored_for(ctx)
+    factored = direction_factored_for(ctx)
     if factored is None:
         return
     examples = ctx.splits[split]

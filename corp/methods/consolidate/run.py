@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 from corp import progress_disabled
 from corp.evaluate.backends.base import MODEL, PERTURBER
-from corp.evaluate.batched import direction_key, direction_rows, factored_for
+from corp.evaluate.batched import direction_factored_for, direction_key, direction_rows
 from corp.evaluate.context import (
     EvalCache,
     RunContext,
@@ -96,13 +96,14 @@ class RunScorer:
     merged terms are evaluated in the factored pass (`corp.evaluate.batched.direction_rows`):
     the base weights stay in place, each merged term's factors are drawn once and every step size
     scales them, nothing is materialised (the saved model is, once). Same rows and keys as the dense
-    path, up to floating-point rounding of the generations. Full-rank runs take the dense path."""
+    path, up to floating-point rounding of the generations. Full-rank runs, and low-rank ones on vllm (its
+    multi-LoRA population scores specialists, not directions), take the dense path."""
 
     def __init__(self, ctx: RunContext, cache: EvalCache):
         self.ctx, self.cache = ctx, cache
         self.ledger = ctx.ledger()  # what this consolidation needs (probe, validation, support halves), cached or not
         self._counted: set[str] = set()
-        self.factored = factored_for(ctx) is not None
+        self.factored = direction_factored_for(ctx) is not None
 
     def prepare(self, directions: Sequence[Direction | None], split: str) -> None:
         """Evaluate the uncached ones of `directions` on `split` together (factored pass only: the
@@ -137,7 +138,7 @@ class RunScorer:
     def release(self) -> None:
         """Free what the factored pass keeps between evaluations (the last directions' factors)."""
         if self.factored:
-            factored_for(self.ctx).release_factors()
+            direction_factored_for(self.ctx).release_factors()
 
     def cache_prefix(self, direction: Direction | None) -> None:
         # an optimisation of the dense path where the Perturber writes the engine's own weights (hf); an engine that
