@@ -4,9 +4,10 @@ is disjoint from it. That holds for its tasks (`tasks`, whose cells run) and for
 (`retention_tasks`, off-task only: every final model's accuracy on their test examples).
 
 The third edition's own directory (results/bench-cpu-3) is where those examples are meant to
-appear as its run goes on: its tuning cells name development examples and never a test example,
-and only its final cells and its split records (splits.json) may name test examples. Everything
-else under results/ names neither.
+appear as its run goes on, and so is that of every bench registered on the same test set (its
+config's `test_set`, with the same task, split seed and sizes: bench-noise-3): their tuning cells name
+development examples and never a test example, and only their final cells and split records
+(splits.json) may name test examples. Everything else under results/ names neither.
 
 Committed files name examples by id (cell records' `example_ids`, splits.json, population rows,
 test_outcomes.json, lm-eval-compare's examples.jsonl, ...); every text file under results/ is
@@ -32,15 +33,25 @@ from corp.evaluate.tasks import SplitSizes, dev_pool, get_task, make_splits
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "bench-cpu-3.yaml"
-OWN = REPO / "results" / "bench-cpu-3"  # the third edition's own results
+SPLIT_FIELDS = ("test_set", "tasks", "split_seed", "n_support", "n_probe", "n_validation", "n_test")  # the split
+
+
+def _own() -> tuple[Path, ...]:
+    """The results directories of the benches on the third edition's test set (its config's `test_set`)."""
+    fresh = yaml.safe_load(CONFIG.read_text())["test_set"]
+    cfgs = [yaml.safe_load(p.read_text()) for p in sorted((REPO / "configs").glob("*.yaml"))]
+    return tuple(REPO / "results" / c["name"] for c in cfgs if isinstance(c, dict) and c.get("test_set") == fresh)
+
+
+OWN = _own()  # bench-cpu-3's own results, and bench-noise-3's (registered on the same split)
 ID = re.compile(r"(?<![\w-])[a-z][a-z0-9_]*(?:-[a-z][a-z0-9_]*)*-\d+(?![\w-])")
 
 
-def texts(root: Path, skip: Path | None = None) -> dict[Path, str]:
-    """Every committed text file under root (outside skip), by path."""
+def texts(root: Path, skip: tuple[Path, ...] = ()) -> dict[Path, str]:
+    """Every committed text file under root (outside the directories in skip), by path."""
     out = {}
     for path in sorted(root.rglob("*")):
-        if not path.is_file() or (skip is not None and path.is_relative_to(skip)):
+        if not path.is_file() or any(path.is_relative_to(d) for d in skip):
             continue
         data = path.read_bytes()
         if b"\0" in data[:4096]:  # images and other binary files name no examples
@@ -51,8 +62,8 @@ def texts(root: Path, skip: Path | None = None) -> dict[Path, str]:
 
 @cache
 def committed() -> tuple[frozenset[str], str]:
-    """(every id-shaped string in a committed text file under results/ outside the third edition's
-    own directory, all that text joined)."""
+    """(every id-shaped string in a committed text file under results/ outside the directories of the
+    benches on the fresh test set, all that text joined)."""
     found = texts(REPO / "results", skip=OWN)
     ids = {i for text in found.values() for i in ID.findall(text)}
     return frozenset(ids), "\n".join(found.values())
@@ -78,6 +89,21 @@ def third_edition() -> dict:
         sizes = SplitSizes(cfg["n_support"], cfg["n_probe"], cfg["n_validation"], cfg["n_test"])
         out[spec] = (task, make_splits(task, sizes, cfg["split_seed"]), dev_pool(task, spec), cfg)
     return out
+
+
+def test_every_bench_on_the_fresh_test_set_uses_its_split():
+    """A bench may name the fresh test examples only if it draws exactly the third edition's split (the
+    same test_set name on another split would name other examples, unchecked)."""
+    third = yaml.safe_load(CONFIG.read_text())
+    names = [d.name for d in OWN]
+    assert "bench-cpu-3" in names and "bench-noise-3" in names, names
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        cfg = yaml.safe_load(path.read_text())
+        if not isinstance(cfg, dict) or cfg.get("name") not in names:
+            continue
+        assert [t["task"] for t in cfg["tasks"]] == [t["task"] for t in third["tasks"]], path.name
+        for field in SPLIT_FIELDS[2:]:
+            assert cfg.get(field) == third.get(field), (path.name, field)
 
 
 @cache
@@ -134,7 +160,7 @@ def test_the_third_edition_tunes_on_development_examples_only(spec):
     test = {e.id for e in task.pools()["test"]}
     dev_ids = {e.id for e in dev}
     kinds = {}
-    for path, text in texts(OWN).items():
+    for path, text in (item for own in OWN for item in texts(own).items()):
         ids = set(ID.findall(text))
         kind = kind_of(path, text)
         kinds[kind] = kinds.get(kind, 0) + 1
@@ -158,7 +184,7 @@ def test_the_own_directory_check_can_fail(tmp_path, monkeypatch):
     cells.mkdir()
     cell = {"setting": "tune", "kind": "population", "example_ids": [dev[0].id, splits["test"][0].id]}
     (cells / "planted.json").write_text(json.dumps(cell))
-    monkeypatch.setattr(sys.modules[__name__], "OWN", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "OWN", (tmp_path,))
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
     with pytest.raises(AssertionError, match="names test examples"):
         test_the_third_edition_tunes_on_development_examples_only(next(iter(third_edition())))
@@ -184,7 +210,7 @@ def test_the_retention_tasks_are_checked_and_the_check_can_fail(tmp_path, monkey
     planted = tmp_path / "results" / "planted" / "rows.jsonl"
     planted.parent.mkdir(parents=True)
     monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
-    monkeypatch.setattr(sys.modules[__name__], "OWN", tmp_path / "results" / "bench-cpu-3")
+    monkeypatch.setattr(sys.modules[__name__], "OWN", (tmp_path / "results" / "bench-cpu-3",))
     committed.cache_clear()
     try:
         for row, flagged in (
