@@ -411,7 +411,7 @@ def test_labelled_examples_touched_follow_the_methods_own_draws():
 
 
 def test_the_regime_table_flags_a_method_below_its_target_and_shows_its_curve():
-    from corp.bench.accounting import regime_table
+    from corp.bench.accounting import regime_rows, regime_table
 
     cfg = _cfg(settings=["paper"], regime_targets={"randopt": {"units": 10}})
 
@@ -437,7 +437,7 @@ def test_the_regime_table_flags_a_method_below_its_target_and_shows_its_curve():
         rec("randopt", "randopt", 1e12, 6, 0.30),
         rec("randopt", "randopt", 2e12, 11, 0.33),
     ]
-    text = "\n".join(regime_table(cfg, records, "paper"))
+    text = "\n".join(regime_table(regime_rows(cfg, records, "paper"), "paper"))
     corp = next(line for line in text.splitlines() if "| corp-stage1 |" in line)
     assert "73 specialists on 16 support" in corp and "**below** (units, n_support)" in corp
     assert "1e+12: 15, 0.400; 2e+12: 73, 0.450" in corp and "| 144 |" in corp
@@ -524,14 +524,20 @@ def test_the_readme_section_shows_the_primary_comparisons_once_and_names_a_metho
     text = readme_section(cfg)
     assert "### Primary comparisons (pre-registered; Holm over all 2)" in text
     assert "Primary comparisons (pre-registered, Holm" not in text, "the registered sentences repeat the table"
+    table = (third["root"] / "results" / "tiny" / "table.md").read_text()
+    assert "Primary comparisons (pre-registered, Holm" in table, "table.md keeps the registered sentences"
     meta = json.loads((third["root"] / "results" / "tiny" / "bench.json").read_text())
-    kept = [
-        line for line in meta["reading"] if line and not line.startswith(("Primary comparisons", "- corp-stage1 vs"))
-    ]
+    kept = [line for line in meta["reading"] if line]
     assert kept and all(line in text for line in kept), "every other sentence of the reading stays"
+    assert all(line in table for line in kept), "bench.json's reading is table.md's, less the registered sentences"
     below = next(line for line in text.splitlines() if line.startswith("Below its regime target"))
     for label in ("randopt", "corp-stage1"):
         assert f"{label} on add:" in below and "units >= " in below, below
+    # the sentence and the regime table are made from the same stored rows
+    for row in meta["regime"]:
+        marked = f"| {row['task']} | {row['method']} | {row['reached']} |"
+        assert marked in table, marked
+        assert (f"{row['method']} on {row['task']}: {row['reached']}" in below) == bool(row["below"]), row
 
 
 def test_a_changed_primary_after_the_third_edition_ran_is_refused(third):

@@ -171,28 +171,21 @@ def _every_labelled(opts: dict, seed: int, units) -> int:
     return sum(int(opts.get(k) or 0) for k in ("n_support", "n_probe", "n_validation"))
 
 
-def regime_table(cfg, records: list[dict], setting: str) -> list[str]:
+def regime_rows(cfg, records: list[dict], setting: str) -> list[dict]:
     """Per task and method variant, at the top budget: the regime reached (mean over seeds), its target,
-    and the distinct labelled examples touched; below target, its curve over budgets (units and
-    accuracy of its first row at each budget)."""
+    the targets it falls short of (`below`), the distinct labelled examples touched, and below target its
+    curve over budgets (units and accuracy of its first row at each budget). bench.json keeps these rows;
+    the regime table and the README's sentence on a method below its regime are both made from them."""
 
     top = max(cfg.budgets)
     final = [r for r in records if r["setting"] == setting and r.get("status") == "done"]
-    keys = list(dict.fromkeys((r["task"], r["label"], r["method"]) for r in final))
-    if not keys:
-        return []
-    lines = [
-        f"## Regime reached and labelled examples touched ({setting}, top budget {top:.2g} FLOPs)",
-        "",
-        "| task | method | regime at the top budget | target | reached | labelled examples touched | curve below target "
-        "(budget: units, accuracy) |",
-        "|---|---|---|---|---|---:|---|",
-    ]
-    for task, label, method in keys:
+    out = []
+    for task, label, method in dict.fromkeys((r["task"], r["label"], r["method"]) for r in final):
         mine = [r for r in final if (r["task"], r["label"]) == (task, label)]
         at_top = [r for r in mine if r["budget"] in (top, None)]
+        row = {"task": cfg.label(task), "method": label, "top_budget": top}
         if not at_top:
-            lines.append(f"| {cfg.label(task)} | {label} | not at the top budget | | | | |")
+            out.append(row | {"reached": None})
             continue
         adapter = get_method(method).bench
         kind = at_top[0].get("kind", adapter.kind)
@@ -203,24 +196,60 @@ def regime_table(cfg, records: list[dict], setting: str) -> list[str]:
         short = [k for k, v in want.items() if float(got.get(k) or 0) < float(v)]
         count = adapter.touched or _every_labelled
         touched = [count(r.get("hyperparameters") or {}, r["seed"], r.get("units")) for r in at_top]
-        touched_text = "—" if any(t is None for t in touched) else f"{statistics.fmean(touched):.4g}"
-        if at_top[0].get("tuning"):
-            touched_text += f" (+ {cfg.tune_split} for tuning)"
-        curve = ""
+        curve = []
         if short:
-            pts = []
             for b in cfg.budgets:
                 got_b = [r for r in mine if r["budget"] == b and r["rows"]]
                 if got_b:
                     units = statistics.fmean(float(r.get("units") or 0) for r in got_b)
-                    acc = statistics.fmean(r["rows"][0]["accuracy"] for r in got_b)
-                    pts.append(f"{b:.2g}: {units:.3g}, {acc:.3f}")
-            curve = "; ".join(pts)
-        want_text = ", ".join(f"{k} >= {v:g}" for k, v in want.items()) or "—"
-        reached = "—" if not want else ("yes" if not short else f"**below** ({', '.join(short)})")
+                    curve.append(
+                        {
+                            "budget": b,
+                            "units": units,
+                            "accuracy": statistics.fmean(r["rows"][0]["accuracy"] for r in got_b),
+                        }
+                    )
+        out.append(
+            row
+            | {
+                "reached": _regime_text(method, kind, got),
+                "target": {k: float(v) for k, v in want.items()},
+                "below": short,
+                "touched": None if any(t is None for t in touched) else statistics.fmean(touched),
+                "tuning_split": cfg.tune_split if at_top[0].get("tuning") else None,
+                "curve": curve,
+            }
+        )
+    return out
+
+
+def target_text(row: dict) -> str:
+    return ", ".join(f"{k} >= {v:g}" for k, v in row["target"].items()) or "—"
+
+
+def regime_table(regime: list[dict], setting: str) -> list[str]:
+    """The regime table of `regime_rows`' rows."""
+
+    if not regime:
+        return []
+    lines = [
+        f"## Regime reached and labelled examples touched ({setting}, top budget {regime[0]['top_budget']:.2g} FLOPs)",
+        "",
+        "| task | method | regime at the top budget | target | reached | labelled examples touched | curve below target "
+        "(budget: units, accuracy) |",
+        "|---|---|---|---|---|---:|---|",
+    ]
+    for r in regime:
+        if r["reached"] is None:
+            lines.append(f"| {r['task']} | {r['method']} | not at the top budget | | | | |")
+            continue
+        touched = "—" if r["touched"] is None else f"{r['touched']:.4g}"
+        if r["tuning_split"]:
+            touched += f" (+ {r['tuning_split']} for tuning)"
+        curve = "; ".join(f"{c['budget']:.2g}: {c['units']:.3g}, {c['accuracy']:.3f}" for c in r["curve"])
+        reached = "—" if not r["target"] else ("yes" if not r["below"] else f"**below** ({', '.join(r['below'])})")
         lines.append(
-            f"| {cfg.label(task)} | {label} | {_regime_text(method, kind, got)} | {want_text} | {reached} | "
-            f"{touched_text} | {curve} |"
+            f"| {r['task']} | {r['method']} | {r['reached']} | {target_text(r)} | {reached} | {touched} | {curve} |"
         )
     lines += [
         "",

@@ -179,10 +179,6 @@ PRIMARY_NOTE = (
 )
 
 
-# the first words of reading_lines' paragraph of primary sentences (the README shows them as a table instead)
-PRIMARY_READING = "Primary comparisons (pre-registered"
-
-
 MULTIPLE_NOTE = (
     "Each interval is 95% on its own, with no adjustment for the number of comparisons: among many "
     "comparisons of equal rows about 1 in 20 would exclude 0 by chance."
@@ -238,14 +234,20 @@ def _pairs_text(comps: list[dict]) -> str:
 
 
 def reading_lines(
-    cfg: BenchConfig, rows: list[dict], comps: list[dict], primary: list[dict] | None = None
+    cfg: BenchConfig,
+    rows: list[dict],
+    comps: list[dict],
+    primary: list[dict] | None = None,
+    with_primary: bool = True,
 ) -> list[str]:
     """What the headline shows, in plain words, from the rows and comparisons alone (nothing typed in by
     hand): per task, the highest single-model mean at the top budget beside the base and, where the
     majority-answer reference is at or above it, that the task's gains mostly measure its label prior;
     then the claims (only comparisons whose across-seed interval excludes 0, in full), and the
     comparisons that show no difference or have one seed only, grouped by pair. A highest mean is a
-    description, not a claim: whether it beats the next row is said by the claims alone."""
+    description, not a claim: whether it beats the next row is said by the claims alone. `with_primary`
+    False leaves out the registered comparisons' sentences (the README shows them as a table), not the
+    exclusion of the registered comparisons from the exploratory ones."""
     setting = headline_setting(cfg)
     top = cfg.budgets[-1]
     out = []
@@ -255,8 +257,11 @@ def reading_lines(
             continue
         out += [text + ".", ""]
     if primary is not None:  # the registered family is the only source of claims; the rest are exploratory
-        out += [f"{PRIMARY_READING}, Holm over all {len(primary)}; a claim needs Holm p <= 0.05):"]
-        out += [f"- {s}" for s in primary_sentences(primary)] + [""]
+        if with_primary:
+            out += [
+                f"Primary comparisons (pre-registered, Holm over all {len(primary)}; a claim needs Holm p <= 0.05):"
+            ]
+            out += [f"- {s}" for s in primary_sentences(primary)] + [""]
         comps = [c for c in comps if not c.get("primary")]
     labelled = [dict(c, task_label=cfg.label(c["task"])) for c in comps]
     claims = [s for s, c in zip(beats_sentences(comps), comps) if _is_claim(c)]

@@ -15,8 +15,9 @@ import re
 from pathlib import Path
 
 from corp import CorpError
+from corp.bench.accounting import target_text
 from corp.bench.config import BenchConfig
-from corp.bench.report.prose import MULTIPLE_NOTE, PRIMARY_NOTE, PRIMARY_READING, regime_text
+from corp.bench.report.prose import MULTIPLE_NOTE, PRIMARY_NOTE, regime_text
 from corp.bench.retention import readme_lines as retention_lines
 from corp.runs import atomic_write_text, read_json
 
@@ -91,10 +92,10 @@ def readme_section(cfg: BenchConfig, links_from: Path | None = None, how: str = 
             "differences plus the test examples' term, paired on the same examples; a comparison with one "
             f"seed so far makes no claim). {PRIMARY_NOTE if meta.get('primary') is not None else MULTIPLE_NOTE}",
             "",
-            *_without_paragraph(meta["reading"], PRIMARY_READING if primary else None),
+            *meta["reading"],
             "",
         ]
-    for para in (_below_regime(table), *retention_lines(cfg, meta.get("retention") or [])):
+    for para in (_below_regime(meta.get("regime") or []), *retention_lines(cfg, meta.get("retention") or [])):
         if para:
             lines += [para, ""]
     plots = meta.get("plots", [])
@@ -112,32 +113,12 @@ def readme_section(cfg: BenchConfig, links_from: Path | None = None, how: str = 
     return "\n".join(lines) + "\n"
 
 
-def _without_paragraph(reading: list[str], starts: str | None) -> list[str]:
-    """READING without the paragraph whose first line starts with STARTS (the primary comparisons' sentences,
-    where the section already shows them as a table), and without the blank line that ended it."""
-    if starts is None:
-        return reading
-    out, skip = [], False
-    for line in reading:
-        if line.startswith(starts):
-            skip = True
-        elif skip and not line:
-            skip = False
-        elif not skip:
-            out.append(line)
-    while out and not out[-1]:
-        out.pop()
-    return out
-
-
-def _below_regime(table: str) -> str:
-    """One sentence naming each method table.md's regime table marks below its target at the top budget,
-    with what it reached and the target ("" where every method reached it, or there is no such table)."""
-    below = []
-    for row in _section(table, "Regime reached"):
-        cells = [c.strip() for c in row.split("|")[1:-1]]
-        if len(cells) >= 5 and cells[4].startswith("**below**"):
-            below.append(f"{cells[1]} on {cells[0]}: {cells[2]} (target {cells[3]})")
+def _below_regime(regime: list[dict]) -> str:
+    """One sentence naming each method bench.json's regime rows mark below its target at the top budget,
+    with what it reached and the target ("" where every method reached it, or the bench has no such rows)."""
+    below = [
+        f"{r['method']} on {r['task']}: {r['reached']} (target {target_text(r)})" for r in regime if r.get("below")
+    ]
     if not below:
         return ""
     return (

@@ -431,13 +431,16 @@ def _ratio_section(cfg: BenchConfig, rows: list[dict]) -> list[str]:
     return lines
 
 
-def protocol_sections(cfg: BenchConfig, rows: list[dict], records: list[dict], tuning: list[dict]) -> list[str]:
-    """The third edition's sections (each absent from an older config's table.md)."""
+def protocol_sections(
+    cfg: BenchConfig, rows: list[dict], records: list[dict], tuning: list[dict], regime: list[dict] | None
+) -> list[str]:
+    """The third edition's sections (each absent from an older config's table.md); `regime`: `regime_rows`'
+    (None where the config asks for no protocol tables)."""
 
     lines = papers_section(cfg, rows)
-    if cfg.protocol_tables:
+    if regime is not None:
         setting = headline_setting(cfg)
-        lines += compute_table(cfg, records, tuning, setting) + regime_table(cfg, records, setting)
+        lines += compute_table(cfg, records, tuning, setting) + regime_table(regime, setting)
     return lines
 
 

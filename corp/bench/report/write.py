@@ -6,10 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from corp.bench import retention
-from corp.bench.config import (
-    BENCH_PROTOCOL,
-    BenchConfig,
-)
+from corp.bench.accounting import regime_rows
+from corp.bench.config import BENCH_PROTOCOL, BenchConfig, headline_setting
 from corp.bench.protocol import mark_primary
 from corp.bench.report.plots import plots
 from corp.bench.report.prose import beats_sentences, reading_lines
@@ -62,9 +60,11 @@ def _notes(text: str, not_run: int, n_records: int, older: int) -> str:
 
 
 def _bench_json(
-    cfg, command, not_run, missing, made, comps, reading, older, retained, equivalences, primary, out
+    cfg, command, not_run, missing, made, comps, reading, older, retained, equivalences, primary, regime, out
 ) -> dict:
-    """bench.json: the bench's settings, its comparisons and what each part of the report holds."""
+    """bench.json: the bench's settings, its comparisons and what each part of the report holds. `reading`:
+    table.md's plain-words paragraphs less the registered comparisons' sentences (`primary` holds those
+    comparisons, and the README shows them as a table); `regime`: the regime table's rows."""
     return {
         "name": cfg.name,
         "command": command,
@@ -84,6 +84,7 @@ def _bench_json(
         "older_protocol_records": older,
         **({"retention": retained} if retained is not None else {}),
         **({"equivalence": equivalences} if getattr(cfg, "equivalence_list", None) else {}),
+        **({"regime": regime} if regime is not None else {}),
         # the third edition's (absent from an older bench's bench.json)
         **(
             {
@@ -120,7 +121,8 @@ def write_outputs(
             r["entry"] = {**r["entry"], "task_label": cfg.label(r["entry"]["task"])}
     reading = reading_lines(cfg, rows, comps, primary)
     times = time_table(cfg, records, tuning or [])
-    extra = protocol_sections(cfg, rows, records, tuning or [])
+    regime = regime_rows(cfg, records, headline_setting(cfg)) if cfg.protocol_tables else None
+    extra = protocol_sections(cfg, rows, records, tuning or [], regime)
     retained = None
     if cfg.retention:  # absent from an older config's outputs
         rets = retention.load_records(cfg, records)
@@ -139,7 +141,21 @@ def write_outputs(
         made += retention.plot(cfg, retained, out)
     write_json(
         out / "bench.json",
-        _bench_json(cfg, command, not_run, missing, made, comps, reading, older, retained, equivalences, primary, out),
+        _bench_json(
+            cfg,
+            command,
+            not_run,
+            missing,
+            made,
+            comps,
+            reading_lines(cfg, rows, comps, primary, with_primary=False),
+            older,
+            retained,
+            equivalences,
+            primary,
+            regime,
+            out,
+        ),
     )
     return {
         "results_dir": str(out),
