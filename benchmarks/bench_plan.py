@@ -46,6 +46,11 @@ results/backend-throughput/README.md; configs/bench-cpu-3.yaml was sized at the 
 It prints, per task process, the hours and the FLOPs of final cells and of the search apart, and the
 regime each method reaches at the top budget against corp.bench.config.REGIME_TARGETS (or the
 config's regime_targets), flagged where it falls short; a task process over `--hours` (10) is flagged.
+A config's model other than SmolLM2 (MODEL_PARAMS: Gemma 3 270M) is charged its own parameters per
+token, at the same measured FLOP rates, and ES's seconds per member scale with them too: a model of
+twice the parameters costs twice the FLOPs and hours per token, so a budget buys half the units in
+about the same hours, and reaching the same regime takes twice the budget (a sizing assumption, not a
+measurement; Gemma's large vocabulary may make it slower per FLOP).
 
     python benchmarks/bench_plan.py configs/bench-cpu-2.yaml
     python benchmarks/bench_plan.py configs/bench-cpu-3.yaml --speedup 1.17 --corp-tries 2 --es-member-seconds 6.9
@@ -56,7 +61,9 @@ from __future__ import annotations
 import argparse
 import collections
 import math
+import sys
 
+from corp import CorpError
 from corp.method import FIXED, ITERATIVE, POPULATION
 from corp.bench.config import REGIME_TARGETS
 from corp.bench.plan import plan, split_sizes
@@ -103,11 +110,12 @@ def dev_size(task: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def unit_flops(c, tok: float, n_sup: int) -> float:
-    """Ledger FLOPs of one unit (GRPO step, ES iteration, F-TIS step) of an iterative cell; 0 where unknown."""
-    per_ex = 2.0 * N_PARAMS * tok
+def unit_flops(c, tok: float, n_sup: int, n_params: float = N_PARAMS) -> float:
+    """Ledger FLOPs of one unit (GRPO step, ES iteration, F-TIS step) of an iterative cell of a model of n_params
+    parameters; 0 where unknown."""
+    per_ex = 2.0 * n_params * tok
     if c.method == "grpo":
-        return float(c.opts.get("prompts_per_step", 4)) * float(c.opts.get("num_generations", 8)) * tok * N_PARAMS * 8.0
+        return float(c.opts.get("prompts_per_step", 4)) * float(c.opts.get("num_generations", 8)) * tok * n_params * 8.0
     if c.method == "es":
         k = int(c.opts.get("prompts_per_iteration") or 0)
         return float(c.opts.get("population", 8)) * per_ex * (min(k, n_sup) if k else n_sup)
@@ -121,6 +129,10 @@ def estimate(
 ) -> dict:
     cfg = load_bench_config(path)
     cells, missing = plan(cfg)
+    # the config's model: its FLOPs per token scale with its parameters, and the rates (FLOP/s, measured on
+    # SmolLM2) turn them into time; an ES member's seconds (mostly writing its weights) scale the same way
+    n_params = MODEL_PARAMS.get(cfg.model, N_PARAMS)
+    es_member_seconds *= n_params / N_PARAMS
     top = max(cfg.budgets)
     RATES = {k: v * (speedup if k in ("support", "test", "es") else 1.0) for k, v in _RATES.items()}  # noqa: N806
     secs: dict[tuple, float] = collections.defaultdict(float)
@@ -134,7 +146,7 @@ def estimate(
     base_done: set = set()
     for c in cells:
         tok = tokens_per_example(c.task)
-        per_ex = 2.0 * N_PARAMS * tok
+        per_ex = 2.0 * n_params * tok
         # a trial reports on tune_split: a dev split is the task's whole development pool (dev=N)
         evaluated = (tuned_n or dev_n.get(c.task) or cfg.n_validation) if c.setting == "tune" else cfg.n_test
         e_eval = per_ex * evaluated / RATES["test"]
@@ -185,7 +197,7 @@ def estimate(
                 spent[part] += per_ex * evaluated
         elif kind == ITERATIVE:
             rate = RATES.get(c.method, RATES["grpo"])
-            cap, per_unit = cfg.units_cap(c.method), unit_flops(c, tok, n_sup)
+            cap, per_unit = cfg.units_cap(c.method), unit_flops(c, tok, n_sup, n_params)
             if c.budget == top:
                 # one run per (seed, setting) grown through every budget, stopped at max_units (the
                 # bench's cap on steps/iterations) where those cost less than the top budget
@@ -200,13 +212,7 @@ def estimate(
             if c.setting == "tune":
                 spent[part] += 2 * per_ex * evaluated
             if c.method == "grpo" and c.budget == top and c.setting != "tune":
-                step = (
-                    float(c.opts.get("prompts_per_step", 4))
-                    * float(c.opts.get("num_generations", 8))
-                    * tok
-                    * N_PARAMS
-                    * 8.0
-                )
+                step = unit_flops(c, tok, n_sup, n_params)
                 units = min(int(top // step), cap)
                 regime[f"grpo ({c.setting}, {n_sup} support)"] = (
                     f"about {units} optimizer steps at the top budget ({step:.2g} FLOPs per step"
@@ -266,6 +272,7 @@ def estimate(
         "missing": missing,
         "trials": trials,
         "cells": len(cells),
+        "model": (cfg.model, n_params, cfg.model in MODEL_PARAMS),
         "splits": {s: split_sizes(cfg, s, type("A", (), {"equal_data": True})()) for s in cfg.settings},
     }
 
@@ -293,8 +300,13 @@ def main() -> None:
     )
     ap.add_argument("--hours", type=float, default=10.0, help="flag a task process estimated over this many hours")
     args = ap.parse_args()
-    est = estimate(args.config, args.corp_passes, args.speedup, args.corp_tries, args.es_member_seconds)
-    print(f"{est['config']}: {est['cells']} cells")
+    try:
+        est = estimate(args.config, args.corp_passes, args.speedup, args.corp_tries, args.es_member_seconds)
+    except CorpError as exc:  # a config corp refuses: its one line, no traceback
+        sys.exit(f"bench_plan: {exc}")
+    model, n_params, known = est["model"]
+    size = f"{n_params / 1e6:.0f}M parameters" if known else f"size unknown, charged as SmolLM2's {n_params / 1e6:.0f}M"
+    print(f"{est['config']}: {est['cells']} cells; model {model} ({size})")
     for task, total in est["per_task"].items():
         over = f"  ** over {args.hours:g} h: cut seeds or budgets, not regime **" if total > args.hours * 3600 else ""
         print(f"\n## task {task}: about {total / 3600:.1f} h on one thread{over}")

@@ -591,6 +591,46 @@ def test_bench_plan_sizes_a_third_edition_config(tmp_path):
     assert any(k.startswith("randopt") and "units" in v for k, v in est[2]["short"].items()), est[2]["short"]
 
 
+def test_bench_plan_charges_a_config_s_own_model(tmp_path):
+    """Planted: the same config on Gemma 3 270M (about twice SmolLM2's parameters) must buy about half the
+    specialists and GRPO steps at the same budget (the hours stay about the same: the budget is FLOPs);
+    planned as SmolLM2 (the old estimate charged every model SmolLM2's parameters) it would buy the same."""
+    import yaml
+
+    from tests.test_bench import _benchmark
+
+    mod = _benchmark("bench_plan")
+    base = {
+        "name": "own-model",
+        "tasks": ["arith"],
+        "seeds": [0],
+        "budgets": [2.8e14],
+        "settings": ["equal-data"],
+        "population": 1000,
+        "n_support": 16,
+        "n_probe": 64,
+        "n_validation": 64,
+        "n_test": 300,
+        "max_units": 1000,
+        "methods": {"randopt": {"options": {"top_k": [1]}}, "grpo": {"options": {"prompts_per_step": 2}}},
+    }
+    est = {}
+    for model in ("smollm2-135m", "gemma3-270m"):
+        path = tmp_path / f"{model}.yaml"
+        path.write_text(yaml.safe_dump({**base, "model": model}))
+        est[model] = mod.estimate(str(path), 3.0)
+    small, large = est["smollm2-135m"], est["gemma3-270m"]
+    ratio = 268_000_000 / 134_515_008
+
+    def number(text: str, before: str) -> int:
+        return int(text.split(before)[0].split()[-1])
+
+    for key, unit in (("randopt (equal-data)", " specialists"), ("grpo (equal-data, 144 support)", " optimizer steps")):
+        n_small, n_large = number(small["regime"][key], unit), number(large["regime"][key], unit)
+        assert n_small / n_large == pytest.approx(ratio, rel=0.05), (key, n_small, n_large)
+    assert large["model"] == ("gemma3-270m", 268_000_000, True)
+
+
 def test_randopt_rows_on_a_corp_trial_s_population_do_not_score_the_trial():
     """Planted: CoRP trial 0 is worse than trial 1 on its own row but its population's RandOpt rows are
     far better; the choice must follow CoRP's own row."""
