@@ -46,7 +46,7 @@ results/backend-throughput/README.md; configs/bench-cpu-3.yaml was sized at the 
 It prints, per task process, the hours and the FLOPs of final cells and of the search apart, and the
 regime each method reaches at the top budget against corp.bench.config.REGIME_TARGETS (or the
 config's regime_targets), flagged where it falls short; a task process over `--hours` (10) is flagged.
-A config's model other than SmolLM2 (MODEL_PARAMS: Gemma 3 270M) is charged its own parameters per
+A config's model other than SmolLM2 (MODEL_PARAMS: Gemma 3 270M, Qwen2.5 0.5B and 1.5B) is charged its own parameters per
 token, at the same measured FLOP rates, and ES's seconds per member scale with them too: a model of
 twice the parameters costs twice the FLOPs and hours per token, so a budget buys half the units in
 about the same hours, and reaching the same regime takes twice the budget (a sizing assumption, not a
@@ -72,7 +72,21 @@ from corp.bench.sweep import load_bench_config
 N_PARAMS = 134_515_008  # SmolLM2-135M, as the committed records' ledgers say
 _RATES = {"support": 4.7e10, "test": 1.0e11, "es": 1.7e10, "grpo": 3.4e10, "fgrpo": 3.4e10}
 # parameters of the models a config can name (F-TIS's nodes); an unknown one is charged N_PARAMS, and said so
-MODEL_PARAMS = {"smollm2-135m": N_PARAMS, "default": N_PARAMS, "gemma3-270m": 268_000_000}
+MODEL_PARAMS = {
+    "smollm2-135m": N_PARAMS,
+    "default": N_PARAMS,
+    "gemma3-270m": 268_000_000,  # published size; not built on this machine
+    "qwen2.5-0.5b": 494_032_768,  # the Qwen2.5 model cards' totals, embeddings included
+    "qwen2.5-1.5b": 1_543_714_304,
+}
+
+
+def model_params(name: str) -> tuple[float, bool]:
+    """(parameters, known) of a model name as a config gives it (corp takes names in any case)."""
+    key = str(name).strip().lower()
+    return float(MODEL_PARAMS.get(key, N_PARAMS)), key in MODEL_PARAMS
+
+
 # prompt + generated tokens per example, measured on the committed bench (test rows' tokens / 500)
 TOKENS = {"arith": 64.0, "rg:letter_counting": 66.6}
 
@@ -84,7 +98,7 @@ def tokens_per_example(task: str) -> float:
     return 64.0
 
 
-def ftis_step_flops(opts: dict, tok: float) -> tuple[float, list[str]]:
+def ftis_step_flops(opts: dict, tok: float, model: str = "default") -> tuple[float, list[str]]:
     """Ledger FLOPs of one F-TIS step (corp.methods.ftis), summed over its nodes: node k generates
     P x G completions (2 N_k per token), recomputes their logprobs (2 N_k) and trains on the mixed
     group of K x P x G (6 N_k per token). Returns (FLOPs, models charged at N_PARAMS for want of a size)."""
@@ -93,12 +107,13 @@ def ftis_step_flops(opts: dict, tok: float) -> tuple[float, list[str]]:
     defaults = FTISConfig()
     nodes = opts.get("nodes") or defaults.nodes
     names = [n.strip() for n in (nodes if isinstance(nodes, (list, tuple)) else str(nodes).split(",")) if n.strip()]
-    names = names or [opts.get("model", "default")] * int(opts.get("n_nodes", defaults.n_nodes))
+    # no `nodes`: n_nodes copies of the config's model (FTISConfig.node_models)
+    names = names or [opts.get("model", model)] * int(opts.get("n_nodes", defaults.n_nodes))
     seqs = float(opts.get("prompts_per_step", defaults.prompts_per_step)) * float(
         opts.get("num_generations", defaults.num_generations)
     )
-    unknown = [n for n in names if n not in MODEL_PARAMS]
-    total = sum(MODEL_PARAMS.get(n, N_PARAMS) * seqs * tok * (2.0 + 2.0 + 6.0 * len(names)) for n in names)
+    unknown = [n for n in names if not model_params(n)[1]]
+    total = sum(model_params(n)[0] * seqs * tok * (2.0 + 2.0 + 6.0 * len(names)) for n in names)
     return total, unknown
 
 
@@ -110,7 +125,7 @@ def dev_size(task: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def unit_flops(c, tok: float, n_sup: int, n_params: float = N_PARAMS) -> float:
+def unit_flops(c, tok: float, n_sup: int, n_params: float = N_PARAMS, model: str = "default") -> float:
     """Ledger FLOPs of one unit (GRPO step, ES iteration, F-TIS step) of an iterative cell of a model of n_params
     parameters; 0 where unknown."""
     per_ex = 2.0 * n_params * tok
@@ -120,7 +135,7 @@ def unit_flops(c, tok: float, n_sup: int, n_params: float = N_PARAMS) -> float:
         k = int(c.opts.get("prompts_per_iteration") or 0)
         return float(c.opts.get("population", 8)) * per_ex * (min(k, n_sup) if k else n_sup)
     if c.method == "ftis":
-        return ftis_step_flops(c.opts, tok)[0]
+        return ftis_step_flops(c.opts, tok, model)[0]
     return 0.0
 
 
@@ -131,7 +146,7 @@ def estimate(
     cells, missing = plan(cfg)
     # the config's model: its FLOPs per token scale with its parameters, and the rates (FLOP/s, measured on
     # SmolLM2) turn them into time; an ES member's seconds (mostly writing its weights) scale the same way
-    n_params = MODEL_PARAMS.get(cfg.model, N_PARAMS)
+    n_params, known = model_params(cfg.model)
     es_member_seconds *= n_params / N_PARAMS
     top = max(cfg.budgets)
     RATES = {k: v * (speedup if k in ("support", "test", "es") else 1.0) for k, v in _RATES.items()}  # noqa: N806
@@ -197,7 +212,7 @@ def estimate(
                 spent[part] += per_ex * evaluated
         elif kind == ITERATIVE:
             rate = RATES.get(c.method, RATES["grpo"])
-            cap, per_unit = cfg.units_cap(c.method), unit_flops(c, tok, n_sup, n_params)
+            cap, per_unit = cfg.units_cap(c.method), unit_flops(c, tok, n_sup, n_params, cfg.model)
             if c.budget == top:
                 # one run per (seed, setting) grown through every budget, stopped at max_units (the
                 # bench's cap on steps/iterations) where those cost less than the top budget
@@ -220,7 +235,7 @@ def estimate(
                 )
                 reached[f"grpo ({c.setting}, {n_sup} support)"] = {"method": "grpo", "units": units}
             if c.method == "ftis" and c.budget == top and c.setting != "tune":
-                step, unknown = ftis_step_flops(c.opts, tok)
+                step, unknown = ftis_step_flops(c.opts, tok, cfg.model)
                 regime[f"ftis ({c.setting}, {n_sup} support)"] = (
                     f"about {min(int(top // step), cap)} steps of every node at the top budget ({step:.2g} FLOPs per step, "
                     "all nodes; time at GRPO's rate)"
@@ -272,7 +287,7 @@ def estimate(
         "missing": missing,
         "trials": trials,
         "cells": len(cells),
-        "model": (cfg.model, n_params, cfg.model in MODEL_PARAMS),
+        "model": (cfg.model, n_params, known),
         "splits": {s: split_sizes(cfg, s, type("A", (), {"equal_data": True})()) for s in cfg.settings},
     }
 

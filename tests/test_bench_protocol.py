@@ -537,7 +537,25 @@ def test_the_readme_section_shows_the_primary_comparisons_once_and_names_a_metho
     for row in meta["regime"]:
         marked = f"| {row['task']} | {row['method']} | {row['reached']} |"
         assert marked in table, marked
-        assert (f"{row['method']} on {row['task']}: {row['reached']}" in below) == bool(row["below"]), row
+        assert (f"{row['method']} on {row['task']}: {row['reached']}" in below) == bool(row.get("below")), row
+
+
+def test_a_bench_json_of_the_older_layout_is_refused_not_shown_wrong(third, tmp_path):
+    """Planted: a registered bench's bench.json as an older corp wrote it (no report_format; its reading held
+    the registered sentences, and it had no regime rows). The README section would repeat the registered
+    comparisons and drop the regime sentence: it is refused in one line naming --report-only instead."""
+    import shutil
+
+    from corp.bench.report import readme_section
+
+    shutil.copytree(third["root"] / "results", tmp_path / "results")
+    path = tmp_path / "results" / "tiny" / "bench.json"
+    meta = json.loads(path.read_text())
+    del meta["report_format"]
+    path.write_text(json.dumps(meta))
+    cfg = load_config(BenchConfig, None, tiny_options(third["tiny_dir"], tmp_path, **third["over"]))
+    with pytest.raises(CorpError, match="older corp.*--report-only"):
+        readme_section(cfg)
 
 
 def test_a_changed_primary_after_the_third_edition_ran_is_refused(third):
@@ -629,6 +647,11 @@ def test_bench_plan_charges_a_config_s_own_model(tmp_path):
         n_small, n_large = number(small["regime"][key], unit), number(large["regime"][key], unit)
         assert n_small / n_large == pytest.approx(ratio, rel=0.05), (key, n_small, n_large)
     assert large["model"] == ("gemma3-270m", 268_000_000, True)
+    # F-TIS with no `nodes` runs n_nodes copies of the config's model, and a name is taken in any case
+    one, _ = mod.ftis_step_flops({"n_nodes": 2}, 64.0, "smollm2-135m")
+    two, unknown = mod.ftis_step_flops({"n_nodes": 2}, 64.0, "Gemma3-270M")
+    assert two / one == pytest.approx(ratio) and not unknown
+    assert mod.model_params("Qwen2.5-1.5B") == (1_543_714_304, True)
 
 
 def test_randopt_rows_on_a_corp_trial_s_population_do_not_score_the_trial():

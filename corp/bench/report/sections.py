@@ -18,6 +18,7 @@ from corp import CorpError
 from corp.bench.accounting import target_text
 from corp.bench.config import BenchConfig
 from corp.bench.report.prose import MULTIPLE_NOTE, PRIMARY_NOTE, regime_text
+from corp.bench.report.write import REPORT_FORMAT
 from corp.bench.retention import readme_lines as retention_lines
 from corp.runs import atomic_write_text, read_json
 
@@ -48,7 +49,16 @@ def _outputs(cfg: BenchConfig) -> tuple[Path, dict, str]:
     out = Path(cfg.results_dir) / cfg.name
     if not (out / "bench.json").exists() or not (out / "table.md").exists():
         raise CorpError(f"no finished bench in '{out}'; run `corp bench --config ...` first")
-    return out, read_json(out / "bench.json"), (out / "table.md").read_text()
+    meta, table = read_json(out / "bench.json"), (out / "table.md").read_text()
+    if meta.get("report_format", 1) < REPORT_FORMAT and (
+        meta.get("primary") is not None or "## Regime reached" in table
+    ):
+        # its reading still holds the registered sentences and it has no regime rows: the section would be wrong
+        raise CorpError(
+            f"{out / 'bench.json'} was written by an older corp; rewrite it with `corp bench --config ... "
+            "--report-only` (it reruns no cell), then write the section again"
+        )
+    return out, meta, table
 
 
 def _link(out: Path, name: str, links_from: Path | None) -> str:

@@ -59,6 +59,11 @@ def _notes(text: str, not_run: int, n_records: int, older: int) -> str:
     return text
 
 
+# bench.json's layout: 2 stores the regime rows and the reading less the registered sentences (the README
+# section reads them as they are); a bench.json of layout 1 (no key) from a bench with either is refused there
+REPORT_FORMAT = 2
+
+
 def _bench_json(
     cfg, command, not_run, missing, made, comps, reading, older, retained, equivalences, primary, regime, out
 ) -> dict:
@@ -81,6 +86,7 @@ def _bench_json(
         "beats": beats_sentences(comps),
         "reading": reading,
         "bench_protocol": BENCH_PROTOCOL,
+        "report_format": REPORT_FORMAT,
         "older_protocol_records": older,
         **({"retention": retained} if retained is not None else {}),
         **({"equivalence": equivalences} if getattr(cfg, "equivalence_list", None) else {}),
