@@ -31,6 +31,11 @@
 # (default 3): stop after that many starts in a row that failed and committed nothing (no cell,
 # retention record or population run): a failure that repeats the same way would otherwise burn
 # every remaining start. The results directory must be inside the checkout (the default results/NAME is).
+#
+# Stopping: SIGTERM (kill PID) stops the bench at once and commits what finished (the running cell is
+# lost, its population run kept); SIGUSR1 (kill -USR1 PID) lets the running cell finish, commits it,
+# then stops the bench (the cell it had just begun is lost) and exits 0: the way to end a session
+# without losing a cell that was most of the way through. Either way a later start resumes.
 set -u
 # glibc gives each thread that allocates its own malloc arena and rarely returns their freed memory
 # to the system; vLLM and torch allocate from many threads. Two arenas: a bench-cpu-3 GRPO cell
@@ -52,6 +57,7 @@ POLL=${BENCH_POLL:-120}
 RETRY_WAIT=${BENCH_RETRY_WAIT:-60}
 BARREN=${BENCH_BARREN:-3}
 COMMITTED=0  # commits this wrapper made: a start that moved it made progress
+DRAIN=       # set by SIGUSR1: how many of this task's cell records there were then
 METHODS=()
 [ -n "${BENCH_METHODS:-}" ] && METHODS=(--methods "$BENCH_METHODS")
 
@@ -114,6 +120,10 @@ commit_cells() {
   commit_paths "$msg" "${files[@]}" ${reg[@]+"${reg[@]}"}
 }
 
+records() {  # how many finished cell records of this task there are (committed or not)
+  find "$OUT/cells" -maxdepth 1 -name "${SLUG}__*.json" 2>/dev/null | wc -l
+}
+
 save_populations() {  # copy each finished or interrupted population run of this task that no process holds, and commit the copies
   local d name f files=()
   for d in "$WORK/${TSLUG}"__population__*/; do
@@ -162,10 +172,23 @@ commit_outputs() {
 
 pid=
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait; commit_cells; save_populations; exit 143' TERM INT  # stopping the wrapper stops its bench
+# counted on disk, not by commits: a record written but not yet committed when the signal came is not the
+# running cell's, so the wrapper waits for the next one (never stops short of a cell that was running)
+trap 'DRAIN=$(records); echo "bench_run.sh: SIGUSR1: stopping once the running cell finishes and is committed"' USR1
+
+drained() {  # stop the bench, keep what finished, exit 0 (SIGUSR1's stop)
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null
+  wait
+  commit_cells
+  save_populations
+  echo "bench_run.sh: stopped on SIGUSR1 after $(($(records) - DRAIN)) more finished cell(s); start it again to resume"
+  exit 0
+}
 restore_populations
 try=0
 barren=0
 while [ "$try" -lt "$TRIES" ]; do
+  [ -n "$DRAIN" ] && drained  # SIGUSR1 came between starts
   try=$((try + 1))
   before=$COMMITTED
   echo "bench_run.sh: start $try of $TRIES: $CORP_CMD bench --config $CONFIG --threads 1 --task $TASK ${METHODS[*]}"
@@ -173,9 +196,14 @@ while [ "$try" -lt "$TRIES" ]; do
   $CORP_CMD bench --config "$CONFIG" --threads 1 --task "$TASK" "${METHODS[@]}" &
   pid=$!
   waited=0
+  ticks=0
   while kill -0 "$pid" 2>/dev/null; do
     sleep 1
     waited=$((waited + 1))
+    if [ -n "$DRAIN" ]; then  # draining: look for the running cell's record every 5 s
+      ticks=$((ticks + 1))
+      [ $((ticks % 5)) -eq 0 ] && [ "$(records)" -gt "$DRAIN" ] && drained
+    fi
     if [ "$waited" -ge "$POLL" ]; then
       commit_cells
       save_populations
@@ -195,6 +223,7 @@ while [ "$try" -lt "$TRIES" ]; do
     echo "bench_run.sh: corp bench refused its input (status 2); not retrying" >&2
     exit 2
   fi
+  [ -n "$DRAIN" ] && drained  # the bench stopped while draining: do not restart it
   if [ "$COMMITTED" -eq "$before" ]; then barren=$((barren + 1)); else barren=0; fi
   if [ "$barren" -ge "$BARREN" ]; then
     echo "bench_run.sh: $barren starts in a row stopped with status $rc and finished nothing; the same failure would repeat: read the error above, fix it, and start the wrapper again (finished cells are kept)" >&2

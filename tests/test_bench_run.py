@@ -33,6 +33,14 @@ FAKE = textwrap.dedent("""
         print("error: bench config: bad", file=sys.stderr); sys.exit(2)
     if os.environ.get("FAKE_MODE") == "crash":  # the same bug on every start, before any cell finishes
         print("AttributeError: planted", file=sys.stderr); sys.exit(1)
+    if os.environ.get("FAKE_MODE") == "slow":  # a long bench: one cell every 3 s, 20 cells
+        import time
+        cells = Path("results/wrap/cells"); cells.mkdir(parents=True, exist_ok=True)
+        Path(os.environ["FAKE_STATE"] + ".pid").write_text(str(os.getpid()))
+        for k in range(20):
+            time.sleep(3)
+            (cells / f"add__paper__s{k}__base__fixed__0123456789.json").write_text(json.dumps({"status": "done"}))
+        sys.exit(0)
     work = Path("runs/bench/wrap")
     seen = sorted(p.name for p in work.glob("*__population__*")) if work.exists() else []
     Path(os.environ["FAKE_STATE"] + f".seen{n}").write_text(" ".join(seen))  # what a start found there
@@ -155,6 +163,46 @@ def test_the_wrapper_stops_after_three_starts_in_a_row_that_finish_nothing(repo)
     assert proc.returncode == 1 and (repo.parent / "starts").read_text() == "3", proc.stderr
     assert "3 starts in a row stopped with status 1 and finished nothing" in proc.stderr
     assert "fix it, and start the wrapper again" in proc.stderr
+
+
+def test_sigusr1_lets_the_running_cell_finish_then_stops_the_bench(repo):
+    """Ending a session: SIGUSR1 waits for the running cell's record, commits it and stops the bench
+    (exit 0, no restart). Planted: the signal arrives after the first cell, while the second runs; on a
+    wrapper without the handler, bash dies on SIGUSR1 at once, the bench runs on and the second cell
+    is never committed."""
+    import signal
+    import time
+
+    env = {
+        **os.environ,
+        "PYTHON": sys.executable,
+        "PYTHONPATH": str(ROOT),
+        "CORP_CMD": f"{sys.executable} fake.py",
+        "BENCH_POLL": "1",
+        "BENCH_RETRY_WAIT": "0",
+        "FAKE_STATE": str(repo.parent / "starts"),
+        "FAKE_MODE": "slow",
+    }
+    proc = subprocess.Popen(
+        ["bash", str(SCRIPT), "wrap.yaml", "add", "3"], cwd=repo, env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while "s0__base" not in _git(repo, "log", "--format=%s") and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGUSR1)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out
+    log = _git(repo, "log", "--format=%s")
+    assert "s1__base" in log, "the cell running when the signal came was not committed"
+    committed = [f for f in _git(repo, "ls-files").split() if "/cells/" in f]
+    assert 2 <= len(committed) <= 3 and "stopped on SIGUSR1" in out, (committed, out)
+    assert (repo.parent / "starts").read_text() == "1", "the bench was restarted after the signal"
+    bench = int((repo.parent / "starts.pid").read_text())
+    with pytest.raises(ProcessLookupError):  # the bench was stopped, not left running
+        os.kill(bench, 0)
 
 
 def test_the_wrapper_refuses_a_task_the_config_does_not_have(repo):
