@@ -91,8 +91,9 @@ def repo(tmp_path):
     return repo
 
 
-def _wrap(repo: Path, mode: str = "ok", methods: str | None = None, tries: int = 3) -> subprocess.CompletedProcess:
-    env = {
+def _env(repo: Path, mode: str, methods: str | None = None) -> dict:
+    """The wrapper's environment with the stand-in bench in MODE."""
+    return {
         **os.environ,
         "PYTHON": sys.executable,
         "PYTHONPATH": str(ROOT),
@@ -103,10 +104,13 @@ def _wrap(repo: Path, mode: str = "ok", methods: str | None = None, tries: int =
         "FAKE_MODE": mode,
         **({"BENCH_METHODS": methods} if methods else {}),
     }
+
+
+def _wrap(repo: Path, mode: str = "ok", methods: str | None = None, tries: int = 3) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", str(SCRIPT), "wrap.yaml", "add", str(tries)],
         cwd=repo,
-        env=env,
+        env=_env(repo, mode, methods),
         capture_output=True,
         text=True,
         timeout=120,
@@ -173,18 +177,12 @@ def test_sigusr1_lets_the_running_cell_finish_then_stops_the_bench(repo):
     import signal
     import time
 
-    env = {
-        **os.environ,
-        "PYTHON": sys.executable,
-        "PYTHONPATH": str(ROOT),
-        "CORP_CMD": f"{sys.executable} fake.py",
-        "BENCH_POLL": "1",
-        "BENCH_RETRY_WAIT": "0",
-        "FAKE_STATE": str(repo.parent / "starts"),
-        "FAKE_MODE": "slow",
-    }
     proc = subprocess.Popen(
-        ["bash", str(SCRIPT), "wrap.yaml", "add", "3"], cwd=repo, env=env, stdout=subprocess.PIPE, text=True
+        ["bash", str(SCRIPT), "wrap.yaml", "add", "3"],
+        cwd=repo,
+        env=_env(repo, "slow"),
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 60
