@@ -33,9 +33,12 @@
 # every remaining start. The results directory must be inside the checkout (the default results/NAME is).
 #
 # Stopping: SIGTERM (kill PID) stops the bench at once and commits what finished (the running cell is
-# lost, its population run kept); SIGUSR1 (kill -USR1 PID) lets the running cell finish, commits it,
-# then stops the bench (the cell it had just begun is lost) and exits 0: the way to end a session
-# without losing a cell that was most of the way through. Either way a later start resumes.
+# lost, its population run kept); SIGUSR1 (kill -USR1 PID) lets the cell its bench is running finish,
+# commits it, then stops the bench (the cell it had just begun is lost) and exits 0: the way to end a
+# session without losing a cell that was most of the way through. Either way a later start resumes.
+# The running cell is the one whose claim (WORK_DIR/NAME/claims/*.lock, an flock) the bench holds
+# open, read from /proc (Linux): another wrapper's cell finishing on the same task does not stop this
+# one; with no claim held (between cells, or no /proc) it stops at once.
 set -u
 # glibc gives each thread that allocates its own malloc arena and rarely returns their freed memory
 # to the system; vLLM and torch allocate from many threads. Two arenas: a bench-cpu-3 GRPO cell
@@ -57,7 +60,7 @@ POLL=${BENCH_POLL:-120}
 RETRY_WAIT=${BENCH_RETRY_WAIT:-60}
 BARREN=${BENCH_BARREN:-3}
 COMMITTED=0  # commits this wrapper made: a start that moved it made progress
-DRAIN=       # set by SIGUSR1: how many of this task's cell records there were then
+DRAIN=       # set by SIGUSR1: the claims the bench held then (the cells it was computing), or "none"
 METHODS=()
 [ -n "${BENCH_METHODS:-}" ] && METHODS=(--methods "$BENCH_METHODS")
 
@@ -120,8 +123,12 @@ commit_cells() {
   commit_paths "$msg" "${files[@]}" ${reg[@]+"${reg[@]}"}
 }
 
-records() {  # how many finished cell records of this task there are (committed or not)
-  find "$OUT/cells" -maxdepth 1 -name "${SLUG}__*.json" 2>/dev/null | wc -l
+held_claims() {  # the claim files the bench process has open (the cells it is computing), one per line
+  local f
+  [ -n "$pid" ] || return 0
+  for f in /proc/"$pid"/fd/*; do
+    readlink "$f" 2>/dev/null
+  done | grep -F "/claims/" | sort -u
 }
 
 save_populations() {  # copy each finished or interrupted population run of this task that no process holds, and commit the copies
@@ -172,16 +179,14 @@ commit_outputs() {
 
 pid=
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null; wait; commit_cells; save_populations; exit 143' TERM INT  # stopping the wrapper stops its bench
-# counted on disk, not by commits: a record written but not yet committed when the signal came is not the
-# running cell's, so the wrapper waits for the next one (never stops short of a cell that was running)
-trap 'DRAIN=$(records); echo "bench_run.sh: SIGUSR1: stopping once the running cell finishes and is committed"' USR1
+trap 'DRAIN=$(held_claims); DRAIN=${DRAIN:-none}; echo "bench_run.sh: SIGUSR1: stopping once the running cell finishes and is committed"' USR1
 
 drained() {  # stop the bench, keep what finished, exit 0 (SIGUSR1's stop)
   [ -n "$pid" ] && kill "$pid" 2>/dev/null
   wait
   commit_cells
   save_populations
-  echo "bench_run.sh: stopped on SIGUSR1 after $(($(records) - DRAIN)) more finished cell(s); start it again to resume"
+  echo "bench_run.sh: stopped on SIGUSR1 once the cell it was running had finished; start it again to resume"
   exit 0
 }
 restore_populations
@@ -202,7 +207,8 @@ while [ "$try" -lt "$TRIES" ]; do
     waited=$((waited + 1))
     if [ -n "$DRAIN" ]; then  # draining: look for the running cell's record every 5 s
       ticks=$((ticks + 1))
-      [ $((ticks % 5)) -eq 0 ] && [ "$(records)" -gt "$DRAIN" ] && drained
+      # stop once the bench holds none of the claims it held when the signal came (those cells are done)
+      [ $((ticks % 5)) -eq 0 ] && ! held_claims | grep -qxF -e "${DRAIN}" && drained
     fi
     if [ "$waited" -ge "$POLL" ]; then
       commit_cells

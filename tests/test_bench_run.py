@@ -33,13 +33,15 @@ FAKE = textwrap.dedent("""
         print("error: bench config: bad", file=sys.stderr); sys.exit(2)
     if os.environ.get("FAKE_MODE") == "crash":  # the same bug on every start, before any cell finishes
         print("AttributeError: planted", file=sys.stderr); sys.exit(1)
-    if os.environ.get("FAKE_MODE") == "slow":  # a long bench: one cell every 3 s, 20 cells
+    if os.environ.get("FAKE_MODE") == "slow":  # a long bench: one cell every 8 s, 20 cells, each under its claim
         import time
         cells = Path("results/wrap/cells"); cells.mkdir(parents=True, exist_ok=True)
+        claims = Path("runs/bench/wrap/claims"); claims.mkdir(parents=True, exist_ok=True)
         Path(os.environ["FAKE_STATE"] + ".pid").write_text(str(os.getpid()))
         for k in range(20):
-            time.sleep(3)
-            (cells / f"add__paper__s{k}__base__fixed__0123456789.json").write_text(json.dumps({"status": "done"}))
+            with open(claims / f"s{k}.lock", "a+"):  # corp holds a cell's claim open while computing it
+                time.sleep(8)  # longer than the wrapper's 5 s look, so stopping early shows
+                (cells / f"add__paper__s{k}__base__fixed__0123456789.json").write_text(json.dumps({"status": "done"}))
         sys.exit(0)
     work = Path("runs/bench/wrap")
     seen = sorted(p.name for p in work.glob("*__population__*")) if work.exists() else []
@@ -170,10 +172,11 @@ def test_the_wrapper_stops_after_three_starts_in_a_row_that_finish_nothing(repo)
 
 
 def test_sigusr1_lets_the_running_cell_finish_then_stops_the_bench(repo):
-    """Ending a session: SIGUSR1 waits for the running cell's record, commits it and stops the bench
-    (exit 0, no restart). Planted: the signal arrives after the first cell, while the second runs; on a
-    wrapper without the handler, bash dies on SIGUSR1 at once, the bench runs on and the second cell
-    is never committed."""
+    """Ending a session: SIGUSR1 waits for the cell its bench is running (the claim it holds), commits it
+    and stops the bench (exit 0, no restart). Planted: the signal arrives after the first cell, while the
+    second runs, and another process's cell of the same task finishes meanwhile: a wrapper without the
+    handler dies on SIGUSR1 at once (the bench runs on, the second cell is never committed); one that
+    stopped at any new record of the task would kill the second cell on the other process's record."""
     import signal
     import time
 
@@ -189,14 +192,22 @@ def test_sigusr1_lets_the_running_cell_finish_then_stops_the_bench(repo):
         while "s0__base" not in _git(repo, "log", "--format=%s") and time.monotonic() < deadline:
             time.sleep(0.2)
         proc.send_signal(signal.SIGUSR1)
+        seen = []
+        for line in proc.stdout:  # once the wrapper has taken the signal, the other wrapper's bench finishes a cell
+            seen.append(line)
+            if "SIGUSR1" in line:
+                break
+        other = repo / "results" / "wrap" / "cells" / "add__paper__s99__grpo__1.000e+12__abcdef0123.json"
+        other.write_text(json.dumps({"status": "done"}))
         out, _ = proc.communicate(timeout=60)
+        out = "".join(seen) + out
     finally:
         proc.kill()
     assert proc.returncode == 0, out
     log = _git(repo, "log", "--format=%s")
     assert "s1__base" in log, "the cell running when the signal came was not committed"
     committed = [f for f in _git(repo, "ls-files").split() if "/cells/" in f]
-    assert 2 <= len(committed) <= 3 and "stopped on SIGUSR1" in out, (committed, out)
+    assert 3 <= len(committed) <= 4 and "stopped on SIGUSR1" in out, (committed, out)
     assert (repo.parent / "starts").read_text() == "1", "the bench was restarted after the signal"
     bench = int((repo.parent / "starts.pid").read_text())
     with pytest.raises(ProcessLookupError):  # the bench was stopped, not left running
