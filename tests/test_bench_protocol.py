@@ -556,6 +556,12 @@ def test_a_bench_json_of_the_older_layout_is_refused_not_shown_wrong(third, tmp_
     cfg = load_config(BenchConfig, None, tiny_options(third["tiny_dir"], tmp_path, **third["over"]))
     with pytest.raises(CorpError, match="older corp.*--report-only"):
         readme_section(cfg)
+    # a bench with a regime table and no registered comparisons: the older layout had no regime rows either
+    assert cfg.protocol_tables
+    del meta["primary"]
+    path.write_text(json.dumps(meta))
+    with pytest.raises(CorpError, match="older corp.*--report-only"):
+        readme_section(cfg)
 
 
 def test_a_changed_primary_after_the_third_edition_ran_is_refused(third):

@@ -50,10 +50,8 @@ def _outputs(cfg: BenchConfig) -> tuple[Path, dict, str]:
     if not (out / "bench.json").exists() or not (out / "table.md").exists():
         raise CorpError(f"no finished bench in '{out}'; run `corp bench --config ...` first")
     meta, table = read_json(out / "bench.json"), (out / "table.md").read_text()
-    if meta.get("report_format", 1) < REPORT_FORMAT and (
-        meta.get("primary") is not None or "## Regime reached" in table
-    ):
-        # its reading still holds the registered sentences and it has no regime rows: the section would be wrong
+    if meta.get("report_format", 1) < REPORT_FORMAT and (meta.get("primary") is not None or cfg.protocol_tables):
+        # its reading still holds the registered sentences, or it has no regime rows: the section would be wrong
         raise CorpError(
             f"{out / 'bench.json'} was written by an older corp; rewrite it with `corp bench --config ... "
             "--report-only` (it reruns no cell), then write the section again"
