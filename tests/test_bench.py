@@ -1990,3 +1990,39 @@ def test_report_only_regenerates_the_committed_bench_byte_for_byte(name, tmp_pat
     assert summary["not_run"] == 0, f"{summary['not_run']} committed cells were not found under this corp's keys"
     for f in ("results.csv", "table.md"):
         assert (tmp_path / name / f).read_bytes() == (committed / f).read_bytes(), f
+
+
+@pytest.mark.parametrize(
+    "xs, plain", [([5.22e13, 5.99e13], ["5.2e+13", "6e+13"]), ([2.7725e13, 2.7793e13], ["2.77e+13", "2.78e+13"])]
+)
+def test_a_narrow_flops_axis_gets_a_few_plain_labels_not_every_minor_tick(xs, plain):
+    """Seen in bench-noise-3's plot: one budget, methods spending 5.2e13 and 6e13, and matplotlib's log axis
+    labelled every minor tick in between as 'a x 10^13', the labels running into each other. Across a wide
+    range (bench-cpu-3's 1.3e13 to 2.4e14) matplotlib's own labels are kept."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from corp.bench.report.plots import _narrow_log_ticks
+
+    def labels(points):
+        fig, ax = plt.subplots()
+        ax.errorbar(points, [0.2] * len(points), yerr=[0.01] * len(points))
+        ax.set_xscale("log")
+        _narrow_log_ticks(ax, points)
+        fig.canvas.draw()
+        lo, hi = ax.get_xlim()
+        shown = [
+            t.get_text()
+            for minor in (False, True)
+            for t, x in zip(ax.get_xticklabels(minor=minor), ax.get_xticks(minor=minor))
+            if t.get_text() and lo <= x <= hi
+        ]
+        plt.close(fig)
+        return shown
+
+    assert labels(xs) == plain
+    assert all("10^{13}" in t or "10^{14}" in t for t in labels([1.3e13, 2.4e14])), (
+        "a wide axis keeps matplotlib's labels"
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 
@@ -36,9 +37,11 @@ def _flops_plot(plt, cfg: BenchConfig, sub: list[dict], out: Path, task: str, se
     """Accuracy against FLOPs for one task and setting: each method's curve over the budgets."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     names = list(dict.fromkeys(r["method"] for r in sub))
+    xs = []
     for name in names:
-        _method_curve(ax, cfg, name, [r for r in sub if r["method"] == name])
+        xs += _method_curve(ax, cfg, name, [r for r in sub if r["method"] == name])
     ax.set_xscale("log")
+    _narrow_log_ticks(ax, xs)
     ax.set_xlabel("training / selection FLOPs actually used (mean over seeds)")
     ax.set_ylabel("test accuracy (mean ± sd over seeds)")
     ax.set_title(f"{cfg.name}: {cfg.label(task)}, {setting}")
@@ -46,15 +49,33 @@ def _flops_plot(plt, cfg: BenchConfig, sub: list[dict], out: Path, task: str, se
     return save_plot(fig, out, f"accuracy_vs_flops__{_file(cfg.label(task))}__{setting}.png")
 
 
-def _method_curve(ax, cfg: BenchConfig, name: str, mine: list[dict]) -> None:
-    """One method's rows on the FLOPs plot: a curve over the budgets, or a horizontal line without training."""
+def _narrow_log_ticks(ax, xs: list[float]) -> None:
+    """Plain ticks where the points span under 0.4 of a decade (one budget, methods spending slightly
+    different FLOPs): there matplotlib labels every minor tick as 'a x 10^b' and the labels run into each
+    other. Ticks then sit at the lowest and the highest point, with as many digits as tell them apart."""
+    from matplotlib.ticker import NullFormatter
+
+    if not xs or math.log10(max(xs) / min(xs)) >= 0.4:
+        return
+    lo, hi = min(xs), max(xs)
+    digits = next((d for d in range(2, 7) if f"{lo:.{d}g}" != f"{hi:.{d}g}"), 2)
+    ticks = sorted({lo, hi})
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xticks(ticks, [f"{t:.{digits}g}" for t in ticks])
+    if lo == hi:  # one point: give it room on both sides
+        ax.set_xlim(lo / 1.2, hi * 1.2)
+
+
+def _method_curve(ax, cfg: BenchConfig, name: str, mine: list[dict]) -> list[float]:
+    """One method's rows on the FLOPs plot: a curve over the budgets, or a horizontal line without training.
+    Returns the FLOPs it plotted at."""
     if all(r["budget"] is None for r in mine):  # no training compute: a horizontal reference line
         m, sd = _mean_sd([r["accuracy"] for r in mine])
         if name == LABEL_PRIOR:
             ax.axhline(m, ls=":", lw=1, color="black", label=f"{name} (label prior, no model)")
         elif name == "base" or mine[0]["passes_per_example"] == 1:
             ax.axhline(m, ls="--", lw=1, color="grey" if name == "base" else None, label=f"{name} (no training)")
-        return
+        return []
     xs, ys, es = [], [], []
     for b in cfg.budgets:
         got = [r for r in mine if r["budget"] == b]
@@ -65,6 +86,7 @@ def _method_curve(ax, cfg: BenchConfig, name: str, mine: list[dict]) -> None:
             es.append(sd)
     if xs:
         ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=name)
+    return xs
 
 
 # the families of the passes plot, by row name: RandOpt K-vote and self-consistency@K, CoRP at 1
