@@ -205,7 +205,7 @@ while [ "$try" -lt "$TRIES" ]; do
   while kill -0 "$pid" 2>/dev/null; do
     sleep 1
     waited=$((waited + 1))
-    if [ -n "$DRAIN" ]; then  # draining: look for the running cell's record every 5 s
+    if [ -n "$DRAIN" ]; then  # draining: read the bench's held claims every 5 s
       ticks=$((ticks + 1))
       # stop once the bench holds none of the claims it held when the signal came (those cells are done)
       [ $((ticks % 5)) -eq 0 ] && ! held_claims | grep -qxF -e "${DRAIN}" && drained
