@@ -52,7 +52,7 @@ def flaky(completions, answer, **_):
     [
         (always_raises, "always_raises.*RuntimeError: no reward today"),
         (wrong_signature, "wrong_signature.*TypeError"),
-        (always_nan, "always_nan.*returned nan, not a finite number"),
+        (always_nan, r"always_nan.*returned nan \(float\), not a finite number"),
     ],
 )
 def test_a_reward_that_fails_on_every_example_stops_with_one_line(fn, message):
@@ -138,3 +138,31 @@ def test_a_batched_reward_with_the_wrong_number_of_values_stops_the_run():
 def test_rewards_whose_mean_overflows_are_refused():
     with pytest.raises(CorpError, match="sum to more than float32 holds"):
         compute_rewards(get_task("arith"), ["1", "x", "3"], EXS, resolve_reward(_huge))
+
+
+def _returns(value):
+    def reward(completion, **_):
+        return value
+
+    return reward
+
+
+@pytest.mark.parametrize(
+    "value, named",
+    [
+        (float("nan"), r"nan \(float\)"),
+        (float("inf"), r"inf \(float\)"),
+        ("1.0", r"'1\.0' \(str\)"),
+        ("2d", r"array\(\[\[1\., 2\.\]\]\) \(ndarray of shape \(1, 2\)\)"),
+    ],
+)
+def test_a_reward_that_is_no_finite_number_is_named_as_returned(value, named):
+    """From the Python API (a registered, combined reward) too: not 'returned None' (issue 57)."""
+    import numpy as np
+
+    from corp.evaluate.rewards import register_reward
+
+    value = np.array([[1.0, 2.0]]) if value == "2d" else value
+    for fn in (resolve_reward(_returns(value)), resolve_reward(register_reward([_returns(value)]))):
+        with pytest.raises(CorpError, match=f"returned {named}.*not a finite number"):
+            compute_rewards(get_task("arith"), ["1", "x", "3"], EXS, fn)

@@ -196,7 +196,7 @@ class CombinedReward:
             completions = [[{"role": "assistant", "content": c}] for c in completions]
             messages = [[{"role": "user", "content": p}] for p in columns.get("prompt") or []]
             columns = {**columns, "prompt": messages, "prompts": messages}
-        total: list[float | None] = [None] * len(completions)
+        total: list = [None] * len(completions)
         for fn, w in zip(self.funcs, self.weights):
             out = fn(completions, **columns)
             if inspect.isawaitable(out):  # TRL's `async def` rewards; a thread of its own, as a notebook runs a loop
@@ -204,10 +204,23 @@ class CombinedReward:
                     out = pool.submit(asyncio.run, _awaited(out)).result()
             values = _one_per_completion(out, len(completions), fn.spec)
             for i, v in enumerate(values):
-                v = _clean(v)
-                if v is not None:
-                    total[i] = (total[i] or 0.0) + w * v
+                cleaned = _clean(v)
+                if cleaned is not None:
+                    total[i] = (total[i] if isinstance(total[i], float) else 0.0) + w * cleaned
+                elif total[i] is None:  # what the first function gave, for the message if none gives a value
+                    total[i] = Unscored(f"{_describe(v)} from {fn.name}")
         return total
+
+
+class Unscored:
+    """A combined reward that no function gave a value for; it prints what the first function returned
+    (so the message names NaN, '1.0' or an array, not a None corp made), and is no number."""
+
+    def __init__(self, what: str):
+        self.what = what
+
+    def __repr__(self) -> str:
+        return self.what
 
 
 async def _awaited(awaitable):
@@ -273,8 +286,8 @@ def _columns(examples: Sequence[Example]) -> dict[str, list]:
 
 def _clean(value) -> float | None:
     """Any finite float (bools count as 0/1); None for None, NaN, +-inf and non-numbers."""
-    if value is None or isinstance(value, (str, bytes)):
-        return None
+    if value is None or isinstance(value, (str, bytes)) or getattr(value, "ndim", 0):
+        return None  # an array of one or more dimensions is not one value, even of size 1
     try:
         v = float(value)
     except (TypeError, ValueError, OverflowError):
@@ -283,8 +296,15 @@ def _clean(value) -> float | None:
 
 
 def _describe(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    """A returned value as a message shows it: its repr, shortened, and its type (and shape, for an
+    array), so NaN, inf, the string '1.0' and a 2-D array each read as what they are."""
+    if isinstance(value, Unscored):
+        return repr(value)
+    text = " ".join(repr(value).split())
+    text = text if len(text) <= 60 else text[:57] + "..."
+    shape = getattr(value, "shape", None)
+    kind = type(value).__name__ + (f" of shape {tuple(shape)}" if shape is not None and len(shape) else "")
+    return f"{text} ({kind})"
 
 
 _FLOAT32_MAX = 3.4028234663852886e38
@@ -294,10 +314,7 @@ def _one_per_completion(out, n: int, name: str) -> list:
     """A batched reward's result as a list of n values, or one line: a wrong length or shape is a
     broken function (re-calling it one completion at a time would accept answers to other questions)."""
     if isinstance(out, (str, bytes, dict)) or not hasattr(out, "__len__"):
-        raise CorpError(
-            f"reward {name} returned {_describe(out)} ({type(out).__name__}), "
-            f"not a list of one value per completion ({n})"
-        )
+        raise CorpError(f"reward {name} returned {_describe(out)}, not a list of one value per completion ({n})")
     raw = list(out)
     if len(raw) != n:
         raise CorpError(
