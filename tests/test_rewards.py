@@ -140,6 +140,34 @@ def test_rewards_whose_mean_overflows_are_refused():
         compute_rewards(get_task("arith"), ["1", "x", "3"], EXS, resolve_reward(_huge))
 
 
+THRESHOLD = 1.0  # read by `_reads_a_global`: its value is part of the reward's identity
+
+
+def _reads_a_global(completions, **_):
+    return [_scale() for _ in completions]
+
+
+def _scale():
+    return THRESHOLD * LEVELS["high"]
+
+
+LEVELS = {"high": 1.0}
+
+
+def test_a_global_the_reward_reads_is_part_of_its_identity(monkeypatch):
+    """Rows cached under THRESHOLD = 1 must not resume a run after THRESHOLD = 9 (issue 57: rewards
+    [1, 1, 9, 9] in one run): plain globals the function reads, also through a helper, key it."""
+    from corp.evaluate.rewards import register_reward
+
+    first = register_reward([_reads_a_global])
+    assert register_reward([_reads_a_global]) == first
+    monkeypatch.setattr(sys.modules[__name__], "THRESHOLD", 9.0)
+    assert register_reward([_reads_a_global]) != first
+    changed = register_reward([_reads_a_global])
+    monkeypatch.setitem(LEVELS, "high", 2.0)  # read by the helper it calls
+    assert register_reward([_reads_a_global]) != changed
+
+
 def _returns(value):
     def reward(completion, **_):
         return value

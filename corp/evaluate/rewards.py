@@ -18,7 +18,8 @@ Two forms, told apart by the name of the function's first parameter:
 
 From Python (`corp.api`), functions are passed as objects: `register_reward` combines one or more
 of them (TRL's `reward_funcs` and `reward_weights`) into one batched reward known in this process by
-the spec `python:NAMES@HASH` (the hash covers the functions' source, so cached rows follow the code).
+the spec `python:NAMES@HASH` (the hash covers the functions' source, the values they carry and the
+plain module-level globals they read, so cached rows follow the code and its values).
 
 A reward may be any finite float (TRL's convention); rewards are not clipped to [0, 1]. A value
 that is None, NaN, infinite or not a number, or an exception, scores 0 for that example and is
@@ -148,8 +149,8 @@ _REGISTERED: dict[str, RewardFunction] = {}
 
 def _fingerprint(fn: Callable) -> str:
     """What a Python function is, for cache keys: its module, name and source text (its bytecode when
-    the source cannot be read), and the values it carries: a partial's arguments, defaults, and the
-    contents of a closure's cells. A value whose repr names a memory address (an object without a
+    the source cannot be read), the values it carries (a partial's arguments, defaults, the contents
+    of a closure's cells) and the plain module-level globals it reads (`_globals_read`). A value whose repr names a memory address (an object without a
     stable repr) cannot key a cache: one line asks for a function that does not capture it."""
     parts = []
     while hasattr(fn, "func"):  # functools.partial (nested ones too): its arguments are part of what it is
@@ -170,7 +171,69 @@ def _fingerprint(fn: Callable) -> str:
             "argument), so corp cannot key its cache on it: pass such values as dataset columns or use a "
             "module-level function of plain values"
         )
-    return f"{name}\n{body}\n{carried}"
+    return f"{name}\n{body}\n{carried}\n{_globals_read(fn)}"
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _globals_read(fn: Callable, seen: set | None = None) -> str:
+    """The module-level globals `fn` reads, by name, as values: those of plain data (numbers, text,
+    and lists, tuples, sets and dicts of them); a plain function of the same module it calls counts
+    with its source and its own globals. A global changed between two runs (THRESHOLD = 0.5, then
+    0.9) is then another reward, not a resume of the first's rows. Other globals (modules, classes,
+    objects) are not part of the identity (docs/api.md)."""
+    seen = set() if seen is None else seen
+    code, names = getattr(fn, "__code__", None), getattr(fn, "__globals__", None)
+    if code is None or names is None or code in seen:
+        return ""
+    seen.add(code)
+    parts = []
+    for name in sorted(_names_read(code)):
+        if name not in names:
+            continue
+        value = names[name]
+        if _plain(value):
+            parts.append(f"{name}={_canonical(value)}")
+        elif inspect.isfunction(value) and value.__module__ == fn.__module__:
+            try:
+                source = inspect.getsource(value)
+            except (OSError, TypeError):
+                source = value.__code__.co_code.hex()
+            parts.append(f"{name}:{source}{_globals_read(value, seen)}")
+    return "\n".join(parts)
+
+
+def _names_read(code) -> set[str]:
+    """Global names a code object and the code nested in it (lambdas, inner functions, comprehensions) load."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names |= _names_read(const)
+    return names
+
+
+def _plain(value, depth: int = 0) -> bool:
+    if isinstance(value, _PLAIN):
+        return True
+    if depth > 3:
+        return False
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return all(_plain(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _canonical(value) -> str:
+    """repr, with sets in sorted order (a set of strings iterates in another order in every process)."""
+    if isinstance(value, (set, frozenset)):
+        return "{" + ", ".join(sorted(_canonical(v) for v in value)) + "}"
+    if isinstance(value, (list, tuple)):
+        return type(value).__name__ + "(" + ", ".join(_canonical(v) for v in value) + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_canonical(k)}: {_canonical(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def _filled(cell) -> bool:
