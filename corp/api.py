@@ -33,6 +33,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -256,7 +257,7 @@ def train(
         `sigmas=[1e-3]`, `run_dir="runs/x"`, ...; an unknown name is one error line listing them.
     """
     if model is not None:
-        options["model"] = str(model)
+        options["model"] = _model_name(model)
     if train_dataset is not None:
         if "task" in options:
             raise CorpError("give train_dataset or the task option, not both")
@@ -282,6 +283,17 @@ def train(
     elif reward_weights is not None:
         raise CorpError("reward_weights needs reward_funcs")
     return run(make_config(method, config, **options), method, backend)
+
+
+def _model_name(model) -> str:
+    """`model=` as the CLI's --model: a name or a path; an in-memory model object is refused (its repr
+    is no path, and corp loads, perturbs and hashes the weights itself)."""
+    if isinstance(model, (str, os.PathLike)):
+        return str(model)
+    raise TypeError(
+        f"model is a {type(model).__name__} object; pass a model name (an alias, a hub id) or a directory path, "
+        "e.g. model.save_pretrained(DIR) and tokenizer.save_pretrained(DIR), then model=DIR"
+    )
 
 
 def _yaml_keys(config: str | None) -> set[str]:

@@ -197,6 +197,17 @@ def test_a_dataset_corp_cannot_take_is_one_line(rows, match):
         corp.train_randopt("unused", rows, reward_func)
 
 
+def test_a_model_object_is_a_type_error_naming_what_to_pass(tiny_dir):
+    """Not `OSError: File name too long: 'LlamaForCausalLM(...'` (issue 57)."""
+    from transformers import AutoModelForCausalLM
+
+    import corp
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    with pytest.raises(TypeError, match=r"model is a LlamaForCausalLM object.*save_pretrained\(DIR\)"):
+        corp.train_randopt(model, ROWS, reward_func)
+
+
 def test_a_python_reward_on_ray_is_refused_before_any_work():
     import corp
 
