@@ -125,7 +125,19 @@ def make_config(method: str, config: str | None = None, **options):
         raise CorpError(
             f"corp {method}: unknown option(s) {', '.join(unknown)}{hint}; valid: {', '.join(option_names(method))}"
         )
+    _refuse_two_names(cls, options)
     return load_config(cls, config, options)
+
+
+def _refuse_two_names(cls: type, options: dict) -> None:
+    """A field given under its own name and its option name (`run_dir=A, output_dir=B`): one would
+    silently win, so both are refused, as the CLI refuses `--run-dir A --output-dir B`."""
+    for field_name, option in config_option_names(cls).items():
+        if option != field_name and options.get(field_name) is not None and options.get(option) is not None:
+            raise ValueError(
+                f"{field_name}={options[field_name]!r} and {option}={options[option]!r} name one option "
+                f"({field_name} is {option}'s field name); give only {option}"
+            )
 
 
 # ---------------------------------------------------------------- datasets

@@ -208,6 +208,13 @@ def test_a_model_object_is_a_type_error_naming_what_to_pass(tiny_dir):
         corp.train_randopt(model, ROWS, reward_func)
 
 
+def test_run_dir_and_output_dir_together_are_refused_naming_both(tmp_path):
+    """One option under two names: the API wrote to output_dir and dropped run_dir (issue 57)."""
+    with pytest.raises(ValueError, match="run_dir=.*output_dir=.*give only output_dir"):
+        make_config("randopt", run_dir=str(tmp_path / "a"), output_dir=str(tmp_path / "b"))
+    assert make_config("randopt", output_dir=str(tmp_path / "b")).run_dir == str(tmp_path / "b")
+
+
 def test_a_python_reward_on_ray_is_refused_before_any_work():
     import corp
 
