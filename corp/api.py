@@ -217,10 +217,22 @@ def _write_dataset(dataset, what: str, prompt_column: str, answer_column: str | 
     if len(formats) > 1:
         raise CorpError(f"{what} mixes string prompts and message lists; use one format")
     text = "".join(line + "\n" for line in lines)
+    return _store(text, what), formats.pop(), len(rows)
+
+
+def _store(text: str, what: str) -> Path:
+    """The dataset's JSONL in corp's cache, named by its content (written once)."""
     path = cache_dir() / "datasets" / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.jsonl"
-    if not path.is_file():
+    if path.is_file():
+        return path
+    try:
         atomic_write_text(path, text)
-    return path, formats.pop(), len(rows)
+    except OSError as exc:  # a read-only or full cache: the user can only act on CORP_CACHE
+        raise CorpError(
+            f"{what} cannot be written to corp's cache '{path.parent}' ({exc.strerror or exc}); set CORP_CACHE "
+            "to a writable directory (os.environ['CORP_CACHE'] = DIR before the call)"
+        ) from None
+    return path
 
 
 def task_for(

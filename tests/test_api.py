@@ -215,6 +215,23 @@ def test_run_dir_and_output_dir_together_are_refused_naming_both(tmp_path):
     assert make_config("randopt", output_dir=str(tmp_path / "b")).run_dir == str(tmp_path / "b")
 
 
+def test_a_read_only_cache_is_one_line_naming_corp_cache(tmp_path, monkeypatch):
+    import os
+
+    if os.geteuid() == 0:
+        monkeypatch.setattr("corp.api.atomic_write_text", _read_only)  # root writes anywhere
+    else:
+        (tmp_path / "ro").mkdir(mode=0o555)
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path / "ro" / "cache"))
+    with pytest.raises(CorpError, match="train_dataset cannot be written to corp's cache.*set CORP_CACHE") as err:
+        task_for(ROWS)
+    assert "\n" not in str(err.value)
+
+
+def _read_only(path, text):
+    raise PermissionError(13, "Permission denied", str(path))
+
+
 def test_a_python_reward_on_ray_is_refused_before_any_work():
     import corp
 
