@@ -202,6 +202,11 @@ def _write_dataset(dataset, what: str, prompt_column: str, answer_column: str | 
         text, conversational = _prompt_text(row.get(prompt_column), what, i, prompt_column)
         formats.add(conversational)
         answer = row.get(gold, "") if gold is not None else ""
+        if isinstance(answer, (Mapping, list, tuple)):  # the task would name corp's cache file, not this row
+            raise CorpError(
+                f"{what} row {i}: column '{gold}' (the gold answer) is a {type(answer).__name__}; an answer is a "
+                "string or a number (pass answer_column= to name another column)"
+            )
         record = {
             "prompt": text,
             "answer": "" if answer is None else answer,

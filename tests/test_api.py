@@ -232,6 +232,14 @@ def _read_only(path, text):
     raise PermissionError(13, "Permission denied", str(path))
 
 
+def test_an_answer_of_the_wrong_type_names_the_dataset_row_and_column():
+    """Not corp's cache file and its line (issue 57)."""
+    rows = [{"prompt": r["prompt"], "answer": r["ground_truth"]} for r in ROWS[:3]] + [{"prompt": "p", "answer": ["4"]}]
+    with pytest.raises(CorpError, match="train_dataset row 3: column 'answer'.*list") as err:
+        task_for(rows)
+    assert "datasets" not in str(err.value) and ".jsonl" not in str(err.value)
+
+
 def test_a_python_reward_on_ray_is_refused_before_any_work():
     import corp
 
