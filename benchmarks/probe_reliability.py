@@ -427,6 +427,15 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
     no_model = root / "no-such-model"
     for m in ("score", "eval", "grpo", "fgrpo"):
         p.case(m, "--model a directory that does not exist", p.tiny(m, "--model", no_model), "error", "no-such-model")
+    p.case(  # issue 57: a path is a directory the user meant, never a hub id to download
+        "randopt",
+        "--model ./missing: the directory does not exist, no hf download",
+        p.tiny("randopt", "--model", "./no-such-model"),
+        "error",
+        "./no-such-model",
+        "does not exist",
+        extra=lambda r: "hf download" not in r.stderr,
+    )
     p.case("es", "--model a file", p.tiny("es", "--model", a_file), "error", str(a_file))
     for m, spec, frag in (
         ("eval", "nosuchtask", "nosuchtask"),

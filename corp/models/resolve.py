@@ -219,6 +219,7 @@ def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
     local = Path(name).expanduser()
     if local.exists():
         return _local_model(local)
+    _check_not_a_missing_path(name)
     found = _cached_snapshot(name, hub_id)
     if found is not None:
         return found
@@ -235,6 +236,25 @@ def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
     raise CorpError(f"{what} in the Hugging Face cache, and {reason}; {fetch_hint(hub_id)}")
 
 
+def _path_like(name: str) -> bool:
+    """Whether `--model NAME` is written as a path, not a hub id ("org/name": one slash, no prefix)."""
+    return (
+        name in (".", "..")
+        or name.startswith(("/", "./", "../", "~"))
+        or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name)
+    )
+
+
+def _check_not_a_missing_path(name: str) -> None:
+    """A path that is not there is a local directory the user meant, not a hub id to download."""
+    if _path_like(name):
+        raise CorpError(
+            f"--model '{name}': directory '{Path(name).expanduser()}' does not exist; check the path, or pass an "
+            "alias (`corp models`) or a hub id (ORG/NAME)"
+        )
+
+
 def check_model_reachable(name: str | None) -> None:
     """Before a run directory is made: a hub model that is neither on this machine nor downloadable
     is its one-line error now (an embedded alias or a local directory passes at once; while the hub
@@ -242,5 +262,6 @@ def check_model_reachable(name: str | None) -> None:
     name = name or DEFAULT_MODEL
     if isinstance(_alias(name), EmbeddedGGUF) or Path(name).expanduser().exists():
         return
+    _check_not_a_missing_path(name)
     if os.environ.get("CORP_ALLOW_DOWNLOAD", "1") != "1" or hub_offline():
         resolve_model(name)  # in the cache, or the error line
