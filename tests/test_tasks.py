@@ -77,6 +77,20 @@ def test_jsonl_task_and_malformed_line(tmp_path):
         get_task(f"jsonl:{bad}").pools()
 
 
+def test_jsonl_repeated_prompts_are_dropped_so_no_prompt_is_in_two_splits(tmp_path):
+    """Issue 57: duplicate rows were kept and one prompt landed in support and test."""
+    rows = [{"prompt": f"q{i % 4}", "answer": str(i)} for i in range(8)]  # each prompt twice
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "t.jsonl").write_text(json.dumps({"prompt": "q0", "answer": "0"}) + "\n")
+    with pytest.warns(UserWarning, match="4 row.*repeat the prompt.*dropped.*line-5"):
+        splits = make_splits(get_task(f"jsonl:{tmp_path / 'd.jsonl'}"), SplitSizes(2, 0, 0, 2), 0)
+    prompts = [e.prompt for s in SPLITS for e in splits[s]]
+    assert sorted(prompts) == ["q0", "q1", "q2", "q3"]
+    with pytest.warns(UserWarning, match="5 row"):  # a train row that repeats a test prompt goes too
+        pools = get_task(f"jsonl:{tmp_path / 'd.jsonl'}:test={tmp_path / 't.jsonl'}").pools()
+    assert [e.prompt for e in pools["test"]] == ["q0"] and "q0" not in [e.prompt for e in pools["train"]]
+
+
 def test_unknown_task_and_missing_data(tmp_path, monkeypatch):
     monkeypatch.delenv("CORP_DATA_DIR", raising=False)
     with pytest.raises(CorpError, match="unknown task 'nope'"):

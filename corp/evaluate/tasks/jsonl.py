@@ -13,12 +13,16 @@ test split is drawn from it, the other splits from PATH; its default ids are `te
 Default extraction: the last number when every gold answer is a number, else the completion's
 last non-empty line; default check: equality after that normalisation.
 
+Each prompt is one example: a row repeating an earlier prompt (or a test-file prompt) is dropped,
+with one warning, so no prompt is in two splits.
+
 The task is identified by its path(s) and the sha256 of the file's bytes, so rows scored on one
 version of the file are never reused after the file changes.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 from corp import CorpError
@@ -118,6 +122,7 @@ class JsonlTask(Task):
             pools = {"train": self._read(self.path, "line-{}")}
             if self.test_path is not None:
                 pools["test"] = self._read(self.test_path, "test-line-{}")
+            pools = self._without_repeats(pools)
             # numbers are compared as numbers when every gold answer (of both files) is one
             self._numeric = all(normalize_number(e.answer) is not None for p in pools.values() for e in p)
             if self._numeric:
@@ -127,6 +132,32 @@ class JsonlTask(Task):
                 }
             self._pools = pools
         return self._pools
+
+    def _without_repeats(self, pools: dict[str, list[Example]]) -> dict[str, list[Example]]:
+        """Each prompt once: a row whose prompt an earlier row (or, for the train file, the test file)
+        already has is dropped, with one warning saying how many, so that no prompt can land in two
+        splits (a repeat in support and test would score the test on a training example)."""
+        seen: set[str] = set()
+        dropped: list[str] = []
+        out = {}
+        for name in sorted(pools, key=lambda k: k != "test"):  # the test file's prompts first: they stay held out
+            kept = []
+            for e in pools[name]:
+                key = e.prompt.strip()
+                if key in seen:
+                    dropped.append(e.id)
+                else:
+                    seen.add(key)
+                    kept.append(e)
+            out[name] = kept
+        if dropped:
+            shown = ", ".join(dropped[:3]) + (", ..." if len(dropped) > 3 else "")
+            warnings.warn(
+                f"{self.name}: {len(dropped)} row(s) repeat the prompt of an earlier row or of the test file and "
+                f"were dropped ({shown}), so no prompt is in two splits; remove them from the data to silence this",
+                stacklevel=2,
+            )
+        return {k: out[k] for k in pools}
 
     def extract(self, completion: str) -> str | None:
         self.pools()
