@@ -163,13 +163,48 @@ def test_corp_direction_recipe_applies_and_replaces_an_earlier_corp_model(corp_r
     assert all(torch.equal(got[k], expected[k]) for k in got)
     marker = json.loads((out / MARKER).read_text())
     assert marker["written_by"] == "corp" and marker["kind"] == "corp-direction"
-    # a corp model is replaced without --overwrite, and no temporary sibling is left
+    # a corp model is replaced without --overwrite (a file its marker lists goes with it: an earlier
+    # corp wrote it), and no temporary sibling is left
+    assert "model.safetensors" in marker["files"] and MARKER not in marker["files"]
     (out / "stale.txt").write_text("from an earlier corp model")
+    (out / MARKER).write_text(json.dumps({**marker, "files": [*marker["files"], "stale.txt"]}))
     res = apply_cli(recipe, "--out", out)
     assert res.exit_code == 0, res.output
     assert (
         not (out / "stale.txt").exists() and sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
     )
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("planted", ["user.txt", "sub/notes.md", "tokenizer_notes.json"])
+def test_a_user_file_inside_an_earlier_corp_model_is_refused_and_kept(corp_recipe, tmp_path, planted, overwrite):
+    """Issue 57: a file the user put into a model an earlier `corp apply` wrote is named in one line
+    before the model loads, with or without --overwrite, and nothing there is touched (the old code
+    took every file under a marked directory for corp's and deleted them with the old model)."""
+    recipe, _, _ = corp_recipe
+    out = tmp_path / "out"
+    apply_recipe(recipe, out)
+    named = out / planted
+    named.parent.mkdir(exist_ok=True)
+    named.write_text("mine")
+    snapshot = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    one_error_line(apply_cli(recipe, "--out", out, *(["--overwrite"] if overwrite else [])), str(named), "move it")
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == snapshot, "nothing is touched"
+
+
+def test_a_marker_without_its_file_list_keeps_what_hugging_face_does_not_write(corp_recipe, tmp_path):
+    """A model written by an older corp (its marker lists no files): the files a Hugging Face save
+    writes go with it, a user's file is refused."""
+    recipe, _, _ = corp_recipe
+    out = tmp_path / "out"
+    apply_recipe(recipe, out)
+    marker = json.loads((out / MARKER).read_text())
+    (out / MARKER).write_text(json.dumps({k: v for k, v in marker.items() if k != "files"}))
+    assert apply_cli(recipe, "--out", out).exit_code == 0  # every file there is one corp writes
+    (out / MARKER).write_text(json.dumps({k: v for k, v in marker.items() if k != "files"}))
+    (out / "user.txt").write_text("mine")
+    one_error_line(apply_cli(recipe, "--out", out), str(out / "user.txt"))
+    assert (out / "user.txt").read_text() == "mine"
 
 
 @pytest.mark.parametrize(

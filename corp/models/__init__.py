@@ -12,10 +12,11 @@ a 3 s connection check (`hub_offline`, which otherwise sets HF_HUB_OFFLINE=1 for
 a missing model is one clear error naming the hub id and how to fetch it (`check_model_reachable`
 raises it before a run directory is made).
 
-Every model directory corp writes carries a marker file (`corp_model.json`). `save_model` writes to
+Every model directory corp writes carries a marker file (`corp_model.json`, listing the files written). `save_model` writes to
 a temporary sibling and renames it into place, and replaces an existing directory only when it
 carries the marker (or, with `overwrite`, holds nothing but such directories): a file of the user's
-or a run directory anywhere under the target is refused, so corp never deletes what it did not write.
+or a run directory anywhere under the target (inside a corp model too: a file its marker does not
+list) is refused, so corp never deletes what it did not write.
 `check_output_dir` also refuses a file, the current directory or one of its parents, and any path
 the caller protects (`corp apply` protects the model caches and the base model's own directory).
 

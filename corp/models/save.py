@@ -13,7 +13,7 @@ from pathlib import Path
 
 import corp
 from corp import CorpError
-from corp.models.cache import MARKER, is_corp_model
+from corp.models.cache import CARD_FILE, MARKER, SOURCE_FILE, is_corp_model
 from corp.runs import LOCK_FILE, STATUS_FILE, write_failure
 
 
@@ -79,13 +79,39 @@ def _not_a_corp_model(target: Path) -> tuple[Path, str] | None:
         here = Path(d)
         if STATUS_FILE in files or LOCK_FILE in files:
             return here, "run"
-        rel = here.relative_to(target).parts
-        if any(is_corp_model(target.joinpath(*rel[:i])) for i in range(len(rel) + 1)):
-            continue  # corp's model: its files go with it; its subdirectories are still checked for runs
         links = [n for n in dirs if (here / n).is_symlink()]
-        if files or links:
-            return here / sorted(files + links)[0], "file"
+        # in corp's model only the files it wrote go with it; anything else (a user's notes, a
+        # subdirectory's files: a model has none) is refused like a file outside every model
+        wrote = _model_files(here) if is_corp_model(here) else None
+        theirs = sorted(n for n in files + links if n in links or wrote is None or not wrote(n))
+        if theirs:
+            return here / theirs[0], "file"
     return (Path(unreadable[0].filename), "file") if unreadable else None
+
+
+# What a model directory written by an older corp (a marker without its list of files) may hold:
+# the names `save_pretrained` and the tokenizers write, the card and corp's own files.
+_HF_NAMES = re.compile(
+    r"^(config\.json|generation_config\.json|model(-\d+-of-\d+)?\.safetensors|model\.safetensors\.index\.json"
+    r"|tokenizer(_config)?\.json|tokenizer\.model|special_tokens_map\.json|added_tokens\.json|vocab\.(json|txt)"
+    r"|merges\.txt|chat_template\.(jinja|json))$"
+)
+_CARD_TEMP = re.compile(rf"^\.{re.escape(CARD_FILE)}(\..+)?\.tmp$")  # a card write killed before its rename
+
+
+def _model_files(model_dir: Path):
+    """A test `name -> bool`: whether corp wrote `name` in the model directory `model_dir`: a name the
+    marker lists (`_write_model` records them), its card, the marker itself; for a marker without
+    the list (an older corp), a name Hugging Face's save writes."""
+    try:
+        listed = json.loads((model_dir / MARKER).read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        listed = None
+    own = {MARKER, CARD_FILE, SOURCE_FILE}
+    if isinstance(listed, list) and all(isinstance(n, str) for n in listed):
+        names = own | set(listed)
+        return lambda n: n in names or bool(_CARD_TEMP.match(n))
+    return lambda n: n in own or bool(_HF_NAMES.match(n) or _CARD_TEMP.match(n))
 
 
 PARTIAL = ".corp-partial"  # inside a save's temporary directory while it is being written: {"pid", "host"}
@@ -163,8 +189,12 @@ def _write_model(
         tokenizer.save_pretrained(tmp)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
+        files = sorted(p.name for p in tmp.iterdir() if p.name != PARTIAL)  # what a later save may replace
         (tmp / MARKER).write_text(
-            json.dumps({"written_by": "corp", "corp_version": corp.__version__, **(source or {})}, indent=2) + "\n"
+            json.dumps(
+                {"written_by": "corp", "corp_version": corp.__version__, **(source or {}), "files": files}, indent=2
+            )
+            + "\n"
         )
         (tmp / PARTIAL).unlink()
     except Exception as exc:
