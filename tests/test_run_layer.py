@@ -254,3 +254,26 @@ def test_the_shared_eval_cache_never_asks_the_backend_for_a_perturber(tmp_path):
     ctx = SimpleNamespace(cfg=cfg, backend=NoPerturber(), noise_scheme="corp-lowrank-v1:r=4", run_dir=tmp_path)
     assert '"scheme": "corp-lowrank-v1:r=4"' in shared_salt(ctx)
     run_evals(ctx)
+
+
+def test_a_prompt_longer_than_the_context_is_one_line_naming_its_example_before_any_generation(tmp_path):
+    """Issue 57: a 1 MB prompt asked torch for 1 TB; an 80,000-character one ran 10+ minutes. The tiny
+    model has 256 positions: a prompt of 300 tokens in the test split is refused before the support
+    split (evaluated first) generates anything, naming the row and the lengths."""
+    rows = [{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(6)]
+    rows[4]["prompt"] = "1" * 300  # line 5
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    backend = fresh_backend()
+    generated = []
+    real = backend.generate_rows
+    backend.generate_rows = lambda *a, **k: generated.append(1) or real(*a, **k)
+    cfg = tiny_cfg(tmp_path / "run", task=f"jsonl:{data}", n_support=1, n_test=5, population=1, top_k="1")
+    with pytest.raises(CorpError, match=r"example 'line-5' \(test split\) is 30[0-9] tokens long.*context of 256") as e:
+        with open_run(cfg, "randopt", backend) as ctx:
+            ensure_population(ctx)
+    assert not generated and "\n" not in str(e.value)
+    # a call made past the run layer (a trainer's own batch) is refused by the backend itself
+    with pytest.raises(CorpError, match="is 30[0-9] tokens long.*needs 3[0-9][0-9] positions"):
+        fresh_backend().generate(["1" * 300], 8)
+    assert fresh_backend().generate(["1" * 200], 8).texts  # 200 + 8 <= 256: fits

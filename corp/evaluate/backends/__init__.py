@@ -120,6 +120,8 @@ class AutoBackend(Backend):
     weights_hash = property(lambda self: self._inner.weights_hash)
     instead = property(lambda self: self._inner.instead)
     shares_weights = property(lambda self: self._inner.shares_weights)
+    context_length = property(lambda self: self._inner.context_length)
+    context_source = property(lambda self: self._inner.context_source)
 
     def _provided(capability: str, attr: str):  # noqa: N805 -- a helper run in the class body
         def get(self):
@@ -150,6 +152,9 @@ class AutoBackend(Backend):
 
     def generate(self, *args, **kwargs) -> Generations:
         return self._inner.generate(*args, **kwargs)
+
+    def prompt_lengths(self, prompts):
+        return self._inner.prompt_lengths(prompts)
 
     def set_direction(self, direction) -> None:
         self._inner.set_direction(direction)

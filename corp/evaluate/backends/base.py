@@ -37,6 +37,11 @@ run's seed, what is evaluated and the example id: `corp.evaluate.context.samplin
 still differ between batchings is the floating-point rounding of the logits, as for greedy
 decoding. Without any seed a sampled call draws a fresh one (not reproducible).
 
+A prompt that, with the `max_new_tokens` asked for, needs more positions than the model has
+(`context_length`: the config's max_position_embeddings; vLLM's max_model_len) is refused in one
+line (`check_fits`) before anything is generated: the run layer checks every prompt of a run's
+splits once, naming the example, and `generate` checks each batch it is given.
+
 Every backend counts tokens the same way (prompt tokens as tokenised after the chat template;
 generated tokens up to and including the end-of-sequence token) so the compute ledger is
 comparable across backends.
@@ -129,6 +134,8 @@ class Backend:
     model = _Provided(MODEL)  # transformers model
     tokenizer = _Provided(MODEL)  # its tokenizer
     instead = "pass --backend hf"  # what a missing capability's error tells the user to do
+    context_length: int | None = None  # positions a prompt and its completion may fill (None: not known)
+    context_source = "max_position_embeddings"  # where context_length comes from, for check_fits' line
     shares_weights = True  # `perturber`/`model` are the weights the engine generates with (module docstring)
 
     def describe(self) -> str:
@@ -165,6 +172,11 @@ class Backend:
         `seeds` (one per prompt) or else `seed` (module docstring, "Seeded sampling")."""
         raise NotImplementedError
 
+    def prompt_lengths(self, prompts: list[str]) -> list[int] | None:
+        """Tokens of each prompt as `generate` feeds it (None: this backend cannot say without
+        generating); the run layer checks every prompt against `context_length` with it, once."""
+        return None
+
     def set_direction(self, direction: Direction | None) -> None:
         """Weights := base + direction (None: the base)."""
         raise NotImplementedError
@@ -191,6 +203,38 @@ class Backend:
 
     def close(self) -> None:
         pass
+
+
+class PromptTooLong(CorpError):
+    """A prompt that, with the new tokens asked for, does not fit the model's context."""
+
+
+def context_of(config) -> int | None:
+    """The positions a transformers config's model was built for (None when the config names none)."""
+    for attr in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = getattr(config, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def check_fits(
+    lengths: Sequence[int], max_new_tokens: int, context: int | None, source: str, names: Sequence[str] | None = None
+) -> None:
+    """One line for the first prompt of `lengths` (tokens) that with `max_new_tokens` does not fit
+    `context` positions (`source` says where that number comes from), before anything is generated:
+    past it a model asks for memory quadratic in the length (a 1 MB prompt: 1 TB) or runs for hours."""
+    if context is None:
+        return
+    room = context - max_new_tokens
+    for i, n in enumerate(lengths):
+        if n > room:
+            who = names[i] if names is not None else f"a prompt of this batch (number {i})"
+            raise PromptTooLong(
+                f"{who} is {n} tokens long; with max_new_tokens {max_new_tokens} it needs {n + max_new_tokens} "
+                f"positions, more than the model's context of {context} ({source}); shorten or drop that prompt, "
+                "lower --max-new-tokens, or use a model with a longer context"
+            )
 
 
 def cut_at_stop(tokenizer, ids: list[int], stop) -> tuple[list[int], str]:

@@ -28,7 +28,9 @@ from corp.evaluate.backends.base import (
     PERTURBER,
     Backend,
     Generations,
+    check_fits,
     completion_seed,
+    context_of,
     cut_at_stop,
     resolve_seeds,
 )
@@ -102,6 +104,7 @@ class HFBackend(Backend):
         self.device = next(model.parameters()).device
         self.perturber = Perturber(model, param_filter, scheme=scheme)
         self.n_params = sum(p.numel() for p in model.parameters())
+        self.context_length = context_of(model.config)
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None
         eos = eos if eos is not None else tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
@@ -180,6 +183,9 @@ class HFBackend(Backend):
             self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts
         ]
 
+    def prompt_lengths(self, prompts) -> list[int]:
+        return [len(e) for e in self.encode(prompts)]
+
     @torch.inference_mode()
     def generate_rows(
         self,
@@ -194,6 +200,7 @@ class HFBackend(Backend):
         order): each row's generated ids up to and including its end-of-sequence token or stop
         string, and its text. The one generation step of `generate` and of the batched low-rank pass.
         Sampling (temperature > 0) needs `row_seeds`, one per row: each row draws from its own seed."""
+        check_fits([len(s) for s in seqs], max_new_tokens, self.context_length, self.context_source)
         pad = self.tokenizer.pad_token_id
         width = max(len(s) for s in seqs)
         input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)

@@ -48,7 +48,7 @@ from pathlib import Path
 import torch
 
 from corp import CorpError
-from corp.evaluate.backends.base import Generations, completion_seed, cut_at_stop, resolve_seeds
+from corp.evaluate.backends.base import Generations, check_fits, completion_seed, cut_at_stop, resolve_seeds
 from corp.evaluate.backends.hf import format_prompt
 from corp.evaluate.backends.host import HostCopy
 from corp.evaluate.backends.vllm_lora import LoRAPopulation, check_targets, install_grouped_cpu_ops, lora_slot_rank
@@ -504,17 +504,22 @@ class VLLMBackend(HostCopy):
         return self.llm.collective_rpc("corp_read_linear", args=(module_name,))[0]
 
     max_model_len: int | None = None
+    context_source = "vLLM's max_model_len, at most the model's max_position_embeddings"
 
-    def _encode(self, prompts) -> list[list[int]]:
+    @property
+    def context_length(self) -> int | None:
+        return self.max_model_len
+
+    def _tokens(self, prompts) -> list[list[int]]:
         tok = self.tokenizer
-        encoded = [tok(format_prompt(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
-        longest = max((len(e) for e in encoded), default=0)
-        if self.max_model_len is not None and longest >= self.max_model_len:
-            raise CorpError(
-                f"a prompt of {longest} tokens does not fit this model's context of {self.max_model_len} tokens "
-                "(vLLM's max_model_len, from the model's max_position_embeddings); use a model with a longer "
-                "context or a task with shorter prompts"
-            )
+        return [tok(format_prompt(tok, p), add_special_tokens=False)["input_ids"] for p in prompts]
+
+    def prompt_lengths(self, prompts) -> list[int]:
+        return [len(e) for e in self._tokens(prompts)]
+
+    def _encode(self, prompts, max_new_tokens: int) -> list[list[int]]:
+        encoded = self._tokens(prompts)
+        check_fits([len(e) for e in encoded], max_new_tokens, self.max_model_len, self.context_source)
         return encoded
 
     def _sampling(self, n: int, temperature: float, top_p: float, max_new_tokens: int, seed: int | None, stop):
@@ -550,7 +555,7 @@ class VLLMBackend(HostCopy):
         from vllm.inputs import TokensPrompt
 
         t0 = time.perf_counter()
-        encoded = self._encode(prompts)
+        encoded = self._encode(prompts, max_new_tokens)
         if temperature <= 0:
             jobs = [(i, None) for i in range(len(prompts))]
             requests = [TokensPrompt(prompt_token_ids=e) for e in encoded]
@@ -578,7 +583,7 @@ class VLLMBackend(HostCopy):
         if self.current is not None:
             raise RuntimeError("generate_lora: a direction is applied; LoRA specialists perturb the base")
         t0 = time.perf_counter()
-        encoded = self._encode(prompts)
+        encoded = self._encode(prompts, max_new_tokens)
         requests = [TokensPrompt(prompt_token_ids=e) for _ in lora_requests for e in encoded]
         per_row = [lr for lr in lora_requests for _ in encoded]
         try:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from corp.config import RunConfig
 from corp.evaluate.backends import Backend, make_backend
+from corp.evaluate.backends.base import check_fits
 from corp.evaluate.context.meta import run_scheme
 from corp.evaluate.rewards import reward_identity
 from corp.evaluate.tasks import Example, Task
@@ -42,6 +43,7 @@ class RunContext:
     population_source: dict | None = None  # where the population came from and which rows were taken (for the report)
     live: object | None = None  # corp.tracking.LiveLog under --report-to (open_run sets it)
     built_backend: bool = False  # the backend was built here, from the config (close() closes it)
+    prompts_checked: bool = False  # every prompt of the splits was found to fit the backend's context
 
     def log_row(self, path: str | Path, row: dict) -> None:
         """Append a metrics row (metrics.jsonl, rounds.jsonl) and hand it to `--report-to` live."""
@@ -64,6 +66,9 @@ class RunContext:
                 engine_options(self.cfg),
             )
             self.built_backend = True
+        if not self.prompts_checked:
+            self.prompts_checked = True
+            check_prompts_fit(self._backend, self.splits, self.max_new_tokens)
         return self._backend
 
     @property
@@ -136,6 +141,23 @@ class RunContext:
             ex.close()
         if self.lock is not None:
             self.lock.release()
+
+
+def check_prompts_fit(backend: Backend, splits: dict[str, list[Example]], max_new_tokens: int) -> None:
+    """Every prompt of the run's splits, with max_new_tokens, fits the model's context: checked once,
+    when the run first reaches its backend (before any generation), so a prompt too long is one line
+    naming its example and split, not a 1 TB allocation or hours of generation on a later split."""
+    if backend.context_length is None:
+        return
+    seen: set[str] = set()
+    for split, examples in splits.items():
+        todo = [e for e in examples if e.id not in seen]  # report-on validation: test is validation again
+        seen.update(e.id for e in todo)
+        lengths = backend.prompt_lengths([e.prompt for e in todo]) if todo else []
+        if lengths is None:
+            return  # a backend that cannot count without its engine: each `generate` call checks its own
+        names = [f"example '{e.id}' ({split} split)" for e in todo]
+        check_fits(lengths, max_new_tokens, backend.context_length, backend.context_source, names)
 
 
 def engine_options(cfg) -> dict:
