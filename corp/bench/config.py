@@ -249,6 +249,9 @@ class BenchConfig:
         bad = [b for b in self.budgets if not (b > 0 and math.isfinite(b))]
         if bad:
             raise CorpError(f"bench config: budgets must be > 0 FLOPs, got {bad[0]}")
+        twice = [b for b, c in zip(self.budgets, self.budgets[1:]) if math.isclose(b, c, rel_tol=1e-9)]
+        if twice:  # one budget twice is every cell at it twice: the same runs counted as two budgets
+            raise CorpError(f"bench config: budgets repeat {twice[0]:.3g}; give each budget once")
         for s in self.settings:
             if s not in SETTINGS:
                 raise CorpError(f"bench config: unknown setting '{s}'; choose from {', '.join(SETTINGS)}")
