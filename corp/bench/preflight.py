@@ -5,12 +5,14 @@ comparisons naming a row no cell can report."""
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 from corp import CorpError
 from corp.bench.budget import min_budget
 from corp.bench.config import BenchConfig, results_path
 from corp.bench.plan import Cell, _clip, _min_units, _values, check_compare
+from corp.bench.records import check_record
 from corp.config import check_types, in_scales, load_config
 from corp.evaluate.backends import make_backend
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits
@@ -19,31 +21,49 @@ from corp.methods import get_method
 from corp.runs import check_writable
 
 
-def check_results_dir(cfg: BenchConfig) -> Path:
+def check_existing_results(cfg: BenchConfig) -> Path:
+    """The results directory, if there, is a directory whose cell records all read back (nothing is written)."""
     out = results_path(cfg)
     if out.exists() and not out.is_dir():
         raise CorpError(f"results directory '{out}' is a file; set results_dir/name to a directory")
-    try:
+    with _permissions(out):
+        for rec in sorted((out / "cells").glob("*.json")) if (out / "cells").is_dir() else []:
+            _check_record(rec)
+    return out
+
+
+def check_results_dir(cfg: BenchConfig) -> Path:
+    """The results directory and its cells/, made and checked writable: only once the whole config
+    passed, so a refused bench leaves nothing behind."""
+    out = results_path(cfg)
+    with _permissions(out):
         (out / "cells").mkdir(parents=True, exist_ok=True)
         check_writable(out, ".corp-bench-write-test.")
-        for rec in sorted((out / "cells").glob("*.json")):
-            _check_record(rec)
+    return out
+
+
+@contextmanager
+def _permissions(out: Path):
+    try:
+        yield
     except OSError as exc:
         raise CorpError(
             f"results directory '{out}' cannot be read or written ({type(exc).__name__}: "
             f"{exc}); fix its permissions or choose another results_dir"
         ) from None
-    return out
 
 
 def _check_record(rec: Path) -> None:
-    """A cell record that does not parse (cut short by a full disk or a kill mid-copy) is damaged,
-    not a permissions problem: one line naming it and what to do."""
+    """A cell record that does not parse (cut short by a full disk or a kill mid-copy), or parses
+    but is not a cell record of any edition (another file under its name), is damaged, not a
+    permissions problem: one line naming it and what to do. The bench never reruns its cell over it."""
     try:
-        json.loads(rec.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        obj = json.loads(rec.read_text())
+        check_record(obj if isinstance(obj, dict) else {}, where="its JSON")
+    except (json.JSONDecodeError, UnicodeDecodeError, CorpError) as exc:
+        why = str(exc).split(";")[0] if isinstance(exc, CorpError) else str(exc)
         raise CorpError(
-            f"bench record '{rec}' is damaged ({exc}); move it aside (e.g. to '{rec.name}.damaged') and rerun: "
+            f"bench record '{rec}' is damaged ({why}); move it aside (e.g. to '{rec.name}.damaged') and rerun: "
             "its cell runs again"
         ) from None
 
@@ -96,7 +116,7 @@ def _validate_options(
 def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> dict:
     """Every check that needs no generation. Returns {(task, setting-of-sizes): min FLOPs info}."""
 
-    check_results_dir(cfg)
+    check_existing_results(cfg)
     splits_of: dict[tuple, dict] = {}
     for cell in cells:
         sizes = (
@@ -113,8 +133,16 @@ def preflight(cfg: BenchConfig, cells: list[Cell], load_model: bool = True) -> d
             )  # a test size beyond the pool fails here
         _validate_options(cell, splits_of[sizes], cfg.population, cfg.sigmas)
     check_compare(cfg, cells)
+    info = _check_budgets(cfg, cells, splits_of) if load_model else {}
+    check_results_dir(cfg)  # made now that the config passed
+    return info
+
+
+def _check_budgets(cfg: BenchConfig, cells: list[Cell], splits_of: dict[tuple, dict]) -> dict:
+    """A budget no method can fit is bad input (the model is loaded to count its parameters and the
+    prompts' tokens). Returns {"n_params": ...}, or {} when no cell has a budget."""
     budgeted = [c for c in cells if c.adapter.kind != FIXED]
-    if not (load_model and budgeted):
+    if not budgeted:
         return {}
 
     backend = make_backend(cfg.backend, cfg.model, cfg.device, cfg.dtype, cfg.batch_size)

@@ -106,7 +106,7 @@ def final_records(out: Path) -> list[str]:
         try:
             rec = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
-            continue  # a damaged record is named by check_results_dir
+            continue  # a damaged record is named by preflight.check_existing_results
         if rec.get("setting") != "tune" and rec.get("bench_protocol", 1) == BENCH_PROTOCOL:
             names.append(path.name)
     return names
