@@ -3,6 +3,8 @@ anything is computed or written, and --report-only keeps the outputs' provenance
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from corp import CorpError
@@ -47,3 +49,16 @@ def test_a_cell_file_that_parses_but_is_no_cell_record_is_refused_and_kept(tiny_
         run_bench(cfg, "corp bench")
     assert path.read_text() == text, "the user's file was overwritten"
     assert not (tmp_path / "work").exists(), "a cell ran"
+
+
+def test_report_only_keeps_the_recorded_made_by_line(tiny_dir, tmp_path):
+    from corp.bench.sweep import run_bench
+
+    cfg = _cfg(tiny_dir, tmp_path)
+    run_bench(cfg, "corp bench --config b.yaml --threads 1")
+    out = tmp_path / "results" / "tiny"
+    made = "Made by `corp bench --config b.yaml --threads 1`"
+    assert made in (out / "table.md").read_text()
+    run_bench(cfg, "corp bench --config b.yaml", compute=False)  # --report-only without --threads 1
+    assert made in (out / "table.md").read_text()
+    assert json.loads((out / "bench.json").read_text())["command"] == "corp bench --config b.yaml --threads 1"

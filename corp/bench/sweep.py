@@ -18,6 +18,8 @@ split sizes, budgets below a method's minimum, the results directory), one error
 
 from __future__ import annotations
 
+import json
+
 from corp import CorpError
 from corp.bench.cells import Bench
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig, results_path
@@ -93,6 +95,8 @@ def run_bench(
     tuning = [r for r in records if r["setting"] == "tune"]
     records = [r for r in records if r["setting"] != "tune"]
     n_final = sum(c.setting != "tune" for c in cells)
+    if not compute:  # --report-only rewrites the outputs of cells another command ran: its "Made by" stays
+        command = recorded_command(cfg) or command
     summary = write_outputs(
         cfg, records, missing, command, not_run=n_final - len(records), tuning=tuning, older=len(older)
     )
@@ -123,6 +127,16 @@ def _check_selection(cfg: BenchConfig, cells: list[Cell], missing: list[dict], o
                 f"{', '.join(sorted({c.label for c in cells}))}"
             )
     return only_task
+
+
+def recorded_command(cfg: BenchConfig) -> str | None:
+    """The command bench.json says made the outputs (the one that ran the cells); None when there is none."""
+    path = results_path(cfg) / "bench.json"
+    try:
+        command = json.loads(path.read_text()).get("command")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return command if isinstance(command, str) and command else None
 
 
 def old_protocol_records(cfg: BenchConfig) -> dict[str, str]:
