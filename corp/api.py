@@ -130,10 +130,12 @@ def make_config(method: str, config: str | None = None, **options):
 
 
 def _refuse_two_names(cls: type, options: dict) -> None:
-    """A field given under its own name and its option name (`run_dir=A, output_dir=B`): one would
-    silently win, so both are refused, as the CLI refuses `--run-dir A --output-dir B`."""
+    """A field given under its own name and its option name with two values (`run_dir=A,
+    output_dir=B`): one would silently win, so the pair is refused, as the CLI refuses
+    `--run-dir A --output-dir B`. The same value under both names is one choice."""
     for field_name, option in config_option_names(cls).items():
-        if option != field_name and options.get(field_name) is not None and options.get(option) is not None:
+        given = options.get(field_name), options.get(option)
+        if option != field_name and None not in given and given[0] != given[1]:
             raise ValueError(
                 f"{field_name}={options[field_name]!r} and {option}={options[option]!r} name one option "
                 f"({field_name} is {option}'s field name); give only {option}"

@@ -213,6 +213,7 @@ def test_run_dir_and_output_dir_together_are_refused_naming_both(tmp_path):
     with pytest.raises(ValueError, match="run_dir=.*output_dir=.*give only output_dir"):
         make_config("randopt", run_dir=str(tmp_path / "a"), output_dir=str(tmp_path / "b"))
     assert make_config("randopt", output_dir=str(tmp_path / "b")).run_dir == str(tmp_path / "b")
+    assert make_config("randopt", max_new_tokens=4, max_completion_length=4).max_new_tokens == 4  # one value
 
 
 def test_a_read_only_cache_is_one_line_naming_corp_cache(tmp_path, monkeypatch):
