@@ -17,9 +17,11 @@ import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from corp.config import PopulationConfig
+from corp.models import check_output_dir
 
 # split sizes of a smoke run: every split non-empty, so any method finds what it needs
 SMALL = {"n_support": 4, "n_probe": 4, "n_validation": 4, "n_test": 4, "max_new_tokens": 4, "batch_size": 8}
@@ -165,6 +167,9 @@ class Method:
         return issubclass(self.config, PopulationConfig)
 
     def __call__(self, cfg, backend=None) -> dict:
+        if self.model and getattr(cfg, "run_dir", None):
+            # RUN_DIR/model is saved at the end: a file there it may not replace is refused before any work
+            check_output_dir(Path(cfg.run_dir) / "model")
         if backend is None:
             return self.run(cfg)
         if not self.takes_backend:

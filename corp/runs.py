@@ -70,6 +70,8 @@ def open_run_dir(
     path = Path(run_dir) if run_dir else Path(root) / run_name(task, method, seed)
     if path.exists() and not path.is_dir():
         raise CorpError(f"--output-dir '{path}' is a file, not a directory; pass a directory")
+    if path.is_dir():
+        check_run_dir_is_corps(path)
     created = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -79,6 +81,23 @@ def open_run_dir(
             f"run directory '{path}' is not writable ({exc.strerror}); pass a writable --output-dir"
         ) from None
     return path, created
+
+
+def check_run_dir_is_corps(path: Path) -> None:
+    """Refuse to reuse a non-empty directory corp did not make as a run directory: corp writes its
+    config.yaml, population.jsonl and the rest there, over (or appended to) files of the same names,
+    so a directory without a run's marks (`RUN_MARKS`) is the user's and stays untouched."""
+    try:
+        empty = not any(path.iterdir())
+    except OSError as exc:
+        raise CorpError(
+            f"run directory '{path}' cannot be read ({exc.strerror}); pass a readable --output-dir"
+        ) from None
+    if not empty and not any((path / name).is_file() for name in RUN_MARKS):
+        raise CorpError(
+            f"--output-dir '{path}' is a non-empty directory corp did not make (no {STATUS_FILE}), and a run "
+            "would write its files over yours there; pass a new or empty directory, or a run directory corp made"
+        )
 
 
 def check_writable(folder: Path, prefix: str) -> None:
@@ -98,6 +117,9 @@ STATUS_FILE = "run_status.json"
 FAILED_FILE = "FAILED"
 # what setup writes before anything is computed: a failed run holding only these computed nothing
 SETUP_FILES = frozenset({LOCK_FILE, STATUS_FILE, FAILED_FILE, "config.yaml", "splits.json", "population_meta.json"})
+# a directory holding one of these is a run directory corp made (its status and lock from setup on;
+# the population's meta, for a run copied without them), so it may be resumed
+RUN_MARKS = (STATUS_FILE, LOCK_FILE, "population_meta.json")
 
 
 def enclosing_run_dir(path: str | Path) -> Path | None:

@@ -277,3 +277,38 @@ def test_a_prompt_longer_than_the_context_is_one_line_naming_its_example_before_
     with pytest.raises(CorpError, match="is 30[0-9] tokens long.*needs 3[0-9][0-9] positions"):
         fresh_backend().generate(["1" * 300], 8)
     assert fresh_backend().generate(["1" * 200], 8).texts  # 200 + 8 <= 256: fits
+
+
+def test_a_non_empty_directory_corp_did_not_make_is_refused_before_any_work(tmp_path):
+    """Issue 57: `--output-dir` on the user's own directory overwrote their config.yaml and appended to
+    (and resumed from) their population.jsonl. Now one line, nothing read or written there."""
+    mine = tmp_path / "userdir"
+    mine.mkdir()
+    (mine / "config.yaml").write_text("my: settings\n")
+    (mine / "population.jsonl").write_text('{"key": "mine", "reward": 9}\n')
+    snapshot = {p.name: p.read_bytes() for p in mine.iterdir()}
+    backend, calls = counting(fresh_backend())
+    for method in ("score", "consolidate"):
+        with pytest.raises(CorpError, match=r"userdir' is a non-empty directory corp did not make.*new or empty"):
+            setup_run(tiny_cfg(mine), method, backend)
+    assert {p.name: p.read_bytes() for p in mine.iterdir()} == snapshot and calls == []
+    # an empty directory, and a run directory corp made, are still taken (a resume)
+    (tmp_path / "empty").mkdir()
+    setup_run(tiny_cfg(tmp_path / "empty"), "score", backend).close()
+    setup_run(tiny_cfg(tmp_path / "empty"), "score", backend).close()
+
+
+def test_a_user_file_under_run_dir_model_is_refused_before_scoring(tmp_path):
+    """Issue 57: a file of the user's in RUN_DIR/model was refused only when the model was saved, after
+    all the scoring; a method that saves the model now checks the place before any work."""
+    from corp.methods import get_method
+    from tests.conftest import tiny_consolidate_config
+
+    run = tmp_path / "run"
+    setup_run(tiny_cfg(run), "score", fresh_backend()).close()  # a run directory corp made
+    (run / "model").mkdir()
+    (run / "model" / "notes.md").write_text("mine")
+    backend, calls = counting(fresh_backend())
+    with pytest.raises(CorpError, match=r"model/notes\.md"):
+        get_method("consolidate")(tiny_consolidate_config("unused", run), backend)
+    assert calls == [] and (run / "model" / "notes.md").read_text() == "mine"
