@@ -254,12 +254,14 @@ def main() -> int:
             (root / "es-run").mkdir()
             (root / "es-run" / "recipe.json").write_text("{}")
             in_process_cases(p, root / "es-run" / "recipe.json", root / "score-run")
+            issue57_cases(p)
             print(
                 f"\n{len(p.listed)} in-process cases, per command: {dict(collections.Counter(c for c, _ in p.listed))}"
             )
             return 0
         recipe, score_run = setup(p)
         in_process_cases(p, recipe, score_run)
+        issue57_cases(p)
         if not args.no_subprocess and not args.only:
             subprocess_cases(p, recipe)
     finally:
@@ -789,6 +791,127 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
     p.case("corp", "corp trian (a typo of a command)", ["trian"], "error", "trian")
     for m in [*METHODS, "apply", "bench", "models", "tasks"]:
         p.case(m, "--help", [m, "--help"], "ok", extra=lambda r: "Usage" in r.stdout)
+
+
+# ---------------------------------------------------------------- issue 57: custom data and the Python API
+
+
+def api_case(p: Probe, name: str, call, expect: type | None, *fragments: str, extra=None) -> None:
+    """Run `call()` (corp's Python API) in the probe's directory and check it: it raises `expect`, one
+    line naming every fragment; or (expect None) it returns and `extra(result)` holds."""
+    if p.only and not any(part in f"api {name}" for part in p.only.split("|")):
+        return
+    if p.listing:
+        p.listed.append(("api", name))
+        print(f"[api] {name}")
+        return
+    here = os.getcwd()
+    os.chdir(p.root)
+    try:
+        got = call()
+        ok, why = expect is None and (extra is None or bool(extra(got))), f"returned {got!r}"[:900]
+    except Exception as exc:  # noqa: BLE001 -- any escape is the case's outcome, checked below
+        msg = str(exc)
+        ok = expect is not None and isinstance(exc, expect) and "\n" not in msg and all(f in msg for f in fragments)
+        why = "".join(traceback.format_exception(exc))[-1500:]
+    finally:
+        os.chdir(here)
+    p.check("api", name, ok, why)
+
+
+def issue57_cases(p: Probe) -> None:
+    import corp
+
+    files = p.root / "inputs-57"
+    files.mkdir(exist_ok=True)
+    os.environ["CORP_CACHE"] = str(p.root / "cache")  # the API's datasets: here, not in the user's cache
+    rows = [{"prompt": f"{i} + {i} =", "answer": str(2 * i)} for i in range(8)]
+
+    def jsonl(name: str, records: list) -> Path:
+        (files / name).write_text("".join(json.dumps(r) + "\n" for r in records))
+        return files / name
+
+    # a prompt longer than the tiny model's context (256 positions): one line naming the row, no generation
+    long = jsonl("long.jsonl", [*rows[:3], {"prompt": "1" * 5000, "answer": "1"}])
+    argv = p.tiny("score", "--task", f"jsonl:{long}", "--n-support", "2", "--n-test", "2")
+    p.case("score", "a jsonl prompt longer than the context (issue 57)", argv, "error", "line-4", "context of 256")
+    # duplicate rows: dropped with a note, no prompt in two splits
+    dup = jsonl("dup.jsonl", rows[:4] * 2)
+    run = p.run_dir()
+    argv = ["score", *p.small(run), *TINY["score"], "--task", f"jsonl:{dup}"]
+
+    def disjoint(res) -> bool:
+        ids = [i for s in json.loads((run / "splits.json").read_text()).values() if isinstance(s, list) for i in s]
+        prompts = [(rows[:4] * 2)[int(i.split("-")[1]) - 1]["prompt"] for i in ids]
+        return "dropped" in res.stderr and len(prompts) == len(set(prompts)) == 4
+
+    p.case("score", "duplicate jsonl rows: no prompt in two splits (issue 57)", argv, "ok", extra=disjoint)
+
+    small = dict(n_support=2, n_probe=0, n_validation=0, n_test=2, max_completion_length=2)
+    small.update(population=2, sigmas=[0.05], top_k=[1])
+
+    def randopt(reward, data=rows, **kw):
+        return lambda: corp.train_randopt(str(p.model), data, reward, **{**small, **kw})
+
+    def tiny_object():
+        from transformers import AutoModelForCausalLM
+
+        return corp.train_randopt(AutoModelForCausalLM.from_pretrained(p.model), rows, _flat)
+
+    api_case(p, "train_randopt(<a model object>) (issue 57)", tiny_object, TypeError, "model", "save_pretrained")
+    (files / "a-file").write_text("")
+
+    def cache_under_a_file():
+        os.environ["CORP_CACHE"] = str(files / "a-file" / "cache")
+        try:
+            return randopt(_flat, [*rows, {"prompt": "new", "answer": "1"}])()  # a dataset not cached yet
+        finally:
+            os.environ["CORP_CACHE"] = str(p.root / "cache")
+
+    api_case(p, "a CORP_CACHE that cannot be written (issue 57)", cache_under_a_file, corp.CorpError, "CORP_CACHE")
+    both = randopt(_flat, run_dir=str(files / "a"), output_dir=str(files / "b"))
+    api_case(p, "run_dir=A with output_dir=B (issue 57)", both, ValueError, "run_dir", "output_dir")
+    for value, shown in ((float("nan"), "nan (float)"), ("1.0", "'1.0' (str)"), ("2d", "ndarray of shape (1, 2)")):
+        api_case(p, f"a reward returning {shown} (issue 57)", randopt(_returning(value)), corp.CorpError, shown)
+    bad = [*rows[:3], {"prompt": "p", "answer": ["4"]}, *rows[4:]]
+    api_case(p, "an answer of the wrong type (issue 57)", randopt(_flat, bad), corp.CorpError, "row 3", "'answer'")
+    # a module-level global the reward reads changes between two runs in one directory: never its old rows
+    out = str(files / "global-run")
+    first = randopt(_global_scale, output_dir=out)
+    api_case(p, "a reward reading a global, first run (issue 57)", first, None)
+
+    def changed():
+        global SCALE
+        SCALE = 9.0
+        try:
+            return [r["reward"] for r in randopt(_global_scale, output_dir=out, population=4)().population()]
+        except corp.CorpError as exc:  # refusing the changed reward's resume is right too
+            return str(exc)
+        finally:
+            SCALE = 1.0
+
+    fresh = lambda got: isinstance(got, str) or set(got) == {9.0}  # noqa: E731
+    api_case(p, "the global changed: no stale rows resumed (issue 57)", changed, None, extra=fresh)
+
+
+SCALE = 1.0  # read by `_global_scale` (issue 57's stale-resume case)
+
+
+def _global_scale(completions, **kw):
+    return [SCALE for _ in completions]
+
+
+def _flat(completions, **kw):
+    return [0.5 for _ in completions]
+
+
+def _returning(value):
+    def reward(completions, **kw):
+        import numpy as np
+
+        return [np.array([[1.0, 2.0]]) if value == "2d" else value for _ in completions]
+
+    return reward
 
 
 # ---------------------------------------------------------------- in fresh processes: faults, kills, users
