@@ -122,6 +122,13 @@ SETUP_FILES = frozenset({LOCK_FILE, STATUS_FILE, FAILED_FILE, "config.yaml", "sp
 RUN_MARKS = (STATUS_FILE, LOCK_FILE, "population_meta.json")
 
 
+def holds_results(run_dir: str | Path) -> bool:
+    """Whether a run directory holds anything beyond what setup writes (rows, a checkpoint, a report):
+    only then may an interrupted run say that its work is saved there."""
+    path = Path(run_dir)
+    return path.is_dir() and any(p.name not in SETUP_FILES for p in path.iterdir())
+
+
 def enclosing_run_dir(path: str | Path) -> Path | None:
     """The corp run directory `path` is in or is (it, or a parent, has a run status or lock file), else None."""
     p = Path(path).expanduser().resolve()

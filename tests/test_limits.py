@@ -194,6 +194,50 @@ def test_ctrl_c_says_what_fits_the_command(command, tmp_path, monkeypatch):
     assert ("--out" in said[0]) if command == "apply" else ("--output-dir" in said[0] and str(tmp_path) in said[0])
 
 
+def test_ctrl_c_names_where_the_work_is_saved_and_never_claims_what_was_not(tiny_dir, tmp_path, monkeypatch):
+    """Issue 57: `corp analyze-rank` (no --output-dir) interrupted said "every evaluation already finished is
+    saved; rerun with the same --output-dir to resume" naming no directory, and nothing of the analysis
+    was saved. Now the line names the run directory its rows are in, or says nothing was saved."""
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("corp.methods.analyze_rank.split_half.analyze_population", interrupted)
+    small = ["--model", str(tiny_dir), "--task", "arith", "--n-support", "2", "--n-probe", "0", "--n-validation", "0"]
+    small += ["--n-test", "2", "--max-completion-length", "2", "--population", "4", "--sigmas", "0.05"]
+    small += ["--splits", "1", "--permutations", "19", "--skip-power", "--ranks", "1"]
+    res = CliRunner().invoke(app, ["analyze-rank", *small])  # scores the population into runs/NAME, then Ctrl-C
+    said = [ln for ln in res.output.splitlines() if ln.startswith("interrupted")]
+    (run,) = (tmp_path / "runs").iterdir()
+    assert res.exit_code == 130 and len(said) == 1, res.output
+    assert (
+        f"saved in '{run.relative_to(tmp_path)}'" in said[0] and f"--output-dir {run.relative_to(tmp_path)}" in said[0]
+    )
+    assert (run / "population.jsonl").is_file()
+    # the analysis of an existing run, interrupted: nothing of it was saved, and the line says so
+    res = CliRunner().invoke(app, ["analyze-rank", "--from-run", str(run), "--splits", "1", "--ranks", "1"])
+    said = [ln for ln in res.output.splitlines() if ln.startswith("interrupted")]
+    assert res.exit_code == 130 and len(said) == 1 and "saved nothing" in said[0] and "is saved" not in said[0], said
+
+
+def test_a_full_disk_in_apply_names_out_not_output_dir(monkeypatch):
+    """Issue 57: a full disk in `corp apply` said "the same --output-dir resumes"; apply takes --out."""
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", "/x/out/README.md")
+
+    monkeypatch.setattr("corp.cli.apply_recipe", full)
+    res = CliRunner().invoke(app, ["apply", "recipe.json", "--out", "/x/out"])
+    assert res.exit_code == 2 and "--out" in res.output and "--output-dir" not in res.output, res.output
+
+
 def test_a_long_task_label_gives_bounded_plot_names():
     from corp.bench.config import _file
 

@@ -21,7 +21,16 @@ from corp.evaluate.context.run_context import RunContext
 from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.tasks import SPLITS, SplitSizes, dev_pool, get_task, make_splits
 from corp.models import check_model_reachable
-from corp.runs import RunLock, finish_run_dir, open_run_dir, read_json, write_json, write_status, write_yaml
+from corp.runs import (
+    RunLock,
+    finish_run_dir,
+    holds_results,
+    open_run_dir,
+    read_json,
+    write_json,
+    write_status,
+    write_yaml,
+)
 from corp.tracking import LiveLog, parse_report_to
 
 
@@ -146,6 +155,7 @@ def open_run(
         export_report_to(ctx, fail_on_write=True)
     except BaseException as exc:
         finish_run_dir(ctx.run_dir, ctx.created, exc)
+        _note_run(exc, ctx.run_dir)
         if not exported:
             export_report_to(ctx)  # a failed run's logged steps too; the run's own error is the one reported
         raise
@@ -155,6 +165,16 @@ def open_run(
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
         ctx.close()
+
+
+def _note_run(exc: BaseException, run_dir) -> None:
+    """Record on the error that ends a run where it ran and whether anything it did is kept there
+    (`corp_run_dir`, `corp_saved`): the CLI's Ctrl-C and full-disk lines name the directory to resume
+    with, and never say work was saved when none was (a run in runs/NAME without --output-dir too)."""
+    try:
+        exc.corp_run_dir, exc.corp_saved = run_dir, holds_results(run_dir)
+    except (AttributeError, TypeError, OSError):  # an exception type without attributes; an unreadable directory
+        pass
 
 
 def _sigterm_as_interrupt(signum, frame):
