@@ -356,8 +356,11 @@ def write_card(model_dir: Path, text: str) -> Path:
     target = model_dir / CARD_FILE
     tmp = model_dir / f".{CARD_FILE}.tmp"
     with naming(target):  # a full disk names the card
-        tmp.write_text(text)
-        os.replace(tmp, target)
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)  # a card that could not be written leaves no half of it behind
     return target
 
 
@@ -417,7 +420,13 @@ def recipe_run(recipe_path: Path, recipe: dict) -> Path | None:
 
 
 def apply_model_card(out: Path, recipe_path: Path, recipe: dict, base_name: str, mismatch: dict | None = None) -> Path:
-    """The card of a model `corp apply` rebuilt: the recipe's facts and, if its run is still there
+    """Write `apply_card_text` into the model directory `out`."""
+    return write_card(out, apply_card_text(out, recipe_path, recipe, base_name, mismatch))
+
+
+def apply_card_text(out: Path, recipe_path: Path, recipe: dict, base_name: str, mismatch: dict | None = None) -> str:
+    """The card of a model `corp apply` rebuilds into `out` (made before the model is saved: it is
+    written with it, before the marker, so no marked model lacks its card): the recipe's facts and, if its run is still there
     (`recipe_run`), that run's report. With `mismatch` (`--allow-mismatch`: the rebuilt weights are
     not the ones the run evaluated) the card says so first and takes nothing from the run."""
     made = recipe.get("made_by") or {}
@@ -453,4 +462,4 @@ def apply_model_card(out: Path, recipe_path: Path, recipe: dict, base_name: str,
         made_by=f"`corp apply {_portable(str(recipe_path.resolve()), out)}`",
         notice=notice,
     )
-    return write_card(out, text)
+    return text

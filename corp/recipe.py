@@ -47,9 +47,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from corp import CorpError
-from corp.cards import apply_model_card
+from corp.cards import apply_card_text
 from corp.lowrank import LowRankDirection, load_factors
-from corp.models import ALIASES, EmbeddedGGUF, check_output_dir, load_model, model_caches, resolve_model, save_model
+from corp.models import (
+    ALIASES,
+    CARD_FILE,
+    EmbeddedGGUF,
+    check_output_dir,
+    load_model,
+    model_caches,
+    resolve_model,
+    save_model,
+)
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, check_scheme, weights_hash
 from corp.runs import enclosing_run_dir, read_json, write_json
 
@@ -290,7 +299,7 @@ def apply_recipe(
             f"output '{out}' is inside the run directory '{run_dir}', whose recipe and report "
             "describe the model saved there; name a directory outside any run directory"
         )
-    check_output_dir(out, overwrite, protect)
+    target = check_output_dir(out, overwrite, protect)
     base, tokenizer, _, _ = load_model(name, dtype=recipe.get("model_dtype"))
     found = weights_hash(base)
     if found != recipe["base_weights_hash"]:
@@ -332,7 +341,8 @@ def apply_recipe(
             warnings.warn(f"{what}; writing it anyway (--allow-mismatch)")
             source["mismatch"] = {"rebuilt": rebuilt, "evaluated": expected}
         source["checked"] = rebuilt == expected
-    target = save_model(base, tokenizer, out, overwrite=overwrite, protect=protect, source=source)
-
-    apply_model_card(target, Path(path), recipe, name, mismatch=source.get("mismatch"))
-    return target
+    # the card is one of the model's files, written before the marker: a full disk while writing it
+    # leaves the earlier model (or nothing), never a marked model without its card
+    card = apply_card_text(target, Path(path), recipe, name, mismatch=source.get("mismatch"))
+    extra = {CARD_FILE: card}
+    return save_model(base, tokenizer, out, extra_files=extra, overwrite=overwrite, protect=protect, source=source)

@@ -337,6 +337,55 @@ def test_a_tokenizer_save_on_a_full_disk_is_one_line_naming_out(corp_recipe, tmp
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.parametrize("earlier", [False, True])
+def test_a_full_disk_while_writing_the_card_leaves_no_marked_model_without_it(
+    corp_recipe, tmp_path, monkeypatch, earlier
+):
+    """Issue 57: a full disk while `corp apply` wrote the card said "the same --output-dir resumes",
+    left `.README.md.tmp` and a corp_model.json saying "checked": true with no card. The card is now
+    written with the model, before the marker: one line naming --out, nothing left, the earlier model
+    (or none) in place."""
+    import errno
+
+    recipe, _, _ = corp_recipe
+    out = tmp_path / "out"
+    if earlier:
+        apply_recipe(recipe, out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()} if earlier else None
+    real = Path.write_text
+
+    def full(self, text, *a, **k):
+        if self.name.startswith(("README.md", ".README.md")):
+            real(self, "")  # the file is made, then the disk fills
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, text, *a, **k)
+
+    monkeypatch.setattr(Path, "write_text", full)
+    res = apply_cli(recipe, "--out", out)
+    lines = [ln for ln in res.output.splitlines() if ln.startswith("error")]
+    assert res.exit_code == 2 and len(lines) == 1 and "Traceback" not in res.output, res.output
+    assert str(out) in lines[0] and "No space left on device" in lines[0] and "--output-dir" not in lines[0]
+    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name], "no temporary file or directory is left"
+    if earlier:
+        assert {p.name: p.read_bytes() for p in out.iterdir()} == before, "the earlier model is kept as it was"
+    else:
+        assert not out.exists()
+
+
+def test_a_card_that_cannot_be_written_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import errno
+
+    from corp.cards import write_card
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr("corp.cards.os.replace", full)
+    with pytest.raises(OSError, match="No space"):
+        write_card(tmp_path, "card")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_legacy_es_recipe_is_read_as_kind_es_with_the_offline_alias_first():
     recipe = load_recipe(REPO / "results" / "baselines-smollm2-arith" / "es-recipe.json")
     assert recipe["kind"] == "es" and recipe["base_model_id"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
