@@ -26,6 +26,7 @@ from typing import Any
 
 from corp.config import RunConfig, flag
 from corp.models import CARD_FILE, MARKER, embedded_spec
+from corp.operator.gate import kept_out_line, margin_line
 from corp.runs import naming
 from corp.stats import comparison_line
 
@@ -108,6 +109,22 @@ def _model_row(report: dict | None) -> dict | None:
     return rows[-1] if rows and rows[-1].get("method") != "base" else None
 
 
+def _sentence(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def _gate_lines(made: dict, report: dict | None) -> list[str]:
+    """The gate's margin (wins and losses of n, the paired mean difference, its bound and z, what it decided)
+    and, when it kept the base, what the candidate it kept out scored on test beside the base (issue 55)."""
+    lines = []
+    if isinstance(made.get("gate"), dict) and "wins" in made["gate"]:
+        lines += ["", f"{_sentence(margin_line(made['gate']))}."]
+    cand = ((report or {}).get("corp") or {}).get("candidate_test")
+    if cand and not cand.get("deployed"):
+        lines += ["", f"{_sentence(kept_out_line(cand))}."]
+    return lines
+
+
 def _weights_lines(method: str, recipe: dict | None, report: dict | None) -> list[str]:
     """The card's first lines: what these weights are, and which result row is theirs."""
     made = (recipe or {}).get("made_by") or {}
@@ -132,6 +149,7 @@ def _weights_lines(method: str, recipe: dict | None, report: dict | None) -> lis
     lines = [what]
     if made.get("reason"):
         lines += ["", f"Gate: {made['reason']}."]
+    lines += _gate_lines(made, report)
     row = _model_row(report)
     if row is not None:
         lines += [

@@ -2026,3 +2026,43 @@ def test_a_narrow_flops_axis_gets_a_few_plain_labels_not_every_minor_tick(xs, pl
     assert all("10^{13}" in t or "10^{14}" in t for t in labels([1.3e13, 2.4e14])), (
         "a wide axis keeps matplotlib's labels"
     )
+
+
+def _corp_cell(seed: int, accepted: bool, acc: float, candidate: float | None = None, label: str = "corp") -> dict:
+    """A CoRP cell record as the gate section reads it: its row, and what the gate decided."""
+    detail: dict = {"accepted": accepted, "reason": "..."}
+    if candidate is not None:  # recorded since issue 55 when the gate kept the base
+        detail["candidate_test"] = {"candidate": "m2", "deployed": False, "accuracy": candidate, "base_accuracy": acc}
+    row = {"name": label, "report_row": "corp" if accepted else "corp (abstained=base)", "accuracy": acc}
+    pop = {"name": f"{label}/randopt-top1", "report_row": "randopt-top1", "accuracy": 0.9, "population_row": True}
+    return {
+        "task": "arith",
+        "setting": "equal-data",
+        "seed": seed,
+        "label": label,
+        "rows": [row, pop],
+        "detail": detail,
+    }
+
+
+def test_the_bench_counts_what_the_gate_cost_and_saved_on_test():
+    """Issue 55: across the bench's CoRP cells, how often the gate kept the base where its candidate was better on
+    test (its cost), where it was worse (what it saved), and deployed a candidate worse than the base; a cell
+    recorded before the candidate's test score was is counted as not recorded."""
+    from corp.bench.report.gate import gate_section
+
+    base = {"task": "arith", "setting": "equal-data", "label": "self-consistency"}
+    records = [
+        *({**base, "seed": s, "rows": [{"name": "base", "report_row": "base", "accuracy": 0.2}]} for s in range(6)),
+        _corp_cell(0, True, 0.3),  # deployed, better than the base's 0.2
+        _corp_cell(1, True, 0.1),  # deployed, worse
+        _corp_cell(2, False, 0.2, candidate=0.35),  # kept the base; the candidate was better: the cost
+        _corp_cell(3, False, 0.2, candidate=0.05),  # kept; the candidate was worse: saved
+        _corp_cell(4, False, 0.2, candidate=0.2),  # kept; tied
+        _corp_cell(5, False, 0.2),  # kept, an older record: not recorded
+        {**_corp_cell(0, False, 0.2, candidate=0.9), "setting": "tune"},  # a trial: not a final cell
+    ]
+    lines = gate_section(records)
+    assert lines[0] == "## The gate's decisions on test"
+    assert "| corp | 6 | 2 | 1 (mean -0.100) | 4 | 1 (mean +0.150) | 1 (mean -0.150) | 1 | 1 |" in lines, lines
+    assert gate_section(records[:6]) == [], "no CoRP cell, no section"

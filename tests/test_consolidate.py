@@ -464,3 +464,67 @@ def test_every_registered_merge_rule_weights_the_elites(rule):
         w, np.asarray(MERGE_RULES[rule].weights(rewards, G, MergeParams(q=0.5, beta=5.0)), dtype=np.float64)
     )
     assert MERGE_RULES.lookup(rule).name == rule
+
+
+def _six_and_three():
+    """Issue 55's seed-2 gate: the candidate right on 6 validation examples the base got wrong, wrong on 3 the
+    base got right, of 64; its lower bound is exactly 0, so the gate kept the base."""
+    candidate = [1] * 6 + [0] * 3 + [1] * 10 + [0] * 45
+    base = [0] * 6 + [1] * 3 + [1] * 10 + [0] * 45
+    return paired_gate(candidate, base, z=1.0)
+
+
+def test_the_gate_states_its_margin_wins_and_losses_of_n():
+    from corp.operator.gate import margin, margin_line
+
+    g = _six_and_three()
+    assert (g.wins, g.losses, g.n, g.accepted) == (6, 3, 64, False)
+    m = margin(g.to_dict())
+    assert m["kept_base"] and m["decision"] == "kept the base" and m["gate_z"] == 1.0
+    assert (m["wins"], m["losses"], m["lcb"]) == (6, 3, 0.0) and abs(m["mean_diff"] - 3 / 64) < 1e-12
+    line = margin_line(g.to_dict())
+    assert "won 6 and lost 3 of 64 examples" in line and "lower bound +0.0000" in line, line
+    assert "gate_z = 1" in line and line.endswith("kept the base")
+    old = {k: v for k, v in g.to_dict().items() if k not in ("wins", "losses")}  # a recipe written before issue 55
+    assert "n = 64" in margin_line(old) and "wins" not in margin(old)
+
+
+def test_the_card_states_the_gates_margin_and_what_it_kept_out():
+    from corp.cards import _weights_lines
+
+    g = _six_and_three()
+    recipe = {"made_by": {"method": "corp", "accepted": False, "reason": g.reason, "gate": g.to_dict()}}
+    report = {"corp": {"candidate_test": {"candidate": "m2 q=0.5 beta=10 alpha=8", "deployed": False,
+                                          "accuracy": 0.31, "base_accuracy": 0.137}}}  # fmt: skip
+    text = "\n".join(_weights_lines("consolidate", recipe, report))
+    assert "Gate (validation): the candidate won 6 and lost 3 of 64 examples" in text, text
+    assert "lower bound +0.0000 (gate_z = 1): kept the base." in text
+    assert "kept out ('m2 q=0.5 beta=10 alpha=8') scored 0.310 on test vs the base's 0.137" in text
+
+
+def test_an_abstaining_run_reports_the_gates_margin_and_its_candidates_test_score(tmp_path, tiny_model, tiny_tokenizer):
+    from corp.methods.consolidate.run import run_consolidate
+
+    model_dir = tmp_path / "tiny"
+    tiny_model.save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    run = tmp_path / "run"
+    cfg = tiny_consolidate_config(
+        model_dir, run, reward="tests.test_consolidate:share_of_sevens", alphas="1,2", gate_z=50.0
+    )  # z = 50: the gate keeps the base
+    report = run_consolidate(cfg)
+    corp = report["corp"]
+    assert not corp["accepted"] and corp["gate"]["kept_base"] and corp["gate"]["decision"] == "kept the base"
+    g = corp["gate_validation"]
+    assert (corp["gate"]["wins"], corp["gate"]["losses"]) == (g["wins"], g["losses"]) and g["n"] == 4
+    cand = corp["candidate_test"]
+    assert cand["candidate"] == corp["candidate"] and cand["deployed"] is False
+    base = next(r for r in report["test"] if r["method"] == "base")
+    assert cand["base_accuracy"] == base["accuracy"] and 0.0 <= cand["accuracy"] <= 1.0
+    on_disk = json.loads((run / "report.json").read_text())["corp"]
+    assert {"accepted", "reason", "candidate", "gate_validation", "gate", "candidate_test"} <= set(on_disk)
+    assert f"won {g['wins']} and lost {g['losses']} of 4 examples" in report["table"], report["table"]
+    assert "the candidate the gate kept out" in report["table"]
+    card = (run / "model" / "README.md").read_text()
+    assert f"Gate (validation): the candidate won {g['wins']} and lost {g['losses']} of 4" in card
+    assert "The candidate the gate kept out" in card

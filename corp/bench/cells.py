@@ -521,6 +521,8 @@ class Bench:
         extra = {}
         if "corp" in report:  # what the report says about its own decision (kept as reported)
             extra["detail"] = {"accepted": report["corp"].get("accepted"), "reason": report["corp"].get("reason")}
+            # the gate's margin and its candidate's and the base's test accuracy: what keeping the base cost (issue 55)
+            extra["detail"].update({k: report["corp"][k] for k in ("gate", "candidate_test") if k in report["corp"]})
         return {
             **self._head(cell),
             "status": "done",

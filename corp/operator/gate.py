@@ -44,9 +44,50 @@ class GateResult:
     base_score: float
     reason: str
     confidence: float = 0.0  # Phi(z): the one-sided level of the lower bound
+    wins: int = 0  # examples where the candidate scored above the base (0/1 rewards: right where the base was wrong)
+    losses: int = 0  # and below it: the reverse
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def margin(gate: dict) -> dict:
+    """What the report and the card say of a gate's decision (`gate`: a GateResult's to_dict, which may
+    come from a run older than its win/loss counts): the decision, wins and losses out of n, the paired
+    mean difference, its lower bound and z."""
+    out = {
+        "decision": "deployed the candidate" if gate["accepted"] else "kept the base",
+        "kept_base": not gate["accepted"],
+        "n": gate["n"],
+        "mean_diff": gate["mean_diff"],
+        "lcb": gate["lcb"],
+        "gate_z": gate["z"],
+    }
+    if "wins" in gate:
+        out.update(wins=gate["wins"], losses=gate["losses"])
+    return out
+
+
+def margin_line(gate: dict, split: str = "validation") -> str:
+    """One sentence of `margin(gate)`: 'gate (validation): the candidate won 6 and lost 3 of 64 examples ...'."""
+    m = margin(gate)
+    counts = (
+        f"the candidate won {m['wins']} and lost {m['losses']} of {m['n']} examples (won: scored above the base)"
+        if "wins" in m
+        else f"n = {m['n']}"
+    )
+    return (
+        f"gate ({split}): {counts}; paired mean difference {m['mean_diff']:+.4f}, lower bound {m['lcb']:+.4f} "
+        f"(gate_z = {m['gate_z']:g}): {m['decision']}"
+    )
+
+
+def kept_out_line(cand: dict) -> str:
+    """What the candidate a gate kept out scored on test beside the base (report.json's `corp.candidate_test`)."""
+    return (
+        f"the candidate the gate kept out ('{cand['candidate']}') scored {cand['accuracy']:.3f} on test vs the "
+        f"base's {cand['base_accuracy']:.3f} (measured for the report only; no choice used it)"
+    )
 
 
 def paired_gate(
@@ -94,6 +135,7 @@ def paired_gate(
             level,
         )
     d = [c - b for c, b in zip(candidate, base)]
+    wins, losses = sum(x > 0 for x in d), sum(x < 0 for x in d)
     mean = sum(d) / n
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
     lcb = mean - z * sd / math.sqrt(n)
@@ -104,4 +146,4 @@ def paired_gate(
         f"{verdict}: mean gain {mean:+.4f} - {z:g} * sd {sd:.4f} / "
         f"sqrt({n}) = {lcb:+.4f} {cmp} 0 ({z_words(z)} lower bound)"
     )
-    return GateResult(accepted, n, mean, sd, lcb, z, sum(candidate) / n, sum(base) / n, reason, level)
+    return GateResult(accepted, n, mean, sd, lcb, z, sum(candidate) / n, sum(base) / n, reason, level, wins, losses)

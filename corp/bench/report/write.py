@@ -9,6 +9,7 @@ from corp.bench import retention
 from corp.bench.accounting import regime_rows
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig, headline_setting
 from corp.bench.protocol import mark_primary
+from corp.bench.report.gate import gate_section
 from corp.bench.report.plots import plots
 from corp.bench.report.prose import beats_sentences, reading_lines
 from corp.bench.report.rows import (
@@ -137,6 +138,7 @@ def write_outputs(
     equivalences = equivalence_tests(cfg, rows)
     if getattr(cfg, "equivalence_list", None):
         extra += equivalence_section(equivalences)
+    extra += gate_section(records)  # what test says of CoRP's gate decisions (issue 55)
     text = table_md(
         cfg, rows, comps, missing, command, trial_flops(tuning or []), reading, times, primary=primary, extra=extra
     )

@@ -44,6 +44,7 @@ from corp.methods.consolidate.stage2 import consolidate_stage2
 from corp.models import adapter_base, save_model
 from corp.operator.algebra import elite_set
 from corp.operator.corp_operator import consolidate_stage1, reward_scale
+from corp.operator.gate import kept_out_line, margin, margin_line
 from corp.perturb import Direction, ParamFilter, lowrank_rank
 from corp.recipe import make_recipe, produced_weights, write_recipe
 from corp.runs import ReportRow, format_rows, write_report
@@ -330,6 +331,9 @@ def _consolidate_report(
     t0 = time.perf_counter()
     results, _ = randopt_results(ctx, ranked, cfg.top_k, evals)
     corp_row = scorer.row(result.direction, "test")
+    # what the gate kept out, measured on test for the report only (never charged, never a choice): with the
+    # base's row it says whether keeping the base cost or saved test accuracy (issue 55)
+    cand_row = corp_row if result.accepted else scorer.row(result.best.direction, "test")
     scorer.release()
     seconds["test"] = time.perf_counter() - t0
     corp_ledger = ctx.ledger().add_generation(corp_row["prompt_tokens"], corp_row["generated_tokens"])
@@ -363,7 +367,15 @@ def _consolidate_report(
             f"+ probe {len(ctx.splits['probe'])} + validation "
             f"{len(ctx.splits['validation'])}); RandOpt used the support split only"
         ),
-        corp=_corp_section(cfg, result, low_rank_report, consolidation_cost, seconds),
+        corp={
+            **_corp_section(cfg, result, low_rank_report, consolidation_cost, seconds),
+            "candidate_test": {  # the gate's candidate (the deployed model when it passed) beside the base, on test
+                "candidate": result.best.name,
+                "deployed": result.accepted,
+                "accuracy": sum(cand_row["correct"]) / len(cand_row["correct"]),
+                "base_accuracy": results[0].accuracy,
+            },
+        },
     )
     report["table"] = _table(cfg, ctx, result, results, report, consolidation_cost, low_rank_report)
     return report
@@ -377,6 +389,7 @@ def _corp_section(cfg: ConsolidateConfig, result, low_rank_report, consolidation
         "candidate": result.best.name,
         "n_components": len(result.direction.components),
         "gate_validation": result.gate.to_dict(),
+        "gate": margin(result.gate.to_dict()),
         "pass1_gate_validation": result.pass1_gate.to_dict() if result.pass1_gate else None,
         "probe_table": result.probe_table,
         "stage1": result.stage1,
@@ -415,6 +428,8 @@ def _table(
             f"halves): {consolidation_cost['flops']:.3e} FLOPs",
             f"gate (validation, n={g.n}): candidate {g.candidate_score:.3f} "
             f"vs base {g.base_score:.3f}; {result.reason}",
+            margin_line(g.to_dict()),
+            kept_out_line(report["corp"]["candidate_test"]) if not result.accepted else "",
             report["labelled_examples_note"],
             compat_line,
             low_rank_line(low_rank_report),
