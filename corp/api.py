@@ -286,7 +286,9 @@ def train(
     config: a YAML file of options (the CLI's `--config`); keyword options override it.
     options: the method's config fields (the CLI's flags, `_` for `-`): `population=16`,
         `sigmas=[1e-3]`, `run_dir="runs/x"`, ...; an unknown name is one error line listing them.
+    backend: the `backend` option as a string (`"hf"`, `"vllm"`, `"auto"`), or a ready engine object to reuse.
     """
+    backend = _backend_option(backend, options)
     if model is not None:
         options["model"] = _model_name(model)
     if train_dataset is not None:
@@ -325,6 +327,15 @@ def _model_name(model) -> str:
         f"model is a {type(model).__name__} object; pass a model name (an alias, a hub id) or a directory path, "
         "e.g. model.save_pretrained(DIR) and tokenizer.save_pretrained(DIR), then model=DIR"
     )
+
+
+def _backend_option(backend, options: dict):
+    """A string is the CLI's --backend option (a model card's reproduce line passes it so; it used to
+    reach the run as an engine object); an engine object is returned to be reused."""
+    if isinstance(backend, str):
+        options["backend"] = backend
+        return None
+    return backend
 
 
 def _yaml_keys(config: str | None) -> set[str]:

@@ -24,8 +24,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from corp.config import RunConfig, flag
-from corp.models import CARD_FILE, MARKER, embedded_spec
+from corp.config import RunConfig, flag, option_names
+from corp.grids import edge_lines
+from corp.models import CARD_FILE, MARKER, embedded_spec, shown_datasets
 from corp.operator.gate import kept_out_line, margin_line
 from corp.runs import naming
 from corp.stats import comparison_line
@@ -59,11 +60,11 @@ def _read_yaml(path: Path) -> dict:
     return data if isinstance(data, dict) else {}
 
 
-def _results_lines(report: dict | None) -> list[str]:
+def _results_lines(report: dict | None, task: str | None) -> list[str]:
     if not report:
         return ["No test results were recorded with this model."]
     lines = [
-        f"Test split of `{report.get('task')}`, n = {report.get('n_test')} (held out: never used for a choice).",
+        f"Test split of `{task}`, n = {report.get('n_test')} (held out: never used for a choice).",
         "",
         "| row | test accuracy | passes/example | labelled examples |",
         "| --- | ---: | ---: | ---: |",
@@ -87,11 +88,13 @@ def _results_lines(report: dict | None) -> list[str]:
 def _portable(value: Any, model_dir: Path) -> Any:
     """A value for the card with no absolute path of the machine that made it: a path beside or
     under the model directory's parent becomes relative to the model directory, any other absolute
-    path `.../NAME`; `jsonl:/abs/file`-style task specs keep their prefix."""
+    path `.../NAME`; `jsonl:/abs/file`-style task specs keep their prefix; a dataset the Python API
+    stored in corp's cache is its name, `dataset-<hash>`."""
     if isinstance(value, list):
         return [_portable(v, model_dir) for v in value]
     if not isinstance(value, str):
         return value
+    value = shown_datasets(value)
     prefix, _, rest = value.partition(":")
     if rest and not os.path.isabs(value) and os.path.isabs(rest):
         return f"{prefix}:{_portable(rest, model_dir)}"
@@ -125,6 +128,12 @@ def _gate_lines(made: dict, report: dict | None) -> list[str]:
     return lines
 
 
+def _edge_lines(report: dict | None) -> list[str]:
+    """Searched values that landed on the edge of their grid (report.json's `edge_flags`, corp.grids)."""
+    lines = edge_lines((report or {}).get("edge_flags"))
+    return ["", "Searched values on the edge of their grid:", *(f"- {line}." for line in lines)] if lines else []
+
+
 def _weights_lines(method: str, recipe: dict | None, report: dict | None) -> list[str]:
     """The card's first lines: what these weights are, and which result row is theirs."""
     made = (recipe or {}).get("made_by") or {}
@@ -155,26 +164,82 @@ def _weights_lines(method: str, recipe: dict | None, report: dict | None) -> lis
         lines += [
             "",
             f"Their test accuracy is row `{row.get('method')}` of the results below: "
-            f"{row.get('accuracy', float('nan')):.3f} (`corp eval` below reproduces it).",
+            f'{row.get("accuracy", float("nan")):.3f} ("Evaluate it" below reproduces it).',
         ]
     return lines
 
 
-def _eval_command(task: str | None, config: dict | None, model_dir: Path) -> str:
-    """`corp eval` on this directory with what fixes the card's test numbers: the task (its prompt
-    options are in the spec), the test split (size and split seed; the other sizes too when the rows
-    were reported on validation), the generation length, reward, batch size, dtype, backend and device."""
+def _eval_options(config: dict | None, model_dir: Path) -> list[tuple[str, Any]]:
+    """(config field, value) of what fixes the card's test numbers beside the task: the test split (size
+    and split seed; the other sizes too when the rows were reported on validation), the generation
+    length, reward, batch size, dtype, backend and device."""
     cfg = config or {}
-    parts = ["corp eval --model .", f"--task {shlex.quote(str(_portable(task or 'arith', model_dir)))}"]
-    if cfg.get("report_on") == "validation":
-        parts += [f"--{k.replace('_', '-')} {cfg[k]}" for k in ("n_support", "n_probe", "n_validation") if k in cfg]
-        parts.append("--report-on validation")
+    out: list[tuple[str, Any]] = []
+    # the test split is drawn first (its examples do not depend on the other sizes), but the run's
+    # sizes must fit the data as they did: `corp eval`'s defaults may not fit a small dataset
+    sizes = [(k, cfg[k]) for k in ("n_support", "n_probe", "n_validation") if cfg.get(k) is not None]
+    validation = cfg.get("report_on") == "validation"
+    if validation:
+        out += [*sizes, ("report_on", "validation")]
     for key in ("n_test", "split_seed", "max_new_tokens", "reward", "batch_size", "dtype", "device"):
         if cfg.get(key) is not None and cfg.get(key) != EVAL_DEFAULTS.get(key):
-            parts.append(f"{flag(key, RunConfig)} {shlex.quote(str(_portable(cfg[key], model_dir)))}")
+            out.append((key, _portable(cfg[key], model_dir)))
+    if not validation:
+        out += sizes
     if cfg.get("backend"):  # a run that saves a model scores it in-process: on hf, whatever auto would pick now
-        parts.append(f"--backend {'hf' if cfg['backend'] == 'auto' else cfg['backend']}")
+        out.append(("backend", "hf" if cfg["backend"] == "auto" else cfg["backend"]))
+    return out
+
+
+def _eval_command(task: str | None, config: dict | None, model_dir: Path) -> str:
+    """`corp eval` on this directory with the task (its prompt options are in the spec) and `_eval_options`."""
+    parts = ["corp eval --model .", f"--task {shlex.quote(str(_portable(task or 'arith', model_dir)))}"]
+    parts += [f"{flag(k, RunConfig)} {shlex.quote(str(v))}" for k, v in _eval_options(config, model_dir)]
     return " ".join(parts)
+
+
+def _api_eval_lines(task: str | None, config: dict | None, model_dir: Path) -> list[str] | None:
+    """For a run made with the Python API (a dataset object, stored as `dataset-<hash>`, or a Python reward
+    function, which `corp eval` cannot name): `corp.train("eval", ...)` with `DATASET` and `REWARD` to
+    supply; None for any other run (its `corp eval` line reproduces it)."""
+    shown = str(_portable(task or "arith", model_dir))
+    reward = str((config or {}).get("reward") or "")
+    from_api = shown.startswith("jsonl:dataset-")
+    python_reward = reward.startswith("python:")
+    if not (from_api or python_reward):
+        return None
+    names = option_names(RunConfig)
+    args = ['"eval"', '"."', "DATASET" if from_api else "None", "REWARD" if python_reward else "None"]
+    if from_api and ":test=dataset-" in shown:
+        args.append("eval_dataset=EVAL_DATASET")
+    if not from_api:
+        args.append(f"task={shown!r}")
+    args += [
+        f"{names.get(k, k)}={v!r}" for k, v in _eval_options(config, model_dir) if not (k == "reward" and python_reward)
+    ]
+    supply = []
+    if from_api:
+        name = shown.split(":")[1]  # dataset-<a sha256 prefix of the JSONL corp stored the rows as>
+        supply.append(
+            "`DATASET` (the rows the run was given, as a list of dicts or a `datasets.Dataset`, with the same "
+            f"prompt_column and answer_column; `{name}` names them by content)"
+        )
+        if ":test=dataset-" in shown:
+            supply.append("`EVAL_DATASET` (its eval_dataset)")
+    if python_reward:
+        fn = reward[len("python:") :].split("@")[0].replace("+", "`, `")
+        supply.append(f"`REWARD` (its reward function(s) `{fn}`, with its reward_weights if it had some)")
+    return [
+        "```python",
+        "import corp  # in this directory",
+        "",
+        f"corp.train({', '.join(args)})",
+        "```",
+        "",
+        f"The run was made with corp's Python API, from objects no `corp eval` line can name: supply "
+        f"{' and '.join(supply)}; the same rows give the same test examples on any machine.",
+        "",
+    ]
 
 
 def _base_lines(base: dict) -> tuple[list[str], str | None, str | None]:
@@ -189,7 +254,10 @@ def _base_lines(base: dict) -> tuple[list[str], str | None, str | None]:
                 f"not the hub's `{spec.hf_id}` weights, so accuracies are not comparable with published numbers for it"
             ),
             f"- base weights sha256 (corp's hash over every tensor): `{h}`",
-            f"- recreate the base: `{spec.install}`, then `corp models` (it converts once into `~/.cache/corp`)",
+            (
+                f"- recreate the base: `{spec.install}`; the first command that uses it converts it once into "
+                "`~/.cache/corp` (`corp models` lists it)"
+            ),
         ]
         return lines, spec.hf_id, spec.license
     mid = base.get("model_id") or base.get("model")
@@ -205,7 +273,11 @@ def _base_lines(base: dict) -> tuple[list[str], str | None, str | None]:
 
 
 def _evaluate_lines(task: str | None, config: dict | None, model_dir: Path) -> list[str]:
-    """The card's "Evaluate it": lm-evaluation-harness where the task has a counterpart, and `corp eval`."""
+    """The card's "Evaluate it": lm-evaluation-harness where the task has a counterpart, and `corp eval`
+    (for a Python API run, `corp.train("eval", ...)`: `_api_eval_lines`)."""
+    api = _api_eval_lines(task, config, model_dir)
+    if api is not None:
+        return api
     name = (task or "").split(":")[0]
     lm_task = LM_EVAL_TASKS.get(name)
     evaluate = ["```bash", "# in this directory"]
@@ -223,7 +295,7 @@ def _evaluate_lines(task: str | None, config: dict | None, model_dir: Path) -> l
         ]
     else:
         evaluate += [
-            f"corp's task `{task}` has no lm-evaluation-harness counterpart; `corp eval` reproduces the card's row "
+            f"corp's task `{_portable(task, model_dir)}` has no lm-evaluation-harness counterpart; `corp eval` reproduces the card's row "
             "(the same test examples, prompt and generation length).",
             "",
         ]
@@ -307,6 +379,7 @@ def build_card(
 
     base_lines, hub_base, license_id = _base_lines(base)
     evaluate = _evaluate_lines(task, config, model_dir)
+    shown = _portable(task, model_dir)  # no path of the machine: the heading, the data and results lines
     recipe_lines = _recipe_lines(recipe, model_dir, notice)
     label_lines = [f"- {k}: {v} labelled example(s)" for k, v in (labelled or {}).items()] or ["- not recorded"]
     license_text = LICENSES.get(
@@ -318,10 +391,11 @@ def build_card(
             _metadata(method, recipe, hub_base, license_id),
             "---",
             "",
-            f"# {title or model_dir.name}: `{method}` on `{task}`",
+            f"# {title or model_dir.name}: `{method}` on `{shown}`",
             "",
             *([f"**{notice}**", ""] if notice else []),
             *_weights_lines(method, recipe, report),
+            *_edge_lines(report),
             "",
             (
                 f"Made by corp ({made_by}), a toolkit that post-trains language models in weight space. "
@@ -339,13 +413,13 @@ def build_card(
             "",
             "## Labelled data used",
             "",
-            f"- task: `{task}` (corp's fixed, disjoint splits; the seed is in the config below)",
+            f"- task: `{shown}` (corp's fixed, disjoint splits; the seed is in the config below)",
             *label_lines,
             "(the `labelled examples` column below says how many each row's method used)",
             "",
             "## Results",
             "",
-            *_results_lines(report),
+            *_results_lines(report, shown),
             "",
             "## License",
             "",

@@ -41,6 +41,7 @@ weights hash decides whether it was the right one.
 from __future__ import annotations
 
 import math
+import os
 import re
 import warnings
 from collections.abc import Callable
@@ -272,6 +273,20 @@ def resolve_base(recipe: dict, model: str | None) -> tuple[str, Path]:
     return names[0], resolve_model(names[0])[1]  # online it may download; offline this is the one-line error
 
 
+def _source(path: str | Path, out: str | Path, recipe: dict, name: str) -> dict:
+    """What corp_model.json says the model was rebuilt from: the recipe and a local base as paths
+    relative to the output (a directory that is moved or shared with them still finds them, and names
+    nothing of this machine), a hub id or alias as it is, and the base's weights hash."""
+    where = Path(out).expanduser().resolve()
+    local = Path(name).expanduser()
+    return {
+        "recipe": os.path.relpath(Path(path).resolve(), where),
+        "kind": recipe["kind"],
+        "base_model": os.path.relpath(local.resolve(), where) if local.exists() else name,
+        "base_weights_hash": recipe["base_weights_hash"],
+    }
+
+
 def apply_recipe(
     path: str | Path, out: str | Path, model: str | None = None, overwrite: bool = False, allow_mismatch: bool = False
 ) -> Path:
@@ -321,7 +336,7 @@ def apply_recipe(
             f"recipe '{path}' rebuilds {len(broken)} tensor(s) with non-finite weights "
             f"(first: {broken[0]}); nothing written"
         )
-    source = {"recipe": str(Path(path).resolve()), "kind": recipe["kind"], "base_model": name}
+    source = _source(path, out, recipe, name)
     expected = recipe.get("model_weights_hash")
     if expected is None:
         warnings.warn(

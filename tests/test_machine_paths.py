@@ -3,6 +3,8 @@ path the user typed is treated as a path."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from corp import CorpError
@@ -27,3 +29,105 @@ def test_a_hub_id_still_gets_the_hub_line(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     with pytest.raises(CorpError, match="hf download no-such-org/model-57"):
         resolve_model("no-such-org/model-57")
+
+
+def text_checksum(completions, **_):
+    """A reward that moves whenever the text moves (a random tiny model never earns an exact answer)."""
+    return [(sum(map(ord, c)) % 97) / 96 for c in completions]
+
+
+ROWS = [{"prompt": f"Problem: what is {i} + {i}? Solution:", "answer": str(2 * i)} for i in range(16)]
+
+
+@pytest.fixture
+def api_run(tiny_dir, tmp_path, monkeypatch):
+    """A CoRP run from Python (a list of dicts, a reward function, no run_dir) with corp's cache in a home directory."""
+    import corp
+
+    home = tmp_path / "home-of-the-user"
+    monkeypatch.setenv("CORP_CACHE", str(home / ".cache" / "corp"))
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    result = corp.train_corp(
+        str(tiny_dir),
+        ROWS,
+        text_checksum,
+        population=2,
+        sigmas=[0.05],
+        alphas=[1.0],
+        top_k=[1],
+        gate_z=-10.0,  # forced open: a random update on a random model
+        n_support=4,
+        n_probe=2,
+        n_validation=2,
+        n_test=4,
+        max_completion_length=4,
+        batch_size=8,
+    )
+    return result, home
+
+
+def test_an_api_run_and_its_card_name_nothing_of_the_machine(api_run):
+    """The run was named `jsonl--root-.cache-corp-datasets-<hash>.jsonl__...` and its card named the home
+    directory five times; the dataset is now `dataset-<hash>`."""
+    result, home = api_run
+    assert result.run_dir.name.startswith("jsonl-dataset-"), result.run_dir.name
+    assert "home-of-the-user" not in result.run_dir.name and "cache" not in result.run_dir.name
+    card = (result.model_path / "README.md").read_text()
+    assert "home-of-the-user" not in card and ".cache" not in card, [
+        ln for ln in card.splitlines() if "home-of-the-user" in ln or ".cache" in ln
+    ]
+    assert "`jsonl:dataset-" in card
+
+
+def test_an_api_runs_card_reproduces_its_row_on_another_machine(api_run, tmp_path, monkeypatch):
+    """The card's "`corp eval` below reproduces it" named a cache path and a Python reward `corp eval`
+    refuses; an API run's card gives `corp.train("eval", ...)` and says what to supply (the rows and the
+    reward function), and run as written, with another cache (another machine), it scores the test
+    examples the run scored, with the same completions."""
+    import re
+
+    import corp
+
+    result, _ = api_run
+    run_dir = result.run_dir.resolve()  # relative to the directory the run was made in
+    card = (run_dir / "model" / "README.md").read_text()
+    code = re.search(r"```python\nimport corp  # in this directory\n\n(corp\.train\(.*\))\n```", card).group(1)
+    assert "DATASET" in code and "REWARD" in code and "supply `DATASET`" in card and "`text_checksum`" in card
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path / "another-machine" / "cache"))
+    monkeypatch.chdir(run_dir / "model")
+    names = {"corp": corp, "DATASET": [dict(r) for r in ROWS], "REWARD": text_checksum}
+    again = eval(code[:-1] + f", output_dir={str(tmp_path / 'ev')!r})", names)
+    ran = [json.loads(x) for x in (run_dir / "evals.jsonl").read_text().splitlines()]
+    accepted = json.loads((run_dir / "recipe.json").read_text())["made_by"]["accepted"]
+    kind = "direction" if accepted else "base"  # the gate abstained: the saved model is the base
+    saved = [r for r in ran if r["split"] == "test" and r["kind"] == kind]
+    rows = [json.loads(x) for x in (again.run_dir / "evals.jsonl").read_text().splitlines()]
+    assert [r["rewards"] for r in rows if r["split"] == "test"] == [saved[0]["rewards"]]
+    test_ids = [json.loads((d / "splits.json").read_text())["test"] for d in (run_dir, again.run_dir)]
+    assert test_ids[0] == test_ids[1]
+
+
+def test_apply_records_no_absolute_path_in_corp_model_json(api_run, tmp_path, tiny_dir):
+    """corp_model.json recorded the recipe's and the base's absolute paths; now paths relative to the
+    output (the recipe and a local base) and the base's weights hash."""
+    from corp.models import MARKER
+    from corp.recipe import apply_recipe
+
+    result, _ = api_run
+    out = apply_recipe(result.run_dir / "recipe.json", tmp_path / "applied" / "m")
+    marker = json.loads((out / MARKER).read_text())
+    text = json.dumps(marker)
+    assert str(tmp_path) not in text and "/" + tmp_path.parts[1] + "/" not in text, marker
+    assert (out / marker["recipe"]).resolve() == (result.run_dir / "recipe.json").resolve()
+    assert (out / marker["base_model"]).resolve() == tiny_dir.resolve()
+    assert marker["base_weights_hash"] == json.loads((result.run_dir / "recipe.json").read_text())["base_weights_hash"]
+
+
+def test_the_card_says_the_first_use_converts_an_embedded_base():
+    """It said `corp models` converts the base once; `corp models` lists models."""
+    from corp.cards import _base_lines
+
+    lines, _, _ = _base_lines({"model": "smollm2-135m", "model_id": "HuggingFaceTB/SmolLM2-135M-Instruct"})
+    recreate = next(ln for ln in lines if ln.startswith("- recreate the base"))
+    assert "first command that uses it converts it" in recreate and "`corp models` lists it" in recreate

@@ -36,8 +36,10 @@ from corp.models.cache import (
     SOURCE_FILE,
     cache_dir,
     card_note,
+    datasets_dir,
     is_corp_model,
     model_caches,
+    shown_datasets,
 )
 from corp.models.embedded import ALIASES, EmbeddedGGUF, adapter_base, describe_model, embedded_spec, list_models
 from corp.models.load import DTYPES, check_device, check_dtype, cuda_count, load_model, resolve_device
@@ -63,6 +65,7 @@ __all__ = [
     "check_model_reachable",
     "check_output_dir",
     "cuda_count",
+    "datasets_dir",
     "describe_model",
     "embedded_spec",
     "fetch_hint",
@@ -74,4 +77,5 @@ __all__ = [
     "resolve_device",
     "resolve_model",
     "save_model",
+    "shown_datasets",
 ]

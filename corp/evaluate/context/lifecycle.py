@@ -20,7 +20,7 @@ from corp.evaluate.context.meta import META_FILE, META_FORMAT, POPULATION_FILE, 
 from corp.evaluate.context.run_context import RunContext
 from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.tasks import SPLITS, SplitSizes, dev_pool, get_task, make_splits
-from corp.models import check_model_reachable
+from corp.models import check_model_reachable, shown_datasets
 from corp.runs import (
     RunLock,
     finish_run_dir,
@@ -57,7 +57,8 @@ def setup_run(
     defines = _definition(defines, cfg, task, splits, max_new)
     if backend is None:  # a model that cannot be had is its error line before any run directory is announced
         check_model_reachable(cfg.model)
-    run_dir, created = open_run_dir(cfg.run_dir, cfg.task, method, cfg.seed)
+    # the run's name: a Python API dataset as `dataset-<hash>`, not the path in corp's cache it is stored at
+    run_dir, created = open_run_dir(cfg.run_dir, shown_datasets(cfg.task), method, cfg.seed)
     lock = RunLock(run_dir)
     try:
         lock.acquire()

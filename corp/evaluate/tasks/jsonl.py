@@ -28,6 +28,7 @@ from pathlib import Path
 from corp import CorpError
 from corp.evaluate.tasks.base import GENERIC_OPTIONS, Example, Task, last_number, normalize_number, path_and_options
 from corp.evaluate.tasks.data import file_sha256, read_records
+from corp.models import shown_datasets
 
 
 class JsonlTask(Task):
@@ -45,7 +46,9 @@ class JsonlTask(Task):
     ):
         self.path = Path(path)
         self.test_path = Path(test) if test else None
-        self.name = f"jsonl:{self.path}"
+        # the splits' seed: a Python API dataset by its name (`dataset-<hash>`), not by where this
+        # machine's cache is, so the same rows give the same splits on any machine
+        self.name = shown_datasets(f"jsonl:{self.path}")
         self.fields = {"prompt": str(prompt), "answer": str(answer), "id": str(id)}
         self._pools: dict[str, list[Example]] | None = None
         for p in (self.path, self.test_path):
