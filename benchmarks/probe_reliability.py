@@ -57,6 +57,26 @@ elif fault == "ctrl-c":
 
     _r.apply_recipe = _interrupt
     _m.Method.__call__ = _interrupt
+elif fault == "ctrl-c-analysis":  # Ctrl-C once analyze-rank's population is scored, in the analysis itself
+    import corp.methods.analyze_rank.split_half as _sh
+
+    def _interrupt(*a, **k):
+        raise KeyboardInterrupt
+
+    _sh.analyze_population = _interrupt
+elif fault == "card-full":  # the disk fills while a model card is written (the file is made, then no space)
+    import errno
+    import pathlib
+
+    _write_text = pathlib.Path.write_text
+
+    def _card_full(self, text, *a, **k):
+        if self.name.startswith(("README.md", ".README.md")):
+            _write_text(self, "")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return _write_text(self, text, *a, **k)
+
+    pathlib.Path.write_text = _card_full
 """
 
 # per method: the options that keep a run that does start to a few seconds on the tiny model
@@ -755,6 +775,7 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
             ("an unknown key", ok_bench + "budget: 3\n", ("budget",)),
             ("a YAML list", "- a\n- b\n", ()),
             ("compare with one seed", ok_bench + "compare: [[randopt, es]]\n", ("seed",)),
+            ("budgets: [3e8, 3e8] (issue 57)", ok_bench.replace("[1e9]", "[3e8, 3e8]"), ("budgets repeat 3e+08",)),
         )
     ):
         p.case("bench", f"--config with {name}", ["bench", "--config", bench_yaml(f"b{i}", body)], "error", *frags)
@@ -781,6 +802,29 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
         "bench", "--readme-section before any cell ran", ["bench", "--config", good_bench, "--readme-section"], "clean"
     )
     p.case("bench", "--report-only before any cell ran", ["bench", "--config", good_bench, "--report-only"], "clean")
+    # issue 57: a config the plan refuses leaves no results/NAME/cells/; --report-only keeps "Made by"
+    leaky = ok_bench.replace("probe-bench", "probe-leak").replace("{randopt: {}}", "{randopt: {options: {nosuch: 1}}}")
+    p.case(
+        "bench",
+        "an option the plan refuses leaves no results directory",
+        ["bench", "--config", bench_yaml("leak", leaky)],
+        "error",
+        "nosuch",
+        extra=lambda r: not (root / "bench-results" / "probe-leak").exists(),
+    )
+    table = root / "bench-results" / "probe-bench" / "table.md"
+
+    def made_by() -> str | None:
+        return table.read_text().split("Made by `", 1)[1].split("`")[0] if table.exists() else None
+
+    before = made_by()  # the report-only above recorded its command
+    p.case(
+        "bench",
+        "--report-only --threads 1 keeps the recorded Made by line",
+        ["bench", "--config", good_bench, "--report-only", "--threads", "1"],
+        "ok",
+        extra=lambda r: before is None or made_by() == before,
+    )
 
     # ---- the plain commands and help
     p.case("models", "corp models", ["models"], "ok", extra=lambda r: bool(r.stdout.strip()))
@@ -1001,6 +1045,13 @@ def subprocess_cases(p: Probe, recipe: Path) -> None:
     torn.write_text('{"status": "do')
     ok, why = p.one_line(p.corp("bench", "--config", bench), str(torn), "move it aside")
     p.check("bench", "a truncated cells/*.json is named with what to do", ok, why)
+    torn.unlink()
+    stranger = torn.with_name("mine.json")  # parses, but is no cell record (issue 57: it was rerun and written over)
+    stranger.write_text('{"note": "mine"}')
+    ok, why = p.one_line(p.corp("bench", "--config", bench), str(stranger), "move it aside")
+    kept = stranger.read_text() == '{"note": "mine"}'
+    p.check("bench", "a cells/*.json that is no cell record is named and kept", ok and kept, why)
+    stranger.unlink()
     for argv in (["apply", recipe, "--out", root / "ctrl-c"], ["self-consistency", *p.small(root / "sc")]):
         res = p.corp(*argv, fault="ctrl-c")
         said = [ln for ln in res.stderr.splitlines() if ln.startswith("interrupted")]
@@ -1087,6 +1138,82 @@ def subprocess_cases(p: Probe, recipe: Path) -> None:
     p.check("apply", "apply --out inside a read-only directory: one line naming it", ok, why)
     for x in [locked, *locked.rglob("*")]:
         os.chmod(x, 0o755 if x.is_dir() else 0o644)
+    own_files_cases(p, recipe)
+
+
+def own_files_cases(p: Probe, recipe: Path) -> None:
+    """Issue 57: corp never deletes or rewrites a file it did not write (inside an earlier corp model,
+    in an --output-dir it did not make), and a message never says work was saved unless it was."""
+    root = p.root
+
+    # 11. a user's files inside a model an earlier `corp apply` wrote: one line naming one, all kept
+    for flags in ([], ["--overwrite"]):
+        out = root / f"earlier-model{len(flags)}"
+        res = p.corp("apply", recipe, "--out", out)
+        mine = {out / "user.txt": "mine\n", out / "sub" / "notes.md": "notes\n"}
+        (out / "sub").mkdir(exist_ok=True)
+        for path, text in mine.items():
+            path.write_text(text)
+        ok, why = p.one_line(p.corp("apply", recipe, "--out", out, *flags), "move it away")
+        kept = res.returncode == 0 and all(path.read_text() == text for path, text in mine.items())
+        p.check(
+            "apply",
+            f"apply{''.join(' ' + f for f in flags)} into an earlier model keeps the user's files in it",
+            ok and kept,
+            why,
+        )
+
+    # 12. --output-dir on the user's own directory: one line before any work, their files as they were
+    for m in ("score", "consolidate"):
+        mine = root / f"userdir-{m}"
+        mine.mkdir()
+        (mine / "config.yaml").write_text("my: settings\n")
+        (mine / "population.jsonl").write_text('{"key": "mine"}\n')
+        before = {f.name: f.read_bytes() for f in mine.iterdir()}
+        ok, why = p.one_line(p.corp(m, *p.small(mine), *TINY[m]), str(mine), "did not make")
+        kept = {f.name: f.read_bytes() for f in mine.iterdir()} == before
+        p.check(m, "--output-dir on a directory corp did not make: refused, nothing touched", ok and kept, why)
+    run = root / "own-run"
+    first = p.corp("score", *p.small(run), *TINY["score"])
+    (run / "model").mkdir(exist_ok=True)
+    (run / "model" / "notes.md").write_text("mine\n")
+    before = {f: f.read_bytes() for f in run.rglob("*") if f.is_file()}
+    res = p.corp("consolidate", *p.small(run), *TINY["consolidate"])
+    ok, why = p.one_line(res, str(run / "model" / "notes.md"))
+    untouched = first.returncode == 0 and {f: f.read_bytes() for f in run.rglob("*") if f.is_file()} == before
+    p.check("consolidate", "a user file in RUN_DIR/model is refused before any work", ok and untouched, why)
+
+    # 13. Ctrl-C in analyze-rank's analysis, no --output-dir: the line names where the rows are, and
+    # the analysis of an existing run interrupted says that nothing was saved
+    here = root / "ar-cwd"
+    here.mkdir()
+    small = [a for a in p.small(Path("unused")) if a not in ("--output-dir", Path("unused"))]
+    res = p.corp("analyze-rank", *small, *TINY["analyze-rank"], fault="ctrl-c-analysis", cwd=here)
+    said = [ln for ln in res.stderr.splitlines() if ln.startswith("interrupted")]
+    made = sorted((here / "runs").glob("*")) if (here / "runs").is_dir() else []
+    ok = res.returncode == 130 and len(said) == 1 and len(made) == 1 and (made[0] / "population.jsonl").is_file()
+    ok = ok and f"saved in 'runs/{made[0].name}'" in said[0]
+    p.check("analyze-rank", "Ctrl-C without --output-dir names the run its rows are saved in", ok, res.stderr)
+    if made:
+        res = p.corp("analyze-rank", "--from-run", made[0], "--splits", "1", "--ranks", "1", fault="ctrl-c-analysis")
+        said = [ln for ln in res.stderr.splitlines() if ln.startswith("interrupted")]
+        ok = res.returncode == 130 and len(said) == 1 and "saved nothing" in said[0] and " is saved" not in said[0]
+        p.check("analyze-rank", "Ctrl-C in the analysis of --from-run says nothing was saved", ok, res.stderr)
+
+    # 14. a full disk while apply writes the card: one line naming --out, no temporary file, no marked
+    # model without its card (the earlier model kept as it was)
+    for earlier in (False, True):
+        out = root / f"card-full{int(earlier)}"
+        if earlier:
+            p.corp("apply", recipe, "--out", out)
+        before = {f.name: f.read_bytes() for f in out.iterdir()} if out.is_dir() else None
+        res = p.corp("apply", recipe, "--out", out, fault="card-full")
+        ok, why = p.one_line(res, str(out), "No space left on device")
+        ok = ok and "--output-dir" not in res.stderr and not list(root.glob(f".{out.name}.*"))
+        after = {f.name: f.read_bytes() for f in out.iterdir()} if out.is_dir() else None
+        ok = ok and after == before and not any(".tmp" in name for name in after or {})
+        what = "keeps the earlier model" if earlier else "leaves no model"
+        p.check("apply", f"a full disk while writing the card names --out and {what}", ok, why)
 
 
 if __name__ == "__main__":
