@@ -70,7 +70,9 @@ def config(run_dir: Path, model: Path, specialists: int, **kw):
 
 
 def strip(rows) -> dict:
-    return {r["key"]: {k: v for k, v in r.items() if k not in ("seconds", "apply_seconds", "index")} for r in rows}
+    from corp.evaluate.context import TIMING_FIELDS
+
+    return {r["key"]: {k: v for k, v in r.items() if k not in (*TIMING_FIELDS, "index")} for r in rows}
 
 
 def cluster():

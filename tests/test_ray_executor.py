@@ -19,7 +19,7 @@ ray = pytest.importorskip("ray")
 
 from corp import CorpError  # noqa: E402
 from corp.config import RandOptConfig, load_config  # noqa: E402
-from corp.evaluate.context import setup_run  # noqa: E402
+from corp.evaluate.context import TIMING_FIELDS, setup_run  # noqa: E402
 from corp.evaluate.scorer import ensure_population  # noqa: E402
 from corp.models import save_model  # noqa: E402
 from corp.runs import read_jsonl  # noqa: E402
@@ -61,7 +61,7 @@ def cfg_for(run_dir, model, **kw):
 
 
 def strip_timing(rows):
-    return {r["key"]: {k: v for k, v in r.items() if k not in ("seconds", "apply_seconds")} for r in rows}
+    return {r["key"]: {k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rows}
 
 
 def local_population(tmp_path, tiny_dir):

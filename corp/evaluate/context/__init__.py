@@ -57,7 +57,7 @@ from corp.evaluate.context.meta import (
     population_definition,
     run_scheme,
 )
-from corp.evaluate.context.rows import ROW_FORMAT, result_row, row_scores, shareable
+from corp.evaluate.context.rows import ROW_FORMAT, TIMING_FIELDS, result_row, row_scores, shareable
 from corp.evaluate.context.run_context import RunContext, engine_options
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "META_FORMAT",
     "POPULATION_FILE",
     "POPULATION_ORDER",
+    "TIMING_FIELDS",
     "ROW_FORMAT",
     "SAMPLING",
     "EvalCache",

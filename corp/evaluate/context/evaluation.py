@@ -52,7 +52,9 @@ def score_generations(ctx: RunContext, examples: Sequence[Example], gens, n: int
     """Score generations made on `examples` (n per example, prompt-major): the one scoring of
     completions, for one model's generations and for one specialist's share of a batched pass."""
     exs = [e for e in examples for _ in range(n)]
+    t0 = time.perf_counter()
     rewards, errors = compute_rewards(ctx.task, gens.texts, exs, ctx.reward_fn)
+    reward_s = time.perf_counter() - t0
     answers = [ctx.task.extract(t) for t in gens.texts]
     correct = (
         [ctx.task.check(a, e) for a, e in zip(answers, exs)]
@@ -70,6 +72,8 @@ def score_generations(ctx: RunContext, examples: Sequence[Example], gens, n: int
         gens.seconds,
         errors,
         status,
+        reward_seconds=reward_s,
+        truncated=sum(g >= ctx.max_new_tokens for g in gens.generated_tokens),
     )
 
 
@@ -89,6 +93,9 @@ def score_one(
     t0 = time.perf_counter()
     ctx.backend.set_direction(None if seed is None else Direction.single(seed, sigma))
     apply_s = time.perf_counter() - t0
+    parts = getattr(ctx.backend, "last_apply_split", None)  # vllm: noise draw and weight push apart
+    if parts:
+        extra = {**parts, **extra}
     if following is not None and following[0] is not None:
         ctx.backend.prefetch(Direction.single(following[0], following[1]))
     examples = ctx.splits[split]

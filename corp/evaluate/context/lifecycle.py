@@ -14,13 +14,13 @@ from tqdm.auto import tqdm
 
 from corp import CorpError, progress_disabled
 from corp.config import RunConfig, config_to_dict
-from corp.evaluate.backends import Backend
+from corp.evaluate.backends import Backend, resolve_backend_name
 from corp.evaluate.context.finish import export_report_to, write_run_card
 from corp.evaluate.context.meta import META_FILE, META_FORMAT, POPULATION_FILE, compare_meta, default_definition
 from corp.evaluate.context.run_context import RunContext
 from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.tasks import SPLITS, SplitSizes, dev_pool, get_task, make_splits
-from corp.models import check_model_reachable, shown_datasets
+from corp.models import check_memory, check_model_reachable, resolve_device, shown_datasets
 from corp.runs import (
     RunLock,
     finish_run_dir,
@@ -57,6 +57,7 @@ def setup_run(
     defines = _definition(defines, cfg, task, splits, max_new)
     if backend is None:  # a model that cannot be had is its error line before any run directory is announced
         check_model_reachable(cfg.model)
+        _check_memory(cfg, method)
     # the run's name: a Python API dataset as `dataset-<hash>`, not the path in corp's cache it is stored at
     run_dir, created = open_run_dir(cfg.run_dir, shown_datasets(cfg.task), method, cfg.seed)
     lock = RunLock(run_dir)
@@ -84,6 +85,21 @@ def setup_run(
     return RunContext(
         cfg, method, task, splits, run_dir, reward_fn, backend, created=created, lock=lock, definition=defines
     )
+
+
+# methods that only score (no direction is ever built on the host): a vLLM run of these holds no host copy
+_SCORE_ONLY = ("score", "randopt", "eval", "self-consistency")
+
+
+def _check_memory(cfg: RunConfig, method: str) -> None:
+    """A model that cannot fit this machine's memory is one line now, not an out-of-memory kill later
+    (CPU runs; a GPU's memory is vLLM's own to check)."""
+    device = resolve_device(cfg.device)
+    if device != "cpu":
+        return
+    backend = resolve_backend_name(cfg.backend, device)
+    engines = cfg.workers if cfg.executor == "ray" else 1
+    check_memory(cfg.model, backend, cfg.dtype, engines, host_copy=backend == "vllm" and method not in _SCORE_ONLY)
 
 
 def _run_splits(cfg: RunConfig, task, method: str, needs: Sequence[str]) -> dict:

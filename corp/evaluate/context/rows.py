@@ -25,6 +25,8 @@ class EvalResult:
     seconds: float
     reward_errors: int = 0
     status_counts: dict = field(default_factory=dict)
+    reward_seconds: float = 0.0  # scoring the completions (the sandbox, for code tasks)
+    truncated: int = 0  # completions that used every new token they were allowed (cut off, most of them)
 
     @property
     def mean_reward(self) -> float:
@@ -36,6 +38,10 @@ class EvalResult:
 
 
 ROW_FORMAT = 2  # rows keyed by eval_identity (format 1: "<seed>:<sigma>:<split>" keys, no example ids)
+
+
+# A row's wall-clock fields: they differ between two runs that computed the same thing
+TIMING_FIELDS = ("seconds", "apply_seconds", "reward_seconds", "noise_seconds", "push_seconds")
 
 
 def result_row(
@@ -71,6 +77,8 @@ def result_row(
         "generated_tokens": res.generated_tokens,
         "seconds": res.seconds,
         "apply_seconds": apply_seconds,
+        "reward_seconds": res.reward_seconds,
+        "truncated": res.truncated,
         "reward_errors": res.reward_errors,
         "status_counts": res.status_counts,
         "identity": {

@@ -166,4 +166,5 @@ def engine_options(cfg) -> dict:
         "tensor_parallel_size": getattr(cfg, "tensor_parallel_size", 1),
         "gpu_memory_utilization": getattr(cfg, "gpu_memory_utilization", None),
         "enforce_eager": getattr(cfg, "enforce_eager", False) or None,
+        "max_model_len": getattr(cfg, "max_model_len", None),
     }
