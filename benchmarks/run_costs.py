@@ -69,14 +69,18 @@ def summary(rows: list[dict]) -> list[str]:
     every = [r for r in rows if r.get("n_examples")]
     n = sum(int(r["n_examples"]) for r in every)
     cut = sum(int(r.get("truncated", 0)) for r in every)
-    lines = [f"- evaluations: {len(every)}; completions: {n}; cut off at the length limit: {cut} ({cut / max(n, 1):.1%})"]
+    lines = [
+        f"- evaluations: {len(every)}; completions: {n}; cut off at the length limit: {cut} ({cut / max(n, 1):.1%})"
+    ]
     if spec:
 
         def med(key: str) -> str:
             vals = [float(r[key]) for r in spec if r.get(key) is not None]
             return f"{statistics.median(vals):.1f} s" if vals else "not recorded"
 
-        total = [float(r["seconds"]) + float(r.get("apply_seconds", 0.0)) + float(r.get("reward_seconds", 0.0)) for r in spec]
+        total = [
+            float(r["seconds"]) + float(r.get("apply_seconds", 0.0)) + float(r.get("reward_seconds", 0.0)) for r in spec
+        ]
         lines.append(
             f"- per specialist (median of {len(spec)}): {statistics.median(total):.1f} s in all; noise draw "
             f"{med('noise_seconds')}, weight push {med('push_seconds')}, generation {med('seconds')}, reward "
