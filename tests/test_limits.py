@@ -380,3 +380,22 @@ def test_opening_a_run_directory_leaves_another_processs_write_probe_alone(tmp_p
     theirs.write_text("theirs")
     assert open_run_dir(run, "arith", "score", 0) == (run, False)
     assert theirs.read_text() == "theirs" and sorted(p.name for p in run.iterdir()) == [".write-test"]
+
+
+def test_another_split_seed_on_an_existing_run_names_the_option_and_the_runs_value(tiny_dir, tmp_path, monkeypatch):
+    """Issue 57: resuming under another --split-seed said "example_ids = 4 different ids, not 4 ids",
+    naming no option; now it names --split-seed and the run's own value to resume with."""
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    args = ["score", "--model", str(tiny_dir), "--task", "arith", "--population", "2", "--sigmas", "0.05"]
+    args += ["--n-support", "4", "--n-probe", "0", "--n-validation", "0", "--n-test", "2"]
+    args += ["--max-completion-length", "2", "--output-dir", str(tmp_path / "run")]
+    assert CliRunner().invoke(app, args).exit_code == 0
+    res = CliRunner().invoke(app, [*args, "--split-seed", "5"])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit), res.output
+    err = [ln for ln in res.stderr.splitlines() if ln.startswith("error")]
+    assert len(err) == 1 and "--split-seed (split_seed in Python)" in err[0], res.stderr
+    assert "resume it with --split-seed 0 --n-support 4 --n-test 2" in err[0] and "another --output-dir" in err[0]

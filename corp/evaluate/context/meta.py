@@ -63,12 +63,33 @@ def compare_meta(found: dict, expected: dict, where: Path, what: str, keys: Sequ
             continue
         value = expected[key]
         if found.get(key) != value:
-            shown = value if key != "example_ids" else f"{len(value)} ids"
-            was = found.get(key) if key != "example_ids" else f"{len(found.get(key) or [])} different ids"
+            if key == "example_ids":
+                raise CorpError(_other_examples(found.get(key) or [], value, where, what))
+            shown, was = value, found.get(key)
             raise CorpError(
                 f"{what} in '{where}' was made with {key} = {was}, not "
                 f"{shown}; use another --output-dir (or matching options)"
             )
+
+
+def _other_examples(was: list, now: list, where: Path, what: str) -> str:
+    """The rows were scored on other support examples: the split seed or a split size differs. Names
+    the option and the run's own values, from its splits.json (this check comes before it is rewritten)."""
+    try:
+        stored = read_json(Path(where) / "splits.json")
+    except (CorpError, OSError):
+        stored = None
+    if isinstance(stored, dict) and "split_seed" in stored:
+        sizes = [f"--n-{k} {len(stored[k])}" for k in ("support", "test") if isinstance(stored.get(k), list)]
+        given = " ".join([f"--split-seed {stored['split_seed']}", *sizes])
+        fix = f"resume it with {given} (split_seed=, n_support=, ... in Python)"
+    else:
+        fix = "resume it with the split_seed and split sizes its config.yaml records"
+    return (
+        f"{what} in '{where}' was scored on other support examples ({len(was)} ids) than this run's ({len(now)}): "
+        f"--split-seed (split_seed in Python) or a split size differs from its run's; {fix}, or use another "
+        "--output-dir"
+    )
 
 
 def check_meta(path: Path, expected: dict, what: str) -> None:
