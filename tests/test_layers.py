@@ -47,6 +47,7 @@ CORE_GROUND = (
     "config",
     "config_types",
     "cards",
+    "grids",
     "tracking",
     "method",
     "recipe",

@@ -523,6 +523,8 @@ class Bench:
             extra["detail"] = {"accepted": report["corp"].get("accepted"), "reason": report["corp"].get("reason")}
             # the gate's margin and its candidate's and the base's test accuracy: what keeping the base cost (issue 55)
             extra["detail"].update({k: report["corp"][k] for k in ("gate", "candidate_test") if k in report["corp"]})
+        if report.get("edge_flags"):  # values the run's own search chose on its grid's edge (issue 55)
+            extra.setdefault("detail", {})["edge_flags"] = report["edge_flags"]
         return {
             **self._head(cell),
             "status": "done",

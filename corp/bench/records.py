@@ -56,7 +56,8 @@ class CellRecord(TypedDict):
     hyperparameters: NotRequired[dict]  # the options that define it, beyond the bench's common ones
     run_dir: NotRequired[str]  # where it ran (git-ignored; gone in a later session)
     budget_reached: NotRequired[bool]  # whether a larger prefix or run would have gone over the budget
-    detail: NotRequired[dict]  # what the method's report says of its own decision (CoRP: accepted, reason)
+    detail: NotRequired[dict]  # what the method's report says of its own decisions (CoRP: accepted, reason, gate,
+    # candidate_test; any method: edge_flags, a searched value on its grid's edge)
     tried: NotRequired[list]  # every try toward the budget (population methods): size, cost, own evaluations
     population_run: NotRequired[str]  # the shared scored population the prefix came from
     population_sigmas: NotRequired[list]

@@ -27,6 +27,7 @@ import itertools
 import random
 
 from corp import CorpError
+from corp.grids import edge_flag
 
 
 def grid(space: dict) -> list[dict]:
@@ -110,3 +111,10 @@ def choose(records: list[dict]) -> int | None:
         if best_score is None or score > best_score:
             best, best_score = i, score
     return best
+
+
+def edge_flags(space: dict, chosen: dict) -> list[dict]:
+    """Flags for the searched options whose chosen value is the smallest or largest of its grid (corp.grids):
+    the best may lie beyond what the search tried."""
+    found = (edge_flag(k, chosen[k], space[k]) for k in sorted(space) if k in chosen)
+    return [f for f in found if f]

@@ -10,6 +10,7 @@ from __future__ import annotations
 from corp.evaluate.context import EvalCache, RunContext, run_evals
 from corp.evaluate.scorer import rows_ledger, score_specialists
 from corp.evaluate.voting import majority_vote
+from corp.grids import edge_flag
 from corp.runs import ReportRow
 from corp.stats import PerExample
 
@@ -95,6 +96,16 @@ def population_summary(ctx: RunContext, ranked: list[dict]) -> dict:
         "program_status_counts": _sum_counts(r.get("status_counts") or {} for r in ranked),
         "selection_ledger": rows_ledger(ctx, ranked).to_dict(),
     }
+
+
+def sigma_edge_flags(ctx: RunContext, ranked: list[dict]) -> list[dict]:
+    """report.json's flag when RandOpt's top-1 specialist has the smallest or largest noise scale of the
+    population (corp.grids): a scale beyond the grid may be better."""
+    src = ctx.population_source or {}
+    wanted = src.get("from_sigmas")
+    grid = wanted or src.get("sigmas") or list(getattr(ctx.cfg, "sigmas", None) or [])
+    found = ranked and edge_flag("top-1 sigma", ranked[0]["sigma"], grid, "--from-sigmas" if wanted else "--sigmas")
+    return [found] if found else []
 
 
 def population_line(ctx: RunContext) -> str:

@@ -18,8 +18,9 @@ from __future__ import annotations
 from corp import CorpError
 from corp.config import RandOptConfig
 from corp.evaluate.context import RunContext, open_run
-from corp.evaluate.population import population_line, population_summary, randopt_results
+from corp.evaluate.population import population_line, population_summary, randopt_results, sigma_edge_flags
 from corp.evaluate.scorer import ensure_population
+from corp.grids import edge_lines
 from corp.method import POPULATION, SMALL, BenchAdapter, Method, ints, opt
 from corp.runs import ReportRow, format_rows, write_report
 
@@ -58,12 +59,13 @@ def run_randopt(cfg: RandOptConfig, backend=None) -> dict:
         if max(cfg.top_k) > len(ranked):
             raise CorpError(f"--top-k {max(cfg.top_k)} is larger than the population ({len(ranked)} specialists)")
         results, _ = randopt_results(ctx, ranked, cfg.top_k)
-        report = report_dict(ctx, results, ranked)
+        report = report_dict(ctx, results, ranked, edge_flags=sigma_edge_flags(ctx, ranked))
     report["table"] = "\n".join(
         x
         for x in [
             format_table(results, report["population"]["selection_ledger"]["flops"], report["comparisons"]),
             population_line(ctx),
+            *edge_lines(report["edge_flags"]),
         ]
         if x
     )

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from corp import CorpError
-from corp.config import parse_list
+from corp.config import flag, parse_list
+from corp.grids import edge_flag
 from corp.operator.gate import confidence_level
 from corp.operator.merge_rules import MERGE_RULES
 
@@ -22,6 +23,8 @@ PAPER_PRESET = {
     "betas": [0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0],
     "alphas": [0.5, 1.0, 2.0, 4.0, 8.0, 16.0],
 }
+
+STEP_GRIDS = (("alpha", "alphas"), ("q", "quantiles"), ("beta", "betas"))  # a candidate's value, the grid searched
 
 
 @dataclass
@@ -99,6 +102,14 @@ class OperatorConfig:
                 raise CorpError(f"--{name} has no valid value (each must be {rule}); got {values}")
             if len(valid) < len(values):
                 raise CorpError(f"--{name} value(s) {[v for v in values if not ok(v)]} are not {rule}")
+
+    def edge_flags(self, params: dict) -> list[dict]:
+        """report.json's flags for a candidate's alpha, q and beta (`Candidate.params`) on the edge of the grid
+        searched (corp.grids): the best step may lie beyond it."""
+        found = (
+            edge_flag(name, params[name], getattr(self, grid), flag(grid, type(self))) for name, grid in STEP_GRIDS
+        )
+        return [f for f in found if f]
 
     @property
     def gate_confidence(self) -> float:

@@ -9,6 +9,7 @@ from corp.bench import retention
 from corp.bench.accounting import regime_rows
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig, headline_setting
 from corp.bench.protocol import mark_primary
+from corp.bench.report.edges import edge_section
 from corp.bench.report.gate import gate_section
 from corp.bench.report.plots import plots
 from corp.bench.report.prose import beats_sentences, reading_lines
@@ -139,6 +140,7 @@ def write_outputs(
     if getattr(cfg, "equivalence_list", None):
         extra += equivalence_section(equivalences)
     extra += gate_section(records)  # what test says of CoRP's gate decisions (issue 55)
+    extra += edge_section(cfg, records)  # searched values on the edge of their grid (issue 55)
     text = table_md(
         cfg, rows, comps, missing, command, trial_flops(tuning or []), reading, times, primary=primary, extra=extra
     )

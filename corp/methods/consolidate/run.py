@@ -28,8 +28,9 @@ from corp.evaluate.context import (
     row_scores,
     run_evals,
 )
-from corp.evaluate.population import population_line, population_summary, randopt_results
+from corp.evaluate.population import population_line, population_summary, randopt_results, sigma_edge_flags
 from corp.evaluate.scorer import ensure_population
+from corp.grids import edge_lines
 from corp.lowrank import FACTORS_FILE, LowRankDirection, write_factors
 from corp.methods.consolidate.config import ConsolidateConfig
 from corp.methods.consolidate.lowrank import (
@@ -362,6 +363,8 @@ def _consolidate_report(
         compare,
         ctx.example_ids("test"),
         population=population_summary(ctx, ranked),
+        # the step search's alpha, q, beta and RandOpt's top-1 sigma where they hit their grid's edge (issue 55)
+        edge_flags=cfg.edge_flags(result.best.params) + sigma_edge_flags(ctx, ranked),
         labelled_examples_note=(
             f"CoRP used {labelled} labelled examples (support {len(ctx.splits['support'])} "
             f"+ probe {len(ctx.splits['probe'])} + validation "
@@ -433,6 +436,7 @@ def _table(
             report["labelled_examples_note"],
             compat_line,
             low_rank_line(low_rank_report),
+            *edge_lines(report["edge_flags"]),
         ]
         if x
     )
