@@ -26,7 +26,6 @@ from typing import Any
 
 from corp.config import RunConfig, flag, option_names
 from corp.grids import edge_lines
-from corp.grids import edge_lines
 from corp.models import CARD_FILE, MARKER, embedded_spec, shown_datasets
 from corp.operator.gate import kept_out_line, margin_line
 from corp.runs import naming
@@ -127,12 +126,6 @@ def _gate_lines(made: dict, report: dict | None) -> list[str]:
     if cand and not cand.get("deployed"):
         lines += ["", f"{_sentence(kept_out_line(cand))}."]
     return lines
-
-
-def _edge_lines(report: dict | None) -> list[str]:
-    """Searched values that landed on the edge of their grid (report.json's `edge_flags`, corp.grids)."""
-    lines = edge_lines((report or {}).get("edge_flags"))
-    return ["", "Searched values on the edge of their grid:", *(f"- {line}." for line in lines)] if lines else []
 
 
 def _edge_lines(report: dict | None) -> list[str]:
@@ -402,7 +395,6 @@ def build_card(
             "",
             *([f"**{notice}**", ""] if notice else []),
             *_weights_lines(method, recipe, report),
-            *_edge_lines(report),
             *_edge_lines(report),
             "",
             (
