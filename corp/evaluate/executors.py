@@ -51,6 +51,7 @@ from corp.evaluate.ray_cluster import (
     init_ray,
     node_paths,
     placement_group,
+    warn_oversubscribed,
 )
 from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.tasks import get_task
@@ -225,6 +226,8 @@ class RayExecutor:
         self._threads, _ = actor_resources(cfg, workers, address)
         self._restarting: dict[int, float] = {}  # slot -> since when Ray reports it RESTARTING
         self._sent: dict[int, float] = {}  # slot -> when its shard in flight was sent
+        if not (address or ray.is_initialized()):  # a Ray corp starts here: its CPUs are this machine's
+            warn_oversubscribed(workers, self._threads)
         self.started_ray = init_ray(ray, address, None if address else workers * self._threads, origin)
         gpu_name = os.environ.get(GPU_RESOURCE_ENV, "GPU")
         _, bundle = actor_resources(cfg, workers, address, ray.cluster_resources().get(gpu_name, 0.0))

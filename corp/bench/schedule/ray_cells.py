@@ -33,6 +33,7 @@ from corp import CorpError, progress_disabled
 from corp.bench.schedule.claims import attempt
 from corp.evaluate.backends import resolve_backend_name
 from corp.evaluate.executors import actor_cause, init_ray
+from corp.evaluate.ray_cluster import warn_oversubscribed
 from corp.extras import require
 from corp.method import POPULATION
 from corp.models import cuda_count
@@ -109,6 +110,8 @@ def run_cells_on_ray(bench, cells: list, mine) -> int:
     cfg = bench.cfg
     threads = cell_threads(cfg)
     # a local Ray gets exactly `workers` cells' CPUs, so `workers` cells run at once
+    if not (cfg.ray_address or ray.is_initialized()):
+        warn_oversubscribed(cfg.workers, threads)
     started = init_ray(ray, cfg.ray_address, None if cfg.ray_address else cfg.workers * threads)
     wait = float(os.environ.get("CORP_BENCH_WAIT", "30"))
     order = {id(c): i for i, c in enumerate(cells)}
