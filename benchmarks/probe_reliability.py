@@ -1155,7 +1155,7 @@ def own_files_cases(p: Probe, recipe: Path) -> None:
         for path, text in mine.items():
             path.write_text(text)
         ok, why = p.one_line(p.corp("apply", recipe, "--out", out, *flags), "move it away")
-        kept = res.returncode == 0 and all(path.read_text() == text for path, text in mine.items())
+        kept = res.returncode == 0 and all(path.is_file() and path.read_text() == text for path, text in mine.items())
         p.check(
             "apply",
             f"apply{''.join(' ' + f for f in flags)} into an earlier model keeps the user's files in it",
@@ -1169,9 +1169,9 @@ def own_files_cases(p: Probe, recipe: Path) -> None:
         mine.mkdir()
         (mine / "config.yaml").write_text("my: settings\n")
         (mine / "population.jsonl").write_text('{"key": "mine"}\n')
-        before = {f.name: f.read_bytes() for f in mine.iterdir()}
+        before = {f: f.read_bytes() for f in mine.rglob("*") if f.is_file()}
         ok, why = p.one_line(p.corp(m, *p.small(mine), *TINY[m]), str(mine), "did not make")
-        kept = {f.name: f.read_bytes() for f in mine.iterdir()} == before
+        kept = {f: f.read_bytes() for f in mine.rglob("*") if f.is_file()} == before
         p.check(m, "--output-dir on a directory corp did not make: refused, nothing touched", ok and kept, why)
     run = root / "own-run"
     first = p.corp("score", *p.small(run), *TINY["score"])
