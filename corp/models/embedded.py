@@ -249,6 +249,16 @@ def adapter_base(model_id: str | None, path: str | Path | None) -> str:
     return str(model_id or path)
 
 
+def converted_dir(name: str) -> Path | None:
+    """An embedded alias's converted directory when it is ready here (None: not an embedded alias, or
+    not converted yet); never converts."""
+    spec = _alias(name)
+    if not isinstance(spec, EmbeddedGGUF):
+        return None
+    out = _embedded_dir(_alias_name(spec))
+    return out if _converted(spec, out) else None
+
+
 def _packages(spec: EmbeddedGGUF) -> list[str]:
     return [pkg for pkg, _ in spec.parts] or [spec.package]
 

@@ -87,14 +87,10 @@ def estimate_gb(backend: str, params: int, dtype: str, engines: int = 1, host_co
 
 def _ready_path(model: str) -> Path | None:
     """The model's directory if it is on this machine already (no conversion, no download)."""
-    from corp.models.embedded import EmbeddedGGUF, _alias, _alias_name, _converted, _embedded_dir
+    from corp.models.embedded import converted_dir
 
-    spec = _alias(model)
-    if isinstance(spec, EmbeddedGGUF):
-        out = _embedded_dir(_alias_name(spec))
-        return out if _converted(spec, out) else None
     local = Path(model).expanduser()
-    return local if local.is_dir() else None
+    return converted_dir(model) or (local if local.is_dir() else None)
 
 
 def check_memory(model: str, backend: str, dtype: str | None, engines: int = 1, host_copy: bool = False) -> None:
