@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from corp import CorpError
+from corp.models.embedded import converted_dir
 
 GB = 1e9
 RUNTIME_GB = 1.5  # one Python process with torch, transformers and (for vllm) the engine's compiled graphs
@@ -87,8 +88,6 @@ def estimate_gb(backend: str, params: int, dtype: str, engines: int = 1, host_co
 
 def _ready_path(model: str) -> Path | None:
     """The model's directory if it is on this machine already (no conversion, no download)."""
-    from corp.models.embedded import converted_dir
-
     local = Path(model).expanduser()
     return converted_dir(model) or (local if local.is_dir() else None)
 
