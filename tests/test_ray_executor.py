@@ -229,7 +229,7 @@ def test_a_local_ray_listens_on_loopback_only(monkeypatch):
         assert ray_cluster.exposed_sockets(pids) == [], listening
         assert all(ray_cluster.is_loopback(ip) for _, ip in listening)
     finally:
-        ray.shutdown()
+        ray_cluster.stop_ray(ray)  # as corp stops a Ray it started: its processes and temp dir go too
 
 
 def test_resources_are_checked_before_any_work_and_threads_match_what_ray_reserved(tmp_path, tiny_dir, monkeypatch):

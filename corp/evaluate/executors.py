@@ -51,6 +51,7 @@ from corp.evaluate.ray_cluster import (
     init_ray,
     node_paths,
     placement_group,
+    stop_ray,
     warn_oversubscribed,
 )
 from corp.evaluate.rewards import resolve_reward
@@ -445,7 +446,7 @@ class RayExecutor:
                     pass
         self.actors, self.alive = [], []
         if self.started_ray:
-            self.ray.shutdown()
+            stop_ray(self.ray)
             self.started_ray = False
 
 

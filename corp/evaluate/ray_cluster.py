@@ -20,7 +20,9 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import shutil
 import socket
+import tempfile
 import threading
 import time
 import warnings
@@ -108,7 +110,7 @@ def check_loopback(ray) -> None:
     except ImportError:  # psutil comes with ray; without it there is nothing to check with
         return
     if exposed:
-        ray.shutdown()
+        stop_ray(ray)
         raise CorpError(
             f"the local Ray listens beyond loopback ({exposed[0]}) although {LOOPBACK_ENV}=0 was set; "
             "start a cluster yourself (`ray start --head --node-ip-address 127.0.0.1`) and pass --ray-address"
@@ -132,6 +134,7 @@ def init_ray(ray, address: str | None, num_cpus: int | None = None, origin: str 
         except Exception as exc:  # ConnectionError, auth errors and friends; their text is long
             raise CorpError(f"{origin} '{address}': cannot join the Ray cluster ({join_cause(exc)})") from None
         return True
+    temp = tempfile.mkdtemp(prefix="corp-ray-")  # corp's own: its session_* goes with it (stop_ray)
     with loopback():
         ray.init(
             address="local",  # never RAY_ADDRESS here: the caller decided (RayExecutor honours it as --ray-address)
@@ -140,9 +143,63 @@ def init_ray(ray, address: str | None, num_cpus: int | None = None, origin: str 
             log_to_driver=False,
             object_store_memory=200 * 1024**2,
             _node_ip_address="127.0.0.1",
+            _temp_dir=temp,
         )
+    _OWN.update(temp=temp, procs=_processes(ray_pids(ray._private.worker._global_node)))
     check_loopback(ray)
     return True
+
+
+# the local Ray this process started (init_ray): its temp dir and its processes, which stop_ray ends
+_OWN: dict = {}
+
+
+def _processes(pids) -> list:
+    """psutil handles of `pids` (a handle knows its process's start time: a reused pid is not it)."""
+    import psutil
+
+    out = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            out.append(psutil.Process(pid))
+    return out
+
+
+def stop_ray(ray, wait_s: float = 5.0) -> None:
+    """`ray.shutdown()`, and for a Ray `init_ray` started here, every process of it still running (after
+    a lost head Ray leaves its raylet, dashboard and runtime-env agents for a minute or two) and its
+    temp dir (Ray leaves a session_* directory there on every run). A joined cluster is left alone."""
+    own = dict(_OWN)
+    _OWN.clear()
+    procs = _with_children(own.get("procs", []))  # before shutdown: the workers they started since
+    ray.shutdown()
+    if own:
+        _end(procs, wait_s)
+        shutil.rmtree(own["temp"], ignore_errors=True)
+
+
+def _with_children(procs: list) -> list:
+    import psutil
+
+    out = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            out += [proc, *proc.children(recursive=True)]
+    return out
+
+
+def _end(procs: list, wait_s: float) -> None:
+    """SIGTERM to each process still running, SIGKILL to those still there after `wait_s`."""
+    import psutil
+
+    alive = [p for p in procs if p.is_running()]
+    for proc in alive:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    _, left = psutil.wait_procs(alive, timeout=wait_s)
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
 
 
 def machine_cpus() -> int:

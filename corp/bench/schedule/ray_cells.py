@@ -33,7 +33,7 @@ from corp import CorpError, progress_disabled
 from corp.bench.schedule.claims import attempt
 from corp.evaluate.backends import resolve_backend_name
 from corp.evaluate.executors import actor_cause, init_ray
-from corp.evaluate.ray_cluster import warn_oversubscribed
+from corp.evaluate.ray_cluster import stop_ray, warn_oversubscribed
 from corp.extras import require
 from corp.method import POPULATION
 from corp.models import cuda_count
@@ -127,7 +127,7 @@ def run_cells_on_ray(bench, cells: list, mine) -> int:
             except Exception:
                 pass
         if started:
-            ray.shutdown()
+            stop_ray(ray)
 
 
 @dataclasses.dataclass
