@@ -542,6 +542,14 @@ def in_process_cases(p: Probe, recipe: Path, score_run: Path) -> None:
     )
     p.case("randopt", "--from-run a scored population (success)", p.tiny("randopt", "--from-run", score_run), "ok")
     p.case("score", "--noise lowrank:r=1 (success)", p.tiny("score", "--noise", "lowrank:r=1"), "ok")
+    p.case(  # issue 57: it said "4 different ids, not 4 ids", naming no option
+        "score",
+        "--split-seed 5 on an existing run names the option and its value",
+        ["score", *p.small(score_run), *TINY["score"], "--split-seed", "5"],
+        "error",
+        "--split-seed (split_seed in Python)",
+        "resume it with --split-seed 0",
+    )
 
     # ---- randopt / consolidate
     for m, name, extra, frags in (
@@ -936,6 +944,73 @@ def issue57_cases(p: Probe) -> None:
 
     fresh = lambda got: isinstance(got, str) or set(got) == {9.0}  # noqa: E731
     api_case(p, "the global changed: no stale rows resumed (issue 57)", changed, None, extra=fresh)
+    machine_paths_cases(p, rows)
+
+
+def machine_paths_cases(p: Probe, rows: list) -> None:
+    """Issue 57: an API run's name, card and corp_model.json name nothing of the machine; the card's
+    reproduce line runs (from Python: the rows and the reward are the user's to supply)."""
+    import corp
+
+    sizes = dict(n_support=2, n_probe=2, n_validation=2, n_test=2, max_completion_length=2, gate_z=-10.0)
+    made: list = []
+
+    def consolidate():
+        made.append(corp.train_corp(str(p.model), rows, _flat, population=2, sigmas=[0.05], top_k=[1], **sizes))
+        return made[-1]
+
+    def nothing_of_the_machine(result) -> bool:
+        card = (p.root / result.model_path / "README.md").read_text()
+        return result.run_dir.name.startswith("jsonl-dataset-") and str(p.root) not in card and "DATASET" in card
+
+    api_case(
+        p,
+        "an API run and its card name no path of the machine (issue 57)",
+        consolidate,
+        None,
+        extra=nothing_of_the_machine,
+    )
+    if not (made or p.listing):
+        return  # the run failed (its case says why): nothing to reproduce or apply
+    run_dir = (p.root / made[0].run_dir).resolve() if made else p.root
+
+    def reproduce():
+        import re
+
+        card = (run_dir / "model" / "README.md").read_text()
+        code = re.search(r"```python\nimport corp  # in this directory\n\n(corp\.train\(.*\))\n```", card).group(1)
+        os.environ["CORP_CACHE"] = str(p.root / "another-cache")  # another machine
+        here = os.getcwd()
+        os.chdir(run_dir / "model")
+        try:
+            out = str(p.root / "reproduced")
+            again = eval(code[:-1] + f", output_dir={out!r})", {"corp": corp, "DATASET": rows, "REWARD": _flat})
+        finally:
+            os.chdir(here)
+            os.environ["CORP_CACHE"] = str(p.root / "cache")
+        return [json.loads((d / "splits.json").read_text())["test"] for d in (run_dir, again.run_dir)]
+
+    api_case(
+        p,
+        "the card's reproduce line runs, on the run's test examples (issue 57)",
+        reproduce,
+        None,
+        extra=lambda ids: ids[0] == ids[1],
+    )
+
+    def applied():
+        from corp.recipe import apply_recipe
+
+        out = apply_recipe(run_dir / "recipe.json", p.root / "applied-57")
+        return (out / "corp_model.json").read_text()
+
+    api_case(
+        p,
+        "corp_model.json from apply names no absolute path (issue 57)",
+        applied,
+        None,
+        extra=lambda text: str(p.root) not in text and "base_weights_hash" in text,
+    )
 
 
 SCALE = 1.0  # read by `_global_scale` (issue 57's stale-resume case)
@@ -1139,6 +1214,28 @@ def subprocess_cases(p: Probe, recipe: Path) -> None:
     for x in [locked, *locked.rglob("*")]:
         os.chmod(x, 0o755 if x.is_dir() else 0o644)
     own_files_cases(p, recipe)
+    ray_cases(p)
+
+
+def ray_cases(p: Probe) -> None:
+    """Issue 57: a local Ray asked for more workers than the machine's CPUs says so in one line before
+    work; the Ray corp started leaves no process and no session_* directory (tens of seconds)."""
+    try:
+        import psutil
+        import ray  # noqa: F401
+    except ImportError:
+        return
+    cpus = len(os.sched_getaffinity(0))
+    before = {d.name for d in Path(tempfile.gettempdir()).glob("corp-ray-*")}
+    run = p.root / "ray-oversubscribed"
+    res = p.corp("score", *p.small(run), *TINY["score"], "--executor", "ray", "--workers", cpus + 1)
+    said = [ln for ln in res.stderr.splitlines() if "--executor ray:" in ln]
+    ok = res.returncode == 0 and len(said) == 1 and f"this machine has {cpus}" in said[0]
+    p.check("score", "--executor ray --workers CPUs+1 is one line before work", ok, res.stderr[-1500:])
+    cmds = {q.pid: " ".join(q.info["cmdline"] or []) for q in psutil.process_iter(["cmdline"])}
+    left = [pid for pid, c in cmds.items() if "corp-ray-" in c and not any(b in c for b in before)]  # its temp dir
+    temp = {d.name for d in Path(tempfile.gettempdir()).glob("corp-ray-*")} - before
+    p.check("score", "the Ray corp started leaves no process and no temp dir", not temp and not left, f"{temp} {left}")
 
 
 def own_files_cases(p: Probe, recipe: Path) -> None:
