@@ -75,7 +75,7 @@ def open_run_dir(
     created = not path.exists()
     try:
         path.mkdir(parents=True, exist_ok=True)
-        check_writable(path, ".write-test.")
+        check_writable(path, WRITE_PROBE + ".")
     except OSError as exc:
         raise CorpError(
             f"run directory '{path}' is not writable ({exc.strerror}); pass a writable --output-dir"
@@ -83,12 +83,16 @@ def open_run_dir(
     return path, created
 
 
+WRITE_PROBE = ".write-test"  # the prefix of the probe file `check_writable` writes into a run directory, then removes
+
+
 def check_run_dir_is_corps(path: Path) -> None:
     """Refuse to reuse a non-empty directory corp did not make as a run directory: corp writes its
     config.yaml, population.jsonl and the rest there, over (or appended to) files of the same names,
     so a directory without a run's marks (`RUN_MARKS`) is the user's and stays untouched."""
     try:
-        empty = not any(path.iterdir())
+        # another corp process opening the same new run writes its probe there before its lock
+        empty = all(p.name.startswith(WRITE_PROBE) for p in path.iterdir())
     except OSError as exc:
         raise CorpError(
             f"run directory '{path}' cannot be read ({exc.strerror}); pass a readable --output-dir"

@@ -292,8 +292,11 @@ def test_a_non_empty_directory_corp_did_not_make_is_refused_before_any_work(tmp_
         with pytest.raises(CorpError, match=r"userdir' is a non-empty directory corp did not make.*new or empty"):
             setup_run(tiny_cfg(mine), method, backend)
     assert {p.name: p.read_bytes() for p in mine.iterdir()} == snapshot and calls == []
-    # an empty directory, and a run directory corp made, are still taken (a resume)
+    # an empty directory, and a run directory corp made, are still taken (a resume); so is a new one
+    # holding only the write probe of another corp process opening it at the same moment
     (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / ".write-test.abc123").write_text("theirs")
+    setup_run(tiny_cfg(tmp_path / "empty"), "score", backend).close()
     setup_run(tiny_cfg(tmp_path / "empty"), "score", backend).close()
     setup_run(tiny_cfg(tmp_path / "empty"), "score", backend).close()
 
