@@ -63,20 +63,26 @@ def _read_yaml(path: Path) -> dict:
 def _results_lines(report: dict | None, task: str | None) -> list[str]:
     if not report:
         return ["No test results were recorded with this model."]
+    by_reward = report.get("measure") == "reward"  # no gold answers: the reward, and the prompts it scored
     lines = [
         f"Test split of `{task}`, n = {report.get('n_test')} (held out: never used for a choice).",
+        *(["The data has no gold answers: each row is its mean test reward."] if by_reward else []),
         "",
-        "| row | test accuracy | passes/example | labelled examples |",
-        "| --- | ---: | ---: | ---: |",
+        "| row | test reward | passes/example | labelled examples | prompts scored |"
+        if by_reward
+        else "| row | test accuracy | passes/example | labelled examples |",
+        "| --- | ---: | ---: | ---: |" + (" ---: |" if by_reward else ""),
     ]
     for r in report.get("rows") or []:
+        value = r.get("reward" if by_reward else "accuracy")
         lines.append(
-            f"| {r.get('method')} | {r.get('accuracy', float('nan')):.3f} | {r.get('passes_per_example', 1)} | "
-            f"{r.get('labelled_examples', 0)} |"
+            f"| {r.get('method')} | {float('nan') if value is None else value:.3f} | {r.get('passes_per_example', 1)} | "
+            f"{r.get('labelled_examples', 0)} |" + (f" {r.get('scored_prompts', 0)} |" if by_reward else "")
         )
     comps = report.get("comparisons") or []
     if comps:
-        lines += ["", "Paired comparisons on the same test examples (bootstrap 95% interval, exact McNemar p):", ""]
+        how = "bootstrap 95% interval" + ("" if by_reward else ", exact McNemar p")
+        lines += ["", f"Paired comparisons on the same test examples ({how}):", ""]
         for c in comps:
             try:
                 lines.append(f"- {comparison_line(c)}")
@@ -161,10 +167,12 @@ def _weights_lines(method: str, recipe: dict | None, report: dict | None) -> lis
     lines += _gate_lines(made, report)
     row = _model_row(report)
     if row is not None:
+        what = "reward" if (report or {}).get("measure") == "reward" else "accuracy"
+        value = row.get(what)
         lines += [
             "",
-            f"Their test accuracy is row `{row.get('method')}` of the results below: "
-            f'{row.get("accuracy", float("nan")):.3f} ("Evaluate it" below reproduces it).',
+            f"Their test {what} is row `{row.get('method')}` of the results below: "
+            f'{float("nan") if value is None else value:.3f} ("Evaluate it" below reproduces it).',
         ]
     return lines
 
@@ -381,7 +389,13 @@ def build_card(
     evaluate = _evaluate_lines(task, config, model_dir)
     shown = _portable(task, model_dir)  # no path of the machine: the heading, the data and results lines
     recipe_lines = _recipe_lines(recipe, model_dir, notice)
-    label_lines = [f"- {k}: {v} labelled example(s)" for k, v in (labelled or {}).items()] or ["- not recorded"]
+    # no gold answers: the splits are prompts the reward scored, not labelled examples
+    kind = (
+        "prompt(s) scored by the reward, 0 labelled"
+        if (report or {}).get("measure") == "reward"
+        else "labelled example(s)"
+    )
+    label_lines = [f"- {k}: {v} {kind}" for k, v in (labelled or {}).items()] or ["- not recorded"]
     license_text = LICENSES.get(
         license_id or "", "The base model's license applies; corp adds no terms (corp itself is Apache-2.0)."
     )

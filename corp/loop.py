@@ -129,7 +129,10 @@ def method_rows(
     for name, r, used, more in (("base", before, 0, None), (label, after, labelled, extra)):
         if r is not None:
             spent = Ledger(n_params).add_generation(r["prompt_tokens"], r["generated_tokens"])
-            out.append(ReportRow(name, r["accuracy"], 1, spent, used, PerExample(r["correct"], ids), dict(more or {})))
+            rewards = PerExample(r["rewards"], ids) if r.get("rewards") is not None else None
+            out.append(
+                ReportRow(name, r["accuracy"], 1, spent, used, PerExample(r["correct"], ids), dict(more or {}), rewards)
+            )
     return out
 
 
@@ -175,10 +178,11 @@ def finish(ctx, out: Outputs) -> dict:
         save_model(model, tokenizer, run_dir / "model")
         fields["model_dir"] = str(run_dir / "model")
     cfg = ctx.cfg
+    measure = ctx.measure
     report = write_report(
-        run_dir, ctx.method, out.model_name or cfg.model, cfg.task, out.rows, out.compare, out.ids, **fields
+        run_dir, ctx.method, out.model_name or cfg.model, cfg.task, out.rows, out.compare, out.ids, measure, **fields
     )
     if out.rows:
         notes = out.notes(report) if out.notes else []
-        report["table"] = "\n".join([format_rows(out.rows, report["comparisons"]), *notes])
+        report["table"] = "\n".join([format_rows(out.rows, report["comparisons"], measure=measure), *notes])
     return report

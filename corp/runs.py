@@ -36,8 +36,9 @@ from typing import Any
 import yaml
 
 from corp import CorpError
+from corp.cachedir import shown_datasets
 from corp.ledger import FLOPS_FORMULA, Ledger
-from corp.stats import compare_paired, comparison_line
+from corp.stats import compare_paired, compare_paired_rewards, comparison_line
 
 NAME_PART_MAX = 64  # characters of user input in a derived file name (a file name may hold 255 bytes)
 
@@ -476,6 +477,8 @@ class ReportRow:
     to `test_outcomes.json`. `labelled_examples` is how many labelled examples the method used to
     make its choices (RandOpt and ES: the support split; CoRP: support + probe + validation; the
     base: 0), so rows using different amounts of labelled data are never compared silently.
+    `rewards` is the per-example test reward (a `PerExample`), what a report of a task without gold
+    answers measures (`write_report(measure="reward")`).
     """
 
     method: str
@@ -485,14 +488,22 @@ class ReportRow:
     labelled_examples: int = 0
     correct: Sequence[int] | None = None
     detail: dict = field(default_factory=dict)
+    rewards: Sequence[float] | None = None
 
-    def to_dict(self) -> dict:
+    @property
+    def reward(self) -> float | None:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+
+    def to_dict(self, measure: str = "accuracy") -> dict:
         led = self.ledger.to_dict()
+        by_reward = measure == "reward"  # no gold answers: nothing was labelled; prompts were scored by the reward
         return {
             "method": self.method,
             "accuracy": self.accuracy,
+            **({"reward": self.reward} if self.rewards is not None else {}),
             "passes_per_example": self.passes_per_example,
-            "labelled_examples": self.labelled_examples,
+            "labelled_examples": 0 if by_reward else self.labelled_examples,
+            **({"scored_prompts": self.labelled_examples} if by_reward else {}),
             "n": len(self.correct) if self.correct is not None else None,
             "ledger": led,
             **led,  # flat ledger keys: the pre-schema report layout, kept for readers of old reports
@@ -508,32 +519,31 @@ def write_report(
     rows: Sequence[ReportRow],
     compare: Sequence[tuple[str, str]] = (),
     example_ids: Sequence[str] | None = None,
+    measure: str = "accuracy",
     **extra,
 ) -> dict:
     """Write `report.json` (schema corp-report/1) and `test_outcomes.json`; return the report.
 
     Every pair (a, b) in `compare` gets the accuracy difference a - b on the shared test examples,
     its paired bootstrap 95% interval and the exact McNemar p (corp.stats.compare_paired).
-    `rows` appear under `rows` (and, for readers of the older layout, under `test`).
+    `rows` appear under `rows` (and, for readers of the older layout, under `test`). `measure="reward"`
+    (a task without gold answers, where accuracy means nothing): the pairs compare the rows' mean
+    test rewards instead, and the report says so (`measure`).
     """
     run_dir = Path(run_dir)
-    by_name = {r.method: r for r in rows}
-    comparisons = []
-    for a, b in compare:
-        if a in by_name and b in by_name and by_name[a].correct is not None and by_name[b].correct is not None:
-            comparisons.append(compare_paired(a, by_name[a].correct, b, by_name[b].correct))
+    comparisons = paired_comparisons(rows, compare, measure)
     outcomes = {r.method: [int(c) for c in r.correct] for r in rows if r.correct is not None}
     if outcomes:
         write_json(
             run_dir / OUTCOMES_FILE,
             {"example_ids": list(example_ids) if example_ids is not None else None, "outcomes": outcomes},
         )
-    table_rows = [r.to_dict() for r in rows]
+    table_rows = [r.to_dict(measure) for r in rows]
     report = {
         "schema": REPORT_SCHEMA,
         "method": method,
         "model": model,
-        "task": task,
+        "task": shown_datasets(task),  # an API dataset by its name: a report is shared, config.yaml resumes
         "run_dir": str(run_dir),
         "n_test": len(example_ids) if example_ids is not None else None,
         "rows": table_rows,
@@ -541,22 +551,42 @@ def write_report(
         "comparisons": comparisons,
         "test_outcomes": OUTCOMES_FILE if outcomes else None,
         "flops_formula": FLOPS_FORMULA,
+        **({"measure": measure} if measure != "accuracy" else {}),
         **extra,
     }
     write_json(run_dir / "report.json", report)
     return report
 
 
+def paired_comparisons(rows: Sequence[ReportRow], compare: Sequence[tuple[str, str]], measure: str) -> list[dict]:
+    """Each pair (a, b) whose rows both have per-example outcomes (or rewards, by reward): a - b, paired."""
+    by_name = {r.method: (r.rewards if measure == "reward" else r.correct) for r in rows}
+    compare_fn = compare_paired_rewards if measure == "reward" else compare_paired
+    pairs = [(a, by_name.get(a), b, by_name.get(b)) for a, b in compare]
+    return [compare_fn(*pair) for pair in pairs if pair[1] is not None and pair[3] is not None]
+
+
 def format_rows(
-    rows: Sequence[ReportRow], comparisons: Sequence[dict] = (), selection_flops: float | None = None
+    rows: Sequence[ReportRow],
+    comparisons: Sequence[dict] = (),
+    selection_flops: float | None = None,
+    measure: str = "accuracy",
 ) -> str:
-    """The printed table: accuracy, passes per example, labelled examples, tokens, FLOPs; then one line per comparison."""
-    lines = [f"{'method':<22} {'test acc':>8} {'passes/ex':>9} {'labelled':>8} {'test tokens':>12} {'test FLOPs':>11}"]
+    """The printed table: accuracy, passes per example, labelled examples, tokens, FLOPs; then one line per
+    comparison. `measure="reward"` (no gold answers): the mean test reward, 0 labelled and the prompts scored."""
+    by_reward = measure == "reward"
+    head = f"{'test reward':>11} {'passes/ex':>9} {'labelled':>8} {'scored':>6}" if by_reward else ""
+    head = head or f"{'test acc':>8} {'passes/ex':>9} {'labelled':>8}"
+    lines = [f"{'method':<22} {head} {'test tokens':>12} {'test FLOPs':>11}"]
     for r in rows:
+        value = f"{r.reward if r.reward is not None else math.nan:>11.3f}" if by_reward else f"{r.accuracy:>8.3f}"
+        used = f"{0:>8d} {r.labelled_examples:>6d}" if by_reward else f"{r.labelled_examples:>8d}"
         lines.append(
-            f"{r.method:<22} {r.accuracy:>8.3f} {r.passes_per_example:>9d} {r.labelled_examples:>8d} "
+            f"{r.method:<22} {value} {r.passes_per_example:>9d} {used} "
             f"{r.ledger.inference_tokens:>12d} {r.ledger.flops:>11.3e}"
         )
+    if by_reward:
+        lines.append("(no gold answers: each row's mean test reward; scored: prompts its method scored by the reward)")
     if selection_flops is not None:
         lines.append(
             f"(population scoring on the support split: {selection_flops:.3e} FLOPs, shared by every non-base row)"

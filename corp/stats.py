@@ -355,6 +355,26 @@ def compare_paired(name_a: str, correct_a: Sequence[int | bool], name_b: str, co
     }
 
 
+def compare_paired_rewards(name_a: str, rewards_a: Sequence[float], name_b: str, rewards_b: Sequence[float]) -> dict:
+    """Mean reward difference of `name_a` over `name_b` on the same examples, with its paired 95% bootstrap
+    interval: the comparison of a task without gold answers (no correctness, so no McNemar)."""
+    assert_same_examples(rewards_a, rewards_b, f"{name_a} vs {name_b}")
+    a, b = np.asarray(rewards_a, dtype=np.float64), np.asarray(rewards_b, dtype=np.float64)
+    lo, hi = paired_bootstrap_ci(list(a), list(b))
+    mean_a, mean_b = (float(a.mean()), float(b.mean())) if a.size else (float("nan"), float("nan"))
+    return {
+        "a": name_a,
+        "b": name_b,
+        "n": int(a.size),
+        "measure": "reward",
+        "reward_a": mean_a,
+        "reward_b": mean_b,
+        "difference": mean_a - mean_b,
+        "ci95": [lo, hi],
+        "method": f"paired bootstrap ({BOOTSTRAP_SAMPLES} resamples, seed {BOOTSTRAP_SEED}, percentile 95%)",
+    }
+
+
 def sign_text(c: dict) -> str:
     """Per-seed sign count, e.g. '3+ 1- 1=' (seeds where a is above b, below it, level; a tie is
     written '=', since '20' for two ties reads as twenty)."""
@@ -375,6 +395,11 @@ def comparison_line(c: dict) -> str:
         return (
             f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} across "
             f"{c['n_seeds']} seeds, df {c['df']:.1f}; per seed {seeds}; signs {sign_text(c)}; {examples_text(c)})"
+        )
+    if c.get("measure") == "reward":
+        return (
+            f"{c['a']} vs {c['b']}: reward {c['difference']:+.3f} (paired 95% CI {c['ci95'][0]:+.3f} to "
+            f"{c['ci95'][1]:+.3f}; n = {c['n']})"
         )
     return (
         f"{c['a']} vs {c['b']}: {c['difference']:+.3f} (paired 95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}; "

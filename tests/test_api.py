@@ -285,6 +285,11 @@ def test_randopt_from_python_is_the_clis_run(tiny_dir, tmp_path):
     assert _rows_of(tmp_path / "cli") == _rows_of(result.run_dir)  # same seeds, same completions, same rewards
     assert len({r["reward"] for r in _rows_of(result.run_dir)}) > 1  # the rewards differ between specialists
     assert [(r["method"], r["accuracy"]) for r in cli["rows"]] == [(r["method"], r["accuracy"]) for r in result.rows]
+    # ROWS have no answer column: the table is of rewards, with 0 labelled and the 4 support prompts scored
+    assert result["measure"] == "reward" and "test reward" in result.table and "test acc" not in result.table
+    top1 = result.rows[1]
+    assert top1["labelled_examples"] == 0 and top1["scored_prompts"] == 4 and top1["reward"] is not None
+    assert "randopt-top1 vs base: reward " in result.table
 
 
 def test_consolidate_on_a_dataset_saves_a_model_transformers_loads(tiny_dir, tmp_path):
@@ -326,4 +331,5 @@ def test_es_and_grpo_from_python_save_a_model(name, tiny_dir, tmp_path):
     train = {"es": corp.train_es, "grpo": corp.train_grpo}[name]
     result = train(str(tiny_dir), ROWS, reward_func, output_dir=str(tmp_path / name), **SMALL, **smoke)
     assert result.method == name and result.model_path == tmp_path / name / "model"
+    assert "test reward" in result.table and "test acc" not in result.table  # ROWS have no gold answers
     AutoModelForCausalLM.from_pretrained(result.model_path)

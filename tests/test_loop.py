@@ -122,12 +122,12 @@ def test_method_rows_leave_out_a_skipped_evaluation_and_charge_each_its_own_toke
 
 
 class RunCtx:
-    """What `finish` needs of a run's context: its directory, the command's name and its config."""
+    """What `finish` needs of a run's context: its directory, the command's name, its config and measure."""
 
     def __init__(self, run_dir):
         from types import SimpleNamespace
 
-        self.run_dir, self.method = run_dir, "toy"
+        self.run_dir, self.method, self.measure = run_dir, "toy", "accuracy"
         self.cfg = SimpleNamespace(model="tiny", task="arith")
 
 

@@ -31,6 +31,18 @@ def vote_correct(ctx: RunContext, ranked_test_rows: list[dict]) -> list[int]:
     ]
 
 
+def vote_rewards(ranked_test_rows: list[dict]) -> list[float]:
+    """Per test example: the reward of the vote's answer, the completion of the highest-ranked specialist
+    that gave it (the top-ranked one's when no specialist gave an answer); what a task without gold
+    answers reports for a vote."""
+    out = []
+    for j in range(len(ranked_test_rows[0]["rewards"])):
+        answers = [r["answers"][j] for r in ranked_test_rows]
+        voted = majority_vote(answers)
+        out.append(ranked_test_rows[answers.index(voted) if voted is not None else 0]["rewards"][j])
+    return out
+
+
 def randopt_results(
     ctx: RunContext, ranked: list[dict], top_k: list[int], cache: EvalCache | None = None
 ) -> tuple[list[ReportRow], dict[tuple, dict]]:
@@ -44,7 +56,13 @@ def randopt_results(
     n_support = len(ctx.splits["support"])
     results = [
         ReportRow(
-            "base", base_row["accuracy"], 1, rows_ledger(ctx, [base_row]), 0, PerExample(base_row["correct"], ids)
+            "base",
+            base_row["accuracy"],
+            1,
+            rows_ledger(ctx, [base_row]),
+            0,
+            PerExample(base_row["correct"], ids),
+            rewards=PerExample(base_row["rewards"], ids),
         )
     ]
     top1 = ranked_test[0]
@@ -57,6 +75,7 @@ def randopt_results(
             n_support,
             PerExample(top1["correct"], ids),
             {"seed": top1["seed"], "sigma": top1["sigma"], "support_reward": ranked[0]["reward"]},
+            PerExample(top1["rewards"], ids),
         )
     )
     for k in top_k:
@@ -71,6 +90,7 @@ def randopt_results(
                 rows_ledger(ctx, ranked_test[:k]),
                 n_support,
                 PerExample(correct, ids),
+                rewards=PerExample(vote_rewards(ranked_test[:k]), ids),
             )
         )
     return results, test_rows

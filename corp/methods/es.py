@@ -367,12 +367,20 @@ def summary(report: dict) -> str:
     led = report.get("training_ledger") or {}
     if report.get("table"):
         lines.append(report["table"])
+    measure, before, after = _test_measure(report)
     lines.append(
-        f"test accuracy: base {num(report.get('test_accuracy_before'))} -> es "
-        f"{num(report.get('test_accuracy_after'))}  (training {num(led.get('flops'), '.3e')} FLOPs)"
+        f"test {measure}: base {num(before)} -> es {num(after)}  (training {num(led.get('flops'), '.3e')} FLOPs)"
     )
     lines.append(f"run directory: {report.get('run_dir')}")
     return "\n".join(lines)
+
+
+def _test_measure(report: dict) -> tuple[str, float | None, float | None]:
+    """(what the test rows measure, the base's, the centre's): the reward where the data has no gold answers."""
+    if report.get("measure") != "reward":
+        return "accuracy", report.get("test_accuracy_before"), report.get("test_accuracy_after")
+    rewards = {r["method"]: r.get("reward") for r in report.get("rows") or []}
+    return "reward", rewards.get("base"), rewards.get("es")
 
 
 def _support_share(o: dict) -> float:

@@ -41,13 +41,16 @@ def report_dict(
         results,
         comparisons_vs_base(results) if compare is None else compare,
         ctx.example_ids("test"),
+        ctx.measure,
         population=population_summary(ctx, ranked),
         **extra,
     )
 
 
-def format_table(results: list[ReportRow], selection_flops: float | None = None, comparisons: list[dict] = ()) -> str:
-    return format_rows(results, comparisons, selection_flops)
+def format_table(
+    results: list[ReportRow], selection_flops: float | None = None, comparisons: list[dict] = (), measure="accuracy"
+) -> str:
+    return format_rows(results, comparisons, selection_flops, measure)
 
 
 def run_randopt(cfg: RandOptConfig, backend=None) -> dict:
@@ -63,7 +66,9 @@ def run_randopt(cfg: RandOptConfig, backend=None) -> dict:
     report["table"] = "\n".join(
         x
         for x in [
-            format_table(results, report["population"]["selection_ledger"]["flops"], report["comparisons"]),
+            format_table(
+                results, report["population"]["selection_ledger"]["flops"], report["comparisons"], ctx.measure
+            ),
             population_line(ctx),
             *edge_lines(report["edge_flags"]),
         ]

@@ -93,6 +93,12 @@ class RunContext:
         return self.cfg.max_new_tokens or self.task.max_new_tokens
 
     @property
+    def measure(self) -> str:
+        """What the report's rows are measured by: "accuracy", or "reward" where the task has no gold
+        answers (a reward-only dataset), on which every accuracy would read 0."""
+        return "accuracy" if self.task.graded() else "reward"
+
+    @property
     def model_id(self) -> str:
         return self.backend.model_id or self.cfg.model  # None: an in-memory model, named by --model
 

@@ -54,6 +54,11 @@ class Task:
         """Whether an extracted answer is correct."""
         return answer is not None and answer == example.answer
 
+    def graded(self) -> bool:
+        """Whether the examples have gold answers, so that accuracy means something; a data file without
+        an answer column (a reward-only task, TRL's usual case) has none, and its reports measure the reward."""
+        return True
+
     def reward(self, completions: list[str], examples: Sequence[Example]) -> list[float | None]:
         """Reward per completion (a finite float; built-in tasks stay in [0, 1]); the default is correctness of the extracted answer."""
         return [float(self.check(self.extract(c), ex)) for c, ex in zip(completions, examples)]

@@ -162,6 +162,9 @@ class JsonlTask(Task):
             )
         return {k: out[k] for k in pools}
 
+    def graded(self) -> bool:
+        return any(e.answer not in (None, "") for pool in self.pools().values() for e in pool)
+
     def extract(self, completion: str) -> str | None:
         self.pools()
         if self._numeric:

@@ -348,6 +348,7 @@ def _consolidate_report(
             corp_ledger,
             labelled,
             PerExample(corp_row["correct"], ctx.example_ids("test")),
+            rewards=PerExample(corp_row["rewards"], ctx.example_ids("test")),
         )
     )
     compare = [(label, r.method) for r in results if r.method != label] + [
@@ -362,11 +363,12 @@ def _consolidate_report(
         results,
         compare,
         ctx.example_ids("test"),
+        ctx.measure,
         population=population_summary(ctx, ranked),
         # the step search's alpha, q, beta and RandOpt's top-1 sigma where they hit their grid's edge (issue 55)
         edge_flags=cfg.edge_flags(result.best.params) + sigma_edge_flags(ctx, ranked),
         labelled_examples_note=(
-            f"CoRP used {labelled} labelled examples (support {len(ctx.splits['support'])} "
+            f"CoRP used {labelled} {_what_labelled(ctx)} (support {len(ctx.splits['support'])} "
             f"+ probe {len(ctx.splits['probe'])} + validation "
             f"{len(ctx.splits['validation'])}); RandOpt used the support split only"
         ),
@@ -382,6 +384,11 @@ def _consolidate_report(
     )
     report["table"] = _table(cfg, ctx, result, results, report, consolidation_cost, low_rank_report)
     return report
+
+
+def _what_labelled(ctx: RunContext) -> str:
+    """What the examples CoRP used were: labelled, or, without gold answers, prompts the reward scored."""
+    return "prompts scored by the reward (0 labelled)" if ctx.measure == "reward" else "labelled examples"
 
 
 def _corp_section(cfg: ConsolidateConfig, result, low_rank_report, consolidation_cost, seconds) -> dict:
@@ -425,7 +432,7 @@ def _table(
     return "\n".join(
         x
         for x in [
-            format_rows(results, report["comparisons"], report["population"]["selection_ledger"]["flops"]),
+            format_rows(results, report["comparisons"], report["population"]["selection_ledger"]["flops"], ctx.measure),
             population_line(ctx),
             "CoRP consolidation evaluations (probe/validation/support "
             f"halves): {consolidation_cost['flops']:.3e} FLOPs",

@@ -1,0 +1,69 @@
+"""Reward-only tasks (a reward function, a dataset with no answer column: TRL's usual case): the report,
+its table and the model card measure the reward, with paired intervals against the base, since every
+accuracy would read 0; and nothing is called labelled."""
+
+from __future__ import annotations
+
+import json
+
+from corp.cards import _results_lines, _weights_lines
+from corp.evaluate.population import vote_rewards
+from corp.evaluate.tasks import get_task
+from corp.ledger import Ledger
+from corp.runs import ReportRow, format_rows, write_report
+from corp.stats import PerExample
+
+IDS = ["a", "b", "c", "d"]
+
+
+def _rows() -> list[ReportRow]:
+    def row(name, rewards, labelled):
+        return ReportRow(name, 0.0, 1, Ledger(10), labelled, PerExample([0] * 4, IDS), rewards=PerExample(rewards, IDS))
+
+    return [row("base", [0.1, 0.2, 0.3, 0.4], 0), row("randopt-top1", [0.5, 0.6, 0.7, 0.8], 16)]
+
+
+def test_a_task_without_gold_answers_is_not_graded(tmp_path):
+    (tmp_path / "r.jsonl").write_text("".join(json.dumps({"prompt": f"p{i}", "answer": ""}) + "\n" for i in range(4)))
+    (tmp_path / "g.jsonl").write_text("".join(json.dumps({"prompt": f"p{i}", "answer": i}) + "\n" for i in range(4)))
+    assert not get_task(f"jsonl:{tmp_path / 'r.jsonl'}").graded()
+    assert get_task(f"jsonl:{tmp_path / 'g.jsonl'}").graded() and get_task("arith").graded()
+
+
+def test_the_report_table_and_card_measure_the_reward_with_its_paired_interval(tmp_path):
+    rows = _rows()
+    report = write_report(tmp_path, "randopt", "m", "jsonl:x", rows, [("randopt-top1", "base")], IDS, "reward")
+    assert report["measure"] == "reward"
+    top1 = report["rows"][1]
+    assert top1["reward"] == 0.65 and top1["labelled_examples"] == 0 and top1["scored_prompts"] == 16
+    (c,) = report["comparisons"]
+    assert c["measure"] == "reward" and abs(c["difference"] - 0.4) < 1e-9 and c["ci95"][0] > 0.39
+
+    table = format_rows(rows, report["comparisons"], measure="reward")
+    assert "test reward" in table and "test acc" not in table
+    assert [line.split()[1:5] for line in table.splitlines()[1:3]] == [
+        ["0.250", "1", "0", "0"],
+        ["0.650", "1", "0", "16"],
+    ]
+    assert "randopt-top1 vs base: reward +0.400 (paired 95% CI" in table
+
+    card = "\n".join(_results_lines(report, "jsonl:x"))
+    assert "| randopt-top1 | 0.650 | 1 | 0 | 16 |" in card and "test accuracy" not in card and "McNemar" not in card
+    said = "\n".join(_weights_lines("es", None, report))  # the last row is the saved model's
+    assert "Their test reward is row `randopt-top1` of the results below: 0.650" in said
+
+
+def test_a_graded_report_is_as_before(tmp_path):
+    report = write_report(tmp_path, "randopt", "m", "arith", _rows(), [("randopt-top1", "base")], IDS)
+    assert "measure" not in report and report["rows"][1]["labelled_examples"] == 16
+    assert report["comparisons"][0]["difference"] == 0.0 and "mcnemar_p" in report["comparisons"][0]
+    assert "test acc" in format_rows(_rows(), report["comparisons"])
+
+
+def test_a_votes_reward_is_that_of_the_highest_ranked_completion_giving_its_answer():
+    ranked = [
+        {"answers": ["x", None], "rewards": [0.1, 0.2]},
+        {"answers": ["y", None], "rewards": [0.3, 0.4]},
+        {"answers": ["y", None], "rewards": [0.5, 0.6]},
+    ]
+    assert vote_rewards(ranked) == [0.3, 0.2]  # 'y' wins example 0 (its first voter); no answer: the top-1's
