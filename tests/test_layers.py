@@ -2,7 +2,7 @@
 
 Four tiers, lowest first; a module imports only from its own tier or below (issue 38):
 
-1. the core, itself in two floors: (0) `corp` itself, `perturb`, `models`, `stats`, `ledger`,
+1. the core, itself in two floors: (0) `corp` itself, `perturb`, `models`, `cachedir`, `stats`, `ledger`,
    `registry`, `runs`, `threads`, `extras`, `config`, `cards`, `tracking`, `method` (what a method is:
    `Method`, `BenchAdapter`), and what methods share that evaluates nothing: `recipe`, `lowrank`,
    `aggregation` (federated aggregation rules), `operator` (the CoRP operator: stage 1, merge rules,
@@ -38,6 +38,7 @@ CORE_GROUND = (
     "",
     "perturb",
     "models",
+    "cachedir",
     "stats",
     "ledger",
     "registry",

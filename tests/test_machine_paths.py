@@ -80,6 +80,37 @@ def test_an_api_run_and_its_card_name_nothing_of_the_machine(api_run):
     assert "`jsonl:dataset-" in card
 
 
+def test_an_api_runs_report_names_the_dataset_not_the_cache(api_run):
+    """report.json recorded `task: jsonl:<home>/.cache/corp/datasets/<hash>.jsonl`; it is now the dataset's
+    name, and so is what the run prints (the report is shared; config.yaml keeps the path, to resume)."""
+    result, home = api_run
+    report = json.loads((result.run_dir / "report.json").read_text())
+    assert report["task"].startswith("jsonl:dataset-"), report["task"]
+    assert home.name not in json.dumps(report) and home.name not in result.table
+    assert str(home) in (result.run_dir / "config.yaml").read_text()  # what a resume reads
+
+
+def test_an_api_eval_reports_the_dataset_by_name_and_still_resumes(tiny_dir, tmp_path, monkeypatch):
+    """`corp.train("eval", ...)` on a list of dicts: report.json, retention.json and the printed table name
+    `dataset-<hash>`; rerun in the same output_dir, it resumes from its cache with nothing evaluated again."""
+    import corp
+
+    home = tmp_path / "home-of-the-user"
+    monkeypatch.setenv("CORP_CACHE", str(home / ".cache" / "corp"))
+    out = tmp_path / "ev"
+    options = dict(n_test=4, n_support=0, n_probe=0, n_validation=0, max_completion_length=4, output_dir=str(out))
+    options["retention"] = True  # retention.json names the run's own task too
+    first = corp.train("eval", str(tiny_dir), ROWS, text_checksum, **options)
+    report = json.loads((out / "report.json").read_text())
+    assert report["task"].startswith("jsonl:dataset-") and home.name not in json.dumps(report), report["task"]
+    assert "dataset-" in first.table and home.name not in first.table, first.table
+    assert home.name not in (out / "retention.json").read_text()
+    evals = (out / "evals.jsonl").read_text()
+    again = corp.train("eval", str(tiny_dir), ROWS, text_checksum, **options)
+    assert (out / "evals.jsonl").read_text() == evals  # resumed: every evaluation came from the cache
+    assert again.report["rows"] == first.report["rows"]
+
+
 def test_an_api_runs_card_reproduces_its_row_on_another_machine(api_run, tmp_path, monkeypatch):
     """The card's "`corp eval` below reproduces it" named a cache path and a Python reward `corp eval`
     refuses; an API run's card gives `corp.train("eval", ...)` and says what to supply (the rows and the

@@ -22,6 +22,7 @@ from corp.config import RunConfig, parse_list
 from corp.evaluate.context import cached_eval, open_run, run_evals
 from corp.evaluate.retention import retention_lines, score_retention
 from corp.evaluate.voting import pass_at_k
+from corp.models import shown_datasets
 from corp.runs import ReportRow, write_report
 from corp.stats import PerExample
 
@@ -140,7 +141,10 @@ def run_eval(cfg: EvalConfig, backend=None) -> dict:
             ledger=led.to_dict(),
         )
         kept = score_retention(ctx, evals, cfg.retention_tasks, cfg.base) if cfg.retention else None
-    lines = [f"{cfg.model} on {cfg.task}, {len(test)} test problems", f"greedy accuracy  {greedy['accuracy']:.3f}"]
+    lines = [
+        f"{cfg.model} on {shown_datasets(cfg.task)}, {len(test)} test problems",
+        f"greedy accuracy  {greedy['accuracy']:.3f}",
+    ]
     lines += [f"pass@{k:<10} {v:.3f}   (n={cfg.n_samples}, T={cfg.temperature})" for k, v in passk.items()]
     if kept is not None:
         report["retention"] = kept

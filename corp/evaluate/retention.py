@@ -31,7 +31,7 @@ from corp import CorpError
 from corp.evaluate.context import cached_eval
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 from corp.evaluate.tasks.reorder import default_text, strip_gutenberg
-from corp.models import load_model
+from corp.models import load_model, shown_datasets
 from corp.runs import write_json
 from corp.stats import PerExample, compare_paired, ratio_bootstrap_ci, wilson_interval
 
@@ -186,7 +186,7 @@ def _task_scores(ctx, evals, specs: list[str], sizes=None) -> dict:
             sub = dataclasses.replace(ctx, task=task, splits={**ctx.splits, "test": test})
         row = cached_eval(sub, evals, "test", None)
         correct = [int(bool(c)) for c in row["correct"]]
-        out[spec] = {
+        out[shown_datasets(spec)] = {  # a Python API dataset by its name, not its path in corp's cache
             "accuracy": sum(correct) / len(correct),
             "interval": list(wilson_interval(sum(correct), len(correct))),
             "n": len(correct),
@@ -242,7 +242,7 @@ def score_retention(
                     "base",
                     PerExample(theirs["tasks"][spec]["correct"], theirs["tasks"][spec]["example_ids"]),
                 )
-                for spec in specs
+                for spec in mine["tasks"]
             },
         }
     write_json(ctx.run_dir / "retention.json", report)

@@ -28,18 +28,16 @@ leftover of a live process, another host's, or a directory corp did not name so 
 A save that fails (a full disk) is one error line, and the old model, if any, stays in place.
 """
 
+from corp.cachedir import cache_dir, datasets_dir, shown_datasets
 from corp.models.cache import (
     CARD_FILE,
     CONVERSION,
     DEFAULT_MODEL,
     MARKER,
     SOURCE_FILE,
-    cache_dir,
     card_note,
-    datasets_dir,
     is_corp_model,
     model_caches,
-    shown_datasets,
 )
 from corp.models.embedded import ALIASES, EmbeddedGGUF, adapter_base, describe_model, embedded_spec, list_models
 from corp.models.load import DTYPES, check_device, check_dtype, cuda_count, load_model, resolve_device

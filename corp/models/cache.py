@@ -1,30 +1,12 @@
-"""Where corp keeps converted models (`cache_dir`), and the marker and source files of a model directory corp wrote."""
+"""Where corp keeps converted models (`cache_dir`, from corp.cachedir), and the marker and source files of a model directory corp wrote."""
 
 from __future__ import annotations
 
-import os
-import re
 from pathlib import Path
 
+from corp.cachedir import cache_dir
+
 DEFAULT_MODEL = "smollm2-135m"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("CORP_CACHE", Path.home() / ".cache" / "corp"))
-
-
-def datasets_dir() -> Path:
-    """Where the Python API stores a dataset object, as `<sha256 prefix>.jsonl` (corp.api)."""
-    return cache_dir() / "datasets"
-
-
-def shown_datasets(text: str) -> str:
-    """`text` with the path of every dataset the Python API stored replaced by its name `dataset-<hash>`:
-    the user gave corp an object, not that path, so a run's name and card say nothing of where the
-    cache is (a path the user typed, `--task jsonl:FILE`, is left as it is)."""
-    for folder in dict.fromkeys((str(datasets_dir()), str(datasets_dir().resolve()))):
-        text = re.sub(re.escape(folder + os.sep) + r"([0-9a-f]+)\.jsonl", r"dataset-\1", text)
-    return text
 
 
 def _is_hf_dir(path: Path) -> bool:
