@@ -67,3 +67,37 @@ def test_a_votes_reward_is_that_of_the_highest_ranked_completion_giving_its_answ
         {"answers": ["y", None], "rewards": [0.5, 0.6]},
     ]
     assert vote_rewards(ranked) == [0.3, 0.2]  # 'y' wins example 0 (its first voter); no answer: the top-1's
+
+
+# TRL's own example, "Example 1: Reward longer completions" of TRL's GRPO trainer documentation
+# (https://huggingface.co/docs/trl/main/en/grpo_trainer; Apache-2.0), unchanged
+def reward_len(completions, **kwargs):
+    return [-abs(20 - len(completion)) for completion in completions]
+
+
+def test_trls_reward_len_on_conversational_prompts_is_one_warning_naming_it(tiny_dir, tmp_path, monkeypatch):
+    import warnings
+
+    import corp
+
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
+    rows = [{"prompt": [{"role": "user", "content": f"Count to {i}."}]} for i in range(12)]
+    small = dict(n_support=4, n_probe=0, n_validation=0, n_test=2, max_completion_length=4, batch_size=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        corp.train_randopt(str(tiny_dir), rows, reward_len, population=2, sigmas=[0.05], top_k=[1], **small)
+    said = [str(w.message) for w in caught if "no signal" in str(w.message)]
+    # a completion is a list of one message, as in TRL: len() is 1, the reward always -19
+    assert said == [said[0]] and said[0].startswith("the reward 'reward_len' returned -19.0 for every completion")
+
+
+def test_a_reward_that_varies_or_the_tasks_own_check_is_no_warning():
+    import warnings
+
+    from corp.evaluate.scorer import warn_if_no_signal
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_no_signal("python:f@123", [{"rewards": [0.0, 1.0]}, {"rewards": [0.0, 0.0]}])
+        warn_if_no_signal(None, [{"rewards": [0.0, 0.0]}, {"rewards": [0.0, 0.0]}])  # all wrong: the model's fault
+        warn_if_no_signal("m:f", [{"rewards": [0.0, 0.0]}])  # one specialist: nothing to compare

@@ -43,6 +43,7 @@ from corp.evaluate.context import (
 )
 from corp.evaluate.executors import get_executor
 from corp.evaluate.racing import RACED, latest_rows
+from corp.evaluate.rewards import IN_PROCESS
 from corp.ledger import Ledger
 from corp.perturb import specialist_seeds
 from corp.runs import read_json, read_jsonl, unique_rows
@@ -289,6 +290,7 @@ def ensure_population(
         if stats:  # --executor ray: workers, actor restarts and retried shards (faults Ray recovered from)
             how["executor"] = stats
     ctx.population_source = how
+    warn_if_no_signal(cfg.reward, rows)
     ranked = sorted(rows, key=lambda r: (-r["reward"], r["index"]))
     if need is not None and racing.is_raced(ranked):
         before = sum(r.get("kind") == racing.RACED for r in ranked)
@@ -304,3 +306,20 @@ def rows_ledger(ctx: RunContext, rows: Sequence[dict]) -> Ledger:
     for r in rows:
         led.add_generation(r["prompt_tokens"], r["generated_tokens"])
     return led
+
+
+def warn_if_no_signal(reward: str | None, rows: list[dict]) -> None:
+    """One warning line when a user's reward returned one value for every completion of every specialist:
+    it carries no signal, so every selection made by it is a tie (TRL's `reward_len` on conversational
+    prompts counts the messages of each completion, always one). The task's own check is left out: all
+    0 there says the model cannot do the task, not that the check is wrong."""
+    values = {v for r in rows for v in r.get("rewards") or () if v is not None}
+    if reward in (None, "", "correct") or len(rows) < 2 or len(values) != 1:
+        return
+    name = reward[len(IN_PROCESS) :].rpartition("@")[0] if reward.startswith(IN_PROCESS) else reward
+    warnings.warn(
+        f"the reward '{name}' returned {values.pop()!r} for every completion of all {len(rows)} specialists on the "
+        "support split: it carries no signal to select by; check what it computes on corp's completions (on "
+        "conversational prompts each is a list of messages, as in TRL: completion[0]['content'] is the text)",
+        stacklevel=2,
+    )
