@@ -111,6 +111,27 @@ def test_an_api_eval_reports_the_dataset_by_name_and_still_resumes(tiny_dir, tmp
     assert again.report["rows"] == first.report["rows"]
 
 
+def test_resuming_an_api_run_an_older_corp_split_blames_no_option(tiny_dir, tmp_path, monkeypatch):
+    """A run made before e136b2f drew its splits from the dataset's cache path, not `dataset-<hash>`: the
+    same rows, split seed and sizes now give other support examples, and the refusal said the split seed
+    or a split size differed, which none did. It now says the examples differ and to use another output_dir."""
+    import corp
+    import corp.evaluate.tasks.jsonl as jsonl
+
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path / "home-of-the-user" / ".cache" / "corp"))
+    options = dict(population=2, sigmas=[0.05], n_support=4, n_probe=0, n_validation=0, n_test=4)
+    options.update(max_completion_length=2, output_dir=str(tmp_path / "run"))
+    with monkeypatch.context() as old_corp:
+        old_corp.setattr(jsonl, "shown_datasets", lambda text: text)  # the splits' seed before e136b2f
+        corp.train("score", str(tiny_dir), ROWS, text_checksum, **options)
+    with pytest.raises(CorpError) as exc:
+        corp.train("score", str(tiny_dir), ROWS, text_checksum, **options)
+    msg = str(exc.value)
+    assert "other support examples" in msg and "split seed 0 and sizes are this run's" in msg, msg
+    assert "differs" not in msg and "resume it with" not in msg, msg
+    assert "older corp" in msg and "another --output-dir (output_dir= in Python)" in msg, msg
+
+
 def test_an_api_runs_card_reproduces_its_row_on_another_machine(api_run, tmp_path, monkeypatch):
     """The card's "`corp eval` below reproduces it" named a cache path and a Python reward `corp eval`
     refuses; an API run's card gives `corp.train("eval", ...)` and says what to supply (the rows and the

@@ -63,19 +63,17 @@ def setup_run(
     lock = RunLock(run_dir)
     try:
         lock.acquire()
-        _check_definition(run_dir, defines)
+        drawn = {
+            "split_seed": cfg.split_seed,
+            "report_on": cfg.report_on,
+            **{s: [e.id for e in splits[s]] for s in SPLITS},
+        }
+        _check_definition(run_dir, defines, drawn)
         if not progress_disabled():
             tqdm.write(f"run directory: {run_dir}", file=sys.stderr)
         # inside the try: a full disk here leaves no half-set-up directory this call created
         write_yaml(run_dir / "config.yaml", {"method": method, **config_to_dict(cfg)})
-        write_json(
-            run_dir / "splits.json",
-            {
-                "split_seed": cfg.split_seed,
-                "report_on": cfg.report_on,
-                **{s: [e.id for e in splits[s]] for s in SPLITS},
-            },
-        )
+        write_json(run_dir / "splits.json", drawn)
         write_status(run_dir, "running", method=method)
     except BaseException as exc:
         lock.release()
@@ -106,7 +104,9 @@ def _run_splits(cfg: RunConfig, task, method: str, needs: Sequence[str]) -> dict
     """The run's splits, "test" being the one the report's rows are on (--report-on); one line for an
     empty split the method needs."""
     sizes = SplitSizes(cfg.n_support, cfg.n_probe, cfg.n_validation, cfg.n_test)
-    splits = make_splits(task, sizes, cfg.split_seed)
+    # a split the method never reads is not drawn (reporting on validation reads it)
+    used = (*needs, "validation") if cfg.report_on == "validation" else needs
+    splits = make_splits(task, sizes, cfg.split_seed, used)
     if cfg.report_on == "validation":
         # a hyperparameter trial: every row a method reports on "test" is computed on validation
         # instead, and the test examples are not evaluated at all
@@ -131,9 +131,9 @@ def _definition(defines: dict | None | str | Callable, cfg: RunConfig, task, spl
     return defines
 
 
-def _check_definition(run_dir, defines) -> None:
+def _check_definition(run_dir, defines, drawn: dict) -> None:
     """Refuse a reused run directory whose population was written under another definition, or by an
-    older corp, before anything is written to it."""
+    older corp, before anything is written to it (`drawn`: the splits.json this run is to write)."""
     if defines is not None and (run_dir / META_FILE).exists():
         found = read_json(run_dir / META_FILE)
         if found.get("format") != META_FORMAT:
@@ -141,7 +141,7 @@ def _check_definition(run_dir, defines) -> None:
                 f"the population in '{run_dir}' was written by an older corp "
                 "(rows not keyed by their examples); use another --output-dir"
             )
-        compare_meta(found, defines, run_dir, POPULATION_FILE)
+        compare_meta(found, defines, run_dir, POPULATION_FILE, drawn=drawn)
 
 
 @contextmanager

@@ -56,15 +56,23 @@ def default_definition(cfg: RunConfig, task, splits, max_new_tokens: int) -> dic
     return None
 
 
-def compare_meta(found: dict, expected: dict, where: Path, what: str, keys: Sequence[str] | None = None) -> None:
-    """Refuse when `found` (a stored meta) disagrees with `expected` on any of `keys` (default: all of expected)."""
+def compare_meta(
+    found: dict,
+    expected: dict,
+    where: Path,
+    what: str,
+    keys: Sequence[str] | None = None,
+    drawn: dict | None = None,
+) -> None:
+    """Refuse when `found` (a stored meta) disagrees with `expected` on any of `keys` (default: all of expected).
+    `drawn`: the splits.json this run writes (split seed, ids per split), to say why the examples differ."""
     for key in keys if keys is not None else expected:
         if key not in expected:
             continue
         value = expected[key]
         if found.get(key) != value:
             if key == "example_ids":
-                raise CorpError(_other_examples(found.get(key) or [], value, where, what))
+                raise CorpError(_other_examples(found.get(key) or [], value, where, what, drawn))
             shown, was = value, found.get(key)
             raise CorpError(
                 f"{what} in '{where}' was made with {key} = {was}, not "
@@ -72,13 +80,25 @@ def compare_meta(found: dict, expected: dict, where: Path, what: str, keys: Sequ
             )
 
 
-def _other_examples(was: list, now: list, where: Path, what: str) -> str:
-    """The rows were scored on other support examples: the split seed or a split size differs. Names
-    the option and the run's own values, from its splits.json (this check comes before it is rewritten)."""
+def _split_settings(splits: dict) -> dict:
+    """What draws a run's examples, from a splits.json: the split seed and each split's size."""
+    return {"split_seed": splits.get("split_seed"), **{k: len(v) for k, v in splits.items() if isinstance(v, list)}}
+
+
+def _other_examples(was: list, now: list, where: Path, what: str, drawn: dict | None = None) -> str:
+    """The rows were scored on other support examples. Where the run's splits.json (read before it is
+    rewritten) has this run's split seed and sizes (`drawn`), no option is to blame: the same settings drew
+    other examples. Otherwise the split seed or a split size differs: names the option and the run's values."""
     try:
         stored = read_json(Path(where) / "splits.json")
     except (CorpError, OSError):
         stored = None
+    if isinstance(stored, dict) and drawn is not None and _split_settings(stored) == _split_settings(drawn):
+        return (
+            f"{what} in '{where}' was scored on other support examples than this run's, though its split seed "
+            f"{stored.get('split_seed')} and sizes are this run's: the examples differ (an older corp made it and "
+            "drew its splits differently, or its data changed); use another --output-dir (output_dir= in Python)"
+        )
     if isinstance(stored, dict) and "split_seed" in stored:
         sizes = [f"--n-{k} {len(stored[k])}" for k in ("support", "test") if isinstance(stored.get(k), list)]
         given = " ".join([f"--split-seed {stored['split_seed']}", *sizes])
