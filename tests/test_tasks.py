@@ -101,6 +101,27 @@ def test_unknown_task_and_missing_data(tmp_path, monkeypatch):
         make_splits(get_task("arith:pool=10"), SplitSizes(8, 8, 0, 0), 0)
 
 
+def test_splits_drawn_after_every_needed_one_are_not_demanded(tmp_path):
+    """RandOpt reads support and test: a dataset too small for the probe and validation defaults still
+    runs, and its support and test are the examples every other method's run draws."""
+    task = get_task("arith:pool=20")
+    sizes = SplitSizes(8, 32, 64, 4)
+    with pytest.raises(CorpError, match="test 4 \\+ support 8 \\+ probe 32 \\+ validation 64"):
+        make_splits(task, sizes, 0)
+    got = make_splits(task, sizes, 0, needs=("support", "test"))
+    assert [len(got[s]) for s in SPLITS] == [8, 0, 0, 4]
+    full = make_splits(task, SplitSizes(8, 2, 2, 4), 0)
+    assert got["support"] == full["support"] and got["test"] == full["test"]
+    only_support = make_splits(task, SplitSizes(8, 32, 64, 4), 0, needs=("support",))
+    assert only_support["support"] == full["support"]  # test is drawn before support: still drawn
+
+
+def test_the_size_error_names_a_data_file_not_its_task_spec(tmp_path):
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"prompt": f"p{i}", "answer": "1"}) + "\n" for i in range(5)))
+    with pytest.raises(CorpError, match=f"^'{tmp_path / 'd.jsonl'}' has 5 examples for selection, fewer than"):
+        make_splits(get_task(f"jsonl:{tmp_path / 'd.jsonl'}"), SplitSizes(4, 0, 0, 4), 0)
+
+
 def failing_reward(completions, answer, **_):
     out = []
     for _c, a in zip(completions, answer):

@@ -54,6 +54,10 @@ class Task:
         """Whether an extracted answer is correct."""
         return answer is not None and answer == example.answer
 
+    def data_name(self, pool: str) -> str:
+        """How errors name the data of `pool` ("train": the selection splits', "test": the test split's)."""
+        return f"task '{self.name}'"
+
     def graded(self) -> bool:
         """Whether the examples have gold answers, so that accuracy means something; a data file without
         an answer column (a reward-only task, TRL's usual case) has none, and its reports measure the reward."""
@@ -166,8 +170,13 @@ class SplitSizes:
         return {s: getattr(self, s) for s in SPLITS}
 
 
-def make_splits(task: Task, sizes: SplitSizes, seed: int) -> dict[str, list[Example]]:
-    """Disjoint splits drawn with a fixed seed; test from the test pool when the task has one."""
+def make_splits(task: Task, sizes: SplitSizes, seed: int, needs: Sequence[str] = SPLITS) -> dict[str, list[Example]]:
+    """Disjoint splits drawn with a fixed seed; test from the test pool when the task has one.
+
+    `needs`: the splits the caller uses. One drawn after every needed split (RandOpt's probe and
+    validation) is left empty rather than demanding examples a small dataset may not have; one drawn
+    before a needed split is still drawn, so the needed splits hold the same examples in every
+    method's run (a population scored by one is reused by another)."""
     for split, n in sizes.as_dict().items():
         if n < 0:
             raise CorpError(f"split size --n-{split} must be >= 0, got {n}")
@@ -176,28 +185,25 @@ def make_splits(task: Task, sizes: SplitSizes, seed: int) -> dict[str, list[Exam
     train = list(pools.get("train", []))
     rng.shuffle(train)
     out: dict[str, list[Example]] = {}
+    order = ["test", "support", "probe", "validation"]  # test first, so its contents do not depend on the others
     if "test" in pools:
         test = list(pools["test"])
         rng.shuffle(test)
-        if sizes.test > len(test):
-            raise CorpError(f"task '{task.name}' has {len(test)} test examples; --n-test {sizes.test} is too large")
-        out["test"] = test[: sizes.test]
-        order = ["support", "probe", "validation"]
-    else:
-        order = [
-            "test",
-            "support",
-            "probe",
-            "validation",
-        ]  # test first, so its contents do not depend on the other sizes
+        n_test = sizes.test if "test" in needs else 0
+        if n_test > len(test):
+            raise CorpError(f"{task.data_name('test')} has {len(test)} test examples; --n-test {n_test} is too large")
+        out["test"] = test[:n_test]
+        order.remove("test")
+    last = max((order.index(s) for s in needs if s in order), default=-1)
+    wanted = {s: getattr(sizes, s) if i <= last else 0 for i, s in enumerate(order)}
+    if sum(wanted.values()) > len(train):
+        asked = " + ".join(f"{s} {n}" for s, n in wanted.items() if n)
+        raise CorpError(
+            f"{task.data_name('train')} has {len(train)} examples for selection, fewer than the requested "
+            f"{asked}; lower the --n-* split sizes"
+        )
     start = 0
-    for split in order:
-        n = getattr(sizes, split)
-        if start + n > len(train):
-            raise CorpError(
-                f"task '{task.name}' has {len(train)} examples for selection, fewer than the requested "
-                f"{' + '.join(f'{s} {getattr(sizes, s)}' for s in order)}; lower the --n-* split sizes"
-            )
+    for split, n in wanted.items():
         out[split] = train[start : start + n]
         start += n
     ids = [ex.id for split in SPLITS for ex in out[split]]

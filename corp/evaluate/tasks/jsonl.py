@@ -162,6 +162,11 @@ class JsonlTask(Task):
             )
         return {k: out[k] for k in pools}
 
+    def data_name(self, pool: str) -> str:
+        """The data file itself, as the user named it (a Python API dataset: `dataset-<hash>`)."""
+        path = self.test_path if pool == "test" and self.test_path is not None else self.path
+        return f"'{shown_datasets(str(path))}'"
+
     def graded(self) -> bool:
         return any(e.answer not in (None, "") for pool in self.pools().values() for e in pool)
 
