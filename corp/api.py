@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from corp import CorpError
-from corp.config import load_config, read_yaml_config, renamed_options
+from corp.config import load_config, python_terms, read_yaml_config, renamed_options
 from corp.config import option_names as config_option_names
 from corp.evaluate.rewards import register_reward
 from corp.methods import Method, get_method, methods
-from corp.models import cache_dir
+from corp.models import cache_dir, shown_datasets
 from corp.runs import atomic_write_text, read_jsonl
 
 
@@ -113,9 +113,11 @@ def option_names(method: str) -> list[str]:
     return list(config_option_names(get_method(method).config).values())
 
 
+@python_terms()
 def make_config(method: str, config: str | None = None, **options):
     """The method's config from its YAML file (`config=`, as `--config`) and options by field name:
-    the CLI's `load_config`. An unknown name is one line listing the valid ones."""
+    the CLI's `load_config`. An unknown name is one line listing the valid ones; every message names
+    options as parameters (`n_probe`, not the CLI's `--n-probe`)."""
     cls = get_method(method).config
     valid = set(option_names(method)) | {f.name for f in fields(cls)} | set(renamed_options(cls))
     unknown = sorted(set(options) - valid)
@@ -258,6 +260,7 @@ def task_for(
 # ---------------------------------------------------------------- the methods
 
 
+@python_terms()
 def train(
     method: str,
     model: str | None = None,
@@ -287,6 +290,9 @@ def train(
     options: the method's config fields (the CLI's flags, `_` for `-`): `population=16`,
         `sigmas=[1e-3]`, `run_dir="runs/x"`, ...; an unknown name is one error line listing them.
     backend: the `backend` option as a string (`"hf"`, `"vllm"`, `"auto"`), or a ready engine object to reuse.
+
+    Errors and warnings name options as these parameters (`n_probe`, not the CLI's `--n-probe`) and the
+    datasets as `train_dataset` and `eval_dataset`.
     """
     backend = _backend_option(backend, options)
     if model is not None:
@@ -295,6 +301,8 @@ def train(
         if "task" in options:
             raise CorpError("give train_dataset or the task option, not both")
         task, conversational, n_eval = task_for(train_dataset, eval_dataset, prompt_column, answer_column)
+        with python_terms() as names:  # the terms `train` runs within: they name its data as its parameters
+            names.update(_data_names(task))
         options["task"] = task
         if n_eval is not None and options.get("n_test") is None and "n_test" not in _yaml_keys(config):
             options["n_test"] = n_eval  # TRL evaluates on all of eval_dataset
@@ -316,6 +324,15 @@ def train(
     elif reward_weights is not None:
         raise CorpError("reward_weights needs reward_funcs")
     return run(make_config(method, config, **options), method, backend)
+
+
+def _data_names(task: str) -> dict[str, str]:
+    """{the name errors show a dataset by (`dataset-<hash>`): the parameter the user passed it as}."""
+    path, _, test = task.removeprefix("jsonl:").partition(":test=")
+    names = {shown_datasets(path): "train_dataset"}
+    if test:
+        names[shown_datasets(test)] = "eval_dataset"
+    return names
 
 
 def _model_name(model) -> str:

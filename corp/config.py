@@ -36,8 +36,11 @@ import ast
 import dataclasses
 import inspect
 import math
+import re
 import textwrap
 import warnings
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field, fields
 from functools import cache
 from pathlib import Path
@@ -375,10 +378,56 @@ class RandOptConfig(PopulationConfig):
 
 
 def flag(name: str, cls: type | object | None = None) -> str:
-    """`--option-name` of field `name`; with `cls` (a config class or instance), its option name."""
+    """`--option-name` of field `name`; with `cls` (a config class or instance), its option name. Within
+    a Python API call (`python_terms`) the keyword parameter's name instead: `option_name`."""
     if cls is not None:
         name = option_names(cls if isinstance(cls, type) else type(cls)).get(name, name)
-    return "--" + name.replace("_", "-")
+    return name.replace("-", "_") if _PYTHON_TERMS.get() is not None else "--" + name.replace("_", "-")
+
+
+# Python API calls (corp.api) say options as keyword parameters, not the CLI's flags: the names of the
+# data the caller passed, {shown name: parameter}, while a call runs (None: the CLI's terms)
+_PYTHON_TERMS: ContextVar[dict[str, str] | None] = ContextVar("corp_python_terms", default=None)
+_FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9*]+)*)")
+
+
+def in_python_terms(text: str, names: dict[str, str] | None = None) -> str:
+    """`text` as a Python caller reads it: every CLI flag (`--top-k`, `--n-*`) as its keyword parameter
+    (`top_k`, `n_*`) and each of `names`' data names (a dataset's `dataset-<hash>`) as its parameter; a
+    message's own gloss for Python callers ("--output-dir (output_dir= in Python)") goes, being said."""
+    text = re.sub(r" \([^()]* in Python\)", "", text)
+    for shown, param in (names or {}).items():
+        text = re.sub(rf"'?(?:jsonl:)?{re.escape(shown)}(?::test=[\w.-]+)?'?", param, text)
+    return _FLAG.sub(
+        lambda m: m.group(1).replace("-", "_") if m.group(1) not in ("help", "version") else m.group(0), text
+    )
+
+
+@contextmanager
+def python_terms(names: dict[str, str] | None = None):
+    """For the length of a Python API call: `flag` names parameters, and every error (CorpError,
+    ValueError, TypeError) and warning leaving it says its options in Python's terms (`in_python_terms`),
+    whatever module wrote it. Yields the dict of data names, which the caller may fill as it goes."""
+    if _PYTHON_TERMS.get() is not None:  # within another API call (train -> make_config): its terms hold
+        yield _PYTHON_TERMS.get()
+        return
+    names = {} if names is None else names
+    token = _PYTHON_TERMS.set(names)
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        shown(in_python_terms(str(message), names), category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield names
+    except (CorpError, ValueError, TypeError) as exc:
+        if len(exc.args) == 1 and isinstance(exc.args[0], str):
+            exc.args = (in_python_terms(exc.args[0], names),)
+        raise
+    finally:
+        warnings.showwarning = shown
+        _PYTHON_TERMS.reset(token)
 
 
 def option_names(cls: type) -> dict[str, str]:

@@ -180,6 +180,48 @@ def test_an_unknown_option_is_one_line_naming_the_valid_ones():
     assert "populaton" in msg and "did you mean 'population'" in msg and "sigmas" in msg and "\n" not in msg
 
 
+def test_messages_name_options_as_parameters_and_the_cli_keeps_its_flags(capsys):
+    """Errors and warnings leaving the Python API say `top_k`, not `--top-k`, whichever module wrote them
+    (a literal flag or corp.config.flag); the CLI's own messages are unchanged."""
+    import warnings
+
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+    from corp.config import in_python_terms
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        make_config("randopt", population=2)
+    assert [str(w.message) for w in caught] == ["top_k is 1,4,16 by default; with population 2 it is 1,2"]
+    for options, said in [
+        ({"n_probe": -1}, "n_probe must be >= 0, got -1"),  # corp.config.flag
+        ({"race": "fast"}, "unknown race 'fast'; choose off or halving"),  # a literal flag
+        ({"population": "3"}, "population is '3' (str); expected an integer"),
+    ]:
+        with pytest.raises(CorpError) as err:
+            make_config("randopt", **options)
+        assert str(err.value) == said
+    gloss = "use another --output-dir (output_dir= in Python); see `corp randopt --help`"
+    assert in_python_terms(gloss) == "use another output_dir; see `corp randopt --help`"
+    out = CliRunner().invoke(app, ["randopt", "--n-probe", "-1"])
+    assert "error: --n-probe must be >= 0, got -1" in out.output
+
+
+def test_a_dataset_too_small_is_named_as_passed_and_only_the_splits_the_method_reads_are_asked_for():
+    import corp
+
+    with pytest.raises(CorpError) as err:  # RandOpt reads support and test: probe and validation are not drawn
+        corp.train_randopt("unused", ROWS, reward_func, population=2)
+    assert str(err.value) == (
+        "train_dataset has 16 examples for selection, fewer than the requested test 128 + support 64; "
+        "lower the n_* split sizes"
+    )
+    with pytest.raises(CorpError, match="^eval_dataset has 4 test examples; n_test 5 is too large$"):
+        held_out = [{"prompt": f"held out {i}", "ground_truth": "0"} for i in range(4)]
+        corp.train_randopt("unused", ROWS, reward_func, eval_dataset=held_out, n_test=5, population=2)
+
+
 @pytest.mark.parametrize(
     "rows, match",
     [
