@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import importlib.metadata
 import inspect
 import sys
 import types
@@ -59,6 +60,18 @@ class _OneLineErrors(TyperGroup):
             sys.exit(exc.exit_code)
         sys.exit(code if isinstance(code, int) else 0)
 
+    def format_commands(self, ctx, formatter) -> None:
+        """Each command with its summary whole, wrapped (click cuts it at the terminal's width with '...'):
+        the first paragraph of its help."""
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, " ".join((cmd.short_help or cmd.help or "").split("\n\n")[0].split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
 
 app = typer.Typer(
     cls=_OneLineErrors,
@@ -68,6 +81,22 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="Post-train language models in weight space without gradients.",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"corp {importlib.metadata.version('corp')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print corp's version and exit."),
+    ] = False,
+) -> None:
+    pass
 
 
 def _one_line_warnings() -> None:

@@ -165,6 +165,26 @@ def test_help_shows_every_default():
     ).get("--sigmas", "")
 
 
+def test_help_shows_each_commands_summary_whole_and_version_is_the_packages():
+    """`corp --help` gives each command its whole summary, wrapped (click cut every one short at the
+    terminal's width with '...'); `corp --version` prints the installed package's version."""
+    import importlib.metadata
+
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    res = CliRunner().invoke(app, ["--help"], terminal_width=80)
+    assert res.exit_code == 0 and "..." not in res.output.partition("Commands:")[2], res.output
+    flat = "".join(res.output.split())
+    for name, command in get_command(app).commands.items():
+        summary = (command.help or "").split("\n\n")[0]
+        assert f"{name}{''.join(summary.split())}" in flat, name
+    version = CliRunner().invoke(app, ["--version"])
+    assert version.exit_code == 0 and version.output == f"corp {importlib.metadata.version('corp')}\n"
+
+
 def test_bare_corp_prints_the_help_and_exits_0():
     """`corp` alone: the same text as `corp --help`, status 0 (not a usage error, not an empty line)."""
     from typer.testing import CliRunner
