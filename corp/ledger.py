@@ -16,7 +16,12 @@ rule for every method is simpler to audit than a per-method discount.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+
+from tqdm.auto import tqdm
+
+from corp import progress_disabled
 
 FLOPS_FORMULA = "FLOPs = 2 * N_params * (prompt_tokens + generated_tokens) + 6 * N_params * trained_tokens"
 LORA_CONVENTION = (
@@ -59,3 +64,29 @@ class Ledger:
             "trained_tokens": self.trained_tokens,
             "flops": self.flops,
         }
+
+
+# ---------------------------------------------------------------- time: what a long step will take
+
+
+def duration(seconds: float) -> str:
+    """A duration as a person reads it: '40 s', '12 min', '1.5 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def say_expected(
+    what: str, left: int, unit: str, seconds_each: float, parallel: int = 1, basis: str = "as the first took"
+) -> None:
+    """One line, before a long step goes on, saying what it will take: `left` more `unit` (a plural) at
+    `seconds_each` (`basis`: where that rate comes from), `parallel` at a time. On stderr, where the
+    progress bars are, and like them not under CORP_NO_PROGRESS (tests, logs, the bench's processes)."""
+    if left < 1 or progress_disabled():
+        return
+    at_once = f", {parallel} at a time" if parallel > 1 else ""
+    tqdm.write(
+        f"{what}: {left} {unit} to go, about {duration(seconds_each * left / max(1, parallel))} "
+        f"({seconds_each:.3g} s each, {basis}{at_once})",
+        file=sys.stderr,
+    )

@@ -109,3 +109,16 @@ def test_rows_count_the_completions_cut_at_the_length_limit_and_time_the_reward(
     assert res.truncated == 0
     row = ensure_population(ctx)[0]
     assert {"truncated", "reward_seconds"} <= set(row) and 0 <= row["truncated"] <= row["n_examples"]
+
+
+def test_scoring_says_what_the_rest_will_take_after_the_first_specialist(tmp_path, monkeypatch, capsys):
+    """A population (consolidate's, RandOpt's) is population size x seconds per specialist: after the
+    first is scored, one line says how many are left and about how long they will take."""
+    import re
+
+    monkeypatch.delenv("CORP_NO_PROGRESS", raising=False)
+    ensure_population(setup_run(tiny_cfg(tmp_path / "run"), "randopt", fresh_backend()))
+    said = [line for line in capsys.readouterr().err.splitlines() if " to go, about " in line]
+    assert len(said) == 1 and re.match(
+        r"population: 3 specialists to go, about \d+ s \(.* s each, as the first took\)$", said[0]
+    ), said

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -363,3 +364,20 @@ def test_power_block_in_summary_and_text(tiny64, tmp_path):
     assert "power (planted rank-1 signal, N = 24" in text and "not simulated (rarer shapes)" in text
     write_outputs(tmp_path, res, summary)
     assert json.loads((tmp_path / "rank_summary.json").read_text())["power"]["sims_per_point"] == 4
+
+
+def test_the_analysis_says_its_expected_time_before_it_starts_and_after_the_first_matrix(monkeypatch, capsys):
+    """`corp analyze-rank` on the quick start's run was on course for an hour with nothing said up front:
+    it now says how many matrices and about how long, first at the rate measured in
+    results/analyze-rank-cost, then at its first matrix's own."""
+    monkeypatch.delenv("CORP_NO_PROGRESS", raising=False)
+    named = [("a.weight", (20, 12)), ("b.weight", (40, 12)), ("c.weight", (20, 12))]
+    analyze_population(named, list(range(8)), [1e-3] * 8, list(np.arange(8.0)), ranks=(1, 2), splits=2, permutations=3)
+    said = [line for line in capsys.readouterr().err.splitlines() if " to go, about " in line]
+    assert len(said) == 2, said
+    assert re.match(
+        r"analyze-rank: 3 matrices to go, about \d+ s \(.* each, 2 splits x 4 rounds, at the rate "
+        r"measured in results/analyze-rank-cost\)$",
+        said[0],
+    ), said[0]
+    assert re.match(r"analyze-rank: 2 matrices to go, about .*at the rate of the first, which took", said[1]), said[1]

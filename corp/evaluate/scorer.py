@@ -44,7 +44,7 @@ from corp.evaluate.context import (
 from corp.evaluate.executors import get_executor
 from corp.evaluate.racing import RACED, latest_rows
 from corp.evaluate.rewards import IN_PROCESS
-from corp.ledger import Ledger
+from corp.ledger import Ledger, say_expected
 from corp.perturb import specialist_seeds
 from corp.runs import read_json, read_jsonl, unique_rows
 
@@ -98,7 +98,11 @@ def score_specialists(
     )
     bar.set_postfix(best=f"{best:.3f}")
     try:
-        for row in executor.map(ctx, todo, split):
+        for n, row in enumerate(executor.map(ctx, todo, split)):
+            if n == 0:  # what the rest will take, at the rate of the first (the bar's ETA is gone with the bar)
+                unit = "specialists" if all(s is not None for s, _ in todo) else "models"
+                spent = row["seconds"] + row.get("apply_seconds", 0.0) + row.get("reward_seconds", 0.0)
+                say_expected(desc, len(todo) - 1, unit, spent, getattr(executor, "workers", 1))
             spec = (row["seed"], row["sigma"])
             if row["key"] != keys.get(spec):
                 raise CorpError(

@@ -71,6 +71,7 @@ import torch
 from tqdm.auto import tqdm
 
 from corp import CorpError, progress_disabled
+from corp.ledger import say_expected
 from corp.methods.analyze_rank.linalg import one_thread, top_svd
 from corp.perturb import noise
 from corp.perturb.noise import SCHEME_VERSION
@@ -421,6 +422,26 @@ def analysis_targets(
     return keep, skipped
 
 
+# Seconds per weight of a matrix per split and round (1 + permutations): SmolLM2-135M's 21 matrices of
+# layers 0, 15 and 29 (10.6M weights) took 321 s at S = 10, P = 20 on 2 shared cores
+# (results/analyze-rank-cost/README.md); the SVDs of the half-aggregates dominate, so time grows with both.
+SECONDS_PER_WEIGHT_ROUND = 321 / (10.6e6 * 10 * 21)
+
+
+def _say_expected_time(targets, splits: int, permutations: int, first_seconds: float | None = None) -> None:
+    """The analysis' expected time: before the first matrix, at the rate measured in
+    results/analyze-rank-cost; after it, at the first matrix's own rate (per weight: shapes differ)."""
+    weights = [int(np.prod(shape)) for _, shape in targets]
+    if first_seconds is None:
+        total = SECONDS_PER_WEIGHT_ROUND * sum(weights) * splits * (1 + permutations)
+        basis = f"{splits} splits x {1 + permutations} rounds, at the rate measured in results/analyze-rank-cost"
+        say_expected("analyze-rank", len(targets), "matrices", total / max(1, len(targets)), basis=basis)
+    elif len(targets) > 1:
+        rest = first_seconds / weights[0] * sum(weights[1:])
+        basis = f"at the rate of the first, which took {first_seconds:.3g} s"
+        say_expected("analyze-rank", len(targets) - 1, "matrices", rest / (len(targets) - 1), basis=basis)
+
+
 def analyze_population(
     named_shapes,
     seeds,
@@ -460,8 +481,12 @@ def analyze_population(
             dynamic_ncols=True,
             disable=not progress or progress_disabled(),
         )
+        if progress:  # the bar's own estimate comes only as matrices finish: say it first
+            _say_expected_time(targets, splits, permutations)
         for name, shape in bar:
             bar.set_postfix_str(name[-32:])
             results.append(analyze_matrix(name, shape, seeds, sigmas, plan, ranks, significance, budget_bytes, scheme))
+            if progress and len(results) == 1:
+                _say_expected_time(targets, splits, permutations, time.perf_counter() - t0)
         bar.close()
     return {"matrices": results, "plan": plan, "skipped": skipped, "seconds": time.perf_counter() - t0}
