@@ -24,8 +24,13 @@ config's strings:
 Prompts are strings (TRL's standard format) or a single user message (TRL's conversational format:
 `[{"role": "user", "content": ...}]`; the functions then get prompts and completions as message
 lists). The gold answer, for the accuracy columns of reports and RandOpt's majority vote, is the
-`answer` column (`answer_column=` names another); without one, accuracy is not meaningful and the
-reward is what to read (`population.jsonl`, the report's reward rows).
+`answer` column (`answer_column=` names another); without one, accuracy is not meaningful, so the
+report, its table and the model card measure the reward instead: each row's mean test reward, paired
+intervals against the base, 0 labelled examples and the prompts each method scored by the reward
+(report.json's `measure` is "reward", each row's `reward` and `scored_prompts`).
+
+Errors and warnings from these functions name options as keyword parameters (`n_probe`, not the CLI's
+`--n-probe`) and the data as `train_dataset` and `eval_dataset` (`corp.config.python_terms`).
 """
 
 from __future__ import annotations
