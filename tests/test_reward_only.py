@@ -101,3 +101,16 @@ def test_a_reward_that_varies_or_the_tasks_own_check_is_no_warning():
         warn_if_no_signal("python:f@123", [{"rewards": [0.0, 1.0]}, {"rewards": [0.0, 0.0]}])
         warn_if_no_signal(None, [{"rewards": [0.0, 0.0]}, {"rewards": [0.0, 0.0]}])  # all wrong: the model's fault
         warn_if_no_signal("m:f", [{"rewards": [0.0, 0.0]}])  # one specialist: nothing to compare
+
+
+def test_corp_eval_on_a_reward_only_dataset_reports_its_greedy_reward(tiny_dir, tmp_path, monkeypatch):
+    import corp
+
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
+    rows = [{"prompt": f"Say {i}."} for i in range(6)]
+    sizes = dict(n_test=4, n_support=0, n_probe=0, n_validation=0, max_completion_length=4)
+    result = corp.train(
+        "eval", str(tiny_dir), rows, lambda completions, **_: [len(c) / 4 for c in completions], **sizes
+    )
+    assert result["measure"] == "reward" and result.rows[0]["reward"] is not None
+    assert f"greedy reward    {result.rows[0]['reward']:.3f}" in result.table and "accuracy" not in result.table

@@ -125,6 +125,7 @@ def run_eval(cfg: EvalConfig, backend=None) -> dict:
             0,
             PerExample(greedy["correct"], ctx.example_ids("test")),
             {"pass_at_k": {str(k): v for k, v in passk.items()}},
+            PerExample(greedy["rewards"], ctx.example_ids("test")),
         )
         report = write_report(
             ctx.run_dir,
@@ -134,6 +135,7 @@ def run_eval(cfg: EvalConfig, backend=None) -> dict:
             [row],
             (),
             ctx.example_ids("test"),
+            ctx.measure,
             greedy_accuracy=greedy["accuracy"],
             n_samples=cfg.n_samples,
             temperature=cfg.temperature,
@@ -143,7 +145,10 @@ def run_eval(cfg: EvalConfig, backend=None) -> dict:
         kept = score_retention(ctx, evals, cfg.retention_tasks, cfg.base) if cfg.retention else None
     lines = [
         f"{cfg.model} on {shown_datasets(cfg.task)}, {len(test)} test problems",
-        f"greedy accuracy  {greedy['accuracy']:.3f}",
+        # no gold answers: the greedy reward is what the run measured (accuracy would read 0)
+        f"greedy reward    {row.reward:.3f}"
+        if ctx.measure == "reward"
+        else f"greedy accuracy  {greedy['accuracy']:.3f}",
     ]
     lines += [f"pass@{k:<10} {v:.3f}   (n={cfg.n_samples}, T={cfg.temperature})" for k, v in passk.items()]
     if kept is not None:
