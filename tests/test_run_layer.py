@@ -273,6 +273,7 @@ def test_a_prompt_longer_than_the_context_is_one_line_naming_its_example_before_
         with open_run(cfg, "randopt", backend) as ctx:
             ensure_population(ctx)
     assert not generated and "\n" not in str(e.value)
+    assert "--max-completion-length" in str(e.value)  # the option that exists (there is no --max-new-tokens)
     # a call made past the run layer (a trainer's own batch) is refused by the backend itself
     with pytest.raises(CorpError, match="is 30[0-9] tokens long.*needs 3[0-9][0-9] positions"):
         fresh_backend().generate(["1" * 300], 8)

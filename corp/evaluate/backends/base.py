@@ -231,9 +231,9 @@ def check_fits(
         if n > room:
             who = names[i] if names is not None else f"a prompt of this batch (number {i})"
             raise PromptTooLong(
-                f"{who} is {n} tokens long; with max_new_tokens {max_new_tokens} it needs {n + max_new_tokens} "
+                f"{who} is {n} tokens long; with {max_new_tokens} new tokens it needs {n + max_new_tokens} "
                 f"positions, more than the model's context of {context} ({source}); shorten or drop that prompt, "
-                "lower --max-new-tokens, or use a model with a longer context"
+                "lower --max-completion-length, or use a model with a longer context"
             )
 
 
