@@ -77,10 +77,27 @@ def test_primary_entries_parse_in_both_forms_and_bad_ones_are_one_line():
 
 
 def _final_record(out: Path) -> None:
+    """A final cell's record (a whole one: the preflight refuses a file that is no cell record)."""
+    from corp.bench.plan import RECORD_FORMAT
+
+    record = {
+        "format": RECORD_FORMAT,
+        "bench_protocol": 2,
+        "task": "add",
+        "setting": "paper",
+        "seed": 0,
+        "method": "randopt",
+        "label": "randopt",
+        "budget": 1e12,
+        "kind": "population",
+        "status": "done",
+        "rows": [],
+        "flops": 0.0,
+        "units": 0,
+        "wall_seconds": 0.0,
+    }
     (out / "cells").mkdir(parents=True, exist_ok=True)
-    (out / "cells" / "add__paper__s0__randopt__1.000e+12__abc.json").write_text(
-        json.dumps({"bench_protocol": 2, "setting": "paper", "rows": []})
-    )
+    (out / "cells" / "add__paper__s0__randopt__1.000e+12__abc.json").write_text(json.dumps(record))
 
 
 def test_a_registration_changed_after_a_final_cell_exists_is_refused(tmp_path):
