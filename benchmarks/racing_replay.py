@@ -103,7 +103,9 @@ def _context(run_dir: Path, rows: list[dict]) -> RunContext:
     )
     assert len(ids) == n, run_dir
     ident = rows[0].get("identity") or {}
-    backend = SimpleNamespace(name="replay", model_id=ident.get("model", "replay"), n_params=1)
+    backend = SimpleNamespace(
+        name="replay", model_id=ident.get("model", "replay"), n_params=1, context_length=None
+    )  # generates nothing
     task = SimpleNamespace(signature=lambda: ident.get("task"), max_new_tokens=ident.get("max_new_tokens", 0))
     return RunContext(
         cfg=SimpleNamespace(reward=None, max_new_tokens=ident.get("max_new_tokens")),
