@@ -381,13 +381,13 @@ class GRPOTrainer:
         self.ledger = Ledger(self.ledger.n_params, led["prompt_tokens"], led["generated_tokens"], led["trained_tokens"])
         self.load_extra_state(state)
 
-    def sync_engine(self) -> None:
+    def sync_engine(self, force: bool = False) -> None:
         """Where the engine keeps weights of its own (vLLM), it generates with the policy's weights as
         they are now, pushed before the first generation after each optimizer step (TRL's vLLM
         colocate mode). LoRA is merged for the push into new tensors, W + delta, as merge_and_unload
         computes them; TRL merges into the model and unmerges after, which leaves W - delta + delta,
         not W. The hf engine generates with the policy itself."""
-        if self.backend.shares_weights or self._synced_step == self.step:
+        if self.backend.shares_weights or (self._synced_step == self.step and not force):
             return
         self.backend.push_weights(lora_merged_state(self.policy) if self.cfg.lora_r > 0 else None)
         self._synced_step = self.step

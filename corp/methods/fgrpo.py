@@ -205,6 +205,9 @@ class FGRPOServer(Steps):
         with torch.no_grad():
             for n, p in self.server.trainable:
                 p.copy_(self.st["global"][n])
+        # an engine with weights of its own (vLLM) generates with what it was last given: without this
+        # push every test evaluation of the global model there was the base's (the server never steps)
+        self.server.sync_engine(force=True)
 
     def resume(self) -> int:
         return self.st["round"]  # loaded when the server was built (before the base was evaluated)
