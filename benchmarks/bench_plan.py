@@ -63,7 +63,7 @@ import collections
 import math
 import sys
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.method import FIXED, ITERATIVE, POPULATION
 from corp.bench.config import REGIME_TARGETS
 from corp.bench.plan import plan, split_sizes

@@ -1,29 +1,25 @@
-"""corp: post-train language models in weight space without gradients."""
+"""corp: post-train language models in weight space without gradients.
 
-__version__ = "0.1.0"
+This package's own module is the facade users import (`from corp import CorpError, train_corp`); no
+module of corp imports it: corp's modules take `CorpError` from corp/errors.py, the version from
+corp/version.py and the rest from the module that defines it, so the facade sits above everything
+and the import graph has no cycle through it (tests/test_layers.py).
+"""
 
-import os as _os
-
+from corp.errors import CorpError
+from corp.runtime.progress import progress_disabled
 from corp.threads import apply_openmp_defaults as _apply_openmp_defaults
+from corp.version import __version__
 
-# before anything imports torch: OpenMP reads its wait policy once, when it starts (corp/threads.py says why)
+# before anything imports torch: OpenMP reads its wait policy once, when it starts (corp/threads.py
+# says why); this module runs first whenever any corp module is imported
 _apply_openmp_defaults()
 
-
-class CorpError(Exception):
-    """An error caused by user input; the CLI prints its message as one line, no traceback."""
-
-
 # The Python API (corp/api.py), loaded on first use so that `import corp` stays light (no torch):
-# `corp.train_corp(...)`, `from corp import train_randopt`. Imported by name, not by an import statement:
-# the API sits above the method registry, and this package's own module is the ground floor
-# (tests/test_layers.py reads import statements).
+# `corp.train_corp(...)`, `from corp import train_randopt`.
 _API = ("Result", "train", "train_corp", "train_es", "train_grpo", "train_randopt")
 
-
-def progress_disabled() -> bool:
-    """Whether progress bars are off (CORP_NO_PROGRESS=1: tests, logs, the bench's processes)."""
-    return _os.environ.get("CORP_NO_PROGRESS") == "1"
+__all__ = ["CorpError", "__version__", "progress_disabled", *_API]
 
 
 def __getattr__(name: str):

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 
 EPS = 1e-8
 

@@ -44,9 +44,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from corp import CorpError
 from corp.config import load_config, python_terms, read_yaml_config, renamed_options
 from corp.config import option_names as config_option_names
+from corp.errors import CorpError
 from corp.evaluate.rewards import register_reward
 from corp.methods import Method, get_method, methods
 from corp.models import cache_dir, shown_datasets

@@ -22,12 +22,12 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperGroup
 
-from corp import CorpError
 from corp.api import run as run_config
 from corp.bench.report import readme_section as section
 from corp.bench.report import write_into
 from corp.bench.sweep import load_bench_config, run_bench
 from corp.config import field_docs, flag, load_config, option_names, renamed_options, to_fields
+from corp.errors import CorpError
 from corp.evaluate.tasks import list_tasks
 from corp.methods import Method, methods
 from corp.models import list_models, resolve_model

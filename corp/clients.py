@@ -30,16 +30,12 @@ from typing import Any
 
 import torch
 
-from corp import CorpError
+from corp.errors import ClientLost, CorpError
 from corp.evaluate.executors import init_ray
 from corp.evaluate.tasks import Example
 from corp.extras import require
 
 SPLIT_RULES = ("op", "answer-length", "iid")
-
-
-class ClientLost(RuntimeError):
-    """A client process died or stopped answering (the round goes on without it)."""
 
 
 # ---------------------------------------------------------------- the non-IID split

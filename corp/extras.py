@@ -16,7 +16,7 @@ import importlib.util
 from dataclasses import dataclass
 from types import ModuleType
 
-from corp import CorpError
+from corp.errors import CorpError
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from corp import progress_disabled
+from corp.runtime.progress import progress_disabled
 
 FLOPS_FORMULA = "FLOPs = 2 * N_params * (prompt_tokens + generated_tokens) + 6 * N_params * trained_tokens"
 LORA_CONVENTION = (

@@ -27,11 +27,12 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from corp import CorpError, progress_disabled
+from corp.errors import CorpError
 from corp.ledger import Ledger
 from corp.models import save_model
 from corp.recipe import write_recipe
 from corp.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
+from corp.runtime.progress import progress_disabled
 from corp.stats import PerExample
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.perturb import Component, Direction
 from corp.runs import read_json
 

@@ -47,8 +47,8 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-from corp import CorpError
 from corp.cards import apply_card_text
+from corp.errors import CorpError
 from corp.lowrank import LowRankDirection, load_factors
 from corp.models import (
     ALIASES,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-from corp import CorpError
+from corp.errors import CorpError
 
 T = TypeVar("T")
 

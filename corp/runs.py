@@ -35,8 +35,8 @@ from typing import Any
 
 import yaml
 
-from corp import CorpError
 from corp.cachedir import shown_datasets
+from corp.errors import CorpError, RunBusy
 from corp.ledger import FLOPS_FORMULA, Ledger
 from corp.stats import compare_paired, compare_paired_rewards, comparison_line
 
@@ -152,10 +152,6 @@ def try_flock(fh) -> bool:
     return True
 
 
-class RunBusy(CorpError):
-    """A run directory another corp process holds (RunLock): a bench process sharing a task defers the cell."""
-
-
 class RunLock:
     """An exclusive lock on a run directory (`flock` on `.corp.lock`, released when the process dies).
 
@@ -226,7 +222,7 @@ def finish_run_dir(run_dir: str | Path, created: bool, error: BaseException | No
         (path / FAILED_FILE).unlink(missing_ok=True)
         write_status(path, "complete")
         return "complete"
-    # a lost Ray head (corp.evaluate.ray_cluster.HeadLost) is an interruption too: nothing is wrong with the run
+    # a lost Ray head (corp.errors.HeadLost) is an interruption too: nothing is wrong with the run
     interrupted = isinstance(error, KeyboardInterrupt) or getattr(error, "interrupted", False) is True
     what = "interrupted" if interrupted else "failed"
     message = f"{type(error).__name__}: {error}".strip().rstrip(":")

@@ -44,7 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy import stats as _scipy_stats
 
-from corp import CorpError
+from corp.errors import CorpError
 
 BOOTSTRAP_SAMPLES = 10_000
 BOOTSTRAP_SEED = 0

@@ -33,7 +33,7 @@ import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.extras import require
 from corp.runs import naming, read_jsonl
 

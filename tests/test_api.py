@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from corp import CorpError
 from corp.api import make_config, task_for
+from corp.errors import CorpError
 from corp.evaluate.rewards import compute_rewards, register_reward, resolve_reward
 from corp.evaluate.tasks import get_task
 

@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from corp import CorpError
 from corp.cli import app
+from corp.errors import CorpError
 from corp.models import MARKER, PARTIAL, is_corp_model, save_model
 from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
 from corp.recipe import (

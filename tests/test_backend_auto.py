@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate import backends
 from corp.evaluate.backends import AutoBackend, make_backend, resolve_backend_name
 from corp.evaluate.backends.base import MODEL, PERTURBER, Backend

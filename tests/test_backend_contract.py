@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from corp import CorpError
 from corp.config import load_config
+from corp.errors import CorpError
 from corp.evaluate.backends.base import CAPABILITIES, LOGPROBS, PERTURBER, Backend
 from corp.evaluate.backends.hf import HFBackend, format_prompt
 from corp.models import save_model

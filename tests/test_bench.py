@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from corp import CorpError
 from corp.bench.budget import first_crossing, min_budget, next_units, prefix_that_fits
 from corp.bench.config import BenchConfig
 from corp.config import load_config
+from corp.errors import CorpError
 from tests.test_methods import count_model_calls
 
 # ----------------------------------------------------------------------------- budget rules (pure)

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from corp import CorpError
 from corp.bench.config import BenchConfig
 from corp.config import load_config
+from corp.errors import CorpError
 from corp.ledger import flops
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 from tests.test_ftis import make_other_tokenizer

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from corp import CorpError
 from corp.bench.config import BenchConfig
 from corp.config import load_config
+from corp.errors import CorpError
 from tests.test_bench import _report_rows, tiny_options
 
 

@@ -219,8 +219,8 @@ def test_the_driver_keeps_the_order_records_depend_on(tmp_path):
 def test_a_cell_reserves_its_threads_and_bad_executor_settings_are_one_line(tmp_path, monkeypatch):
     import os as _os
 
-    from corp import CorpError
     from corp.bench.schedule.ray_cells import cell_threads
+    from corp.errors import CorpError
 
     base = _options(Path("unused-model"), tmp_path)
     monkeypatch.setattr(_os, "cpu_count", lambda: 8)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from corp import CorpError
 from corp.bench.records import CellRecord, Comparison, check_record
+from corp.errors import CorpError
 
 REPO = Path(__file__).resolve().parents[1]
 RECORDS = sorted((REPO / "results").glob("*/cells/*.json"))

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from corp import CorpError
 from corp.bench.config import BenchConfig
 from corp.config import load_config
+from corp.errors import CorpError
 from tests.test_bench import tiny_options
 
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from scipy import stats as sps
 
-from corp import CorpError
 from corp.bench.config import BenchConfig
 from corp.config import load_config
+from corp.errors import CorpError
 from corp.stats import tost, tost_from
 from tests.test_bench import tiny_options
 from tests.test_methods import count_model_calls

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks.base import Example, SplitSizes, make_splits
 from corp.evaluate.tasks.code import MBPP, HumanEval, extract_code, mbpp_entry_point
 from corp.evaluate.voting import pass_at_k

@@ -11,10 +11,10 @@ import typing
 import pytest
 from typer.testing import CliRunner
 
-from corp import CorpError
 from corp.bench.config import BenchConfig
 from corp.cli import app
 from corp.config import flag, load_config, option_names
+from corp.errors import CorpError
 from corp.methods import methods
 
 
@@ -174,7 +174,7 @@ def test_default_top_k_adapts_to_a_small_population_and_an_explicit_one_does_not
 def test_an_infinite_scale_is_one_line_naming_the_option(method, option):
     """`--sigma inf` ran ES to the end with sigma saved as null and a recipe of nothing (found by
     benchmarks/probe_reliability.py); every positive scale must also be finite."""
-    from corp import CorpError
+    from corp.errors import CorpError
     from corp.methods import get_method
 
     m = get_method(method)

@@ -290,7 +290,7 @@ def test_gate_states_its_one_sided_confidence_level():
 
 
 def test_paired_gate_refuses_scores_of_different_examples():
-    from corp import CorpError
+    from corp.errors import CorpError
     from corp.operator.corp_operator import gate_on
 
     ids = ["e1", "e2", "e3", "e4"]
@@ -316,7 +316,7 @@ def test_paired_gate_refuses_scores_of_different_examples():
 
 
 def test_merge_rules_are_a_registry_and_the_report_compares_pass1_with_pass2():
-    from corp import CorpError
+    from corp.errors import CorpError
     from corp.operator.merge_rules import MERGE_RULES
 
     assert {"pass1", "pass2"} <= set(MERGE_RULES)

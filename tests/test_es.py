@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from corp import CorpError
 from corp.config import load_config
+from corp.errors import CorpError
 from corp.evaluate.backends.hf import HFBackend
 from corp.methods.es import ESConfig, fitness, run_es, specialists, update_components
 from corp.perturb import SCHEME_VERSION, Direction, Perturber

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from corp import CorpError
 from corp.config import load_config
+from corp.errors import CorpError
 from corp.evaluate.backends.hf import HFBackend
 from corp.methods.es import ESConfig, run_es
 from corp.perturb import Direction, Perturber, scheme_from_flag

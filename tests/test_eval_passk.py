@@ -9,9 +9,9 @@ from math import comb
 import pytest
 from typer.testing import CliRunner
 
-from corp import CorpError
 from corp.cli import app
 from corp.config import load_config
+from corp.errors import CorpError
 from corp.evaluate.passk import EvalConfig, pass_at_k_table
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from corp import CorpError
 from corp.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, softmax_weights, weighted_sum
-from corp.clients import ClientLost, check_signatures, decode, encode, split_clients
+from corp.clients import check_signatures, decode, encode, split_clients
+from corp.errors import ClientLost, CorpError
 from corp.evaluate.tasks import Example
 from corp.methods.fedcorp.combine import combine_client_rewards
 

@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from corp import CorpError
 from corp.config import load_config
+from corp.errors import CorpError
 from corp.evaluate.backends.base import Backend, Generations
 from corp.methods.fera import FERAConfig, client_answer, client_weights, plain_vote, run_fera, synthesise
 from tests.conftest import make_char_tokenizer, make_tiny_llama

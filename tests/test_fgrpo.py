@@ -9,8 +9,7 @@ import json
 import pytest
 import torch
 
-from corp import CorpError
-from corp.clients import ClientLost
+from corp.errors import ClientLost, CorpError
 
 
 def _cfg(tiny_dir, run_dir, **kw):

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from corp import CorpError
 from corp.config import load_config
+from corp.errors import CorpError
 from corp.evaluate.backends.hf import HFBackend
 from corp.grpo import LOSS_VARIANTS
 from corp.grpo.trainer import GRPOConfig, aggregate, group_advantages, per_token_loss

@@ -9,8 +9,8 @@ import json
 import pytest
 import typer
 
-from corp import CorpError
 from corp.config import RandOptConfig, load_config
+from corp.errors import CorpError
 from corp.runs import FAILED_FILE, finish_run_dir, open_run_dir, run_name
 
 

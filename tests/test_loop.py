@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.loop import Steps, method_rows, run_steps
 from corp.runs import append_jsonl, read_jsonl
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from corp import CorpError
 from corp.config import load_config
+from corp.errors import CorpError
 from corp.lowrank import FACTORS_FILE, LowRankDirection
 from corp.methods.consolidate.config import ConsolidateConfig
 from corp.methods.consolidate.lowrank import LowRankProjector, resolve_ranks

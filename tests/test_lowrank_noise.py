@@ -11,9 +11,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from corp import CorpError
 from corp.cli import app
 from corp.config import RandOptConfig, load_config
+from corp.errors import CorpError
 from corp.evaluate.backends.hf import HFBackend
 from corp.evaluate.context import setup_run
 from corp.evaluate.scorer import ensure_population

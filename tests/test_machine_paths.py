@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.models import check_model_reachable, resolve_model
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from corp import CorpError
 from corp.config import RunConfig, field_docs, flag, load_config
+from corp.errors import CorpError
 from corp.methods import METHODS, REGISTRY
 
 NAMES = [m.name for m in METHODS]

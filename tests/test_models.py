@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from corp import CorpError
 from corp.cli import app
+from corp.errors import CorpError
 from corp.models import (
     ALIASES,
     EmbeddedGGUF,

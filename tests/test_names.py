@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from corp import CorpError
 from corp.config import PopulationConfig, load_config, option_names, renamed_options, to_fields
+from corp.errors import CorpError
 from corp.methods import METHODS, REGISTRY
 
 REPO = Path(__file__).resolve().parents[1]

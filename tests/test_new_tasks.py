@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks import SPLITS, SplitSizes, get_task, list_tasks, make_splits
 from corp.evaluate.tasks.reorder import extract_order, order_reward, split_sentences
 from corp.extras import available

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.perturb import (
     SCHEME_VERSION,
     Component,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from corp import CorpError
 from corp.config import RandOptConfig, load_config
+from corp.errors import CorpError
 from corp.evaluate import racing
 from corp.evaluate.context import setup_run
 from corp.evaluate.scorer import ensure_population

@@ -2,7 +2,7 @@
 
 import pytest
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks import TASKS
 from corp.grpo import LOSS_VARIANTS
 from corp.methods import REGISTRY

@@ -10,8 +10,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from corp import CorpError
 from corp.cli import app
+from corp.errors import CorpError
 from corp.evaluate.retention import bits_per_byte, bpb_change, clean_text, retention_text, windows
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.rewards import compute_rewards, resolve_reward
 from corp.evaluate.tasks import Example, get_task
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.context import EvalCache, open_run, run_evals, setup_run
 from corp.evaluate.scorer import ensure_population
 from corp.runs import read_jsonl

@@ -1,6 +1,6 @@
 import pytest
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.runs import append_jsonl, read_jsonl
 
 

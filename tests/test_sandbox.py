@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.sandbox import STATUSES, Status, Tests, run_many, run_program, status_counts
 from corp.sandbox import runner as sandbox
 from corp.sandbox.wrapper import decode, encode

@@ -1,7 +1,7 @@
 import pytest
 
-from corp import CorpError
 from corp.config import RandOptConfig, load_config
+from corp.errors import CorpError
 from corp.evaluate.backends.hf import HFBackend
 from corp.evaluate.context import TIMING_FIELDS, setup_run
 from corp.evaluate.scorer import ensure_population

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.lowrank import low_rank_factors, project_low_rank, reproducible_ranks
 from corp.methods.analyze_rank.linalg import subspace_overlap, top_svd
 from corp.methods.analyze_rank.power import analysis_power, detects, simulated_population

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.stats import PerExample, assert_same_examples, compare_paired, mcnemar_exact, paired_bootstrap_ci, zscore
 
 

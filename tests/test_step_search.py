@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import corp.perturb.direction as direction_module
-from corp import CorpError
+from corp.errors import CorpError
 from corp.operator.config import OperatorConfig
 from corp.operator.corp_operator import consolidate_stage1
 from corp.perturb import Component, Direction, ParamFilter, Perturber, specialist_seeds, weights_hash

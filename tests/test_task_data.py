@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks import SPLITS, SplitSizes, get_task, make_splits
 
 
@@ -208,7 +208,7 @@ def test_without_local_data_benchmark_files_come_from_the_hub_once_and_keep_thei
 def test_hub_failure_or_missing_datasets_is_one_line_naming_both_ways(tmp_path, monkeypatch):
     import importlib.util
 
-    from corp import CorpError
+    from corp.errors import CorpError
     from corp.evaluate.tasks.data import data_file
 
     monkeypatch.delenv("CORP_DATA_DIR", raising=False)
@@ -232,7 +232,7 @@ def test_hub_failure_or_missing_datasets_is_one_line_naming_both_ways(tmp_path, 
 def test_hub_data_offline_is_one_line_without_asking_the_hub(tmp_path, monkeypatch):
     """A hub that does not answer: one line naming the task's files and --data, and no load_dataset
     call (whose retries printed 'Retrying in 8s' for half a minute)."""
-    from corp import CorpError
+    from corp.errors import CorpError
     from corp.evaluate.tasks.data import data_file
 
     monkeypatch.delenv("CORP_DATA_DIR", raising=False)
@@ -248,7 +248,7 @@ def test_hub_data_offline_is_one_line_without_asking_the_hub(tmp_path, monkeypat
 
 
 def test_a_given_data_directory_never_falls_back_to_the_hub(tmp_path, monkeypatch):
-    from corp import CorpError
+    from corp.errors import CorpError
     from corp.evaluate.tasks.data import data_file
 
     calls: list = []

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.rewards import compute_rewards, resolve_reward
 from corp.evaluate.tasks import SPLITS, TASKS, Example, SplitSizes, get_task, make_splits
 from corp.evaluate.tasks.countdown import verify

@@ -18,7 +18,7 @@ import importlib.util
 import pytest
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.backends.vllm_lora import adapter_tensors, check_targets, lora_slot_rank
 from corp.perturb import Direction, specialist_seeds
 from corp.perturb.lowrank_noise import lowrank_noise, scheme_from_flag

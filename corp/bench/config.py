@@ -8,9 +8,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from corp import CorpError
 from corp.bench.search import check_search
 from corp.config import PopulationConfig, RunConfig, options_from, parse_list, to_fields
+from corp.errors import CorpError
 from corp.methods import REGISTRY
 from corp.models import resolve_device
 from corp.runs import bounded_name, naming

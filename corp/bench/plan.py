@@ -9,10 +9,10 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from corp import CorpError
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig, _slug, common_options
 from corp.bench.search import trial_options
 from corp.config import PopulationConfig
+from corp.errors import CorpError
 from corp.method import FIXED, ITERATIVE, POPULATION, BenchAdapter
 from corp.methods import REGISTRY, get_method
 

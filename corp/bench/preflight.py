@@ -8,12 +8,12 @@ import json
 from contextlib import contextmanager
 from pathlib import Path
 
-from corp import CorpError
 from corp.bench.budget import min_budget
 from corp.bench.config import BenchConfig, results_path
 from corp.bench.plan import Cell, _clip, _min_units, _values, check_compare
 from corp.bench.records import check_record
 from corp.config import check_types, in_scales, load_config
+from corp.errors import CorpError
 from corp.evaluate.backends import make_backend
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 from corp.method import FIXED, POPULATION

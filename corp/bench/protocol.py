@@ -20,8 +20,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from corp import CorpError
 from corp.bench.config import BENCH_PROTOCOL
+from corp.errors import CorpError
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 from corp.runs import write_json
 from corp.stats import holm

@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any, NotRequired, TypedDict, Union
 
-from corp import CorpError
+from corp.errors import CorpError
 
 
 class CellRow(TypedDict):

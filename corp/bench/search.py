@@ -26,7 +26,7 @@ from __future__ import annotations
 import itertools
 import random
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.grids import edge_flag
 
 

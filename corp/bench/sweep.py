@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 
-from corp import CorpError
 from corp.bench.cells import Bench
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig, results_path
 from corp.bench.plan import Cell, _with_every_trial, plan
@@ -31,6 +30,7 @@ from corp.bench.retention import score_records
 from corp.bench.schedule.passes import run_passes
 from corp.bench.schedule.ray_cells import run_cells_on_ray
 from corp.config import load_config
+from corp.errors import CorpError
 from corp.runs import read_json
 
 

@@ -24,7 +24,7 @@ import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.backends.batched_lowrank import FactoredPopulation, direction_generations, population_generations
 from corp.evaluate.context import (
     RunContext,

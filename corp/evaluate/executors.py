@@ -35,7 +35,7 @@ import os
 import time
 from collections.abc import Iterator, Sequence
 
-from corp import CorpError
+from corp.errors import CorpError, HeadLost
 from corp.evaluate.backends import make_backend, resolve_backend_name
 from corp.evaluate.backends.batched_lowrank import _layout
 from corp.evaluate.backends.host import HostCopy
@@ -43,7 +43,6 @@ from corp.evaluate.batched import factored_for, score_factored
 from corp.evaluate.context import RunContext, engine_options, run_scheme, score_one
 from corp.evaluate.ray_cluster import (
     GPU_RESOURCE_ENV,
-    HeadLost,
     HeadWatch,
     check_free,
     check_nodes_have,
@@ -508,7 +507,7 @@ def actor_cause(exc: BaseException) -> str:
     it at the end of the creation task's traceback), else the exception's last line."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     for ln in reversed(lines):
-        for prefix in ("corp.CorpError: ", "CorpError: "):
+        for prefix in ("corp.errors.CorpError: ", "corp.CorpError: ", "CorpError: "):
             if ln.startswith(prefix):
                 return ln[len(prefix) :]
     return lines[-1] if lines else type(exc).__name__

@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.context import TIMING_FIELDS, EvalCache, RunContext, eval_identity, eval_key, specialist_what
 from corp.runs import unique_rows
 

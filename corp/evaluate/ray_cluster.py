@@ -29,19 +29,13 @@ import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks.base import path_and_options
 
 LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"  # "0": Ray's single-node mode, every socket on 127.0.0.1
 GPU_RESOURCE_ENV = "CORP_RAY_GPU_RESOURCE"  # the Ray resource that stands for one GPU (tests: a custom one)
 FORWARDED_ENV = ("CORP_", "HF_", "TRANSFORMERS_")  # env prefixes the driver passes to its actors
 HEAD_LOST_AFTER_S = 3.0  # the GCS unreachable this long: the head is lost
-
-
-class HeadLost(CorpError):
-    """The cluster's head (GCS) went away mid-run; the run is recorded as interrupted (resumable)."""
-
-    interrupted = True
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ import re
 import time
 from pathlib import Path
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.context import cached_eval
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 from corp.evaluate.tasks.reorder import default_text, strip_gutenberg

@@ -51,7 +51,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks.base import Example, Task
 
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from corp import CorpError, progress_disabled
 from corp.config import PopulationConfig, in_scales
+from corp.errors import CorpError
 from corp.evaluate import racing
 from corp.evaluate.context import (
     META_FILE,
@@ -47,6 +47,7 @@ from corp.evaluate.rewards import IN_PROCESS
 from corp.ledger import Ledger, say_expected
 from corp.perturb import specialist_seeds
 from corp.runs import read_json, read_jsonl, unique_rows
+from corp.runtime.progress import progress_disabled
 
 _LEGACY_KEY = re.compile(r"^-?\d+:[^:]+:support$")
 

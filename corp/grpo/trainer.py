@@ -42,8 +42,8 @@ from typing import ClassVar
 
 import torch
 
-from corp import CorpError
 from corp.config import RunConfig, flag
+from corp.errors import CorpError
 from corp.evaluate.backends.base import MODEL
 from corp.evaluate.backends.host import hf_state
 from corp.evaluate.rewards import compute_rewards

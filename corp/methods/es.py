@@ -47,8 +47,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from corp import CorpError
 from corp.config import RunConfig
+from corp.errors import CorpError
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.context import (
     POPULATION_FILE,

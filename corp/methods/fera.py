@@ -39,9 +39,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar
 
-from corp import CorpError
 from corp.clients import split_clients
 from corp.config import RunConfig, config_to_dict, flag
+from corp.errors import CorpError
 from corp.evaluate.backends.base import MODEL
 from corp.evaluate.context import open_run
 from corp.grpo.trainer import build_batch, token_logps_and_entropy

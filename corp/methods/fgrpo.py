@@ -38,10 +38,10 @@ from typing import ClassVar
 
 import torch
 
-from corp import CorpError
 from corp.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, weighted_sum
 from corp.clients import SPLIT_RULES, ClientBase, ClientPool, check_signatures, partition_ids, split_clients
 from corp.config import config_to_dict
+from corp.errors import CorpError
 from corp.evaluate.context import RunContext, cached_eval, open_run, run_evals
 from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.tasks import get_task

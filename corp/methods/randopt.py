@@ -15,8 +15,8 @@ Where we depart from the paper / its public code, and why:
 
 from __future__ import annotations
 
-from corp import CorpError
 from corp.config import RandOptConfig
+from corp.errors import CorpError
 from corp.evaluate.context import RunContext, open_run
 from corp.evaluate.population import population_line, population_summary, randopt_results, sigma_edge_flags
 from corp.evaluate.scorer import ensure_population

@@ -6,8 +6,8 @@ read with `--from-run`; scoring it alone lets one expensive pass serve all of th
 
 from __future__ import annotations
 
-from corp import CorpError
 from corp.config import PopulationConfig
+from corp.errors import CorpError
 from corp.evaluate.context import open_run
 from corp.evaluate.racing import RACED
 from corp.evaluate.scorer import ensure_population, rows_ledger

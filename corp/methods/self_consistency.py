@@ -21,8 +21,8 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from corp import CorpError
 from corp.config import RunConfig, parse_list
+from corp.errors import CorpError
 from corp.evaluate.context import cached_eval, open_run, run_evals
 from corp.evaluate.voting import majority_vote
 from corp.method import FIXED, SMALL, BenchAdapter, Method, ints, opt

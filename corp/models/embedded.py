@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.models.cache import CONVERSION, SOURCE_FILE, _is_hf_dir, cache_dir
 from corp.models.save import save_model
 

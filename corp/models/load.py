@@ -7,7 +7,7 @@ import re
 import warnings
 from pathlib import Path
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.models.cache import card_note
 from corp.models.resolve import resolve_model
 

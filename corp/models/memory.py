@@ -18,7 +18,7 @@ import json
 import os
 from pathlib import Path
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.models.embedded import converted_dir
 
 GB = 1e9

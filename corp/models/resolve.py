@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.models.cache import DEFAULT_MODEL
 from corp.models.embedded import (
     ALIASES,

@@ -11,10 +11,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import corp
-from corp import CorpError
+from corp.errors import CorpError
 from corp.models.cache import CARD_FILE, MARKER, SOURCE_FILE, is_corp_model
 from corp.runs import LOCK_FILE, STATUS_FILE, write_failure
+from corp.version import __version__
 
 
 def _overlaps(a: Path, b: Path) -> bool:
@@ -192,7 +192,7 @@ def _write_model(
         files = sorted(p.name for p in tmp.iterdir() if p.name != PARTIAL)  # what a later save may replace
         (tmp / MARKER).write_text(
             json.dumps(
-                {"written_by": "corp", "corp_version": corp.__version__, **(source or {}), "files": files}, indent=2
+                {"written_by": "corp", "corp_version": __version__, **(source or {}), "files": files}, indent=2
             )
             + "\n"
         )

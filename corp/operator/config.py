@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from corp import CorpError
 from corp.config import flag, parse_list
+from corp.errors import CorpError
 from corp.grids import edge_flag
 from corp.operator.gate import confidence_level
 from corp.operator.merge_rules import MERGE_RULES

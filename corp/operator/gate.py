@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from corp import CorpError
+from corp.errors import CorpError
 
 MIN_VALIDATION = 30  # below this the normal approximation of the paired mean is poor
 MIN_PROBE = 16  # below this the step-size choice is mostly noise

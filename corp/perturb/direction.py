@@ -26,7 +26,7 @@ from typing import ClassVar
 
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.perturb.lowrank_noise import check_shapes, lowrank_rank, merged_noise
 from corp.perturb.noise import SCHEME_VERSION, check_scheme, noise
 from corp.threads import serial_ops_in_this_thread

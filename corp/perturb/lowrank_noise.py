@@ -53,7 +53,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.perturb.seeding import (  # noqa: F401
     LOWRANK_VERSION,
     SCHEME_VERSION,

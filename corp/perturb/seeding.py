@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 
 SCHEME_VERSION = "corp-noise-v2"  # bump whenever the mapping (seed, name) -> tensor changes
 SCHEMES = ("corp-noise-v1", "corp-noise-v2")  # every scheme `noise` can still generate

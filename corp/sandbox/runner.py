@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Union
 
-from corp import CorpError
+from corp.errors import CorpError
 
 
 class Status(str, enum.Enum):  # noqa: UP042  (StrEnum would change str(Status.PASS), which reports print)

@@ -9,8 +9,9 @@ from pathlib import Path
 from corp.bench.cells import Bench
 from corp.bench.plan import Cell
 from corp.bench.records import CellRecord
+from corp.errors import RunBusy
 from corp.method import ITERATIVE
-from corp.runs import RunBusy, try_flock
+from corp.runs import try_flock
 
 
 def claim_path(bench: Bench, cell: Cell) -> Path:

@@ -10,12 +10,12 @@ import time
 
 from tqdm.auto import tqdm
 
-from corp import progress_disabled
 from corp.bench.cells import Bench
 from corp.bench.config import BenchConfig
 from corp.bench.plan import Cell, _trials_of
 from corp.bench.retention import score_records
 from corp.bench.schedule.claims import attempt, busy
+from corp.runtime.progress import progress_disabled
 
 
 def run_passes(cfg: BenchConfig, bench: Bench, cells: list[Cell], compute: bool, mine) -> dict[str, dict]:

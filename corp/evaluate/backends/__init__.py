@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import warnings
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.backends.base import CAPABILITIES, LOGPROBS, MODEL, PERTURBER, Backend, Generations
 from corp.extras import available, require
 from corp.perturb import SCHEME_VERSION

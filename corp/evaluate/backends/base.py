@@ -54,7 +54,7 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from corp import CorpError
+from corp.errors import CorpError, PromptTooLong
 from corp.perturb import Direction
 
 PERTURBER, MODEL, LOGPROBS = "perturber", "model", "logprobs"
@@ -203,10 +203,6 @@ class Backend:
 
     def close(self) -> None:
         pass
-
-
-class PromptTooLong(CorpError):
-    """A prompt that, with the new tokens asked for, does not fit the model's context."""
 
 
 def context_of(config) -> int | None:

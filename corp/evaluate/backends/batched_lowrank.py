@@ -48,7 +48,7 @@ from contextlib import contextmanager
 
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.backends.base import Generations
 from corp.perturb.direction import Component, Merged
 from corp.perturb.lowrank_noise import factors, lowrank_rank

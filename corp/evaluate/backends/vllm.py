@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.backends.base import Generations, check_fits, completion_seed, cut_at_stop, resolve_seeds
 from corp.evaluate.backends.hf import format_prompt
 from corp.evaluate.backends.host import HostCopy

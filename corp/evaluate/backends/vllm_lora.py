@@ -45,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.backends.base import Generations
 from corp.perturb.lowrank_noise import factors, lowrank_rank
 

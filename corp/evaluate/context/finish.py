@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import warnings
 
-from corp import CorpError
 from corp.cards import run_model_card
 from corp.config import config_to_dict
+from corp.errors import CorpError
 from corp.evaluate.context.run_context import RunContext
 from corp.runs import write_failure
 from corp.tracking import export_run_metrics, parse_report_to

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 from tqdm.auto import tqdm
 
-from corp import CorpError, progress_disabled
 from corp.config import RunConfig, config_to_dict
+from corp.errors import CorpError
 from corp.evaluate.backends import Backend, resolve_backend_name
 from corp.evaluate.context.finish import export_report_to, write_run_card
 from corp.evaluate.context.meta import META_FILE, META_FORMAT, POPULATION_FILE, compare_meta, default_definition
@@ -31,6 +31,7 @@ from corp.runs import (
     write_status,
     write_yaml,
 )
+from corp.runtime.progress import progress_disabled
 from corp.tracking import LiveLog, parse_report_to
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from corp import CorpError
 from corp.config import PopulationConfig, RunConfig
+from corp.errors import CorpError
 from corp.evaluate.rewards import reward_identity
 from corp.perturb import scheme_from_flag
 from corp.runs import read_json, write_json

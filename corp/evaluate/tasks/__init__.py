@@ -11,7 +11,7 @@ N of it a development pool, the rest the test pool).
 
 from __future__ import annotations
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks.arith import Arith
 from corp.evaluate.tasks.base import SPLITS, Example, SplitSizes, Task, make_splits
 from corp.evaluate.tasks.code import MBPP, HumanEval

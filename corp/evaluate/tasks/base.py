@@ -16,7 +16,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from corp import CorpError
+from corp.errors import CorpError
 
 SPLITS = ("support", "probe", "validation", "test")
 GENERATION_OPTIONS = ("max_new_tokens", "stop")  # options every task takes (corp.evaluate.tasks applies them)

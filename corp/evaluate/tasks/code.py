@@ -52,7 +52,7 @@ import re
 import sys
 from collections.abc import Sequence
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks.base import Example, Task
 from corp.evaluate.tasks.data import data_file, data_signature, read_records
 from corp.sandbox import (

@@ -13,7 +13,7 @@ import random
 import re
 from fractions import Fraction
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks.base import Example, Task
 
 _ALLOWED = set("0123456789+-*/() .")

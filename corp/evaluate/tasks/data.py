@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.extras import available, require
 from corp.models import cache_dir, hub_offline
 from corp.runs import atomic_write_text

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks.base import Example, Task, last_number, normalize_number
 from corp.evaluate.tasks.data import data_file, data_signature, read_records
 

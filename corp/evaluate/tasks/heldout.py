@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks.base import Task
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks.base import GENERIC_OPTIONS, Example, Task, last_number, normalize_number, path_and_options
 from corp.evaluate.tasks.data import file_sha256, read_records
 from corp.models import shown_datasets

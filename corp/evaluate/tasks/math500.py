@@ -6,7 +6,7 @@ Extraction: the content of the last brace-matched `\\boxed{...}`; equivalence wi
 
 from __future__ import annotations
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks.base import Example, Task
 from corp.evaluate.tasks.data import data_file, data_signature, read_records
 

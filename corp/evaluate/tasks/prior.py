@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks.base import Example, Task
 from corp.stats import wilson_interval
 

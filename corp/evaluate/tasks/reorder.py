@@ -34,7 +34,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks.base import Example, Task, path_and_options
 from corp.evaluate.tasks.data import file_sha256
 from corp.extras import require

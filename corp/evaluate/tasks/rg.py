@@ -24,7 +24,7 @@ import dataclasses
 import importlib.metadata
 from collections.abc import Sequence
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.tasks.base import GENERIC_OPTIONS, Example, Task, last_number, normalize_number, parse_options
 from corp.extras import available, require
 

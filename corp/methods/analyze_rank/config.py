@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from corp import CorpError
 from corp.config import PopulationConfig, parse_list
+from corp.errors import CorpError
 
 
 @dataclass

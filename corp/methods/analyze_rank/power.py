@@ -45,7 +45,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.methods.analyze_rank.linalg import one_thread
 from corp.methods.analyze_rank.rank_stats import (
     TIE,

@@ -70,11 +70,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from corp import CorpError, progress_disabled
+from corp.errors import CorpError
 from corp.ledger import say_expected
 from corp.methods.analyze_rank.linalg import one_thread, top_svd
 from corp.perturb import noise
 from corp.perturb.noise import SCHEME_VERSION
+from corp.runtime.progress import progress_disabled
 from corp.stats import zscore
 
 OVERSAMPLE = 8

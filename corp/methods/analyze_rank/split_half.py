@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.evaluate.context import open_run
 from corp.evaluate.racing import is_raced
 from corp.evaluate.scorer import ensure_population

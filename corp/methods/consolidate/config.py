@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
-from corp import CorpError
 from corp.config import DEFAULT_TOP_K, PopulationConfig, fit_top_k
+from corp.errors import CorpError
 from corp.methods.consolidate.lowrank import parse_low_rank
 from corp.operator.config import OperatorConfig
 from corp.operator.gate import MIN_PROBE, MIN_VALIDATION

@@ -57,7 +57,7 @@ from pathlib import Path
 
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.extras import require
 from corp.lowrank import LowRankDirection, low_rank_factors, reproducible_ranks
 from corp.perturb import Direction

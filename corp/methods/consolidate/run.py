@@ -16,7 +16,6 @@ import time
 import warnings
 from collections.abc import Sequence
 
-from corp import progress_disabled
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.batched import direction_factored_for, direction_key, direction_rows
 from corp.evaluate.context import (
@@ -49,6 +48,7 @@ from corp.operator.gate import kept_out_line, margin, margin_line
 from corp.perturb import Direction, ParamFilter, lowrank_rank
 from corp.recipe import make_recipe, produced_weights, write_recipe
 from corp.runs import ReportRow, format_rows, write_report
+from corp.runtime.progress import progress_disabled
 from corp.stats import PerExample
 
 __all__ = ["RunScorer", "direction_fingerprint", "run_consolidate"]

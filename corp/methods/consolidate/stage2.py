@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.operator.algebra import combine, principal_directions
 from corp.operator.config import OperatorConfig
 from corp.operator.corp_operator import ConsolidationResult, ScoreFn, gate_on, mean_score, merge_and_search

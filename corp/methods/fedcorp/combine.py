@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from corp import CorpError
 from corp.aggregation import EPS, fedavg_weights
+from corp.errors import CorpError
 
 COMBINE_RULES = ("mean", "gain")
 

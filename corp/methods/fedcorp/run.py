@@ -32,7 +32,6 @@ from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
-from corp import CorpError, progress_disabled
 from corp.clients import (
     SPLIT_RULES,
     ClientBase,
@@ -43,6 +42,7 @@ from corp.clients import (
     split_clients,
 )
 from corp.config import PopulationConfig
+from corp.errors import CorpError
 from corp.evaluate.backends.base import MODEL, PERTURBER
 from corp.evaluate.context import EvalCache, RunContext, cached_eval, direction_fingerprint, open_run, run_evals
 from corp.evaluate.rewards import resolve_reward
@@ -56,6 +56,7 @@ from corp.operator.corp_operator import merge_and_search
 from corp.operator.gate import paired_gate
 from corp.perturb import Direction, ParamFilter
 from corp.recipe import make_recipe, produced_weights
+from corp.runtime.progress import progress_disabled
 
 CLIENT_SPLITS = ("support", "probe", "validation")
 

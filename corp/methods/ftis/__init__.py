@@ -50,7 +50,7 @@ exchange, a node), run.py (the arms, the command, the report); this file: the be
 
 from __future__ import annotations
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.grpo.trainer import drawn_positions
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, opt, option_default
 from corp.methods.ftis.config import FTISConfig

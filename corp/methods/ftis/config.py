@@ -7,8 +7,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from corp import CorpError
 from corp.config import flag
+from corp.errors import CorpError
 from corp.grpo.trainer import (
     GRPOConfig,
 )

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from corp import CorpError
+from corp.errors import CorpError
 from corp.grpo.trainer import (
     GRPOTrainer,
     build_batch,

@@ -9,8 +9,8 @@ import json
 import random
 import time
 
-from corp import CorpError
 from corp.config import RunConfig, config_to_dict
+from corp.errors import CorpError
 from corp.evaluate.backends import make_backend
 from corp.evaluate.context import cached_eval, eval_identity, eval_key, open_run, run_evals
 from corp.evaluate.rewards import compute_rewards
