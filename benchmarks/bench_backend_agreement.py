@@ -28,7 +28,7 @@ import yaml
 
 from corp.config import load_config
 from corp.evaluate.passk import EvalConfig, run_eval
-from corp.runs import read_json
+from corp.runtime.runs import read_json
 
 # the options of a cell's config that fix what its test evaluation computes
 KEEP = ("task", "split_seed", "n_support", "n_probe", "n_validation", "n_test", "max_new_tokens", "reward", "data")

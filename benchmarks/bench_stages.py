@@ -32,7 +32,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from corp.runs import read_jsonl
+from corp.runtime.runs import read_jsonl
 
 STAGES = ("generation", "apply", "training", "noise math", "save")
 FLAGGED = ("apply", "noise math", "save", "other")

@@ -1,7 +1,7 @@
 """Specialists per hour on an idle machine vs beside a second CPU-bound process, old vs new thread defaults.
 
 Issue 16: two torch threads collapsed when another process shared the 2 cores. corp now sets
-OpenMP's wait policy to passive (corp/threads.py).
+OpenMP's wait policy to passive (corp/runtime/threads.py).
 This benchmark scores specialists through the real scorer (`setup_run` + `ensure_population`,
 embedded model, the task's support split) in a fresh child process per measurement, because the
 OpenMP settings are read once when the runtime starts. Configurations:
@@ -60,7 +60,7 @@ def child(spec: dict) -> None:
     import torch
 
     from corp.config import PopulationConfig, load_config
-    from corp.evaluate.context import setup_run
+    from corp.runtime.context import setup_run
     from corp.evaluate.scorer import ensure_population
 
     tmp = tempfile.mkdtemp(prefix="contention-")

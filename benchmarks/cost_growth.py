@@ -5,9 +5,9 @@ in --populations: the phases of `corp consolidate` and `corp analyze-rank --from
 their own entry points (`run_consolidate`, `run_analyze_rank`) with timers wrapped around the
 functions they call:
   population scoring   corp.evaluate.scorer.ensure_population (every specialist on the support split)
-  Gram                 corp.operator.algebra.perturbation_grams (exact weight-space Gram over the
+  Gram                 corp.algorithms.corp_operator.algebra.perturbation_grams (exact weight-space Gram over the
                        widest elite set, the default --compat exact)
-  step search          corp.operator.corp_operator.merge_and_search minus the Gram inside it:
+  step search          corp.algorithms.corp_operator.stage1.merge_and_search minus the Gram inside it:
                        building the merged directions (keep_together) + one probe evaluation per
                        candidate (apply + generate)
   gates                the rest of consolidate_stage1: validation gates and the base's probe score
@@ -111,7 +111,7 @@ def tiny_model_dir() -> tuple[str, int]:
 def measure_n(model_dir: str, n: int, args) -> dict:
     """One `corp consolidate` + `corp analyze-rank --from-run` on the tiny model, phases timed."""
     import corp.methods.analyze_rank.split_half as split_half
-    import corp.operator.corp_operator as op
+    import corp.algorithms.corp_operator.stage1 as op
     import corp.methods.consolidate.run as crun
     from corp.methods.analyze_rank.config import AnalyzeRankConfig
     from corp.config import load_config
@@ -240,11 +240,11 @@ def anchor(args) -> dict:
 
     from corp.methods.analyze_rank.rank_stats import analyze_population
     from corp.config import PopulationConfig, load_config
-    from corp.operator.algebra import gram_matrix, perturbation_grams
-    from corp.operator.corp_operator import keep_together, stage1
-    from corp.evaluate.context import EvalCache, evaluate_current, setup_run
+    from corp.algorithms.corp_operator.algebra import gram_matrix, perturbation_grams
+    from corp.algorithms.corp_operator.stage1 import keep_together, stage1
+    from corp.runtime.context import EvalCache, evaluate_current, setup_run
     from corp.evaluate.scorer import score_specialists, specialists_for
-    from corp.perturb import Direction
+    from corp.algorithms.perturb import Direction
 
     torch.set_num_threads(1)
     out: dict = {"model": args.anchor_model}
@@ -399,7 +399,7 @@ def gram_model_cost(shapes, k: int, memory_gb: float, t_noise: float, t_pair: fl
 def extrapolate(runs: list[dict], anc: dict | None, tiny_params: int, args) -> dict:
     """Each phase for the embedded model at N = 500 and 5000 (corp's default split sizes unless given),
     from the anchor's measured rates and the growth laws fitted on the tiny rows."""
-    from corp.operator.config import PAPER_PRESET
+    from corp.algorithms.corp_operator.config import PAPER_PRESET
 
     out = {"assumptions": [], "cases": []}
     if anc is None:

@@ -46,9 +46,9 @@ def main() -> None:
     from transformers import AutoTokenizer
     from vllm import LLM
 
-    from corp.evaluate.backends.hf import format_prompt
+    from corp.runtime.backends.hf import format_prompt
     from corp.evaluate.tasks import SplitSizes, get_task, make_splits
-    from corp.models import resolve_model
+    from corp.runtime.models import resolve_model
 
     _, path = resolve_model(args.model)
     tok = AutoTokenizer.from_pretrained(path)

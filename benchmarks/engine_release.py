@@ -36,7 +36,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import corp
-    import corp.evaluate.backends.vllm as vllm_backend
+    import corp.runtime.backends.vllm as vllm_backend
     from corp.config import load_config
     from corp.methods import REGISTRY
 

@@ -34,10 +34,10 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from corp.evaluate.backends.batched_lowrank import FactoredPopulation
-    from corp.evaluate.backends.hf import HFBackend
+    from corp.runtime.backends.batched_lowrank import FactoredPopulation
+    from corp.runtime.backends.hf import HFBackend
     from corp.evaluate.tasks import SplitSizes, get_task, make_splits
-    from corp.perturb.lowrank_noise import lowrank_scheme
+    from corp.algorithms.perturb.lowrank_noise import lowrank_scheme
 
     task = get_task(args.task)
     prompts = [e.prompt for e in make_splits(task, SplitSizes(0, args.prompts, 0, 0), 0)["probe"]]

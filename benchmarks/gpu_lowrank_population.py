@@ -7,7 +7,7 @@ tokens (min_new_tokens = max_new_tokens, so all paths do the same work). Side by
 
 - `plain`: the base model generating all S x M rows in batches of --batch rows (the ceiling);
 - `lowrank_batched`: the same rows, each specialist's rank-R perturbation added by corp's
-  `FactoredPopulation` hooks (`corp.evaluate.backends.batched_lowrank`), no weight written;
+  `FactoredPopulation` hooks (`corp.runtime.backends.batched_lowrank`), no weight written;
 - `full_alone`: per specialist, the Perturber writes W0 + sigma eps in place (full-rank noise
   drawn on the CPU, as corp does everywhere, copied to the GPU; no reload), its M rows are
   generated in one batch, then the base is restored.
@@ -102,9 +102,9 @@ def main():
     args = parse_args()
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from corp.evaluate.backends.batched_lowrank import FactoredPopulation
-    from corp.perturb import Direction, Perturber, specialist_seeds
-    from corp.perturb.lowrank_noise import lowrank_scheme
+    from corp.runtime.backends.batched_lowrank import FactoredPopulation
+    from corp.algorithms.perturb import Direction, Perturber, specialist_seeds
+    from corp.algorithms.perturb.lowrank_noise import lowrank_scheme
 
     device = torch.device("cpu" if args.tiny or not torch.cuda.is_available() else "cuda")
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16

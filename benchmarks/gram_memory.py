@@ -1,4 +1,4 @@
-"""Peak memory of the Gram matrix of a population (corp.operator.algebra.gram_matrix) with the fp64
+"""Peak memory of the Gram matrix of a population (corp.algorithms.corp_operator.algebra.gram_matrix) with the fp64
 chunk bounded by the memory budget (now) and with the fixed 1M-element chunk it had before.
 
     python benchmarks/gram_memory.py [SPECIALISTS]     # default 200, one 1536 x 576 tensor (SmolLM2's MLP)
@@ -19,8 +19,8 @@ import numpy as np
 def child(k: int, variant: str, path: str) -> None:
     import torch
 
-    from corp.operator import algebra
-    from corp.perturb.noise import derive_seeds
+    from corp.algorithms.corp_operator import algebra
+    from corp.algorithms.perturb.noise import derive_seeds
 
     torch.set_num_threads(1)
     if variant == "old":

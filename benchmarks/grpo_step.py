@@ -84,12 +84,12 @@ def main() -> None:
     import trl
     from transformers import TrainerCallback
 
-    from corp.grpo.trainer import GRPOConfig as OurConfig
-    from corp.grpo.trainer import GRPOTrainer as OurTrainer
+    from corp.algorithms.grpo.trainer import GRPOConfig as OurConfig
+    from corp.algorithms.grpo.trainer import GRPOTrainer as OurTrainer
     from corp.config import load_config
     from corp.evaluate.rewards import compute_rewards
-    from corp.evaluate.context import setup_run
-    from corp.models import load_model
+    from corp.runtime.context import setup_run
+    from corp.runtime.models import load_model
 
     load_start = os.getloadavg()
     tmp = Path(tempfile.mkdtemp(prefix="corp-bench-grpo-"))

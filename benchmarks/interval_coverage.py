@@ -2,9 +2,9 @@
 
 A known effect is planted in simulated bench comparisons and each interval's coverage (the share
 of simulated datasets whose 95% interval contains the true effect) is counted:
-  - `seed-example t` (corp.stats.seed_example_interval, what the bench reports now): a t interval
+  - `seed-example t` (corp.algorithms.stats.seed_example_interval, what the bench reports now): a t interval
     over the seeds' mean paired differences plus the test examples' sampling term;
-  - `seeds-then-examples bootstrap` (corp.stats.clustered_bootstrap_ci, what the bench reported
+  - `seeds-then-examples bootstrap` (corp.algorithms.stats.clustered_bootstrap_ci, what the bench reported
     before): a percentile bootstrap that resamples seeds, then examples within each seed;
   - `t over seeds only`: the t interval over per-seed means alone (k - 1 df), for reference.
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from corp.stats import clustered_bootstrap_ci, crossed_t_intervals
+from corp.algorithms.stats import clustered_bootstrap_ci, crossed_t_intervals
 
 REGIMES = {
     "seed-dominated": {"base": 0.3, "ex_sd": 1.5, "delta": 0.3, "effect_sd": 0.5, "seed_sd": 0.8},

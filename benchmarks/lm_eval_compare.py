@@ -5,7 +5,7 @@
 1. `corp eval --model DIR --task T --n-test N` (the real command) scores greedy accuracy
    on corp's test split and records per-example outcomes (test_outcomes.json).
 2. The same test examples are written as JSONL, each with the exact text corp's hf backend feeds
-   the model (the chat template applied, as `corp.evaluate.backends.hf.format_prompt` does), and a
+   the model (the chat template applied, as `corp.runtime.backends.hf.format_prompt` does), and a
    custom lm-evaluation-harness task (YAML, `generate_until`, greedy, corp's token limit and stop
    strings, the last number of the completion against the gold answer: corp's rule for
    arith-like tasks) reads them.
@@ -102,7 +102,7 @@ def main() -> None:
     # 2. the same examples and prompt text, as lm-eval JSONL + task YAML
     from transformers import AutoTokenizer
 
-    from corp.evaluate.backends.hf import format_prompt
+    from corp.runtime.backends.hf import format_prompt
     from corp.evaluate.tasks import get_task
 
     import yaml

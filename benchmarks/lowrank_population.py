@@ -7,7 +7,7 @@ support prompts of the task, greedy, side by side:
   (Perturber), generate the M prompts (one batch), restore.
 - `lowrank_batched`: `--noise lowrank:r=R` as the scorer runs it on hf: every specialist's factors
   drawn, S x M rows in `generate` calls of --batch rows, no weight written
-  (`corp.evaluate.backends.batched_lowrank.population_generations`).
+  (`corp.runtime.backends.batched_lowrank.population_generations`).
 - `lowrank_alone`: the same low-rank specialists materialised one at a time (apply, generate,
   restore): the reference the batched pass must equal, and the apply + restore time of a low-rank
   specialist against its scoring time.
@@ -78,12 +78,12 @@ def loadavg() -> list[float]:
 def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
-    from corp.evaluate.backends.batched_lowrank import FactoredPopulation, population_generations
-    from corp.evaluate.backends.hf import HFBackend
+    from corp.runtime.backends.batched_lowrank import FactoredPopulation, population_generations
+    from corp.runtime.backends.hf import HFBackend
     from corp.evaluate.tasks import SplitSizes, get_task, make_splits
-    from corp.models import load_model
-    from corp.perturb import SCHEME_VERSION, Direction, specialist_seeds
-    from corp.perturb.lowrank_noise import lowrank_scheme
+    from corp.runtime.models import load_model
+    from corp.algorithms.perturb import SCHEME_VERSION, Direction, specialist_seeds
+    from corp.algorithms.perturb.lowrank_noise import lowrank_scheme
 
     name = tiny_model_dir() if args.model == "tiny" else args.model
     model, tok, model_id, _ = load_model(name, device="cpu", dtype="float32")

@@ -6,7 +6,7 @@ side by side in one process.
   element from the factors), generate the M prompts, restore W0. Share = (apply + restore) /
   generation.
 - `factored`: the hf scorer's path under `--noise lowrank:r=R`
-  (`corp.evaluate.backends.batched_lowrank.population_generations`): nothing is applied or
+  (`corp.runtime.backends.batched_lowrank.population_generations`): nothing is applied or
   restored; what a specialist costs outside generation is drawing its factors and installing them
   in the hooks (`set_group`: stacking a group's factors). Share = (draw + install) / its share of
   the group's generation time. Run with `--batch M` (one specialist per `generate`, like for like
@@ -49,12 +49,12 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    from corp.evaluate.backends.batched_lowrank import FactoredPopulation, population_generations
-    from corp.evaluate.backends.hf import HFBackend
+    from corp.runtime.backends.batched_lowrank import FactoredPopulation, population_generations
+    from corp.runtime.backends.hf import HFBackend
     from corp.evaluate.tasks import SplitSizes, get_task, make_splits
-    from corp.models import load_model
-    from corp.perturb import Direction, specialist_seeds
-    from corp.perturb.lowrank_noise import lowrank_scheme
+    from corp.runtime.models import load_model
+    from corp.algorithms.perturb import Direction, specialist_seeds
+    from corp.algorithms.perturb.lowrank_noise import lowrank_scheme
 
     model, tok, model_id, _ = load_model(args.model, device="cpu", dtype="float32")
     task = get_task(args.task)

@@ -47,8 +47,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from corp.config import PopulationConfig, load_config
-    from corp.evaluate.context import evaluate_current, setup_run
-    from corp.perturb import SCHEME_VERSION, SCHEMES, Direction, noise
+    from corp.runtime.context import evaluate_current, setup_run
+    from corp.algorithms.perturb import SCHEME_VERSION, SCHEMES, Direction, noise
 
     cfg = load_config(
         PopulationConfig,

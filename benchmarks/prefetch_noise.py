@@ -32,9 +32,9 @@ sys.path.insert(0, str(REPO))
 import corp  # noqa: E402,F401  before torch (corp's OpenMP defaults)
 import torch  # noqa: E402
 
-from corp.evaluate.backends.hf import HFBackend  # noqa: E402
+from corp.runtime.backends.hf import HFBackend  # noqa: E402
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits  # noqa: E402
-from corp.perturb import Direction, specialist_seeds  # noqa: E402
+from corp.algorithms.perturb import Direction, specialist_seeds  # noqa: E402
 
 
 def tiny_backend() -> HFBackend:

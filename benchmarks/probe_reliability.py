@@ -49,7 +49,7 @@ if fault == "tokenizer-full":
 
     PreTrainedTokenizerFast.save_pretrained = _full
 elif fault == "ctrl-c":
-    import corp.recipe as _r
+    import corp.algorithms.recipe as _r
     import corp.methods as _m
 
     def _interrupt(*a, **k):
@@ -999,7 +999,7 @@ def machine_paths_cases(p: Probe, rows: list) -> None:
     )
 
     def applied():
-        from corp.recipe import apply_recipe
+        from corp.algorithms.recipe import apply_recipe
 
         out = apply_recipe(run_dir / "recipe.json", p.root / "applied-57")
         return (out / "corp_model.json").read_text()

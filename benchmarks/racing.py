@@ -23,13 +23,13 @@ from pathlib import Path
 
 from corp.methods.randopt import randopt_results
 from corp.config import load_config
-from corp.operator.algebra import elite_set
+from corp.algorithms.corp_operator.algebra import elite_set
 from corp.methods.consolidate.config import ConsolidateConfig
-from corp.operator.corp_operator import reward_scale
+from corp.algorithms.corp_operator.stage1 import reward_scale
 from corp.methods.consolidate.run import _race_keep, _used_rows
-from corp.evaluate.context import open_run, run_evals
+from corp.runtime.context import open_run, run_evals
 from corp.evaluate.scorer import ensure_population, rows_ledger
-from corp.stats import compare_paired
+from corp.algorithms.stats import compare_paired
 
 
 def elites(rows: list[dict], q: float) -> set[int]:

@@ -37,9 +37,9 @@ from types import SimpleNamespace
 
 from corp.methods.consolidate.run import _race_keep, _used_rows
 from corp.evaluate import racing
-from corp.evaluate.context import EvalCache, RunContext, specialist_what
-from corp.runs import read_json, read_jsonl
-from corp.stats import compare_paired
+from corp.runtime.context import EvalCache, RunContext, specialist_what
+from corp.runtime.runs import read_json, read_jsonl
+from corp.algorithms.stats import compare_paired
 
 
 def full_rows(run_dir: Path) -> list[dict]:

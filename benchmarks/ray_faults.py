@@ -43,7 +43,7 @@ def tiny_model(where: Path) -> Path:
     sys.path.insert(0, str(REPO / "tests"))
     from conftest import make_char_tokenizer, make_tiny_llama
 
-    from corp.models import save_model
+    from corp.runtime.models import save_model
 
     tok = make_char_tokenizer()
     d = where / "tiny-llama"
@@ -70,7 +70,7 @@ def config(run_dir: Path, model: Path, specialists: int, **kw):
 
 
 def strip(rows) -> dict:
-    from corp.evaluate.context import TIMING_FIELDS
+    from corp.runtime.context import TIMING_FIELDS
 
     return {r["key"]: {k: v for k, v in r.items() if k not in (*TIMING_FIELDS, "index")} for r in rows}
 
@@ -78,7 +78,7 @@ def strip(rows) -> dict:
 def cluster():
     from ray.cluster_utils import Cluster
 
-    from corp.evaluate.ray_cluster import loopback
+    from corp.runtime.ray_cluster import loopback
 
     for attempt in range(3):  # Ray gives a node 30 s to register: a loaded machine can miss it
         with loopback():
@@ -94,7 +94,7 @@ def cluster():
 
 
 def rows_on_disk(run_dir: Path) -> list[dict]:
-    from corp.runs import read_jsonl
+    from corp.runtime.runs import read_jsonl
 
     path = run_dir / "population.jsonl"
     return read_jsonl(path, key="key", repair=False) if path.exists() else []
@@ -104,9 +104,9 @@ def scenario(name: str, model: Path, work: Path, specialists: int, after_rows: i
     """One scored population on a fresh loopback cluster, with the fault `name` after `after_rows` rows."""
     import ray
 
-    from corp.evaluate.context import setup_run
-    from corp.evaluate.executors import get_executor
-    from corp.evaluate.ray_cluster import loopback
+    from corp.runtime.context import setup_run
+    from corp.runtime.executors import get_executor
+    from corp.runtime.ray_cluster import loopback
     from corp.evaluate.scorer import ensure_population
 
     run_dir = work / name
@@ -180,7 +180,7 @@ def main() -> None:
     ap.add_argument("--out", default="results/ray-faults")
     ap.add_argument("--only", default="fault-free,worker-killed,node-killed,head-killed")
     args = ap.parse_args()
-    from corp.evaluate.context import setup_run
+    from corp.runtime.context import setup_run
     from corp.evaluate.scorer import ensure_population
 
     load_before = os.getloadavg()

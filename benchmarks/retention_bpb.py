@@ -14,7 +14,7 @@ import corp  # noqa: F401 - before torch (OpenMP settings)
 import torch
 
 from corp.evaluate.retention import bits_per_byte, retention_text
-from corp.models import load_model
+from corp.runtime.models import load_model
 
 torch.set_num_threads(1)
 model, tok, mid, path = load_model(sys.argv[1] if len(sys.argv) > 1 else "smollm2-135m", "cpu")

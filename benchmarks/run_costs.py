@@ -17,7 +17,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from corp.runs import read_jsonl
+from corp.runtime.runs import read_jsonl
 
 
 def _cells(r: dict) -> list[str]:

@@ -10,7 +10,7 @@ other users of the machine hits every mode alike:
 - plain parallel:    the plain subprocess from a thread pool of the default concurrency
 - sandbox parallel:  `run_many` with the default concurrency
 - baseline serial:   with `--baseline FILE`, the `run_program` of another version of sandbox.py
-                     (e.g. `git show REV:corp/sandbox/runner.py > /tmp/old_sandbox.py`) on the
+                     (e.g. `git show REV:corp/runtime/sandbox/runner.py > /tmp/old_sandbox.py`) on the
                      program concatenated with its asserts, one at a time
 
 Reported: median programs/s over rounds per mode, and the per-program overhead = median sandbox
@@ -33,8 +33,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from corp.sandbox import DEFAULT_CONCURRENCY, isolation_level, run_many, run_program, status_counts
-from corp.evaluate.tasks.code import MBPP
+from corp.runtime.sandbox import DEFAULT_CONCURRENCY, isolation_level, run_many, run_program, status_counts
+from corp.evaluate.tasks.coding import MBPP
 
 
 def _cpu_seconds() -> float:

@@ -23,7 +23,7 @@ candidates as `corp consolidate` now does on such a population, in the same proc
 the dense path: each rule's m as one factor pair per matrix (`FactoredPopulation.direction_factors`,
 `draw`: the elites' factors, nothing m x n), every alpha that pair scaled, the alphas as row groups
 of batched `generate` calls with the hooks installed (`install`) and the base weights in place
-(`corp.evaluate.backends.batched_lowrank.direction_generations`). `plain` (the base generating the
+(`corp.runtime.backends.batched_lowrank.direction_generations`). `plain` (the base generating the
 probe, no hooks) is timed before and after each N: the hooks' products are generation time, so the
 factored path's cost over plain generation is reported beside its non-generation share. Answers of
 the two paths are compared per candidate.
@@ -64,7 +64,7 @@ def tiny_model_dir() -> str:
 
 def timed_plain(ctx, probe) -> tuple[float, float]:
     """Wall and CPU seconds of the base generating the probe (no hooks, no direction)."""
-    from corp.evaluate.context import evaluate_current
+    from corp.runtime.context import evaluate_current
 
     ctx.backend.set_direction(None)
     t0, c0 = time.perf_counter(), time.process_time()
@@ -75,7 +75,7 @@ def timed_plain(ctx, probe) -> tuple[float, float]:
 def factored_search(ctx, factored, st, perts, rules, alphas, probe, dense_texts) -> dict:
     """The candidates of every rule in the factored pass, as RunScorer evaluates them: draw each m's
     factors once, generate its alphas as row groups of batched calls; wall and CPU seconds."""
-    from corp.evaluate.backends.batched_lowrank import direction_generations
+    from corp.runtime.backends.batched_lowrank import direction_generations
 
     rows, draw, draw_cpu = [], 0.0, 0.0
     for rule in rules:
@@ -183,10 +183,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from corp.config import PopulationConfig, load_config
-    from corp.operator.corp_operator import keep_together, stage1
-    from corp.operator.algebra import perturbation_grams
-    from corp.evaluate.context import evaluate_current, setup_run
-    from corp.perturb import Direction, specialist_seeds
+    from corp.algorithms.corp_operator.stage1 import keep_together, stage1
+    from corp.algorithms.corp_operator.algebra import perturbation_grams
+    from corp.runtime.context import evaluate_current, setup_run
+    from corp.algorithms.perturb import Direction, specialist_seeds
 
     model = tiny_model_dir() if args.model == "tiny" else args.model
     cfg = load_config(
@@ -226,7 +226,7 @@ def main() -> None:
     paths = args.paths.split(",")
     out["paths"] = paths
     if "factored" in paths:
-        from corp.evaluate.backends.batched_lowrank import FactoredPopulation
+        from corp.runtime.backends.batched_lowrank import FactoredPopulation
 
         factored = FactoredPopulation(backend.model, backend.perturber.params, backend.perturber.scheme)
     gen_times: list[float] = []

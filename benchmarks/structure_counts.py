@@ -2,7 +2,7 @@
 
 What it measures, over every .py file under corp/ (parsed with `ast`; nothing of corp is imported):
   1. import arrows: distinct (importing package -> imported package) edges between corp's top-level
-     subpackages and modules (`corp.evaluate`, `corp.bench`, `corp.models`, ...; `corp/__init__.py` is
+     subpackages and modules (`corp.evaluate`, `corp.bench`, `corp.runtime.models`, ...; `corp/__init__.py` is
      package "", shown as `corp`), self-edges left out. Every import statement counts, also one inside a
      function or under `if TYPE_CHECKING:` (a lazy import is still a dependency). The distinct
      module -> module arrows are counted too, for reference.
@@ -37,6 +37,9 @@ from pathlib import Path
 
 LONG_FILE = 600  # lines; a file over this many is listed
 LONG_FUNCTION = 80  # lines; a function this long or longer is listed
+# corp's folders that group packages by what they are (their __init__.py is a docstring): each entry in
+# one is a package of its own here, as in tests/test_layers.py, which gives each its floor
+GROUPS = ("runtime", "algorithms", "evaluate")
 
 
 def module_files(package_dir: Path) -> dict[str, Path]:
@@ -51,8 +54,11 @@ def module_files(package_dir: Path) -> dict[str, Path]:
 
 
 def package_of(module: str) -> str:
-    """The top-level subpackage or module a dotted name lies in ("" for the package itself)."""
+    """The top-level subpackage or module a dotted name lies in ("" for the package itself); in a GROUPS
+    folder, the entry of that folder (corp.runtime.backends.hf -> "runtime.backends")."""
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] in GROUPS:
+        return ".".join(parts[1:3])
     return parts[1] if len(parts) > 1 else ""
 
 
@@ -90,6 +96,15 @@ class _Walker(ast.NodeVisitor):
         self.imports.append((node, self._in_function > 0))
 
     visit_Import = visit_ImportFrom = _import
+
+    def visit_Call(self, node: ast.Call) -> None:
+        # importlib.import_module("corp.x") with a literal name: an import by name, counted as `import corp.x`
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        first = node.args[0] if node.args else None
+        if name == "import_module" and isinstance(first, ast.Constant) and isinstance(first.value, str):
+            self._import(ast.copy_location(ast.Import(names=[ast.alias(name=first.value)]), node))
+        self.generic_visit(node)
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self._scope.append(node.name)
@@ -153,6 +168,27 @@ def floors(graph: dict[str, set[str]]) -> tuple[int, list[list[str]], list[list[
     top = max(chain.values(), key=len, default=[])
     cycles = [comp for comp in components if len(comp) > 1]
     return len(top), [components[i] for i in top], cycles
+
+
+def back_arrows(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """The arrows a depth-first walk of the graph (nodes and arrows in name order) finds pointing to a node
+    still on its path: removing them leaves no cycle, and there are none exactly when the graph has none."""
+    state: dict[str, int] = {}  # 1: on the walk's path, 2: done
+    found: list[tuple[str, str]] = []
+
+    def visit(v: str) -> None:
+        state[v] = 1
+        for w in sorted(graph.get(v, ())):
+            if state.get(w) == 1:
+                found.append((v, w))
+            elif w not in state:
+                visit(w)
+        state[v] = 2
+
+    for v in sorted(graph):
+        if v not in state:
+            visit(v)
+    return found
 
 
 def _ruff() -> str | None:
@@ -249,6 +285,11 @@ def measure(root: Path, package: str = "corp") -> dict:
             graph[show(package_of(a))].add(show(package_of(b)))
             graph.setdefault(show(package_of(b)), set())  # a name with no file (a typo, a removed module)
     n_floors, chain, cycles = floors(graph)
+    modules: dict[str, set[str]] = {m: set() for m in files}
+    for a, b in module_arrows:
+        modules[a].add(b)
+        modules.setdefault(b, set())
+    module_cycles = [c for c in strongly_connected(modules) if len(c) > 1]
     long_files, long_functions = _length_figures(files, walkers, root)
     return {
         "commit": _commit(root, package),
@@ -261,6 +302,9 @@ def measure(root: Path, package: str = "corp") -> dict:
         "floors": n_floors,
         "longest_chain": chain,
         "cycles": cycles,
+        "back_arrows": [list(a) for a in back_arrows(graph)],
+        "module_cycles": module_cycles,
+        "module_back_arrows": [list(a) for a in back_arrows(modules)],
         "files_over_600_lines": long_files,
         "functions_of_80_lines_or_more": long_functions,
         "complexity": complexity(root, package),
@@ -297,6 +341,7 @@ def markdown(fig: dict) -> str:
         out += [f"  - {' <-> '.join(c)}" for c in fig["cycles"]]
     else:
         out.append("- cycles: none")
+    out += _cycle_lines(fig)
     out += [
         "",
         f"## Files over {LONG_FILE} lines: {len(fig['files_over_600_lines'])}",
@@ -320,6 +365,19 @@ def markdown(fig: dict) -> str:
         f"- of those, importing {fig['package']}'s own modules: **{imp['inside_functions_own']}**",
     ]
     return "\n".join(out) + "\n"
+
+
+def _cycle_lines(fig: dict) -> list[str]:
+    """Back-arrows of the package graph, and the module graph's cycles and back-arrows."""
+    out = [f"- back-arrows (package graph): **{len(fig['back_arrows'])}**"]
+    out += [f"  - {a} -> {b}" for a, b in fig["back_arrows"]]
+    sizes = ", ".join(str(len(c)) for c in fig["module_cycles"]) or "-"
+    out.append(f"- module graph: **{len(fig['module_cycles'])}** cycle(s) (modules in each: {sizes})")
+    out.append(f"- back-arrows (module graph): **{len(fig['module_back_arrows'])}**")
+    out += [f"  - {a} -> {b}" for a, b in fig["module_back_arrows"][:10]]
+    if len(fig["module_back_arrows"]) > 10:
+        out.append(f"  - ({len(fig['module_back_arrows']) - 10} more in the JSON)")
+    return out
 
 
 def _complexity_lines(cx: dict) -> list[str]:

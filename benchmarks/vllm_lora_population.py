@@ -54,9 +54,9 @@ def _timed(fn, repeats: int) -> tuple[list[float], object]:
 
 
 def run_mode(mode: str, args) -> dict:
-    from corp.evaluate.backends.vllm import VLLMBackend
-    from corp.perturb import Direction, specialist_seeds
-    from corp.perturb.lowrank_noise import scheme_from_flag
+    from corp.runtime.backends.vllm import VLLMBackend
+    from corp.algorithms.perturb import Direction, specialist_seeds
+    from corp.algorithms.perturb.lowrank_noise import scheme_from_flag
 
     prompts, max_new = _prompts(args.prompts)
     seeds = specialist_seeds(args.seed, args.specialists)

@@ -8,10 +8,10 @@ and the import graph has no cycle through it (tests/test_layers.py).
 
 from corp.errors import CorpError
 from corp.runtime.progress import progress_disabled
-from corp.threads import apply_openmp_defaults as _apply_openmp_defaults
+from corp.runtime.threads import apply_openmp_defaults as _apply_openmp_defaults
 from corp.version import __version__
 
-# before anything imports torch: OpenMP reads its wait policy once, when it starts (corp/threads.py
+# before anything imports torch: OpenMP reads its wait policy once, when it starts (corp/runtime/threads.py
 # says why); this module runs first whenever any corp module is imported
 _apply_openmp_defaults()
 

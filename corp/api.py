@@ -49,8 +49,8 @@ from corp.config import option_names as config_option_names
 from corp.errors import CorpError
 from corp.evaluate.rewards import register_reward
 from corp.methods import Method, get_method, methods
-from corp.models import cache_dir, shown_datasets
-from corp.runs import atomic_write_text, read_jsonl
+from corp.runtime.models import cache_dir, shown_datasets
+from corp.runtime.runs import atomic_write_text, read_jsonl
 
 
 @dataclass

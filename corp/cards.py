@@ -13,7 +13,7 @@ Two writers, one format: `run_model_card` (the run layer calls it when a run tha
 `RUN_DIR/model` completes; facts come from the run's report, recipe, config and splits) and
 `apply_model_card` (`corp apply`: facts from the recipe and, when it is still there, the report of
 the run that made it). The one line the one line `corp eval`/`corp apply` print for a model
-directory that has none (`corp.models.card_note`: a plain Hugging Face directory is still used as it is).
+directory that has none (`corp.runtime.models.card_note`: a plain Hugging Face directory is still used as it is).
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from corp.algorithms.corp_operator.gate import kept_out_line, margin_line
+from corp.algorithms.stats import comparison_line
 from corp.config import RunConfig, flag, option_names
 from corp.grids import edge_lines
-from corp.models import CARD_FILE, MARKER, embedded_spec, shown_datasets
-from corp.operator.gate import kept_out_line, margin_line
-from corp.runs import naming
-from corp.stats import comparison_line
+from corp.runtime.models import CARD_FILE, MARKER, embedded_spec, shown_datasets
+from corp.runtime.runs import naming
 
 # corp tasks with a counterpart in lm-evaluation-harness (its own prompts and full test sets, so its
 # numbers are not the card's); the code tasks need its --confirm_run_unsafe_code

@@ -22,6 +22,7 @@ from typing import Annotated, Optional
 import typer
 from typer.core import TyperGroup
 
+from corp.algorithms.recipe import apply_recipe
 from corp.api import run as run_config
 from corp.bench.report import readme_section as section
 from corp.bench.report import write_into
@@ -30,9 +31,8 @@ from corp.config import field_docs, flag, load_config, option_names, renamed_opt
 from corp.errors import CorpError
 from corp.evaluate.tasks import list_tasks
 from corp.methods import Method, methods
-from corp.models import list_models, resolve_model
-from corp.recipe import apply_recipe
-from corp.runs import write_failure
+from corp.runtime.models import list_models, resolve_model
+from corp.runtime.runs import write_failure
 from corp.tracking import check_report_to, export_bench_results
 
 
@@ -124,7 +124,7 @@ def _run(fn: Callable, *args, interrupted: str = "run"):
         raise typer.Exit(2) from None
     except Exception as exc:
         # the machine's state, not a bug: a full disk or quota, a read-only place (from any library:
-        # corp.runs.write_failure), a name too long
+        # corp.runtime.runs.write_failure), a name too long
         too_long = isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG
         why = exc.strerror if too_long else write_failure(exc)
         if why is None:

@@ -48,10 +48,10 @@ from typing import Any, ClassVar, get_type_hints
 
 import yaml
 
+from corp.algorithms.perturb.lowrank_noise import scheme_from_flag
 from corp.config_types import coerce, describe_type
 from corp.errors import CorpError
-from corp.models import check_device, check_dtype, cuda_count
-from corp.perturb.lowrank_noise import scheme_from_flag
+from corp.runtime.models import check_device, check_dtype, cuda_count
 from corp.tracking import check_report_to
 
 

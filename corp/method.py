@@ -2,7 +2,7 @@
 
 In the spirit of mergekit's merge methods and evosax's strategies: a method is a config dataclass (a
 `corp.config.RunConfig` subclass, one docstring per field) plus a run function `run(cfg) -> report
-dict` that writes `report.json` (schema `corp.runs.REPORT_SCHEMA`), and where the method makes one,
+dict` that writes `report.json` (schema `corp.runtime.runs.REPORT_SCHEMA`), and where the method makes one,
 `recipe.json` and a model directory, into the run directory. Its `Method` carries everything else
 about it: the CLI's help line, smoke options for the tests, the terminal summary, and how `corp
 bench` runs it at a compute budget (`BenchAdapter`, typed code: cost rules, report rows and fields).
@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from corp.config import PopulationConfig
-from corp.models import check_output_dir
+from corp.runtime.models import check_output_dir
 
 # split sizes of a smoke run: every split non-empty, so any method finds what it needs
 SMALL = {"n_support": 4, "n_probe": 4, "n_validation": 4, "n_test": 4, "max_new_tokens": 4, "batch_size": 8}
@@ -137,10 +137,10 @@ class Method:
     help: str
     """One line for `corp --help`."""
     report: str = "report.json"
-    """The file in the run directory its report goes to: report.json (schema corp.runs.REPORT_SCHEMA),
+    """The file in the run directory its report goes to: report.json (schema corp.runtime.runs.REPORT_SCHEMA),
     except for an analysis that writes into the run it analyses, beside that run's own report."""
     recipes: tuple[str, ...] = ()
-    """Kinds of recipe.json it may write (`corp.recipe.RECIPE_KINDS`; `corp apply` rebuilds the model from it); () for none."""
+    """Kinds of recipe.json it may write (`corp.algorithms.recipe.RECIPE_KINDS`; `corp apply` rebuilds the model from it); () for none."""
     model: bool = False
     """Whether it saves a model directory (RUN_DIR/model, a Hugging Face model)."""
     smoke: dict[str, Any] | None = field(default=None, hash=False)

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from corp.errors import CorpError
 from corp.extras import require
-from corp.runs import naming, read_jsonl
+from corp.runtime.runs import naming, read_jsonl
 
 BACKENDS = ("none", "tensorboard", "wandb")
 POPULATION_FILE = "population.jsonl"

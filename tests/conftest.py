@@ -142,7 +142,7 @@ def tiny_model(tiny_tokenizer):
 
 @pytest.fixture
 def tiny_backend(tiny_model, tiny_tokenizer):
-    from corp.evaluate.backends.hf import HFBackend
+    from corp.runtime.backends.hf import HFBackend
 
     return HFBackend(tiny_model, tiny_tokenizer, batch_size=8)
 

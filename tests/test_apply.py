@@ -15,11 +15,8 @@ import torch
 from safetensors.torch import load_file
 from typer.testing import CliRunner
 
-from corp.cli import app
-from corp.errors import CorpError
-from corp.models import MARKER, PARTIAL, is_corp_model, save_model
-from corp.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
-from corp.recipe import (
+from corp.algorithms.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
+from corp.algorithms.recipe import (
     RECIPE_FORMAT,
     apply_recipe,
     base_candidates,
@@ -28,6 +25,9 @@ from corp.recipe import (
     produced_weights,
     write_recipe,
 )
+from corp.cli import app
+from corp.errors import CorpError
+from corp.runtime.models import MARKER, PARTIAL, is_corp_model, save_model
 from tests.conftest import REPO, make_char_tokenizer, make_tiny_llama
 
 
@@ -252,7 +252,7 @@ def test_bad_targets_are_refused_and_user_files_survive(case, corp_recipe, tmp_p
     snapshot = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
     loads = []
     monkeypatch.setattr(
-        "corp.models.load_model",
+        "corp.runtime.models.load_model",
         lambda *a, **k: loads.append(1) or (_ for _ in ()).throw(AssertionError("model loaded")),
     )
     res = apply_cli(recipe, "--out", target, *(["--overwrite"] if overwrite else []), cwd=cwd)
@@ -554,7 +554,7 @@ def test_a_killed_apply_is_cleaned_up_by_the_next_save_beside_it_whatever_its_ta
 
 
 def test_an_old_model_moved_aside_by_a_killed_save_is_put_back(tmp_path):
-    from corp.models.save import _remove_stale_saves
+    from corp.runtime.models.save import _remove_stale_saves
 
     tok = make_char_tokenizer()
     out = save_model(make_tiny_llama(tok), tok, tmp_path / "model")

@@ -11,9 +11,9 @@ import pytest
 
 from corp.errors import CorpError
 from corp.evaluate import backends
-from corp.evaluate.backends import AutoBackend, make_backend, resolve_backend_name
-from corp.evaluate.backends.base import MODEL, PERTURBER, Backend
-from corp.evaluate.backends.hf import HFBackend
+from corp.runtime.backends import AutoBackend, make_backend, resolve_backend_name
+from corp.runtime.backends.base import MODEL, PERTURBER, Backend
+from corp.runtime.backends.hf import HFBackend
 
 
 class FakeVLLM(Backend):

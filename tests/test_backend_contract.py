@@ -1,4 +1,4 @@
-"""The backend contract (corp/evaluate/backends/base.py): what every backend has, the capabilities
+"""The backend contract (corp/runtime/backends/base.py): what every backend has, the capabilities
 only some have, and one error line (naming the backend) when a caller needs one that is missing."""
 
 from __future__ import annotations
@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from corp.algorithms.perturb import Direction, weights_hash
 from corp.config import load_config
 from corp.errors import CorpError
-from corp.evaluate.backends.base import CAPABILITIES, LOGPROBS, PERTURBER, Backend
-from corp.evaluate.backends.hf import HFBackend, format_prompt
-from corp.models import save_model
-from corp.perturb import Direction, weights_hash
+from corp.runtime.backends.base import CAPABILITIES, LOGPROBS, PERTURBER, Backend
+from corp.runtime.backends.hf import HFBackend, format_prompt
+from corp.runtime.models import save_model
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 

@@ -208,7 +208,7 @@ def test_resume_recomputes_nothing(swept):
 
 
 def test_budgets_are_matched_as_the_adapters_say(swept):
-    from corp.runs import read_jsonl
+    from corp.runtime.runs import read_jsonl
 
     root = swept["root"]
     prefix_bit = False
@@ -796,7 +796,7 @@ def test_population_options_come_from_population_config():
 
 
 def test_unit_costs_read_unset_options_from_the_methods_defaults():
-    from corp.grpo import GRPOConfig
+    from corp.algorithms.grpo import GRPOConfig
     from corp.methods import get_method
     from corp.methods.es import ESConfig
     from corp.methods.fgrpo import FGRPOConfig
@@ -873,7 +873,7 @@ def test_the_shared_population_scores_only_what_the_largest_budget_buys(tiny_dir
     """population: 40, but the largest budget buys a handful of specialists: the shared population
     stops just past that budget (it grows on resume), instead of scoring all 40."""
     from corp.bench.sweep import run_bench
-    from corp.runs import read_jsonl
+    from corp.runtime.runs import read_jsonl
 
     opts = tiny_options(
         tiny_dir,
@@ -1053,7 +1053,7 @@ def test_a_randopt_sigma_trial_takes_its_scales_from_the_one_shared_population(t
     specialists of the other scale; one that capped the shared population at `population` would
     give a one-scale trial fewer specialists than the mix at the same budget."""
     from corp.bench.sweep import run_bench
-    from corp.runs import read_jsonl
+    from corp.runtime.runs import read_jsonl
 
     opts = tiny_options(
         tiny_dir,
@@ -1747,8 +1747,8 @@ def test_a_comparison_with_one_seed_makes_no_claim_and_a_left_out_seed_is_named(
 
 
 def test_ties_are_signed_with_an_equals_sign_and_tuned_rows_show_their_validation_labels():
+    from corp.algorithms.stats import sign_text
     from corp.bench.report.prose import _labelled_text
-    from corp.stats import sign_text
 
     assert sign_text({"signs": {"+": 2, "-": 1, "0": 2}}) == "2+ 1- 2=", "'20' would read as twenty ties"
     cfg = load_config(

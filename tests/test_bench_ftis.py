@@ -16,7 +16,7 @@ import torch
 from corp.bench.config import BenchConfig
 from corp.config import load_config
 from corp.errors import CorpError
-from corp.ledger import flops
+from corp.runtime.ledger import flops
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 from tests.test_ftis import make_other_tokenizer
 from tests.test_methods import count_model_calls
@@ -110,7 +110,7 @@ def test_ftis_runs_at_each_budget_within_it(benched):
 def test_every_party_s_flops_count(benched, two_models):
     """The cell's FLOPs are the sum of both nodes' ledgers at the recorded step, each at its own model's
     size: not node 0's alone, and not node 1's tokens at node 0's size."""
-    from corp.runs import read_json
+    from corp.runtime.runs import read_json
 
     a, b = two_models
     for rec in benched["records"]:
@@ -225,7 +225,7 @@ def test_resumed_run_equals_an_uninterrupted_one(two_models, tmp_path, monkeypat
     """2 steps then resumed to 3 on the same run directory (as the bench grows a cell) = 3 steps at
     once: the same weights bit for bit, ledgers and per-step metrics. Planted: a resume that
     restarts AdamW's moments instead of loading them gives other weights, and this check says so."""
-    from corp.grpo.trainer import GRPOTrainer
+    from corp.algorithms.grpo.trainer import GRPOTrainer
     from corp.methods.ftis import run_ftis
 
     a, b = two_models

@@ -310,7 +310,7 @@ def comparisons_of(cfg, rows):
 def test_trials_run_on_several_seeds_in_the_chosen_setting_and_are_chosen_on_their_mean(tmp_path):
     """Planted: trial 0 is best on the first seed, trial 1 on the mean over both: the final takes trial 1."""
     from corp.bench.sweep import Bench, plan
-    from corp.runs import write_json
+    from corp.runtime.runs import write_json
 
     cfg = _cfg(
         hyperparameters="search",

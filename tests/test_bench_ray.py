@@ -3,7 +3,7 @@ run's cell records and outputs, byte for byte apart from the timing fields.
 
 Timing fields, the only ones excluded: a record's `wall_seconds`, `wall_seconds_increment` (an iterative
 cell's share of its run) and `population_seconds` (the scoring time of the specialists a population
-cell read), and a population row's wall-clock fields (`corp.evaluate.context.TIMING_FIELDS`: `seconds`,
+cell read), and a population row's wall-clock fields (`corp.runtime.context.TIMING_FIELDS`: `seconds`,
 `apply_seconds`, `reward_seconds`, and on vllm `noise_seconds` and `push_seconds`). They reach the outputs as
 results.csv's wall_seconds and population_seconds columns and table.md's time per method, so the
 outputs are compared after the Ray records' timing fields are set to the local run's and both are
@@ -25,8 +25,8 @@ ray = pytest.importorskip("ray")
 
 from corp.bench.config import BenchConfig  # noqa: E402
 from corp.config import load_config  # noqa: E402
-from corp.evaluate.context import TIMING_FIELDS  # noqa: E402
-from corp.runs import read_jsonl  # noqa: E402
+from corp.runtime.context import TIMING_FIELDS  # noqa: E402
+from corp.runtime.runs import read_jsonl  # noqa: E402
 from tests.test_bench import tiny_options  # noqa: E402
 from tests.test_methods import text_checksum  # noqa: E402
 

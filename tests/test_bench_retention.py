@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from scipy import stats as sps
 
+from corp.algorithms.stats import tost, tost_from
 from corp.bench.config import BenchConfig
 from corp.config import load_config
 from corp.errors import CorpError
-from corp.stats import tost, tost_from
 from tests.test_bench import tiny_options
 from tests.test_methods import count_model_calls
 

@@ -12,7 +12,7 @@ import pytest
 
 from corp.errors import CorpError
 from corp.evaluate.tasks.base import Example, SplitSizes, make_splits
-from corp.evaluate.tasks.code import MBPP, HumanEval, extract_code, mbpp_entry_point
+from corp.evaluate.tasks.coding import MBPP, HumanEval, extract_code, mbpp_entry_point
 from corp.evaluate.voting import pass_at_k
 
 # MBPP canonical solutions that genuinely fail their own tests upstream: none in this file

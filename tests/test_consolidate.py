@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
+from corp.algorithms.corp_operator.algebra import gram_matrix
+from corp.algorithms.corp_operator.config import OperatorConfig
+from corp.algorithms.corp_operator.gate import paired_gate
+from corp.algorithms.corp_operator.merge_rules import MERGE_RULES
+from corp.algorithms.corp_operator.stage1 import consolidate_stage1, stage1
+from corp.algorithms.perturb import SCHEME_VERSION, Direction, noise, specialist_seeds
 from corp.methods.consolidate.config import ConsolidateConfig
 from corp.methods.consolidate.stage2 import consolidate_stage2
-from corp.operator.algebra import gram_matrix
-from corp.operator.config import OperatorConfig
-from corp.operator.corp_operator import consolidate_stage1, stage1
-from corp.operator.gate import paired_gate
-from corp.operator.merge_rules import MERGE_RULES
-from corp.perturb import SCHEME_VERSION, Direction, noise, specialist_seeds
 from tests.conftest import REPO, tiny_consolidate_config
 
 
@@ -125,7 +125,7 @@ def test_gram_matrix_blockwise_equals_direct():
 
 
 def test_gram_fp64_chunks_stay_within_the_memory_budget_and_keep_g():
-    from corp.operator.algebra import fp64_chunk
+    from corp.algorithms.corp_operator.algebra import fp64_chunk
 
     budget = 2 * 2**30  # the default 2 GB
     assert fp64_chunk(8, 8, budget) == 1 << 20  # small blocks: the chunk it always was (same bits)
@@ -149,7 +149,7 @@ def test_gram_matrix_has_the_same_bits_on_parallel_workers(monkeypatch):
         E = torch.stack([noise(x, n, s).flatten() for x in seeds]).double()
         direct += E @ E.T
     for workers in (1, 3):
-        monkeypatch.setattr("corp.perturb.direction.tensor_workers", lambda numel, w=workers: w)
+        monkeypatch.setattr("corp.algorithms.perturb.direction.tensor_workers", lambda numel, w=workers: w)
         assert np.array_equal(gram_matrix(params, seeds, progress=False), direct.numpy()), workers
 
 
@@ -190,8 +190,8 @@ def test_consolidate_pipeline_saves_a_loadable_model_and_apply_rebuilds_it_bit_e
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
+    from corp.algorithms.perturb import Perturber
     from corp.methods.consolidate.run import run_consolidate
-    from corp.perturb import Perturber
     from tests.conftest import REPO, make_tiny_llama
 
     model_dir = tmp_path / "tiny"
@@ -277,8 +277,8 @@ def test_consolidate_pipeline_abstains_when_nothing_beats_the_base(tmp_path, tin
 
 
 def test_gate_states_its_one_sided_confidence_level():
+    from corp.algorithms.corp_operator.gate import confidence_level
     from corp.config import field_docs
-    from corp.operator.gate import confidence_level
 
     g = paired_gate([1, 1, 0, 1], [0, 1, 0, 0], z=1.0)
     assert abs(g.confidence - 0.8413) < 1e-4 and abs(confidence_level(1.645) - 0.95) < 1e-3
@@ -290,8 +290,8 @@ def test_gate_states_its_one_sided_confidence_level():
 
 
 def test_paired_gate_refuses_scores_of_different_examples():
+    from corp.algorithms.corp_operator.stage1 import gate_on
     from corp.errors import CorpError
-    from corp.operator.corp_operator import gate_on
 
     ids = ["e1", "e2", "e3", "e4"]
     assert paired_gate([1, 1, 0, 1], [0, 1, 0, 0], candidate_ids=ids, base_ids=list(ids)).accepted
@@ -316,8 +316,8 @@ def test_paired_gate_refuses_scores_of_different_examples():
 
 
 def test_merge_rules_are_a_registry_and_the_report_compares_pass1_with_pass2():
+    from corp.algorithms.corp_operator.merge_rules import MERGE_RULES
     from corp.errors import CorpError
-    from corp.operator.merge_rules import MERGE_RULES
 
     assert {"pass1", "pass2"} <= set(MERGE_RULES)
     with pytest.raises(CorpError, match="registered rules"):
@@ -364,7 +364,7 @@ def test_committed_stage1_coefficients_recompute_from_population_and_recipe():
     with the exact Gram matrix (stored in tests/data, recomputed by the embedded test below) must
     match the recipe to fp64 rounding; the seed-orthogonal approximation must differ from it by exactly
     the L1 distance the report printed (7.9e-4), which pins that path too."""
-    from corp.operator.algebra import perturbation_grams
+    from corp.algorithms.corp_operator.algebra import perturbation_grams
 
     rows, recipe, report, q, beta, alpha = committed_stage1()
     r = np.array([x["reward"] for x in rows])
@@ -396,8 +396,8 @@ def test_committed_elite_gram_recomputes_from_the_embedded_models_noise():
     once by hand (notes)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from corp.models import resolve_model
-    from corp.operator.algebra import perturbation_grams
+    from corp.algorithms.corp_operator.algebra import perturbation_grams
+    from corp.runtime.models import resolve_model
 
     stored = json.loads(ELITE_GRAM.read_text())
     with torch.device("meta"):
@@ -414,7 +414,7 @@ def test_committed_elite_gram_recomputes_from_the_embedded_models_noise():
 def test_a_new_merge_rule_is_one_registry_entry(tiny_model, monkeypatch):
     """A rule registered like pass1/pass2 is searched, gated and deployed when listed first, with no
     other change (here: plain mean of the elites, beta ignored)."""
-    from corp.operator.merge_rules import MERGE_RULES, MergeRule
+    from corp.algorithms.corp_operator.merge_rules import MERGE_RULES, MergeRule
 
     monkeypatch.setitem(
         MERGE_RULES, "uniform", MergeRule("uniform", "mu", lambda r, G, p: np.full(len(r), 1.0 / len(r)))
@@ -439,7 +439,7 @@ def test_reward_scale_keeps_unit_rewards_and_maps_other_scales_to_unit_range():
     must give the same softmax weights as the same ranking on [0, 1]; unit rewards are untouched."""
     import numpy as np
 
-    from corp.operator.corp_operator import reward_scale
+    from corp.algorithms.corp_operator.stage1 import reward_scale
 
     unit = [0.25, 0.5, 0.75]
     assert reward_scale(unit).tolist() == unit  # built-in tasks: exactly as before
@@ -452,7 +452,7 @@ def test_reward_scale_keeps_unit_rewards_and_maps_other_scales_to_unit_range():
 def test_every_registered_merge_rule_weights_the_elites(rule):
     """Every entry of the merge-rule registry (a new rule is covered without editing this test): one
     finite weight per elite, the same weights for the same inputs, found under its own name."""
-    from corp.operator.merge_rules import MergeParams
+    from corp.algorithms.corp_operator.merge_rules import MergeParams
 
     g = np.random.default_rng(0)
     rewards = g.random(6)
@@ -475,7 +475,7 @@ def _six_and_three():
 
 
 def test_the_gate_states_its_margin_wins_and_losses_of_n():
-    from corp.operator.gate import margin, margin_line
+    from corp.algorithms.corp_operator.gate import margin, margin_line
 
     g = _six_and_three()
     assert (g.wins, g.losses, g.n, g.accepted) == (6, 3, 64, False)

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from corp.evaluate import backends
-from corp.evaluate.backends.hf import HFBackend
-from corp.evaluate.backends.host import HostCopy
 from corp.methods import METHODS, REGISTRY
+from corp.runtime.backends.hf import HFBackend
+from corp.runtime.backends.host import HostCopy
 from tests.test_methods import COMMON, STRONGER
 
 
@@ -140,7 +140,7 @@ def test_every_method_gives_the_same_rows_on_an_engine_with_weights_of_its_own(n
 def test_a_population_scored_with_prefetched_noise_has_the_rows_of_one_without(tiny_dir, tmp_path, monkeypatch):
     """On a GPU the hf engine draws the next specialist's noise while the current one generates
     (on by default there, off on a CPU); forced on here, the rows are the same as without it."""
-    from corp.perturb.direction import Perturber
+    from corp.algorithms.perturb.direction import Perturber
 
     used = []
     real = Perturber._take_prefetched

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from corp.algorithms.perturb import SCHEME_VERSION, Direction, Perturber
 from corp.config import load_config
 from corp.errors import CorpError
-from corp.evaluate.backends.hf import HFBackend
 from corp.methods.es import ESConfig, fitness, run_es, specialists, update_components
-from corp.perturb import SCHEME_VERSION, Direction, Perturber
-from corp.runs import read_json
+from corp.runtime.backends.hf import HFBackend
+from corp.runtime.runs import read_json
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 
@@ -85,8 +85,8 @@ def test_es_raises_planted_reward_and_recipe_is_exact(tmp_path):
 @pytest.mark.parametrize("workers", [1, 3])
 def test_centre_update_on_parallel_workers_has_the_bits_of_add_to(monkeypatch, workers):
     # the centre's update builds tensors on parallel workers: each must get add_to's bits
-    import corp.perturb.direction as direction_module
-    from corp.perturb import Component
+    import corp.algorithms.perturb.direction as direction_module
+    from corp.algorithms.perturb import Component
 
     monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: workers)
     torch.manual_seed(0)
@@ -123,7 +123,7 @@ def test_prompts_per_iteration_scores_every_member_on_one_fresh_draw(tmp_path):
     """--prompts-per-iteration K: each iteration's members (and the centre) are scored on the same K
     support examples, drawn afresh per iteration; the ledger charges only those; 0 or K >= the
     split's size is the whole split, with the run's definition unchanged."""
-    from corp.runs import read_jsonl
+    from corp.runtime.runs import read_jsonl
 
     report = run_es(tiny_es_cfg(tmp_path / "k2", prompts_per_iteration=2, iterations=3), fresh_backend())
     rows = [r for r in read_jsonl(tmp_path / "k2" / "population.jsonl") if r.get("kind") == "es-specialist"]

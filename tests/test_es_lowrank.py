@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from corp.algorithms.perturb import Direction, Perturber, scheme_from_flag
 from corp.config import load_config
 from corp.errors import CorpError
-from corp.evaluate.backends.hf import HFBackend
 from corp.methods.es import ESConfig, run_es
-from corp.perturb import Direction, Perturber, scheme_from_flag
-from corp.runs import read_json
+from corp.runtime.backends.hf import HFBackend
+from corp.runtime.runs import read_json
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 POPULATION = 4

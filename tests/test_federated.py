@@ -10,11 +10,18 @@ import math
 import pytest
 import torch
 
-from corp.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, softmax_weights, weighted_sum
-from corp.clients import check_signatures, decode, encode, split_clients
+from corp.algorithms.aggregation import (
+    ema_update,
+    fedavg_weights,
+    fgrpo_weights,
+    relative_gains,
+    softmax_weights,
+    weighted_sum,
+)
 from corp.errors import ClientLost, CorpError
 from corp.evaluate.tasks import Example
 from corp.methods.fedcorp.combine import combine_client_rewards
+from corp.runtime.clients import check_signatures, decode, encode, split_clients
 
 # ---------------------------------------------------------------- aggregation, by hand
 
@@ -221,8 +228,8 @@ def test_fedcorp_a_client_with_another_task_is_refused(tiny_dir, tmp_path, monke
 def test_fedcorp_cli_end_to_end_and_empty_share_error(tiny_dir, tmp_path):
     from typer.testing import CliRunner
 
+    from corp.algorithms.recipe import apply_recipe
     from corp.cli import app
-    from corp.recipe import apply_recipe
 
     run = tmp_path / "run"
     args = [

@@ -10,8 +10,8 @@ import pytest
 
 from corp.config import load_config
 from corp.errors import CorpError
-from corp.evaluate.backends.base import Backend, Generations
 from corp.methods.fera import FERAConfig, client_answer, client_weights, plain_vote, run_fera, synthesise
+from corp.runtime.backends.base import Backend, Generations
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 

@@ -52,7 +52,7 @@ def _record(log):
 
 @pytest.mark.parametrize("aggregation", ["fedavg", "fgrpo"])
 def test_clients_send_only_updates_and_scalars_and_the_server_aggregates_them(tiny_dir, tmp_path, aggregation):
-    from corp.aggregation import fgrpo_weights
+    from corp.algorithms.aggregation import fgrpo_weights
     from corp.methods.fgrpo import run_fgrpo
 
     log = []

@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from corp.algorithms.grpo.trainer import aggregate, per_token_loss
 from corp.errors import CorpError
-from corp.grpo.trainer import aggregate, per_token_loss
 from corp.methods.ftis.node import Node, Rollout, ftis_token_loss, generator_kl, keep_mask, tis_weights
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 

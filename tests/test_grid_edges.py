@@ -4,9 +4,9 @@ bench's tuning search, all through corp.grids.edge."""
 
 import json
 
+from corp.algorithms.corp_operator.config import OperatorConfig
+from corp.algorithms.corp_operator.stage1 import consolidate_stage1
 from corp.grids import edge, edge_flag, edge_line
-from corp.operator.config import OperatorConfig
-from corp.operator.corp_operator import consolidate_stage1
 from tests.conftest import tiny_consolidate_config
 from tests.test_consolidate import PlantedProblem, population
 

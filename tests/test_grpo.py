@@ -8,12 +8,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from corp.algorithms.grpo import LOSS_VARIANTS
+from corp.algorithms.grpo.trainer import GRPOConfig, aggregate, group_advantages, per_token_loss
 from corp.config import load_config
 from corp.errors import CorpError
-from corp.evaluate.backends.hf import HFBackend
-from corp.grpo import LOSS_VARIANTS
-from corp.grpo.trainer import GRPOConfig, aggregate, group_advantages, per_token_loss
 from corp.methods.grpo import run_grpo
+from corp.runtime.backends.hf import HFBackend
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 
@@ -109,7 +109,7 @@ def test_cov_weights_hand_computed():
     variance ((1)^2 + (-2)^2 + 1^2) / 3 = 2; raw w = exp(-c^2 / 4) = (e^-1, e^-1/4, e^-1);
     normalised to mean 1: w = 3 e^-1 / (2 e^-1 + e^-1/4) = 0.72869, 3 e^-1/4 / (...) = 1.54263.
     The old rule (c centred inside the kernel, no normalisation) gave (0.779, 0.105, 0.779)."""
-    from corp.grpo.cov import covariance_weights
+    from corp.algorithms.grpo.cov import covariance_weights
 
     adv = torch.tensor([[1.0, 1.0], [-2.0, -2.0]])
     logps = torch.tensor([[0.0, -3.0], [-3.0, -50.0]])
@@ -123,7 +123,7 @@ def test_cov_weights_hand_computed():
 
 
 def test_cov_weights_degenerate_batches():
-    from corp.grpo.cov import covariance_weights
+    from corp.algorithms.grpo.cov import covariance_weights
 
     mask = torch.ones(2, 2)
     flat = covariance_weights(torch.zeros(2, 2), torch.randn(2, 2), mask)  # no advantage: plain GRPO
@@ -136,7 +136,7 @@ def test_cov_weights_degenerate_batches():
 
 
 def test_reco_weights_hand_computed():
-    from corp.grpo.reco import occurrence_weights, variance_weights
+    from corp.algorithms.grpo.reco import occurrence_weights, variance_weights
 
     # omega: mean logp per sequence (-0.1, -3); 1 / (G p) proportional to (e^0.1, e^3), normalised to sum G = 2
     logps = torch.tensor([[-0.1, -0.1], [-3.0, -3.0]])
@@ -160,8 +160,8 @@ def test_reco_weights_hand_computed():
 def _one_step_probs(p0: torch.Tensor, adv: torch.Tensor, loss: str, lr: float = 0.5) -> torch.Tensor:
     """Each token's probability is sigmoid(theta) of its own logit (a two-way choice, the sampled
     token being option 1); one SGD step on the core's per-token loss (dapo aggregation), on-policy."""
-    from corp.grpo import get_loss
-    from corp.grpo.trainer import Batch
+    from corp.algorithms.grpo import get_loss
+    from corp.algorithms.grpo.trainer import Batch
 
     theta = torch.logit(p0).clone().requires_grad_(True)
     mask = torch.ones_like(p0)
@@ -187,7 +187,7 @@ def test_one_update_raises_a_confident_token_with_positive_advantage(loss):
 
 
 def test_loss_variants_registry_one_file_one_line():
-    from corp.grpo import LOSS_VARIANTS, LossVariant, get_loss, register_loss
+    from corp.algorithms.grpo import LOSS_VARIANTS, LossVariant, get_loss, register_loss
 
     assert {"grpo", "cov", "reco"} <= set(LOSS_VARIANTS)
 
@@ -258,7 +258,7 @@ def test_grpo_steps_raise_planted_reward(tmp_path, loss):
     print(f"{loss}: sampled reward {before:.3f} -> {after:.3f}")
     assert after > before + 0.05, f"{loss}: reward {before:.3f} -> {after:.3f}"
     assert report["training_ledger"]["trained_tokens"] > 0
-    from corp.runs import read_jsonl
+    from corp.runtime.runs import read_jsonl
 
     rows = read_jsonl(tmp_path / loss / "metrics.jsonl", key="step")
     assert [r["step"] for r in rows] == list(range(1, 9)) and all(r["entropy"] > 0 for r in rows)

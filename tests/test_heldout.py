@@ -7,10 +7,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
+from corp.algorithms.stats import ratio_bootstrap_ci, wilson_interval
 from corp.cli import app
 from corp.errors import CorpError
 from corp.evaluate.tasks import Example, SplitSizes, Task, dev_pool, get_task, label_prior, make_splits
-from corp.stats import ratio_bootstrap_ci, wilson_interval
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 

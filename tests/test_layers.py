@@ -1,27 +1,39 @@
 """The tiers, checked from the imports of every corp module (parsed with ast, nothing imported).
 
+The folders say what code is: corp/runtime/ (engines, executors, the run layer and run directories,
+models, the sandbox), corp/algorithms/ (perturbation, the CoRP operator, statistics, recipes, low-rank
+factors, aggregation, the GRPO trainer), corp/evaluate/ (tasks, rewards, scoring), corp/methods/ (one
+module or package per method), corp/bench/. The three first only group packages (GROUPS): each entry in
+them is a package with its own floor (`runtime.backends`, `algorithms.stats`).
+
 Four tiers, lowest first; a module imports only from its own tier or below (issue 38):
 
-1. the core, itself in two floors: (0) `corp` itself, `perturb`, `models`, `cachedir`, `stats`, `ledger`,
-   `registry`, `runs`, `threads`, `extras`, `config`, `cards`, `tracking`, `method` (what a method is:
-   `Method`, `BenchAdapter`), and what methods share that evaluates nothing: `recipe`, `lowrank`,
-   `aggregation` (federated aggregation rules), `operator` (the CoRP operator: stage 1, merge rules,
-   Gram matrix, gate), `sandbox` (runs untrusted programs for the code rewards); (1) `evaluate` (tasks, rewards, backends, the run layer, population scoring),
-   `clients` (the federated client split, messages and pool), `grpo` (the GRPO trainer and its loss
-   variants, which GRPO, F-TIS, FGRPO and FERA use), `loop` (the loop iterative methods share);
+1. the core, itself in two floors: (0) corp's exceptions (`errors`), `version`, the utilities every
+   tier uses (`config`, `config_types`, `registry`, `extras`, `tracking`, `cards`, `grids`, `method`:
+   what a method is), the runtime that runs nothing yet (`runtime.runs`, `.cachedir`, `.ledger`,
+   `.models`, `.sandbox`, `.threads`, `.progress`), the algorithms that evaluate nothing
+   (`algorithms.perturb`, `.stats`, `.recipe`, `.lowrank`, `.aggregation`, `.corp_operator`) and the
+   tasks and rewards (`evaluate.tasks`, `.rewards`, `.voting`); (1) what runs models: the engines and
+   executors (`runtime.backends`, `.executors`, `.ray_cluster`, `.batched`, `.clients`), the run layer
+   (`runtime.context`), the loop iterative methods share (`runtime.loop`), the GRPO trainer
+   (`algorithms.grpo`: GRPO, F-TIS, FGRPO and FERA use it) and population scoring (`evaluate.scorer`,
+   `.population`, `.racing`, `.passk`, `.retention`);
 2. `methods`: one module or package per method (`corp/methods/es.py`, `corp/methods/consolidate/`),
    and the registry (`corp/methods/__init__.py`), which imports each method's `METHOD`;
-3. `bench`, and `api` (the Python API; `corp/__init__.py` loads it by name, on first use);
-4. `cli`.
+3. `bench`, and `api` (the Python API);
+4. `cli`, and the package's own module (corp/__init__.py: the facade users import, which loads
+   `corp.api` by name on first use): no corp module imports it (`CorpError` is in corp/errors.py).
 
 Methods never import one another, not even public names: what two methods share is in the core.
 A method module never imports the registry either (the registry imports it). Code above the methods
 (`bench`, `api`, `cli`) imports the registry or a method's own module or package
 (`from corp.methods.consolidate import ConsolidateConfig`), never a submodule of a method package
 (`corp.methods.consolidate.run`: its internals, which may move), and from a package only names in
-its `__all__`. No module import graph has a cycle.
+its `__all__`. No module import graph has a cycle. No module imports another module's private
+(`_name`) names, and no module is named like a standard-library module (`corp/operator/` was).
 
-Every import counts, also one inside a function (a lazy import is still a dependency).
+Every import counts, also one inside a function (a lazy import is still a dependency), and so does
+`importlib.import_module("corp.x")` with a literal name.
 """
 
 from __future__ import annotations
@@ -33,37 +45,63 @@ from pathlib import Path
 import corp
 
 ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("structure_counts", ROOT / "benchmarks" / "structure_counts.py")
+counts = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(counts)
+GROUPS = counts.GROUPS  # folders that group packages: each entry is a package with its own floor
 
 CORE_GROUND = (
-    "",
-    "perturb",
-    "models",
-    "cachedir",
-    "stats",
-    "ledger",
-    "registry",
-    "runs",
-    "threads",
-    "extras",
+    "errors",
+    "version",
     "config",
     "config_types",
+    "registry",
+    "extras",
+    "tracking",
     "cards",
     "grids",
-    "tracking",
     "method",
-    "recipe",
-    "lowrank",
-    "aggregation",
-    "operator",
-    "sandbox",
+    *GROUPS,  # their __init__.py: a docstring
+    "runtime.progress",
+    "runtime.threads",
+    "runtime.cachedir",
+    "runtime.ledger",
+    "runtime.runs",
+    "runtime.models",
+    "runtime.sandbox",
+    "algorithms.perturb",
+    "algorithms.stats",
+    "algorithms.lowrank",
+    "algorithms.recipe",
+    "algorithms.aggregation",
+    "algorithms.corp_operator",
+    "evaluate.tasks",
+    "evaluate.rewards",
+    "evaluate.voting",
+)
+RUNS_MODELS = (
+    "runtime.backends",
+    "runtime.context",
+    "runtime.batched",
+    "runtime.executors",
+    "runtime.ray_cluster",
+    "runtime.clients",
+    "runtime.loop",
+    "algorithms.grpo",
+    "evaluate.scorer",
+    "evaluate.population",
+    "evaluate.racing",
+    "evaluate.passk",
+    "evaluate.retention",
 )
 FLOORS = {
     **dict.fromkeys(CORE_GROUND, 0),
-    **dict.fromkeys(("evaluate", "clients", "grpo", "loop"), 1),
+    **dict.fromkeys(RUNS_MODELS, 1),
     "methods": 2,
     "bench": 3,
     "api": 3,
     "cli": 4,
+    "": 4,
 }
 TIERS = {"core": (0, 1), "methods": (2,), "bench": (3,), "cli": (4,)}
 
@@ -79,6 +117,17 @@ def module_files(root: Path) -> dict[str, Path]:
     return out
 
 
+def _imported_by_name(node: ast.AST) -> str | None:
+    """The module an `importlib.import_module("corp.x")` call with a literal name imports, else None."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+    first = node.args[0]
+    if name == "import_module" and isinstance(first, ast.Constant) and isinstance(first.value, str):
+        return first.value
+    return None
+
+
 def import_graph(root: Path) -> dict[str, list[tuple[str, tuple[str, ...], int]]]:
     """module -> [(imported module, names taken from it, line)] over every import statement in it.
     `from corp.x import y` names module corp.x.y when that is a module, else takes name y of corp.x."""
@@ -91,6 +140,8 @@ def import_graph(root: Path) -> dict[str, list[tuple[str, tuple[str, ...], int]]
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 edges += [(a.name, (), node.lineno) for a in node.names if a.name.split(".")[0] == top]
+            elif by_name := _imported_by_name(node):
+                edges += [(by_name, (), node.lineno)] if by_name.split(".")[0] == top else []
             elif isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = package.split(".")[: len(package.split(".")) - node.level + 1]
@@ -112,9 +163,9 @@ def import_graph(root: Path) -> dict[str, list[tuple[str, tuple[str, ...], int]]
 
 
 def package_of(mod: str) -> str:
-    """The top-level subpackage or module under corp ("" for corp itself)."""
-    parts = mod.split(".")
-    return parts[1] if len(parts) > 1 else ""
+    """The top-level subpackage or module under corp ("" for corp itself); in a GROUPS folder, the entry
+    of that folder (corp.runtime.backends.hf -> "runtime.backends")."""
+    return counts.package_of(mod)
 
 
 def method_of(mod: str) -> str | None:
@@ -139,9 +190,6 @@ def exported(root: Path, module: str) -> set[str] | None:
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """One cycle per strongly connected component with more than one node or a self-loop (Tarjan's
     components, from benchmarks/structure_counts.py, which counts the floors on the same graph)."""
-    spec = importlib.util.spec_from_file_location("structure_counts", ROOT / "benchmarks" / "structure_counts.py")
-    counts = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(counts)
     return [c for c in counts.strongly_connected(graph) if len(c) > 1 or c[0] in graph.get(c[0], ())]
 
 
@@ -155,6 +203,9 @@ def violations(graph: dict[str, list[tuple[str, tuple[str, ...], int]]], root: P
             continue
         mine = method_of(mod)
         for target, names, line in edges:
+            private = [n for n in names if n.startswith("_") and not n.startswith("__")]
+            if private and target != mod:
+                out.append(f"{mod}:{line} imports {', '.join(private)} from {target}: private names of another module")
             there = package_of(target)
             if there not in FLOORS:
                 out.append(f"{mod}:{line} imports {target}, whose package has no floor")

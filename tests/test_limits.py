@@ -11,7 +11,7 @@ import typer
 
 from corp.config import RandOptConfig, load_config
 from corp.errors import CorpError
-from corp.runs import FAILED_FILE, finish_run_dir, open_run_dir, run_name
+from corp.runtime.runs import FAILED_FILE, finish_run_dir, open_run_dir, run_name
 
 
 def test_a_long_task_name_gives_a_bounded_unique_run_directory(tmp_path):
@@ -45,8 +45,8 @@ def test_a_failed_run_on_a_full_disk_says_so_and_keeps_its_own_error(tmp_path, m
     def full(*a, **k):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("corp.runs.atomic_write_text", full)
-    monkeypatch.setattr("corp.runs.write_json", full)
+    monkeypatch.setattr("corp.runtime.runs.atomic_write_text", full)
+    monkeypatch.setattr("corp.runtime.runs.write_json", full)
     with pytest.warns(UserWarning, match=r"could not record .*\(No space left"):
         assert finish_run_dir(tmp_path, False, RuntimeError("boom")) == "failed"
     monkeypatch.undo()
@@ -129,12 +129,12 @@ def test_a_full_disk_in_any_library_is_one_line_naming_the_path_and_the_run_is_f
 
 def test_a_report_written_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
     """write() and fsync() on an open file raise an OSError naming no file: the atomic writer names it."""
-    from corp.runs import append_jsonl, write_json
+    from corp.runtime.runs import append_jsonl, write_json
 
     def full(fd):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr("corp.runs.os.fsync", full)
+    monkeypatch.setattr("corp.runtime.runs.os.fsync", full)
     for write, path in ((write_json, tmp_path / "report.json"), (append_jsonl, tmp_path / "evals.jsonl")):
         with pytest.raises(OSError) as exc:
             write(path, {"a": 1})
@@ -290,7 +290,7 @@ def test_a_run_resumes_with_the_same_reward_named_another_way(tiny_dir, tmp_path
 
 
 def _to_dev_full(monkeypatch, name: str):
-    """The temporary files corp.runs writes for targets named `name` are /dev/full: every write
+    """The temporary files corp.runtime.runs writes for targets named `name` are /dev/full: every write
     fails ENOSPC."""
     import os
     import tempfile
@@ -304,7 +304,7 @@ def _to_dev_full(monkeypatch, name: str):
             return os.open("/dev/full", os.O_WRONLY), os.path.join(dir, f"{prefix}full{suffix}")
         return real(*a, dir=dir, prefix=prefix, suffix=suffix, **k)
 
-    monkeypatch.setattr("corp.runs.tempfile.mkstemp", fake)
+    monkeypatch.setattr("corp.runtime.runs.tempfile.mkstemp", fake)
 
 
 class _FillsUp:
@@ -333,7 +333,7 @@ def test_torch_save_on_a_full_disk_raises_the_disk_error_not_torchs(tmp_path, mo
     the file, and the old file is kept."""
     import torch
 
-    from corp.runs import atomic_write_with, save_through
+    from corp.runtime.runs import atomic_write_with, save_through
 
     state = {"x": torch.zeros(100_000)}
     with pytest.raises(RuntimeError, match="unexpected pos"):
@@ -372,7 +372,7 @@ def test_opening_a_run_directory_leaves_another_processs_write_probe_alone(tmp_p
     finish removed the other's probe under it, and the other stopped with 'not writable (No such file or
     directory)' (seen in `make test`: test_two_processes_share_one_task_...). Planted: the other process's
     probe, present mid-check, must still be there afterwards."""
-    from corp.runs import open_run_dir
+    from corp.runtime.runs import open_run_dir
 
     run = tmp_path / "run"
     run.mkdir()

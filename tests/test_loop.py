@@ -1,4 +1,4 @@
-"""The loop iterative methods share (corp/loop.py): resume, checkpoints, the metrics log, a
+"""The loop iterative methods share (corp/runtime/loop.py): resume, checkpoints, the metrics log, a
 non-finite metric, other loops' rows in the same log. A toy method: a counter whose state is saved
 to a JSON file, its step adds t + 1."""
 
@@ -9,8 +9,8 @@ import json
 import pytest
 
 from corp.errors import CorpError
-from corp.loop import Steps, method_rows, run_steps
-from corp.runs import append_jsonl, read_jsonl
+from corp.runtime.loop import Steps, method_rows, run_steps
+from corp.runtime.runs import append_jsonl, read_jsonl
 
 
 class Ctx:
@@ -132,8 +132,8 @@ class RunCtx:
 
 
 def _outputs(**kw):
-    from corp.ledger import Ledger
-    from corp.loop import Outputs
+    from corp.runtime.ledger import Ledger
+    from corp.runtime.loop import Outputs
 
     r = {"accuracy": 0.5, "prompt_tokens": 10, "generated_tokens": 5, "correct": [1, 0]}
     rows = method_rows(100, "toy", r, dict(r, accuracy=1.0, correct=[1, 1]), 8, ["a-1", "a-2"])
@@ -141,15 +141,15 @@ def _outputs(**kw):
 
 
 def _recipe():
-    from corp.perturb import Component, Direction, ParamFilter
-    from corp.recipe import make_recipe
+    from corp.algorithms.perturb import Component, Direction, ParamFilter
+    from corp.algorithms.recipe import make_recipe
 
     direction = Direction([Component(3, 0.5)])
     return make_recipe("tiny", "tiny-id", "0" * 16, ParamFilter(".*", ""), direction, {"method": "toy"})
 
 
 def test_finish_writes_recipe_model_and_a_report_naming_both(tmp_path):
-    from corp.loop import finish
+    from corp.runtime.loop import finish
     from tests.conftest import make_char_tokenizer, make_tiny_llama
 
     tok = make_char_tokenizer()
@@ -172,20 +172,20 @@ def test_finish_writes_recipe_model_and_a_report_naming_both(tmp_path):
 
 def test_finish_writes_no_report_when_the_model_could_not_be_saved(tmp_path, monkeypatch):
     """The report comes last: a run stopped while saving its model leaves no report naming it."""
-    import corp.loop
-    from corp.loop import finish
+    import corp.runtime.loop
+    from corp.runtime.loop import finish
 
     def full_disk(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(corp.loop, "save_model", full_disk)
+    monkeypatch.setattr(corp.runtime.loop, "save_model", full_disk)
     with pytest.raises(OSError):
         finish(RunCtx(tmp_path), _outputs(model=(object(), object()), recipe=_recipe()))
     assert (tmp_path / "recipe.json").exists() and not (tmp_path / "report.json").exists()
 
 
 def test_finish_a_federated_ledger_states_its_flops_beside_it_and_a_run_without_test_rows_has_no_table(tmp_path):
-    from corp.loop import finish
+    from corp.runtime.loop import finish
 
     out = _outputs(ledger_field="method_ledger")
     out.rows, out.compare, out.ids = [], [], None

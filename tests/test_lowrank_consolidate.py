@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from corp.algorithms.lowrank import FACTORS_FILE, LowRankDirection
+from corp.algorithms.perturb import Component, Direction, Perturber
 from corp.config import load_config
 from corp.errors import CorpError
-from corp.lowrank import FACTORS_FILE, LowRankDirection
 from corp.methods.consolidate.config import ConsolidateConfig
 from corp.methods.consolidate.lowrank import LowRankProjector, resolve_ranks
 from corp.methods.consolidate.run import direction_fingerprint
-from corp.perturb import Component, Direction, Perturber
 from tests.conftest import REPO, make_char_tokenizer, make_tiny_llama, tiny_consolidate_config
 
 Q0 = "model.layers.0.self_attn.q_proj.weight"
@@ -102,7 +102,7 @@ def test_lowrank_direction_is_exact_and_fingerprinted_apart():
         d + full
 
     # the projector: B @ A is the best rank-r approximation of m's block; P(alpha m) = alpha P(m)
-    from corp.lowrank import project_low_rank
+    from corp.algorithms.lowrank import project_low_rank
 
     params = [(n, p.shape) for n, p in model.named_parameters()]
     m = Direction([Component(3, 0.02, 0.6), Component(4, 0.02, 0.4)])
@@ -211,7 +211,7 @@ def test_pipeline_rank2_recipe_rebuilds_bit_exactly_and_peft_adapter_matches(tin
     )
     assert res.returncode == 2 and res.stderr.count("error:") == 1 and "sha256" in res.stderr, res.stderr
     (run / FACTORS_FILE).unlink()
-    from corp.recipe import apply_recipe
+    from corp.algorithms.recipe import apply_recipe
 
     with pytest.raises(CorpError, match="missing"):
         apply_recipe(run / "recipe.json", tmp_path / "y")
@@ -221,7 +221,7 @@ def test_auto_takes_r_star_from_analyze_rank_and_rank_zero_stays_at_w0(tiny_dir,
     import peft
     from safetensors.torch import load_file
 
-    from corp.lowrank import reproducible_ranks
+    from corp.algorithms.lowrank import reproducible_ranks
     from corp.methods.analyze_rank.config import AnalyzeRankConfig
     from corp.methods.analyze_rank.split_half import run_analyze_rank
     from corp.methods.consolidate.run import run_consolidate
@@ -425,8 +425,8 @@ def test_exact_lora_of_a_tied_model_and_merged_terms(tmp_path):
     import peft
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    from corp.algorithms.perturb.direction import Merged
     from corp.methods.consolidate.lowrank import exact_lora, export_lora
-    from corp.perturb.direction import Merged
 
     tok = make_char_tokenizer()
     torch.manual_seed(1)

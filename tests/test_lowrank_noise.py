@@ -11,14 +11,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from corp.cli import app
-from corp.config import RandOptConfig, load_config
-from corp.errors import CorpError
-from corp.evaluate.backends.hf import HFBackend
-from corp.evaluate.context import setup_run
-from corp.evaluate.scorer import ensure_population
-from corp.operator.algebra import gram_matrix
-from corp.perturb import (
+from corp.algorithms.corp_operator.algebra import gram_matrix
+from corp.algorithms.perturb import (
     SCHEME_VERSION,
     Component,
     Direction,
@@ -29,8 +23,14 @@ from corp.perturb import (
     scheme_from_flag,
     weights_hash,
 )
-from corp.perturb.lowrank_noise import dense, factors
-from corp.recipe import apply_recipe, make_recipe, write_recipe
+from corp.algorithms.perturb.lowrank_noise import dense, factors
+from corp.algorithms.recipe import apply_recipe, make_recipe, write_recipe
+from corp.cli import app
+from corp.config import RandOptConfig, load_config
+from corp.errors import CorpError
+from corp.evaluate.scorer import ensure_population
+from corp.runtime.backends.hf import HFBackend
+from corp.runtime.context import setup_run
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 R4 = "corp-lowrank-v1:r=4"
@@ -175,8 +175,8 @@ def test_merged_low_rank_terms_are_built_from_factors_with_the_dense_bits(scheme
     """materialise and Perturber.keep_merged build a low-rank M a row block at a time from the
     factors (merged_noise): the bits equal building every elite's dense E whole, on a matrix of
     several blocks, for two terms sharing elites, and the step search's weights are those bits."""
-    from corp.perturb.direction import Merged, materialise
-    from corp.perturb.lowrank_noise import merged_noise
+    from corp.algorithms.perturb.direction import Merged, materialise
+    from corp.algorithms.perturb.lowrank_noise import merged_noise
 
     shape = (2500, 64)  # 1024 rows per block of dense(): three blocks, the last one partial
     comps = [Component(3, 0.1, 0.7), Component(9, 0.05, -0.3), Component(4, 0.1, 1.25)]

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from corp.algorithms.perturb import Direction
 from corp.config import RandOptConfig, load_config
-from corp.evaluate.backends.batched_lowrank import FactoredPopulation, population_generations
-from corp.evaluate.backends.hf import HFBackend
-from corp.evaluate.context import score_one, setup_run
 from corp.evaluate.scorer import ensure_population
-from corp.perturb import Direction
+from corp.runtime.backends.batched_lowrank import FactoredPopulation, population_generations
+from corp.runtime.backends.hf import HFBackend
+from corp.runtime.context import score_one, setup_run
 from tests.conftest import make_char_tokenizer
 
 R2 = "corp-lowrank-v1:r=2"
@@ -76,7 +76,7 @@ def test_factored_logits_match_materialised_weights(tied):
 @pytest.mark.parametrize("tied", [False, True])
 def test_embedding_perturbation_is_part_of_the_factored_pass(tied, monkeypatch):
     """Guards the embedding lookup term: only the embedding perturbed, logits must still match."""
-    from corp.perturb import ParamFilter
+    from corp.algorithms.perturb import ParamFilter
 
     tok = make_char_tokenizer()
     b = HFBackend(llama(tok, tied), tok, batch_size=8, param_filter=ParamFilter(include="embed_tokens"), scheme=R2)
@@ -184,8 +184,8 @@ def test_every_population_method_runs_unchanged_with_low_rank_noise(name, tiny_d
     scheme, and its recipe rebuilds the saved model bit-exactly."""
     import json
 
+    from corp.algorithms.recipe import apply_recipe
     from corp.methods import REGISTRY
-    from corp.recipe import apply_recipe
     from tests.test_methods import COMMON, STRONGER, _tensors
 
     m = REGISTRY[name]

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from corp.errors import CorpError
-from corp.models import check_model_reachable, resolve_model
+from corp.runtime.models import check_model_reachable, resolve_model
 
 
 @pytest.mark.parametrize("name", ["/no/such/model-dir", "./no-such-model", "~/no-such-model-57", "a/b/c"])
@@ -163,8 +163,8 @@ def test_an_api_runs_card_reproduces_its_row_on_another_machine(api_run, tmp_pat
 def test_apply_records_no_absolute_path_in_corp_model_json(api_run, tmp_path, tiny_dir):
     """corp_model.json recorded the recipe's and the base's absolute paths; now paths relative to the
     output (the recipe and a local base) and the base's weights hash."""
-    from corp.models import MARKER
-    from corp.recipe import apply_recipe
+    from corp.algorithms.recipe import apply_recipe
+    from corp.runtime.models import MARKER
 
     result, _ = api_run
     out = apply_recipe(result.run_dir / "recipe.json", tmp_path / "applied" / "m")

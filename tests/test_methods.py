@@ -84,7 +84,7 @@ def runs_root(tmp_path_factory):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_method_runs_reports_and_resumes_without_recomputing(name, tiny_dir, runs_root):
-    from corp.runs import REPORT_SCHEMA
+    from corp.runtime.runs import REPORT_SCHEMA
 
     m = REGISTRY[name]
     r = smoke_run(name, tiny_dir, runs_root)
@@ -119,7 +119,7 @@ def _tensors(model_dir: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("name", [m.name for m in METHODS if m.recipes])
 def test_recipe_rebuilds_the_saved_model_bit_exactly(name, tiny_dir, runs_root, tmp_path):
-    from corp.recipe import apply_recipe
+    from corp.algorithms.recipe import apply_recipe
 
     m = REGISTRY[name]
     run_dir = smoke_run(name, tiny_dir, runs_root)["run_dir"]
@@ -144,7 +144,7 @@ def test_registry_entry_is_complete(name):
     undocumented = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
     assert not undocumented, f"{name}: fields without a docstring (the CLI help): {undocumented}"
     assert m.help and "\n" not in m.help
-    from corp.recipe import RECIPE_KINDS
+    from corp.algorithms.recipe import RECIPE_KINDS
 
     assert set(m.recipes) <= set(RECIPE_KINDS), f"{name}: recipe kinds {m.recipes} that `corp apply` cannot rebuild"
     if m.smoke is not None:
@@ -282,7 +282,7 @@ def test_every_declared_extra_is_installable():
 
 
 def test_missing_vllm_is_the_require_message(monkeypatch):
-    from corp.evaluate.backends import make_backend
+    from corp.runtime.backends import make_backend
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
@@ -294,10 +294,10 @@ def test_an_import_error_inside_the_vllm_backend_is_not_masked(monkeypatch):
     """vLLM installed but corp's vllm.py fails to import: that ImportError must surface as itself,
     not as 'vLLM is not available' (which sent people looking in the wrong place)."""
     from corp.evaluate import backends
-    from corp.evaluate.backends import make_backend
+    from corp.runtime.backends import make_backend
 
     monkeypatch.setattr(backends, "require", lambda package, feature: None)  # pretend vLLM is installed
-    monkeypatch.setitem(sys.modules, "corp.evaluate.backends.vllm", None)  # importing it raises ImportError
+    monkeypatch.setitem(sys.modules, "corp.runtime.backends.vllm", None)  # importing it raises ImportError
     with pytest.raises(ImportError):
         make_backend("vllm", "unused")
 
@@ -313,7 +313,7 @@ def test_every_saved_model_has_a_card_and_loads_in_plain_transformers(tiny_dir, 
 
     from huggingface_hub import ModelCard
 
-    from corp.recipe import apply_recipe
+    from corp.algorithms.recipe import apply_recipe
 
     assert set(MODEL_METHODS) >= {"consolidate", "es", "grpo", "fedcorp", "fgrpo"}, MODEL_METHODS
     dirs = []

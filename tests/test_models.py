@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from corp.cli import app
 from corp.errors import CorpError
-from corp.models import (
+from corp.runtime.models import (
     ALIASES,
     EmbeddedGGUF,
     check_device,
@@ -181,7 +181,7 @@ def test_corp_models_lists_gemma_with_its_cost(tmp_path, monkeypatch):
 def test_chunked_gguf_is_assembled_into_the_corp_cache_and_removed_after_conversion(tmp_path, monkeypatch):
     """The assemble() step writes into corp's cache (not the package's own), and that copy goes
     once the converted directory exists; a missing chunk is one line naming the install command."""
-    import corp.models as models
+    import corp.runtime.models as models
 
     monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
     calls = []
@@ -235,7 +235,7 @@ def test_two_processes_starting_together_convert_an_embedded_model_once(tmp_path
     import multiprocessing
     import time
 
-    import corp.models as models
+    import corp.runtime.models as models
 
     monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
     gguf = tmp_path / "x.gguf"
@@ -289,7 +289,7 @@ def bos_tokenizer(add_bos: bool):
 def test_plain_prompt_gets_the_bos_its_tokenizer_adds():
     """Base models without a chat template (Gemma 3 270M) are prompted with BOS when their tokenizer
     adds one: the backends encode with add_special_tokens=False, and Gemma degenerates without it."""
-    from corp.evaluate.backends.hf import format_prompt
+    from corp.runtime.backends.hf import format_prompt
 
     with_bos, without = bos_tokenizer(True), bos_tokenizer(False)
     assert format_prompt(with_bos, "what is 1 + 2?") == "<bos>what is 1 + 2?"
@@ -347,7 +347,7 @@ def test_gemma3_270m_offline_end_to_end(tmp_path):
     assert report["n_test"] == 4 and report["ledger"]["generated_tokens"] > 0
     from transformers import AutoTokenizer
 
-    from corp.models import cache_dir
+    from corp.runtime.models import cache_dir
 
     tok = AutoTokenizer.from_pretrained(cache_dir() / "models" / "gemma3-270m")
     assert tok("a")["input_ids"][0] == tok.bos_token_id, "the GGUF's add_bos_token survives conversion"
@@ -360,7 +360,7 @@ def test_gemma3_270m_offline_end_to_end(tmp_path):
 def test_the_embedded_builds_are_named_for_what_they_are(tmp_path):
     """`corp models`, model cards and PEFT adapters name the dequantized GGUF build, not the hub id
     whose (bf16) weights differ; an adapter's base is the directory it was trained on."""
-    from corp.models import adapter_base, describe_model
+    from corp.runtime.models import adapter_base, describe_model
 
     spec = ALIASES["smollm2-135m"]
     assert spec.quantization == "Q4_1" and len(spec.weights_sha256) == 64 and spec.license == "apache-2.0"
@@ -375,8 +375,8 @@ def test_the_embedded_builds_are_named_for_what_they_are(tmp_path):
 
 @pytest.mark.embedded
 def test_embedded_weights_hash_is_the_one_corp_names():
-    from corp.models.embedded import _converted, _embedded_dir
-    from corp.perturb.direction import weights_hash
+    from corp.algorithms.perturb.direction import weights_hash
+    from corp.runtime.models.embedded import _converted, _embedded_dir
 
     spec = ALIASES["smollm2-135m"]
     if not _converted(spec, _embedded_dir("smollm2-135m")):
@@ -393,7 +393,7 @@ def silent_hub(monkeypatch):
 
     import huggingface_hub.constants
 
-    from corp import models
+    from corp.runtime import models
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))  # bound, never listening: a connection is refused at once
@@ -455,7 +455,7 @@ def test_unknown_model_message_lists_the_aliases_it_is_not(silent_hub):
 def test_a_hub_alias_says_what_it_resolves_to(monkeypatch, model_dir, capsys):
     import huggingface_hub
 
-    from corp import models
+    from corp.runtime import models
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda *a, **k: str(model_dir))  # "in the cache"
     monkeypatch.setattr(models.resolve, "_ANNOUNCED", set())
@@ -478,7 +478,7 @@ def test_a_gguf_in_slices_is_assembled_in_order_and_checked_by_its_sha256(tmp_pa
     import hashlib
     import importlib
 
-    from corp.models.embedded import EmbeddedGGUF, _assemble_parts
+    from corp.runtime.models.embedded import EmbeddedGGUF, _assemble_parts
 
     chunks = [b"GGUF" + bytes(range(200)), bytes(300), b"tail" * 7]
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
@@ -519,8 +519,8 @@ def test_qwen_is_listed_with_its_slices_and_skips_in_one_line_when_absent(tmp_pa
 def test_a_model_that_cannot_fit_the_memory_is_one_line_before_any_run_directory(tmp_path, monkeypatch):
     """The estimate is read from the safetensors headers (no weights loaded); with less memory
     available than it needs, the run is refused before its directory exists, naming what holds it."""
-    from corp import models
-    from corp.models import memory
+    from corp.runtime import models
+    from corp.runtime.models import memory
 
     tok = make_char_tokenizer()
     model_dir = tmp_path / "tiny"

@@ -60,7 +60,7 @@ def test_the_docs_table_names_every_rename_of_every_command():
 
 
 def test_old_names_map_to_the_same_field_with_one_warning_and_new_ones_silently():
-    from corp.grpo import GRPOConfig
+    from corp.algorithms.grpo import GRPOConfig
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -92,7 +92,7 @@ def test_a_yaml_config_takes_new_and_old_keys(tmp_path):
 
 def test_stored_names_are_the_field_names():
     """config.yaml and every key built from a config use field names: a renamed option changes none of them."""
-    from corp.grpo import GRPOConfig
+    from corp.algorithms.grpo import GRPOConfig
 
     cfg = load_config(GRPOConfig, None, {"max_steps": 3, "max_completion_length": 5})
     stored = dataclasses.asdict(cfg)

@@ -4,8 +4,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from corp.errors import CorpError
-from corp.perturb import (
+from corp.algorithms.perturb import (
     SCHEME_VERSION,
     Component,
     Direction,
@@ -15,7 +14,8 @@ from corp.perturb import (
     noise_key,
     specialist_seeds,
 )
-from corp.perturb.noise import seed_generator
+from corp.algorithms.perturb.noise import seed_generator
+from corp.errors import CorpError
 
 V1, V2 = "corp-noise-v1", "corp-noise-v2"
 UP = "model.layers.0.mlp.up_proj.weight"
@@ -97,7 +97,7 @@ def test_per_tensor_runs_tasks_at_once_each_with_its_own_scratch(monkeypatch):
     # once, and then each must hold a Scratch no other holds (a shared one races on its buffers)
     import threading
 
-    import corp.perturb.direction as direction_module
+    import corp.algorithms.perturb.direction as direction_module
 
     monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: 3)
     barrier, held = threading.Barrier(3, timeout=20), []
@@ -123,7 +123,7 @@ def test_workers_run_torch_operators_on_one_thread_and_the_main_thread_keeps_its
 
     import sklearn.utils  # noqa: F401  (its own libgomp, mapped below torch's: the runtime must still be torch's)
 
-    import corp.perturb.direction as direction_module
+    import corp.algorithms.perturb.direction as direction_module
 
     monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: 2)
     torch_dir = os.path.dirname(torch.__file__) + os.sep
@@ -153,7 +153,7 @@ def test_workers_run_torch_operators_on_one_thread_and_the_main_thread_keeps_its
 def test_apply_on_parallel_workers_gives_the_formula_bits_for_every_tensor(tiny_model, monkeypatch, workers):
     # apply sets tensors on parallel workers, each with its own generator and noise buffer: every
     # tensor must still get exactly add_to's bits, with a merged term, a prefix and plain components
-    import corp.perturb.direction as direction_module
+    import corp.algorithms.perturb.direction as direction_module
 
     monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: workers)
     pert = Perturber(tiny_model)
@@ -293,7 +293,7 @@ def test_perturber_materialises_under_its_scheme(tiny_model):
 def test_recipe_of_an_older_scheme_loads_and_an_unknown_one_is_refused(tmp_path):
     import json
 
-    from corp.recipe import load_recipe
+    from corp.algorithms.recipe import load_recipe
 
     recipe = json.loads((REPO / "results" / "consolidate-smollm2-arith" / "recipe.json").read_text())
     assert recipe["noise_scheme"] == V1  # the committed evidence run predates v2

@@ -10,8 +10,8 @@ import pytest
 from corp.config import RandOptConfig, load_config
 from corp.errors import CorpError
 from corp.evaluate import racing
-from corp.evaluate.context import setup_run
 from corp.evaluate.scorer import ensure_population
+from corp.runtime.context import setup_run
 from tests.test_methods import text_checksum  # noqa: F401  (the reward below moves with the output text)
 from tests.test_scorer import fresh_backend
 

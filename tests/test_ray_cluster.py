@@ -17,9 +17,9 @@ ray = pytest.importorskip("ray")
 
 from corp import CorpError  # noqa: E402
 from corp.evaluate import ray_cluster  # noqa: E402
-from corp.evaluate.context import setup_run  # noqa: E402
 from corp.evaluate.scorer import ensure_population  # noqa: E402
-from corp.runs import read_jsonl  # noqa: E402
+from corp.runtime.context import setup_run  # noqa: E402
+from corp.runtime.runs import read_jsonl  # noqa: E402
 from tests.test_ray_executor import (  # noqa: E402, F401
     cfg_for,
     population_in_background,
@@ -72,7 +72,7 @@ def test_a_killed_node_leaves_the_run_complete_with_the_local_rows(tmp_path, tin
         with pytest.raises(CorpError, match=r"node 127\.0\.0\.1 .*'/nonexistent/model'"):
             ray_cluster.check_nodes_have(ray, ["/nonexistent/model"])
         ctx = setup_run(cfg_for(tmp_path / "ray", tiny_dir, executor="ray", workers=2, **kw), "randopt")
-        from corp.evaluate.executors import get_executor
+        from corp.runtime.executors import get_executor
 
         ex = get_executor(ctx)
         on_worker = [ray.get(ex.actors[s].info.remote())["node_id"] == worker.node_id for s in range(2)]

@@ -19,10 +19,10 @@ ray = pytest.importorskip("ray")
 
 from corp import CorpError  # noqa: E402
 from corp.config import RandOptConfig, load_config  # noqa: E402
-from corp.evaluate.context import TIMING_FIELDS, setup_run  # noqa: E402
 from corp.evaluate.scorer import ensure_population  # noqa: E402
-from corp.models import save_model  # noqa: E402
-from corp.runs import read_jsonl  # noqa: E402
+from corp.runtime.context import TIMING_FIELDS, setup_run  # noqa: E402
+from corp.runtime.models import save_model  # noqa: E402
+from corp.runtime.runs import read_jsonl  # noqa: E402
 from tests.conftest import make_char_tokenizer, make_tiny_llama  # noqa: E402
 
 
@@ -135,7 +135,7 @@ def test_killing_an_actor_mid_run_still_completes(tmp_path, tiny_dir):
     ctx = setup_run(
         cfg_for(tmp_path / "ray", tiny_dir, executor="ray", workers=2, n_support=24, max_new_tokens=24), "randopt"
     )
-    from corp.evaluate.executors import get_executor
+    from corp.runtime.executors import get_executor
 
     ex = get_executor(ctx)
     victim = ex.pids()[1]
@@ -239,7 +239,7 @@ def test_resources_are_checked_before_any_work_and_threads_match_what_ray_reserv
     from types import SimpleNamespace
 
     from corp.evaluate import ray_cluster
-    from corp.evaluate.executors import RayExecutor, actor_resources
+    from corp.runtime.executors import RayExecutor, actor_resources
 
     with ray_cluster.loopback():
         ray.init(num_cpus=2, resources={"fake_gpu": 4}, include_dashboard=False, log_to_driver=False)
@@ -294,7 +294,7 @@ def test_a_lowrank_population_is_scored_factored_in_each_actor(tmp_path, tiny_di
     assert all(r.get("scoring") == "factored" for r in local if r["seed"] is not None)
     ctx = setup_run(cfg_for(tmp_path / "ray", tiny_dir, executor="ray", workers=2, **kw), "randopt")
     try:
-        from corp.evaluate.executors import get_executor
+        from corp.runtime.executors import get_executor
 
         ex = get_executor(ctx)
         examples = ray.put(list(ctx.splits["support"]))
@@ -313,8 +313,8 @@ def test_ray_address_from_the_environment_is_honoured_and_join_failures_name_the
     there is one line naming RAY_ADDRESS, not a ValueError; an auth failure names the token used."""
     import socket
 
-    from corp.evaluate.executors import RayExecutor
-    from corp.evaluate.ray_cluster import join_cause
+    from corp.runtime.executors import RayExecutor
+    from corp.runtime.ray_cluster import join_cause
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))

@@ -2,11 +2,11 @@
 
 import pytest
 
+from corp.algorithms.corp_operator.merge_rules import MERGE_RULES
+from corp.algorithms.grpo import LOSS_VARIANTS
 from corp.errors import CorpError
 from corp.evaluate.tasks import TASKS
-from corp.grpo import LOSS_VARIANTS
 from corp.methods import REGISTRY
-from corp.operator.merge_rules import MERGE_RULES
 from corp.registry import Registry
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import json
 
+from corp.algorithms.stats import PerExample
 from corp.cards import _results_lines, _weights_lines
 from corp.evaluate.population import vote_rewards
 from corp.evaluate.tasks import get_task
-from corp.ledger import Ledger
-from corp.runs import ReportRow, format_rows, write_report
-from corp.stats import PerExample
+from corp.runtime.ledger import Ledger
+from corp.runtime.runs import ReportRow, format_rows, write_report
 
 IDS = ["a", "b", "c", "d"]
 

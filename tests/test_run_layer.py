@@ -8,9 +8,9 @@ import json
 import pytest
 
 from corp.errors import CorpError
-from corp.evaluate.context import EvalCache, open_run, run_evals, setup_run
 from corp.evaluate.scorer import ensure_population
-from corp.runs import read_jsonl
+from corp.runtime.context import EvalCache, open_run, run_evals, setup_run
+from corp.runtime.runs import read_jsonl
 from tests.test_scorer import fresh_backend, tiny_cfg
 
 
@@ -50,7 +50,7 @@ def test_validation_base_row_is_not_reused_for_other_validation_examples(tmp_pat
 
 
 def test_cache_key_covers_examples_weights_and_generation_settings(tmp_path):
-    from corp.evaluate.context import cached_eval
+    from corp.runtime.context import cached_eval
 
     backend, calls = counting(fresh_backend())
     ctx = setup_run(tiny_cfg(tmp_path), "randopt", backend)
@@ -183,8 +183,8 @@ def test_sigterm_during_a_run_is_recorded_as_interrupted(tmp_path):
     code = f"""
 import time
 from corp.config import RandOptConfig, load_config
-from corp.evaluate.context import open_run
-from corp.runs import append_jsonl
+from corp.runtime.context import open_run
+from corp.runtime.runs import append_jsonl
 cfg = load_config(RandOptConfig, None, dict(task="arith", population=2, sigmas="0.1", n_support=2, n_test=2, top_k="1", run_dir={str(run)!r}))
 with open_run(cfg, "randopt") as ctx:
     append_jsonl(ctx.run_dir / "population.jsonl", {{"key": "x"}})
@@ -203,8 +203,8 @@ def test_shared_eval_cache_serves_other_runs_only_for_the_same_weights(tmp_path)
     """--eval-cache (corp bench: one per task): a second run dir reuses the base's and a
     specialist's greedy test rows, but not a sampled row, not a trained checkpoint's label, and not
     a direction perturbing other parameters (the run key leaves include/exclude implicit)."""
-    from corp.evaluate.context import cached_eval
-    from corp.perturb import Direction
+    from corp.algorithms.perturb import Direction
+    from corp.runtime.context import cached_eval
 
     shared = tmp_path / "shared.jsonl"
     spec = Direction.single(7, 0.05)
@@ -243,7 +243,7 @@ def test_the_shared_eval_cache_never_asks_the_backend_for_a_perturber(tmp_path):
     `--eval-cache` must stay on its engine, so the cache's salt takes the scheme from the config."""
     from types import SimpleNamespace
 
-    from corp.evaluate.context import run_evals, shared_salt
+    from corp.runtime.context import run_evals, shared_salt
 
     class NoPerturber:
         @property

@@ -1,7 +1,7 @@
 import pytest
 
 from corp.errors import CorpError
-from corp.runs import append_jsonl, read_jsonl
+from corp.runtime.runs import append_jsonl, read_jsonl
 
 
 def test_torn_last_line_is_dropped_and_repaired(tmp_path):
@@ -53,13 +53,13 @@ def test_second_process_on_a_locked_run_dir_gets_one_error_naming_the_holder(tmp
     import sys
     import time
 
-    from corp.runs import RunLock
+    from corp.runtime.runs import RunLock
 
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys, time; from corp.runs import RunLock; "
+            "import sys, time; from corp.runtime.runs import RunLock; "
             "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(60)",
             str(tmp_path),
         ],
@@ -79,7 +79,7 @@ def test_second_process_on_a_locked_run_dir_gets_one_error_naming_the_holder(tmp
 
 
 def test_failed_run_is_removed_only_if_created_now_and_empty_of_results(tmp_path):
-    from corp.runs import FAILED_FILE, STATUS_FILE, finish_run_dir, read_json, write_json
+    from corp.runtime.runs import FAILED_FILE, STATUS_FILE, finish_run_dir, read_json, write_json
 
     made = tmp_path / "made"
     made.mkdir()
@@ -100,7 +100,7 @@ def test_failed_run_is_removed_only_if_created_now_and_empty_of_results(tmp_path
 
 
 def _append_many(path, who: str, n: int, go) -> None:
-    from corp.runs import append_jsonl
+    from corp.runtime.runs import append_jsonl
 
     go.wait()  # every appender starts at once
     for i in range(n):
@@ -114,7 +114,7 @@ def test_appenders_in_several_processes_lose_no_row(tmp_path):
     most runs of this test lose rows)."""
     import multiprocessing as mp
 
-    from corp.runs import read_jsonl
+    from corp.runtime.runs import read_jsonl
 
     path = tmp_path / "shared.jsonl"
     ctx = mp.get_context("spawn")
@@ -139,7 +139,7 @@ def test_a_reader_never_cuts_a_row_another_process_is_appending(tmp_path):
     import threading
     import time
 
-    from corp.runs import append_jsonl, read_jsonl
+    from corp.runtime.runs import append_jsonl, read_jsonl
 
     path = tmp_path / "log.jsonl"
     append_jsonl(path, {"key": "a"})

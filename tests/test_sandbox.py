@@ -1,4 +1,4 @@
-"""Adversarial programs through `corp.sandbox`: each must be contained and scored 0.
+"""Adversarial programs through `corp.runtime.sandbox`: each must be contained and scored 0.
 
 Every test checks the harm itself (a planted file, a listening socket, a secret, this process),
 not only the status, so that none can pass vacuously; where it can, a test also runs the attack
@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 
 from corp.errors import CorpError
-from corp.sandbox import STATUSES, Status, Tests, run_many, run_program, status_counts
-from corp.sandbox import runner as sandbox
-from corp.sandbox.wrapper import decode, encode
+from corp.runtime.sandbox import STATUSES, Status, Tests, run_many, run_program, status_counts
+from corp.runtime.sandbox import runner as sandbox
+from corp.runtime.sandbox.wrapper import decode, encode
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -429,7 +429,7 @@ def test_plain_data_codec_builds_only_builtins():
         {(1, 2): [None]},
         int,
     ]
-    from corp.sandbox import codec
+    from corp.runtime.sandbox import codec
 
     assert encode is codec.encode and decode is codec.decode  # the wrapper's own are the codec module's
     for v in values:
@@ -831,7 +831,7 @@ def test_as_an_ordinary_user_the_parent_cannot_be_killed():
 @needs_root_to_drop
 def test_as_an_ordinary_user_without_user_namespaces_code_is_refused_unless_allowed(monkeypatch):
     from corp.evaluate.tasks.base import Example
-    from corp.evaluate.tasks.code import MBPP
+    from corp.evaluate.tasks.coding import MBPP
 
     ex = Example(
         "mbpp-x",

@@ -2,10 +2,10 @@ import pytest
 
 from corp.config import RandOptConfig, load_config
 from corp.errors import CorpError
-from corp.evaluate.backends.hf import HFBackend
-from corp.evaluate.context import TIMING_FIELDS, setup_run
 from corp.evaluate.scorer import ensure_population
-from corp.runs import read_jsonl
+from corp.runtime.backends.hf import HFBackend
+from corp.runtime.context import TIMING_FIELDS, setup_run
+from corp.runtime.runs import read_jsonl
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 
@@ -97,8 +97,8 @@ def test_rows_count_the_completions_cut_at_the_length_limit_and_time_the_reward(
     config needs is chosen from it); one that stopped earlier is not."""
     from types import SimpleNamespace
 
-    from corp.evaluate.backends.base import Generations
-    from corp.evaluate.context.evaluation import score_generations
+    from corp.runtime.backends.base import Generations
+    from corp.runtime.context.evaluation import score_generations
 
     ctx = setup_run(tiny_cfg(tmp_path / "r", max_new_tokens=6), "randopt", fresh_backend())
     exs = ctx.splits["support"][:3]

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from corp.config import load_config
-from corp.evaluate.backends.hf import HFBackend, RowSampler
-from corp.evaluate.context import eval_identity, eval_key
 from corp.methods.self_consistency import SelfConsistencyConfig, run_self_consistency
+from corp.runtime.backends.hf import HFBackend, RowSampler
+from corp.runtime.context import eval_identity, eval_key
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 PROMPTS = ["abc", "hello world", "x", "12+30="]

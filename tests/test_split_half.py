@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+from corp.algorithms.lowrank import low_rank_factors, project_low_rank, reproducible_ranks
+from corp.algorithms.perturb import noise, specialist_seeds
 from corp.errors import CorpError
-from corp.lowrank import low_rank_factors, project_low_rank, reproducible_ranks
 from corp.methods.analyze_rank.linalg import subspace_overlap, top_svd
 from corp.methods.analyze_rank.power import analysis_power, detects, simulated_population
 from corp.methods.analyze_rank.rank_stats import Plan, analyze_matrix, analyze_population, pair_stats
 from corp.methods.analyze_rank.report import summarise, summary_text, write_outputs
-from corp.perturb import noise, specialist_seeds
 from tests.conftest import make_char_tokenizer, make_tiny_llama
 
 RANKS = (1, 2, 4, 8, 16, 32)

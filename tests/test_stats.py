@@ -1,4 +1,4 @@
-"""corp.stats against hand-computed cases and scipy."""
+"""corp.algorithms.stats against hand-computed cases and scipy."""
 
 from __future__ import annotations
 
@@ -6,8 +6,15 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
+from corp.algorithms.stats import (
+    PerExample,
+    assert_same_examples,
+    compare_paired,
+    mcnemar_exact,
+    paired_bootstrap_ci,
+    zscore,
+)
 from corp.errors import CorpError
-from corp.stats import PerExample, assert_same_examples, compare_paired, mcnemar_exact, paired_bootstrap_ci, zscore
 
 
 @pytest.mark.parametrize(
@@ -68,7 +75,7 @@ def test_zscore_is_zero_when_all_equal_and_used_by_es():
 def test_interval_over_seeds_resamples_seeds_not_just_examples():
     """Planted: a method that gains 40 points in one seed of three and nothing in the others. Pooling
     the 3 x 200 pairs as independent gives an interval far from 0; resampling seeds first does not."""
-    from corp.stats import clustered_bootstrap_ci, compare_paired_seeds, paired_bootstrap_ci
+    from corp.algorithms.stats import clustered_bootstrap_ci, compare_paired_seeds, paired_bootstrap_ci
 
     base = [[i % 2 for i in range(200)] for _ in range(3)]
     method = [[1] * 200, list(base[1]), list(base[2])]  # seed 0: +0.5 on half its examples; seeds 1, 2: identical
@@ -101,7 +108,7 @@ def test_mcnemar_at_5000_discordant_pairs():
 def test_seed_example_interval_by_hand():
     from scipy.stats import t
 
-    from corp.stats import seed_example_interval
+    from corp.algorithms.stats import seed_example_interval
 
     a = [[1, 1, 0, 1], [1, 0, 0, 1], [1, 1, 1, 1]]
     b = [[0, 1, 0, 1]] * 3
@@ -121,7 +128,7 @@ def test_holm_by_hand():
     """Hand-worked: p = (0.01, 0.04, 0.03, 0.005), m = 4. Sorted 0.005, 0.01, 0.03, 0.04, times 4, 3, 2, 1:
     0.02, 0.03, 0.06, 0.04, then the running maximum: 0.02, 0.03, 0.06, 0.06. At 0.05 the first two are
     rejected; uncorrected, all four would be (0.04 and 0.03 < 0.05)."""
-    from corp.stats import holm
+    from corp.algorithms.stats import holm
 
     out = holm([0.01, 0.04, 0.03, 0.005])
     assert [o["p_holm"] for o in out] == pytest.approx([0.03, 0.06, 0.06, 0.02])
@@ -156,7 +163,7 @@ def test_across_seed_interval_covers_a_planted_effect(regime):
     whose gain varies by example): the bench's interval covers it in >= 90% of 300 datasets at 5
     seeds and at 3. The same simulation catches intervals that undercover: the old seeds-then-examples
     bootstrap at 3 seeds when the seed term dominates, a t over seeds alone when the example term does."""
-    from corp.stats import clustered_bootstrap_ci, crossed_t_intervals
+    from corp.algorithms.stats import clustered_bootstrap_ci, crossed_t_intervals
 
     cov = _coverage_script()
     spec = cov.REGIMES[regime]

@@ -12,8 +12,8 @@ import json
 import pytest
 import torch
 
-from corp.evaluate.backends.batched_lowrank import FactoredPopulation, direction_generations
-from corp.perturb import Component, Direction
+from corp.algorithms.perturb import Component, Direction
+from corp.runtime.backends.batched_lowrank import FactoredPopulation, direction_generations
 from tests.conftest import tiny_consolidate_config
 from tests.test_lowrank_population import R2, backend
 
@@ -72,7 +72,7 @@ def test_factored_candidates_match_materialised_weights_at_every_step_size(tied)
 
 
 def test_projected_directions_are_left_to_the_dense_path():
-    from corp.lowrank import LowRankDirection
+    from corp.algorithms.lowrank import LowRankDirection
 
     b = backend(False)
     fp = FactoredPopulation(b.model, b.perturber.params, R2)
@@ -114,8 +114,8 @@ def _consolidate(model_dir, run, noise, monkeypatch, dense: bool, **more):
     """One `corp consolidate`; `dense`: the step search and gates on materialised weights (as before).
     Returns the report, the directions the Perturber applied and whether it built any merged M."""
     import corp.methods.consolidate.run as run_mod
-    from corp.perturb import Perturber
-    from corp.perturb.direction import Merged
+    from corp.algorithms.perturb import Perturber
+    from corp.algorithms.perturb.direction import Merged
 
     applied, built = [], []
     real_apply, real_keep = Perturber.apply, Perturber.keep_merged

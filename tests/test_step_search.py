@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-import corp.perturb.direction as direction_module
+import corp.algorithms.perturb.direction as direction_module
+from corp.algorithms.corp_operator.config import OperatorConfig
+from corp.algorithms.corp_operator.stage1 import consolidate_stage1
+from corp.algorithms.perturb import Component, Direction, ParamFilter, Perturber, specialist_seeds, weights_hash
+from corp.algorithms.perturb.direction import Merged
+from corp.algorithms.recipe import apply_recipe, make_recipe, write_recipe
 from corp.errors import CorpError
-from corp.operator.config import OperatorConfig
-from corp.operator.corp_operator import consolidate_stage1
-from corp.perturb import Component, Direction, ParamFilter, Perturber, specialist_seeds, weights_hash
-from corp.perturb.direction import Merged
-from corp.recipe import apply_recipe, make_recipe, write_recipe
 
 
 def weights_digest(model) -> str:

@@ -1,11 +1,11 @@
-"""OpenMP defaults for a shared machine (corp/threads.py): passive waiting unless the user chose."""
+"""OpenMP defaults for a shared machine (corp/runtime/threads.py): passive waiting unless the user chose."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from corp.threads import apply_openmp_defaults
+from corp.runtime.threads import apply_openmp_defaults
 
 
 def test_wait_policy_is_passive_unless_the_user_chose_one():

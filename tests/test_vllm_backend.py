@@ -16,16 +16,16 @@ pytest.importorskip("vllm")
 
 import torch  # noqa: E402
 
-from corp.evaluate.backends.hf import HFBackend  # noqa: E402
+from corp.algorithms.perturb import Direction, specialist_seeds  # noqa: E402
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits  # noqa: E402
-from corp.perturb import Direction, specialist_seeds  # noqa: E402
+from corp.runtime.backends.hf import HFBackend  # noqa: E402
 
 pytestmark = pytest.mark.embedded
 
 
 @pytest.fixture(scope="module")
 def vllm_backend():
-    from corp.evaluate.backends.vllm import VLLMBackend
+    from corp.runtime.backends.vllm import VLLMBackend
 
     b = VLLMBackend.from_model_name(None)
     yield b
@@ -107,7 +107,7 @@ def test_apply_is_exact_and_restore_bit_identical(vllm_backend, hf_backend):
 
 
 def test_population_meta_matches_hf(vllm_backend, hf_backend):
-    from corp.perturb import weights_hash
+    from corp.algorithms.perturb import weights_hash
 
     assert vllm_backend.weights_hash == weights_hash(hf_backend.model)
     assert vllm_backend.n_params == hf_backend.n_params

@@ -26,7 +26,7 @@ from tests.test_methods import COMMON, STRONGER  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def _let_engines_go():
-    """Each method's engines are released when its backends are collected (corp.evaluate.backends.vllm):
+    """Each method's engines are released when its backends are collected (corp.runtime.backends.vllm):
     collect after each test, so a long suite never holds more than one method's engines."""
     yield
     import gc
@@ -87,7 +87,7 @@ def test_a_finished_runs_engine_is_freed(tiny_qwen_dir, tmp_path):
 
     from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
 
-    import corp.evaluate.backends.vllm as vllm_backend
+    import corp.runtime.backends.vllm as vllm_backend
 
     gc.collect()
     entries = len(LAYERWISE_INFO)  # earlier tests' engines

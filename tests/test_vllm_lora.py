@@ -18,10 +18,10 @@ import importlib.util
 import pytest
 import torch
 
+from corp.algorithms.perturb import Direction, specialist_seeds
+from corp.algorithms.perturb.lowrank_noise import lowrank_noise, scheme_from_flag
 from corp.errors import CorpError
-from corp.evaluate.backends.vllm_lora import adapter_tensors, check_targets, lora_slot_rank
-from corp.perturb import Direction, specialist_seeds
-from corp.perturb.lowrank_noise import lowrank_noise, scheme_from_flag
+from corp.runtime.backends.vllm_lora import adapter_tensors, check_targets, lora_slot_rank
 
 SCHEME = scheme_from_flag("lowrank:r=4")
 
@@ -67,8 +67,8 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 
 @pytest.fixture(scope="module")
 def engines():
-    from corp.evaluate.backends.hf import HFBackend
-    from corp.evaluate.backends.vllm import VLLMBackend
+    from corp.runtime.backends.hf import HFBackend
+    from corp.runtime.backends.vllm import VLLMBackend
 
     v = VLLMBackend.from_model_name(None, scheme=SCHEME, max_loras=4)
     h = HFBackend.from_model_name(None, batch_size=8, scheme=SCHEME)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from corp.algorithms.stats import PerExample
 from corp.config import RunConfig
 from corp.errors import CorpError
-from corp.evaluate.context import cached_eval, open_run, run_evals
 from corp.method import FIXED, BenchAdapter, Method
-from corp.runs import ReportRow, format_rows, write_report
-from corp.stats import PerExample
+from corp.runtime.context import cached_eval, open_run, run_evals
+from corp.runtime.runs import ReportRow, format_rows, write_report
 
 
 @dataclass

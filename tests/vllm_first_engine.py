@@ -14,7 +14,7 @@ import json
 import sys
 import weakref
 
-import corp.evaluate.backends.vllm as vllm_backend
+import corp.runtime.backends.vllm as vllm_backend
 
 
 class Sentinel:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from corp.ledger import flops
+from corp.runtime.ledger import flops
 
 
 def prefix_that_fits(costs: Sequence[float], budget: float) -> int:

@@ -28,10 +28,10 @@ from corp.bench.plan import (
 from corp.bench.records import CellRecord, check_record
 from corp.bench.search import choose, trial_score
 from corp.config import in_scales, load_config
-from corp.ledger import flops
 from corp.method import FIXED, ITERATIVE, POPULATION, get_path
 from corp.methods import get_method
-from corp.runs import read_json, read_jsonl, write_json
+from corp.runtime.ledger import flops
+from corp.runtime.runs import read_json, read_jsonl, write_json
 
 GROWTH_AIM = 0.9  # share of the remaining budget an iterative cell's next growth aims at
 

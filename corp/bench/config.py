@@ -12,8 +12,8 @@ from corp.bench.search import check_search
 from corp.config import PopulationConfig, RunConfig, options_from, parse_list, to_fields
 from corp.errors import CorpError
 from corp.methods import REGISTRY
-from corp.models import resolve_device
-from corp.runs import bounded_name, naming
+from corp.runtime.models import resolve_device
+from corp.runtime.runs import bounded_name, naming
 
 SETTINGS = ("paper", "equal-data")
 PROTOCOLS = ("defaults", "search")
@@ -155,7 +155,7 @@ class BenchConfig:
     equivalence: list = field(default_factory=list)
     """Equivalence tests declared before the run: entries {a: ROW, b: ROW, margin: M} (optionally task,
     budget, setting); per task, setting and budget where both rows ran on >= 2 seeds, two one-sided
-    tests (corp.stats.tost) of |a - b| < M on the across-seed interval's t, reported in their own section."""
+    tests (corp.algorithms.stats.tost) of |a - b| < M on the across-seed interval's t, reported in their own section."""
     max_units: int = 10000
     """Most iterations/steps an iterative method may train while reaching a budget (a guard); a method's
     entry may set its own (`methods: {es: {max_units: 20}}`)."""
@@ -563,7 +563,7 @@ def _file(text: str) -> str:
 
 def save_plot(fig, out: Path, name: str) -> str:
     """Lay `fig` out, write it to out/name (PNG at the bench's 110 dpi) and close it; returns `name`.
-    A full disk names the file (corp.runs.naming). The caller drew it, so matplotlib is loaded."""
+    A full disk names the file (corp.runtime.runs.naming). The caller drew it, so matplotlib is loaded."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()

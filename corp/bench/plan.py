@@ -45,7 +45,7 @@ _NOT_POPULATION = {
     "race_keep",
     "report_to",
     # where vLLM runs (GPUs per engine, its share of each): placement, not what the rows are; a row
-    # made without graph compilation says so in its own key (corp.evaluate.context.shared_salt)
+    # made without graph compilation says so in its own key (corp.runtime.context.shared_salt)
     "tensor_parallel_size",
     "gpu_memory_utilization",
     "enforce_eager",

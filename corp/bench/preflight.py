@@ -14,11 +14,11 @@ from corp.bench.plan import Cell, _clip, _min_units, _values, check_compare
 from corp.bench.records import check_record
 from corp.config import check_types, in_scales, load_config
 from corp.errors import CorpError
-from corp.evaluate.backends import make_backend
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 from corp.method import FIXED, POPULATION
 from corp.methods import get_method
-from corp.runs import check_writable
+from corp.runtime.backends import make_backend
+from corp.runtime.runs import check_writable
 
 
 def check_existing_results(cfg: BenchConfig) -> Path:

@@ -3,7 +3,7 @@ correction, the registration stored beside the cells, and the config checks of t
 
 - `primary` entries are parsed into {a, b, task, budget, setting} (`check_protocol`, at config
   validation); a comparison of the report is primary when its pair, task, setting and budget match
-  one (`mark_primary`), and the primary family is corrected with `corp.stats.holm` over every
+  one (`mark_primary`), and the primary family is corrected with `corp.algorithms.stats.holm` over every
   registered entry, run or not (a missing one counts in m and is never rejected).
 - The registration (`registration`): the primary set, the named test set, a hash of every task's
   test example ids, each task's final seeds and the equivalence margins. A computing run stores it as
@@ -20,11 +20,11 @@ import hashlib
 import json
 from pathlib import Path
 
+from corp.algorithms.stats import holm
 from corp.bench.config import BENCH_PROTOCOL
 from corp.errors import CorpError
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits
-from corp.runs import write_json
-from corp.stats import holm
+from corp.runtime.runs import write_json
 
 HOLM_ALPHA = 0.05
 REGISTRATION = "preregistration.json"

@@ -19,6 +19,8 @@ import statistics
 import warnings
 from pathlib import Path
 
+from corp.algorithms.perturb.direction import Direction, ParamFilter, Perturber
+from corp.algorithms.stats import compare_paired_seeds, seed_example_interval
 from corp.bench.config import (
     _at_budget,
     _budget_text,
@@ -31,17 +33,15 @@ from corp.bench.config import (
     save_plot,
 )
 from corp.config import load_config
-from corp.evaluate.context import open_run, run_evals
 from corp.evaluate.passk import EvalConfig
 from corp.evaluate.retention import TEXT_LICENSE, TEXT_TITLE, score_retention
 from corp.evaluate.tasks import SplitSizes
-from corp.ledger import flops
 from corp.method import ITERATIVE
 from corp.methods import get_method
-from corp.models import load_model, save_model
-from corp.perturb.direction import Direction, ParamFilter, Perturber
-from corp.runs import read_json, try_flock, write_json
-from corp.stats import compare_paired_seeds, seed_example_interval
+from corp.runtime.context import open_run, run_evals
+from corp.runtime.ledger import flops
+from corp.runtime.models import load_model, save_model
+from corp.runtime.runs import read_json, try_flock, write_json
 
 RETENTION_DIR = "retention"
 RECORD_FORMAT = 1

@@ -31,7 +31,7 @@ from corp.bench.schedule.passes import run_passes
 from corp.bench.schedule.ray_cells import run_cells_on_ray
 from corp.config import load_config
 from corp.errors import CorpError
-from corp.runs import read_json
+from corp.runtime.runs import read_json
 
 
 def run_bench(

@@ -17,15 +17,15 @@ from typing import ClassVar
 
 from tqdm.auto import tqdm
 
+from corp.algorithms.stats import PerExample
 from corp.config import RunConfig, parse_list
 from corp.errors import CorpError
-from corp.evaluate.context import cached_eval, open_run, run_evals
 from corp.evaluate.retention import retention_lines, score_retention
 from corp.evaluate.voting import pass_at_k
-from corp.models import shown_datasets
-from corp.runs import ReportRow, write_report
+from corp.runtime.context import cached_eval, open_run, run_evals
+from corp.runtime.models import shown_datasets
 from corp.runtime.progress import progress_disabled
-from corp.stats import PerExample
+from corp.runtime.runs import ReportRow, write_report
 
 
 @dataclass

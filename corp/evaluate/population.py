@@ -7,12 +7,12 @@ here, below the algorithm packages, because CoRP's report carries them beside it
 
 from __future__ import annotations
 
-from corp.evaluate.context import EvalCache, RunContext, run_evals
+from corp.algorithms.stats import PerExample
 from corp.evaluate.scorer import rows_ledger, score_specialists
 from corp.evaluate.voting import majority_vote
 from corp.grids import edge_flag
-from corp.runs import ReportRow
-from corp.stats import PerExample
+from corp.runtime.context import EvalCache, RunContext, run_evals
+from corp.runtime.runs import ReportRow
 
 
 def evaluate_on_test(

@@ -27,8 +27,8 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 
 from corp.errors import CorpError
-from corp.evaluate.context import TIMING_FIELDS, EvalCache, RunContext, eval_identity, eval_key, specialist_what
-from corp.runs import unique_rows
+from corp.runtime.context import TIMING_FIELDS, EvalCache, RunContext, eval_identity, eval_key, specialist_what
+from corp.runtime.runs import unique_rows
 
 RACED = "raced"  # kind of the row a stopped specialist leaves: its mean over the examples it saw
 _SUM = ("prompt_tokens", "generated_tokens", "reward_errors", "truncated", *TIMING_FIELDS)

@@ -6,7 +6,7 @@ else its EOS) so every token of the text is predicted, and the summed negative l
 divided by the text's UTF-8 bytes (bytes, not tokens: models with other tokenizers compare). Each
 window also gets the bytes it covers (from the tokenizer's character offsets, so the windows'
 bytes add up to the whole text), so the interval resamples windows: a percentile bootstrap of
-sum(bits) / sum(bytes) over windows (corp.stats.ratio_bootstrap_ci), and of the change from a base
+sum(bits) / sum(bytes) over windows (corp.algorithms.stats.ratio_bootstrap_ci), and of the change from a base
 scored on the same windows.
 
 The text: Jules and Michel Verne's "In the Year 2889" (1889), public domain, the Project Gutenberg
@@ -27,13 +27,13 @@ import re
 import time
 from pathlib import Path
 
+from corp.algorithms.stats import PerExample, compare_paired, ratio_bootstrap_ci, wilson_interval
 from corp.errors import CorpError
-from corp.evaluate.context import cached_eval
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 from corp.evaluate.tasks.reorder import default_text, strip_gutenberg
-from corp.models import load_model, shown_datasets
-from corp.runs import write_json
-from corp.stats import PerExample, compare_paired, ratio_bootstrap_ci, wilson_interval
+from corp.runtime.context import cached_eval
+from corp.runtime.models import load_model, shown_datasets
+from corp.runtime.runs import write_json
 
 TEXT_SOURCE = "reasoning_gym/data/in_the_year_2889.txt"
 TEXT_TITLE = 'Jules and Michel Verne, "In the Year 2889" (1889)'

@@ -1,13 +1,13 @@
 """Scoring: score a population of specialists, reuse one from another run (the run itself is
-opened by `corp.evaluate.context.open_run`).
+opened by `corp.runtime.context.open_run`).
 
 The population contract (docs/architecture.md, "Population"): `population.jsonl` holds one row per scored
-specialist (the row schema of `corp.evaluate.context.result_row`, kind "specialist", with its
+specialist (the row schema of `corp.runtime.context.result_row`, kind "specialist", with its
 `index` in population order), appended and fsynced per specialist, so a kill loses at most the
 specialist in flight and a rerun on the same run directory skips what is done.
 `population_meta.json` records everything that defines the rows: the population kind, model id and
 weights hash, backend, task signature, reward, support ids, generation length, noise scheme,
-parameter filter, master seed and sigmas (which fix the population order). `setup_run` (corp/evaluate/context/lifecycle.py) compares
+parameter filter, master seed and sigmas (which fix the population order). `setup_run` (corp/runtime/context/lifecycle.py) compares
 the part known from the config before it writes anything (a refused resume leaves config.yaml and
 splits.json as they were); the rest is compared once the model is loaded, before any row is
 written. Reusing a run directory under another definition is an error, never a silent mix.
@@ -25,10 +25,13 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from corp.algorithms.perturb import specialist_seeds
 from corp.config import PopulationConfig, in_scales
 from corp.errors import CorpError
 from corp.evaluate import racing
-from corp.evaluate.context import (
+from corp.evaluate.racing import RACED, latest_rows
+from corp.evaluate.rewards import IN_PROCESS
+from corp.runtime.context import (
     META_FILE,
     META_FORMAT,
     POPULATION_FILE,
@@ -41,13 +44,10 @@ from corp.evaluate.context import (
     eval_key,
     specialist_what,
 )
-from corp.evaluate.executors import get_executor
-from corp.evaluate.racing import RACED, latest_rows
-from corp.evaluate.rewards import IN_PROCESS
-from corp.ledger import Ledger, say_expected
-from corp.perturb import specialist_seeds
-from corp.runs import read_json, read_jsonl, unique_rows
+from corp.runtime.executors import get_executor
+from corp.runtime.ledger import Ledger, say_expected
 from corp.runtime.progress import progress_disabled
+from corp.runtime.runs import read_json, read_jsonl, unique_rows
 
 _LEGACY_KEY = re.compile(r"^-?\d+:[^:]+:support$")
 

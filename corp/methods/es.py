@@ -29,7 +29,7 @@ Where we depart from the paper, and why:
   large support split (the bench's equal-data setting, 144 examples) ES otherwise gets only a few
   iterations for its FLOPs.
 - Noise (`--noise`): full-rank Gaussian eps (the paper's, the default) or low-rank (`--noise lowrank:r=R`,
-  corp.perturb.lowrank_noise, EGGROLL's E = A B^T / sqrt(R) per weight matrix, none on 1-D
+  corp.algorithms.perturb.lowrank_noise, EGGROLL's E = A B^T / sqrt(R) per weight matrix, none on 1-D
   parameters): member i's noise is E_i, the update (alpha / N) sum_i f_i E_i has rank at most N R per
   matrix (fewer with --antithetic: N/2 seeds), and norms and biases never move. The scheme is in the
   run's definition (population_meta.json), in every row's key and in the recipe: a run is resumed
@@ -47,10 +47,17 @@ from typing import ClassVar
 
 import numpy as np
 
+from corp.algorithms.perturb import Component, Direction, ParamFilter
+from corp.algorithms.perturb.lowrank_noise import scheme_from_flag
+from corp.algorithms.perturb.noise import derive_seeds
+from corp.algorithms.recipe import make_recipe, produced_weights
+from corp.algorithms.stats import zscore
 from corp.config import RunConfig
 from corp.errors import CorpError
-from corp.evaluate.backends.base import MODEL, PERTURBER
-from corp.evaluate.context import (
+from corp.evaluate.scorer import population_meta
+from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, num, opt
+from corp.runtime.backends.base import MODEL, PERTURBER
+from corp.runtime.context import (
     POPULATION_FILE,
     EvalCache,
     cached_eval,
@@ -60,15 +67,8 @@ from corp.evaluate.context import (
     population_definition,
     run_evals,
 )
-from corp.evaluate.scorer import population_meta
-from corp.loop import Outputs, Steps, finish, method_rows, run_steps
-from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, num, opt
-from corp.perturb import Component, Direction, ParamFilter
-from corp.perturb.lowrank_noise import scheme_from_flag
-from corp.perturb.noise import derive_seeds
-from corp.recipe import make_recipe, produced_weights
-from corp.runs import read_json, write_json
-from corp.stats import zscore
+from corp.runtime.loop import Outputs, Steps, finish, method_rows, run_steps
+from corp.runtime.runs import read_json, write_json
 
 
 @dataclass
@@ -147,7 +147,7 @@ def iteration_batch(cfg: ESConfig, support: list, iteration: int) -> list | None
 
 
 def fitness(rewards: np.ndarray, kind: str) -> np.ndarray:
-    """z-scores (corp.stats.zscore: 0 when all rewards are equal) or centred ranks in [-0.5, 0.5] (ties share their mean rank)."""
+    """z-scores (corp.algorithms.stats.zscore: 0 when all rewards are equal) or centred ranks in [-0.5, 0.5] (ties share their mean rank)."""
     r = np.asarray(rewards, dtype=np.float64)
     if kind == "zscore":
         return zscore(r)

@@ -39,17 +39,17 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import ClassVar
 
-from corp.clients import split_clients
+from corp.algorithms.grpo.trainer import build_batch, token_logps_and_entropy
+from corp.algorithms.stats import PerExample
 from corp.config import RunConfig, config_to_dict, flag
 from corp.errors import CorpError
-from corp.evaluate.backends.base import MODEL
-from corp.evaluate.context import open_run
-from corp.grpo.trainer import build_batch, token_logps_and_entropy
-from corp.ledger import Ledger
-from corp.loop import Outputs, Steps, finish, run_steps
 from corp.method import FIXED, SMALL, BenchAdapter, Method, opt
-from corp.runs import ReportRow, read_jsonl
-from corp.stats import PerExample
+from corp.runtime.backends.base import MODEL
+from corp.runtime.clients import split_clients
+from corp.runtime.context import open_run
+from corp.runtime.ledger import Ledger
+from corp.runtime.loop import Outputs, Steps, finish, run_steps
+from corp.runtime.runs import ReportRow, read_jsonl
 
 UNCERTAINTIES = ("disagreement", "entropy")
 
@@ -59,7 +59,7 @@ class FERAConfig(RunConfig):
     clients: int = 4
     """K: clients, each holding a private share of the support split."""
     split_by: str = "iid"
-    """How the support split is dealt to clients (corp.clients): iid, op (arith operators) or answer-length."""
+    """How the support split is dealt to clients (corp.runtime.clients): iid, op (arith operators) or answer-length."""
     shots: int = 2
     """Demonstrations per client (solved examples from its share) in every prompt it writes."""
     rounds: int = 3
@@ -161,7 +161,7 @@ def _mean_entropy(backend, prompts: list[str], completions: list[list[int]]) -> 
     """Mean token entropy of each completion under the in-process model (logits at temperature 1)."""
     import torch
 
-    from corp.evaluate.backends.hf import format_prompt
+    from corp.runtime.backends.hf import format_prompt
 
     backend.require(MODEL, "--uncertainty entropy")
     tok = backend.tokenizer

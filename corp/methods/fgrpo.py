@@ -3,15 +3,15 @@
 Paper: "FGRPO" (arXiv 2606.03094), federated GRPO on non-IID client data. Reconstruction from the
 abstract and secondary notes (docs/methods.md, "FGRPO"); the paper's exact aggregation formula and
 schedule are not public. What runs here:
-- K clients, each with its own share of the support split (corp.clients.split_clients:
+- K clients, each with its own share of the support split (corp.runtime.clients.split_clients:
   by arith operator, by answer length, or iid). Every round each client starts from the global
-  weights and runs E = --local-steps local GRPO steps with corp's GRPO trainer (corp/grpo/trainer.py,
+  weights and runs E = --local-steps local GRPO steps with corp's GRPO trainer (corp/algorithms/grpo/trainer.py,
   GRPOTrainer.train_step, unchanged: same sampling, advantages, loss variants, LoRA), sending back
   its update Delta_k, its mean training reward R_k over the E steps, its share size and its token
   counts (nothing else: no text, no example ids).
 - Aggregation `fgrpo`: baseline b_k = EMA (--ema 0.9) of client k's past rewards, relative gain
   g_k = (R_k - b_k) / (|b_k| + eps), alpha_k = softmax(g_k / tau); `fedavg`: alpha_k = n_k / sum n.
-  global += sum_k alpha_k Delta_k (corp.aggregation).
+  global += sum_k alpha_k Delta_k (corp.algorithms.aggregation).
 Departures, and why:
 - A client's first round has no history: its gain is 0 (b_k starts at R_k).
 - With LoRA (--lora-r > 0, the default on CPU) the trained parameters are the LoRA factors A, B and
@@ -20,7 +20,7 @@ Departures, and why:
 - Each round a client's AdamW state starts fresh (FedAvg's usual choice; optimizer moments are not
   communicated).
 - A client that dies mid-round is dropped for the rest of the run; the round aggregates the
-  clients that answered, weights renormalised over them (corp/clients.py).
+  clients that answered, weights renormalised over them (corp/runtime/clients.py).
 Per round: pooled greedy accuracy of the global model on the server's test split, the same split
 by each client's group (the client split's rule applied to the test examples), bytes each way.
 """
@@ -38,20 +38,20 @@ from typing import ClassVar
 
 import torch
 
-from corp.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, weighted_sum
-from corp.clients import SPLIT_RULES, ClientBase, ClientPool, check_signatures, partition_ids, split_clients
+from corp.algorithms.aggregation import ema_update, fedavg_weights, fgrpo_weights, relative_gains, weighted_sum
+from corp.algorithms.grpo.trainer import GRPOConfig, GRPOTrainer
+from corp.algorithms.perturb.noise import derive_seeds
 from corp.config import config_to_dict
 from corp.errors import CorpError
-from corp.evaluate.context import RunContext, cached_eval, open_run, run_evals
 from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.tasks import get_task
 from corp.extras import require
-from corp.grpo.trainer import GRPOConfig, GRPOTrainer
-from corp.ledger import Ledger
-from corp.loop import Outputs, Steps, finish, method_rows, run_steps
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, opt
-from corp.perturb.noise import derive_seeds
-from corp.runs import atomic_write_with
+from corp.runtime.clients import SPLIT_RULES, ClientBase, ClientPool, check_signatures, partition_ids, split_clients
+from corp.runtime.context import RunContext, cached_eval, open_run, run_evals
+from corp.runtime.ledger import Ledger
+from corp.runtime.loop import Outputs, Steps, finish, method_rows, run_steps
+from corp.runtime.runs import atomic_write_with
 
 AGGREGATIONS = ("fgrpo", "fedavg")
 STATE_FILE = "fgrpo_state.pt"

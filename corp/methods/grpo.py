@@ -1,6 +1,6 @@
 """`corp grpo`: GRPO (or a loss variant) on the support split, evaluated before and after on test.
 
-Paper and departures: the trainer's docstring (corp/grpo/trainer.py, the core GRPO trainer that
+Paper and departures: the trainer's docstring (corp/algorithms/grpo/trainer.py, the core GRPO trainer that
 F-TIS and FGRPO build on too); this module is the command around it: the run directory, the
 evaluation cache, the saved model and the report.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 
+from corp.algorithms.grpo.trainer import GRPOConfig, GRPOTrainer, drawn_positions
 from corp.config import config_to_dict
-from corp.evaluate.context import cached_eval, eval_identity, eval_key, open_run, run_evals
-from corp.grpo.trainer import GRPOConfig, GRPOTrainer, drawn_positions
-from corp.loop import Outputs, finish, method_rows
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, num, opt
+from corp.runtime.context import cached_eval, eval_identity, eval_key, open_run, run_evals
+from corp.runtime.loop import Outputs, finish, method_rows
 
 
 def run_grpo(cfg: GRPOConfig, backend=None) -> dict:

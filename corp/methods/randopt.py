@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from corp.config import RandOptConfig
 from corp.errors import CorpError
-from corp.evaluate.context import RunContext, open_run
 from corp.evaluate.population import population_line, population_summary, randopt_results, sigma_edge_flags
 from corp.evaluate.scorer import ensure_population
 from corp.grids import edge_lines
 from corp.method import POPULATION, SMALL, BenchAdapter, Method, ints, opt
-from corp.runs import ReportRow, format_rows, write_report
+from corp.runtime.context import RunContext, open_run
+from corp.runtime.runs import ReportRow, format_rows, write_report
 
 
 def comparisons_vs_base(results: list[ReportRow]) -> list[tuple[str, str]]:
@@ -32,7 +32,7 @@ def comparisons_vs_base(results: list[ReportRow]) -> list[tuple[str, str]]:
 def report_dict(
     ctx: RunContext, results: list[ReportRow], ranked: list[dict], compare: list[tuple[str, str]] | None = None, **extra
 ) -> dict:
-    """Write report.json (the shared schema, corp.runs.write_report) for a population method; return it."""
+    """Write report.json (the shared schema, corp.runtime.runs.write_report) for a population method; return it."""
     return write_report(
         ctx.run_dir,
         ctx.method,

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from corp.config import PopulationConfig
 from corp.errors import CorpError
-from corp.evaluate.context import open_run
 from corp.evaluate.racing import RACED
 from corp.evaluate.scorer import ensure_population, rows_ledger
 from corp.method import SMALL, Method, num
-from corp.runs import write_report
+from corp.runtime.context import open_run
+from corp.runtime.runs import write_report
 
 
 def run_score(cfg: PopulationConfig, backend=None) -> dict:

@@ -21,13 +21,13 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from corp.algorithms.stats import PerExample
 from corp.config import RunConfig, parse_list
 from corp.errors import CorpError
-from corp.evaluate.context import cached_eval, open_run, run_evals
 from corp.evaluate.voting import majority_vote
 from corp.method import FIXED, SMALL, BenchAdapter, Method, ints, opt
-from corp.runs import ReportRow, format_rows, write_report
-from corp.stats import PerExample
+from corp.runtime.context import cached_eval, open_run, run_evals
+from corp.runtime.runs import ReportRow, format_rows, write_report
 
 
 @dataclass

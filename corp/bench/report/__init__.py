@@ -4,7 +4,7 @@ job: `rows.py` (numbers), `tables.py`, `prose.py` (sentences), `plots.py`, `writ
 
 Statistics: per (task, setting, budget, row) the mean and sample standard deviation of test
 accuracy across seeds; each configured comparison pairs the two rows' per-example outcomes on the
-same test examples in every seed (`corp.stats.compare_paired_seeds`: the across-seed 95% interval,
+same test examples in every seed (`corp.algorithms.stats.compare_paired_seeds`: the across-seed 95% interval,
 a t interval over the seeds' mean paired differences with k - 1 df plus the test examples' sampling
 term, and per seed the difference with its within-seed paired interval and the sign count). A
 sentence that says one row beats another is written only when the across-seed interval excludes

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 
+from corp.algorithms.stats import examples_text, sign_text
 from corp.bench.config import (
     BenchConfig,
     _at_budget,
@@ -14,7 +15,6 @@ from corp.bench.config import (
 )
 from corp.bench.report.rows import LABEL_PRIOR, _mean_sd
 from corp.evaluate.tasks import get_task
-from corp.stats import examples_text, sign_text
 
 
 def dropped_text(c: dict) -> str:

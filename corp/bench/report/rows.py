@@ -10,6 +10,7 @@ import json
 import statistics
 from pathlib import Path
 
+from corp.algorithms.stats import compare_paired_seeds, seed_example_interval, tost_from
 from corp.bench.accounting import eval_flops
 from corp.bench.config import (
     BenchConfig,
@@ -18,9 +19,8 @@ from corp.bench.config import (
 )
 from corp.bench.records import CellRecord, Comparison
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits
-from corp.evaluate.tasks.code import _CodeTask
-from corp.runs import atomic_write_text
-from corp.stats import compare_paired_seeds, seed_example_interval, tost_from
+from corp.evaluate.tasks.coding import _CodeTask
+from corp.runtime.runs import atomic_write_text
 
 CSV_COLUMNS = [
     "task",
@@ -413,7 +413,7 @@ def _ratio_reach(cfg: BenchConfig, rows: list[dict], task: str, setting: str, b:
 
 def equivalence_tests(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
     """`equivalence` entries: per task, setting and budget where both rows ran on the same >= 2 seeds,
-    two one-sided tests (corp.stats.tost_from) of |a - b| < margin on the across-seed interval's mean,
+    two one-sided tests (corp.algorithms.stats.tost_from) of |a - b| < margin on the across-seed interval's mean,
     standard error and df (the comparisons' own t: seeds plus the test examples' term)."""
     out = []
     for e in getattr(cfg, "equivalence_list", []):

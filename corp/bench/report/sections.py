@@ -20,7 +20,7 @@ from corp.bench.report.prose import MULTIPLE_NOTE, PRIMARY_NOTE, regime_text
 from corp.bench.report.write import REPORT_FORMAT
 from corp.bench.retention import readme_lines as retention_lines
 from corp.errors import CorpError
-from corp.runs import atomic_write_text, read_json
+from corp.runtime.runs import atomic_write_text, read_json
 
 # table.md's sections that make up the protocol part, in the order they are shown
 PROTOCOL_HEADINGS = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 
+from corp.algorithms.stats import sign_text
 from corp.bench.accounting import compute_table, regime_table
 from corp.bench.config import (
     BenchConfig,
@@ -24,8 +25,7 @@ from corp.bench.report.prose import (
     seeds_text,
 )
 from corp.bench.report.rows import LABEL_PRIOR, _at_top_budget, _cell_seconds, _unfit_seeds, ratio_comparisons
-from corp.ledger import FLOPS_FORMULA, LORA_CONVENTION
-from corp.stats import sign_text
+from corp.runtime.ledger import FLOPS_FORMULA, LORA_CONVENTION
 
 
 def time_table(cfg: BenchConfig, records: list[dict], tuning: list[dict]) -> list[str]:

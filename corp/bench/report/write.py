@@ -24,7 +24,7 @@ from corp.bench.report.rows import (
     write_csv,
 )
 from corp.bench.report.tables import equivalence_section, protocol_sections, table_md, time_table
-from corp.runs import atomic_write_text, write_json
+from corp.runtime.runs import atomic_write_text, write_json
 
 
 def _write_csvs(cfg: BenchConfig, records: list[dict], tuning: list[dict] | None, out: Path) -> list[dict]:

@@ -11,7 +11,7 @@ from corp.bench.plan import Cell
 from corp.bench.records import CellRecord
 from corp.errors import RunBusy
 from corp.method import ITERATIVE
-from corp.runs import try_flock
+from corp.runtime.runs import try_flock
 
 
 def claim_path(bench: Bench, cell: Cell) -> Path:

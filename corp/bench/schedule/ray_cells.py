@@ -31,13 +31,13 @@ from tqdm.auto import tqdm
 
 from corp.bench.schedule.claims import attempt
 from corp.errors import CorpError, RunBusy
-from corp.evaluate.backends import resolve_backend_name
-from corp.evaluate.executors import actor_cause, init_ray
-from corp.evaluate.ray_cluster import stop_ray, warn_oversubscribed
 from corp.extras import require
 from corp.method import POPULATION
-from corp.models import cuda_count
+from corp.runtime.backends import resolve_backend_name
+from corp.runtime.executors import actor_cause, init_ray
+from corp.runtime.models import cuda_count
 from corp.runtime.progress import progress_disabled
+from corp.runtime.ray_cluster import stop_ray, warn_oversubscribed
 
 CELL_RETRIES = 3  # Ray reruns a cell task whose worker process died this many times
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from corp.errors import CorpError
 from corp.evaluate.tasks.arith import Arith
 from corp.evaluate.tasks.base import SPLITS, Example, SplitSizes, Task, make_splits
-from corp.evaluate.tasks.code import MBPP, HumanEval
+from corp.evaluate.tasks.coding import MBPP, HumanEval
 from corp.evaluate.tasks.countdown import Countdown
 from corp.evaluate.tasks.gsm8k import GSM8K
 from corp.evaluate.tasks.heldout import apply_pool_options, dev_pool

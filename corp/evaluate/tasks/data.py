@@ -14,8 +14,8 @@ from pathlib import Path
 
 from corp.errors import CorpError
 from corp.extras import available, require
-from corp.models import cache_dir, hub_offline
-from corp.runs import atomic_write_text
+from corp.runtime.models import cache_dir, hub_offline
+from corp.runtime.runs import atomic_write_text
 
 
 def data_file(task: str, relative: str, data_dir: str | Path | None = None) -> Path:

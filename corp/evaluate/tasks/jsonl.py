@@ -28,7 +28,7 @@ from pathlib import Path
 from corp.errors import CorpError
 from corp.evaluate.tasks.base import GENERIC_OPTIONS, Example, Task, last_number, normalize_number, path_and_options
 from corp.evaluate.tasks.data import file_sha256, read_records
-from corp.models import shown_datasets
+from corp.runtime.models import shown_datasets
 
 
 class JsonlTask(Task):

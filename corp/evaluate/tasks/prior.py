@@ -5,7 +5,7 @@ learned to say '1' more often gained without learning the task. `label_prior` re
 of examples, the most common gold answer, its share, the number of distinct answers, and the
 accuracy of always giving that answer as scored by the task's own check (which may accept it on
 more examples than share it as their gold string, e.g. countdown, where many expressions are
-right). The accuracy's 95% interval is Wilson's (corp.stats.wilson_interval).
+right). The accuracy's 95% interval is Wilson's (corp.algorithms.stats.wilson_interval).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
+from corp.algorithms.stats import wilson_interval
 from corp.errors import CorpError
 from corp.evaluate.tasks.base import Example, Task
-from corp.stats import wilson_interval
 
 
 def label_prior(task: Task, examples: Sequence[Example]) -> dict:

@@ -3,7 +3,7 @@
 Layers, lowest first: `linalg` (SVD helpers), `rank_stats` (the statistics and the r* rule),
 `power` (what the rule could find at this N), `report` (summary, text, tables, plots),
 `split_half` (the command). What low-rank consolidation shares with the analysis (`low_rank_factors`,
-`project_low_rank`, `reproducible_ranks`) is in the core module `corp/lowrank.py`: algorithm
+`project_low_rank`, `reproducible_ranks`) is in the core module `corp/algorithms/lowrank.py`: algorithm
 packages never import each other (tests/test_layers.py).
 
 The names below are this package's public surface: code outside `corp.methods.analyze_rank` imports them from

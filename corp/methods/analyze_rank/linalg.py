@@ -4,7 +4,7 @@ Plain numerical building blocks, no statistics and no run directories: the top-q
 triplets of a batch of matrices (exact for small sides, randomised otherwise) and the subspace
 overlap of two bases. The best rank-r approximation of an update as LoRA factors
 (`low_rank_factors`, `project_low_rank`), which low-rank consolidation uses too, is in the core
-module `corp/lowrank.py`.
+module `corp/algorithms/lowrank.py`.
 """
 
 from __future__ import annotations

@@ -45,6 +45,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from corp.algorithms.perturb.noise import SCHEME_VERSION
 from corp.errors import CorpError
 from corp.methods.analyze_rank.linalg import one_thread
 from corp.methods.analyze_rank.rank_stats import (
@@ -57,7 +58,6 @@ from corp.methods.analyze_rank.rank_stats import (
     overlap_values,
     svd_rank,
 )
-from corp.perturb.noise import SCHEME_VERSION
 
 POWER_TARGET = 0.8
 BRACKET_RATIO = 1.3

@@ -70,13 +70,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from corp.algorithms.perturb import noise
+from corp.algorithms.perturb.noise import SCHEME_VERSION
+from corp.algorithms.stats import zscore
 from corp.errors import CorpError
-from corp.ledger import say_expected
 from corp.methods.analyze_rank.linalg import one_thread, top_svd
-from corp.perturb import noise
-from corp.perturb.noise import SCHEME_VERSION
+from corp.runtime.ledger import say_expected
 from corp.runtime.progress import progress_disabled
-from corp.stats import zscore
 
 OVERSAMPLE = 8
 STATS = ("overlap_left", "overlap_right", "overlap", "marginal", "cos_raw", "cos_proj", "energy")

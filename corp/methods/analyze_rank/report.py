@@ -1,6 +1,6 @@
 """Split-half low-rank analysis: the summary (per module, per layer, whole model), its printed
 text, the CSV table and plots. `reproducible_ranks`, which reads the r* table back for low-rank
-consolidation, is in the core module `corp/lowrank.py`.
+consolidation, is in the core module `corp/algorithms/lowrank.py`.
 
 No algorithm here: the statistics and the rule are in `corp.methods.analyze_rank.rank_stats` (see its
 docstring for the specification and its departures), the power simulation in `power`.
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from corp.methods.analyze_rank.power import power_lines, power_sentence
-from corp.runs import atomic_write_text, write_json
+from corp.runtime.runs import atomic_write_text, write_json
 
 
 def _binom_sf(k: int, n: int, p: float) -> float:

@@ -7,7 +7,7 @@ simulation (`corp.methods.analyze_rank.power`), and writes the outputs (`corp.me
 
 The layers below it: `linalg` (SVD helpers), `rank_stats` (statistics and the r* rule), `power`,
 `report`. The low-rank helpers low-rank consolidation shares (`reproducible_ranks`,
-`project_low_rank`, `low_rank_factors`) are in the core module `corp/lowrank.py`; the others that
+`project_low_rank`, `low_rank_factors`) are in the core module `corp/algorithms/lowrank.py`; the others that
 other code imported from here before the split (`analyze_population`, ...) are re-exported.
 """
 
@@ -18,18 +18,18 @@ from pathlib import Path
 
 import torch
 
+from corp.algorithms.perturb import ParamFilter
+from corp.algorithms.perturb.noise import check_scheme
 from corp.errors import CorpError
-from corp.evaluate.context import open_run
 from corp.evaluate.racing import is_raced
 from corp.evaluate.scorer import ensure_population
 from corp.methods.analyze_rank.linalg import subspace_overlap, top_svd
 from corp.methods.analyze_rank.power import analysis_power
 from corp.methods.analyze_rank.rank_stats import Plan, analyze_population, pair_stats
 from corp.methods.analyze_rank.report import summarise, summary_text, write_outputs
-from corp.models import ALIASES, resolve_model
-from corp.perturb import ParamFilter
-from corp.perturb.noise import check_scheme
-from corp.runs import read_json, read_jsonl, write_json
+from corp.runtime.context import open_run
+from corp.runtime.models import ALIASES, resolve_model
+from corp.runtime.runs import read_json, read_jsonl, write_json
 
 __all__ = [
     "Plan",

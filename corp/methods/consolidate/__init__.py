@@ -1,10 +1,10 @@
 """CoRP consolidation (`corp consolidate`): score or reuse a population, fold it into one gated model
-with the CoRP operator (the core package `corp/operator/`, which `corp fedcorp` runs too), stage 2,
+with the CoRP operator (the core package `corp/algorithms/corp_operator/`, which `corp fedcorp` runs too), stage 2,
 low-rank consolidation, the recipe and the report.
 
 The names below are this package's public surface: code outside `corp.methods.consolidate` imports them
 from here (`from corp.methods.consolidate import run_consolidate`), never from a submodule (tests/test_layers.py).
-The recipe (`make_recipe`, `apply_recipe`, ...) is the core module `corp/recipe.py`.
+The recipe (`make_recipe`, `apply_recipe`, ...) is the core module `corp/algorithms/recipe.py`.
 """
 
 from corp.method import POPULATION, SMALL, BenchAdapter, Method, labelled

@@ -1,7 +1,7 @@
 """The `corp consolidate` command's config (arXiv 2605.31494; docs/methods.md "CoRP").
 
 `ConsolidateConfig` is a population run plus the CoRP operator (`OperatorConfig`, in the core
-package `corp/operator/config.py`) plus low-rank consolidation and reporting options.
+package `corp/algorithms/corp_operator/config.py`) plus low-rank consolidation and reporting options.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from corp.algorithms.corp_operator.config import OperatorConfig
+from corp.algorithms.corp_operator.gate import MIN_PROBE, MIN_VALIDATION
+from corp.algorithms.perturb import lowrank_rank, scheme_from_flag
 from corp.config import DEFAULT_TOP_K, PopulationConfig, fit_top_k
 from corp.errors import CorpError
 from corp.methods.consolidate.lowrank import parse_low_rank
-from corp.operator.config import OperatorConfig
-from corp.operator.gate import MIN_PROBE, MIN_VALIDATION
-from corp.perturb import lowrank_rank, scheme_from_flag
 
 
 @dataclass

@@ -4,12 +4,12 @@ What it implements: docs/methods.md, "Low-rank consolidation (ours)". This is OU
 CoRP paper's (arXiv 2605.31494 reports low-rank structure but publishes no low-rank consolidation).
 Per (q, beta) stage, the merged update m2 (and m1, so the pass-1 report compares like with like)
 is materialised matrix by matrix and each selected matrix's block is replaced by its best rank-r
-approximation B @ A (exact SVD, `corp.lowrank.low_rank_factors`). The projection is
+approximation B @ A (exact SVD, `corp.algorithms.lowrank.low_rank_factors`). The projection is
 linear in the step, P(alpha m) = alpha P(m), so the factors are computed once per m and the step
 search only scales them; the probe search and the validation gate then see the projected
 candidates, exactly as they see full-rank ones.
 `LowRankDirection`, its factors file (`write_factors`, `load_factors`), the SVD helper
-`low_rank_factors` and `reproducible_ranks` are in `corp/lowrank.py`, the core module the recipe
+`low_rank_factors` and `reproducible_ranks` are in `corp/algorithms/lowrank.py`, the core module the recipe
 and the analysis share; this module is consolidation's own: which ranks, the projector, the PEFT
 export, the exact LoRA of a low-rank population and its compression.
 
@@ -36,7 +36,7 @@ Choices and departures, each for a reason:
   LoRA loader may not honour rank_pattern/alpha_pattern; PEFT does.
 
 Exact LoRA of a low-rank population (`--noise lowrank:r=R --export-lora` with `--low-rank off`):
-every specialist's noise is E_k = A_k B_k^T / sqrt(R) per matrix (corp.perturb.lowrank_noise) and
+every specialist's noise is E_k = A_k B_k^T / sqrt(R) per matrix (corp.algorithms.perturb.lowrank_noise) and
 1-D parameters get none, so CoRP's update sum_k c_k E_k (c_k = coef_k sigma_k, merged terms'
 scales folded in, components of one seed summed) IS a rank <= K*R update of the 2-D matrices and
 nothing else. `exact_lora` writes it as a LowRankDirection at unit scale with B = [c_1 A_1 / sqrt(R)
@@ -57,12 +57,12 @@ from pathlib import Path
 
 import torch
 
+from corp.algorithms.lowrank import LowRankDirection, low_rank_factors, reproducible_ranks
+from corp.algorithms.perturb import Direction
+from corp.algorithms.perturb.lowrank_noise import factors as noise_factors
+from corp.algorithms.perturb.lowrank_noise import lowrank_rank
 from corp.errors import CorpError
 from corp.extras import require
-from corp.lowrank import LowRankDirection, low_rank_factors, reproducible_ranks
-from corp.perturb import Direction
-from corp.perturb.lowrank_noise import factors as noise_factors
-from corp.perturb.lowrank_noise import lowrank_rank
 
 
 def parse_low_rank(value) -> str:

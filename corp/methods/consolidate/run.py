@@ -16,21 +16,16 @@ import time
 import warnings
 from collections.abc import Sequence
 
-from corp.evaluate.backends.base import MODEL, PERTURBER
-from corp.evaluate.batched import direction_factored_for, direction_key, direction_rows
-from corp.evaluate.context import (
-    EvalCache,
-    RunContext,
-    cached_eval,
-    direction_fingerprint,
-    open_run,
-    row_scores,
-    run_evals,
-)
+from corp.algorithms.corp_operator.algebra import elite_set
+from corp.algorithms.corp_operator.gate import kept_out_line, margin, margin_line
+from corp.algorithms.corp_operator.stage1 import consolidate_stage1, reward_scale
+from corp.algorithms.lowrank import FACTORS_FILE, LowRankDirection, write_factors
+from corp.algorithms.perturb import Direction, ParamFilter, lowrank_rank
+from corp.algorithms.recipe import make_recipe, produced_weights, write_recipe
+from corp.algorithms.stats import PerExample
 from corp.evaluate.population import population_line, population_summary, randopt_results, sigma_edge_flags
 from corp.evaluate.scorer import ensure_population
 from corp.grids import edge_lines
-from corp.lowrank import FACTORS_FILE, LowRankDirection, write_factors
 from corp.methods.consolidate.config import ConsolidateConfig
 from corp.methods.consolidate.lowrank import (
     LowRankProjector,
@@ -41,15 +36,20 @@ from corp.methods.consolidate.lowrank import (
     resolve_ranks,
 )
 from corp.methods.consolidate.stage2 import consolidate_stage2
-from corp.models import adapter_base, save_model
-from corp.operator.algebra import elite_set
-from corp.operator.corp_operator import consolidate_stage1, reward_scale
-from corp.operator.gate import kept_out_line, margin, margin_line
-from corp.perturb import Direction, ParamFilter, lowrank_rank
-from corp.recipe import make_recipe, produced_weights, write_recipe
-from corp.runs import ReportRow, format_rows, write_report
+from corp.runtime.backends.base import MODEL, PERTURBER
+from corp.runtime.batched import direction_factored_for, direction_key, direction_rows
+from corp.runtime.context import (
+    EvalCache,
+    RunContext,
+    cached_eval,
+    direction_fingerprint,
+    open_run,
+    row_scores,
+    run_evals,
+)
+from corp.runtime.models import adapter_base, save_model
 from corp.runtime.progress import progress_disabled
-from corp.stats import PerExample
+from corp.runtime.runs import ReportRow, format_rows, write_report
 
 __all__ = ["RunScorer", "direction_fingerprint", "run_consolidate"]
 
@@ -95,7 +95,7 @@ class RunScorer:
     cached in the run's evals.jsonl, keyed by what was evaluated and on exactly which examples (resume).
 
     On a low-rank population with the hf backend (`factored`), directions of seed components and
-    merged terms are evaluated in the factored pass (`corp.evaluate.batched.direction_rows`):
+    merged terms are evaluated in the factored pass (`corp.runtime.batched.direction_rows`):
     the base weights stay in place, each merged term's factors are drawn once and every step size
     scales them, nothing is materialised (the saved model is, once). Same rows and keys as the dense
     path, up to floating-point rounding of the generations. Full-rank runs, and low-rank ones on vllm (its

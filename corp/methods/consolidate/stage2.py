@@ -20,11 +20,11 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from corp.algorithms.corp_operator.algebra import combine, principal_directions
+from corp.algorithms.corp_operator.config import OperatorConfig
+from corp.algorithms.corp_operator.stage1 import ConsolidationResult, ScoreFn, gate_on, mean_score, merge_and_search
+from corp.algorithms.perturb import SCHEME_VERSION, Direction, specialist_seeds
 from corp.errors import CorpError
-from corp.operator.algebra import combine, principal_directions
-from corp.operator.config import OperatorConfig
-from corp.operator.corp_operator import ConsolidationResult, ScoreFn, gate_on, mean_score, merge_and_search
-from corp.perturb import SCHEME_VERSION, Direction, specialist_seeds
 
 
 def local_population(

@@ -3,9 +3,9 @@
 Layers: `combine.py` (how clients' rewards are combined, fedcorp's own) and `run.py` (the
 command). What fedcorp shares with other methods is in the core, since algorithm packages never
 import each other (tests/test_layers.py): the client machinery (non-IID client split, wire
-messages, client pools with a drop-on-death rule: `corp/clients.py`, which FGRPO and FERA use
-too), the aggregation rules (`corp/aggregation.py`), the CoRP operator (`corp/operator/`) and the
-recipe (`corp/recipe.py`).
+messages, client pools with a drop-on-death rule: `corp/runtime/clients.py`, which FGRPO and FERA use
+too), the aggregation rules (`corp/algorithms/aggregation.py`), the CoRP operator (`corp/algorithms/corp_operator/`) and the
+recipe (`corp/algorithms/recipe.py`).
 
 The names below are this package's public surface: code outside `corp.methods.fedcorp` imports them from
 here (`from corp.methods.fedcorp import run_fedcorp`), never from a submodule (tests/test_layers.py).

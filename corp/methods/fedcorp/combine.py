@@ -1,14 +1,14 @@
 """Federated CoRP's combination of per-client rewards (`corp fedcorp --combine mean|gain`).
 
 Only `corp fedcorp` uses it, so it stays in corp/methods/fedcorp/; the aggregation rules it builds on
-(FedAvg's data-size weights) are in the core module `corp/aggregation.py`.
+(FedAvg's data-size weights) are in the core module `corp/algorithms/aggregation.py`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from corp.aggregation import EPS, fedavg_weights
+from corp.algorithms.aggregation import EPS, fedavg_weights
 from corp.errors import CorpError
 
 COMBINE_RULES = ("mean", "gain")

@@ -1,7 +1,7 @@
 """Federated weight space (`corp fedcorp`): CoRP stage 1 across K clients that never share data.
 
 Ours (docs/methods.md, "Federated weight space"; issue 14), not a published method. Where it departs
-from the centralised CoRP (the operator, corp/operator/corp_operator.py), and why:
+from the centralised CoRP (the operator, corp/algorithms/corp_operator/stage1.py), and why:
 - Population: the server broadcasts N (seed, sigma) pairs; every client rebuilds each specialist
   from its seed and scores it on its private support share; only (seed-indexed) mean rewards, the
   client's base-model mean reward, its share size and its token counts go back.
@@ -14,7 +14,7 @@ from the centralised CoRP (the operator, corp/operator/corp_operator.py), and wh
   candidate (seeds, coefficients, alpha: a few hundred bytes) and every client returns its mean
   probe reward on its private probe share; the candidate's probe score is the same combination.
 - Gate: the best candidate goes to every client, which gates it against the base on its own
-  validation share with the usual paired lower bound (corp.operator.gate.paired_gate) and
+  validation share with the usual paired lower bound (corp.algorithms.corp_operator.gate.paired_gate) and
   returns accept/reject with (n, mean gain, lower bound): a veto is counted, never its data. The
   candidate is deployed iff at least --min-accept of the clients that answered accept (default 1:
   any veto abstains). Pooled validation is never formed.
@@ -32,7 +32,20 @@ from functools import partial
 from pathlib import Path
 from typing import ClassVar
 
-from corp.clients import (
+from corp.algorithms.corp_operator.config import OperatorConfig
+from corp.algorithms.corp_operator.gate import paired_gate
+from corp.algorithms.corp_operator.stage1 import merge_and_search
+from corp.algorithms.perturb import Direction, ParamFilter
+from corp.algorithms.recipe import make_recipe, produced_weights
+from corp.config import PopulationConfig
+from corp.errors import CorpError
+from corp.evaluate.rewards import resolve_reward
+from corp.evaluate.scorer import specialists_for
+from corp.evaluate.tasks import get_task
+from corp.extras import require
+from corp.methods.fedcorp.combine import COMBINE_RULES, combine_client_rewards
+from corp.runtime.backends.base import MODEL, PERTURBER
+from corp.runtime.clients import (
     SPLIT_RULES,
     ClientBase,
     ClientPool,
@@ -41,21 +54,8 @@ from corp.clients import (
     partition_ids,
     split_clients,
 )
-from corp.config import PopulationConfig
-from corp.errors import CorpError
-from corp.evaluate.backends.base import MODEL, PERTURBER
-from corp.evaluate.context import EvalCache, RunContext, cached_eval, direction_fingerprint, open_run, run_evals
-from corp.evaluate.rewards import resolve_reward
-from corp.evaluate.scorer import specialists_for
-from corp.evaluate.tasks import get_task
-from corp.extras import require
-from corp.loop import Outputs, finish, method_rows
-from corp.methods.fedcorp.combine import COMBINE_RULES, combine_client_rewards
-from corp.operator.config import OperatorConfig
-from corp.operator.corp_operator import merge_and_search
-from corp.operator.gate import paired_gate
-from corp.perturb import Direction, ParamFilter
-from corp.recipe import make_recipe, produced_weights
+from corp.runtime.context import EvalCache, RunContext, cached_eval, direction_fingerprint, open_run, run_evals
+from corp.runtime.loop import Outputs, finish, method_rows
 from corp.runtime.progress import progress_disabled
 
 CLIENT_SPLITS = ("support", "probe", "validation")

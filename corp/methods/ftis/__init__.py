@@ -25,7 +25,7 @@ Choices of ours (the paper's are not public), each stated:
   per-token logprobs do not align with local tokens, defines mu per LOCAL token as the sender's
   reported sequence log-probability spread evenly: log mu_t = log mu(text) / T_local. The product
   of the per-token ratios is then exactly pi_old(text) / mu(text); per token it is an approximation.
-- Built on corp grpo (corp.grpo.trainer): FTISConfig extends GRPOConfig and a node is a
+- Built on corp grpo (corp.algorithms.grpo.trainer): FTISConfig extends GRPOConfig and a node is a
   GRPOTrainer (optimizer set-up, checkpoint, micro-batch step) whose per-token loss is F-TIS's.
   num_iterations = 1 (pi_old = the current weights, detached), no KL penalty to a reference, no
   LoRA, no loss variant (those GRPO options are refused, UNSUPPORTED): the policy-gradient part is
@@ -50,12 +50,12 @@ exchange, a node), run.py (the arms, the command, the report); this file: the be
 
 from __future__ import annotations
 
+from corp.algorithms.grpo.trainer import drawn_positions
 from corp.errors import CorpError
-from corp.grpo.trainer import drawn_positions
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, opt, option_default
 from corp.methods.ftis.config import FTISConfig
 from corp.methods.ftis.run import run_ftis, summary
-from corp.models import resolve_model
+from corp.runtime.models import resolve_model
 
 
 # In the bench, node 0 (the bench's model) learns beside the other nodes (e.g. Gemma 3 270M); one step = every

@@ -7,11 +7,11 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from corp.config import flag
-from corp.errors import CorpError
-from corp.grpo.trainer import (
+from corp.algorithms.grpo.trainer import (
     GRPOConfig,
 )
+from corp.config import flag
+from corp.errors import CorpError
 
 # GRPO options F-TIS does not have, each refused unless at its default (never silently ignored), and why
 UNSUPPORTED = {

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 import torch
 
-from corp.errors import CorpError
-from corp.grpo.trainer import (
+from corp.algorithms.grpo.trainer import (
     GRPOTrainer,
     build_batch,
     group_advantages,
     per_token_loss,
     token_logps_and_entropy,
 )
+from corp.errors import CorpError
 from corp.methods.ftis.config import FTISConfig
 
 LOGRATIO_CLAMP = 50.0
@@ -48,7 +48,7 @@ def ftis_token_loss(
 ):
     """F-TIS per-token loss (B, T) before aggregation, and (weights, keep, kl) for logging.
 
-    GRPO's clipped per-token loss (corp.grpo.trainer.per_token_loss, no KL term) times the
+    GRPO's clipped per-token loss (corp.algorithms.grpo.trainer.per_token_loss, no KL term) times the
     detached truncated importance weight, with filtered completions weighted 0."""
     old = old_logps.detach()
     w = tis_weights(old, mu_logps, off_policy, cap)

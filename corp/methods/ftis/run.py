@@ -9,23 +9,23 @@ import json
 import random
 import time
 
-from corp.config import RunConfig, config_to_dict
-from corp.errors import CorpError
-from corp.evaluate.backends import make_backend
-from corp.evaluate.context import cached_eval, eval_identity, eval_key, open_run, run_evals
-from corp.evaluate.rewards import compute_rewards
-from corp.evaluate.tasks import SplitSizes, get_task, make_splits
-from corp.grpo.trainer import (
+from corp.algorithms.grpo.trainer import (
     GRPOConfig,
 )
-from corp.ledger import Ledger
-from corp.loop import Outputs, Steps, finish, run_steps
+from corp.algorithms.perturb import ParamFilter
+from corp.algorithms.stats import PerExample
+from corp.config import RunConfig, config_to_dict
+from corp.errors import CorpError
+from corp.evaluate.rewards import compute_rewards
+from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 from corp.methods.ftis.config import FTISConfig
 from corp.methods.ftis.node import Node, Rollout, same_tokenizer
-from corp.models import resolve_model
-from corp.perturb import ParamFilter
-from corp.runs import ReportRow
-from corp.stats import PerExample
+from corp.runtime.backends import make_backend
+from corp.runtime.context import cached_eval, eval_identity, eval_key, open_run, run_evals
+from corp.runtime.ledger import Ledger
+from corp.runtime.loop import Outputs, Steps, finish, run_steps
+from corp.runtime.models import resolve_model
+from corp.runtime.runs import ReportRow
 
 # ---------------------------------------------------------------- one arm: F-TIS over all nodes, or GRPO on one
 

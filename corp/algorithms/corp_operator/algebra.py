@@ -1,0 +1,252 @@
+"""Direction algebra for CoRP (arXiv 2605.31494; docs/methods.md "CoRP"): the weight-space Gram
+matrix of seeded perturbations, linear combinations of directions (plain and merged), the elite
+set, the compatibility terms and the kernel PCA of the elite cloud. Exact linear algebra on seed
+coefficients; nothing here evaluates a model.
+
+Departure from the public code (a docs/methods.md must-have): the Gram matrix is exact in weight space
+(fp64 over every selected tensor, noise regenerated tensor by tensor), with the seed-orthogonal
+approximation (distinct seeds orthogonal, |eps|^2 = dim) beside it for comparison.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from corp.algorithms.perturb import SCHEME_VERSION, Component, Direction, noise
+from corp.algorithms.perturb.direction import Scratch, per_tensor
+
+
+def gram_matrix(
+    params: Sequence[tuple[str, torch.Size]],
+    seeds: Sequence[int],
+    memory_gb: float = 2.0,
+    progress: bool = True,
+    cache_dir=None,
+    scheme: str = SCHEME_VERSION,
+) -> np.ndarray:
+    """G_ij = <eps(seed_i), eps(seed_j)> over all `params`, accumulated in fp64 (noise of `scheme`,
+    the run's: a population scored under an older scheme keeps its meaning).
+
+    Noise is regenerated tensor by tensor, tensors on parallel workers (`per_tensor`); when a
+    tensor's stacked noise for all seeds would exceed the memory budget (per worker), seeds are
+    processed in row blocks (regenerating a block once per pair).
+    With `cache_dir`, the result is stored there keyed by (noise scheme, tensors, seeds), so a
+    resumed run does not pay for it twice.
+    """
+    if cache_dir is not None:
+        return _cached_gram(params, seeds, memory_gb, progress, cache_dir, scheme)
+    k = len(seeds)
+    G = torch.zeros((k, k), dtype=torch.float64)
+    # The budget is per worker (each stacks its own tensor's noise) so that the row blocks, and
+    # with them the bits of G, do not depend on how many workers ran.
+    budget = max(1, int(memory_gb * 2**30))
+
+    def partial(name: str, shape, scratch: Scratch) -> tuple[str, torch.Tensor]:
+        """This tensor's part of G, on a worker (`scratch.gen` is its own generator)."""
+        return name, _tensor_gram(seeds, name, shape, scratch.gen, budget, scheme)
+
+    parts = per_tensor(partial, [(name, torch.Size(shape)) for name, shape in params])
+    _add_in_order(G, params, parts, progress)
+    return G.numpy()
+
+
+def _cached_gram(
+    params: Sequence[tuple[str, torch.Size]],
+    seeds: Sequence[int],
+    memory_gb: float,
+    progress: bool,
+    cache_dir,
+    scheme: str,
+) -> np.ndarray:
+    """`gram_matrix` through its file cache in `cache_dir`: computed once, written atomically."""
+    key = hashlib.sha1(
+        repr((scheme, [(n, tuple(s)) for n, s in params], [int(x) for x in seeds])).encode()
+    ).hexdigest()[:16]
+    path = Path(cache_dir) / f"gram-{key}.npy"
+    if path.exists():
+        return np.load(path)
+    G = gram_matrix(params, seeds, memory_gb, progress, None, scheme)
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, G)
+    tmp.replace(path)
+    return G
+
+
+def _stack_noise(
+    seeds: Sequence[int], idx: Sequence[int], name: str, shape, gen: torch.Generator, scheme: str
+) -> torch.Tensor:
+    """The noise of tensor `name` for the seeds at `idx`, one flat fp32 row each."""
+    n = int(np.prod(shape))
+    out = torch.empty((len(idx), n), dtype=torch.float32)
+    for r, i in enumerate(idx):
+        noise(seeds[i], name, shape, gen, out=out[r].view(shape), scheme=scheme)
+    return out
+
+
+def _tensor_gram(
+    seeds: Sequence[int], name: str, shape, gen: torch.Generator, budget: int, scheme: str
+) -> torch.Tensor:
+    """One tensor's part of G, in row blocks that fit the per-worker memory budget."""
+    k = len(seeds)
+    n = int(np.prod(shape))
+    part = torch.zeros((k, k), dtype=torch.float64)
+    rows = max(1, min(k, budget // (4 * n)))
+    blocks = [list(range(s, min(s + rows, k))) for s in range(0, k, rows)]
+    for bi, I in enumerate(blocks):  # noqa: E741  (I, J: the block index sets of the notation)
+        SI = _stack_noise(seeds, I, name, shape, gen, scheme)
+        for J in blocks[bi:]:
+            SJ = SI if J is I else _stack_noise(seeds, J, name, shape, gen, scheme)
+            acc = _block_product(SI, SJ, I, J, n, budget)
+            part[np.ix_(I, J)] = acc
+            if J is not I:
+                part[np.ix_(J, I)] = acc.T
+    return part
+
+
+def _block_product(
+    SI: torch.Tensor, SJ: torch.Tensor, block_i: Sequence[int], block_j: Sequence[int], n: int, budget: int
+) -> torch.Tensor:
+    """SI @ SJ.T (the block pair I, J) in fp64, summed over column chunks (`fp64_chunk`) so the
+    fp64 copies fit the budget."""
+    acc = torch.zeros((len(block_i), len(block_j)), dtype=torch.float64)
+    chunk = fp64_chunk(len(block_i), len(block_j), budget)
+    for c in range(0, n, chunk):
+        acc += SI[:, c : c + chunk].double() @ SJ[:, c : c + chunk].double().T
+    return acc
+
+
+def _add_in_order(G: torch.Tensor, params: Sequence[tuple[str, torch.Size]], parts, progress: bool) -> None:
+    """Add the tensors' parts (arriving in any order from the workers) to G in `params` order, so G
+    has the same bits whatever the number of workers."""
+    position = {name: i for i, (name, _) in enumerate(params)}
+    waiting: dict[int, torch.Tensor] = {}
+    added = 0
+    bar = tqdm(total=len(params), desc="gram (exact compat)", unit="tensor", disable=not progress, dynamic_ncols=True)
+    for name, part in parts:
+        waiting[position[name]] = part
+        while added in waiting:
+            G += waiting.pop(added)
+            added += 1
+        bar.update(1)
+    bar.close()
+
+
+def fp64_chunk(rows_i: int, rows_j: int, budget: int) -> int:
+    """Elements per row of one fp64 matmul chunk of a Gram block: 1M (what it always was, so the
+    bits of G are unchanged up to 128 rows in a block pair), fewer where the chunk's two fp64 copies
+    would pass half the memory budget. With 1M always, a block of 500 specialists on a 0.9M-element
+    tensor copied 7 GB in fp64 beside its 1.8 GB fp32 stack, past the budget: a population in
+    CoRP's regime (hundreds) took 11-19 GB and was killed for memory on a 24 GB machine."""
+    return max(1, min(1 << 20, (budget // 2) // (8 * (rows_i + rows_j))))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    z = x - x.max()
+    e = np.exp(z)
+    return e / e.sum()
+
+
+def combine(perts: Sequence[Direction], weights: Sequence[float]) -> Direction:
+    """sum_j w_j p_j as one Direction of plain components; components with the same (seed, sigma)
+    are merged, in order of first appearance."""
+    acc: dict[tuple[int, float], float] = {}
+    for p, w in zip(perts, weights):
+        for c in p.seed_components():
+            key = (c.seed, c.sigma)
+            acc[key] = acc.get(key, 0.0) + float(w) * c.coef
+    return Direction([Component(s, sg, cf) for (s, sg), cf in acc.items() if cf != 0.0])
+
+
+def merge(perts: Sequence[Direction], weights: Sequence[float]) -> Direction:
+    """sum_j w_j p_j as one merged term (`Direction.merged`): the coefficients of `combine`,
+    materialised once as M and scaled per step size (alpha M), in the step search and in
+    `corp apply` alike, so the recipe rebuilds exactly the weights that were evaluated."""
+    return Direction.merged(combine(perts, weights).components)
+
+
+def seed_basis(perts: Sequence[Direction]) -> tuple[list[int], np.ndarray]:
+    """Write each perturbation as p_j = sum_b C[j, b] eps(seed_b): the seed basis and C (sigma absorbed)."""
+    seeds: list[int] = []
+    index: dict[int, int] = {}
+    for p in perts:
+        for c in p.seed_components():
+            if c.seed not in index:
+                index[c.seed] = len(seeds)
+                seeds.append(c.seed)
+    C = np.zeros((len(perts), len(seeds)))
+    for j, p in enumerate(perts):
+        for c in p.seed_components():
+            C[j, index[c.seed]] += c.coef * c.sigma
+    return seeds, C
+
+
+def elite_set(rewards: np.ndarray, q: float) -> list[int]:
+    """E = {i : r_i >= quantile_q(r)}, in population order."""
+    thr = np.quantile(rewards, q)
+    return [i for i in range(len(rewards)) if rewards[i] >= thr]
+
+
+def compat_terms(w1: np.ndarray, Gp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Alignment cos(p_i, m1) and dispersion |p_i - proj_m1 p_i|^2 of each elite perturbation p_i,
+    from the elites' Gram matrix Gp = <p_i, p_j> and m1 = sum_j w1_j p_j."""
+    inner = Gp @ w1  # <p_i, m1>
+    m1_sq = float(w1 @ Gp @ w1)
+    own_sq = np.diag(Gp).copy()
+    if m1_sq <= 0:
+        return np.zeros_like(w1), own_sq
+    alignment = inner / np.sqrt(np.maximum(own_sq, 1e-300) * m1_sq)
+    dispersion = own_sq - inner**2 / m1_sq
+    return alignment, dispersion
+
+
+def perturbation_grams(
+    perts: Sequence[Direction],
+    params,
+    exact_for: Sequence[int] | None,
+    memory_gb: float,
+    progress: bool,
+    cache_dir=None,
+    scheme: str = SCHEME_VERSION,
+) -> tuple[np.ndarray | None, np.ndarray]:
+    """(exact Gram or None, seed-orthogonal Gram) of the perturbations; the exact one only over
+    `exact_for` (the widest elite set), the rest left zero (never read)."""
+    dim = int(sum(int(np.prod(s)) for _, s in params))
+    seeds, C = seed_basis(perts)
+    approx = dim * (C @ C.T)
+    if exact_for is None:
+        return None, approx
+    idx = list(exact_for)
+    cols = sorted({b for j in idx for b in np.nonzero(C[j])[0]})
+    G_seed = gram_matrix(params, [seeds[b] for b in cols], memory_gb, progress, cache_dir, scheme)
+    Csub = C[np.ix_(idx, cols)]
+    exact = np.zeros_like(approx)
+    exact[np.ix_(idx, idx)] = Csub @ G_seed @ Csub.T
+    return exact, approx
+
+
+def principal_directions(elite: Sequence[int], perts: Sequence[Direction], Gp: np.ndarray, k: int) -> list[Direction]:
+    """Top-k unit-norm principal directions of the elite cloud {p_i}, as seed combinations.
+
+    Kernel PCA: with centred Gram K = H Gp H (H = I - 11^T/n), eigenpairs (lambda, v) give the unit
+    direction u = sum_j v_j p_j / sqrt(lambda) (v is orthogonal to 1, so centring drops out).
+    """
+    E = list(elite)
+    n = len(E)
+    if k <= 0 or n < 2:
+        return []
+    H = np.eye(n) - 1.0 / n
+    K = H @ Gp[np.ix_(E, E)] @ H
+    vals, vecs = np.linalg.eigh((K + K.T) / 2)
+    out = []
+    for idx in np.argsort(vals)[::-1][:k]:
+        if vals[idx] <= 1e-12 * max(1.0, vals.max()):
+            break
+        out.append(combine([perts[i] for i in E], vecs[:, idx] / math.sqrt(vals[idx])))
+    return out

@@ -1,0 +1,264 @@
+"""`hf` backend: transformers generation, batched and left-padded, greedy by default.
+
+The reference for correctness and the default on CPU. Prompts are formatted with the tokenizer's
+chat template when it has one (instruction-tuned models), else used as plain text (base models).
+Batches are formed from prompts sorted by length so little compute goes to padding.
+
+Sampling (temperature > 0) does not use transformers' sampler, which draws the whole batch's
+tokens from torch's one global generator (so a row's sample would depend on its batch-mates and
+on the batch order). Instead `RowSampler`, a logits processor run last under greedy decoding,
+draws each row's token by inverse CDF from a uniform of that row's own CPU `torch.Generator`
+(seeded with `completion_seed`, see corp.runtime.backends.base), and leaves only that token
+finite, so greedy's argmax takes it. Temperature and top-p are applied as transformers applies
+them. Cost: one tiny CPU draw per row and step plus one batched cumsum and search, small next to
+the forward pass; the global RNG is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+from transformers import LogitsProcessor, LogitsProcessorList
+
+from corp.algorithms.perturb import SCHEME_VERSION, Direction, ParamFilter, Perturber, weights_hash
+from corp.runtime.backends.base import (
+    LOGPROBS,
+    MODEL,
+    PERTURBER,
+    Backend,
+    Generations,
+    check_fits,
+    completion_seed,
+    context_of,
+    cut_at_stop,
+    resolve_seeds,
+)
+from corp.runtime.models import load_model
+
+
+def format_prompt(tokenizer, prompt: str) -> str:
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
+    # callers encode with add_special_tokens=False (a chat template writes its own BOS), so a plain
+    # prompt gets the BOS its tokenizer would add here: Gemma degenerates without it
+    bos = tokenizer.bos_token_id
+    if bos is not None and tokenizer("a")["input_ids"][:1] == [bos] and not prompt.startswith(tokenizer.bos_token):
+        return tokenizer.bos_token + prompt
+    return prompt
+
+
+class RowSampler(LogitsProcessor):
+    """A logits processor that samples each row from its own generator (module docstring)."""
+
+    def __init__(self, row_seeds: list[int], temperature: float, top_p: float):
+        self.gens = [torch.Generator().manual_seed(s) for s in row_seeds]
+        self.temperature, self.top_p = float(temperature), float(top_p)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        logits = scores.float() / self.temperature
+        if self.top_p < 1.0:
+            # as transformers' TopPLogitsWarper: drop the least likely tokens holding 1 - top_p of the mass, keep >= 1
+            sorted_logits, sorted_idx = torch.sort(logits, descending=False, dim=-1)
+            cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+            drop = cum <= (1 - self.top_p)
+            drop[..., -1:] = False
+            logits = logits.masked_fill(drop.scatter(1, sorted_idx, drop), float("-inf"))
+        cdf = logits.softmax(dim=-1).cumsum(dim=-1)
+        u = torch.cat([torch.rand(1, generator=g) for g in self.gens]).to(cdf.device)
+        # the first token whose cumulative probability exceeds x = u * total (so never a zero-probability
+        # token); x stays below the total, which rounding of u * total could otherwise reach
+        total = cdf[:, -1]
+        x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total))).unsqueeze(1)
+        tokens = torch.searchsorted(cdf, x, right=True)
+        out = torch.full_like(scores, float("-inf"))
+        return out.scatter_(1, tokens, 0.0)
+
+
+class HFBackend(Backend):
+    name = "hf"
+    capabilities = frozenset({PERTURBER, MODEL, LOGPROBS})
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_size: int = 64,
+        param_filter: ParamFilter | None = None,
+        model_id: str | None = None,
+        model_path=None,
+        scheme: str = SCHEME_VERSION,
+    ):
+        """`model_id`/`model_path`: where the weights came from (None for an in-memory model: the
+        caller names it); `scheme`: the noise scheme directions are materialised under (the run's)."""
+        self.model, self.tokenizer = model, tokenizer
+        self.model_id, self.model_path = model_id, model_path
+        self._weights_hash: str | None = None
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.batch_size = batch_size
+        self.device = next(model.parameters()).device
+        self.perturber = Perturber(model, param_filter, scheme=scheme)
+        self.n_params = sum(p.numel() for p in model.parameters())
+        self.context_length = context_of(model.config)
+        eos = model.generation_config.eos_token_id if model.generation_config is not None else None
+        eos = eos if eos is not None else tokenizer.eos_token_id
+        self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        self.eos_ids.add(tokenizer.eos_token_id)
+        self.eos_ids.discard(None)
+
+    @classmethod
+    def from_model_name(cls, name: str | None, device: str = "cpu", dtype: str | None = None, **kwargs) -> HFBackend:
+
+        model, tokenizer, model_id, path = load_model(name, device=device, dtype=dtype)
+        return cls(model, tokenizer, model_id=model_id, model_path=path, **kwargs)
+
+    @property
+    def weights_hash(self) -> str:
+        """sha256 of the base weights, computed on first use and kept (hashing reads every weight).
+        Read it before changing the weights outside `set_direction` (training, ES's centre): it
+        names the base the run started from."""
+        if self._weights_hash is None:
+            current = self.perturber.current
+            if current is not None:  # hash the base, not the specialist that happens to be applied
+                self.perturber.restore()
+            self._weights_hash = weights_hash(self.model)
+            if current is not None:
+                self.perturber.apply(current)
+        return self._weights_hash
+
+    def set_direction(self, direction: Direction | None) -> None:
+        self.perturber.apply(direction)
+
+    def prefetch(self, direction: Direction | None) -> None:
+        # On a GPU the host's cores are idle while the model generates, so the next specialist's draw
+        # is free; on a CPU it competes with generation for the same cores (measured on 2 cores: 1.09x
+        # slower per specialist, results/prefetch-noise). CORP_PREFETCH=1 forces it on, 0 off.
+        wanted = os.environ.get("CORP_PREFETCH", "auto")
+        if wanted == "1" or (wanted == "auto" and self.device.type != "cpu"):
+            self.perturber.prefetch(direction)
+
+    @torch.inference_mode()
+    def logprobs(self, prompts, completions, temperature=1.0) -> list[list[float]]:
+        if len(prompts) != len(completions):
+            raise ValueError(f"logprobs: {len(prompts)} prompts but {len(completions)} completions")
+        encoded = [
+            self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts
+        ]
+        out: list[list[float]] = [[] for _ in prompts]
+        order = sorted(range(len(prompts)), key=lambda k: len(encoded[k]) + len(completions[k]))
+        pad = self.tokenizer.pad_token_id
+        for start in range(0, len(order), self.batch_size):
+            batch = [k for k in order[start : start + self.batch_size] if len(completions[k])]
+            if not batch:
+                continue
+            seqs = [list(encoded[k]) + list(completions[k]) for k in batch]
+            width = max(len(s) for s in seqs)
+            input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+            attention = torch.zeros((len(seqs), width), dtype=torch.long)
+            for r, s in enumerate(seqs):  # right padding: every real token keeps its position
+                input_ids[r, : len(s)] = torch.tensor(s, dtype=torch.long)
+                attention[r, : len(s)] = 1
+            positions = (attention.cumsum(-1) - 1).clamp(min=0)
+            logits = self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=attention.to(self.device),
+                position_ids=positions.to(self.device),
+            ).logits
+            logsm = torch.log_softmax(logits.float() / temperature, dim=-1)
+            for r, k in enumerate(batch):
+                p, c = len(encoded[k]), len(completions[k])
+                # the token at position t is predicted by the logits at t - 1
+                targets = input_ids[r, p : p + c].to(logsm.device)
+                out[k] = logsm[r, p - 1 : p + c - 1].gather(-1, targets.unsqueeze(-1)).squeeze(-1).tolist()
+        return out
+
+    def encode(self, prompts) -> list[list[int]]:
+        """Token ids of each prompt as `generate` feeds it (chat template, no added special tokens)."""
+        return [
+            self.tokenizer(format_prompt(self.tokenizer, p), add_special_tokens=False)["input_ids"] for p in prompts
+        ]
+
+    def prompt_lengths(self, prompts) -> list[int]:
+        return [len(e) for e in self.encode(prompts)]
+
+    @torch.inference_mode()
+    def generate_rows(
+        self,
+        seqs: list[list[int]],
+        max_new_tokens: int,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stop=None,
+        row_seeds: list[int] | None = None,
+    ) -> list[tuple[list[int], str]]:
+        """One left-padded `model.generate` over the token sequences `seqs` (one batch, in this row
+        order): each row's generated ids up to and including its end-of-sequence token or stop
+        string, and its text. The one generation step of `generate` and of the batched low-rank pass.
+        Sampling (temperature > 0) needs `row_seeds`, one per row: each row draws from its own seed."""
+        check_fits([len(s) for s in seqs], max_new_tokens, self.context_length, self.context_source)
+        pad = self.tokenizer.pad_token_id
+        width = max(len(s) for s in seqs)
+        input_ids = torch.full((len(seqs), width), pad, dtype=torch.long)
+        attention = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, s in enumerate(seqs):
+            input_ids[r, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            attention[r, width - len(s) :] = 1
+        kwargs = dict(max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=sorted(self.eos_ids))
+        if stop:  # transformers' StopStringCriteria: a row ends when its text ends with a stop string
+            kwargs.update(stop_strings=list(stop), tokenizer=self.tokenizer)
+        # greedy decoding; when sampling, RowSampler (run last) leaves one finite token per row
+        kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        if temperature > 0:
+            if row_seeds is None or len(row_seeds) != len(seqs):
+                raise ValueError("sampled generation needs one seed per row (row_seeds)")
+            kwargs["logits_processor"] = LogitsProcessorList([RowSampler(list(row_seeds), temperature, top_p)])
+        out = self.model.generate(
+            input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device), **kwargs
+        )
+        rows = []
+        for ids in out[:, width:].tolist():
+            cut = len(ids)
+            for pos, tok in enumerate(ids):
+                if tok in self.eos_ids:
+                    cut = pos + 1
+                    break
+            rows.append(cut_at_stop(self.tokenizer, ids[:cut], stop))  # also drops the padding after a stop
+        return rows
+
+    @torch.inference_mode()
+    def generate(
+        self, prompts, max_new_tokens, temperature=0.0, top_p=1.0, n=1, seed=None, stop=None, seeds=None
+    ) -> Generations:
+        t0 = time.perf_counter()
+        encoded = self.encode(prompts)
+        jobs = [(i, j) for i in range(len(prompts)) for j in range(n)]
+        order = sorted(range(len(jobs)), key=lambda k: len(encoded[jobs[k][0]]))
+        out_texts: list[str] = [""] * len(jobs)
+        out_ids: list[list[int]] = [[] for _ in jobs]
+        gen_counts = [0] * len(jobs)
+        sampled = temperature > 0
+        row_seed = None
+        if sampled:
+            pseeds = resolve_seeds(len(prompts), seed, seeds)
+            row_seed = [completion_seed(pseeds[i], j) for i, j in jobs]
+        for start in range(0, len(order), self.batch_size):
+            batch = order[start : start + self.batch_size]
+            done = self.generate_rows(
+                [encoded[jobs[k][0]] for k in batch],
+                max_new_tokens,
+                temperature,
+                top_p,
+                stop,
+                row_seeds=[row_seed[k] for k in batch] if sampled else None,
+            )
+            for k, (ids, text) in zip(batch, done):
+                gen_counts[k] = len(ids)
+                out_ids[k] = ids
+                out_texts[k] = text
+        prompt_counts = [len(encoded[i]) for i, _ in jobs]
+        return Generations(out_texts, prompt_counts, gen_counts, time.perf_counter() - t0, out_ids)

