@@ -1748,7 +1748,7 @@ def test_a_comparison_with_one_seed_makes_no_claim_and_a_left_out_seed_is_named(
 
 def test_ties_are_signed_with_an_equals_sign_and_tuned_rows_show_their_validation_labels():
     from corp.algorithms.stats import sign_text
-    from corp.bench.report.prose import _labelled_text
+    from corp.bench.report.prose import labelled_text
 
     assert sign_text({"signs": {"+": 2, "-": 1, "0": 2}}) == "2+ 1- 2=", "'20' would read as twenty ties"
     cfg = load_config(
@@ -1757,9 +1757,9 @@ def test_ties_are_signed_with_an_equals_sign_and_tuned_rows_show_their_validatio
         {"name": "l", "tasks": ["arith"], "seeds": [0, 1], "budgets": [1e12], "methods": {"randopt": None}},
     )
     total = cfg.n_support + cfg.n_probe + cfg.n_validation
-    assert _labelled_text(cfg, {"labelled_examples": 0, "tuned": False}) == "0"
-    assert _labelled_text(cfg, {"labelled_examples": 0, "tuned": True}) == f"0 + {cfg.n_validation} val"
-    assert _labelled_text(cfg, {"labelled_examples": total, "tuned": True}) == f"{total} (tuned on val)"
+    assert labelled_text(cfg, {"labelled_examples": 0, "tuned": False}) == "0"
+    assert labelled_text(cfg, {"labelled_examples": 0, "tuned": True}) == f"0 + {cfg.n_validation} val"
+    assert labelled_text(cfg, {"labelled_examples": total, "tuned": True}) == f"{total} (tuned on val)"
 
 
 def test_trial_flops_count_each_trial_once_at_its_top_budget():

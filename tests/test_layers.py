@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import sys
 from pathlib import Path
 
 import corp
@@ -211,7 +212,7 @@ def violations(graph: dict[str, list[tuple[str, tuple[str, ...], int]]], root: P
                 out.append(f"{mod}:{line} imports {target}, whose package has no floor")
                 continue
             if FLOORS[there] > FLOORS[here]:
-                floors = f"{there}: {FLOORS[there]} > {here or 'corp'}: {FLOORS[here]}"
+                floors = f"{there or 'corp'}: {FLOORS[there]} > {here or 'corp'}: {FLOORS[here]}"
                 out.append(f"{mod}:{line} imports {target} from a higher floor ({floors})")
             theirs = method_of(target)
             if mine is not None and there == "methods" and theirs != mine:
@@ -251,16 +252,38 @@ def test_every_corp_package_has_a_floor():
 
 
 def test_the_tiers_are_the_folders():
-    """The four tiers are what the tree shows: every method lives under corp/methods/, no method
-    folder is left at corp's top level, and every floor belongs to one tier."""
+    """The tiers are what the tree shows: every method lives under corp/methods/, no method folder
+    (nor the GRPO trainer, which four methods share) is left at corp's top level, what runs models is
+    under corp/runtime/ and what methods share under corp/algorithms/, and every floor belongs to one tier."""
     root = Path(corp.__file__).parent
     assert {f for fs in TIERS.values() for f in fs} == set(FLOORS.values())
-    for old in ("baselines", "federated", "analysis", "consolidate"):
-        assert not (root / old).exists(), f"corp/{old}/ is a method folder outside corp/methods/"
+    moved = ("baselines", "federated", "analysis", "consolidate", "grpo", "operator", "perturb", "models", "sandbox")
+    for old in moved:
+        assert not (root / old).exists(), f"corp/{old}/ is at corp's top level; see the module docstring for its folder"
+    for old in ("runs", "stats", "loop", "recipe", "lowrank", "clients", "ledger", "threads", "cachedir"):
+        assert not (root / f"{old}.py").exists(), f"corp/{old}.py is at corp's top level"
+    for group in GROUPS:
+        body = ast.parse((root / group / "__init__.py").read_text()).body
+        assert len(body) == 1 and isinstance(body[0].value, ast.Constant), f"corp/{group}/ only groups packages"
+    graph, _ = _corp_graph()
+    assert set(FLOORS) <= {package_of(m) for m in graph} | {""}, "a floor names a package that is not there"
     from corp.methods import METHODS
 
     for m in METHODS:
         assert m.run.__module__.startswith("corp.methods.") or m.run.__module__.startswith("corp.evaluate."), m.name
+
+
+def shadowed_stdlib(root: Path) -> list[str]:
+    """The package's modules and folders named like a standard-library module (`corp/operator/`: with its
+    folder on sys.path, as when a file of it runs as a script, `import operator` finds it)."""
+    names = {p.stem if p.suffix == ".py" else p.name for p in root.rglob("*") if p.suffix == ".py" or p.is_dir()}
+    return sorted(names & set(sys.stdlib_module_names))
+
+
+def test_no_module_shadows_the_standard_library(tmp_path):
+    assert shadowed_stdlib(ROOT / "corp") == []
+    planted = _tree(tmp_path, {"operator/__init__.py": "", "evaluate/tasks/code.py": ""})
+    assert shadowed_stdlib(planted) == ["code", "operator"]
 
 
 def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -276,22 +299,30 @@ def _check(root: Path) -> list[str]:
     return violations(import_graph(root), root)
 
 
+GROUP_INITS = {f"{g}/__init__.py": '"""a folder of packages"""\n' for g in GROUPS}
+
+
 def test_a_clean_fake_tree_passes(tmp_path):
     root = _tree(
         tmp_path,
         {
-            "ledger.py": "",
-            "recipe.py": "from corp.ledger import Ledger\n",  # core, ground floor
-            "method.py": "from corp.ledger import Ledger\n",
-            "evaluate/__init__.py": "",
-            "evaluate/context.py": "from corp.ledger import Ledger\n",
-            "clients.py": "from corp.evaluate.context import RunContext\n",  # core, floor 1
+            **GROUP_INITS,
+            "__init__.py": "import importlib\nfrom corp.errors import CorpError\n"
+            "def __getattr__(name):\n    return importlib.import_module('corp.api')\n",  # the facade, on top
+            "errors.py": "class CorpError(Exception): ...\n",
+            "runtime/ledger.py": "from corp.errors import CorpError\n",
+            "algorithms/recipe.py": "from corp.runtime.ledger import Ledger\n",  # core, ground floor
+            "method.py": "from corp.runtime.ledger import Ledger\n",
+            "runtime/context/__init__.py": "from corp.runtime.ledger import Ledger\nfrom corp.evaluate.tasks import T\n",
+            "evaluate/tasks/__init__.py": "from corp.algorithms.recipe import make_recipe\n",
+            "runtime/clients.py": "from corp.runtime.context import RunContext\n",  # core, floor 1
             "methods/__init__.py": "from corp.methods import es\nfrom corp.methods.consolidate import METHOD\n",
             "methods/consolidate/__init__.py": "from corp.methods.consolidate.run import METHOD\n__all__ = ['METHOD']\n",
-            "methods/consolidate/run.py": "from corp.evaluate.context import RunContext\nfrom corp.method import M\n",
-            "methods/es.py": "from corp.recipe import make_recipe\nfrom corp.clients import split_clients\n",  # shared: core
+            "methods/consolidate/run.py": "from corp.runtime.context import RunContext\nfrom corp.method import M\n",
+            "methods/es.py": "from corp.algorithms.recipe import make_recipe\nfrom corp.runtime.clients import split\n",
             "bench/__init__.py": "from corp.methods import get_method\nfrom corp.methods.es import ESConfig\n",
-            "cli.py": "def main():\n    from corp.methods.consolidate import METHOD\n",
+            "api.py": "from corp.methods import get_method\n",
+            "cli.py": "from corp import CorpError\ndef main():\n    from corp.methods.consolidate import METHOD\n",
         },
     )
     assert _check(root) == []
@@ -302,11 +333,17 @@ def test_planted_violations_are_caught(tmp_path):
     root = _tree(
         tmp_path,
         {
-            "ledger.py": "def f():\n    from corp.bench import sweep\n",  # upward, lazily
-            "runs.py": "from corp import stats\n",
-            "stats.py": "from . import runs\n",  # a cycle, one side relative
-            "evaluate/__init__.py": "",
-            "evaluate/context.py": "from corp.methods.consolidate import make_recipe\n",  # upward
+            **GROUP_INITS,
+            "__init__.py": "import importlib\ndef f():\n    return importlib.import_module('corp.api')\n",
+            "api.py": "",
+            "errors.py": "",
+            "runtime/ledger.py": "def f():\n    from corp.bench import sweep\n",  # upward, lazily
+            "runtime/runs.py": "from corp.algorithms import stats\n",
+            "algorithms/stats.py": "from ..runtime import runs\n",  # a cycle, one side relative
+            "algorithms/perturb.py": "from corp import CorpError\n",  # the facade, which loads corp.api: back up
+            "algorithms/lowrank.py": "import importlib\nimportlib.import_module('corp.runtime.context')\n",  # by name
+            "runtime/context/__init__.py": "from corp.methods.consolidate import make_recipe\n",  # upward
+            "runtime/context/keys.py": "from corp.runtime.runs import _lock\n",  # another module's private name
             "methods/__init__.py": "from corp.methods import es\n",
             "methods/consolidate/__init__.py": "from corp.methods.consolidate.recipe import make_recipe\n"
             "__all__ = ['make_recipe']\n",
@@ -322,12 +359,16 @@ def test_planted_violations_are_caught(tmp_path):
             "bench/sweep.py": "from corp.methods.consolidate.recipe import make_recipe\n"  # internals, from above
             "from corp.methods.consolidate import _mean\n",  # not in the package's __all__
             "shiny/__init__.py": "",  # a package nobody gave a floor
+            "runtime/shiny.py": "",  # nor an entry of a grouping folder
         },
     )
     found = "\n".join(_check(root))
-    assert "corp.ledger:2 imports corp.bench.sweep from a higher floor" in found
-    assert "corp.evaluate.context:1 imports corp.methods.consolidate from a higher floor" in found
-    assert "import cycle: corp.runs <-> corp.stats" in found
+    assert "corp.runtime.ledger:2 imports corp.bench.sweep from a higher floor" in found
+    assert "corp.runtime.context:1 imports corp.methods.consolidate from a higher floor" in found
+    assert "import cycle: corp.algorithms.stats <-> corp.runtime.runs" in found
+    assert "corp.algorithms.perturb:1 imports corp from a higher floor (corp: 4 > algorithms.perturb: 0)" in found
+    assert "corp.algorithms.lowrank:2 imports corp.runtime.context from a higher floor" in found
+    assert "corp.runtime.context.keys:1 imports _lock from corp.runtime.runs: private names of another module" in found
     peer = "methods never import one another"
     assert f"corp.methods.fedcorp.run:2 imports corp.methods.es: method 'fedcorp' imports method 'es'; {peer}" in found
     assert (
@@ -343,12 +384,30 @@ def test_planted_violations_are_caught(tmp_path):
     cycle = " <-> ".join(("corp.methods.consolidate", "corp.methods.consolidate.recipe", "corp.methods.es"))
     assert f"import cycle: {cycle}" in found
     assert "package 'shiny' has no floor" in found
+    assert "package 'runtime.shiny' has no floor" in found
+
+
+def test_a_back_arrow_through_the_facade_is_a_cycle(tmp_path):
+    """`from corp import CorpError` below the API closes a circle through the facade's import by name."""
+    root = _tree(
+        tmp_path,
+        {
+            **GROUP_INITS,
+            "__init__.py": "import importlib\ndef __getattr__(name):\n    return importlib.import_module('corp.api')\n",
+            "api.py": "from corp.methods import get_method\n",
+            "methods/__init__.py": "from corp.runtime.runs import open_run\n",
+            "runtime/runs.py": "from corp import CorpError\n",
+        },
+    )
+    found = _check(root)
+    assert "import cycle: corp <-> corp.api <-> corp.methods <-> corp.runtime.runs" in found
+    assert "corp.runtime.runs:1 imports corp from a higher floor (corp: 4 > runtime.runs: 0)" in found
 
 
 # The engine modules load their engines (transformers' generation stack, vLLM) when a backend is
 # built, not when corp is imported: `corp --help` and every command that never generates stay fast.
 # Every other import of corp's own modules sits at the top of its file.
-LAZY_MODULES = ("corp.evaluate.backends.hf", "corp.evaluate.backends.vllm")
+LAZY_MODULES = ("corp.runtime.backends.hf", "corp.runtime.backends.vllm")
 
 
 def imports_inside_functions(root: Path) -> list[str]:
@@ -391,8 +450,8 @@ def test_an_import_inside_a_function_is_caught(tmp_path):
     root = _tree(
         tmp_path,
         {
-            "evaluate/backends/hf.py": "",
-            "evaluate/backends/__init__.py": "def make():\n    from corp.evaluate.backends.hf import X\n",
+            "runtime/backends/hf.py": "",
+            "runtime/backends/__init__.py": "def make():\n    from corp.runtime.backends.hf import X\n",
             "stats.py": "def f():\n    from corp import runs\n    from . import ledger\n    import corp.models\n",
         },
     )

@@ -24,11 +24,13 @@ def test_a_long_task_name_gives_a_bounded_unique_run_directory(tmp_path):
 
 
 def test_bench_record_names_are_bounded():
-    from corp.bench.config import _slug
+    from corp.bench.config import file_slug
 
-    a, b = _slug("jsonl:" + "x" * 300 + "/a.jsonl"), _slug("jsonl:" + "x" * 300 + "/b.jsonl")
+    a, b = file_slug("jsonl:" + "x" * 300 + "/a.jsonl"), file_slug("jsonl:" + "x" * 300 + "/b.jsonl")
     assert len(a) <= 64 and len(b) <= 64 and a != b
-    assert _slug("arith:digits=3") == "arith-digits-3"  # short names are unchanged (existing records keep their names)
+    assert (
+        file_slug("arith:digits=3") == "arith-digits-3"
+    )  # short names are unchanged (existing records keep their names)
 
 
 def test_threads_and_eval_cache_are_checked(tmp_path):
@@ -239,11 +241,11 @@ def test_a_full_disk_in_apply_names_out_not_output_dir(monkeypatch):
 
 
 def test_a_long_task_label_gives_bounded_plot_names():
-    from corp.bench.config import _file
+    from corp.bench.config import file_part
 
-    a, b = _file("x" * 300 + "-a"), _file("x" * 300 + "-b")
+    a, b = file_part("x" * 300 + "-a"), file_part("x" * 300 + "-b")
     assert len(a) <= 64 and len(b) <= 64 and a != b
-    assert _file("arith:digits=3") == "arith-digits-3"  # short labels keep their plots' names
+    assert file_part("arith:digits=3") == "arith-digits-3"  # short labels keep their plots' names
 
 
 def test_a_reward_is_its_resolved_file_and_function(tmp_path, monkeypatch):

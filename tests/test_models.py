@@ -208,7 +208,7 @@ def test_chunked_gguf_is_assembled_into_the_corp_cache_and_removed_after_convers
         tok = make_char_tokenizer()
         models.save_model(make_tiny_llama(tok), tok, out)
 
-    monkeypatch.setattr(models.resolve, "_convert_gguf", fake_convert)
+    monkeypatch.setattr(models.resolve, "convert_gguf", fake_convert)
     model_id, path = resolve_model("fake-x")
     assert calls == [tmp_path / "cache" / "gguf" / "x.gguf"] and path == tmp_path / "cache" / "models" / "fake-x"
     assert not calls[0].exists(), "the assembled GGUF is deleted once converted"
@@ -242,7 +242,7 @@ def test_two_processes_starting_together_convert_an_embedded_model_once(tmp_path
     gguf.write_bytes(b"GGUF")
     spec = EmbeddedGGUF(package="json", filename="x.gguf", hf_id="fake/x", install="make fake")
     monkeypatch.setitem(ALIASES, "fake-x", spec)
-    monkeypatch.setattr(models.resolve, "_embedded_gguf_path", lambda spec: (gguf, False))
+    monkeypatch.setattr(models.resolve, "embedded_gguf_path", lambda spec: (gguf, False))
 
     def slow_convert(gguf, out):
         with open(tmp_path / "conversions", "a") as fh:
@@ -251,7 +251,7 @@ def test_two_processes_starting_together_convert_an_embedded_model_once(tmp_path
         tok = make_char_tokenizer()
         models.save_model(make_tiny_llama(tok), tok, out)
 
-    monkeypatch.setattr(models.resolve, "_convert_gguf", slow_convert)
+    monkeypatch.setattr(models.resolve, "convert_gguf", slow_convert)
 
     def resolve_and_load(results):
         _, path = resolve_model("fake-x")
@@ -376,10 +376,10 @@ def test_the_embedded_builds_are_named_for_what_they_are(tmp_path):
 @pytest.mark.embedded
 def test_embedded_weights_hash_is_the_one_corp_names():
     from corp.algorithms.perturb.direction import weights_hash
-    from corp.runtime.models.embedded import _converted, _embedded_dir
+    from corp.runtime.models.embedded import embedded_dir, is_converted
 
     spec = ALIASES["smollm2-135m"]
-    if not _converted(spec, _embedded_dir("smollm2-135m")):
+    if not is_converted(spec, embedded_dir("smollm2-135m")):
         pytest.skip("smollm2-135m is not converted in this cache yet (`corp models`; its first use converts it)")
     model, *_ = load_model("smollm2-135m")
     assert weights_hash(model) == spec.weights_sha256

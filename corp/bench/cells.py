@@ -11,19 +11,19 @@ import time
 from pathlib import Path
 
 from corp.bench.budget import prefix_that_fits
-from corp.bench.config import BENCH_PROTOCOL, BenchConfig, _slug, _units_in, common_options, results_path
+from corp.bench.config import BENCH_PROTOCOL, BenchConfig, common_options, file_slug, results_path, units_in
 from corp.bench.plan import (
-    _NOT_IDENTITY,
+    NOT_IDENTITY,
     POPULATION_OPTIONS,
     RECORD_FORMAT,
     Cell,
-    _clip,
-    _hash,
-    _listed,
-    _merge_seeds,
-    _min_units,
-    _trials_of,
-    _values,
+    clip_to_units,
+    is_listed,
+    list_values,
+    merge_seeds,
+    min_units,
+    short_hash,
+    trials_of,
 )
 from corp.bench.records import CellRecord, check_record
 from corp.bench.search import choose, trial_score
@@ -94,7 +94,9 @@ class Bench:
         return rec
 
     def _run_dir(self, cell: Cell, key: str | None = None) -> Path:
-        return self.work / f"{_slug(cell.task)}__{_slug(cell.label)}__s{cell.seed}__{(key or cell.run_key())[:12]}"
+        return (
+            self.work / f"{file_slug(cell.task)}__{file_slug(cell.label)}__s{cell.seed}__{(key or cell.run_key())[:12]}"
+        )
 
     def _invoke(self, method: str, opts: dict) -> tuple[dict, float]:
         self.calls += 1
@@ -126,10 +128,10 @@ class Bench:
         pop_opts["population"] = cfg.population
         chosen = cell.opts.get("from_sigmas")
         if chosen is not None and cell.setting != "tune":
-            pop_opts["sigmas"] = [float(v) for v in _values(chosen)]
+            pop_opts["sigmas"] = [float(v) for v in list_values(chosen)]
             chosen = None
-        key = _hash({"population": {k: v for k, v in pop_opts.items() if k not in _NOT_IDENTITY}})
-        run_dir = self.work / f"{_slug(cell.task)}__population__s{cell.seed}__{key[:12]}"
+        key = short_hash({"population": {k: v for k, v in pop_opts.items() if k not in NOT_IDENTITY}})
+        run_dir = self.work / f"{file_slug(cell.task)}__population__s{cell.seed}__{key[:12]}"
 
         def mine(sigma: float) -> bool:
             return chosen is None or in_scales(sigma, chosen)
@@ -176,7 +178,7 @@ class Bench:
             pop["target"] = min(most, len(rows) + more + 1)
         return {
             "run_dir": pop["run_dir"],
-            "scales": [float(v) for v in _values(pop_opts["sigmas"])],
+            "scales": [float(v) for v in list_values(pop_opts["sigmas"])],
             "costs": [pop["costs"][i] for i in take],
             "seconds": [pop["seconds"][i] for i in take],
             "wall": pop["wall"],
@@ -223,11 +225,9 @@ class Bench:
         costs, budget = pop["costs"], cell.budget
         full = prefix_that_fits(costs, budget)
         guess = self.own_estimate(cell)
-        n = full if not guess else min(full, max(_min_units(cell), prefix_that_fits(costs, budget - guess)))
-        if full < _min_units(cell):
-            return self._empty(
-                cell, f"budget buys {full} specialist(s); {cell.label} needs at least {_min_units(cell)}"
-            )
+        n = full if not guess else min(full, max(min_units(cell), prefix_that_fits(costs, budget - guess)))
+        if full < min_units(cell):
+            return self._empty(cell, f"budget buys {full} specialist(s); {cell.label} needs at least {min_units(cell)}")
         if cell.opts.get("race", "off") != "off":
             return self._raced_cell(cell, full)
         best, tried, wall, empty = self._search_prefix(cell, pop, n, full)
@@ -260,8 +260,8 @@ class Bench:
         population = Path(pop["run_dir"]).name  # its name carries its key
         while True:
             opts = {**cell.opts, "from_run": pop["run_dir"], adapter.unit: n}
-            _clip(opts, adapter)
-            run_dir = self._run_dir(cell, _hash({"cell": cell.run_key(), "units": n, "population": population}))
+            clip_to_units(opts, adapter)
+            run_dir = self._run_dir(cell, short_hash({"cell": cell.run_key(), "units": n, "population": population}))
             report, dt = self._invoke(cell.method, {**opts, "run_dir": str(run_dir)})
             wall += dt
             flops = sum(get_path(report, p) for p in adapter.flops)
@@ -277,7 +277,7 @@ class Bench:
                 stop = nxt <= n or nxt in done or len(tried) >= 4
             else:
                 nxt = min(n - 1, room)
-                if best is None and (nxt < _min_units(cell) or len(tried) >= 4):
+                if best is None and (nxt < min_units(cell) or len(tried) >= 4):
                     return None, tried, None, self._none_fitted(cell, n, flops, nxt, tried)
                 stop = best is not None and (nxt <= best["units"] or nxt in done or len(tried) >= 4)
             if stop:
@@ -289,8 +289,8 @@ class Bench:
         return self._empty(
             cell,
             f"{n} specialists plus {cell.label}'s own evaluations spent {flops:.3g} FLOPs, over the "
-            f"budget; with {_min_units(cell)} it would not fit either"
-            if nxt < _min_units(cell)
+            f"budget; with {min_units(cell)} it would not fit either"
+            if nxt < min_units(cell)
             else f"4 prefixes tried ({', '.join(str(t['units']) for t in tried)}), none within the budget",
             tried,
         )
@@ -308,7 +308,7 @@ class Bench:
         best, wall = None, 0.0
         while len(tried) < 4:
             opts = {k: v for k, v in cell.opts.items() if k != "from_run"} | {adapter.unit: n}
-            _clip(opts, adapter)
+            clip_to_units(opts, adapter)
             report, dt = self._invoke(cell.method, {**opts, "run_dir": str(run_dir)})
             wall += dt
             flops = sum(get_path(report, p) for p in adapter.flops)
@@ -352,7 +352,9 @@ class Bench:
         best, seen, wall, stopped = self._grow(cell, self._run_dir(cell), units)
         if best is None and seen[0]["units"] > adapter.min_units:  # the shared run was already past this budget
             own, seen2, wall2, stopped = self._grow(
-                cell, self._run_dir(cell, _hash({"cell": cell.run_key(), "budget": cell.budget})), adapter.min_units
+                cell,
+                self._run_dir(cell, short_hash({"cell": cell.run_key(), "budget": cell.budget})),
+                adapter.min_units,
             )
             best, seen, wall = own, seen + seen2, wall + wall2
         if best is None:
@@ -378,7 +380,7 @@ class Bench:
             report, dt = self._invoke(cell.method, {**cell.opts, adapter.unit: units, "run_dir": str(run_dir)})
             wall += dt
             flops = sum(get_path(report, p) for p in adapter.flops)
-            done = _units_in(report, adapter.units_done) if adapter.units_done else units
+            done = units_in(report, adapter.units_done) if adapter.units_done else units
             seen.append({"units": done, "flops": flops})
             if flops > cell.budget:
                 break
@@ -441,7 +443,7 @@ class Bench:
         the validation split); the cell itself when nothing is searched; None while a trial has no record."""
         if not cell.searched:
             return cell
-        trials = _trials_of(cell, cells)
+        trials = trials_of(cell, cells)
         records = [self.load_record(c) for c in trials]
         if not trials or any(r is None for r in records):
             return None
@@ -449,7 +451,7 @@ class Bench:
         by_trial: dict[int, list[int]] = {}
         for i, c in enumerate(trials):
             by_trial.setdefault(c.trial, []).append(i)
-        merged = [_merge_seeds([records[i] for i in idx]) for idx in by_trial.values()]
+        merged = [merge_seeds([records[i] for i in idx]) for idx in by_trial.values()]
         firsts = [trials[idx[0]] for idx in by_trial.values()]
         best = choose(merged)
         pick = firsts[0] if best is None else firsts[best]  # no trial fit the budget: the final cell says so too
@@ -486,7 +488,7 @@ class Bench:
         # a method with one row of its own (ES, a CoRP or GRPO variant) names it by the cell's label; one
         # whose rows come from a list option (RandOpt's top_k) keeps their names even when a small
         # budget clips that list to one value, so "randopt-top1" stays "randopt-top1"
-        listed = _listed(cell.opts, adapter)
+        listed = is_listed(cell.opts, adapter)
         rows = []
         theirs = []  # RandOpt's rows on this CoRP cell's own population (config population_rows)
         if self.cfg.population_rows and adapter.population_rows is not None:
@@ -516,7 +518,7 @@ class Bench:
         chosen = {
             k: v
             for k, v in (chosen or cell.opts).items()
-            if k not in _NOT_IDENTITY and k not in common_options(self.cfg, cell.task, cell.seed)
+            if k not in NOT_IDENTITY and k not in common_options(self.cfg, cell.task, cell.seed)
         }
         extra = {}
         if "corp" in report:  # what the report says about its own decision (kept as reported)

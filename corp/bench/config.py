@@ -490,7 +490,7 @@ def parse_equivalence(cfg, entry) -> dict:
 # retention (here, below all three, so none of them imports another's internals)
 
 
-def _slug(text: str) -> str:
+def file_slug(text: str) -> str:
     """A file-name part from user input, bounded in length (a hash of the whole keeps long ones apart)."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
     return slug if len(slug) <= 64 else f"{slug[:51]}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
@@ -508,7 +508,7 @@ def common_options(cfg: BenchConfig, task: str, seed: int) -> dict:
         "threads": cfg.threads,
         # one shared cache of greedy base/specialist evaluations per task: the base's test
         # evaluation (the same test ids in every seed) and a specialist chosen by several cells run once
-        "eval_cache": str(Path(cfg.work_dir) / cfg.name / f"{_slug(task)}__shared_evals.jsonl"),
+        "eval_cache": str(Path(cfg.work_dir) / cfg.name / f"{file_slug(task)}__shared_evals.jsonl"),
     }
     for key in ("max_new_tokens", "reward", "data", "dtype"):
         if getattr(cfg, key) is not None:
@@ -520,7 +520,7 @@ def results_path(cfg: BenchConfig) -> Path:
     return Path(cfg.results_dir) / cfg.name
 
 
-def _units_in(report: dict, dotted: str) -> int:
+def units_in(report: dict, dotted: str) -> int:
     """The trained unit count a report states at `dotted`: a number, or a list of per-unit entries (FGRPO's rounds)."""
     node = report
     for part in dotted.split("."):
@@ -532,11 +532,11 @@ def _units_in(report: dict, dotted: str) -> int:
     return int(node)
 
 
-def _budget_text(b) -> str:
+def budget_text(b) -> str:
     return "any" if b is None else f"{b:.2g}"
 
 
-def _at_budget(rows: list[dict], task: str, setting: str, budget) -> dict[str, list[dict]]:
+def at_budget(rows: list[dict], task: str, setting: str, budget) -> dict[str, list[dict]]:
     """Rows of one (task, setting) that hold at `budget`: the budget's own cells and fixed cells."""
     out: dict[str, list[dict]] = {}
     for r in rows:
@@ -555,7 +555,7 @@ def headline_setting(cfg: BenchConfig) -> str:
     return "equal-data" if "equal-data" in cfg.settings else cfg.settings[0]
 
 
-def _file(text: str) -> str:
+def file_part(text: str) -> str:
     """A file-name part from a task label, shortened as cell names are (a 300-character label
     would make a name longer than a file system takes)."""
     return bounded_name("".join(ch if ch.isalnum() or ch in "-_." else "-" for ch in text))

@@ -9,7 +9,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 
-from corp.bench.config import BENCH_PROTOCOL, BenchConfig, _slug, common_options
+from corp.bench.config import BENCH_PROTOCOL, BenchConfig, common_options, file_slug
 from corp.bench.search import trial_options
 from corp.config import PopulationConfig
 from corp.errors import CorpError
@@ -20,7 +20,7 @@ RECORD_FORMAT = 2
 
 
 # options that locate or speed up a cell without changing what it computes
-_NOT_IDENTITY = ("run_dir", "threads", "report_to", "from_run", "eval_cache")
+NOT_IDENTITY = ("run_dir", "threads", "report_to", "from_run", "eval_cache")
 
 
 # The options of a cell that its seed's shared population run (`corp score`) takes: every option of
@@ -77,8 +77,8 @@ class Cell:
     def run_key(self) -> str:
         """Identity of the cell's run directory: its options (for iterative cells without the unit,
         so every budget continues one training run)."""
-        skip = set(_NOT_IDENTITY) | ({self.adapter.unit} if self.adapter.kind == ITERATIVE else set())
-        return _hash(
+        skip = set(NOT_IDENTITY) | ({self.adapter.unit} if self.adapter.kind == ITERATIVE else set())
+        return short_hash(
             {
                 "method": self.method,
                 "bench_protocol": BENCH_PROTOCOL,
@@ -90,12 +90,12 @@ class Cell:
         budget = "fixed" if self.budget is None else f"{self.budget:.3e}"
         trial = "" if self.trial is None else f"__t{self.trial}"
         return (
-            f"{_slug(self.task_label or self.task)}__{self.setting}__s{self.seed}__{_slug(self.label)}{trial}"
+            f"{file_slug(self.task_label or self.task)}__{self.setting}__s{self.seed}__{file_slug(self.label)}{trial}"
             f"__{budget}__{self.run_key()[:10]}.json"
         )
 
 
-def _hash(obj) -> str:
+def short_hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -228,19 +228,19 @@ def possible_rows(cell: Cell, population_rows: bool = False) -> list[str]:
     names = adapter.row_names(cell.opts) if adapter.row_names else [cell.label]
     extra = []
     if population_rows and adapter.population_rows is not None:
-        ks = [int(k) for k in _values(cell.opts.get("top_k")) if int(k) != 1]
+        ks = [int(k) for k in list_values(cell.opts.get("top_k")) if int(k) != 1]
         extra = [f"{cell.label}/randopt-top1"] + [f"{cell.label}/randopt-vote@{k}" for k in ks]
-    listed = _listed(cell.opts, adapter)
+    listed = is_listed(cell.opts, adapter)
     if len(names) == 1 and not listed:
         return [cell.label, *extra]
     return (names if cell.label == cell.method else [f"{cell.label}:{n}" for n in names]) + extra
 
 
-def _listed(opts: dict, adapter: BenchAdapter) -> bool:
+def is_listed(opts: dict, adapter: BenchAdapter) -> bool:
     """Whether a cell's rows come from a list option with several values (RandOpt's top_k: its rows
     keep their own names). Only a method whose rows are named by its options (row_names) has such
     rows: CoRP's top_k only adds RandOpt rows on its population, and its own row keeps the cell's label."""
-    return adapter.row_names is not None and any(len(_values(opts.get(k))) > 1 for k in adapter.clip)
+    return adapter.row_names is not None and any(len(list_values(opts.get(k))) > 1 for k in adapter.clip)
 
 
 def check_compare(cfg: BenchConfig, cells: list[Cell]) -> None:
@@ -265,29 +265,29 @@ def check_compare(cfg: BenchConfig, cells: list[Cell]) -> None:
                 )
 
 
-def _values(value) -> list:
+def list_values(value) -> list:
     """A list option's values, given as a list or as a comma-separated string (None: none)."""
     if value is None:
         return []
     return list(value) if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v.strip()]
 
 
-def _min_units(cell: Cell) -> int:
+def min_units(cell: Cell) -> int:
     """The fewest units that make a run of this cell: the adapter's minimum, or the smallest value of a
     list option that must fit the units (top_k [5] needs 5 specialists; a budget that buys fewer is
     'does not fit', never a top-1 row under the cell's name)."""
-    values = [int(v) for key in cell.adapter.clip for v in _values(cell.opts.get(key))]
+    values = [int(v) for key in cell.adapter.clip for v in list_values(cell.opts.get(key))]
     return max([cell.adapter.min_units, *([min(values)] if values else [])])
 
 
-def _clip(opts: dict, adapter: BenchAdapter) -> None:
+def clip_to_units(opts: dict, adapter: BenchAdapter) -> None:
     units = int(opts[adapter.unit])
     for key in adapter.clip:
         if key in opts and opts[key] is not None:
-            opts[key] = [int(v) for v in _values(opts[key]) if int(v) <= units] or [1]
+            opts[key] = [int(v) for v in list_values(opts[key]) if int(v) <= units] or [1]
 
 
-def _with_every_trial(cells: list[Cell]) -> list[Cell]:
+def with_every_trial(cells: list[Cell]) -> list[Cell]:
     """The cells to check before compute: a cell whose options a search chooses is checked with
     every trial's values (whichever wins must be valid in every setting and at every budget)."""
     out = []
@@ -297,12 +297,12 @@ def _with_every_trial(cells: list[Cell]) -> list[Cell]:
             continue
         out += [
             dataclasses.replace(c, opts={**c.opts, **{k: t.opts[k] for k in c.searched}}, searched=())
-            for t in _trials_of(c, cells)
+            for t in trials_of(c, cells)
         ]
     return out
 
 
-def _trials_of(cell: Cell, cells: list[Cell]) -> list[Cell]:
+def trials_of(cell: Cell, cells: list[Cell]) -> list[Cell]:
     """The hyperparameter trials (setting "tune") of a final cell's method variant and budget, in trial
     order (a trial on several seeds: one cell per seed, in seed order)."""
     key = (cell.task, cell.method, cell.label, cell.budget)
@@ -312,7 +312,7 @@ def _trials_of(cell: Cell, cells: list[Cell]) -> list[Cell]:
     )
 
 
-def _merge_seeds(records: list[dict]) -> dict:
+def merge_seeds(records: list[dict]) -> dict:
     """One trial's records over its seeds as one record for `choose`: the rows of every seed that
     produced any (a seed whose cell did not fit has none; trial_score is then the mean over the rest)."""
     return {"rows": [r for rec in records for r in rec.get("rows", [])]}

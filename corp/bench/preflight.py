@@ -10,7 +10,7 @@ from pathlib import Path
 
 from corp.bench.budget import min_budget
 from corp.bench.config import BenchConfig, results_path
-from corp.bench.plan import Cell, _clip, _min_units, _values, check_compare
+from corp.bench.plan import Cell, check_compare, clip_to_units, list_values, min_units
 from corp.bench.records import check_record
 from corp.config import check_types, in_scales, load_config
 from corp.errors import CorpError
@@ -87,7 +87,7 @@ def _validate_options(
                     "method without racing reads one"
                 )
             grid = [float(x) for x in (sigmas or [])]
-            values = [float(x) for x in _values(chosen)]
+            values = [float(x) for x in list_values(chosen)]
             odd = [x for x in values if not in_scales(x, grid)]
             if not values or odd:
                 raise CorpError(
@@ -97,15 +97,15 @@ def _validate_options(
         if adapter.kind == POPULATION and population is not None and opts.get("race", "off") == "off":
             # a cell's population is a prefix of the shared one (a raced cell races its own, as large as fits)
             for key in adapter.clip:
-                too_big = [int(v) for v in _values(opts.get(key)) if int(v) > population]
+                too_big = [int(v) for v in list_values(opts.get(key)) if int(v) > population]
                 if too_big:
                     raise CorpError(
                         f"{key} {max(too_big)} can never fit the bench's population of {population} "
                         f"specialists; lower {key} or raise population"
                     )
         if adapter.unit:
-            opts[adapter.unit] = max(_min_units(cell), int(opts.get(adapter.unit) or _min_units(cell)))
-            _clip(opts, adapter)
+            opts[adapter.unit] = max(min_units(cell), int(opts.get(adapter.unit) or min_units(cell)))
+            clip_to_units(opts, adapter)
         built = load_config(method.config, None, opts)
         if adapter.check is not None and splits is not None:
             adapter.check(built, splits)
@@ -163,7 +163,7 @@ def _check_budgets(cfg: BenchConfig, cells: list[Cell], splits_of: dict[tuple, d
             prompt_tokens[sizes] = sum(len(tok(e.prompt)["input_ids"]) for e in support)
         adapter = cell.adapter
         need = min_budget(
-            adapter.unit_evals(cell.opts), _min_units(cell), n_params, prompt_tokens[sizes], cell.opts["n_support"]
+            adapter.unit_evals(cell.opts), min_units(cell), n_params, prompt_tokens[sizes], cell.opts["n_support"]
         )
         if cell.budget < need:
             below.setdefault(cell.budget, []).append(f"{cell.label} needs at least {need:.3g}")

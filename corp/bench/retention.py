@@ -22,15 +22,15 @@ from pathlib import Path
 from corp.algorithms.perturb.direction import Direction, ParamFilter, Perturber
 from corp.algorithms.stats import compare_paired_seeds, seed_example_interval
 from corp.bench.config import (
-    _at_budget,
-    _budget_text,
-    _file,
-    _slug,
-    _units_in,
+    at_budget,
+    budget_text,
     common_options,
+    file_part,
+    file_slug,
     headline_setting,
     results_path,
     save_plot,
+    units_in,
 )
 from corp.config import load_config
 from corp.evaluate.passk import EvalConfig
@@ -101,7 +101,7 @@ def _saved_model(rec: dict, adapter) -> tuple[str | None, str]:
         report = read_json(run_dir / "report.json") if (run_dir / "report.json").exists() else {}
 
         try:
-            saved = _units_in(report, adapter.units_done)
+            saved = units_in(report, adapter.units_done)
         except Exception:  # noqa: BLE001 - no report: the saved model cannot be tied to the cell
             saved = None
         if saved != rec.get("units"):
@@ -227,9 +227,9 @@ def score_records(cfg, done: dict[str, dict], scorer=None) -> int:
                 if model is None:
                     rows[row["name"]] = {"status": "n/a", "reason": what}
                     continue
-                run_dir = work / f"{Path(name).stem}__{_slug(row['name'])}"
+                run_dir = work / f"{Path(name).stem}__{file_slug(row['name'])}"
                 if model == REBUILD:
-                    model = rebuild_top1(cfg, rec, work / "models" / f"{Path(name).stem}__{_slug(row['name'])}")
+                    model = rebuild_top1(cfg, rec, work / "models" / f"{Path(name).stem}__{file_slug(row['name'])}")
                 rows[row["name"]] = {**compact(scorer(cfg, rec["task"], rec["seed"], model, run_dir)), "model": what}
             head = {k: rec.get(k) for k in ("task", "setting", "seed", "method", "label", "budget")}
             write_json(path, {"format": RECORD_FORMAT, "cell": name, **head, "rows": rows})
@@ -277,7 +277,7 @@ def summarise(cfg, rows: list[dict], rets: list[dict]) -> list[dict]:
     setting, top = headline_setting(cfg), max(cfg.budgets)
     out = []
     for task in cfg.tasks:
-        by = _at_budget(rows, task, setting, top)
+        by = at_budget(rows, task, setting, top)
         per: dict[str, dict[int, dict]] = {}
         for ret in rets:
             if ret["task"] == task and ret["setting"] == setting:
@@ -337,7 +337,7 @@ def section(cfg, summary: list[dict], missing: int = 0) -> list[str]:
 
     others = list(dict.fromkeys(spec for e in summary for spec in e.get("tasks", {})))
     lines = [
-        f"## Off-task retention ({headline_setting(cfg)}, budget {_budget_text(max(cfg.budgets))} FLOPs)",
+        f"## Off-task retention ({headline_setting(cfg)}, budget {budget_text(max(cfg.budgets))} FLOPs)",
         "",
         f"Each method's final model scored off its task, as `corp eval --retention` scores a saved model: bits per "
         f"byte on {TEXT_TITLE} ({TEXT_LICENSE}), lower is better, and greedy accuracy on the other tasks' bench "
@@ -423,5 +423,5 @@ def plot(cfg, summary: list[dict], out: Path) -> list[str]:
         ax.set_ylabel("on-task: test accuracy gain over base")
         ax.set_title(f"{cfg.name}: {cfg.label(task)}, {headline_setting(cfg)}, top budget (95% intervals)")
         ax.legend(fontsize=7, loc="best")
-        made.append(save_plot(fig, out, f"retention__{_file(cfg.label(task))}__{headline_setting(cfg)}.png"))
+        made.append(save_plot(fig, out, f"retention__{file_part(cfg.label(task))}__{headline_setting(cfg)}.png"))
     return made

@@ -22,7 +22,7 @@ import json
 
 from corp.bench.cells import Bench
 from corp.bench.config import BENCH_PROTOCOL, BenchConfig, results_path
-from corp.bench.plan import Cell, _with_every_trial, plan
+from corp.bench.plan import Cell, plan, with_every_trial
 from corp.bench.preflight import preflight
 from corp.bench.protocol import check_registration
 from corp.bench.report import write_outputs
@@ -55,7 +55,7 @@ def run_bench(
 
     cells, missing = plan(cfg)
     only_task = _check_selection(cfg, cells, missing, only_task, only_methods)
-    preflight(cfg, _with_every_trial(cells), load_model=load_model and compute)
+    preflight(cfg, with_every_trial(cells), load_model=load_model and compute)
     # the pre-registration (corp.bench.protocol): stored before the first final cell, refused once changed after
     check_registration(cfg, results_path(cfg), compute)
     bench = Bench(cfg)

@@ -41,7 +41,7 @@ from corp.evaluate.rewards import resolve_reward
 from corp.evaluate.tasks import get_task
 from corp.extras import require
 from corp.runtime.backends import make_backend, resolve_backend_name
-from corp.runtime.backends.batched_lowrank import _layout
+from corp.runtime.backends.batched_lowrank import prompt_layout
 from corp.runtime.backends.host import HostCopy
 from corp.runtime.batched import factored_for, score_factored
 from corp.runtime.context import RunContext, engine_options, run_scheme, score_one
@@ -140,7 +140,7 @@ class _Worker:
             return None
         if hasattr(factored, "generations"):  # vLLM multi-LoRA: a group fills the engine's adapter slots
             return max(1, factored.group)
-        return max(1, _layout(self.ctx.backend, [e.prompt for e in examples])[3])
+        return max(1, prompt_layout(self.ctx.backend, [e.prompt for e in examples])[3])
 
     def score(self, specialists, split, examples, moves=None, factored=False) -> tuple[int, list[dict]]:
         """(this process's pid, the rows of `specialists` on `split`)."""

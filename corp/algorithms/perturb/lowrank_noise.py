@@ -57,10 +57,10 @@ from corp.algorithms.perturb.seeding import (  # noqa: F401
     LOWRANK_VERSION,
     SCHEME_VERSION,
     SCHEMES,
-    _rank,
     lowrank_rank,
     lowrank_scheme,
     noise_key,
+    parse_rank,
     seed_generator,
 )
 from corp.errors import CorpError
@@ -83,7 +83,7 @@ def scheme_from_flag(flag: str | None) -> str:
     if m is not None:
         if m.group(1) is None:
             raise CorpError(f"--noise '{flag}' names no rank; use e.g. lowrank:r=4")
-        return lowrank_scheme(_rank(m.group(1), "--noise"))
+        return lowrank_scheme(parse_rank(m.group(1), "--noise"))
     if lowrank_rank(flag, "--noise") is not None:
         return flag
     raise CorpError(f"unknown --noise '{flag}'; choose full or lowrank:r=R (R >= 1)")

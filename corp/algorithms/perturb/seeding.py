@@ -40,7 +40,7 @@ def lowrank_scheme(rank: int) -> str:
 _CANONICAL_RANK = re.compile(r"[1-9][0-9]*")  # ASCII digits, no sign, leading zero, underscore or space
 
 
-def _rank(text: str, source: str) -> int:
+def parse_rank(text: str, source: str) -> int:
     """A rank written canonically: `int()` would also take `1_0`, `02`, `+4` and ` 4`, and the
     scheme string (a cache key, the recipe's) would then name one rank several ways."""
     if _CANONICAL_RANK.fullmatch(text):
@@ -64,7 +64,7 @@ def lowrank_rank(scheme: str | None, source: str = "noise scheme") -> int | None
             f"{source} uses noise scheme '{scheme}', which this corp cannot generate "
             f"(it knows {LOWRANK_VERSION}:r=R); use the corp version that made it"
         )
-    return _rank(m.group(2), source)
+    return parse_rank(m.group(2), source)
 
 
 def check_scheme(scheme: str | None, source: str) -> str:

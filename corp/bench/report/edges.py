@@ -5,13 +5,13 @@ detail since issue 55)."""
 
 from __future__ import annotations
 
-from corp.bench.config import BenchConfig, _budget_text
+from corp.bench.config import BenchConfig, budget_text
 from corp.bench.search import edge_flags
 from corp.grids import edge_line
 
 
 def _budget(b) -> str:
-    return "fixed" if b is None else _budget_text(b)
+    return "fixed" if b is None else budget_text(b)
 
 
 def _tuning_lines(cfg: BenchConfig, records: list[dict]) -> list[str]:

@@ -8,12 +8,12 @@ from pathlib import Path
 
 from corp.bench.config import (
     BenchConfig,
-    _at_budget,
-    _budget_text,
-    _file,
+    at_budget,
+    budget_text,
+    file_part,
     save_plot,
 )
-from corp.bench.report.rows import LABEL_PRIOR, _mean_sd
+from corp.bench.report.rows import LABEL_PRIOR, mean_sd
 
 
 def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
@@ -46,7 +46,7 @@ def _flops_plot(plt, cfg: BenchConfig, sub: list[dict], out: Path, task: str, se
     ax.set_ylabel("test accuracy (mean ± sd over seeds)")
     ax.set_title(f"{cfg.name}: {cfg.label(task)}, {setting}")
     ax.legend(fontsize=7, loc="best")
-    return save_plot(fig, out, f"accuracy_vs_flops__{_file(cfg.label(task))}__{setting}.png")
+    return save_plot(fig, out, f"accuracy_vs_flops__{file_part(cfg.label(task))}__{setting}.png")
 
 
 def _narrow_log_ticks(ax, xs: list[float]) -> None:
@@ -70,7 +70,7 @@ def _method_curve(ax, cfg: BenchConfig, name: str, mine: list[dict]) -> list[flo
     """One method's rows on the FLOPs plot: a curve over the budgets, or a horizontal line without training.
     Returns the FLOPs it plotted at."""
     if all(r["budget"] is None for r in mine):  # no training compute: a horizontal reference line
-        m, sd = _mean_sd([r["accuracy"] for r in mine])
+        m, sd = mean_sd([r["accuracy"] for r in mine])
         if name == LABEL_PRIOR:
             ax.axhline(m, ls=":", lw=1, color="black", label=f"{name} (label prior, no model)")
         elif name == "base" or mine[0]["passes_per_example"] == 1:
@@ -81,7 +81,7 @@ def _method_curve(ax, cfg: BenchConfig, name: str, mine: list[dict]) -> list[flo
         got = [r for r in mine if r["budget"] == b]
         if got:
             xs.append(statistics.fmean([g["flops"] for g in got]))
-            m, sd = _mean_sd([g["accuracy"] for g in got])
+            m, sd = mean_sd([g["accuracy"] for g in got])
             ys.append(m)
             es.append(sd)
     if xs:
@@ -100,16 +100,16 @@ PASS_FAMILIES = (
 def _passes_plot(plt, cfg: BenchConfig, rows: list[dict], out: Path, task: str, setting: str) -> str:
     """Accuracy against inference passes per example at the largest budget, one curve per family."""
     top = cfg.budgets[-1]
-    by = _at_budget(rows, task, setting, top)
+    by = at_budget(rows, task, setting, top)
     fig, ax = plt.subplots(figsize=(6, 4))
     for family, test in PASS_FAMILIES:
         _family_points(ax, family, test, by)
     ax.set_xscale("log", base=2)
     ax.set_xlabel("inference passes per test example")
     ax.set_ylabel("test accuracy (mean ± sd over seeds)")
-    ax.set_title(f"{cfg.label(task)}, {setting}, budget {_budget_text(top)} FLOPs")
+    ax.set_title(f"{cfg.label(task)}, {setting}, budget {budget_text(top)} FLOPs")
     ax.legend(fontsize=7, loc="best")
-    return save_plot(fig, out, f"accuracy_vs_passes__{_file(cfg.label(task))}__{setting}.png")
+    return save_plot(fig, out, f"accuracy_vs_passes__{file_part(cfg.label(task))}__{setting}.png")
 
 
 def _family_points(ax, family: str, test, by: dict) -> None:
@@ -117,7 +117,7 @@ def _family_points(ax, family: str, test, by: dict) -> None:
     pts = {}
     for n, got in by.items():
         if test(n):
-            pts.setdefault(got[0]["passes_per_example"], []).append((n, _mean_sd([g["accuracy"] for g in got])))
+            pts.setdefault(got[0]["passes_per_example"], []).append((n, mean_sd([g["accuracy"] for g in got])))
     if not pts:
         return
     if family == "CoRP":

@@ -9,11 +9,11 @@ import statistics
 from corp.algorithms.stats import examples_text, sign_text
 from corp.bench.config import (
     BenchConfig,
-    _at_budget,
-    _budget_text,
+    at_budget,
+    budget_text,
     headline_setting,
 )
-from corp.bench.report.rows import LABEL_PRIOR, _mean_sd
+from corp.bench.report.rows import LABEL_PRIOR, mean_sd
 from corp.evaluate.tasks import get_task
 
 
@@ -81,7 +81,7 @@ def tune_split_text(cfg: BenchConfig) -> str:
     return f"{n}-example {cfg.tune_split} split" if n else f"{cfg.tune_split} split"
 
 
-def _labelled_text(cfg: BenchConfig, row: dict) -> str:
+def labelled_text(cfg: BenchConfig, row: dict) -> str:
     """A row's labelled examples, with the validation labels its options were chosen on (a searched method):
     '0 + 64 val' where they are labels the method does not otherwise see, '144 (tuned on val)' where the
     validation split is among its own (splits are consecutive slices of one shuffle: equal-data's support
@@ -102,7 +102,7 @@ def _flops_text(c: dict) -> str:
     return f"{c['a']} {c.get('flops_a', 0.0):.2g} FLOPs, {c['b']} {c.get('flops_b', 0.0):.2g} FLOPs"
 
 
-def _p_text(p) -> str:
+def p_text(p) -> str:
     return "—" if p is None else f"{p:.3g}"
 
 
@@ -111,7 +111,7 @@ def primary_sentences(primary: list[dict]) -> list[str]:
     out = []
     for r in primary:
         e, c = r["entry"], r["comparison"]
-        where = f"on {e['task_label']} ({e['setting']}, budget {_budget_text(e['budget'])} FLOPs"
+        where = f"on {e['task_label']} ({e['setting']}, budget {budget_text(e['budget'])} FLOPs"
         if c is None:
             out.append(f"{e['a']} vs {e['b']} {where}): not run yet.")
             continue
@@ -120,8 +120,8 @@ def primary_sentences(primary: list[dict]) -> list[str]:
             out.append(f"{e['a']} vs {e['b']} {where}: one seed only, no claim ({c['difference']:+.3f}).")
             continue
         stat = (
-            f"95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}, p = {_p_text(r['p'])}, Holm p = "
-            f"{_p_text(r['p_holm'])}, signs {sign_text(c)}, {examples_text(c)}"
+            f"95% CI {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}, p = {p_text(r['p'])}, Holm p = "
+            f"{p_text(r['p_holm'])}, signs {sign_text(c)}, {examples_text(c)}"
         )
         if r["reject"] and c["difference"] > 0:
             out.append(f"{e['a']} beats {e['b']} {where} by {c['difference']:+.3f} ({stat}).")
@@ -132,10 +132,10 @@ def primary_sentences(primary: list[dict]) -> list[str]:
     return out
 
 
-def _spread(cfg: BenchConfig, got: list[dict], unfit: int = 0) -> str:
+def spread_text(cfg: BenchConfig, got: list[dict], unfit: int = 0) -> str:
     """Mean ± sd over seeds; with fewer seeds than configured says how many, and how many of the others do
     not fit the budget (the rest are not run yet), never a bare ± 0."""
-    m, sd = _mean_sd([g["accuracy"] for g in got])
+    m, sd = mean_sd([g["accuracy"] for g in got])
     if got[0]["method"] == LABEL_PRIOR:  # the same in every seed by construction: no spread to state
         return f"{m:.3f} (reference)"
     planned = len(cfg.seeds_of(got[0]["task"]))  # the task's own seeds
@@ -155,7 +155,7 @@ def regime_text(cfg: BenchConfig) -> str:
     """What regime the bench ran in, in plain words (the README section states it)."""
     return (
         f"Regime: {cfg.model}; tasks {', '.join(cfg.label(t) for t in cfg.tasks)}; seeds "
-        f"{seeds_text(cfg)}; budgets {', '.join(_budget_text(b) for b in cfg.budgets)} FLOPs; shared "
+        f"{seeds_text(cfg)}; budgets {', '.join(budget_text(b) for b in cfg.budgets)} FLOPs; shared "
         f"population {cfg.population} specialists (sigmas {', '.join(f'{x:g}' for x in cfg.sigmas)}); splits support "
         f"{cfg.n_support}, probe {cfg.n_probe}, validation {cfg.n_validation}, test {cfg.n_test}; data settings "
         f"{', '.join(cfg.settings)} (headline: {headline_setting(cfg)}); hyperparameters: {cfg.hyperparameters}"
@@ -190,7 +190,7 @@ def beats_sentences(comps: list[dict]) -> list[str]:
     out = []
     for c in comps:
         lo, hi = c["ci95"]
-        where = f"on {c['task']} ({c['setting']}, budget {_budget_text(c['budget'])} FLOPs; {_flops_text(c)})"
+        where = f"on {c['task']} ({c['setting']}, budget {budget_text(c['budget'])} FLOPs; {_flops_text(c)})"
         seeds = f"signs {sign_text(c)}, " if c.get("n_seeds", 1) > 1 else ""
         seeds += examples_text(c)
         if c.get("seeds_dropped"):
@@ -226,7 +226,7 @@ def _pairs_text(comps: list[dict]) -> str:
     """'a vs b (arith 1.2e+13, 2.8e+13; letters 2.8e+13); c vs d (...)': comparisons grouped by pair."""
     by: dict[tuple[str, str], dict[str, list[str]]] = {}
     for c in comps:
-        by.setdefault((c["a"], c["b"]), {}).setdefault(c["task_label"], []).append(_budget_text(c["budget"]))
+        by.setdefault((c["a"], c["b"]), {}).setdefault(c["task_label"], []).append(budget_text(c["budget"]))
     return "; ".join(
         f"{a} vs {b} (" + "; ".join(f"{t} " + ", ".join(bs) for t, bs in where.items()) + ")"
         for (a, b), where in by.items()
@@ -288,7 +288,7 @@ def reading_lines(
 def _highest_text(cfg: BenchConfig, rows: list[dict], task: str, setting: str, top) -> str | None:
     """`reading_lines`' sentence for one task: its highest single-model mean at the top budget, beside the base,
     and the label prior where that is at or above it (None: the task has no single-model row there)."""
-    by = _at_budget(rows, task, setting, top)
+    by = at_budget(rows, task, setting, top)
     single = {n: got for n, got in by.items() if n not in ("base", LABEL_PRIOR) and got[0]["passes_per_example"] == 1}
     if not single:
         return None
@@ -296,7 +296,7 @@ def _highest_text(cfg: BenchConfig, rows: list[dict], task: str, setting: str, t
     best = max(means, key=lambda n: means[n])
     k = len({r["seed"] for r in single[best]})
     text = (
-        f"On {cfg.label(task)} at {_budget_text(top)} FLOPs ({setting}), the highest mean test accuracy of a "
+        f"On {cfg.label(task)} at {budget_text(top)} FLOPs ({setting}), the highest mean test accuracy of a "
         f"single model is {best}'s {means[best]:.3f} over {k} seed{'s' if k != 1 else ''}"
     )
     if by.get("base"):

@@ -14,12 +14,12 @@ from corp.algorithms.stats import compare_paired_seeds, seed_example_interval, t
 from corp.bench.accounting import eval_flops
 from corp.bench.config import (
     BenchConfig,
-    _at_budget,
+    at_budget,
     headline_setting,
 )
 from corp.bench.records import CellRecord, Comparison
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits
-from corp.evaluate.tasks.coding import _CodeTask
+from corp.evaluate.tasks.coding import CodeTask
 from corp.runtime.runs import atomic_write_text
 
 CSV_COLUMNS = [
@@ -121,7 +121,7 @@ def label_prior_rows(cfg: BenchConfig, tasks: list[str]) -> list[dict]:
     for task in tasks:
         try:
             t = get_task(task, cfg.data)
-            if isinstance(t, _CodeTask):
+            if isinstance(t, CodeTask):
                 continue
             sp = make_splits(t, SplitSizes(cfg.n_support, cfg.n_probe, cfg.n_validation, cfg.n_test), cfg.split_seed)
         except Exception:  # noqa: BLE001 - a reference row is optional; the cells' rows do not depend on it
@@ -162,7 +162,7 @@ def label_prior_rows(cfg: BenchConfig, tasks: list[str]) -> list[dict]:
     return out
 
 
-def _mean_sd(values: list[float]) -> tuple[float, float]:
+def mean_sd(values: list[float]) -> tuple[float, float]:
     return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
@@ -199,7 +199,7 @@ def comparisons(cfg: BenchConfig, rows: list[dict]) -> list[Comparison]:
     for task in cfg.tasks:
         for setting in cfg.settings:
             for budget in cfg.budgets:
-                by = _at_budget(rows, task, setting, budget)
+                by = at_budget(rows, task, setting, budget)
                 here = [
                     (p["a"], p["b"]) for p in only if (p["task"], p["setting"], p["budget"]) == (task, setting, budget)
                 ]
@@ -274,7 +274,7 @@ def write_csv(path: Path, rows: list[dict], columns: list[str] = CSV_COLUMNS) ->
     atomic_write_text(path, buf.getvalue())
 
 
-def _at_top_budget(tuning: list[dict], value) -> dict[tuple, float]:
+def at_top_budget(tuning: list[dict], value) -> dict[tuple, float]:
     """{(task, label, trial): value(record) of that trial's largest-budget record}: each trial counted once
     (an iterative trial's smaller budgets are checkpoints of that run; a population trial's smaller
     budgets reuse its population and add their own evaluations)."""
@@ -288,14 +288,14 @@ def _at_top_budget(tuning: list[dict], value) -> dict[tuple, float]:
 
 def trial_flops(tuning: list[dict]) -> dict[str, float]:
     """Per searched method (cell label), the FLOPs its trials' top-budget cells used, summed over trials and
-    tasks: a well-defined size of the tuning (`_at_top_budget`)."""
+    tasks: a well-defined size of the tuning (`at_top_budget`)."""
     out: dict[str, float] = {}
-    for (_, label, *_), flops in _at_top_budget(tuning, lambda r: r.get("flops") or 0.0).items():
+    for (_, label, *_), flops in at_top_budget(tuning, lambda r: r.get("flops") or 0.0).items():
         out[label] = out.get(label, 0.0) + flops
     return out
 
 
-def _cell_seconds(rec: dict) -> float:
+def cell_seconds(rec: dict) -> float:
     """A cell's measured time toward its output: its own wall (an iterative cell's is cumulative over its
     run, so the top budget includes the lower ones) plus, for a population method, the time it took to
     score the population prefix it used (scored once per seed and read by several cells)."""
@@ -314,7 +314,7 @@ def tuning_rows(records: list[dict]) -> list[dict]:
     return out
 
 
-def _unfit_seeds(rows: list[dict], task: str, setting: str, budget, name: str) -> list[int]:
+def unfit_seeds(rows: list[dict], task: str, setting: str, budget, name: str) -> list[int]:
     """The seeds in which row `name`'s cell does not fit `budget`."""
     cells = _cells_of(rows, task, name)
     return sorted(
@@ -355,7 +355,7 @@ def ratio_comparisons(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
         for task in cfg.tasks:
             for setting in cfg.settings:
                 for budget in cfg.budgets:
-                    ra = {r["seed"]: r for r in _at_budget(rows, task, setting, budget).get(a, []) if r["correct"]}
+                    ra = {r["seed"]: r for r in at_budget(rows, task, setting, budget).get(a, []) if r["correct"]}
                     if not ra:
                         continue
                     n_a = statistics.fmean(float(r["units"] or 0) for r in ra.values())
@@ -400,7 +400,7 @@ def _ratio_reach(cfg: BenchConfig, rows: list[dict], task: str, setting: str, b:
     found = None
     most = 0.0
     for bb in cfg.budgets:
-        rb = {r["seed"]: r for r in _at_budget(rows, task, setting, bb).get(b, []) if r["correct"]}
+        rb = {r["seed"]: r for r in at_budget(rows, task, setting, bb).get(b, []) if r["correct"]}
         if not rb:
             continue
         n_b = statistics.fmean(float(r["units"] or 0) for r in rb.values())
@@ -420,7 +420,7 @@ def equivalence_tests(cfg: BenchConfig, rows: list[dict]) -> list[dict]:
         for task in [e["task"]] if e["task"] else cfg.tasks:
             for setting in [e["setting"]] if e["setting"] else cfg.settings:
                 for budget in [e["budget"]] if e["budget"] is not None else cfg.budgets:
-                    by = _at_budget(rows, task, setting, budget)
+                    by = at_budget(rows, task, setting, budget)
                     sa = {r["seed"]: r for r in by.get(e["a"], []) if r["correct"] is not None}
                     sb = {r["seed"]: r for r in by.get(e["b"], []) if r["correct"] is not None}
                     seeds = sorted(set(sa) & set(sb))

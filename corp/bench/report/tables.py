@@ -9,36 +9,36 @@ from corp.algorithms.stats import sign_text
 from corp.bench.accounting import compute_table, regime_table
 from corp.bench.config import (
     BenchConfig,
-    _at_budget,
-    _budget_text,
+    at_budget,
+    budget_text,
     headline_setting,
 )
 from corp.bench.protocol import HOLM_ALPHA
 from corp.bench.report.prose import (
     MULTIPLE_NOTE,
     PRIMARY_NOTE,
-    _labelled_text,
-    _p_text,
-    _spread,
     dropped_text,
+    labelled_text,
+    p_text,
     protocol_sentence,
     seeds_text,
+    spread_text,
 )
-from corp.bench.report.rows import LABEL_PRIOR, _at_top_budget, _cell_seconds, _unfit_seeds, ratio_comparisons
+from corp.bench.report.rows import LABEL_PRIOR, at_top_budget, cell_seconds, ratio_comparisons, unfit_seeds
 from corp.runtime.ledger import FLOPS_FORMULA, LORA_CONVENTION
 
 
 def time_table(cfg: BenchConfig, records: list[dict], tuning: list[dict]) -> list[str]:
     """Measured time per method: per task and cell label, the median over seeds of each final cell's
-    time at each budget (`_cell_seconds`, its test evaluation included), and its trials' total (each
+    time at each budget (`cell_seconds`, its test evaluation included), and its trials' total (each
     trial once, at its top budget, as `trial_flops` counts them)."""
     setting = headline_setting(cfg)
     final: dict[tuple, list[float]] = {}
     for rec in records:
         if rec["setting"] == setting and rec.get("status") == "done":
-            final.setdefault((rec["task"], rec["label"], rec["budget"]), []).append(_cell_seconds(rec))
+            final.setdefault((rec["task"], rec["label"], rec["budget"]), []).append(cell_seconds(rec))
     trials: dict[tuple, list[float]] = {}
-    for (task, label, *_), sec in _at_top_budget(tuning, _cell_seconds).items():
+    for (task, label, *_), sec in at_top_budget(tuning, cell_seconds).items():
         trials.setdefault((task, label), []).append(sec)
     if not final and not trials:
         return []
@@ -47,7 +47,7 @@ def time_table(cfg: BenchConfig, records: list[dict], tuning: list[dict]) -> lis
         f"## Measured time per method ({setting}; minutes, median over seeds)",
         "",
         "| task | method | "
-        + " | ".join("fixed" if b is None else _budget_text(b) for b in budgets)
+        + " | ".join("fixed" if b is None else budget_text(b) for b in budgets)
         + " | trials (total) |",
         "|---|---|" + "---:|" * (len(budgets) + 1),
     ]
@@ -85,23 +85,23 @@ def _budget_table(cfg: BenchConfig, rows: list[dict], task: str, setting: str) -
     lines += [
         f"## {cfg.label(task)}, {setting}",
         "",
-        "| method | labelled | passes/ex | " + " | ".join(_budget_text(b) for b in cfg.budgets) + " |",
+        "| method | labelled | passes/ex | " + " | ".join(budget_text(b) for b in cfg.budgets) + " |",
         "|---|---:|---:|" + "---:|" * len(cfg.budgets),
     ]
     for name in names:
         cells = []
         labelled = passes = ""
         for b in cfg.budgets:
-            got = _at_budget(rows, task, setting, b).get(name, [])
-            unfit = _unfit_seeds(rows, task, setting, b, name)
+            got = at_budget(rows, task, setting, b).get(name, [])
+            unfit = unfit_seeds(rows, task, setting, b, name)
             if not got:
                 cells.append("does not fit" if unfit else "—")
                 continue
-            labelled, passes = _labelled_text(cfg, got[0]), got[0]["passes_per_example"]
+            labelled, passes = labelled_text(cfg, got[0]), got[0]["passes_per_example"]
             flops = statistics.fmean([g["flops"] for g in got])
             note = "" if not flops else f" ({flops:.2g} F)"
             flags = "*" if any("abstained" in g["status"] for g in got) else ""
-            cells.append(f"{_spread(cfg, got, len(unfit))}{flags}{note}")
+            cells.append(f"{spread_text(cfg, got, len(unfit))}{flags}{note}")
         if labelled == "" and all(c == "—" for c in cells):
             cells = [
                 next(
@@ -222,7 +222,7 @@ def primary_table(primary: list[dict]) -> list[str]:
     short = []
     for r in primary:
         e, c = r["entry"], r["comparison"]
-        where = f"| {e['a']} vs {e['b']} | {e['task_label']} | {e['setting']} | {_budget_text(e['budget'])} |"
+        where = f"| {e['a']} vs {e['b']} | {e['task_label']} | {e['setting']} | {budget_text(e['budget'])} |"
         if c is None:
             lines.append(f"{where} | | | | | not run yet | |")
             continue
@@ -238,7 +238,7 @@ def primary_table(primary: list[dict]) -> list[str]:
         )
         lines.append(
             f"{where} {c['difference']:+.3f} | {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} | {sign_text(c)} | "
-            f"{_p_text(r['p'])} | {_p_text(r['p_holm'])} | {decision} | {spent} |"
+            f"{p_text(r['p'])} | {p_text(r['p_holm'])} | {decision} | {spent} |"
         )
     lines.append("")
     if short:
@@ -289,7 +289,7 @@ def comparisons_table(comps: list[dict], heading: str = "Paired comparisons") ->
         if c.get("seeds_dropped"):
             per += f"; left out: {dropped_text(c)}"
         lines.append(
-            f"| {c['a']} vs {c['b']} | {c['task']} | {c['setting']} | {_budget_text(c['budget'])} | "
+            f"| {c['a']} vs {c['b']} | {c['task']} | {c['setting']} | {budget_text(c['budget'])} | "
             f"{c['difference']:+.3f} | {c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f} | {per} | {signs} | "
             f"{c.get('flops_a', 0.0):.2g} / {c.get('flops_b', 0.0):.2g} |"
         )
@@ -306,7 +306,7 @@ def headline_table(cfg: BenchConfig, rows: list[dict]) -> list[str]:
     lines = [
         f"## Headline: best single model per method ({setting}; test accuracy, mean ± sd over seeds)",
         "",
-        "| task | method | labelled | passes/ex | " + " | ".join(_budget_text(b) for b in cfg.budgets) + " |",
+        "| task | method | labelled | passes/ex | " + " | ".join(budget_text(b) for b in cfg.budgets) + " |",
         "|---|---|---:|---:|" + "---:|" * len(cfg.budgets),
     ]
     for task in cfg.tasks:
@@ -326,13 +326,13 @@ def headline_table(cfg: BenchConfig, rows: list[dict]) -> list[str]:
             cells, labelled = [], ""
             passes = "" if not name else (0 if name == LABEL_PRIOR else 1)
             for b in cfg.budgets:
-                got = _at_budget(rows, task, setting, b).get(name, []) if name else []
+                got = at_budget(rows, task, setting, b).get(name, []) if name else []
                 if not got:
-                    cells.append("does not fit" if _unfit_seeds(rows, task, setting, b, cell_label) else "—")
+                    cells.append("does not fit" if unfit_seeds(rows, task, setting, b, cell_label) else "—")
                     continue
-                labelled = _labelled_text(cfg, got[0])
-                unfit = _unfit_seeds(rows, task, setting, b, name)
-                cells.append(f"{_spread(cfg, got, len(unfit))} ({statistics.fmean(g['flops'] for g in got):.2g} F)")
+                labelled = labelled_text(cfg, got[0])
+                unfit = unfit_seeds(rows, task, setting, b, name)
+                cells.append(f"{spread_text(cfg, got, len(unfit))} ({statistics.fmean(g['flops'] for g in got):.2g} F)")
             lines.append(
                 f"| {cfg.label(task)} | {name or cell_label} | {labelled} | {passes} | " + " | ".join(cells) + " |"
             )
@@ -355,7 +355,7 @@ def _population_section(cfg: BenchConfig, rows: list[dict]) -> list[str]:
     for task in cfg.tasks:
         for setting in cfg.settings:
             for budget in cfg.budgets:
-                by = _at_budget(rows, task, setting, budget)
+                by = at_budget(rows, task, setting, budget)
                 for name in [n for n in by if f"{n}/randopt-top1" in by]:
                     table.append(_population_line(cfg, task, setting, budget, by, name))
     if not table:
@@ -388,7 +388,7 @@ def _population_line(cfg: BenchConfig, task: str, setting: str, budget, by: dict
     flops = statistics.fmean(r["flops"] for r in by[name])
     pop = statistics.fmean(r["flops"] for r in by[f"{name}/randopt-top1"])
     return (
-        f"| {cfg.label(task)} | {setting} | {_budget_text(budget)} | {name} {mean[name]:.3f} | "
+        f"| {cfg.label(task)} | {setting} | {budget_text(budget)} | {name} {mean[name]:.3f} | "
         f"{top1:.3f} | {'' if vote is None else f'{vote.split(chr(47))[1]} {mean[vote]:.3f}'} | {share} | "
         f"{flops:.2g} / {pop:.2g} |"
     )
@@ -406,7 +406,7 @@ def _ratio_section(cfg: BenchConfig, rows: list[dict]) -> list[str]:
             "|---|---|---|---|---:|---|---|---|",
         ]
         for c in ratios:
-            left = f"{c['a']} ({_budget_text(c['budget'])}, {c['units_a']:.3g})"
+            left = f"{c['a']} ({budget_text(c['budget'])}, {c['units_a']:.3g})"
             if c.get("abstained_a"):
                 left += f" * ({c['abstained_a']} of {c['seeds_a']} seeds)"
             if not c["reached"]:
@@ -418,7 +418,7 @@ def _ratio_section(cfg: BenchConfig, rows: list[dict]) -> list[str]:
             iv = f"{c['ci95'][0]:+.3f} to {c['ci95'][1]:+.3f}"
             signs = sign_text(c) if c.get("n_seeds", 1) > 1 else "one seed only, no claim"
             lines.append(
-                f"| {left} | {c['b']} ({_budget_text(c['budget_b'])}, {c['units_b']:.3g}) | {c['task']} | {c['setting']} | "
+                f"| {left} | {c['b']} ({budget_text(c['budget_b'])}, {c['units_b']:.3g}) | {c['task']} | {c['setting']} | "
                 f"{c['difference']:+.3f} | {iv} | {signs} | {c['flops_a']:.2g} / {c['flops_b']:.2g} |"
             )
         lines += [
@@ -458,7 +458,7 @@ def equivalence_section(tests: list[dict]) -> list[str]:
     ]
     for t in tests:
         where = (
-            f"| {t['a']} vs {t['b']} | {t['task']} | {t['setting']} | {_budget_text(t['budget'])} | ±{t['margin']:g} |"
+            f"| {t['a']} vs {t['b']} | {t['task']} | {t['setting']} | {budget_text(t['budget'])} | ±{t['margin']:g} |"
         )
         x = t["test"]
         if x is None:

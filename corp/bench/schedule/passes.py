@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 
 from corp.bench.cells import Bench
 from corp.bench.config import BenchConfig
-from corp.bench.plan import Cell, _trials_of
+from corp.bench.plan import Cell, trials_of
 from corp.bench.retention import score_records
 from corp.bench.schedule.claims import attempt, busy
 from corp.runtime.progress import progress_disabled
@@ -60,7 +60,7 @@ def _pass_cell(
     `done`; returns 1 when it is deferred (another process holds it or its trials), else 0."""
     cell = bench.resolve(planned, cells)  # None: its trials have not all run
     if cell is None:
-        if compute and mine(planned) and any(busy(bench, t) for t in _trials_of(planned, cells)):
+        if compute and mine(planned) and any(busy(bench, t) for t in trials_of(planned, cells)):
             return 1
         return 0
     name = cell.record_name()

@@ -95,7 +95,7 @@ def _defines(code: str, name: str) -> bool:
     return re.search(rf"^\s*(?:async\s+)?def\s+{re.escape(name)}\s*\(", code, re.MULTILINE) is not None
 
 
-class _CodeTask(Task):
+class CodeTask(Task):
     """Shared sandbox plumbing: options, parallel reward, status counts."""
 
     max_new_tokens = 512
@@ -214,7 +214,7 @@ def mbpp_entry_point(code: str, tests: Sequence[str]) -> str:
     raise ValueError("no function definition in the reference code")
 
 
-class MBPP(_CodeTask):
+class MBPP(CodeTask):
     name = "mbpp"
     description = (
         "MBPP Python functions, run against the problem's asserts in a sandbox (options: timeout, memory_mb, "
@@ -284,7 +284,7 @@ class MBPP(_CodeTask):
 _IMPORT = re.compile(r"^(?:import\s+\S.*|from\s+\S+\s+import\s+.*)$", re.MULTILINE)
 
 
-class HumanEval(_CodeTask):
+class HumanEval(CodeTask):
     name = "humaneval"
     description = (
         "HumanEval Python functions (164, test only), run against check() in a sandbox (options: timeout, memory_mb, "

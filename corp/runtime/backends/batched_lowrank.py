@@ -243,7 +243,7 @@ class FactoredPopulation:
             self._scales = None
 
 
-def _layout(backend, prompts: Sequence[str]) -> tuple[list[list[int]], list[int], int, int]:
+def prompt_layout(backend, prompts: Sequence[str]) -> tuple[list[list[int]], list[int], int, int]:
     """Encoded prompts, their order (similar lengths batch together), P = prompts per `generate`
     and g = row groups per `generate` (g x P <= batch_size rows)."""
     encoded = backend.encode(prompts)
@@ -282,7 +282,7 @@ def population_generations(
     weights in place. Yields (index in `specialists`, its Generations, seconds spent drawing its
     factors) as each group finishes; a group's generation time is shared equally by its specialists."""
     backend.set_direction(None)  # the hooks perturb the base: no specialist may be applied
-    encoded, order, per_batch, group = _layout(backend, prompts)
+    encoded, order, per_batch, group = prompt_layout(backend, prompts)
     gen = torch.Generator(device="cpu")
     with factored.hooks():
         for first in range(0, len(specialists), group):
@@ -313,7 +313,7 @@ def direction_generations(
     `scales`, Generations, seconds spent installing the group's factors, shared by its members)."""
     if backend.perturber.current is not None:  # the hooks perturb the base (a restore copies every weight)
         backend.set_direction(None)
-    encoded, order, per_batch, group = _layout(backend, prompts)
+    encoded, order, per_batch, group = prompt_layout(backend, prompts)
     with factored.hooks():
         for first in range(0, len(scales), group):
             members = list(range(first, min(first + group, len(scales))))

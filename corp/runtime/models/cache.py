@@ -9,7 +9,7 @@ from corp.runtime.cachedir import cache_dir
 DEFAULT_MODEL = "smollm2-135m"
 
 
-def _is_hf_dir(path: Path) -> bool:
+def is_hf_dir(path: Path) -> bool:
     return path.is_dir() and (path / "config.json").exists()
 
 

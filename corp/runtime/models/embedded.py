@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from corp.errors import CorpError
-from corp.runtime.models.cache import CONVERSION, SOURCE_FILE, _is_hf_dir, cache_dir
+from corp.runtime.models.cache import CONVERSION, SOURCE_FILE, cache_dir, is_hf_dir
 from corp.runtime.models.save import save_model
 
 
@@ -102,16 +102,16 @@ ALIASES: dict[str, str | EmbeddedGGUF] = {
 }
 
 
-def _alias(name: str) -> str | EmbeddedGGUF | None:
+def lookup_alias(name: str) -> str | EmbeddedGGUF | None:
     if name in ALIASES:
         return ALIASES[name]
     lowered = {k.lower(): v for k, v in ALIASES.items()}
     return lowered.get(name.lower())
 
 
-def _converted(spec: EmbeddedGGUF, out: Path) -> bool:
+def is_converted(spec: EmbeddedGGUF, out: Path) -> bool:
     """`out` holds a conversion of `spec` at least as new as the spec needs."""
-    if not _is_hf_dir(out):
+    if not is_hf_dir(out):
         return False
     try:
         made = int(json.loads((out / SOURCE_FILE).read_text()).get("conversion", 1))
@@ -176,7 +176,7 @@ def _assemble_parts(spec: EmbeddedGGUF, target: Path) -> Path:
     return target
 
 
-def _embedded_gguf_path(spec: EmbeddedGGUF) -> tuple[Path, bool]:
+def embedded_gguf_path(spec: EmbeddedGGUF) -> tuple[Path, bool]:
     """The GGUF file of `spec`, and whether corp assembled it (then it may be deleted after conversion)."""
     if spec.parts:
         return _assemble_parts(spec, cache_dir() / "gguf" / spec.filename), True
@@ -204,7 +204,7 @@ def _embedded_gguf_path(spec: EmbeddedGGUF) -> tuple[Path, bool]:
     return result, True
 
 
-def _convert_gguf(gguf: Path, out: Path) -> None:
+def convert_gguf(gguf: Path, out: Path) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -231,7 +231,7 @@ def embedded_spec(model_id: str | None) -> EmbeddedGGUF | None:
     """The embedded build a resolved model id (or alias) names, if any."""
     if model_id is None:
         return None
-    spec = _alias(model_id)
+    spec = lookup_alias(model_id)
     if isinstance(spec, EmbeddedGGUF):
         return spec
     return next((v for v in ALIASES.values() if isinstance(v, EmbeddedGGUF) and v.hf_id == model_id), None)
@@ -254,22 +254,22 @@ def adapter_base(model_id: str | None, path: str | Path | None) -> str:
 def converted_dir(name: str) -> Path | None:
     """An embedded alias's converted directory when it is ready here (None: not an embedded alias, or
     not converted yet); never converts."""
-    spec = _alias(name)
+    spec = lookup_alias(name)
     if not isinstance(spec, EmbeddedGGUF):
         return None
-    out = _embedded_dir(_alias_name(spec))
-    return out if _converted(spec, out) else None
+    out = embedded_dir(alias_name(spec))
+    return out if is_converted(spec, out) else None
 
 
 def _packages(spec: EmbeddedGGUF) -> list[str]:
     return [pkg for pkg, _ in spec.parts] or [spec.package]
 
 
-def _embedded_dir(alias: str) -> Path:
+def embedded_dir(alias: str) -> Path:
     return cache_dir() / "models" / alias
 
 
-def _alias_name(spec: EmbeddedGGUF) -> str:
+def alias_name(spec: EmbeddedGGUF) -> str:
     return next(k for k, v in ALIASES.items() if v is spec)
 
 
@@ -279,7 +279,7 @@ def list_models() -> list[dict]:
     for alias, spec in ALIASES.items():
         if isinstance(spec, EmbeddedGGUF):
             installed = all(importlib.util.find_spec(pkg) is not None for pkg in _packages(spec))
-            cached = _converted(spec, _embedded_dir(alias))
+            cached = is_converted(spec, embedded_dir(alias))
             convert = (
                 f"first use converts it (~{spec.convert_s} s, {spec.disk_mb / 1000:.1f} GB on disk in {cache_dir()})"
             )

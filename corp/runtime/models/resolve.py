@@ -14,12 +14,12 @@ from corp.runtime.models.cache import DEFAULT_MODEL
 from corp.runtime.models.embedded import (
     ALIASES,
     EmbeddedGGUF,
-    _alias,
-    _alias_name,
-    _convert_gguf,
-    _converted,
-    _embedded_dir,
-    _embedded_gguf_path,
+    alias_name,
+    convert_gguf,
+    embedded_dir,
+    embedded_gguf_path,
+    is_converted,
+    lookup_alias,
 )
 
 _WEIGHT_FILES = (
@@ -135,16 +135,16 @@ def _announce_alias(name: str, hub_id: str) -> None:
 
 def _embedded_model(spec: EmbeddedGGUF) -> tuple[str, Path]:
     """An embedded alias: its converted HF directory, converting the GGUF the first time."""
-    out = _embedded_dir(_alias_name(spec))
+    out = embedded_dir(alias_name(spec))
     out.parent.mkdir(parents=True, exist_ok=True)
     # one converter at a time (two processes started together on a fresh machine, `corp bench`'s
     # two task processes or two test workers, would write one directory at once); the check is
     # under the lock too, so nobody loads a directory another process is still writing
     with open(out.parent / f".{out.name}.lock", "a") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # released when the file closes
-        if not _converted(spec, out):
-            gguf, assembled = _embedded_gguf_path(spec)
-            _convert_gguf(gguf, out)
+        if not is_converted(spec, out):
+            gguf, assembled = embedded_gguf_path(spec)
+            convert_gguf(gguf, out)
             if assembled:
                 gguf.unlink(missing_ok=True)  # corp wrote it; the converted directory is all that is needed now
     return spec.hf_id, out
@@ -212,7 +212,7 @@ def resolve_model(name: str | None, download: bool = True) -> tuple[str, Path]:
     A hub model that is not in the cache is downloaded only when the hub answers (`hub_offline`);
     otherwise, or when the download fails, one error line names the hub id and how to fetch it."""
     name = name or DEFAULT_MODEL
-    spec = _alias(name)
+    spec = lookup_alias(name)
     if isinstance(spec, EmbeddedGGUF):
         return _embedded_model(spec)
     hub_id = spec if isinstance(spec, str) else name
@@ -260,7 +260,7 @@ def check_model_reachable(name: str | None) -> None:
     is its one-line error now (an embedded alias or a local directory passes at once; while the hub
     answers, fetching is left to the model load)."""
     name = name or DEFAULT_MODEL
-    if isinstance(_alias(name), EmbeddedGGUF) or Path(name).expanduser().exists():
+    if isinstance(lookup_alias(name), EmbeddedGGUF) or Path(name).expanduser().exists():
         return
     _check_not_a_missing_path(name)
     if os.environ.get("CORP_ALLOW_DOWNLOAD", "1") != "1" or hub_offline():
