@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 from corp.errors import CorpError
-from corp.evaluate import backends
+from corp.runtime import backends
 from corp.runtime.backends import AutoBackend, make_backend, resolve_backend_name
 from corp.runtime.backends.base import MODEL, PERTURBER, Backend
 from corp.runtime.backends.hf import HFBackend

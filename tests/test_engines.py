@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from corp.evaluate import backends
+from corp.runtime import backends
 from corp.methods import METHODS, REGISTRY
 from corp.runtime.backends.hf import HFBackend
 from corp.runtime.backends.host import HostCopy

@@ -293,7 +293,7 @@ def test_missing_vllm_is_the_require_message(monkeypatch):
 def test_an_import_error_inside_the_vllm_backend_is_not_masked(monkeypatch):
     """vLLM installed but corp's vllm.py fails to import: that ImportError must surface as itself,
     not as 'vLLM is not available' (which sent people looking in the wrong place)."""
-    from corp.evaluate import backends
+    from corp.runtime import backends
     from corp.runtime.backends import make_backend
 
     monkeypatch.setattr(backends, "require", lambda package, feature: None)  # pretend vLLM is installed

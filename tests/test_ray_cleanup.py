@@ -31,7 +31,7 @@ def _running(pids) -> list[int]:
 def test_a_ray_corp_started_leaves_no_process_and_no_session_even_after_its_head_is_killed():
     import ray
 
-    from corp.evaluate import ray_cluster
+    from corp.runtime import ray_cluster
 
     if ray.is_initialized():
         pytest.skip("a Ray is already running in this process")

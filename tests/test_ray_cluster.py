@@ -16,7 +16,7 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from corp import CorpError  # noqa: E402
-from corp.evaluate import ray_cluster  # noqa: E402
+from corp.runtime import ray_cluster  # noqa: E402
 from corp.evaluate.scorer import ensure_population  # noqa: E402
 from corp.runtime.context import setup_run  # noqa: E402
 from corp.runtime.runs import read_jsonl  # noqa: E402

@@ -202,7 +202,7 @@ def test_a_local_ray_listens_on_loopback_only(monkeypatch):
     a Ray that would listen beyond it is refused in one line naming the setting."""
     import contextlib
 
-    from corp.evaluate import ray_cluster
+    from corp.runtime import ray_cluster
 
     assert not ray.is_initialized()
     # planted: Ray's own default (no single-node mode) listens on every interface: corp refuses
@@ -238,7 +238,7 @@ def test_resources_are_checked_before_any_work_and_threads_match_what_ray_reserv
     per engine (its CPU form: a custom resource stands in for the GPU)."""
     from types import SimpleNamespace
 
-    from corp.evaluate import ray_cluster
+    from corp.runtime import ray_cluster
     from corp.runtime.executors import RayExecutor, actor_resources
 
     with ray_cluster.loopback():
@@ -332,7 +332,7 @@ def test_free_resources_that_lag_a_finished_task_are_waited_for_not_refused():
     """Ray's view of free CPUs lags a task that has just ended (the bench scores a population right
     after its cell tasks): where the cluster holds enough in total, check_free waits for them; where
     it does not, it refuses at once. Before, the lag alone refused a run the cluster could hold."""
-    from corp.evaluate import ray_cluster
+    from corp.runtime import ray_cluster
 
     class Lagging:
         def __init__(self, free_after: int):

@@ -26,7 +26,7 @@ def _start(*a, **k):
 def two_cpus(monkeypatch):
     import ray
 
-    from corp.evaluate import ray_cluster
+    from corp.runtime import ray_cluster
 
     if ray.is_initialized():
         pytest.skip("a Ray is already running in this process (corp starts none then)")
@@ -39,7 +39,7 @@ def two_cpus(monkeypatch):
 )
 def test_more_workers_or_threads_than_cpus_is_one_line_before_ray_starts(two_cpus, monkeypatch, workers, threads, need):
     from corp.config import PopulationConfig
-    from corp.evaluate import executors
+    from corp.runtime import executors
 
     monkeypatch.setattr(executors, "init_ray", _start)
     cfg = load_config(
@@ -54,7 +54,7 @@ def test_more_workers_or_threads_than_cpus_is_one_line_before_ray_starts(two_cpu
 
 def test_a_run_that_fits_says_nothing(two_cpus, monkeypatch, recwarn):
     from corp.config import PopulationConfig
-    from corp.evaluate import executors
+    from corp.runtime import executors
 
     monkeypatch.setattr(executors, "init_ray", _start)
     cfg = load_config(PopulationConfig, None, {"executor": "ray", "workers": 2, "backend": "hf"})

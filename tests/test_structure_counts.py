@@ -82,3 +82,41 @@ def test_a_cycle_is_listed_and_counted_as_one_floor(tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "fig.json").read_text()) == fig
     report = capsys.readouterr().out
     assert "corp.a <-> corp.b <-> corp.c" in report and "**3**" in report
+    assert fig["back_arrows"] == [["corp.c", "corp.a"]]  # the walk goes a -> b -> c, and c points back up
+    assert fig["module_cycles"] == [["corp.a", "corp.b", "corp.c"]]
+    assert fig["module_back_arrows"] == [["corp.c", "corp.a"]]
+    assert "back-arrows (package graph): **1**" in report and "module graph: **1** cycle(s)" in report
+
+
+def test_an_import_by_name_is_an_arrow(tmp_path):
+    """The circle issue 56 found: corp/__init__.py loads corp.api by name (importlib.import_module), and a
+    module below imports the package: a cycle the import statements alone do not show."""
+    sc = _structure_counts()
+    _fake_package(tmp_path)
+    init = "import importlib\n\n\ndef __getattr__(name):\n    return importlib.import_module('corp.a')\n"
+    (tmp_path / "corp" / "__init__.py").write_text(init)
+    (tmp_path / "corp" / "c" / "__init__.py").write_text("from corp import thing\n\ny = 2\n")
+    fig = sc.measure(tmp_path)
+
+    assert fig["arrows"]["corp"] == ["corp.a"]
+    assert fig["cycles"] == [["corp", "corp.a", "corp.b", "corp.c"]]
+    assert fig["module_cycles"] == [["corp", "corp.a", "corp.b", "corp.c"]]
+    assert len(fig["back_arrows"]) == 1
+    assert fig["imports"]["inside_functions_own"] == 2  # the import by name sits in a function too
+
+
+def test_a_grouping_folder_s_entries_are_packages(tmp_path):
+    """corp/runtime/ groups packages: corp.runtime.x and corp.runtime.y are two packages, so an arrow between
+    them counts, and y importing corp.b while b imports x is no cycle."""
+    sc = _structure_counts()
+    _fake_package(tmp_path)
+    (tmp_path / "corp" / "runtime").mkdir()
+    (tmp_path / "corp" / "runtime" / "__init__.py").write_text('"""a folder of packages."""\n')
+    (tmp_path / "corp" / "runtime" / "x.py").write_text("X = 1\n")
+    (tmp_path / "corp" / "runtime" / "y.py").write_text("from corp.b import x\n")
+    (tmp_path / "corp" / "b" / "__init__.py").write_text("from corp.runtime.x import X\n\nx = X\n")
+    fig = sc.measure(tmp_path)
+
+    assert fig["arrows"]["corp.runtime.y"] == ["corp.b"]
+    assert fig["arrows"]["corp.b"] == ["corp.runtime.x"]
+    assert fig["cycles"] == [] and fig["back_arrows"] == [] and fig["module_cycles"] == []
