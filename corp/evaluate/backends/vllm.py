@@ -91,7 +91,10 @@ def _released() -> None:
         _ENGINES.clear()
 
 
-def _checkpoint_tensors(model_path: str) -> dict[str, torch.Tensor]:
+def checkpoint_tensors(model_path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint, as safetensors maps them: copy-on-write views of the files, so
+    the pristine base of an engine in the checkpoint's dtype is page cache, not process memory
+    (corp.models.memory counts it so; a tensor cast to another dtype is a copy)."""
     from safetensors.torch import load_file
 
     files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
@@ -112,7 +115,7 @@ class CorpWorkerExtension:
         """Load the pristine base (all checkpoint tensors, engine dtype), which names are perturbed
         and the run's noise scheme (None: the current full-rank one)."""
         dtype = self.model_runner.model_config.dtype
-        tensors = _checkpoint_tensors(self.model_runner.model_config.model)
+        tensors = checkpoint_tensors(self.model_runner.model_config.model)
         missing = [n for n in selected if n not in tensors]
         if missing:
             raise CorpError(
