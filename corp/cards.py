@@ -503,8 +503,6 @@ def run_model_card(
     return write_card(model_dir, text)
 
 
-# the report's method of a run whose recipe names another (`made_by.method`)
-_REPORT_METHOD = {"corp": "consolidate"}
 # what makes two recipes the same model (a copy of a run's recipe.json keeps all of them)
 _RECIPE_IDENTITY = ("base_weights_hash", "noise_scheme", "components", "low_rank", "model_weights_hash", "made_by")
 
@@ -520,9 +518,17 @@ def recipe_run(recipe_path: Path, recipe: dict) -> Path | None:
         if not (isinstance(own, dict) and isinstance(report, dict)):
             continue
         same = all(own.get(k) == recipe.get(k) for k in _RECIPE_IDENTITY)
-        if same and (method is None or report.get("method") in (None, method, _REPORT_METHOD.get(method))):
+        if same and (method is None or _made_here(method, report)):
             return d
     return None
+
+
+def _made_here(method: str, report: dict) -> bool:
+    """Whether a run's report is of the method its recipe's made_by.method names: the report's own
+    method, or one of its rows (CoRP's report, of `corp consolidate`, has the row `corp`: Method.made);
+    a report that names no method is taken as it."""
+    rows = {str(r.get("method", "")).split(" ")[0] for r in report.get("rows") or [] if isinstance(r, dict)}
+    return report.get("method") in (None, method) or method in rows
 
 
 def apply_model_card(out: Path, recipe_path: Path, recipe: dict, base_name: str, mismatch: dict | None = None) -> Path:

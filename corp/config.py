@@ -255,8 +255,8 @@ class RunConfig:
 class PopulationConfig(RunConfig):
     population: int = 64
     """N: number of specialists (distinct seeds) to score, in all (the same default for every command that scores a population)."""
-    sigmas: list[float] = field(default_factory=lambda: [5e-4, 1e-3, 2e-3])
-    """Noise scales, comma-separated; specialist i gets sigmas[i % len(sigmas)] (RandOpt's grid)."""
+    sigmas: list[float] | str = "auto"
+    """Noise scales, comma-separated; specialist i gets sigmas[i % len(sigmas)] (RandOpt's grid). auto: chosen from the model before the population is scored (corp.evaluate.calibration: sigma* where half of a few specialists' greedy completions on 8 support prompts differ from the base's, then sigma*/2, sigma*, 2 sigma*), its cost charged to the run and stated in its report."""
     include: str = ".*"
     """Regex of parameter names to perturb."""
     exclude: str = ""
@@ -289,7 +289,6 @@ class PopulationConfig(RunConfig):
 
     def validate(self) -> PopulationConfig:
         super().validate()
-        self.sigmas = parse_list(self.sigmas, float, "sigmas")
 
         scheme_from_flag(self.noise)  # a bad --noise is one line before any model loads
         self._check_population()
@@ -301,6 +300,13 @@ class PopulationConfig(RunConfig):
         """The population to score: its size and noise scales."""
         if self.population < 1:
             raise CorpError(f"--population must be >= 1, got {self.population}")
+        if isinstance(self.sigmas, str) and self.sigmas.strip().lower() == "auto":
+            self.sigmas = "auto"  # chosen from the model when the population is scored (corp.evaluate.calibration)
+            return
+        try:
+            self.sigmas = parse_list(self.sigmas, float, "sigmas")
+        except CorpError:
+            raise CorpError(f"--sigmas '{self.sigmas}' is neither auto nor a comma-separated list of numbers") from None
         if not self.sigmas:
             raise CorpError("--sigmas is empty; give at least one noise scale, e.g. 1e-3")
         bad = [

@@ -168,6 +168,7 @@ class Outputs:
     # where in `fields` the method's stage timings are (CoRP's ("corp", "seconds")): the writes' seconds go
     # there as "save" (benchmarks/bench_stages.py reads them)
     timings: tuple[str, ...] = ()
+    measure: str | None = None  # what the rows compare: "accuracy" or "reward" (None: the run's, ctx.measure)
 
 
 def finish(ctx, out: Outputs) -> dict:
@@ -189,7 +190,7 @@ def finish(ctx, out: Outputs) -> dict:
     for export in out.exports:
         export(ctx.run_dir)
     cfg = ctx.cfg
-    measure = ctx.measure
+    measure = out.measure or ctx.measure
     report = write_report(
         ctx.run_dir,
         ctx.method,

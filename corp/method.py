@@ -151,6 +151,10 @@ class Method:
     """report -> text for the terminal; default: the report's table."""
     bench: BenchAdapter | None = field(default=None, hash=False)
     """How `corp bench` runs it at a budget; None: not a bench row."""
+    product: str | None = None
+    """What it makes, where that is named otherwise than the command (CoRP: `corp consolidate` makes
+    `corp`): its report row, its recipe's made_by.method and its Python function `corp.train_<product>`.
+    None: the command's name (`made`)."""
 
     def __post_init__(self):
         if (self.smoke is None) == (self.no_smoke is None):
@@ -175,6 +179,11 @@ class Method:
         if not self.takes_backend:
             raise TypeError(f"method '{self.name}': {self.run.__module__}.{self.run.__qualname__} takes no backend")
         return self.run(cfg, backend=backend)
+
+    @property
+    def made(self) -> str:
+        """The name of what it makes (its `product`, else its command's name)."""
+        return self.product or self.name
 
     def summarise(self, report: dict) -> str:
         """What the CLI prints after a run."""

@@ -25,6 +25,8 @@ from corp.loop import Outputs, drive
 from corp.method import POPULATION, SMALL, BenchAdapter, Method, ints, opt
 from corp.runs import ReportRow, format_rows
 
+NAME = "randopt"  # the command and the report's method
+
 
 def comparisons_vs_base(results: list[ReportRow]) -> list[tuple[str, str]]:
     return [(r.method, "base") for r in results if r.method != "base"]
@@ -37,7 +39,7 @@ def format_table(
 
 
 def run_randopt(cfg: RandOptConfig, backend=None) -> dict:
-    return drive(cfg, "randopt", backend, lambda ctx: _randopt(cfg, ctx))
+    return drive(cfg, NAME, backend, lambda ctx: _randopt(cfg, ctx))
 
 
 def _randopt(cfg: RandOptConfig, ctx: RunContext) -> Outputs:
@@ -57,7 +59,7 @@ def _randopt(cfg: RandOptConfig, ctx: RunContext) -> Outputs:
 
 
 METHOD = Method(
-    "randopt",
+    NAME,
     RandOptConfig,
     run_randopt,
     "RandOpt: score N perturbed specialists, report base, top-1 and top-K vote on the test split.",

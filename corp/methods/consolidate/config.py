@@ -18,6 +18,12 @@ from corp.operator.config import OperatorConfig
 from corp.operator.gate import MIN_PROBE, MIN_VALIDATION
 from corp.perturb import lowrank_rank, scheme_from_flag
 
+# CoRP's names, each written here once: the command (`corp consolidate`, the report's and the bench
+# records' method) and what it makes (its report row and report section, its recipe's made_by.method,
+# its Python function corp.train_corp)
+COMMAND = "consolidate"
+PRODUCT = "corp"
+
 
 @dataclass
 class ConsolidateConfig(OperatorConfig, PopulationConfig):

@@ -32,7 +32,7 @@ from corp.evaluate.scorer import ensure_population
 from corp.grids import edge_lines
 from corp.loop import Outputs, drive
 from corp.lowrank import FACTORS_FILE, LowRankDirection, factors_file
-from corp.methods.consolidate.config import ConsolidateConfig
+from corp.methods.consolidate.config import COMMAND, PRODUCT, ConsolidateConfig
 from corp.methods.consolidate.lowrank import (
     LowRankProjector,
     compress,
@@ -209,7 +209,7 @@ def _clear_lora(run_dir) -> None:
 
 def run_consolidate(cfg: ConsolidateConfig, backend=None) -> dict:
     needs = ("support", "probe", "validation", "test")
-    return drive(cfg, "consolidate", backend, lambda ctx: _consolidate(cfg, ctx), needs=needs)
+    return drive(cfg, COMMAND, backend, lambda ctx: _consolidate(cfg, ctx), needs=needs)
 
 
 def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> Outputs:
@@ -279,7 +279,7 @@ def _deploy(cfg: ConsolidateConfig, ctx: RunContext, result, projector, params, 
     low-rank), the LoRA exports where asked, and the low-rank part of the report."""
     t0 = time.perf_counter()
     made_by = {
-        "method": "corp",
+        "method": PRODUCT,
         "accepted": result.accepted,
         "reason": result.reason,
         "candidate": result.best.name,
@@ -345,7 +345,7 @@ def _consolidate_report(
     scorer.release()
     seconds["test"] = time.perf_counter() - t0
     corp_ledger = ctx.ledger().add_generation(corp_row["prompt_tokens"], corp_row["generated_tokens"])
-    label = "corp" if result.accepted else "corp (abstained=base)"
+    label = PRODUCT if result.accepted else f"{PRODUCT} (abstained=base)"
     labelled = sum(len(ctx.splits[s]) for s in ("support", "probe", "validation"))
     results.append(
         ReportRow(
@@ -372,14 +372,16 @@ def _consolidate_report(
             f"+ probe {len(ctx.splits['probe'])} + validation "
             f"{len(ctx.splits['validation'])}); RandOpt used the support split only"
         ),
-        corp={
-            **_corp_section(cfg, result, low_rank_report, consolidation_cost, seconds),
-            "candidate_test": {  # the gate's candidate (the deployed model when it passed) beside the base, on test
-                "candidate": result.best.name,
-                "deployed": result.accepted,
-                "accuracy": sum(cand_row["correct"]) / len(cand_row["correct"]),
-                "base_accuracy": results[0].accuracy,
-            },
+        **{
+            PRODUCT: {
+                **_corp_section(cfg, result, low_rank_report, consolidation_cost, seconds),
+                "candidate_test": {  # the gate's candidate (the deployed model when it passed) beside the base
+                    "candidate": result.best.name,
+                    "deployed": result.accepted,
+                    "accuracy": sum(cand_row["correct"]) / len(cand_row["correct"]),
+                    "base_accuracy": results[0].accuracy,
+                },
+            }
         },
     )
     ctx.backend.set_direction(result.direction)  # the test evaluations moved the weights: the deployed model again
@@ -393,7 +395,7 @@ def _consolidate_report(
         table=lambda report: _table(cfg, ctx, result, results, report, consolidation_cost, low_rank_report),
         files=deployed["files"],
         exports=deployed["exports"],
-        timings=("corp", "seconds"),
+        timings=(PRODUCT, "seconds"),
     )
 
 
@@ -450,7 +452,7 @@ def _table(
             f"gate (validation, n={g.n}): candidate {g.candidate_score:.3f} "
             f"vs base {g.base_score:.3f}; {result.reason}",
             margin_line(g.to_dict()),
-            kept_out_line(report["corp"]["candidate_test"]) if not result.accepted else "",
+            kept_out_line(report[PRODUCT]["candidate_test"]) if not result.accepted else "",
             report["labelled_examples_note"],
             compat_line,
             low_rank_line(low_rank_report),
