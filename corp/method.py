@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from corp.config import PopulationConfig
+from corp.config_types import comma_list
 from corp.models import check_output_dir
 
 # split sizes of a smoke run: every split non-empty, so any method finds what it needs
@@ -106,9 +107,7 @@ def labelled(options: dict) -> int:
 
 def ints(value) -> list[int]:
     """A list option (a list, or a comma-separated string) as ints."""
-    if value is None:
-        return []
-    return [int(v) for v in (value if isinstance(value, (list, tuple)) else str(value).split(",")) if str(v).strip()]
+    return [] if value is None else [int(v) for v in comma_list(value) if str(v).strip()]
 
 
 def get_path(report: dict, dotted: str) -> float:
