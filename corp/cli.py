@@ -246,6 +246,62 @@ for _method in methods():
     method_command(_method)
 
 
+# `corp bench`'s longer options, as annotations (typer reads an option from its parameter's annotation)
+_WriteInto = Annotated[
+    Optional[list[str]],  # a list option: Annotated, since a list default may not be a call (B008)
+    typer.Option(
+        "--write-into",
+        metavar="FILE",
+        help=(
+            "Fill this file's `<!-- corp bench readme -->` / `<!-- corp bench protocol -->` blocks (each closed "
+            "by `<!-- /corp bench PART -->`) from this bench's latest outputs, computing nothing; repeatable "
+            "(README.md, docs/bench.md). Unset: no file is written."
+        ),
+    ),
+]
+_BenchTask = Annotated[
+    Optional[str],
+    typer.Option(
+        "--task",
+        help=(
+            "Run only the cells of this task of the config, by spec or label (one process per task can share a "
+            "bench); the outputs still cover every finished cell."
+        ),
+    ),
+]
+_BenchMethods = Annotated[
+    Optional[str],
+    typer.Option(
+        "--methods",
+        help=(
+            "Run only the cells of these methods, comma-separated (variant labels such as corp-r4, or registry "
+            "names); to split one task over processes, give each process whole noise schemes (a population is "
+            "scored by the first cell that needs it)."
+        ),
+    ),
+]
+_BenchExecutor = Annotated[
+    Optional[str],
+    typer.Option(
+        "--executor",
+        help=(
+            "Where cells run: local (this process) or ray (each cell a Ray task with its threads or GPU, shared "
+            "populations scored by Ray actors; the same outputs). Overrides the config."
+        ),
+    ),
+]
+_BenchReportTo = Annotated[
+    str,
+    typer.Option(
+        "--report-to",
+        help=(
+            "Also log every finished cell's accuracy at its budget: "
+            "none, tensorboard (RESULTS_DIR/NAME/tensorboard), wandb."
+        ),
+    ),
+]
+
+
 @app.command("bench")
 def bench_cmd(
     config: str = typer.Option(
@@ -256,19 +312,7 @@ def bench_cmd(
         "--readme-section",
         help="Print the README results section from this bench's latest outputs (computes nothing).",
     ),
-    # Annotated: a list default may not be a call (B008); typer reads the option from the annotation
-    write_into_files: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--write-into",
-            metavar="FILE",
-            help=(
-                "Fill this file's `<!-- corp bench readme -->` / `<!-- corp bench protocol -->` blocks (each closed "
-                "by `<!-- /corp bench PART -->`) from this bench's latest outputs, computing nothing; repeatable "
-                "(README.md, docs/bench.md). Unset: no file is written."
-            ),
-        ),
-    ] = None,
+    write_into_files: _WriteInto = None,
     threads: Optional[int] = typer.Option(
         None, "--threads", help="Torch CPU threads of every cell (overrides the config)."
     ),
@@ -277,45 +321,16 @@ def bench_cmd(
         "--report-only",
         help="Write results.csv, table.md and plots from the cells finished so far; run nothing.",
     ),
-    task: Optional[str] = typer.Option(
-        None,
-        "--task",
-        help=(
-            "Run only the cells of this task of the config, by spec or label (one process per task can share a "
-            "bench); the outputs still cover every finished cell."
-        ),
-    ),
-    methods: Optional[str] = typer.Option(
-        None,
-        "--methods",
-        help=(
-            "Run only the cells of these methods, comma-separated (variant labels such as corp-r4, or registry "
-            "names); to split one task over processes, give each process whole noise schemes (a population is "
-            "scored by the first cell that needs it)."
-        ),
-    ),
-    executor: Optional[str] = typer.Option(
-        None,
-        "--executor",
-        help=(
-            "Where cells run: local (this process) or ray (each cell a Ray task with its threads or GPU, shared "
-            "populations scored by Ray actors; the same outputs). Overrides the config."
-        ),
-    ),
+    task: _BenchTask = None,
+    methods: _BenchMethods = None,
+    executor: _BenchExecutor = None,
     workers: Optional[int] = typer.Option(
         None, "--workers", help="--executor ray on a local Ray: cells at once, and actors per shared population."
     ),
     ray_address: Optional[str] = typer.Option(
         None, "--ray-address", help="--executor ray: join this Ray cluster instead of starting a local one."
     ),
-    report_to: str = typer.Option(
-        "none",
-        "--report-to",
-        help=(
-            "Also log every finished cell's accuracy at its budget: "
-            "none, tensorboard (RESULTS_DIR/NAME/tensorboard), wandb."
-        ),
-    ),
+    report_to: _BenchReportTo = "none",
 ) -> None:
     """The matched-compute sweep: every registered bench method at each FLOP budget, seed and data setting; resumable."""
 
