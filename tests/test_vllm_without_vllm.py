@@ -43,3 +43,38 @@ def test_tracebacks_kept_by_vllm_modules_are_dropped_and_counted(monkeypatch):
     assert kept.__traceback__ is not None
     assert forget_import_tracebacks() >= 1
     assert kept.__traceback__ is None and str(fake._import_exc) == "no torchcodec"  # the message stays
+
+
+def test_the_host_model_read_at_engine_start_is_let_go_before_the_engine_loads(tiny_dir, monkeypatch):
+    """The engine's start reads names, hash and dtype from an HF model on the host; that model (7.1 GB
+    of the 1.5B model in float32) must be gone when the engine loads its own copy, not held beside it
+    (the selected parameters stayed in a local of the starting frame: a second model at the peak)."""
+    import gc
+    import weakref
+
+    from corp.perturb import selected_parameters
+
+    held: list = []
+
+    def recording(model, param_filter):
+        chosen = selected_parameters(model, param_filter)
+        held.extend(weakref.ref(p) for _, p in chosen)
+        return chosen
+
+    class Started(Exception):
+        pass
+
+    def llm(**kwargs):
+        gc.collect()
+        alive = sum(r() is not None for r in held)
+        raise Started(alive)
+
+    monkeypatch.setattr(vllm_backend, "selected_parameters", recording)
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=llm))
+    monkeypatch.setattr(vllm_backend, "resolve_model", lambda name: (str(tiny_dir), str(tiny_dir)))
+    try:
+        vllm_backend.VLLMBackend.from_model_name(str(tiny_dir))
+    except Started as e:
+        assert held and e.args[0] == 0, f"{e.args[0]} of {len(held)} host parameters alive at the engine's start"
+    else:
+        raise AssertionError("the engine was never started")

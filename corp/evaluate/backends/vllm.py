@@ -298,6 +298,22 @@ class CorpWorkerExtension:
         return {"sha256": h.hexdigest(), "tensors": n}
 
 
+def _hf_facts(auto_cls, path: str, dtype, param_filter, scheme, max_loras: int, max_model_len: int) -> tuple:
+    """What the engine's start needs from the HF model, loaded once on the host and let go when this
+    returns, before the engine loads its own copy: the canonical tensor names (as the hf backend
+    perturbs them, tied weights once), LoRA settings, the parameter count, the weights hash that
+    keys populations, the dtype and the context. (Its own frame: a local that held the selected
+    parameters kept the whole host model, 7.1 GB of the 1.5B model in float32, for the engine's life.)"""
+    hf = auto_cls.from_pretrained(path, dtype=getattr(torch, dtype) if dtype else "auto")
+    selected = selected_parameters(hf, param_filter or ParamFilter())
+    rank = lowrank_rank(scheme) if scheme else None
+    lora = _lora_settings(hf, selected, scheme, rank, max_loras) if rank is not None else None
+    engine_dtype = str(next(hf.parameters()).dtype).removeprefix("torch.")
+    max_len = min(max_model_len, getattr(hf.config, "max_position_embeddings", max_model_len) or max_model_len)
+    n_params = sum(p.numel() for p in hf.parameters())
+    return [n for n, _ in selected], lora, n_params, weights_hash(hf), engine_dtype, max_len
+
+
 def _lora_settings(hf, selected, scheme: str, rank: int, max_loras: int) -> dict:
     """What a low-rank run's engine needs for LoRA, read from the HF model while it is loaded: the
     adapter slots, the selected shapes, whether the head is tied to a selected embedding, the dtype
@@ -385,18 +401,9 @@ class VLLMBackend(HostCopy):
         from vllm import LLM
 
         model_id, path = resolve_model(name)
-        # The HF model, once, on the host: the canonical tensor names (as the hf backend perturbs
-        # them, tied weights once), the weights hash that keys populations, and the dtype.
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype) if dtype else "auto")
-        selected = selected_parameters(hf, param_filter or ParamFilter())
-        names = [n for n, _ in selected]
-        rank = lowrank_rank(scheme) if scheme else None
-        lora = _lora_settings(hf, selected, scheme, rank, max_loras) if rank is not None else None
-        n_params = sum(p.numel() for p in hf.parameters())
-        whash = weights_hash(hf)
-        engine_dtype = str(next(hf.parameters()).dtype).removeprefix("torch.")
-        max_len = min(max_model_len, getattr(hf.config, "max_position_embeddings", max_model_len) or max_model_len)
-        del hf
+        names, lora, n_params, whash, engine_dtype, max_len = _hf_facts(
+            AutoModelForCausalLM, path, dtype, param_filter, scheme, max_loras, max_model_len
+        )
         tokenizer = AutoTokenizer.from_pretrained(path)
         eos = eos_ids(path, tokenizer)
         kwargs = engine_kwargs(path, engine_dtype, max_len, enforce_eager, tensor_parallel_size, gpu_memory_utilization)
