@@ -135,9 +135,15 @@ def _gate_lines(made: dict, report: dict | None) -> list[str]:
 
 
 def _edge_lines(report: dict | None) -> list[str]:
-    """Searched values that landed on the edge of their grid (report.json's `edge_flags`, corp.grids)."""
+    """How the population's noise scales were chosen (calibrated from the model, or fixed by --sigmas:
+    report.json's `population.noise_scales`), then searched values that landed on the edge of their grid
+    (report.json's `edge_flags`, corp.grids)."""
+    noise = ((report or {}).get("population") or {}).get("noise_scales")
     lines = edge_lines((report or {}).get("edge_flags"))
-    return ["", "Searched values on the edge of their grid:", *(f"- {line}." for line in lines)] if lines else []
+    return [
+        *(["", f"{_sentence(noise)}."] if noise else []),
+        *(["", "Searched values on the edge of their grid:", *(f"- {line}." for line in lines)] if lines else []),
+    ]
 
 
 def _weights_lines(method: str, recipe: dict | None, report: dict | None) -> list[str]:
