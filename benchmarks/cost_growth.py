@@ -261,6 +261,7 @@ def anchor(args) -> dict:
             "n_validation": 0,
             "n_test": 0,
             "threads": 1,
+            "sigmas": "5e-4,1e-3,2e-3",  # the grid its results were measured on (corp's default is now auto)
             "run_dir": str(run_dir),
         },
     )

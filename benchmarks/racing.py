@@ -100,6 +100,7 @@ def main() -> None:
         threads=args.threads,
         reward=args.reward,
         eval_cache=str(work / "shared_evals.jsonl"),
+        sigmas="5e-4,1e-3,2e-3",  # the grid results/racing was measured on (corp's default is now auto)
     )
 
     def cfg(name, **kw):

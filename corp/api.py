@@ -368,7 +368,7 @@ def _method_function(name: str, label: str) -> Callable[..., Result]:
     def method_fn(model=None, train_dataset=None, reward_funcs=None, **options) -> Result:
         return train(name, model, train_dataset, reward_funcs, **options)
 
-    method_fn.__name__ = method_fn.__qualname__ = "train_" + ("corp" if name == "consolidate" else name)
+    method_fn.__name__ = method_fn.__qualname__ = "train_" + get_method(name).made
     method_fn.__doc__ = (
         f"{label}: `corp.train('{name}', ...)` (see `corp.train`); options are `corp {name}`'s flags "
         f"(`corp.api.option_names('{name}')`). {get_method(name).help}"
@@ -376,7 +376,7 @@ def _method_function(name: str, label: str) -> Callable[..., Result]:
     return method_fn
 
 
-# `train_corp`, not `consolidate`: `corp.methods.consolidate` is the package of the algorithm
+# named by what each method makes (`Method.made`): `train_corp` runs `corp consolidate`
 train_randopt = _method_function("randopt", "RandOpt (top-K vote over scored specialists)")
 train_corp = _method_function("consolidate", "CoRP (one gated model from a population; `corp consolidate`)")
 train_es = _method_function("es", "ES (OpenES around a moving centre)")

@@ -135,9 +135,15 @@ def _gate_lines(made: dict, report: dict | None) -> list[str]:
 
 
 def _edge_lines(report: dict | None) -> list[str]:
-    """Searched values that landed on the edge of their grid (report.json's `edge_flags`, corp.grids)."""
+    """How the population's noise scales were chosen (calibrated from the model, or fixed by --sigmas:
+    report.json's `population.noise_scales`), then searched values that landed on the edge of their grid
+    (report.json's `edge_flags`, corp.grids)."""
+    noise = ((report or {}).get("population") or {}).get("noise_scales")
     lines = edge_lines((report or {}).get("edge_flags"))
-    return ["", "Searched values on the edge of their grid:", *(f"- {line}." for line in lines)] if lines else []
+    return [
+        *(["", f"{_sentence(noise)}."] if noise else []),
+        *(["", "Searched values on the edge of their grid:", *(f"- {line}." for line in lines)] if lines else []),
+    ]
 
 
 def _weights_lines(method: str, recipe: dict | None, report: dict | None) -> list[str]:
@@ -503,8 +509,6 @@ def run_model_card(
     return write_card(model_dir, text)
 
 
-# the report's method of a run whose recipe names another (`made_by.method`)
-_REPORT_METHOD = {"corp": "consolidate"}
 # what makes two recipes the same model (a copy of a run's recipe.json keeps all of them)
 _RECIPE_IDENTITY = ("base_weights_hash", "noise_scheme", "components", "low_rank", "model_weights_hash", "made_by")
 
@@ -520,9 +524,17 @@ def recipe_run(recipe_path: Path, recipe: dict) -> Path | None:
         if not (isinstance(own, dict) and isinstance(report, dict)):
             continue
         same = all(own.get(k) == recipe.get(k) for k in _RECIPE_IDENTITY)
-        if same and (method is None or report.get("method") in (None, method, _REPORT_METHOD.get(method))):
+        if same and (method is None or _made_here(method, report)):
             return d
     return None
+
+
+def _made_here(method: str, report: dict) -> bool:
+    """Whether a run's report is of the method its recipe's made_by.method names: the report's own
+    method, or one of its rows (CoRP's report, of `corp consolidate`, has the row `corp`: Method.made);
+    a report that names no method is taken as it."""
+    rows = {str(r.get("method", "")).split(" ")[0] for r in report.get("rows") or [] if isinstance(r, dict)}
+    return report.get("method") in (None, method) or method in rows
 
 
 def apply_model_card(out: Path, recipe_path: Path, recipe: dict, base_name: str, mismatch: dict | None = None) -> Path:

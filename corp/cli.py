@@ -28,6 +28,7 @@ from corp.bench.report import readme_section as section
 from corp.bench.report import write_into
 from corp.bench.sweep import load_bench_config, run_bench
 from corp.config import field_docs, flag, load_config, option_names, renamed_options, to_fields
+from corp.config_types import comma_list
 from corp.errors import CorpError
 from corp.evaluate.tasks import list_tasks
 from corp.methods import Method, methods
@@ -164,65 +165,64 @@ def _again(kind: str, exc: BaseException) -> str:
     return "rerun the same command"
 
 
-def _cli_type(tp) -> type:
+# What typer parses a config field's flag as. A list field is one comma-separated word (`--top-k 1,4,16`),
+# kept as text for corp.config.check_types, which reads it as it reads a YAML value: one comma-list parser.
+_FLAG_TYPES = (int, float, str, bool)
+
+
+def _field_parameter(option: str, tp, help_: str, hidden: bool = False) -> inspect.Parameter:
+    """The keyword parameter typer makes `--OPTION` of, for a config field of type `tp`. Its value is None
+    when the flag is not given, so that only the flags given override `--config` and the defaults."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         tp = next(a for a in typing.get_args(tp) if a is not type(None))
-    base = tp
-    if typing.get_origin(base) is list:
-        return str  # comma-separated on the command line
-    return base
+    metavar = None if tp is bool else f"<{tp.__name__}>"
+    if typing.get_origin(tp) is list:
+        metavar, tp = f"<{typing.get_args(tp)[0].__name__},...>", str
+    if tp not in _FLAG_TYPES:
+        raise TypeError(
+            f"config option '{option}' is a {tp}, which has no flag form; use int, float, str, bool or a list"
+        )
+    opt = typer.Option(flag(option), help=help_, hidden=hidden, show_default=False, metavar=metavar)
+    return inspect.Parameter(
+        option, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[Optional[tp], opt]
+    )
 
 
-def config_command(name: str, cls: type, help_text: str):
-    """Register `corp NAME` whose options are the fields of config dataclass `cls` (plus `--config`,
-    and each renamed field's old flag, hidden)."""
-
-    def decorator(runner: Callable[[object], None]):
-        hints = typing.get_type_hints(cls)
-        docs = field_docs(cls)
-        names = option_names(cls)  # the flag of each field: its option name (corp.config, "Option names")
-        params = []
-        for f in dataclasses.fields(cls):
-            if f.name not in names:  # not an option of this command (the class's `not_options`)
-                continue
+def config_parameters(cls: type) -> list[inspect.Parameter]:
+    """The parameters of `corp NAME` for config dataclass `cls`: one per field that is an option (corp.config,
+    "Option names") with its docstring and default as the help, each renamed field's old flag (hidden), and
+    `--config`."""
+    hints, docs, names = typing.get_type_hints(cls), field_docs(cls), option_names(cls)
+    params = []
+    for f in dataclasses.fields(cls):
+        if f.name in names:  # not the class's `not_options`
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
             shown = ",".join(map(str, default)) if isinstance(default, list) else default
             help_ = docs.get(f.name, "") + (f" [default: {shown}]" if shown not in (None, "") else "")
-            opt = typer.Option(None, flag(names[f.name]), help=help_, show_default=False)
-            params.append(
-                inspect.Parameter(
-                    names[f.name],
-                    inspect.Parameter.KEYWORD_ONLY,
-                    default=opt,
-                    annotation=Optional[_cli_type(hints[f.name])],
-                )
-            )
-        for old, new in renamed_options(cls).items():
-            opt = typer.Option(
-                None, flag(old), help=f"Deprecated: use {flag(names[new])}.", hidden=True, show_default=False
-            )
-            params.append(
-                inspect.Parameter(
-                    old, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=Optional[_cli_type(hints[new])]
-                )
-            )
-        params.append(
-            inspect.Parameter(
-                "config",
-                inspect.Parameter.KEYWORD_ONLY,
-                default=typer.Option(None, "--config", help="YAML file of options (flags override it)."),
-                annotation=Optional[str],
-            )
+            params.append(_field_parameter(names[f.name], hints[f.name], help_))
+    for old, new in renamed_options(cls).items():
+        params.append(_field_parameter(old, hints[new], f"Deprecated: use {flag(names[new])}.", hidden=True))
+    yaml = typer.Option("--config", help="YAML file of options (flags override it).", metavar="<str>")
+    params.append(
+        inspect.Parameter(
+            "config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[Optional[str], yaml]
         )
+    )
+    return params
 
+
+def config_command(name: str, cls: type, help_text: str):
+    """Register `corp NAME` whose options are the fields of config dataclass `cls` (`config_parameters`): it
+    builds the config (defaults <- `--config` <- the flags given) and calls the decorated runner with it."""
+
+    def decorator(runner: Callable[[object], None]):
         def command(**kwargs):
             yaml_path = kwargs.pop("config")
             given = _run(to_fields, cls, kwargs)  # flags -> fields; an old flag: one deprecation line
             cfg = _run(load_config, cls, yaml_path, given)
             _run(runner, cfg)  # the config as the argument: Ctrl-C names its --output-dir
 
-        command.__signature__ = inspect.Signature(params)
-        command.__doc__ = help_text
+        command.__signature__ = inspect.Signature(config_parameters(cls))  # typer reads the options from it
         command.__name__ = name.replace("-", "_")
         app.command(name, help=help_text)(command)
         return runner
@@ -246,6 +246,62 @@ for _method in methods():
     method_command(_method)
 
 
+# `corp bench`'s longer options, as annotations (typer reads an option from its parameter's annotation)
+_WriteInto = Annotated[
+    Optional[list[str]],  # a list option: Annotated, since a list default may not be a call (B008)
+    typer.Option(
+        "--write-into",
+        metavar="FILE",
+        help=(
+            "Fill this file's `<!-- corp bench readme -->` / `<!-- corp bench protocol -->` blocks (each closed "
+            "by `<!-- /corp bench PART -->`) from this bench's latest outputs, computing nothing; repeatable "
+            "(README.md, docs/bench.md). Unset: no file is written."
+        ),
+    ),
+]
+_BenchTask = Annotated[
+    Optional[str],
+    typer.Option(
+        "--task",
+        help=(
+            "Run only the cells of this task of the config, by spec or label (one process per task can share a "
+            "bench); the outputs still cover every finished cell."
+        ),
+    ),
+]
+_BenchMethods = Annotated[
+    Optional[str],
+    typer.Option(
+        "--methods",
+        help=(
+            "Run only the cells of these methods, comma-separated (variant labels such as corp-r4, or registry "
+            "names); to split one task over processes, give each process whole noise schemes (a population is "
+            "scored by the first cell that needs it)."
+        ),
+    ),
+]
+_BenchExecutor = Annotated[
+    Optional[str],
+    typer.Option(
+        "--executor",
+        help=(
+            "Where cells run: local (this process) or ray (each cell a Ray task with its threads or GPU, shared "
+            "populations scored by Ray actors; the same outputs). Overrides the config."
+        ),
+    ),
+]
+_BenchReportTo = Annotated[
+    str,
+    typer.Option(
+        "--report-to",
+        help=(
+            "Also log every finished cell's accuracy at its budget: "
+            "none, tensorboard (RESULTS_DIR/NAME/tensorboard), wandb."
+        ),
+    ),
+]
+
+
 @app.command("bench")
 def bench_cmd(
     config: str = typer.Option(
@@ -256,19 +312,7 @@ def bench_cmd(
         "--readme-section",
         help="Print the README results section from this bench's latest outputs (computes nothing).",
     ),
-    # Annotated: a list default may not be a call (B008); typer reads the option from the annotation
-    write_into_files: Annotated[
-        Optional[list[str]],
-        typer.Option(
-            "--write-into",
-            metavar="FILE",
-            help=(
-                "Fill this file's `<!-- corp bench readme -->` / `<!-- corp bench protocol -->` blocks (each closed "
-                "by `<!-- /corp bench PART -->`) from this bench's latest outputs, computing nothing; repeatable "
-                "(README.md, docs/bench.md). Unset: no file is written."
-            ),
-        ),
-    ] = None,
+    write_into_files: _WriteInto = None,
     threads: Optional[int] = typer.Option(
         None, "--threads", help="Torch CPU threads of every cell (overrides the config)."
     ),
@@ -277,45 +321,16 @@ def bench_cmd(
         "--report-only",
         help="Write results.csv, table.md and plots from the cells finished so far; run nothing.",
     ),
-    task: Optional[str] = typer.Option(
-        None,
-        "--task",
-        help=(
-            "Run only the cells of this task of the config, by spec or label (one process per task can share a "
-            "bench); the outputs still cover every finished cell."
-        ),
-    ),
-    methods: Optional[str] = typer.Option(
-        None,
-        "--methods",
-        help=(
-            "Run only the cells of these methods, comma-separated (variant labels such as corp-r4, or registry "
-            "names); to split one task over processes, give each process whole noise schemes (a population is "
-            "scored by the first cell that needs it)."
-        ),
-    ),
-    executor: Optional[str] = typer.Option(
-        None,
-        "--executor",
-        help=(
-            "Where cells run: local (this process) or ray (each cell a Ray task with its threads or GPU, shared "
-            "populations scored by Ray actors; the same outputs). Overrides the config."
-        ),
-    ),
+    task: _BenchTask = None,
+    methods: _BenchMethods = None,
+    executor: _BenchExecutor = None,
     workers: Optional[int] = typer.Option(
         None, "--workers", help="--executor ray on a local Ray: cells at once, and actors per shared population."
     ),
     ray_address: Optional[str] = typer.Option(
         None, "--ray-address", help="--executor ray: join this Ray cluster instead of starting a local one."
     ),
-    report_to: str = typer.Option(
-        "none",
-        "--report-to",
-        help=(
-            "Also log every finished cell's accuracy at its budget: "
-            "none, tensorboard (RESULTS_DIR/NAME/tensorboard), wandb."
-        ),
-    ),
+    report_to: _BenchReportTo = "none",
 ) -> None:
     """The matched-compute sweep: every registered bench method at each FLOP budget, seed and data setting; resumable."""
 
@@ -340,7 +355,7 @@ def _bench_sweep(cfg, config: str, threads: int | None, report_only: bool, task:
     # where the cells ran (--executor, --workers, --ray-address; like --task and --methods) is left out of the
     # command the outputs cite: they are the same outputs, and --report-only rewrites them byte for byte
     command = "corp bench --config " + config + (f" --threads {threads}" if threads else "")
-    only = None if methods is None else [m.strip() for m in methods.split(",") if m.strip()]
+    only = None if methods is None else comma_list(methods)
     return _run(run_bench, cfg, command, True, not report_only, task, only, interrupted="bench")
 
 

@@ -32,12 +32,9 @@ adds the old flag as a hidden option.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
 import math
 import re
-import textwrap
 import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -46,10 +43,11 @@ from functools import cache
 from pathlib import Path
 from typing import Any, ClassVar, get_type_hints
 
+import docstring_parser
 import yaml
 
 from corp.algorithms.perturb.lowrank_noise import scheme_from_flag
-from corp.config_types import coerce, describe_type
+from corp.config_types import coerce, comma_list, describe_type
 from corp.errors import CorpError
 from corp.runtime.models import check_device, check_dtype, cuda_count
 from corp.tracking import check_report_to
@@ -57,24 +55,15 @@ from corp.tracking import check_report_to
 
 @cache
 def field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings (a string literal right after a field) for cls and its bases."""
+    """Each field's docstring (the string literal right after it, PEP 257's attribute docstring), for cls and
+    its bases, whitespace folded: read by docstring_parser, which tyro and jsonargparse also read them with."""
     docs: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError):
-            continue
-        body = tree.body[0].body
-        for node, nxt in zip(body, body[1:]):
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-                if (
-                    isinstance(nxt, ast.Expr)
-                    and isinstance(nxt.value, ast.Constant)
-                    and isinstance(nxt.value.value, str)
-                ):
-                    docs[node.target.id] = " ".join(nxt.value.value.split())
+        if dataclasses.is_dataclass(klass):
+            own = klass.__dict__.get("__annotations__", {})  # a base's docstrings are its own
+            for p in docstring_parser.parse_from_object(klass).params:
+                if p.arg_name in own and p.description:
+                    docs[p.arg_name] = " ".join(p.description.split())
     if dataclasses.is_dataclass(cls):
         for f in fields(cls):  # fields `options_from` gave the class carry their docstring with them
             if f.name not in docs and "doc" in f.metadata:
@@ -116,9 +105,8 @@ def in_scales(sigma: float, scales) -> bool:
 def parse_list(value: Any, cast, name: str) -> list:
     if value is None:
         return []
-    items = value if isinstance(value, (list, tuple)) else [v for v in str(value).split(",") if v.strip()]
     try:
-        return [cast(v) for v in items]
+        return [cast(v) for v in comma_list(value)]
     except (TypeError, ValueError):
         raise CorpError(
             f"--{name.replace('_', '-')} '{value}' is not a comma-separated list of {cast.__name__}s"
@@ -255,8 +243,8 @@ class RunConfig:
 class PopulationConfig(RunConfig):
     population: int = 64
     """N: number of specialists (distinct seeds) to score, in all (the same default for every command that scores a population)."""
-    sigmas: list[float] = field(default_factory=lambda: [5e-4, 1e-3, 2e-3])
-    """Noise scales, comma-separated; specialist i gets sigmas[i % len(sigmas)] (RandOpt's grid)."""
+    sigmas: list[float] | str = "auto"
+    """Noise scales, comma-separated; specialist i gets sigmas[i % len(sigmas)] (RandOpt's grid). auto: chosen from the model before the population is scored (corp.evaluate.calibration: sigma* where half of a few specialists' greedy completions on 8 support prompts differ from the base's, then sigma*/2, sigma*, 2 sigma*), its cost charged to the run and stated in its report."""
     include: str = ".*"
     """Regex of parameter names to perturb."""
     exclude: str = ""
@@ -289,7 +277,6 @@ class PopulationConfig(RunConfig):
 
     def validate(self) -> PopulationConfig:
         super().validate()
-        self.sigmas = parse_list(self.sigmas, float, "sigmas")
 
         scheme_from_flag(self.noise)  # a bad --noise is one line before any model loads
         self._check_population()
@@ -301,6 +288,13 @@ class PopulationConfig(RunConfig):
         """The population to score: its size and noise scales."""
         if self.population < 1:
             raise CorpError(f"--population must be >= 1, got {self.population}")
+        if isinstance(self.sigmas, str) and self.sigmas.strip().lower() == "auto":
+            self.sigmas = "auto"  # chosen from the model when the population is scored (corp.evaluate.calibration)
+            return
+        try:
+            self.sigmas = parse_list(self.sigmas, float, "sigmas")
+        except CorpError:
+            raise CorpError(f"--sigmas '{self.sigmas}' is neither auto nor a comma-separated list of numbers") from None
         if not self.sigmas:
             raise CorpError("--sigmas is empty; give at least one noise scale, e.g. 1e-3")
         bad = [

@@ -55,12 +55,19 @@ def _coerce_union(value, args: tuple):
     raise TypeError
 
 
+def comma_list(value) -> list:
+    """A list option's items: a list or tuple as it is; text (a flag, a YAML string: `1,4,16`) split at its
+    commas, each item stripped, empty ones dropped. The one place corp splits a comma list."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [v.strip() for v in str(value).split(",") if v.strip()]
+
+
 def _coerce_list(value, elem):
     """`list[elem]` (`elem` None: a bare `list`): a list or tuple, one item, or a comma-separated string."""
     if isinstance(value, str):  # a comma-separated list (how flags give one)
-        parts = [v.strip() for v in value.split(",") if v.strip()]
         try:
-            return [elem(v) if elem in (int, float, str) else v for v in parts]
+            return [elem(v) if elem in (int, float, str) else v for v in comma_list(value)]
         except ValueError:
             raise TypeError from None
     if isinstance(value, (list, tuple)):

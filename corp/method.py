@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from corp.config import PopulationConfig
+from corp.config_types import comma_list
 from corp.runtime.models import check_output_dir
 
 # split sizes of a smoke run: every split non-empty, so any method finds what it needs
@@ -106,9 +107,7 @@ def labelled(options: dict) -> int:
 
 def ints(value) -> list[int]:
     """A list option (a list, or a comma-separated string) as ints."""
-    if value is None:
-        return []
-    return [int(v) for v in (value if isinstance(value, (list, tuple)) else str(value).split(",")) if str(v).strip()]
+    return [] if value is None else [int(v) for v in comma_list(value) if str(v).strip()]
 
 
 def get_path(report: dict, dotted: str) -> float:
@@ -151,6 +150,10 @@ class Method:
     """report -> text for the terminal; default: the report's table."""
     bench: BenchAdapter | None = field(default=None, hash=False)
     """How `corp bench` runs it at a budget; None: not a bench row."""
+    product: str | None = None
+    """What it makes, where that is named otherwise than the command (CoRP: `corp consolidate` makes
+    `corp`): its report row, its recipe's made_by.method and its Python function `corp.train_<product>`.
+    None: the command's name (`made`)."""
 
     def __post_init__(self):
         if (self.smoke is None) == (self.no_smoke is None):
@@ -175,6 +178,11 @@ class Method:
         if not self.takes_backend:
             raise TypeError(f"method '{self.name}': {self.run.__module__}.{self.run.__qualname__} takes no backend")
         return self.run(cfg, backend=backend)
+
+    @property
+    def made(self) -> str:
+        """The name of what it makes (its `product`, else its command's name)."""
+        return self.product or self.name
 
     def summarise(self, report: dict) -> str:
         """What the CLI prints after a run."""

@@ -158,3 +158,38 @@ def data_dir():
             f"{DATA_DIR}; set CORP_DATA_DIR to a directory that holds them"
         )
     return DATA_DIR
+
+
+# ----------------------------------------------------------------------------- the fast suite
+# `make test` runs `pytest -m "not slow"` (tests/fast_suite.py). On such a run a test file marked slow
+# as a whole is not imported at all, and a whole fast run (no paths, no -k) fails if some module of
+# corp was imported by no fast test: the fast suite covers every module.
+
+
+def _fast_run(config) -> bool:
+    from tests.fast_suite import FAST
+
+    return (config.option.markexpr or "").strip() == FAST
+
+
+def pytest_ignore_collect(collection_path, config):
+    from tests.fast_suite import marked_slow
+
+    if _fast_run(config) and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return marked_slow(collection_path) or None  # None: let pytest decide as usual
+    return None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import sys
+
+    from tests.fast_suite import uncovered
+
+    config = session.config
+    whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.keyword
+    if not (_fast_run(config) and whole and exitstatus == pytest.ExitCode.OK):
+        return
+    missing = uncovered(sys.modules, REPO / "corp")
+    if missing:
+        print(f"\nno fast test imports these corp modules (give each one a fast test): {', '.join(missing)}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -131,7 +131,6 @@ def test_help_shows_every_default():
     read `[default: 64]` as a tag and drop it)."""
     import dataclasses
 
-    import click
     from typer.main import get_command
     from typer.testing import CliRunner
 
@@ -151,9 +150,9 @@ def test_help_shows_every_default():
                 shown = ",".join(map(str, default)) if isinstance(default, list) else default
                 if shown not in (None, ""):
                     expected[flag(f.name, REGISTRY[name].config)] = str(shown)
-        else:
+        else:  # an option by click's own word for it: typer's options are its vendored click's, not click.Option
             for p in command.params:
-                if isinstance(p, click.Option) and not p.required and p.default not in (None, False, ""):
+                if p.param_type_name == "option" and not p.required and p.default not in (None, False, ""):
                     expected[p.opts[0]] = str(p.default)
         res = CliRunner().invoke(app, [name, "--help"])
         assert res.exit_code == 0, res.output
@@ -163,6 +162,65 @@ def test_help_shows_every_default():
     assert len(commands) > 10 and "sigmas[i%len(sigmas)]" in _help_entries(
         CliRunner().invoke(app, ["randopt", "--help"]).output
     ).get("--sigmas", "")
+
+
+def test_every_config_field_is_an_option_generated_from_the_config(monkeypatch):
+    """Each command's options are its config's fields (corp.cli.config_parameters), none written out by
+    hand: every registered method's command has a flag per option field, helped by the field's docstring;
+    and a field planted in a config becomes a flag, with its docstring, its default and its comma list,
+    without a line of CLI code. A field of a type no flag can give is refused when the command is made."""
+    import dataclasses
+    from typing import ClassVar
+
+    from typer.main import get_command
+    from typer.testing import CliRunner
+
+    import corp.cli as cli
+    from corp.config import RandOptConfig, field_docs, option_names, renamed_options
+    from corp.methods import REGISTRY
+
+    commands = get_command(cli.app).commands
+    for name, method in REGISTRY.items():
+        params = {p.name: p for p in commands[name].params}
+        names, docs = option_names(method.config), field_docs(method.config)
+        for field_name, option in names.items():
+            p = params.get(option)
+            assert p is not None and not p.hidden, (name, field_name)
+            assert p.opts == ["--" + option.replace("_", "-")] and p.help.startswith(docs[field_name]), (name, option)
+        assert all(params[old].hidden for old in renamed_options(method.config)), name
+        assert set(params) == set(names.values()) | set(renamed_options(method.config)) | {"config"}, name
+
+    @dataclasses.dataclass
+    class Planted(RandOptConfig):
+        planted_knob: list[int] = dataclasses.field(default_factory=lambda: [2, 3])
+        """A planted knob, comma-separated."""
+        planted_flag: bool = False
+        """A planted switch."""
+
+        renamed: ClassVar[dict[str, str]] = {"old_knob": "planted_knob"}
+
+        def validate(self):  # this test runs nothing: the parsed values are what it checks
+            return self
+
+    got = []
+    monkeypatch.setattr(cli.app, "registered_commands", list(cli.app.registered_commands))
+    cli.config_command("planted", Planted, "A planted command.")(got.append)
+    helped = "".join(CliRunner().invoke(cli.app, ["planted", "--help"]).output.split())
+    assert "--planted-knob<int,...>Aplantedknob,comma-separated.[default:2,3]" in helped, helped
+    assert "--planted-flagAplantedswitch.[default:False]" in helped and "--old-knob" not in helped, helped
+    res = CliRunner().invoke(cli.app, ["planted", "--planted-knob", "5,8", "--planted-flag", "--top-k", "1,2"])
+    assert res.exit_code == 0, res.output
+    assert got[0].planted_knob == [5, 8] and got[0].planted_flag is True and got[0].top_k == [1, 2]
+    old = CliRunner().invoke(cli.app, ["planted", "--old-knob", "7"])
+    assert old.exit_code == 0 and got[1].planted_knob == [7] and got[1].planted_flag is False, old.output
+
+    @dataclasses.dataclass
+    class Unflaggable(RandOptConfig):
+        planted_map: dict = dataclasses.field(default_factory=dict)
+        """A mapping: no flag gives one."""
+
+    with pytest.raises(TypeError, match="'planted_map' is a <class 'dict'>, which has no flag form"):
+        cli.config_command("unflaggable", Unflaggable, "Never made.")(got.append)
 
 
 def test_help_shows_each_commands_summary_whole_and_version_is_the_packages():

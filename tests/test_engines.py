@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from corp.runtime import backends
 from corp.methods import METHODS, REGISTRY
+from corp.runtime import backends
 from corp.runtime.backends.hf import HFBackend
 from corp.runtime.backends.host import HostCopy
 from tests.test_methods import COMMON, STRONGER

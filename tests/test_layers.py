@@ -17,7 +17,7 @@ Four tiers, lowest first; a module imports only from its own tier or below (issu
    executors (`runtime.backends`, `.executors`, `.ray_cluster`, `.batched`, `.clients`), the run layer
    (`runtime.context`), the loop iterative methods share (`runtime.loop`), the GRPO trainer
    (`algorithms.grpo`: GRPO, F-TIS, FGRPO and FERA use it) and population scoring (`evaluate.scorer`,
-   `.population`, `.racing`, `.passk`, `.retention`);
+   `.calibration`, `.population`, `.racing`, `.passk`, `.retention`);
 2. `methods`: one module or package per method (`corp/methods/es.py`, `corp/methods/consolidate/`),
    and the registry (`corp/methods/__init__.py`), which imports each method's `METHOD`;
 3. `bench`, and `api` (the Python API);
@@ -90,6 +90,7 @@ RUNS_MODELS = (
     "runtime.loop",
     "algorithms.grpo",
     "evaluate.scorer",
+    "evaluate.calibration",
     "evaluate.population",
     "evaluate.racing",
     "evaluate.passk",

@@ -529,6 +529,10 @@ def test_a_model_that_cannot_fit_the_memory_is_one_line_before_any_run_directory
     assert params == sum(p.numel() for p in make_tiny_llama(tok).parameters()) and stored == "float32"
     parts = memory.estimate_gb("vllm", 1_777_000_000, "bfloat16", engines=2, host_copy=True)
     assert parts["engine weights"] == pytest.approx(2 * 3.554) and parts["host copy"] == pytest.approx(3.554)
+    # an engine in the checkpoint's own dtype keeps the checkpoint file mapped as its pristine copy: no memory
+    assert memory.estimate_gb("vllm", 1_777_000_000, "float32", stored="float32")["corp's pristine copy"] == 0
+    mapped = memory.estimate_gb("vllm", 1_777_000_000, "bfloat16", stored="float32")["corp's pristine copy"]
+    assert mapped == pytest.approx(3.554)
     monkeypatch.setattr(memory, "available_gb", lambda: 0.001)
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(
@@ -538,3 +542,30 @@ def test_a_model_that_cannot_fit_the_memory_is_one_line_before_any_run_directory
     assert "model " in res.output and not (tmp_path / "runs").exists()
     monkeypatch.setattr(memory, "available_gb", lambda: 1000.0)
     memory.check_memory(str(model_dir), "vllm", None, engines=2, host_copy=True)  # fits: no error
+
+
+def test_the_pristine_base_in_the_checkpoint_dtype_is_the_mapped_file(tmp_path):
+    """The memory estimate counts a vLLM engine's pristine copy as 0 when the engine runs in the
+    checkpoint's dtype, because safetensors maps the file: every tensor must lie inside a mapping of
+    it (a copy into process memory would not), and writing to one must not change the file."""
+    import hashlib
+
+    from corp.runtime import models
+    from corp.runtime.backends.vllm import checkpoint_tensors
+
+    tok = make_char_tokenizer()
+    models.save_model(make_tiny_llama(tok), tok, tmp_path)
+    (path,) = tmp_path.glob("*.safetensors")
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    tensors = checkpoint_tensors(str(tmp_path))
+    spans = []
+    for line in open("/proc/self/maps"):
+        if line.rstrip().endswith(str(path)):
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            spans.append((lo, hi))
+    assert spans, "the checkpoint is not mapped"
+    for t in tensors.values():
+        assert any(lo <= t.data_ptr() < hi for lo, hi in spans)
+    next(iter(tensors.values())).add_(1.0)  # copy-on-write: the file is never written
+    del tensors
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before

@@ -16,8 +16,8 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from corp import CorpError  # noqa: E402
-from corp.runtime import ray_cluster  # noqa: E402
 from corp.evaluate.scorer import ensure_population  # noqa: E402
+from corp.runtime import ray_cluster  # noqa: E402
 from corp.runtime.context import setup_run  # noqa: E402
 from corp.runtime.runs import read_jsonl  # noqa: E402
 from tests.test_ray_executor import (  # noqa: E402, F401

@@ -73,8 +73,9 @@ def test_population_from_other_task_is_refused(tmp_path):
 
 
 def test_randopt_report_on_tiny_model(tmp_path):
-    from corp.evaluate.population import randopt_results
-    from corp.methods.randopt import report_dict
+    from corp.evaluate.population import population_summary, randopt_results
+    from corp.methods.randopt import comparisons_vs_base
+    from corp.runtime.loop import Outputs, finish
 
     ctx = setup_run(tiny_cfg(tmp_path / "r"), "randopt", fresh_backend())
     ranked = ensure_population(ctx)
@@ -88,7 +89,8 @@ def test_randopt_report_on_tiny_model(tmp_path):
         test_rows[(r["seed"], r["sigma"])]["prompt_tokens"] + test_rows[(r["seed"], r["sigma"])]["generated_tokens"]
         for r in ranked[:2]
     )
-    report = report_dict(ctx, results, ranked)
+    fields = {"population": population_summary(ctx, ranked)}
+    report = finish(ctx, Outputs(results, comparisons_vs_base(results), ctx.example_ids("test"), fields))
     assert report["population"]["n"] == 4 and "FLOPs" in report["flops_formula"]
 
 

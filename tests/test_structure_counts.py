@@ -3,18 +3,14 @@ one 700-line file holding one 90-line function and one too-complex function, one
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
+from tests.benchmark_scripts import load
+
 
 def _structure_counts():
-    """The script loaded as a module (benchmarks/ holds scripts, not a package)."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "structure_counts.py"
-    spec = importlib.util.spec_from_file_location("structure_counts", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load("structure_counts")
 
 
 def _fake_package(root: Path) -> None:

@@ -179,26 +179,34 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def write_factors(direction: LowRankDirection, out_dir: str | Path) -> dict:
-    """Unit-scale factors to out_dir/lowrank_factors.safetensors; returns the recipe's low_rank entry."""
-    from safetensors.torch import save_file
+def factors_file(direction: LowRankDirection) -> tuple[dict, bytes]:
+    """The factors file of `direction` (unit-scale factors, safetensors) as bytes, and the recipe's
+    low_rank entry that pins them (the run's driver writes the bytes to `FACTORS_FILE`)."""
+    from safetensors.torch import save
 
-    out_dir = Path(out_dir)
-    path = out_dir / FACTORS_FILE
     tensors = {}
     for name in sorted(direction.factors):
         B, A = direction.factors[name]
         tensors[f"{name}.B"], tensors[f"{name}.A"] = B, A
-    tmp = path.with_suffix(".tmp")
-    save_file(tensors, str(tmp), metadata={"format": "pt", "corp": "lowrank-factors-v1"})
-    tmp.replace(path)
-    return {
+    data = save(tensors, metadata={"format": "pt", "corp": "lowrank-factors-v1"})
+    entry = {
         "factors_file": FACTORS_FILE,
-        "factors_sha256": _sha256_file(path),
+        "factors_sha256": hashlib.sha256(data).hexdigest(),
         "scale": direction.scale,
         "ranks": dict(sorted(direction.ranks.items())),
         "projected_from": Direction(direction.components).to_json(),
     }
+    return entry, data
+
+
+def write_factors(direction: LowRankDirection, out_dir: str | Path) -> dict:
+    """Unit-scale factors to out_dir/lowrank_factors.safetensors; returns the recipe's low_rank entry."""
+    entry, data = factors_file(direction)
+    path = Path(out_dir) / FACTORS_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_bytes(data)
+    tmp.replace(path)
+    return entry
 
 
 def load_factors(recipe_dir: str | Path, entry: dict) -> LowRankDirection:

@@ -73,10 +73,13 @@ POPULATION_OPTIONS = ("population", "sigmas")
 @options_from(
     PopulationConfig,
     POPULATION_OPTIONS,
-    defaults={"population": 64},
+    # the paper grid, fixed: a bench's sigma trials take scales of one shared population, known when it is planned
+    defaults={"population": 64, "sigmas": "5e-4,1e-3,2e-3"},
     docs={
         "population": "Size of the shared scored population per seed and data setting; population "
-        "methods use its largest prefix that fits each budget."
+        "methods use its largest prefix that fits each budget.",
+        "sigmas": "Noise scales of the shared populations, comma-separated (fixed: the bench plans its sigma "
+        "trials on them; `corp score --sigmas auto` measures what a model's calibration would choose).",
     },
 )
 class BenchConfig:
@@ -243,6 +246,11 @@ class BenchConfig:
         """budgets, settings, sigmas and the hyperparameter protocol."""
         self.budgets = sorted(parse_list(self.budgets, float, "budgets"))
         self.settings = parse_list(self.settings, str, "settings")
+        if isinstance(self.sigmas, str) and self.sigmas.strip().lower() == "auto":
+            raise CorpError(
+                "bench config: sigmas auto is not supported (the bench plans its sigma trials on the scales of "
+                "one shared population); give the scales, e.g. sigmas: [5.0e-4, 1.0e-3, 2.0e-3]"
+            )
         self.sigmas = parse_list(self.sigmas, float, "sigmas")
         if not self.tasks or not self.seeds or not self.budgets:
             raise CorpError("bench config: tasks, seeds and budgets must each name at least one value")

@@ -8,7 +8,8 @@ here, below the algorithm packages, because CoRP's report carries them beside it
 from __future__ import annotations
 
 from corp.algorithms.stats import PerExample
-from corp.evaluate.scorer import rows_ledger, score_specialists
+from corp.evaluate.calibration import calibration_flag, noise_line
+from corp.evaluate.scorer import rows_ledger, score_specialists, selection_ledger
 from corp.evaluate.voting import majority_vote
 from corp.grids import edge_flag
 from corp.runtime.context import EvalCache, RunContext, run_evals
@@ -114,7 +115,8 @@ def population_summary(ctx: RunContext, ranked: list[dict]) -> dict:
         "reward_median": sorted(r["reward"] for r in ranked)[len(ranked) // 2],
         "reward_errors": sum(r.get("reward_errors", 0) for r in ranked),
         "program_status_counts": _sum_counts(r.get("status_counts") or {} for r in ranked),
-        "selection_ledger": rows_ledger(ctx, ranked).to_dict(),
+        "selection_ledger": selection_ledger(ctx, ranked).to_dict(),  # the noise-scale calibration included
+        "noise_scales": noise_line(ctx.population_source),
     }
 
 
@@ -125,14 +127,16 @@ def sigma_edge_flags(ctx: RunContext, ranked: list[dict]) -> list[dict]:
     wanted = src.get("from_sigmas")
     grid = wanted or src.get("sigmas") or list(getattr(ctx.cfg, "sigmas", None) or [])
     found = ranked and edge_flag("top-1 sigma", ranked[0]["sigma"], grid, "--from-sigmas" if wanted else "--sigmas")
-    return [found] if found else []
+    # a calibration that never reached its target used a bound of its search: that is an edge too
+    return [f for f in (found, calibration_flag(src.get("calibration"))) if f]
 
 
 def population_line(ctx: RunContext) -> str:
+    """The report's lines on where the population came from (another run's) and its noise scales."""
     src = ctx.population_source or {}
-    if src.get("rule") == "scored in this run" or not src:
-        return ""
-    return (
-        f"population: {src['used']} of {src['available']} specialists "
-        f"from {src['from']} (the {src['used']} {src['rule']})"
+    taken = (
+        f"population: {src['used']} of {src['available']} specialists from {src['from']} (the {src['used']} {src['rule']})"
+        if src and src.get("rule") != "scored in this run"
+        else ""
     )
+    return "\n".join(x for x in (taken, noise_line(src)) if x)

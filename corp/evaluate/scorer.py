@@ -29,6 +29,7 @@ from corp.algorithms.perturb import specialist_seeds
 from corp.config import PopulationConfig, in_scales
 from corp.errors import CorpError
 from corp.evaluate import racing
+from corp.evaluate.calibration import CALIBRATION_FILE, RULE, calibrate_sigmas, is_auto
 from corp.evaluate.racing import RACED, latest_rows
 from corp.evaluate.rewards import IN_PROCESS
 from corp.runtime.context import (
@@ -52,17 +53,42 @@ from corp.runtime.runs import read_json, read_jsonl, unique_rows
 _LEGACY_KEY = re.compile(r"^-?\d+:[^:]+:support$")
 
 
-def specialists_for(cfg: PopulationConfig) -> list[tuple[int, float]]:
+def specialists_for(cfg: PopulationConfig, sigmas: Sequence[float] | None = None) -> list[tuple[int, float]]:
+    """The population's (seed, sigma) in order; `sigmas`: the grid (default the config's, which must then name one)."""
+    grid = cfg.sigmas if sigmas is None else sigmas
+    if is_auto(grid):
+        raise CorpError("--sigmas auto is chosen when the population is scored (ensure_population); pass --sigmas")
     seeds = specialist_seeds(cfg.seed, cfg.population)
-    return [(s, cfg.sigmas[i % len(cfg.sigmas)]) for i, s in enumerate(seeds)]
+    return [(s, grid[i % len(grid)]) for i, s in enumerate(seeds)]
 
 
-def population_meta(ctx: RunContext) -> dict:
-    """The full definition of this run's population (config part + the loaded model's identity)."""
+def population_meta(ctx: RunContext, sigmas: Sequence[float] | None = None) -> dict:
+    """The full definition of this run's population (config part + the loaded model's identity); with
+    `--sigmas auto`, the calibration rule and, once it has run, the grid it chose (`sigmas`)."""
     base = ctx.definition or default_definition(ctx.cfg, ctx.task, ctx.splits, ctx.max_new_tokens)
     if base is None:
         raise CorpError(f"{ctx.method} does not score a population in its run directory")
-    return {**base, **ctx.eval_context()}
+    meta = {**base, **ctx.eval_context()}
+    if is_auto(base.get("sigmas")):
+        meta["calibration"] = RULE
+        if sigmas is not None:
+            meta["calibrated_sigmas"] = [float(s) for s in sigmas]
+    return meta
+
+
+def population_scales(ctx: RunContext) -> tuple[list[float], dict | None]:
+    """The noise scales of the population this run scores, and the calibration that chose them (None:
+    fixed by --sigmas). The meta is checked before a calibration computes anything and again, with the
+    grid it chose, after (corp.evaluate.calibration)."""
+    cfg, path = ctx.cfg, ctx.run_dir / META_FILE
+    if not is_auto(cfg.sigmas):
+        check_meta(path, population_meta(ctx), POPULATION_FILE)
+        return [float(s) for s in cfg.sigmas], None
+    if path.exists():  # another model, backend or rule: refused before any calibration row is generated
+        compare_meta(read_json(path), population_meta(ctx), ctx.run_dir, POPULATION_FILE)
+    cal = calibrate_sigmas(ctx, score_specialists)
+    check_meta(path, population_meta(ctx, cal["sigmas"]), POPULATION_FILE)
+    return cal["sigmas"], cal
 
 
 def score_specialists(
@@ -170,10 +196,12 @@ def load_population(src_dir: str | Path, ctx: RunContext, n: int) -> tuple[list[
         "used": len(used),
         "rule": rule,
         "seed": found.get("seed"),
-        "sigmas": found.get("sigmas"),
+        "sigmas": found.get("calibrated_sigmas") or found.get("sigmas"),
     }
     if wanted is not None:
         how["from_sigmas"] = wanted
+    if is_auto(found.get("sigmas")) and (src / CALIBRATION_FILE).exists():
+        how["calibration"] = read_json(src / CALIBRATION_FILE)  # its scales were bought with it: charged here too
     return used, how
 
 
@@ -264,8 +292,8 @@ def ensure_population(
         get_executor(
             ctx
         )  # first: with --executor ray it installs the driver's proxy, so the meta's model identity loads no model here
-        check_meta(ctx.run_dir / META_FILE, population_meta(ctx), POPULATION_FILE)
-        specs = specialists_for(cfg)
+        sigmas, calibration = population_scales(ctx)
+        specs = specialists_for(cfg, sigmas)
         cache = EvalCache(ctx.run_dir / POPULATION_FILE)
         how = {
             "from": str(ctx.run_dir),
@@ -273,7 +301,8 @@ def ensure_population(
             "used": len(specs),
             "rule": "scored in this run",
             "seed": cfg.seed,
-            "sigmas": list(cfg.sigmas),
+            "sigmas": sigmas,
+            **({"calibration": calibration} if calibration else {}),
         }
         if race == "halving":
             rows, how["race"] = racing.race_population(
@@ -310,6 +339,16 @@ def rows_ledger(ctx: RunContext, rows: Sequence[dict]) -> Ledger:
     led = ctx.ledger()
     for r in rows:
         led.add_generation(r["prompt_tokens"], r["generated_tokens"])
+    return led
+
+
+def selection_ledger(ctx: RunContext, rows: Sequence[dict]) -> Ledger:
+    """What selecting from these population rows cost: their generations, plus the noise-scale calibration
+    that chose the population's scales (`ctx.population_source`), charged to every method that reads it."""
+    led = rows_ledger(ctx, rows)
+    cal = (ctx.population_source or {}).get("calibration")
+    if cal:
+        led.add_generation(cal["ledger"]["prompt_tokens"], cal["ledger"]["generated_tokens"])
     return led
 
 

@@ -21,30 +21,15 @@ from corp.evaluate.population import population_line, population_summary, randop
 from corp.evaluate.scorer import ensure_population
 from corp.grids import edge_lines
 from corp.method import POPULATION, SMALL, BenchAdapter, Method, ints, opt
-from corp.runtime.context import RunContext, open_run
-from corp.runtime.runs import ReportRow, format_rows, write_report
+from corp.runtime.context import RunContext
+from corp.runtime.loop import Outputs, drive
+from corp.runtime.runs import ReportRow, format_rows
+
+NAME = "randopt"  # the command and the report's method
 
 
 def comparisons_vs_base(results: list[ReportRow]) -> list[tuple[str, str]]:
     return [(r.method, "base") for r in results if r.method != "base"]
-
-
-def report_dict(
-    ctx: RunContext, results: list[ReportRow], ranked: list[dict], compare: list[tuple[str, str]] | None = None, **extra
-) -> dict:
-    """Write report.json (the shared schema, corp.runtime.runs.write_report) for a population method; return it."""
-    return write_report(
-        ctx.run_dir,
-        ctx.method,
-        ctx.cfg.model,
-        ctx.cfg.task,
-        results,
-        comparisons_vs_base(results) if compare is None else compare,
-        ctx.example_ids("test"),
-        ctx.measure,
-        population=population_summary(ctx, ranked),
-        **extra,
-    )
 
 
 def format_table(
@@ -54,31 +39,27 @@ def format_table(
 
 
 def run_randopt(cfg: RandOptConfig, backend=None) -> dict:
-    with open_run(cfg, "randopt", backend) as ctx:
-        k = max(cfg.top_k)
-        ranked = ensure_population(
-            ctx, keep=k, need=lambda rows: range(min(k, len(rows)))
-        )  # racing: the top K are scored in full
-        if max(cfg.top_k) > len(ranked):
-            raise CorpError(f"--top-k {max(cfg.top_k)} is larger than the population ({len(ranked)} specialists)")
-        results, _ = randopt_results(ctx, ranked, cfg.top_k)
-        report = report_dict(ctx, results, ranked, edge_flags=sigma_edge_flags(ctx, ranked))
-    report["table"] = "\n".join(
-        x
-        for x in [
-            format_table(
-                results, report["population"]["selection_ledger"]["flops"], report["comparisons"], ctx.measure
-            ),
-            population_line(ctx),
-            *edge_lines(report["edge_flags"]),
-        ]
-        if x
-    )
-    return report
+    return drive(cfg, NAME, backend, lambda ctx: _randopt(cfg, ctx))
+
+
+def _randopt(cfg: RandOptConfig, ctx: RunContext) -> Outputs:
+    k = max(cfg.top_k)
+    ranked = ensure_population(ctx, keep=k, need=lambda rows: range(min(k, len(rows))))  # racing: the top K in full
+    if max(cfg.top_k) > len(ranked):
+        raise CorpError(f"--top-k {max(cfg.top_k)} is larger than the population ({len(ranked)} specialists)")
+    results, _ = randopt_results(ctx, ranked, cfg.top_k)
+    fields = {"population": population_summary(ctx, ranked), "edge_flags": sigma_edge_flags(ctx, ranked)}
+
+    def table(report: dict) -> str:
+        flops = report["population"]["selection_ledger"]["flops"]
+        lines = [format_table(results, flops, report["comparisons"], ctx.measure), population_line(ctx)]
+        return "\n".join(x for x in [*lines, *edge_lines(report["edge_flags"])] if x)
+
+    return Outputs(results, comparisons_vs_base(results), ctx.example_ids("test"), fields, table=table)
 
 
 METHOD = Method(
-    "randopt",
+    NAME,
     RandOptConfig,
     run_randopt,
     "RandOpt: score N perturbed specialists, report base, top-1 and top-K vote on the test split.",

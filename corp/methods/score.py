@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from corp.config import PopulationConfig
 from corp.errors import CorpError
+from corp.evaluate.calibration import noise_line
 from corp.evaluate.racing import RACED
-from corp.evaluate.scorer import ensure_population, rows_ledger
+from corp.evaluate.scorer import ensure_population, selection_ledger
 from corp.method import SMALL, Method, num
 from corp.runtime.context import open_run
 from corp.runtime.runs import write_report
@@ -33,7 +34,8 @@ def run_score(cfg: PopulationConfig, backend=None) -> dict:
             "reward_worst": rewards[0],
             "source": getattr(ctx, "population_source", None),
             "raced_out": sum(r.get("kind") == RACED for r in ranked),
-            "selection_ledger": rows_ledger(ctx, ranked).to_dict(),
+            "selection_ledger": selection_ledger(ctx, ranked).to_dict(),  # the noise-scale calibration included
+            "noise_scales": noise_line(ctx.population_source),
         }
         return write_report(ctx.run_dir, "score", cfg.model, cfg.task, [], population=population)
 
@@ -44,6 +46,7 @@ def summary(report: dict) -> str:
         [
             f"{pop.get('n')} specialists; support reward best {num(pop.get('reward_best'))}, median "
             f"{num(pop.get('reward_median'))}, worst {num(pop.get('reward_worst'))}",
+            *([pop["noise_scales"]] if pop.get("noise_scales") else []),
             f"run directory: {report.get('run_dir')}",
         ]
     )

@@ -26,8 +26,11 @@ from corp.config import RunConfig, parse_list
 from corp.errors import CorpError
 from corp.evaluate.voting import majority_vote
 from corp.method import FIXED, SMALL, BenchAdapter, Method, ints, opt
-from corp.runtime.context import cached_eval, open_run, run_evals
-from corp.runtime.runs import ReportRow, format_rows, write_report
+from corp.runtime.context import cached_eval, run_evals
+from corp.runtime.loop import Outputs, drive
+from corp.runtime.runs import ReportRow
+
+NAME = "self-consistency"  # the command, the report's method and its rows' prefix
 
 
 @dataclass
@@ -51,63 +54,55 @@ class SelfConsistencyConfig(RunConfig):
 
 
 def run_self_consistency(cfg: SelfConsistencyConfig, backend=None) -> dict:
+    return drive(cfg, NAME, backend, lambda ctx: _self_consistency(cfg, ctx), needs=("test",), defines=None)
 
-    with open_run(cfg, "self-consistency", backend, needs=("test",), defines=None) as ctx:
-        evals = run_evals(ctx)  # the run's evaluation cache: a rerun recomputes nothing
-        test = ctx.splits["test"]
-        ids = ctx.example_ids("test")
-        greedy = cached_eval(ctx, evals, "test", None)
-        kmax = max(cfg.k)
-        sampled = cached_eval(ctx, evals, "test", None, n=kmax, temperature=cfg.temperature)
-        rows = [
-            ReportRow(
-                "base",
-                greedy["accuracy"],
-                1,
-                ctx.ledger().add_generation(greedy["prompt_tokens"], greedy["generated_tokens"]),
-                0,
-                PerExample(greedy["correct"], ids),
-            )
-        ]
-        for k in cfg.k:
-            # sampled answers are grouped per question: example j's samples are [j*kmax, (j+1)*kmax)
-            correct = [
-                int(bool(ctx.task.check(majority_vote(sampled["answers"][j * kmax : j * kmax + k]), ex)))
-                for j, ex in enumerate(test)
-            ]
-            share = k / kmax
-            led = ctx.ledger().add_generation(
-                round(sampled["prompt_tokens"] * share), round(sampled["generated_tokens"] * share)
-            )
-            rows.append(
-                ReportRow(
-                    f"self-consistency@{k}",
-                    sum(correct) / len(correct),
-                    k,
-                    led,
-                    0,
-                    PerExample(correct, ids),
-                    {"temperature": cfg.temperature, "tokens_estimated": k != kmax},
-                )
-            )
-        report = write_report(
-            ctx.run_dir,
-            "self-consistency",
-            cfg.model,
-            cfg.task,
-            rows,
-            [(r.method, "base") for r in rows[1:]],
-            ids,
-            temperature=cfg.temperature,
-            k=cfg.k,
-            training_ledger=ctx.ledger().to_dict(),
+
+def _self_consistency(cfg: SelfConsistencyConfig, ctx) -> Outputs:
+    evals = run_evals(ctx)  # the run's evaluation cache: a rerun recomputes nothing
+    test = ctx.splits["test"]
+    ids = ctx.example_ids("test")
+    greedy = cached_eval(ctx, evals, "test", None)
+    kmax = max(cfg.k)
+    sampled = cached_eval(ctx, evals, "test", None, n=kmax, temperature=cfg.temperature)
+    rows = [
+        ReportRow(
+            "base",
+            greedy["accuracy"],
+            1,
+            ctx.ledger().add_generation(greedy["prompt_tokens"], greedy["generated_tokens"]),
+            0,
+            PerExample(greedy["correct"], ids),
         )
-    report["table"] = format_rows(rows, report["comparisons"])
-    return report
+    ]
+    for k in cfg.k:
+        # sampled answers are grouped per question: example j's samples are [j*kmax, (j+1)*kmax)
+        correct = [
+            int(bool(ctx.task.check(majority_vote(sampled["answers"][j * kmax : j * kmax + k]), ex)))
+            for j, ex in enumerate(test)
+        ]
+        share = k / kmax
+        led = ctx.ledger().add_generation(
+            round(sampled["prompt_tokens"] * share), round(sampled["generated_tokens"] * share)
+        )
+        rows.append(
+            ReportRow(
+                f"{NAME}@{k}",
+                sum(correct) / len(correct),
+                k,
+                led,
+                0,
+                PerExample(correct, ids),
+                {"temperature": cfg.temperature, "tokens_estimated": k != kmax},
+            )
+        )
+    # compared by accuracy whatever the task (a vote needs answers to compare), as it always was
+    compare = [(r.method, "base") for r in rows[1:]]
+    fields = {"temperature": cfg.temperature, "k": cfg.k}
+    return Outputs(rows, compare, ids, fields, ctx.ledger(), model_name=cfg.model, measure="accuracy")
 
 
 METHOD = Method(
-    "self-consistency",
+    NAME,
     SelfConsistencyConfig,
     run_self_consistency,
     "Self-consistency@K: sample the base model K times per question "
@@ -115,8 +110,8 @@ METHOD = Method(
     smoke={**SMALL, "k": "1,2"},
     bench=BenchAdapter(
         FIXED,
-        r"base|self-consistency@\d+",
-        row_names=lambda o: ["base"] + [f"self-consistency@{k}" for k in ints(opt(o, SelfConsistencyConfig, "k"))],
+        rf"base|{NAME}@\d+",
+        row_names=lambda o: ["base"] + [f"{NAME}@{k}" for k in ints(opt(o, SelfConsistencyConfig, "k"))],
         touched=lambda o, seed, units: 0,
     ),
 )

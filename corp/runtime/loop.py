@@ -20,6 +20,7 @@ state and its seed).
 from __future__ import annotations
 
 import math
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from tqdm.auto import tqdm
 from corp.algorithms.recipe import write_recipe
 from corp.algorithms.stats import PerExample
 from corp.errors import CorpError
+from corp.runtime.context import open_run
 from corp.runtime.ledger import Ledger
 from corp.runtime.models import save_model
 from corp.runtime.progress import progress_disabled
@@ -157,11 +159,23 @@ class Outputs:
     recipe: dict | None = None  # corp.algorithms.recipe.make_recipe's record: written to run_dir/recipe.json
     notes: Callable[[dict], list[str]] | None = None  # lines under the rows' table, from the written report
     model_name: str | None = None  # the report's model (the config's --model if None)
+    table: Callable[[dict], str] | None = None  # the terminal table from the written report (None: rows + notes)
+    # files of the recipe beside it, by name in the run directory (a low-rank recipe's factors, which the
+    # recipe pins by sha256): written before the recipe; None removes a stale one an earlier run left
+    files: dict[str, bytes | None] = field(default_factory=dict)
+    # other outputs (a LoRA adapter): each is called with the run directory after the model is saved;
+    # the method states what they write in `fields` itself
+    exports: list[Callable[[Path], None]] = field(default_factory=list)
+    # where in `fields` the method's stage timings are (CoRP's ("corp", "seconds")): the writes' seconds go
+    # there as "save" (benchmarks/bench_stages.py reads them)
+    timings: tuple[str, ...] = ()
+    measure: str | None = None  # what the rows compare: "accuracy" or "reward" (None: the run's, ctx.measure)
 
 
 def finish(ctx, out: Outputs) -> dict:
-    """Write what `out` holds: the recipe, then the model (so the report never names a file that is
-    not there), then report.json and test_outcomes.json; return the report with its table."""
+    """Write what `out` holds: the recipe's files and the recipe, then the model, then the exports (so
+    the report never names a file that is not there), then report.json and test_outcomes.json;
+    return the report with its table."""
     fields = dict(out.fields)
     if out.ledger is not None:
         if out.ledger_field not in LEDGER_FIELDS:
@@ -169,7 +183,44 @@ def finish(ctx, out: Outputs) -> dict:
         fields[out.ledger_field] = out.ledger.to_dict()
         if out.ledger_field == "method_ledger":
             fields["method_flops"] = out.ledger.flops
-    run_dir = ctx.run_dir
+    t0 = time.perf_counter()
+    fields.update(_write_outputs(ctx.run_dir, out))
+    if out.timings:  # beside what the method timed of making them
+        stages = _stage_seconds(fields, out.timings)
+        stages["save"] = round(stages.get("save", 0.0) + time.perf_counter() - t0, 3)
+    for export in out.exports:
+        export(ctx.run_dir)
+    cfg = ctx.cfg
+    measure = out.measure or ctx.measure
+    report = write_report(
+        ctx.run_dir,
+        ctx.method,
+        out.model_name or cfg.model,
+        cfg.task,
+        out.rows,
+        out.compare,
+        out.ids,
+        measure,
+        **fields,
+    )
+    if out.table is not None:
+        report["table"] = out.table(report)
+    elif out.rows:
+        notes = out.notes(report) if out.notes else []
+        report["table"] = "\n".join([format_rows(out.rows, report["comparisons"], measure=measure), *notes])
+    return report
+
+
+def _write_outputs(run_dir: Path, out: Outputs) -> dict:
+    """The files of `out` but the report, in their order; return the report fields naming them."""
+    fields = {}
+    for name, data in out.files.items():
+        if data is None:
+            (run_dir / name).unlink(missing_ok=True)  # a stale file from an earlier run here must not look current
+        else:
+            tmp = run_dir / (name + ".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(run_dir / name)
     if out.recipe is not None:
         write_recipe(run_dir / "recipe.json", out.recipe)
         fields["recipe"] = str(run_dir / "recipe.json")
@@ -178,12 +229,19 @@ def finish(ctx, out: Outputs) -> dict:
         model, tokenizer = out.model
         save_model(model, tokenizer, run_dir / "model")
         fields["model_dir"] = str(run_dir / "model")
-    cfg = ctx.cfg
-    measure = ctx.measure
-    report = write_report(
-        run_dir, ctx.method, out.model_name or cfg.model, cfg.task, out.rows, out.compare, out.ids, measure, **fields
-    )
-    if out.rows:
-        notes = out.notes(report) if out.notes else []
-        report["table"] = "\n".join([format_rows(out.rows, report["comparisons"], measure=measure), *notes])
-    return report
+    return fields
+
+
+def _stage_seconds(fields: dict, path: tuple[str, ...]) -> dict:
+    node = fields
+    for key in path:
+        node = node[key]
+    return node
+
+
+def drive(cfg, method: str, backend, work: Callable, needs=("support", "test"), defines="auto") -> dict:
+    """One run from start to end, the same for every method: open the run directory (`open_run`: the
+    lock, the splits, complete or failed), let the method compute (`work(ctx) -> Outputs`), write
+    what it made (`finish`), and close the run. The method writes none of the run's outputs itself."""
+    with open_run(cfg, method, backend, needs=needs, defines=defines) as ctx:
+        return finish(ctx, work(ctx))

@@ -8,24 +8,25 @@ The recipe (`make_recipe`, `apply_recipe`, ...) is the core module `corp/algorit
 """
 
 from corp.method import POPULATION, SMALL, BenchAdapter, Method, labelled
-from corp.methods.consolidate.config import ConsolidateConfig
+from corp.methods.consolidate.config import COMMAND, PRODUCT, ConsolidateConfig
 from corp.methods.consolidate.run import run_consolidate
 
 METHOD = Method(
-    "consolidate",
+    COMMAND,
     ConsolidateConfig,
     run_consolidate,
     "CoRP: consolidate a rewarded population into one gated model (recipe.json + model/).",
     recipes=("corp-direction", "low-rank"),
     model=True,
+    product=PRODUCT,
     smoke={**SMALL, "population": 4, "sigmas": "0.05", "alphas": "1,2", "top_k": "1,2"},
     # CoRP needs two elites to merge anything; its own probe/validation/support-half evaluations count
     # (probe, step search, gates: the cell's prefix is chosen so that population + these fit the budget);
     # only the deployed merge rule is searched and gated (the others' gates only fed the report)
     bench=BenchAdapter(
         POPULATION,
-        r"corp.*",
-        flops=("population.selection_ledger.flops", "corp.consolidation_ledger.flops"),
+        rf"{PRODUCT}.*",
+        flops=("population.selection_ledger.flops", f"{PRODUCT}.consolidation_ledger.flops"),
         unit="population",
         min_units=2,
         clip=("top_k",),
@@ -35,4 +36,4 @@ METHOD = Method(
     ),
 )
 
-__all__ = ["METHOD", "ConsolidateConfig", "run_consolidate"]
+__all__ = ["METHOD", "PRODUCT", "ConsolidateConfig", "run_consolidate"]

@@ -18,6 +18,12 @@ from corp.config import DEFAULT_TOP_K, PopulationConfig, fit_top_k
 from corp.errors import CorpError
 from corp.methods.consolidate.lowrank import parse_low_rank
 
+# CoRP's names, each written here once: the command (`corp consolidate`, the report's and the bench
+# records' method) and what it makes (its report row and report section, its recipe's made_by.method,
+# its Python function corp.train_corp)
+COMMAND = "consolidate"
+PRODUCT = "corp"
+
 
 @dataclass
 class ConsolidateConfig(OperatorConfig, PopulationConfig):

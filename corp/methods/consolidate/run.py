@@ -19,14 +19,14 @@ from collections.abc import Sequence
 from corp.algorithms.corp_operator.algebra import elite_set
 from corp.algorithms.corp_operator.gate import kept_out_line, margin, margin_line
 from corp.algorithms.corp_operator.stage1 import consolidate_stage1, reward_scale
-from corp.algorithms.lowrank import FACTORS_FILE, LowRankDirection, write_factors
+from corp.algorithms.lowrank import FACTORS_FILE, LowRankDirection, factors_file
 from corp.algorithms.perturb import Direction, ParamFilter, lowrank_rank
-from corp.algorithms.recipe import make_recipe, produced_weights, write_recipe
+from corp.algorithms.recipe import make_recipe, produced_weights
 from corp.algorithms.stats import PerExample
 from corp.evaluate.population import population_line, population_summary, randopt_results, sigma_edge_flags
 from corp.evaluate.scorer import ensure_population
 from corp.grids import edge_lines
-from corp.methods.consolidate.config import ConsolidateConfig
+from corp.methods.consolidate.config import COMMAND, PRODUCT, ConsolidateConfig
 from corp.methods.consolidate.lowrank import (
     LowRankProjector,
     compress,
@@ -43,13 +43,13 @@ from corp.runtime.context import (
     RunContext,
     cached_eval,
     direction_fingerprint,
-    open_run,
     row_scores,
     run_evals,
 )
-from corp.runtime.models import adapter_base, save_model
+from corp.runtime.loop import Outputs, drive
+from corp.runtime.models import adapter_base
 from corp.runtime.progress import progress_disabled
-from corp.runtime.runs import ReportRow, format_rows, write_report
+from corp.runtime.runs import ReportRow, format_rows
 
 __all__ = ["RunScorer", "direction_fingerprint", "run_consolidate"]
 
@@ -163,21 +163,21 @@ def _used_rows(cfg: ConsolidateConfig, rows: list[dict]) -> set[int]:
     return set().union(*(elite_set(r, q) for q in cfg.quantiles)) | set(range(min(max(cfg.top_k), len(rows))))
 
 
-def _export_exact_lora(cfg: ConsolidateConfig, ctx: RunContext, direction: Direction, params, scheme: str) -> dict:
+def _exact_lora(cfg: ConsolidateConfig, ctx: RunContext, direction: Direction, params, scheme: str):
     """CoRP's update of a low-rank population as a PEFT adapter in RUN_DIR/lora/, exactly (no
-    truncation), and with --lora-r an SVD-compressed one in RUN_DIR/lora-rank-R/."""
+    truncation), and with --lora-r an SVD-compressed one in RUN_DIR/lora-rank-R/: the report's
+    fields, and the export that writes them (the driver runs it)."""
     lora_dir = ctx.run_dir / "lora"
-    shutil.rmtree(lora_dir, ignore_errors=True)
-    for old in ctx.run_dir.glob("lora-rank-*"):  # corp's own earlier compressed adapters: stale now
-        if (old / "adapter_config.json").exists():
-            shutil.rmtree(old, ignore_errors=True)
     exact = exact_lora(direction, params, scheme)
     if exact.is_zero():
-        return {"lora_dir": None, "lora_note": "not written: CoRP abstained, so the output is the base model"}
+        return {"lora_dir": None, "lora_note": "not written: CoRP abstained, so the output is the base model"}, [
+            _clear_lora
+        ]
     base = adapter_base(ctx.model_id, ctx.backend.model_path)
+    model = ctx.backend.model
     ranks = exact.ranks
     out = {
-        "lora_dir": str(export_lora(exact, ctx.backend.model, lora_dir, base)),
+        "lora_dir": str(lora_dir),
         "noise_scheme": scheme,
         "noise_rank": lowrank_rank(scheme),
         "elites": max(ranks.values()) // lowrank_rank(scheme),
@@ -185,25 +185,34 @@ def _export_exact_lora(cfg: ConsolidateConfig, ctx: RunContext, direction: Direc
         "matrices": len(ranks),
         "lora_parameters": exact.lora_parameters(),
     }
+    exports = [_clear_lora, lambda run_dir: export_lora(exact, model, run_dir / "lora", base)]
     if cfg.lora_rank:
         small, err = compress(exact, cfg.lora_rank)
         where = ctx.run_dir / f"lora-rank-{cfg.lora_rank}"
-        written = export_lora(small, ctx.backend.model, where, base)
-        out["compressed"] = {"lora_dir": str(written), "lora_parameters": small.lora_parameters(), **err}
+        out["compressed"] = {"lora_dir": str(where), "lora_parameters": small.lora_parameters(), **err}
+        exports.append(lambda run_dir: export_lora(small, model, where, base))
         if "requested_rank" in err:
             warnings.warn(
-                f"--lora-r {cfg.lora_rank} is above the exact adapter's rank: '{written}' holds the update at its "
+                f"--lora-r {cfg.lora_rank} is above the exact adapter's rank: '{where}' holds the update at its "
                 f"real rank {err['rank']}, uncompressed (relative Frobenius error {err['relative_frobenius_error']:.1e})"
             )
-    return out
+    return out, exports
+
+
+def _clear_lora(run_dir) -> None:
+    """Remove the adapters an earlier run here exported (corp's own, stale now)."""
+    shutil.rmtree(run_dir / "lora", ignore_errors=True)
+    for old in run_dir.glob("lora-rank-*"):
+        if (old / "adapter_config.json").exists():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def run_consolidate(cfg: ConsolidateConfig, backend=None) -> dict:
-    with open_run(cfg, "consolidate", backend, needs=("support", "probe", "validation", "test")) as ctx:
-        return _consolidate(cfg, ctx)
+    needs = ("support", "probe", "validation", "test")
+    return drive(cfg, COMMAND, backend, lambda ctx: _consolidate(cfg, ctx), needs=needs)
 
 
-def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
+def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> Outputs:
     support = ctx.splits["support"]
     ctx.splits["support_select"], ctx.splits["support_gate"] = (
         support[: len(support) // 2],
@@ -261,19 +270,16 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> dict:
         )
         seconds["stage2"] = time.perf_counter() - t0
 
-    low_rank_report = _deploy(cfg, ctx, result, projector, params, scheme, rank_dir, seconds)
-    return _consolidate_report(cfg, ctx, result, ranked, population, evals, scorer, low_rank_report, seconds)
+    deployed = _deploy(cfg, ctx, result, projector, params, scheme, rank_dir, seconds)
+    return _consolidate_report(cfg, ctx, result, ranked, evals, scorer, deployed, seconds)
 
 
 def _deploy(cfg: ConsolidateConfig, ctx: RunContext, result, projector, params, scheme: str, rank_dir, seconds) -> dict:
-    """The deployed model: the recipe, the weights, and the LoRA export where asked; the low-rank
-    part of the report."""
-    # the deployed model: recipe + weights
+    """The deployed model as the driver will write it: the recipe (with its factors file when
+    low-rank), the LoRA exports where asked, and the low-rank part of the report."""
     t0 = time.perf_counter()
-    pf = ParamFilter(cfg.include, cfg.exclude)
-    model_id = ctx.model_id
     made_by = {
-        "method": "corp",
+        "method": PRODUCT,
         "accepted": result.accepted,
         "reason": result.reason,
         "candidate": result.best.name,
@@ -281,54 +287,55 @@ def _deploy(cfg: ConsolidateConfig, ctx: RunContext, result, projector, params, 
         "run_dir": str(ctx.run_dir),
         "low_rank": cfg.low_rank,
     }
-    low_rank_entry = None
-    (ctx.run_dir / FACTORS_FILE).unlink(missing_ok=True)  # a stale file from an earlier run here must not look current
+    low_rank_entry, files = None, {FACTORS_FILE: None}  # no factors: a stale file from an earlier run is removed
     if isinstance(result.direction, LowRankDirection):
-        low_rank_entry = {"mode": cfg.low_rank, "rank_from": rank_dir, **write_factors(result.direction, ctx.run_dir)}
+        entry, files[FACTORS_FILE] = factors_file(result.direction)
+        low_rank_entry = {"mode": cfg.low_rank, "rank_from": rank_dir, **entry}
     ctx.backend.set_direction(result.direction)
     recipe = make_recipe(
         cfg.model,
-        model_id,
+        ctx.model_id,
         ctx.weights_hash,
-        pf,
+        ParamFilter(cfg.include, cfg.exclude),
         result.direction,
         made_by,
         low_rank_entry,
         scheme=scheme,
         produced=produced_weights(ctx.backend.model),
     )  # what apply must rebuild
-    write_recipe(ctx.run_dir / "recipe.json", recipe)
-    save_model(ctx.backend.model, ctx.backend.tokenizer, ctx.run_dir / "model")
-    seconds["save"] = time.perf_counter() - t0
+    seconds["save"] = time.perf_counter() - t0  # the driver adds its writes' seconds
+    low_rank_report, exports = _low_rank_exports(cfg, ctx, result, projector, params, scheme, rank_dir)
+    return {"recipe": recipe, "files": files, "exports": exports, "low_rank": low_rank_report}
+
+
+def _low_rank_exports(cfg: ConsolidateConfig, ctx: RunContext, result, projector, params, scheme, rank_dir):
+    """The low-rank part of the report and the LoRA exports (--export-lora) the driver writes."""
     low_rank_report: dict = {"mode": cfg.low_rank}
+    exports = []
     if projector is not None:
         low_rank_report.update(rank_from=rank_dir, **projector.summary(ctx.backend.perturber.n_selected))
         if cfg.export_lora:
-            shutil.rmtree(ctx.run_dir / "lora", ignore_errors=True)
+            exports.append(lambda run_dir: shutil.rmtree(run_dir / "lora", ignore_errors=True))
             if isinstance(result.direction, LowRankDirection) and not result.direction.is_zero():
-                low_rank_report["lora_dir"] = str(
-                    export_lora(
-                        result.direction,
-                        ctx.backend.model,
-                        ctx.run_dir / "lora",
-                        adapter_base(model_id, ctx.backend.model_path),
-                    )
-                )
+                low_rank_report["lora_dir"] = str(ctx.run_dir / "lora")
+                direction, model = result.direction, ctx.backend.model
+                base = adapter_base(ctx.model_id, ctx.backend.model_path)
+                exports.append(lambda run_dir: export_lora(direction, model, run_dir / "lora", base))
             else:
                 low_rank_report["lora_dir"] = None
                 low_rank_report["lora_note"] = (
                     "not written: CoRP abstained (or every rank is 0), so the output is the base model"
                 )
     elif cfg.export_lora:
-        low_rank_report["exact_lora"] = _export_exact_lora(cfg, ctx, result.direction, params, scheme)
-    return low_rank_report
+        low_rank_report["exact_lora"], exports = _exact_lora(cfg, ctx, result.direction, params, scheme)
+    return low_rank_report, exports
 
 
 def _consolidate_report(
-    cfg: ConsolidateConfig, ctx: RunContext, result, ranked, population, evals, scorer, low_rank_report, seconds
-) -> dict:
+    cfg: ConsolidateConfig, ctx: RunContext, result, ranked, evals, scorer, deployed: dict, seconds
+) -> Outputs:
     """The test split: base, RandOpt top-1 / K-vote and CoRP, each with per-example outcomes and
-    paired comparisons; the report and its table."""
+    paired comparisons; with the deployed model, what the driver writes (the report and its table)."""
     t0 = time.perf_counter()
     results, _ = randopt_results(ctx, ranked, cfg.top_k, evals)
     corp_row = scorer.row(result.direction, "test")
@@ -338,7 +345,7 @@ def _consolidate_report(
     scorer.release()
     seconds["test"] = time.perf_counter() - t0
     corp_ledger = ctx.ledger().add_generation(corp_row["prompt_tokens"], corp_row["generated_tokens"])
-    label = "corp" if result.accepted else "corp (abstained=base)"
+    label = PRODUCT if result.accepted else f"{PRODUCT} (abstained=base)"
     labelled = sum(len(ctx.splits[s]) for s in ("support", "probe", "validation"))
     results.append(
         ReportRow(
@@ -355,15 +362,8 @@ def _consolidate_report(
         (r.method, "base") for r in results if r.method not in ("base", label)
     ]
     consolidation_cost = scorer.ledger.to_dict()
-    report = write_report(
-        ctx.run_dir,
-        ctx.method,
-        cfg.model,
-        cfg.task,
-        results,
-        compare,
-        ctx.example_ids("test"),
-        ctx.measure,
+    low_rank_report = deployed["low_rank"]
+    fields = dict(
         population=population_summary(ctx, ranked),
         # the step search's alpha, q, beta and RandOpt's top-1 sigma where they hit their grid's edge (issue 55)
         edge_flags=cfg.edge_flags(result.best.params) + sigma_edge_flags(ctx, ranked),
@@ -372,18 +372,31 @@ def _consolidate_report(
             f"+ probe {len(ctx.splits['probe'])} + validation "
             f"{len(ctx.splits['validation'])}); RandOpt used the support split only"
         ),
-        corp={
-            **_corp_section(cfg, result, low_rank_report, consolidation_cost, seconds),
-            "candidate_test": {  # the gate's candidate (the deployed model when it passed) beside the base, on test
-                "candidate": result.best.name,
-                "deployed": result.accepted,
-                "accuracy": sum(cand_row["correct"]) / len(cand_row["correct"]),
-                "base_accuracy": results[0].accuracy,
-            },
+        **{
+            PRODUCT: {
+                **_corp_section(cfg, result, low_rank_report, consolidation_cost, seconds),
+                "candidate_test": {  # the gate's candidate (the deployed model when it passed) beside the base
+                    "candidate": result.best.name,
+                    "deployed": result.accepted,
+                    "accuracy": sum(cand_row["correct"]) / len(cand_row["correct"]),
+                    "base_accuracy": results[0].accuracy,
+                },
+            }
         },
     )
-    report["table"] = _table(cfg, ctx, result, results, report, consolidation_cost, low_rank_report)
-    return report
+    ctx.backend.set_direction(result.direction)  # the test evaluations moved the weights: the deployed model again
+    return Outputs(
+        results,
+        compare,
+        ctx.example_ids("test"),
+        fields,
+        model=(ctx.backend.model, ctx.backend.tokenizer),
+        recipe=deployed["recipe"],
+        table=lambda report: _table(cfg, ctx, result, results, report, consolidation_cost, low_rank_report),
+        files=deployed["files"],
+        exports=deployed["exports"],
+        timings=(PRODUCT, "seconds"),
+    )
 
 
 def _what_labelled(ctx: RunContext) -> str:
@@ -439,7 +452,7 @@ def _table(
             f"gate (validation, n={g.n}): candidate {g.candidate_score:.3f} "
             f"vs base {g.base_score:.3f}; {result.reason}",
             margin_line(g.to_dict()),
-            kept_out_line(report["corp"]["candidate_test"]) if not result.accepted else "",
+            kept_out_line(report[PRODUCT]["candidate_test"]) if not result.accepted else "",
             report["labelled_examples_note"],
             compat_line,
             low_rank_line(low_rank_report),

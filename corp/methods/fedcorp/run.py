@@ -73,11 +73,18 @@ class FedCorpConfig(OperatorConfig, PopulationConfig):
     """Share of answering clients that must accept the candidate on their own validation split (1: any veto abstains)."""
     executor: str = "local"
     """Where clients run: local (built in this process, called in turn) or ray (one Ray actor, i.e. process, per client; --workers is not used)."""
+    sigmas: list[float] | str = "5e-4,1e-3,2e-3"
+    """Noise scales, comma-separated; specialist i gets sigmas[i % len(sigmas)]. Fixed (the paper grid by default): calibrating them from the model (--sigmas auto in score, randopt, consolidate) would need the clients' prompts, which stay with the clients."""
 
     # the clients score in their own directories; the run itself writes no metrics rows to log
     not_options: ClassVar[tuple[str, ...]] = ("report_to",)
 
     def validate(self) -> FedCorpConfig:
+        if isinstance(self.sigmas, str) and self.sigmas.strip().lower() == "auto":
+            raise CorpError(
+                "--sigmas auto calibrates on the support prompts, which fedcorp's clients keep to themselves; "
+                "give the noise scales, e.g. --sigmas 5e-4,1e-3,2e-3"
+            )
         PopulationConfig.validate(self)
         OperatorConfig.validate(self)
         if self.clients < 1:

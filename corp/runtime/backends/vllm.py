@@ -98,7 +98,10 @@ def _released() -> None:
         _ENGINES.clear()
 
 
-def _checkpoint_tensors(model_path: str) -> dict[str, torch.Tensor]:
+def checkpoint_tensors(model_path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the checkpoint, as safetensors maps them: copy-on-write views of the files, so
+    the pristine base of an engine in the checkpoint's dtype is page cache, not process memory
+    (corp.runtime.models.memory counts it so; a tensor cast to another dtype is a copy)."""
     from safetensors.torch import load_file
 
     files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
@@ -119,7 +122,7 @@ class CorpWorkerExtension:
         """Load the pristine base (all checkpoint tensors, engine dtype), which names are perturbed
         and the run's noise scheme (None: the current full-rank one)."""
         dtype = self.model_runner.model_config.dtype
-        tensors = _checkpoint_tensors(self.model_runner.model_config.model)
+        tensors = checkpoint_tensors(self.model_runner.model_config.model)
         missing = [n for n in selected if n not in tensors]
         if missing:
             raise CorpError(
@@ -302,6 +305,22 @@ class CorpWorkerExtension:
         return {"sha256": h.hexdigest(), "tensors": n}
 
 
+def _hf_facts(auto_cls, path: str, dtype, param_filter, scheme, max_loras: int, max_model_len: int) -> tuple:
+    """What the engine's start needs from the HF model, loaded once on the host and let go when this
+    returns, before the engine loads its own copy: the canonical tensor names (as the hf backend
+    perturbs them, tied weights once), LoRA settings, the parameter count, the weights hash that
+    keys populations, the dtype and the context. (Its own frame: a local that held the selected
+    parameters kept the whole host model, 7.1 GB of the 1.5B model in float32, for the engine's life.)"""
+    hf = auto_cls.from_pretrained(path, dtype=getattr(torch, dtype) if dtype else "auto")
+    selected = selected_parameters(hf, param_filter or ParamFilter())
+    rank = lowrank_rank(scheme) if scheme else None
+    lora = _lora_settings(hf, selected, scheme, rank, max_loras) if rank is not None else None
+    engine_dtype = str(next(hf.parameters()).dtype).removeprefix("torch.")
+    max_len = min(max_model_len, getattr(hf.config, "max_position_embeddings", max_model_len) or max_model_len)
+    n_params = sum(p.numel() for p in hf.parameters())
+    return [n for n, _ in selected], lora, n_params, weights_hash(hf), engine_dtype, max_len
+
+
 def _lora_settings(hf, selected, scheme: str, rank: int, max_loras: int) -> dict:
     """What a low-rank run's engine needs for LoRA, read from the HF model while it is loaded: the
     adapter slots, the selected shapes, whether the head is tied to a selected embedding, the dtype
@@ -389,18 +408,9 @@ class VLLMBackend(HostCopy):
         from vllm import LLM
 
         model_id, path = resolve_model(name)
-        # The HF model, once, on the host: the canonical tensor names (as the hf backend perturbs
-        # them, tied weights once), the weights hash that keys populations, and the dtype.
-        hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype) if dtype else "auto")
-        selected = selected_parameters(hf, param_filter or ParamFilter())
-        names = [n for n, _ in selected]
-        rank = lowrank_rank(scheme) if scheme else None
-        lora = _lora_settings(hf, selected, scheme, rank, max_loras) if rank is not None else None
-        n_params = sum(p.numel() for p in hf.parameters())
-        whash = weights_hash(hf)
-        engine_dtype = str(next(hf.parameters()).dtype).removeprefix("torch.")
-        max_len = min(max_model_len, getattr(hf.config, "max_position_embeddings", max_model_len) or max_model_len)
-        del hf
+        names, lora, n_params, whash, engine_dtype, max_len = _hf_facts(
+            AutoModelForCausalLM, path, dtype, param_filter, scheme, max_loras, max_model_len
+        )
         tokenizer = AutoTokenizer.from_pretrained(path)
         eos = eos_ids(path, tokenizer)
         kwargs = engine_kwargs(path, engine_dtype, max_len, enforce_eager, tensor_parallel_size, gpu_memory_utilization)

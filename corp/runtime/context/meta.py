@@ -22,6 +22,7 @@ META_FORMAT = 2
 
 
 POPULATION_ORDER = "specialist i = (specialist_seeds(seed)[i], sigmas[i % len(sigmas)])"
+# sigmas "auto": the grid is `calibrated_sigmas` (calibration.json says how it was chosen)
 
 
 def run_scheme(cfg) -> str:
@@ -50,9 +51,10 @@ def population_definition(cfg: RunConfig, task, splits, max_new_tokens: int, kin
 
 def default_definition(cfg: RunConfig, task, splits, max_new_tokens: int) -> dict | None:
     if isinstance(cfg, PopulationConfig) and not cfg.from_run:
-        return population_definition(
-            cfg, task, splits, max_new_tokens, sigmas=[float(s) for s in cfg.sigmas], order=POPULATION_ORDER
-        )
+        # "auto": scales calibrated from the model (corp.evaluate.calibration); the grid it chose is added to the
+        # meta as `calibrated_sigmas` once measured, so a rerun that calibrates otherwise is refused, not mixed
+        sigmas = "auto" if isinstance(cfg.sigmas, str) else [float(s) for s in cfg.sigmas]
+        return population_definition(cfg, task, splits, max_new_tokens, sigmas=sigmas, order=POPULATION_ORDER)
     return None
 
 

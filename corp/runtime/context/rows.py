@@ -4,6 +4,7 @@ row's per-example values checked against their ids (`row_scores`)."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,11 @@ ROW_FORMAT = 2  # rows keyed by eval_identity (format 1: "<seed>:<sigma>:<split>
 TIMING_FIELDS = ("seconds", "apply_seconds", "reward_seconds", "noise_seconds", "push_seconds")
 
 
+def completion_hash(text: str) -> str:
+    """A short hash of a completion's text: two rows' completions compare without storing them."""
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
 def result_row(
     identity: dict,
     split: str,
@@ -73,6 +79,8 @@ def result_row(
         "rewards": res.rewards,
         "correct": [int(c) for c in res.correct],
         "answers": res.answers,
+        # which completions are the same text (noise-scale calibration compares a specialist's with the base's)
+        "completion_hashes": [completion_hash(t) for t in res.completions],
         "prompt_tokens": res.prompt_tokens,
         "generated_tokens": res.generated_tokens,
         "seconds": res.seconds,

@@ -5,7 +5,9 @@ population or K (specialists are regenerated from their seeds; the Gram matrix a
 directions work in bounded blocks, `--gram-memory-gb`, `--merge-memory-gb`):
 - hf: the model in its dtype, and the Perturber's scratch for one tensor's noise;
 - vllm (per engine): the engine's weights, corp's pristine copy of them in the engine's dtype (a
-  specialist is a reload of base + noise, never a subtraction), the KV cache (CORP_VLLM_KV_GIB) and
+  specialist is a reload of base + noise, never a subtraction; when the engine runs in the
+  checkpoint's own dtype that copy is the checkpoint file itself, mapped copy-on-write by
+  safetensors, so it holds page cache the kernel can drop, not memory: counted 0), the KV cache (CORP_VLLM_KV_GIB) and
   the runtime (torch, the compiled graphs); the driver's host copy of the weights when the method
   needs directions on the host (CoRP's Gram matrix and its saved model);
 - per process, the Python runtime and torch.
@@ -69,15 +71,18 @@ def available_gb() -> float:
     return (avail or 0) / GB
 
 
-def estimate_gb(backend: str, params: int, dtype: str, engines: int = 1, host_copy: bool = False) -> dict:
-    """What holds memory during a run, in GB, by holder (module docstring)."""
+def estimate_gb(
+    backend: str, params: int, dtype: str, engines: int = 1, host_copy: bool = False, stored: str | None = None
+) -> dict:
+    """What holds memory during a run, in GB, by holder (module docstring); `stored` is the
+    checkpoint's dtype (None: unknown, the pristine copy is counted)."""
     weights = params * _BYTES.get(dtype, 4) / GB
     if backend == "hf":
         return {"model": weights, "runtime": RUNTIME_GB}
     kv = float(os.environ.get("CORP_VLLM_KV_GIB", "1")) * 2**30 / GB
     parts = {
         "engine weights": engines * weights,
-        "corp's pristine copy": engines * weights,
+        "corp's pristine copy": 0.0 if dtype == stored else engines * weights,
         "KV cache": engines * kv,
         "runtime": (engines + (1 if host_copy else 0)) * RUNTIME_GB,
     }
@@ -101,11 +106,11 @@ def check_memory(model: str, backend: str, dtype: str | None, engines: int = 1, 
         return
     params, stored = found
     dtype = dtype or stored
-    parts = estimate_gb(backend, params, dtype, engines, host_copy)
+    parts = estimate_gb(backend, params, dtype, engines, host_copy, stored)
     need, have = sum(parts.values()), available_gb()
     if need <= have:
         return
-    held = ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+    held = ", ".join(f"{k} {v:.1f}" for k, v in parts.items() if v)
     where = f"{engines} vLLM engines" if engines > 1 else f"the {backend} backend"
     cheaper = []
     if dtype == "float32":
