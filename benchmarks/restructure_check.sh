@@ -4,7 +4,8 @@
 # scales) and `corp consolidate --from-run` on it, run from two checkouts of corp with the same
 # interpreter, compared without the fields that are wall-clock times or paths: the population rows,
 # the consolidate run's evaluation rows, both reports' rows, comparisons and population summary, and
-# the recipe's components and weights hash. Exits 1 if any differs. About 5 minutes on 2 cores.
+# the recipe's components and weights hash; a text naming its side's output directory is read with the
+# directory replaced by OUT. Exits 1 if any differs. About 5 minutes on 2 cores.
 #   PYTHON=.venv/bin/python benchmarks/restructure_check.sh BEFORE_TREE AFTER_TREE OUT
 #   (e.g. BEFORE_TREE from `git worktree add /tmp/before REV`)
 set -eu
@@ -23,7 +24,12 @@ $py - "$out" <<'PY'
 import json, sys, pathlib
 out = pathlib.Path(sys.argv[1])
 TIME = {"seconds", "apply_seconds", "reward_seconds", "noise_seconds", "push_seconds", "run_dir", "created", "wall_seconds", "started", "finished", "model_dir", "recipe", "source", "from"}
+SIDES = (str(out / "before"), str(out / "after"))
 def clean(x):
+    if isinstance(x, str):  # a text naming its side's run directory (population.noise_scales: "in --from-run DIR")
+        for side in SIDES:
+            x = x.replace(side, "OUT")
+        return x
     if isinstance(x, dict):
         return {k: clean(v) for k, v in x.items() if k not in TIME and "second" not in k and "time" not in k}
     if isinstance(x, list):
