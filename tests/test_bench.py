@@ -1538,6 +1538,7 @@ def _bench_process(opts: dict, out) -> None:
     out.put(calls["generate"])
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_task_and_compute_what_one_would(tiny_dir, tmp_path):
     """Two `corp bench` processes on the same task: each runs the cells no other holds (a claim per
     cell; a run directory another process holds defers the cell), a final waits for trials the

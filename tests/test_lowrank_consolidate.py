@@ -114,6 +114,7 @@ def test_lowrank_direction_is_exact_and_fingerprinted_apart():
     assert torch.equal(proj.delta(K0, (32, 64)), torch.zeros(32, 64)), "rank 0: no update"
 
 
+@pytest.mark.slow
 def test_pipeline_rank2_recipe_rebuilds_bit_exactly_and_peft_adapter_matches(tiny_dir, tmp_path):
     import peft
     from safetensors.torch import load_file
