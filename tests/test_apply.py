@@ -423,6 +423,7 @@ def test_write_recipe_takes_only_what_make_recipe_builds(tmp_path):
     assert r["kind"] == "es" and r["noise_scheme"] == SCHEME_VERSION and r["base_model"] == "smollm2-135m"
 
 
+@pytest.mark.slow
 @pytest.mark.embedded
 def test_committed_es_recipe_applies_offline(tmp_path, monkeypatch):
     """The committed ES recipe (old format, base named by hub id) rebuilds offline via the alias."""

@@ -615,6 +615,7 @@ def _records(root: Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((root / "results" / "tiny" / "cells").glob("*.json"))]
 
 
+@pytest.mark.slow
 def test_search_trials_are_scored_on_validation_and_never_on_test(searched, tiny_dir):
     from corp.evaluate.tasks import SplitSizes, get_task, make_splits
 
@@ -639,6 +640,7 @@ def test_search_trials_are_scored_on_validation_and_never_on_test(searched, tiny
     assert searched["again"] == {"generate": 0, "forward": 0} and searched["resumed"]["method_calls"] == 0
 
 
+@pytest.mark.slow
 def test_every_seed_and_setting_uses_the_trial_best_on_validation(searched):
     from corp.bench.search import choose
 
@@ -658,6 +660,7 @@ def test_every_seed_and_setting_uses_the_trial_best_on_validation(searched):
     assert randopt and all("tuning" not in r for r in randopt) and not any(r["setting"] == "tune" for r in randopt)
 
 
+@pytest.mark.slow
 def test_the_choice_follows_the_validation_records(searched, tiny_dir):
     """Planted: the losing ES trial's validation record is made the winner; the final ES cells then
     resolve to the other alpha, whose cells have not run (report-only computes nothing)."""
@@ -1538,6 +1541,7 @@ def _bench_process(opts: dict, out) -> None:
     out.put(calls["generate"])
 
 
+@pytest.mark.slow
 def test_two_processes_share_one_task_and_compute_what_one_would(tiny_dir, tmp_path):
     """Two `corp bench` processes on the same task: each runs the cells no other holds (a claim per
     cell; a run directory another process holds defers the cell), a final waits for trials the
@@ -1975,7 +1979,8 @@ def test_noise_summary_pivots_schemes_and_shows_a_loss_only_where_the_interval_i
     assert (tmp_path / "d.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize("name", ["bench-cpu-2", "bench-noise"])
+# bench-cpu-2 (126 cells) only in the full suite; bench-noise, the same check on fewer cells, in the fast one
+@pytest.mark.parametrize("name", [pytest.param("bench-cpu-2", marks=pytest.mark.slow), "bench-noise"])
 def test_report_only_regenerates_the_committed_bench_byte_for_byte(name, tmp_path):
     """The committed cells still carry the keys this corp plans (a new option or a changed default in
     a cell's options renames every record, and the bench would then find none and rerun them all),

@@ -496,6 +496,7 @@ def third(tiny_dir, tmp_path_factory):
     return {"root": root, "over": over, "summary": summary, "tiny_dir": tiny_dir}
 
 
+@pytest.mark.slow
 def test_the_third_edition_report_end_to_end(third):
     out = third["root"] / "results" / "tiny"
     text = (out / "table.md").read_text()
@@ -530,6 +531,7 @@ def test_the_third_edition_report_end_to_end(third):
     assert search > 0, "self-consistency's trials are no longer 0 FLOPs"
 
 
+@pytest.mark.slow
 def test_the_readme_section_shows_the_primary_comparisons_once_and_names_a_method_below_its_regime(third):
     """The README's section shows the registered comparisons as a table, so the same comparisons as sentences
     (a second copy of every number) are left out, while the exploratory sentences stay; and a method the
@@ -557,6 +559,7 @@ def test_the_readme_section_shows_the_primary_comparisons_once_and_names_a_metho
         assert (f"{row['method']} on {row['task']}: {row['reached']}" in below) == bool(row.get("below")), row
 
 
+@pytest.mark.slow
 def test_a_bench_json_of_the_older_layout_is_refused_not_shown_wrong(third, tmp_path):
     """Planted: a registered bench's bench.json as an older corp wrote it (no report_format; its reading held
     the registered sentences, and it had no regime rows). The README section would repeat the registered
@@ -581,6 +584,7 @@ def test_a_bench_json_of_the_older_layout_is_refused_not_shown_wrong(third, tmp_
         readme_section(cfg)
 
 
+@pytest.mark.slow
 def test_a_changed_primary_after_the_third_edition_ran_is_refused(third):
     from corp.bench.sweep import run_bench
 

@@ -64,6 +64,7 @@ def _by_label(retained) -> dict:
     return out
 
 
+@pytest.mark.slow
 def test_every_finished_final_cell_gets_a_retention_record(retained):
     by = _by_label(retained)
     assert set(by) == {"self-consistency", "randopt", "corp-stage1", "es"}
@@ -200,6 +201,7 @@ def test_a_cell_whose_run_is_on_another_machine_is_left_unscored_not_marked_na(t
     assert rec["rows"]["corp-stage1"] == {"status": "n/a", "reason": f"no saved model in '{here}'"}
 
 
+@pytest.mark.slow
 def test_the_base_scored_as_a_method_changes_by_exactly_zero(retained):
     """The planted case: the base row's model is the base, so every change is exactly 0, not about 0."""
     for rec in _by_label(retained)["self-consistency"]:
@@ -213,11 +215,13 @@ def test_the_base_scored_as_a_method_changes_by_exactly_zero(retained):
     )
 
 
+@pytest.mark.slow
 def test_a_rerun_scores_nothing_again(retained):
     assert retained["again"] == {"generate": 0, "forward": 0}
     assert {f.name: f.stat().st_mtime_ns for f in retained["files"]} == retained["stamps"]
 
 
+@pytest.mark.slow
 def test_the_table_and_the_plot_show_retention_and_report_only_regenerates_them(retained, tiny_dir):
     from corp.bench.sweep import run_bench
 
@@ -237,6 +241,7 @@ def test_the_table_and_the_plot_show_retention_and_report_only_regenerates_them(
     assert (out / "table.md").read_text() == table
 
 
+@pytest.mark.slow
 def test_the_readme_section_states_what_each_model_costs_off_its_task(retained, tiny_dir):
     """The README's section carries the retention table's numbers for every scored single model (not the
     base, not a vote): its bits-per-byte change and its accuracy change on the other task, with intervals."""

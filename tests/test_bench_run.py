@@ -120,6 +120,7 @@ def _wrap(repo: Path, mode: str = "ok", methods: str | None = None, tries: int =
     )
 
 
+@pytest.mark.slow
 def test_the_wrapper_restarts_the_bench_and_commits_only_its_finished_cells(repo):
     proc = _wrap(repo)
     assert proc.returncode == 0, proc.stderr
@@ -144,6 +145,7 @@ def test_the_wrapper_restarts_the_bench_and_commits_only_its_finished_cells(repo
     )
 
 
+@pytest.mark.slow
 def test_the_wrapper_passes_bench_methods_on(repo):
     """BENCH_METHODS splits one task's methods over wrappers (`--methods`); without it no filter."""
     assert _wrap(repo, methods="randopt-r4,corp-r4").returncode == 0
@@ -160,6 +162,7 @@ def test_the_wrapper_does_not_retry_bad_input(repo):
     assert "not retrying" in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_wrapper_stops_after_three_starts_in_a_row_that_finish_nothing(repo):
     """A bench that fails the same way on every start (bench-noise-3's first corp-r4 cell: 19 starts of
     two wrappers, each loading an engine and stopping in the same step search) is stopped after 3 such
@@ -171,6 +174,7 @@ def test_the_wrapper_stops_after_three_starts_in_a_row_that_finish_nothing(repo)
     assert "fix it, and start the wrapper again" in proc.stderr
 
 
+@pytest.mark.slow
 def test_sigusr1_lets_the_running_cell_finish_then_stops_the_bench(repo):
     """Ending a session: SIGUSR1 waits for the cell its bench is running (the claim it holds), commits it
     and stops the bench (exit 0, no restart). Planted: the signal arrives after the first cell, while the
@@ -228,6 +232,7 @@ def test_the_wrapper_refuses_a_task_the_config_does_not_have(repo):
     assert proc.returncode == 2 and "task 'nope' is not a task of wrap" in proc.stderr
 
 
+@pytest.mark.slow
 def test_the_wrapper_keeps_finished_populations_and_restores_them_in_a_later_session(repo):
     """A finished or interrupted population run of its task that no process holds is committed
     under RESULTS/populations (lock file left out); a running or failed one, one a corp process

@@ -176,3 +176,26 @@ def test_the_model_card_states_how_the_noise_scales_were_chosen():
     assert _edge_lines({"population": {"noise_scales": "noise scales fixed by --sigmas: 0.05"}})[1].startswith(
         "Noise scales fixed by --sigmas"
     )
+
+
+def test_randopt_states_its_calibrated_scales_in_report_and_table(tmp_path):
+    from corp.config import RandOptConfig
+    from corp.methods.randopt import run_randopt
+
+    cfg = load_config(RandOptConfig, None, {**vars(cfg_for(tmp_path / "r")), "top_k": "1"})
+    report = run_randopt(cfg, Planted().inner)
+    line = report["population"]["noise_scales"]
+    assert line.startswith("noise scales calibrated from the model") and line in report["table"]
+    assert report["population"]["source"]["sigmas"] == read_json(tmp_path / "r" / CALIBRATION_FILE)["sigmas"]
+
+
+def test_the_bench_and_fedcorp_refuse_auto_in_one_line(tmp_path):
+    from corp.bench.config import BenchConfig
+    from corp.methods.fedcorp.run import FedCorpConfig
+
+    with pytest.raises(CorpError, match="bench config: sigmas auto is not supported") as e:
+        load_config(BenchConfig, None, {"methods": {"randopt": None}, "sigmas": "auto", "results_dir": str(tmp_path)})
+    assert "\n" not in str(e.value)
+    with pytest.raises(CorpError, match="fedcorp's clients keep to themselves"):
+        load_config(FedCorpConfig, None, {"task": "arith", "sigmas": "auto"})
+    assert load_config(FedCorpConfig, None, {"task": "arith"}).sigmas == [5e-4, 1e-3, 2e-3]

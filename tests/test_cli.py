@@ -12,6 +12,12 @@ import pytest
 from tests.conftest import DATA_DIR
 
 
+def slow(*values):
+    """A parametrization that runs only in the full suite: each case starts a `corp` process (a few seconds
+    of imports); the fast suite keeps one case of each kind (our check, the parser's, the population source)."""
+    return pytest.param(*values, marks=pytest.mark.slow)
+
+
 def corp(*args, cwd=None, timeout=600):
     env = {**os.environ, "CORP_NO_PROGRESS": "1", "CORP_DATA_DIR": str(DATA_DIR)}
     return subprocess.run(
@@ -23,26 +29,26 @@ def corp(*args, cwd=None, timeout=600):
     "args, message",
     [
         (["randopt", "--task", "nope"], "unknown task 'nope'"),
-        (["randopt", "--sigmas", "0,1e-3"], "--sigmas must all be > 0"),
-        (["randopt", "--population", "0"], "--population must be >= 1"),
-        (["randopt", "--population", "4", "--top-k", "1,8"], "K must be <= N"),
-        (
+        slow(["randopt", "--sigmas", "0,1e-3"], "--sigmas must all be > 0"),
+        slow(["randopt", "--population", "0"], "--population must be >= 1"),
+        slow(["randopt", "--population", "4", "--top-k", "1,8"], "K must be <= N"),
+        slow(
             ["randopt", "--model", "no-such/model-xyz", "--population", "2", "--top-k", "1"],
             "model 'no-such/model-xyz' not found",
         ),
-        (["randopt", "--task", "jsonl:/nonexistent.jsonl"], "'/nonexistent.jsonl' does not exist"),
-        (
+        slow(["randopt", "--task", "jsonl:/nonexistent.jsonl"], "'/nonexistent.jsonl' does not exist"),
+        slow(
             ["randopt", "--n-test", "0", "--population", "2", "--top-k", "1", "--model", "no-such/model-xyz"],
             "test split is empty",
         ),
-        (["randopt", "--output-dir", "/proc/corp-cannot-write"], "not writable"),
+        slow(["randopt", "--output-dir", "/proc/corp-cannot-write"], "not writable"),
         # the parser's own errors: one line too, no usage box
         (["randopt", "--no-such-flag", "1"], "No such option: --no-such-flag"),
-        (["randopt", "--population", "many"], "Invalid value for '--population'"),
-        (["frobnicate"], "No such command 'frobnicate'"),
+        slow(["randopt", "--population", "many"], "Invalid value for '--population'"),
+        slow(["frobnicate"], "No such command 'frobnicate'"),
         # the population source: --from-run; the old flag still works, but not both
         (["randopt", "--from-run", "/nonexistent-run"], "--from-run '/nonexistent-run' has no population.jsonl"),
-        (
+        slow(
             ["consolidate", "--population-from", "/a", "--from-run", "/b"],
             "--population-from is the old name of --from-run; give only --from-run",
         ),
@@ -68,27 +74,27 @@ def test_bad_input_is_one_line_error(args, message, tmp_path):
             "--run is deprecated; use --from-run",
             "--from-run '/nonexistent-run' has no population.jsonl",
         ),
-        (
+        slow(
             ["randopt", "--population-from", "/nonexistent-run"],
             "--population-from is deprecated; use --from-run",
             "--from-run '/nonexistent-run'",
         ),
-        (
+        slow(
             ["analyze-rank", "--alpha", "0.01"],
             "--alpha is deprecated; use --significance",
             "--significance 0.01, so nothing could pass",
         ),
         # issue 40's names (docs/commands.md, "Names"): the old flag still works, with one line
         (["grpo", "--steps", "0"], "--steps is deprecated; use --max-steps", "--max-steps must be >= 1"),
-        (["grpo", "--checkpoint-every", "0"], "--checkpoint-every is deprecated; use --save-steps", "--save-steps"),
-        (["fgrpo", "--steps", "0"], "--steps is deprecated; use --local-steps", "--local-steps must be >= 1"),
-        (["es", "--alpha", "inf"], "--alpha is deprecated; use --learning-rate", "--learning-rate must be > 0"),
-        (["es", "--population", "3", "--antithetic"], "use --population-per-iteration", "must be even"),
-        (["consolidate", "--rounds", "-1"], "--rounds is deprecated; use --stage2-rounds", "--stage2-rounds >= 0"),
-        (["self-consistency", "--k", "0"], "--k is deprecated; use --vote-k", "--vote-k values must be >= 1"),
-        (["eval", "--n-samples", "1", "--pass-k", "4"], "use --num-generations", "--num-generations 1 is smaller"),
-        (["fera", "--samples", "0"], "--samples is deprecated; use --num-generations", "--num-generations must be"),
-        (["score", "--max-new-tokens", "0"], "use --max-completion-length", "--max-completion-length must be >= 1"),
+        slow(["grpo", "--checkpoint-every", "0"], "--checkpoint-every is deprecated; use --save-steps", "--save-steps"),
+        slow(["fgrpo", "--steps", "0"], "--steps is deprecated; use --local-steps", "--local-steps must be >= 1"),
+        slow(["es", "--alpha", "inf"], "--alpha is deprecated; use --learning-rate", "--learning-rate must be > 0"),
+        slow(["es", "--population", "3", "--antithetic"], "use --population-per-iteration", "must be even"),
+        slow(["consolidate", "--rounds", "-1"], "--rounds is deprecated; use --stage2-rounds", "--stage2-rounds >= 0"),
+        slow(["self-consistency", "--k", "0"], "--k is deprecated; use --vote-k", "--vote-k values must be >= 1"),
+        slow(["eval", "--n-samples", "1", "--pass-k", "4"], "use --num-generations", "--num-generations 1 is smaller"),
+        slow(["fera", "--samples", "0"], "--samples is deprecated; use --num-generations", "--num-generations must be"),
+        slow(["score", "--max-new-tokens", "0"], "use --max-completion-length", "--max-completion-length must be >= 1"),
     ],
 )
 def test_renamed_flag_warns_in_one_line(args, warning, message, tmp_path):
@@ -254,6 +260,7 @@ def test_bare_corp_prints_the_help_and_exits_0():
     assert bare.output == helped.output and "consolidate" in bare.output
 
 
+@pytest.mark.slow
 @pytest.mark.embedded
 def test_randopt_end_to_end_on_embedded_model(tmp_path):
     run = tmp_path / "run"
@@ -302,6 +309,7 @@ def test_randopt_end_to_end_on_embedded_model(tmp_path):
     assert json.loads((run / "report.json").read_text())["test"] == report["test"]
 
 
+@pytest.mark.slow
 @pytest.mark.embedded
 def test_consolidate_end_to_end_on_embedded_model(tmp_path):
     run = tmp_path / "run"

@@ -96,6 +96,7 @@ def test_bad_options_are_corp_errors(monkeypatch, tmp_path):
 # (the sandbox must not break real code)
 
 
+@pytest.mark.slow
 def test_all_canonical_mbpp_solutions_pass(data_dir):
     # 20 s: problem 123's solution needs ~3 s of CPU, and a loaded 2-CPU machine stretched that past 10 s of wall time
     task = MBPP(data_dir=str(data_dir), concurrency=2, timeout=20)
@@ -115,6 +116,7 @@ def test_all_canonical_mbpp_solutions_pass(data_dir):
     assert {k: counts[k] for k in expected} == expected
 
 
+@pytest.mark.slow
 def test_all_canonical_humaneval_solutions_pass_full_and_body_only(data_dir):
     task = HumanEval(data_dir=str(data_dir), concurrency=2, timeout=10)
     examples = task.pools()["test"]

@@ -114,6 +114,7 @@ def test_lowrank_direction_is_exact_and_fingerprinted_apart():
     assert torch.equal(proj.delta(K0, (32, 64)), torch.zeros(32, 64)), "rank 0: no update"
 
 
+@pytest.mark.slow
 def test_pipeline_rank2_recipe_rebuilds_bit_exactly_and_peft_adapter_matches(tiny_dir, tmp_path):
     import peft
     from safetensors.torch import load_file
@@ -217,6 +218,7 @@ def test_pipeline_rank2_recipe_rebuilds_bit_exactly_and_peft_adapter_matches(tin
         apply_recipe(run / "recipe.json", tmp_path / "y")
 
 
+@pytest.mark.slow
 def test_auto_takes_r_star_from_analyze_rank_and_rank_zero_stays_at_w0(tiny_dir, tmp_path):
     import peft
     from safetensors.torch import load_file
@@ -297,6 +299,7 @@ def test_bad_low_rank_options_are_one_line_errors(overrides, message):
     assert "\n" not in str(exc.value)
 
 
+@pytest.mark.slow
 def test_auto_without_analysis_tells_the_user_to_run_analyze_rank(tiny_dir, tmp_path):
     model_dir, _ = tiny_dir
     env = {**os.environ, "CORP_NO_PROGRESS": "1"}

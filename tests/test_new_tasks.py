@@ -226,6 +226,7 @@ def _two_specialists(task: str, tmp_path, *extra):
     return rows, res
 
 
+@pytest.mark.slow
 @pytest.mark.embedded
 @needs_gym
 def test_rg_two_specialists_through_the_cli(tmp_path):

