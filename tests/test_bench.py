@@ -104,6 +104,7 @@ def tiny_options(tiny_dir: Path, root: Path, **over) -> dict:
     return opts
 
 
+# every test that takes `swept` is marked slow: the sweep is about a minute, and the first fast test to take it would pay it
 @pytest.fixture(scope="module")
 def swept(tiny_dir, tmp_path_factory):
     from corp.bench.sweep import run_bench
@@ -131,6 +132,7 @@ def _rows(swept) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_sweep_writes_results_table_and_plots(swept):
     out = swept["root"] / "results" / "tiny"
     rows = _rows(swept)
@@ -180,6 +182,7 @@ def test_sweep_writes_results_table_and_plots(swept):
     assert {r["task_label"] for r in rows} == {"add"} and {r["task"] for r in rows} == {"arith"}
 
 
+@pytest.mark.slow
 def test_missing_methods_are_listed_not_skipped(swept, tiny_dir):
     table = (swept["root"] / "results" / "tiny" / "table.md").read_text()
     assert "## Missing methods" in table and "ftis" in table
@@ -200,6 +203,7 @@ def test_missing_methods_are_listed_not_skipped(swept, tiny_dir):
     )
 
 
+@pytest.mark.slow
 def test_resume_recomputes_nothing(swept):
     assert swept["first"]["generate"] > 0, "the first sweep generated nothing: the resume check would prove nothing"
     assert swept["second"] == {"generate": 0, "forward": 0}, swept["second"]
@@ -207,6 +211,7 @@ def test_resume_recomputes_nothing(swept):
     assert (swept["root"] / "results" / "tiny" / "results.csv").read_text() == swept["csv_before"]
 
 
+@pytest.mark.slow
 def test_budgets_are_matched_as_the_adapters_say(swept):
     from corp.runtime.runs import read_jsonl
 
@@ -256,6 +261,7 @@ def test_budgets_are_matched_as_the_adapters_say(swept):
         assert [u for _, u in pts] == sorted(u for _, u in pts)
 
 
+@pytest.mark.slow
 def test_raced_cells_race_more_specialists_within_the_same_budget(swept):
     records = [json.loads(p.read_text()) for p in (swept["root"] / "results" / "tiny" / "cells").glob("*.json")]
     full = {(r["setting"], r["budget"]): r for r in records if r["label"] == "randopt"}
@@ -272,6 +278,7 @@ def test_raced_cells_race_more_specialists_within_the_same_budget(swept):
     )
 
 
+@pytest.mark.slow
 def test_readme_section_cites_intervals(swept):
     from corp.bench.report import readme_section
 
@@ -286,6 +293,7 @@ def test_readme_section_cites_intervals(swept):
             assert "95% CI" in line and "FLOPs" in line, line
 
 
+@pytest.mark.slow
 def test_write_into_fills_the_marked_blocks_and_keeps_everything_else(swept, tmp_path):
     """`corp bench --write-into FILE`: each marked block is replaced by this bench's part, with links that
     resolve from FILE's folder (a doc in docs/ needs ../); the file's own text stays; a second write changes
@@ -461,6 +469,7 @@ def test_cli_bad_config_is_one_line(tmp_path):
     ), p.stderr
 
 
+@pytest.mark.slow
 def test_report_only_runs_nothing_and_says_what_is_missing(swept, tiny_dir):
     from corp.bench.sweep import run_bench
 
@@ -815,6 +824,7 @@ def test_unit_costs_read_unset_options_from_the_methods_defaults():
     )
 
 
+@pytest.mark.slow
 def test_a_run_trained_past_the_budget_is_never_labelled_as_a_smaller_one(swept, tiny_dir):
     """Planted: the shared GRPO run of the sweep's seed was trained for the larger budget; a bench
     with only the smaller budget (its records gone, the run directories kept, as after a process
@@ -1289,6 +1299,7 @@ def test_an_iterative_run_stopped_by_max_units_has_not_reached_its_budget(tiny_d
     assert rec["units"] == 2 and rec["budget_reached"] is False and rec["flops"] < 1e12
 
 
+@pytest.mark.slow
 def test_backend_agreement_reevaluates_the_bench_s_own_models_on_its_test_examples(swept, tmp_path):
     """benchmarks/bench_backend_agreement.py on the tiny bench, re-evaluating with the same engine
     (hf): the base and the saved models must reproduce every recorded test outcome (a script that
@@ -1369,6 +1380,7 @@ def test_methods_filter_runs_only_the_named_methods_cells(tiny_dir, tmp_path):
     assert methods_done() == {"randopt", "self-consistency"}
 
 
+@pytest.mark.slow
 def test_bench_stages_counts_each_run_directory_once_and_reads_corps_timings(swept):
     """benchmarks/bench_stages.py: a method's wall is the sum over its run directories (cells that
     share one, an iterative run across budgets, count it once, at the largest wall), and CoRP's
@@ -1600,6 +1612,7 @@ def test_two_processes_share_one_task_and_compute_what_one_would(tiny_dir, tmp_p
     assert sum(calls) <= calls_alone + 8, (calls, calls_alone)
 
 
+@pytest.mark.slow
 def test_bench_stages_with_the_config_counts_only_planned_records(swept, tmp_path, monkeypatch):
     """`bench_stages.py --config`: a record a changed config left behind (another key) is not counted."""
     import runpy

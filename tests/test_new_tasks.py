@@ -234,6 +234,7 @@ def test_rg_two_specialists_through_the_cli(tmp_path):
     assert all(0.0 <= x <= 1.0 for r in rows for x in r["rewards"])
 
 
+@pytest.mark.slow
 @pytest.mark.embedded
 @needs_gym
 def test_reorder_two_specialists_through_the_cli(tmp_path):
@@ -241,6 +242,7 @@ def test_reorder_two_specialists_through_the_cli(tmp_path):
     assert all(0.0 <= x <= 1.0 for r in rows for x in r["rewards"])
 
 
+@pytest.mark.slow
 @pytest.mark.embedded
 def test_custom_csv_with_mapping_per_completion_reward_and_stop_through_the_cli(tmp_path):
     (tmp_path / "qa.csv").write_text(

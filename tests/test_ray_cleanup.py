@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("ray")
-pytestmark = pytest.mark.ray_cluster  # starts a Ray: seconds to tens of seconds
+pytestmark = [pytest.mark.ray_cluster, pytest.mark.slow]  # starts a Ray: seconds to tens of seconds
 
 
 def _running(pids) -> list[int]:

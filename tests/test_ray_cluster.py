@@ -28,7 +28,7 @@ from tests.test_ray_executor import (  # noqa: E402, F401
     wait_rows,
 )
 
-pytestmark = pytest.mark.ray_cluster
+pytestmark = [pytest.mark.ray_cluster, pytest.mark.slow]  # a two-node loopback cluster: tens of seconds a test
 ROOT = Path(__file__).resolve().parents[1]
 
 
