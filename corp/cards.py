@@ -375,6 +375,17 @@ def _config_lines(config: dict | None, model_dir: Path) -> list[str]:
     ]
 
 
+def _label_lines(report: dict | None, labelled: dict | None) -> list[str]:
+    """The card's count of each split; with no gold answers the splits are prompts the reward scored,
+    not labelled examples."""
+    kind = (
+        "prompt(s) scored by the reward, 0 labelled"
+        if (report or {}).get("measure") == "reward"
+        else "labelled example(s)"
+    )
+    return [f"- {k}: {v} {kind}" for k, v in (labelled or {}).items()] or ["- not recorded"]
+
+
 def build_card(
     model_dir: Path,
     *,
@@ -395,13 +406,7 @@ def build_card(
     evaluate = _evaluate_lines(task, config, model_dir)
     shown = _portable(task, model_dir)  # no path of the machine: the heading, the data and results lines
     recipe_lines = _recipe_lines(recipe, model_dir, notice)
-    # no gold answers: the splits are prompts the reward scored, not labelled examples
-    kind = (
-        "prompt(s) scored by the reward, 0 labelled"
-        if (report or {}).get("measure") == "reward"
-        else "labelled example(s)"
-    )
-    label_lines = [f"- {k}: {v} {kind}" for k, v in (labelled or {}).items()] or ["- not recorded"]
+    label_lines = _label_lines(report, labelled)
     license_text = LICENSES.get(
         license_id or "", "The base model's license applies; corp adds no terms (corp itself is Apache-2.0)."
     )
