@@ -187,7 +187,8 @@ def pytest_sessionfinish(session, exitstatus):
 
     config = session.config
     whole = config.args_source == pytest.Config.ArgsSource.TESTPATHS and not config.option.keyword
-    if not (_fast_run(config) and whole and exitstatus == pytest.ExitCode.OK):
+    ran_all = exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) and not session.shouldfail  # not -x
+    if not (_fast_run(config) and whole and ran_all):
         return
     missing = uncovered(sys.modules, REPO / "corp")
     if missing:

@@ -130,6 +130,7 @@ def test_ray_two_workers_same_population_as_local(tmp_path, tiny_dir):
     assert calls == [] and strip_timing(again) == strip_timing(local)
 
 
+@pytest.mark.slow
 def test_killing_an_actor_mid_run_still_completes(tmp_path, tiny_dir):
     local_population(tmp_path, tiny_dir)
     ctx = setup_run(
@@ -171,7 +172,12 @@ def test_executor_options_are_checked(tmp_path, tiny_dir):
         cfg_for(tmp_path, tiny_dir, ray_address="auto")
 
 
-@pytest.mark.parametrize("name", ["score", "randopt", "consolidate", "analyze-rank", "fedcorp", "es", "grpo"])
+# the population methods take tens of seconds each on Ray: the fast suite runs randopt and one refusal (es)
+@pytest.mark.parametrize(
+    "name",
+    ["randopt", "es"]
+    + [pytest.param(n, marks=pytest.mark.slow) for n in ("score", "consolidate", "analyze-rank", "fedcorp", "grpo")],
+)
 def test_every_method_runs_on_ray_with_the_rows_of_a_local_run_or_refuses_first(name, tmp_path, tiny_dir):
     """Population methods score on 2 actors and give the local run's rows, recipe and model; a method
     that runs in one process (ES, the GRPO family, eval, ...) refuses in one line before any work."""
