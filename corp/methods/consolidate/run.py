@@ -270,8 +270,10 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> Outputs:
         )
         seconds["stage2"] = time.perf_counter() - t0
 
+    # the test rows first: they move the weights, and the deployed model is then set once, for the driver to save
+    tested = _test_rows(cfg, ctx, result, ranked, evals, scorer, seconds)
     deployed = _deploy(cfg, ctx, result, projector, params, scheme, rank_dir, seconds)
-    return _consolidate_report(cfg, ctx, result, ranked, evals, scorer, deployed, seconds)
+    return _consolidate_report(cfg, ctx, result, ranked, tested, scorer, deployed, seconds)
 
 
 def _deploy(cfg: ConsolidateConfig, ctx: RunContext, result, projector, params, scheme: str, rank_dir, seconds) -> dict:
@@ -331,11 +333,8 @@ def _low_rank_exports(cfg: ConsolidateConfig, ctx: RunContext, result, projector
     return low_rank_report, exports
 
 
-def _consolidate_report(
-    cfg: ConsolidateConfig, ctx: RunContext, result, ranked, evals, scorer, deployed: dict, seconds
-) -> Outputs:
-    """The test split: base, RandOpt top-1 / K-vote and CoRP, each with per-example outcomes and
-    paired comparisons; with the deployed model, what the driver writes (the report and its table)."""
+def _test_rows(cfg: ConsolidateConfig, ctx: RunContext, result, ranked, evals, scorer, seconds) -> tuple:
+    """The test split's rows: base, RandOpt top-1 / K-vote, CoRP, and the gate's candidate."""
     t0 = time.perf_counter()
     results, _ = randopt_results(ctx, ranked, cfg.top_k, evals)
     corp_row = scorer.row(result.direction, "test")
@@ -344,6 +343,15 @@ def _consolidate_report(
     cand_row = corp_row if result.accepted else scorer.row(result.best.direction, "test")
     scorer.release()
     seconds["test"] = time.perf_counter() - t0
+    return results, corp_row, cand_row
+
+
+def _consolidate_report(
+    cfg: ConsolidateConfig, ctx: RunContext, result, ranked, tested: tuple, scorer, deployed: dict, seconds
+) -> Outputs:
+    """Base, RandOpt top-1 / K-vote and CoRP on test, each with per-example outcomes and paired
+    comparisons; with the deployed model, what the driver writes (the report and its table)."""
+    results, corp_row, cand_row = tested
     corp_ledger = ctx.ledger().add_generation(corp_row["prompt_tokens"], corp_row["generated_tokens"])
     label = PRODUCT if result.accepted else f"{PRODUCT} (abstained=base)"
     labelled = sum(len(ctx.splits[s]) for s in ("support", "probe", "validation"))
@@ -384,7 +392,6 @@ def _consolidate_report(
             }
         },
     )
-    ctx.backend.set_direction(result.direction)  # the test evaluations moved the weights: the deployed model again
     return Outputs(
         results,
         compare,
