@@ -68,7 +68,7 @@ cd "$(git rev-parse --show-toplevel)" || { echo "bench_run.sh: run it inside the
 # the bench's results directory and the file-name prefix of this task's records, as corp computes them
 read -r OUT SLUG WORK TSLUG < <("$PY" - "$CONFIG" "$TASK" <<'EOF'
 import sys
-from corp.bench.config import _slug, results_path
+from corp.bench.config import file_slug, results_path
 from corp.bench.sweep import load_bench_config
 cfg = load_bench_config(sys.argv[1])
 by_label = {cfg.label(t): t for t in cfg.tasks}
@@ -76,7 +76,7 @@ task = by_label.get(sys.argv[2], sys.argv[2])
 if task not in cfg.tasks:
     sys.exit(f"bench_run.sh: task {sys.argv[2]!r} is not a task of {cfg.name}; its tasks (labels): {', '.join(by_label)}")
 # record names start with the task's label, population run directories with the task's own slug
-print(results_path(cfg), _slug(cfg.label(task)), f"{cfg.work_dir}/{cfg.name}", _slug(task))
+print(results_path(cfg), file_slug(cfg.label(task)), f"{cfg.work_dir}/{cfg.name}", file_slug(task))
 EOF
 ) || exit 2
 [ -n "${OUT:-}" ] || exit 2
