@@ -131,9 +131,7 @@ def calibrate_sigmas(ctx: RunContext, score: Callable) -> dict:
         ids = ctx.example_ids(SPLIT)
     finally:
         ctx.splits.pop(SPLIT, None)
-    led = ctx.ledger()
-    for r in used:
-        led.add_generation(r["prompt_tokens"], r["generated_tokens"])
+    led = ctx.ledger().add_rows(used)
     out = {
         "rule": rule,
         "sigmas": grid_of(found["sigma"]),

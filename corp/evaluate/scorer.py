@@ -336,10 +336,7 @@ def ensure_population(
 
 def rows_ledger(ctx: RunContext, rows: Sequence[dict]) -> Ledger:
     """Tokens and FLOPs of the generations behind some result rows."""
-    led = ctx.ledger()
-    for r in rows:
-        led.add_generation(r["prompt_tokens"], r["generated_tokens"])
-    return led
+    return ctx.ledger().add_rows(rows)
 
 
 def selection_ledger(ctx: RunContext, rows: Sequence[dict]) -> Ledger:

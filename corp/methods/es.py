@@ -328,9 +328,7 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
     recipe = make_recipe(
         cfg.model, ctx.model_id, base_hash, pf, centre, made_by, kind="es", scheme=perturber.scheme, produced=produced
     )
-    sel = ctx.ledger()
-    for r in scored.rows.values():
-        sel.add_generation(r["prompt_tokens"], r["generated_tokens"])
+    sel = ctx.ledger().add_rows(scored.rows.values())
     ids = ctx.example_ids("test")
     held = loop.done  # what the centre holds (a run trained further than asked says so), as saved
     n_support = len(ctx.splits["support"])

@@ -48,6 +48,12 @@ class Ledger:
         self.generated_tokens += int(generated_tokens)
         return self
 
+    def add_rows(self, rows) -> Ledger:
+        """Add the generations behind result rows (each with `prompt_tokens` and `generated_tokens`)."""
+        for r in rows:
+            self.add_generation(r["prompt_tokens"], r["generated_tokens"])
+        return self
+
     @property
     def inference_tokens(self) -> int:
         return self.prompt_tokens + self.generated_tokens

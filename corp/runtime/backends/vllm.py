@@ -305,13 +305,15 @@ class CorpWorkerExtension:
         return {"sha256": h.hexdigest(), "tensors": n}
 
 
-def _hf_facts(auto_cls, path: str, dtype, param_filter, scheme, max_loras: int, max_model_len: int) -> tuple:
+def _hf_facts(path: str, dtype, param_filter, scheme, max_loras: int, max_model_len: int) -> tuple:
     """What the engine's start needs from the HF model, loaded once on the host and let go when this
     returns, before the engine loads its own copy: the canonical tensor names (as the hf backend
     perturbs them, tied weights once), LoRA settings, the parameter count, the weights hash that
     keys populations, the dtype and the context. (Its own frame: a local that held the selected
     parameters kept the whole host model, 7.1 GB of the 1.5B model in float32, for the engine's life.)"""
-    hf = auto_cls.from_pretrained(path, dtype=getattr(torch, dtype) if dtype else "auto")
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype) if dtype else "auto")
     selected = selected_parameters(hf, param_filter or ParamFilter())
     rank = lowrank_rank(scheme) if scheme else None
     lora = _lora_settings(hf, selected, scheme, rank, max_loras) if rank is not None else None
@@ -404,12 +406,12 @@ class VLLMBackend(HostCopy):
             # object has no attribute 'finalize_loading'"), so every engine compiled again (about 260 s at one
             # thread); its older compile cache loads: 106 s warm (results/backend-throughput/README.md)
             os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
         from vllm import LLM
 
         model_id, path = resolve_model(name)
         names, lora, n_params, whash, engine_dtype, max_len = _hf_facts(
-            AutoModelForCausalLM, path, dtype, param_filter, scheme, max_loras, max_model_len
+            path, dtype, param_filter, scheme, max_loras, max_model_len
         )
         tokenizer = AutoTokenizer.from_pretrained(path)
         eos = eos_ids(path, tokenizer)
