@@ -527,7 +527,7 @@ def test_a_model_that_cannot_fit_the_memory_is_one_line_before_any_run_directory
     models.save_model(make_tiny_llama(tok), tok, model_dir)
     params, stored = memory.model_params(model_dir)
     assert params == sum(p.numel() for p in make_tiny_llama(tok).parameters()) and stored == "float32"
-    parts = memory.estimate_gb("vllm", 1_777_000_000, "bfloat16", engines=2, host_copy=True)
+    parts = memory.estimate_gb("vllm", 1_777_000_000, "bfloat16", engines=2, host_copy="beside")
     assert parts["engine weights"] == pytest.approx(2 * 3.554) and parts["host copy"] == pytest.approx(2 * 3.554)
     # the measured peak of a float32 score run of the 1.5B model (process anonymous memory, results/qwen-1.5b): 16.0 GB
     scoring = memory.estimate_gb("vllm", 1_777_000_000, "float32", stored="float32")
@@ -544,7 +544,7 @@ def test_a_model_that_cannot_fit_the_memory_is_one_line_before_any_run_directory
     assert res.exit_code == 2 and "needs about" in res.output and "0.0 GB is available" in res.output
     assert "model " in res.output and not (tmp_path / "runs").exists()
     monkeypatch.setattr(memory, "available_gb", lambda: 1000.0)
-    memory.check_memory(str(model_dir), "vllm", None, engines=2, host_copy=True)  # fits: no error
+    memory.check_memory(str(model_dir), "vllm", None, engines=2, host_copy="beside")  # fits: no error
 
 
 def test_the_pristine_base_in_the_checkpoint_dtype_is_the_mapped_file(tmp_path):
@@ -554,7 +554,7 @@ def test_the_pristine_base_in_the_checkpoint_dtype_is_the_mapped_file(tmp_path):
     import hashlib
 
     from corp.runtime import models
-    from corp.runtime.backends.vllm import checkpoint_tensors
+    from corp.runtime.models.load import checkpoint_tensors
 
     tok = make_char_tokenizer()
     models.save_model(make_tiny_llama(tok), tok, tmp_path)
@@ -572,3 +572,65 @@ def test_the_pristine_base_in_the_checkpoint_dtype_is_the_mapped_file(tmp_path):
     next(iter(tensors.values())).add_(1.0)  # copy-on-write: the file is never written
     del tensors
     assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+def _file_spans(path) -> list[tuple[int, int]]:
+    spans = []
+    for line in open("/proc/self/maps"):
+        if line.rstrip().endswith(str(path)):
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            spans.append((lo, hi))
+    return spans
+
+
+def test_a_host_copy_in_the_checkpoint_dtype_is_the_mapped_file_until_written(tmp_path):
+    """corp's host copy (an hf model on the cpu and its Perturber's pristine copy) takes no memory in
+    the checkpoint's dtype: both lie in mappings of the file (two: writing the model must leave the
+    pristine copy as it was), a direction writes the model's pages copy-on-write and never the file,
+    and restoring gives the file's bits back. In another dtype both are copies (the estimate counts them)."""
+    import hashlib
+
+    import torch
+
+    from corp.algorithms.perturb import Component, Direction
+    from corp.runtime import models
+    from corp.runtime.backends.hf import HFBackend
+    from corp.runtime.models.load import checkpoint_tensors
+
+    tok = make_char_tokenizer()
+    models.save_model(make_tiny_llama(tok), tok, tmp_path)
+    (path,) = tmp_path.glob("*.safetensors")
+    before = hashlib.sha256(path.read_bytes()).hexdigest()
+    backend = HFBackend.from_model_name(str(tmp_path), device="cpu")
+    spans = _file_spans(path)
+    inside = lambda t: any(lo <= t.data_ptr() < hi for lo, hi in spans)  # noqa: E731
+    pert = backend.perturber
+    assert pert.params and all(inside(p) for _, p in pert.params), "the host model is a copy, not the mapped file"
+    assert all(inside(pert.base[n]) and pert.base[n].data_ptr() != p.data_ptr() for n, p in pert.params)
+    backend.set_direction(Direction([Component(seed=3, sigma=0.1, coef=1.0)]))
+    file = checkpoint_tensors(tmp_path)
+    assert any(not torch.equal(p, file[n]) for n, p in pert.params)
+    assert all(torch.equal(pert.base[n], file[n]) for n, _ in pert.params)
+    backend.set_direction(None)
+    assert all(torch.equal(p, file[n]) for n, p in pert.params)
+    del backend, pert, file
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+    cast = HFBackend.from_model_name(str(tmp_path), device="cpu", dtype="bfloat16").perturber
+    assert not any(inside(cast.base[n]) for n, _ in cast.params)
+
+
+def test_a_consolidation_that_writes_its_host_copy_after_its_engine_needs_the_larger_not_the_sum():
+    """CoRP lets its engine go before its host copy is written (a mapped file until then): in the
+    checkpoint's dtype it needs the larger of the two phases; cast, or beside a live engine (ES,
+    GRPO), the host copy is counted on top. The 1.5B model in float32 on a 24 GB machine: the one
+    fits, the other does not."""
+    from corp.runtime.models import memory
+
+    n = 1_777_000_000
+    after = memory.estimate_gb("vllm", n, "float32", host_copy="after", stored="float32")
+    beside = memory.estimate_gb("vllm", n, "float32", host_copy="beside", stored="float32")
+    engine = memory.estimate_gb("vllm", n, "float32", stored="float32")
+    assert memory.need_gb(after) == pytest.approx(max(sum(engine.values()) + memory.RUNTIME_GB, 7.108 + 1.5), rel=1e-3)
+    assert memory.need_gb(after) < 20 < memory.need_gb(beside)
+    cast = memory.estimate_gb("vllm", n, "bfloat16", host_copy="after", stored="float32")
+    assert "peak" not in cast and cast["host copy"] == pytest.approx(2 * 3.554, rel=1e-3)

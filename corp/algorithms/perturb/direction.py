@@ -28,6 +28,7 @@ import torch
 
 from corp.algorithms.perturb.lowrank_noise import check_shapes, lowrank_rank, merged_noise
 from corp.algorithms.perturb.noise import SCHEME_VERSION, check_scheme, noise
+from corp.algorithms.perturb.pristine import pristine_base
 from corp.errors import CorpError
 from corp.runtime.threads import serial_ops_in_this_thread
 
@@ -385,7 +386,9 @@ class Perturber:
         param_filter: ParamFilter | None = None,
         base_device: str | torch.device = "cpu",
         scheme: str = SCHEME_VERSION,
+        pristine: dict[str, torch.Tensor] | None = None,
     ):
+        """`pristine`: tensors that may already hold the base (the mapped checkpoint: `pristine_base`)."""
         self.model = model
         # The noise scheme belongs to the run (its population or recipe), not to a direction: one
         # Perturber materialises every direction of a run under that run's scheme.
@@ -394,7 +397,7 @@ class Perturber:
         self.params = selected_parameters(model, self.param_filter)
         check_shapes(self.scheme, [(n, p.shape) for n, p in self.params])  # a low-rank scheme's rank fits every matrix
         # The pristine copy lives on the host by default so that GPU memory holds one model.
-        self.base = {n: p.detach().to(base_device, copy=True) for n, p in self.params}
+        self.base = pristine_base(self.params, base_device, pristine or {})
         self.current: Direction | None = None
         self._scratch = ScratchPool()  # generators and noise buffers, one per worker, reused across specialists
         self._prefix: tuple[list[Component], dict[str, torch.Tensor]] | None = None

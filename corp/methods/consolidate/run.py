@@ -272,6 +272,8 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> Outputs:
 
     # the test rows first: they move the weights, and the deployed model is then set once, for the driver to save
     tested = _test_rows(cfg, ctx, result, ranked, evals, scorer, seconds)
+    if ctx.built_backend:  # nothing generates after the test rows: the saved model materialises beside no engine
+        ctx.backend.release_engine()
     deployed = _deploy(cfg, ctx, result, projector, params, scheme, rank_dir, seconds)
     return _consolidate_report(cfg, ctx, result, ranked, tested, scorer, deployed, seconds)
 

@@ -201,6 +201,11 @@ class Backend:
         self.require(LOGPROBS, "`backend.logprobs`")
         raise NotImplementedError
 
+    def release_engine(self) -> None:
+        """A method done generating lets the engine go and keeps `model` and `perturber` (CoRP before it
+        saves: the host copy then materialises its model beside no engine). Nothing to do where the
+        engine is the model itself (`shares_weights`)."""
+
     def close(self) -> None:
         pass
 

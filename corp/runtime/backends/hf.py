@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
@@ -36,6 +37,7 @@ from corp.runtime.backends.base import (
     resolve_seeds,
 )
 from corp.runtime.models import load_model
+from corp.runtime.models.load import checkpoint_tensors
 
 
 def format_prompt(tokenizer, prompt: str) -> str:
@@ -49,6 +51,14 @@ def format_prompt(tokenizer, prompt: str) -> str:
     if bos is not None and tokenizer("a")["input_ids"][:1] == [bos] and not prompt.startswith(tokenizer.bos_token):
         return tokenizer.bos_token + prompt
     return prompt
+
+
+def _mapped(model_path, device: torch.device) -> dict:
+    """The checkpoint's tensors as safetensors maps them, for the Perturber's pristine copy (none off
+    the cpu, for an in-memory model, or a directory without safetensors)."""
+    if device.type != "cpu" or model_path is None or not any(Path(model_path).glob("*.safetensors")):
+        return {}
+    return checkpoint_tensors(model_path)
 
 
 class RowSampler(LogitsProcessor):
@@ -102,7 +112,7 @@ class HFBackend(Backend):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.batch_size = batch_size
         self.device = next(model.parameters()).device
-        self.perturber = Perturber(model, param_filter, scheme=scheme)
+        self.perturber = Perturber(model, param_filter, scheme=scheme, pristine=_mapped(model_path, self.device))
         self.n_params = sum(p.numel() for p in model.parameters())
         self.context_length = context_of(model.config)
         eos = model.generation_config.eos_token_id if model.generation_config is not None else None

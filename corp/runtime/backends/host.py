@@ -95,8 +95,16 @@ class HostCopy(Backend):
             direction = None
         if direction is None and self.current is None:
             return  # already the base
-        self._engine_set_direction(direction)
+        if not self.__dict__.get("_engine_released"):  # once released, only the host follows (lazily)
+            self._engine_set_direction(direction)
         self.current = direction
+
+    def release_engine(self) -> None:
+        """The engine goes; the host copy stays and follows `set_direction` (on a 2-core 24 GB machine the
+        1.5B model's float32 engine and a materialised host copy together did not fit: results/qwen-1.5b)."""
+        if not self.__dict__.get("_engine_released"):
+            self._engine_release()
+            self.__dict__["_engine_released"] = True
 
     def move_base(self, components) -> None:
         components = list(components)
@@ -123,6 +131,9 @@ class HostCopy(Backend):
 
     def _engine_set_base(self, state: dict) -> None:
         raise NotImplementedError
+
+    def _engine_release(self) -> None:
+        """Nothing by default: engines held elsewhere (Ray's actors) are the executor's, let go when the run closes."""
 
     def close(self) -> None:
         host = self.__dict__.pop("_host", None)

@@ -35,7 +35,7 @@ Where this departs from the usual approach and why:
 
 from __future__ import annotations
 
-import glob
+import gc
 import hashlib
 import os
 import time
@@ -63,6 +63,7 @@ from corp.runtime.backends.host import HostCopy
 from corp.runtime.backends.vllm_engine import engine_kwargs, eos_ids, forget_import_tracebacks
 from corp.runtime.backends.vllm_lora import LoRAPopulation, check_targets, install_grouped_cpu_ops, lora_slot_rank
 from corp.runtime.models import resolve_model
+from corp.runtime.models.load import checkpoint_tensors
 
 
 class _Waited:
@@ -96,23 +97,6 @@ def _released() -> None:
     _OPEN[0] -= 1
     if _OPEN[0] == 0:
         _ENGINES.clear()
-
-
-def checkpoint_tensors(model_path: str) -> dict[str, torch.Tensor]:
-    """Every tensor of the checkpoint, as safetensors maps them: copy-on-write views of the files, so
-    the pristine base of an engine in the checkpoint's dtype is page cache, not process memory
-    (corp.runtime.models.memory counts it so; a tensor cast to another dtype is a copy)."""
-    from safetensors.torch import load_file
-
-    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
-    if not files:
-        raise CorpError(
-            f"model directory '{model_path}' has no .safetensors files; the vllm backend reloads weights from them"
-        )
-    out: dict[str, torch.Tensor] = {}
-    for f in files:
-        out.update(load_file(f))
-    return out
 
 
 class CorpWorkerExtension:
@@ -532,6 +516,8 @@ class VLLMBackend(HostCopy):
     ) -> Generations:
         from vllm.inputs import TokensPrompt
 
+        if self.llm is None:
+            raise RuntimeError("generate: this backend's engine was released (release_engine or close)")
         t0 = time.perf_counter()
         encoded = self._encode(prompts, max_new_tokens)
         if temperature <= 0:
@@ -580,6 +566,11 @@ class VLLMBackend(HostCopy):
         return result
 
     def close(self) -> None:
+        self._engine_release()
+        super().close()
+
+    def _engine_release(self) -> None:
+        """The engine and what corp keeps in its worker, let go (the host copy stays: HostCopy.release_engine)."""
         if self._population is not None:
             self._population.close()
             self._population = None
@@ -592,4 +583,4 @@ class VLLMBackend(HostCopy):
                 )
         self.llm = None
         self._release()
-        super().close()
+        gc.collect()  # the in-process engine's objects refer to each other: its weights go only with the cycles

