@@ -140,3 +140,41 @@ def test_the_first_engine_start_keeps_no_callers_frame(tiny_qwen_dir):
         pytest.skip("this vLLM install keeps no module-level exception (torchcodec importable?)")
     assert first_engine("--keep-tracebacks")["kept"], "the planted case did not keep the frame"
     assert not fixed["kept"], "the first engine start kept its caller's frame"
+
+
+def test_consolidate_frees_its_engine_before_its_host_copy_is_written(tiny_qwen_dir, tmp_path):
+    """CoRP's saved model materialises on corp's host copy after the test rows; the 1.5B model's float32
+    engine and a written host copy together do not fit 24 GB (results/qwen-1.5b), so the engine must be
+    gone, not merely unused, by then: the planted case is a consolidation on vLLM whose engine is still
+    alive when `release_engine` returns (as it was while `_ENGINES` or a frame held it), or whose saved
+    model was written before the release."""
+    import gc
+    import weakref
+
+    import corp.runtime.backends.vllm as vllm_backend
+    from corp.runtime.backends.host import HostCopy
+
+    seen = {}
+    real_release, real_model = vllm_backend.VLLMBackend._engine_release, HostCopy.model.fget
+
+    def release(self):
+        if self.llm is None:  # close() after release_engine: nothing left to let go
+            return real_release(self)
+        engine = weakref.ref(self.llm)
+        real_release(self)
+        gc.collect()
+        seen["engine alive after release"] = engine() is not None
+
+    def model(self):
+        seen.setdefault("model read before release", "engine alive after release" not in seen)
+        return real_model(self)
+
+    vllm_backend.VLLMBackend._engine_release = release
+    HostCopy.model = property(model, HostCopy.model.fset)
+    try:
+        _run("consolidate", tiny_qwen_dir, tmp_path / "r", "vllm")
+    finally:
+        vllm_backend.VLLMBackend._engine_release = real_release
+        HostCopy.model = property(real_model, HostCopy.model.fset)
+    assert seen == {"engine alive after release": False, "model read before release": False}
+    assert (tmp_path / "r" / "model").is_dir()
