@@ -194,3 +194,20 @@ def test_finish_a_federated_ledger_states_its_flops_beside_it_and_a_run_without_
     assert "table" not in rep and "model_dir" not in rep and "recipe" not in rep
     with pytest.raises(ValueError, match="ledger_field"):
         finish(RunCtx(tmp_path), _outputs(ledger_field="ledger"))
+
+
+def test_finish_shown_fields_stay_out_of_report_json_and_a_run_without_report_writes_only_its_exports(tmp_path):
+    """eval's retention is in the returned report but only in its own file; analyze-rank's report is its
+    own summary file, which an export writes: finish writes no report.json and returns the fields."""
+    from corp.runtime.loop import Outputs, finish
+
+    rep = finish(RunCtx(tmp_path), _outputs(shown={"retention": {"format": 1}}))
+    assert rep["retention"] == {"format": 1} and "retention" not in json.loads((tmp_path / "report.json").read_text())
+
+    summary = tmp_path / "summary"
+    summary.mkdir()
+    out = Outputs([], [], None, {"n": 3}, exports=[lambda d: (d / "rank_summary.json").write_text("{}")], report=False)
+    assert finish(RunCtx(summary), out) == {"n": 3}
+    assert sorted(p.name for p in summary.iterdir()) == ["rank_summary.json"]
+    with pytest.raises(ValueError, match="report=True"):
+        finish(RunCtx(summary), _outputs(report=False))

@@ -22,10 +22,13 @@ from corp.config import RunConfig, parse_list
 from corp.errors import CorpError
 from corp.evaluate.retention import retention_lines, score_retention
 from corp.evaluate.voting import pass_at_k
-from corp.runtime.context import cached_eval, open_run, run_evals
+from corp.runtime.context import RunContext, cached_eval, run_evals
+from corp.runtime.loop import Outputs, drive
 from corp.runtime.models import shown_datasets
 from corp.runtime.progress import progress_disabled
-from corp.runtime.runs import ReportRow, write_report
+from corp.runtime.runs import ReportRow
+
+NAME = "eval"  # the command and the report's method
 
 
 @dataclass
@@ -103,47 +106,43 @@ def completions_bar(backend, total: int) -> Iterator[tqdm]:
 
 
 def run_eval(cfg: EvalConfig, backend=None) -> dict:
-    with open_run(cfg, "eval", backend, needs=("test",)) as ctx:
-        test = ctx.splits["test"]
-        evals = run_evals(
-            ctx
-        )  # cached: a rerun on the same --output-dir (same model, examples, settings) recomputes nothing
-        passk: dict[int, float] = {}
-        with completions_bar(ctx.backend, len(test) * (1 + (cfg.n_samples if cfg.pass_k else 0))) as bar:
-            greedy = cached_eval(ctx, evals, "test", None)
-            bar.update(len(test) - bar.n)  # a cached pass, or a backend that does not count batches
-            led = ctx.ledger().add_generation(greedy["prompt_tokens"], greedy["generated_tokens"])
-            if cfg.pass_k:
-                sampled = cached_eval(ctx, evals, "test", None, n=cfg.n_samples, temperature=cfg.temperature)
-                bar.update(bar.total - bar.n)
-                led.add_generation(sampled["prompt_tokens"], sampled["generated_tokens"])
-                passk = pass_at_k_table([bool(c) for c in sampled["correct"]], cfg.n_samples, cfg.pass_k)
-        row = ReportRow(
-            "model",
-            greedy["accuracy"],
-            1,
-            led,
-            0,
-            PerExample(greedy["correct"], ctx.example_ids("test")),
-            {"pass_at_k": {str(k): v for k, v in passk.items()}},
-            PerExample(greedy["rewards"], ctx.example_ids("test")),
-        )
-        report = write_report(
-            ctx.run_dir,
-            "eval",
-            cfg.model,
-            cfg.task,
-            [row],
-            (),
-            ctx.example_ids("test"),
-            ctx.measure,
-            greedy_accuracy=greedy["accuracy"],
-            n_samples=cfg.n_samples,
-            temperature=cfg.temperature,
-            pass_at_k={str(k): v for k, v in passk.items()},
-            ledger=led.to_dict(),
-        )
-        kept = score_retention(ctx, evals, cfg.retention_tasks, cfg.base) if cfg.retention else None
+    return drive(cfg, NAME, backend, lambda ctx: _eval(cfg, ctx), needs=("test",))
+
+
+def _eval(cfg: EvalConfig, ctx: RunContext) -> Outputs:
+    test = ctx.splits["test"]
+    # cached: a rerun on the same --output-dir (same model, examples, settings) recomputes nothing
+    evals = run_evals(ctx)
+    passk: dict[int, float] = {}
+    with completions_bar(ctx.backend, len(test) * (1 + (cfg.n_samples if cfg.pass_k else 0))) as bar:
+        greedy = cached_eval(ctx, evals, "test", None)
+        bar.update(len(test) - bar.n)  # a cached pass, or a backend that does not count batches
+        led = ctx.ledger().add_generation(greedy["prompt_tokens"], greedy["generated_tokens"])
+        if cfg.pass_k:
+            sampled = cached_eval(ctx, evals, "test", None, n=cfg.n_samples, temperature=cfg.temperature)
+            bar.update(bar.total - bar.n)
+            led.add_generation(sampled["prompt_tokens"], sampled["generated_tokens"])
+            passk = pass_at_k_table([bool(c) for c in sampled["correct"]], cfg.n_samples, cfg.pass_k)
+    ids = ctx.example_ids("test")
+    pass_at = {str(k): v for k, v in passk.items()}
+    row = ReportRow(
+        "model",
+        greedy["accuracy"],
+        1,
+        led,
+        0,
+        PerExample(greedy["correct"], ids),
+        {"pass_at_k": pass_at},
+        PerExample(greedy["rewards"], ids),
+    )
+    fields = {
+        "greedy_accuracy": greedy["accuracy"],
+        "n_samples": cfg.n_samples,
+        "temperature": cfg.temperature,
+        "pass_at_k": pass_at,
+        "ledger": led.to_dict(),
+    }
+    kept = score_retention(ctx, evals, cfg.retention_tasks, cfg.base) if cfg.retention else None  # retention.json
     lines = [
         f"{cfg.model} on {shown_datasets(cfg.task)}, {len(test)} test problems",
         # no gold answers: the greedy reward is what the run measured (accuracy would read 0)
@@ -152,9 +151,13 @@ def run_eval(cfg: EvalConfig, backend=None) -> dict:
         else f"greedy accuracy  {greedy['accuracy']:.3f}",
     ]
     lines += [f"pass@{k:<10} {v:.3f}   (n={cfg.n_samples}, T={cfg.temperature})" for k, v in passk.items()]
-    if kept is not None:
-        report["retention"] = kept
-        lines += retention_lines(kept)
+    lines += retention_lines(kept) if kept is not None else []
     lines.append(f"run directory: {ctx.run_dir}")
-    report["table"] = "\n".join(lines)
-    return report
+    return Outputs(
+        [row],
+        [],
+        ids,
+        fields,
+        table=lambda _: "\n".join(lines),
+        shown={"retention": kept} if kept is not None else {},
+    )

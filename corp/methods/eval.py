@@ -3,11 +3,11 @@ core because the bench and retention scoring evaluate models too)."""
 
 from __future__ import annotations
 
-from corp.evaluate.passk import EvalConfig, run_eval
+from corp.evaluate.passk import NAME, EvalConfig, run_eval
 from corp.method import SMALL, Method
 
 METHOD = Method(
-    "eval",
+    NAME,
     EvalConfig,
     run_eval,
     "Evaluate a model on the test split: greedy accuracy; pass@k from n samples per problem with --pass-k.",

@@ -12,8 +12,10 @@ from corp.evaluate.calibration import noise_line
 from corp.evaluate.racing import RACED
 from corp.evaluate.scorer import ensure_population, selection_ledger
 from corp.method import SMALL, Method, num
-from corp.runtime.context import open_run
-from corp.runtime.runs import write_report
+from corp.runtime.context import RunContext
+from corp.runtime.loop import Outputs, drive
+
+NAME = "score"  # the command and the report's method
 
 
 def run_score(cfg: PopulationConfig, backend=None) -> dict:
@@ -23,21 +25,25 @@ def run_score(cfg: PopulationConfig, backend=None) -> dict:
             "corp score --race halving needs --race-keep: how many specialists the method that reads this population "
             "will use (RandOpt's largest K, CoRP's elite count)"
         )
-    with open_run(cfg, "score", backend, needs=("support",)) as ctx:
-        ranked = ensure_population(ctx)
-        rewards = sorted(r["reward"] for r in ranked)
-        population = {
-            "n": len(ranked),
-            "support_examples": len(ctx.splits["support"]),
-            "reward_best": rewards[-1],
-            "reward_median": rewards[len(rewards) // 2],
-            "reward_worst": rewards[0],
-            "source": getattr(ctx, "population_source", None),
-            "raced_out": sum(r.get("kind") == RACED for r in ranked),
-            "selection_ledger": selection_ledger(ctx, ranked).to_dict(),  # the noise-scale calibration included
-            "noise_scales": noise_line(ctx.population_source),
-        }
-        return write_report(ctx.run_dir, "score", cfg.model, cfg.task, [], population=population)
+    return drive(cfg, NAME, backend, _score, needs=("support",))
+
+
+def _score(ctx: RunContext) -> Outputs:
+    ranked = ensure_population(ctx)
+    rewards = sorted(r["reward"] for r in ranked)
+    population = {
+        "n": len(ranked),
+        "support_examples": len(ctx.splits["support"]),
+        "reward_best": rewards[-1],
+        "reward_median": rewards[len(rewards) // 2],
+        "reward_worst": rewards[0],
+        "source": getattr(ctx, "population_source", None),
+        "raced_out": sum(r.get("kind") == RACED for r in ranked),
+        "selection_ledger": selection_ledger(ctx, ranked).to_dict(),  # the noise-scale calibration included
+        "noise_scales": noise_line(ctx.population_source),
+    }
+    # a report with no rows (no test split); its measure stays "accuracy" even on a reward-only task, as it was
+    return Outputs([], [], None, {"population": population}, measure="accuracy")
 
 
 def summary(report: dict) -> str:
@@ -53,7 +59,7 @@ def summary(report: dict) -> str:
 
 
 METHOD = Method(
-    "score",
+    NAME,
     PopulationConfig,
     run_score,
     "Score a population of perturbed specialists on the support split (population.jsonl).",

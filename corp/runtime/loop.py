@@ -170,12 +170,20 @@ class Outputs:
     # there as "save" (benchmarks/bench_stages.py reads them)
     timings: tuple[str, ...] = ()
     measure: str | None = None  # what the rows compare: "accuracy" or "reward" (None: the run's, ctx.measure)
+    # what the returned report carries that report.json does not, because it has a file of its own (eval's
+    # retention, in retention.json)
+    shown: dict = field(default_factory=dict)
+    # False: no report.json; the exports write the run's summary (analyze-rank's rank_summary.json, the file
+    # its Method.report names) and finish returns `fields`, with the table
+    report: bool = True
 
 
 def finish(ctx, out: Outputs) -> dict:
     """Write what `out` holds: the recipe's files and the recipe, then the model, then the exports (so
-    the report never names a file that is not there), then report.json and test_outcomes.json;
-    return the report with its table."""
+    the report never names a file that is not there), then report.json and test_outcomes.json (unless
+    `out.report` is False); return the report with its table."""
+    if out.rows and not out.report:
+        raise ValueError("Outputs with rows need report=True: the rows' comparisons are in report.json")
     fields = dict(out.fields)
     if out.ledger is not None:
         if out.ledger_field not in LEDGER_FIELDS:
@@ -192,17 +200,21 @@ def finish(ctx, out: Outputs) -> dict:
         export(ctx.run_dir)
     cfg = ctx.cfg
     measure = out.measure or ctx.measure
-    report = write_report(
-        ctx.run_dir,
-        ctx.method,
-        out.model_name or cfg.model,
-        cfg.task,
-        out.rows,
-        out.compare,
-        out.ids,
-        measure,
-        **fields,
-    )
+    if out.report:
+        report = write_report(
+            ctx.run_dir,
+            ctx.method,
+            out.model_name or cfg.model,
+            cfg.task,
+            out.rows,
+            out.compare,
+            out.ids,
+            measure,
+            **fields,
+        )
+    else:
+        report = fields
+    report.update(out.shown)
     if out.table is not None:
         report["table"] = out.table(report)
     elif out.rows:

@@ -12,7 +12,7 @@ here (`from corp.methods.analyze_rank import run_analyze_rank`), never from a su
 
 from corp.method import SMALL, Method
 from corp.methods.analyze_rank.config import AnalyzeRankConfig
-from corp.methods.analyze_rank.split_half import run_analyze_rank
+from corp.methods.analyze_rank.split_half import NAME, run_analyze_rank
 
 
 def summary(report: dict) -> str:
@@ -26,7 +26,7 @@ def summary(report: dict) -> str:
 
 
 METHOD = Method(
-    "analyze-rank",
+    NAME,
     AnalyzeRankConfig,
     run_analyze_rank,
     "Split-half low-rank analysis of a scored population (--from-run DIR, or --model/--task/--population to score "

@@ -27,7 +27,8 @@ from corp.methods.analyze_rank.linalg import subspace_overlap, top_svd
 from corp.methods.analyze_rank.power import analysis_power
 from corp.methods.analyze_rank.rank_stats import Plan, analyze_population, pair_stats
 from corp.methods.analyze_rank.report import summarise, summary_text, write_outputs
-from corp.runtime.context import open_run
+from corp.runtime.context import RunContext
+from corp.runtime.loop import Outputs, drive
 from corp.runtime.models import ALIASES, resolve_model
 from corp.runtime.runs import read_json, read_jsonl, write_json
 
@@ -43,6 +44,8 @@ __all__ = [
     "top_svd",
     "write_outputs",
 ]
+
+NAME = "analyze-rank"  # the command and the run's method
 
 
 def model_shapes(model_name: str) -> tuple[str, list[tuple[str, tuple[int, ...]]], int | None]:
@@ -106,26 +109,41 @@ def run_analyze_rank(cfg) -> dict:
         }
         # a population written before the scheme was recorded predates corp-noise-v2
         scheme = check_scheme(meta.get("noise_scheme", "corp-noise-v1"), f"'{run_dir}/population_meta.json'")
-        return _analyze(cfg, run_dir, rows, model_name, pf, scheme, meta.get("model"))
+        result, summary = _analyze(cfg, run_dir, rows, model_name, pf, scheme, meta.get("model"))
+        # in place: the files go into a run directory this command did not open (no run of its own)
+        write_outputs(run_dir, result, summary, cfg.plot_matrices)
+        return {**summary, "text": summary_text(summary)}
 
     if getattr(cfg, "race", "off") != "off":
         raise CorpError("analyze-rank needs every specialist scored on the whole support split; drop --race")
-    with open_run(cfg, "analyze-rank", needs=("support",)) as ctx:
-        rows = ensure_population(ctx)
-        if is_raced(rows):
-            raise CorpError(
-                f"--from-run '{cfg.from_run}' holds a raced population; the split-half "
-                "analysis needs every specialist scored on the whole support split"
-            )
-        ctx.release_backend()  # free the model: the analysis needs shapes only
-        return _analyze(
-            cfg, ctx.run_dir, rows, cfg.model, {"include": cfg.include, "exclude": cfg.exclude}, ctx.noise_scheme, None
+    return drive(cfg, NAME, None, lambda ctx: _analyze_run(cfg, ctx), needs=("support",))
+
+
+def _analyze_run(cfg, ctx: RunContext) -> Outputs:
+    """A run of its own: score the population (or take --from-run's), analyse it; the driver writes the files."""
+    rows = ensure_population(ctx)
+    if is_raced(rows):
+        raise CorpError(
+            f"--from-run '{cfg.from_run}' holds a raced population; the split-half "
+            "analysis needs every specialist scored on the whole support split"
         )
+    ctx.release_backend()  # free the model: the analysis needs shapes only
+    pf = {"include": cfg.include, "exclude": cfg.exclude}
+    result, summary = _analyze(cfg, ctx.run_dir, rows, cfg.model, pf, ctx.noise_scheme, None)
+    return Outputs(
+        [],
+        [],
+        None,
+        {**summary, "text": summary_text(summary)},
+        exports=[lambda run_dir: write_outputs(run_dir, result, summary, cfg.plot_matrices)],
+        report=False,  # its report is rank_summary.json (the method's `report`), which the export writes
+    )
 
 
 def _analyze(
     cfg, run_dir: Path, rows: list[dict], model_name: str, pf: dict, scheme: str, scored_on: str | None
-) -> dict:
+) -> tuple[dict, dict]:
+    """The analysis and its summary (for rank_summary.json), written by the caller."""
     model_id, named, vocab = model_shapes(model_name)
     if scored_on and scored_on != model_id:
         raise CorpError(
@@ -185,9 +203,7 @@ def _analyze(
             scheme=scheme,
             threads=cfg.threads or 1,
         )
-    write_outputs(run_dir, result, summary, cfg.plot_matrices)
-    summary["text"] = summary_text(summary)
-    return summary
+    return result, summary
 
 
 def _alias_of(model_id: str) -> str:
