@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from types import SimpleNamespace
 from typing import ClassVar
 
@@ -63,12 +64,13 @@ from corp.runtime.context import (
     cached_eval,
     check_meta,
     direction_fingerprint,
-    open_run,
     population_definition,
     run_evals,
 )
-from corp.runtime.loop import Outputs, Steps, finish, method_rows, run_steps
+from corp.runtime.loop import Outputs, Steps, drive, method_rows, run_steps
 from corp.runtime.runs import read_json, write_json
+
+NAME = "es"  # the command, the report's method and its trained row
 
 
 @dataclass
@@ -185,17 +187,15 @@ def es_definition(cfg: ESConfig, task, splits, max_new_tokens: int) -> dict:
 
 
 def run_es(cfg: ESConfig, backend=None) -> dict:
-    with open_run(
-        cfg, "es", backend, defines=lambda task, splits, max_new: es_definition(cfg, task, splits, max_new)
-    ) as ctx:
-        return _run_es(cfg, ctx)
+    defines = partial(es_definition, cfg)  # of the task, splits and max_new_tokens
+    return drive(cfg, NAME, backend, lambda ctx: _run_es(cfg, ctx), defines=defines)
 
 
 class ESSteps(Steps):
     """ES's loop for the shared driver: the state is the centre's seed components (`es_state.json`);
     a step scores the iteration's specialists around the centre and moves it."""
 
-    desc, unit, key = "es", "iter", "iteration"
+    desc, unit, key = NAME, "iter", "iteration"
 
     def __init__(self, cfg: ESConfig, ctx, scored: EvalCache, base_hash: str):
         self.cfg, self.ctx, self.scored, self.base_hash = cfg, ctx, scored, base_hash
@@ -289,7 +289,7 @@ class ESSteps(Steps):
         return {"reward": f"{row['reward_mean']:.3f}", "centre": f"{row.get('centre_reward', float('nan')):.3f}"}
 
 
-def _run_es(cfg: ESConfig, ctx) -> dict:
+def _run_es(cfg: ESConfig, ctx) -> Outputs:
     base_hash = ctx.weights_hash  # of the base, before the centre moves
     ctx.backend.require(PERTURBER, "corp es (its centre moves the base)")
     ctx.backend.require(MODEL, "corp es (it saves the final model)")
@@ -315,7 +315,7 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
     )
     # the shared recipe writer: kind es, base named as the user gave it (an alias works offline) and as resolved
     made_by = {
-        "method": "es",
+        "method": NAME,
         "iterations": cfg.iterations,
         "population": cfg.population,
         "sigma": cfg.sigma,
@@ -332,27 +332,24 @@ def _run_es(cfg: ESConfig, ctx) -> dict:
     ids = ctx.example_ids("test")
     held = loop.done  # what the centre holds (a run trained further than asked says so), as saved
     n_support = len(ctx.splits["support"])
-    rows = method_rows(ctx.backend.n_params, "es", base_test, final, n_support, ids, {"iterations": held})
+    rows = method_rows(ctx.backend.n_params, NAME, base_test, final, n_support, ids, {"iterations": held})
     fields = {
         "iterations": held,
         "test_accuracy_before": base_test["accuracy"],
         "test_accuracy_after": final["accuracy"],
         "metrics": metrics,
     }
-    return finish(
-        ctx,
-        Outputs(
-            rows,
-            [("es", "base")],
-            ids,
-            fields,
-            ledger=sel,
-            model=(ctx.backend.model, ctx.backend.tokenizer),
-            recipe=recipe,
-            notes=lambda _: [
-                f"ES training (population and centre evaluations on the support split): {sel.flops:.3e} FLOPs"
-            ],
-        ),
+    return Outputs(
+        rows,
+        [(NAME, "base")],
+        ids,
+        fields,
+        ledger=sel,
+        model=(ctx.backend.model, ctx.backend.tokenizer),
+        recipe=recipe,
+        notes=lambda _: [
+            f"ES training (population and centre evaluations on the support split): {sel.flops:.3e} FLOPs"
+        ],
     )
 
 
@@ -367,7 +364,7 @@ def summary(report: dict) -> str:
         lines.append(report["table"])
     measure, before, after = _test_measure(report)
     lines.append(
-        f"test {measure}: base {num(before)} -> es {num(after)}  (training {num(led.get('flops'), '.3e')} FLOPs)"
+        f"test {measure}: base {num(before)} -> {NAME} {num(after)}  (training {num(led.get('flops'), '.3e')} FLOPs)"
     )
     lines.append(f"run directory: {report.get('run_dir')}")
     return "\n".join(lines)
@@ -378,7 +375,7 @@ def _test_measure(report: dict) -> tuple[str, float | None, float | None]:
     if report.get("measure") != "reward":
         return "accuracy", report.get("test_accuracy_before"), report.get("test_accuracy_after")
     rewards = {r["method"]: r.get("reward") for r in report.get("rows") or []}
-    return "reward", rewards.get("base"), rewards.get("es")
+    return "reward", rewards.get("base"), rewards.get(NAME)
 
 
 def _support_share(o: dict) -> float:
@@ -399,7 +396,7 @@ def _touched(o: dict, seed: int, units: int | None) -> int | None:
 
 
 METHOD = Method(
-    "es",
+    NAME,
     ESConfig,
     run_es,
     "ES: iterative OpenES around a moving centre; saves the model and its seed recipe, reports test accuracy.",
@@ -411,7 +408,7 @@ METHOD = Method(
     # prompts_per_iteration support examples (0: all of them)
     bench=BenchAdapter(
         ITERATIVE,
-        r"es",
+        NAME,  # the trained row
         flops=("training_ledger.flops",),
         equal_data=True,
         unit="iterations",

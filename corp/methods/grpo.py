@@ -13,65 +13,69 @@ import json
 from corp.algorithms.grpo.trainer import GRPOConfig, GRPOTrainer, drawn_positions
 from corp.config import config_to_dict
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, num, opt
-from corp.runtime.context import cached_eval, eval_identity, eval_key, open_run, run_evals
-from corp.runtime.loop import Outputs, finish, method_rows
+from corp.runtime.context import RunContext, cached_eval, eval_identity, eval_key, run_evals
+from corp.runtime.loop import Outputs, drive, method_rows
+
+NAME = "grpo"  # the command; its runs' method is NAME-LOSS (grpo-grpo, grpo-cov, grpo-reco)
 
 
 def run_grpo(cfg: GRPOConfig, backend=None) -> dict:
     """Train with GRPO (or a variant), evaluate before/after on the test split, save model + report."""
     needs = ("support",) if cfg.skip_test_eval else ("support", "test")
-    with open_run(cfg, f"grpo-{cfg.loss}", backend, needs=needs) as ctx:
-        _ = ctx.weights_hash  # the base's hash, taken before training (or a resumed checkpoint) changes the weights
-        evals = run_evals(ctx)  # the shared evaluation cache (keyed by weights, examples and settings)
-        trained_as = hashlib.sha256(
-            json.dumps(
-                {k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to")},
-                sort_keys=True,
-                default=str,
-            ).encode()
-        ).hexdigest()[:16]
+    return drive(cfg, f"{NAME}-{cfg.loss}", backend, lambda ctx: _grpo(cfg, ctx), needs=needs)
 
-        def test_eval(key: str) -> dict | None:
-            if cfg.skip_test_eval:
-                return None
-            # the weights as they are (never set_direction: it restores the base); named by what made them
-            what = "base" if key == "base:test" else f"grpo|{key}|config={trained_as}|step={trainer.step}"
-            return cached_eval(ctx, evals, "test", what=what, current=True, kind="checkpoint")
 
-        trainer = GRPOTrainer(ctx, cfg)
-        if not trainer.ckpt_path.exists():
-            before = test_eval("base:test")
-        else:
-            before = (
-                evals.get(eval_key(eval_identity(ctx.eval_context(), "base", ctx.example_ids("test"))))
-                if not cfg.skip_test_eval
-                else None
-            )
-        trainer.train()
-        model = trainer.merged_model()
-        trainer.backend.model = model
-        after = test_eval("final:test")
-        ids = ctx.example_ids("test")
-        rows = method_rows(trainer.ledger.n_params, ctx.method, before, after, len(ctx.splits["support"]), ids)
-        fields = {
-            "steps": trainer.step,
-            "lora_r": cfg.lora_r,
-            "trainable_params": sum(p.numel() for _, p in trainer.trainable),
-            "test_accuracy_before": before["accuracy"] if before else None,
-            "test_accuracy_after": after["accuracy"] if after else None,
-            "trained_tokens_note": (
-                "prompt + completion tokens of every sequence in a training forward/backward; 6N per token also for LoRA"
-            ),
-        }
-        out = Outputs(
-            rows,
-            [(ctx.method, "base")],
-            ids if rows else None,
-            fields,
-            trainer.ledger,
-            model=(model, trainer.tokenizer),
+def _grpo(cfg: GRPOConfig, ctx: RunContext) -> Outputs:
+    _ = ctx.weights_hash  # the base's hash, taken before training (or a resumed checkpoint) changes the weights
+    evals = run_evals(ctx)  # the shared evaluation cache (keyed by weights, examples and settings)
+    trained_as = hashlib.sha256(
+        json.dumps(
+            {k: v for k, v in config_to_dict(cfg).items() if k not in ("run_dir", "threads", "report_to")},
+            sort_keys=True,
+            default=str,
+        ).encode()
+    ).hexdigest()[:16]
+
+    def test_eval(key: str) -> dict | None:
+        if cfg.skip_test_eval:
+            return None
+        # the weights as they are (never set_direction: it restores the base); named by what made them
+        what = "base" if key == "base:test" else f"grpo|{key}|config={trained_as}|step={trainer.step}"
+        return cached_eval(ctx, evals, "test", what=what, current=True, kind="checkpoint")
+
+    trainer = GRPOTrainer(ctx, cfg)
+    if not trainer.ckpt_path.exists():
+        before = test_eval("base:test")
+    else:
+        before = (
+            evals.get(eval_key(eval_identity(ctx.eval_context(), "base", ctx.example_ids("test"))))
+            if not cfg.skip_test_eval
+            else None
         )
-        return finish(ctx, out)
+    trainer.train()
+    model = trainer.merged_model()
+    trainer.backend.model = model
+    after = test_eval("final:test")
+    ids = ctx.example_ids("test")
+    rows = method_rows(trainer.ledger.n_params, ctx.method, before, after, len(ctx.splits["support"]), ids)
+    fields = {
+        "steps": trainer.step,
+        "lora_r": cfg.lora_r,
+        "trainable_params": sum(p.numel() for _, p in trainer.trainable),
+        "test_accuracy_before": before["accuracy"] if before else None,
+        "test_accuracy_after": after["accuracy"] if after else None,
+        "trained_tokens_note": (
+            "prompt + completion tokens of every sequence in a training forward/backward; 6N per token also for LoRA"
+        ),
+    }
+    return Outputs(
+        rows,
+        [(ctx.method, "base")],
+        ids if rows else None,
+        fields,
+        trainer.ledger,
+        model=(model, trainer.tokenizer),
+    )
 
 
 def summary(report: dict) -> str:
@@ -80,7 +84,7 @@ def summary(report: dict) -> str:
         lines.append(report["table"])
     elif report.get("test_accuracy_before") is not None:
         lines.append(
-            f"test accuracy: base {num(report['test_accuracy_before'])} -> {report.get('method', 'grpo')} "
+            f"test accuracy: base {num(report['test_accuracy_before'])} -> {report.get('method', NAME)} "
             f"{num(report.get('test_accuracy_after'))}"
         )
     led = report.get("training_ledger") or {}
@@ -94,7 +98,7 @@ def summary(report: dict) -> str:
 
 
 METHOD = Method(
-    "grpo",
+    NAME,
     GRPOConfig,
     run_grpo,
     "GRPO (TRL-style) with loss variants grpo | cov | reco; full-parameter or LoRA; saves an HF model directory.",
