@@ -22,8 +22,6 @@ OPENERS = {"open_run", "setup_run"}
 NOT_YET = {
     rel: "opens its run with open_run and ends it with finish itself; to go through drive (issue 56)"
     for rel in (
-        "methods/fgrpo.py",
-        "methods/fera.py",
         "methods/ftis/run.py",
         "methods/fedcorp/run.py",
     )

@@ -46,10 +46,11 @@ from corp.errors import CorpError
 from corp.method import FIXED, SMALL, BenchAdapter, Method, opt
 from corp.runtime.backends.base import MODEL
 from corp.runtime.clients import split_clients
-from corp.runtime.context import open_run
 from corp.runtime.ledger import Ledger
-from corp.runtime.loop import Outputs, Steps, finish, run_steps
+from corp.runtime.loop import Outputs, Steps, drive, run_steps
 from corp.runtime.runs import ReportRow, read_jsonl
+
+NAME = "fera"  # the command, the report's method and its rows' prefix
 
 UNCERTAINTIES = ("disagreement", "entropy")
 
@@ -188,37 +189,38 @@ def backend_batch(backend) -> int:
 
 def run_fera(cfg: FERAConfig, backend=None) -> dict:
     """R rounds of FERA's uncertainty-weighted vote on the test split; accuracy per round."""
+    return drive(cfg, NAME, backend, lambda ctx: _fera(cfg, ctx), defines=None)
 
-    with open_run(cfg, "fera", backend, needs=("support", "test"), defines=None) as ctx:
-        shares = split_clients(
-            ctx.splits["support"], cfg.clients, cfg.split_by
-        )  # the federated helpers' split: one line for an empty share
-        for c, share in enumerate(shares):
-            if len(share) < cfg.shots:
-                raise CorpError(
-                    f"client {c} holds {len(share)} support examples, fewer than --shots {cfg.shots}; raise "
-                    f"--n-support to >= {cfg.clients * cfg.shots} or lower --clients/--shots"
-                )
-        demos = [share[: cfg.shots] for share in shares]
-        test = ctx.splits["test"]
-        ids = ctx.example_ids("test")
-        run_as = hashlib.sha256(
-            json.dumps(
-                {
-                    **{
-                        k: v
-                        for k, v in config_to_dict(cfg).items()
-                        if k not in ("run_dir", "threads", "report_to", "batch_size")
-                    },
-                    "weights_hash": ctx.weights_hash,
-                    "model_id": ctx.model_id,
+
+def _fera(cfg: FERAConfig, ctx) -> Outputs:
+    # the federated helpers' split: one line for an empty share
+    shares = split_clients(ctx.splits["support"], cfg.clients, cfg.split_by)
+    for c, share in enumerate(shares):
+        if len(share) < cfg.shots:
+            raise CorpError(
+                f"client {c} holds {len(share)} support examples, fewer than --shots {cfg.shots}; raise "
+                f"--n-support to >= {cfg.clients * cfg.shots} or lower --clients/--shots"
+            )
+    demos = [share[: cfg.shots] for share in shares]
+    test = ctx.splits["test"]
+    ids = ctx.example_ids("test")
+    run_as = hashlib.sha256(
+        json.dumps(
+            {
+                **{
+                    k: v
+                    for k, v in config_to_dict(cfg).items()
+                    if k not in ("run_dir", "threads", "report_to", "batch_size")
                 },
-                sort_keys=True,
-                default=str,
-            ).encode()
-        ).hexdigest()[:16]
-        rounds = run_steps(ctx, FERARounds(cfg, ctx, demos, test, run_as))
-        return _finish(cfg, ctx, rounds, ids)
+                "weights_hash": ctx.weights_hash,
+                "model_id": ctx.model_id,
+            },
+            sort_keys=True,
+            default=str,
+        ).encode()
+    ).hexdigest()[:16]
+    rounds = run_steps(ctx, FERARounds(cfg, ctx, demos, test, run_as))
+    return _outputs(cfg, ctx, rounds, ids)
 
 
 class FERARounds(Steps):
@@ -226,7 +228,7 @@ class FERARounds(Steps):
     synthesis and support the next round sends, and the ledger so far (rows of other settings in
     the same log, told apart by `run_as`, are left alone)."""
 
-    desc, unit, key = "fera", "round", "round"
+    desc, unit, key = NAME, "round", "round"
 
     def __init__(self, cfg: FERAConfig, ctx, demos, test, run_as: str):
         self.cfg, self.ctx, self.demos, self.test, self.run_as = cfg, ctx, demos, test, run_as
@@ -313,14 +315,14 @@ def _round(ctx, cfg: FERAConfig, t: int, demos, test, synth, support, ledger) ->
     }
 
 
-def _finish(cfg: FERAConfig, ctx, rounds: list[dict], ids: list[str]) -> dict:
+def _outputs(cfg: FERAConfig, ctx, rounds: list[dict], ids: list[str]) -> Outputs:
     acc = lambda xs: sum(xs) / len(xs) if xs else 0.0  # noqa: E731
     per_pass = cfg.clients * cfg.samples * (2 if cfg.uncertainty == "entropy" else 1)
     rows = []
     for r in rounds:
         led = r["ledger"]  # cumulative: every generation up to and including this round
         for name, correct in (
-            (f"fera-round{r['round']}", r["synthesis_correct"]),
+            (f"{NAME}-round{r['round']}", r["synthesis_correct"]),
             (f"plain-vote-round{r['round']}", r["plain_vote_correct"]),
         ):
             rows.append(
@@ -335,9 +337,9 @@ def _finish(cfg: FERAConfig, ctx, rounds: list[dict], ids: list[str]) -> dict:
             )
     last = rounds[-1]["round"]
     compare = (
-        [(f"fera-round{last}", f"plain-vote-round{last}"), (f"fera-round{last}", "fera-round1")]
+        [(f"{NAME}-round{last}", f"plain-vote-round{last}"), (f"{NAME}-round{last}", f"{NAME}-round1")]
         if last > 1
-        else [("fera-round1", "plain-vote-round1")]
+        else [(f"{NAME}-round1", "plain-vote-round1")]
     )
     fields = dict(
         reconstruction=(
@@ -367,7 +369,7 @@ def _finish(cfg: FERAConfig, ctx, rounds: list[dict], ids: list[str]) -> dict:
         },
         passes_note="passes/ex: completions per test question up to that round, all clients together",
     )
-    return finish(ctx, Outputs(rows, compare, ids, fields))
+    return Outputs(rows, compare, ids, fields)
 
 
 def summary(report: dict) -> str:
@@ -380,7 +382,7 @@ def summary(report: dict) -> str:
 
 
 METHOD = Method(
-    "fera",
+    NAME,
     FERAConfig,
     run_fera,
     "FERA (reconstruction, cheap variant): training-free rounds; clients answer with private demonstrations + the "
@@ -390,9 +392,9 @@ METHOD = Method(
     # FERA trains nothing: its rounds cost inference only, reported per row as passes per test example
     bench=BenchAdapter(
         FIXED,
-        r"fera-round\d+|plain-vote-round\d+",
+        rf"{NAME}-round\d+|plain-vote-round\d+",
         row_names=lambda o: [
-            f"{p}-round{r}" for r in range(1, int(opt(o, FERAConfig, "rounds")) + 1) for p in ("fera", "plain-vote")
+            f"{p}-round{r}" for r in range(1, int(opt(o, FERAConfig, "rounds")) + 1) for p in (NAME, "plain-vote")
         ],
         touched=lambda o, seed, units: None,
     ),

@@ -48,11 +48,12 @@ from corp.evaluate.tasks import get_task
 from corp.extras import require
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, opt
 from corp.runtime.clients import SPLIT_RULES, ClientBase, ClientPool, check_signatures, partition_ids, split_clients
-from corp.runtime.context import RunContext, cached_eval, open_run, run_evals
+from corp.runtime.context import RunContext, cached_eval, run_evals
 from corp.runtime.ledger import Ledger
-from corp.runtime.loop import Outputs, Steps, finish, method_rows, run_steps
+from corp.runtime.loop import Outputs, Steps, drive, method_rows, run_steps
 from corp.runtime.runs import atomic_write_with
 
+NAME = "fgrpo"  # the command, the report's method and its trained row
 AGGREGATIONS = ("fgrpo", "fedavg")
 STATE_FILE = "fgrpo_state.pt"
 
@@ -169,8 +170,7 @@ class FGRPOClient(ClientBase):
 def run_fgrpo(cfg: FGRPOConfig, backend=None, log=None) -> dict:
     """`log(client, 'down'|'up', message)` sees every message (tests)."""
     needs = ("support",) if cfg.skip_test_eval else ("support", "test")
-    with open_run(cfg, "fgrpo", backend, needs=needs, defines=None) as ctx:
-        return _fgrpo(cfg, ctx, log)
+    return drive(cfg, NAME, backend, lambda ctx: _fgrpo(cfg, ctx, log), needs=needs, defines=None)
 
 
 class FGRPOServer(Steps):
@@ -178,7 +178,7 @@ class FGRPOServer(Steps):
     trains from the global weights, the server aggregates their updates); the state is the global
     trainable weights, each client's reward baseline and the dropped clients (fgrpo_state.pt)."""
 
-    desc, unit, key = "fgrpo", "round", "round"
+    desc, unit, key = NAME, "round", "round"
 
     def __init__(self, cfg: FGRPOConfig, ctx, trained_as: str, test_eval, parts: list):
         self.cfg, self.ctx, self.trained_as, self.test_eval, self.parts = cfg, ctx, trained_as, test_eval, parts
@@ -268,7 +268,7 @@ class FGRPOServer(Steps):
         }
 
 
-def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
+def _fgrpo(cfg: FGRPOConfig, ctx, log) -> Outputs:
     K = cfg.clients
     shares = split_clients(ctx.splits["support"], K, cfg.split_by, "support")
     _ = ctx.weights_hash  # the base's hash, before the server's copy gets adapters
@@ -308,7 +308,7 @@ def _fgrpo(cfg: FGRPOConfig, ctx, log) -> dict:
     final = test_eval(f"round={st['round']}")
     model = server.merged_model()
     server.backend.model = model
-    return finish(ctx, _fgrpo_outputs(cfg, ctx, loop, history, base, final, shares, (model, server.tokenizer)))
+    return _fgrpo_outputs(cfg, ctx, loop, history, base, final, shares, (model, server.tokenizer))
 
 
 def _fgrpo_outputs(
@@ -322,7 +322,7 @@ def _fgrpo_outputs(
     }
     training = Ledger(n_params, total["prompt_tokens"], total["generated_tokens"], total["trained_tokens"])
     ids = ctx.example_ids("test") if not cfg.skip_test_eval else None
-    rows = [] if base is None else method_rows(n_params, "fgrpo", base, final, len(ctx.splits["support"]), ids)
+    rows = [] if base is None else method_rows(n_params, NAME, base, final, len(ctx.splits["support"]), ids)
     total_bytes = sum(h["communication"]["total_bytes"] for h in history)
     fields = {
         "rounds": history,
@@ -349,7 +349,7 @@ def _fgrpo_outputs(
             for h in history
         ] + [f"communication: {total_bytes} bytes in all; client compute {training.flops:.3e} FLOPs"]
 
-    compare = [("fgrpo", "base")] if rows else []
+    compare = [(NAME, "base")] if rows else []
     return Outputs(rows, compare, ids, fields, training, "method_ledger", model=model, notes=notes)
 
 
@@ -359,7 +359,7 @@ def _clients_get_support(cfg, splits: dict) -> None:
 
 
 METHOD = Method(
-    "fgrpo",
+    NAME,
     FGRPOConfig,
     run_fgrpo,
     "FGRPO: K clients run E local GRPO steps per round on private non-IID "
@@ -379,7 +379,7 @@ METHOD = Method(
     # one round: every client runs `steps` local GRPO steps of prompts_per_step * num_generations completions
     bench=BenchAdapter(
         ITERATIVE,
-        r"fgrpo",
+        NAME,  # the trained row
         flops=("method_flops",),
         equal_data=True,
         unit="rounds",
