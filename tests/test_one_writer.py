@@ -18,15 +18,6 @@ WRITERS = {"write_report", "write_recipe", "save_model", "write_factors"}
 # what opens a run: only `drive` (a method that opens its own run ends it itself, and writes what it likes)
 OPENERS = {"open_run", "setup_run"}
 
-# methods that still open their run themselves, each with why (shrink this; never grow it)
-NOT_YET = {
-    rel: "opens its run with open_run and ends it with finish itself; to go through drive (issue 56)"
-    for rel in (
-        "methods/ftis/run.py",
-        "methods/fedcorp/run.py",
-    )
-}
-
 
 def own_writes(source: str) -> list[str]:
     """The run openers and output writers a module's source imports or calls, by name (one entry per use)."""
@@ -57,20 +48,11 @@ def method_files() -> dict[str, Path]:
 
 def test_no_method_opens_a_run_or_writes_its_outputs_itself():
     offenders = {
-        rel: sorted(set(found))
-        for rel, path in method_files().items()
-        if rel not in NOT_YET and (found := own_writes(path.read_text()))
+        rel: sorted(set(found)) for rel, path in method_files().items() if (found := own_writes(path.read_text()))
     }
     assert not offenders, (
         f"methods open runs or write run outputs themselves (return an Outputs to corp.runtime.loop.drive): {offenders}"
     )
-
-
-def test_the_list_of_methods_not_yet_converted_is_current():
-    """Each entry of NOT_YET still opens or writes (a converted method leaves the list), and exists."""
-    files = method_files()
-    stale = [rel for rel in NOT_YET if rel not in files or not own_writes(files[rel].read_text())]
-    assert not stale, f"remove from NOT_YET (they no longer open runs or write run outputs): {stale}"
 
 
 def test_a_planted_method_that_writes_its_report_is_caught():
@@ -106,13 +88,13 @@ def calls_drive(source: str, function: str) -> bool:
 
 
 def test_every_registered_method_runs_through_the_driver():
-    """Each registered method's run function calls `drive` (analyze-rank on a run directory it did not
-    open, --from-run in place, writes there without a run of its own and drives the rest)."""
+    """Each registered method's run function calls `drive` (analyze-rank too: its runs go through it; only
+    its in-place analysis of an existing run directory, which opens no run, does not)."""
     files = method_files()
     missing = []
     for name, run in run_functions().items():
         rel = Path(inspect.getsourcefile(run)).resolve().relative_to(CORP).as_posix()
-        if rel not in NOT_YET and not calls_drive(files[rel].read_text(), run.__name__):
+        if not calls_drive(files[rel].read_text(), run.__name__):
             missing.append(f"{name} ({rel}: {run.__name__})")
     assert not missing, f"methods that do not run through corp.runtime.loop.drive: {missing}"
 

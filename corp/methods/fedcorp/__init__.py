@@ -12,11 +12,11 @@ here (`from corp.methods.fedcorp import run_fedcorp`), never from a submodule (t
 """
 
 from corp.method import SMALL, Method
-from corp.methods.fedcorp.run import FedCorpConfig, run_fedcorp
+from corp.methods.fedcorp.run import NAME, FedCorpConfig, run_fedcorp
 
 # registered, no bench adapter: the bench lists it as not run at a budget (corp.bench.plan.plan)
 METHOD = Method(
-    "fedcorp",
+    NAME,
     FedCorpConfig,
     run_fedcorp,
     "Federated weight space: K clients score the same seeds on private data; "

@@ -54,10 +54,11 @@ from corp.runtime.clients import (
     partition_ids,
     split_clients,
 )
-from corp.runtime.context import EvalCache, RunContext, cached_eval, direction_fingerprint, open_run, run_evals
-from corp.runtime.loop import Outputs, finish, method_rows
+from corp.runtime.context import EvalCache, RunContext, cached_eval, direction_fingerprint, run_evals
+from corp.runtime.loop import Outputs, drive, method_rows
 from corp.runtime.progress import progress_disabled
 
+NAME = "fedcorp"  # the command, the report's method and its deployed row
 CLIENT_SPLITS = ("support", "probe", "validation")
 
 
@@ -245,8 +246,8 @@ class FederatedProbe:
 
 def run_fedcorp(cfg: FedCorpConfig, backend=None, log=None) -> dict:
     """`log(client, 'down'|'up', message)` sees every message (tests)."""
-    with open_run(cfg, "fedcorp", backend, needs=("support", "probe", "validation", "test"), defines=None) as ctx:
-        return _fedcorp(cfg, ctx, log)
+    needs = ("support", "probe", "validation", "test")
+    return drive(cfg, NAME, backend, lambda ctx: _fedcorp(cfg, ctx, log), needs=needs, defines=None)
 
 
 @dataclass
@@ -265,7 +266,7 @@ class _Outcome:
     reason: str
 
 
-def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
+def _fedcorp(cfg: FedCorpConfig, ctx, log) -> Outputs:
     K = cfg.clients
     shares = {s: split_clients(ctx.splits[s], K, cfg.split_by, s) for s in CLIENT_SPLITS}
     factories = [
@@ -282,7 +283,7 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
     direction = out.best.direction if out.accepted else Direction()
     outputs = _fedcorp_outputs(cfg, ctx, out, direction, shares, phases, pool)  # evaluates base and deployed on test
     made_by = {
-        "method": "fedcorp",
+        "method": NAME,
         "accepted": out.accepted,
         "reason": out.reason,
         "candidate": out.best.name,
@@ -298,7 +299,7 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> dict:
         cfg.model, ctx.model_id, ctx.weights_hash, pf, direction, made_by, scheme=scheme, produced=produced
     )
     outputs.recipe, outputs.model = recipe, (ctx.backend.model, ctx.backend.tokenizer)
-    return finish(ctx, outputs)
+    return outputs
 
 
 def _client_round(cfg: FedCorpConfig, ctx, pool: ClientPool, phases: dict) -> _Outcome:
@@ -357,7 +358,7 @@ def _fedcorp_outputs(cfg: FedCorpConfig, ctx, out: _Outcome, direction, shares, 
     client_tokens = {t: sum(p.tokens[t] for p in phases.values()) for t in ("prompt_tokens", "generated_tokens")}
     method_ledger = ctx.ledger().add_generation(client_tokens["prompt_tokens"], client_tokens["generated_tokens"])
     labelled = sum(len(ctx.splits[s]) for s in CLIENT_SPLITS)
-    label = "fedcorp" if out.accepted else "fedcorp (abstained=base)"
+    label = NAME if out.accepted else f"{NAME} (abstained=base)"
     rows = method_rows(ctx.backend.n_params, label, base_row, fed_row, labelled, ids)
     per_client = _per_client_accuracy(
         ctx.splits["test"], cfg.clients, cfg.split_by, {"base": base_row["correct"], label: fed_row["correct"]}

@@ -53,7 +53,7 @@ from __future__ import annotations
 from corp.algorithms.grpo.trainer import drawn_positions
 from corp.errors import CorpError
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, opt, option_default
-from corp.methods.ftis.config import FTISConfig
+from corp.methods.ftis.config import NAME, FTISConfig
 from corp.methods.ftis.run import run_ftis, summary
 from corp.runtime.models import resolve_model
 
@@ -87,7 +87,7 @@ def _nodes_usable(cfg, splits: dict) -> None:
 
 
 METHOD = Method(
-    "ftis",
+    NAME,
     FTISConfig,
     run_ftis,
     "F-TIS (reconstruction): nodes with their own models share rollouts + logprobs; GRPO on the mixed group with "

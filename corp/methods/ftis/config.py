@@ -13,6 +13,8 @@ from corp.algorithms.grpo.trainer import (
 from corp.config import flag
 from corp.errors import CorpError
 
+NAME = "ftis"  # the command and the report's method
+
 # GRPO options F-TIS does not have, each refused unless at its default (never silently ignored), and why
 UNSUPPORTED = {
     "loss": "its per-token loss is plain GRPO's times the truncated importance weight; "

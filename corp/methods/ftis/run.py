@@ -18,12 +18,12 @@ from corp.config import RunConfig, config_to_dict
 from corp.errors import CorpError
 from corp.evaluate.rewards import compute_rewards
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits
-from corp.methods.ftis.config import FTISConfig
+from corp.methods.ftis.config import NAME, FTISConfig
 from corp.methods.ftis.node import Node, Rollout, same_tokenizer
 from corp.runtime.backends import make_backend
-from corp.runtime.context import cached_eval, eval_identity, eval_key, open_run, run_evals
+from corp.runtime.context import cached_eval, eval_identity, eval_key, run_evals
 from corp.runtime.ledger import Ledger
-from corp.runtime.loop import Outputs, Steps, finish, run_steps
+from corp.runtime.loop import Outputs, Steps, drive, run_steps
 from corp.runtime.models import resolve_model
 from corp.runtime.runs import ReportRow
 
@@ -261,27 +261,29 @@ def _trained_as(cfg: FTISConfig) -> str:
 
 def run_ftis(cfg: FTISConfig) -> dict:
     """Train every node with F-TIS (and, unless --skip-grpo-baseline, on-policy GRPO per node alone), evaluate per step, write the report."""
-
     names = cfg.node_models()
     _check_models(names)
     needs = ("support",) if cfg.skip_test_eval else ("support", "test")
     ood = _ood_split(cfg)
-    with open_run(cfg, "ftis", None, needs=needs, defines=None) as ctx:
-        evals = run_evals(ctx)
-        trained_as = _trained_as(cfg)
-        node_ctxs = [_node_context(cfg, ctx, k, name) for k, name in enumerate(names)]
-        if cfg.no_retokenize:  # before anything is computed: the run directory is removed, not left half-written
-            _check_one_tokenizer(names, node_ctxs)
-        hashes = [c.weights_hash for c in node_ctxs]  # the bases' hashes, before training changes the weights
-        nodes = [Node(k, names[k], c, cfg) for k, c in enumerate(node_ctxs)]
-        rows = _train_arm("ftis", nodes, cfg, cfg.num_generations, evals, trained_as, ood)
-        reached = {"ftis": nodes[0].step}  # the steps the models hold (more than --max-steps if trained further before)
-        ledgers = {("ftis", n.index): n.ledger.to_dict() for n in nodes}
-        traffic = {n.index: {"bytes_sent": n.bytes_sent, "bytes_received": n.bytes_received} for n in nodes}
-        del nodes, node_ctxs  # free the trained models before the baseline reloads the bases
-        if not cfg.skip_grpo_baseline:
-            rows += _grpo_baseline(cfg, ctx, names, hashes, evals, trained_as, ood, reached, ledgers)
-        return _finish(cfg, ctx, names, rows, ledgers, traffic, hashes, reached)
+    return drive(cfg, NAME, None, lambda ctx: _ftis(cfg, ctx, names, ood), needs=needs, defines=None)
+
+
+def _ftis(cfg: FTISConfig, ctx, names: list[str], ood) -> Outputs:
+    evals = run_evals(ctx)
+    trained_as = _trained_as(cfg)
+    node_ctxs = [_node_context(cfg, ctx, k, name) for k, name in enumerate(names)]
+    if cfg.no_retokenize:  # before anything is computed: the run directory is removed, not left half-written
+        _check_one_tokenizer(names, node_ctxs)
+    hashes = [c.weights_hash for c in node_ctxs]  # the bases' hashes, before training changes the weights
+    nodes = [Node(k, names[k], c, cfg) for k, c in enumerate(node_ctxs)]
+    rows = _train_arm("ftis", nodes, cfg, cfg.num_generations, evals, trained_as, ood)
+    reached = {"ftis": nodes[0].step}  # the steps the models hold (more than --max-steps if trained further before)
+    ledgers = {("ftis", n.index): n.ledger.to_dict() for n in nodes}
+    traffic = {n.index: {"bytes_sent": n.bytes_sent, "bytes_received": n.bytes_received} for n in nodes}
+    del nodes, node_ctxs  # free the trained models before the baseline reloads the bases
+    if not cfg.skip_grpo_baseline:
+        rows += _grpo_baseline(cfg, ctx, names, hashes, evals, trained_as, ood, reached, ledgers)
+    return _outputs(cfg, ctx, names, rows, ledgers, traffic, hashes, reached)
 
 
 def _check_models(names: list[str]) -> None:
@@ -368,7 +370,7 @@ def _node_rows(cfg, ctx, names, evals, ledgers, reached, ids) -> tuple[list[Repo
     return report_rows, compare
 
 
-def _finish(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> dict:
+def _outputs(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> Outputs:
     """report.json: per node, rows base / ftis / grpo on the test split (each row's ledger: its test
     generation; the training ledgers are under `nodes`), accuracy per step, OOD accuracy, bytes."""
     ids = ctx.example_ids("test") if not cfg.skip_test_eval else None
@@ -406,9 +408,7 @@ def _finish(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> dict:
             "logprob + 1 B finished flag otherwise; prompts and rewards are never sent"
         ),
     )
-    return finish(
-        ctx, Outputs(report_rows, compare, ids if report_rows else None, fields, model_name=cfg.nodes or cfg.model)
-    )
+    return Outputs(report_rows, compare, ids if report_rows else None, fields, model_name=cfg.nodes or cfg.model)
 
 
 def _parties(names, ledgers) -> list[dict]:
