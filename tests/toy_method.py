@@ -15,8 +15,11 @@ from corp.algorithms.stats import PerExample
 from corp.config import RunConfig
 from corp.errors import CorpError
 from corp.method import FIXED, BenchAdapter, Method
-from corp.runtime.context import cached_eval, open_run, run_evals
-from corp.runtime.runs import ReportRow, format_rows, write_report
+from corp.runtime.context import RunContext, cached_eval, run_evals
+from corp.runtime.loop import Outputs, drive
+from corp.runtime.runs import ReportRow
+
+NAME = "toy"  # the command, the report's method and its row
 
 
 @dataclass
@@ -32,22 +35,24 @@ class ToyConfig(RunConfig):
 
 
 def run_toy(cfg: ToyConfig, backend=None) -> dict:
-    with open_run(cfg, "toy", backend, needs=("test",), defines=None) as ctx:
-        greedy = cached_eval(ctx, run_evals(ctx), "test", None)
-        ids = ctx.example_ids("test")
-        led = ctx.ledger().add_generation(greedy["prompt_tokens"] * cfg.passes, greedy["generated_tokens"] * cfg.passes)
-        rows = [ReportRow("toy", greedy["accuracy"], cfg.passes, led, 0, PerExample(greedy["correct"], ids))]
-        report = write_report(ctx.run_dir, "toy", cfg.model, cfg.task, rows, [], ids, passes=cfg.passes)
-    report["table"] = format_rows(rows, report["comparisons"])
-    return report
+    # the driver opens the run, calls _toy and writes what it returns (report.json, its table)
+    return drive(cfg, NAME, backend, lambda ctx: _toy(cfg, ctx), needs=("test",), defines=None)
+
+
+def _toy(cfg: ToyConfig, ctx: RunContext) -> Outputs:
+    greedy = cached_eval(ctx, run_evals(ctx), "test", None)
+    ids = ctx.example_ids("test")
+    led = ctx.ledger().add_generation(greedy["prompt_tokens"] * cfg.passes, greedy["generated_tokens"] * cfg.passes)
+    rows = [ReportRow(NAME, greedy["accuracy"], cfg.passes, led, 0, PerExample(greedy["correct"], ids))]
+    return Outputs(rows, [], ids, {"passes": cfg.passes})
 
 
 METHOD = Method(
-    "toy",
+    NAME,
     ToyConfig,
     run_toy,
     "A toy: the base's greedy answers as one row.",
     smoke={"n_test": 4, "max_new_tokens": 4},
     summary=lambda report: f"toy ran: {report['rows'][0]['accuracy']:.3f}",
-    bench=BenchAdapter(FIXED, r"toy", row_names=lambda o: ["toy"], touched=lambda o, seed, units: 0),
+    bench=BenchAdapter(FIXED, NAME, row_names=lambda o: [NAME], touched=lambda o, seed, units: 0),
 )
