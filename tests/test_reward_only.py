@@ -103,6 +103,52 @@ def test_a_reward_that_varies_or_the_tasks_own_check_is_no_warning():
         warn_if_no_signal("m:f", [{"rewards": [0.0, 0.0]}])  # one specialist: nothing to compare
 
 
+def test_a_reward_that_ignores_the_completions_is_one_warning_naming_it():
+    """Each example's reward the same for every specialist while their completions differ (a reward reading the
+    prompt, not the answer): no signal, though its values vary across examples."""
+    import warnings
+
+    from corp.evaluate.scorer import warn_if_no_signal
+
+    blind = [
+        {"ids_hash": "s", "rewards": [3.0, 5.0], "completion_hashes": ["a", "b"]},
+        {"ids_hash": "s", "rewards": [3.0, 5.0], "completion_hashes": ["c", "b"]},
+        {"ids_hash": "r", "rewards": [3.0], "completion_hashes": ["d"]},  # a raced row: fewer examples
+    ]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_if_no_signal("python:by_prompt@1", blind)
+    (said,) = [str(w.message) for w in caught]
+    assert said.startswith("the reward 'by_prompt' gave all 3 specialists the same reward on each support example")
+    assert "\n" not in said and "no signal" in said
+
+    same_text = [{**r, "completion_hashes": ["a", "b"]} for r in blind[:2]]  # the noise changed nothing: not the reward
+    varies = [blind[0], {**blind[1], "rewards": [3.0, 4.0]}]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_no_signal("python:f@1", same_text)
+        warn_if_no_signal("python:f@1", varies)
+
+
+def test_a_prompt_length_reward_through_the_api_is_one_warning(tiny_dir, tmp_path, monkeypatch):
+    import warnings
+
+    import corp
+
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path / "cache"))
+    rows = [{"prompt": "Count" + " to" * i + f" {i}."} for i in range(12)]
+
+    def by_prompt(completions, prompts, **_):
+        return [float(len(p)) for p in prompts]
+
+    small = dict(n_support=4, n_probe=0, n_validation=0, n_test=2, max_completion_length=4, batch_size=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        corp.train_randopt(str(tiny_dir), rows, by_prompt, population=3, sigmas=[0.05], top_k=[1], **small)
+    said = [str(w.message) for w in caught if "no signal" in str(w.message)]
+    assert len(said) == 1 and said[0].startswith("the reward 'by_prompt' gave all 3 specialists the same reward")
+
+
 def test_corp_eval_on_a_reward_only_dataset_reports_its_greedy_reward(tiny_dir, tmp_path, monkeypatch):
     import corp
 

@@ -349,18 +349,42 @@ def selection_ledger(ctx: RunContext, rows: Sequence[dict]) -> Ledger:
     return led
 
 
+def _blind_to_completions(rows: list[dict]) -> bool:
+    """Whether every specialist got the same reward on each example although their completions differ: a
+    reward that reads the prompt or the other columns but not what the model wrote (rows compared within
+    their example set: a race's first rung scores fewer examples)."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        if r.get("rewards") and r.get("completion_hashes"):
+            groups.setdefault(r.get("ids_hash", ""), []).append(r)
+    groups = {k: g for k, g in groups.items() if len(g) > 1}
+    same = all(r["rewards"] == g[0]["rewards"] for g in groups.values() for r in g)
+    differ = any(r["completion_hashes"] != g[0]["completion_hashes"] for g in groups.values() for r in g)
+    return bool(groups) and same and differ
+
+
 def warn_if_no_signal(reward: str | None, rows: list[dict]) -> None:
-    """One warning line when a user's reward returned one value for every completion of every specialist:
-    it carries no signal, so every selection made by it is a tie (TRL's `reward_len` on conversational
-    prompts counts the messages of each completion, always one). The task's own check is left out: all
-    0 there says the model cannot do the task, not that the check is wrong."""
+    """One warning line when a user's reward does not vary across the population: it returned one value for
+    every completion of every specialist (TRL's `reward_len` on conversational prompts counts the messages of
+    each completion, always one), or each example's one value for every specialist although their completions
+    differ (it ignores the completions). Every selection made by it is then a tie. The task's own check is left
+    out: all 0 there says the model cannot do the task, not that the check is wrong."""
     values = {v for r in rows for v in r.get("rewards") or () if v is not None}
-    if reward in (None, "", "correct") or len(rows) < 2 or len(values) != 1:
+    if reward in (None, "", "correct") or len(rows) < 2:
         return
     name = reward[len(IN_PROCESS) :].rpartition("@")[0] if reward.startswith(IN_PROCESS) else reward
+    if len(values) == 1:
+        what = f"returned {values.pop()!r} for every completion of all {len(rows)} specialists on the support split"
+    elif _blind_to_completions(rows):
+        what = (
+            f"gave all {len(rows)} specialists the same reward on each support example although their "
+            "completions differ"
+        )
+    else:
+        return
     warnings.warn(
-        f"the reward '{name}' returned {values.pop()!r} for every completion of all {len(rows)} specialists on the "
-        "support split: it carries no signal to select by; check what it computes on corp's completions (on "
-        "conversational prompts each is a list of messages, as in TRL: completion[0]['content'] is the text)",
+        f"the reward '{name}' {what}: it carries no signal to select by; check what it computes on corp's "
+        "completions (on conversational prompts each is a list of messages, as in TRL: completion[0]['content'] "
+        "is the text)",
         stacklevel=2,
     )
