@@ -375,3 +375,20 @@ def test_es_and_grpo_from_python_save_a_model(name, tiny_dir, tmp_path):
     assert result.method == name and result.model_path == tmp_path / name / "model"
     assert "test reward" in result.table and "test acc" not in result.table  # ROWS have no gold answers
     AutoModelForCausalLM.from_pretrained(result.model_path)
+
+
+def test_the_readmes_python_snippet_shows_what_it_ends_with_when_run_as_a_script():
+    """Pasted into a script, a bare expression (`result.model_path`) prints nothing (issue 56): every
+    top-level expression of the README's Python snippets is a call (print, a method's train function)."""
+    import ast
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    snippets = re.findall(r"```python\n(.*?)```", readme, re.S)
+    assert snippets, "the README has a Python snippet"
+    for code in snippets:
+        bare = [
+            ast.unparse(s)
+            for s in ast.parse(code).body
+            if isinstance(s, ast.Expr) and not isinstance(s.value, ast.Call)
+        ]
+        assert bare == [], f"prints nothing in a script: {bare}"
