@@ -183,3 +183,17 @@ def test_the_card_says_the_first_use_converts_an_embedded_base():
     lines, _, _ = _base_lines({"model": "smollm2-135m", "model_id": "HuggingFaceTB/SmolLM2-135M-Instruct"})
     recreate = next(ln for ln in lines if ln.startswith("- recreate the base"))
     assert "first command that uses it converts it" in recreate and "`corp models` lists it" in recreate
+
+
+def test_no_committed_result_names_the_workplaces_shared_folder():
+    """results/ is read on other machines: a command it records says where the benchmark data goes
+    (`CORP_DATA_DIR=...`), not this workplace's `../shared` beside the clone (issue 56)."""
+    from pathlib import Path
+
+    results = Path(__file__).resolve().parents[1] / "results"
+    named = [
+        str(p.relative_to(results))
+        for p in sorted(results.rglob("*"))
+        if p.suffix in (".md", ".txt", ".yaml", ".sh") and p.is_file() and "../shared" in p.read_text(errors="replace")
+    ]
+    assert named == [], f"'../shared' in {named}"
