@@ -634,3 +634,29 @@ def test_a_consolidation_that_writes_its_host_copy_after_its_engine_needs_the_la
     assert memory.need_gb(after) < 20 < memory.need_gb(beside)
     cast = memory.estimate_gb("vllm", n, "bfloat16", host_copy="after", stored="float32")
     assert "peak" not in cast and cast["host copy"] == pytest.approx(2 * 3.554, rel=1e-3)
+
+
+def test_full_parameter_training_that_cannot_fit_is_refused_before_work_naming_lora(tmp_path, monkeypatch):
+    """Full-parameter GRPO holds a gradient and AdamW's two moments per parameter beside the model (16
+    bytes a parameter in float32: 28 GB for the 1.5B model); the check counted only the model, so such a
+    run started and was killed for memory. Planted: memory enough for the model but not for training:
+    refused before the run directory exists, naming what holds it and the LoRA alternative; with LoRA
+    the same memory is enough."""
+    from corp.runtime import models
+    from corp.runtime.models import memory
+
+    tok = make_char_tokenizer()
+    model_dir = tmp_path / "tiny"
+    models.save_model(make_tiny_llama(tok), tok, model_dir)
+    params, _ = memory.model_params(model_dir)
+    inference = memory.need_gb(memory.estimate_gb("hf", params, "float32"))
+    monkeypatch.setattr(memory, "available_gb", lambda: inference + 8 * params / memory.GB)  # < 12 more bytes/param
+    monkeypatch.chdir(tmp_path)
+    base = ["--model", str(model_dir), "--backend", "hf", "--n-test", "4", "--max-steps", "1"]
+    res = CliRunner().invoke(app, ["grpo", *base, "--lora-r", "0"])
+    assert res.exit_code == 2, res.output
+    assert "AdamW moments" in res.output and "gradients" in res.output and "--lora-r 16" in res.output
+    assert not (tmp_path / "runs").exists()
+    memory.check_memory(str(model_dir), "hf", None)  # what a LoRA run is checked for: fits
+    kl = memory.training_gb(params, "float32", reference=True)
+    assert kl["reference model"] == pytest.approx(4 * params / memory.GB)

@@ -103,7 +103,21 @@ def _check_memory(cfg: RunConfig, method: str) -> None:
     # Ray's engines are its actors', held until the run closes: a host copy there is written beside them
     after = method in _HOST_AFTER and cfg.executor != "ray"
     host = None if backend != "vllm" or method in _SCORE_ONLY else "after" if after else "beside"
-    check_memory(cfg.model, backend, cfg.dtype, engines, host_copy=host)
+    check_memory(cfg.model, backend, cfg.dtype, engines, host_copy=host, **_full_training(cfg))
+
+
+def _full_training(cfg: RunConfig) -> dict:
+    """What a run that trains every parameter holds beside its model (the GRPO family with --lora-r 0:
+    gradients, AdamW's moments, a reference model under --beta, F-TIS's other nodes), for check_memory."""
+    if getattr(cfg, "lora_r", None) != 0:
+        return {}  # not a trainer, or LoRA: its adapters are a small share of the weights
+    nodes = cfg.node_models() if hasattr(cfg, "node_models") else [cfg.model]
+    lighter = (
+        "--lora-r 16 trains adapters only (GRPO's LoRA)"
+        if not hasattr(cfg, "node_models")
+        else "smaller --nodes models (F-TIS trains every parameter of every node)"
+    )
+    return {"trained": nodes, "reference": getattr(cfg, "beta", 0.0) != 0.0, "lighter": lighter}
 
 
 def _run_splits(cfg: RunConfig, task, method: str, needs: Sequence[str]) -> dict:

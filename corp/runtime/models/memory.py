@@ -117,22 +117,57 @@ def _ready_path(model: str) -> Path | None:
     return converted_dir(model) or (local if local.is_dir() else None)
 
 
-def check_memory(model: str, backend: str, dtype: str | None, engines: int = 1, host_copy: str | None = None) -> None:
-    """One line, before any work, when the estimate does not fit in what is available now (a model
-    not on this machine yet is checked when it is: nothing to read its size from)."""
+def training_gb(params: int, dtype: str, others: list[int] = (), reference: bool = False) -> dict:
+    """What full-parameter training (corp's GRPO trainer: fp32 master weights, AdamW) adds, in GB:
+    the fp32 master where the model runs in a narrower dtype, a gradient and AdamW's two moments per
+    parameter, the frozen reference model when a KL penalty needs one, and for each other trained
+    model (F-TIS's further nodes) all of those with its weights. Activations are not counted: a lower bound."""
+    n = params
+    parts = {
+        "fp32 master": n * (4 - _BYTES.get(dtype, 4)) / GB,
+        "gradients": 4 * n / GB,
+        "AdamW moments": 8 * n / GB,
+        "reference model": (4 * n / GB) if reference else 0.0,
+    }
+    if others:
+        parts["other trained models"] = 16 * sum(others) / GB
+    return {k: v for k, v in parts.items() if v}
+
+
+def _params_of(model: str) -> tuple[int, str] | None:
     path = _ready_path(model)
-    found = model_params(path) if path is not None else None
+    return model_params(path) if path is not None else None
+
+
+def check_memory(
+    model: str,
+    backend: str,
+    dtype: str | None,
+    engines: int = 1,
+    host_copy: str | None = None,
+    trained: list[str] | None = None,
+    reference: bool = False,
+    lighter: str = "",
+) -> None:
+    """One line, before any work, when the estimate does not fit in what is available now (a model
+    not on this machine yet is checked when it is: nothing to read its size from). `trained`: the
+    models a full-parameter method trains (`model` first), `reference`: it keeps a reference model,
+    `lighter`: the cheaper way to train that the line suggests (GRPO's LoRA)."""
+    found = _params_of(model)
     if found is None:
         return
     params, stored = found
     dtype = dtype or stored
     parts = estimate_gb(backend, params, dtype, engines, host_copy, stored)
+    if trained:
+        others = [p[0] for p in map(_params_of, trained[1:]) if p is not None]
+        parts = {**{k: v for k, v in parts.items() if k != "peak"}, **training_gb(params, dtype, others, reference)}
     need, have = need_gb(parts), available_gb()
     if need <= have:
         return
     held = ", ".join(f"{k} {v:.1f}" for k, v in parts.items() if v and k != "peak")
     where = f"{engines} vLLM engines" if engines > 1 else f"the {backend} backend"
-    cheaper = []
+    cheaper = [lighter] if trained and lighter else []
     if dtype == "float32":
         cheaper.append("--dtype bfloat16 halves the weights")
     if engines > 1:
