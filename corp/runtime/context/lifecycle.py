@@ -103,7 +103,8 @@ def _check_memory(cfg: RunConfig, method: str) -> None:
     # Ray's engines are its actors', held until the run closes: a host copy there is written beside them
     after = method in _HOST_AFTER and cfg.executor != "ray"
     host = None if backend != "vllm" or method in _SCORE_ONLY else "after" if after else "beside"
-    check_memory(cfg.model, backend, cfg.dtype, engines, host_copy=host, **_full_training(cfg))
+    gram = getattr(cfg, "gram_memory_gb", None)  # CoRP's operator: its Gram matrix is built beside the engine
+    check_memory(cfg.model, backend, cfg.dtype, engines, host_copy=host, gram_memory_gb=gram, **_full_training(cfg))
 
 
 def _full_training(cfg: RunConfig) -> dict:

@@ -23,6 +23,7 @@ The constants are measured (results/qwen-1.5b/README.md: Qwen2.5-Coder-1.5B on v
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -33,6 +34,18 @@ GB = 1e9
 RUNTIME_GB = 1.5  # one Python process with torch, transformers and (for vllm) the engine's compiled graphs
 RELOAD_SHARE = 0.85  # a weight push's working set, as a share of the engine's weights (measured, above)
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+
+def largest_tensor(path: str | Path) -> int:
+    """The element count of the checkpoint's largest tensor, from the safetensors headers (0: none)."""
+    largest = 0
+    for f in sorted(Path(path).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                largest = max(largest, math.prod(meta["shape"]))
+    return largest
 
 
 def model_params(path: str | Path) -> tuple[int, str] | None:
@@ -79,12 +92,19 @@ def available_gb() -> float:
 
 
 def estimate_gb(
-    backend: str, params: int, dtype: str, engines: int = 1, host_copy: str | None = None, stored: str | None = None
+    backend: str,
+    params: int,
+    dtype: str,
+    engines: int = 1,
+    host_copy: str | None = None,
+    stored: str | None = None,
+    host_work: float = 0.0,
 ) -> dict:
     """What holds memory during a run, in GB, by holder (module docstring); `stored` is the
     checkpoint's dtype (None: unknown, the pristine copy is counted); `host_copy`: None, "beside" or
-    "after" (module docstring). Where the holders are not all held at once the dict has a "peak"
-    entry: what the run needs (`need_gb`)."""
+    "after" (module docstring); `host_work`: what the method computes with on the host beside the engine
+    (CoRP's Gram matrix: `gram_work_gb`). Where the holders are not all held at once the dict has a
+    "peak" entry: what the run needs (`need_gb`)."""
     weights = params * _BYTES.get(dtype, 4) / GB
     if backend == "hf":
         return {"model": weights, "runtime": RUNTIME_GB}
@@ -98,6 +118,8 @@ def estimate_gb(
         # model in float32, 10.1 GB before the first push, 16.0 GB at its peak, 13.8 GB after (results/qwen-1.5b)
         "weight pushes": engines * RELOAD_SHARE * weights,
     }
+    if host_work:
+        parts["host work"] = host_work
     if host_copy == "after" and dtype == stored:  # mapped until written, written once the engine is gone
         host = {"host copy (after the engine)": weights, "host runtime": RUNTIME_GB}
         return {**parts, **host, "peak": max(sum(parts.values()), sum(host.values()))}
@@ -115,6 +137,13 @@ def _ready_path(model: str) -> Path | None:
     """The model's directory if it is on this machine already (no conversion, no download)."""
     local = Path(model).expanduser()
     return converted_dir(model) or (local if local.is_dir() else None)
+
+
+def gram_work_gb(path: str | Path, gram_memory_gb: float, workers: int = 2) -> float:
+    """CoRP's Gram matrix on the host: its block budget (`--gram-memory-gb`, GiB) and a float32 noise
+    buffer of the largest tensor per worker. The 1.5B model with the default 2 GiB: 4.0 GB estimated,
+    4.8 GB measured above the engine's steady 14.8 GB (results/qwen-1.5b)."""
+    return gram_memory_gb * 2**30 / GB + workers * 4 * largest_tensor(path) / GB
 
 
 def training_gb(params: int, dtype: str, others: list[int] = (), reference: bool = False) -> dict:
@@ -148,17 +177,20 @@ def check_memory(
     trained: list[str] | None = None,
     reference: bool = False,
     lighter: str = "",
+    gram_memory_gb: float | None = None,
 ) -> None:
     """One line, before any work, when the estimate does not fit in what is available now (a model
     not on this machine yet is checked when it is: nothing to read its size from). `trained`: the
     models a full-parameter method trains (`model` first), `reference`: it keeps a reference model,
-    `lighter`: the cheaper way to train that the line suggests (GRPO's LoRA)."""
+    `lighter`: the cheaper way to train that the line suggests (GRPO's LoRA), `gram_memory_gb`: CoRP's
+    Gram block budget when the method computes one on the host beside a vLLM engine."""
     found = _params_of(model)
     if found is None:
         return
     params, stored = found
     dtype = dtype or stored
-    parts = estimate_gb(backend, params, dtype, engines, host_copy, stored)
+    work = gram_work_gb(_ready_path(model), gram_memory_gb) if gram_memory_gb and host_copy else 0.0
+    parts = estimate_gb(backend, params, dtype, engines, host_copy, stored, work)
     if trained:
         others = [p[0] for p in map(_params_of, trained[1:]) if p is not None]
         parts = {**{k: v for k, v in parts.items() if k != "peak"}, **training_gb(params, dtype, others, reference)}
