@@ -8,7 +8,7 @@ truncation rate the config's `max_completion_length` is judged by). The noise/pu
 the vllm backend only (`noise_seconds`, `push_seconds`: the engine's wait for the next built tensor, and
 the rest of the reload); on hf the whole `apply_seconds` is the draw and the in-place add.
 
-    python benchmarks/run_costs.py RUN_DIR [--peak-rss-gb G] > results/NAME/costs.md
+    python benchmarks/run_costs.py RUN_DIR > results/NAME/costs.md
 """
 
 from __future__ import annotations
