@@ -36,39 +36,27 @@ RELOAD_SHARE = 0.85  # a weight push's working set, as a share of the engine's w
 _BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
 
-def largest_tensor(path: str | Path) -> int:
-    """The element count of the checkpoint's largest tensor, from the safetensors headers (0: none)."""
-    largest = 0
+def _tensor_headers(path: str | Path):
+    """(dtype, shape) of every tensor in the directory's safetensors files, read from their headers only."""
     for f in sorted(Path(path).glob("*.safetensors")):
         with open(f, "rb") as fh:
             header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
-        for name, meta in header.items():
-            if name != "__metadata__":
-                largest = max(largest, math.prod(meta["shape"]))
-    return largest
+        yield from ((meta["dtype"], meta["shape"]) for name, meta in header.items() if name != "__metadata__")
+
+
+def largest_tensor(path: str | Path) -> int:
+    """The element count of the checkpoint's largest tensor, from the safetensors headers (0: none)."""
+    return max((math.prod(shape) for _, shape in _tensor_headers(path)), default=0)
 
 
 def model_params(path: str | Path) -> tuple[int, str] | None:
     """(parameter count, stored dtype) from the safetensors headers, without loading any weights;
     None where the directory has none (a .bin checkpoint: then nothing is checked)."""
-    path = Path(path)
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
+    tensors = list(_tensor_headers(path))
+    if not tensors:
         return None
-    count, dtypes = 0, set()
-    for f in files:
-        with open(f, "rb") as fh:
-            n = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(n))
-        for name, meta in header.items():
-            if name == "__metadata__":
-                continue
-            numel = 1
-            for d in meta["shape"]:
-                numel *= d
-            count += numel
-            dtypes.add(meta["dtype"])
-    stored = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}.get(next(iter(dtypes)), "float32")
+    count = sum(math.prod(shape) for _, shape in tensors)
+    stored = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}.get(tensors[0][0], "float32")
     return count, stored
 
 
@@ -184,12 +172,13 @@ def check_memory(
     models a full-parameter method trains (`model` first), `reference`: it keeps a reference model,
     `lighter`: the cheaper way to train that the line suggests (GRPO's LoRA), `gram_memory_gb`: CoRP's
     Gram block budget when the method computes one on the host beside a vLLM engine."""
-    found = _params_of(model)
+    path = _ready_path(model)
+    found = model_params(path) if path is not None else None
     if found is None:
         return
     params, stored = found
     dtype = dtype or stored
-    work = gram_work_gb(_ready_path(model), gram_memory_gb) if gram_memory_gb and host_copy else 0.0
+    work = gram_work_gb(path, gram_memory_gb) if gram_memory_gb and host_copy else 0.0
     parts = estimate_gb(backend, params, dtype, engines, host_copy, stored, work)
     if trained:
         others = [p[0] for p in map(_params_of, trained[1:]) if p is not None]
