@@ -528,3 +528,32 @@ def test_an_abstaining_run_reports_the_gates_margin_and_its_candidates_test_scor
     card = (run / "model" / "README.md").read_text()
     assert f"Gate (validation): the candidate won {g['wins']} and lost {g['losses']} of 4" in card
     assert "The candidate the gate kept out" in card
+
+
+def test_consolidate_says_its_later_passes_and_their_time_once_the_population_is_scored(
+    tmp_path, tiny_model, tiny_tokenizer, monkeypatch, capsys
+):
+    """After the population, the step search, the gates and the test rows ran with no estimate (issue 56):
+    one line now says their passes, stage by stage, at the population's rate, before the step search starts;
+    a rerun, whose rows are all cached, says none."""
+    import re
+
+    from corp.methods.consolidate.run import run_consolidate
+
+    model_dir = tmp_path / "tiny"
+    tiny_model.save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    cfg = dict(reward="tests.test_consolidate:share_of_sevens", alphas="1,2", top_k="1,2")
+    monkeypatch.delenv("CORP_NO_PROGRESS", raising=False)
+    run_consolidate(tiny_consolidate_config(model_dir, tmp_path / "run", **cfg))
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("consolidate: ")]
+    # 2 rules x 2 alphas + the base on probe; each rule's best + the base on validation; base, top 2, CoRP on test
+    assert len(said) == 1 and re.match(
+        r"consolidate: 12 passes to go, about \d+ s \(step search 5, gates 3, test rows 4; "
+        r".* s per example, at the population's rate\)$",
+        said[0],
+    ), said
+    assert err.index(said[0]) < err.index("step search (probe)"), "said before the step search starts"
+    run_consolidate(tiny_consolidate_config(model_dir, tmp_path / "run", **cfg))
+    assert "consolidate: " not in capsys.readouterr().err

@@ -124,3 +124,40 @@ def test_scoring_says_what_the_rest_will_take_after_the_first_specialist(tmp_pat
     assert len(said) == 1 and re.match(
         r"population: 3 specialists to go, about \d+ s \(.* s each, as the first took\)$", said[0]
     ), said
+
+
+def test_randopt_says_its_test_passes_and_their_time_before_they_start(tmp_path, monkeypatch, capsys):
+    """After the population, RandOpt's test rows (the base and the top K) are minutes of silence at the quick
+    start's size: one line says how many passes, at the population's rate, before the first of them (issue 56);
+    a rerun, whose rows are all cached, says none."""
+    import re
+
+    from corp.methods.randopt import run_randopt
+
+    monkeypatch.delenv("CORP_NO_PROGRESS", raising=False)
+    run_randopt(tiny_cfg(tmp_path / "run"), fresh_backend())
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if line.startswith("randopt: ")]
+    assert len(said) == 1 and re.match(
+        r"randopt: 3 passes to go, about \d+ s \(test rows 3; .* s per example, at the population's rate\)$", said[0]
+    ), said  # the base and the top 2 on test
+    assert err.index(said[0]) < err.index("test eval"), "said before the test rows start"
+    run_randopt(tiny_cfg(tmp_path / "run"), fresh_backend())
+    assert "randopt: " not in capsys.readouterr().err
+
+
+def test_say_passes_times_each_stage_by_its_examples_and_marks_a_bound(monkeypatch, capsys):
+    from corp.runtime.ledger import Passes, say_passes, seconds_per_example
+
+    rate = seconds_per_example([{"seconds": 3.0, "apply_seconds": 0.5, "reward_seconds": 0.5, "n_examples": 4}] * 2)
+    assert rate == 1.0
+    monkeypatch.delenv("CORP_NO_PROGRESS", raising=False)
+    stages = [Passes("step search", 9, 9 * 32), Passes("gates", 0, 0), Passes("stage 2", 10, 100, at_most=True)]
+    say_passes("consolidate", stages, rate, "at the population's rate")
+    assert capsys.readouterr().err.strip() == (
+        "consolidate: up to 19 passes to go, about 6 min at most "
+        "(step search 9, stage 2 up to 10; 1 s per example, at the population's rate)"
+    )
+    monkeypatch.setenv("CORP_NO_PROGRESS", "1")
+    say_passes("consolidate", stages, rate, "at the population's rate")
+    assert capsys.readouterr().err == ""

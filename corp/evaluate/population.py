@@ -12,7 +12,7 @@ from corp.evaluate.calibration import calibration_flag, noise_line
 from corp.evaluate.scorer import rows_ledger, score_specialists, selection_ledger
 from corp.evaluate.voting import majority_vote
 from corp.grids import edge_flag
-from corp.runtime.context import EvalCache, RunContext, run_evals
+from corp.runtime.context import EvalCache, RunContext, eval_identity, eval_key, run_evals, specialist_what
 from corp.runtime.runs import ReportRow
 
 
@@ -21,6 +21,14 @@ def evaluate_on_test(
 ) -> dict[tuple, dict]:
     """Test-split rows for the base (None, None) and the given specialists; cached in evals.jsonl (resume)."""
     return score_specialists(ctx, specialists, "test", cache or run_evals(ctx), desc="test eval")
+
+
+def test_passes(ctx: RunContext, ranked: list[dict], top_k: list[int], cache: EvalCache) -> int:
+    """How many test passes `randopt_results` has still to generate: the base and the top K, less the
+    rows `cache` holds (a resumed run's, or the bench's shared ones). What the methods' estimate counts."""
+    context, ids = ctx.eval_context(), ctx.example_ids("test")
+    wanted = [(None, None)] + [(r["seed"], r["sigma"]) for r in ranked[: max(top_k)]]
+    return sum(eval_key(eval_identity(context, specialist_what(s, sg), ids)) not in cache for s, sg in wanted)
 
 
 def vote_correct(ctx: RunContext, ranked_test_rows: list[dict]) -> list[int]:

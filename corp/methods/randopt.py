@@ -17,11 +17,18 @@ from __future__ import annotations
 
 from corp.config import RandOptConfig
 from corp.errors import CorpError
-from corp.evaluate.population import population_line, population_summary, randopt_results, sigma_edge_flags
+from corp.evaluate.population import (
+    population_line,
+    population_summary,
+    randopt_results,
+    sigma_edge_flags,
+    test_passes,
+)
 from corp.evaluate.scorer import ensure_population
 from corp.grids import edge_lines
 from corp.method import POPULATION, SMALL, BenchAdapter, Method, ints, opt
-from corp.runtime.context import RunContext
+from corp.runtime.context import RunContext, run_evals
+from corp.runtime.ledger import Passes, say_passes, seconds_per_example
 from corp.runtime.loop import Outputs, drive
 from corp.runtime.runs import ReportRow, format_rows
 
@@ -47,7 +54,15 @@ def _randopt(cfg: RandOptConfig, ctx: RunContext) -> Outputs:
     ranked = ensure_population(ctx, keep=k, need=lambda rows: range(min(k, len(rows))))  # racing: the top K in full
     if max(cfg.top_k) > len(ranked):
         raise CorpError(f"--top-k {max(cfg.top_k)} is larger than the population ({len(ranked)} specialists)")
-    results, _ = randopt_results(ctx, ranked, cfg.top_k)
+    evals = run_evals(ctx)
+    passes = test_passes(ctx, ranked, cfg.top_k, evals)  # the test rows' time, said before they start (issue 56)
+    say_passes(
+        NAME,
+        [Passes("test rows", passes, passes * len(ctx.splits["test"]))],
+        seconds_per_example(ranked),
+        "at the population's rate",
+    )
+    results, _ = randopt_results(ctx, ranked, cfg.top_k, evals)
     fields = {"population": population_summary(ctx, ranked), "edge_flags": sigma_edge_flags(ctx, ranked)}
 
     def table(report: dict) -> str:

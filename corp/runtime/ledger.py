@@ -17,7 +17,9 @@ rule for every method is simpler to audit than a per-method discount.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from tqdm.auto import tqdm
 
@@ -94,5 +96,44 @@ def say_expected(
     tqdm.write(
         f"{what}: {left} {unit} to go, about {duration(seconds_each * left / max(1, parallel))} "
         f"({seconds_each:.3g} s each, {basis}{at_once})",
+        file=sys.stderr,
+    )
+
+
+class Passes(NamedTuple):
+    """A stage still to run, for `say_passes`: `passes` over a split, `examples` generated in all by
+    them; `at_most`: the count is an upper bound (a stage that may stop early)."""
+
+    stage: str
+    passes: int
+    examples: int
+    at_most: bool = False
+
+
+def seconds_per_example(rows: Iterable[dict]) -> float | None:
+    """What scored rows (the result-row schema) took per example: generation, setting the weights and
+    the reward, over the examples they were scored on; None when they hold no time."""
+    seconds = examples = 0.0
+    for r in rows:
+        seconds += r.get("seconds", 0.0) + r.get("apply_seconds", 0.0) + r.get("reward_seconds", 0.0)
+        examples += r.get("n_examples") or len(r.get("correct", ()))
+    return seconds / examples if seconds > 0 and examples > 0 else None
+
+
+def say_passes(what: str, stages: Sequence[Passes], seconds_each_example: float | None, basis: str) -> None:
+    """One line, before the stages after a measured one (a population) go on, saying what they will take:
+    their passes, stage by stage, and their time at `seconds_each_example` (`basis`: where that rate comes
+    from). Passes over splits of different sizes are timed by the examples they generate. On stderr and not
+    under CORP_NO_PROGRESS, like `say_expected`."""
+    todo = [s for s in stages if s.passes > 0]
+    if not todo or not seconds_each_example or progress_disabled():
+        return
+    bound = any(s.at_most for s in todo)
+    seconds = seconds_each_example * sum(s.examples for s in todo)
+    parts = ", ".join(f"{s.stage} {'up to ' if s.at_most else ''}{s.passes}" for s in todo)
+    tqdm.write(
+        f"{what}: {'up to ' if bound else ''}{sum(s.passes for s in todo)} passes to go, "
+        f"about {duration(seconds)}{' at most' if bound else ''} "
+        f"({parts}; {seconds_each_example:.3g} s per example, {basis})",
         file=sys.stderr,
     )

@@ -15,6 +15,7 @@ from corp.bench.config import BenchConfig
 from corp.bench.plan import Cell, trials_of
 from corp.bench.retention import score_records
 from corp.bench.schedule.claims import attempt, busy
+from corp.runtime.ledger import say_expected
 from corp.runtime.progress import progress_disabled
 
 
@@ -29,6 +30,7 @@ def run_passes(cfg: BenchConfig, bench: Bench, cells: list[Cell], compute: bool,
     wait = float(os.environ.get("CORP_BENCH_WAIT", "30"))
     done: dict[str, dict] = {}
     n_pass = 0
+    said = False
     while True:
         n_pass += 1
         deferred = 0
@@ -40,17 +42,31 @@ def run_passes(cfg: BenchConfig, bench: Bench, cells: list[Cell], compute: bool,
             dynamic_ncols=True,
             disable=progress_disabled() or not compute,
         )
-        for planned in bar:
+        for i, planned in enumerate(bar):
             bar.set_postfix_str(
                 f"{planned.task_label or planned.task} {planned.setting} s{planned.seed} {planned.label} "
                 f"{'' if planned.budget is None else f'{planned.budget:.2g}'}"
             )
+            calls, t0 = bench.calls, time.perf_counter()
             deferred += _pass_cell(cfg, bench, cells, planned, compute, mine, done)
+            if bench.calls > calls and not said:  # the first cell this process ran: what the rest will take
+                said = True
+                _say_cells_left(cfg, bench, cells[i + 1 :], cells, mine, time.perf_counter() - t0)
         bar.close()
         if not deferred:
             break
         time.sleep(wait)
     return done
+
+
+def _say_cells_left(cfg: BenchConfig, bench: Bench, rest: list[Cell], cells: list[Cell], mine, seconds: float) -> None:
+    """One line after the first cell this process ran: its own cells still to run (no record yet) and their
+    time at that cell's rate, which is rough: cells of other methods and budgets differ (issue 56)."""
+    if progress_disabled():  # reading the records is not worth it for a line nobody sees
+        return
+    left = sum(1 for c in rest if mine(c) and ((r := bench.resolve(c, cells)) is None or bench.load_record(r) is None))
+    basis = "as the first cell took; cells of other methods and budgets differ"
+    say_expected(f"bench {cfg.name}", left, "cells", seconds, basis=basis)
 
 
 def _pass_cell(

@@ -14,6 +14,7 @@ import math
 import shutil
 import time
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 
 from corp.algorithms.corp_operator.algebra import elite_set
@@ -23,7 +24,13 @@ from corp.algorithms.lowrank import FACTORS_FILE, LowRankDirection, factors_file
 from corp.algorithms.perturb import Direction, ParamFilter, lowrank_rank
 from corp.algorithms.recipe import make_recipe, produced_weights
 from corp.algorithms.stats import PerExample
-from corp.evaluate.population import population_line, population_summary, randopt_results, sigma_edge_flags
+from corp.evaluate.population import (
+    population_line,
+    population_summary,
+    randopt_results,
+    sigma_edge_flags,
+    test_passes,
+)
 from corp.evaluate.scorer import ensure_population
 from corp.grids import edge_lines
 from corp.methods.consolidate.config import COMMAND, PRODUCT, ConsolidateConfig
@@ -46,6 +53,7 @@ from corp.runtime.context import (
     row_scores,
     run_evals,
 )
+from corp.runtime.ledger import Passes, say_passes, seconds_per_example
 from corp.runtime.loop import Outputs, drive
 from corp.runtime.models import adapter_base
 from corp.runtime.progress import progress_disabled
@@ -228,6 +236,7 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> Outputs:
     # reproduce
     population = sorted(ranked, key=lambda r: f"{int(r['seed'])}:{float(r['sigma'])!r}:support")
     evals = run_evals(ctx)
+    _say_rest(cfg, ctx, ranked, evals)
     scorer = RunScorer(ctx, evals)
     ctx.backend.require(PERTURBER, "corp consolidate (Gram matrix, merged directions)")
     ctx.backend.require(MODEL, "corp consolidate (it saves the consolidated model)")
@@ -276,6 +285,29 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> Outputs:
         ctx.backend.release_engine()
     deployed = _deploy(cfg, ctx, result, projector, params, scheme, rank_dir, seconds)
     return _consolidate_report(cfg, ctx, result, ranked, tested, scorer, deployed, seconds)
+
+
+def _say_rest(cfg: ConsolidateConfig, ctx: RunContext, ranked: list[dict], evals: EvalCache) -> None:
+    """One line once the population is scored: the passes CoRP's later stages will generate and their time at
+    the population's rate, so minutes of step search, gates and test rows are not silence (issue 56). Rows the
+    run's cache holds are left out (a resume); stage 2 stops early, so its count is a bound."""
+    n = {s: len(ctx.splits[s]) for s in ("probe", "validation", "test", "support_select", "support_gate")}
+    done = Counter(r["split"] for r in evals.rows.values() if r.get("kind") == "direction")  # an earlier attempt's
+
+    def base(split: str) -> int:  # the base's row on `split`, unless cached
+        return int(direction_key(ctx, None, split) not in evals)
+
+    grid = len(cfg.merge_rules) * len(cfg.quantiles) * len(cfg.betas) * len(cfg.alphas)
+    search = max(0, grid - done["probe"]) + base("probe")  # every candidate, and the base for the probe table
+    gates = max(0, len(cfg.merge_rules) - done["validation"]) + base("validation")  # each rule's best vs the base
+    tests = test_passes(ctx, ranked, cfg.top_k, evals) + max(0, 1 - done["test"])  # RandOpt's, CoRP's (or the kept-out)
+    stages = [Passes("step search", search, search * n["probe"]), Passes("gates", gates, gates * n["validation"])]
+    if cfg.rounds > 0:  # a round: its local population and step search on one support half, 2 gates on each side
+        rounds = cfg.rounds * (cfg.local_population + grid + 4) + 1  # + the final validation gate
+        each = (cfg.local_population + grid) * n["support_select"] + 2 * (n["support_gate"] + n["probe"])
+        stages.append(Passes("stage 2", rounds, cfg.rounds * each + n["validation"], at_most=True))
+    stages.append(Passes("test rows", tests, tests * n["test"]))
+    say_passes(COMMAND, stages, seconds_per_example(ranked), "at the population's rate")
 
 
 def _deploy(cfg: ConsolidateConfig, ctx: RunContext, result, projector, params, scheme: str, rank_dir, seconds) -> dict:
