@@ -1,25 +1,29 @@
 """The `corp` command line: parse, build a config, call the library. Nothing else lives here.
 
-One command per registered method (`corp.methods.METHODS`): its options are generated from the
-method's config dataclass (field docstrings are the help), so the CLI, YAML configs and the
-library share one set of names. Renamed options keep their old flag as a hidden, deprecated alias.
+One command per registered method (`corp.methods.METHODS`): tyro generates its options from the
+method's config dataclass (field docstrings are the help; docs/commands.md says why tyro), so the CLI,
+YAML configs and the library share one set of names. Renamed options keep their old flag as a hidden,
+deprecated alias.
 `apply`, `models` and `tasks` are plain commands. Bad input of any kind is one `error:` line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import importlib.metadata
-import inspect
+import io
+import re
 import sys
 import types
 import typing
 import warnings
 from collections.abc import Callable
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
+import tyro
 from typer.core import TyperGroup
 
 from corp.algorithms.recipe import apply_recipe
@@ -165,66 +169,130 @@ def _again(kind: str, exc: BaseException) -> str:
     return "rerun the same command"
 
 
-# What typer parses a config field's flag as. A list field is one comma-separated word (`--top-k 1,4,16`),
-# kept as text for corp.config.check_types, which reads it as it reads a YAML value: one comma-list parser.
-_FLAG_TYPES = (int, float, str, bool)
+# The method commands' options come from tyro (the library cleanrl builds its CLI with), reading a dataclass
+# generated from the config: one optional field per option, so a flag not given stays None and only the flags
+# given override `--config` and the defaults (corp.config.load_config). What corp adds on top of tyro: a list
+# field is one comma-separated word (`--top-k 1,4,16`, `--sigmas auto`) handed as text to corp.config.check_types,
+# which reads it as it reads a YAML value (one comma-list parser); a renamed option's old flag (hidden from
+# --help, one deprecation line: corp.config.to_fields); usage errors as one `error:` line.
+_SCALARS = (int, float, str, bool)
+_YAML_FLAG = (
+    "config",
+    Annotated[
+        Optional[str],
+        tyro.conf.arg(help="YAML file of options (flags override it).", help_behavior_hint=""),
+        tyro.conf.DisallowNone,
+    ],
+)
 
 
-def _field_parameter(option: str, tp, help_: str, hidden: bool = False) -> inspect.Parameter:
-    """The keyword parameter typer makes `--OPTION` of, for a config field of type `tp`. Its value is None
-    when the flag is not given, so that only the flags given override `--config` and the defaults."""
+def _flag_type(option: str, tp) -> tuple[type, str | None]:
+    """What tyro parses `--OPTION` as, for a config field of type `tp`, and its metavar (None: tyro's): a list
+    field as one word of text (`FLOAT,...`), a scalar as itself; a type no flag can give is refused when the
+    command is made."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         tp = next(a for a in typing.get_args(tp) if a is not type(None))
-    metavar = None if tp is bool else f"<{tp.__name__}>"
     if typing.get_origin(tp) is list:
-        metavar, tp = f"<{typing.get_args(tp)[0].__name__},...>", str
-    if tp not in _FLAG_TYPES:
+        return str, f"{typing.get_args(tp)[0].__name__.upper()},..."
+    if tp not in _SCALARS:
         raise TypeError(
             f"config option '{option}' is a {tp}, which has no flag form; use int, float, str, bool or a list"
         )
-    opt = typer.Option(flag(option), help=help_, hidden=hidden, show_default=False, metavar=metavar)
-    return inspect.Parameter(
-        option, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[Optional[tp], opt]
-    )
+    return tp, None
 
 
-def config_parameters(cls: type) -> list[inspect.Parameter]:
-    """The parameters of `corp NAME` for config dataclass `cls`: one per field that is an option (corp.config,
-    "Option names") with its docstring and default as the help, each renamed field's old flag (hidden), and
-    `--config`."""
+def _flag_field(option: str, tp, help_: str, default: Any = None) -> tuple:
+    """The field of the flags dataclass that tyro makes `--OPTION` of; `default` is only shown (the value is
+    None, or False for a switch, when the flag is not given). A bool field is a switch: `--flag` alone."""
+    shown = ",".join(map(str, default)) if isinstance(default, list) else default
+    hint = f"(default: {shown})" if shown not in (None, "") else ""  # tyro's own would show the None
+    flag_tp, metavar = _flag_type(option, tp)
+    arg = tyro.conf.arg(help=help_, help_behavior_hint=hint, metavar=metavar)
+    if flag_tp is bool:
+        return option, Annotated[bool, arg, tyro.conf.FlagCreatePairsOff], dataclasses.field(default=False)
+    return option, Annotated[Optional[flag_tp], arg, tyro.conf.DisallowNone], dataclasses.field(default=None)
+
+
+def flags_of(cls: type, old_flags: bool = True) -> type:
+    """The dataclass tyro parses `corp NAME`'s arguments into, for config dataclass `cls`: a field per option
+    (corp.config, "Option names"), named as it, with the config field's docstring and default as its help;
+    with `old_flags`, each renamed option's old flag too (the parsed arguments; `--help` shows the class
+    without them); and `--config`."""
     hints, docs, names = typing.get_type_hints(cls), field_docs(cls), option_names(cls)
-    params = []
-    for f in dataclasses.fields(cls):
-        if f.name in names:  # not the class's `not_options`
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            shown = ",".join(map(str, default)) if isinstance(default, list) else default
-            help_ = docs.get(f.name, "") + (f" [default: {shown}]" if shown not in (None, "") else "")
-            params.append(_field_parameter(names[f.name], hints[f.name], help_))
-    for old, new in renamed_options(cls).items():
-        params.append(_field_parameter(old, hints[new], f"Deprecated: use {flag(names[new])}.", hidden=True))
-    yaml = typer.Option("--config", help="YAML file of options (flags override it).", metavar="<str>")
-    params.append(
-        inspect.Parameter(
-            "config", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[Optional[str], yaml]
-        )
-    )
-    return params
+    specs = [
+        _flag_field(names[f.name], hints[f.name], docs.get(f.name, ""), _default(f))
+        for f in dataclasses.fields(cls)
+        if f.name in names  # not the class's `not_options`
+    ]
+    if old_flags:
+        specs += [
+            _flag_field(old, hints[new], f"Deprecated: use {flag(names[new])}.")
+            for old, new in renamed_options(cls).items()
+        ]
+    return dataclasses.make_dataclass(f"{cls.__name__}Flags", [*specs, _YAML_FLAG + (dataclasses.field(default=None),)])
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+
+
+def parse_flags(flags: type, shown: type, args: list[str], prog: str, about: str) -> dict:
+    """The flags given in `args`, by option name (those not given left out), parsed by tyro into dataclass
+    `flags`; `--help` prints `shown`'s options (the old flags hidden). A usage error is one `error:` line."""
+    if "--help" in args or "-h" in args:
+        try:
+            tyro.cli(shown, args=["--help"], prog=prog, description=about)
+        except SystemExit:
+            raise typer.Exit(0) from None
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):  # tyro's error box: read back as one line below
+            parsed = tyro.cli(flags, args=args, prog=prog, description=about, add_help=False)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            raise
+        typer.echo(f"error: {_one_line(said.getvalue())} (see `{prog} --help`)", err=True)
+        raise typer.Exit(2) from None
+    sys.stderr.write(said.getvalue())
+    return {k: v for k, v in vars(parsed).items() if v is not None and v is not False}
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_RULE = re.compile(r"^[─╰╯ -]*$")  # a blank line, a rule, the box's bottom
+
+
+def _one_line(box: str) -> str:
+    """tyro's error box as one line: its first paragraph after the title (the message; then come tyro's
+    details and its pointer to --help, which the line ends with), borders and colours stripped, wrapped
+    lines joined."""
+    lines = [ln.strip().strip("│").strip() for ln in _ANSI.sub("", box).strip().splitlines()]
+    rows = []
+    for body in lines[1:]:  # the first: the title, in the box's top border (or alone, without box characters)
+        if _RULE.match(body):
+            if rows:
+                break
+            continue
+        rows.append(body)
+    return " ".join(rows) or "invalid arguments"
 
 
 def config_command(name: str, cls: type, help_text: str):
-    """Register `corp NAME` whose options are the fields of config dataclass `cls` (`config_parameters`): it
-    builds the config (defaults <- `--config` <- the flags given) and calls the decorated runner with it."""
+    """Register `corp NAME` whose options are the fields of config dataclass `cls` (`flags_of`, parsed by tyro):
+    it builds the config (defaults <- `--config` <- the flags given) and calls the decorated runner with it.
+    The command takes its arguments as they are (typer leaves them to tyro; `--help` included)."""
+    flags, shown = flags_of(cls), flags_of(cls, old_flags=False)  # a field no flag can give: refused here
 
     def decorator(runner: Callable[[object], None]):
-        def command(**kwargs):
-            yaml_path = kwargs.pop("config")
-            given = _run(to_fields, cls, kwargs)  # flags -> fields; an old flag: one deprecation line
-            cfg = _run(load_config, cls, yaml_path, given)
+        def command(ctx: typer.Context) -> None:
+            given = parse_flags(flags, shown, list(ctx.args), f"corp {name}", help_text)
+            yaml_path = given.pop("config", None)
+            fields = _run(to_fields, cls, given)  # flags -> fields; an old flag: one deprecation line
+            cfg = _run(load_config, cls, yaml_path, fields)
             _run(runner, cfg)  # the config as the argument: Ctrl-C names its --output-dir
 
-        command.__signature__ = inspect.Signature(config_parameters(cls))  # typer reads the options from it
         command.__name__ = name.replace("-", "_")
-        app.command(name, help=help_text)(command)
+        settings = {"allow_extra_args": True, "ignore_unknown_options": True}
+        app.command(name, help=help_text, add_help_option=False, context_settings=settings)(command)
         return runner
 
     return decorator

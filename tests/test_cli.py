@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -43,8 +44,8 @@ def corp(*args, cwd=None, timeout=600):
         ),
         slow(["randopt", "--output-dir", "/proc/corp-cannot-write"], "not writable"),
         # the parser's own errors: one line too, no usage box
-        (["randopt", "--no-such-flag", "1"], "No such option: --no-such-flag"),
-        slow(["randopt", "--population", "many"], "Invalid value for '--population'"),
+        (["randopt", "--no-such-flag", "1"], "Unrecognized options: --no-such-flag"),
+        slow(["randopt", "--population", "many"], "Error parsing --population"),
         slow(["frobnicate"], "No such command 'frobnicate'"),
         # the population source: --from-run; the old flag still works, but not both
         (["randopt", "--from-run", "/nonexistent-run"], "--from-run '/nonexistent-run' has no population.jsonl"),
@@ -146,8 +147,9 @@ def test_help_shows_every_default():
 
     commands = get_command(app).commands
     for name, command in commands.items():
-        expected = {}
-        if name in REGISTRY:  # options generated from the config: the field defaults
+        expected, shown_as = {}, "[default:{}]"  # click's way (typer's commands)
+        if name in REGISTRY:  # options generated from the config by tyro: the field defaults, tyro's way
+            shown_as = "(default:{})"
             cls = REGISTRY[name].config
             for f in dataclasses.fields(cls):
                 if f.name not in option_names(cls):
@@ -164,37 +166,42 @@ def test_help_shows_every_default():
         assert res.exit_code == 0, res.output
         entries = _help_entries(res.output)
         for option, shown in expected.items():
-            assert f"[default:{''.join(shown.split())}]" in entries.get(option, ""), (name, option, entries.get(option))
+            assert shown_as.format("".join(shown.split())) in entries.get(option, ""), (
+                name,
+                option,
+                entries.get(option),
+            )
     assert len(commands) > 10 and "sigmas[i%len(sigmas)]" in _help_entries(
         CliRunner().invoke(app, ["randopt", "--help"]).output
     ).get("--sigmas", "")
 
 
-def test_every_config_field_is_an_option_generated_from_the_config(monkeypatch):
-    """Each command's options are its config's fields (corp.cli.config_parameters), none written out by
-    hand: every registered method's command has a flag per option field, helped by the field's docstring;
-    and a field planted in a config becomes a flag, with its docstring, its default and its comma list,
-    without a line of CLI code. A field of a type no flag can give is refused when the command is made."""
+def test_every_config_field_is_an_option_generated_from_the_config(monkeypatch, tmp_path):
+    """Each command's options are its config's fields (corp.cli.flags_of, parsed by tyro), none written out by
+    hand: every registered method's `--help` has a flag per option field, helped by the field's docstring, and
+    no old flag. A field planted in a config becomes a flag, with its docstring, its default and its comma list
+    (one word, read by corp.config's parser), without a line of CLI code; its old name works with one warning
+    line; every usage error is one `error:` line. A field of a type no flag can give is refused when the
+    command is made."""
     import dataclasses
     from typing import ClassVar
 
-    from typer.main import get_command
+    import tyro
     from typer.testing import CliRunner
 
     import corp.cli as cli
-    from corp.config import RandOptConfig, field_docs, option_names, renamed_options
+    from corp.config import RandOptConfig, field_docs, flag, option_names, renamed_options
     from corp.methods import REGISTRY
 
-    commands = get_command(cli.app).commands
     for name, method in REGISTRY.items():
-        params = {p.name: p for p in commands[name].params}
+        entries = _help_entries(CliRunner().invoke(cli.app, [name, "--help"]).output)
         names, docs = option_names(method.config), field_docs(method.config)
         for field_name, option in names.items():
-            p = params.get(option)
-            assert p is not None and not p.hidden, (name, field_name)
-            assert p.opts == ["--" + option.replace("_", "-")] and p.help.startswith(docs[field_name]), (name, option)
-        assert all(params[old].hidden for old in renamed_options(method.config)), name
-        assert set(params) == set(names.values()) | set(renamed_options(method.config)) | {"config"}, name
+            shown = entries.get(flag(option), "")
+            assert "".join(docs[field_name].split()) in shown, (name, option, shown)
+        assert set(entries) == {flag(o) for o in names.values()} | {"--config"}, name
+        parsed = {f.name for f in dataclasses.fields(cli.flags_of(method.config))}  # the old flags: parsed, hidden
+        assert parsed == set(names.values()) | set(renamed_options(method.config)) | {"config"}, name
 
     @dataclasses.dataclass
     class Planted(RandOptConfig):
@@ -211,14 +218,38 @@ def test_every_config_field_is_an_option_generated_from_the_config(monkeypatch):
     got = []
     monkeypatch.setattr(cli.app, "registered_commands", list(cli.app.registered_commands))
     cli.config_command("planted", Planted, "A planted command.")(got.append)
-    helped = "".join(CliRunner().invoke(cli.app, ["planted", "--help"]).output.split())
-    assert "--planted-knob<int,...>Aplantedknob,comma-separated.[default:2,3]" in helped, helped
-    assert "--planted-flagAplantedswitch.[default:False]" in helped and "--old-knob" not in helped, helped
+    helped = _help_entries(CliRunner().invoke(cli.app, ["planted", "--help"]).output)
+    assert helped["--planted-knob"] == "--planted-knobINT,...Aplantedknob,comma-separated.(default:2,3)", helped
+    assert helped["--planted-flag"] == "--planted-flagAplantedswitch.(default:False)" and "--old-knob" not in helped
     res = CliRunner().invoke(cli.app, ["planted", "--planted-knob", "5,8", "--planted-flag", "--top-k", "1,2"])
     assert res.exit_code == 0, res.output
     assert got[0].planted_knob == [5, 8] and got[0].planted_flag is True and got[0].top_k == [1, 2]
-    old = CliRunner().invoke(cli.app, ["planted", "--old-knob", "7"])
+    assert got[0].sigmas == "auto" and got[0].population == 64  # what was not given: the defaults
+    with warnings.catch_warnings():  # as the `corp` script shows it (pytest's configuration hides FutureWarning)
+        warnings.simplefilter("default")
+        old = CliRunner().invoke(cli.app, ["planted", "--old-knob", "7"])
     assert old.exit_code == 0 and got[1].planted_knob == [7] and got[1].planted_flag is False, old.output
+    assert old.stderr.splitlines() == [
+        "warning: --old-knob is deprecated; use --planted-knob (the old name is kept for one release)"
+    ]
+    yaml_file = tmp_path / "planted.yaml"
+    yaml_file.write_text("planted_knob: 9,10\npopulation: 5\nplanted_flag: true\n")
+    res = CliRunner().invoke(cli.app, ["planted", "--config", str(yaml_file), "--population", "7"])
+    assert res.exit_code == 0, res.output  # defaults <- YAML <- only the flags given (a switch not given: YAML's)
+    assert got[2].planted_knob == [9, 10] and got[2].population == 7 and got[2].planted_flag is True
+    for bad, said, boxes in [
+        (["--planted-knob"], "--planted-knob", True),  # no value
+        (["--planted-knob", "5,x"], "--planted-knob is '5,x'", True),  # not a list of integers: corp.config's line
+        (["--population", "many"], "--population", True),  # not an integer: tyro's
+        (["--population", "many"], "--population", False),  # tyro's error without box characters
+        (["--no-such-knob", "1"], "--no-such-knob", True),
+    ]:
+        monkeypatch.setitem(tyro._experimental_options, "utf8_boxes", boxes)
+        res = CliRunner().invoke(cli.app, ["planted", *bad])
+        lines = res.stderr.splitlines()
+        assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error:"), (bad, res.stderr)
+        assert said in lines[0] and "Traceback" not in res.output, (bad, lines)
+    assert len(got) == 3
 
     @dataclasses.dataclass
     class Unflaggable(RandOptConfig):

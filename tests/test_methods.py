@@ -209,7 +209,7 @@ def test_a_method_added_as_the_docs_say_runs_through_the_cli_and_the_bench(tiny_
     cli.method_command(toy)  # what corp.cli does for every registered method at import
     helped = CliRunner().invoke(cli.app, ["toy", "--help"])
     assert helped.exit_code == 0, helped.output
-    assert "--passes" in helped.output and "[default: 1]" in helped.output
+    assert "--passes" in helped.output and "(default: 1)" in helped.output
 
     options = {**toy.smoke, **COMMON, "model": str(tiny_dir), "passes": 2}
     flags = [x for k, v in options.items() for x in (flag(k, toy.config), str(v))]
