@@ -260,7 +260,9 @@ def _group_generations(backend, encoded, order, per_batch, members, max_new_toke
     t0 = time.perf_counter()
     for start in range(0, len(order), per_batch):
         chunk = order[start : start + per_batch]
-        done = backend.generate_rows([encoded[k] for _ in members for k in chunk], max_new_tokens, stop=stop)
+        rows = [encoded[k] for _ in members for k in chunk]
+        # no shared prefix computed once: a batch-1 forward would not split into the hooks' row groups
+        done = backend.generate_rows(rows, max_new_tokens, stop=stop, shared_prefix=False)
         for r, (row_ids, text) in enumerate(done):
             i, k = members[r // len(chunk)], chunk[r % len(chunk)]
             ids[i][k], texts[i][k] = row_ids, text
