@@ -48,7 +48,7 @@ from corp.config import load_config, python_terms, read_yaml_config, renamed_opt
 from corp.config import option_names as config_option_names
 from corp.errors import CorpError
 from corp.evaluate.rewards import register_reward
-from corp.methods import Method, get_method, methods
+from corp.methods import Method, consolidate, es, get_method, grpo, methods, randopt
 from corp.runtime.models import cache_dir, shown_datasets
 from corp.runtime.runs import atomic_write_text, read_jsonl
 
@@ -364,23 +364,26 @@ def _yaml_keys(config: str | None) -> set[str]:
     return {str(k).replace("-", "_") for k in read_yaml_config(config)} if config else set()
 
 
-def _method_function(name: str, label: str) -> Callable[..., Result]:
+def _method_function(method: Method, label: str) -> Callable[..., Result]:
+    name = method.name
+
     def method_fn(model=None, train_dataset=None, reward_funcs=None, **options) -> Result:
         return train(name, model, train_dataset, reward_funcs, **options)
 
-    method_fn.__name__ = method_fn.__qualname__ = "train_" + get_method(name).made
+    method_fn.__name__ = method_fn.__qualname__ = "train_" + method.made
     method_fn.__doc__ = (
         f"{label}: `corp.train('{name}', ...)` (see `corp.train`); options are `corp {name}`'s flags "
-        f"(`corp.api.option_names('{name}')`). {get_method(name).help}"
+        f"(`corp.api.option_names('{name}')`). {method.help}"
     )
     return method_fn
 
 
-# named by what each method makes (`Method.made`): `train_corp` runs `corp consolidate`
-train_randopt = _method_function("randopt", "RandOpt (top-K vote over scored specialists)")
-train_corp = _method_function("consolidate", "CoRP (one gated model from a population; `corp consolidate`)")
-train_es = _method_function("es", "ES (OpenES around a moving centre)")
-train_grpo = _method_function("grpo", "GRPO (TRL-style; loss grpo | cov | reco)")
+# named by what each method makes (`Method.made`): `train_corp` runs `corp consolidate` (tests/test_method_names.py
+# checks that each one's name is the name it is bound to here)
+train_randopt = _method_function(randopt.METHOD, "RandOpt (top-K vote over scored specialists)")
+train_corp = _method_function(consolidate.METHOD, "CoRP (one gated model from a population; `corp consolidate`)")
+train_es = _method_function(es.METHOD, "ES (OpenES around a moving centre)")
+train_grpo = _method_function(grpo.METHOD, "GRPO (TRL-style; loss grpo | cov | reco)")
 
 __all__ = [
     "Result",

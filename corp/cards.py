@@ -128,7 +128,8 @@ def _gate_lines(made: dict, report: dict | None) -> list[str]:
     lines = []
     if isinstance(made.get("gate"), dict) and "wins" in made["gate"]:
         lines += ["", f"{_sentence(margin_line(made['gate']))}."]
-    cand = ((report or {}).get("corp") or {}).get("candidate_test")
+    # the report's section of the method that made the recipe is named as its made_by.method (CoRP's "corp")
+    cand = ((report or {}).get(made.get("method")) or {}).get("candidate_test")
     if cand and not cand.get("deployed"):
         lines += ["", f"{_sentence(kept_out_line(cand))}."]
     return lines
@@ -159,7 +160,7 @@ def _weights_lines(method: str, recipe: dict | None, report: dict | None) -> lis
             f"**These weights are the base consolidated by `{method}`**: the base plus the merged direction of "
             f"candidate `{made.get('candidate')}`, which passed the validation gate."
         )
-    elif made.get("method") == "es":
+    elif "iterations" in made:  # an ES centre: the one recipe made after a number of iterations
         what = (
             f"**These weights are the ES centre after {made.get('iterations')} iteration(s)**: the base plus the "
             "seed combination the recipe records."

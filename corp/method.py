@@ -86,6 +86,13 @@ class BenchAdapter:
     """Distinct labelled examples a run touches, from (its options, seed, units): those it scored or
     trained on (None: not known). Unset: every example of its splits but test (support + probe +
     validation)."""
+    regime: dict = field(default_factory=dict, compare=False)
+    """The regime it should reach at the bench's top budget (issue 39), each a least value: `units`
+    (its unit) or an option of the cell (n_support, population); the bench's regime table reports it.
+    A bench config's `regime_targets` replaces it. Empty: no target."""
+    reached: Callable[[dict], str] | None = field(default=None, compare=False)
+    """The regime a final cell reached, as the regime table says it, from {"units": mean units, and the
+    cell's options}. None: by kind ("no training", "N specialists", "N optimizer steps")."""
 
 
 def option_default(config: type, name: str):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 
 from corp.bench.config import REGIME_TARGETS
+from corp.method import FIXED, POPULATION, BenchAdapter
 from corp.methods import get_method
 
 
@@ -152,18 +153,14 @@ def regime_of(rec: dict) -> dict:
     return {"units": rec.get("units"), **(rec.get("hyperparameters") or {})}
 
 
-def _regime_text(method: str, kind: str, got: dict) -> str:
+def _regime_text(adapter: BenchAdapter, kind: str, got: dict) -> str:
     u = got.get("units")
-    if kind == "fixed":
+    if kind == FIXED:
         return "no training"
-    if method == "consolidate":
-        return f"{u:.3g} specialists on {got.get('n_support', '?')} support"
-    if kind == "population":
+    if adapter.reached is not None:  # the method's own words (CoRP's support, ES's population, FGRPO's rounds)
+        return adapter.reached(got)
+    if kind == POPULATION:
         return f"{u:.3g} specialists"
-    if method == "es":
-        return f"population {got.get('population', '?')} x {u:.3g} iterations"
-    if method == "fgrpo":
-        return f"{u:.3g} rounds"
     return f"{u:.3g} optimizer steps"
 
 
@@ -212,7 +209,7 @@ def regime_rows(cfg, records: list[dict], setting: str) -> list[dict]:
         out.append(
             row
             | {
-                "reached": _regime_text(method, kind, got),
+                "reached": _regime_text(adapter, kind, got),
                 "target": {k: float(v) for k, v in want.items()},
                 "below": short,
                 "touched": None if any(t is None for t in touched) else statistics.fmean(touched),

@@ -30,6 +30,7 @@ from corp.bench.search import choose, trial_score
 from corp.config import in_scales, load_config
 from corp.method import FIXED, ITERATIVE, POPULATION, get_path
 from corp.methods import get_method
+from corp.methods.score import NAME as SCORE
 from corp.runtime.ledger import flops
 from corp.runtime.runs import read_json, read_jsonl, write_json
 
@@ -147,7 +148,7 @@ class Bench:
                 report, target, wall = pop["report"], pop["target"], pop["wall"]
             if report is None or report.get("population", {}).get("n", 0) < target:
                 report, dt = self._invoke(
-                    "score", {**pop_opts, **self.score_on, "population": target, "run_dir": str(run_dir)}
+                    SCORE, {**pop_opts, **self.score_on, "population": target, "run_dir": str(run_dir)}
                 )
                 wall += dt
             rows = sorted(
@@ -521,10 +522,11 @@ class Bench:
             if k not in NOT_IDENTITY and k not in common_options(self.cfg, cell.task, cell.seed)
         }
         extra = {}
-        if "corp" in report:  # what the report says about its own decision (kept as reported)
-            extra["detail"] = {"accepted": report["corp"].get("accepted"), "reason": report["corp"].get("reason")}
+        own = report.get(get_method(cell.method).product)  # CoRP's section, named by what it makes
+        if own is not None:  # what the report says about its own decision (kept as reported)
+            extra["detail"] = {"accepted": own.get("accepted"), "reason": own.get("reason")}
             # the gate's margin and its candidate's and the base's test accuracy: what keeping the base cost (issue 55)
-            extra["detail"].update({k: report["corp"][k] for k in ("gate", "candidate_test") if k in report["corp"]})
+            extra["detail"].update({k: own[k] for k in ("gate", "candidate_test") if k in own})
         if report.get("edge_flags"):  # values the run's own search chose on its grid's edge (issue 55)
             extra.setdefault("detail", {})["edge_flags"] = report["edge_flags"]
         return {

@@ -18,18 +18,10 @@ from corp.runtime.runs import bounded_name, naming
 SETTINGS = ("paper", "equal-data")
 PROTOCOLS = ("defaults", "search")
 MAX_PRIMARY = 6  # the issue's "at most about 6": a larger family mostly buys a stricter correction
-# the regime each method should reach at the top budget (issue 39): RandOpt >= 50 specialists, CoRP
-# >= 200 on >= 64 support examples, ES a population and iteration count in its paper's range (30
-# members, hundreds of iterations; 100 is the floor taken here), GRPO (and F-TIS) >= 100 optimizer
-# steps. Keys: `units` (the adapter's unit at the top budget) or an option of the cell (n_support,
-# population). A config's `regime_targets` replaces a method's entry.
-REGIME_TARGETS = {
-    "randopt": {"units": 50},
-    "consolidate": {"units": 200, "n_support": 64},
-    "es": {"population": 30, "units": 100},
-    "grpo": {"units": 100},
-    "ftis": {"units": 100},
-}
+# the regime each method should reach at the top budget (issue 39), by method: each method's own
+# (BenchAdapter.regime, in its registration). Keys: `units` (the adapter's unit at the top budget) or an
+# option of the cell (n_support, population). A config's `regime_targets` replaces a method's entry.
+REGIME_TARGETS = {m.name: dict(m.bench.regime) for m in REGISTRY.values() if m.bench is not None and m.bench.regime}
 
 
 # The bench protocol: the rules that decide what a cell's row is, beyond its options. A record or

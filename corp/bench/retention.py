@@ -33,11 +33,13 @@ from corp.bench.config import (
     units_in,
 )
 from corp.config import load_config
+from corp.evaluate.passk import NAME as EVAL
 from corp.evaluate.passk import EvalConfig
 from corp.evaluate.retention import TEXT_LICENSE, TEXT_TITLE, score_retention
 from corp.evaluate.tasks import SplitSizes
 from corp.method import ITERATIVE
 from corp.methods import get_method
+from corp.methods.self_consistency import NAME as SELF_CONSISTENCY
 from corp.runtime.context import open_run, run_evals
 from corp.runtime.ledger import flops
 from corp.runtime.models import load_model, save_model
@@ -76,7 +78,7 @@ def target(cfg, rec: dict, row: dict) -> tuple[str | None, str]:
     if row.get("population_row"):
         return None, "RandOpt's row on CoRP's population: a specialist of that population, not rebuilt here"
     method = get_method(rec["method"])
-    if rec["method"] == "self-consistency":
+    if rec["method"] == SELF_CONSISTENCY:
         return None, "sampling from the base model (its weights are the base's: see the base row)"
     if not method.model:
         if name == "randopt-top1" and rec.get("population_run"):
@@ -148,7 +150,7 @@ def score_model(cfg, task: str, seed: int, model: str, run_dir: Path) -> dict:
     if off:
         opts["retention_tasks"] = ";".join(off)
     ecfg = load_config(EvalConfig, None, opts)
-    with open_run(ecfg, "eval", None, needs=("test",)) as ctx:
+    with open_run(ecfg, EVAL, None, needs=("test",), host_copy=None) as ctx:  # it only scores
         n_params = int(ctx.backend.n_params)
         report = score_retention(
             ctx, run_evals(ctx), ";".join(off), cfg.model, own_task=False, sizes=SplitSizes(*sizes.values())

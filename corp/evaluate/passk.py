@@ -82,7 +82,7 @@ def completions_bar(backend, total: int) -> Iterator[tqdm]:
     (vLLM) moves it when the caller says a pass is done (`bar.update`)."""
     bar = tqdm(
         total=total,
-        desc="eval",
+        desc=NAME,
         unit="completion",
         dynamic_ncols=True,
         disable=progress_disabled(),
@@ -106,7 +106,7 @@ def completions_bar(backend, total: int) -> Iterator[tqdm]:
 
 
 def run_eval(cfg: EvalConfig, backend=None) -> dict:
-    return drive(cfg, NAME, backend, lambda ctx: _eval(cfg, ctx), needs=("test",))
+    return drive(cfg, NAME, backend, lambda ctx: _eval(cfg, ctx), needs=("test",), host_copy=None)  # it only scores
 
 
 def _eval(cfg: EvalConfig, ctx: RunContext) -> Outputs:

@@ -71,6 +71,9 @@ from corp.runtime.loop import Outputs, Steps, drive, method_rows, run_steps
 from corp.runtime.runs import read_json, write_json
 
 NAME = "es"  # the command, the report's method and its trained row
+# its recipe's kind (corp.algorithms.recipe) and its run definition's: values stored in files (a recipe,
+# population_meta.json), kept whatever the command is named
+KIND = "es"
 
 
 @dataclass
@@ -175,7 +178,7 @@ def es_definition(cfg: ESConfig, task, splits, max_new_tokens: int) -> dict:
         task,
         splits,
         max_new_tokens,
-        kind="es",
+        kind=KIND,
         sigma=cfg.sigma,
         alpha=cfg.alpha,
         population=cfg.population,
@@ -326,7 +329,7 @@ def _run_es(cfg: ESConfig, ctx) -> Outputs:
     pf = ParamFilter(cfg.include, cfg.exclude)
     produced = produced_weights(ctx.backend.model)
     recipe = make_recipe(
-        cfg.model, ctx.model_id, base_hash, pf, centre, made_by, kind="es", scheme=perturber.scheme, produced=produced
+        cfg.model, ctx.model_id, base_hash, pf, centre, made_by, kind=KIND, scheme=perturber.scheme, produced=produced
     )
     sel = ctx.ledger().add_rows(scored.rows.values())
     ids = ctx.example_ids("test")
@@ -400,7 +403,7 @@ METHOD = Method(
     ESConfig,
     run_es,
     "ES: iterative OpenES around a moving centre; saves the model and its seed recipe, reports test accuracy.",
-    recipes=("es",),
+    recipes=(KIND,),
     model=True,
     smoke={**SMALL, "iterations": 2, "population": 4, "sigma": 0.05, "alpha": 0.05},
     summary=summary,
@@ -418,5 +421,9 @@ METHOD = Method(
             * _support_share(o)
         ),
         touched=_touched,
+        # issue 39: a population and iteration count in its paper's range (30 members, hundreds of
+        # iterations; 100 is the floor taken here)
+        regime={"population": 30, "units": 100},
+        reached=lambda got: f"population {got.get('population', '?')} x {got['units']:.3g} iterations",
     ),
 )

@@ -393,5 +393,6 @@ METHOD = Method(
         ),
         check=_clients_get_support,
         touched=lambda o, seed, units: None,  # each client samples its own share: not reconstructed here
+        reached=lambda got: f"{got['units']:.3g} rounds",
     ),
 )

@@ -132,5 +132,6 @@ METHOD = Method(
                 "corp-grpo", seed, units, int(o.get("n_support") or 0), int(opt(o, GRPOConfig, "prompts_per_step"))
             )
         ),
+        regime={"units": 100},  # issue 39: at least 100 optimizer steps at the top budget
     ),
 )

@@ -46,7 +46,7 @@ def format_table(
 
 
 def run_randopt(cfg: RandOptConfig, backend=None) -> dict:
-    return drive(cfg, NAME, backend, lambda ctx: _randopt(cfg, ctx))
+    return drive(cfg, NAME, backend, lambda ctx: _randopt(cfg, ctx), host_copy=None)  # it only scores
 
 
 def _randopt(cfg: RandOptConfig, ctx: RunContext) -> Outputs:
@@ -90,5 +90,6 @@ METHOD = Method(
             ["randopt-top1"] + [f"randopt-vote@{k}" for k in ints(opt(o, RandOptConfig, "top_k")) if k != 1]
         ),
         touched=lambda o, seed, units: int(o.get("n_support") or 0),  # every specialist scored on the whole support
+        regime={"units": 50},  # issue 39: at least 50 specialists at the top budget
     ),
 )

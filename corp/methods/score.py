@@ -25,7 +25,7 @@ def run_score(cfg: PopulationConfig, backend=None) -> dict:
             "corp score --race halving needs --race-keep: how many specialists the method that reads this population "
             "will use (RandOpt's largest K, CoRP's elite count)"
         )
-    return drive(cfg, NAME, backend, _score, needs=("support",))
+    return drive(cfg, NAME, backend, _score, needs=("support",), host_copy=None)  # it only scores
 
 
 def _score(ctx: RunContext) -> Outputs:

@@ -54,7 +54,9 @@ class SelfConsistencyConfig(RunConfig):
 
 
 def run_self_consistency(cfg: SelfConsistencyConfig, backend=None) -> dict:
-    return drive(cfg, NAME, backend, lambda ctx: _self_consistency(cfg, ctx), needs=("test",), defines=None)
+    return drive(
+        cfg, NAME, backend, lambda ctx: _self_consistency(cfg, ctx), needs=("test",), defines=None, host_copy=None
+    )  # it only samples the base
 
 
 def _self_consistency(cfg: SelfConsistencyConfig, ctx) -> Outputs:

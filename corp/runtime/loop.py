@@ -251,9 +251,13 @@ def _stage_seconds(fields: dict, path: tuple[str, ...]) -> dict:
     return node
 
 
-def drive(cfg, method: str, backend, work: Callable, needs=("support", "test"), defines="auto") -> dict:
+def drive(
+    cfg, method: str, backend, work: Callable, needs=("support", "test"), defines="auto", host_copy="beside"
+) -> dict:
     """One run from start to end, the same for every method: open the run directory (`open_run`: the
     lock, the splits, complete or failed), let the method compute (`work(ctx) -> Outputs`), write
-    what it made (`finish`), and close the run. The method writes none of the run's outputs itself."""
-    with open_run(cfg, method, backend, needs=needs, defines=defines) as ctx:
+    what it made (`finish`), and close the run. The method writes none of the run's outputs itself.
+    `host_copy`: what its vLLM run holds on the host beside the engine (corp.runtime.context.lifecycle's
+    HOST_COPIES: None for a method that only scores), for the memory check before any work."""
+    with open_run(cfg, method, backend, needs=needs, defines=defines, host_copy=host_copy) as ctx:
         return finish(ctx, work(ctx))

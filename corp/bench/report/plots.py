@@ -14,6 +14,7 @@ from corp.bench.config import (
     save_plot,
 )
 from corp.bench.report.rows import LABEL_PRIOR, mean_sd
+from corp.methods import consolidate, randopt, self_consistency
 
 
 def plots(cfg: BenchConfig, rows: list[dict], out: Path) -> list[str]:
@@ -89,11 +90,12 @@ def _method_curve(ax, cfg: BenchConfig, name: str, mine: list[dict]) -> list[flo
     return xs
 
 
-# the families of the passes plot, by row name: RandOpt K-vote and self-consistency@K, CoRP at 1
+# the families of the passes plot, by row name (rows are named after their method, CoRP's after what it
+# makes): RandOpt K-vote and self-consistency@K, CoRP at 1
 PASS_FAMILIES = (
-    ("RandOpt K-vote", lambda n: n.startswith("randopt")),
-    ("self-consistency@K", lambda n: n.startswith("self-consistency")),
-    ("CoRP", lambda n: n.startswith("corp") and "/" not in n),  # not RandOpt on CoRP's population
+    ("RandOpt K-vote", lambda n: n.startswith(randopt.NAME)),
+    ("self-consistency@K", lambda n: n.startswith(self_consistency.NAME)),
+    ("CoRP", lambda n: n.startswith(consolidate.PRODUCT) and "/" not in n),  # not RandOpt on CoRP's population
 )
 
 

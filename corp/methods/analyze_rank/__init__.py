@@ -11,8 +11,8 @@ here (`from corp.methods.analyze_rank import run_analyze_rank`), never from a su
 """
 
 from corp.method import SMALL, Method
-from corp.methods.analyze_rank.config import AnalyzeRankConfig
-from corp.methods.analyze_rank.split_half import NAME, run_analyze_rank
+from corp.methods.analyze_rank.config import NAME, AnalyzeRankConfig
+from corp.methods.analyze_rank.split_half import run_analyze_rank
 
 
 def summary(report: dict) -> str:

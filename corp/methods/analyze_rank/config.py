@@ -10,6 +10,8 @@ from typing import ClassVar
 from corp.config import PopulationConfig, parse_list
 from corp.errors import CorpError
 
+NAME = "analyze-rank"  # the command, the run's method and its progress lines' name
+
 
 @dataclass
 class AnalyzeRankConfig(PopulationConfig):

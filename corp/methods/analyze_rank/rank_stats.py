@@ -74,6 +74,7 @@ from corp.algorithms.perturb import noise
 from corp.algorithms.perturb.noise import SCHEME_VERSION
 from corp.algorithms.stats import zscore
 from corp.errors import CorpError
+from corp.methods.analyze_rank.config import NAME
 from corp.methods.analyze_rank.linalg import one_thread, top_svd
 from corp.runtime.ledger import say_expected
 from corp.runtime.progress import progress_disabled
@@ -436,11 +437,11 @@ def _say_expected_time(targets, splits: int, permutations: int, first_seconds: f
     if first_seconds is None:
         total = SECONDS_PER_WEIGHT_ROUND * sum(weights) * splits * (1 + permutations)
         basis = f"{splits} splits x {1 + permutations} rounds, at the rate measured in results/analyze-rank-cost"
-        say_expected("analyze-rank", len(targets), "matrices", total / max(1, len(targets)), basis=basis)
+        say_expected(NAME, len(targets), "matrices", total / max(1, len(targets)), basis=basis)
     elif len(targets) > 1:
         rest = first_seconds / weights[0] * sum(weights[1:])
         basis = f"at the rate of the first, which took {first_seconds:.3g} s"
-        say_expected("analyze-rank", len(targets) - 1, "matrices", rest / (len(targets) - 1), basis=basis)
+        say_expected(NAME, len(targets) - 1, "matrices", rest / (len(targets) - 1), basis=basis)
 
 
 def analyze_population(
@@ -477,7 +478,7 @@ def analyze_population(
         torch.manual_seed(seed)
         bar = tqdm(
             targets,
-            desc="analyze-rank",
+            desc=NAME,
             unit="matrix",
             dynamic_ncols=True,
             disable=not progress or progress_disabled(),

@@ -23,6 +23,7 @@ from corp.algorithms.perturb.noise import check_scheme
 from corp.errors import CorpError
 from corp.evaluate.racing import is_raced
 from corp.evaluate.scorer import ensure_population
+from corp.methods.analyze_rank.config import NAME
 from corp.methods.analyze_rank.linalg import subspace_overlap, top_svd
 from corp.methods.analyze_rank.power import analysis_power
 from corp.methods.analyze_rank.rank_stats import Plan, analyze_population, pair_stats
@@ -44,8 +45,6 @@ __all__ = [
     "top_svd",
     "write_outputs",
 ]
-
-NAME = "analyze-rank"  # the command and the run's method
 
 
 def model_shapes(model_name: str) -> tuple[str, list[tuple[str, tuple[int, ...]]], int | None]:

@@ -33,6 +33,8 @@ METHOD = Method(
         defaults={"top_k": [1], "merge_rules": ["pass2"]},
         population_rows=r"randopt-top1|randopt-vote@\d+",
         touched=lambda o, seed, units: labelled(o),  # support (scoring), probe (step search), validation (gate)
+        regime={"units": 200, "n_support": 64},  # issue 39: at least 200 specialists on at least 64 support examples
+        reached=lambda got: f"{got['units']:.3g} specialists on {got.get('n_support', '?')} support",
     ),
 )
 

@@ -217,7 +217,8 @@ def _clear_lora(run_dir) -> None:
 
 def run_consolidate(cfg: ConsolidateConfig, backend=None) -> dict:
     needs = ("support", "probe", "validation", "test")
-    return drive(cfg, COMMAND, backend, lambda ctx: _consolidate(cfg, ctx), needs=needs)
+    # its host copy is written only once it lets its engine go (_consolidate's release_engine)
+    return drive(cfg, COMMAND, backend, lambda ctx: _consolidate(cfg, ctx), needs=needs, host_copy="after")
 
 
 def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> Outputs:

@@ -96,7 +96,7 @@ METHOD = Method(
     summary=summary,
     bench=BenchAdapter(
         ITERATIVE,
-        r"node0-ftis",
+        rf"node0-{NAME}",
         flops=("method_flops",),
         equal_data=True,
         unit="steps",
@@ -117,6 +117,7 @@ METHOD = Method(
                 "corp-ftis", seed, units, int(o.get("n_support") or 0), int(opt(o, FTISConfig, "prompts_per_step"))
             )
         ),
+        regime={"units": 100},  # issue 39: at least 100 optimizer steps at the top budget, as GRPO
     ),
 )
 

@@ -13,7 +13,7 @@ from corp.algorithms.grpo.trainer import (
 from corp.config import flag
 from corp.errors import CorpError
 
-NAME = "ftis"  # the command and the report's method
+NAME = "ftis"  # the command, the report's method, its trained arm and its rows (node<K>-ftis)
 
 # GRPO options F-TIS does not have, each refused unless at its default (never silently ignored), and why
 UNSUPPORTED = {

@@ -27,6 +27,10 @@ from corp.runtime.loop import Outputs, Steps, drive, run_steps
 from corp.runtime.models import resolve_model
 from corp.runtime.runs import ReportRow
 
+# the comparison arm: each node alone trained with plain on-policy GRPO (`--loss grpo`, corp.algorithms.grpo),
+# its rows node<K>-grpo; the name of a loss and of stored rows, not of the `corp grpo` command
+BASELINE = "grpo"
+
 # ---------------------------------------------------------------- one arm: F-TIS over all nodes, or GRPO on one
 
 
@@ -276,9 +280,9 @@ def _ftis(cfg: FTISConfig, ctx, names: list[str], ood) -> Outputs:
         _check_one_tokenizer(names, node_ctxs)
     hashes = [c.weights_hash for c in node_ctxs]  # the bases' hashes, before training changes the weights
     nodes = [Node(k, names[k], c, cfg) for k, c in enumerate(node_ctxs)]
-    rows = _train_arm("ftis", nodes, cfg, cfg.num_generations, evals, trained_as, ood)
-    reached = {"ftis": nodes[0].step}  # the steps the models hold (more than --max-steps if trained further before)
-    ledgers = {("ftis", n.index): n.ledger.to_dict() for n in nodes}
+    rows = _train_arm(NAME, nodes, cfg, cfg.num_generations, evals, trained_as, ood)
+    reached = {NAME: nodes[0].step}  # the steps the models hold (more than --max-steps if trained further before)
+    ledgers = {(NAME, n.index): n.ledger.to_dict() for n in nodes}
     traffic = {n.index: {"bytes_sent": n.bytes_sent, "bytes_received": n.bytes_received} for n in nodes}
     del nodes, node_ctxs  # free the trained models before the baseline reloads the bases
     if not cfg.skip_grpo_baseline:
@@ -328,9 +332,9 @@ def _grpo_baseline(cfg, ctx, names, hashes, evals, trained_as, ood, reached, led
                 f"node {k} ('{name}') reloaded with other weights than at the start of the run; its files changed"
             )
         node = Node(k, name, c, cfg)
-        rows += _train_arm("grpo", [node], cfg, cfg.num_generations * len(names), evals, trained_as, ood)
-        reached[("grpo", k)] = node.step
-        ledgers[("grpo", k)] = node.ledger.to_dict()
+        rows += _train_arm(BASELINE, [node], cfg, cfg.num_generations * len(names), evals, trained_as, ood)
+        reached[(BASELINE, k)] = node.step
+        ledgers[(BASELINE, k)] = node.ledger.to_dict()
         del node, c
     return rows
 
@@ -347,14 +351,14 @@ def _node_rows(cfg, ctx, names, evals, ledgers, reached, ids) -> tuple[list[Repo
             )
 
         for label, r, trained in (
-            (f"node{k}-base", at("ftis", 0), False),
-            (f"node{k}-ftis", at("ftis", reached["ftis"]), True),
-            (f"node{k}-grpo", at("grpo", reached.get(("grpo", k), cfg.steps)), True),
+            (f"node{k}-base", at(NAME, 0), False),
+            (f"node{k}-{NAME}", at(NAME, reached[NAME]), True),
+            (f"node{k}-{BASELINE}", at(BASELINE, reached.get((BASELINE, k), cfg.steps)), True),
         ):
             if r is None:
                 continue
             ev = r["row"]
-            led = Ledger(ledgers[("ftis", k)]["n_params"]).add_generation(ev["prompt_tokens"], ev["generated_tokens"])
+            led = Ledger(ledgers[(NAME, k)]["n_params"]).add_generation(ev["prompt_tokens"], ev["generated_tokens"])
             report_rows.append(
                 ReportRow(
                     label,
@@ -366,7 +370,7 @@ def _node_rows(cfg, ctx, names, evals, ledgers, reached, ids) -> tuple[list[Repo
                     detail={"model": name, "step": r["step"]},
                 )
             )
-        compare += [(f"node{k}-ftis", f"node{k}-grpo"), (f"node{k}-ftis", f"node{k}-base")]
+        compare += [(f"node{k}-{NAME}", f"node{k}-{BASELINE}"), (f"node{k}-{NAME}", f"node{k}-base")]
     return report_rows, compare
 
 
@@ -384,10 +388,10 @@ def _outputs(cfg, ctx, names, rows, ledgers, traffic, hashes, reached) -> Output
         reconstruction=(
             "F-TIS, arXiv 2605.22537: a reconstruction from docs/methods.md (choices stated in corp/methods/ftis/)"
         ),
-        steps=reached["ftis"],
+        steps=reached[NAME],
         # every party's compute toward F-TIS's models: the sum over nodes, each at its own model's size
         # (corp bench charges a cell this; the per-node ledgers are under `nodes`)
-        method_flops=sum(ledgers[("ftis", k)]["flops"] for k in range(len(names))),
+        method_flops=sum(ledgers[(NAME, k)]["flops"] for k in range(len(names))),
         method_ledger_parties=_parties(names, ledgers),
         method_ledger_note=(
             "F-TIS, all nodes: each node's generation of its rollouts and the forward pass for their logprobs (2N per "
@@ -417,8 +421,8 @@ def _parties(names, ledgers) -> list[dict]:
         {
             "node": k,
             "model": n,
-            "n_params": ledgers[("ftis", k)]["n_params"],
-            "flops": ledgers[("ftis", k)]["flops"],
+            "n_params": ledgers[(NAME, k)]["n_params"],
+            "flops": ledgers[(NAME, k)]["flops"],
         }
         for k, n in enumerate(names)
     ]
@@ -431,8 +435,8 @@ def _nodes(names, hashes, ledgers, traffic) -> list[dict]:
             "node": k,
             "model": n,
             "weights_hash": hashes[k],
-            "training_ledger": ledgers.get(("ftis", k)),
-            "grpo_training_ledger": ledgers.get(("grpo", k)),
+            "training_ledger": ledgers.get((NAME, k)),
+            "grpo_training_ledger": ledgers.get((BASELINE, k)),
             **traffic.get(k, {}),
         }
         for k, n in enumerate(names)

@@ -41,12 +41,14 @@ def setup_run(
     backend: Backend | None = None,
     needs: Sequence[str] = ("support", "test"),
     defines: dict | None | str | Callable = "auto",
+    host_copy: str | None = "beside",
 ) -> RunContext:
     """Resolve task, splits, reward and run directory; lock the directory; check that a reused
     directory was made under the same definition (`defines`: what the rows written here mean, or a
     function (task, splits, max_new_tokens) -> that; "auto": a population's definition for
     population configs) BEFORE writing anything; then write
-    config.yaml and splits.json. `backend` injects a ready backend (tests, reuse)."""
+    config.yaml and splits.json. `backend` injects a ready backend (tests, reuse). `host_copy`: what
+    a vLLM run of the method holds on the host beside its engine, for the memory check (HOST_COPIES)."""
     if cfg.threads:
         import torch
 
@@ -58,7 +60,7 @@ def setup_run(
     defines = _definition(defines, cfg, task, splits, max_new)
     if backend is None:  # a model that cannot be had is its error line before any run directory is announced
         check_model_reachable(cfg.model)
-        _check_memory(cfg, method)
+        _check_memory(cfg, host_copy)
     # the run's name: a Python API dataset as `dataset-<hash>`, not the path in corp's cache it is stored at
     run_dir, created = open_run_dir(cfg.run_dir, shown_datasets(cfg.task), method, cfg.seed)
     lock = RunLock(run_dir)
@@ -86,23 +88,26 @@ def setup_run(
     )
 
 
-# methods that only score (no direction is ever built on the host): a vLLM run of these holds no host copy
-_SCORE_ONLY = ("score", "randopt", "eval", "self-consistency")
-# methods whose host copy is written only after they let their engine go (Backend.release_engine)
-_HOST_AFTER = ("consolidate",)
+# what a method's vLLM run holds on the host beside its engine, which the method says when it opens its
+# run (`drive(..., host_copy=)`): None, it only scores (no direction is ever built on the host);
+# "after", its host copy is written only after it lets its engine go (Backend.release_engine);
+# "beside", a host model (and its Perturber's pristine copy) the whole run long
+HOST_COPIES = (None, "after", "beside")
 
 
-def _check_memory(cfg: RunConfig, method: str) -> None:
+def _check_memory(cfg: RunConfig, host_copy: str | None) -> None:
     """A model that cannot fit this machine's memory is one line now, not an out-of-memory kill later
     (CPU runs; a GPU's memory is vLLM's own to check)."""
+    if host_copy not in HOST_COPIES:
+        raise ValueError(f"host_copy must be one of {HOST_COPIES}, not {host_copy!r}")
     device = resolve_device(cfg.device)
     if device != "cpu":
         return
     backend = resolve_backend_name(cfg.backend, device)
     engines = cfg.workers if cfg.executor == "ray" else 1
     # Ray's engines are its actors', held until the run closes: a host copy there is written beside them
-    after = method in _HOST_AFTER and cfg.executor != "ray"
-    host = None if backend != "vllm" or method in _SCORE_ONLY else "after" if after else "beside"
+    after = host_copy == "after" and cfg.executor != "ray"
+    host = None if backend != "vllm" or host_copy is None else "after" if after else "beside"
     gram = getattr(cfg, "gram_memory_gb", None)  # CoRP's operator: its Gram matrix is built beside the engine
     check_memory(cfg.model, backend, cfg.dtype, engines, host_copy=host, gram_memory_gb=gram, **_full_training(cfg))
 
@@ -172,12 +177,13 @@ def open_run(
     backend: Backend | None = None,
     needs: Sequence[str] = ("support", "test"),
     defines: dict | None | str | Callable = "auto",
+    host_copy: str | None = "beside",
 ) -> Iterator[RunContext]:
     """`setup_run` for the length of a method's run: on success the run is marked complete; on an
     error a directory this call created that holds nothing computed is removed, any other is marked
     FAILED (or interrupted); the lock is released either way. A SIGTERM (a job scheduler, `timeout`)
     is turned into an interrupt while the run is open, so it is recorded like Ctrl-C (SIGKILL cannot be)."""
-    ctx = setup_run(cfg, method, backend, needs, defines)
+    ctx = setup_run(cfg, method, backend, needs, defines, host_copy)
     if parse_report_to(getattr(cfg, "report_to", "none")):
         ctx.live = LiveLog(ctx.run_dir, cfg.report_to, {"method": method, **config_to_dict(cfg)})
     previous = None
