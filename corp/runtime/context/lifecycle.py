@@ -108,8 +108,27 @@ def _check_memory(cfg: RunConfig, host_copy: str | None) -> None:
     # Ray's engines are its actors', held until the run closes: a host copy there is written beside them
     after = host_copy == "after" and cfg.executor != "ray"
     host = None if backend != "vllm" or host_copy is None else "after" if after else "beside"
-    gram = getattr(cfg, "gram_memory_gb", None)  # CoRP's operator: its Gram matrix is built beside the engine
-    check_memory(cfg.model, backend, cfg.dtype, engines, host_copy=host, gram_memory_gb=gram, **_full_training(cfg))
+    import torch
+
+    # CoRP's operator builds its Gram matrix on the host, on either backend; the elites are not known
+    # before the population is scored, so every specialist is counted as one (stage 2: its local
+    # population beside the stage-1 elites its principal directions are made of)
+    gram = getattr(cfg, "gram_memory_gb", None)
+    seeds = getattr(cfg, "population", 0) or 0
+    if gram and cfg.rounds:
+        seeds += cfg.local_population
+    workers = torch.get_num_threads()  # per_tensor's workers: set from --threads before this check
+    check_memory(
+        cfg.model,
+        backend,
+        cfg.dtype,
+        engines,
+        host_copy=host,
+        gram_memory_gb=gram,
+        workers=workers,
+        seeds=seeds,
+        **_full_training(cfg),
+    )
 
 
 def _full_training(cfg: RunConfig) -> dict:

