@@ -38,8 +38,8 @@ def test_the_gram_of_all_elites_beside_a_vllm_engine_is_refused_naming_gram_memo
     model = _qwen_15b_headers(tmp_path / "qwen")
     monkeypatch.setenv("CORP_VLLM_KV_GIB", "2")
     monkeypatch.setattr(memory, "available_gb", lambda: 24.4)
-    assert memory.gram_work_gb(model, 2.0, 2, 4) == pytest.approx(7.535, abs=0.01)
-    assert memory.gram_work_gb(model, 1.0, 2, 4) == pytest.approx(3.768, abs=0.01)
+    assert memory.gram_work_gb(memory.tensor_sizes(model), 2.0, 2, 4) == pytest.approx(7.535, abs=0.01)
+    assert memory.gram_work_gb(memory.tensor_sizes(model), 1.0, 2, 4) == pytest.approx(3.768, abs=0.01)
     run = {"engines": 1, "host_copy": "after", "workers": 2, "seeds": 4}
     with pytest.raises(CorpError, match=r"needs about 25\.8 GB.*--gram-memory-gb 1 "):
         memory.check_memory(str(model), "vllm", "float32", gram_memory_gb=2.0, **run)
@@ -62,9 +62,9 @@ def test_one_block_holds_one_stack_and_a_small_model_one_worker(tmp_path):
     """k <= rows: SJ is SI, one block per worker; under 1M elements in all, `per_tensor` runs one worker."""
     model = _qwen_15b_headers(tmp_path / "qwen")
     one = 2 * 4 * 151936 * 1536 + 8 * 2 * 2 * (1 << 20)  # two rows of the embedding, fp64 chunk copies
-    assert memory.gram_work_gb(model, 2.0, 1, 2) == pytest.approx(one / memory.GB)
+    assert memory.gram_work_gb(memory.tensor_sizes(model), 2.0, 1, 2) == pytest.approx(one / memory.GB)
     small = tmp_path / "small"
     small.mkdir()
     raw = json.dumps({n: {"dtype": "F32", "shape": [1000], "data_offsets": [0, 0]} for n in "ab"}).encode()
     (small / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw)
-    assert memory.noise_buffers_gb(small, 8) == pytest.approx(4 * 1000 / memory.GB)
+    assert memory.noise_buffers_gb(memory.tensor_sizes(small), 8) == pytest.approx(4 * 1000 / memory.GB)

@@ -49,9 +49,9 @@ def _tensor_headers(path: str | Path):
         yield from ((meta["dtype"], meta["shape"]) for name, meta in header.items() if name != "__metadata__")
 
 
-def largest_tensor(path: str | Path) -> int:
-    """The element count of the checkpoint's largest tensor, from the safetensors headers (0: none)."""
-    return max((math.prod(shape) for _, shape in _tensor_headers(path)), default=0)
+def tensor_sizes(path: str | Path) -> list[int]:
+    """The element counts of the checkpoint's tensors, largest first, from the safetensors headers."""
+    return sorted((math.prod(shape) for _, shape in _tensor_headers(path)), reverse=True)
 
 
 def model_params(path: str | Path) -> tuple[int, str] | None:
@@ -139,29 +139,31 @@ def _ready_path(model: str) -> Path | None:
     return converted_dir(model) or (local if local.is_dir() else None)
 
 
-def _largest_first(path: str | Path, workers: int) -> list[int]:
-    """The element counts of the tensors `workers` parallel workers hold at once: the largest, since
-    `per_tensor` hands them out largest first; one worker for a model under 1M elements (`tensor_workers`)."""
-    sizes = sorted((math.prod(shape) for _, shape in _tensor_headers(path)), reverse=True)
+def _largest_first(sizes: list[int], workers: int) -> list[int]:
+    """The element counts of the tensors `workers` parallel workers hold at once (`sizes`: `tensor_sizes`):
+    the largest, since `per_tensor` hands them out largest first; one worker for a model under 1M elements
+    (`tensor_workers`)."""
     return sizes[: max(1, workers) if sum(sizes) >= 1 << 20 else 1]
 
 
-def noise_buffers_gb(path: str | Path, workers: int) -> float:
+def noise_buffers_gb(sizes: list[int], workers: int) -> float:
     """The host Perturber's scratch: one float32 noise buffer per worker, kept for the backend's life
-    and as large as the largest tensor that worker built (`Scratch`): the `workers` largest tensors."""
-    return 4 * sum(_largest_first(path, workers)) / GB
+    and as large as the largest tensor that worker built (`Scratch`): the `workers` largest tensors
+    (`sizes`: `tensor_sizes`)."""
+    return 4 * sum(_largest_first(sizes, workers)) / GB
 
 
-def gram_work_gb(path: str | Path, gram_memory_gb: float, workers: int, seeds: int) -> float:
+def gram_work_gb(sizes: list[int], gram_memory_gb: float, workers: int, seeds: int) -> float:
     """CoRP's Gram matrix on the host (`corp_operator.algebra._tensor_gram`): each of the `workers`
     workers, on one of the largest tensors at once (n elements), draws its noise for the `seeds`
     seeds in row blocks of `rows = min(seeds, budget // 4n)` (at least 1) and holds two blocks (SI and
     SJ; one when one block holds every seed) plus the fp64 copies of a column chunk of each
     (`fp64_chunk`). The budget (`--gram-memory-gb`, GiB) bounds the blocks only roughly: a tensor larger
     than it still takes a row, and a pair of blocks is twice it. The 1.5B model's untied embedding and
-    output matrix (233M elements each) on 2 workers, 4 seeds, 2 GiB: 7.5 GB (1 GiB: 3.8 GB)."""
+    output matrix (233M elements each) on 2 workers, 4 seeds, 2 GiB: 7.5 GB (1 GiB: 3.8 GB). `sizes`:
+    the checkpoint's `tensor_sizes`."""
     budget, k, total = max(1, int(gram_memory_gb * 2**30)), max(1, seeds), 0
-    for n in _largest_first(path, workers):
+    for n in _largest_first(sizes, workers):
         rows = max(1, min(k, budget // (4 * n)))
         stacks = 1 if k <= rows else 2
         total += stacks * rows * 4 * n + 8 * 2 * rows * min(n, fp64_chunk(rows, rows, budget))
@@ -190,22 +192,25 @@ def _params_of(model: str) -> tuple[int, str] | None:
     return model_params(path) if path is not None else None
 
 
-def _run_parts(path: Path, params: int, stored: str, dtype: str, run: dict, gram_memory_gb: float | None) -> dict:
+def _run_parts(sizes: list[int], params: int, stored: str, dtype: str, run: dict, gram_memory_gb: float | None) -> dict:
     """`estimate_gb` for the run `check_memory` describes (`run`: its backend, engines, host_copy,
-    workers, seeds), with CoRP's Gram matrix at the block budget `gram_memory_gb` (None: no Gram)."""
+    workers, seeds; `sizes`: the checkpoint's `tensor_sizes`), with CoRP's Gram matrix at the block
+    budget `gram_memory_gb` (None: no Gram)."""
     workers, seeds = run["workers"], run["seeds"]
-    work = gram_work_gb(path, gram_memory_gb, workers, seeds) if gram_memory_gb else 0.0
+    work = gram_work_gb(sizes, gram_memory_gb, workers, seeds) if gram_memory_gb else 0.0
     # the host Perturber's buffers: every hf run's model, or a vLLM run's host copy
-    noise = noise_buffers_gb(path, workers) if run["backend"] == "hf" or run["host_copy"] else 0.0
+    noise = noise_buffers_gb(sizes, workers) if run["backend"] == "hf" or run["host_copy"] else 0.0
     return estimate_gb(run["backend"], params, dtype, run["engines"], run["host_copy"], stored, work, noise)
 
 
-def _smaller_gram(path: Path, params: int, stored: str, dtype: str, run: dict, gram_memory_gb: float | None) -> str:
+def _smaller_gram(
+    sizes: list[int], params: int, stored: str, dtype: str, run: dict, gram_memory_gb: float | None
+) -> str:
     """The cheaper way the refusal names when a smaller --gram-memory-gb would make the run fit ("": none)."""
     have = available_gb()
     for smaller in (1.0, 0.5, 0.25):
         if gram_memory_gb and smaller < gram_memory_gb:
-            if need_gb(_run_parts(path, params, stored, dtype, run, smaller)) <= have:
+            if need_gb(_run_parts(sizes, params, stored, dtype, run, smaller)) <= have:
                 return f"--gram-memory-gb {smaller:g} builds the Gram matrix in smaller noise blocks"
     return ""
 
@@ -237,7 +242,8 @@ def check_memory(
     params, stored = found
     dtype = dtype or stored
     run = {"backend": backend, "engines": engines, "host_copy": host_copy, "workers": workers, "seeds": seeds}
-    parts = _run_parts(path, params, stored, dtype, run, gram_memory_gb)
+    sizes = tensor_sizes(path)  # read once here, not again by each estimate `_smaller_gram` tries
+    parts = _run_parts(sizes, params, stored, dtype, run, gram_memory_gb)
     if trained:
         others = [p[0] for p in map(_params_of, trained[1:]) if p is not None]
         parts = {**{k: v for k, v in parts.items() if k != "peak"}, **training_gb(params, dtype, others, reference)}
@@ -248,7 +254,7 @@ def check_memory(
     where = f"{engines} vLLM engines" if engines > 1 else f"the {backend} backend"
     cheaper = [lighter] if trained and lighter else []
     if not trained:
-        cheaper.append(_smaller_gram(path, params, stored, dtype, run, gram_memory_gb))
+        cheaper.append(_smaller_gram(sizes, params, stored, dtype, run, gram_memory_gb))
     if dtype == "float32":
         cheaper.append("--dtype bfloat16 halves the weights")
     if engines > 1:
