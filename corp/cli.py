@@ -236,12 +236,13 @@ def _default(f: dataclasses.Field) -> Any:
     return f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
 
 
-def parse_flags(flags: type, shown: type, args: list[str], prog: str, about: str) -> dict:
+def parse_flags(cls: type, flags: type, args: list[str], prog: str, about: str) -> dict:
     """The flags given in `args`, by option name (those not given left out), parsed by tyro into dataclass
-    `flags`; `--help` prints `shown`'s options (the old flags hidden). A usage error is one `error:` line."""
+    `flags` (`flags_of(cls)`); `--help` prints config `cls`'s options without the old flags, a class built
+    only then (not at every start of `corp`). A usage error is one `error:` line."""
     if "--help" in args or "-h" in args:
         try:
-            tyro.cli(shown, args=["--help"], prog=prog, description=about)
+            tyro.cli(flags_of(cls, old_flags=False), args=["--help"], prog=prog, description=about)
         except SystemExit:
             raise typer.Exit(0) from None
     said = io.StringIO()
@@ -280,11 +281,11 @@ def config_command(name: str, cls: type, help_text: str):
     """Register `corp NAME` whose options are the fields of config dataclass `cls` (`flags_of`, parsed by tyro):
     it builds the config (defaults <- `--config` <- the flags given) and calls the decorated runner with it.
     The command takes its arguments as they are (typer leaves them to tyro; `--help` included)."""
-    flags, shown = flags_of(cls), flags_of(cls, old_flags=False)  # a field no flag can give: refused here
+    flags = flags_of(cls)  # a field no flag can give: refused here
 
     def decorator(runner: Callable[[object], None]):
         def command(ctx: typer.Context) -> None:
-            given = parse_flags(flags, shown, list(ctx.args), f"corp {name}", help_text)
+            given = parse_flags(cls, flags, list(ctx.args), f"corp {name}", help_text)
             yaml_path = given.pop("config", None)
             fields = _run(to_fields, cls, given)  # flags -> fields; an old flag: one deprecation line
             cfg = _run(load_config, cls, yaml_path, fields)
