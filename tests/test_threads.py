@@ -1,16 +1,21 @@
-"""OpenMP defaults for a shared machine (corp/runtime/threads.py): passive waiting unless the user chose."""
+"""OpenMP defaults (corp/runtime/threads.py): a short spin on idle cores, passive waiting on busy ones,
+nothing where the user chose."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 
-from corp.runtime.threads import apply_openmp_defaults
+from corp.runtime.threads import SPIN_COUNT, apply_openmp_defaults, busy_cores, cpu_times
 
 
-def test_wait_policy_is_passive_unless_the_user_chose_one():
+def test_wait_policy_follows_the_cores_unless_the_user_chose_one():
     env = {}
-    assert apply_openmp_defaults(env) and env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert apply_openmp_defaults(env, busy=lambda: 0.9) == "OMP_WAIT_POLICY" and env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    env = {}
+    assert apply_openmp_defaults(env, busy=lambda: 0.1) == "GOMP_SPINCOUNT" and env == {"GOMP_SPINCOUNT": SPIN_COUNT}
+    env = {}  # cores that cannot be read: the safe choice
+    assert apply_openmp_defaults(env, busy=lambda: None) == "OMP_WAIT_POLICY" and env == {"OMP_WAIT_POLICY": "PASSIVE"}
     for mine in (
         {"OMP_WAIT_POLICY": "ACTIVE"},
         {"GOMP_SPINCOUNT": "300000"},
@@ -18,24 +23,34 @@ def test_wait_policy_is_passive_unless_the_user_chose_one():
         {"CORP_OMP_DEFAULTS": "0"},
     ):
         env = dict(mine)
-        assert not apply_openmp_defaults(env) and env == mine, mine
+        assert apply_openmp_defaults(env, busy=lambda: 0.0) is None and env == mine, mine
+
+
+def test_busy_cores_reads_other_work_from_proc_stat(tmp_path, monkeypatch):
+    """Busy = every jiffy but idle and iowait (guest time is inside user already), as cores' worth."""
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 50 50 1000 20 0 0 10 30 0\ncpu0 1 2 3\n")
+    assert cpu_times(str(stat)) == (210, 1230)
+    assert cpu_times(str(tmp_path / "missing")) is None
+    samples = iter([(210, 1230), (310, 1430)])  # 100 busy of 200 jiffies on 2 cores: one core busy
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert busy_cores(0.0, read=lambda: next(samples)) == 1.0
+    assert busy_cores(0.0, read=lambda: None) is None
 
 
 def test_importing_corp_sets_the_policy_before_torch_starts_openmp():
     """The variable must be in the environment when torch loads libgomp, i.e. `import corp` first
     (as the CLI does); a fresh interpreter shows it, and leaves a user's choice alone."""
-    code = "import os, corp, torch; print(os.environ.get('OMP_WAIT_POLICY'))"
+    code = "import os, corp, torch; print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('GOMP_SPINCOUNT'))"
     clean = {
         k: v
         for k, v in __import__("os").environ.items()
         if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "CORP_OMP_DEFAULTS")
     }
-    assert (
-        subprocess.run(
-            [sys.executable, "-c", code], env=clean, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        == "PASSIVE"
-    )
+    assert subprocess.run(
+        [sys.executable, "-c", code], env=clean, capture_output=True, text=True, check=True
+    ).stdout.split() in (["PASSIVE", "None"], ["None", SPIN_COUNT])
     out = subprocess.run(
         [sys.executable, "-c", code],
         env={**clean, "OMP_WAIT_POLICY": "ACTIVE"},
@@ -43,4 +58,4 @@ def test_importing_corp_sets_the_policy_before_torch_starts_openmp():
         text=True,
         check=True,
     )
-    assert out.stdout.strip() == "ACTIVE"
+    assert out.stdout.split() == ["ACTIVE", "None"]

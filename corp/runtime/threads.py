@@ -11,16 +11,21 @@ on 2 shared cores (results/contention/README.md): 2 spinning threads took 100-20
 specialist where 2 passive threads took 13-16 s and 1 thread 18-22 s.
 
 What corp does, only where the user has not decided: `apply_openmp_defaults()`, called when
-`corp` is imported (the CLI imports it first), sets OMP_WAIT_POLICY=PASSIVE before torch loads
-OpenMP (the runtime reads it once, at start-up), so a waiting thread sleeps at once and gives its
-core to whoever can use it. Nothing is changed when any of OMP_WAIT_POLICY, GOMP_SPINCOUNT or
-KMP_BLOCKTIME is set, or CORP_OMP_DEFAULTS=0. Child processes (Ray workers, sandboxed programs)
-inherit it. The thread count stays torch's (all usable cores): a thread count cut to the free
-cores was measured too and was slower than two passive threads on the same shared machine (the
-scheduler shares CPU time per thread, so fewer threads also means a smaller share).
-The price, measured on a quiet machine: when nothing else runs, passive waiting is about 1.3x
-slower per specialist than spinning (6.1 vs 4.5 s); under contention it is 2.6x faster. Set
-GOMP_SPINCOUNT on a dedicated machine.
+`corp` is imported (the CLI imports it first), looks at what the machine's cores did over the last
+50 ms (/proc/stat) before torch loads OpenMP (the runtime reads its wait settings once, at
+start-up). Cores in use by other work: OMP_WAIT_POLICY=PASSIVE, so a waiting thread sleeps at once
+and gives its core to whoever can use it. Cores idle: GOMP_SPINCOUNT=10000, a short spin (tens of
+microseconds) that catches the partner thread at most barriers of a busy generation loop without
+a futex wake-up. Measured on this project's 2-core machine, 64-prompt arith passes of the embedded
+model, fresh processes alternating (results/quickstart-levers/README.md): idle, spinning took 6.2-8.2 s
+against passive's 9.7-11.4 s (1.3-1.5x); beside another 2-thread torch job, 21.7-25.6 s against
+15.5-19.8 s (passive 1.3x faster). So the choice is made at start from what runs then; work that starts
+later beside a spinning run costs both, and a user who knows better sets a variable. Nothing is
+changed when any of OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME is set, or CORP_OMP_DEFAULTS=0;
+where /proc/stat cannot be read, passive. Child processes (Ray workers, sandboxed programs)
+inherit the choice. The thread count stays torch's (all usable cores): a thread count cut to the
+free cores was measured too and was slower than two passive threads on the same shared machine
+(the scheduler shares CPU time per thread, so fewer threads also means a smaller share).
 
 Worker threads that are themselves the parallelism (corp.algorithms.perturb.direction.per_tensor) run
 torch's operators on one OpenMP thread each (`serial_ops_in_this_thread`), through the libgomp
@@ -32,18 +37,55 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import time
 
 #: variables that mean the user chose OpenMP's waiting behaviour themselves
 USER_WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 
 
-def apply_openmp_defaults(environ=os.environ) -> bool:
-    """Set OMP_WAIT_POLICY=PASSIVE unless the user set a wait policy (or CORP_OMP_DEFAULTS=0).
-    Returns whether it set it. Has an effect only before the OpenMP runtime starts (torch import)."""
+SPIN_COUNT = "10000"  # iterations a waiting thread spins before it sleeps when the cores are idle
+IDLE_BELOW = 0.25  # other work under this many cores' worth over the probe: idle
+PROBE_S = 0.05  # how long the probe watches the cores
+
+
+def cpu_times(path: str = "/proc/stat") -> tuple[int, int] | None:
+    """(busy, total) jiffies of all cores since boot, from /proc/stat's first line; None where it
+    cannot be read (not Linux). Busy counts steal: a core another guest took is not free."""
+    try:
+        with open(path) as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 4:
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    guest = sum(fields[8:10])  # already inside user and nice
+    return sum(fields) - guest - idle, sum(fields) - guest
+
+
+def busy_cores(probe_s: float = PROBE_S, read=cpu_times) -> float | None:
+    """Cores' worth of work other processes did over `probe_s` (this process sleeps through it), or
+    None where the cores cannot be read."""
+    first = read()
+    time.sleep(probe_s)
+    second = read()
+    if first is None or second is None or second[1] <= first[1]:
+        return None
+    return (second[0] - first[0]) / (second[1] - first[1]) * (os.cpu_count() or 1)
+
+
+def apply_openmp_defaults(environ=os.environ, busy=busy_cores) -> str | None:
+    """Unless the user set a wait setting (or CORP_OMP_DEFAULTS=0): GOMP_SPINCOUNT=SPIN_COUNT when the
+    cores are idle (`busy()` under IDLE_BELOW), else OMP_WAIT_POLICY=PASSIVE. Returns the variable it
+    set, or None. Has an effect only before the OpenMP runtime starts (torch import)."""
     if environ.get("CORP_OMP_DEFAULTS", "1") == "0" or any(k in environ for k in USER_WAIT_SETTINGS):
-        return False
+        return None
+    others = busy()
+    if others is not None and others < IDLE_BELOW:
+        environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+        return "GOMP_SPINCOUNT"
     environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return True
+    return "OMP_WAIT_POLICY"
 
 
 @functools.cache
