@@ -584,3 +584,25 @@ def test_consolidate_says_its_later_passes_and_their_time_once_the_population_is
     assert err.index(said[0]) < err.index("step search (probe)"), "said before the step search starts"
     run_consolidate(tiny_consolidate_config(model_dir, tmp_path / "run", **cfg))
     assert "consolidate: " not in capsys.readouterr().err
+
+
+def test_the_deployed_m_is_built_once_from_the_step_search_to_the_saved_model(
+    tmp_path, tiny_model, tiny_tokenizer, monkeypatch
+):
+    """The deployed rule's M stays built from its gate through the test rows and the saved model (issue 56: the
+    test row rebuilt it, 8 s of the quick start's 362): no merged tensor is materialised on demand."""
+    import corp.algorithms.perturb.direction as direction_module
+    from corp.methods.consolidate.run import run_consolidate
+
+    built = []
+    real = direction_module.materialise
+    monkeypatch.setattr(direction_module, "materialise", lambda *a, **k: built.append(a[1]) or real(*a, **k))
+    model_dir = tmp_path / "tiny"
+    tiny_model.save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    cfg = tiny_consolidate_config(
+        model_dir, tmp_path / "run", reward="tests.test_consolidate:share_of_sevens", merge_rules="pass2", gate_z=-10.0
+    )
+    report = run_consolidate(cfg)
+    assert report["corp"]["accepted"], report["corp"]["reason"]
+    assert built == [], f"merged tensors rebuilt after the step search: {sorted(set(built))[:5]}"

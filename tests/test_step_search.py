@@ -83,7 +83,11 @@ def test_step_search_weights_are_rebuilt_bit_exactly_from_the_recipe_and_m_is_bu
     # second pass over every elite's noise, until the bench showed it as a fifth of CoRP's time).
     # The old path regenerated every elite's noise for every candidate: 2 rules x 4 alphas (+ gates).
     assert len(calls) == n_elite * n_tensors, (len(calls), n_elite, n_tensors)
-    assert not score.perturber._kept, "merged directions are freed after their alphas and gates"
+    # freed after their alphas and gates, but the deployed one: its test row and the saved model apply it next
+    deployed = {t.components for t in res.best.direction.components if isinstance(t, Merged)}
+    assert set(score.perturber._kept) == deployed, "only the deployed M stays built after the gates"
+    score.perturber.release_merged()
+    assert not score.perturber._kept
 
     evaluated = score.seen[repr(res.direction.to_json())]
     recipe = make_recipe(str(model_dir), str(model_dir), base_hash, ParamFilter(), res.direction, {"method": "corp"})

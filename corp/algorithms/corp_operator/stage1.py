@@ -370,7 +370,9 @@ def consolidate_stage1(
 
     Ties on the probe go to the earlier grid point (smaller q, beta, alpha), so the choice is
     deterministic. `scheme`: the noise scheme of the population (the Gram matrix regenerates its
-    noise). `perturber`: the backend's, to build merged directions together (merge_and_search). The first of cfg.merge_rules is deployed (pass 2 by default); every other rule
+    noise). `perturber`: the backend's, to build merged directions together (merge_and_search); the
+    deployed rule's best M is still built on return (where it fits): the caller frees it
+    (`perturber.release_merged()`) once it has applied it for the last time. The first of cfg.merge_rules is deployed (pass 2 by default); every other rule
     is searched and gated too, for the report. `project` (low-rank consolidation,
     corp/methods/consolidate/lowrank.py) replaces each m by its projection before the step search, so the
     probe and the gate judge what is deployed.
@@ -404,8 +406,8 @@ def consolidate_stage1(
             keep_together(perturber, [b.direction for b in bests.values()])  # builds only those not kept
     t0 = time.perf_counter()
     gates = {rule: gate_on(score, b.direction, None, validation, cfg.gate_z) for rule, b in bests.items()}
-    if perturber is not None:
-        perturber.release_merged()
+    if perturber is not None:  # the deployed rule's M stays built: its test row and the saved model apply it next
+        perturber.release_merged(keep=[t for t in best.direction.components if isinstance(t, Merged)] if fits else ())
     _add(seconds, "gate", t0)
     gate = gates[deployed]
     table = [{"candidate": "base", "probe_score": mean_score(score(None, probe)), "pass": "base"}]

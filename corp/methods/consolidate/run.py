@@ -265,6 +265,8 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> Outputs:
         perturber=dense,
     )
     seconds.update(result.seconds)
+    if cfg.rounds > 0 and dense is not None:  # stage 2 builds its own merged directions
+        dense.release_merged()
     if cfg.rounds > 0:
         t0 = time.perf_counter()
         result = consolidate_stage2(
@@ -285,6 +287,8 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> Outputs:
     if ctx.built_backend:  # nothing generates after the test rows: the saved model materialises beside no engine
         ctx.backend.release_engine()
     deployed = _deploy(cfg, ctx, result, projector, params, scheme, rank_dir, seconds)
+    if dense is not None:  # the deployed M, kept from the gate through the test rows and the deploy
+        dense.release_merged()
     return _consolidate_report(cfg, ctx, result, ranked, tested, scorer, deployed, seconds)
 
 
