@@ -6,6 +6,7 @@
 # measure nothing). Prints each wall time, the median, and the last run's table.
 #
 #   benchmarks/quickstart_time.sh [N=3] [MAKE_RUN_ARGS...]
+# QUICKSTART_KEEP=DIR copies the last run's directory (runs/<run>) to DIR before the clone is removed.
 # The machine should be idle: say what else ran beside it when you quote the figure.
 set -euo pipefail
 n=${1:-3}
@@ -26,5 +27,6 @@ for i in $(seq 1 "$n"); do
   times+=("$t")
   echo "make run $i: ${t} s (load after: $(cut -d' ' -f1-3 /proc/loadavg))"
 done
+if [ -n "${QUICKSTART_KEEP:-}" ]; then cp -r runs/* "$QUICKSTART_KEEP"/; fi
 printf '%s\n' "${times[@]}" | sort -n | awk '{a[NR]=$1} END {m=(NR%2)?a[(NR+1)/2]:(a[NR/2]+a[NR/2+1])/2; printf "median of %d: %.1f s (%.2f min)\n", NR, m, m/60}'
 grep -v "^\s*$" "$work/run-$n.log" | grep -iE "base|randopt|corp|gate|CI" | tail -12

@@ -606,3 +606,15 @@ def test_the_deployed_m_is_built_once_from_the_step_search_to_the_saved_model(
     report = run_consolidate(cfg)
     assert report["corp"]["accepted"], report["corp"]["reason"]
     assert built == [], f"merged tensors rebuilt after the step search: {sorted(set(built))[:5]}"
+
+
+def test_the_compatibility_line_compares_only_what_was_computed():
+    """With the seed-orthogonal approximation there is no Gram matrix: the table says so instead of comparing the
+    approximation with itself (it printed 'compatibility (seed-orthogonal) vs seed-orthogonal approximation ... 0.00e+00')."""
+    from corp.methods.consolidate.run import compat_line
+
+    chosen = {"compat_disagreement": {"max_abs_alignment_diff": 1.7e-4, "w2_l1_diff": 6.0e-4}}
+    assert compat_line("exact", chosen).endswith("max |alignment diff| 1.70e-04, L1 diff of pass-2 weights 6.00e-04")
+    assert compat_line("exact", None) == ""
+    line = compat_line("seed-orthogonal", chosen)
+    assert "no Gram matrix" in line and "diff" not in line

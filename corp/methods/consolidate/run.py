@@ -470,6 +470,20 @@ def _corp_section(cfg: ConsolidateConfig, result, low_rank_report, consolidation
     }
 
 
+def compat_line(compat: str, chosen: dict | None) -> str:
+    """The table's line on the compatibility terms: how far the exact Gram's choice is from the seed-orthogonal
+    approximation, or that the approximation was used (no Gram to compare with)."""
+    if compat != "exact":
+        return f"compatibility: {compat} approximation (no Gram matrix; --compat exact computes it)"
+    if not chosen:
+        return ""
+    d = chosen["compat_disagreement"]
+    return (
+        "compatibility (exact) vs seed-orthogonal approximation, chosen (q, beta): max |alignment diff| "
+        f"{d['max_abs_alignment_diff']:.2e}, L1 diff of pass-2 weights {d['w2_l1_diff']:.2e}"
+    )
+
+
 def _table(
     cfg: ConsolidateConfig, ctx: RunContext, result, results, report, consolidation_cost, low_rank_report
 ) -> str:
@@ -480,13 +494,6 @@ def _table(
     chosen = next(
         (st for st in result.stage1 if st["q"] == result.best.params["q"] and st["beta"] == result.best.params["beta"]),
         None,
-    )
-    compat_line = (
-        f"compatibility ({cfg.compat}) vs seed-orthogonal approximation, chosen (q, beta): max |alignment diff| "
-        f"{chosen['compat_disagreement']['max_abs_alignment_diff']:.2e}, L1 diff of pass-2 weights "
-        f"{chosen['compat_disagreement']['w2_l1_diff']:.2e}"
-        if chosen
-        else ""
     )
     return "\n".join(
         x
@@ -500,7 +507,7 @@ def _table(
             margin_line(g.to_dict()),
             kept_out_line(report[PRODUCT]["candidate_test"]) if not result.accepted else "",
             report["labelled_examples_note"],
-            compat_line,
+            compat_line(cfg.compat, chosen),
             low_rank_line(low_rank_report),
             *edge_lines(report["edge_flags"]),
         ]
