@@ -199,3 +199,22 @@ def test_the_bench_and_fedcorp_refuse_auto_in_one_line(tmp_path):
     with pytest.raises(CorpError, match="fedcorp's clients keep to themselves"):
         load_config(FedCorpConfig, None, {"task": "arith", "sigmas": "auto"})
     assert load_config(FedCorpConfig, None, {"task": "arith"}).sigmas == [5e-4, 1e-3, 2e-3]
+
+
+def test_the_sigma_edge_flag_names_the_python_parameter_in_a_python_call(tmp_path):
+    """Inside a Python API call the flag's advice names `sigmas`, not the CLI's `--sigmas` (the README snippet's
+    table said 'pass --sigmas' beside 'pass alphas')."""
+    from corp.config import python_terms
+    from corp.evaluate.population import sigma_edge_flags
+    from corp.evaluate.scorer import ensure_population
+    from corp.grids import edge_line
+    from corp.runtime.context import setup_run
+
+    ctx = setup_run(cfg_for(tmp_path / "r"), "randopt", Planted().inner)
+    ranked = ensure_population(ctx)
+    ranked = [{**ranked[0], "sigma": max(ctx.population_source["calibration"]["sigmas"])}, *ranked[1:]]
+    with python_terms():
+        (flag,) = sigma_edge_flags(ctx, ranked)
+    assert flag["option"] == "sigmas" and edge_line(flag).endswith("pass sigmas with a larger value")
+    (flag,) = sigma_edge_flags(ctx, ranked)
+    assert flag["option"] == "--sigmas"

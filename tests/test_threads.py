@@ -59,3 +59,27 @@ def test_importing_corp_sets_the_policy_before_torch_starts_openmp():
         check=True,
     )
     assert out.stdout.split() == ["ACTIVE", "None"]
+
+
+def test_a_run_records_the_wait_setting_it_ran_with(tmp_path, monkeypatch):
+    """run_status.json says which OpenMP wait setting the run had and who chose it: the setting moves generation's
+    speed by 1.3-1.5x, so a timing is read beside it."""
+    import json
+    import os
+
+    import corp.runtime.threads as threads
+    from corp.runtime.runs import write_status
+
+    monkeypatch.setattr(threads, "_CHOSEN", {})
+    for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME", "CORP_OMP_DEFAULTS"):
+        monkeypatch.setenv(k, "")  # records the variable's state, so teardown restores it whatever the test sets
+        monkeypatch.delenv(k)
+    assert apply_openmp_defaults(busy=lambda: 0.0) == "GOMP_SPINCOUNT"
+    write_status(tmp_path, "running")
+    status = json.loads((tmp_path / "run_status.json").read_text())
+    assert status["openmp"] == {"GOMP_SPINCOUNT": SPIN_COUNT, "chosen_by": "corp", "busy_cores_at_start": 0.0}
+    monkeypatch.setattr(threads, "_CHOSEN", {})
+    del os.environ["GOMP_SPINCOUNT"]
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert apply_openmp_defaults(busy=lambda: 0.0) is None
+    assert threads.wait_setting() == {"OMP_WAIT_POLICY": "ACTIVE", "chosen_by": "the environment"}

@@ -34,6 +34,7 @@ import warnings
 from collections.abc import Callable
 
 from corp.algorithms.perturb.noise import derive_seeds
+from corp.config import flag
 from corp.errors import CorpError
 from corp.grids import edge_flag
 from corp.runtime.context import EvalCache, RunContext
@@ -151,7 +152,7 @@ def calibration_flag(cal: dict | None) -> dict | None:
     """report.json's edge flag when the calibration never bracketed its target (it used a bound)."""
     if not cal or not cal.get("edge"):
         return None
-    return edge_flag("calibrated sigma", cal["sigma"], cal["rule"]["bounds"], "--sigmas")
+    return edge_flag("calibrated sigma", cal["sigma"], cal["rule"]["bounds"], flag("sigmas"))
 
 
 def calibration_line(cal: dict) -> str:

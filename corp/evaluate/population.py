@@ -8,6 +8,7 @@ here, below the algorithm packages, because CoRP's report carries them beside it
 from __future__ import annotations
 
 from corp.algorithms.stats import PerExample
+from corp.config import flag
 from corp.evaluate.calibration import calibration_flag, noise_line
 from corp.evaluate.scorer import rows_ledger, score_specialists, selection_ledger
 from corp.evaluate.voting import majority_vote
@@ -134,7 +135,7 @@ def sigma_edge_flags(ctx: RunContext, ranked: list[dict]) -> list[dict]:
     src = ctx.population_source or {}
     wanted = src.get("from_sigmas")
     grid = wanted or src.get("sigmas") or list(getattr(ctx.cfg, "sigmas", None) or [])
-    found = ranked and edge_flag("top-1 sigma", ranked[0]["sigma"], grid, "--from-sigmas" if wanted else "--sigmas")
+    found = ranked and edge_flag("top-1 sigma", ranked[0]["sigma"], grid, flag("from_sigmas" if wanted else "sigmas"))
     # a calibration that never reached its target used a bound of its search: that is an edge too
     return [f for f in (found, calibration_flag(src.get("calibration"))) if f]
 

@@ -39,6 +39,7 @@ from corp.algorithms.stats import compare_paired, compare_paired_rewards, compar
 from corp.errors import CorpError, RunBusy
 from corp.runtime.cachedir import shown_datasets
 from corp.runtime.ledger import FLOPS_FORMULA, Ledger
+from corp.runtime.threads import wait_setting
 
 NAME_PART_MAX = 64  # characters of user input in a derived file name (a file name may hold 255 bytes)
 
@@ -206,7 +207,13 @@ class RunLock:
 def write_status(run_dir: str | Path, status: str, **info) -> None:
     write_json(
         Path(run_dir) / STATUS_FILE,
-        {"status": status, "pid": os.getpid(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **info},
+        {
+            "status": status,
+            "pid": os.getpid(),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "openmp": wait_setting(),
+            **info,
+        },
     )
 
 
