@@ -44,7 +44,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from corp.config import load_config, python_terms, read_yaml_config, renamed_options
+from corp.config import in_python_terms, load_config, python_terms, read_yaml_config, renamed_options
 from corp.config import option_names as config_option_names
 from corp.errors import CorpError
 from corp.evaluate.rewards import register_reward
@@ -73,8 +73,8 @@ class Result:
 
     @property
     def table(self) -> str:
-        """What the CLI prints after the run."""
-        return get_method(self.method).summarise(self.report)
+        """What the CLI prints after the run, its options said as this API's parameters (`sigmas`, not `--sigmas`)."""
+        return in_python_terms(get_method(self.method).summarise(self.report))
 
     def population(self) -> list[dict]:
         """The scored specialists (`population.jsonl`: seed, sigma, support reward, ...); [] when none."""

@@ -360,6 +360,9 @@ def test_consolidate_on_a_dataset_saves_a_model_transformers_loads(tiny_dir, tmp
     splits = json.loads((result.run_dir / "splits.json").read_text())
     assert len(splits["test"]) == 4 and all(i.startswith("test-") for i in splits["test"])  # all of eval_dataset
     assert (result.run_dir / "recipe.json").is_file() and result["method"] == "consolidate"
+    # the table speaks Python: it printed 'noise scales fixed by --sigmas' to a caller who passed sigmas=
+    assert "noise scales fixed by sigmas: 0.05" in result.table
+    assert not re.search(r"(?<![\w-])--[a-z]", result.table), result.table
 
 
 @pytest.mark.parametrize("name", ["es", "grpo"])
