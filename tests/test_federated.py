@@ -181,6 +181,82 @@ def test_fedcorp_clients_send_only_rewards_and_verdicts(tiny_dir, tmp_path):
     assert json.loads((tmp_path / "run" / "recipe.json").read_text())["kind"] == "corp-direction"
 
 
+def _count_backends(monkeypatch) -> list:
+    """The models RunContexts load (the server's and any client's), one entry per load."""
+    from corp.runtime.context import run_context
+
+    built, real = [], run_context.make_backend
+
+    def counted(*args, **kwargs):
+        built.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_context, "make_backend", counted)
+    return built
+
+
+def _outcome(run, report) -> dict:
+    """What a fedcorp run decided and wrote, timings left out: the report's rows and client tables,
+    the recipe, and every evaluation's rewards and completions (the server's and each client's)."""
+    fields = ("table", "accepted", "candidate", "verdicts", "client_rewards", "combined_rewards", "probe_table")
+    evals = {
+        str(p.relative_to(run)): [(r["key"], r["rewards"], r["completion_hashes"]) for r in map(json.loads, p.open())]
+        for p in sorted(run.rglob("evals.jsonl"))
+    }
+    more = ("per_client_test_accuracy", "communication")
+    return {
+        **{f: report[f] for f in fields + more},
+        "recipe": json.loads((run / "recipe.json").read_text()),
+        "evals": evals,
+    }
+
+
+def test_fedcorp_local_clients_score_with_the_runs_model(tiny_dir, tmp_path, monkeypatch):
+    """--executor local loads the model once: the clients score with the server's backend (each loaded
+    its own before, K + 1 models: 2 clients of the 1.5B model in float32 held 18 GB the memory check
+    did not count), and the run decides and writes what it did with a copy per client."""
+    from safetensors.torch import load_file
+
+    from corp.methods.fedcorp import run as fedcorp
+
+    built = _count_backends(monkeypatch)
+    shared = fedcorp.run_fedcorp(_cfg(tiny_dir, tmp_path / "shared"))
+    assert len(built) == 1, built
+    real = fedcorp.CorpClient.__init__
+    monkeypatch.setattr(fedcorp.CorpClient, "__init__", lambda self, *a: real(self, *a[:4]))  # a model each
+    own = fedcorp.run_fedcorp(_cfg(tiny_dir, tmp_path / "own"))
+    assert len(built) == 1 + 3  # the planted case: the server and both clients load one
+    assert shared["accepted"] and len(_outcome(tmp_path / "own", own)["evals"]) == 3
+    assert _outcome(tmp_path / "shared", shared) == _outcome(tmp_path / "own", own)
+    saved, again = (load_file(next((tmp_path / r / "model").glob("*.safetensors"))) for r in ("shared", "own"))
+    assert saved.keys() == again.keys() and all(torch.equal(saved[k], again[k]) for k in saved)
+
+
+def test_fedcorp_clients_leave_no_merged_direction_in_the_runs_model(tiny_dir, tmp_path, monkeypatch):
+    """The merged candidate a client gated stays built in the shared Perturber (one fp32 copy of the
+    weights); when the run abstains, the server's test rows and saved model never apply it: freed."""
+    from corp.algorithms.perturb.direction import Merged
+    from corp.methods.fedcorp import run as fedcorp
+
+    gate, outputs, seen = fedcorp.CorpClient.op_gate, fedcorp._fedcorp_outputs, {}
+
+    def rejects(self, msg):  # every client vetoes, after gating the candidate on its own share
+        reply = gate(self, msg)
+        seen.setdefault("at gate", []).append(len(self._context()[0].backend.perturber._kept))
+        return {**reply, "accept": False}
+
+    def spy(cfg, ctx, out, direction, *rest):
+        seen["merged"] = any(isinstance(t, Merged) for t in out.best.direction.components)
+        seen["kept"] = dict(ctx.backend.perturber._kept)
+        return outputs(cfg, ctx, out, direction, *rest)
+
+    monkeypatch.setattr(fedcorp.CorpClient, "op_gate", rejects)
+    monkeypatch.setattr(fedcorp, "_fedcorp_outputs", spy)
+    report = fedcorp.run_fedcorp(_cfg(tiny_dir, tmp_path / "run"))
+    assert not report["accepted"] and seen["merged"] and seen["at gate"] == [1, 1]  # the planted case
+    assert seen["kept"] == {}
+
+
 def test_fedcorp_a_client_lost_mid_round_is_dropped_and_the_round_completes(tiny_dir, tmp_path, monkeypatch):
     from corp.methods.fedcorp import run as fedcorp
 

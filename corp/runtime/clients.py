@@ -3,9 +3,10 @@
 Simulation, stated: one launcher (this process) cuts the run's examples into K private shares and
 hands each share to its client at construction; from then on the server side of a method talks
 to clients only through `ClientPool.call`, i.e. encoded messages (`encode`/`decode`), whose byte
-sizes are what a run reports as communication. A client holds its examples, its own model copy
-and its own private evaluation cache (RUN_DIR/clients/<k>/, the client's disk in a real
-deployment).
+sizes are what a run reports as communication. A client holds its examples, a model and its own
+private evaluation cache (RUN_DIR/clients/<k>/, the client's disk in a real deployment); the model
+is a copy of its own, except where a method hands its local clients the run's backend (fedcorp's,
+which only score: each sets its own weights before every evaluation).
 
 Where clients run: `--executor local` builds each client in this process and calls them one after
 the other; `--executor ray` makes each client a Ray actor (its own process). A client that dies

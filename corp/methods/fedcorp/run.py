@@ -27,6 +27,7 @@ Result: a corp-direction recipe (seeds and coefficients) that `corp apply` rebui
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -36,6 +37,7 @@ from corp.algorithms.corp_operator.config import OperatorConfig
 from corp.algorithms.corp_operator.gate import paired_gate
 from corp.algorithms.corp_operator.stage1 import merge_and_search
 from corp.algorithms.perturb import Direction, ParamFilter
+from corp.algorithms.perturb.direction import Merged
 from corp.algorithms.recipe import make_recipe, produced_weights
 from corp.config import PopulationConfig
 from corp.errors import CorpError
@@ -44,7 +46,7 @@ from corp.evaluate.scorer import specialists_for
 from corp.evaluate.tasks import get_task
 from corp.extras import require
 from corp.methods.fedcorp.combine import COMBINE_RULES, combine_client_rewards
-from corp.runtime.backends.base import MODEL, PERTURBER
+from corp.runtime.backends.base import MODEL, PERTURBER, Backend
 from corp.runtime.clients import (
     SPLIT_RULES,
     ClientBase,
@@ -113,11 +115,20 @@ class FedCorpConfig(OperatorConfig, PopulationConfig):
 
 
 class CorpClient(ClientBase):
-    """One fedcorp client: its private shares, its own model copy and evaluation cache (its directory)."""
+    """One fedcorp client: its private shares and evaluation cache (its directory), and a model.
 
-    def __init__(self, cfg: FedCorpConfig, index: int, shares: dict, run_dir: str):
+    `backend`: where this client runs in the server's process (`--executor local`), a function that
+    gives the run's own backend, so K clients hold no weights of their own (a 1.5B float32 model:
+    7.1 GB of written weights and 1.9 GB of noise buffers each); every evaluation sets its direction
+    first (`cached_eval`), so what it scores is what a copy of its own would score. None (a Ray actor,
+    its own process): the client loads its own copy, on first use."""
+
+    def __init__(
+        self, cfg: FedCorpConfig, index: int, shares: dict, run_dir: str, backend: Callable[[], Backend] | None = None
+    ):
         self.cfg, self.index, self.shares, self.run_dir = cfg, index, shares, Path(run_dir)
         self._ctx = self._cache = None
+        self._backend = backend
 
     def _context(self):
         if self._ctx is None:
@@ -129,6 +140,7 @@ class CorpClient(ClientBase):
                 dict(self.shares),
                 self.run_dir,
                 resolve_reward(self.cfg.reward),
+                None if self._backend is None else self._backend(),  # given: its giver's, never closed here
             )
             self._cache = EvalCache(self.run_dir / "evals.jsonl")
         return self._ctx, self._cache
@@ -269,8 +281,13 @@ class _Outcome:
 def _fedcorp(cfg: FedCorpConfig, ctx, log) -> Outputs:
     K = cfg.clients
     shares = {s: split_clients(ctx.splits[s], K, cfg.split_by, s) for s in CLIENT_SPLITS}
+    # clients in this process score with the run's own model (one load, not K + 1: a 1.5B float32 model
+    # took 9 GB a client); a Ray actor, another process, loads its own
+    shared = (lambda: ctx.backend) if cfg.executor == "local" else None
     factories = [
-        partial(CorpClient, cfg, k, {s: shares[s][k] for s in CLIENT_SPLITS}, str(ctx.run_dir / "clients" / str(k)))
+        partial(
+            CorpClient, cfg, k, {s: shares[s][k] for s in CLIENT_SPLITS}, str(ctx.run_dir / "clients" / str(k)), shared
+        )
         for k in range(K)
     ]
     pool = ClientPool(factories, cfg.executor, log=log, ray_address=cfg.ray_address)
@@ -281,6 +298,8 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> Outputs:
         pool.close()
 
     direction = out.best.direction if out.accepted else Direction()
+    if shared is not None:
+        _hand_back(ctx, direction)
     outputs = _fedcorp_outputs(cfg, ctx, out, direction, shares, phases, pool)  # evaluates base and deployed on test
     made_by = {
         "method": NAME,
@@ -302,12 +321,28 @@ def _fedcorp(cfg: FedCorpConfig, ctx, log) -> Outputs:
     return outputs
 
 
+def _hand_back(ctx, direction: Direction) -> None:
+    """What the local clients left in the run's backend that the server must not carry: the M of the
+    merged candidates they scored (the hf Perturber keeps the last one applied, one fp32 copy of the
+    weights), freed unless the deployed direction is made of it (its test row and the saved model apply it
+    next: the same M, the same bits). The weights the clients left are the server's to set, and it sets
+    them before each evaluation and before saving; clients never move the base or cache a prefix."""
+    if ctx.has_backend() and ctx.backend.shares_weights:  # a vLLM engine keeps no M between pushes
+        ctx.backend.perturber.release_merged(keep=[t for t in direction.components if isinstance(t, Merged)])
+
+
 def _client_round(cfg: FedCorpConfig, ctx, pool: ClientPool, phases: dict) -> _Outcome:
     """Hello, the population scored by every client, the federated step search, the clients' gate."""
     progress = not progress_disabled()
     replies, traffic = pool.call({k: {"op": "hello"} for k in range(cfg.clients)}, "hello")
     phases["hello"].add(traffic, {k: {"tokens": {"prompt_tokens": 0, "generated_tokens": 0}} for k in replies})
     check_signatures([ctx.task.signature()] + [replies[k]["signature"] for k in sorted(replies)])
+    # read before the clients score: on vLLM reading the host's Perturber materialises the direction the
+    # (shared) engine was given last, and the base is all the Gram matrix needs (names and shapes)
+    ctx.backend.require(PERTURBER, "corp fedcorp (Gram matrix, merged directions)")
+    ctx.backend.require(MODEL, "corp fedcorp (it saves the consolidated model)")
+    params = [(n, p.shape) for n, p in ctx.backend.perturber.params]
+    scheme = ctx.backend.perturber.scheme
 
     specialists = specialists_for(cfg)
     seeds, sigmas = [s for s, _ in specialists], [float(sg) for _, sg in specialists]
@@ -321,10 +356,6 @@ def _client_round(cfg: FedCorpConfig, ctx, pool: ClientPool, phases: dict) -> _O
         [client_rewards[k] for k in ks], [replies[k]["n"] for k in ks], [replies[k]["base"] for k in ks], cfg.combine
     )
 
-    ctx.backend.require(PERTURBER, "corp fedcorp (Gram matrix, merged directions)")
-    ctx.backend.require(MODEL, "corp fedcorp (it saves the consolidated model)")
-    params = [(n, p.shape) for n, p in ctx.backend.perturber.params]
-    scheme = ctx.backend.perturber.scheme
     perts = [Direction.single(s, sg) for s, sg in zip(seeds, sigmas)]
     probe = FederatedProbe(pool, cfg, phases["probe"])
     base_probe = probe(None, "probe")[0]

@@ -104,6 +104,8 @@ def _check_memory(cfg: RunConfig, host_copy: str | None) -> None:
     if device != "cpu":
         return
     backend = resolve_backend_name(cfg.backend, device)
+    # fedcorp's local clients score with the run's one backend: no weights, noise buffers or engine of
+    # their own to count (fgrpo's local clients each train a copy of their own, not counted here)
     engines = cfg.workers if cfg.executor == "ray" else 1
     # Ray's engines are its actors', held until the run closes: a host copy there is written beside them
     after = host_copy == "after" and cfg.executor != "ray"

@@ -2,7 +2,8 @@
 
 The estimate is the sum of what holds memory for the whole run, none of which grows with the
 population or K (specialists are regenerated from their seeds; the Gram matrix and the merged
-directions work in bounded blocks, `--gram-memory-gb`, `--merge-memory-gb`):
+directions work in bounded blocks, `--gram-memory-gb`, `--merge-memory-gb`; fedcorp's local
+clients score with the run's own backend, corp.methods.fedcorp.run.CorpClient):
 - hf: the model in its dtype, and the Perturber's noise buffers (one per worker, as large as the
   largest tensors: `noise_buffers_gb`);
 - CoRP's Gram matrix, on either backend: the noise blocks its workers hold (`gram_work_gb`), which
