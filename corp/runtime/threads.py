@@ -21,9 +21,9 @@ model, fresh processes alternating (results/quickstart-levers/README.md): idle, 
 against passive's 9.7-11.4 s (1.3-1.5x); beside another 2-thread torch job, 21.7-25.6 s against
 15.5-19.8 s (passive 1.3x faster). So the choice is made at start from what runs then; work that starts
 later beside a spinning run costs both, and a user who knows better sets a variable. Nothing is
-changed when any of OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME is set, or CORP_OMP_DEFAULTS=0;
-where /proc/stat cannot be read, passive. Child processes (Ray workers, sandboxed programs)
-inherit the choice. The thread count stays torch's (all usable cores): a thread count cut to the
+changed when any of OMP_WAIT_POLICY, GOMP_SPINCOUNT or KMP_BLOCKTIME is set by the user, or CORP_OMP_DEFAULTS=0;
+a child of a corp process (CORP_OMP_CHOSEN inherited) waits passively without probing;
+where /proc/stat cannot be read, passive. The thread count stays torch's (all usable cores): a thread count cut to the
 free cores was measured too and was slower than two passive threads on the same shared machine
 (the scheduler shares CPU time per thread, so fewer threads also means a smaller share).
 
@@ -76,20 +76,27 @@ def busy_cores(probe_s: float = PROBE_S, read=cpu_times) -> float | None:
 
 def apply_openmp_defaults(environ=os.environ, busy=busy_cores) -> str | None:
     """Unless the user set a wait setting (or CORP_OMP_DEFAULTS=0): GOMP_SPINCOUNT=SPIN_COUNT when the
-    cores are idle (`busy()` under IDLE_BELOW), else OMP_WAIT_POLICY=PASSIVE. Returns the variable it
-    set, or None. Has an effect only before the OpenMP runtime starts (torch import)."""
+    cores are idle (`busy()` under IDLE_BELOW), else OMP_WAIT_POLICY=PASSIVE; a child of a corp process
+    (CHOSEN_ENV inherited: a Ray worker, a client, a command a test runs) waits passively, whatever its
+    parent chose: it is one of several processes at work, where spinning costs (a test file of Ray and
+    federated runs took 45 s with spinning children against 28 s passive). Returns the variable it set, or
+    None. Has an effect only before the OpenMP runtime starts (torch import)."""
+    inherited = environ.get(CHOSEN_ENV)
+    if inherited in USER_WAIT_SETTINGS and inherited in environ:  # set by a corp parent, not the user
+        del environ[inherited]
     if environ.get("CORP_OMP_DEFAULTS", "1") == "0" or any(k in environ for k in USER_WAIT_SETTINGS):
         return None
-    others = busy()
-    var, value = (
-        ("GOMP_SPINCOUNT", SPIN_COUNT) if others is not None and others < IDLE_BELOW else ("OMP_WAIT_POLICY", "PASSIVE")
-    )
+    others = None if inherited else busy()
+    idle = others is not None and others < IDLE_BELOW
+    var, value = ("GOMP_SPINCOUNT", SPIN_COUNT) if idle else ("OMP_WAIT_POLICY", "PASSIVE")
     environ[var] = value
+    environ[CHOSEN_ENV] = var
     if environ is os.environ:
-        _CHOSEN.update(var=var, busy_cores=None if others is None else round(others, 2))
+        _CHOSEN.update(var=var, busy_cores=None if others is None else round(others, 2), child=bool(inherited))
     return var
 
 
+CHOSEN_ENV = "CORP_OMP_CHOSEN"  # the variable corp set, for its child processes to tell it from the user's
 _CHOSEN: dict = {}  # what apply_openmp_defaults set in this process, and the cores it saw
 
 
@@ -98,7 +105,9 @@ def wait_setting(environ=os.environ) -> dict:
     generation's speed by 1.3-1.5x, so a run's timing is read beside it."""
     found = {k: environ[k] for k in USER_WAIT_SETTINGS if k in environ}
     if _CHOSEN and _CHOSEN["var"] in found:
-        return {**found, "chosen_by": "corp", "busy_cores_at_start": _CHOSEN["busy_cores"]}
+        if _CHOSEN["child"]:
+            return {**found, "chosen_by": "corp at import (a child of a corp process)"}
+        return {**found, "chosen_by": "corp at import", "busy_cores_at_start": _CHOSEN["busy_cores"]}
     return {**found, "chosen_by": "the environment" if found else "nobody (OpenMP's default)"}
 
 
