@@ -46,6 +46,8 @@ USER_WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
 SPIN_COUNT = "10000"  # iterations a waiting thread spins before it sleeps when the cores are idle
 IDLE_BELOW = 0.25  # other work under this many cores' worth over the probe: idle
 PROBE_S = 0.05  # how long the probe watches the cores
+CHOSEN_ENV = "CORP_OMP_CHOSEN"  # the variable corp set, for its child processes to tell it from the user's
+_CHOSEN: dict = {}  # what apply_openmp_defaults set in this process, and the cores it saw
 
 
 def cpu_times(path: str = "/proc/stat") -> tuple[int, int] | None:
@@ -94,10 +96,6 @@ def apply_openmp_defaults(environ=os.environ, busy=busy_cores) -> str | None:
     if environ is os.environ:
         _CHOSEN.update(var=var, busy_cores=None if others is None else round(others, 2), child=bool(inherited))
     return var
-
-
-CHOSEN_ENV = "CORP_OMP_CHOSEN"  # the variable corp set, for its child processes to tell it from the user's
-_CHOSEN: dict = {}  # what apply_openmp_defaults set in this process, and the cores it saw
 
 
 def wait_setting(environ=os.environ) -> dict:

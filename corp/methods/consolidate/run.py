@@ -265,9 +265,9 @@ def _consolidate(cfg: ConsolidateConfig, ctx: RunContext) -> Outputs:
         perturber=dense,
     )
     seconds.update(result.seconds)
-    if cfg.rounds > 0 and dense is not None:  # stage 2 builds its own merged directions
-        dense.release_merged()
     if cfg.rounds > 0:
+        if dense is not None:  # stage 2 builds its own merged directions
+            dense.release_merged()
         t0 = time.perf_counter()
         result = consolidate_stage2(
             result,
