@@ -94,7 +94,7 @@ test: setup
 	$(BIN)/python -m pytest -q -m "not slow"
 
 # The tests marked `slow` (about 17 min on 2 idle cores; docs/testing.md lists them and why): with `make test`,
-# the full suite, which is what CI runs (.ci/run: make test, then make test-slow)
+# the full suite, which is what CI runs (.ci/run: make test, then make test-slow beside make test-vllm)
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
 

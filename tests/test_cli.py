@@ -305,6 +305,8 @@ def test_randopt_end_to_end_on_embedded_model(tmp_path):
         "8",
         "--top-k",
         "1,3",
+        "--sigmas",  # pinned: the consolidate test below runs the default calibration end to end
+        "1e-3,2e-3",
         "--output-dir",
         str(run),
         "--threads",
@@ -332,6 +334,8 @@ def test_randopt_end_to_end_on_embedded_model(tmp_path):
         "8",
         "--top-k",
         "1,3",
+        "--sigmas",
+        "1e-3,2e-3",
         "--output-dir",
         str(run),
         cwd=tmp_path,

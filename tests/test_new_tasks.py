@@ -215,6 +215,8 @@ def _two_specialists(task: str, tmp_path, *extra):
         "0",
         "--threads",
         "1",
+        "--sigmas",  # pinned: the default calibration would cost ten passes for a population of two
+        "0.002",
         "--output-dir",
         str(run),
         *extra,
