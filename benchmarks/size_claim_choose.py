@@ -1,0 +1,92 @@
+"""Apply the size claim's registered choice rules (results/size-claim/REGISTRATION.md) to one model: its
+task level, then its noise scales. Through the real CLI, on splits that hold no test example.
+
+1. Level: the ladder's levels in order; each gets `corp eval --report-on dev` (the base, greedy, on all
+   400 examples of the development pool); the first whose accuracy lies in [0.10, 0.60] is taken; if none
+   does, the one closest to 0.35, said so.
+2. Scales: `corp score --sigmas auto` at that level with --split-seed 1054 (its calibration reads 8 support
+   prompts of the selection pool) and a population of one; the calibration's grid is the model's.
+
+Writes OUT/MODEL.json (every level tried with its development accuracy, the level taken and why, the
+calibration's grid and sigma*), and prints one line per step. Run directories go under WORK (kept: a rerun
+reuses every finished evaluation).
+
+    PYTHON=.venv-vllm/bin/python python benchmarks/size_claim_choose.py smollm2-135m --out results/size-claim/choices
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+LADDER = ["digits=2,ops=+", "digits=2,ops=+,terms=3", "digits=2,ops=*", "digits=2,ops=*,terms=3", "digits=3,ops=*"]
+POOL = "pool=7600,heldout=6000,dev=400"
+BAND, TARGET = (0.10, 0.60), 0.35
+ENGINE = ["--backend", "vllm", "--dtype", "float32", "--max-model-len", "512", "--max-completion-length", "16"]
+CALIBRATION_SPLIT_SEED = 1054
+
+
+def spec(level: str) -> str:
+    return f"arith:{level},{POOL}"
+
+
+def corp(python: str, *args: str) -> dict:
+    """Run one corp command; its report.json (a failure is the command's own one-line message, then exit)."""
+    out = Path(args[args.index("--output-dir") + 1])
+    r = subprocess.run([python, "-m", "corp.cli", *args], capture_output=True, text=True, env=os.environ)
+    if r.returncode != 0:
+        sys.exit(f"corp {args[0]} failed ({r.returncode}): {r.stderr.strip().splitlines()[-1] if r.stderr else ''}")
+    return json.loads((out / "report.json").read_text())
+
+
+def choose_level(python: str, model: str, work: Path, threads: str) -> dict:
+    tried = []
+    for level in LADDER:
+        rep = corp(
+            python, "eval", "--model", model, "--task", spec(level), "--report-on", "dev", "--threads", threads,
+            *ENGINE, "--output-dir", str(work / f"dev-{level.replace(',', '_').replace('=', '')}"),
+        )  # fmt: skip
+        acc = rep["test"][0]["accuracy"]
+        tried.append({"level": level, "dev_accuracy": acc, "n": rep["test"][0]["n"]})
+        print(f"{model} {level}: base {acc:.3f} on {rep['test'][0]['n']} development examples", flush=True)
+        if BAND[0] <= acc <= BAND[1]:
+            return {"tried": tried, "level": level, "why": f"the first level in [{BAND[0]}, {BAND[1]}]"}
+    best = min(tried, key=lambda t: abs(t["dev_accuracy"] - TARGET))
+    return {"tried": tried, "level": best["level"], "why": f"no level in the band: the closest to {TARGET}"}
+
+
+def calibrate(python: str, model: str, level: str, work: Path, threads: str) -> dict:
+    run = work / "calibration"
+    corp(
+        python, "score", "--model", model, "--task", spec(level), "--sigmas", "auto", "--population", "1",
+        "--n-support", "8", "--n-probe", "0", "--n-validation", "0", "--n-test", "0",
+        "--split-seed", str(CALIBRATION_SPLIT_SEED), "--threads", threads, *ENGINE, "--output-dir", str(run),
+    )  # fmt: skip
+    cal = json.loads((run / "calibration.json").read_text())
+    print(f"{model} scales: {', '.join(f'{s:g}' for s in cal['sigmas'])} (sigma* {cal['sigma']:g})", flush=True)
+    return {"sigmas": cal["sigmas"], "sigma_star": cal["sigma"], "rule": cal["rule"]["version"]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("model", help="a corp model alias: smollm2-135m, gemma3-270m, qwen2.5-coder-1.5b")
+    ap.add_argument("--out", type=Path, required=True, help="folder for MODEL.json")
+    ap.add_argument("--work", type=Path, default=Path("runs/size-claim-choose"), help="run directories")
+    ap.add_argument("--threads", default="2")
+    args = ap.parse_args(argv)
+    python = os.environ.get("PYTHON", sys.executable)
+    work = args.work / args.model
+    level = choose_level(python, args.model, work, args.threads)
+    scales = calibrate(python, args.model, level["level"], work, args.threads)
+    out = {"model": args.model, "task": spec(level["level"]), **level, **scales, "engine": ENGINE}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.model}.json").write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+if __name__ == "__main__":
+    main()
