@@ -6,7 +6,7 @@
 #   e.g. benchmarks/bench_run.sh configs/bench-cpu-2.yaml arith &
 #        benchmarks/bench_run.sh configs/bench-cpu-2.yaml letters &
 #
-# Runs `corp bench --config CONFIG --threads 1 --task TASK` (TASK: a task's label or spec) in a
+# Runs `corp bench --config CONFIG --threads 1 --task TASK` (BENCH_THREADS below) (TASK: a task's label or spec) in a
 # retry loop (up to TRIES starts, default 20; a bad-input exit, status 2, is not retried: the same
 # config would fail the same way). While it runs, and after each start, every new or changed cell
 # record of that task (RESULTS_DIR/NAME/cells/SLUG__*.json, finished cells only: corp writes a
@@ -27,7 +27,8 @@
 # Environment: PYTHON (the interpreter that imports corp, default python), CORP_CMD (default:
 # "$PYTHON -m corp.cli"), BENCH_METHODS (passed as `--methods`: split one task's methods over
 # wrappers, whole noise schemes per wrapper, e.g. configs/bench-noise.yaml), BENCH_POLL seconds between commits while
-# running (default 120), BENCH_RETRY_WAIT seconds before a restart (default 60), BENCH_BARREN
+# running (default 120), BENCH_RETRY_WAIT seconds before a restart (default 60), BENCH_THREADS (default 1;
+# 2 for a model too large for two processes at once: the size claim's 1.5B cells), BENCH_BARREN
 # (default 3): stop after that many starts in a row that failed and committed nothing (no cell,
 # retention record or population run): a failure that repeats the same way would otherwise burn
 # every remaining start. The results directory must be inside the checkout (the default results/NAME is).
@@ -58,6 +59,7 @@ PY=${PYTHON:-python}
 CORP_CMD=${CORP_CMD:-$PY -m corp.cli}
 POLL=${BENCH_POLL:-120}
 RETRY_WAIT=${BENCH_RETRY_WAIT:-60}
+THREADS=${BENCH_THREADS:-1}
 BARREN=${BENCH_BARREN:-3}
 COMMITTED=0  # commits this wrapper made: a start that moved it made progress
 DRAIN=       # set by SIGUSR1: the claims the bench held then (the cells it was computing), or "none"
@@ -196,9 +198,9 @@ while [ "$try" -lt "$TRIES" ]; do
   [ -n "$DRAIN" ] && drained  # SIGUSR1 came between starts
   try=$((try + 1))
   before=$COMMITTED
-  echo "bench_run.sh: start $try of $TRIES: $CORP_CMD bench --config $CONFIG --threads 1 --task $TASK ${METHODS[*]}"
+  echo "bench_run.sh: start $try of $TRIES: $CORP_CMD bench --config $CONFIG --threads $THREADS --task $TASK ${METHODS[*]}"
   # shellcheck disable=SC2086  # CORP_CMD is a command line
-  $CORP_CMD bench --config "$CONFIG" --threads 1 --task "$TASK" "${METHODS[@]}" &
+  $CORP_CMD bench --config "$CONFIG" --threads "$THREADS" --task "$TASK" "${METHODS[@]}" &
   pid=$!
   waited=0
   ticks=0

@@ -119,7 +119,8 @@ def density(specs: list[dict], base: dict | None, margin: int) -> dict:
             "value": None,
             "n": len(specs),
             "missing": "no base row on the support split (what 'base', split 'support', the specialists' ids_hash) "
-            "in the population run's evals.jsonl or population.jsonl: corp score does not score the base on support",
+            "in the population run's evals.jsonl or population.jsonl: score the population with --score-base "
+            "(corp bench does)",
         }
     floor = sum(base["correct"]) + margin
     beats = [sum(r["correct"]) >= floor for r in specs]

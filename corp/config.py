@@ -251,6 +251,8 @@ class PopulationConfig(RunConfig):
     """Regex of parameter names not to perturb (empty: none excluded)."""
     noise: str = "full"
     """Noise scheme of the specialists: full (full-rank Gaussian) or lowrank:r=R (rank-R noise per weight matrix, E = A B^T / sqrt(R); 1-D parameters get none; on the hf backend a population is scored in one batched factored pass)."""
+    score_base: bool = False
+    """Also score the unperturbed model on the support split, once (evals.jsonl): the report then says how many specialists beat it there, RandOpt's density of good specialists. Its cost is reported beside the population's and charged to no method: none selects with it."""
     from_run: str | None = None
     """Take the scored population from this run directory instead of scoring a new one."""
     from_sigmas: list[float] | None = None

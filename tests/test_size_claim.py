@@ -120,7 +120,7 @@ def test_density_counts_a_specialist_only_at_the_margin_or_above(tmp_path):
 
 
 def test_density_is_missing_without_the_base_support_row(tmp_path):
-    """corp score does not score the base on support today: the density says which row is missing, no number."""
+    """A population scored without --score-base has no base support row: the density says which row is missing, no number."""
     write_seed(tmp_path, 0, "m", 1e8, 2, 4, 5, spec_counts=[14, 13], base_support=None)
     d = sc.model_summary([tmp_path], 4, None, 8)["seeds"][0]["density"]
     assert d["value"] is None and "no base row on the support split" in d["missing"]
@@ -174,3 +174,32 @@ def test_no_runs_says_no_result_yet(tmp_path):
     assert result["models"][0]["status"] == sc.NO_RESULT
     assert all(x["p_holm"] is None and not x["reject"] for x in result["primaries"])
     assert "No result yet" in (tmp_path / "out" / "size_claim.md").read_text()
+
+
+def test_score_base_writes_the_base_support_row_the_density_reads(tiny_dir, tmp_path):
+    """`corp score --score-base` on a tiny model: the base's support row lands in evals.jsonl under the
+    specialists' support ids, so the script's density finds it, and the report's counts are the ones
+    recomputed from the rows. Without the option the density is missing (the planted case)."""
+    from corp.config import load_config
+    from corp.methods import REGISTRY
+    from corp.runtime.runs import read_jsonl
+
+    m = REGISTRY["score"]
+    common = {**m.smoke, "task": "arith", "reward": "tests.test_methods:text_checksum", "seed": 1}
+    common |= {"population": 6, "model": str(tiny_dir)}
+    runs = {}
+    for on in (False, True):
+        runs[on] = tmp_path / f"score-base-{on}"
+        report = m(load_config(m.config, None, {**common, "score_base": on, "run_dir": str(runs[on])}))
+    assert sc.density(*sc.support_rows(runs[False]), 4)["value"] is None
+    specs, base = sc.support_rows(runs[True])
+    assert base is not None and len(specs) == 6
+    got = report["population"]["source"]["base_support"]
+    assert got["reward"] == base["reward"] and got["correct"] == sum(base["correct"])
+    assert got["above"] == sum(r["reward"] > base["reward"] for r in specs)
+    for margin in (1, 4):
+        assert got["above_by"][str(margin)] == sc.density(specs, base, margin)["beats"]
+    # the pass is the only row evals.jsonl holds, and it is not a population row
+    assert [r["what"] for r in read_jsonl(runs[True] / "evals.jsonl", key="key")] == ["base"]
+    assert got["generated_tokens"] == base["generated_tokens"]
+    assert "base on support:" in m.summary(report)

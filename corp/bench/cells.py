@@ -147,9 +147,10 @@ class Bench:
             else:
                 report, target, wall = pop["report"], pop["target"], pop["wall"]
             if report is None or report.get("population", {}).get("n", 0) < target:
-                report, dt = self._invoke(
-                    SCORE, {**pop_opts, **self.score_on, "population": target, "run_dir": str(run_dir)}
-                )
+                # score_base: the base's support row (one pass a seed, charged to no cell: no method reads
+                # it), so that the density of good specialists can be read from the population
+                opts = {**pop_opts, **self.score_on, "score_base": True, "population": target, "run_dir": str(run_dir)}
+                report, dt = self._invoke(SCORE, opts)
                 wall += dt
             rows = sorted(
                 (

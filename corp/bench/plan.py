@@ -50,6 +50,7 @@ _NOT_POPULATION = {
     "gpu_memory_utilization",
     "enforce_eager",
     "max_model_len",  # the engine's context: a prompt that does not fit is refused, never cut
+    "score_base",  # the base's own support row, beside the population's rows (the bench always asks for it)
 }
 
 

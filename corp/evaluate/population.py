@@ -10,7 +10,7 @@ from __future__ import annotations
 from corp.algorithms.stats import PerExample
 from corp.config import flag
 from corp.evaluate.calibration import calibration_flag, noise_line
-from corp.evaluate.scorer import rows_ledger, score_specialists, selection_ledger
+from corp.evaluate.scorer import base_line, rows_ledger, score_specialists, selection_ledger
 from corp.evaluate.voting import majority_vote
 from corp.grids import edge_flag
 from corp.runtime.context import EvalCache, RunContext, eval_identity, eval_key, run_evals, specialist_what
@@ -148,4 +148,4 @@ def population_line(ctx: RunContext) -> str:
         if src and src.get("rule") != "scored in this run"
         else ""
     )
-    return "\n".join(x for x in (taken, noise_line(src)) if x)
+    return "\n".join(x for x in (taken, noise_line(src), base_line(src)) if x)

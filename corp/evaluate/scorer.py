@@ -43,6 +43,7 @@ from corp.runtime.context import (
     default_definition,
     eval_identity,
     eval_key,
+    run_evals,
     specialist_what,
 )
 from corp.runtime.executors import get_executor
@@ -320,6 +321,8 @@ def ensure_population(
             rows = [scored[spec] for spec in specs]
         for i, r in enumerate(rows):
             r.setdefault("index", i)  # a row scored before a crash between scoring and indexing
+        if getattr(cfg, "score_base", False):
+            how["base_support"] = base_on_support(ctx, rows)
         stats = getattr(ctx.executor, "stats", dict)()
         if stats:  # --executor ray: workers, actor restarts and retried shards (faults Ray recovered from)
             how["executor"] = stats
@@ -332,6 +335,38 @@ def ensure_population(
         ranked.sort(key=lambda r: (-r["reward"], r["index"]))
         how["completed_after_race"] = before - sum(r.get("kind") == racing.RACED for r in ranked)
     return ranked
+
+
+def base_on_support(ctx: RunContext, rows: Sequence[dict]) -> dict:
+    """The base on the support split (one pass, cached in evals.jsonl under the specialists' support ids)
+    and how many fully scored specialists beat it there: by any reward, and by 1, 2, 4 and 8 correct
+    examples (the margins a density is usually read at). Analysis only: no method selects with it, so
+    its tokens are reported here and charged to none."""
+    base = score_specialists(ctx, [(None, None)], "support", run_evals(ctx), desc="base on support")[(None, None)]
+    full = [r for r in rows if r.get("kind", "specialist") != RACED]
+    right = sum(base["correct"])
+    return {
+        "reward": base["reward"],
+        "correct": right,
+        "n_examples": len(base["correct"]),
+        "specialists": len(full),
+        "above": sum(r["reward"] > base["reward"] for r in full),
+        "above_by": {str(m): sum(sum(r["correct"]) >= right + m for r in full) for m in (1, 2, 4, 8)},
+        "prompt_tokens": base["prompt_tokens"],
+        "generated_tokens": base["generated_tokens"],
+    }
+
+
+def base_line(source: dict | None) -> str:
+    """The report's line on the base's support score (`--score-base`), empty without one."""
+    b = (source or {}).get("base_support")
+    if not b:
+        return ""
+    return (
+        f"base on support: {b['correct']} of {b['n_examples']} correct (reward {b['reward']:.3f}); "
+        f"{b['above']} of {b['specialists']} specialists score above it, "
+        f"{b['above_by']['4']} by 4 or more examples (that pass is charged to no method)"
+    )
 
 
 def rows_ledger(ctx: RunContext, rows: Sequence[dict]) -> Ledger:

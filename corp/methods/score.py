@@ -10,7 +10,7 @@ from corp.config import PopulationConfig
 from corp.errors import CorpError
 from corp.evaluate.calibration import noise_line
 from corp.evaluate.racing import RACED
-from corp.evaluate.scorer import ensure_population, selection_ledger
+from corp.evaluate.scorer import base_line, ensure_population, selection_ledger
 from corp.method import SMALL, Method, num
 from corp.runtime.context import RunContext
 from corp.runtime.loop import Outputs, drive
@@ -53,6 +53,7 @@ def summary(report: dict) -> str:
             f"{pop.get('n')} specialists; support reward best {num(pop.get('reward_best'))}, median "
             f"{num(pop.get('reward_median'))}, worst {num(pop.get('reward_worst'))}",
             *([pop["noise_scales"]] if pop.get("noise_scales") else []),
+            *([base_line(pop.get("source"))] if base_line(pop.get("source")) else []),
             f"run directory: {report.get('run_dir')}",
         ]
     )
