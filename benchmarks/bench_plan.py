@@ -30,7 +30,7 @@ budget, 3.1-4.5e10; the first edition's ES 3.8e10 came from 4-member runs on 16 
 F-TIS has no measured rate: it is charged GRPO's (its step is GRPO's generation, one more forward
 for the logprobs and a backward on the mixed group, the same kinds of work), and its steps at the
 top budget come from its ledger per step, summed over its nodes at each model's size (Gemma 3
-270M, which is not built on this machine, at its published 268M parameters).
+270M at the 268.1M parameters corp's ledger counts).
 This is an estimate for sizing, not a measurement; `corp bench` records what each cell took.
 
 Third edition (issue 39): trials are planned as the config's tuning fields say (tune_setting's
@@ -75,9 +75,10 @@ _RATES = {"support": 4.7e10, "test": 1.0e11, "es": 1.7e10, "grpo": 3.4e10, "fgrp
 MODEL_PARAMS = {
     "smollm2-135m": N_PARAMS,
     "default": N_PARAMS,
-    "gemma3-270m": 268_000_000,  # published size; not built on this machine
+    "gemma3-270m": 268_098_176,  # corp's ledger count (results/multiparty)
     "qwen2.5-0.5b": 494_032_768,  # the Qwen2.5 model cards' totals, embeddings included
     "qwen2.5-1.5b": 1_543_714_304,
+    "qwen2.5-coder-1.5b": 1_777_088_000,  # corp's ledger count (results/qwen-1.5b): its output matrix is untied
 }
 
 
