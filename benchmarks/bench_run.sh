@@ -6,7 +6,7 @@
 #   e.g. benchmarks/bench_run.sh configs/bench-cpu-2.yaml arith &
 #        benchmarks/bench_run.sh configs/bench-cpu-2.yaml letters &
 #
-# Runs `corp bench --config CONFIG --threads 1 --task TASK` (BENCH_THREADS below) (TASK: a task's label or spec) in a
+# Runs `corp bench --config CONFIG --threads N --task TASK` (N: BENCH_THREADS, default 1; TASK: a task's label or spec) in a
 # retry loop (up to TRIES starts, default 20; a bad-input exit, status 2, is not retried: the same
 # config would fail the same way). While it runs, and after each start, every new or changed cell
 # record of that task (RESULTS_DIR/NAME/cells/SLUG__*.json, finished cells only: corp writes a

@@ -39,7 +39,7 @@ def corp(python: str, *args: str) -> dict:
     out = Path(args[args.index("--output-dir") + 1])
     r = subprocess.run([python, "-m", "corp.cli", *args], capture_output=True, text=True, env=os.environ)
     if r.returncode != 0:
-        sys.exit(f"corp {args[0]} failed ({r.returncode}): {r.stderr.strip().splitlines()[-1] if r.stderr else ''}")
+        sys.exit(f"corp {args[0]} failed ({r.returncode}): {(r.stderr.strip().splitlines() or [''])[-1]}")
     return json.loads((out / "report.json").read_text())
 
 

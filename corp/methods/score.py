@@ -48,12 +48,12 @@ def _score(ctx: RunContext) -> Outputs:
 
 def summary(report: dict) -> str:
     pop = report.get("population") or {}
+    lines = (pop.get("noise_scales"), base_line(pop.get("source")))
     return "\n".join(
         [
             f"{pop.get('n')} specialists; support reward best {num(pop.get('reward_best'))}, median "
             f"{num(pop.get('reward_median'))}, worst {num(pop.get('reward_worst'))}",
-            *([pop["noise_scales"]] if pop.get("noise_scales") else []),
-            *([base_line(pop.get("source"))] if base_line(pop.get("source")) else []),
+            *(line for line in lines if line),
             f"run directory: {report.get('run_dir')}",
         ]
     )
