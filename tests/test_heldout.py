@@ -36,6 +36,28 @@ def test_heldout_keeps_the_earlier_pool_for_selection_and_holds_the_rest_out():
     assert dev_pool(task) == pools["dev"]
 
 
+def test_select_narrows_selection_and_keeps_the_set_aside_range_out_of_every_split():
+    # the size claim's amendment: select on 0-3999, test past 6000, never touch 4000-5999 (an earlier
+    # edition's held-out range); development and test pools must be exactly those without select=
+    spec = "arith:digits=2,ops=+,pool=7600,heldout=6000,dev=400"
+    plain, narrowed = get_task(spec), get_task(spec + ",select=4000")
+    a, b = plain.pools(), narrowed.pools()
+    assert b["dev"] == a["dev"] and b["test"] == a["test"]
+    assert b["train"] == a["train"][:4000]
+    splits = make_splits(narrowed, SplitSizes(1000, 1000, 1000, 400), 54)
+    used = {int(e.id.split("-")[1]) for name in splits for e in splits[name]}
+    used |= {int(e.id.split("-")[1]) for e in b["dev"]}
+    assert used and not any(4000 <= i < 6000 for i in used)
+    # with select= the 3000 selection examples above come from 4000, not 6000 (plant: without it they do not)
+    wide = make_splits(plain, SplitSizes(1000, 1000, 1000, 400), 54)
+    assert any(4000 <= int(e.id.split("-")[1]) < 6000 for e in wide["support"] + wide["probe"] + wide["validation"])
+    assert narrowed.signature()["select"] == 4000 and "select" not in plain.signature()
+    with pytest.raises(CorpError, match="exceeds heldout"):
+        get_task(spec + ",select=6001")
+    with pytest.raises(CorpError, match="heldout=START"):
+        get_task("arith:select=10")
+
+
 def test_heldout_options_refuse_what_they_cannot_do():
     with pytest.raises(CorpError, match="heldout=START"):
         get_task("arith:dev=10")

@@ -5,8 +5,9 @@ Every task also takes two generation options (they travel with the task, so a ru
 `max_new_tokens=N` (its generation length; `--max-completion-length` still overrides) and `stop=S1|S2`
 (generation stops at the first of these strings, which is cut from the completion; `\\n`, `\\t`
 and `\\|` are escapes, so `stop=\\n` stops at the end of the first line); and two pool options,
-`heldout=START,dev=N` (corp.evaluate.tasks.heldout: the pool past START is held out of selection,
-N of it a development pool, the rest the test pool).
+`heldout=START,dev=N[,select=M]` (corp.evaluate.tasks.heldout: the pool past START is held out of
+selection, N of it a development pool, the rest the test pool; select=M narrows selection to the
+pool's first M examples).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ def list_tasks() -> list[dict]:
         {
             "task": "(any task)",
             "description": "generation options: max_new_tokens=N, stop=S1|S2 (e.g. arith:max_new_tokens=12,stop=\\n); "
-            "held-out pools: heldout=START,dev=N (e.g. arith:pool=6000,heldout=4000,dev=400)",
+            "held-out pools: heldout=START,dev=N[,select=M] (e.g. arith:pool=6000,heldout=4000,dev=400)",
         }
     )
     gym = rg_datasets()

@@ -21,7 +21,7 @@ from corp.errors import CorpError
 SPLITS = ("support", "probe", "validation", "test")
 GENERATION_OPTIONS = ("max_new_tokens", "stop")  # options every task takes (corp.evaluate.tasks applies them)
 # options every task takes that hold part of its pool out of selection (corp.evaluate.tasks applies them)
-POOL_OPTIONS = ("heldout", "dev")
+POOL_OPTIONS = ("heldout", "dev", "select")
 GENERIC_OPTIONS = GENERATION_OPTIONS + POOL_OPTIONS
 
 

@@ -1,4 +1,4 @@
-"""Held-out pools: `heldout=START,dev=N`, options every task takes (issue 39, the bench's third edition).
+"""Held-out pools: `heldout=START,dev=N[,select=M]`, options every task takes (issue 39, the bench's third edition).
 
 A procedural task's pool is generated in a fixed order, and a larger pool extends a smaller one
 (`arith:pool=6000` begins with the 4000 examples of `arith`, the same ids and questions). So the
@@ -11,6 +11,12 @@ from which `make_splits` draws `--n-test` examples with the split seed as for an
 pool. Selection, development and test never share an example (the pool holds each question
 once). Both numbers are in the task's signature; changing `dev` changes which examples are test,
 so fix both before any final result exists.
+
+`select=M` (M <= START) narrows selection to the pool's first M examples and sets examples M..START-1
+aside, used by nothing: a later study can select on an old range and test past START while an earlier
+edition's held-out range (here M..START-1) stays untouched. Development and test pools are those of
+`heldout=START,dev=N` alone (the shuffle does not see M); M enters the signature only when given, so
+earlier runs keep their identity.
 """
 
 from __future__ import annotations
@@ -28,15 +34,23 @@ def _count(spec: str, key: str, value) -> int:
 
 
 def apply_pool_options(task: Task, spec: str, options: dict) -> Task:
-    """Hold the pool past `heldout` out of selection, `dev` of it as the development pool."""
+    """Hold the pool past `heldout` out of selection, `dev` of it as the development pool; with `select`,
+    selection draws from the first `select` examples only."""
     if "heldout" not in options:
-        if "dev" in options:
-            raise CorpError(
-                f"task option dev= in '{spec}' needs heldout=START (the pool position where held-out examples begin)"
-            )
+        for key in ("dev", "select"):
+            if key in options:
+                raise CorpError(
+                    f"task option {key}= in '{spec}' needs heldout=START (the pool position where held-out examples begin)"
+                )
         return task
     start = _count(spec, "heldout", options["heldout"])
     n_dev = _count(spec, "dev", options.get("dev", 0))
+    select = _count(spec, "select", options["select"]) if "select" in options else None
+    if select is not None and select > start:
+        raise CorpError(
+            f"task option select={select} in '{spec}' exceeds heldout={start}: selection can only narrow to "
+            "examples before the held-out ones"
+        )
     plain_pools, plain_signature = task.pools, task.signature
 
     def pools() -> dict:
@@ -53,14 +67,15 @@ def apply_pool_options(task: Task, spec: str, options: dict) -> Task:
                 f"not more than dev={n_dev}; raise the task's pool size (pool= or size=) or lower heldout/dev"
             )
         random.Random(f"corp-heldout|{task.name}|{start}").shuffle(rest)
-        out = {"train": train[:start], "test": rest[n_dev:]}
+        out = {"train": train[: start if select is None else select], "test": rest[n_dev:]}
         if n_dev:
             out["dev"] = rest[:n_dev]
         return out
 
     task.pools = pools
     # which examples can be selected on, tuned on and reported changes every row: part of the identity
-    task.signature = lambda: {**plain_signature(), "heldout": start, "dev": n_dev}
+    extra = {} if select is None else {"select": select}
+    task.signature = lambda: {**plain_signature(), "heldout": start, "dev": n_dev, **extra}
     return task
 
 

@@ -68,7 +68,7 @@ class JsonlTask(Task):
         if unknown:
             raise CorpError(
                 f"task jsonl has no option(s) {', '.join(sorted(unknown))}; options: "
-                "prompt=FIELD, answer=FIELD, id=FIELD, test=PATH, max_new_tokens=N, stop=S, heldout=START, dev=N"
+                "prompt=FIELD, answer=FIELD, id=FIELD, test=PATH, max_new_tokens=N, stop=S, heldout=START, dev=N, select=M"
             )
         return cls(path, **{k: str(v) for k, v in kwargs.items()}), gen
 

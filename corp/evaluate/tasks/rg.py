@@ -131,7 +131,7 @@ class ReasoningGymTask(Task):
             raise CorpError(
                 f"task rg:{dataset} has no option(s) {', '.join(sorted(unknown))}; its options: "
                 f"{', '.join(sorted(fields)) or 'none'}, seed, size, instruction, extract, max_new_tokens, stop, "
-                "heldout, dev"
+                "heldout, dev, select"
             )
         self.options = {k: _coerce_option(fields[k], v, dataset) for k, v in sorted(options.items())}
         try:
