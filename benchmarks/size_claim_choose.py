@@ -5,7 +5,8 @@ task level, then its noise scales. Through the real CLI, on splits that hold no 
    400 examples of the development pool); the first whose accuracy lies in [0.10, 0.60] is taken; if none
    does, the one closest to 0.35, said so.
 2. Scales: `corp score --sigmas auto` at that level with --split-seed 1054 (its calibration reads 8 support
-   prompts of the selection pool) and a population of one; the calibration's grid is the model's.
+   prompts of the selection pool, positions 0-3999 since amendment 1) and a population of one; the
+   calibration's grid is the model's.
 
 Writes OUT/MODEL.json (every level tried with its development accuracy, the level taken and why, the
 calibration's grid and sigma*), and prints one line per step. Run directories go under WORK (kept: a rerun
@@ -24,14 +25,19 @@ import sys
 from pathlib import Path
 
 LADDER = ["digits=2,ops=+", "digits=2,ops=+,terms=3", "digits=2,ops=*", "digits=2,ops=*,terms=3", "digits=3,ops=*"]
-POOL = "pool=7600,heldout=6000,dev=400"
+# Amendment 1 (results/size-claim/AMENDMENT-1.md): selection draws from positions 0-3999 only (select=4000),
+# so 4000-5999, the third edition's held-out range, stays untouched. The development pool is the same with
+# or without select= (tests/test_heldout.py), so the level rule reads it through the registered spec and
+# reuses the evaluations made before the amendment.
+DEV_POOL = "pool=7600,heldout=6000,dev=400"
+POOL = DEV_POOL + ",select=4000"
 BAND, TARGET = (0.10, 0.60), 0.35
 ENGINE = ["--backend", "vllm", "--dtype", "float32", "--max-model-len", "512", "--max-completion-length", "16"]
 CALIBRATION_SPLIT_SEED = 1054
 
 
-def spec(level: str) -> str:
-    return f"arith:{level},{POOL}"
+def spec(level: str, pool: str = POOL) -> str:
+    return f"arith:{level},{pool}"
 
 
 def corp(python: str, *args: str) -> dict:
@@ -47,7 +53,7 @@ def choose_level(python: str, model: str, work: Path, threads: str) -> dict:
     tried = []
     for level in LADDER:
         rep = corp(
-            python, "eval", "--model", model, "--task", spec(level), "--report-on", "dev", "--threads", threads,
+            python, "eval", "--model", model, "--task", spec(level, DEV_POOL), "--report-on", "dev", "--threads", threads,
             *ENGINE, "--output-dir", str(work / f"dev-{level.replace(',', '_').replace('=', '')}"),
         )  # fmt: skip
         acc = rep["test"][0]["accuracy"]
@@ -60,7 +66,7 @@ def choose_level(python: str, model: str, work: Path, threads: str) -> dict:
 
 
 def calibrate(python: str, model: str, level: str, work: Path, threads: str) -> dict:
-    run = work / "calibration"
+    run = work / "calibration-select4000"  # "calibration" holds the pre-amendment one (support from 0-5999)
     corp(
         python, "score", "--model", model, "--task", spec(level), "--sigmas", "auto", "--population", "1",
         "--n-support", "8", "--n-probe", "0", "--n-validation", "0", "--n-test", "0",

@@ -703,7 +703,12 @@ def test_the_choice_follows_the_validation_records(searched, tiny_dir):
 
 
 @pytest.mark.parametrize(
-    "path", sorted(str(p) for p in (Path(__file__).resolve().parents[1] / "configs").glob("bench-*.yaml"))
+    "path",
+    sorted(
+        str(p)
+        for pattern in ("bench-*.yaml", "size-claim/*.yaml")
+        for p in (Path(__file__).resolve().parents[1] / "configs").glob(pattern)
+    ),
 )
 def test_every_shipped_bench_config_loads_and_plans(path):
     """The configs in configs/ (the GPU one is not run here) are valid: fields, methods, search spaces."""
