@@ -1,4 +1,4 @@
-"""The size claim (issue 54, results/size-claim/PLAN.md): density of good specialists and test gains per model size.
+"""The size claim (issue 54; results/size-claim/REGISTRATION.md as amended by AMENDMENT-1.md): density of good specialists and test gains per model size.
 
 Reads, per model, what `corp bench` wrote for it (one results directory, or one per seed: each holds
 `cells/*.json`, the cell records, and `populations/<run>/`, the shared population runs that
@@ -12,7 +12,7 @@ report.json's selection ledger). Per model and seed it computes:
      base's support row is read from the population run (`evals.jsonl` or `population.jsonl`: a row of
      `what` "base" on split "support" with the specialists' `ids_hash`); where there is none the density
      is reported missing, naming that row, never estimated;
-  2. RandOpt top-1's test gain over the base, 3. CoRP's, 4. vote@K's (`--vote-k`, default 8; if present):
+  2. RandOpt top-1's test gain over the base, 3. CoRP's, 4. vote@K's (`--vote-k`, default 4, the registered K; if present):
      paired on the test examples of the cell records (`rows[].correct`, in `example_ids` order). RandOpt's
      rows are those the CoRP cell carries on its own population (`population_row`), else a randopt cell's.
      A CoRP cell whose gate kept the base (its report row `corp (abstained=base)`) deploys the base: its
@@ -34,7 +34,7 @@ as the paper's: another task and model family). A model with no finished cells s
     python benchmarks/size_claim.py --out results/size-claim/analysis \\
         --model results/size-claim/smollm2-135m \\
         --model results/size-claim/gemma3-270m \\
-        --model results/size-claim/qwen-s0 results/size-claim/qwen-s1 [--margin 4] [--corp LABEL] [--vote-k 8] [--budget FLOPS]
+        --model results/size-claim/qwen-s0 results/size-claim/qwen-s1 [--margin 4] [--corp LABEL] [--vote-k 4] [--budget FLOPS]
 """
 
 from __future__ import annotations
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, required=True, help="folder for size_claim.json, .md and .png")
     ap.add_argument("--margin", type=int, default=4, help="support examples a specialist must beat the base by")
     ap.add_argument("--corp", default=None, help="the CoRP cells' label when the bench ran several variants")
-    ap.add_argument("--vote-k", type=int, default=8, help="K of the RandOpt vote row (randopt-vote@K)")
+    ap.add_argument("--vote-k", type=int, default=4, help="K of the RandOpt vote row (randopt-vote@K)")
     ap.add_argument("--budget", type=float, default=None, help="FLOPs budget of the cells read (default: the largest)")
     args = ap.parse_args(argv)
     models = [model_summary(dirs, args.margin, args.corp, args.vote_k, args.budget) for dirs in args.model]
