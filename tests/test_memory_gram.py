@@ -68,3 +68,42 @@ def test_one_block_holds_one_stack_and_a_small_model_one_worker(tmp_path):
     raw = json.dumps({n: {"dtype": "F32", "shape": [1000], "data_offsets": [0, 0]} for n in "ab"}).encode()
     (small / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw)
     assert memory.noise_buffers_gb(memory.tensor_sizes(small), 8) == pytest.approx(4 * 1000 / memory.GB)
+
+
+def test_federated_clients_with_models_of_their_own_are_counted_beside_the_driver(tmp_path, monkeypatch):
+    """FGRPO's clients each train a model of their own (local or Ray) and fedcorp's Ray clients each load
+    one; fedcorp's local clients score with the driver's backend. Planted: hf, float32, the 1.5B model,
+    1 worker, 30 GB available: the driver alone (model 7.1, runtime 1.5, one noise buffer 0.9: 9.5) fits;
+    with 3 clients of its own each (28.6 more) it is refused, naming them and fewer --clients. The check
+    counted no client before."""
+    from types import SimpleNamespace
+
+    from corp.methods.fedcorp.run import FedCorpConfig
+    from corp.methods.fgrpo import FGRPOConfig
+    from corp.runtime.context import lifecycle
+
+    model = _qwen_15b_headers(tmp_path / "qwen")
+    monkeypatch.setattr(memory, "available_gb", lambda: 30.0)
+    run = {"workers": 1, "seeds": 0}
+    memory.check_memory(str(model), "hf", "float32", **run)  # the driver alone fits
+    with pytest.raises(CorpError, match=r"needs about 38\.2 GB.*3 clients' own models 28\.6.*fewer --clients"):
+        memory.check_memory(str(model), "hf", "float32", clients=3, **run)
+
+    def own(cls, **kw):
+        fields = {"executor": "local", "clients": 3, "ray_address": None, **kw}
+        cfg = SimpleNamespace(**fields)
+        cfg.client_models, cfg.client_host_copy = cls.client_models, cls.client_host_copy
+        return lifecycle._own_client_models(cfg)
+
+    assert own(FGRPOConfig) == (3, "beside") and own(FGRPOConfig, executor="ray") == (3, "beside")
+    assert own(FedCorpConfig) == (0, None) and own(FedCorpConfig, executor="ray", clients=4) == (4, None)
+    assert own(FGRPOConfig, executor="ray", ray_address="127.0.0.1:6379") == (0, None)  # on the cluster's nodes
+    # what reaches check_memory from a run's config: the driver is one engine, whatever --workers says
+    seen = {}
+    monkeypatch.setattr(lifecycle, "resolve_device", lambda device: "cpu")
+    monkeypatch.setattr(lifecycle, "resolve_backend_name", lambda backend, device: "vllm")
+    monkeypatch.setattr(lifecycle, "check_memory", lambda m, b, d, engines, **k: seen.update(engines=engines, **k))
+    cfg = SimpleNamespace(device="cpu", backend="vllm", executor="ray", workers=2, model="m", dtype=None, clients=3)
+    cfg.client_models, cfg.client_host_copy = FedCorpConfig.client_models, FedCorpConfig.client_host_copy
+    lifecycle._check_memory(cfg, "beside")
+    assert seen["engines"] == 1 and seen["clients"] == 3 and seen["client_host_copy"] is None

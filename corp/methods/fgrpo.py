@@ -82,6 +82,10 @@ class FGRPOConfig(GRPOConfig):
     """Join this Ray cluster instead of starting a local Ray (--executor ray)."""
 
     local_only: ClassVar[str | None] = None  # its clients are Ray actors under --executor ray
+    # every client trains a model of its own (its GRPO trainer: a host model beside its engine), in this
+    # process or in its actor: the memory check counts them beside the server's
+    client_models: ClassVar[tuple[str, ...]] = ("local", "ray")
+    client_host_copy: ClassVar[str | None] = "beside"
     options: ClassVar[dict[str, str]] = {"steps": "local_steps"}  # E per round, not a run's max_steps
 
     def validate(self) -> FGRPOConfig:

@@ -79,6 +79,9 @@ class FedCorpConfig(OperatorConfig, PopulationConfig):
     sigmas: list[float] | str = "5e-4,1e-3,2e-3"
     """Noise scales, comma-separated; specialist i gets sigmas[i % len(sigmas)]. Fixed (the paper grid by default): calibrating them from the model (--sigmas auto in score, randopt, consolidate) would need the clients' prompts, which stay with the clients."""
 
+    # a Ray actor client loads a model of its own, and only scores with it; local clients use the driver's
+    client_models: ClassVar[tuple[str, ...]] = ("ray",)
+    client_host_copy: ClassVar[str | None] = None
     # the clients score in their own directories; the run itself writes no metrics rows to log
     not_options: ClassVar[tuple[str, ...]] = ("report_to",)
 

@@ -104,9 +104,11 @@ def _check_memory(cfg: RunConfig, host_copy: str | None) -> None:
     if device != "cpu":
         return
     backend = resolve_backend_name(cfg.backend, device)
-    # fedcorp's local clients score with the run's one backend: no weights, noise buffers or engine of
-    # their own to count (fgrpo's local clients each train a copy of their own, not counted here)
-    engines = cfg.workers if cfg.executor == "ray" else 1
+    # a federated run's clients (fedcorp, fgrpo): the driver holds one backend, and clients that hold a
+    # model of their own (CLIENT_MODELS) are counted beside it; fedcorp's local clients score with the
+    # driver's backend, so they add nothing
+    clients, client_host = _own_client_models(cfg)
+    engines = cfg.workers if cfg.executor == "ray" and not hasattr(cfg, "clients") else 1
     # Ray's engines are its actors', held until the run closes: a host copy there is written beside them
     after = host_copy == "after" and cfg.executor != "ray"
     host = None if backend != "vllm" or host_copy is None else "after" if after else "beside"
@@ -129,8 +131,20 @@ def _check_memory(cfg: RunConfig, host_copy: str | None) -> None:
         gram_memory_gb=gram,
         workers=workers,
         seeds=seeds,
+        clients=clients,
+        client_host_copy=client_host if backend == "vllm" else None,
         **_full_training(cfg),
     )
+
+
+def _own_client_models(cfg) -> tuple[int, str | None]:
+    """(how many of a federated run's clients hold a model of their own on this machine, what each holds
+    beside its engine): the config's `client_models` (the executors under which its clients build their
+    own, a ClassVar) and `client_host_copy`. Clients of a Ray cluster joined by --ray-address run on its
+    nodes, not counted here."""
+    if cfg.executor not in getattr(cfg, "client_models", ()) or getattr(cfg, "ray_address", None):
+        return 0, None
+    return int(cfg.clients), getattr(cfg, "client_host_copy", None)
 
 
 def _full_training(cfg: RunConfig) -> dict:

@@ -3,7 +3,8 @@
 The estimate is the sum of what holds memory for the whole run, none of which grows with the
 population or K (specialists are regenerated from their seeds; the Gram matrix and the merged
 directions work in bounded blocks, `--gram-memory-gb`, `--merge-memory-gb`; fedcorp's local
-clients score with the run's own backend, corp.methods.fedcorp.run.CorpClient):
+clients score with the run's own backend, corp.methods.fedcorp.run.CorpClient, while its Ray clients
+and every FGRPO client hold a model of their own, each counted as one more engine's run: `clients`):
 - hf: the model in its dtype, and the Perturber's noise buffers (one per worker, as large as the
   largest tensors: `noise_buffers_gb`);
 - CoRP's Gram matrix, on either backend: the noise blocks its workers hold (`gram_work_gb`), which
@@ -216,6 +217,22 @@ def _smaller_gram(
     return ""
 
 
+def _client_gb(
+    sizes: list[int],
+    params: int,
+    stored: str,
+    dtype: str,
+    run: dict,
+    host_copy: str | None,
+    trains: bool,
+    reference: bool,
+) -> float:
+    """What one federated client holding a model of its own needs: one engine's run with `host_copy`
+    beside it, no Gram matrix, and the training extras when it trains every parameter."""
+    need = need_gb(_run_parts(sizes, params, stored, dtype, {**run, "engines": 1, "host_copy": host_copy}, None))
+    return need + (sum(training_gb(params, dtype, [], reference).values()) if trains else 0.0)
+
+
 def check_memory(
     model: str,
     backend: str,
@@ -228,6 +245,8 @@ def check_memory(
     gram_memory_gb: float | None = None,
     workers: int = 1,
     seeds: int = 0,
+    clients: int = 0,
+    client_host_copy: str | None = None,
 ) -> None:
     """One line, before any work, when the estimate does not fit in what is available now (a model
     not on this machine yet is checked when it is: nothing to read its size from). `trained`: the
@@ -235,7 +254,10 @@ def check_memory(
     `lighter`: the cheaper way to train that the line suggests (GRPO's LoRA), `gram_memory_gb`: CoRP's
     Gram block budget when the method computes a Gram matrix on the host (on either backend),
     `workers`: the run's tensor workers (its torch threads), `seeds`: the most seeds its Gram matrix
-    can hold (the elites are not known before scoring: the population)."""
+    can hold (the elites are not known before scoring: the population), `clients`: federated clients
+    that each hold a model of their own on this machine beside the driver's (a Ray actor each, or FGRPO's
+    local trainers), each counted as one engine's run holding `client_host_copy` beside it (with the
+    training extras of `trained` when the clients train every parameter)."""
     path = _ready_path(model)
     found = model_params(path) if path is not None else None
     if found is None:
@@ -248,10 +270,13 @@ def check_memory(
     if trained:
         others = [p[0] for p in map(_params_of, trained[1:]) if p is not None]
         parts = {**{k: v for k, v in parts.items() if k != "peak"}, **training_gb(params, dtype, others, reference)}
-    need, have = need_gb(parts), available_gb()
+    per_client = _client_gb(sizes, params, stored, dtype, run, client_host_copy, bool(trained), reference)
+    need, have = need_gb(parts) + clients * per_client, available_gb()
     if need <= have:
         return
     held = ", ".join(f"{k} {v:.1f}" for k, v in parts.items() if v and k != "peak")
+    if clients:
+        held += f", {clients} clients' own models {clients * per_client:.1f}"
     where = f"{engines} vLLM engines" if engines > 1 else f"the {backend} backend"
     cheaper = [lighter] if trained and lighter else []
     if not trained:
@@ -260,6 +285,8 @@ def check_memory(
         cheaper.append("--dtype bfloat16 halves the weights")
     if engines > 1:
         cheaper.append("fewer --workers (each engine holds its own weights)")
+    if clients:
+        cheaper.append("fewer --clients (each holds a model of its own)")
     cheaper = [c for c in cheaper if c]
     raise CorpError(
         f"{model} ({params / 1e9:.2f}B parameters, {dtype}) on {where} needs about {need:.1f} GB ({held}) and "
