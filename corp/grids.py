@@ -9,8 +9,14 @@ population's sigmas, and the bench's tuning search.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
+
+# flags for values a caller chose, by its own search before the run, for the runs it starts inside
+# `chosen_outside` (corp bench's tuning): a run cannot see that search, so the caller says it here
+_OUTSIDE: ContextVar[tuple[dict, ...]] = ContextVar("corp_grid_choices_outside", default=())
 
 
 def _number(value: Any) -> float | None:
@@ -47,6 +53,23 @@ def edge_flag(name: str, chosen: Any, grid: Sequence[Any], option: str | None = 
     return {**flag, "option": option} if option else flag
 
 
+@contextmanager
+def chosen_outside(flags: Sequence[dict]) -> Iterator[None]:
+    """Runs started inside this block carry `flags` (`edge_flag`s with "by": who chose, e.g. corp bench's
+    search) in their report.json's `edge_flags`, so their printed report and model card name the edge;
+    `chosen_outside(())` shields a run started inside that is not the choice's (a shared population)."""
+    token = _OUTSIDE.set(tuple(flags))
+    try:
+        yield
+    finally:
+        _OUTSIDE.reset(token)
+
+
+def outside_flags() -> list[dict]:
+    """The flags `chosen_outside` set for the runs started now ([] outside any such block)."""
+    return list(_OUTSIDE.get())
+
+
 def _shown(value: Any) -> str:
     number = _number(value)
     return f"{number:g}" if number is not None else str(value)
@@ -61,8 +84,9 @@ def edge_line(flag: dict) -> str:
     if all(_number(v) is not None for v in points):  # in order, whatever order the grid was given in
         points = sorted(points, key=_number)
     grid = ", ".join(_shown(v) for v in points)
+    by = f" by {flag['by']}" if flag.get("by") else ""
     return (
-        f"{flag['name']} = {_shown(flag['chosen'])} is the {most} value searched ({grid}); "
+        f"{flag['name']} = {_shown(flag['chosen'])} is the {most} value searched{by} ({grid}); "
         f"a {more} one may be better: {where}"
     )
 

@@ -652,8 +652,10 @@ def test_search_trials_are_scored_on_validation_and_never_on_test(searched, tiny
 @pytest.mark.slow
 def test_every_seed_and_setting_uses_the_trial_best_on_validation(searched):
     from corp.bench.search import choose
+    from corp.grids import edge_flag
 
     records = _records(searched["root"])
+    assert any(r["label"] == "self-consistency" and r["setting"] != "tune" for r in records)
     for label, option in (("es", "alpha"), ("self-consistency", "temperature")):
         trials = sorted(
             (r for r in records if r["setting"] == "tune" and r["label"] == label), key=lambda r: r["trial"]
@@ -665,6 +667,16 @@ def test_every_seed_and_setting_uses_the_trial_best_on_validation(searched):
             assert rec["hyperparameters"][option] == best and "report_on" not in rec["hyperparameters"]
             assert rec["tuning"]["chosen"] == {option: best} and rec["tuning"]["trials"] == 2
             assert not set(rec["example_ids"]) & set(trials[0]["example_ids"]), "final cells report on test"
+            # a tuned value on its search grid's edge reaches the final run's report (and card): a run cannot
+            # see the bench's search (SC's two temperatures: always an edge; ES: when its alpha is one)
+            grid = SEARCH["methods"][label]["search"][option]
+            flags = json.loads((Path(rec["run_dir"]) / "report.json").read_text()).get("edge_flags") or []
+            flag = edge_flag(option, best, grid)
+            assert [f for f in flags if f.get("by")] == ([{**flag, "by": "corp bench's tuning"}] if flag else [])
+            assert not any(f.get("by") for f in (rec.get("detail") or {}).get("edge_flags") or []), "tuning says it"
+            card = Path(rec["run_dir"]) / "model" / "README.md"
+            if flag and card.exists():
+                assert "by corp bench's tuning" in card.read_text()
     randopt = [r for r in records if r["label"] == "randopt"]
     assert randopt and all("tuning" not in r for r in randopt) and not any(r["setting"] == "tune" for r in randopt)
 

@@ -107,3 +107,34 @@ def test_the_bench_flags_tuned_values_on_the_edge_of_their_search_grid():
     assert sum(ln.startswith("- tuning, grpo on arith at 6e+13: lora_r = 0") for ln in lines) == 1, "once per cell"
     assert "- run, corp: alpha at its grid's max in 1 of 2 final cells." in lines
     assert edge_section(cfg, [cell]) == []
+
+
+def test_a_value_chosen_outside_the_run_on_its_grids_edge_reaches_report_and_card(tmp_path, tiny_model, tiny_tokenizer):
+    """corp bench's tuning chooses a run's options before the run, so the run cannot flag them itself: the
+    bench states them (corp.grids.chosen_outside) and the run's report.json and model card carry them after
+    its own flags; a run inside `chosen_outside(())` (the bench's shared population) carries none."""
+    from corp.config import RandOptConfig, load_config
+    from corp.grids import chosen_outside
+    from corp.methods.consolidate.run import run_consolidate
+    from corp.methods.randopt import run_randopt
+
+    model_dir = tmp_path / "tiny"
+    tiny_model.save_pretrained(model_dir)
+    tiny_tokenizer.save_pretrained(model_dir)
+    tuned = {**edge_flag("betas", [30.0], [[10.0], [30.0]]), "by": "corp bench's tuning"}
+    run = tmp_path / "run"
+    cfg = tiny_consolidate_config(model_dir, run, reward="tests.test_consolidate:share_of_sevens", alphas="1,2")
+    with chosen_outside([tuned]):
+        report = run_consolidate(cfg)
+        opts = dict(model=str(model_dir), task="arith", population=2, sigmas="0.01", n_support=4, n_test=4)
+        with chosen_outside(()):
+            shielded = run_randopt(load_config(RandOptConfig, None, {**opts, "run_dir": str(tmp_path / "pop")}))
+    assert report["edge_flags"][-1] == tuned and report["edge_flags"][0]["name"] == "alpha", "the run's own first"
+    assert json.loads((run / "report.json").read_text())["edge_flags"] == report["edge_flags"]
+    line = edge_line(tuned)
+    assert line.startswith("betas = 30 is the largest value searched by corp bench's tuning (10, 30)"), line
+    assert f"- {line}." in (run / "model" / "README.md").read_text()
+    assert not shielded.get("edge_flags"), "a shielded run carries no caller's flag"
+    # outside any block, a run carries only its own
+    plain = run_randopt(load_config(RandOptConfig, None, {**opts, "run_dir": str(tmp_path / "plain")}))
+    assert not plain.get("edge_flags")

@@ -26,8 +26,9 @@ from corp.bench.plan import (
     trials_of,
 )
 from corp.bench.records import CellRecord, check_record
-from corp.bench.search import choose, trial_score
+from corp.bench.search import choose, edge_flags, trial_score
 from corp.config import in_scales, load_config
+from corp.grids import chosen_outside
 from corp.method import FIXED, ITERATIVE, POPULATION, get_path
 from corp.methods import get_method
 from corp.methods.score import NAME as SCORE
@@ -89,10 +90,19 @@ class Bench:
         if rec is not None:
             return rec
         kind = cell.adapter.kind
-        rec = {FIXED: self._fixed, POPULATION: self._population_cell, ITERATIVE: self._iterative}[kind](cell)
+        # a final cell's options its tuning chose on the edge of the searched grid: its runs' reports and
+        # model cards say so (a run cannot see the bench's search)
+        with chosen_outside(self.tuning_flags(cell)):
+            rec = {FIXED: self._fixed, POPULATION: self._population_cell, ITERATIVE: self._iterative}[kind](cell)
         check_record(rec, where=f"cell {cell.record_name()}")  # the format later sessions read back
         write_json(self.record_path(cell), rec)
         return rec
+
+    def tuning_flags(self, cell: Cell) -> list[dict]:
+        """The edge flags of the options the bench's search chose for `cell` (none for a cell not tuned)."""
+        space = (self.cfg.methods.get(cell.method) or {}).get("search") or {}
+        chosen = (cell.tuning or {}).get("chosen") or {}
+        return [{**f, "by": "corp bench's tuning"} for f in edge_flags(space, chosen)]
 
     def _run_dir(self, cell: Cell, key: str | None = None) -> Path:
         return (
@@ -150,7 +160,8 @@ class Bench:
                 # score_base: the base's support row (one pass a seed, charged to no cell: no method reads
                 # it), so that the density of good specialists can be read from the population
                 opts = {**pop_opts, **self.score_on, "score_base": True, "population": target, "run_dir": str(run_dir)}
-                report, dt = self._invoke(SCORE, opts)
+                with chosen_outside(()):  # shared by every cell of the seed: no cell's tuning is its
+                    report, dt = self._invoke(SCORE, opts)
                 wall += dt
             rows = sorted(
                 (
@@ -528,8 +539,11 @@ class Bench:
             extra["detail"] = {"accepted": own.get("accepted"), "reason": own.get("reason")}
             # the gate's margin and its candidate's and the base's test accuracy: what keeping the base cost (issue 55)
             extra["detail"].update({k: own[k] for k in ("gate", "candidate_test") if k in own})
-        if report.get("edge_flags"):  # values the run's own search chose on its grid's edge (issue 55)
-            extra.setdefault("detail", {})["edge_flags"] = report["edge_flags"]
+        # values the run's own search chose on its grid's edge (issue 55); the bench's tuning flags, which
+        # its report also carries, are the record's `tuning` already
+        own_flags = [f for f in report.get("edge_flags") or [] if not f.get("by")]
+        if own_flags:
+            extra.setdefault("detail", {})["edge_flags"] = own_flags
         return {
             **self._head(cell),
             "status": "done",

@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from corp.algorithms.recipe import write_recipe
 from corp.algorithms.stats import PerExample
 from corp.errors import CorpError
+from corp.grids import outside_flags
 from corp.runtime.context import open_run
 from corp.runtime.ledger import Ledger
 from corp.runtime.models import save_model
@@ -178,13 +179,22 @@ class Outputs:
     report: bool = True
 
 
+def _fields(out: Outputs) -> dict:
+    """The report's fields `out` gives, with the edge flags of values the caller's own search chose for
+    this run's options (corp.grids.chosen_outside: corp bench's tuning), after the run's own."""
+    fields = dict(out.fields)
+    if outside_flags():
+        fields["edge_flags"] = [*(fields.get("edge_flags") or []), *outside_flags()]
+    return fields
+
+
 def finish(ctx, out: Outputs) -> dict:
     """Write what `out` holds: the recipe's files and the recipe, then the model, then the exports (so
     the report never names a file that is not there), then report.json and test_outcomes.json (unless
     `out.report` is False); return the report with its table."""
     if out.rows and not out.report:
         raise ValueError("Outputs with rows need report=True: the rows' comparisons are in report.json")
-    fields = dict(out.fields)
+    fields = _fields(out)
     if out.ledger is not None:
         if out.ledger_field not in LEDGER_FIELDS:
             raise ValueError(f"ledger_field must be one of {LEDGER_FIELDS}, not {out.ledger_field!r}")
