@@ -203,3 +203,28 @@ def test_score_base_writes_the_base_support_row_the_density_reads(tiny_dir, tmp_
     assert [r["what"] for r in read_jsonl(runs[True] / "evals.jsonl", key="key")] == ["base"]
     assert got["generated_tokens"] == base["generated_tokens"]
     assert "base on support:" in m.summary(report)
+
+
+def test_amendment_2_takes_the_first_length_at_which_few_completions_are_cut_off(tmp_path, monkeypatch):
+    """M's generation length (results/size-claim/AMENDMENT-2.md): planted cut-off shares 1.0 at 32, 0.05 at
+    64: 64 is taken (under 10%), 128 never evaluated; all cut off at every length: the last, said so."""
+    choose = load("size_claim_choose")
+    shares = {32: 1.0, 64: 0.05, 128: 0.0}
+    evaluated = []
+
+    def dev_eval(python, model, level, work, threads, length):
+        run = work / f"dev{length}"
+        run.mkdir(parents=True)
+        n = 400
+        append_jsonl(run / "evals.jsonl", {"what": "base", "n_examples": n, "truncated": round(shares[length] * n)})
+        evaluated.append((level, length))
+        return {}, run
+
+    monkeypatch.setattr(choose, "dev_eval", dev_eval)
+    got = choose.choose_length("py", "gemma3-270m", tmp_path, "1", [32, 64, 128])
+    assert got["length"] == 64 and [t["length"] for t in got["lengths_tried"]] == [32, 64]
+    assert evaluated == [(choose.LADDER[0], 32), (choose.LADDER[0], 64)], "level 1 only, in order"
+    shares.update({64: 0.5, 128: 0.2})
+    got = choose.choose_length("py", "gemma3-270m", tmp_path / "again", "1", [32, 64, 128])
+    assert got["length"] == 128 and got["length_why"].startswith("none under")
+    assert choose.suffix(16) == "" and choose.engine(64)[-2:] == ["--max-completion-length", "64"]
