@@ -107,3 +107,50 @@ def test_federated_clients_with_models_of_their_own_are_counted_beside_the_drive
     cfg.client_models, cfg.client_host_copy = FedCorpConfig.client_models, FedCorpConfig.client_host_copy
     lifecycle._check_memory(cfg, "beside")
     assert seen["engines"] == 1 and seen["clients"] == 3 and seen["client_host_copy"] is None
+
+
+def test_a_smaller_gram_is_named_only_when_it_fits_beside_the_clients_own_models(tmp_path, monkeypatch):
+    """fedcorp --executor ray on hf, float32, 2 workers, population 4, 1 Ray client, 15 GB available: the
+    driver alone needs 18.0 at --gram-memory-gb 2 and 14.2 at 1, but its client's own model (10.5) stays
+    beside it, so no Gram budget makes the run fit and the refusal must not name one (it named
+    --gram-memory-gb 1, which the check then refused too)."""
+    model = _qwen_15b_headers(tmp_path / "qwen")
+    monkeypatch.setattr(memory, "available_gb", lambda: 15.0)
+    run = {"workers": 2, "seeds": 4, "clients": 1}
+    with pytest.raises(CorpError, match=r"needs about 28\.5 GB") as refused:
+        memory.check_memory(str(model), "hf", "float32", gram_memory_gb=2.0, **run)
+    assert "--gram-memory-gb" not in str(refused.value) and "fewer --clients" in str(refused.value)
+    with pytest.raises(CorpError, match=r"needs about 24\.7 GB"):  # what the old suggestion led to
+        memory.check_memory(str(model), "hf", "float32", gram_memory_gb=1.0, **run)
+    monkeypatch.setattr(memory, "available_gb", lambda: 25.0)  # room for the client and a 1 GB Gram: named
+    with pytest.raises(CorpError, match=r"--gram-memory-gb 1 "):
+        memory.check_memory(str(model), "hf", "float32", gram_memory_gb=2.0, **run)
+
+
+def test_a_federated_server_that_never_steps_holds_no_gradients_or_moments(tmp_path, monkeypatch):
+    """FGRPO with --lora-r 0 on hf, float32, the 1.5B model, 1 client, 45 GB available: the client trains
+    (model, runtime and noise buffer 9.6, gradients 7.1, AdamW moments 14.2: 30.9) but the server only
+    aggregates (FGRPOServer never steps), 9.6: 40.4 fits. The check counted the server's gradients and
+    moments too (61.7, refused); a run that trains in its driver (GRPO) still has them counted."""
+    from types import SimpleNamespace
+
+    from corp.methods.fgrpo import FGRPOConfig
+    from corp.runtime.context import lifecycle
+
+    model = _qwen_15b_headers(tmp_path / "qwen")
+    monkeypatch.setattr(memory, "available_gb", lambda: 45.0)
+    trains = {"workers": 1, "seeds": 0, "trained": [str(model)], "clients": 1}
+    memory.check_memory(str(model), "hf", "float32", driver_steps=False, **trains)
+    with pytest.raises(CorpError, match=r"needs about 61\.7 GB.*gradients 7\.1, AdamW moments 14\.2"):
+        memory.check_memory(str(model), "hf", "float32", **trains)
+    seen = {}
+    monkeypatch.setattr(lifecycle, "resolve_device", lambda device: "cpu")
+    monkeypatch.setattr(lifecycle, "resolve_backend_name", lambda backend, device: "hf")
+    monkeypatch.setattr(lifecycle, "check_memory", lambda m, b, d, engines, **k: seen.update(k))
+    cfg = SimpleNamespace(device="cpu", backend="hf", executor="local", workers=1, model="m", dtype=None, clients=1)
+    cfg.lora_r, cfg.beta = 0, 0.0
+    lifecycle._check_memory(cfg, "beside")  # GRPO's config: no clients of its own, the driver steps
+    assert seen["driver_steps"] is True and seen["trained"] == ["m"]
+    cfg.client_models, cfg.client_host_copy = FGRPOConfig.client_models, FGRPOConfig.client_host_copy
+    lifecycle._check_memory(cfg, "beside")
+    assert seen["driver_steps"] is False and seen["trained"] == ["m"] and seen["clients"] == 1

@@ -133,6 +133,8 @@ def _check_memory(cfg: RunConfig, host_copy: str | None) -> None:
         seeds=seeds,
         clients=clients,
         client_host_copy=client_host if backend == "vllm" else None,
+        # a federated run's driver aggregates what its clients train (FGRPOServer never steps)
+        driver_steps=not getattr(cfg, "client_models", ()),
         **_full_training(cfg),
     )
 

@@ -206,13 +206,21 @@ def _run_parts(sizes: list[int], params: int, stored: str, dtype: str, run: dict
 
 
 def _smaller_gram(
-    sizes: list[int], params: int, stored: str, dtype: str, run: dict, gram_memory_gb: float | None
+    sizes: list[int],
+    params: int,
+    stored: str,
+    dtype: str,
+    run: dict,
+    gram_memory_gb: float | None,
+    beside: float = 0.0,
 ) -> str:
-    """The cheaper way the refusal names when a smaller --gram-memory-gb would make the run fit ("": none)."""
+    """The cheaper way the refusal names when a smaller --gram-memory-gb would make the run fit ("": none);
+    `beside`: what the run needs besides the driver's (federated clients' own models), which no Gram
+    budget shrinks."""
     have = available_gb()
     for smaller in (1.0, 0.5, 0.25):
         if gram_memory_gb and smaller < gram_memory_gb:
-            if need_gb(_run_parts(sizes, params, stored, dtype, run, smaller)) <= have:
+            if need_gb(_run_parts(sizes, params, stored, dtype, run, smaller)) + beside <= have:
                 return f"--gram-memory-gb {smaller:g} builds the Gram matrix in smaller noise blocks"
     return ""
 
@@ -247,6 +255,7 @@ def check_memory(
     seeds: int = 0,
     clients: int = 0,
     client_host_copy: str | None = None,
+    driver_steps: bool = True,
 ) -> None:
     """One line, before any work, when the estimate does not fit in what is available now (a model
     not on this machine yet is checked when it is: nothing to read its size from). `trained`: the
@@ -257,7 +266,9 @@ def check_memory(
     can hold (the elites are not known before scoring: the population), `clients`: federated clients
     that each hold a model of their own on this machine beside the driver's (a Ray actor each, or FGRPO's
     local trainers), each counted as one engine's run holding `client_host_copy` beside it (with the
-    training extras of `trained` when the clients train every parameter)."""
+    training extras of `trained` when the clients train every parameter), `driver_steps`: False for a
+    federated server, which holds what `trained` trains from (its fp32 master, the reference model) but
+    never steps it, so no gradients or AdamW moments."""
     path = _ready_path(model)
     found = model_params(path) if path is not None else None
     if found is None:
@@ -269,18 +280,22 @@ def check_memory(
     parts = _run_parts(sizes, params, stored, dtype, run, gram_memory_gb)
     if trained:
         others = [p[0] for p in map(_params_of, trained[1:]) if p is not None]
-        parts = {**{k: v for k, v in parts.items() if k != "peak"}, **training_gb(params, dtype, others, reference)}
+        extras = training_gb(params, dtype, others, reference)
+        if not driver_steps:  # AdamW's moments appear at a first step, gradients at a first backward
+            extras = {k: v for k, v in extras.items() if k not in ("gradients", "AdamW moments")}
+        parts = {**{k: v for k, v in parts.items() if k != "peak"}, **extras}
     per_client = _client_gb(sizes, params, stored, dtype, run, client_host_copy, bool(trained), reference)
-    need, have = need_gb(parts) + clients * per_client, available_gb()
+    beside = clients * per_client
+    need, have = need_gb(parts) + beside, available_gb()
     if need <= have:
         return
     held = ", ".join(f"{k} {v:.1f}" for k, v in parts.items() if v and k != "peak")
     if clients:
-        held += f", {clients} clients' own models {clients * per_client:.1f}"
+        held += f", {clients} clients' own models {beside:.1f}"
     where = f"{engines} vLLM engines" if engines > 1 else f"the {backend} backend"
     cheaper = [lighter] if trained and lighter else []
     if not trained:
-        cheaper.append(_smaller_gram(sizes, params, stored, dtype, run, gram_memory_gb))
+        cheaper.append(_smaller_gram(sizes, params, stored, dtype, run, gram_memory_gb, beside))
     if dtype == "float32":
         cheaper.append("--dtype bfloat16 halves the weights")
     if engines > 1:
