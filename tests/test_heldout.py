@@ -58,6 +58,18 @@ def test_select_narrows_selection_and_keeps_the_set_aside_range_out_of_every_spl
         get_task("arith:select=10")
 
 
+def test_select_refusal_names_the_fix_and_its_test_split_is_drawn_anew():
+    # the refusal says what to give, not only what is wrong
+    with pytest.raises(CorpError, match=r"exceeds heldout=6000.*give select=6000 or less"):
+        get_task("arith:pool=7600,heldout=6000,dev=400,select=6001")
+    # the test pool is the same with select=, but a split seed shuffles the (smaller) selection pool with the
+    # same generator first, so it draws other test examples (heldout.py and docs/commands.md say so)
+    spec, sizes = "arith:digits=2,ops=+,pool=7600,heldout=6000,dev=400", SplitSizes(64, 64, 64, 400)
+    wide = {e.id for e in make_splits(get_task(spec), sizes, 54)["test"]}
+    narrowed = {e.id for e in make_splits(get_task(spec + ",select=4000"), sizes, 54)["test"]}
+    assert len(wide) == len(narrowed) == 400 and len(wide & narrowed) == 131
+
+
 def test_heldout_options_refuse_what_they_cannot_do():
     with pytest.raises(CorpError, match="heldout=START"):
         get_task("arith:dev=10")
