@@ -34,7 +34,7 @@ as the paper's: another task and model family). A model with no finished cells s
     python benchmarks/size_claim.py --out results/size-claim/analysis \\
         --model results/size-claim/smollm2-135m \\
         --model results/size-claim/gemma3-270m \\
-        --model results/size-claim/qwen-s0 results/size-claim/qwen-s1 [--margin 4] [--corp LABEL] [--vote-k 4] [--budget FLOPS]
+        --model results/size-claim/qwen-s0 results/size-claim/qwen-s1 [--margin 4] [--corp LABEL] [--vote-k 4] [--budget FLOPS] [--seeds 0,1,2,3,4]
 """
 
 from __future__ import annotations
@@ -263,9 +263,12 @@ def across(seeds: list[dict]) -> dict:
     return out
 
 
-def model_summary(dirs: list[Path], margin: int, corp_label: str | None, vote_k: int, budget=None) -> dict:
-    """One model: its per-seed measures and their summaries across seeds ("no result yet" without cells)."""
-    cells = at_budget(load_cells(dirs), budget)
+def model_summary(
+    dirs: list[Path], margin: int, corp_label: str | None, vote_k: int, budget=None, only: set[int] | None = None
+) -> dict:
+    """One model: its per-seed measures and their summaries across seeds ("no result yet" without cells);
+    `only`: the seeds to read (the registration's; another study may run more seeds of the same config)."""
+    cells = [c for c in at_budget(load_cells(dirs), budget) if only is None or int(c["seed"]) in only]
     if not cells:
         return {"dirs": [str(d) for d in dirs], "model": dirs[0].name, "params": None, "status": NO_RESULT}
     corp = pick_corp(cells, corp_label)
@@ -424,8 +427,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--corp", default=None, help="the CoRP cells' label when the bench ran several variants")
     ap.add_argument("--vote-k", type=int, default=4, help="K of the RandOpt vote row (randopt-vote@K)")
     ap.add_argument("--budget", type=float, default=None, help="FLOPs budget of the cells read (default: the largest)")
+    ap.add_argument("--seeds", default=None, help="read only these seeds, e.g. 0,1,2,3,4 (default: every seed found)")
     args = ap.parse_args(argv)
-    models = [model_summary(dirs, args.margin, args.corp, args.vote_k, args.budget) for dirs in args.model]
+    only = {int(v) for v in args.seeds.split(",")} if args.seeds else None
+    models = [model_summary(dirs, args.margin, args.corp, args.vote_k, args.budget, only) for dirs in args.model]
     result = {"margin": args.margin, "vote_k": args.vote_k, "models": models, "primaries": primaries(models)}
     args.out.mkdir(parents=True, exist_ok=True)
     result["plot"] = "size_claim.png" if models and plot(result, args.out / "size_claim.png") else None

@@ -117,6 +117,10 @@ def test_density_counts_a_specialist_only_at_the_margin_or_above(tmp_path):
     # specialists alternate sigma 0.001 (counts 14, 15, 2, 12) and 0.002 (13, 10, 30, 9)
     assert d["by_sigma"] == {"0.001": {"beats": 2, "n": 4}, "0.002": {"beats": 1, "n": 4}}
     assert sc.model_summary([tmp_path], margin=5, corp_label=None, vote_k=8)["seeds"][0]["density"]["value"] == 2 / 8
+    # --seeds: a seed another study ran on the same config is not read
+    write_seed(tmp_path, 5, "m", 1e8, 2, 4, 5, spec_counts=[30] * 8, base_support=10)
+    assert [x["seed"] for x in sc.model_summary([tmp_path], 4, None, 8)["seeds"]] == [0, 5]
+    assert [x["seed"] for x in sc.model_summary([tmp_path], 4, None, 8, only={0, 1, 2, 3, 4})["seeds"]] == [0]
 
 
 def test_density_is_missing_without_the_base_support_row(tmp_path):
