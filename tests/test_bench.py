@@ -718,7 +718,7 @@ def test_the_choice_follows_the_validation_records(searched, tiny_dir):
     "path",
     sorted(
         str(p)
-        for pattern in ("bench-*.yaml", "size-claim/*.yaml")
+        for pattern in ("bench-*.yaml", "size-claim/*.yaml", "noise-claim/*.yaml")
         for p in (Path(__file__).resolve().parents[1] / "configs").glob(pattern)
     ),
 )
