@@ -13,11 +13,11 @@ calibration's grid and sigma*), and prints one line per step. Run directories go
 reuses every finished evaluation).
 
     PYTHON=.venv-vllm/bin/python python benchmarks/size_claim_choose.py smollm2-135m --out results/size-claim/choices
-    PYTHON=.venv-vllm/bin/python python benchmarks/size_claim_choose.py gemma3-270m --lengths 32,64,128 --out ...
+    PYTHON=.venv-vllm/bin/python python benchmarks/size_claim_choose.py gemma3-270m --length 24 --extract equation --out ...
 
-`--lengths` (amendment 2, results/size-claim/AMENDMENT-2.md; model M only): first the generation length,
-the first of those at which fewer than 10% of the base's completions on level 1's development pool reach
-the limit; then the level rule and the calibration at that length.
+`--length`, `--extract` (amendment 3, results/size-claim/AMENDMENT-3.md; model M only): M, a base model
+without a chat template, is read with 24 new tokens and the number after the first "=" (arith's
+extract=equation). Run directories at the registered 16 tokens and default extraction keep their names.
 """
 
 from __future__ import annotations
@@ -38,24 +38,23 @@ DEV_POOL = "pool=7600,heldout=6000,dev=400"
 POOL = DEV_POOL + ",select=4000"
 BAND, TARGET = (0.10, 0.60), 0.35
 ENGINE = ["--backend", "vllm", "--dtype", "float32", "--max-model-len", "512"]
-LENGTH = 16  # the registered generation length; amendment 2 lets M take a longer one (--lengths)
-CUT_OFF = 0.10  # amendment 2: the first length at which fewer than this share of completions reach it
+LENGTH = 16  # the registered generation length; amendment 3 gives M 24 (--length)
 
 
 def engine(length: int) -> list[str]:
     return [*ENGINE, "--max-completion-length", str(length)]
 
 
-def suffix(length: int) -> str:
-    """Run directories at the registered length keep their names (a rerun reuses them)."""
-    return "" if length == LENGTH else f"-len{length}"
+def suffix(length: int, extract: str | None = None) -> str:
+    """Run directories at the registered length and extraction keep their names (a rerun reuses them)."""
+    return ("" if length == LENGTH else f"-len{length}") + (f"-{extract}" if extract else "")
 
 
 CALIBRATION_SPLIT_SEED = 1054
 
 
-def spec(level: str, pool: str = POOL) -> str:
-    return f"arith:{level},{pool}"
+def spec(level: str, pool: str = POOL, extract: str | None = None) -> str:
+    return f"arith:{level},{pool}" + (f",extract={extract}" if extract else "")
 
 
 def corp(python: str, *args: str) -> dict:
@@ -67,41 +66,25 @@ def corp(python: str, *args: str) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
-def dev_eval(python: str, model: str, level: str, work: Path, threads: str, length: int) -> tuple[dict, Path]:
+def dev_eval(
+    python: str, model: str, level: str, work: Path, threads: str, length: int, extract: str | None = None
+) -> tuple[dict, Path]:
     """`corp eval --report-on dev` of the base at `level`: its report and run directory."""
-    run = work / f"dev-{level.replace(',', '_').replace('=', '')}{suffix(length)}"
+    run = work / f"dev-{level.replace(',', '_').replace('=', '')}{suffix(length, extract)}"
+    task = spec(level, DEV_POOL, extract)
     rep = corp(
-        python, "eval", "--model", model, "--task", spec(level, DEV_POOL), "--report-on", "dev", "--threads", threads,
+        python, "eval", "--model", model, "--task", task, "--report-on", "dev", "--threads", threads,
         *engine(length), "--output-dir", str(run),
     )  # fmt: skip
     return rep, run
 
 
-def cut_off_share(run: Path) -> float:
-    """The share of the base's development completions that reached the length limit (its evals.jsonl row)."""
-    rows = [json.loads(line) for line in (run / "evals.jsonl").read_text().splitlines() if line.strip()]
-    (row,) = [r for r in rows if r.get("what") == "base"]
-    return row["truncated"] / row["n_examples"]
-
-
-def choose_length(python: str, model: str, work: Path, threads: str, lengths: list[int]) -> dict:
-    """Amendment 2: the first length at which fewer than CUT_OFF of level 1's development completions are
-    cut off; the last one when none is."""
-    tried = []
-    for length in lengths:
-        _, run = dev_eval(python, model, LADDER[0], work, threads, length)
-        share = cut_off_share(run)
-        tried.append({"length": length, "cut_off": share})
-        print(f"{model} {length} new tokens: {share:.3f} of level 1's development completions cut off", flush=True)
-        if share < CUT_OFF:
-            return {"lengths_tried": tried, "length": length, "length_why": f"the first with under {CUT_OFF} cut off"}
-    return {"lengths_tried": tried, "length": lengths[-1], "length_why": f"none under {CUT_OFF}: the last"}
-
-
-def choose_level(python: str, model: str, work: Path, threads: str, length: int = LENGTH) -> dict:
+def choose_level(
+    python: str, model: str, work: Path, threads: str, length: int = LENGTH, extract: str | None = None
+) -> dict:
     tried = []
     for level in LADDER:
-        rep, _ = dev_eval(python, model, level, work, threads, length)
+        rep, _ = dev_eval(python, model, level, work, threads, length, extract)
         acc = rep["test"][0]["accuracy"]
         tried.append({"level": level, "dev_accuracy": acc, "n": rep["test"][0]["n"]})
         print(f"{model} {level}: base {acc:.3f} on {rep['test'][0]['n']} development examples", flush=True)
@@ -111,11 +94,13 @@ def choose_level(python: str, model: str, work: Path, threads: str, length: int 
     return {"tried": tried, "level": best["level"], "why": f"no level in the band: the closest to {TARGET}"}
 
 
-def calibrate(python: str, model: str, level: str, work: Path, threads: str, length: int = LENGTH) -> dict:
+def calibrate(
+    python: str, model: str, level: str, work: Path, threads: str, length: int = LENGTH, extract: str | None = None
+) -> dict:
     # "calibration" holds the pre-amendment one (support from 0-5999)
-    run = work / f"calibration-select4000{suffix(length)}"
+    run = work / f"calibration-select4000{suffix(length, extract)}"
     corp(
-        python, "score", "--model", model, "--task", spec(level), "--sigmas", "auto", "--population", "1",
+        python, "score", "--model", model, "--task", spec(level, POOL, extract), "--sigmas", "auto", "--population", "1",
         "--n-support", "8", "--n-probe", "0", "--n-validation", "0", "--n-test", "0",
         "--split-seed", str(CALIBRATION_SPLIT_SEED), "--threads", threads, *engine(length), "--output-dir", str(run),
     )  # fmt: skip
@@ -130,17 +115,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", type=Path, required=True, help="folder for MODEL.json")
     ap.add_argument("--work", type=Path, default=Path("runs/size-claim-choose"), help="run directories")
     ap.add_argument("--threads", default="2")
-    ap.add_argument("--lengths", help="amendment 2 (model M only): generation lengths to try in order, e.g. 32,64,128")
+    ap.add_argument("--length", type=int, default=LENGTH, help="new tokens (amendment 3: 24 for model M)")
+    ap.add_argument("--extract", default=None, help="arith's answer rule (amendment 3: equation for model M)")
     args = ap.parse_args(argv)
     python = os.environ.get("PYTHON", sys.executable)
-    work = args.work / args.model
-    chosen = {"length": LENGTH}
-    if args.lengths:
-        chosen = choose_length(python, args.model, work, args.threads, [int(v) for v in args.lengths.split(",")])
-    level = choose_level(python, args.model, work, args.threads, chosen["length"])
-    scales = calibrate(python, args.model, level["level"], work, args.threads, chosen["length"])
-    out = {"model": args.model, "task": spec(level["level"]), **chosen, **level, **scales}
-    out["engine"] = engine(chosen["length"])
+    work, length, extract = args.work / args.model, args.length, args.extract
+    level = choose_level(python, args.model, work, args.threads, length, extract)
+    scales = calibrate(python, args.model, level["level"], work, args.threads, length, extract)
+    out = {"model": args.model, "task": spec(level["level"], POOL, extract), "length": length, **level, **scales}
+    out["engine"] = engine(length)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.model}.json").write_text(json.dumps(out, indent=1) + "\n")
     return out

@@ -10,6 +10,7 @@ measure is checked exactly.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from benchmark_scripts import load
@@ -209,26 +210,23 @@ def test_score_base_writes_the_base_support_row_the_density_reads(tiny_dir, tmp_
     assert "base on support:" in m.summary(report)
 
 
-def test_amendment_2_takes_the_first_length_at_which_few_completions_are_cut_off(tmp_path, monkeypatch):
-    """M's generation length (results/size-claim/AMENDMENT-2.md): planted cut-off shares 1.0 at 32, 0.05 at
-    64: 64 is taken (under 10%), 128 never evaluated; all cut off at every length: the last, said so."""
+def test_amendment_3_reads_model_m_with_its_own_length_and_extraction_and_keeps_s_and_l_runs(monkeypatch):
+    """M (results/size-claim/AMENDMENT-3.md): 24 new tokens and arith's extract=equation, in run directories
+    of their own; S and L (the registered 16 tokens, default extraction) keep their specs and directories."""
     choose = load("size_claim_choose")
-    shares = {32: 1.0, 64: 0.05, 128: 0.0}
-    evaluated = []
+    assert choose.spec("digits=2,ops=+") == "arith:digits=2,ops=+,pool=7600,heldout=6000,dev=400,select=4000"
+    assert choose.spec("digits=2,ops=+", choose.POOL, "equation").endswith(",select=4000,extract=equation")
+    assert choose.suffix(16) == "" and choose.suffix(24, "equation") == "-len24-equation"
+    assert choose.engine(24)[-2:] == ["--max-completion-length", "24"]
+    seen = []
 
-    def dev_eval(python, model, level, work, threads, length):
-        run = work / f"dev{length}"
-        run.mkdir(parents=True)
-        n = 400
-        append_jsonl(run / "evals.jsonl", {"what": "base", "n_examples": n, "truncated": round(shares[length] * n)})
-        evaluated.append((level, length))
-        return {}, run
+    def corp(python, *args):
+        seen.append(args)
+        return {"test": [{"accuracy": 0.3, "n": 400}]}
 
-    monkeypatch.setattr(choose, "dev_eval", dev_eval)
-    got = choose.choose_length("py", "gemma3-270m", tmp_path, "1", [32, 64, 128])
-    assert got["length"] == 64 and [t["length"] for t in got["lengths_tried"]] == [32, 64]
-    assert evaluated == [(choose.LADDER[0], 32), (choose.LADDER[0], 64)], "level 1 only, in order"
-    shares.update({64: 0.5, 128: 0.2})
-    got = choose.choose_length("py", "gemma3-270m", tmp_path / "again", "1", [32, 64, 128])
-    assert got["length"] == 128 and got["length_why"].startswith("none under")
-    assert choose.suffix(16) == "" and choose.engine(64)[-2:] == ["--max-completion-length", "64"]
+    monkeypatch.setattr(choose, "corp", corp)
+    got = choose.choose_level("py", "gemma3-270m", tmp := Path("/nonexistent"), "1", 24, "equation")
+    assert got["level"] == choose.LADDER[0] and seen[0][seen[0].index("--task") + 1].endswith(
+        "dev=400,extract=equation"
+    )
+    assert str(tmp) in seen[0][seen[0].index("--output-dir") + 1] and seen[0][-1].endswith("-len24-equation")

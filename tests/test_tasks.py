@@ -66,6 +66,21 @@ def test_arith_reward_and_extraction():
     assert task.reward(["2 + 3 = 5", "It is 6", ""], [ex] * 3) == [1.0, 0.0, 0.0]
 
 
+def test_arith_extract_equation_reads_a_base_models_continuation():
+    """Gemma 3 270M (a base model, no chat template) continues "What is 79 + 12? ..." with
+    "\n\n79 + 12 = 91\n\n79 + 12 = 91" until its length runs out: the last number (the default) is then an
+    operand, the number after the first "=" (extract=equation) is its answer."""
+    cut = "\n\n79 + 12 = 91\n\n79 + 12"
+    ex = Example("a", "What is 79 + 12? Answer with just the number.", "91")
+    plain, equation = get_task("arith"), get_task("arith:extract=equation")
+    assert plain.reward([cut], [ex]) == [0.0] and equation.reward([cut], [ex]) == [1.0]
+    assert equation.extract("91") == "91" and equation.extract("\n\n79 + 12 =") is None
+    assert equation.extract("x = -1,035 then") == "-1035"
+    assert equation.signature()["extract"] == "equation" and "extract" not in plain.signature()
+    with pytest.raises(CorpError, match="extract=first is unknown"):
+        get_task("arith:extract=first")
+
+
 def test_jsonl_task_and_malformed_line(tmp_path):
     good = tmp_path / "t.jsonl"
     good.write_text('{"prompt": "1+1?", "answer": "2"}\n{"prompt": "2+2?", "answer": "4", "hint": "x"}\n')
