@@ -8,7 +8,8 @@
 #
 # Runs `corp bench --config CONFIG --threads N --task TASK` (N: BENCH_THREADS, default 1; TASK: a task's label or spec) in a
 # retry loop (up to TRIES starts, default 20; a bad-input exit, status 2, is not retried: the same
-# config would fail the same way). While it runs, and after each start, every new or changed cell
+# config would fail the same way; too little memory now, status 75 from corp's memory check, is retried
+# after BENCH_MEMORY_WAIT seconds, default 600, and not counted as a barren start). While it runs, and after each start, every new or changed cell
 # record of that task (RESULTS_DIR/NAME/cells/SLUG__*.json, finished cells only: corp writes a
 # record atomically once its cell is done) is committed, alone, with a message naming the cells;
 # when the bench finishes, its outputs (table.md, results.csv, tuning.csv, bench.json, plots) are
@@ -59,6 +60,7 @@ PY=${PYTHON:-python}
 CORP_CMD=${CORP_CMD:-$PY -m corp.cli}
 POLL=${BENCH_POLL:-120}
 RETRY_WAIT=${BENCH_RETRY_WAIT:-60}
+MEMORY_WAIT=${BENCH_MEMORY_WAIT:-600}  # after corp's memory check refused a cell (status 75): not counted as barren
 THREADS=${BENCH_THREADS:-1}
 BARREN=${BENCH_BARREN:-3}
 COMMITTED=0  # commits this wrapper made: a start that moved it made progress
@@ -230,6 +232,11 @@ while [ "$try" -lt "$TRIES" ]; do
   if [ "$rc" -eq 2 ]; then
     echo "bench_run.sh: corp bench refused its input (status 2); not retrying" >&2
     exit 2
+  fi
+  if [ "$rc" -eq 75 ]; then  # too little memory now (corp's memory check): what runs beside it may end
+    echo "bench_run.sh: too little memory for the next cell now (status 75); retrying in ${MEMORY_WAIT}s (finished cells are kept)" >&2
+    sleep "$MEMORY_WAIT"
+    continue
   fi
   [ -n "$DRAIN" ] && drained  # the bench stopped while draining: do not restart it
   if [ "$COMMITTED" -eq "$before" ]; then barren=$((barren + 1)); else barren=0; fi

@@ -33,7 +33,7 @@ from corp.bench.report import write_into
 from corp.bench.sweep import load_bench_config, run_bench
 from corp.config import field_docs, flag, load_config, option_names, renamed_options, to_fields
 from corp.config_types import comma_list
-from corp.errors import CorpError
+from corp.errors import CorpError, NotEnoughMemory
 from corp.evaluate.tasks import list_tasks
 from corp.methods import Method, methods
 from corp.runtime.models import list_models, resolve_model
@@ -126,7 +126,8 @@ def _run(fn: Callable, *args, interrupted: str = "run"):
         return fn(*args)
     except CorpError as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        # too little memory now is the machine's state, not bad input: 75 (EX_TEMPFAIL) says a retry may fit
+        raise typer.Exit(75 if isinstance(exc, NotEnoughMemory) else 2) from None
     except Exception as exc:
         # the machine's state, not a bug: a full disk or quota, a read-only place (from any library:
         # corp.runtime.runs.write_failure), a name too long

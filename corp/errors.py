@@ -7,6 +7,12 @@ class CorpError(Exception):
     """An error caused by user input; the CLI prints its message as one line, no traceback."""
 
 
+class NotEnoughMemory(CorpError):
+    """A run that does not fit the memory available now (the memory check, before any work): what else
+    runs decides it, so the same command may fit later; the CLI exits with status 75 (EX_TEMPFAIL, not
+    bad input's 2) so that a long-run wrapper waits and retries instead of giving up."""
+
+
 class RunBusy(CorpError):
     """A run directory another corp process holds (RunLock): a bench process sharing a task defers the cell."""
 

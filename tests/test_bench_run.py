@@ -31,6 +31,8 @@ FAKE = textwrap.dedent("""
     Path(os.environ["FAKE_STATE"] + ".argv").write_text(" ".join(sys.argv[1:]))
     if os.environ.get("FAKE_MODE") == "bad":
         print("error: bench config: bad", file=sys.stderr); sys.exit(2)
+    if os.environ.get("FAKE_MODE") == "memory" and n <= 3:  # corp's memory check: too little memory now
+        print("error: m needs about 11.2 GB and 9.6 GB is available", file=sys.stderr); sys.exit(75)
     if os.environ.get("FAKE_MODE") == "crash":  # the same bug on every start, before any cell finishes
         print("AttributeError: planted", file=sys.stderr); sys.exit(1)
     if os.environ.get("FAKE_MODE") == "slow":  # a long bench: one cell every 8 s, 20 cells, each under its claim
@@ -154,6 +156,18 @@ def test_the_wrapper_passes_bench_methods_on(repo):
     (repo.parent / "starts").unlink()
     assert _wrap(repo).returncode == 0
     assert "--methods" not in (repo.parent / "starts.argv").read_text()
+
+
+def test_the_wrapper_waits_out_too_little_memory_and_does_not_count_it_as_barren(repo):
+    """Planted (the size claim's S run, 2026-12-07: one wrapper's bench was refused by the memory check
+    while other work held memory, exited 2 and its wrapper gave up): status 75 is retried after
+    BENCH_MEMORY_WAIT, three times in a row without stopping as barren, and the fourth start finishes."""
+    env = {**_env(repo, "memory"), "BENCH_MEMORY_WAIT": "0"}
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "wrap.yaml", "add", "6"], cwd=repo, env=env, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (repo.parent / "starts").read_text() == "4" and "too little memory" in proc.stderr
 
 
 def test_the_wrapper_does_not_retry_bad_input(repo):

@@ -154,3 +154,17 @@ def test_a_federated_server_that_never_steps_holds_no_gradients_or_moments(tmp_p
     cfg.client_models, cfg.client_host_copy = FGRPOConfig.client_models, FGRPOConfig.client_host_copy
     lifecycle._check_memory(cfg, "beside")
     assert seen["driver_steps"] is False and seen["trained"] == ["m"] and seen["clients"] == 1
+
+
+def test_too_little_memory_exits_75_not_bad_inputs_2(tiny_dir, tmp_path, monkeypatch):
+    """The CLI's status for a memory refusal is 75 (EX_TEMPFAIL: the same command may fit once other work
+    ends; benchmarks/bench_run.sh waits and retries it), and bad input keeps 2 (never retried)."""
+    from typer.testing import CliRunner
+
+    from corp.cli import app
+
+    monkeypatch.setattr(memory, "available_gb", lambda: 1e-6)
+    args = ["eval", "--model", str(tiny_dir), "--task", "arith", "--n-test", "2", "--backend", "hf", "--device", "cpu"]
+    res = CliRunner().invoke(app, [*args, "--output-dir", str(tmp_path / "r")])
+    assert res.exit_code == 75 and "needs about" in res.output and "Traceback" not in res.output, res.output
+    assert CliRunner().invoke(app, [*args[:4], "--task", "nosuchtask"]).exit_code == 2

@@ -541,7 +541,7 @@ def test_a_model_that_cannot_fit_the_memory_is_one_line_before_any_run_directory
     res = CliRunner().invoke(
         app, ["score", "--model", str(model_dir), "--population", "2", "--backend", "hf", "--n-test", "0"]
     )
-    assert res.exit_code == 2 and "needs about" in res.output and "0.0 GB is available" in res.output
+    assert res.exit_code == 75 and "needs about" in res.output and "0.0 GB is available" in res.output
     assert "model " in res.output and not (tmp_path / "runs").exists()
     monkeypatch.setattr(memory, "available_gb", lambda: 1000.0)
     memory.check_memory(str(model_dir), "vllm", None, engines=2, host_copy="beside")  # fits: no error
@@ -675,7 +675,7 @@ def test_full_parameter_training_that_cannot_fit_is_refused_before_work_naming_l
     monkeypatch.chdir(tmp_path)
     base = ["--model", str(model_dir), "--backend", "hf", "--n-test", "4", "--max-steps", "1"]
     res = CliRunner().invoke(app, ["grpo", *base, "--lora-r", "0"])
-    assert res.exit_code == 2, res.output
+    assert res.exit_code == 75, res.output
     assert "AdamW moments" in res.output and "gradients" in res.output and "--lora-r 16" in res.output
     assert not (tmp_path / "runs").exists()
     memory.check_memory(str(model_dir), "hf", None)  # what a LoRA run is checked for: fits

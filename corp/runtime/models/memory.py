@@ -34,7 +34,7 @@ import os
 from pathlib import Path
 
 from corp.algorithms.corp_operator.algebra import fp64_chunk
-from corp.errors import CorpError
+from corp.errors import NotEnoughMemory
 from corp.runtime.models.embedded import converted_dir
 
 GB = 1e9
@@ -303,7 +303,7 @@ def check_memory(
     if clients:
         cheaper.append("fewer --clients (each holds a model of its own)")
     cheaper = [c for c in cheaper if c]
-    raise CorpError(
+    raise NotEnoughMemory(
         f"{model} ({params / 1e9:.2f}B parameters, {dtype}) on {where} needs about {need:.1f} GB ({held}) and "
         f"{have:.1f} GB is available; free memory" + (f", or: {'; '.join(cheaper)}" if cheaper else "")
     )
