@@ -336,9 +336,10 @@ def markdown(result: dict) -> str:
             continue
         cols = [fmt(m["density"], pct=True)] + [fmt(m[k]) for k in ("top1_gain", "corp_gain", "vote_gain")]
         params = f"{m['params']:.3g}" if m["params"] else "?"
-        lines.append(
-            f"| {m['model']} | {params} | {len(m['seeds'])} | {' | '.join(cols)} | {fmt(m['corp_minus_top1'])} |"
-        )
+        # a seed whose CoRP cell has not finished (only its base cell) has no measure yet: not counted
+        done = sum(1 for x in m["seeds"] if x["gain"])
+        seeds = f"{done}" + (f" (+{len(m['seeds']) - done} unfinished)" if done < len(m["seeds"]) else "")
+        lines.append(f"| {m['model']} | {params} | {seeds} | {' | '.join(cols)} | {fmt(m['corp_minus_top1'])} |")
     lines += ["", "| model | seed | density | beats / n | top-1 gain | CoRP gain | vote gain | CoRP abstained |"]
     lines.append("|---|---|---|---|---|---|---|---|")
     for m in (m for m in models if m["status"] == "ok"):

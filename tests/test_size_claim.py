@@ -124,6 +124,16 @@ def test_density_counts_a_specialist_only_at_the_margin_or_above(tmp_path):
     assert [x["seed"] for x in sc.model_summary([tmp_path], 4, None, 8, only={0, 1, 2, 3, 4})["seeds"]] == [0]
 
 
+def test_a_seed_with_only_its_base_cell_is_not_counted_as_a_seed_with_measures(tmp_path):
+    """Planted (the S run, 2026-12-07: seed 3's base cell had finished, its CoRP cell not): the table said
+    4 seeds over measures of 3; it says 1 (+1 unfinished) here."""
+    write_seed(tmp_path, 0, "m", 1e8, 2, 4, 5, spec_counts=[14, 13], base_support=10)
+    write_cell(tmp_path, 1, "self-consistency", "self-consistency", [_cell_row("base", "base", _outcomes(2, 20))], None)
+    m = sc.model_summary([tmp_path], 4, None, 8)
+    text = sc.markdown({"margin": 4, "vote_k": 8, "models": [m], "primaries": sc.primaries([m])})
+    assert "| m | 1e+08 | 1 (+1 unfinished) |" in text, text
+
+
 def test_density_is_missing_without_the_base_support_row(tmp_path):
     """A population scored without --score-base has no base support row: the density says which row is missing, no number."""
     write_seed(tmp_path, 0, "m", 1e8, 2, 4, 5, spec_counts=[14, 13], base_support=None)
