@@ -385,6 +385,25 @@ def test_embedded_weights_hash_is_the_one_corp_names():
     assert weights_hash(model) == spec.weights_sha256
 
 
+@pytest.mark.embedded
+def test_first_conversion_runs_on_the_cpu_under_a_callers_meta_device(tmp_path):
+    """Planted (a fresh machine, 2026-12-07): a test building a shapes-only model resolved the embedded alias
+    inside `with torch.device("meta")`; the alias's first use converts the GGUF, and transformers refused
+    from_pretrained under the meta device. The conversion pins the CPU and writes the same weights."""
+    import torch
+
+    from corp.algorithms.perturb.direction import weights_hash
+    from corp.runtime.models.embedded import convert_gguf, embedded_gguf_path
+
+    spec = ALIASES["smollm2-135m"]
+    gguf, assembled = embedded_gguf_path(spec)
+    assert not assembled  # one file inside its package: nothing of corp's to remove afterwards
+    with torch.device("meta"):
+        convert_gguf(gguf, tmp_path / "converted")
+    model, *_ = load_model(str(tmp_path / "converted"))
+    assert weights_hash(model) == spec.weights_sha256
+
+
 @pytest.fixture
 def silent_hub(monkeypatch):
     """A hub endpoint that refuses connections (a bound port nobody listens on), an empty hub cache,

@@ -206,6 +206,17 @@ def embedded_gguf_path(spec: EmbeddedGGUF) -> tuple[Path, bool]:
 
 def convert_gguf(gguf: Path, out: Path) -> None:
     import torch
+
+    # The first resolve of an embedded alias converts it, wherever that happens: inside a caller's
+    # `with torch.device("meta")` (building a shapes-only model from its config) transformers refuses
+    # from_pretrained, and under a GPU default device the float32 copy would land there. The conversion
+    # reads and writes files, so it runs on the CPU whatever the caller set.
+    with torch.device("cpu"):
+        _convert_gguf_on_cpu(gguf, out)
+
+
+def _convert_gguf_on_cpu(gguf: Path, out: Path) -> None:
+    import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     src, fname = str(gguf.parent), gguf.name
