@@ -106,6 +106,7 @@ def test_report_on_dev_reports_the_development_pool(tmp_path):
     splits = json.loads((tmp_path / "r" / "splits.json").read_text())
     assert splits["test"] == [e.id for e in dev_pool(get_task(spec))]
     assert splits["report_on"] == "dev"
+    assert "6 dev problems" in res.output  # not "test problems": the test split was never scored
     res = CliRunner().invoke(app, [*common, "--task", "arith", "--run-dir", str(tmp_path / "r2")])
     assert res.exit_code != 0 and "heldout=START,dev=N" in res.output
 

@@ -155,7 +155,8 @@ def _eval(cfg: EvalConfig, ctx: RunContext) -> Outputs:
         score_retention(ctx, evals, cfg.retention_tasks, cfg.base, texts=cfg.retention_texts) if cfg.retention else None
     )
     lines = [
-        f"{cfg.model} on {shown_datasets(cfg.task)}, {len(test)} test problems",
+        # the split scored: --report-on dev or validation puts those examples in the test split's place
+        f"{cfg.model} on {shown_datasets(cfg.task)}, {len(test)} {cfg.report_on} problems",
         # no gold answers: the greedy reward is what the run measured (accuracy would read 0)
         f"greedy reward    {row.reward:.3f}"
         if ctx.measure == "reward"
