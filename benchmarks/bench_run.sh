@@ -18,7 +18,9 @@
 # report, a few hundred KB each), finished or interrupted (corp score resumes those), copied to
 # RESULTS_DIR/NAME/populations/ when no corp process holds them; each start first copies every
 # committed one back into WORK_DIR where there is no directory of that name (a directory that is
-# there is never overwritten), and the bench reuses it as it reuses its own. Nothing else is added:
+# there is never overwritten), and the bench reuses it as it reuses its own. The task's shared evaluation cache
+# (WORK_DIR/NAME/TASK__shared_evals.jsonl, keyed rows: a cell's top-1 and vote test passes among them) is kept and
+# restored the same way, beside the populations. Nothing else is added:
 # the other run directories (models, training runs; git-ignored, large) stay uncommitted, so a later
 # session resumes from the committed records (finished cells are never rerun) and populations, and
 # recomputes only the unfinished cells.
@@ -158,12 +160,26 @@ save_populations() {  # copy each finished or interrupted population run of this
       exit 0
     ) 8>>"$d/.corp.lock" || continue
   done
+  save_evals
   [ -d "$OUT/populations" ] || return 0
   while IFS= read -r f; do
     files+=("$f")
-  done < <(changed_paths "$OUT/populations" "${TSLUG}__population__")
+  done < <(changed_paths "$OUT/populations" "${TSLUG}__")
   [ ${#files[@]} -gt 0 ] || return 0
   commit_paths "bench $(basename "$OUT") ($TASK): population run(s), kept so a later session does not rescore them" "${files[@]}"
+}
+
+save_evals() {  # copy this task's shared evaluation cache (WORK_DIR/NAME/TASK__shared_evals.jsonl: greedy base and
+  # specialist evaluations, each row keyed by everything that defines it) beside the populations; the caller commits it.
+  # A cell's test passes of its top-1 and vote members land there as they finish, so a cell cut off by a stopped
+  # machine redoes only what is not in it. Copied while a process may be appending: a torn last row is dropped on reading.
+  local f="$WORK/${TSLUG}__shared_evals.jsonl"
+  [ -f "$f" ] || return 0
+  if [ "$(stat -c %s "$f")" -gt 2000000 ]; then
+    echo "bench_run.sh: $(basename "$f") is over 2 MB; not committed (a later session recomputes its rows)" >&2
+    return 0
+  fi
+  mkdir -p "$OUT/populations" && cp -p "$f" "$OUT/populations/"
 }
 
 snapshot_populations() {  # the rows so far of each population run of this task that a corp process is scoring, committed
@@ -181,12 +197,13 @@ snapshot_populations() {  # the rows so far of each population run of this task 
       [ -f "$f" ] && cp -p "$f" "$OUT/populations/$name/"
     done
   done
+  save_evals
   [ -d "$OUT/populations" ] || return 0
   while IFS= read -r f; do
     files+=("$f")
-  done < <(changed_paths "$OUT/populations" "${TSLUG}__population__")
+  done < <(changed_paths "$OUT/populations" "${TSLUG}__")
   [ ${#files[@]} -gt 0 ] || return 0
-  commit_paths "bench $(basename "$OUT") ($TASK): population run(s) so far, while scoring (a later session resumes them)" "${files[@]}"
+  commit_paths "bench $(basename "$OUT") ($TASK): population run(s) and evaluations so far, while scoring (a later session resumes them)" "${files[@]}"
 }
 
 restore_populations() {  # committed population runs back into WORK_DIR, where it has no directory of that name
@@ -197,6 +214,10 @@ restore_populations() {  # committed population runs back into WORK_DIR, where i
     [ -e "$WORK/$name" ] && continue
     mkdir -p "$WORK" && cp -rp "$d" "$WORK/$name" && echo "bench_run.sh: restored population run $name"
   done
+  local f="$OUT/populations/${TSLUG}__shared_evals.jsonl"
+  if [ -f "$f" ] && [ ! -e "$WORK/$(basename "$f")" ]; then
+    mkdir -p "$WORK" && cp -p "$f" "$WORK/" && echo "bench_run.sh: restored the shared evaluations $(basename "$f")"
+  fi
 }
 
 commit_outputs() {

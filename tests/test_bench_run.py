@@ -53,6 +53,7 @@ FAKE = textwrap.dedent("""
         d = Path("runs/bench/wrap/arith__population__s0__run"); d.mkdir(parents=True, exist_ok=True)
         lock = open(d / ".corp.lock", "a+"); fcntl.flock(lock, fcntl.LOCK_EX)  # corp holds its run open
         (d / "run_status.json").write_text(json.dumps({"status": "running"}))
+        Path("runs/bench/wrap/arith__shared_evals.jsonl").write_text(json.dumps({"key": "k", "what": "top1"}) + "\\n")
         with open(d / "population.jsonl", "a") as fh:
             for i in range(3):
                 fh.write(json.dumps({"kind": "specialist", "index": i}) + "\\n"); fh.flush(); time.sleep(1.5)
@@ -298,7 +299,7 @@ def test_the_wrapper_keeps_finished_populations_and_restores_them_in_a_later_ses
 
 
 @pytest.mark.slow
-def test_a_population_being_scored_is_committed_so_far_and_resumes_after_a_sudden_stop(repo):
+def test_a_population_being_scored_and_the_shared_evaluations_are_committed_so_far_and_restored(repo):
     """Planted (the size claim, 2026-12-07: the machine stopped without warning and the S population of seed 3,
     scored for most of an hour, was lost: the wrapper committed populations only once no process held them).
     With BENCH_SNAPSHOT=2 the rows so far are committed while the run is held; the bench then dies as a
@@ -317,3 +318,13 @@ def test_a_population_being_scored_is_committed_so_far_and_resumes_after_a_sudde
     rows = read_jsonl(committed / "population.jsonl", key="index", repair=False)
     assert [r["index"] for r in rows] == [0, 1, 2], rows
     assert json.loads((committed / "run_status.json").read_text())["status"] == "running"
+    # the task's shared evaluations (a cell's top-1 and vote test passes) go with it, and come back in a fresh checkout
+    assert "results/wrap/populations/arith__shared_evals.jsonl" in _git(repo, "ls-files")
+    shutil.rmtree(repo / "runs")
+    (repo.parent / "starts").unlink()
+    assert _wrap(repo, "ok").returncode == 0
+    restored = repo / "runs/bench/wrap/arith__shared_evals.jsonl"
+    assert json.loads(restored.read_text())["what"] == "top1"
+    restored.write_text("mine\n")  # one that is there is never overwritten
+    (repo.parent / "starts").unlink()
+    assert _wrap(repo, "ok").returncode == 0 and restored.read_text() == "mine\n"
