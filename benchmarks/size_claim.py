@@ -387,14 +387,23 @@ def plot(result: dict, path: Path) -> bool:
         series(right, done, key, label)
     right.axhline(0, color="black", lw=0.6)
     right.set(ylabel="test accuracy gain over base", title="test gains (mean over seeds, 95% interval)")
+    # ticks at the sizes drawn (ours and the paper's), named as people name them: log-scale minor labels overlapped
+    sizes = sorted({m["params"] for m in done} | {x for x, _ in PAPER_DENSITY})
     for ax in (left, right):
         ax.set_xscale("log")
+        ax.set_xticks(sizes, [size_name(x) for x in sizes])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.set_xlabel("parameters")
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def size_name(params: float) -> str:
+    """135M, 1.5B: a parameter count as a tick label."""
+    return f"{params / 1e9:.2g}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
 
 
 def series(ax, models: list[dict], key: str, label: str) -> None:
