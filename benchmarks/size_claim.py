@@ -348,14 +348,13 @@ def markdown(result: dict) -> str:
     for p in result["primaries"]:
         ps = [f"{p[k]:.3g}" if p.get(k) is not None else "-" for k in ("p", "p_holm")]
         lines.append(f"| {p['primary']} | {p['L'] or '-'} | {p['S'] or '-'} | {fmt(p)} | {ps[0]} | {ps[1]} |")
-    missing = sorted(
-        {
-            f"{m['model']}: {s['density']['missing']}"
-            for m in models
-            for s in m.get("seeds", [])
-            if s["density"].get("missing")
-        }
-    )
+    # by seed: a model whose first seeds are complete and whose next has only its base cell is missing one seed's density
+    missing = [
+        f"{m['model']} seed {s['seed']}: {s['density']['missing']}"
+        for m in models
+        for s in m.get("seeds", [])
+        if s["density"].get("missing")
+    ]
     return "\n".join(lines + ([""] + [f"Missing: {x}" for x in missing] if missing else [])) + "\n"
 
 

@@ -306,3 +306,50 @@ def test_bad_retention_and_equivalence_fields_are_one_line(over, names, tmp_path
     opts = {"name": "x", "methods": {"randopt": {}}, **over}
     with pytest.raises(CorpError, match=names):
         load_config(BenchConfig, None, opts)
+
+
+def test_a_retention_record_scored_on_other_texts_is_refused_not_mixed_in(tmp_path):
+    """Planted: a record scored on the default text alone (as every record before `retention_texts`, which
+    names no text) read by a bench whose config pools two texts: report-only and scoring both refuse it."""
+    from corp.bench import retention as br
+
+    extra = tmp_path / "extra.txt"
+    extra.write_text("A second text.\n")
+    cfg = load_config(
+        BenchConfig,
+        None,
+        {
+            "methods": {"randopt": None},
+            "retention": True,
+            "retention_texts": ["verne-2889", str(extra)],
+            "results_dir": str(tmp_path),
+        },
+    )
+    old_row = {"status": "scored", "text": {"title": "t", "license": "l", "source": "s", "bytes": 1, "sha256": "x"}}
+    rec = {
+        "task": "arith",
+        "setting": "paper",
+        "seed": 0,
+        "label": "corp-stage1",
+        "budget": 1.0,
+        "rows": {"a": old_row},
+    }
+    assert br.record_texts(rec) == ["verne-2889"]
+    path = br.retention_file(cfg, "cell.json")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(rec))
+    with pytest.raises(CorpError, match="scored on verne-2889, the config says retention_texts verne-2889,"):
+        br.load_records(cfg, [rec])
+    with pytest.raises(CorpError, match="move RESULTS_DIR/NAME/retention aside"):
+        br.score_records(cfg, {"cell.json": {**rec, "rows": []}}, scorer=lambda *a: pytest.fail("scored again"))
+    same = load_config(
+        BenchConfig, None, {"methods": {"randopt": None}, "retention": True, "results_dir": str(tmp_path)}
+    )  # the default text
+    assert br.load_records(same, [rec]) == [rec]
+
+
+def test_retention_texts_without_retention_or_missing_are_one_line_when_the_config_loads(tmp_path):
+    with pytest.raises(CorpError, match="retention_texts applies with retention: true"):
+        load_config(BenchConfig, None, {"methods": {"randopt": None}, "retention_texts": ["verne-2889", "jargon-file"]})
+    with pytest.raises(CorpError, match="neither one of corp's texts"):
+        load_config(BenchConfig, None, {"methods": {"randopt": None}, "retention": True, "retention_texts": ["nope"]})

@@ -48,6 +48,17 @@ FAKE = textwrap.dedent("""
     work = Path("runs/bench/wrap")
     seen = sorted(p.name for p in work.glob("*__population__*")) if work.exists() else []
     Path(os.environ["FAKE_STATE"] + f".seen{n}").write_text(" ".join(seen))  # what a start found there
+    if os.environ.get("FAKE_MODE") == "scoring":  # a population scored for a while, then the machine stops (kill -9)
+        import fcntl, time
+        d = Path("runs/bench/wrap/arith__population__s0__run"); d.mkdir(parents=True, exist_ok=True)
+        lock = open(d / ".corp.lock", "a+"); fcntl.flock(lock, fcntl.LOCK_EX)  # corp holds its run open
+        (d / "run_status.json").write_text(json.dumps({"status": "running"}))
+        with open(d / "population.jsonl", "a") as fh:
+            for i in range(3):
+                fh.write(json.dumps({"kind": "specialist", "index": i}) + "\\n"); fh.flush(); time.sleep(1.5)
+            fh.write('{"kind": "spec'); fh.flush()  # a row half written when the copy is taken
+            time.sleep(3)
+        os._exit(137)  # no status written, no signal to anyone: what a machine that stops leaves
     if os.environ.get("FAKE_MODE") == "pop":
         for name, status in (("arith__population__s0__aaa", "complete"), ("arith__population__s1__bbb", "running"),
                              ("arith__population__s2__held", "complete"), ("letters__population__s0__ccc", "complete"),
@@ -284,3 +295,25 @@ def test_the_wrapper_keeps_finished_populations_and_restores_them_in_a_later_ses
     assert _wrap(repo, "ok").returncode == 0
     assert (mine / "population.jsonl").read_text() == "mine\n"
     assert sorted(p.relative_to(mine) for p in mine.rglob("*")) == before, "something was copied into it"
+
+
+@pytest.mark.slow
+def test_a_population_being_scored_is_committed_so_far_and_resumes_after_a_sudden_stop(repo):
+    """Planted (the size claim, 2026-12-07: the machine stopped without warning and the S population of seed 3,
+    scored for most of an hour, was lost: the wrapper committed populations only once no process held them).
+    With BENCH_SNAPSHOT=2 the rows so far are committed while the run is held; the bench then dies as a
+    stopped machine leaves it (status running), and the committed copy parses to the rows written, the torn
+    last one dropped as corp's reader drops it."""
+    from corp.runtime.runs import read_jsonl
+
+    env = {**_env(repo, "scoring"), "BENCH_SNAPSHOT": "2", "BENCH_POLL": "1000"}
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "wrap.yaml", "add", "1"], cwd=repo, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert "so far, while scoring" in _git(repo, "log", "--format=%s"), proc.stdout + proc.stderr
+    committed = repo / "results/wrap/populations/arith__population__s0__run"
+    assert "results/wrap/populations/arith__population__s0__run/population.jsonl" in _git(repo, "ls-files")
+    assert not (committed / ".corp.lock").exists()
+    rows = read_jsonl(committed / "population.jsonl", key="index", repair=False)
+    assert [r["index"] for r in rows] == [0, 1, 2], rows
+    assert json.loads((committed / "run_status.json").read_text())["status"] == "running"

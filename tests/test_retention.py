@@ -120,3 +120,106 @@ def test_bpb_change_refuses_other_windows():
     b = {"bpb": 1.0, "window_bits": [1.0], "window_bytes": [9]}
     with pytest.raises(CorpError, match="different windows"):
         bpb_change(a, b)
+
+
+# ------------------------------------------------------------------ several texts (`--retention-texts`, issue 55)
+
+
+def _two_tiny_models(tmp_path):
+    tok = make_char_tokenizer()
+    dirs = []
+    for seed in (0, 1):
+        d = tmp_path / f"m{seed}"
+        make_tiny_llama(tok, seed=seed).save_pretrained(d)
+        tok.save_pretrained(d)
+        dirs.append(d)
+    return dirs
+
+
+def test_several_texts_pool_every_window_and_report_each_text(tmp_path):
+    """Planted: a short and a long text, so a pooled figure that averaged the texts' bits per byte (instead of
+    summing bits over bytes) would differ from the bytes-weighted one checked here."""
+    pytest.importorskip("reasoning_gym")
+    short, long = tmp_path / "short.txt", tmp_path / "long.txt"
+    short.write_text("zebra quartz jinx.\n\n" * 3)
+    long.write_text(TEXT * 4)
+    m0, m1 = _two_tiny_models(tmp_path)
+    args = ["eval", "--retention", "--model", str(m1), "--base", str(m0), "--task", "arith", "--n-test", "2"]
+    args += ["--n-support", "0", "--n-probe", "0", "--n-validation", "0", "--max-new-tokens", "2", "--backend", "hf"]
+    args += ["--retention-texts", f"verne-2889,{short},{long}", "--run-dir", str(tmp_path / "r")]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    rep = json.loads((tmp_path / "r" / "retention.json").read_text())
+    assert [t["name"] for t in rep["texts"]] == ["verne-2889", str(short), str(long)]
+    assert rep["text"]["bytes"] == sum(t["bytes"] for t in rep["texts"]) and rep["text"]["title"].startswith("3 texts")
+    for label in ("model", "base"):
+        m = rep["models"][label]
+        parts = m["bpb_by_text"].values()
+        weighted = sum(p["bpb"] * p["bytes"] for p in parts) / sum(p["bytes"] for p in parts)
+        assert m["bpb"]["bpb"] == pytest.approx(weighted, rel=1e-9)
+        assert m["bpb"]["bpb"] != pytest.approx(sum(p["bpb"] for p in parts) / 3, rel=1e-3)  # not the plain mean
+        assert m["bpb"]["windows"] == sum(p["windows"] for p in parts)
+    per = rep["change"]["bpb_by_text"]
+    assert set(per) == {"verne-2889", str(short), str(long)}
+    for name, ch in per.items():
+        mine, theirs = rep["models"]["model"]["bpb_by_text"][name], rep["models"]["base"]["bpb_by_text"][name]
+        assert ch["delta"] == pytest.approx(mine["bpb"] - theirs["bpb"])
+    assert f"{short}: bpb" in res.output and "change from base:   verne-2889" in res.output
+
+
+@pytest.mark.parametrize(
+    "texts, fragment",
+    [
+        ("verne-2889,no-such-text", "neither one of corp's texts"),
+        ("verne-2889,verne-2889", "names a text twice"),
+        (",", "names no text"),
+    ],
+)
+def test_bad_retention_texts_are_one_line_before_any_model(texts, fragment, tmp_path):
+    res = CliRunner().invoke(
+        app, ["eval", "--retention", "--retention-texts", texts, "--model", str(tmp_path / "none")]
+    )
+    assert res.exit_code == 2 and fragment in res.output and "Traceback" not in res.output, res.output
+    res = CliRunner().invoke(app, ["eval", "--retention-texts", "verne-2889,x", "--model", str(tmp_path / "none")])
+    assert res.exit_code == 2 and "add --retention" in res.output, res.output
+
+
+def test_a_known_text_missing_or_of_another_edition_is_refused(tmp_path, monkeypatch):
+    """Planted: a Devil's Dictionary file whose text differs by one word from the edition corp pins."""
+    import gzip
+
+    from corp.evaluate.retention import TEXTS, known_text
+
+    monkeypatch.setenv("CORP_CACHE", str(tmp_path))
+    import dataclasses
+
+    only_cache = dataclasses.replace(TEXTS["bierce-devils-dictionary"], files=("texts/devil.dict.dz",))
+    monkeypatch.setitem(TEXTS, "bierce-devils-dictionary", only_cache)  # not the machine's installed package
+    with pytest.raises(CorpError, match="not on this machine: `make retention-texts`"):
+        known_text("bierce-devils-dictionary")
+    (tmp_path / "texts").mkdir()
+    body = "header\n\nABASEMENT, n.  A decent and customary mental attitude.\n\nABATIS, n.  Rubbish.\n"
+    (tmp_path / "texts" / "devil.dict.dz").write_bytes(gzip.compress(body.encode()))
+    with pytest.raises(CorpError, match="another edition"):
+        known_text("bierce-devils-dictionary")
+
+
+def test_the_debian_texts_are_the_pinned_editions_and_fifty_thousand_tokens_with_the_default():
+    """The two texts `make retention-texts` fetches: read, cleaned and pinned (known_text checks the sha256),
+    and with the default text at least 50,000 tokens for the embedded model's tokenizer (issue 55's floor)."""
+    from corp.evaluate.retention import TEXTS, known_text, texts_of
+
+    try:
+        got = texts_of(["verne-2889", *TEXTS])
+    except CorpError as exc:
+        if "not on this machine" not in str(exc):
+            raise
+        pytest.skip(f"the Debian texts are not here ({exc}); `make retention-texts` fetches them")
+    assert [i["name"] for _, i in got] == ["verne-2889", *TEXTS]
+    assert "public domain" in known_text("jargon-file")[1]["license"]
+    from transformers import AutoTokenizer
+
+    from corp.runtime.models import resolve_model
+
+    tok = AutoTokenizer.from_pretrained(resolve_model("smollm2-135m")[1])
+    assert sum(len(tok(t, add_special_tokens=False)["input_ids"]) for t, _ in got) >= 50_000

@@ -132,6 +132,7 @@ def test_a_seed_with_only_its_base_cell_is_not_counted_as_a_seed_with_measures(t
     m = sc.model_summary([tmp_path], 4, None, 8)
     text = sc.markdown({"margin": 4, "vote_k": 8, "models": [m], "primaries": sc.primaries([m])})
     assert "| m | 1e+08 | 1 (+1 unfinished) |" in text, text
+    assert "Missing: m seed 1: no population run found" in text, text  # the seed, not the whole model
 
 
 def test_density_is_missing_without_the_base_support_row(tmp_path):

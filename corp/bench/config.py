@@ -11,6 +11,7 @@ from pathlib import Path
 from corp.bench.search import check_search
 from corp.config import PopulationConfig, RunConfig, options_from, parse_list, to_fields
 from corp.errors import CorpError
+from corp.evaluate.retention import DEFAULT_TEXT, parse_texts, texts_of
 from corp.methods import REGISTRY
 from corp.runtime.models import resolve_device
 from corp.runtime.runs import bounded_name, naming
@@ -147,6 +148,10 @@ class BenchConfig:
     its FLOPs are reported, not charged to the method's budget (evaluation, like test)."""
     retention_tasks: list[str] = field(default_factory=list)
     """Under `retention`: the tasks that count as off-task (specs as in `tasks`); default: the bench's other tasks."""
+    retention_texts: list[str] = field(default_factory=lambda: ["verne-2889"])
+    """Under `retention`: the texts bits per byte is pooled over, as `corp eval --retention-texts` takes them
+    (corp's names or paths; `make retention-texts` fetches bierce-devils-dictionary and jargon-file). Checked
+    when the config loads; a retention record scored on other texts is refused, not mixed in."""
     equivalence: list = field(default_factory=list)
     """Equivalence tests declared before the run: entries {a: ROW, b: ROW, margin: M} (optionally task,
     budget, setting); per task, setting and budget where both rows ran on >= 2 seeds, two one-sided
@@ -400,6 +405,11 @@ def check_protocol(cfg) -> None:
     cfg.retention_tasks = parse_list(cfg.retention_tasks, str, "retention_tasks")
     if cfg.retention_tasks and not cfg.retention:
         raise CorpError("bench config: retention_tasks applies with retention: true; add it or remove retention_tasks")
+    cfg.retention_texts = parse_texts(cfg.retention_texts)
+    if cfg.retention_texts != [DEFAULT_TEXT] and not cfg.retention:
+        raise CorpError("bench config: retention_texts applies with retention: true; add it or remove retention_texts")
+    if cfg.retention:
+        texts_of(cfg.retention_texts)  # missing or another edition: one line now, not after the cells ran
     cfg.equivalence_list = [parse_equivalence(cfg, e) for e in (cfg.equivalence or [])]
     for name, target in (cfg.regime_targets or {}).items():
         if not isinstance(target, dict) or any(not isinstance(v, (int, float)) for v in target.values()):

@@ -33,9 +33,10 @@ from corp.bench.config import (
     units_in,
 )
 from corp.config import load_config
+from corp.errors import CorpError
 from corp.evaluate.passk import NAME as EVAL
 from corp.evaluate.passk import EvalConfig
-from corp.evaluate.retention import TEXT_LICENSE, TEXT_TITLE, score_retention
+from corp.evaluate.retention import DEFAULT_TEXT, score_retention, titles
 from corp.evaluate.tasks import SplitSizes
 from corp.method import ITERATIVE
 from corp.methods import get_method
@@ -149,11 +150,18 @@ def score_model(cfg, task: str, seed: int, model: str, run_dir: Path) -> dict:
     }
     if off:
         opts["retention_tasks"] = ";".join(off)
+    opts["retention_texts"] = ",".join(cfg.retention_texts)
     ecfg = load_config(EvalConfig, None, opts)
     with open_run(ecfg, EVAL, None, needs=("test",), host_copy=None) as ctx:  # it only scores
         n_params = int(ctx.backend.n_params)
         report = score_retention(
-            ctx, run_evals(ctx), ";".join(off), cfg.model, own_task=False, sizes=SplitSizes(*sizes.values())
+            ctx,
+            run_evals(ctx),
+            ";".join(off),
+            cfg.model,
+            own_task=False,
+            sizes=SplitSizes(*sizes.values()),
+            texts=ecfg.retention_texts,
         )
     spent = 0.0
     for m in report["models"].values():
@@ -185,8 +193,30 @@ def compact(scored: dict) -> dict:
             for spec, t in mine["tasks"].items()
         },
         "flops": scored["flops"],
-        "text": {k: rep["text"][k] for k in ("title", "license", "source", "bytes", "sha256")},
+        "text": {
+            **{k: rep["text"][k] for k in ("title", "license", "source", "bytes", "sha256")},
+            "name": rep["text"].get("name", DEFAULT_TEXT),
+        },
+        **({"bpb_by_text": rep["change"]["bpb_by_text"]} if "bpb_by_text" in rep["change"] else {}),
     }
+
+
+def record_texts(ret: dict) -> list[str]:
+    """The texts a retention record's rows were scored on (a record from before `retention_texts`: the default)."""
+    scored = [r for r in ret["rows"].values() if r.get("status") == "scored"]
+    return scored[0]["text"].get("name", DEFAULT_TEXT).split(",") if scored else []
+
+
+def check_texts(cfg, ret: dict, path: Path) -> None:
+    """A retention record scored on texts other than the config's is refused: its bits per byte would not
+    compare with the others' (and records are never redone)."""
+    have = record_texts(ret)
+    if have and have != list(cfg.retention_texts):
+        raise CorpError(
+            f"retention record '{path}' was scored on {','.join(have)}, the config says retention_texts "
+            f"{','.join(cfg.retention_texts)}: restore the config's texts, or move RESULTS_DIR/NAME/retention "
+            "aside to score every final cell again"
+        )
 
 
 def retention_file(cfg, record_name: str) -> Path:
@@ -202,10 +232,11 @@ def score_records(cfg, done: dict[str, dict], scorer=None) -> int:
     work = Path(cfg.work_dir) / cfg.name / RETENTION_DIR
     made = 0
     for name, rec in done.items():
-        if rec.get("setting") == "tune" or not in_scope(cfg, rec):
-            continue
         path = retention_file(cfg, name)
         if path.exists():
+            check_texts(cfg, read_json(path), path)
+            continue
+        if rec.get("setting") == "tune" or not in_scope(cfg, rec):
             continue
         claim = work / "claims" / f"{name}.lock"
         claim.parent.mkdir(parents=True, exist_ok=True)
@@ -250,6 +281,7 @@ def load_records(cfg, records: list[dict]) -> list[dict]:
     for path in sorted(where.glob("*.json")):
         ret = read_json(path)
         if _cell(ret) in keys:
+            check_texts(cfg, ret, path)
             out.append(ret)
     return out
 
@@ -342,7 +374,7 @@ def section(cfg, summary: list[dict], missing: int = 0) -> list[str]:
         f"## Off-task retention ({headline_setting(cfg)}, budget {budget_text(max(cfg.budgets))} FLOPs)",
         "",
         f"Each method's final model scored off its task, as `corp eval --retention` scores a saved model: bits per "
-        f"byte on {TEXT_TITLE} ({TEXT_LICENSE}), lower is better, and greedy accuracy on the other tasks' bench "
+        f"byte on {titles(cfg.retention_texts, licenses=True)}, lower is better, and greedy accuracy on the other tasks' bench "
         "test examples; each as the change from the base on the same windows and examples, mean over seeds with "
         "its 95% interval (>= 2 seeds: a t interval over seeds plus the windows' or examples' term; 1 seed: a "
         "paired bootstrap). On-task gain: test accuracy minus the base's, paired the same way. Retention FLOPs "
@@ -389,7 +421,7 @@ def readme_lines(cfg, summary: list[dict]) -> list[str]:
     )
     return [
         f"Off its task (top budget, {headline_setting(cfg)}; change from the base, mean over seeds with its 95% "
-        f"interval; bits per byte on {TEXT_TITLE}, lower is better, and greedy accuracy on the other tasks' test "
+        f"interval; bits per byte on {titles(cfg.retention_texts)}, lower is better, and greedy accuracy on the other tasks' test "
         "examples): " + "; ".join(parts) + ". " + verdict
     ]
 

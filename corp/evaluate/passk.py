@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from corp.algorithms.stats import PerExample
 from corp.config import RunConfig, parse_list
 from corp.errors import CorpError
-from corp.evaluate.retention import retention_lines, score_retention
+from corp.evaluate.retention import parse_texts, retention_lines, score_retention, texts_of
 from corp.evaluate.voting import pass_at_k
 from corp.runtime.context import RunContext, cached_eval, run_evals
 from corp.runtime.loop import Outputs, drive
@@ -43,6 +43,8 @@ class EvalConfig(RunConfig):
     """Also score what training cost the model off its task (corp.evaluate.retention): bits per byte on held-out public-domain text and greedy accuracy on the test split of each of --retention-tasks; writes RUN_DIR/retention.json."""
     retention_tasks: str = ""
     """With --retention: task specs scored beside --task, separated by ';' (a spec may hold commas), e.g. 'arith;countdown:numbers=2'."""
+    retention_texts: str = "verne-2889"
+    """With --retention: the texts bits per byte is pooled over (each also reported on its own), comma-separated: corp's (verne-2889; bierce-devils-dictionary and jargon-file after `make retention-texts`) or paths to UTF-8 files."""
     base: str | None = None
     """With --retention: a model scored the same way (the base the evaluated model was trained from); the report gives the change from it with paired intervals."""
 
@@ -62,8 +64,15 @@ class EvalConfig(RunConfig):
         if self.pass_k and not 0 < self.temperature < math.inf:
             raise CorpError(f"--temperature must be > 0 for pass@k sampling, got {self.temperature}")
         self.n_samples = n
-        if (self.retention_tasks or self.base) and not self.retention:
-            raise CorpError("--retention-tasks and --base are options of --retention; add --retention")
+        texts_given = self.retention_texts != type(self).retention_texts
+        if (self.retention_tasks or self.base or texts_given) and not self.retention:
+            raise CorpError(
+                "--retention-tasks, --retention-texts and --base are options of --retention; add --retention"
+            )
+        if self.retention:
+            names = parse_texts(self.retention_texts)
+            texts_of(names)  # a bad name, a missing file or another edition: one line, before any model loads
+            self.retention_texts = ",".join(names)
         return self
 
 
@@ -142,7 +151,9 @@ def _eval(cfg: EvalConfig, ctx: RunContext) -> Outputs:
         "pass_at_k": pass_at,
         "ledger": led.to_dict(),
     }
-    kept = score_retention(ctx, evals, cfg.retention_tasks, cfg.base) if cfg.retention else None  # retention.json
+    kept = (  # retention.json
+        score_retention(ctx, evals, cfg.retention_tasks, cfg.base, texts=cfg.retention_texts) if cfg.retention else None
+    )
     lines = [
         f"{cfg.model} on {shown_datasets(cfg.task)}, {len(test)} test problems",
         # no gold answers: the greedy reward is what the run measured (accuracy would read 0)
