@@ -140,8 +140,28 @@ held_claims() {  # the claim files the bench process has open (the cells it is c
   done | grep -F "/claims/" | sort -u
 }
 
+copy_run() {  # copy_run DIR/: a population run's files (not its lock) into RESULTS_DIR/NAME/populations/
+  local f dest="$OUT/populations/$(basename "$1")"
+  mkdir -p "$dest" || return 1
+  for f in "$1"*; do
+    [ -f "$f" ] && cp -p "$f" "$dest/"
+  done
+  return 0
+}
+
+commit_kept() {  # commit_kept WHAT: the shared evaluations copied, then every new or changed file of this task under populations/
+  local f files=()
+  save_evals
+  [ -d "$OUT/populations" ] || return 0
+  while IFS= read -r f; do
+    files+=("$f")
+  done < <(changed_paths "$OUT/populations" "${TSLUG}__")
+  [ ${#files[@]} -gt 0 ] || return 0
+  commit_paths "bench $(basename "$OUT") ($TASK): $1" "${files[@]}"
+}
+
 save_populations() {  # copy each finished or interrupted population run of this task that no process holds, and commit the copies
-  local d name f files=()
+  local d name
   for d in "$WORK/${TSLUG}"__population__*/; do
     [ -d "$d" ] || continue
     name=$(basename "$d")
@@ -153,20 +173,11 @@ save_populations() {  # copy each finished or interrupted population run of this
       flock -n 8 || exit 1  # a corp process has it open (scoring, or growing its prefix): next time
       # complete, or interrupted (its rows are saved and `corp score` resumes it); never a failed run
       grep -Eq '"status": *"(complete|interrupted)"' "$d/run_status.json" 2>/dev/null || exit 1
-      mkdir -p "$OUT/populations/$name" || exit 1
-      for f in "$d"*; do
-        [ -f "$f" ] && cp -p "$f" "$OUT/populations/$name/"
-      done
+      copy_run "$d" || exit 1
       exit 0
     ) 8>>"$d/.corp.lock" || continue
   done
-  save_evals
-  [ -d "$OUT/populations" ] || return 0
-  while IFS= read -r f; do
-    files+=("$f")
-  done < <(changed_paths "$OUT/populations" "${TSLUG}__")
-  [ ${#files[@]} -gt 0 ] || return 0
-  commit_paths "bench $(basename "$OUT") ($TASK): population run(s), kept so a later session does not rescore them" "${files[@]}"
+  commit_kept "population run(s), kept so a later session does not rescore them"
 }
 
 save_evals() {  # copy this task's shared evaluation cache (WORK_DIR/NAME/TASK__shared_evals.jsonl: greedy base and
@@ -186,24 +197,14 @@ snapshot_populations() {  # the rows so far of each population run of this task 
   # (every BENCH_SNAPSHOT s): a machine that stops without warning, with no signal to the wrapper, loses at most that
   # much scoring. The copy is what such a stop leaves in WORK_DIR (status "running", perhaps a torn last row, which
   # corp drops on reading), and `corp score` resumes it the same way; save_populations replaces it once the run ends.
-  local d name f files=()
+  local d
   for d in "$WORK/${TSLUG}"__population__*/; do
     [ -d "$d" ] || continue
-    name=$(basename "$d")
     ( flock -n 8 ) 8>>"$d/.corp.lock" && continue  # nobody holds it: save_populations' to copy, finished or not
     [ -n "$(find "$d" -maxdepth 1 -type f -size +2M)" ] && continue  # save_populations says so once it ends
-    mkdir -p "$OUT/populations/$name" || continue
-    for f in "$d"*; do
-      [ -f "$f" ] && cp -p "$f" "$OUT/populations/$name/"
-    done
+    copy_run "$d" || continue
   done
-  save_evals
-  [ -d "$OUT/populations" ] || return 0
-  while IFS= read -r f; do
-    files+=("$f")
-  done < <(changed_paths "$OUT/populations" "${TSLUG}__")
-  [ ${#files[@]} -gt 0 ] || return 0
-  commit_paths "bench $(basename "$OUT") ($TASK): population run(s) and evaluations so far, while scoring (a later session resumes them)" "${files[@]}"
+  commit_kept "population run(s) and evaluations so far, while scoring (a later session resumes them)"
 }
 
 restore_populations() {  # committed population runs back into WORK_DIR, where it has no directory of that name

@@ -85,8 +85,8 @@ def test_the_shipped_text_is_the_public_domain_story():
     assert "public domain" in info["license"] and "Gutenberg" not in text and "twenty-ninth" in text
 
 
-def test_corp_eval_retention_writes_a_loadable_report_with_the_change_from_base(tmp_path):
-    pytest.importorskip("reasoning_gym")
+def _two_tiny_models(tmp_path):
+    """Two tiny models that differ only in their initialisation seed (a model and its base)."""
     tok = make_char_tokenizer()
     dirs = []
     for seed in (0, 1):
@@ -94,6 +94,12 @@ def test_corp_eval_retention_writes_a_loadable_report_with_the_change_from_base(
         make_tiny_llama(tok, seed=seed).save_pretrained(d)
         tok.save_pretrained(d)
         dirs.append(d)
+    return dirs
+
+
+def test_corp_eval_retention_writes_a_loadable_report_with_the_change_from_base(tmp_path):
+    pytest.importorskip("reasoning_gym")
+    dirs = _two_tiny_models(tmp_path)
     args = ["eval", "--retention", "--model", str(dirs[1]), "--base", str(dirs[0]), "--task", "arith"]
     args += ["--retention-tasks", "countdown:numbers=2,max=20", "--n-test", "3", "--n-support", "0"]
     args += ["--n-probe", "0", "--n-validation", "0", "--max-new-tokens", "2", "--backend", "hf"]
@@ -123,17 +129,6 @@ def test_bpb_change_refuses_other_windows():
 
 
 # ------------------------------------------------------------------ several texts (`--retention-texts`, issue 55)
-
-
-def _two_tiny_models(tmp_path):
-    tok = make_char_tokenizer()
-    dirs = []
-    for seed in (0, 1):
-        d = tmp_path / f"m{seed}"
-        make_tiny_llama(tok, seed=seed).save_pretrained(d)
-        tok.save_pretrained(d)
-        dirs.append(d)
-    return dirs
 
 
 def test_several_texts_pool_every_window_and_report_each_text(tmp_path):
