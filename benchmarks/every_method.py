@@ -23,6 +23,10 @@ The subprocesses inherit the environment (unset OMP_NUM_THREADS on a machine of 
 
     python benchmarks/every_method.py --model qwen2.5-coder-1.5b --backends hf,vllm \\
         --out results/qwen-1.5b/every-method --work /tmp/every-method [--methods es,grpo] [--redo]
+
+The table always shows every backend recorded in every-method.json, not only those of --backends (a rerun of
+one method on one backend keeps the other backend's columns). `--out DIR --table-only` rewrites
+DIR/README-table.md from DIR/every-method.json without running anything.
 """
 
 from __future__ import annotations
@@ -349,6 +353,12 @@ def _cell(r: dict | None) -> list[str]:
     return [r["status"], per, f"{r['wall_s']:.0f}", mem]
 
 
+def recorded_backends(records: dict, also: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The backends the table shows: those with a record, and `also`, in VENVS's order."""
+    seen = {r["backend"] for r in records.values()} | set(also)
+    return [b for b in VENVS if b in seen] + sorted(seen - set(VENVS))
+
+
 def table(records: dict, every: list[Job], backends: list[str]) -> str:
     """Markdown: one row per method, per backend its status, seconds per unit (units run), wall and peak memory."""
     head = ["method", "unit"]
@@ -406,7 +416,7 @@ def main() -> None:
     ap.add_argument("--sigma", type=float, default=5.7e-4, help="noise scale (the 1.5B model's calibrated sigma*)")
     ap.add_argument("--methods", default="", help="comma-separated labels to run (default: all)")
     ap.add_argument("--out", type=Path, required=True, help="every-method.json and README-table.md go here")
-    ap.add_argument("--work", type=Path, required=True, help="run directories and logs")
+    ap.add_argument("--work", type=Path, help="run directories and logs (required unless --table-only)")
     ap.add_argument("--extra", default="", help="flags added to every command (e.g. '--dtype float32 --threads 2')")
     ap.add_argument(
         "--max-model-len", type=int, default=512, help="vllm only: a short context starts the engine sooner"
@@ -415,6 +425,9 @@ def main() -> None:
     ap.add_argument("--timeout-min", type=float, default=0, help="stop a run after this many minutes (0: never)")
     ap.add_argument("--redo", action="store_true", help="run again what is already recorded as finished")
     ap.add_argument("--keep-models", action="store_true", help="keep saved models and checkpoints")
+    ap.add_argument(
+        "--table-only", action="store_true", help="rewrite OUT/README-table.md from OUT/every-method.json; run nothing"
+    )
     args = ap.parse_args()
 
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
@@ -425,11 +438,25 @@ def main() -> None:
     wanted = [m.strip() for m in args.methods.split(",") if m.strip()] or labels
     if unknown := [m for m in wanted if m not in labels]:
         raise SystemExit(f"--methods: unknown {unknown}; choose from {labels}")
-    args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "every-method.json"
+    if args.table_only:
+        records = load(path)
+        if not records:
+            raise SystemExit(f"--table-only: no records in {path}")
+        known = {j.label for j in every}
+        extra = sorted({(r["label"], r["method"]) for r in records.values() if r["label"] not in known})
+        rows = every + [Job(label, method, {}) for label, method in extra]  # a method since removed keeps its row
+        text = table(records, rows, recorded_backends(records))
+        (args.out / "README-table.md").write_text(text)
+        print(text, end="")
+        return
+    if args.work is None:
+        raise SystemExit("--work is required (unless --table-only)")
+    args.out.mkdir(parents=True, exist_ok=True)
     records = load(path)
     by_label = {j.label: j for j in every}
     todo = to_run([j for j in every if j.label in wanted], backends, records, args.redo)
+    shown = recorded_backends(records, backends)
     print(f"{len(todo)} runs to go ({len(wanted) * len(backends) - len(todo)} recorded already) -> {path}", flush=True)
     for i, (label, backend) in enumerate(todo, 1):
         job = by_label[label]
@@ -439,12 +466,12 @@ def main() -> None:
         rec = run_one(job, backend, args)
         records[key(label, backend)] = rec
         save(path, records)
-        (args.out / "README-table.md").write_text(table(records, every, backends))
+        (args.out / "README-table.md").write_text(table(records, every, shown))
         line = f"{rec['status']}, {rec['wall_s']:.0f} s, peak {rec['peak_anon_gb']:.1f} GB anon"
         if rec["s_per_unit"] is not None:
             line += f", {rec['s_per_unit']:.1f} s per {rec['unit']} ({rec['units']})"
         print(f"    {line}" + (f": {rec['refusal']}" if rec["refusal"] else ""), flush=True)
-    (args.out / "README-table.md").write_text(table(records, every, backends))
+    (args.out / "README-table.md").write_text(table(records, every, shown))
 
 
 if __name__ == "__main__":

@@ -153,3 +153,20 @@ def test_a_process_trees_memory_counts_its_children_and_a_run_is_stopped_at_its_
         child.wait()
     res = em.run_tree([sys.executable, "-c", "import time; time.sleep(60)"], tmp_path / "log", 0.0, 0.001)
     assert res["stopped"] == "timed out" and res["rc"] != 0 and res["wall_s"] < 30
+
+
+def test_a_rerun_on_one_backend_keeps_the_other_backends_columns(tmp_path, monkeypatch):
+    """Planted: every-method.json holds hf and vllm records, and a rerun asks for hf alone (as
+    `--backends hf --methods analyze-rank --redo` did): the table must still show vllm's columns; `--table-only`
+    renders both from the JSON without running anything (the old script wrote the asked backends' only)."""
+    records = {
+        "grpo/hf": _rec("grpo", "hf", "ok", {}, s_per_unit=41.26, units=1, wall_s=180.4),
+        "grpo/vllm": _rec("grpo", "vllm", "refused", {}, rc=2, refusal="needs 28 GB"),
+    }
+    assert em.recorded_backends(records, ["hf"]) == ["hf", "vllm"]
+    (tmp_path / "every-method.json").write_text(json.dumps(records))
+    monkeypatch.setattr(sys, "argv", ["every_method.py", "--out", str(tmp_path), "--table-only"])
+    monkeypatch.setattr(em, "run_one", lambda *a, **k: pytest.fail("--table-only ran a method"))
+    em.main()
+    head = (tmp_path / "README-table.md").read_text().splitlines()[0]
+    assert head.count("|") == 2 + 4 * 2 + 1, head

@@ -403,8 +403,9 @@ def section(cfg, summary: list[dict], missing: int = 0) -> list[str]:
 
 def readme_lines(cfg, summary: list[dict]) -> list[str]:
     """The README's paragraph on what each single model costs off its task, from bench.json's `retention`
-    (the section's rows with numbers, the base left out: it changes by 0), and which bits-per-byte
-    intervals lie above 0 (worse than the base); [] where nothing was scored."""
+    (the section's rows with numbers, the base left out: it changes by 0), each bits-per-byte change's bound (its
+    interval's upper end) and which intervals lie above 0 (worse than the base); [] where nothing was scored.
+    Pooled over seeds, an interval that includes 0 does not say no seed's model got worse (issue 55)."""
 
     got = [e for e in summary if "na" not in e and e["name"] != "base" and e.get("bpb")]
     if not got:
@@ -413,11 +414,15 @@ def readme_lines(cfg, summary: list[dict]) -> list[str]:
     for e in got:
         others = "".join(f", {cfg.label(t)} accuracy {_iv(x)}" for t, x in e.get("tasks", {}).items())
         parts.append(f"{e['name']} on {cfg.label(e['task'])}: bits/byte {_iv(e['bpb'], 4)}{others}")
-    worse = [e["name"] for e in got if e["bpb"]["ci"][0] > 0]
+    several = len({e["task"] for e in got}) > 1
+    named = [(e["name"] + (f" on {cfg.label(e['task'])}" if several else ""), e["bpb"]["ci"]) for e in got]
+    bounds = ", ".join(f"{n} {hi:+.4f}" for n, (_, hi) in named)
+    worse = [n for n, (lo, _) in named if lo > 0]
     verdict = (
-        f"Bits per byte worse than the base (the interval above 0): {', '.join(worse)}."
-        if worse
-        else "No bits-per-byte interval lies above 0: no off-task cost shown at these seeds."
+        f"Each bits-per-byte change is at most the upper end of its 95% interval: {bounds}"
+        + (f"; worse than the base (the interval above 0): {', '.join(worse)}" if worse else "")
+        + ". These intervals pool the seeds: one seed's model can still be worse than the base (each seed's "
+        "change and interval are in its retention record)."
     )
     return [
         f"Off its task (top budget, {headline_setting(cfg)}; change from the base, mean over seeds with its 95% "
