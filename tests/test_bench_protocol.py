@@ -67,6 +67,8 @@ def test_primary_entries_parse_in_both_forms_and_bad_ones_are_one_line():
         ({"tune_setting": "equal-data"}, "tune_split: dev"),
         ({"tune_split": "test"}, "never look at test"),
         ({"tune_seeds": 4}, "tune_seeds"),
+        ({"tune_seeds": [100, 100]}, "distinct"),
+        ({"tune_seeds": []}, "distinct"),
     ]:
         with pytest.raises(CorpError) as err:
             _cfg(**search, **over)
@@ -343,6 +345,60 @@ def test_trials_run_on_several_seeds_in_the_chosen_setting_and_are_chosen_on_the
     assert chosen.tuning["tuned_on"] == {"seeds": [0, 1], "setting": "paper", "split": "validation"}
     pick = next(c for c in trials if c.trial == 1)
     assert chosen.opts["temperature"] == pick.opts["temperature"]
+
+
+def test_trials_on_seeds_of_their_own_leave_every_final_seed_untuned(tmp_path):
+    """Issue 55: tuning seeds must not be final seeds. Planted: `tune_seeds: [100, 101]` (a list) runs every
+    trial on seeds 100 and 101 only, the final cells on 0-2, the choice is recorded as made on 100 and 101, and
+    the report's sentence says no final seed was tuned on; the old reading (the first N of `seeds`) would run
+    trials on final seeds 0 and 1."""
+    from corp.bench.report.prose import protocol_sentence
+    from corp.bench.sweep import Bench, plan
+    from corp.runtime.runs import write_json
+
+    over = {
+        "hyperparameters": "search",
+        "trials": 2,
+        "settings": ["paper"],
+        "results_dir": str(tmp_path),
+        "methods": {"self-consistency": {"options": {"k": [1, 2]}, "search": {"temperature": [0.5, 1.0]}}},
+    }
+    cfg = _cfg(**over, tune_seeds="100,101")  # a flag's comma-separated form, as `--tune-seeds 100,101`
+    assert cfg.tune_seeds == [100, 101] and cfg.tuning_seeds == [100, 101]
+    cells, _ = plan(cfg)
+    trials = [c for c in cells if c.setting == "tune"]
+    finals = [c for c in cells if c.setting == "paper"]
+    assert {c.seed for c in trials} == {100, 101} and {c.seed for c in finals} == {0, 1, 2}
+    bench = Bench(cfg)
+    for c in trials:
+        write_json(
+            bench.record_path(c),
+            {"bench_protocol": 2, "setting": "tune", "status": "done", "rows": [{"accuracy": 0.5 + 0.1 * c.trial}]},
+        )
+    chosen = bench.resolve(finals[0], cells)
+    assert chosen.tuning["chosen_trial"] == 1 and chosen.tuning["tuned_on"]["seeds"] == [100, 101]
+    text = protocol_sentence(cfg)
+    assert "seeds 100, 101 (seeds of their own, none a final seed)" in text, text
+    shared = protocol_sentence(_cfg(**over, tune_seeds=2))
+    assert "seeds 0, 1 (seeds the final cells also run on (0, 1))" in shared, shared
+
+
+def test_a_method_s_own_seeds_limit_its_final_cells_only():
+    """Planted: randopt runs seeds 0 and 1 of the bench's 0-2 (an exploratory row that costs hours a seed): its
+    final cells are on those seeds, CoRP's on all three; a seed the bench lacks, or one given twice, is one line."""
+    from corp.bench.sweep import plan
+
+    methods = {
+        "randopt": {"options": {"top_k": [1]}, "seeds": [0, 1]},
+        "consolidate": {"variants": {"corp-stage1": {}}},
+    }
+    cells, _ = plan(_cfg(methods=methods))
+    seeds = {m: sorted({c.seed for c in cells if c.method == m}) for m in ("randopt", "consolidate")}
+    assert seeds == {"randopt": [0, 1], "consolidate": [0, 1, 2]}, seeds
+    for bad in ([0, 7], [1, 1], []):
+        with pytest.raises(CorpError) as err:
+            _cfg(methods={"randopt": {"options": {"top_k": [1]}, "seeds": bad}})
+        assert "seeds" in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
 # ----------------------------------------------------------------------------- compute accounting

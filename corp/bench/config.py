@@ -85,7 +85,7 @@ class BenchConfig:
     tasks: list[str | dict] = field(default_factory=lambda: ["arith"])
     """Tasks, comma-separated (each as `corp tasks` names them, options included); in YAML an entry may also be
     {task: SPEC, label: SHORT, seeds: [...]}, SHORT naming the task in tables and file names (default: the spec)
-    and seeds the subset of `seeds` its final cells run (default: all; trials run on the bench's first `tune_seeds` seeds)."""
+    and seeds the subset of `seeds` its final cells run (default: all; trials run on `tune_seeds`)."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     """Master seeds; every method runs once per seed (test examples are the same for every seed)."""
     budgets: list[float] = field(default_factory=lambda: [1e13, 3e13])
@@ -120,8 +120,10 @@ class BenchConfig:
     tune_split: str = "validation"
     """Under search: the split the trials are scored on (`report_on` of every trial; never test): validation, or dev (a
     task spec with heldout=START,dev=N has a development pool outside every split)."""
-    tune_seeds: int = 1
-    """Under search: how many of `seeds` (the first ones) every trial runs on; a trial's score is its mean over them."""
+    tune_seeds: int | list[int] = 1
+    """Under search: the seeds every trial runs on, a trial's score being its mean over them: a number N (the
+    first N of `seeds`, so the final cells of those seeds reuse no trial but share their seeds), or a list of
+    seeds of their own (e.g. [100, 101], disjoint from `seeds`: no final seed is a tuning seed)."""
     tune_options: dict = field(default_factory=dict)
     """Under search: options every trial cell gets on top of its method's (e.g. the size of a development split)."""
     population_rows: bool = False
@@ -267,18 +269,27 @@ class BenchConfig:
             )
 
     def _check_methods(self) -> None:
-        """methods: a mapping of names to {options, variants, search, trials, max_units, skip}."""
+        """methods: a mapping of names to {options, variants, search, trials, max_units, seeds, skip}."""
         if not isinstance(self.methods, dict) or not self.methods:
             raise CorpError("bench config: 'methods' must map method names to {options, variants, search}")
         for name, spec in self.methods.items():
             if spec is not None and (
                 not isinstance(spec, dict)
-                or set(spec) - {"options", "variants", "search", "trials", "skip", "max_units"}
+                or set(spec) - {"options", "variants", "search", "trials", "skip", "max_units", "seeds"}
             ):
                 raise CorpError(
                     f"bench config: method '{name}' must be a mapping with "
-                    "'options', 'variants', 'search', 'trials', 'max_units' and/or 'skip'"
+                    "'options', 'variants', 'search', 'trials', 'max_units', 'seeds' and/or 'skip'"
                 )
+            if spec and "seeds" in spec:
+                # a method's final cells on some of the bench's seeds only (an exploratory row that costs
+                # many hours a seed); its comparisons pair the seeds both sides have
+                own = parse_list(spec["seeds"], int, f"seeds of method {name}")
+                if not own or len(set(own)) < len(own) or set(own) - set(self.seeds):
+                    raise CorpError(
+                        f"bench config: method '{name}': seeds {own} must be distinct seeds of the bench's {self.seeds}"
+                    )
+                spec["seeds"] = own
             cap = (spec or {}).get("max_units")
             if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
                 raise CorpError(f"bench config: method '{name}': max_units is a positive whole number, got {cap!r}")
@@ -334,6 +345,11 @@ class BenchConfig:
         """The most units an iterative method may train: its own `max_units` (a method whose unit
         costs far more time than its FLOPs say, e.g. ES's weight reloads), else the bench's."""
         return int((self.methods.get(method) or {}).get("max_units") or self.max_units)
+
+    @property
+    def tuning_seeds(self) -> list[int]:
+        """The seeds the trials run on (`tune_seeds`: the first N of `seeds`, or a list of its own)."""
+        return list(self.tune_seeds) if isinstance(self.tune_seeds, list) else self.seeds[: self.tune_seeds]
 
     def seeds_of(self, task: str) -> list[int]:
         """The seeds a task's final cells run (its entry's `seeds`, else the bench's)."""
@@ -455,9 +471,16 @@ def _check_tuning(cfg) -> None:
             "bench config: tune_setting equal-data with tune_split validation: in equal data RandOpt, ES and GRPO "
             "train on the validation examples; score trials on a split of their own (tune_split: dev)"
         )
-    if not (isinstance(cfg.tune_seeds, int) and 1 <= cfg.tune_seeds <= len(cfg.seeds)):
+    if isinstance(cfg.tune_seeds, list):
+        if not cfg.tune_seeds or len(set(cfg.tune_seeds)) < len(cfg.tune_seeds) or min(cfg.tune_seeds) < 0:
+            raise CorpError(
+                f"bench config: tune_seeds {cfg.tune_seeds} must be distinct seeds >= 0 (a list), or a count of "
+                "the bench's first seeds"
+            )
+    elif not 1 <= cfg.tune_seeds <= len(cfg.seeds):
         raise CorpError(
-            f"bench config: tune_seeds must be 1 to {len(cfg.seeds)} (the bench's seeds), got {cfg.tune_seeds}"
+            f"bench config: tune_seeds must be 1 to {len(cfg.seeds)} (the bench's first seeds) or a list of "
+            f"seeds, got {cfg.tune_seeds}"
         )
     if not isinstance(cfg.tune_options, dict):
         raise CorpError("bench config: tune_options must map option names to values")

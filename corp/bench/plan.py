@@ -182,7 +182,7 @@ def _trial_cells(cfg: BenchConfig, task: str, runnable: dict) -> list[Cell]:
             for i, values in enumerate(trial_options(name, str(label), spec["search"], cfg.trials)):
                 # the trials' data setting, seeds and scored split (search.py; by default the
                 # paper setting on the first seed, scored on validation, as the second edition ran)
-                for seed in cfg.seeds[: cfg.tune_seeds]:
+                for seed in cfg.tuning_seeds:
                     opts = {
                         **_options(cfg, task, cfg.tune_setting, seed, name, spec, over),
                         **cfg.tune_options,
@@ -202,6 +202,8 @@ def _final_cells(cfg: BenchConfig, task: str, runnable: dict) -> list[Cell]:
     for setting in cfg.settings:
         for seed in cfg.seeds_of(task):
             for name, spec in runnable.items():
+                if spec.get("seeds") and seed not in spec["seeds"]:
+                    continue  # the method runs some of the seeds only (its `seeds`)
                 searched = tuple(sorted(spec.get("search") or {})) if cfg.hyperparameters == "search" else ()
                 for label, over in (spec.get("variants") or {name: {}}).items():
                     opts = _options(cfg, task, setting, seed, name, spec, over)

@@ -36,12 +36,19 @@ def protocol_sentence(cfg: BenchConfig, tuning_flops: dict[str, float] | None = 
     if (
         tuned_apart(cfg) or cfg.protocol_tables
     ):  # the third edition's protocol: its own sentence (the compute table counts the trials)
-        seeds = ", ".join(str(x) for x in cfg.seeds[: cfg.tune_seeds])
+        tune = cfg.tuning_seeds
+        seeds = ", ".join(str(x) for x in tune)
+        shared = sorted(set(tune) & set(cfg.seeds))
+        apart = (
+            f"seeds the final cells also run on ({', '.join(map(str, shared))})"
+            if shared
+            else "seeds of their own, none a final seed"
+        )
         return (
             f"Hyperparameters: search. Each of {', '.join(searched)} got {cfg.trials} trials (grid points drawn by a "
-            f"fixed seed), each run on seed{'s' if cfg.tune_seeds > 1 else ''} {seeds} with the {cfg.tune_setting} "
-            f"setting's splits and scored on the {tune_split_text(cfg)}, never on test; a trial's score is its mean over "
-            f"those seeds, and the best trial's options (results.csv) were used for every seed in {settings}. Every "
+            f"fixed seed), each run on seed{'s' if len(tune) > 1 else ''} {seeds} ({apart}) with the "
+            f"{cfg.tune_setting} setting's splits and scored on the {tune_split_text(cfg)}, never on test; a trial's "
+            f"score is its mean over those seeds, and the best trial's options (results.csv) were used for every seed in {settings}. Every "
             "trial is in tuning.csv; what the trials spent, their evaluations and discarded tries included, is in the "
             "compute table, beside each method's final cells. Other methods ran with the options given."
         )

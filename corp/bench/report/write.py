@@ -39,7 +39,7 @@ def _write_csvs(cfg: BenchConfig, records: list[dict], tuning: list[dict] | None
         for r in trials:
             r["task_label"] = cfg.label(r["task"])
         # the third edition's trials: which seed, and what evaluating them on the tuning split cost (search)
-        more = ["seed", "evaluation_flops"] if cfg.protocol_tables or cfg.tune_seeds > 1 else []
+        more = ["seed", "evaluation_flops"] if cfg.protocol_tables or len(cfg.tuning_seeds) > 1 else []
         write_csv(out / "tuning.csv", trials, TUNING_COLUMNS + more)
     return rows
 
