@@ -69,6 +69,8 @@ def test_primary_entries_parse_in_both_forms_and_bad_ones_are_one_line():
         ({"tune_seeds": 4}, "tune_seeds"),
         ({"tune_seeds": [100, 100]}, "distinct"),
         ({"tune_seeds": []}, "distinct"),
+        ({"tune_seeds": [1, 100]}, "final seed(s) [1]"),
+        ({"tune_seeds": "2"}, "final seed(s) [2]"),  # `--tune-seeds 2` is seed 2, not the first two
     ]:
         with pytest.raises(CorpError) as err:
             _cfg(**search, **over)

@@ -18,11 +18,42 @@ from corp.errors import CorpError
 from corp.methods import methods
 
 
+def _takes(tp, value) -> bool:
+    """Whether a field of type `tp` takes `value` by the documented rules (corp.config, "Types"), written out
+    here apart from the code under test: how a union's wrong values are told from its other members' right ones."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is list:
+        if isinstance(value, str):  # a comma-separated string of T
+            return all(_parses(args[0], v) for v in value.split(","))
+        items = value if isinstance(value, list) else [value]
+        return not isinstance(value, dict) and all(_takes(args[0], v) for v in items)
+    if tp is int:
+        return type(value) is int
+    if tp is float:
+        try:
+            return not isinstance(value, bool) and isinstance(float(value), float)
+        except (TypeError, ValueError):
+            return False
+    return isinstance(value, tp)
+
+
+def _parses(tp, text: str) -> bool:
+    """Whether one item of a comma-separated list option reads as a `tp`."""
+    try:
+        tp(text.strip())
+    except ValueError:
+        return False
+    return True
+
+
 def _wrong_values(tp) -> list:
-    """Values of the wrong type for a field of type `tp`."""
+    """Values of the wrong type for a field of type `tp` (of a union: wrong for each of its members)."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        return _wrong_values(next(a for a in args if a is not type(None)))
+        members = [a for a in args if a is not type(None)]
+        if len(members) == 1:
+            return _wrong_values(members[0])
+        return [v for m in members for v in _wrong_values(m) if not any(_takes(o, v) for o in members)]
     if origin is list:
         elem = {int: 1.5, float: "abc", str: 5}.get(args[0], 5)  # 5: neither of list[str | dict]'s item types
         return [{"a": 1}, [elem]]

@@ -121,9 +121,9 @@ class BenchConfig:
     """Under search: the split the trials are scored on (`report_on` of every trial; never test): validation, or dev (a
     task spec with heldout=START,dev=N has a development pool outside every split)."""
     tune_seeds: int | list[int] = 1
-    """Under search: the seeds every trial runs on, a trial's score being its mean over them: a number N (the
-    first N of `seeds`, so the final cells of those seeds reuse no trial but share their seeds), or a list of
-    seeds of their own (e.g. [100, 101], disjoint from `seeds`: no final seed is a tuning seed)."""
+    """Under search: the seeds every trial runs on, a trial's score being its mean over them: seeds of their own,
+    none of them in `seeds` (a list, e.g. [100, 101] or `--tune-seeds 100,101`: no final seed is a tuning seed),
+    or, as a YAML number N, the first N of `seeds` (the third edition's: its final seeds 0-1 were its tuning seeds)."""
     tune_options: dict = field(default_factory=dict)
     """Under search: options every trial cell gets on top of its method's (e.g. the size of a development split)."""
     population_rows: bool = False
@@ -471,19 +471,29 @@ def _check_tuning(cfg) -> None:
             "bench config: tune_setting equal-data with tune_split validation: in equal data RandOpt, ES and GRPO "
             "train on the validation examples; score trials on a split of their own (tune_split: dev)"
         )
+    _check_tune_seeds(cfg)
+    if not isinstance(cfg.tune_options, dict):
+        raise CorpError("bench config: tune_options must map option names to values")
+
+
+def _check_tune_seeds(cfg) -> None:
+    """tune_seeds: a list of seeds of their own (none a final seed), or a count of the bench's first seeds."""
     if isinstance(cfg.tune_seeds, list):
         if not cfg.tune_seeds or len(set(cfg.tune_seeds)) < len(cfg.tune_seeds) or min(cfg.tune_seeds) < 0:
             raise CorpError(
                 f"bench config: tune_seeds {cfg.tune_seeds} must be distinct seeds >= 0 (a list), or a count of "
                 "the bench's first seeds"
             )
+        if both := sorted(set(cfg.tune_seeds) & set(cfg.seeds)):
+            raise CorpError(
+                f"bench config: tune_seeds {cfg.tune_seeds} names final seed(s) {both}: a list names seeds of their "
+                "own (e.g. [100, 101]); for the first N of seeds write the number N in the config"
+            )
     elif not 1 <= cfg.tune_seeds <= len(cfg.seeds):
         raise CorpError(
             f"bench config: tune_seeds must be 1 to {len(cfg.seeds)} (the bench's first seeds) or a list of "
             f"seeds, got {cfg.tune_seeds}"
         )
-    if not isinstance(cfg.tune_options, dict):
-        raise CorpError("bench config: tune_options must map option names to values")
 
 
 def parse_equivalence(cfg, entry) -> dict:
