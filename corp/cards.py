@@ -137,9 +137,10 @@ def _gate_lines(made: dict, report: dict | None) -> list[str]:
 
 def _edge_lines(report: dict | None) -> list[str]:
     """How the population's noise scales were chosen (calibrated from the model, or fixed by --sigmas:
-    report.json's `population.noise_scales`), then searched values that landed on the edge of their grid
-    (report.json's `edge_flags`, corp.grids)."""
-    noise = ((report or {}).get("population") or {}).get("noise_scales")
+    report.json's `population.noise_scales`; ES's one scale, calibrated or fixed by --sigma: its top-level
+    `noise_scales`), then searched values that landed on the edge of their grid (report.json's `edge_flags`,
+    corp.grids)."""
+    noise = ((report or {}).get("population") or {}).get("noise_scales") or (report or {}).get("noise_scales")
     lines = edge_lines((report or {}).get("edge_flags"))
     return [
         *(["", f"{_sentence(noise)}."] if noise else []),

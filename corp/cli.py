@@ -189,10 +189,14 @@ _YAML_FLAG = (
 
 def _flag_type(option: str, tp) -> tuple[type, str | None]:
     """What tyro parses `--OPTION` as, for a config field of type `tp`, and its metavar (None: tyro's): a list
-    field as one word of text (`FLOAT,...`), a scalar as itself; a type no flag can give is refused when the
-    command is made."""
+    field as one word of text (`FLOAT,...`), a scalar as itself, a scalar or a word (`float | str`: ES's
+    `--sigma`, a number or auto) as text, which `check_types` reads as the first type that takes it; a type no
+    flag can give is refused when the command is made."""
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
-        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        members = [a for a in typing.get_args(tp) if a is not type(None)]
+        tp = members[0]
+        if tp in _SCALARS and tp is not str and str in members:
+            return str, f"{tp.__name__.upper()}|WORD"
     if typing.get_origin(tp) is list:
         return str, f"{typing.get_args(tp)[0].__name__.upper()},..."
     if tp not in _SCALARS:

@@ -197,3 +197,97 @@ def test_corp_es_cli_end_to_end(tmp_path):
     recipe = json.loads((tmp_path / "run" / "recipe.json").read_text())
     assert recipe["base_weights_hash"] and recipe["made_by"]["antithetic"] is True
     assert (tmp_path / "run" / "model" / "config.json").exists() and "test accuracy" in res.output
+
+
+def test_es_calibrates_its_sigma_by_default_charges_it_and_a_fixed_sigma_skips_it(tmp_path):
+    """Issue 55: with the default `--sigma auto`, ES runs the population methods' calibration before
+    iteration 1 (calibration.json), every member and every recipe component uses sigma* (the scale at
+    which half of the calibration completions change), the training ledger holds the calibration's
+    generations, and the report, table and card say so; `--sigma 1e-3` calibrates nothing."""
+    from corp.cards import _edge_lines
+    from corp.evaluate.calibration import CALIBRATION_FILE, CALIBRATION_ROWS
+    from corp.runtime.runs import read_jsonl
+
+    run = tmp_path / "auto"
+    cfg = tiny_es_cfg(run, sigma=None, iterations=1)  # None: the option left unset (its default)
+    assert cfg.sigma == "auto"
+    report = run_es(cfg, fresh_backend())
+    cal = read_json(run / CALIBRATION_FILE)
+    sigma = cal["sigma"]
+    assert report["sigma"] == sigma and read_json(run / "population_meta.json")["calibrated_sigma"] == sigma
+    members = [r for r in read_jsonl(run / "population.jsonl") if r.get("kind") == "es-specialist"]
+    assert len(members) == 8 and {r["sigma"] for r in members} == {sigma}
+    recipe = read_json(run / "recipe.json")
+    assert recipe["components"] and {c["sigma"] for c in recipe["components"]} == {sigma}
+    assert recipe["made_by"]["sigma"] == sigma
+    # charged: the training ledger is the ES rows' generations plus the calibration's
+    cal_rows = read_jsonl(run / CALIBRATION_ROWS)
+    assert cal_rows and cal["ledger"]["generated_tokens"] == sum(r["generated_tokens"] for r in cal_rows) > 0
+    es_rows = read_jsonl(run / "population.jsonl")
+    led = report["training_ledger"]
+    for key in ("prompt_tokens", "generated_tokens"):
+        assert led[key] == sum(r[key] for r in es_rows) + cal["ledger"][key], key
+    line = report["noise_scales"]
+    assert line.startswith(f"noise scale calibrated from the model: {sigma:g}") and "generations" in line
+    assert line in report["table"] and "noise-scale calibration" in report["table"]
+    assert "--sigmas" not in line and read_json(run / "report.json")["noise_scales"] == line
+    assert any(x.startswith("Noise scale calibrated from the model") for x in _edge_lines(report))
+    card = (run / "model" / "README.md").read_text()
+    assert "Noise scale calibrated from the model" in card
+
+    fixed = tmp_path / "fixed"
+    report = run_es(tiny_es_cfg(fixed, sigma="1e-3", iterations=1), fresh_backend())
+    assert not (fixed / CALIBRATION_FILE).exists() and not (fixed / CALIBRATION_ROWS).exists()
+    assert report["sigma"] == 1e-3 and report["noise_scales"] == "noise scale fixed by --sigma: 0.001"
+    assert "calibrated_sigma" not in read_json(fixed / "population_meta.json")
+    assert {c["sigma"] for c in read_json(fixed / "recipe.json")["components"]} == {1e-3}
+    es_rows = read_jsonl(fixed / "population.jsonl")
+    assert report["training_ledger"]["generated_tokens"] == sum(r["generated_tokens"] for r in es_rows)
+
+
+def test_a_resumed_es_run_reuses_its_calibration_and_keeps_its_sigma(tmp_path, monkeypatch):
+    """A resumed `--sigma auto` run reads calibration.json (no calibration, nothing generated for it) and
+    keeps its sigma: its weights are those of one uninterrupted run. Resuming it under a fixed --sigma, or
+    a fixed-sigma run under auto, is refused in one line."""
+    import corp.methods.es as es_module
+
+    full = fresh_backend()
+    run_es(tiny_es_cfg(tmp_path / "full", sigma="auto"), full)
+    run_es(tiny_es_cfg(tmp_path / "cut", sigma="auto", iterations=1), fresh_backend())
+
+    def refuse(*a, **k):
+        raise AssertionError("a resumed run calibrated again")
+
+    monkeypatch.setattr(es_module, "calibrate_sigmas", refuse)
+    resumed = fresh_backend()
+    calls = []
+    real = resumed.generate
+    resumed.generate = lambda *a, **k: (calls.append(1), real(*a, **k))[1]
+    report = run_es(tiny_es_cfg(tmp_path / "cut", sigma="auto", iterations=2), resumed)
+    # iteration 2's 8 specialists, and its centre and the final test eval unless the centre did not move (all
+    # its members rewarded alike): no calibration row
+    assert 8 <= len(calls) <= 8 + 1 + 1, len(calls)
+    assert report["sigma"] == read_json(tmp_path / "full" / "calibration.json")["sigma"]
+    for (n, a), (_, b) in zip(full.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.equal(a, b), n
+    with pytest.raises(CorpError, match=r"sigma = auto, not 0\.05"):
+        run_es(tiny_es_cfg(tmp_path / "cut", iterations=3), fresh_backend())
+    run_es(tiny_es_cfg(tmp_path / "fixed", iterations=1), fresh_backend())
+    with pytest.raises(CorpError, match=r"sigma = 0\.05, not auto"):
+        run_es(tiny_es_cfg(tmp_path / "fixed", sigma="auto", iterations=2), fresh_backend())
+
+
+def test_sigma_is_auto_or_a_number_from_flag_yaml_and_python(tmp_path):
+    from corp.cli import flags_of, parse_flags
+
+    assert load_config(ESConfig, None, {}).sigma == "auto"
+    assert tiny_es_cfg(tmp_path, sigma="AUTO").sigma == "auto"
+    assert tiny_es_cfg(tmp_path, sigma="1e-3").sigma == 1e-3 and tiny_es_cfg(tmp_path, sigma=2e-3).sigma == 2e-3
+    for given, want in ((["--sigma", "auto"], "auto"), (["--sigma", "1e-3"], 1e-3), ([], "auto")):
+        parsed = parse_flags(ESConfig, flags_of(ESConfig), given, "corp es", "")
+        assert load_config(ESConfig, None, parsed).sigma == want, given
+    with pytest.raises(CorpError, match="--sigma 'often' is neither auto nor a number") as e:
+        tiny_es_cfg(tmp_path, sigma="often")
+    assert "\n" not in str(e.value)
+    with pytest.raises(CorpError, match="--sigma and --learning-rate must be > 0"):
+        tiny_es_cfg(tmp_path, sigma="0")

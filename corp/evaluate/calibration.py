@@ -25,6 +25,10 @@ The calibration is scored through the run's executor (hf, vLLM, Ray alike) into 
 (rows keyed like every evaluation, so a rerun generates nothing), its outcome goes to
 `calibration.json`, and its ledger is charged to the population (`selection_ledger` in
 corp.evaluate.scorer).
+
+ES (`corp es --sigma auto`, its default) runs the same calibration before its first iteration and takes
+sigma* itself as its one noise scale (not the grid); its ledger is charged to ES's training ledger
+(corp.methods.es). The lines below then name `--sigma` (`option="sigma"`) instead of `--sigmas`.
 """
 
 from __future__ import annotations
@@ -109,9 +113,11 @@ def grid_of(sigma: float) -> list[float]:
     return [two_digits(sigma / 2), two_digits(sigma), two_digits(sigma * 2)]
 
 
-def calibrate_sigmas(ctx: RunContext, score: Callable) -> dict:
+def calibrate_sigmas(ctx: RunContext, score: Callable, option: str = "sigmas") -> dict:
     """Calibrate the noise scales of `ctx`'s population (module docstring) with `score`
-    (corp.evaluate.scorer.score_specialists); write calibration.json and return what it holds."""
+    (corp.evaluate.scorer.score_specialists); write calibration.json and return what it holds. `option`: the
+    config field the calibration stands in for (`sigmas`, a population's grid; `sigma`, ES's one scale), as
+    the warning of a search that never brackets its target names it."""
     rule = RULE
     cache = EvalCache(ctx.run_dir / CALIBRATION_ROWS)
     seeds = calibration_seeds(ctx.cfg.seed, rule["specialists"])
@@ -144,35 +150,48 @@ def calibrate_sigmas(ctx: RunContext, score: Callable) -> dict:
     }
     write_json(ctx.run_dir / CALIBRATION_FILE, out)
     if found["edge"]:
-        warnings.warn(calibration_line(out), stacklevel=2)
+        warnings.warn(calibration_line(out, option), stacklevel=2)
     return out
 
 
-def calibration_flag(cal: dict | None) -> dict | None:
-    """report.json's edge flag when the calibration never bracketed its target (it used a bound)."""
+def calibration_flag(cal: dict | None, option: str = "sigmas") -> dict | None:
+    """report.json's edge flag when the calibration never bracketed its target (it used a bound); `option`:
+    the field that fixes the scales instead (`sigmas`, or ES's `sigma`)."""
     if not cal or not cal.get("edge"):
         return None
-    return edge_flag("calibrated sigma", cal["sigma"], cal["rule"]["bounds"], flag("sigmas"))
+    return edge_flag("calibrated sigma", cal["sigma"], cal["rule"]["bounds"], flag(option))
 
 
-def calibration_line(cal: dict) -> str:
-    """One line: the calibrated grid, what it was read from and what it cost."""
-    target, grid = cal["rule"]["target"], ", ".join(f"{s:g}" for s in cal["sigmas"])
+def calibration_line(cal: dict, option: str = "sigmas") -> str:
+    """One line: the calibrated grid (`option` "sigma": ES's one scale, sigma*), what it was read from and
+    what it cost."""
+    target = cal["rule"]["target"]
+    if option == "sigma":
+        what, fix = f"noise scale calibrated from the model: {cal['sigma']:g}", "--sigma to choose the scale"
+    else:
+        grid = ", ".join(f"{s:g}" for s in cal["sigmas"])
+        what, fix = f"noise scales calibrated from the model: {grid}", "--sigmas to choose the scales"
     cost = f"cost {cal['generations']} generations ({cal['ledger']['flops']:.3g} FLOPs)"
     if cal.get("bracket"):
         a, b = cal["bracket"]
         return (
-            f"noise scales calibrated from the model: {grid} (share of changed completions {target:g} at sigma "
+            f"{what} (share of changed completions {target:g} at sigma "
             f"{cal['sigma']:g}, between {a['share']:.2f} at {a['sigma']:g} and {b['share']:.2f} at {b['sigma']:g}), "
             f"{cost}"
         )
     last = cal["levels"][-1]
     lo, hi = cal["rule"]["bounds"]
     return (
-        f"noise scales calibrated from the model: {grid}, but the share of changed completions never reached "
+        f"{what}, but the share of changed completions never reached "
         f"{target:g} within sigma [{lo:g}, {hi:g}] in {len(cal['levels'])} scales ({last['share']:.2f} at "
-        f"{last['sigma']:g}), so sigma {cal['sigma']:g} is an edge: pass --sigmas to choose the scales; {cost}"
+        f"{last['sigma']:g}), so sigma {cal['sigma']:g} is an edge: pass {fix}; {cost}"
     )
+
+
+def scale_line(sigma: float, cal: dict | None) -> str:
+    """What an ES report and its model card say about its one noise scale: calibrated from the model (`cal`,
+    calibration.json), or fixed by --sigma."""
+    return calibration_line(cal, "sigma") if cal else f"noise scale fixed by --sigma: {float(sigma):g}"
 
 
 def noise_line(source: dict | None) -> str:

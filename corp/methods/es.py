@@ -15,6 +15,15 @@ copy alike (vLLM's worker moves its own base the same way): the saved recipe mat
 model bit-exactly, and a resumed run rebuilds the centre from its checkpointed components.
 
 Where we depart from the paper, and why:
+- sigma is calibrated from the model by default (`--sigma auto`, issue 55): before iteration 1 the run
+  measures the noise scale at which half of a few calibration specialists' greedy completions on the
+  first 8 support prompts differ from the base's (corp.evaluate.calibration, the rule of the population
+  methods' `--sigmas auto`) and uses that scale, sigma*, for every member. The paper's fixed 1e-3 does not
+  fit every model (on a small one it leaves most members answering as the centre does). The calibration's
+  generations are charged to the training ledger (so a matched-compute comparison includes them), its rows
+  go to calibration.jsonl and its outcome to calibration.json, which a resumed run reuses; the sigma is in
+  the run's definition (population_meta.json's `calibrated_sigma`, every component of the recipe), and the
+  report and model card state it in one line (`noise_scales`). `--sigma 1e-3` fixes the paper's value.
 - The step is alpha / N * sum f_i eps_i, as the paper's code does (1/sigma absorbed into alpha);
   docs/methods.md writes alpha / (N sigma). With the paper's alpha = 5e-4 and sigma = 1e-3, the
   1/sigma form would move every weight by ~0.1 per step.
@@ -39,6 +48,7 @@ Where we depart from the paper, and why:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -55,14 +65,25 @@ from corp.algorithms.recipe import make_recipe, produced_weights
 from corp.algorithms.stats import zscore
 from corp.config import RunConfig
 from corp.errors import CorpError
-from corp.evaluate.scorer import population_meta
+from corp.evaluate.calibration import (
+    CALIBRATION_FILE,
+    RULE,
+    calibrate_sigmas,
+    calibration_flag,
+    is_auto,
+    scale_line,
+)
+from corp.evaluate.scorer import population_meta, score_specialists
+from corp.grids import edge_lines
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, num, opt
 from corp.runtime.backends.base import MODEL, PERTURBER
 from corp.runtime.context import (
+    META_FILE,
     POPULATION_FILE,
     EvalCache,
     cached_eval,
     check_meta,
+    compare_meta,
     direction_fingerprint,
     population_definition,
     run_evals,
@@ -82,8 +103,8 @@ class ESConfig(RunConfig):
     """Number of ES iterations (centre updates)."""
     population: int = 8
     """N: specialists scored per iteration (with --antithetic, N/2 seeds, each +-)."""
-    sigma: float = 1e-3
-    """Noise scale of the specialists."""
+    sigma: float | str = "auto"
+    """Noise scale of the specialists. auto: calibrated from the model before iteration 1 (corp.evaluate.calibration, the rule of `--sigmas auto`: the scale at which half of a few calibration specialists' greedy completions on 8 support prompts differ from the base's), its cost charged to the training ledger and stated in the report; a number fixes it (the paper's: 1e-3)."""
     alpha: float = 5e-4
     """Learning rate alpha: centre += alpha / N * sum_i f_i eps_i."""
     antithetic: bool = False
@@ -116,7 +137,8 @@ class ESConfig(RunConfig):
             raise CorpError(f"--population-per-iteration must be >= 2, got {self.population}")
         if self.antithetic and self.population % 2:
             raise CorpError(f"--population-per-iteration must be even with --antithetic, got {self.population}")
-        if not 0 < self.sigma < math.inf or not 0 < self.alpha < math.inf:
+        self._check_sigma()
+        if not (is_auto(self.sigma) or 0 < self.sigma < math.inf) or not 0 < self.alpha < math.inf:
             raise CorpError(
                 f"--sigma and --learning-rate must be > 0 and finite, got sigma={self.sigma}, learning rate={self.alpha}"
             )
@@ -127,6 +149,20 @@ class ESConfig(RunConfig):
         if self.fitness not in ("zscore", "rank"):
             raise CorpError(f"--fitness '{self.fitness}' is unknown; choose zscore or rank")
         return self
+
+    def _check_sigma(self) -> None:
+        """--sigma: auto (calibrated from the model when the run starts) or a number (text from a flag)."""
+        if not isinstance(self.sigma, str):
+            return
+        if is_auto(self.sigma):
+            self.sigma = "auto"
+            return
+        try:
+            self.sigma = float(self.sigma)
+        except ValueError:
+            raise CorpError(
+                f"--sigma '{self.sigma}' is neither auto nor a number; expected auto or e.g. 1e-3"
+            ) from None
 
 
 def iteration_seeds(master_seed: int, iteration: int, n: int) -> list[int]:
@@ -172,7 +208,8 @@ def update_components(cfg: ESConfig, specs: list[tuple[int, int]], rewards: list
 
 def es_definition(cfg: ESConfig, task, splits, max_new_tokens: int) -> dict:
     """What defines an ES run's rows (kind "es": noise around a moving centre, never a population of
-    perturbations of the base, so `--from-run` refuses it). --iterations may grow on resume."""
+    perturbations of the base, so `--from-run` refuses it). --iterations may grow on resume. `sigma` is as
+    given ("auto" or the number): the sigma a calibration chose is added as `calibrated_sigma` (noise_scale)."""
     return population_definition(
         cfg,
         task,
@@ -187,6 +224,32 @@ def es_definition(cfg: ESConfig, task, splits, max_new_tokens: int) -> dict:
         # only when set, so the runs made before the option keep their definition
         **({"prompts_per_iteration": cfg.prompts_per_iteration} if cfg.prompts_per_iteration else {}),
     )
+
+
+def noise_scale(cfg: ESConfig, ctx) -> tuple[float, dict | None]:
+    """The run's sigma and the calibration that chose it (None: fixed by --sigma), with population_meta.json
+    checked (written on a first run). Under `--sigma auto` the meta is compared before the calibration
+    generates anything (another model, backend or rule is refused first); a resumed run whose meta already
+    holds its `calibrated_sigma` reads calibration.json instead of calibrating again (nothing is generated);
+    otherwise corp.evaluate.calibration runs (its rows cached in calibration.jsonl) and ES takes sigma*, the
+    scale at which half of the calibration completions change. Run before the centre first moves: the
+    calibration specialists are noise around the base."""
+    path = ctx.run_dir / META_FILE
+    meta = population_meta(ctx)
+    if not is_auto(cfg.sigma):
+        check_meta(path, meta, POPULATION_FILE)
+        return float(cfg.sigma), None
+    meta["calibration"] = RULE
+    found = read_json(path) if path.exists() else {}
+    if found:
+        compare_meta(found, meta, ctx.run_dir, POPULATION_FILE)
+    if "calibrated_sigma" in found and (ctx.run_dir / CALIBRATION_FILE).exists():
+        cal = read_json(ctx.run_dir / CALIBRATION_FILE)
+    else:
+        cal = calibrate_sigmas(ctx, score_specialists, option="sigma")
+        ctx.backend.set_direction(None)  # the base again, not the last calibration specialist
+    check_meta(path, {**meta, "calibrated_sigma": float(cal["sigma"])}, POPULATION_FILE)
+    return float(cal["sigma"]), cal
 
 
 def run_es(cfg: ESConfig, backend=None) -> dict:
@@ -303,7 +366,8 @@ def _run_es(cfg: ESConfig, ctx) -> Outputs:
             f"build it with scheme={ctx.noise_scheme}"
         )
     run_dir = ctx.run_dir
-    check_meta(run_dir / "population_meta.json", population_meta(ctx), POPULATION_FILE)
+    sigma, cal = noise_scale(cfg, ctx)  # before iteration 1: calibrated under --sigma auto
+    cfg = dataclasses.replace(cfg, sigma=sigma)  # what every member and update uses (ctx.cfg keeps "auto")
     evals = run_evals(ctx)
     base_test = cached_eval(ctx, evals, "test", None)  # the base, before the centre moves (cached on resume)
 
@@ -332,16 +396,24 @@ def _run_es(cfg: ESConfig, ctx) -> Outputs:
         cfg.model, ctx.model_id, base_hash, pf, centre, made_by, kind=KIND, scheme=perturber.scheme, produced=produced
     )
     sel = ctx.ledger().add_rows(scored.rows.values())
+    if cal:  # the calibration that chose sigma is part of what training cost
+        sel.add_generation(cal["ledger"]["prompt_tokens"], cal["ledger"]["generated_tokens"])
     ids = ctx.example_ids("test")
     held = loop.done  # what the centre holds (a run trained further than asked says so), as saved
     n_support = len(ctx.splits["support"])
     rows = method_rows(ctx.backend.n_params, NAME, base_test, final, n_support, ids, {"iterations": held})
     fields = {
         "iterations": held,
+        "sigma": sigma,
+        "noise_scales": scale_line(sigma, cal),
+        **({"calibration": cal} if cal else {}),
         "test_accuracy_before": base_test["accuracy"],
         "test_accuracy_after": final["accuracy"],
         "metrics": metrics,
     }
+    flagged = calibration_flag(cal, "sigma")  # a calibration that never bracketed its target used a bound
+    if flagged:
+        fields["edge_flags"] = [flagged]
     return Outputs(
         rows,
         [(NAME, "base")],
@@ -350,8 +422,11 @@ def _run_es(cfg: ESConfig, ctx) -> Outputs:
         ledger=sel,
         model=(ctx.backend.model, ctx.backend.tokenizer),
         recipe=recipe,
-        notes=lambda _: [
-            f"ES training (population and centre evaluations on the support split): {sel.flops:.3e} FLOPs"
+        notes=lambda report: [
+            f"ES training ({'noise-scale calibration, ' if cal else ''}population and centre evaluations on the "
+            f"support split): {sel.flops:.3e} FLOPs",
+            report["noise_scales"],
+            *edge_lines(report.get("edge_flags")),
         ],
     )
 
