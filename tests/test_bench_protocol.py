@@ -70,7 +70,7 @@ def test_primary_entries_parse_in_both_forms_and_bad_ones_are_one_line():
         ({"tune_seeds": [100, 100]}, "distinct"),
         ({"tune_seeds": []}, "distinct"),
         ({"tune_seeds": [1, 100]}, "final seed(s) [1]"),
-        ({"tune_seeds": "2"}, "final seed(s) [2]"),  # `--tune-seeds 2` is seed 2, not the first two
+        ({"tune_seeds": "2"}, "final seed(s) [2]"),  # the string "2" names seed 2, not the first two
     ]:
         with pytest.raises(CorpError) as err:
             _cfg(**search, **over)
@@ -365,7 +365,7 @@ def test_trials_on_seeds_of_their_own_leave_every_final_seed_untuned(tmp_path):
         "results_dir": str(tmp_path),
         "methods": {"self-consistency": {"options": {"k": [1, 2]}, "search": {"temperature": [0.5, 1.0]}}},
     }
-    cfg = _cfg(**over, tune_seeds="100,101")  # a flag's comma-separated form, as `--tune-seeds 100,101`
+    cfg = _cfg(**over, tune_seeds="100,101")  # a comma-separated string, as YAML may give it
     assert cfg.tune_seeds == [100, 101] and cfg.tuning_seeds == [100, 101]
     cells, _ = plan(cfg)
     trials = [c for c in cells if c.setting == "tune"]
@@ -401,6 +401,40 @@ def test_a_method_s_own_seeds_limit_its_final_cells_only():
         with pytest.raises(CorpError) as err:
             _cfg(methods={"randopt": {"options": {"top_k": [1]}, "seeds": bad}})
         assert "seeds" in str(err.value) and "\n" not in str(err.value), str(err.value)
+    with pytest.raises(CorpError, match="none of its seeds"):  # no cell at all would run, silently
+        _cfg(tasks=[{"task": "arith", "label": "add", "seeds": [2]}], methods=methods)
+
+
+def test_a_method_on_fewer_seeds_is_reported_as_planned_not_as_unfinished():
+    """Planted: randopt runs seeds 0-1 of the bench's 0-2. Its mean is complete at 2 seeds (not '2 of 3 seeds'),
+    its comparison with CoRP (3 seeds) drops no planned seed (seed 2 is not 'not run yet'), the regime line and
+    the registration name its seeds: the old reports counted the task's seeds for every method."""
+    from corp.bench.protocol import registration
+    from corp.bench.report.prose import seeds_text, spread_text
+    from corp.bench.report.rows import comparisons
+
+    methods = {
+        "randopt": {"options": {"top_k": [1]}, "seeds": [0, 1]},
+        "consolidate": {"variants": {"corp-stage1": {}}},
+    }
+    cfg = _cfg(methods=methods, settings=["paper"], compare=[["randopt-top1", "corp-stage1"]])
+    assert cfg.seeds_for("arith", "randopt") == [0, 1] and cfg.seeds_for("arith", "corp-stage1") == [0, 1, 2]
+
+    def row(name, cell, seed, acc):
+        correct = [1] * int(acc * 10) + [0] * (10 - int(acc * 10))
+        return {"task": "arith", "method": name, "cell": cell, "setting": "paper", "budget": 2e12, "seed": seed,
+                "accuracy": acc, "correct": correct, "ids": list(range(10)), "flops": 1e12, "status": "done"}  # fmt: skip
+
+    rows = [row("randopt-top1", "randopt", s, 0.3) for s in (0, 1)] + [
+        row("corp-stage1", "corp-stage1", s, 0.5) for s in (0, 1, 2)
+    ]
+    assert spread_text(cfg, rows[:2]) == "0.300 ± 0.000"
+    (c,) = [c for c in comparisons(cfg, rows) if c["budget"] == 2e12]
+    assert c["seeds"] == [0, 1] and c["seeds_dropped"] == {}, c["seeds_dropped"]
+    assert "randopt: 0, 1" in seeds_text(cfg)
+    assert registration(_cfg(methods=methods, primary=["corp-stage1 vs base @ top on add"], test_set="x"))[
+        "method_seeds"
+    ] == {"randopt": [0, 1]}
 
 
 # ----------------------------------------------------------------------------- compute accounting

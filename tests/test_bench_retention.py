@@ -258,6 +258,24 @@ def test_the_readme_section_states_what_each_model_costs_off_its_task(retained, 
     assert "base on add" not in para and "@2 on add" not in para
 
 
+def test_the_readme_bounds_each_cost_and_says_a_seed_can_still_be_worse():
+    """Issue 55: the README said "no off-task cost shown" whenever every pooled interval included 0, though one
+    seed's model had a cost. Planted: two methods whose intervals include 0: the paragraph states each one's
+    upper bound, says one seed can still be worse, and never "no off-task cost"; one above 0 is named worse."""
+    from corp.bench.retention import readme_lines
+
+    cfg = load_config(BenchConfig, None, {"tasks": [{"task": "arith", "label": "add"}], "methods": {"randopt": {}}})
+
+    def entry(name, lo, hi):
+        return {"name": name, "task": "arith", "bpb": {"mean": (lo + hi) / 2, "ci": [lo, hi], "seeds": 3}}
+
+    (para,) = readme_lines(cfg, [entry("corp-stage1", -0.0079, 0.0135), entry("randopt-top1", -0.0016, 0.0051)])
+    assert "corp-stage1 +0.0135, randopt-top1 +0.0051" in para and "97.5% confidence" in para, para
+    assert "one seed's model can still be worse" in para and "no off-task cost" not in para, para
+    (worse,) = readme_lines(cfg, [entry("es", 0.001, 0.004)])
+    assert "worse than the base (the interval above 0): es" in worse, worse
+
+
 def test_only_a_row_that_is_one_model_of_this_budget_is_scored(tmp_path):
     """An iterative run whose saved model was trained past the cell's budget is n/a, not scored as the cell."""
     from corp.bench.retention import target

@@ -53,7 +53,8 @@ def _wrong_values(tp) -> list:
         members = [a for a in args if a is not type(None)]
         if len(members) == 1:
             return _wrong_values(members[0])
-        return [v for m in members for v in _wrong_values(m) if not any(_takes(o, v) for o in members)]
+        wrong = [v for m in members for v in _wrong_values(m) if not any(_takes(o, v) for o in members)]
+        return [v for i, v in enumerate(wrong) if not any(type(v) is type(w) and v == w for w in wrong[:i])]
     if origin is list:
         elem = {int: 1.5, float: "abc", str: 5}.get(args[0], 5)  # 5: neither of list[str | dict]'s item types
         return [{"a": 1}, [elem]]

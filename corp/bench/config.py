@@ -122,7 +122,7 @@ class BenchConfig:
     task spec with heldout=START,dev=N has a development pool outside every split)."""
     tune_seeds: int | list[int] = 1
     """Under search: the seeds every trial runs on, a trial's score being its mean over them: seeds of their own,
-    none of them in `seeds` (a list, e.g. [100, 101] or `--tune-seeds 100,101`: no final seed is a tuning seed),
+    none of them in `seeds` (a list, e.g. [100, 101], or the string "100,101": no final seed is a tuning seed),
     or, as a YAML number N, the first N of `seeds` (the third edition's: its final seeds 0-1 were its tuning seeds)."""
     tune_options: dict = field(default_factory=dict)
     """Under search: options every trial cell gets on top of its method's (e.g. the size of a development split)."""
@@ -290,6 +290,10 @@ class BenchConfig:
                         f"bench config: method '{name}': seeds {own} must be distinct seeds of the bench's {self.seeds}"
                     )
                 spec["seeds"] = own
+                if bare := [self.label(t) for t in self.tasks if not set(own) & set(self.seeds_of(t))]:
+                    raise CorpError(
+                        f"bench config: method '{name}': none of its seeds {own} is a seed of task {bare[0]}"
+                    )
             cap = (spec or {}).get("max_units")
             if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
                 raise CorpError(f"bench config: method '{name}': max_units is a positive whole number, got {cap!r}")
@@ -350,6 +354,15 @@ class BenchConfig:
     def tuning_seeds(self) -> list[int]:
         """The seeds the trials run on (`tune_seeds`: the first N of `seeds`, or a list of its own)."""
         return list(self.tune_seeds) if isinstance(self.tune_seeds, list) else self.seeds[: self.tune_seeds]
+
+    def seeds_for(self, task: str, cell: str | None = None) -> list[int]:
+        """The seeds the final cells of `cell` (a method's name or variant label) run on in `task`: the task's
+        seeds, limited by the method's own `seeds` where it sets them."""
+        seeds = self.seeds_of(task)
+        for name, spec in self.methods.items():
+            if cell in (name, *((spec or {}).get("variants") or {})) and (spec or {}).get("seeds"):
+                return [s for s in seeds if s in spec["seeds"]]
+        return seeds
 
     def seeds_of(self, task: str) -> list[int]:
         """The seeds a task's final cells run (its entry's `seeds`, else the bench's)."""

@@ -202,7 +202,7 @@ def _final_cells(cfg: BenchConfig, task: str, runnable: dict) -> list[Cell]:
     for setting in cfg.settings:
         for seed in cfg.seeds_of(task):
             for name, spec in runnable.items():
-                if spec.get("seeds") and seed not in spec["seeds"]:
+                if seed not in cfg.seeds_for(task, name):
                     continue  # the method runs some of the seeds only (its `seeds`)
                 searched = tuple(sorted(spec.get("search") or {})) if cfg.hyperparameters == "search" else ()
                 for label, over in (spec.get("variants") or {name: {}}).items():

@@ -89,6 +89,9 @@ def registration(cfg) -> dict | None:
         "seeds": {cfg.label(t): list(cfg.seeds_of(t)) for t in cfg.tasks},
         "equivalence": margins,
     }
+    own = {n: spec["seeds"] for n, spec in cfg.methods.items() if (spec or {}).get("seeds")}
+    if own:  # methods on some of the seeds only (an older registration has none, and keeps its hash)
+        reg["method_seeds"] = own
     return {"hash": _sha(reg), **reg}
 
 

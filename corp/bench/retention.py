@@ -419,9 +419,10 @@ def readme_lines(cfg, summary: list[dict]) -> list[str]:
     bounds = ", ".join(f"{n} {hi:+.4f}" for n, (_, hi) in named)
     worse = [n for n, (lo, _) in named if lo > 0]
     verdict = (
-        f"Each bits-per-byte change is at most the upper end of its 95% interval: {bounds}"
+        "Bounds on the bits-per-byte cost (with 97.5% confidence each method's mean change over seeds is below "
+        f"the upper end of its 95% interval): {bounds}"
         + (f"; worse than the base (the interval above 0): {', '.join(worse)}" if worse else "")
-        + ". These intervals pool the seeds: one seed's model can still be worse than the base (each seed's "
+        + ". These bound the mean over seeds: one seed's model can still be worse than the base (each seed's "
         "change and interval are in its retention record)."
     )
     return [

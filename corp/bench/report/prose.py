@@ -145,7 +145,7 @@ def spread_text(cfg: BenchConfig, got: list[dict], unfit: int = 0) -> str:
     m, sd = mean_sd([g["accuracy"] for g in got])
     if got[0]["method"] == LABEL_PRIOR:  # the same in every seed by construction: no spread to state
         return f"{m:.3f} (reference)"
-    planned = len(cfg.seeds_of(got[0]["task"]))  # the task's own seeds
+    planned = len(cfg.seeds_for(got[0]["task"], got[0].get("cell")))  # the task's, or its method's own
     if len(got) == planned:
         return f"{m:.3f} ± {sd:.3f}"
     why = f"; {unfit} do{'es' if unfit == 1 else ''} not fit" if unfit else ""
@@ -153,8 +153,11 @@ def spread_text(cfg: BenchConfig, got: list[dict], unfit: int = 0) -> str:
 
 
 def seeds_text(cfg: BenchConfig) -> str:
-    """The seeds, with the tasks that run a subset of them (a task entry's `seeds`)."""
+    """The seeds, with the tasks and methods that run a subset of them (a task entry's or a method's `seeds`)."""
     own = [f"{cfg.label(t)}: {', '.join(map(str, cfg.seeds_of(t)))}" for t in cfg.tasks if cfg.seeds_of(t) != cfg.seeds]
+    own += [
+        f"{n}: {', '.join(map(str, spec['seeds']))}" for n, spec in cfg.methods.items() if (spec or {}).get("seeds")
+    ]
     return ", ".join(map(str, cfg.seeds)) + (f" ({'; '.join(own)})" if own else "")
 
 
@@ -169,7 +172,7 @@ def regime_text(cfg: BenchConfig) -> str:
         + (
             (
                 f" ({cfg.trials} trials per searched method, on {cfg.tune_split}"
-                + (f", {cfg.tune_seeds} seeds, {cfg.tune_setting} setting" if tuned_apart(cfg) else "")
+                + (f", {len(cfg.tuning_seeds)} seeds, {cfg.tune_setting} setting" if tuned_apart(cfg) else "")
                 + ")"
             )
             if cfg.hyperparameters == "search"

@@ -172,6 +172,11 @@ def _cells_of(rows: list[dict], task: str, name: str) -> set[str]:
     return {r["cell"] for r in rows if r["method"] == name and r["task"] == task} or {name}
 
 
+def _cell_of(rows: list[dict], task: str, name: str) -> str:
+    """The cell label behind row `name` (one of them: the cells of one row share a method's seeds)."""
+    return min(_cells_of(rows, task, name))
+
+
 def _seed_status(rows: list[dict], task: str, setting: str, budget, name: str, seed: int) -> str:
     """Why row `name` has no outcome in one seed at one budget: its cell's status ('does not fit: ...'), or
     'not run yet'."""
@@ -250,8 +255,10 @@ def _compare_pair(
 def _dropped_seeds(cfg: BenchConfig, rows: list[dict], task: str, setting: str, budget, seeds: list, sides) -> dict:
     """{planned seed left out of a comparison: why}; `sides` is ((a, a's rows by seed), (b, b's rows by seed))."""
     dropped = {}
+    # the seeds both sides plan to run (a method with its own `seeds` plans fewer: the others are not dropped)
+    planned = set.intersection(*(set(cfg.seeds_for(task, _cell_of(rows, task, n))) for n, _ in sides))
     for s in cfg.seeds_of(task):
-        if s in seeds:
+        if s in seeds or s not in planned:
             continue
         why = {n: _seed_status(rows, task, setting, budget, n, s) for n, h in sides if s not in h}
         # a seed neither side has run in yet is just that; otherwise which side, and why
