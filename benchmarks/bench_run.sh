@@ -8,7 +8,8 @@
 #
 # Runs `corp bench --config CONFIG --threads N --task TASK` (N: BENCH_THREADS, default 1; TASK: a task's label or spec) in a
 # retry loop (up to TRIES starts, default 20; a bad-input exit, status 2, is not retried: the same
-# config would fail the same way; too little memory now, status 75 from corp's memory check, is retried
+# config would fail the same way, and so is a cell that needs more memory than the machine has in all;
+# too little memory now, status 75 from corp's memory check, is retried
 # after BENCH_MEMORY_WAIT seconds, default 600, and not counted as a barren start). While it runs, and after each start, every new or changed cell
 # record of that task (RESULTS_DIR/NAME/cells/SLUG__*.json, finished cells only: corp writes a
 # record atomically once its cell is done) is committed, alone, with a message naming the cells;

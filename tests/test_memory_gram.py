@@ -31,6 +31,34 @@ def _qwen_15b_headers(path):
     return path
 
 
+@pytest.fixture(autouse=True)
+def _a_large_machine(monkeypatch):
+    """These tests are about what is available now: the machine's own total must not decide them."""
+    monkeypatch.setattr(memory, "total_gb", lambda: 1000.0)
+
+
+def test_a_run_larger_than_the_machine_is_refused_as_never_fitting_not_as_a_wait(tmp_path, monkeypatch):
+    """Planted: 25.8 GB needed on a machine of 23.5 GB in all (20 available): no other process's exit makes it
+    fit, so the refusal is a plain error (the CLI's status 2, which bench_run.sh does not retry), not
+    NotEnoughMemory (status 75, which it retried every 10 minutes for ever); under the machine's total it is
+    NotEnoughMemory as before."""
+    from corp.errors import NotEnoughMemory
+
+    model = _qwen_15b_headers(tmp_path / "qwen")
+    monkeypatch.setenv("CORP_VLLM_KV_GIB", "2")
+    monkeypatch.setattr(memory, "available_gb", lambda: 20.0)
+    run = {"engines": 1, "host_copy": "after", "workers": 2, "seeds": 4}
+    monkeypatch.setattr(memory, "total_gb", lambda: 23.5)
+    with pytest.raises(
+        CorpError, match=r"needs about 25\.8 GB.*of this machine's 23\.5 GB in all, so it never fits"
+    ) as err:
+        memory.check_memory(str(model), "vllm", "float32", gram_memory_gb=2.0, **run)
+    assert type(err.value) is CorpError and "\n" not in str(err.value)
+    monkeypatch.setattr(memory, "total_gb", lambda: 32.0)
+    with pytest.raises(NotEnoughMemory, match=r"20\.0 GB is available; free memory"):
+        memory.check_memory(str(model), "vllm", "float32", gram_memory_gb=2.0, **run)
+
+
 def test_the_gram_of_all_elites_beside_a_vllm_engine_is_refused_naming_gram_memory_gb(tmp_path, monkeypatch):
     """vllm, float32, population 4 (all elites: k = 4 > 2 rows a block), 2 workers, 24.4 GB available:
     the engine (18.3) and the Gram's two blocks of both 233M-element tensors (7.5) need 25.8: refused, naming

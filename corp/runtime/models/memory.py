@@ -34,7 +34,7 @@ import os
 from pathlib import Path
 
 from corp.algorithms.corp_operator.algebra import fp64_chunk
-from corp.errors import NotEnoughMemory
+from corp.errors import CorpError, NotEnoughMemory
 from corp.runtime.models.embedded import converted_dir
 
 GB = 1e9
@@ -65,6 +65,24 @@ def model_params(path: str | Path) -> tuple[int, str] | None:
     count = sum(math.prod(shape) for _, shape in tensors)
     stored = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}.get(tensors[0][0], "float32")
     return count, stored
+
+
+def total_gb() -> float:
+    """All the memory this machine gives a process: MemTotal, capped by a cgroup limit when one is set."""
+    total = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                total = int(line.split()[1]) * 1024
+    except OSError:
+        return float("inf")
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            total = min(total or 0, int(limit))
+    except (OSError, ValueError):
+        pass
+    return (total or 0) / GB
 
 
 def available_gb() -> float:
@@ -296,6 +314,17 @@ def check_memory(
     cheaper = [lighter] if trained and lighter else []
     if not trained:
         cheaper.append(_smaller_gram(sizes, params, stored, dtype, run, gram_memory_gb, beside))
+    line = f"{model} ({params / 1e9:.2f}B parameters, {dtype}) on {where} needs about {need:.1f} GB ({held}) and "
+    others = _other_ways(cheaper, dtype, engines, clients)
+    if need > (total := total_gb()):  # no other process's exit makes it fit: not a state to wait out (exit 2, not 75)
+        raise CorpError(
+            f"{line}{have:.1f} GB is available of this machine's {total:.1f} GB in all, so it never fits here{others}"
+        )
+    raise NotEnoughMemory(f"{line}{have:.1f} GB is available; free memory{others}")
+
+
+def _other_ways(cheaper: list[str], dtype: str, engines: int, clients: int) -> str:
+    """The refusal's tail: the cheaper ways to run it ("" when none)."""
     if dtype == "float32":
         cheaper.append("--dtype bfloat16 halves the weights")
     if engines > 1:
@@ -303,7 +332,4 @@ def check_memory(
     if clients:
         cheaper.append("fewer --clients (each holds a model of its own)")
     cheaper = [c for c in cheaper if c]
-    raise NotEnoughMemory(
-        f"{model} ({params / 1e9:.2f}B parameters, {dtype}) on {where} needs about {need:.1f} GB ({held}) and "
-        f"{have:.1f} GB is available; free memory" + (f", or: {'; '.join(cheaper)}" if cheaper else "")
-    )
+    return f", or: {'; '.join(cheaper)}" if cheaper else ""
