@@ -116,6 +116,43 @@ def test_per_tensor_runs_tasks_at_once_each_with_its_own_scratch(monkeypatch):
     }  # reused
 
 
+def test_a_consumer_that_stops_does_not_wait_for_a_long_running_task(monkeypatch):
+    """Planted: the consumer fails on the first result while another worker runs a task that would take 60 s
+    (as one tensor's Gram part does at 1.5B): the stop reaches the running task (Scratch.stop), which ends, so
+    leaving per_tensor takes seconds; the old code waited for the task (a stopped bench hung on it). And a
+    Gram part whose stop is set ends before its first block pair."""
+    import threading
+    import time
+
+    import corp.algorithms.perturb.direction as direction_module
+    from corp.algorithms.corp_operator.algebra import Stopped, _tensor_gram
+
+    monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: 2)
+    started = threading.Event()
+
+    def task(name, shape, scratch):
+        if name == "long":
+            started.set()
+            for _ in range(600):  # 60 s unless stopped
+                if scratch.stop.is_set():
+                    raise RuntimeError(f"{name} stopped")
+                time.sleep(0.1)
+            return name
+        started.wait(10)
+        return name
+
+    items = [("long", torch.Size((9,))), ("short", torch.Size((3,)))]
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="consumer failed"):
+        for _ in direction_module.per_tensor(task, items):
+            raise RuntimeError("consumer failed")
+    assert time.monotonic() - t0 < 10
+    stop = threading.Event()
+    stop.set()
+    with pytest.raises(Stopped):
+        _tensor_gram([1, 2], "w", (4, 4), torch.Generator(), 1 << 20, "corp-noise-v2", stop)
+
+
 def test_workers_run_torch_operators_on_one_thread_and_the_main_thread_keeps_its_count(monkeypatch):
     # W workers with OpenMP teams of their own would run W x T threads on T cores
     import ctypes

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -50,7 +51,7 @@ def gram_matrix(
 
     def partial(name: str, shape, scratch: Scratch) -> tuple[str, torch.Tensor]:
         """This tensor's part of G, on a worker (`scratch.gen` is its own generator)."""
-        return name, _tensor_gram(seeds, name, shape, scratch.gen, budget, scheme)
+        return name, _tensor_gram(seeds, name, shape, scratch.gen, budget, scheme, scratch.stop)
 
     parts = per_tensor(partial, [(name, torch.Size(shape)) for name, shape in params])
     _add_in_order(G, params, parts, progress)
@@ -90,10 +91,21 @@ def _stack_noise(
     return out
 
 
+class Stopped(Exception):
+    """A Gram part that ended early because its caller stopped (`Scratch.stop`): its result would be dropped."""
+
+
 def _tensor_gram(
-    seeds: Sequence[int], name: str, shape, gen: torch.Generator, budget: int, scheme: str
+    seeds: Sequence[int],
+    name: str,
+    shape,
+    gen: torch.Generator,
+    budget: int,
+    scheme: str,
+    stop: threading.Event | None = None,
 ) -> torch.Tensor:
-    """One tensor's part of G, in row blocks that fit the per-worker memory budget."""
+    """One tensor's part of G, in row blocks that fit the per-worker memory budget; ends with `Stopped`
+    between two block pairs once `stop` is set (its caller is gone: a stopped run need not wait for it)."""
     k = len(seeds)
     n = int(np.prod(shape))
     part = torch.zeros((k, k), dtype=torch.float64)
@@ -106,6 +118,8 @@ def _tensor_gram(
         SI = SJ = None
         SI = _stack_noise(seeds, I, name, shape, gen, scheme)
         for J in blocks[bi:]:
+            if stop is not None and stop.is_set():
+                raise Stopped(f"the Gram part of {name}: its caller stopped")
             SJ = None
             SJ = SI if J is I else _stack_noise(seeds, J, name, shape, gen, scheme)
             acc = _block_product(SI, SJ, I, J, n, budget)

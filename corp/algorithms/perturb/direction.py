@@ -92,6 +92,7 @@ class Scratch:
     def __init__(self) -> None:
         self.gen = torch.Generator(device="cpu")
         self._bufs: dict[str, torch.Tensor] = {}
+        self.stop = threading.Event()  # set by per_tensor once its caller is gone: a long task may end early
 
     def buffer(self, slot: str, numel: int) -> torch.Tensor:
         """A flat fp32 buffer of at least `numel` elements, one per slot ("noise", "tmp")."""
@@ -132,10 +133,11 @@ def per_tensor(fn: Callable, items: Sequence[tuple[str, torch.Size]], scratch: S
     fresh one). Only for per-tensor work whose result does not depend on the thread it ran on or
     on the order of the tensors."""
     pool = scratch or ScratchPool()
-    order = sorted(items, key=lambda it: -it[1].numel())
+    order, stop = sorted(items, key=lambda it: -it[1].numel()), threading.Event()
 
     def task(item):
         own = pool.take()
+        own.stop = stop
         try:
             with torch.no_grad():  # grad mode is per thread: a worker starts with it on
                 return fn(item[0], item[1], own)
@@ -148,16 +150,14 @@ def per_tensor(fn: Callable, items: Sequence[tuple[str, torch.Size]], scratch: S
     ):  # inside a worker: no nesting
         yield from map(task, order)
         return
-    # The workers live for one call. Kept alive between calls, they would count as OpenMP threads
-    # while the model generates, and libgomp cuts its spinning when it counts more threads than
-    # cores: generation with a spinning wait policy ran 1.4x slower beside an idle pool
-    # (results/step-search/README.md).
+    # The workers live for one call. Kept alive between calls, they would count as OpenMP threads while the model
+    # generates, and libgomp then cuts its spinning: generation ran 1.4x slower beside an idle pool (step-search).
     with ThreadPoolExecutor(
         workers, thread_name_prefix=_WORKER_PREFIX, initializer=serial_ops_in_this_thread
     ) as executor:
-        # at most 2 tasks per worker submitted and not yet consumed: a caller that streams the
-        # results (a weights iterator) holds a few tensors at a time, not a copy of the model; and
-        # results come as they finish, so one long tensor does not hold the other workers up
+        # at most 2 tasks per worker submitted and not yet consumed: a caller that streams the results (a weights
+        # iterator) holds a few tensors at a time, not a copy of the model; and results come as they finish, so
+        # one long tensor does not hold the other workers up
         todo = iter(order)
         running = {executor.submit(task, item) for item in itertools.islice(todo, 2 * workers)}
         try:
@@ -167,6 +167,7 @@ def per_tensor(fn: Callable, items: Sequence[tuple[str, torch.Size]], scratch: S
                     running |= {executor.submit(task, item) for item in itertools.islice(todo, 1)}
                     yield future.result()
         finally:
+            stop.set()  # what runs may end early too (one tensor's Gram part at 1.5B runs for hours)
             for future in running:  # an error, or a consumer that stopped early: drop what has not started
                 future.cancel()
 
