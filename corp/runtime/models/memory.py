@@ -67,41 +67,33 @@ def model_params(path: str | Path) -> tuple[int, str] | None:
     return count, stored
 
 
-def total_gb() -> float:
-    """All the memory this machine gives a process: MemTotal, capped by a cgroup limit when one is set."""
-    total = None
+def _memory_gb(field: str, cgroup_room) -> float:
+    """/proc/meminfo's `field`, capped by what `cgroup_room(limit)` leaves under a cgroup limit when one is set;
+    infinite where there is no /proc/meminfo (not Linux: nothing to check with)."""
+    found = None
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                total = int(line.split()[1]) * 1024
+            if line.startswith(f"{field}:"):
+                found = int(line.split()[1]) * 1024
     except OSError:
         return float("inf")
     try:
         limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
         if limit != "max":
-            total = min(total or 0, int(limit))
+            found = min(found or 0, cgroup_room(int(limit)))
     except (OSError, ValueError):
         pass
-    return (total or 0) / GB
+    return (found or 0) / GB
+
+
+def total_gb() -> float:
+    """All the memory this machine gives a process: MemTotal, capped by a cgroup limit when one is set."""
+    return _memory_gb("MemTotal", lambda limit: limit)
 
 
 def available_gb() -> float:
     """Memory this process may still take: MemAvailable, capped by a cgroup limit when one is set."""
-    avail = None
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                avail = int(line.split()[1]) * 1024
-    except OSError:
-        return float("inf")  # not Linux: nothing to check with
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-        if limit != "max":
-            avail = min(avail or 0, int(limit) - used)
-    except (OSError, ValueError):
-        pass
-    return (avail or 0) / GB
+    return _memory_gb("MemAvailable", lambda limit: limit - int(Path("/sys/fs/cgroup/memory.current").read_text()))
 
 
 def estimate_gb(
