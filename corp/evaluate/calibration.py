@@ -154,6 +154,12 @@ def calibrate_sigmas(ctx: RunContext, score: Callable, option: str = "sigmas") -
     return out
 
 
+def charge(ledger, cal: dict):
+    """`ledger` with a calibration's generations (calibration.json's own ledger) added: what choosing the noise
+    scales cost, charged to whatever reads them (a population's selection, ES's training)."""
+    return ledger.add_generation(cal["ledger"]["prompt_tokens"], cal["ledger"]["generated_tokens"])
+
+
 def calibration_flag(cal: dict | None, option: str = "sigmas") -> dict | None:
     """report.json's edge flag when the calibration never bracketed its target (it used a bound); `option`:
     the field that fixes the scales instead (`sigmas`, or ES's `sigma`)."""

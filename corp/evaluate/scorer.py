@@ -29,7 +29,7 @@ from corp.algorithms.perturb import specialist_seeds
 from corp.config import PopulationConfig, in_scales
 from corp.errors import CorpError
 from corp.evaluate import racing
-from corp.evaluate.calibration import CALIBRATION_FILE, RULE, calibrate_sigmas, is_auto
+from corp.evaluate.calibration import CALIBRATION_FILE, RULE, calibrate_sigmas, charge, is_auto
 from corp.evaluate.racing import RACED, latest_rows
 from corp.evaluate.rewards import IN_PROCESS
 from corp.runtime.context import (
@@ -380,7 +380,7 @@ def selection_ledger(ctx: RunContext, rows: Sequence[dict]) -> Ledger:
     led = rows_ledger(ctx, rows)
     cal = (ctx.population_source or {}).get("calibration")
     if cal:
-        led.add_generation(cal["ledger"]["prompt_tokens"], cal["ledger"]["generated_tokens"])
+        charge(led, cal)
     return led
 
 

@@ -70,6 +70,7 @@ from corp.evaluate.calibration import (
     RULE,
     calibrate_sigmas,
     calibration_flag,
+    charge,
     is_auto,
     scale_line,
 )
@@ -397,7 +398,7 @@ def _run_es(cfg: ESConfig, ctx) -> Outputs:
     )
     sel = ctx.ledger().add_rows(scored.rows.values())
     if cal:  # the calibration that chose sigma is part of what training cost
-        sel.add_generation(cal["ledger"]["prompt_tokens"], cal["ledger"]["generated_tokens"])
+        charge(sel, cal)
     ids = ctx.example_ids("test")
     held = loop.done  # what the centre holds (a run trained further than asked says so), as saved
     n_support = len(ctx.splits["support"])
