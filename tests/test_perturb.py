@@ -150,7 +150,7 @@ def test_a_consumer_that_stops_does_not_wait_for_a_long_running_task(monkeypatch
     stop = threading.Event()
     stop.set()
     with pytest.raises(Stopped):
-        _tensor_gram([1, 2], "w", (4, 4), torch.Generator(), 1 << 20, "corp-noise-v2", stop)
+        _tensor_gram([1, 2], "w", (4, 4), 1 << 20, "corp-noise-v2", stop)
 
 
 def test_workers_run_torch_operators_on_one_thread_and_the_main_thread_keeps_its_count(monkeypatch):
@@ -376,3 +376,28 @@ def test_a_prefetched_specialist_has_the_bits_of_one_applied_from_scratch(tiny_m
     pert.move_base([Component(3, 0.05, 1.0)])  # the base moved: a prefetch built on the old one is dropped
     assert pert._prefetched is None
     pert.restore()
+
+
+@pytest.mark.parametrize("scheme", ["corp-noise-v2", "corp-noise-v1", "corp-lowrank-v1:r=4"])
+def test_a_noise_stream_in_pieces_has_the_bits_of_one_noise_call(scheme):
+    """CoRP's Gram matrix draws each seed's noise piece by piece (`NoiseStream`): the pieces must be the bits of
+    `noise()`. Planted where torch's randn differs: lengths not a multiple of 16 (it draws the last 16 again),
+    under 16 (a scalar path), a remainder under 16 (joins the last piece), and low-rank rows."""
+    from corp.algorithms.perturb.noise import NoiseStream, piece_bounds
+
+    for shape in [(7,), (15,), (16,), (17,), (33,), (40, 30), (1001,), (999, 37), (5, 7), (4, 1 << 15)]:
+        full = noise(12345, "w", shape, scheme=scheme).flatten()
+        for piece in (16, 17, 32, 100, 1000, 1 << 20):
+            bounds = piece_bounds(shape, piece, scheme)
+            assert bounds[0][0] == 0 and bounds[-1][1] == full.numel()
+            assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+            stream, out = NoiseStream(12345, "w", shape, scheme), torch.empty(full.numel())
+            for a, b in bounds:
+                stream.fill(out[a:b], a, b)
+            assert torch.equal(out, full), (shape, piece)
+    # a naive cut (pieces of 10, the last of 1) gives other numbers: the rule is what keeps the bits
+    gen = torch.Generator().manual_seed(3)
+    naive = torch.cat([torch.randn(10, generator=gen) for _ in range(3)] + [torch.randn(1, generator=gen)])
+    assert not torch.equal(naive, torch.randn(31, generator=torch.Generator().manual_seed(3)))
+    with pytest.raises(ValueError, match="in order"):
+        NoiseStream(1, "w", (64,), scheme).fill(torch.empty(16), 16, 32)

@@ -20,8 +20,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from corp.algorithms.perturb import SCHEME_VERSION, Component, Direction, noise
+from corp.algorithms.perturb import SCHEME_VERSION, Component, Direction
 from corp.algorithms.perturb.direction import Scratch, per_tensor
+from corp.algorithms.perturb.noise import NoiseStream, piece_bounds
 
 
 def gram_matrix(
@@ -35,9 +36,8 @@ def gram_matrix(
     """G_ij = <eps(seed_i), eps(seed_j)> over all `params`, accumulated in fp64 (noise of `scheme`,
     the run's: a population scored under an older scheme keeps its meaning).
 
-    Noise is regenerated tensor by tensor, tensors on parallel workers (`per_tensor`); when a
-    tensor's stacked noise for all seeds would exceed the memory budget (per worker), seeds are
-    processed in row blocks (regenerating a block once per pair).
+    Noise is regenerated tensor by tensor, tensors on parallel workers (`per_tensor`), each seed's noise
+    drawn once, in column pieces that fit the memory budget (per worker; `_tensor_gram`).
     With `cache_dir`, the result is stored there keyed by (noise scheme, tensors, seeds), so a
     resumed run does not pay for it twice.
     """
@@ -45,13 +45,13 @@ def gram_matrix(
         return _cached_gram(params, seeds, memory_gb, progress, cache_dir, scheme)
     k = len(seeds)
     G = torch.zeros((k, k), dtype=torch.float64)
-    # The budget is per worker (each stacks its own tensor's noise) so that the row blocks, and
-    # with them the bits of G, do not depend on how many workers ran.
+    # The budget is per worker (each holds its own tensor's pieces) so that the pieces, and with them the
+    # bits of G, do not depend on how many workers ran.
     budget = max(1, int(memory_gb * 2**30))
 
     def partial(name: str, shape, scratch: Scratch) -> tuple[str, torch.Tensor]:
-        """This tensor's part of G, on a worker (`scratch.gen` is its own generator)."""
-        return name, _tensor_gram(seeds, name, shape, scratch.gen, budget, scheme, scratch.stop)
+        """This tensor's part of G, on a worker (its seeds' streams bring their own generators)."""
+        return name, _tensor_gram(seeds, name, shape, budget, scheme, scratch.stop)
 
     parts = per_tensor(partial, [(name, torch.Size(shape)) for name, shape in params])
     _add_in_order(G, params, parts, progress)
@@ -80,17 +80,6 @@ def _cached_gram(
     return G
 
 
-def _stack_noise(
-    seeds: Sequence[int], idx: Sequence[int], name: str, shape, gen: torch.Generator, scheme: str
-) -> torch.Tensor:
-    """The noise of tensor `name` for the seeds at `idx`, one flat fp32 row each."""
-    n = int(np.prod(shape))
-    out = torch.empty((len(idx), n), dtype=torch.float32)
-    for r, i in enumerate(idx):
-        noise(seeds[i], name, shape, gen, out=out[r].view(shape), scheme=scheme)
-    return out
-
-
 class Stopped(Exception):
     """A Gram part that ended early because its caller stopped (`Scratch.stop`): its result would be dropped."""
 
@@ -99,46 +88,40 @@ def _tensor_gram(
     seeds: Sequence[int],
     name: str,
     shape,
-    gen: torch.Generator,
     budget: int,
     scheme: str,
     stop: threading.Event | None = None,
 ) -> torch.Tensor:
-    """One tensor's part of G, in row blocks that fit the per-worker memory budget; ends with `Stopped`
-    between two block pairs once `stop` is set (its caller is gone: a stopped run need not wait for it)."""
+    """One tensor's part of G: every seed's noise drawn once, in column pieces (`gram_piece` elements, so a
+    piece of all k seeds in fp32 and its fp64 copy fit the per-worker budget), each piece's k x k product
+    added in fp64; ends with `Stopped` between two pieces once `stop` is set (its caller is gone: a stopped
+    run need not wait for it). Before 2026-12-07 the seeds went in row blocks and each pair of blocks drew
+    its noise again: the 1.5B model's two 233M-element matrices, at one row a block, drew each elite's
+    noise about 47 times (3 hours a seed for 94 elites). G is the same sum in another order (fp64 rounding)."""
     k = len(seeds)
-    n = int(np.prod(shape))
+    bounds = piece_bounds(shape, gram_piece(k, budget), scheme)
+    width = max(b - a for a, b in bounds)
+    streams = [NoiseStream(s, name, shape, scheme) for s in seeds]
+    S = torch.empty((k, width), dtype=torch.float32)
+    D = torch.empty((k, width), dtype=torch.float64)
     part = torch.zeros((k, k), dtype=torch.float64)
-    rows = max(1, min(k, budget // (4 * n)))
-    blocks = [list(range(s, min(s + rows, k))) for s in range(0, k, rows)]
-    # A name still bound to the last block keeps it alive while the next is drawn: dropping each before
-    # drawing its successor holds two blocks per worker, not three (the budget's blocks for the 1.5B model's
-    # embedding are 1.9 GB each).
-    for bi, I in enumerate(blocks):  # noqa: E741  (I, J: the block index sets of the notation)
-        SI = SJ = None
-        SI = _stack_noise(seeds, I, name, shape, gen, scheme)
-        for J in blocks[bi:]:
-            if stop is not None and stop.is_set():
-                raise Stopped(f"the Gram part of {name}: its caller stopped")
-            SJ = None
-            SJ = SI if J is I else _stack_noise(seeds, J, name, shape, gen, scheme)
-            acc = _block_product(SI, SJ, I, J, n, budget)
-            part[np.ix_(I, J)] = acc
-            if J is not I:
-                part[np.ix_(J, I)] = acc.T
+    for a, b in bounds:
+        if stop is not None and stop.is_set():
+            raise Stopped(f"the Gram part of {name}: its caller stopped")
+        for r, stream in enumerate(streams):
+            stream.fill(S[r, : b - a], a, b)
+        d = D[:, : b - a]
+        d.copy_(S[:, : b - a])
+        part += d @ d.T
     return part
 
 
-def _block_product(
-    SI: torch.Tensor, SJ: torch.Tensor, block_i: Sequence[int], block_j: Sequence[int], n: int, budget: int
-) -> torch.Tensor:
-    """SI @ SJ.T (the block pair I, J) in fp64, summed over column chunks (`fp64_chunk`) so the
-    fp64 copies fit the budget."""
-    acc = torch.zeros((len(block_i), len(block_j)), dtype=torch.float64)
-    chunk = fp64_chunk(len(block_i), len(block_j), budget)
-    for c in range(0, n, chunk):
-        acc += SI[:, c : c + chunk].double() @ SJ[:, c : c + chunk].double().T
-    return acc
+def gram_piece(seeds: int, budget: int) -> int:
+    """Elements per seed in one column piece of a tensor's Gram part: 1M (the fp64 chunk the row-block Gram
+    summed over, so where one block held every seed G keeps its bits), fewer where the piece of all `seeds`
+    in fp32 and its fp64 copy (12 bytes an element) would pass the per-worker `budget`; at least 16 (torch's
+    randn group)."""
+    return max(16, min(1 << 20, budget // (12 * max(1, seeds))))
 
 
 def _add_in_order(G: torch.Tensor, params: Sequence[tuple[str, torch.Size]], parts, progress: bool) -> None:
@@ -155,15 +138,6 @@ def _add_in_order(G: torch.Tensor, params: Sequence[tuple[str, torch.Size]], par
             added += 1
         bar.update(1)
     bar.close()
-
-
-def fp64_chunk(rows_i: int, rows_j: int, budget: int) -> int:
-    """Elements per row of one fp64 matmul chunk of a Gram block: 1M (what it always was, so the
-    bits of G are unchanged up to 128 rows in a block pair), fewer where the chunk's two fp64 copies
-    would pass half the memory budget. With 1M always, a block of 500 specialists on a 0.9M-element
-    tensor copied 7 GB in fp64 beside its 1.8 GB fp32 stack, past the budget: a population in
-    CoRP's regime (hundreds) took 11-19 GB and was killed for memory on a 24 GB machine."""
-    return max(1, min(1 << 20, (budget // 2) // (8 * (rows_i + rows_j))))
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

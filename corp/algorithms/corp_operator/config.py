@@ -54,7 +54,7 @@ class OperatorConfig:
     pc_mix: float = 0.5
     """Stage 2: share of the local noise variance along the principal directions (0..1)."""
     gram_memory_gb: float = 2.0
-    """Memory budget for the stacked noise used to build the exact Gram matrix, per worker thread (tensors are built in parallel, one worker per torch thread)."""
+    """Memory budget for the exact Gram matrix's column pieces of noise (every elite's, fp32 and fp64), per worker thread (tensors are built in parallel, one worker per torch thread); each elite's noise is drawn once whatever the budget."""
     merge_memory_gb: float = 4.0
     """Step search: memory for merged directions built together (one fp32 copy of the perturbed weights each); directions built together generate each elite's noise once."""
 

@@ -30,9 +30,12 @@ reuses it for every tensor, so all same-shaped tensors get identical noise.
 from __future__ import annotations
 
 import hashlib
+import math
 
 import torch
 
+from corp.algorithms.perturb.lowrank_noise import dense as lowrank_dense
+from corp.algorithms.perturb.lowrank_noise import factors as lowrank_factors
 from corp.algorithms.perturb.lowrank_noise import lowrank_noise, lowrank_rank
 
 # the scheme's public names, re-exported
@@ -86,3 +89,58 @@ def specialist_seeds(master_seed: int, n: int) -> list[int]:
     Seed i depends only on (master_seed, i), so growing a population keeps its first members.
     """
     return derive_seeds("corp-specialist", master_seed, n=n)
+
+
+# torch's CPU randn fills fp32 16 numbers at a time (Box-Muller over pairs 8 apart) and, for a length that is
+# not a multiple of 16, draws the last 16 again; under 16 it takes a scalar path. So consecutive calls give the
+# numbers of one call only when every piece but the last is a multiple of 16 and the last has at least 16.
+_RANDN_GROUP = 16
+
+
+def piece_bounds(shape, piece: int, scheme: str = SCHEME_VERSION) -> list[tuple[int, int]]:
+    """[start, stop) ranges of a tensor's flattened noise, about `piece` elements each, that `NoiseStream`
+    draws one after another with the bits of one `noise()` call: under a full-rank scheme multiples of 16
+    (`_RANDN_GROUP`) with the last one at least 16 long (it takes the remainder), under a low-rank scheme
+    whole rows of the matrix (a 1-D tensor, zeros, in one piece)."""
+    n = math.prod(int(d) for d in shape)
+    if lowrank_rank(scheme) is not None and scheme not in SCHEMES:
+        if len(tuple(shape)) < 2:
+            return [(0, n)]
+        cols = int(tuple(shape)[1])
+        step = max(1, piece // max(cols, 1)) * cols
+    else:
+        step = max(_RANDN_GROUP, piece // _RANDN_GROUP * _RANDN_GROUP)
+    starts = list(range(0, n, step)) or [0]
+    if len(starts) > 1 and n - starts[-1] < _RANDN_GROUP:
+        starts.pop()  # a remainder under 16 joins the piece before it
+    return [(a, b) for a, b in zip(starts, [*starts[1:], n])]
+
+
+class NoiseStream:
+    """The noise of tensor `name` of specialist `seed`, drawn piece by piece (`piece_bounds`, in order): the
+    pieces concatenated are `noise(seed, name, shape, scheme=scheme).flatten()`, bit for bit (tested). Each
+    stream keeps a generator of its own, so many seeds' streams can advance side by side and a tensor's noise
+    is drawn once per seed however it is cut: CoRP's Gram matrix holds a column piece of every elite at a
+    time instead of redrawing whole rows for every pair of row blocks."""
+
+    def __init__(self, seed: int, name: str, shape, scheme: str = SCHEME_VERSION):
+        self.shape, self.scheme, self._at = tuple(int(d) for d in shape), scheme, 0
+        if lowrank_rank(scheme) is not None and scheme not in SCHEMES:
+            self._factors = lowrank_factors(seed, name, self.shape, scheme)
+            self._gen = None
+        else:
+            self._factors = None
+            self._gen = seed_generator(torch.Generator(device="cpu"), noise_key(seed, name, scheme), scheme)
+
+    def fill(self, out: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """Writes the flat noise [start, stop) into `out` (1-D fp32 of stop - start): the next piece."""
+        if start != self._at:
+            raise ValueError(f"NoiseStream: piece [{start}, {stop}) asked for at {self._at}; pieces come in order")
+        self._at = stop
+        if self._gen is not None:
+            return torch.randn(stop - start, generator=self._gen, out=out)
+        if self._factors is None:  # a 1-D tensor under a low-rank scheme: no noise
+            return out.zero_()
+        A, B = self._factors
+        cols = self.shape[1]
+        return lowrank_dense(A[start // cols : stop // cols], B, out=out.view(-1, cols)).view(-1)

@@ -7,9 +7,9 @@ clients score with the run's own backend, corp.methods.fedcorp.run.CorpClient, w
 and every FGRPO client hold a model of their own, each counted as one more engine's run: `clients`):
 - hf: the model in its dtype, and the Perturber's noise buffers (one per worker, as large as the
   largest tensors: `noise_buffers_gb`);
-- CoRP's Gram matrix, on either backend: the noise blocks its workers hold (`gram_work_gb`), which
-  grow with the elites until a block reaches --gram-memory-gb (a block pair is up to twice it; counted
-  at the population: the elites are not known before scoring);
+- CoRP's Gram matrix, on either backend: the column pieces of noise its workers hold (`gram_work_gb`),
+  which grow with the elites until a piece reaches --gram-memory-gb (counted at the population: the elites
+  are not known before scoring);
 - vllm (per engine): the engine's weights, corp's pristine copy of them in the engine's dtype (a
   specialist is a reload of base + noise, never a subtraction; when the engine runs in the
   checkpoint's own dtype that copy is the checkpoint file itself, mapped copy-on-write by
@@ -33,7 +33,7 @@ import math
 import os
 from pathlib import Path
 
-from corp.algorithms.corp_operator.algebra import fp64_chunk
+from corp.algorithms.corp_operator.algebra import gram_piece
 from corp.errors import CorpError, NotEnoughMemory
 from corp.runtime.models.embedded import converted_dir
 
@@ -166,19 +166,14 @@ def noise_buffers_gb(sizes: list[int], workers: int) -> float:
 
 
 def gram_work_gb(sizes: list[int], gram_memory_gb: float, workers: int, seeds: int) -> float:
-    """CoRP's Gram matrix on the host (`corp_operator.algebra._tensor_gram`): each of the `workers`
-    workers, on one of the largest tensors at once (n elements), draws its noise for the `seeds`
-    seeds in row blocks of `rows = min(seeds, budget // 4n)` (at least 1) and holds two blocks (SI and
-    SJ; one when one block holds every seed) plus the fp64 copies of a column chunk of each
-    (`fp64_chunk`). The budget (`--gram-memory-gb`, GiB) bounds the blocks only roughly: a tensor larger
-    than it still takes a row, and a pair of blocks is twice it. The 1.5B model's untied embedding and
-    output matrix (233M elements each) on 2 workers, 4 seeds, 2 GiB: 7.5 GB (1 GiB: 3.8 GB). `sizes`:
-    the checkpoint's `tensor_sizes`."""
+    """CoRP's Gram matrix on the host (`corp_operator.algebra._tensor_gram`): each of the `workers` workers, on
+    one of the largest tensors at once (n elements), holds a column piece of that tensor's noise for all the
+    `seeds` seeds in fp32 and its fp64 copy: 12 bytes for each of `seeds` x min(n, piece + 15) elements
+    (`gram_piece`, which keeps it within the budget, `--gram-memory-gb` GiB; a remainder under 16 joins the
+    last piece). `sizes`: the checkpoint's `tensor_sizes`."""
     budget, k, total = max(1, int(gram_memory_gb * 2**30)), max(1, seeds), 0
     for n in _largest_first(sizes, workers):
-        rows = max(1, min(k, budget // (4 * n)))
-        stacks = 1 if k <= rows else 2
-        total += stacks * rows * 4 * n + 8 * 2 * rows * min(n, fp64_chunk(rows, rows, budget))
+        total += 12 * k * min(n, gram_piece(k, budget) + 15)
     return total / GB
 
 
@@ -231,7 +226,7 @@ def _smaller_gram(
     for smaller in (1.0, 0.5, 0.25):
         if gram_memory_gb and smaller < gram_memory_gb:
             if need_gb(_run_parts(sizes, params, stored, dtype, run, smaller)) + beside <= have:
-                return f"--gram-memory-gb {smaller:g} builds the Gram matrix in smaller noise blocks"
+                return f"--gram-memory-gb {smaller:g} builds the Gram matrix in narrower noise pieces"
     return ""
 
 
