@@ -191,7 +191,7 @@ def estimate(
             # its options, not its setting, so a trial in the final setting's splits reads its seed's;
             # a sigma trial of s of the bench's S scales needs S/s times the specialists scored (up to population x S)
             pop_key = (c.task, c.seed, n_sup, str(c.opts.get("noise", "full")))
-            n_top = min(cfg.population, math.floor(top / spec_cost) + 1)
+            n_top = min(cfg.population, math.floor(top * c.share / spec_cost) + 1)
             chosen = c.opts.get("from_sigmas")
             share = 1.0 if chosen is None else len(cfg.sigmas) / len(chosen)
             need = min(cfg.population * len(cfg.sigmas), math.ceil(n_top * share))
@@ -200,8 +200,8 @@ def estimate(
             if c.method == "consolidate":
                 own = corp_passes * per_ex * (cfg.n_probe + cfg.n_validation)
                 secs[key] += corp_tries * own / RATES["support"] + e_eval
-                spent[part] += c.budget + (corp_tries - 1.0) * own
-                n = math.floor((c.budget - own) / spec_cost)
+                spent[part] += c.spend + (corp_tries - 1.0) * own
+                n = math.floor((c.spend - own) / spec_cost)
                 if c.budget == top and c.setting != "tune":
                     regime[c.label] = (
                         f"{min(n, cfg.population)} specialists at the top budget ({own:.2g} FLOPs of own evaluations), "
@@ -211,9 +211,9 @@ def estimate(
             else:
                 k = max([int(x) for x in str(c.opts.get("top_k", "1")).strip("[]").split(",") if x.strip()] or [1])
                 secs[key] += k * e_eval
-                spent[part] += c.budget
+                spent[part] += c.spend
                 if c.budget == top and c.setting != "tune":
-                    n = min(math.floor(c.budget / spec_cost), cfg.population)
+                    n = min(math.floor(c.spend / spec_cost), cfg.population)
                     regime.setdefault(f"{c.label} ({c.setting})", f"{n} specialists at the top budget")
                     reached.setdefault(f"{c.label} ({c.setting})", {"method": c.method, "units": n})
             if c.setting == "tune":

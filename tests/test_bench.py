@@ -2114,6 +2114,7 @@ def test_a_methods_budget_share_caps_what_its_trials_and_finals_spend_while_its_
     the budget, its record keeps the budget and says the share, and its file name differs from the uncharged
     cell's (a record never stands for both). Other methods keep the whole budget."""
     from corp.bench.plan import plan
+    from corp.bench.records import check_record
     from corp.bench.sweep import Bench
 
     base = {"results_dir": str(tmp_path), "work_dir": str(tmp_path / "w"), "budgets": [30.0]}
@@ -2133,10 +2134,13 @@ def test_a_methods_budget_share_caps_what_its_trials_and_finals_spend_while_its_
         assert next(c for c in cells if c.method == "randopt").share == 1.0
         rec = bench._iterative(es)
         spent[share] = (rec["units"], es.record_name(), bench._head(es))
+        check_record({**bench._empty(es, "planted"), **bench._head(es)})  # a record with its share is a valid record
+        assert cfg.row_share("es") == (share or 1.0) and cfg.row_share("base") == 1.0
     assert 26 <= spent[None][0] <= 30 and "budget_share" not in spent[None][2]
     assert 16 <= spent[0.6][0] <= 18, spent[0.6]  # 0.6 x 30
     assert spent[0.6][2]["budget"] == 30.0 and spent[0.6][2]["budget_share"] == 0.6
     assert spent[0.6][1] != spent[None][1] and "__share0.6__" in spent[0.6][1]
+    assert spent[0.6][1].split("__")[-1] != spent[None][1].split("__")[-1]  # its run is not the uncharged one
 
 
 @pytest.mark.parametrize("bad", [0, 1.5, -0.2, True, "half"])

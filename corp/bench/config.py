@@ -362,6 +362,15 @@ class BenchConfig:
         compared at the budget."""
         return float((self.methods.get(method) or {}).get("budget_share") or 1.0)
 
+    def row_share(self, row: str) -> float:
+        """The budget share of the method a table row comes from (LABEL, LABEL:NAME or LABEL/randopt-...: a method's
+        name or one of its variants' labels); 1 for a row no method names (the base)."""
+        label = row.split("/")[0].split(":")[0]
+        for name, spec in self.methods.items():
+            if label in (name, *((spec or {}).get("variants") or {})):
+                return self.budget_share(name)
+        return 1.0
+
     def units_cap(self, method: str) -> int:
         """The most units an iterative method may train: its own `max_units` (a method whose unit
         costs far more time than its FLOPs say, e.g. ES's weight reloads), else the bench's."""

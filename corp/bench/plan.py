@@ -85,18 +85,21 @@ class Cell:
         """Identity of the cell's run directory: its options (for iterative cells without the unit,
         so every budget continues one training run)."""
         skip = set(NOT_IDENTITY) | ({self.adapter.unit} if self.adapter.kind == ITERATIVE else set())
+        # a share other than 1 is part of it: a run grown under another share is not this cell's
+        share = {} if self.share == 1.0 else {"budget_share": self.share}
         return short_hash(
             {
                 "method": self.method,
                 "bench_protocol": BENCH_PROTOCOL,
                 **{k: v for k, v in self.opts.items() if k not in skip},
+                **share,
             }
         )
 
     def record_name(self) -> str:
         budget = "fixed" if self.budget is None else f"{self.budget:.3e}"
         trial = "" if self.trial is None else f"__t{self.trial}"
-        share = "" if self.share == 1.0 else f"__share{self.share:g}"
+        share = "" if self.share == 1.0 else f"__share{self.share:.6g}"
         return (
             f"{file_slug(self.task_label or self.task)}__{self.setting}__s{self.seed}__{file_slug(self.label)}{trial}"
             f"__{budget}{share}__{self.run_key()[:10]}.json"
