@@ -187,7 +187,10 @@ def _run_code(src: str, filename: str, g: dict) -> tuple[int, bool]:
 
 
 def serve(chan: Channel, g: dict) -> None:
-    """The program's side of the tests: report its names, then answer calls until the tester leaves."""
+    """The program's side of the tests: report its names, then answer calls until the tester leaves. What the
+    program printed is flushed before each message: once the tests are over init kills a program still serving
+    (`_tests_ended`), and output left in its buffer was lost (a run that passed showed no output, about 1 in 4)."""
+    _flush()
     chan.send({"names": _names_offered(g)})
     handles: dict = {}
 
@@ -214,6 +217,7 @@ def serve(chan: Channel, g: dict) -> None:
             reply = {"ok": encode(value, handles)}
         except BaseException as exc:  # an exception of the program is its answer, whatever it is
             reply = {"E": [type(exc).__name__, str(exc)[:2000]]}
+        _flush()
         try:
             chan.send(reply)
         except OSError:
