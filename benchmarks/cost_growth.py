@@ -382,18 +382,14 @@ def anchor(args) -> dict:
 
 
 def gram_model_cost(shapes, k: int, memory_gb: float, t_noise: float, t_pair: float) -> tuple[float, float]:
-    """CPU seconds of gram_matrix for k seeds, replaying its blocking: per tensor of n elements,
-    row blocks of min(k, budget // 4n) seeds; block I is generated once and every later block J once
-    per I (noise), and every block pair (I, J >= I) is one product of |I| |J| n element-pairs."""
-    budget = int(memory_gb * 2**30)
+    """CPU seconds of gram_matrix for k seeds: each seed's noise of each tensor (n elements) is drawn once, in
+    column pieces (corp_operator.algebra._tensor_gram), and each piece's k x k product covers k^2 n
+    element-pairs (the memory budget sets the pieces' width, not the work)."""
     noise_el = pair_el = 0.0
     for shape in shapes:
         n = int(np.prod(shape))
-        rows = max(1, min(k, budget // (4 * n)))
-        sizes = [min(rows, k - s) for s in range(0, k, rows)]
-        for bi, si in enumerate(sizes):
-            noise_el += si * n + sum(sizes[bi + 1 :]) * n
-            pair_el += si * sum(sizes[bi:]) * n
+        noise_el += k * n
+        pair_el += k * k * n
     return noise_el * t_noise, pair_el * t_pair  # (noise generation and fp64 conversion, products)
 
 

@@ -2103,3 +2103,47 @@ def test_the_bench_counts_what_the_gate_cost_and_saved_on_test():
     assert lines[0] == "## The gate's decisions on test"
     assert "| corp | 6 | 2 | 1 (mean -0.100) | 4 | 1 (mean +0.150) | 1 (mean -0.150) | 1 | 1 |" in lines, lines
     assert gate_section(records[:6]) == [], "no CoRP cell, no section"
+
+
+def test_a_methods_budget_share_caps_what_its_trials_and_finals_spend_while_its_rows_keep_the_budget(
+    tmp_path, monkeypatch
+):
+    """Charged tuning (`budget_share`): a method's trials and finals each spend share x the budget, so that with
+    its trials charged its final models cost the budget (GRPO at 1.5B: 2 trials and 3 finals at 0.6). Planted:
+    without the share the cell grows to the budget (the bug: the trials come free); with 0.6 it stops at 0.6 x
+    the budget, its record keeps the budget and says the share, and its file name differs from the uncharged
+    cell's (a record never stands for both). Other methods keep the whole budget."""
+    from corp.bench.plan import plan
+    from corp.bench.records import check_record
+    from corp.bench.sweep import Bench
+
+    base = {"results_dir": str(tmp_path), "work_dir": str(tmp_path / "w"), "budgets": [30.0]}
+    spent = {}
+    for share in (None, 0.6):
+        spec = {"options": {"iterations": 10}} | ({"budget_share": share} if share else {})
+        cfg = load_config(BenchConfig, None, {**base, "methods": {"es": spec, "randopt": None}})
+        bench = Bench(cfg)
+
+        def invoke(method, opts):
+            return {"training_ledger": {"flops": float(opts["iterations"])}, "iterations": opts["iterations"]}, 0.0
+
+        monkeypatch.setattr(bench, "_invoke", invoke)
+        monkeypatch.setattr(bench, "_record", lambda cell, report, run_dir, wall, units, chosen: {"units": units})
+        cells, _ = plan(cfg)
+        es = next(c for c in cells if c.method == "es" and c.setting != "tune")
+        assert next(c for c in cells if c.method == "randopt").share == 1.0
+        rec = bench._iterative(es)
+        spent[share] = (rec["units"], es.record_name(), bench._head(es))
+        check_record({**bench._empty(es, "planted"), **bench._head(es)})  # a record with its share is a valid record
+        assert cfg.row_share("es") == (share or 1.0) and cfg.row_share("base") == 1.0
+    assert 26 <= spent[None][0] <= 30 and "budget_share" not in spent[None][2]
+    assert 16 <= spent[0.6][0] <= 18, spent[0.6]  # 0.6 x 30
+    assert spent[0.6][2]["budget"] == 30.0 and spent[0.6][2]["budget_share"] == 0.6
+    assert spent[0.6][1] != spent[None][1] and "__share0.6__" in spent[0.6][1]
+    assert spent[0.6][1].split("__")[-1] != spent[None][1].split("__")[-1]  # its run is not the uncharged one
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, -0.2, True, "half"])
+def test_a_budget_share_outside_zero_to_one_is_refused_in_one_line(tmp_path, bad):
+    with pytest.raises(CorpError, match=r"method 'es': budget_share must be a number in \(0, 1\]"):
+        load_config(BenchConfig, None, {"results_dir": str(tmp_path), "methods": {"es": {"budget_share": bad}}})

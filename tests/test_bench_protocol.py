@@ -272,8 +272,13 @@ def test_the_primary_table_states_what_each_side_spent_and_names_a_side_far_belo
     assert "9e+11 (90%) / 1e+11 (10%)" in by_pair["corp-stage1 vs randopt-top1"]
     assert "9e+11 (90%) / 0 |" in by_pair["corp-stage1 vs base"]
     assert "not run yet" in by_pair["randopt-vote@4 vs base"]
-    note = [line for line in lines if line.startswith("Spent under 90% of the budget")]
-    assert note and note[0].startswith("Spent under 90% of the budget: randopt-top1."), note
+    note = [line for line in lines if line.startswith("Spent under 90% of what it may spend")]
+    assert note and note[0].startswith("Spent under 90% of what it may spend: randopt-top1."), note
+    # a side whose tuning is charged (budget_share 0.1: it may spend a tenth) is not listed as stopped early, and
+    # the table says it was charged
+    lines = primary_table(primary, lambda row: 0.1 if row == "randopt-top1" else 1.0)
+    assert not [line for line in lines if line.startswith("Spent under")], lines
+    assert [line for line in lines if line.startswith("Tuning charged: randopt-top1 (0.1 of it)")], lines
 
 
 def test_the_ratio_table_says_where_corp_abstained_and_so_compares_the_base():

@@ -660,9 +660,9 @@ def test_a_consolidation_that_writes_its_host_copy_after_its_engine_needs_the_la
 
 
 def test_the_gram_work_is_read_from_the_largest_tensor(tmp_path):
-    """CoRP's Gram working set, read from the safetensors headers: the tiny model is under 1M elements,
-    so one worker, and at 2 GiB one block holds every seed: one stack of the largest tensor (its
-    embedding) and the fp64 copies of its columns (tests/test_memory_gram.py: the 1.5B model)."""
+    """CoRP's Gram working set, read from the safetensors headers: the tiny model is under 1M elements, so one
+    worker, on its largest tensor (its embedding), which fits one column piece at 2 GiB: the 4 seeds' noise of
+    it in fp32 and its fp64 copy (tests/test_memory_gram.py: the 1.5B model)."""
     from corp.runtime import models
     from corp.runtime.models import memory
 
@@ -671,9 +671,7 @@ def test_the_gram_work_is_read_from_the_largest_tensor(tmp_path):
     models.save_model(model, tok, tmp_path)
     largest = max(p.numel() for p in model.parameters())
     assert memory.tensor_sizes(tmp_path)[0] == largest
-    assert memory.gram_work_gb(memory.tensor_sizes(tmp_path), 2.0, 2, 4) == pytest.approx(
-        4 * (4 + 8 * 2) * largest / 1e9
-    )
+    assert memory.gram_work_gb(memory.tensor_sizes(tmp_path), 2.0, 2, 4) == pytest.approx(4 * (4 + 8) * largest / 1e9)
 
 
 def test_full_parameter_training_that_cannot_fit_is_refused_before_work_naming_lora(tmp_path, monkeypatch):

@@ -235,7 +235,7 @@ class Bench:
         record is the largest prefix that fitted, with every try (`tried`). A method with no own
         evaluations fits at once. Nothing over the budget is recorded."""
         pop = self.population(cell)
-        costs, budget = pop["costs"], cell.budget
+        costs, budget = pop["costs"], cell.spend
         full = prefix_that_fits(costs, budget)
         guess = self.own_estimate(cell)
         n = full if not guess else min(full, max(min_units(cell), prefix_that_fits(costs, budget - guess)))
@@ -265,7 +265,7 @@ class Bench:
         """The prefix search `_population_cell` describes, from a first try at n. Returns (the largest
         prefix that fitted with its report, every try, the seconds they took, None), or, when none
         fitted, (None, every try, None, the cell's empty record)."""
-        adapter, costs, budget = cell.adapter, pop["costs"], cell.budget
+        adapter, costs, budget = cell.adapter, pop["costs"], cell.spend
         tried: list[dict] = []
         best: dict | None = None  # the largest prefix that fitted so far
         wall = 0.0
@@ -326,10 +326,10 @@ class Bench:
             wall += dt
             flops = sum(get_path(report, p) for p in adapter.flops)
             tried.append({"units": n, "flops": flops})
-            if flops > cell.budget:
+            if flops > cell.spend:
                 break
             best = (n, opts)
-            nxt = min(self.cfg.units_cap(cell.method), int(n * cell.budget / flops)) if flops > 0 else n + 1
+            nxt = min(self.cfg.units_cap(cell.method), int(n * cell.spend / flops)) if flops > 0 else n + 1
             if nxt <= n:
                 break
             n = nxt
@@ -395,7 +395,7 @@ class Bench:
             flops = sum(get_path(report, p) for p in adapter.flops)
             done = units_in(report, adapter.units_done) if adapter.units_done else units
             seen.append({"units": done, "flops": flops})
-            if flops > cell.budget:
+            if flops > cell.spend:
                 break
             best = self._record(cell, report, run_dir, wall, units=done, chosen={**cell.opts, adapter.unit: done})
             prev = seen[-2] if len(seen) > 1 else {"units": 0, "flops": 0.0}
@@ -407,7 +407,7 @@ class Bench:
             # (longer generations), and a growth past the budget falls back to the last checkpoint,
             # which the old full-length step left far below it (bench-cpu-2's GRPO trial 1 on arith:
             # 22 steps at 1.2e13 of 2.8e13); the steps after fill the rest
-            more = int(GROWTH_AIM * (cell.budget - flops) // dearest) if dearest > 0 else 1
+            more = int(GROWTH_AIM * (cell.spend - flops) // dearest) if dearest > 0 else 1
             if done >= self.cfg.units_cap(cell.method):
                 stopped = "max_units"
                 break
@@ -444,6 +444,8 @@ class Bench:
             "budget": cell.budget,
             "kind": cell.adapter.kind,
         }
+        if cell.share != 1.0:  # the cell spent at most budget x share (its method's tuning charged to it)
+            head["budget_share"] = cell.share
         if cell.trial is not None:
             head["trial"] = cell.trial
         if cell.tuning is not None:

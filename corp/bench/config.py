@@ -268,36 +268,49 @@ class BenchConfig:
             )
 
     def _check_methods(self) -> None:
-        """methods: a mapping of names to {options, variants, search, trials, max_units, seeds, skip}."""
+        """methods: a mapping of names to {options, variants, search, trials, max_units, seeds, budget_share, skip}."""
         if not isinstance(self.methods, dict) or not self.methods:
             raise CorpError("bench config: 'methods' must map method names to {options, variants, search}")
         for name, spec in self.methods.items():
             if spec is not None and (
                 not isinstance(spec, dict)
-                or set(spec) - {"options", "variants", "search", "trials", "skip", "max_units", "seeds"}
+                or set(spec) - {"options", "variants", "search", "trials", "skip", "max_units", "seeds", "budget_share"}
             ):
                 raise CorpError(
                     f"bench config: method '{name}' must be a mapping with "
-                    "'options', 'variants', 'search', 'trials', 'max_units', 'seeds' and/or 'skip'"
+                    "'options', 'variants', 'search', 'trials', 'max_units', 'seeds', 'budget_share' and/or 'skip'"
                 )
+            self._check_method_limits(name, spec or {})
             if spec and "seeds" in spec:
-                # a method's final cells on some of the bench's seeds only (an exploratory row that costs
-                # many hours a seed); its comparisons pair the seeds both sides have
-                own = parse_list(spec["seeds"], int, f"seeds of method {name}")
-                if not own or len(set(own)) < len(own) or set(own) - set(self.seeds):
-                    raise CorpError(
-                        f"bench config: method '{name}': seeds {own} must be distinct seeds of the bench's {self.seeds}"
-                    )
-                spec["seeds"] = own
-                if bare := [self.label(t) for t in self.tasks if not set(own) & set(self.seeds_of(t))]:
-                    raise CorpError(
-                        f"bench config: method '{name}': none of its seeds {own} is a seed of task {bare[0]}"
-                    )
-            cap = (spec or {}).get("max_units")
-            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
-                raise CorpError(f"bench config: method '{name}': max_units is a positive whole number, got {cap!r}")
-            if spec and "skip" in spec and not (isinstance(spec["skip"], str) and spec["skip"].strip()):
-                raise CorpError(f"bench config: method '{name}': skip must say why the method is not run (a sentence)")
+                self._check_method_seeds(name, spec)
+
+    def _check_method_limits(self, name: str, spec: dict) -> None:
+        """A method's `budget_share`, `max_units` and `skip`."""
+        if "budget_share" in spec:
+            # its trials and finals spend share x the budget, so that with its tuning charged its final models
+            # cost the budget: share = finals / (trials x tuning seeds + finals)
+            share = spec["budget_share"]
+            if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= 1:
+                raise CorpError(
+                    f"bench config: method '{name}': budget_share must be a number in (0, 1], got {share!r}"
+                )
+        cap = spec.get("max_units")
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, int) or cap < 1):
+            raise CorpError(f"bench config: method '{name}': max_units is a positive whole number, got {cap!r}")
+        if "skip" in spec and not (isinstance(spec["skip"], str) and spec["skip"].strip()):
+            raise CorpError(f"bench config: method '{name}': skip must say why the method is not run (a sentence)")
+
+    def _check_method_seeds(self, name: str, spec: dict) -> None:
+        """A method's own `seeds`: its final cells on some of the bench's seeds only (an exploratory row that
+        costs many hours a seed); its comparisons pair the seeds both sides have."""
+        own = parse_list(spec["seeds"], int, f"seeds of method {name}")
+        if not own or len(set(own)) < len(own) or set(own) - set(self.seeds):
+            raise CorpError(
+                f"bench config: method '{name}': seeds {own} must be distinct seeds of the bench's {self.seeds}"
+            )
+        spec["seeds"] = own
+        if bare := [self.label(t) for t in self.tasks if not set(own) & set(self.seeds_of(t))]:
+            raise CorpError(f"bench config: method '{name}': none of its seeds {own} is a seed of task {bare[0]}")
 
     def _check_compare(self) -> None:
         """compare: pairs, and seeds enough for an across-seed interval."""
@@ -343,6 +356,20 @@ class BenchConfig:
                     label: to_fields(cls, over, user=False) if isinstance(over, dict) else over
                     for label, over in spec["variants"].items()
                 }
+
+    def budget_share(self, method: str) -> float:
+        """The share of each budget `method`'s cells spend (its `budget_share`, else 1): its rows are still
+        compared at the budget."""
+        return float((self.methods.get(method) or {}).get("budget_share") or 1.0)
+
+    def row_share(self, row: str) -> float:
+        """The budget share of the method a table row comes from (LABEL, LABEL:NAME or LABEL/randopt-...: a method's
+        name or one of its variants' labels); 1 for a row no method names (the base)."""
+        label = row.split("/")[0].split(":")[0]
+        for name, spec in self.methods.items():
+            if label in (name, *((spec or {}).get("variants") or {})):
+                return self.budget_share(name)
+        return 1.0
 
     def units_cap(self, method: str) -> int:
         """The most units an iterative method may train: its own `max_units` (a method whose unit

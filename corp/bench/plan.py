@@ -70,6 +70,12 @@ class Cell:
     searched: tuple[str, ...] = ()  # options a search chooses (a final cell is resolved from its trials before it runs)
     tuning: dict | None = None  # how the options were chosen (recorded with the cell)
     task_label: str = ""  # the task's short label (config `label:`), for file names; not part of the identity
+    share: float = 1.0  # of the budget the cell may spend (a method's `budget_share`: its tuning charged to it)
+
+    @property
+    def spend(self) -> float | None:
+        """What the cell may spend: its budget (the label its rows are compared at) times its method's share."""
+        return None if self.budget is None else self.budget * self.share
 
     @property
     def adapter(self) -> BenchAdapter:
@@ -79,20 +85,24 @@ class Cell:
         """Identity of the cell's run directory: its options (for iterative cells without the unit,
         so every budget continues one training run)."""
         skip = set(NOT_IDENTITY) | ({self.adapter.unit} if self.adapter.kind == ITERATIVE else set())
+        # a share other than 1 is part of it: a run grown under another share is not this cell's
+        share = {} if self.share == 1.0 else {"budget_share": self.share}
         return short_hash(
             {
                 "method": self.method,
                 "bench_protocol": BENCH_PROTOCOL,
                 **{k: v for k, v in self.opts.items() if k not in skip},
+                **share,
             }
         )
 
     def record_name(self) -> str:
         budget = "fixed" if self.budget is None else f"{self.budget:.3e}"
         trial = "" if self.trial is None else f"__t{self.trial}"
+        share = "" if self.share == 1.0 else f"__share{self.share:.6g}"
         return (
             f"{file_slug(self.task_label or self.task)}__{self.setting}__s{self.seed}__{file_slug(self.label)}{trial}"
-            f"__{budget}__{self.run_key()[:10]}.json"
+            f"__{budget}{share}__{self.run_key()[:10]}.json"
         )
 
 
@@ -190,7 +200,18 @@ def _trial_cells(cfg: BenchConfig, task: str, runnable: dict) -> list[Cell]:
                         "report_on": cfg.tune_split,
                     }
                     cells.extend(
-                        Cell(task, "tune", seed, name, str(label), b, dict(opts), trial=i, task_label=cfg.label(task))
+                        Cell(
+                            task,
+                            "tune",
+                            seed,
+                            name,
+                            str(label),
+                            b,
+                            dict(opts),
+                            trial=i,
+                            task_label=cfg.label(task),
+                            share=cfg.budget_share(name),
+                        )
                         for b in _budgets_of(cfg, name)
                     )
     return cells
@@ -218,6 +239,7 @@ def _final_cells(cfg: BenchConfig, task: str, runnable: dict) -> list[Cell]:
                             dict(opts),
                             searched=searched,
                             task_label=cfg.label(task),
+                            share=cfg.budget_share(name),
                         )
                         for b in _budgets_of(cfg, name)
                     )

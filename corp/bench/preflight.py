@@ -165,7 +165,7 @@ def _check_budgets(cfg: BenchConfig, cells: list[Cell], splits_of: dict[tuple, d
         need = min_budget(
             adapter.unit_evals(cell.opts), min_units(cell), n_params, prompt_tokens[sizes], cell.opts["n_support"]
         )
-        if cell.budget < need:
+        if cell.spend < need:
             below.setdefault(cell.budget, []).append(f"{cell.label} needs at least {need:.3g}")
     # a budget some methods cannot fit runs (those cells say 'does not fit'); one no method can fit is bad input
     labels = {c.label for c in budgeted}

@@ -92,6 +92,9 @@ def registration(cfg) -> dict | None:
     own = {n: spec["seeds"] for n, spec in cfg.methods.items() if (spec or {}).get("seeds")}
     if own:  # methods on some of the seeds only (an older registration has none, and keeps its hash)
         reg["method_seeds"] = own
+    shares = {n: cfg.budget_share(n) for n in cfg.methods if cfg.budget_share(n) != 1.0}
+    if shares:  # tuning charged to a method: what its finals may spend is part of what was registered
+        reg["budget_share"] = shares
     return {"hash": _sha(reg), **reg}
 
 

@@ -44,6 +44,7 @@ class CellRecord(TypedDict):
     label: str  # the variant's label
     budget: float | None  # FLOPs; None for a method with no training compute (one cell serves every budget)
     kind: str  # the adapter's kind: fixed, population, iterative
+    budget_share: NotRequired[float]  # the share of the budget it spent at most (its method's tuning charged to it)
     trial: NotRequired[int]  # a trial's index in its method's search
     tuning: NotRequired[dict]  # a final cell's: the trial it took its options from, and on what it was tuned
     status: str  # done, does not fit, ... (abstained rows say so in their name)

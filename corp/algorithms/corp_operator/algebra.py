@@ -117,10 +117,11 @@ def _tensor_gram(
 
 
 def gram_piece(seeds: int, budget: int) -> int:
-    """Elements per seed in one column piece of a tensor's Gram part: 1M (the fp64 chunk the row-block Gram
-    summed over, so where one block held every seed G keeps its bits), fewer where the piece of all `seeds`
+    """Elements per seed in one column piece of a tensor's Gram part: 1M, fewer where the piece of all `seeds`
     in fp32 and its fp64 copy (12 bytes an element) would pass the per-worker `budget`; at least 16 (torch's
-    randn group)."""
+    randn group). The row-block Gram summed over chunks of min(1M, budget / (32 k)) elements, so G keeps its
+    bits where that was 1M too (k <= budget / 32 MiB: 64 seeds at 2 GiB), one block held every seed, and no
+    remainder under 16 joins a piece; elsewhere it is the same sum in another order."""
     return max(16, min(1 << 20, budget // (12 * max(1, seeds))))
 
 

@@ -136,6 +136,8 @@ class NoiseStream:
         """Writes the flat noise [start, stop) into `out` (1-D fp32 of stop - start): the next piece."""
         if start != self._at:
             raise ValueError(f"NoiseStream: piece [{start}, {stop}) asked for at {self._at}; pieces come in order")
+        if out.dtype != torch.float32 or not out.is_contiguous():  # randn's scalar path would give other bits
+            raise ValueError("NoiseStream: out must be contiguous float32")
         self._at = stop
         if self._gen is not None:
             return torch.randn(stop - start, generator=self._gen, out=out)

@@ -123,7 +123,7 @@ def _comparison_sections(cfg: BenchConfig, rows: list[dict], comps: list[dict], 
     the configured pairs no two rows could answer."""
     lines: list[str] = []
     if primary is not None:
-        lines += primary_table(primary)
+        lines += primary_table(primary, cfg.row_share)
         exploratory = [c for c in comps if not c.get("primary")]
         if exploratory:
             lines += comparisons_table(exploratory, "Exploratory comparisons (not pre-registered, not corrected)")
@@ -203,10 +203,11 @@ def table_md(
     return "\n".join(lines)
 
 
-def primary_table(primary: list[dict]) -> list[str]:
+def primary_table(primary: list[dict], share=lambda row: 1.0) -> list[str]:
     """The pre-registered comparisons, every one of them (a comparison not run yet says so): its
     difference and across-seed interval, the interval's p, Holm's adjusted p over the whole family and
-    the decision at 0.05."""
+    the decision at 0.05. `share(row)`: the share of the budget a row's method may spend (`budget_share`: its
+    tuning charged to it), against which a side that spent less is listed."""
 
     lines = [
         f"## Primary comparisons (pre-registered; Holm over all {len(primary)})",
@@ -219,7 +220,7 @@ def primary_table(primary: list[dict]) -> list[str]:
         "FLOPs used, a / b (share of the budget) |",
         "|---|---|---|---:|---:|---|---|---:|---:|---|---|",
     ]
-    short = []
+    short, charged = [], []
     for r in primary:
         e, c = r["entry"], r["comparison"]
         where = f"| {e['a']} vs {e['b']} | {e['task_label']} | {e['setting']} | {budget_text(e['budget'])} |"
@@ -227,7 +228,9 @@ def primary_table(primary: list[dict]) -> list[str]:
             lines.append(f"{where} | | | | | not run yet | |")
             continue
         spent = _spent_text(c, e["budget"])
-        short += [n for n, f in ((e["a"], c["flops_a"]), (e["b"], c["flops_b"])) if 0 < f < SPENT_IN_FULL * e["budget"]]
+        sides = ((e["a"], c["flops_a"]), (e["b"], c["flops_b"]))
+        short += [n for n, f in sides if 0 < f < SPENT_IN_FULL * e["budget"] * share(n)]
+        charged += [f"{n} ({share(n):g} of it)" for n, _ in sides if share(n) != 1.0]
         if c.get("n_seeds", 1) < 2:
             lines.append(f"{where} {c['difference']:+.3f} | | | | | one seed only, no claim | {spent} |")
             continue
@@ -241,9 +244,15 @@ def primary_table(primary: list[dict]) -> list[str]:
             f"{p_text(r['p'])} | {p_text(r['p_holm'])} | {decision} | {spent} |"
         )
     lines.append("")
+    if charged:
+        lines += [
+            f"Tuning charged: {', '.join(dict.fromkeys(charged))} spent at most that share of the budget in each "
+            "final cell and each trial (`budget_share`), so a final model with its share of the trials costs the budget.",
+            "",
+        ]
     if short:
         lines += [
-            f"Spent under {SPENT_IN_FULL:.0%} of the budget: {', '.join(dict.fromkeys(short))}. Such a side stopped "
+            f"Spent under {SPENT_IN_FULL:.0%} of what it may spend: {', '.join(dict.fromkeys(short))}. Such a side stopped "
             "early (its iteration or step cap, or its regime target: the regime table says which), so its "
             "comparison is of that method as this bench ran it, not at the budget's compute.",
             "",
