@@ -182,6 +182,27 @@ def _budgets_of(cfg: BenchConfig, name: str) -> list:
     return [None] if get_method(name).bench.kind == FIXED else cfg.budgets
 
 
+def _at_budgets(
+    cfg: BenchConfig, task: str, setting: str, seed: int, name: str, label, opts: dict, **extra
+) -> list[Cell]:
+    """One cell of a method's variant at each of its budgets (one fixed cell for a method without one)."""
+    return [
+        Cell(
+            task,
+            setting,
+            seed,
+            name,
+            str(label),
+            b,
+            dict(opts),
+            task_label=cfg.label(task),
+            share=cfg.budget_share(name),
+            **extra,
+        )
+        for b in _budgets_of(cfg, name)
+    ]
+
+
 def _trial_cells(cfg: BenchConfig, task: str, runnable: dict) -> list[Cell]:
     """A task's hyperparameter trials (setting "tune"), for every method with a search space."""
     cells: list[Cell] = []
@@ -199,21 +220,7 @@ def _trial_cells(cfg: BenchConfig, task: str, runnable: dict) -> list[Cell]:
                         **values,
                         "report_on": cfg.tune_split,
                     }
-                    cells.extend(
-                        Cell(
-                            task,
-                            "tune",
-                            seed,
-                            name,
-                            str(label),
-                            b,
-                            dict(opts),
-                            trial=i,
-                            task_label=cfg.label(task),
-                            share=cfg.budget_share(name),
-                        )
-                        for b in _budgets_of(cfg, name)
-                    )
+                    cells += _at_budgets(cfg, task, "tune", seed, name, label, opts, trial=i)
     return cells
 
 
@@ -228,21 +235,7 @@ def _final_cells(cfg: BenchConfig, task: str, runnable: dict) -> list[Cell]:
                 searched = tuple(sorted(spec.get("search") or {})) if cfg.hyperparameters == "search" else ()
                 for label, over in (spec.get("variants") or {name: {}}).items():
                     opts = _options(cfg, task, setting, seed, name, spec, over)
-                    cells.extend(
-                        Cell(
-                            task,
-                            setting,
-                            seed,
-                            name,
-                            str(label),
-                            b,
-                            dict(opts),
-                            searched=searched,
-                            task_label=cfg.label(task),
-                            share=cfg.budget_share(name),
-                        )
-                        for b in _budgets_of(cfg, name)
-                    )
+                    cells += _at_budgets(cfg, task, setting, seed, name, label, opts, searched=searched)
     return cells
 
 
