@@ -14,9 +14,11 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from pathlib import Path  # noqa: E402
+
 import torch  # noqa: E402
 
-from corp.algorithms.perturb import Direction, specialist_seeds  # noqa: E402
+from corp.algorithms.perturb import Component, Direction, specialist_seeds  # noqa: E402
 from corp.evaluate.tasks import SplitSizes, get_task, make_splits  # noqa: E402
 from corp.runtime.backends.hf import HFBackend  # noqa: E402
 
@@ -104,6 +106,35 @@ def test_apply_is_exact_and_restore_bit_identical(vllm_backend, hf_backend):
     vllm_backend.set_direction(None)
     assert vllm_backend.fingerprint() == before, "restore is bit-exact"
     assert torch.equal(vllm_backend.read_linear("model.layers.0.self_attn.qkv_proj"), qkv_before)
+
+
+def test_a_merged_term_is_built_once_and_pushed_at_every_scale_with_the_same_bits(
+    vllm_backend, hf_backend, monkeypatch
+):
+    """A step search's pushes (one merged term at several scales) read M back from the worker's file
+    after the first: no noise drawn again, and the engine's weights are base + direction as add_to
+    builds them (corp.algorithms.perturb.merged_files)."""
+    import corp.algorithms.perturb.merged_files as mf
+
+    built = []
+    real = mf.materialise
+    monkeypatch.setattr(mf, "materialise", lambda *a, **k: built.append(a[1]) or real(*a, **k))
+    m = Direction.merged([Component(s, 1e-3, c) for s, c in [(11, 0.5), (7, -0.25), (123, 1.0)]])
+    vllm_backend.set_direction(m.scaled(4.0))
+    first = vllm_backend.fingerprint()
+    n_built = len(built)
+    assert n_built == len(hf_backend.perturber.params)  # once per selected tensor
+    vllm_backend.set_direction(m.scaled(1.0))
+    vllm_backend.set_direction(m.scaled(4.0))
+    assert len(built) == n_built, "a term already kept draws no noise"
+    assert vllm_backend.fingerprint() == first
+    name = "model.layers.0.self_attn.q_proj.weight"
+    want = m.scaled(4.0).add_to(hf_backend.perturber.base[name].to(torch.float32, copy=True), name)
+    got = vllm_backend.read_linear("model.layers.0.self_attn.qkv_proj")[: want.shape[0]]
+    assert torch.equal(got, want)
+    files = vllm_backend.llm.collective_rpc(lambda worker: worker._corp_merged.kept())[0]
+    assert len(files) == 1 and Path(files[0]).exists()
+    vllm_backend.set_direction(None)
 
 
 def test_population_meta_matches_hf(vllm_backend, hf_backend):

@@ -74,9 +74,7 @@ def materialise(
     return M
 
 
-def _add_scaled(
-    target: torch.Tensor, M: torch.Tensor, scale: float, buffer: torch.Tensor | None = None
-) -> torch.Tensor:
+def add_scaled(target: torch.Tensor, M: torch.Tensor, scale: float, buffer: torch.Tensor | None = None) -> torch.Tensor:
     """target += round(scale * M): two explicit roundings (never a fused multiply-add, whose bits
     could depend on the kernel), leaving M untouched."""
     tmp = buffer[: M.numel()].view(M.shape) if buffer is not None else torch.empty_like(M)
@@ -259,7 +257,7 @@ class Direction:
         gen = generator or torch.Generator(device="cpu")
         for c in self.components:
             if isinstance(c, Merged):
-                _add_scaled(target, materialise(c.components, name, target.shape, gen, buffer, scheme), c.scale, buffer)
+                add_scaled(target, materialise(c.components, name, target.shape, gen, buffer, scheme), c.scale, buffer)
                 continue
             if c.coef == 0.0:
                 continue
@@ -485,7 +483,7 @@ class Perturber:
                 kept = self._kept[t.components]  # made by apply before its workers start
                 if name not in kept:
                     kept[name] = materialise(t.components, name, target.shape, gen, buf, self.scheme)
-                _add_scaled(target, kept[name], t.scale, buf)
+                add_scaled(target, kept[name], t.scale, buf)
             else:
                 Direction([t]).add_to(target, name, gen, buf, scheme=self.scheme)
         return target

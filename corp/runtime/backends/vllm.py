@@ -20,6 +20,9 @@ Where this departs from the usual approach and why:
 - Prompts go in as token ids, formatted by `corp.runtime.backends.hf.format_prompt` and
   tokenised exactly as the hf backend does, and generated ids are cut at the first end-of-sequence
   token (inclusive) and decoded here, so texts and token counts follow the hf convention.
+- A merged term's M (a step search pushes one at several scales) is built at its first push and kept
+  on disk, not in memory (`corp.algorithms.perturb.merged_files`): an fp32 copy of the selected weights
+  does not fit beside the engine's weights and the pristine base at 1.5B; read back, it is the same bits.
 - The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0` unless the user set it), so
   directions and read-backs cross no process boundary. Prefix caching is off: a cached prefix
   from one specialist's weights must never serve another's.
@@ -56,6 +59,7 @@ from corp.algorithms.perturb import (
 )
 from corp.algorithms.perturb.direction import Scratch, ScratchPool, per_tensor
 from corp.algorithms.perturb.lowrank_noise import check_shapes
+from corp.algorithms.perturb.merged_files import MergedFiles
 from corp.errors import CorpError
 from corp.runtime.backends.base import Generations, check_fits, completion_seed, cut_at_stop, resolve_seeds
 from corp.runtime.backends.hf import format_prompt
@@ -116,6 +120,8 @@ class CorpWorkerExtension:
         self._corp_dtype = dtype  # ES's moved base is kept in fp32; what the engine loads is cast to this
         self._corp_selected = set(selected)
         self._corp_scratch = ScratchPool()
+        # a step search pushes one merged term at several scales: its M is built once, kept on disk
+        self._corp_merged = MergedFiles([(n, self._corp_base[n].shape) for n in selected])
         self._corp_scheme = scheme or SCHEME_VERSION
         self._corp_current: Direction | None = None
         grouped = False
@@ -138,6 +144,8 @@ class CorpWorkerExtension:
         whole model after it was let go (measured: 19 layers' entries per run of a tiny Qwen2; in
         corp bench, GB per GRPO cell)."""
         self._corp_base, self._corp_scratch = {}, ScratchPool()
+        if hasattr(self, "_corp_merged"):
+            self._corp_merged.close()
         try:
             from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
         except ImportError:  # a vLLM without it keeps no such entries
@@ -156,9 +164,11 @@ class CorpWorkerExtension:
             if name not in self._corp_selected:
                 return name, base
             acc = base.to(torch.float32, copy=True)  # a copy even when the base is an fp32 master
-            direction.add_to(acc, name, scratch.gen, scratch.buffer("noise", shape.numel()), scheme=self._corp_scheme)
+            buf = scratch.buffer("noise", shape.numel())
+            self._corp_merged.add_to(direction, acc, name, scratch.gen, buf, scheme=self._corp_scheme)
             return name, acc.to(self._corp_dtype)
 
+        self._corp_merged.prepare(direction)  # before the workers start
         yield from per_tensor(one, [(n, t.shape) for n, t in self._corp_base.items()], self._corp_scratch)
 
     def corp_set_direction(self, direction: Direction | list | None) -> float:
