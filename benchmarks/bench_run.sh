@@ -147,6 +147,9 @@ copy_run() {  # copy_run DIR/: a population run's files (not its lock) into RESU
   for f in "$1"*; do
     [ -f "$f" ] && cp -p "$f" "$dest/"
   done
+  # corp removes a run's FAILED once a rerun completes it: the copy loses it too (a complete population of
+  # the size claim was committed with the FAILED of its first, interrupted start beside its "complete" status)
+  [ -e "$1FAILED" ] || rm -f "$dest/FAILED"
   return 0
 }
 

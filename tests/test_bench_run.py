@@ -68,6 +68,10 @@ FAKE = textwrap.dedent("""
             (d / "run_status.json").write_text(json.dumps({"status": status}))
             (d / "population.jsonl").write_text(json.dumps({"kind": "specialist", "index": 0, "start": n}) + "\\n")
             (d / ".corp.lock").write_text("123\\n")
+            if os.environ.get("FAKE_FAILED_FIRST") and n == 1:  # a first start interrupted: corp's FAILED marker
+                (d / "FAILED").write_text("this run was interrupted and is not complete")
+            elif os.environ.get("FAKE_FAILED_FIRST"):  # the rerun completes it and corp removes the marker
+                (d / "FAILED").unlink(missing_ok=True)
         sys.exit(0)
     cells = Path("results/wrap/cells"); cells.mkdir(parents=True, exist_ok=True)
     Path("runs/bench/wrap").mkdir(parents=True, exist_ok=True)
@@ -328,3 +332,20 @@ def test_a_population_being_scored_and_the_shared_evaluations_are_committed_so_f
     restored.write_text("mine\n")  # one that is there is never overwritten
     (repo.parent / "starts").unlink()
     assert _wrap(repo, "ok").returncode == 0 and restored.read_text() == "mine\n"
+
+
+@pytest.mark.slow
+def test_a_population_completed_by_a_rerun_loses_its_failed_marker_in_the_committed_copy(repo):
+    """Planted (the size claim's L seed-0 population, 2026-12-07: committed while its first start had failed, then
+    completed by a rerun, and kept the FAILED file beside its "complete" status): the copy follows corp, which
+    removes FAILED when a rerun completes the run."""
+    env = {**_env(repo, "pop"), "FAKE_FAILED_FIRST": "1"}
+    run = lambda: subprocess.run(  # noqa: E731
+        ["bash", str(SCRIPT), "wrap.yaml", "add", "1"], cwd=repo, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run().returncode == 0
+    failed = "results/wrap/populations/arith__population__s0__aaa/FAILED"
+    assert failed in _git(repo, "ls-files")
+    assert run().returncode == 0
+    assert failed not in _git(repo, "ls-files").split(), "the stale FAILED copy is still committed"
+    assert not (repo / failed).exists()
