@@ -118,6 +118,27 @@ def test_a_rerun_reuses_the_calibration_rows(tmp_path):
     assert read_json(tmp_path / "r" / CALIBRATION_FILE) == before
 
 
+def test_a_resumed_population_reads_its_calibration_as_es_does(tmp_path, monkeypatch):
+    """One way for both (corp.evaluate.scorer.noise_scales): a run whose meta holds its calibrated grid reads
+    calibration.json, without calibrating again; a run without calibration.json calibrates (from cached rows)."""
+    import corp.evaluate.scorer as scorer_module
+
+    run_score(cfg_for(tmp_path / "r"), Planted().inner)
+    before = read_json(tmp_path / "r" / CALIBRATION_FILE)
+
+    def refuse(*a, **k):
+        raise AssertionError("a resumed population calibrated again")
+
+    with monkeypatch.context() as m:
+        m.setattr(scorer_module, "calibrate_sigmas", refuse)
+        report = run_score(cfg_for(tmp_path / "r"), Planted().inner)
+    assert report["population"]["noise_scales"].startswith("noise scales calibrated from the model")
+    (tmp_path / "r" / CALIBRATION_FILE).unlink()
+    again = Planted()
+    run_score(cfg_for(tmp_path / "r"), again.inner)
+    assert again.calls == 0 and read_json(tmp_path / "r" / CALIBRATION_FILE) == before
+
+
 def test_fixed_sigmas_skip_the_calibration(tmp_path):
     planted = Planted()
     report = run_score(cfg_for(tmp_path / "r", sigmas="0.05"), planted.inner)

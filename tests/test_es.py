@@ -249,7 +249,7 @@ def test_a_resumed_es_run_reuses_its_calibration_and_keeps_its_sigma(tmp_path, m
     """A resumed `--sigma auto` run reads calibration.json (no calibration, nothing generated for it) and
     keeps its sigma: its weights are those of one uninterrupted run. Resuming it under a fixed --sigma, or
     a fixed-sigma run under auto, is refused in one line."""
-    import corp.methods.es as es_module
+    import corp.evaluate.scorer as scorer_module
 
     full = fresh_backend()
     run_es(tiny_es_cfg(tmp_path / "full", sigma="auto"), full)
@@ -258,7 +258,7 @@ def test_a_resumed_es_run_reuses_its_calibration_and_keeps_its_sigma(tmp_path, m
     def refuse(*a, **k):
         raise AssertionError("a resumed run calibrated again")
 
-    monkeypatch.setattr(es_module, "calibrate_sigmas", refuse)
+    monkeypatch.setattr(scorer_module, "calibrate_sigmas", refuse)
     resumed = fresh_backend()
     calls = []
     real = resumed.generate

@@ -63,33 +63,40 @@ def specialists_for(cfg: PopulationConfig, sigmas: Sequence[float] | None = None
     return [(s, grid[i % len(grid)]) for i, s in enumerate(seeds)]
 
 
-def population_meta(ctx: RunContext, sigmas: Sequence[float] | None = None) -> dict:
-    """The full definition of this run's population (config part + the loaded model's identity); with
-    `--sigmas auto`, the calibration rule and, once it has run, the grid it chose (`sigmas`)."""
+def population_meta(ctx: RunContext) -> dict:
+    """The full definition of this run's population (config part + the loaded model's identity); under a
+    calibrated noise scale `noise_scales` adds the rule and the value it chose."""
     base = ctx.definition or default_definition(ctx.cfg, ctx.task, ctx.splits, ctx.max_new_tokens)
     if base is None:
         raise CorpError(f"{ctx.method} does not score a population in its run directory")
-    meta = {**base, **ctx.eval_context()}
-    if is_auto(base.get("sigmas")):
-        meta["calibration"] = RULE
-        if sigmas is not None:
-            meta["calibrated_sigmas"] = [float(s) for s in sigmas]
-    return meta
+    return {**base, **ctx.eval_context()}
 
 
-def population_scales(ctx: RunContext) -> tuple[list[float], dict | None]:
-    """The noise scales of the population this run scores, and the calibration that chose them (None:
-    fixed by --sigmas). The meta is checked before a calibration computes anything and again, with the
-    grid it chose, after (corp.evaluate.calibration)."""
-    cfg, path = ctx.cfg, ctx.run_dir / META_FILE
-    if not is_auto(cfg.sigmas):
-        check_meta(path, population_meta(ctx), POPULATION_FILE)
-        return [float(s) for s in cfg.sigmas], None
-    if path.exists():  # another model, backend or rule: refused before any calibration row is generated
-        compare_meta(read_json(path), population_meta(ctx), ctx.run_dir, POPULATION_FILE)
-    cal = calibrate_sigmas(ctx, score_specialists)
-    check_meta(path, population_meta(ctx, cal["sigmas"]), POPULATION_FILE)
-    return cal["sigmas"], cal
+def noise_scales(ctx: RunContext, option: str = "sigmas") -> tuple[list[float] | float, dict | None]:
+    """The run's noise scales (`option` "sigmas": a population's grid; "sigma": ES's one scale, sigma*) and the
+    calibration that chose them (None: fixed by --sigmas / --sigma), with population_meta.json checked (written
+    on a first run; the calibrated value is recorded as `calibrated_<option>`). Under auto the meta is compared
+    before the calibration generates anything (another model, backend or rule is refused first); a resumed run
+    whose meta already holds its calibrated value reads calibration.json (nothing is generated); otherwise
+    corp.evaluate.calibration runs, its rows cached in calibration.jsonl. Call it before the engine's weights
+    move: the calibration specialists are noise around the base."""
+    fixed, path = getattr(ctx.cfg, option), ctx.run_dir / META_FILE
+    meta = population_meta(ctx)
+    if not is_auto(fixed):
+        check_meta(path, meta, POPULATION_FILE)
+        return (float(fixed) if option == "sigma" else [float(s) for s in fixed]), None
+    meta["calibration"] = RULE
+    found = read_json(path) if path.exists() else {}
+    if found:  # another model, backend or rule: refused before any calibration row is generated
+        compare_meta(found, meta, ctx.run_dir, POPULATION_FILE)
+    key = f"calibrated_{option}"
+    if key in found and (ctx.run_dir / CALIBRATION_FILE).exists():
+        cal = read_json(ctx.run_dir / CALIBRATION_FILE)
+    else:
+        cal = calibrate_sigmas(ctx, score_specialists, option=option)
+    value = float(cal["sigma"]) if option == "sigma" else [float(s) for s in cal["sigmas"]]
+    check_meta(path, {**meta, key: value}, POPULATION_FILE)
+    return value, cal
 
 
 def score_specialists(
@@ -293,7 +300,7 @@ def ensure_population(
         get_executor(
             ctx
         )  # first: with --executor ray it installs the driver's proxy, so the meta's model identity loads no model here
-        sigmas, calibration = population_scales(ctx)
+        sigmas, calibration = noise_scales(ctx)
         specs = specialists_for(cfg, sigmas)
         cache = EvalCache(ctx.run_dir / POPULATION_FILE)
         how = {

@@ -66,25 +66,19 @@ from corp.algorithms.stats import zscore
 from corp.config import RunConfig
 from corp.errors import CorpError
 from corp.evaluate.calibration import (
-    CALIBRATION_FILE,
-    RULE,
-    calibrate_sigmas,
     calibration_flag,
     charge,
     is_auto,
     scale_line,
 )
-from corp.evaluate.scorer import population_meta, score_specialists
+from corp.evaluate.scorer import noise_scales
 from corp.grids import edge_lines
 from corp.method import ITERATIVE, SMALL, BenchAdapter, Method, num, opt
 from corp.runtime.backends.base import MODEL, PERTURBER
 from corp.runtime.context import (
-    META_FILE,
     POPULATION_FILE,
     EvalCache,
     cached_eval,
-    check_meta,
-    compare_meta,
     direction_fingerprint,
     population_definition,
     run_evals,
@@ -210,7 +204,7 @@ def update_components(cfg: ESConfig, specs: list[tuple[int, int]], rewards: list
 def es_definition(cfg: ESConfig, task, splits, max_new_tokens: int) -> dict:
     """What defines an ES run's rows (kind "es": noise around a moving centre, never a population of
     perturbations of the base, so `--from-run` refuses it). --iterations may grow on resume. `sigma` is as
-    given ("auto" or the number): the sigma a calibration chose is added as `calibrated_sigma` (noise_scale)."""
+    given ("auto" or the number): the sigma a calibration chose is added as `calibrated_sigma` (corp.evaluate.scorer.noise_scales)."""
     return population_definition(
         cfg,
         task,
@@ -225,32 +219,6 @@ def es_definition(cfg: ESConfig, task, splits, max_new_tokens: int) -> dict:
         # only when set, so the runs made before the option keep their definition
         **({"prompts_per_iteration": cfg.prompts_per_iteration} if cfg.prompts_per_iteration else {}),
     )
-
-
-def noise_scale(cfg: ESConfig, ctx) -> tuple[float, dict | None]:
-    """The run's sigma and the calibration that chose it (None: fixed by --sigma), with population_meta.json
-    checked (written on a first run). Under `--sigma auto` the meta is compared before the calibration
-    generates anything (another model, backend or rule is refused first); a resumed run whose meta already
-    holds its `calibrated_sigma` reads calibration.json instead of calibrating again (nothing is generated);
-    otherwise corp.evaluate.calibration runs (its rows cached in calibration.jsonl) and ES takes sigma*, the
-    scale at which half of the calibration completions change. Run before the centre first moves: the
-    calibration specialists are noise around the base."""
-    path = ctx.run_dir / META_FILE
-    meta = population_meta(ctx)
-    if not is_auto(cfg.sigma):
-        check_meta(path, meta, POPULATION_FILE)
-        return float(cfg.sigma), None
-    meta["calibration"] = RULE
-    found = read_json(path) if path.exists() else {}
-    if found:
-        compare_meta(found, meta, ctx.run_dir, POPULATION_FILE)
-    if "calibrated_sigma" in found and (ctx.run_dir / CALIBRATION_FILE).exists():
-        cal = read_json(ctx.run_dir / CALIBRATION_FILE)
-    else:
-        cal = calibrate_sigmas(ctx, score_specialists, option="sigma")
-        ctx.backend.set_direction(None)  # the base again, not the last calibration specialist
-    check_meta(path, {**meta, "calibrated_sigma": float(cal["sigma"])}, POPULATION_FILE)
-    return float(cal["sigma"]), cal
 
 
 def run_es(cfg: ESConfig, backend=None) -> dict:
@@ -367,7 +335,8 @@ def _run_es(cfg: ESConfig, ctx) -> Outputs:
             f"build it with scheme={ctx.noise_scheme}"
         )
     run_dir = ctx.run_dir
-    sigma, cal = noise_scale(cfg, ctx)  # before iteration 1: calibrated under --sigma auto
+    sigma, cal = noise_scales(ctx, "sigma")  # before iteration 1: calibrated under --sigma auto
+    ctx.backend.set_direction(None)  # the centre again, not the last calibration specialist
     cfg = dataclasses.replace(cfg, sigma=sigma)  # what every member and update uses (ctx.cfg keeps "auto")
     evals = run_evals(ctx)
     base_test = cached_eval(ctx, evals, "test", None)  # the base, before the centre moves (cached on resume)
