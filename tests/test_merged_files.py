@@ -17,7 +17,9 @@ from corp.algorithms.perturb.merged_files import MergedFiles, remove_stale
 
 # shapes whose sizes are not multiples of 16 (the noise stream's piece), a vector, and one over 1M elements
 SHAPES = {"a.weight": (37, 29), "a.bias": (29,), "b.weight": (1031, 1030), "c.weight": (16, 8)}
-ELITES = tuple(Component(s, 1e-3 * (1 + s % 3), c) for s, c in [(11, 0.5), (7, -0.25), (123, 1.0), (5, 0.125)])
+ELITES = tuple(
+    Component(s, 1e-3 * (1 + s % 3), c) for s, c in [(11, 0.5), (7, -0.25), (123, 1.0), (5, 0.125), (8, 2.0), (9, -1.0)]
+)
 
 
 def _base(name, shape):
@@ -72,13 +74,13 @@ def test_a_term_already_written_draws_no_noise(tmp_path, monkeypatch):
     _push(m.scaled(4.0), store)
     _push(m.scaled(0.5), store)
     assert built == []
-    _push(Direction.merged(ELITES[:3]), store)  # another term is built
+    _push(Direction.merged(ELITES[:5]), store)  # another term is built
     assert sorted(built) == sorted(SHAPES)
 
 
 def test_at_most_max_terms_files_and_the_current_ones_stay(tmp_path):
     store = _store(tmp_path, max_terms=2)
-    terms = [Direction.merged(ELITES[:k]) for k in (2, 3, 4)]
+    terms = [Direction.merged(ELITES[:k]) for k in (4, 5, 6)]
     for d in terms:
         _push(d, store)
     assert len(store.kept()) == 2 and len(list(tmp_path.glob("*.f32"))) == 2
@@ -144,8 +146,12 @@ def test_only_files_of_dead_processes_of_this_host_are_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(v for k, v in names.items() if k != "dead")
 
 
-def test_a_direction_without_merged_terms_opens_no_file(tmp_path):
+def test_a_direction_without_merged_terms_or_with_few_noises_opens_no_file(tmp_path, monkeypatch):
     store = _store(tmp_path)
     d = Direction([Component(3, 1e-3, 1.0), Component(4, 2e-3, -1.0)])
     _same(_push(d, store), _push(d))
     assert store.kept() == [] and not isinstance(d.components[0], Merged)
+    # three noises (and a zero coefficient, which draws none): built each time, as cheap as reading M back
+    few = Direction.merged([*ELITES[:3], Component(77, 1e-3, 0.0)]) + Direction.merged(ELITES)
+    _same(_push(few, store), _push(few))
+    assert len(store.kept()) == 1

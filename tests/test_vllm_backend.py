@@ -119,7 +119,7 @@ def test_a_merged_term_is_built_once_and_pushed_at_every_scale_with_the_same_bit
     built = []
     real = mf.materialise
     monkeypatch.setattr(mf, "materialise", lambda *a, **k: built.append(a[1]) or real(*a, **k))
-    m = Direction.merged([Component(s, 1e-3, c) for s, c in [(11, 0.5), (7, -0.25), (123, 1.0)]])
+    m = Direction.merged([Component(s, 1e-3, c) for s, c in [(11, 0.5), (7, -0.25), (123, 1.0), (5, 0.125)]])
     vllm_backend.set_direction(m.scaled(4.0))
     first = vllm_backend.fingerprint()
     n_built = len(built)
