@@ -149,7 +149,7 @@ copy_run() {  # copy_run DIR/: a population run's files (not its lock) into RESU
   done
   # corp removes a run's FAILED once a rerun completes it: the copy loses it too (a complete population of
   # the size claim was committed with the FAILED of its first, interrupted start beside its "complete" status)
-  [ -e "$1FAILED" ] || rm -f "$dest/FAILED"
+  [ -e "${1%/}/FAILED" ] || rm -f "$dest/FAILED"
   return 0
 }
 

@@ -34,7 +34,7 @@ def _push(direction, store=None, scheme="corp-noise-v2"):
         buf = scratch.buffer("noise", shape.numel())
         if store is None:
             return name, direction.add_to(acc, name, scratch.gen, buf, scheme=scheme)
-        return name, store.add_to(direction, acc, name, scratch.gen, buf, scheme=scheme)
+        return name, store.add_to(direction, acc, name, scratch.gen, buf)
 
     if store is not None:
         store.prepare(direction)
@@ -45,6 +45,12 @@ def _store(tmp_path, **kw):
     return MergedFiles([(n, torch.Size(s)) for n, s in SHAPES.items()], directory=tmp_path, **kw)
 
 
+class Projected(Direction):
+    """A direction built otherwise than from its components in order (as a projected low-rank step is)."""
+
+    prefixable = False
+
+
 def _same(a, b):
     assert a.keys() == b.keys()
     for n in a:
@@ -53,7 +59,7 @@ def _same(a, b):
 
 @pytest.mark.parametrize("scheme", ["corp-noise-v2", "corp-noise-v1", "corp-lowrank-v1:r=4"])
 def test_every_push_has_the_bits_of_add_to(tmp_path, scheme):
-    store = _store(tmp_path)
+    store = _store(tmp_path, scheme=scheme)
     m = Direction.merged(ELITES)
     extra = Direction.single(99, 2e-3, 0.5)  # a plain component beside the merged term, as a centre + step
     for alpha in (1.0, 2.0, 0.3, 8.0):  # the first push writes M, the others read it
@@ -155,3 +161,65 @@ def test_a_direction_without_merged_terms_or_with_few_noises_opens_no_file(tmp_p
     few = Direction.merged([*ELITES[:3], Component(77, 1e-3, 0.0)]) + Direction.merged(ELITES)
     _same(_push(few, store), _push(few))
     assert len(store.kept()) == 1
+
+
+def test_a_direction_of_more_merged_terms_than_files_builds_the_rest(tmp_path):
+    """CoRP's stage 2 pushes centre + step: the stage-1 term, each accepted round's and the new one. The
+    store never holds more than max_terms files; the others are built each time, with the same bits."""
+    store = _store(tmp_path, max_terms=2)
+    terms = [Direction.merged(ELITES[:k], 0.5 * k) for k in (4, 5, 6)]
+    d = terms[0] + terms[1] + terms[2]
+    for _ in range(2):
+        _same(_push(d, store), _push(d))
+        assert len(store.kept()) == 2 and len(list(tmp_path.glob("*.f32"))) == 2
+
+
+def test_a_direction_not_built_from_its_components_opens_no_file(tmp_path):
+    store = _store(tmp_path)
+    d = Projected(Direction.merged(ELITES).components)
+    _same(_push(d, store), _push(d))
+    assert store.kept() == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_disk_without_room_beside_the_reserve_keeps_nothing_and_says_so(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(mf, "reserve_bytes", lambda total: total)  # no disk has all of itself free
+    store = _store(tmp_path)
+    d = Direction.merged(ELITES, 2.0)
+    _same(_push(d, store), _push(d))
+    err = capsys.readouterr().err
+    assert "kept free" in err and "rebuilt at each push" in err and len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_older_terms_file_gives_way_when_the_disk_has_room_for_one(tmp_path, monkeypatch):
+    real = mf.reserve_bytes
+    # room for one file only: the reserve grows to the whole disk while any file exists
+    monkeypatch.setattr(mf, "reserve_bytes", lambda total: total if list(tmp_path.glob("*.f32")) else real(total))
+    store = _store(tmp_path)
+    first, second = Direction.merged(ELITES[:4]), Direction.merged(ELITES)
+    _push(first, store)
+    assert len(store.kept()) == 1
+    _same(_push(second, store), _push(second))
+    assert store.kept() and store._files.keys() == {second.components[0].components}
+
+
+def test_stale_files_of_a_host_whose_name_prefixes_anothers_are_left(tmp_path, monkeypatch):
+    monkeypatch.setattr(mf.socket, "gethostname", lambda: "vm")
+    dead = 2**22 + 12345
+    theirs = f"merged-vm-2-{dead}-abc.f32"  # host vm-2's file: not this host's pid 2
+    mine = f"merged-vm-{dead}-abc.f32"
+    for n in (theirs, mine):
+        (tmp_path / n).write_bytes(b"x")
+    assert remove_stale(tmp_path) == [str(tmp_path / mine)]
+    assert [p.name for p in tmp_path.iterdir()] == [theirs]
+
+
+def test_a_tensor_with_no_elements_is_pushed_like_the_others(tmp_path):
+    shapes = [("w", torch.Size((5, 7))), ("empty", torch.Size((0, 3)))]  # memoryview cannot cast an empty 2-D view
+    store = MergedFiles(shapes, directory=tmp_path)
+    for alpha in (1.0, 2.0):  # written, then read back
+        d = Direction.merged(ELITES, alpha)
+        store.prepare(d)
+        for name, shape in shapes:
+            got = store.add_to(d, torch.zeros(shape), name, torch.Generator())
+            assert torch.equal(got, d.add_to(torch.zeros(shape), name)), name

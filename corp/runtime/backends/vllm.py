@@ -120,9 +120,9 @@ class CorpWorkerExtension:
         self._corp_dtype = dtype  # ES's moved base is kept in fp32; what the engine loads is cast to this
         self._corp_selected = set(selected)
         self._corp_scratch = ScratchPool()
-        # a step search pushes one merged term at several scales: its M is built once, kept on disk
-        self._corp_merged = MergedFiles([(n, self._corp_base[n].shape) for n in selected])
         self._corp_scheme = scheme or SCHEME_VERSION
+        # a step search pushes one merged term at several scales: its M is built once, kept on disk
+        self._corp_merged = MergedFiles([(n, self._corp_base[n].shape) for n in selected], self._corp_scheme)
         self._corp_current: Direction | None = None
         grouped = False
         if (
@@ -165,7 +165,7 @@ class CorpWorkerExtension:
                 return name, base
             acc = base.to(torch.float32, copy=True)  # a copy even when the base is an fp32 master
             buf = scratch.buffer("noise", shape.numel())
-            self._corp_merged.add_to(direction, acc, name, scratch.gen, buf, scheme=self._corp_scheme)
+            self._corp_merged.add_to(direction, acc, name, scratch.gen, buf)
             return name, acc.to(self._corp_dtype)
 
         self._corp_merged.prepare(direction)  # before the workers start
