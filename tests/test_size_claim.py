@@ -241,3 +241,10 @@ def test_amendment_3_reads_model_m_with_its_own_length_and_extraction_and_keeps_
         "dev=400,extract=equation"
     )
     assert str(tmp) in seen[0][seen[0].index("--output-dir") + 1] and seen[0][-1].endswith("-len24-equation")
+
+
+def test_the_plot_names_no_paper_size_on_top_of_ours():
+    """The 1.5B model (1.78e9 parameters with its untied output matrix) and the paper's Qwen2.5-1.5B (1.5e9)
+    were two tick labels printed over each other ("1.5B1.8B"); the paper's tick goes where one of ours is near."""
+    ticks = sc.tick_sizes([1.35e8, 1.777e9], [x for x, _ in sc.PAPER_DENSITY])
+    assert [sc.size_name(x) for x in ticks] == ["135M", "500M", "1.8B", "3B"]
