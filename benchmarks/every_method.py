@@ -384,6 +384,12 @@ def table(records: dict, every: list[Job], backends: list[str]) -> str:
 # ---------------------------------------------------------------- main
 
 
+def shown(text: str, work: Path) -> str:
+    """`text` as the committed record shows it: the work directory as WORK and the checkout's own paths relative
+    (`.venv/bin/corp`), so no path of the machine that ran it is recorded."""
+    return text.replace(str(work), "WORK").replace(str(ROOT) + os.sep, "")
+
+
 def tidy(run_dir: Path) -> None:
     """Delete what a run saved that is the model's size (its model directory, checkpoints, adapters)."""
     for p in [run_dir / "model", run_dir / "adapter"]:
@@ -401,7 +407,7 @@ def run_one(job: Job, backend: str, args) -> dict:
     log = args.work / f"{job.label}-{backend}.log"
     res = run_tree(cmd, log, args.min_free_gb, args.timeout_min * 60)
     rec = measure(job, backend, run_dir, res, log.read_text(errors="replace"))
-    rec.update(command=" ".join(cmd), log=str(log))
+    rec.update(command=shown(" ".join(cmd), args.work), log=shown(str(log), args.work))
     if not args.keep_models:
         tidy(run_dir)
     return rec

@@ -42,6 +42,16 @@ def test_the_command_is_the_backends_venv_corp_with_the_methods_flags(tmp_path):
     assert cmd[cmd.index("--backend") + 1] == "vllm"
 
 
+def test_a_recorded_command_names_no_path_of_the_machine_that_ran_it(tmp_path):
+    """Planted (2026-12-07: two reruns recorded /work/main/.venv-vllm/bin/corp and /work/em/...)."""
+    job = next(j for j in em.jobs("m", "p", 1e-3, "arith") if j.label == "es")
+    work = tmp_path / "em"
+    text = em.shown(" ".join(em.command(job, "vllm", work / "es-vllm", [])), work)
+    assert text.startswith(".venv-vllm/bin/corp es ") and "--output-dir WORK/es-vllm" in text
+    assert str(tmp_path) not in text and str(em.ROOT) not in text
+    assert em.shown(str(work / "es-vllm.log"), work) == "WORK/es-vllm.log"
+
+
 def test_a_refusal_is_corps_last_error_line():
     out = "run directory: /x\n 50%|#####     | 1/2 [00:01<00:01]\nerror: the test split is empty; set --n-test >= 1\n"
     assert em.refusal(out) == "the test split is empty; set --n-test >= 1"
