@@ -247,17 +247,25 @@ class Direction:
         generator: torch.Generator | None = None,
         buffer: torch.Tensor | None = None,
         scheme: str = SCHEME_VERSION,
+        merged_m: Callable | None = None,
     ) -> torch.Tensor:
         """target += sum_c coef_c sigma_c eps(seed_c)[name], in place, component by component.
 
         `target` is an fp32 CPU tensor (usually a copy of the base tensor). This is the one place
         where a direction is materialised, so every backend gets the same bits: each component's
         noise is scaled first (one rounding), then added (one rounding), in component order.
+        `merged_m(term, name, shape, generator, buffer)`: where a merged term's M comes from when it is
+        kept (Perturber's memory, a vLLM worker's files); it must return `materialise`'s bits.
         """
         gen = generator or torch.Generator(device="cpu")
         for c in self.components:
             if isinstance(c, Merged):
-                add_scaled(target, materialise(c.components, name, target.shape, gen, buffer, scheme), c.scale, buffer)
+                m = (
+                    merged_m(c, name, target.shape, gen, buffer)
+                    if merged_m is not None
+                    else materialise(c.components, name, target.shape, gen, buffer, scheme)
+                )
+                add_scaled(target, m, c.scale, buffer)
                 continue
             if c.coef == 0.0:
                 continue
@@ -476,17 +484,15 @@ class Perturber:
         `materialise` builds M either way, so the bits are those of add_to. Called on a worker:
         `scratch` is its own."""
         gen, buf = scratch.gen, scratch.buffer("noise", target.numel())
-        if not direction.prefixable or not any(isinstance(t, Merged) for t in direction.components):
+        if not direction.prefixable:
             return direction.add_to(target, name, gen, buf, scheme=self.scheme)
-        for t in direction.components:
-            if isinstance(t, Merged):
-                kept = self._kept[t.components]  # made by apply before its workers start
-                if name not in kept:
-                    kept[name] = materialise(t.components, name, target.shape, gen, buf, self.scheme)
-                add_scaled(target, kept[name], t.scale, buf)
-            else:
-                Direction([t]).add_to(target, name, gen, buf, scheme=self.scheme)
-        return target
+        return direction.add_to(target, name, gen, buf, scheme=self.scheme, merged_m=self._kept_m)
+
+    def _kept_m(self, t: Merged, name: str, shape, gen: torch.Generator, buf: torch.Tensor) -> torch.Tensor:
+        kept = self._kept[t.components]  # made by apply before its workers start
+        if name not in kept:
+            kept[name] = materialise(t.components, name, shape, gen, buf, self.scheme)
+        return kept[name]
 
     def prefetch(self, direction: Direction | None) -> None:
         """Start materialising W0 + direction (fp32, host) on a background thread, so that the next

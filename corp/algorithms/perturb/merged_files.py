@@ -7,7 +7,7 @@ test row apply the chosen one again; building M draws the noise of every elite f
 1.5B, beside the engine's weights and its pristine base), so it keeps M here: written as each
 tensor's M is first built, read back at the next push of the same term (about 1 GB/s from disk
 here, against 7 minutes of noise). What is read is what `materialise` built and `add_scaled` adds it
-as `Direction.add_to` does: the bits of every push are unchanged.
+as `Direction.add_to` (to which it hands M) does: the bits of every push are unchanged.
 
 The files live in corp's cache directory (`scratch/`; not /tmp, often a RAM disk) and are allocated in
 full before anything is written, only where the disk keeps `reserve_bytes` free beside them (the run's
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from corp.algorithms.perturb.direction import Component, Direction, Merged, add_scaled, materialise
+from corp.algorithms.perturb.direction import Component, Direction, Merged, materialise
 from corp.algorithms.perturb.noise import SCHEME_VERSION
 from corp.runtime.cachedir import cache_dir
 
@@ -176,20 +176,13 @@ class MergedFiles:
         generator: torch.Generator,
         buffer: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        scheme = self.scheme
-        kept = {t.components for t in _merged_terms(direction)}
-        if not kept:
-            return direction.add_to(target, name, generator, buffer, scheme=scheme)
-        for t in direction.components:
-            if isinstance(t, Merged) and t.components in kept:
-                add_scaled(
-                    target, self._m(t.components, name, target.shape, generator, buffer, scheme), t.scale, buffer
-                )
-            else:
-                Direction([t]).add_to(target, name, generator, buffer, scheme=scheme)
-        return target
+        if not _merged_terms(direction):  # nothing kept (and a non-prefixable direction builds itself)
+            return direction.add_to(target, name, generator, buffer, scheme=self.scheme)
+        return direction.add_to(target, name, generator, buffer, scheme=self.scheme, merged_m=self._m)
 
-    def _m(self, key: Key, name: str, shape, generator, buffer, scheme: str) -> torch.Tensor:
+    def _m(self, t: Merged, name: str, shape, generator, buffer) -> torch.Tensor:
+        """M of `t` read back where a push wrote it, else built (and written when `t` has a file)."""
+        key, scheme = t.components, self.scheme
         f = self._files.get(key)
         offset = self.offsets.get(name)
         if f is not None and offset is not None and name in f.done:
