@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from corp.algorithms.perturb.direction import Component, Direction, ScratchPool, per_tensor
+from corp.algorithms.perturb.direction import Component, Direction
+from corp.algorithms.perturb.workers import ScratchPool, per_tensor
 from corp.algorithms.perturb.merged_files import MergedFiles
 from corp.algorithms.perturb.noise import derive_seeds
 

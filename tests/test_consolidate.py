@@ -172,7 +172,7 @@ def test_gram_matrix_has_the_same_bits_on_parallel_workers(monkeypatch):
         E = torch.stack([noise(x, n, s).flatten() for x in seeds]).double()
         direct += E @ E.T
     for workers in (1, 3):
-        monkeypatch.setattr("corp.algorithms.perturb.direction.tensor_workers", lambda numel, w=workers: w)
+        monkeypatch.setattr("corp.algorithms.perturb.workers.tensor_workers", lambda numel, w=workers: w)
         assert np.array_equal(gram_matrix(params, seeds, progress=False), direct.numpy()), workers
 
 

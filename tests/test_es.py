@@ -85,10 +85,10 @@ def test_es_raises_planted_reward_and_recipe_is_exact(tmp_path):
 @pytest.mark.parametrize("workers", [1, 3])
 def test_centre_update_on_parallel_workers_has_the_bits_of_add_to(monkeypatch, workers):
     # the centre's update builds tensors on parallel workers: each must get add_to's bits
-    import corp.algorithms.perturb.direction as direction_module
+    import corp.algorithms.perturb.workers as workers_module
     from corp.algorithms.perturb import Component
 
-    monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: workers)
+    monkeypatch.setattr(workers_module, "tensor_workers", lambda numel: workers)
     torch.manual_seed(0)
     pert = Perturber(make_tiny_llama(make_char_tokenizer()))
     w0 = {n: b.clone() for n, b in pert.base.items()}

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import corp.algorithms.perturb.merged_files as mf
-from corp.algorithms.perturb.direction import Component, Direction, Merged, ScratchPool, per_tensor
+from corp.algorithms.perturb.direction import Component, Direction, Merged
 from corp.algorithms.perturb.merged_files import MergedFiles, remove_stale
+from corp.algorithms.perturb.workers import ScratchPool, per_tensor
 
 # shapes whose sizes are not multiples of 16 (the noise stream's piece), a vector, and one over 1M elements
 SHAPES = {"a.weight": (37, 29), "a.bias": (29,), "b.weight": (1031, 1030), "c.weight": (16, 8)}

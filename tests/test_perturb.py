@@ -97,9 +97,9 @@ def test_per_tensor_runs_tasks_at_once_each_with_its_own_scratch(monkeypatch):
     # once, and then each must hold a Scratch no other holds (a shared one races on its buffers)
     import threading
 
-    import corp.algorithms.perturb.direction as direction_module
+    import corp.algorithms.perturb.workers as workers_module
 
-    monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: 3)
+    monkeypatch.setattr(workers_module, "tensor_workers", lambda numel: 3)
     barrier, held = threading.Barrier(3, timeout=20), []
 
     def task(name, shape, scratch):
@@ -108,10 +108,10 @@ def test_per_tensor_runs_tasks_at_once_each_with_its_own_scratch(monkeypatch):
         return name
 
     items = [(n, torch.Size((k,))) for n, k in (("a", 5), ("b", 7), ("c", 9))]
-    pool = direction_module.ScratchPool()
-    assert sorted(direction_module.per_tensor(task, items, pool)) == ["a", "b", "c"]
+    pool = workers_module.ScratchPool()
+    assert sorted(workers_module.per_tensor(task, items, pool)) == ["a", "b", "c"]
     assert len({id(s) for s in held}) == 3
-    assert sorted(direction_module.per_tensor(lambda n, s, scratch: id(scratch), items[:1], pool))[0] in {
+    assert sorted(workers_module.per_tensor(lambda n, s, scratch: id(scratch), items[:1], pool))[0] in {
         id(s) for s in held
     }  # reused
 
@@ -124,10 +124,10 @@ def test_a_consumer_that_stops_does_not_wait_for_a_long_running_task(monkeypatch
     import threading
     import time
 
-    import corp.algorithms.perturb.direction as direction_module
+    import corp.algorithms.perturb.workers as workers_module
     from corp.algorithms.corp_operator.algebra import Stopped, _tensor_gram
 
-    monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: 2)
+    monkeypatch.setattr(workers_module, "tensor_workers", lambda numel: 2)
     started = threading.Event()
 
     def task(name, shape, scratch):
@@ -144,7 +144,7 @@ def test_a_consumer_that_stops_does_not_wait_for_a_long_running_task(monkeypatch
     items = [("long", torch.Size((9,))), ("short", torch.Size((3,)))]
     t0 = time.monotonic()
     with pytest.raises(RuntimeError, match="consumer failed"):
-        for _ in direction_module.per_tensor(task, items):
+        for _ in workers_module.per_tensor(task, items):
             raise RuntimeError("consumer failed")
     assert time.monotonic() - t0 < 10
     stop = threading.Event()
@@ -160,9 +160,9 @@ def test_workers_run_torch_operators_on_one_thread_and_the_main_thread_keeps_its
 
     import sklearn.utils  # noqa: F401  (its own libgomp, mapped below torch's: the runtime must still be torch's)
 
-    import corp.algorithms.perturb.direction as direction_module
+    import corp.algorithms.perturb.workers as workers_module
 
-    monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: 2)
+    monkeypatch.setattr(workers_module, "tensor_workers", lambda numel: 2)
     torch_dir = os.path.dirname(torch.__file__) + os.sep
     with open("/proc/self/maps") as maps:
         path = next(
@@ -176,7 +176,7 @@ def test_workers_run_torch_operators_on_one_thread_and_the_main_thread_keeps_its
     try:
         items = [(n, torch.Size((4,))) for n in "abc"]
         seen = list(
-            direction_module.per_tensor(
+            workers_module.per_tensor(
                 lambda n, s, scratch: (torch.mul(torch.ones(1 << 17), 2.0), omp.omp_get_max_threads())[1], items
             )
         )
@@ -190,9 +190,9 @@ def test_workers_run_torch_operators_on_one_thread_and_the_main_thread_keeps_its
 def test_apply_on_parallel_workers_gives_the_formula_bits_for_every_tensor(tiny_model, monkeypatch, workers):
     # apply sets tensors on parallel workers, each with its own generator and noise buffer: every
     # tensor must still get exactly add_to's bits, with a merged term, a prefix and plain components
-    import corp.algorithms.perturb.direction as direction_module
+    import corp.algorithms.perturb.workers as workers_module
 
-    monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: workers)
+    monkeypatch.setattr(workers_module, "tensor_workers", lambda numel: workers)
     pert = Perturber(tiny_model)
     w0 = {n: p.detach().clone() for n, p in pert.params}
     centre = Direction([Component(1, 0.02, 0.7), Component(2, 0.01, -1.3)])

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import corp.algorithms.perturb.direction as direction_module
+import corp.algorithms.perturb.workers as workers_module
 from corp.algorithms.corp_operator.config import OperatorConfig
 from corp.algorithms.corp_operator.stage1 import consolidate_stage1
 from corp.algorithms.perturb import Component, Direction, ParamFilter, Perturber, specialist_seeds, weights_hash
@@ -144,7 +145,7 @@ def test_merged_term_arithmetic_json_and_kept_m():
 def test_keep_merged_builds_several_terms_in_one_pass_with_the_bits_of_materialise(monkeypatch, workers):
     # workers: tensors built one after another, or on parallel threads (each with its own
     # generator and buffers); either way every M must have the bits of materialise
-    monkeypatch.setattr(direction_module, "tensor_workers", lambda numel: workers)
+    monkeypatch.setattr(workers_module, "tensor_workers", lambda numel: workers)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Linear(8, 4))
     k1, k2, k3 = Component(1, 0.01, 0.3), Component(2, 0.02, -0.7), Component(3, 0.01, 0.5)

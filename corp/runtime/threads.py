@@ -27,7 +27,7 @@ where /proc/stat cannot be read, passive. The thread count stays torch's (all us
 free cores was measured too and was slower than two passive threads on the same shared machine
 (the scheduler shares CPU time per thread, so fewer threads also means a smaller share).
 
-Worker threads that are themselves the parallelism (corp.algorithms.perturb.direction.per_tensor) run
+Worker threads that are themselves the parallelism (corp.algorithms.perturb.workers.per_tensor) run
 torch's operators on one OpenMP thread each (`serial_ops_in_this_thread`), through the libgomp
 torch loaded (`torch_openmp`).
 """

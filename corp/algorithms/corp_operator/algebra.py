@@ -21,8 +21,8 @@ import torch
 from tqdm.auto import tqdm
 
 from corp.algorithms.perturb import SCHEME_VERSION, Component, Direction
-from corp.algorithms.perturb.direction import Scratch, per_tensor
 from corp.algorithms.perturb.noise import NoiseStream, piece_bounds
+from corp.algorithms.perturb.workers import Scratch, per_tensor
 
 
 def gram_matrix(

@@ -57,9 +57,9 @@ from corp.algorithms.perturb import (
     selected_parameters,
     weights_hash,
 )
-from corp.algorithms.perturb.direction import Scratch, ScratchPool, per_tensor
 from corp.algorithms.perturb.lowrank_noise import check_shapes
 from corp.algorithms.perturb.merged_files import MergedFiles
+from corp.algorithms.perturb.workers import Scratch, ScratchPool, per_tensor
 from corp.errors import CorpError
 from corp.runtime.backends.base import Generations, check_fits, completion_seed, cut_at_stop, resolve_seeds
 from corp.runtime.backends.hf import format_prompt
