@@ -40,7 +40,8 @@ TINY = [
 
 
 def corp(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CORP_NO_PROGRESS": "1", "PYTHONPATH": str(REPO)}
+    # corp's cache in the test's directory: what the run leaves there (merged-term files) is checked
+    env = {**os.environ, "CORP_NO_PROGRESS": "1", "PYTHONPATH": str(REPO), "CORP_CACHE": str(cwd / "cache")}
     r = subprocess.run(
         [sys.executable, "-m", "corp.cli", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
     )
@@ -62,6 +63,10 @@ def test_the_gpu_config_runs_end_to_end_on_vllm_and_ray(tiny_qwen_dir, tmp_path)
     assert len({r["seed"] for r in rows if r.get("seed") is not None}) == 4
     meta = json.loads((full / "population_meta.json").read_text())
     assert meta["backend"] == "vllm", "the population names the engine that made it"
+    # the step search pushed merged terms of 4 noises into an actor's engine, which keeps each on disk; the
+    # actors are killed at the end, so unless each closes its backend first the files outlive the run
+    left = sorted(p.name for p in (tmp_path / "cache" / "scratch").glob("merged-*"))
+    assert not left, f"the Ray actors' merged-term files outlived the run: {left}"
 
     low = tmp_path / "lowrank"
     corp(
