@@ -43,7 +43,7 @@ def test_the_command_is_the_backends_venv_corp_with_the_methods_flags(tmp_path):
 
 
 def test_a_recorded_command_names_no_path_of_the_machine_that_ran_it(tmp_path):
-    """Planted (2026-12-07: two reruns recorded /work/main/.venv-vllm/bin/corp and /work/em/...)."""
+    """Planted (2026-12-07: two reruns recorded the checkout's absolute venv path and the absolute work folder)."""
     job = next(j for j in em.jobs("m", "p", 1e-3, "arith") if j.label == "es")
     work = tmp_path / "em"
     text = em.shown(" ".join(em.command(job, "vllm", work / "es-vllm", [])), work)
